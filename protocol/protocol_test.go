@@ -1,0 +1,206 @@
+package protocol
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"reflect"
+	"testing"
+)
+
+func sampleBodies() []Body {
+	sv := SubView{SubID: 7, Topic: "orders", Group: "g", Partition: -1, AckMode: AckAuto, Prefetch: 32}
+	return []Body{
+		&Hello{ProtocolVersion: 1, ClientName: "cli", ClientVersion: "0.1", Credentials: "tok",
+			Resume: ResumeIdentity{ClientID: "c-1", OwnerID: "o-1", Token: []byte{1, 2, 3}}},
+		&HelloOK{ProtocolVersion: 1, ServerVersion: "0.1.0", Resume: ResumeIdentity{ClientID: "c", OwnerID: "o", Token: []byte("t")},
+			Outcome: ResumeResumed, ServerGeneration: 99, HeartbeatMs: 5000, ReconnectGraceMs: 5000,
+			Limits: Limits{1 << 20, 1 << 19, 1000, 512, 4096, 64}},
+		&Ping{}, &Pong{}, &OK{},
+		&ErrorBody{Code: CodeStaleLease, Message: "lease 4 is not current", Fatal: true},
+		&DeclareQueue{Topic: "t", Group: "g", Partitions: 4, DeadLetterMode: DeadLetterQueue, DeadLetterTarget: "dlq",
+			MaxRetries: -1, DefaultTTLMs: 1000, LeaseMs: 30000},
+		&DeclareOK{Partitions: 4, Created: true},
+		&Publish{Topic: "t", Group: "g", Partition: -1, Key: []byte("k"), Headers: []Header{{"a", "b"}, {"c", ""}},
+			ContentType: "text/plain", DelayMs: 10, NotBeforeMs: -5, TTLMs: 100, ProducerID: "p", ProducerSeq: 1 << 40,
+			Body: []byte("hello")},
+		&PublishOK{Partition: 3, Offset: 1 << 50, Duplicate: true},
+		&Subscribe{Topic: "t", Group: "g", Partition: 2, AckMode: AckManual, Prefetch: 64},
+		&SubscribeOK{SubID: 5, Partitions: []uint32{0, 1, 2}, Prefetch: 64},
+		&Unsubscribe{SubID: 5},
+		&SubClosed{SubID: 5, Reason: SubClosedError, Code: CodeUnavailable, Message: "quarantined"},
+		&Deliver{SubID: 5, Tag: 9, Partition: 1, Offset: 77, Attempt: 2, PublishedAtMs: 1700000000000, Key: []byte("k"),
+			Headers: []Header{{"x", "y"}}, ContentType: "application/json", Body: []byte(`{}`), Topic: "t", Group: "g"},
+		&Settle{Kind: OpAck, Tags: []uint64{1, 2, 3}},
+		&Settle{Kind: OpNack, Tags: []uint64{4}, DelayMs: 1500},
+		&Settle{Kind: OpFail, Tags: []uint64{5, 6}},
+		&SettleResult{Codes: []Code{CodeOK, CodeStaleLease}},
+		&GoingAway{DeadlineMs: 123, GraceMs: 5000, Reason: "restart", Redirect: "127.0.0.1:7000"},
+		&Reconcile{Policy: ReconcileRestore, Subs: []SubView{sv}},
+		&ReconcileResult{Entries: []ReconcileEntry{{Action: ActionKeep, ClientSubID: 7, ServerSubID: 8, Client: sv, Server: sv, Reason: "matched"}}},
+	}
+}
+
+func TestRoundTripEveryBody(t *testing.T) {
+	var wire []byte
+	bodies := sampleBodies()
+	for i, b := range bodies {
+		wire = AppendFrame(wire, uint16(i), uint64(1000+i), b)
+	}
+	r := bufio.NewReader(bytes.NewReader(wire))
+	var buf []byte
+	for i, want := range bodies {
+		f, nb, err := ReadFrame(r, FrameBytesDefault, buf)
+		buf = nb
+		if err != nil {
+			t.Fatalf("frame %d: %v", i, err)
+		}
+		if f.Op != want.Op() || f.RequestID != uint64(1000+i) || f.Flags != uint16(i) || f.Version != Version {
+			t.Fatalf("frame %d: header %+v", i, f.FrameHeader)
+		}
+		got, err := Decode(f)
+		if err != nil {
+			t.Fatalf("frame %d (%s): %v", i, want.Op(), err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("frame %d (%s):\n got %#v\nwant %#v", i, want.Op(), got, want)
+		}
+	}
+	if _, _, err := ReadFrame(r, FrameBytesDefault, buf); err != io.EOF {
+		t.Fatalf("after last frame: %v, want io.EOF", err)
+	}
+}
+
+func TestOversizedFrameRejectedBeforeAllocation(t *testing.T) {
+	wire := []byte{0x7f, 0xff, 0xff, 0xff}
+	_, _, err := ReadFrame(bytes.NewReader(wire), FrameBytesDefault, nil)
+	if CodeOf(err) != CodeFrameTooLarge {
+		t.Fatalf("got %v, want frame_too_large", err)
+	}
+}
+
+func TestMalformedBodies(t *testing.T) {
+	cases := []struct {
+		name string
+		op   Op
+		body []byte
+		code Code
+	}{
+		{"unknown op", 0x7e, nil, CodeUnknownOp},
+		{"truncated publish", OpPublish, []byte{5, 'a'}, CodeBadFrame},
+		{"length beyond frame", OpUnsubscribe, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, CodeBadFrame},
+		{"huge tag count", OpAck, []byte{0xff, 0xff, 0x03}, CodeBadFrame},
+		{"bad utf8 topic", OpSubscribe, []byte{2, 0xff, 0xfe, 0, 0, 0, 0}, CodeBadFrame},
+		{"bad bool", OpDeclareOK, []byte{1, 7}, CodeBadFrame},
+		{"partition beyond 32 bits", OpSubscribe, []byte{1, 't', 0, 0xff, 0xff, 0xff, 0xff, 0x7f, 0, 0}, CodeBadFrame},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Decode(Frame{FrameHeader: FrameHeader{Version: Version, Op: c.op}, Body: c.body})
+			if CodeOf(err) != c.code {
+				t.Fatalf("got %v, want %s", err, c.code)
+			}
+		})
+	}
+}
+
+func TestTrailingFieldsIgnored(t *testing.T) {
+	// A newer peer may append fields; an older decoder must still read the body.
+	body := (&Unsubscribe{SubID: 42}).AppendBody(nil)
+	body = append(body, 1, 2, 3)
+	got, err := Decode(Frame{FrameHeader: FrameHeader{Version: Version, Op: OpUnsubscribe}, Body: body})
+	if err != nil || got.(*Unsubscribe).SubID != 42 {
+		t.Fatalf("got %v %v", got, err)
+	}
+}
+
+func TestWrongVersionReported(t *testing.T) {
+	wire := AppendFrame(nil, 0, 1, &Ping{})
+	wire[4] = 9
+	_, _, err := ReadFrame(bytes.NewReader(wire), FrameBytesDefault, nil)
+	if CodeOf(err) != CodeUnsupportedVer {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestTruncatedStreamIsUnexpectedEOF(t *testing.T) {
+	wire := AppendFrame(nil, 0, 1, &Publish{Topic: "t", Body: []byte("abc")})
+	_, _, err := ReadFrame(bytes.NewReader(wire[:len(wire)-1]), FrameBytesDefault, nil)
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestErrorTable(t *testing.T) {
+	seen := map[string]bool{}
+	for _, c := range Codes() {
+		n := c.String()
+		if seen[n] {
+			t.Fatalf("duplicate name %s", n)
+		}
+		seen[n] = true
+	}
+	if len(Codes()) != len(codeTable) {
+		t.Fatalf("Codes() lists %d of %d", len(Codes()), len(codeTable))
+	}
+	err := error(Errorf(CodeStaleLease, "x"))
+	if !errors.Is(err, &Error{Code: CodeStaleLease}) || errors.Is(err, &Error{Code: CodeNotFound}) {
+		t.Fatal("errors.Is must match on code")
+	}
+}
+
+func FuzzDecodeFrame(f *testing.F) {
+	for _, b := range sampleBodies() {
+		f.Add(AppendFrame(nil, 0, 1, b))
+	}
+	f.Add([]byte{0, 0, 0, 12, 1, 0x12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := bytes.NewReader(data)
+		var buf []byte
+		for i := 0; i < 64; i++ {
+			fr, nb, err := ReadFrame(r, FrameBytesMin, buf)
+			buf = nb
+			if err != nil {
+				return
+			}
+			body, err := Decode(fr)
+			if err != nil {
+				if CodeOf(err) == CodeInternal {
+					t.Fatalf("decoder error without a protocol code: %v", err)
+				}
+				continue
+			}
+			// Whatever decodes must re-encode and decode to the same value.
+			again, err := Decode(Frame{FrameHeader: fr.FrameHeader, Body: body.AppendBody(nil)})
+			if err != nil || !reflect.DeepEqual(normalize(again), normalize(body)) {
+				t.Fatalf("re-encode mismatch for %s: %v\n%#v\n%#v", fr.Op, err, again, body)
+			}
+		}
+	})
+}
+
+// normalize maps empty slices to nil so that re-encoded bodies compare equal.
+func normalize(b Body) Body {
+	switch m := b.(type) {
+	case *Publish:
+		c := *m
+		if len(c.Key) == 0 {
+			c.Key = nil
+		}
+		if len(c.Body) == 0 {
+			c.Body = nil
+		}
+		return &c
+	case *Deliver:
+		c := *m
+		if len(c.Key) == 0 {
+			c.Key = nil
+		}
+		if len(c.Body) == 0 {
+			c.Body = nil
+		}
+		return &c
+	}
+	return b
+}
