@@ -1,0 +1,18 @@
+//go:build !linux
+
+package vfs
+
+import "os"
+
+func datasync(f *os.File) error { return f.Sync() }
+
+func allocate(f *os.File, size int64) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() >= size {
+		return nil
+	}
+	return f.Truncate(size)
+}

@@ -1,0 +1,71 @@
+package vfs
+
+import (
+	"io"
+	"os"
+)
+
+// FS is the set of file-system operations Sinew needs. Names are paths in
+// the host's syntax; implementations clean them.
+type FS interface {
+	// OpenFile opens name with os.O_* flags, like os.OpenFile.
+	OpenFile(name string, flag int, perm os.FileMode) (File, error)
+	// Remove deletes a file or an empty directory. The removal becomes
+	// durable only after SyncDir of the parent directory.
+	Remove(name string) error
+	// Rename atomically replaces newname with oldname. Durable only after
+	// SyncDir of both parent directories.
+	Rename(oldname, newname string) error
+	// MkdirAll creates dir and any missing parents. New directories become
+	// durable only after SyncDir of their parents.
+	MkdirAll(dir string, perm os.FileMode) error
+	// ReadDir returns the sorted base names of the entries in dir.
+	ReadDir(dir string) ([]string, error)
+	// Stat describes name.
+	Stat(name string) (os.FileInfo, error)
+	// SyncDir makes the entries of dir durable (fsync on the directory).
+	SyncDir(dir string) error
+}
+
+// File is an open file.
+type File interface {
+	io.Reader
+	io.ReaderAt
+	io.Writer
+	io.WriterAt
+	io.Closer
+	// Sync makes the file's data durable (fdatasync on Linux for OS files).
+	Sync() error
+	// Truncate changes the file's size; growing fills with zeros.
+	Truncate(size int64) error
+	// Stat describes the open file.
+	Stat() (os.FileInfo, error)
+	// Name returns the name the file was opened with.
+	Name() string
+}
+
+// Allocator is implemented by files that can reserve space up front. Growing
+// a file with Allocate (rather than by appending) means later writes inside
+// the allocated range do not change the file's size, so a data sync need not
+// also commit a size change.
+type Allocator interface {
+	// Allocate makes the file at least size bytes long, reserving blocks
+	// for the new range, which reads as zeros.
+	Allocate(size int64) error
+}
+
+// Allocate grows f to size bytes with Allocator when f supports it and with
+// Truncate otherwise. It never shrinks f.
+func Allocate(f File, size int64) error {
+	if a, ok := f.(Allocator); ok {
+		return a.Allocate(size)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() >= size {
+		return nil
+	}
+	return f.Truncate(size)
+}
