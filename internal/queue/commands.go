@@ -1,0 +1,207 @@
+package queue
+
+import "fmt"
+
+// Commands validate against the current state and append the events that
+// carry them out to dst; they never change what the state reports. The
+// caller appends each returned event to the log, in order, and applies it
+// with Apply before issuing the next command. Every returned event must be
+// applied, whatever command returned it: a Lease may also return
+// DeadLetter events for expired messages it came across.
+
+// Enqueue validates m and returns its Enqueue event. m.PublishedAtMs defaults
+// to nowMs and m.ExpiresAtMs to PublishedAtMs+DefaultTTLMs when the config has
+// one. The event's Msg is m itself when no default applies, otherwise a
+// shallow copy; the caller must not modify either until it is encoded.
+func (s *State) Enqueue(dst []Event, m *Message, nowMs int64) ([]Event, error) {
+	if m == nil {
+		return dst, fmt.Errorf("%w: nil message", ErrInvalidMessage)
+	}
+	if m.NotBeforeMs < 0 || m.ExpiresAtMs < 0 || m.PublishedAtMs < 0 {
+		return dst, fmt.Errorf("%w: negative time (not_before %d, expires_at %d, published_at %d)",
+			ErrInvalidMessage, m.NotBeforeMs, m.ExpiresAtMs, m.PublishedAtMs)
+	}
+	if m.PublishedAtMs == 0 || m.ExpiresAtMs == 0 && s.cfg.DefaultTTLMs > 0 {
+		c := *m
+		if c.PublishedAtMs == 0 {
+			c.PublishedAtMs = max(nowMs, 0)
+		}
+		if c.ExpiresAtMs == 0 && s.cfg.DefaultTTLMs > 0 {
+			c.ExpiresAtMs = c.PublishedAtMs + s.cfg.DefaultTTLMs
+		}
+		m = &c
+	}
+	return append(dst, Event{Kind: KindEnqueue, Msg: m}), nil
+}
+
+// Lease hands up to max ready messages (at most LeaseBatchMax), lowest
+// offset first, to owner until nowMs+LeaseMs. Delayed messages whose
+// not-before has come are ready. Lease ids are consecutive after the highest
+// one applied, so they must be applied in the order returned. An expired
+// message met on the way is dead-lettered (ReasonExpired) instead of leased.
+func (s *State) Lease(dst []Event, owner string, max int, nowMs int64) []Event {
+	if max <= 0 {
+		return dst
+	}
+	max = min(max, LeaseBatchMax)
+	s.promote(nowMs)
+	popped := s.scratch[:0]
+	leased, expired := 0, 0
+	for leased < max && expired < leaseExpiredScanMax {
+		it, e, ok := s.top(&s.ready, phaseReady)
+		if !ok {
+			break
+		}
+		// Take the item out so the next one surfaces; it goes back below.
+		popped = append(popped, s.ready.pop())
+		if e.expiresAtMs > 0 && e.expiresAtMs <= nowMs {
+			expired++
+			dst = append(dst, s.deadLetter(it.off, 0, ReasonExpired, nowMs))
+			continue
+		}
+		leased++
+		dst = append(dst, Event{
+			Kind:       KindLease,
+			Offset:     it.off,
+			LeaseID:    s.leaseSeq + uint64(leased),
+			Owner:      owner,
+			DeadlineMs: nowMs + s.cfg.LeaseMs,
+			Attempt:    e.attempt + 1,
+			AtMs:       nowMs,
+		})
+	}
+	for _, it := range popped {
+		s.ready.push(it)
+	}
+	s.scratch = popped[:0]
+	return dst
+}
+
+func (s *State) deadLetter(off, leaseID uint64, r Reason, nowMs int64) Event {
+	return Event{Kind: KindDeadLetter, Offset: off, LeaseID: leaseID, Reason: r,
+		Target: s.cfg.DeadLetter.Target, AtMs: nowMs}
+}
+
+// leased finds the inflight message offset under leaseID or says why not.
+func (s *State) leased(op string, offset, leaseID uint64) (*entry, error) {
+	if offset >= s.nextLSN {
+		return nil, fmt.Errorf("%s offset %d (next lsn %d): %w", op, offset, s.nextLSN, ErrUnknownOffset)
+	}
+	e, ok := s.get(offset)
+	if !ok {
+		return nil, fmt.Errorf("%s offset %d: %w", op, offset, ErrAlreadySettled)
+	}
+	if e.phase != phaseInflight || e.leaseID != leaseID {
+		return nil, fmt.Errorf("%s offset %d lease %d (message is %v, lease %d): %w",
+			op, offset, leaseID, e.phase, e.leaseID, ErrStaleLease)
+	}
+	return e, nil
+}
+
+// Ack completes the message under its current lease: it becomes settled.
+func (s *State) Ack(dst []Event, offset, leaseID uint64) ([]Event, error) {
+	if _, err := s.leased("ack", offset, leaseID); err != nil {
+		return dst, err
+	}
+	return append(dst, Event{Kind: KindAck, Offset: offset, LeaseID: leaseID}), nil
+}
+
+// requeue ends the lease on e: back to the queue not before notBeforeMs, or to
+// the dead-letter path when the retries are used up or the TTL has passed.
+func (s *State) requeue(dst []Event, off uint64, e *entry, r Reason, notBeforeMs, nowMs int64) []Event {
+	switch {
+	case int64(e.attempt) >= int64(s.cfg.MaxRetries)+1:
+		return append(dst, s.deadLetter(off, e.leaseID, ReasonRetriesExhausted, nowMs))
+	case e.expiresAtMs > 0 && e.expiresAtMs <= nowMs:
+		return append(dst, s.deadLetter(off, e.leaseID, ReasonExpired, nowMs))
+	}
+	if notBeforeMs <= nowMs {
+		notBeforeMs = 0
+	}
+	return append(dst, Event{Kind: KindRequeue, Offset: off, LeaseID: e.leaseID, Reason: r,
+		NotBeforeMs: notBeforeMs, AtMs: nowMs})
+}
+
+// Nack gives the message back for redelivery, not before notBeforeMs (<= now:
+// at once). It is dead-lettered instead when its retries are used up
+// (ReasonRetriesExhausted) or its TTL has passed (ReasonExpired).
+func (s *State) Nack(dst []Event, offset, leaseID uint64, notBeforeMs, nowMs int64) ([]Event, error) {
+	e, err := s.leased("nack", offset, leaseID)
+	if err != nil {
+		return dst, err
+	}
+	return s.requeue(dst, offset, e, ReasonNack, notBeforeMs, nowMs), nil
+}
+
+// Release hands the message back because its consumer went away; it is ready
+// at once, subject to the same retry and TTL limits as Nack.
+func (s *State) Release(dst []Event, offset, leaseID uint64, nowMs int64) ([]Event, error) {
+	e, err := s.leased("release", offset, leaseID)
+	if err != nil {
+		return dst, err
+	}
+	return s.requeue(dst, offset, e, ReasonReleased, 0, nowMs), nil
+}
+
+// Fail dead-letters the message at once (ReasonFailed): the consumer says no
+// retry can succeed.
+func (s *State) Fail(dst []Event, offset, leaseID uint64, nowMs int64) ([]Event, error) {
+	if _, err := s.leased("fail", offset, leaseID); err != nil {
+		return dst, err
+	}
+	return append(dst, s.deadLetter(offset, leaseID, ReasonFailed, nowMs)), nil
+}
+
+// Tick returns what the passage of time to nowMs causes, at most
+// TickEventsMax events: leases past their deadline are requeued (or
+// dead-lettered, as for Nack), oldest deadline first; then queued messages
+// past their TTL are dead-lettered, oldest expiry first. Inflight messages
+// are never expired; their TTL is checked when they come back.
+func (s *State) Tick(dst []Event, nowMs int64) []Event {
+	s.promote(nowMs)
+	n := 0
+	popped := s.scratch[:0]
+	for n < TickEventsMax {
+		it, e, ok := s.top(&s.leases, phaseInflight)
+		if !ok || it.key > nowMs {
+			break
+		}
+		popped = append(popped, s.leases.pop())
+		dst = s.requeue(dst, it.off, e, ReasonLeaseExpired, 0, nowMs)
+		n++
+	}
+	for _, it := range popped {
+		s.leases.push(it)
+	}
+	popped = popped[:0]
+	for n < TickEventsMax {
+		it, _, ok := s.top(&s.ttl, 0)
+		if !ok || it.key > nowMs {
+			break
+		}
+		popped = append(popped, s.ttl.pop())
+		dst = append(dst, s.deadLetter(it.off, 0, ReasonExpired, nowMs))
+		n++
+	}
+	for _, it := range popped {
+		s.ttl.push(it)
+	}
+	s.scratch = popped[:0]
+	return dst
+}
+
+// DeadLettered records that the dead-letter copy of offset is durable in its
+// target; the message becomes settled.
+func (s *State) DeadLettered(dst []Event, offset uint64, nowMs int64) ([]Event, error) {
+	if offset >= s.nextLSN {
+		return dst, fmt.Errorf("dead-lettered offset %d (next lsn %d): %w", offset, s.nextLSN, ErrUnknownOffset)
+	}
+	e, ok := s.get(offset)
+	if !ok {
+		return dst, fmt.Errorf("dead-lettered offset %d: %w", offset, ErrAlreadySettled)
+	}
+	if e.phase != phaseDeadLettering {
+		return dst, fmt.Errorf("dead-lettered offset %d (message is %v): %w", offset, e.phase, ErrNotDeadLettering)
+	}
+	return append(dst, Event{Kind: KindDeadLetterDone, Offset: offset, AtMs: nowMs}), nil
+}

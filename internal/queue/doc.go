@@ -1,0 +1,63 @@
+// Package queue is the state machine of one Sinew partition: which messages
+// are ready, delayed, inflight (leased), dead-lettering or settled, with
+// leases, retries, delays, TTLs and dead-lettering.
+//
+// # Shape
+//
+// The package is pure: no goroutines, no clock (time arrives as nowMs, Unix
+// milliseconds), no I/O, no randomness. It is event-sourced. Commands
+// (Enqueue, Lease, Ack, Nack, Fail, Release, Tick, DeadLettered) look at the
+// current state and return events without changing it. The partition actor
+// appends each event to its log, learns its LSN and calls Apply(lsn, event)
+// before the next command. The state is therefore a function of the
+// checkpoint and the events applied after it, and a replay after a crash
+// arrives at exactly the state the crashed process had. Apply never reads the
+// Config: every decision a command made (the dead-letter target, the retry
+// verdict, the lease id) is written into the event.
+//
+// # Offsets and settled history
+//
+// A message's offset is the LSN of its Enqueue event. Every other event also
+// takes an LSN, settled as soon as it is applied, and LSNs the queue never
+// sees (other record types in the same log) are settled too. Every LSN below
+// NextLSN is in exactly one state; settled ones carry no memory at all. The
+// settled set is the complement of the unsettled messages below NextLSN, so
+// its coalesced ranges are simply the gaps between unsettled offsets: the
+// queue keeps no separate interval list that could drift from the message
+// index, and settling any offset, however old, is O(1). Frontier, the lowest
+// unsettled LSN, only moves forward; the log below it is history.
+//
+// Only unsettled messages are held in memory, as 64 bytes of scheduling
+// metadata each. Keys, headers and bodies are never retained: delivery reads
+// them back from the log by offset.
+//
+// # Ownership and durability
+//
+// One goroutine, the partition actor, owns a State. Nothing in it is
+// durable by itself: an event is durable once the log has synced it, and the
+// actor must not act on an event's consequences (deliver a lease, confirm an
+// ack) before that. Snapshot produces a checkpoint covering every LSN below
+// NextLSN; Restore plus replay of the later log rebuilds the state.
+//
+// # Lifecycle of a message
+//
+//	        Enqueue
+//	           |
+//	           v         not_before passes
+//	   +---> delayed -------------------------> ready <-----------+
+//	   |       |                                  |  |            |
+//	   |       | ttl (Tick)               Lease   |  | ttl (Tick  |
+//	   |       v                                  v  v  or Lease) |
+//	   |   DeadLetter <------------------ inflight   DeadLetter   |
+//	   |       |        Fail; requeue with   |   |                |
+//	   |       |        attempts used up or  |   +----------------+
+//	   |       |        TTL passed           |   Nack/Release/lease expiry
+//	   +-------|-----------------------------+   (with not_before: delayed)
+//	           |                             |
+//	           v  target ""                  v Ack
+//	        settled <-- dead_lettering <-- (target set) ... DeadLettered
+//
+// Attempt counts leases: the first delivery is attempt 1. A requeue of a
+// message whose Attempt is MaxRetries+1 or more dead-letters it with
+// ReasonRetriesExhausted instead.
+package queue

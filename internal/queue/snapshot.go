@@ -1,0 +1,265 @@
+package queue
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"math"
+)
+
+// Snapshot layout (version 1). uv = unsigned varint, v = signed varint,
+// str = uv length + bytes. Settled LSNs are not listed: every LSN below
+// nextLSN that is not an entry is settled, so the snapshot is as large as the
+// unsettled set, however long the history.
+//
+//	+--------+-----+---------+----------+-------+-------------+----------+----------+----------+
+//	| "SNWQ" | ver | nextLSN | leaseSeq | nStrs | str * nStrs | nEntries | entries  | crc32c   |
+//	| 4 B    | u8  | uv      | uv       | uv    |             | uv       |          | u32 LE   |
+//	+--------+-----+---------+----------+-------+-------------+----------+----------+----------+
+//	crc32c (Castagnoli) covers every byte before it.
+//
+//	entry, in ascending offset order:
+//	  offDelta uv      offset - previous offset (first: offset itself); > 0 after the first
+//	  phase    u8      1 queued | 3 inflight | 4 dead-lettering
+//	  attempt  uv
+//	  notBefore v
+//	  expiresAt v
+//	  inflight only:        leaseID uv | owner strIdx uv | deadline v
+//	  dead-lettering only:  reason u8  | target strIdx uv | at v
+//
+// Owners and targets repeat across many entries, so each distinct string is
+// stored once in the string table and entries refer to it by index.
+const (
+	snapshotMagic   = "SNWQ"
+	snapshotVersion = 1
+	snapQueued      = 1
+	snapInflight    = 3
+	snapDeadLetter  = 4
+	// snapEntryBytesMin is the smallest encoded entry; it bounds the entry
+	// count a snapshot of a given size can claim.
+	snapEntryBytesMin = 5
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Snapshot appends a checkpoint of the state to dst. It covers every LSN
+// below NextLSN: Restore of it plus Apply of the events from NextLSN on gives
+// the same state as applying the whole log. Config is not included.
+func (s *State) Snapshot(dst []byte) []byte {
+	start := len(dst)
+	dst = append(dst, snapshotMagic...)
+	dst = append(dst, snapshotVersion)
+	dst = binary.AppendUvarint(dst, s.nextLSN)
+	dst = binary.AppendUvarint(dst, s.leaseSeq)
+
+	strIdx := map[string]uint64{}
+	var strs []string
+	intern := func(v string) uint64 {
+		i, ok := strIdx[v]
+		if !ok {
+			i = uint64(len(strs))
+			strIdx[v] = i
+			strs = append(strs, v)
+		}
+		return i
+	}
+	for _, off := range s.order[s.head:] {
+		if e, ok := s.get(off); ok && (e.phase == phaseInflight || e.phase == phaseDeadLettering) {
+			intern(e.owner)
+		}
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(strs)))
+	for _, v := range strs {
+		dst = appendStr(dst, v)
+	}
+
+	dst = binary.AppendUvarint(dst, uint64(len(s.index)))
+	var prev uint64
+	for _, off := range s.order[s.head:] {
+		e, ok := s.get(off)
+		if !ok {
+			continue
+		}
+		dst = binary.AppendUvarint(dst, off-prev)
+		prev = off
+		switch e.phase {
+		case phaseReady, phaseDelayed:
+			dst = append(dst, snapQueued)
+		case phaseInflight:
+			dst = append(dst, snapInflight)
+		case phaseDeadLettering:
+			dst = append(dst, snapDeadLetter)
+		}
+		dst = binary.AppendUvarint(dst, uint64(e.attempt))
+		dst = binary.AppendVarint(dst, e.notBeforeMs)
+		dst = binary.AppendVarint(dst, e.expiresAtMs)
+		switch e.phase {
+		case phaseInflight:
+			dst = binary.AppendUvarint(dst, e.leaseID)
+			dst = binary.AppendUvarint(dst, strIdx[e.owner])
+			dst = binary.AppendVarint(dst, e.deadlineMs)
+		case phaseDeadLettering:
+			dst = append(dst, byte(e.reason))
+			dst = binary.AppendUvarint(dst, strIdx[e.owner])
+			dst = binary.AppendVarint(dst, e.deadlineMs)
+		}
+	}
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+// Restore rebuilds a state from a Snapshot. It checks the checksum and every
+// field (offsets ascending and below NextLSN, lease ids not above the lease
+// counter, reasons known) and returns an error wrapping ErrCorrupt for
+// anything else; it never panics. Cost is O(n) in the unsettled messages,
+// plus O(n) heap construction for the time-ordered indexes.
+func Restore(cfg Config, b []byte) (*State, error) {
+	if len(b) < len(snapshotMagic)+1+4 || string(b[:len(snapshotMagic)]) != snapshotMagic {
+		return nil, fmt.Errorf("%w: not a queue snapshot", ErrCorrupt)
+	}
+	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
+	if crc32.Checksum(body, castagnoli) != sum {
+		return nil, fmt.Errorf("%w: snapshot checksum mismatch", ErrCorrupt)
+	}
+	d := decoder{b: body, off: len(snapshotMagic)}
+	if v := d.byte(); v != snapshotVersion {
+		return nil, fmt.Errorf("%w: snapshot version %d, want %d", ErrCorrupt, v, snapshotVersion)
+	}
+	s := New(cfg)
+	s.nextLSN = d.uvarint()
+	s.leaseSeq = d.uvarint()
+	if d.err == nil && s.nextLSN == math.MaxUint64 {
+		d.fail("next lsn %d out of range", s.nextLSN)
+	}
+
+	nStrs := d.uvarint()
+	if nStrs > uint64(d.remaining()) {
+		d.fail("string count %d exceeds snapshot", nStrs)
+	}
+	var strs []string
+	if d.err == nil {
+		strs = make([]string, nStrs)
+		for i := range strs {
+			strs[i] = string(d.bytes())
+		}
+	}
+	str := func() string {
+		i := d.uvarint()
+		if d.err == nil && i >= uint64(len(strs)) {
+			d.fail("string index %d of %d", i, len(strs))
+			return ""
+		}
+		if d.err != nil {
+			return ""
+		}
+		return strs[i]
+	}
+
+	n := d.uvarint()
+	if n > uint64(d.remaining()/snapEntryBytesMin) {
+		d.fail("entry count %d exceeds snapshot", n)
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("restore: %w", d.err)
+	}
+	s.index = make(map[uint64]uint32, n)
+	s.slab = make([]entry, n)
+	s.order = make([]uint64, 0, n)
+	s.ready.a = make([]item, 0, n)
+
+	var off uint64
+	for i := range s.slab {
+		delta := d.uvarint()
+		if d.err == nil && (i > 0 && delta == 0 || delta > math.MaxUint64-off) {
+			d.fail("offset delta %d after %d", delta, off)
+		}
+		off += delta
+		if d.err == nil && off >= s.nextLSN {
+			d.fail("offset %d at or above next lsn %d", off, s.nextLSN)
+		}
+		e := &s.slab[i]
+		ph := d.byte()
+		a := d.uvarint()
+		if a > math.MaxUint32 {
+			d.fail("attempt %d out of range", a)
+		}
+		e.attempt = uint32(a)
+		e.notBeforeMs = d.varint()
+		e.expiresAtMs = d.varint()
+		switch ph {
+		case snapQueued:
+			e.notBeforeMs = max(e.notBeforeMs, 0)
+		case snapInflight:
+			e.phase = phaseInflight
+			e.leaseID = d.uvarint()
+			e.owner = str()
+			e.deadlineMs = d.varint()
+			if d.err == nil && (e.leaseID == 0 || e.leaseID > s.leaseSeq || e.attempt == 0) {
+				d.fail("offset %d: lease %d (counter %d) attempt %d", off, e.leaseID, s.leaseSeq, e.attempt)
+			}
+		case snapDeadLetter:
+			e.phase = phaseDeadLettering
+			e.reason = Reason(d.byte())
+			e.owner = str()
+			e.deadlineMs = d.varint()
+			if d.err == nil && !isDeadLetterReason(e.reason) {
+				d.fail("offset %d: dead-letter reason %d", off, e.reason)
+			}
+		default:
+			d.fail("offset %d: phase %d", off, ph)
+		}
+		if d.err != nil {
+			return nil, fmt.Errorf("restore: %w", d.err)
+		}
+		s.index[off] = uint32(i)
+		s.order = append(s.order, off)
+		switch e.phase {
+		case phaseInflight:
+			s.counts[phaseInflight]++
+			s.leases.a = append(s.leases.a, item{key: e.deadlineMs, off: off})
+		case phaseDeadLettering:
+			s.counts[phaseDeadLettering]++
+			s.deadLetters[off] = struct{}{}
+		default:
+			// Queued. Offsets arrive ascending, so appending keeps the ready
+			// index a valid heap without sifting.
+			if e.notBeforeMs > 0 {
+				e.phase = phaseDelayed
+				s.delayed.a = append(s.delayed.a, item{key: e.notBeforeMs, off: off})
+			} else {
+				e.phase = phaseReady
+				s.ready.a = append(s.ready.a, item{off: off})
+			}
+			s.counts[e.phase]++
+			if e.expiresAtMs > 0 {
+				s.ttlLive++
+				s.ttl.a = append(s.ttl.a, item{key: e.expiresAtMs, off: off})
+			}
+		}
+	}
+	if d.err == nil && d.remaining() != 0 {
+		d.fail("%d trailing bytes", d.remaining())
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("restore: %w", d.err)
+	}
+	if len(s.index) != len(s.slab) {
+		return nil, fmt.Errorf("%w: restore: duplicate offsets", ErrCorrupt)
+	}
+	s.delayed.init()
+	s.leases.init()
+	s.ttl.init()
+
+	// Count the settled runs: the gaps between unsettled offsets, and the
+	// tail between the last one and nextLSN.
+	var next uint64 // lowest LSN not yet accounted for
+	for _, o := range s.order {
+		if o > next {
+			s.settledRanges++
+		}
+		next = o + 1
+	}
+	if s.nextLSN > next {
+		s.settledRanges++
+	}
+	return s, nil
+}

@@ -1,0 +1,598 @@
+package queue
+
+import (
+	"fmt"
+	"math"
+	"slices"
+)
+
+// Limits and defaults. Every loop a command runs is bounded by one of these.
+const (
+	// DefaultMaxRetries is Config.MaxRetries when left zero.
+	DefaultMaxRetries = 5
+	// NoRetries as Config.MaxRetries dead-letters a message on its first
+	// failed delivery.
+	NoRetries = -1
+	// MaxRetriesMax caps Config.MaxRetries so Attempt can never wrap.
+	MaxRetriesMax = 1_000_000
+	// DefaultLeaseMs is Config.LeaseMs when left zero.
+	DefaultLeaseMs = 30_000
+	// LeaseMsMax caps Config.LeaseMs: a week is already a lease nobody will
+	// wait for, and the cap keeps nowMs+LeaseMs far from overflow.
+	LeaseMsMax = 7 * 24 * 3600 * 1000
+	// LeaseBatchMax caps the messages one Lease call hands out.
+	LeaseBatchMax = 1024
+	// TickEventsMax caps the events one Tick returns. When a Tick returns
+	// this many, more may be due: NextDeadlineMs then reports a time <= now.
+	TickEventsMax = 1024
+	// leaseExpiredScanMax caps how many expired messages one Lease call
+	// dead-letters on its way to live ones.
+	leaseExpiredScanMax = 256
+	// garbageSlack is how much lazy-deletion garbage an index may carry
+	// beyond its live size before it is compacted.
+	garbageSlack = 1024
+)
+
+// DeadLetterPolicy says where failed messages go.
+type DeadLetterPolicy struct {
+	// Target is the queue that receives a copy of each dead-lettered
+	// message; "" discards them. The partition resolves symbolic policies
+	// ("global") into a concrete queue name before handing the config over,
+	// and events record the resolved name so replay never consults config.
+	Target string
+}
+
+// Config holds the knobs commands consult. Apply never reads it: every
+// decision is recorded in the events, so changing Config never changes what a
+// replay produces.
+type Config struct {
+	// MaxRetries is how many redeliveries a message gets after its first
+	// delivery before a requeue turns into a dead-letter. 0 means
+	// DefaultMaxRetries; NoRetries means none.
+	MaxRetries int
+	// LeaseMs is how long a consumer holds a message before it is requeued.
+	// 0 means DefaultLeaseMs.
+	LeaseMs int64
+	// DefaultTTLMs, when > 0, gives messages published without ExpiresAtMs
+	// one of PublishedAtMs+DefaultTTLMs.
+	DefaultTTLMs int64
+	// DeadLetter is where failed messages go.
+	DeadLetter DeadLetterPolicy
+}
+
+func (c Config) normalized() Config {
+	switch {
+	case c.MaxRetries == 0:
+		c.MaxRetries = DefaultMaxRetries
+	case c.MaxRetries < 0:
+		c.MaxRetries = 0
+	case c.MaxRetries > MaxRetriesMax:
+		c.MaxRetries = MaxRetriesMax
+	}
+	if c.LeaseMs <= 0 {
+		c.LeaseMs = DefaultLeaseMs
+	}
+	c.LeaseMs = min(c.LeaseMs, LeaseMsMax)
+	c.DefaultTTLMs = max(c.DefaultTTLMs, 0)
+	return c
+}
+
+// phase is where an unsettled message sits internally. Ready and delayed
+// together are "queued"; which of the two depends on the clock, see promote.
+type phase uint8
+
+const (
+	phaseReady phase = 1 + iota
+	phaseDelayed
+	phaseInflight
+	phaseDeadLettering
+	phaseCount
+)
+
+// entry is the metadata of one unsettled message; 64 bytes, no payload.
+type entry struct {
+	notBeforeMs int64
+	expiresAtMs int64
+	deadlineMs  int64  // inflight: lease deadline; dead-lettering: when
+	leaseID     uint64 // inflight only
+	owner       string // inflight: lease owner; dead-lettering: target
+	attempt     uint32
+	gen         uint32 // bumped on every transition; see item
+	phase       phase
+	reason      Reason // dead-lettering only
+}
+
+func (e *entry) queued() bool { return e.phase == phaseReady || e.phase == phaseDelayed }
+
+// State is one partition's queue. It is not safe for concurrent use: the
+// partition actor's goroutine owns it. Queries may reorganise internal indexes
+// (dropping garbage, moving due messages to the ready index) but never change
+// what any query or command observes.
+type State struct {
+	cfg Config
+
+	nextLSN  uint64
+	leaseSeq uint64 // highest lease id applied
+
+	// Unsettled messages: offset -> slot in slab. The slab keeps entries in
+	// one allocation (cheap restore, little GC work); freed slots are reused.
+	index map[uint64]uint32
+	slab  []entry
+	free  []uint32
+
+	// Unsettled offsets in ascending order (offsets are LSNs, so enqueues
+	// arrive sorted), with settled ones removed lazily. order[head] is the
+	// frontier. Settled history needs no other record: every LSN below
+	// nextLSN that is not in index is settled.
+	order []uint64
+	head  int
+
+	ready   minHeap // phaseReady by offset (key 0)
+	delayed minHeap // phaseDelayed by not-before
+	leases  minHeap // phaseInflight by lease deadline
+	ttl     minHeap // queued with a TTL, by expiry
+
+	counts        [phaseCount]int
+	ttlLive       int // queued entries with expiresAtMs > 0
+	settledRanges int
+	deadLetters   map[uint64]struct{} // offsets in phaseDeadLettering
+
+	// promotedMs is the latest clock reading at which due delayed messages
+	// were moved to ready. Internal only: it never changes an observation
+	// as long as the clock does not step back.
+	promotedMs int64
+
+	scratch []item
+}
+
+// New returns an empty queue whose first event may have any LSN.
+func New(cfg Config) *State {
+	return &State{
+		cfg:         cfg.normalized(),
+		index:       make(map[uint64]uint32),
+		deadLetters: make(map[uint64]struct{}),
+		promotedMs:  math.MinInt64,
+	}
+}
+
+// SetConfig replaces the configuration used by future commands.
+func (s *State) SetConfig(cfg Config) { s.cfg = cfg.normalized() }
+
+// Config returns the effective (defaulted and clamped) configuration.
+func (s *State) Config() Config { return s.cfg }
+
+// NextLSN is one past the highest LSN applied: the LSN the next event will
+// get at the earliest.
+func (s *State) NextLSN() uint64 { return s.nextLSN }
+
+// Frontier is the lowest LSN that is not settled (NextLSN when all are).
+// Everything below it is settled, so the log below it is only history. It
+// never decreases.
+func (s *State) Frontier() uint64 {
+	if s.head < len(s.order) {
+		return s.order[s.head]
+	}
+	return s.nextLSN
+}
+
+func (s *State) get(off uint64) (*entry, bool) {
+	i, ok := s.index[off]
+	if !ok {
+		return nil, false
+	}
+	return &s.slab[i], true
+}
+
+// isSettled reports whether x is a settled LSN.
+func (s *State) isSettled(x uint64) bool {
+	if x >= s.nextLSN {
+		return false
+	}
+	_, ok := s.index[x]
+	return !ok
+}
+
+// Apply folds the event ev, appended to the log at lsn, into the state. LSNs
+// below NextLSN were applied already and are ignored, so replaying an
+// overlapping stretch of log is harmless. LSNs above NextLSN are allowed: the
+// skipped LSNs were records that are not queue events and count as settled.
+// An event that contradicts the state (a lease of a message that is not
+// queued, an ack with the wrong lease, ...) returns an error wrapping
+// ErrCorrupt and leaves the state untouched.
+func (s *State) Apply(lsn uint64, ev Event) error {
+	if lsn < s.nextLSN {
+		return nil
+	}
+	if lsn == math.MaxUint64 {
+		return fmt.Errorf("%w: lsn %d out of range", ErrCorrupt, lsn)
+	}
+	if ev.Kind == KindEnqueue {
+		if ev.Msg == nil {
+			return fmt.Errorf("%w: lsn %d: enqueue without message", ErrCorrupt, lsn)
+		}
+		s.advance(lsn, false)
+		s.insert(lsn, ev.Msg.NotBeforeMs, ev.Msg.ExpiresAtMs)
+		return nil
+	}
+	e, ok := s.get(ev.Offset)
+	if !ok {
+		return fmt.Errorf("%w: lsn %d: %v of offset %d, which is not an unsettled message",
+			ErrCorrupt, lsn, ev.Kind, ev.Offset)
+	}
+	if why := s.check(e, ev); why != "" {
+		return fmt.Errorf("%w: lsn %d: %v of offset %d: %s", ErrCorrupt, lsn, ev.Kind, ev.Offset, why)
+	}
+	s.advance(lsn, true)
+	off := ev.Offset
+	switch ev.Kind {
+	case KindLease:
+		s.leaveQueued(off, e)
+		e.phase = phaseInflight
+		e.attempt = ev.Attempt
+		e.leaseID = ev.LeaseID
+		e.owner = ev.Owner
+		e.deadlineMs = ev.DeadlineMs
+		e.notBeforeMs = 0
+		s.counts[phaseInflight]++
+		s.leaseSeq = ev.LeaseID
+		s.pushIndex(&s.leases, item{key: e.deadlineMs, off: off, gen: e.gen}, phaseInflight)
+	case KindAck:
+		s.leaveInflight(e)
+		s.settle(off)
+	case KindRequeue:
+		s.leaveInflight(e)
+		s.enterQueued(off, e, ev.NotBeforeMs)
+	case KindDeadLetter:
+		if e.phase == phaseInflight {
+			s.leaveInflight(e)
+		} else {
+			s.leaveQueued(off, e)
+		}
+		if ev.Target == "" {
+			s.settle(off)
+			break
+		}
+		e.phase = phaseDeadLettering
+		e.owner = ev.Target
+		e.reason = ev.Reason
+		e.deadlineMs = ev.AtMs
+		s.counts[phaseDeadLettering]++
+		s.deadLetters[off] = struct{}{}
+	case KindDeadLetterDone:
+		s.counts[phaseDeadLettering]--
+		delete(s.deadLetters, off)
+		e.phase = 0
+		s.settle(off)
+	}
+	return nil
+}
+
+// check validates ev against e without changing anything; it returns why the
+// event does not fit, or "".
+func (s *State) check(e *entry, ev Event) string {
+	switch ev.Kind {
+	case KindLease:
+		if !e.queued() {
+			return "message is " + e.phase.String()
+		}
+		if ev.LeaseID <= s.leaseSeq {
+			return fmt.Sprintf("lease id %d not above %d", ev.LeaseID, s.leaseSeq)
+		}
+		if ev.Attempt != e.attempt+1 {
+			return fmt.Sprintf("attempt %d, want %d", ev.Attempt, e.attempt+1)
+		}
+	case KindAck, KindRequeue:
+		if e.phase != phaseInflight || e.leaseID != ev.LeaseID {
+			return fmt.Sprintf("message is %v with lease %d, event has lease %d", e.phase, e.leaseID, ev.LeaseID)
+		}
+	case KindDeadLetter:
+		if ev.LeaseID == 0 && !e.queued() || ev.LeaseID != 0 && (e.phase != phaseInflight || e.leaseID != ev.LeaseID) {
+			return fmt.Sprintf("message is %v with lease %d, event has lease %d", e.phase, e.leaseID, ev.LeaseID)
+		}
+	case KindDeadLetterDone:
+		if e.phase != phaseDeadLettering {
+			return "message is " + e.phase.String()
+		}
+	default:
+		return "unknown event kind"
+	}
+	return ""
+}
+
+func (p phase) String() string {
+	switch p {
+	case phaseReady:
+		return "ready"
+	case phaseDelayed:
+		return "delayed"
+	case phaseInflight:
+		return "inflight"
+	case phaseDeadLettering:
+		return "dead_lettering"
+	}
+	return "free"
+}
+
+// advance moves NextLSN past lsn. LSNs skipped on the way are settled, and so
+// is lsn itself unless it is an enqueue (msg). Settled runs are counted as
+// they grow: a new settled LSN starts a run unless the LSN before it is
+// settled too.
+func (s *State) advance(lsn uint64, settled bool) {
+	if lsn > s.nextLSN {
+		s.appendSettled(lsn)
+	}
+	if settled {
+		s.appendSettled(lsn + 1)
+	} else {
+		s.nextLSN = lsn + 1
+	}
+}
+
+// appendSettled marks [nextLSN, end) settled and moves NextLSN to end.
+func (s *State) appendSettled(end uint64) {
+	if s.nextLSN == 0 || !s.isSettled(s.nextLSN-1) {
+		s.settledRanges++
+	}
+	s.nextLSN = end
+}
+
+func (s *State) insert(off uint64, notBeforeMs, expiresAtMs int64) {
+	var slot uint32
+	if n := len(s.free); n > 0 {
+		slot = s.free[n-1]
+		s.free = s.free[:n-1]
+	} else {
+		if len(s.slab) >= math.MaxUint32 {
+			panic("queue: more than 2^32 unsettled messages")
+		}
+		slot = uint32(len(s.slab))
+		s.slab = append(s.slab, entry{})
+	}
+	s.slab[slot] = entry{expiresAtMs: expiresAtMs}
+	s.index[off] = slot
+	s.order = append(s.order, off)
+	s.enterQueued(off, &s.slab[slot], notBeforeMs)
+}
+
+// enterQueued puts e into the ready or delayed index. Where it goes depends
+// on the last clock reading promote saw; either way promote and the query
+// methods classify it by the clock they are given.
+func (s *State) enterQueued(off uint64, e *entry, notBeforeMs int64) {
+	e.gen++
+	e.notBeforeMs = max(notBeforeMs, 0)
+	e.leaseID, e.owner, e.deadlineMs = 0, "", 0
+	if e.notBeforeMs > s.promotedMs && e.notBeforeMs > 0 {
+		e.phase = phaseDelayed
+		s.counts[phaseDelayed]++
+		s.pushIndex(&s.delayed, item{key: e.notBeforeMs, off: off, gen: e.gen}, phaseDelayed)
+	} else {
+		e.phase = phaseReady
+		s.counts[phaseReady]++
+		s.pushIndex(&s.ready, item{off: off, gen: e.gen}, phaseReady)
+	}
+	if e.expiresAtMs > 0 {
+		s.ttlLive++
+		s.pushIndex(&s.ttl, item{key: e.expiresAtMs, off: off, gen: e.gen}, 0)
+	}
+}
+
+// leaveQueued takes a queued entry out of the queued counts and bumps its
+// generation, which retires its ready/delayed/ttl items. The common case, a
+// lease of the lowest ready offset, finds its item on top and drops it at
+// once instead of leaving garbage.
+func (s *State) leaveQueued(off uint64, e *entry) {
+	if e.phase == phaseReady && s.ready.len() > 0 {
+		if top := s.ready.peek(); top.off == off && top.gen == e.gen {
+			s.ready.pop()
+		}
+	}
+	s.counts[e.phase]--
+	if e.expiresAtMs > 0 {
+		s.ttlLive--
+	}
+	e.gen++
+}
+
+func (s *State) leaveInflight(e *entry) {
+	s.counts[phaseInflight]--
+	e.gen++
+}
+
+// settle forgets a message whose phase counts were already released.
+func (s *State) settle(off uint64) {
+	slot := s.index[off]
+	s.slab[slot] = entry{}
+	delete(s.index, off)
+	s.free = append(s.free, slot)
+
+	// Settling off joins the settled runs on either side of it.
+	left := off > 0 && s.isSettled(off-1)
+	right := s.isSettled(off + 1)
+	switch {
+	case left && right:
+		s.settledRanges--
+	case !left && !right:
+		s.settledRanges++
+	}
+
+	for s.head < len(s.order) {
+		if _, ok := s.index[s.order[s.head]]; ok {
+			break
+		}
+		s.head++
+	}
+	s.compactOrder()
+}
+
+// compactOrder drops settled offsets from order once they outnumber live
+// ones, so its memory follows the unsettled count, not the message count.
+func (s *State) compactOrder() {
+	n := len(s.order) - s.head
+	if n <= 2*len(s.index)+garbageSlack && s.head <= len(s.order)/2 {
+		return
+	}
+	out := s.order[:0]
+	for _, off := range s.order[s.head:] {
+		if _, ok := s.index[off]; ok {
+			out = append(out, off)
+		}
+	}
+	s.order = out
+	s.head = 0
+}
+
+// live reports whether it still describes its entry in phase p (0: any
+// queued phase, for the ttl index).
+func (s *State) live(it item, p phase) (*entry, bool) {
+	e, ok := s.get(it.off)
+	if !ok || e.gen != it.gen {
+		return nil, false
+	}
+	if p == 0 {
+		return e, e.queued()
+	}
+	return e, e.phase == p
+}
+
+// pushIndex adds it to h and compacts h when garbage dominates.
+func (s *State) pushIndex(h *minHeap, it item, p phase) {
+	h.push(it)
+	liveN := s.ttlLive
+	if p != 0 {
+		liveN = s.counts[p]
+	}
+	if h.len() > 2*liveN+garbageSlack {
+		h.filter(func(it item) bool { _, ok := s.live(it, p); return ok })
+	}
+}
+
+// top drops garbage from the top of h and returns the first live item.
+func (s *State) top(h *minHeap, p phase) (item, *entry, bool) {
+	for h.len() > 0 {
+		it := h.peek()
+		if e, ok := s.live(it, p); ok {
+			return it, e, true
+		}
+		h.pop()
+	}
+	return item{}, nil, false
+}
+
+// promote moves delayed messages whose not-before is <= nowMs to the ready
+// index. If the clock steps back, messages found due stay due.
+func (s *State) promote(nowMs int64) {
+	s.promotedMs = max(s.promotedMs, nowMs)
+	for {
+		it, e, ok := s.top(&s.delayed, phaseDelayed)
+		if !ok || it.key > nowMs {
+			return
+		}
+		s.delayed.pop()
+		s.counts[phaseDelayed]--
+		e.phase = phaseReady
+		s.counts[phaseReady]++
+		s.pushIndex(&s.ready, item{off: it.off, gen: e.gen}, phaseReady)
+	}
+}
+
+// Lookup reports the state of offset at nowMs. Offsets below NextLSN that are
+// not unsettled messages report StateSettled; offsets at or above NextLSN
+// report false.
+func (s *State) Lookup(offset uint64, nowMs int64) (Info, bool) {
+	if offset >= s.nextLSN {
+		return Info{}, false
+	}
+	e, ok := s.get(offset)
+	if !ok {
+		return Info{Offset: offset, State: StateSettled}, true
+	}
+	s.promote(nowMs)
+	return s.info(offset, e), true
+}
+
+func (s *State) info(off uint64, e *entry) Info {
+	in := Info{Offset: off, Attempt: e.attempt, NotBeforeMs: e.notBeforeMs, ExpiresAtMs: e.expiresAtMs}
+	switch e.phase {
+	case phaseReady:
+		in.State = StateReady
+	case phaseDelayed:
+		in.State = StateDelayed
+	case phaseInflight:
+		in.State = StateInflight
+		in.LeaseID, in.Owner, in.DeadlineMs = e.leaseID, e.owner, e.deadlineMs
+	case phaseDeadLettering:
+		in.State = StateDeadLettering
+		in.Reason, in.Target, in.DeadlineMs = e.reason, e.owner, e.deadlineMs
+	default:
+		panic(fmt.Sprintf("queue: offset %d indexed in phase %d", off, e.phase))
+	}
+	return in
+}
+
+// Stats returns the counters at nowMs.
+func (s *State) Stats(nowMs int64) Stats {
+	s.promote(nowMs)
+	return Stats{
+		NextLSN:       s.nextLSN,
+		Frontier:      s.Frontier(),
+		Ready:         s.counts[phaseReady],
+		Delayed:       s.counts[phaseDelayed],
+		Inflight:      s.counts[phaseInflight],
+		DeadLettering: s.counts[phaseDeadLettering],
+		SettledRanges: s.settledRanges,
+	}
+}
+
+// Inflight lists the leases held by owner, by offset. It walks the lease
+// index, so it costs O(inflight messages); the partition calls it when a
+// consumer goes away or resumes, not per delivery.
+func (s *State) Inflight(owner string) []Info {
+	var out []Info
+	for _, it := range s.leases.a {
+		if e, ok := s.live(it, phaseInflight); ok && e.owner == owner {
+			out = append(out, s.info(it.off, e))
+		}
+	}
+	slices.SortFunc(out, func(a, b Info) int { return cmpU64(a.Offset, b.Offset) })
+	return out
+}
+
+// PendingDeadLetters lists the messages whose dead-letter copy is still to
+// be made, by offset. After a restart the partition redoes each copy and
+// then calls DeadLettered.
+func (s *State) PendingDeadLetters() []Info {
+	out := make([]Info, 0, len(s.deadLetters))
+	for off := range s.deadLetters {
+		e, _ := s.get(off)
+		out = append(out, s.info(off, e))
+	}
+	slices.SortFunc(out, func(a, b Info) int { return cmpU64(a.Offset, b.Offset) })
+	return out
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// NextDeadlineMs is the earliest time at which Tick or Lease would act on
+// their own: a lease deadline, a not-before, or a TTL. false when nothing is
+// scheduled. A result <= now means work is already due.
+func (s *State) NextDeadlineMs() (int64, bool) {
+	var at int64
+	found := false
+	for _, c := range [...]struct {
+		h *minHeap
+		p phase
+	}{{&s.leases, phaseInflight}, {&s.delayed, phaseDelayed}, {&s.ttl, 0}} {
+		if it, _, ok := s.top(c.h, c.p); ok && (!found || it.key < at) {
+			at, found = it.key, true
+		}
+	}
+	return at, found
+}
