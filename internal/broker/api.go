@@ -1,0 +1,165 @@
+package broker
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/seglog"
+	"github.com/sinewmq/sinew/internal/vfs"
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// QuarantinePolicy says what Open does with a partition whose log or
+// checkpoint fails verification.
+type QuarantinePolicy int
+
+const (
+	// Quarantine (the default) parks the damaged partition: it is not
+	// served (publishes and subscribes to it get CodeUnavailable) and the
+	// damage is logged with its segment and offset, while every other
+	// partition runs. An operator repairs or removes it and restarts.
+	Quarantine QuarantinePolicy = iota
+	// Refuse makes Open fail on the first damaged partition.
+	Refuse
+	// Ignore reopens a damaged log cut at its first bad record and logs a
+	// loud warning. Confirmed records after the damage are lost; use it
+	// only to get a broker serving again when the data behind the damage
+	// is known to be expendable.
+	Ignore
+)
+
+func (q QuarantinePolicy) String() string {
+	switch q {
+	case Quarantine:
+		return "quarantine"
+	case Refuse:
+		return "refuse"
+	case Ignore:
+		return "ignore"
+	}
+	return "quarantine_policy(" + itoa(int(q)) + ")"
+}
+
+// Defaults for Config fields left zero.
+const (
+	DefaultPartitionsDefault      = 1
+	DefaultLeaseMsDefault         = 30_000
+	DefaultMaxRetriesDefault      = 5
+	DeadLetterTopicDefault        = "sinew.dead-letter"
+	InboxMaxDefault               = 4096
+	BodyBytesMaxDefault           = 1 << 20
+	PrefetchMaxDefault            = 10_000
+	PrefetchDefault               = 100
+	CheckpointEveryRecordsDefault = 100_000
+	// PartitionsMax bounds the partitions of one queue.
+	PartitionsMax = 1024
+	// NameBytesMax bounds topic and group names.
+	NameBytesMax = 255
+	// HeadersMax bounds the headers of one published message.
+	HeadersMax = 64
+	// HeaderBytesMax bounds the summed key and value bytes of one message's
+	// headers.
+	HeaderBytesMax = 64 << 10
+)
+
+// Config configures a Broker. Zero values mean the documented default.
+type Config struct {
+	// DataDir is the root of everything the broker stores.
+	DataDir string
+	// FS is the file system; default vfs.OS().
+	FS vfs.FS
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// Logger receives recovery and quarantine reports; default discards.
+	Logger *slog.Logger
+
+	// DefaultPartitions is the partition count of queues created on first
+	// use (default 1).
+	DefaultPartitions int
+	// DefaultLeaseMs is how long a delivery is leased when a queue does
+	// not say (default 30000).
+	DefaultLeaseMs int64
+	// DefaultMaxRetries is the redeliveries a message gets when a queue
+	// does not say (default 5).
+	DefaultMaxRetries int
+	// DeadLetterTopic names the global dead-letter queue (default
+	// "sinew.dead-letter"). Its own dead messages are discarded.
+	DeadLetterTopic string
+
+	// Sync, SyncIntervalMs and SegmentBytes configure every partition log.
+	Sync           seglog.SyncPolicy
+	SyncIntervalMs int
+	SegmentBytes   int64
+
+	// Quarantine says what to do with damaged partitions at Open.
+	Quarantine QuarantinePolicy
+
+	// InboxMax bounds each partition's command inbox (default 4096). A
+	// full inbox answers CodeResourceExhausted.
+	InboxMax int
+	// BodyBytesMax bounds a published body (default 1 MiB).
+	BodyBytesMax int
+	// PrefetchMax bounds a subscription's prefetch (default 10000).
+	PrefetchMax int
+	// CheckpointEveryRecords is how many log records a partition appends
+	// between checkpoints (default 100000).
+	CheckpointEveryRecords int
+	// BodyCacheBytes bounds each partition's cache of recently published
+	// payloads, which spares the publish-then-consume path a log read
+	// (default 4 MiB; negative disables the cache).
+	BodyCacheBytes int
+}
+
+// Consumer receives a subscription's deliveries.
+type Consumer interface {
+	// Deliver hands over one leased message. It is called from partition
+	// goroutines, possibly several at once for a subscription on all
+	// partitions, and MUST NOT block. The number of outstanding
+	// (unsettled) deliveries per subscription never exceeds its prefetch,
+	// so the consumer can buffer them. d.Body and d.Key may be shared with
+	// other deliveries of the same message and must not be modified.
+	Deliver(s *Subscription, d Delivery)
+	// Closed tells the consumer the broker ended the subscription (queue
+	// quarantined, shutdown ...). It is not called for Subscription.Close.
+	Closed(s *Subscription, reason uint8, err error)
+}
+
+// Delivery is one leased message.
+type Delivery struct {
+	Partition     uint32
+	Offset        uint64
+	LeaseID       uint64
+	Attempt       uint32
+	PublishedAtMs int64
+	Key           []byte
+	Headers       []protocol.Header
+	ContentType   string
+	Body          []byte
+	Topic, Group  string
+}
+
+// PartitionStats are one partition's counters.
+type PartitionStats struct {
+	Partition     uint32
+	Quarantined   bool
+	Err           string // why the partition is quarantined or failed
+	NextLSN       uint64
+	Frontier      uint64
+	Ready         int
+	Delayed       int
+	Inflight      int
+	DeadLettering int
+	Consumers     int
+}
+
+// QueueStats are one queue's counters.
+type QueueStats struct {
+	Topic, Group string
+	Partitions   []PartitionStats
+}
+
+// Stats is a point-in-time view of every queue, ordered by topic and group.
+type Stats struct {
+	Queues        []QueueStats
+	Subscriptions int
+}
