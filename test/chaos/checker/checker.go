@@ -1,0 +1,319 @@
+package checker
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// ID names one logical message: the producer that published it and the
+// producer's sequence number for it. The workload writes both into the body, so
+// a delivery can be traced back to its publish without trusting broker offsets.
+type ID struct {
+	Producer string
+	Seq      uint64
+}
+
+func (id ID) String() string { return id.Producer + ":" + strconv.FormatUint(id.Seq, 10) }
+
+// idsShownMax bounds how many offending ids a report prints, so that a badly
+// broken run still gives a readable failure message.
+const idsShownMax = 64
+
+// ErrViolation is matched (errors.Is) by the error Report.Err returns when a
+// must-be-zero figure is not zero.
+var ErrViolation = errors.New("checker: delivery contract violated")
+
+// msgState is everything recorded about one message.
+type msgState struct {
+	attempted  bool
+	confirmed  bool
+	deliveries int
+	settled    bool
+	// redeliveredAfterSettle counts deliveries recorded after the first
+	// confirmed ack.
+	redeliveredAfterSettle int
+}
+
+// Checker records one workload run. The zero value is not usable; call New.
+type Checker struct {
+	mu   sync.Mutex
+	msgs map[ID]*msgState
+
+	deliveries int
+	corrupt    []string // short descriptions of bodies that failed to verify
+
+	// Delivery timeline, in caller-supplied milliseconds.
+	haveDelivery  bool
+	firstAtMs     int64
+	lastAtMs      int64
+	gapMs         int64
+	gapFromMs     int64
+	settleFailure int // acks answered with something other than ok
+}
+
+// New returns an empty Checker.
+func New() *Checker { return &Checker{msgs: make(map[ID]*msgState)} }
+
+func (c *Checker) state(id ID) *msgState {
+	m := c.msgs[id]
+	if m == nil {
+		m = &msgState{}
+		c.msgs[id] = m
+	}
+	return m
+}
+
+// Attempted records that the workload sent a publish of id. A message that was
+// attempted but never confirmed may or may not be delivered; both are legal.
+func (c *Checker) Attempted(id ID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.state(id).attempted = true
+}
+
+// Confirmed records that the broker answered a publish of id with PUBLISH_OK
+// (a fresh or a duplicate confirm). From here on id must be delivered.
+func (c *Checker) Confirmed(id ID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.state(id)
+	m.attempted = true
+	m.confirmed = true
+}
+
+// Delivered records that a consumer received a delivery of id at atMs, a
+// time the caller measured on any monotonic scale shared by the whole run.
+func (c *Checker) Delivered(id ID, atMs int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.state(id)
+	m.deliveries++
+	if m.settled {
+		m.redeliveredAfterSettle++
+	}
+	c.deliveries++
+	c.observe(atMs)
+}
+
+// Corrupt records a delivery whose body did not verify, at atMs. detail is
+// kept for the failure message (bounded).
+func (c *Checker) Corrupt(detail string, atMs int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deliveries++
+	if len(c.corrupt) < idsShownMax {
+		c.corrupt = append(c.corrupt, detail)
+	} else if len(c.corrupt) == idsShownMax {
+		c.corrupt = append(c.corrupt, "...")
+	}
+	c.observe(atMs)
+}
+
+// observe moves the delivery timeline forward. Records from several consumers
+// can arrive slightly out of timestamp order; an earlier time never shrinks
+// the timeline.
+func (c *Checker) observe(atMs int64) {
+	if !c.haveDelivery {
+		c.haveDelivery = true
+		c.firstAtMs, c.lastAtMs = atMs, atMs
+		return
+	}
+	if atMs <= c.lastAtMs {
+		return
+	}
+	if gap := atMs - c.lastAtMs; gap > c.gapMs {
+		c.gapMs, c.gapFromMs = gap, c.lastAtMs
+	}
+	c.lastAtMs = atMs
+}
+
+// Settled records that the broker answered an ACK of a delivery of id with
+// ok: the message is settled and must never be delivered again.
+func (c *Checker) Settled(id ID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.state(id).settled = true
+}
+
+// SettleRefused records an ACK answered with a code other than ok (stale
+// lease, unknown tag, unavailable). It is legal and only counted.
+func (c *Checker) SettleRefused() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.settleFailure++
+}
+
+// Outstanding returns how many confirmed messages have not been settled yet.
+// A workload's drain phase waits for it to reach zero.
+func (c *Checker) Outstanding() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, m := range c.msgs {
+		if m.confirmed && !m.settled {
+			n++
+		}
+	}
+	return n
+}
+
+// Report is the verdict on a run. Lost, SettledRedelivered, Phantom and
+// Corrupt must be empty; the rest describe the run.
+type Report struct {
+	Attempted  int // distinct messages the workload tried to publish
+	Confirmed  int // distinct messages the broker confirmed
+	Deliveries int // every delivery received, duplicates included
+	Delivered  int // distinct messages delivered at least once
+	Settled    int // distinct messages whose ack was confirmed
+	Duplicates int // Deliveries of known messages minus Delivered
+	Unsettled  int // confirmed, delivered, but no ack confirmed by the end
+
+	SettleRefused int // acks answered with stale_lease, unknown_tag or unavailable
+
+	Lost               []ID     // confirmed, never delivered
+	SettledRedelivered []ID     // delivered after a confirmed ack
+	Phantom            []ID     // delivered, never attempted
+	Corrupt            []string // bodies that did not verify
+
+	LongestGapMs    int64 // longest stretch between two consecutive deliveries
+	LongestGapAtMs  int64 // when that stretch began, on the caller's scale
+	FirstDeliveryMs int64
+	LastDeliveryMs  int64
+}
+
+// Report computes the verdict from everything recorded so far.
+func (c *Checker) Report() Report {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := Report{
+		Deliveries:      c.deliveries,
+		SettleRefused:   c.settleFailure,
+		LongestGapMs:    c.gapMs,
+		LongestGapAtMs:  c.gapFromMs,
+		FirstDeliveryMs: c.firstAtMs,
+		LastDeliveryMs:  c.lastAtMs,
+		Corrupt:         append([]string(nil), c.corrupt...),
+	}
+	for id, m := range c.msgs {
+		if m.attempted {
+			r.Attempted++
+		}
+		if m.confirmed {
+			r.Confirmed++
+		}
+		if m.deliveries > 0 {
+			r.Delivered++
+			r.Duplicates += m.deliveries - 1
+		}
+		if m.settled {
+			r.Settled++
+		}
+		switch {
+		case m.confirmed && m.deliveries == 0:
+			r.Lost = append(r.Lost, id)
+		case m.confirmed && !m.settled:
+			r.Unsettled++
+		}
+		if m.redeliveredAfterSettle > 0 {
+			r.SettledRedelivered = append(r.SettledRedelivered, id)
+		}
+		if m.deliveries > 0 && !m.attempted {
+			r.Phantom = append(r.Phantom, id)
+		}
+	}
+	sortIDs(r.Lost)
+	sortIDs(r.SettledRedelivered)
+	sortIDs(r.Phantom)
+	return r
+}
+
+func sortIDs(ids []ID) {
+	sort.Slice(ids, func(i, j int) bool {
+		if ids[i].Producer != ids[j].Producer {
+			return ids[i].Producer < ids[j].Producer
+		}
+		return ids[i].Seq < ids[j].Seq
+	})
+}
+
+// OK reports whether every must-be-zero figure is zero.
+func (r Report) OK() bool {
+	return len(r.Lost) == 0 && len(r.SettledRedelivered) == 0 && len(r.Phantom) == 0 && len(r.Corrupt) == 0
+}
+
+// Err returns nil when the run kept the contract, and otherwise an error that
+// matches ErrViolation and names the offending sequence numbers.
+func (r Report) Err() error {
+	if r.OK() {
+		return nil
+	}
+	var b strings.Builder
+	if len(r.Lost) > 0 {
+		fmt.Fprintf(&b, "\n  lost (confirmed, never delivered): %d: %s", len(r.Lost), FormatIDs(r.Lost))
+	}
+	if len(r.SettledRedelivered) > 0 {
+		fmt.Fprintf(&b, "\n  settled-redelivered (delivered after a confirmed ack): %d: %s",
+			len(r.SettledRedelivered), FormatIDs(r.SettledRedelivered))
+	}
+	if len(r.Phantom) > 0 {
+		fmt.Fprintf(&b, "\n  phantom (delivered, never published): %d: %s", len(r.Phantom), FormatIDs(r.Phantom))
+	}
+	if len(r.Corrupt) > 0 {
+		fmt.Fprintf(&b, "\n  corrupt bodies: %d: %s", len(r.Corrupt), strings.Join(r.Corrupt, "; "))
+	}
+	return fmt.Errorf("%w:%s", ErrViolation, b.String())
+}
+
+// String is a one-line summary of the figures, for logs and tables.
+func (r Report) String() string {
+	return fmt.Sprintf("attempted=%d confirmed=%d deliveries=%d delivered=%d settled=%d lost=%d "+
+		"settled_redelivered=%d phantom=%d corrupt=%d duplicates=%d unsettled=%d settle_refused=%d longest_gap_ms=%d",
+		r.Attempted, r.Confirmed, r.Deliveries, r.Delivered, r.Settled, len(r.Lost),
+		len(r.SettledRedelivered), len(r.Phantom), len(r.Corrupt), r.Duplicates, r.Unsettled, r.SettleRefused, r.LongestGapMs)
+}
+
+// FormatIDs prints ids grouped by producer with consecutive sequence numbers
+// folded into ranges, e.g. "p0:[3-7,9] p1:[2]". ids must be sorted as Report
+// sorts them. At most idsShownMax ranges are printed.
+func FormatIDs(ids []ID) string {
+	var b strings.Builder
+	shown := 0
+	for i := 0; i < len(ids); {
+		p := ids[i].Producer
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(p)
+		b.WriteString(":[")
+		first := true
+		for i < len(ids) && ids[i].Producer == p {
+			lo := ids[i].Seq
+			hi := lo
+			i++
+			for i < len(ids) && ids[i].Producer == p && ids[i].Seq == hi+1 {
+				hi = ids[i].Seq
+				i++
+			}
+			if shown == idsShownMax {
+				b.WriteString(",...]")
+				return b.String()
+			}
+			shown++
+			if !first {
+				b.WriteByte(',')
+			}
+			first = false
+			b.WriteString(strconv.FormatUint(lo, 10))
+			if hi != lo {
+				b.WriteByte('-')
+				b.WriteString(strconv.FormatUint(hi, 10))
+			}
+		}
+		b.WriteByte(']')
+	}
+	return b.String()
+}

@@ -1,0 +1,205 @@
+package checker
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+func id(p string, s uint64) ID { return ID{Producer: p, Seq: s} }
+
+func TestCleanRun(t *testing.T) {
+	c := New()
+	for s := uint64(1); s <= 3; s++ {
+		c.Attempted(id("p", s))
+		c.Confirmed(id("p", s))
+		c.Delivered(id("p", s), int64(10*s))
+		c.Settled(id("p", s))
+	}
+	r := c.Report()
+	if err := r.Err(); err != nil {
+		t.Fatalf("clean run reported %v", err)
+	}
+	want := Report{Attempted: 3, Confirmed: 3, Deliveries: 3, Delivered: 3, Settled: 3,
+		LongestGapMs: 10, LongestGapAtMs: 10, FirstDeliveryMs: 10, LastDeliveryMs: 30}
+	if r.String() != want.String() || r.LongestGapAtMs != 10 || r.FirstDeliveryMs != 10 || r.LastDeliveryMs != 30 {
+		t.Fatalf("report\n got %+v\nwant %+v", r, want)
+	}
+	if c.Outstanding() != 0 {
+		t.Fatalf("outstanding = %d, want 0", c.Outstanding())
+	}
+}
+
+func TestLost(t *testing.T) {
+	c := New()
+	for s := uint64(1); s <= 10; s++ {
+		c.Confirmed(id("p0", s))
+	}
+	c.Confirmed(id("p1", 4))
+	for _, s := range []uint64{1, 2, 8} {
+		c.Delivered(id("p0", s), 0)
+	}
+	r := c.Report()
+	err := r.Err()
+	if !errors.Is(err, ErrViolation) {
+		t.Fatalf("Err() = %v, want ErrViolation", err)
+	}
+	if got, want := FormatIDs(r.Lost), "p0:[3-7,9-10] p1:[4]"; got != want {
+		t.Fatalf("lost = %q, want %q", got, want)
+	}
+	if !strings.Contains(err.Error(), "lost (confirmed, never delivered): 8: p0:[3-7,9-10] p1:[4]") {
+		t.Fatalf("message does not name the lost sequences: %v", err)
+	}
+	if c.Outstanding() != 11 {
+		t.Fatalf("outstanding = %d, want 11", c.Outstanding())
+	}
+}
+
+func TestUnconfirmedMayVanishOrArrive(t *testing.T) {
+	c := New()
+	c.Attempted(id("p", 1)) // never confirmed, never delivered: fine
+	c.Attempted(id("p", 2)) // never confirmed, delivered anyway: fine
+	c.Delivered(id("p", 2), 5)
+	r := c.Report()
+	if err := r.Err(); err != nil {
+		t.Fatalf("unconfirmed publishes must not be violations: %v", err)
+	}
+	if r.Attempted != 2 || r.Confirmed != 0 || r.Delivered != 1 {
+		t.Fatalf("report %v", r)
+	}
+}
+
+func TestSettledRedelivered(t *testing.T) {
+	c := New()
+	c.Confirmed(id("p", 1))
+	c.Confirmed(id("p", 2))
+	c.Delivered(id("p", 1), 1)
+	c.Delivered(id("p", 1), 2) // redelivered before any ack: a duplicate, legal
+	c.Settled(id("p", 1))
+	c.Delivered(id("p", 2), 3)
+	c.Settled(id("p", 2))
+	c.Delivered(id("p", 2), 4) // after the confirmed ack: a violation
+	r := c.Report()
+	if got := FormatIDs(r.SettledRedelivered); got != "p:[2]" {
+		t.Fatalf("settled-redelivered = %q, want p:[2]", got)
+	}
+	if r.Duplicates != 2 {
+		t.Fatalf("duplicates = %d, want 2", r.Duplicates)
+	}
+	if err := r.Err(); !errors.Is(err, ErrViolation) || !strings.Contains(err.Error(), "settled-redelivered") {
+		t.Fatalf("Err() = %v", err)
+	}
+}
+
+func TestPhantomAndCorrupt(t *testing.T) {
+	c := New()
+	c.Delivered(id("ghost", 9), 1)
+	c.Corrupt("partition 0 offset 7: crc mismatch", 2)
+	r := c.Report()
+	if FormatIDs(r.Phantom) != "ghost:[9]" || len(r.Corrupt) != 1 || r.Deliveries != 2 {
+		t.Fatalf("report %+v", r)
+	}
+	msg := r.Err().Error()
+	for _, want := range []string{"phantom", "ghost:[9]", "corrupt bodies: 1", "offset 7"} {
+		if !strings.Contains(msg, want) {
+			t.Fatalf("message %q lacks %q", msg, want)
+		}
+	}
+}
+
+func TestGapIgnoresOutOfOrderTimestamps(t *testing.T) {
+	c := New()
+	for _, at := range []int64{100, 150, 140, 900, 880, 1000} {
+		c.Delivered(id("p", uint64(at)), at)
+	}
+	r := c.Report()
+	if r.LongestGapMs != 750 || r.LongestGapAtMs != 150 || r.FirstDeliveryMs != 100 || r.LastDeliveryMs != 1000 {
+		t.Fatalf("gap %d at %d, first %d last %d; want 750 at 150, 100..1000",
+			r.LongestGapMs, r.LongestGapAtMs, r.FirstDeliveryMs, r.LastDeliveryMs)
+	}
+}
+
+func TestFormatIDsBounded(t *testing.T) {
+	var ids []ID
+	for s := uint64(0); s < 3*idsShownMax; s += 2 {
+		ids = append(ids, id("p", s))
+	}
+	got := FormatIDs(ids)
+	if !strings.HasSuffix(got, ",...]") || strings.Count(got, ",") != idsShownMax {
+		t.Fatalf("FormatIDs of %d sparse ids = %q", len(ids), got)
+	}
+	if FormatIDs(nil) != "" {
+		t.Fatalf("FormatIDs(nil) = %q", FormatIDs(nil))
+	}
+}
+
+// TestCheckerAgainstModel drives the checker with random event sequences and
+// compares its verdict with a direct recomputation from the event list.
+func TestCheckerAgainstModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		type ev struct {
+			kind int // 0 attempted, 1 confirmed, 2 delivered, 3 settled
+			seq  uint64
+		}
+		evs := rapid.SliceOfN(rapid.Custom(func(t *rapid.T) ev {
+			return ev{rapid.IntRange(0, 3).Draw(t, "kind"), rapid.Uint64Range(0, 5).Draw(t, "seq")}
+		}), 0, 60).Draw(t, "events")
+		c := New()
+		for i, e := range evs {
+			switch e.kind {
+			case 0:
+				c.Attempted(id("p", e.seq))
+			case 1:
+				c.Confirmed(id("p", e.seq))
+			case 2:
+				c.Delivered(id("p", e.seq), int64(i))
+			case 3:
+				c.Settled(id("p", e.seq))
+			}
+		}
+		r := c.Report()
+		for s := uint64(0); s <= 5; s++ {
+			var attempted, confirmed, settled, redelivered bool
+			deliveries := 0
+			for _, e := range evs {
+				if e.seq != s {
+					continue
+				}
+				switch e.kind {
+				case 0:
+					attempted = true
+				case 1:
+					attempted, confirmed = true, true
+				case 2:
+					deliveries++
+					redelivered = redelivered || settled
+				case 3:
+					settled = true
+				}
+			}
+			if got := contains(r.Lost, s); got != (confirmed && deliveries == 0) {
+				t.Fatalf("seq %d: lost=%v, model says %v", s, got, !got)
+			}
+			if got := contains(r.SettledRedelivered, s); got != redelivered {
+				t.Fatalf("seq %d: settled-redelivered=%v, model says %v", s, got, !got)
+			}
+			if got := contains(r.Phantom, s); got != (deliveries > 0 && !attempted) {
+				t.Fatalf("seq %d: phantom=%v, model says %v", s, got, !got)
+			}
+		}
+		if r.Deliveries != r.Delivered+r.Duplicates {
+			t.Fatalf("deliveries %d != delivered %d + duplicates %d", r.Deliveries, r.Delivered, r.Duplicates)
+		}
+	})
+}
+
+func contains(ids []ID, s uint64) bool {
+	for _, x := range ids {
+		if x.Seq == s {
+			return true
+		}
+	}
+	return false
+}
