@@ -110,7 +110,7 @@ func (s *State) Ack(dst []Event, offset, leaseID uint64) ([]Event, error) {
 // the dead-letter path when the retries are used up or the TTL has passed.
 func (s *State) requeue(dst []Event, off uint64, e *entry, r Reason, notBeforeMs, nowMs int64) []Event {
 	switch {
-	case int64(e.attempt) >= int64(s.cfg.MaxRetries)+1:
+	case int64(e.attempt) >= int64(max(s.cfg.MaxRetries, 0))+1:
 		return append(dst, s.deadLetter(off, e.leaseID, ReasonRetriesExhausted, nowMs))
 	case e.expiresAtMs > 0 && e.expiresAtMs <= nowMs:
 		return append(dst, s.deadLetter(off, e.leaseID, ReasonExpired, nowMs))

@@ -41,23 +41,22 @@
 //
 // # Lifecycle of a message
 //
-//	        Enqueue
-//	           |
-//	           v         not_before passes
-//	   +---> delayed -------------------------> ready <-----------+
-//	   |       |                                  |  |            |
-//	   |       | ttl (Tick)               Lease   |  | ttl (Tick  |
-//	   |       v                                  v  v  or Lease) |
-//	   |   DeadLetter <------------------ inflight   DeadLetter   |
-//	   |       |        Fail; requeue with   |   |                |
-//	   |       |        attempts used up or  |   +----------------+
-//	   |       |        TTL passed           |   Nack/Release/lease expiry
-//	   +-------|-----------------------------+   (with not_before: delayed)
-//	           |                             |
-//	           v  target ""                  v Ack
-//	        settled <-- dead_lettering <-- (target set) ... DeadLettered
+//	from            cause                                  to
+//	--------------  -------------------------------------  -----------------------------------
+//	(none)          Enqueue                                ready; delayed if not_before > now
+//	delayed         now reaches not_before                 ready
+//	ready           Lease                                  inflight (attempt+1, lease id, deadline)
+//	ready, delayed  TTL passes (Tick; Lease on its way)    DeadLetter(expired)
+//	inflight        Ack                                    settled
+//	inflight        Nack, Release, lease deadline (Tick)   ready; delayed for Nack with not_before
+//	                  ... but attempt >= MaxRetries+1      DeadLetter(retries_exhausted)
+//	                  ... but TTL has passed               DeadLetter(expired)
+//	inflight        Fail                                   DeadLetter(failed)
+//	DeadLetter      target ""                              settled (discarded)
+//	DeadLetter      target set                             dead_lettering
+//	dead_lettering  DeadLettered (copy durable in target)  settled
 //
-// Attempt counts leases: the first delivery is attempt 1. A requeue of a
-// message whose Attempt is MaxRetries+1 or more dead-letters it with
-// ReasonRetriesExhausted instead.
+// A message is delayed or ready depending only on nowMs. Attempt counts leases:
+// the first delivery is attempt 1, so MaxRetries 5 allows 6 deliveries. TTL
+// never cuts a lease short; it is checked when the message comes back.
 package queue

@@ -65,7 +65,7 @@ func (c Config) normalized() Config {
 	case c.MaxRetries == 0:
 		c.MaxRetries = DefaultMaxRetries
 	case c.MaxRetries < 0:
-		c.MaxRetries = 0
+		c.MaxRetries = NoRetries
 	case c.MaxRetries > MaxRetriesMax:
 		c.MaxRetries = MaxRetriesMax
 	}
@@ -158,7 +158,8 @@ func New(cfg Config) *State {
 // SetConfig replaces the configuration used by future commands.
 func (s *State) SetConfig(cfg Config) { s.cfg = cfg.normalized() }
 
-// Config returns the effective (defaulted and clamped) configuration.
+// Config returns the effective (defaulted and clamped) configuration;
+// passing it back to SetConfig changes nothing.
 func (s *State) Config() Config { return s.cfg }
 
 // NextLSN is one past the highest LSN applied: the LSN the next event will
