@@ -1,0 +1,620 @@
+package seglog
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/vfs"
+)
+
+// SyncPolicy says when Commit may return.
+type SyncPolicy int
+
+const (
+	// SyncAlways (the default): Commit and Sync return only after fdatasync
+	// has covered the record. Concurrent callers share one fdatasync per
+	// batch (group commit).
+	SyncAlways SyncPolicy = iota
+	// SyncInterval: Commit returns once the record is written to the OS;
+	// fdatasync runs every SyncIntervalMs. A process crash loses nothing,
+	// but power loss loses up to one interval of acknowledged records.
+	SyncInterval
+)
+
+// CorruptionPolicy says what Open does when verification finds damage that
+// is not a torn tail.
+type CorruptionPolicy int
+
+const (
+	// CorruptionStop (the default): Open fails with *CorruptionError and
+	// changes nothing on disk.
+	CorruptionStop CorruptionPolicy = iota
+	// CorruptionTruncate: Open cuts the log at the first bad record,
+	// deleting it and everything after it, logs an error and reports the
+	// cut in RecoveryReport. Acknowledged records after the damage are lost.
+	CorruptionTruncate
+)
+
+// Defaults and bounds for Options.
+const (
+	SegmentBytesDefault       = 64 << 20
+	segmentBytesMin           = 4 << 10
+	IndexIntervalBytesDefault = 4 << 10
+	SyncIntervalMsDefault     = 100
+	BufferBytesDefault        = 4 << 20
+	// readChunkBytes is the unit of sequential reads in recovery and Scan.
+	readChunkBytes = 1 << 20
+)
+
+// Options configure Open. FS and Dir are required.
+type Options struct {
+	FS  vfs.FS
+	Dir string
+	// SegmentBytes is the size at which the active segment rolls. A record
+	// larger than this gets a segment of its own. Default 64 MiB, min 4 KiB.
+	SegmentBytes int64
+	// IndexIntervalBytes is the spacing of the sparse in-memory index, which
+	// bounds how far Read scans. Default 4 KiB.
+	IndexIntervalBytes int
+	// Sync picks the durability policy; SyncIntervalMs applies to
+	// SyncInterval (default 100).
+	Sync           SyncPolicy
+	SyncIntervalMs int
+	// Preallocate reserves each segment's SegmentBytes up front, so that the
+	// file size does not change while appending.
+	Preallocate bool
+	// BufferBytes bounds the records appended but not yet handed to the OS;
+	// Append blocks while the buffer is full. Default 4 MiB.
+	BufferBytes int
+	// Corruption picks what Open does on damage; see CorruptionPolicy.
+	Corruption CorruptionPolicy
+	// Replay, if set, is called during Open's verification scan, in LSN
+	// order, for every record with LSN >= ReplayFrom. The payload is valid
+	// only during the call. An error aborts Open.
+	ReplayFrom uint64
+	Replay     func(Record) error
+	// Logger receives recovery warnings; default discards.
+	Logger *slog.Logger
+	// NewTicker drives SyncInterval; default time.NewTicker. Tests inject
+	// their own to avoid the real clock.
+	NewTicker func(d time.Duration) (c <-chan time.Time, stop func())
+}
+
+func (o *Options) normalize() error {
+	if o.FS == nil || o.Dir == "" {
+		return fmt.Errorf("%w: FS and Dir are required", ErrInvalidOptions)
+	}
+	if o.SegmentBytes == 0 {
+		o.SegmentBytes = SegmentBytesDefault
+	}
+	if o.SegmentBytes < segmentBytesMin {
+		return fmt.Errorf("%w: SegmentBytes %d < %d", ErrInvalidOptions, o.SegmentBytes, segmentBytesMin)
+	}
+	if o.IndexIntervalBytes <= 0 {
+		o.IndexIntervalBytes = IndexIntervalBytesDefault
+	}
+	if o.SyncIntervalMs <= 0 {
+		o.SyncIntervalMs = SyncIntervalMsDefault
+	}
+	if o.BufferBytes <= 0 {
+		o.BufferBytes = BufferBytesDefault
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.NewTicker == nil {
+		o.NewTicker = func(d time.Duration) (<-chan time.Time, func()) {
+			t := time.NewTicker(d)
+			return t.C, t.Stop
+		}
+	}
+	return nil
+}
+
+// RecoveryReport describes what Open found.
+type RecoveryReport struct {
+	Segments          int    // segment files retained
+	Records           uint64 // records verified
+	Bytes             int64  // bytes of verified records
+	FirstLSN, LastLSN uint64 // LastLSN = FirstLSN-1 when the log is empty
+	Replayed          uint64 // records passed to Replay
+	// TornBytes counts the non-zero bytes cut from the end of the last
+	// segment by the torn-tail rule (an interrupted, never-acknowledged write).
+	TornBytes int64
+	// Truncated is true when Open cut anything: a torn tail or, under
+	// CorruptionTruncate, damage.
+	Truncated bool
+	// Corruption is the damage that CorruptionTruncate cut at, else nil.
+	Corruption *CorruptionError
+	// DroppedSegments counts segment files deleted by CorruptionTruncate.
+	DroppedSegments int
+}
+
+// mark records a position inside the append buffer: where an index entry
+// falls, and whether a new segment starts there.
+type mark struct {
+	pos    int    // offset in the buffer
+	lsn    uint64 // LSN of the record at pos
+	off    int64  // offset of that record in its segment file
+	newSeg bool   // the record at pos is the first of a new segment
+}
+
+// Log is a segmented, checksummed, append-only log.
+//
+// Goroutines and locks. Any goroutine may append, commit and read. Appends
+// are encoded into an in-memory buffer under mu. One committer goroutine,
+// started by Open and stopped by Close, owns the active segment file's
+// writes: it swaps the buffer out, writes it with one WriteAt per segment,
+// rolls segments, calls fdatasync, and then advances writtenLSN/durableLSN
+// and wakes waiters. segMu guards the segment list and each segment's
+// size/last/index; readers take it briefly to find their bytes and then read
+// the file without it. The two locks are never held together.
+type Log struct {
+	opts Options
+	fs   vfs.FS
+	dir  string
+	log  *slog.Logger
+
+	mu          sync.Mutex
+	cond        sync.Cond // on mu: written/durable advanced, buffer drained, failure, exit
+	buf         []byte    // encoded records not yet taken by the committer
+	marks       []mark
+	nextLSN     uint64
+	tailOff     int64 // active-segment offset where the next appended record goes
+	lastIdxOff  int64 // tailOff when the last index mark was made
+	wantWritten uint64
+	wantDurable uint64
+	writtenLSN  uint64 // records <= this are in the OS (visible to reads)
+	durableLSN  uint64 // records <= this survived fdatasync
+	err         error  // sticky; wraps ErrFailed
+	closing     bool
+	exited      bool // the committer has returned
+
+	kick chan struct{} // cap 1: "there may be work"
+	done chan struct{} // closed when the committer returns
+
+	segMu sync.RWMutex
+	segs  []*segment // ascending base; the last is active
+
+	dropMu sync.Mutex // serialises DropBefore
+
+	// Owned by the committer goroutine (and by Open before it starts).
+	spare      []byte
+	spareMarks []mark
+	active     *segment
+	activeFile int64 // active file's current size on disk (>= active.size when preallocated)
+
+	report RecoveryReport
+}
+
+// Open opens (or creates) the log in opts.Dir, verifies every record of every
+// segment, repairs a torn tail and starts the committer.
+func Open(opts Options) (*Log, error) {
+	if err := opts.normalize(); err != nil {
+		return nil, err
+	}
+	l := &Log{
+		opts: opts,
+		fs:   opts.FS,
+		dir:  filepath.Clean(opts.Dir),
+		log:  opts.Logger,
+		kick: make(chan struct{}, 1),
+		done: make(chan struct{}),
+	}
+	l.cond.L = &l.mu
+	if err := l.ensureDir(); err != nil {
+		return nil, err
+	}
+	if err := l.recover(); err != nil {
+		l.closeFiles()
+		return nil, err
+	}
+	go l.run()
+	return l, nil
+}
+
+// ensureDir creates the log directory if needed and makes the new entries
+// durable, from the top down.
+func (l *Log) ensureDir() error {
+	var missing []string
+	for p := l.dir; ; p = filepath.Dir(p) {
+		if _, err := l.fs.Stat(p); err == nil {
+			break
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("seglog: stat %s: %w", p, err)
+		}
+		missing = append(missing, p)
+		if filepath.Dir(p) == p {
+			break
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if err := l.fs.MkdirAll(l.dir, 0o755); err != nil {
+		return fmt.Errorf("seglog: mkdir %s: %w", l.dir, err)
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		if err := l.fs.SyncDir(filepath.Dir(missing[i])); err != nil {
+			return fmt.Errorf("seglog: sync dir %s: %w", filepath.Dir(missing[i]), err)
+		}
+	}
+	return nil
+}
+
+// Report returns what Open found.
+func (l *Log) Report() RecoveryReport { return l.report }
+
+// FirstLSN returns the LSN of the oldest retained record (NextLSN if the log
+// holds none).
+func (l *Log) FirstLSN() uint64 {
+	l.segMu.RLock()
+	defer l.segMu.RUnlock()
+	return l.segs[0].base
+}
+
+// NextLSN returns the LSN the next Append will get.
+func (l *Log) NextLSN() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.nextLSN
+}
+
+// DurableLSN returns the highest LSN known to have survived fdatasync.
+func (l *Log) DurableLSN() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.durableLSN
+}
+
+// Append adds a record and returns its LSN. The record is buffered in memory
+// and NOT durable; use Commit or Sync for that. Safe for concurrent use;
+// blocks while the append buffer is full.
+func (l *Log) Append(typ uint8, payload []byte) (uint64, error) {
+	if len(payload) > PayloadBytesMax {
+		return 0, ErrRecordTooLarge
+	}
+	pc := payloadCRC(payload) // outside the lock: it is the per-byte cost
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.appendLocked(typ, payload, pc)
+}
+
+// Commit appends a record and waits until it is durable (SyncAlways) or
+// written to the OS (SyncInterval). Concurrent commits share one fdatasync.
+func (l *Log) Commit(typ uint8, payload []byte) (uint64, error) {
+	if len(payload) > PayloadBytesMax {
+		return 0, ErrRecordTooLarge
+	}
+	pc := payloadCRC(payload)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lsn, err := l.appendLocked(typ, payload, pc)
+	if err != nil {
+		return 0, err
+	}
+	if l.opts.Sync == SyncAlways {
+		return lsn, l.waitLocked(lsn, true)
+	}
+	return lsn, l.waitLocked(lsn, false)
+}
+
+// Sync makes every record appended so far durable, regardless of policy,
+// and returns the durable LSN.
+func (l *Log) Sync() (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.waitLocked(l.nextLSN-1, true); err != nil {
+		return l.durableLSN, err
+	}
+	return l.durableLSN, nil
+}
+
+func (l *Log) appendLocked(typ uint8, payload []byte, pc uint32) (uint64, error) {
+	for {
+		if l.err != nil {
+			return 0, l.err
+		}
+		if l.closing {
+			return 0, ErrClosed
+		}
+		if len(l.buf) < l.opts.BufferBytes {
+			break
+		}
+		l.kickCommitter()
+		l.cond.Wait()
+	}
+	lsn := l.nextLSN
+	recBytes := int64(headerBytes + len(payload))
+	switch {
+	case l.tailOff > 0 && l.tailOff+recBytes > l.opts.SegmentBytes:
+		l.marks = append(l.marks, mark{pos: len(l.buf), lsn: lsn, off: 0, newSeg: true})
+		l.tailOff, l.lastIdxOff = 0, 0
+	case l.tailOff == 0 || l.tailOff-l.lastIdxOff >= int64(l.opts.IndexIntervalBytes):
+		l.marks = append(l.marks, mark{pos: len(l.buf), lsn: lsn, off: l.tailOff})
+		l.lastIdxOff = l.tailOff
+	}
+	l.buf = appendRecord(l.buf, lsn, typ, payload, pc)
+	l.tailOff += recBytes
+	l.nextLSN++
+	if len(l.buf) >= l.opts.BufferBytes/2 {
+		l.kickCommitter() // start writing early so appenders rarely block
+	}
+	return lsn, nil
+}
+
+// waitLocked waits until lsn is durable (or written, if !durable). The
+// record's own success wins over a later failure: a caller whose record made
+// it to disk before an fsync failed later is told the truth.
+func (l *Log) waitLocked(lsn uint64, durable bool) error {
+	if durable {
+		l.wantDurable = max(l.wantDurable, lsn)
+	} else {
+		l.wantWritten = max(l.wantWritten, lsn)
+	}
+	kicked := false
+	for {
+		reached := l.writtenLSN
+		if durable {
+			reached = l.durableLSN
+		}
+		switch {
+		case reached >= lsn:
+			return nil
+		case l.err != nil:
+			return l.err
+		case l.exited:
+			return ErrClosed
+		}
+		if !kicked {
+			l.kickCommitter()
+			kicked = true
+		}
+		l.cond.Wait()
+	}
+}
+
+func (l *Log) kickCommitter() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run is the committer goroutine. It owns writes to segment files.
+func (l *Log) run() {
+	defer close(l.done)
+	var tick <-chan time.Time
+	if l.opts.Sync == SyncInterval {
+		c, stop := l.opts.NewTicker(time.Duration(l.opts.SyncIntervalMs) * time.Millisecond)
+		defer stop()
+		tick = c
+	}
+	for {
+		force := false
+		select {
+		case <-l.kick:
+		case <-tick:
+			force = true
+		}
+		for l.commitOnce(force) {
+			force = false
+		}
+		l.mu.Lock()
+		if l.closing {
+			l.exited = true
+			l.cond.Broadcast()
+			l.mu.Unlock()
+			return
+		}
+		l.mu.Unlock()
+	}
+}
+
+// commitOnce writes and/or syncs whatever is due and reports whether it did
+// any I/O (the caller loops until it did none).
+func (l *Log) commitOnce(force bool) bool {
+	l.mu.Lock()
+	if l.err != nil {
+		l.mu.Unlock()
+		return false
+	}
+	urgent := force || l.closing || l.wantDurable > l.writtenLSN || l.wantWritten > l.writtenLSN
+	doWrite := len(l.buf) > 0 && (urgent || len(l.buf) >= l.opts.BufferBytes/2)
+	target := l.writtenLSN
+	if doWrite {
+		target = l.nextLSN - 1
+	}
+	doSync := target > l.durableLSN &&
+		(l.opts.Sync == SyncAlways || force || l.closing || l.wantDurable > l.durableLSN)
+	if !doWrite && !doSync {
+		l.mu.Unlock()
+		return false
+	}
+	var batch []byte
+	var marks []mark
+	first := l.writtenLSN + 1
+	if doWrite {
+		batch, marks = l.buf, l.marks
+		l.buf, l.marks = l.spare[:0], l.spareMarks[:0]
+		l.cond.Broadcast() // appenders blocked on a full buffer may go on
+	}
+	l.mu.Unlock()
+
+	var err error
+	if doWrite {
+		err = l.writeBatch(batch, marks, first, target)
+	}
+	if err == nil && doSync {
+		if serr := l.active.f.Sync(); serr != nil {
+			err = failed("fdatasync "+l.active.name, serr)
+		}
+	}
+
+	l.mu.Lock()
+	if doWrite {
+		l.spare, l.spareMarks = batch[:0], marks[:0]
+	}
+	if err != nil {
+		l.err = err
+		l.log.Error("seglog: I/O failure; the log refuses further writes", "err", err)
+	} else {
+		l.writtenLSN = target
+		if doSync {
+			l.durableLSN = target
+		}
+	}
+	l.cond.Broadcast()
+	l.mu.Unlock()
+	return err == nil
+}
+
+// writeBatch writes encoded records first..last to the segment files, one
+// WriteAt per segment touched, rolling segments at newSeg marks. Committer
+// only. It publishes each chunk to readers once it is written.
+func (l *Log) writeBatch(batch []byte, marks []mark, first, last uint64) error {
+	pos := 0
+	for pos < len(batch) {
+		if len(marks) > 0 && marks[0].newSeg && marks[0].pos == pos {
+			if err := l.roll(marks[0].lsn); err != nil {
+				return err
+			}
+		}
+		// This chunk runs to the next segment start or the batch end.
+		end, endLSN := len(batch), last+1
+		j := 0
+		for ; j < len(marks); j++ {
+			if marks[j].newSeg && marks[j].pos > pos {
+				end, endLSN = marks[j].pos, marks[j].lsn
+				break
+			}
+		}
+		chunkMarks := marks[:j]
+		marks = marks[j:]
+		s := l.active
+		if _, err := s.f.WriteAt(batch[pos:end], s.size); err != nil {
+			return failed("write "+s.name, err)
+		}
+		l.segMu.Lock()
+		for _, m := range chunkMarks {
+			s.index = append(s.index, indexEntry{lsn: m.lsn, off: m.off})
+		}
+		s.size += int64(end - pos)
+		s.last = endLSN - 1
+		l.segMu.Unlock()
+		l.activeFile = max(l.activeFile, s.size)
+		pos = end
+	}
+	if l.active.last != last {
+		panic(fmt.Sprintf("seglog: batch ended at lsn %d, want %d (first %d)", l.active.last, last, first))
+	}
+	return nil
+}
+
+// roll seals the active segment and starts a new one whose first record is
+// base. Order matters for crash safety: the old segment's data is synced
+// (and trimmed to its records) before the new file's name becomes durable,
+// so recovery never sees a newer segment after an incomplete older one.
+func (l *Log) roll(base uint64) error {
+	old := l.active
+	if err := old.f.Sync(); err != nil {
+		return failed("fdatasync "+old.name, err)
+	}
+	if l.activeFile > old.size { // preallocated: drop the zero tail
+		if err := old.f.Truncate(old.size); err != nil {
+			return failed("truncate "+old.name, err)
+		}
+		if err := old.f.Sync(); err != nil {
+			return failed("fdatasync "+old.name, err)
+		}
+	}
+	s, err := l.createSegment(base)
+	if err != nil {
+		return err
+	}
+	l.segMu.Lock()
+	l.segs = append(l.segs, s)
+	l.segMu.Unlock()
+	l.active = s
+	// Sealed segments are only read from now on; the handle stays open for
+	// Read and Scan.
+	return nil
+}
+
+// createSegment creates an empty segment file, preallocates it if asked and
+// makes its name durable.
+func (l *Log) createSegment(base uint64) (*segment, error) {
+	name := filepath.Join(l.dir, SegmentName(base))
+	f, err := l.fs.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, failed("create "+name, err)
+	}
+	l.activeFile = 0
+	if l.opts.Preallocate {
+		if err := vfs.Allocate(f, l.opts.SegmentBytes); err != nil {
+			_ = f.Close()
+			return nil, failed("preallocate "+name, err)
+		}
+		if err := f.Sync(); err != nil {
+			_ = f.Close()
+			return nil, failed("fdatasync "+name, err)
+		}
+		l.activeFile = l.opts.SegmentBytes
+	}
+	if err := l.fs.SyncDir(l.dir); err != nil {
+		_ = f.Close()
+		return nil, failed("sync dir "+l.dir, err)
+	}
+	return &segment{base: base, name: name, f: f, last: base - 1}, nil
+}
+
+// Close flushes and syncs everything appended, stops the committer and
+// closes the files. Appends after Close fail with ErrClosed. Close returns
+// the sticky failure, if any.
+func (l *Log) Close() error {
+	l.mu.Lock()
+	if l.closing {
+		l.mu.Unlock()
+		<-l.done
+		return ErrClosed
+	}
+	l.closing = true
+	l.kickCommitter()
+	l.mu.Unlock()
+	<-l.done
+
+	l.mu.Lock()
+	err := l.err
+	l.mu.Unlock()
+	// Trim a preallocated active segment so a cleanly closed log has no
+	// zero tail to skip over at the next Open.
+	if err == nil && l.activeFile > l.active.size {
+		if terr := l.active.f.Truncate(l.active.size); terr == nil {
+			_ = l.active.f.Sync()
+		}
+	}
+	if cerr := l.closeFiles(); err == nil && cerr != nil {
+		err = cerr
+	}
+	return err
+}
+
+func (l *Log) closeFiles() error {
+	l.segMu.Lock()
+	defer l.segMu.Unlock()
+	var first error
+	for _, s := range l.segs {
+		s.dropped.Store(true)
+		if s.refs.Load() == 0 {
+			if err := s.closeOnce(); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}

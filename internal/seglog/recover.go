@@ -1,0 +1,430 @@
+package seglog
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/sinewmq/sinew/internal/vfs"
+)
+
+// Recovery. Open reads every retained segment front to back and verifies
+// every record: length in range, CRC32C, and the LSN it carries equals the
+// next LSN expected (so segments must continue exactly where the previous one
+// ended). On the first record that fails it decides between a torn tail and
+// corruption:
+//
+//	bytes from the bad record to EOF        segment   verdict
+//	-------------------------------------   -------   -------------------------
+//	all zero                                 any       clean end (preallocation)
+//	header or record runs past EOF           last      torn: truncate there
+//	record's own tail is zeros, then only    last      torn: truncate there
+//	  zeros to EOF (a cut-short write into
+//	  a preallocated file)
+//	anything else (complete record with a    any       corruption
+//	  bad CRC, a wrong LSN, an impossible
+//	  length, data after the bad record)
+//
+// A torn verdict is overridden to corruption if a valid record with the
+// following LSN appears after the bad one: a bad record followed by valid data
+// is damage, never a tail. Torn bytes were never acknowledged, because
+// acknowledgement waits for fdatasync of every byte up to the record.
+
+// badSpot describes the first record that failed verification.
+type badSpot struct {
+	off    int64
+	lsn    uint64
+	reason string
+	// pastEOF: the header or the record it declares runs past EOF.
+	pastEOF bool
+	// recEnd is the end offset the header declares, or -1 if unusable.
+	recEnd int64
+}
+
+// verdict of verifying one segment.
+type segResult struct {
+	end  int64    // offset just after the last good record
+	bad  *badSpot // nil: clean end
+	torn bool     // bad is a torn tail (last segment only)
+	z    int64    // end of non-zero data at/after bad.off
+}
+
+func (l *Log) recover() error {
+	names, err := l.fs.ReadDir(l.dir)
+	if err != nil {
+		return fmt.Errorf("seglog: read dir %s: %w", l.dir, err)
+	}
+	var bases []uint64
+	for _, n := range names {
+		if b, ok := parseSegmentName(n); ok {
+			bases = append(bases, b)
+		}
+	}
+	rep := &l.report
+	if len(bases) == 0 {
+		s, err := l.createSegment(1)
+		if err != nil {
+			return err
+		}
+		l.segs = []*segment{s}
+		l.active = s
+		l.nextLSN = 1
+		*rep = RecoveryReport{Segments: 1, FirstLSN: 1, LastLSN: 0}
+		return nil
+	}
+	for i, b := range bases {
+		flag := os.O_RDONLY
+		if i == len(bases)-1 {
+			flag = os.O_RDWR
+		}
+		name := filepath.Join(l.dir, SegmentName(b))
+		f, err := l.fs.OpenFile(name, flag, 0)
+		if err != nil {
+			return fmt.Errorf("seglog: open %s: %w", name, err)
+		}
+		l.segs = append(l.segs, &segment{base: b, name: name, f: f, last: b - 1})
+	}
+
+	r := &reader{buf: make([]byte, readChunkBytes)}
+	for i, s := range l.segs {
+		last := i == len(l.segs)-1
+		if i > 0 {
+			prev := l.segs[i-1]
+			if s.base != prev.last+1 {
+				cerr := &CorruptionError{
+					Segment: filepath.Base(prev.name), FileOffset: prev.size, LSN: prev.last + 1,
+					Reason: fmt.Sprintf("segment ends before lsn %d but the next segment %s starts at lsn %d",
+						prev.last+1, filepath.Base(s.name), s.base),
+				}
+				return l.cut(i-1, prev.size, cerr)
+			}
+		}
+		res, err := l.verifySegment(s, last, r)
+		if err != nil {
+			return err
+		}
+		rep.Records += s.last - s.base + 1
+		rep.Bytes += s.size
+		if res.bad == nil {
+			continue
+		}
+		if res.torn {
+			rep.TornBytes = res.z - res.end
+			rep.Truncated = true
+			l.log.Warn("seglog: repairing torn tail", "segment", filepath.Base(s.name),
+				"offset", res.end, "lsn", res.bad.lsn, "torn_bytes", rep.TornBytes, "reason", res.bad.reason)
+			if err := l.truncateSegment(s, res.end); err != nil {
+				return err
+			}
+			break
+		}
+		cerr := &CorruptionError{Segment: filepath.Base(s.name), FileOffset: res.bad.off, LSN: res.bad.lsn, Reason: res.bad.reason}
+		return l.cut(i, res.end, cerr)
+	}
+	return l.finishRecovery()
+}
+
+// cut applies the corruption policy to damage found in segment i at off.
+func (l *Log) cut(i int, off int64, cerr *CorruptionError) error {
+	if l.opts.Corruption != CorruptionTruncate {
+		return cerr
+	}
+	rep := &l.report
+	l.log.Error("seglog: CORRUPTION: cutting the log at the first bad record; every later record is lost",
+		"segment", cerr.Segment, "offset", cerr.FileOffset, "lsn", cerr.LSN, "reason", cerr.Reason,
+		"dropped_segments", len(l.segs)-i-1)
+	rep.Corruption = cerr
+	rep.Truncated = true
+	s := l.segs[i]
+	if i != len(l.segs)-1 { // it becomes the active segment: reopen for writing
+		_ = s.f.Close()
+		f, err := l.fs.OpenFile(s.name, os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("seglog: reopen %s: %w", s.name, err)
+		}
+		s.f = f
+	}
+	// Cut the damaged segment first, then delete later ones newest first, so
+	// an interrupted cut leaves a log that a second Open cuts the same way.
+	if err := l.truncateSegment(s, off); err != nil {
+		return err
+	}
+	for j := len(l.segs) - 1; j > i; j-- {
+		d := l.segs[j]
+		_ = d.f.Close()
+		if err := l.fs.Remove(d.name); err != nil {
+			return fmt.Errorf("seglog: remove %s: %w", d.name, err)
+		}
+		rep.DroppedSegments++
+	}
+	if len(l.segs)-1 > i {
+		if err := l.fs.SyncDir(l.dir); err != nil {
+			return fmt.Errorf("seglog: sync dir %s: %w", l.dir, err)
+		}
+	}
+	l.segs = l.segs[:i+1]
+	// Records of the cut segment were counted only up to the damage.
+	return l.finishRecovery()
+}
+
+// truncateSegment cuts s's file at off durably.
+func (l *Log) truncateSegment(s *segment, off int64) error {
+	if err := s.f.Truncate(off); err != nil {
+		return fmt.Errorf("seglog: truncate %s: %w", s.name, err)
+	}
+	if err := s.f.Sync(); err != nil {
+		return fmt.Errorf("seglog: fdatasync %s: %w", s.name, err)
+	}
+	return nil
+}
+
+// finishRecovery sets up the append state from the verified segments.
+func (l *Log) finishRecovery() error {
+	s := l.segs[len(l.segs)-1]
+	l.active = s
+	fi, err := s.f.Stat()
+	if err != nil {
+		return fmt.Errorf("seglog: stat %s: %w", s.name, err)
+	}
+	l.activeFile = fi.Size()
+	if l.opts.Preallocate && l.activeFile < l.opts.SegmentBytes {
+		if err := vfsAllocate(s, l.opts.SegmentBytes); err != nil {
+			return err
+		}
+		l.activeFile = l.opts.SegmentBytes
+	}
+	l.nextLSN = s.last + 1
+	l.writtenLSN, l.durableLSN = s.last, s.last
+	l.tailOff = s.size
+	if n := len(s.index); n > 0 {
+		l.lastIdxOff = s.index[n-1].off
+	}
+	rep := &l.report
+	rep.Segments = len(l.segs)
+	rep.FirstLSN = l.segs[0].base
+	rep.LastLSN = s.last
+	return nil
+}
+
+// verifySegment checks every record of s, fills in s.size, s.last and
+// s.index, replays records and classifies the first bad one, if any.
+func (l *Log) verifySegment(s *segment, last bool, r *reader) (segResult, error) {
+	fi, err := s.f.Stat()
+	if err != nil {
+		return segResult{}, fmt.Errorf("seglog: stat %s: %w", s.name, err)
+	}
+	size := fi.Size()
+	r.reset(s.f, size)
+	off, lsn := int64(0), s.base
+	lastIdx := int64(0)
+	interval := int64(l.opts.IndexIntervalBytes)
+	var bad *badSpot
+	for {
+		h, err := r.window(off, headerBytes)
+		if err != nil {
+			return segResult{}, fmt.Errorf("seglog: read %s: %w", s.name, err)
+		}
+		if len(h) == 0 {
+			break
+		}
+		if len(h) < headerBytes {
+			bad = &badSpot{off: off, lsn: lsn, reason: "header runs past end of file", pastEOF: true, recEnd: -1}
+			break
+		}
+		n := headerLength(h)
+		if n > PayloadBytesMax {
+			bad = &badSpot{off: off, lsn: lsn, reason: fmt.Sprintf("length %d out of range", n), recEnd: -1}
+			break
+		}
+		recEnd := off + headerBytes + int64(n)
+		b, err := r.window(off, headerBytes+int(n))
+		if err != nil {
+			return segResult{}, fmt.Errorf("seglog: read %s: %w", s.name, err)
+		}
+		if len(b) < headerBytes+int(n) {
+			bad = &badSpot{off: off, lsn: lsn, reason: "record runs past end of file", pastEOF: true, recEnd: recEnd}
+			break
+		}
+		rec, _, err := DecodeRecord(b)
+		if err != nil {
+			bad = &badSpot{off: off, lsn: lsn, reason: "checksum mismatch", recEnd: recEnd}
+			break
+		}
+		if rec.LSN != lsn {
+			bad = &badSpot{off: off, lsn: lsn, reason: fmt.Sprintf("record carries lsn %d", rec.LSN), recEnd: recEnd}
+			break
+		}
+		if off == 0 || off-lastIdx >= interval {
+			s.index = append(s.index, indexEntry{lsn: lsn, off: off})
+			lastIdx = off
+		}
+		if l.opts.Replay != nil && lsn >= l.opts.ReplayFrom {
+			if err := l.opts.Replay(rec); err != nil {
+				return segResult{}, fmt.Errorf("seglog: replay lsn %d: %w", lsn, err)
+			}
+			l.report.Replayed++
+		}
+		off, lsn = recEnd, lsn+1
+	}
+	s.size, s.last = off, lsn-1
+	res := segResult{end: off, bad: bad}
+	if bad == nil {
+		return res, nil
+	}
+	z, err := nonZeroEnd(s.f, off, size)
+	if err != nil {
+		return segResult{}, fmt.Errorf("seglog: read %s: %w", s.name, err)
+	}
+	res.z = z
+	if z == off { // nothing but zeros from here: a preallocated tail
+		res.bad = nil
+		return res, nil
+	}
+	if !last {
+		return res, nil
+	}
+	torn := bad.pastEOF || (bad.recEnd >= 0 && z < bad.recEnd)
+	if torn {
+		// Beyond z there are only zeros, which never form a record.
+		followed, err := validRecordAfter(s.f, off+1, z, lsn+1)
+		if err != nil {
+			return segResult{}, fmt.Errorf("seglog: read %s: %w", s.name, err)
+		}
+		if followed {
+			bad.reason += "; valid records follow"
+			torn = false
+		}
+	}
+	res.torn = torn
+	return res, nil
+}
+
+// nonZeroEnd returns the offset just past the last non-zero byte of f in
+// [from, size), or from if the range is all zeros.
+func nonZeroEnd(f interface {
+	ReadAt([]byte, int64) (int, error)
+}, from, size int64) (int64, error) {
+	const chunk = 256 << 10
+	buf := make([]byte, min(chunk, max(size-from, 0)))
+	zeros := make([]byte, len(buf))
+	end := from
+	for off := from; off < size; {
+		n := int(min(int64(len(buf)), size-off))
+		k, err := f.ReadAt(buf[:n], off)
+		if k < n {
+			if err != nil && !errors.Is(err, io.EOF) {
+				return 0, err
+			}
+			n = k
+		}
+		if n == 0 {
+			break
+		}
+		if !bytes.Equal(buf[:n], zeros[:n]) {
+			i := n - 1
+			for buf[i] == 0 {
+				i--
+			}
+			end = off + int64(i) + 1
+		}
+		off += int64(n)
+	}
+	return end, nil
+}
+
+// validRecordAfter reports whether a record carrying lsn, with a good CRC,
+// starts anywhere in f at or after from. It looks for the LSN's bytes at a
+// header's LSN position and checks candidates, so it reads the range once.
+func validRecordAfter(f interface {
+	ReadAt([]byte, int64) (int, error)
+}, from, size int64, lsn uint64) (bool, error) {
+	if size-from < headerBytes {
+		return false, nil
+	}
+	data := make([]byte, size-from)
+	if k, err := f.ReadAt(data, from); err != nil && !(errors.Is(err, io.EOF) && k == len(data)) {
+		return false, err
+	}
+	var pat [8]byte
+	binary.LittleEndian.PutUint64(pat[:], lsn)
+	for i := 8; i+8 <= len(data); {
+		j := bytes.Index(data[i:], pat[:])
+		if j < 0 {
+			return false, nil
+		}
+		start := i + j - 8
+		if rec, _, err := DecodeRecord(data[start:]); err == nil && rec.LSN == lsn {
+			return true, nil
+		}
+		i += j + 1
+	}
+	return false, nil
+}
+
+// reader serves sequential windows of a file from one reusable buffer.
+type reader struct {
+	f interface {
+		ReadAt([]byte, int64) (int, error)
+	}
+	size  int64
+	buf   []byte
+	start int64 // file offset of buf[0]
+	n     int   // valid bytes in buf
+}
+
+func (r *reader) reset(f interface {
+	ReadAt([]byte, int64) (int, error)
+}, size int64) {
+	r.f, r.size, r.start, r.n = f, size, 0, 0
+}
+
+// window returns the bytes at [off, off+want), or fewer at EOF. Offsets must
+// not go backwards. The slice is valid until the next call.
+func (r *reader) window(off int64, want int) ([]byte, error) {
+	if off >= r.start && off+int64(want) <= r.start+int64(r.n) {
+		i := int(off - r.start)
+		return r.buf[i : i+want], nil
+	}
+	if off >= r.start && off <= r.start+int64(r.n) {
+		r.n = copy(r.buf, r.buf[off-r.start:r.n])
+	} else {
+		r.n = 0
+	}
+	r.start = off
+	if want > len(r.buf) {
+		nb := make([]byte, want)
+		copy(nb, r.buf[:r.n])
+		r.buf = nb
+	}
+	for r.n < len(r.buf) && r.start+int64(r.n) < r.size {
+		m := int(min(int64(len(r.buf)), r.size-r.start))
+		k, err := r.f.ReadAt(r.buf[r.n:m], r.start+int64(r.n))
+		r.n += k
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				r.size = r.start + int64(r.n) // the file is shorter than it was
+				break
+			}
+			return nil, err
+		}
+		if k == 0 {
+			break
+		}
+	}
+	return r.buf[:min(want, r.n)], nil
+}
+
+// vfsAllocate preallocates s's file to size and syncs the new size.
+func vfsAllocate(s *segment, size int64) error {
+	if err := vfs.Allocate(s.f, size); err != nil {
+		return fmt.Errorf("seglog: preallocate %s: %w", s.name, err)
+	}
+	if err := s.f.Sync(); err != nil {
+		return fmt.Errorf("seglog: fdatasync %s: %w", s.name, err)
+	}
+	return nil
+}
