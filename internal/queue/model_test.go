@@ -168,7 +168,7 @@ func (m *model) apply(lsn uint64, ev Event) error {
 			delete(m.msgs, ev.Offset)
 			break
 		}
-		*x = mmsg{state: StateDeadLettering, attempt: x.attempt, expires: x.expires, notBefore: x.notBefore,
+		*x = mmsg{state: StateDeadLettering, attempt: x.attempt, expires: x.expires,
 			reason: ev.Reason, target: ev.Target, dlAt: ev.AtMs}
 	case KindDeadLetterDone:
 		delete(m.msgs, ev.Offset)

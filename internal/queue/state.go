@@ -257,6 +257,7 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		e.owner = ev.Target
 		e.reason = ev.Reason
 		e.deadlineMs = ev.AtMs
+		e.leaseID, e.notBeforeMs = 0, 0
 		s.counts[phaseDeadLettering]++
 		s.deadLetters[off] = struct{}{}
 	case KindDeadLetterDone:
