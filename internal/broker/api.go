@@ -2,6 +2,7 @@ package broker
 
 import (
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/sinewmq/sinew/internal/seglog"
@@ -37,7 +38,7 @@ func (q QuarantinePolicy) String() string {
 	case Ignore:
 		return "ignore"
 	}
-	return "quarantine_policy(" + itoa(int(q)) + ")"
+	return "quarantine_policy(" + strconv.Itoa(int(q)) + ")"
 }
 
 // Defaults for Config fields left zero.

@@ -1,0 +1,638 @@
+package broker
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/partition"
+	"github.com/sinewmq/sinew/internal/queue"
+	"github.com/sinewmq/sinew/internal/seglog"
+	"github.com/sinewmq/sinew/internal/vfs"
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// queuesDir is where queues live under DataDir.
+const queuesDir = "queues"
+
+// Errors callers may test for with errors.Is (they match on the code).
+var (
+	// ErrShuttingDown: the broker is closing or closed.
+	ErrShuttingDown = &protocol.Error{Code: protocol.CodeShuttingDown, Message: "broker is shutting down"}
+	// ErrStarting: the broker has not finished recovery.
+	ErrStarting = &protocol.Error{Code: protocol.CodeUnavailable, Message: "broker is recovering"}
+)
+
+// Broker is the registry of queues and subscriptions.
+//
+// Locks, in the order they may be taken: createMu (queue creation and
+// declaration changes; held across their file-system work), mu (the queue
+// map; held briefly), subsMu (the subscription registry). Partition
+// callbacks never take createMu.
+type Broker struct {
+	cfg    Config
+	logger *slog.Logger
+	// owner prefixes lease owners so that a subscription id reused after a
+	// restart never names the leases of its predecessor.
+	owner string
+
+	createMu sync.Mutex
+	mu       sync.RWMutex
+	queues   map[queueKey]*queueEntry
+
+	subsMu  sync.Mutex
+	subs    map[uint64]*Subscription
+	nextSub atomic.Uint64
+
+	ready  atomic.Bool
+	closed atomic.Bool
+}
+
+type queueKey struct{ topic, group string }
+
+// queueEntry is one queue: immutable after creation except meta, which
+// Declare replaces under createMu.
+type queueEntry struct {
+	key   queueKey
+	dir   string
+	meta  atomic.Pointer[queueMeta]
+	parts []*partition.Partition
+	rr    atomic.Uint64
+}
+
+func (c *Config) normalize() {
+	if c.FS == nil {
+		c.FS = vfs.OS()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.DefaultPartitions <= 0 {
+		c.DefaultPartitions = DefaultPartitionsDefault
+	}
+	c.DefaultPartitions = min(c.DefaultPartitions, PartitionsMax)
+	if c.DefaultLeaseMs <= 0 {
+		c.DefaultLeaseMs = DefaultLeaseMsDefault
+	}
+	if c.DefaultMaxRetries == 0 {
+		c.DefaultMaxRetries = DefaultMaxRetriesDefault
+	}
+	c.DefaultMaxRetries = max(c.DefaultMaxRetries, 0)
+	if c.DeadLetterTopic == "" {
+		c.DeadLetterTopic = DeadLetterTopicDefault
+	}
+	if c.InboxMax <= 0 {
+		c.InboxMax = InboxMaxDefault
+	}
+	if c.BodyBytesMax <= 0 {
+		c.BodyBytesMax = BodyBytesMaxDefault
+	}
+	if c.PrefetchMax <= 0 {
+		c.PrefetchMax = PrefetchMaxDefault
+	}
+	if c.CheckpointEveryRecords <= 0 {
+		c.CheckpointEveryRecords = CheckpointEveryRecordsDefault
+	}
+}
+
+// Open recovers every queue and partition under cfg.DataDir and starts
+// serving. Damaged partitions are handled by cfg.Quarantine.
+func Open(cfg Config) (*Broker, error) {
+	cfg.normalize()
+	if cfg.DataDir == "" {
+		return nil, errors.New("broker: DataDir is required")
+	}
+	if err := validName("dead-letter topic", cfg.DeadLetterTopic, false); err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	b := &Broker{
+		cfg:    cfg,
+		logger: cfg.Logger,
+		owner:  "b" + strconv.FormatInt(cfg.Now().UnixNano(), 36),
+		queues: make(map[queueKey]*queueEntry),
+		subs:   make(map[uint64]*Subscription),
+	}
+	root := filepath.Join(cfg.DataDir, queuesDir)
+	if err := cfg.FS.MkdirAll(root, 0o755); err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	if err := syncDirs(cfg.FS, root, cfg.DataDir); err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	if err := b.recover(root); err != nil {
+		b.closePartitions()
+		return nil, err
+	}
+	b.ready.Store(true)
+	for _, q := range b.queues {
+		for _, p := range q.parts {
+			p.Poke() // dead-letter copies deferred during recovery
+		}
+	}
+	return b, nil
+}
+
+func syncDirs(fsys vfs.FS, dirs ...string) error {
+	for _, d := range dirs {
+		if err := fsys.SyncDir(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recover loads every queue found under root.
+func (b *Broker) recover(root string) error {
+	topics, err := b.cfg.FS.ReadDir(root)
+	if err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
+	for _, t := range topics {
+		groups, err := b.cfg.FS.ReadDir(filepath.Join(root, t))
+		if err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
+		for _, g := range groups {
+			dir := filepath.Join(root, t, g)
+			m, err := readMeta(b.cfg.FS, filepath.Join(dir, metaFile))
+			if isNotExist(err) {
+				// Creation was interrupted before the definition was
+				// durable: nothing was ever published to it.
+				b.logger.Warn("ignoring queue directory without metadata", "dir", dir)
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("broker: queue metadata: %w", err)
+			}
+			if escapeName(m.Topic) != t || escapeName(m.Group) != g {
+				return fmt.Errorf("broker: %s holds metadata of queue %q/%q", dir, m.Topic, m.Group)
+			}
+			q, err := b.openQueue(dir, m)
+			if err != nil {
+				return err
+			}
+			b.queues[q.key] = q
+		}
+	}
+	return nil
+}
+
+// openQueue opens (or creates) every partition of the queue described by m.
+func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
+	q := &queueEntry{key: queueKey{m.Topic, m.Group}, dir: dir}
+	q.meta.Store(m)
+	qc := b.queueConfig(m)
+	for i := range m.Partitions {
+		pc := partition.Config{
+			Topic: m.Topic, Group: m.Group, Index: i,
+			Dir: filepath.Join(dir, "p"+strconv.FormatUint(uint64(i), 10)),
+			FS:  b.cfg.FS, Now: b.cfg.Now, Logger: b.logger, Queue: qc,
+			Sync: b.cfg.Sync, SyncIntervalMs: b.cfg.SyncIntervalMs, SegmentBytes: b.cfg.SegmentBytes,
+			InboxMax: b.cfg.InboxMax, CheckpointEveryRecords: b.cfg.CheckpointEveryRecords,
+			BodyCacheBytes: b.cfg.BodyCacheBytes,
+			DeadLetter:     b.deadLetter,
+		}
+		p, err := partition.Open(pc)
+		if err != nil && errors.Is(err, partition.ErrDamaged) {
+			p, err = b.damaged(pc, err)
+		}
+		if err != nil {
+			for _, p := range q.parts {
+				p.Close()
+			}
+			return nil, fmt.Errorf("broker: %w", err)
+		}
+		q.parts = append(q.parts, p)
+	}
+	return q, nil
+}
+
+// damaged applies the quarantine policy to a partition that failed
+// verification.
+func (b *Broker) damaged(pc partition.Config, err error) (*partition.Partition, error) {
+	switch b.cfg.Quarantine {
+	case Refuse:
+		return nil, err
+	case Ignore:
+		b.logger.Error("DAMAGED PARTITION: reopening cut at the first bad record; confirmed messages after it are LOST",
+			"topic", pc.Topic, "group", pc.Group, "partition", pc.Index, "err", err)
+		pc.Corruption = seglog.CorruptionTruncate
+		p, err2 := partition.Open(pc)
+		if err2 == nil {
+			return p, nil
+		}
+		if !errors.Is(err2, partition.ErrDamaged) {
+			return nil, err2
+		}
+		err = err2
+	}
+	b.logger.Error("DAMAGED PARTITION QUARANTINED: it is not served until repaired",
+		"topic", pc.Topic, "group", pc.Group, "partition", pc.Index, "dir", pc.Dir, "err", err)
+	return partition.Parked(pc, err), nil
+}
+
+// queueConfig resolves a queue's settings into the partition's queue
+// configuration.
+func (b *Broker) queueConfig(m *queueMeta) queue.Config {
+	qc := queue.Config{MaxRetries: m.MaxRetries, LeaseMs: m.LeaseMs, DefaultTTLMs: m.DefaultTTLMs}
+	if m.MaxRetries == 0 {
+		qc.MaxRetries = queue.NoRetries
+	}
+	qc.DeadLetter.Target = b.deadLetterTarget(m)
+	return qc
+}
+
+// deadLetterTarget resolves where a queue's dead messages go: a topic (its
+// default group), or "" to discard. A queue never dead-letters into itself,
+// and the global dead-letter queue discards its own dead messages.
+func (b *Broker) deadLetterTarget(m *queueMeta) string {
+	var t string
+	switch m.DeadLetterMode {
+	case protocol.DeadLetterDiscard:
+		return ""
+	case protocol.DeadLetterQueue:
+		t = m.DeadLetterTarget
+	default:
+		t = b.cfg.DeadLetterTopic
+	}
+	if m.Group == "" && m.Topic == t || m.Topic == b.cfg.DeadLetterTopic && t == b.cfg.DeadLetterTopic {
+		return ""
+	}
+	return t
+}
+
+// deadLetter is the partitions' dead-letter publisher: it publishes m to
+// the default group of topic target, creating the queue on first use.
+func (b *Broker) deadLetter(target string, m *queue.Message, done func(error)) {
+	if !b.ready.Load() {
+		done(ErrStarting)
+		return
+	}
+	if b.closed.Load() {
+		done(ErrShuttingDown)
+		return
+	}
+	q, err := b.lookup(target, "", true)
+	if err != nil {
+		done(err)
+		return
+	}
+	p, err := q.pick(-1, m.Key)
+	if err != nil {
+		done(err)
+		return
+	}
+	p.Publish(m, func(_ uint64, err error) { done(err) })
+}
+
+// lookup finds a queue, creating it with the broker's defaults when create
+// is set.
+func (b *Broker) lookup(topic, group string, create bool) (*queueEntry, error) {
+	k := queueKey{topic, group}
+	b.mu.RLock()
+	q := b.queues[k]
+	b.mu.RUnlock()
+	if q != nil {
+		return q, nil
+	}
+	if !create {
+		return nil, protocol.Errorf(protocol.CodeNotFound, "no queue %q group %q", topic, group)
+	}
+	q, _, err := b.declare(&protocol.DeclareQueue{Topic: topic, Group: group, MaxRetries: -1}, false)
+	return q, err
+}
+
+// Close stops the broker: subscriptions are told (SubClosedShutdown), every
+// partition stops, writes a final checkpoint and closes its log. Leases
+// outstanding at Close stay in the log, so a consumer that resumes after a
+// restart can still settle them; otherwise they expire as usual.
+func (b *Broker) Close() error {
+	if b.closed.Swap(true) {
+		return nil
+	}
+	b.ready.Store(false)
+	b.subsMu.Lock()
+	subs := make([]*Subscription, 0, len(b.subs))
+	for _, s := range b.subs {
+		subs = append(subs, s)
+	}
+	b.subsMu.Unlock()
+	for _, s := range subs {
+		s.end(protocol.SubClosedShutdown, ErrShuttingDown, false)
+	}
+	b.createMu.Lock() // no creation is under way or will start
+	defer b.createMu.Unlock()
+	return b.closePartitions()
+}
+
+func (b *Broker) closePartitions() error {
+	b.mu.RLock()
+	var parts []*partition.Partition
+	for _, q := range b.queues {
+		parts = append(parts, q.parts...)
+	}
+	b.mu.RUnlock()
+	errs := make([]error, len(parts))
+	var wg sync.WaitGroup
+	for i, p := range parts {
+		wg.Go(func() { errs[i] = p.Close() })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Declare creates a queue or checks an existing one. Re-declaring with a
+// different partition count is CodeConflict; retries, TTL, lease and
+// dead-letter settings are updated (durably) to what the declaration says.
+func (b *Broker) Declare(ctx context.Context, d *protocol.DeclareQueue) (protocol.DeclareOK, error) {
+	if err := ctx.Err(); err != nil {
+		return protocol.DeclareOK{}, err
+	}
+	q, created, err := b.declare(d, true)
+	if err != nil {
+		return protocol.DeclareOK{}, err
+	}
+	return protocol.DeclareOK{Partitions: q.meta.Load().Partitions, Created: created}, nil
+}
+
+// declare implements Declare; with update false an existing queue is
+// returned as is (first-use creation racing a declaration).
+func (b *Broker) declare(d *protocol.DeclareQueue, update bool) (*queueEntry, bool, error) {
+	if b.closed.Load() {
+		return nil, false, ErrShuttingDown
+	}
+	want, err := b.metaFor(d)
+	if err != nil {
+		return nil, false, err
+	}
+	b.createMu.Lock()
+	defer b.createMu.Unlock()
+	if b.closed.Load() {
+		return nil, false, ErrShuttingDown
+	}
+	k := queueKey{d.Topic, d.Group}
+	b.mu.RLock()
+	q := b.queues[k]
+	b.mu.RUnlock()
+	if q != nil {
+		if !update {
+			return q, false, nil
+		}
+		cur := q.meta.Load()
+		if d.Partitions != 0 && d.Partitions != cur.Partitions {
+			return nil, false, protocol.Errorf(protocol.CodeConflict,
+				"queue %q group %q has %d partitions, not %d", d.Topic, d.Group, cur.Partitions, d.Partitions)
+		}
+		want.Partitions = cur.Partitions
+		if *want == *cur {
+			return q, false, nil
+		}
+		if err := writeMeta(b.cfg.FS, filepath.Join(q.dir, metaFile), want); err != nil {
+			return nil, false, protocol.Errorf(protocol.CodeInternal, "write queue metadata: %v", err)
+		}
+		q.meta.Store(want)
+		qc := b.queueConfig(want)
+		for _, p := range q.parts {
+			p.SetConfig(qc)
+		}
+		return q, false, nil
+	}
+
+	root := filepath.Join(b.cfg.DataDir, queuesDir)
+	tdir := filepath.Join(root, escapeName(d.Topic))
+	dir := filepath.Join(tdir, escapeName(d.Group))
+	if err := b.cfg.FS.MkdirAll(dir, 0o755); err != nil {
+		return nil, false, protocol.Errorf(protocol.CodeInternal, "create queue: %v", err)
+	}
+	if err := writeMeta(b.cfg.FS, filepath.Join(dir, metaFile), want); err != nil {
+		return nil, false, protocol.Errorf(protocol.CodeInternal, "write queue metadata: %v", err)
+	}
+	if err := syncDirs(b.cfg.FS, tdir, root); err != nil {
+		return nil, false, protocol.Errorf(protocol.CodeInternal, "create queue: %v", err)
+	}
+	q, err = b.openQueue(dir, want)
+	if err != nil {
+		return nil, false, protocol.Errorf(protocol.CodeInternal, "open queue: %v", err)
+	}
+	b.mu.Lock()
+	b.queues[k] = q
+	b.mu.Unlock()
+	return q, true, nil
+}
+
+// metaFor validates a declaration and resolves its defaults.
+func (b *Broker) metaFor(d *protocol.DeclareQueue) (*queueMeta, error) {
+	if err := validName("topic", d.Topic, false); err != nil {
+		return nil, err
+	}
+	if err := validName("group", d.Group, true); err != nil {
+		return nil, err
+	}
+	m := &queueMeta{Version: metaVersion, Topic: d.Topic, Group: d.Group, Partitions: d.Partitions,
+		LeaseMs: d.LeaseMs, MaxRetries: int(d.MaxRetries), DefaultTTLMs: d.DefaultTTLMs,
+		DeadLetterMode: d.DeadLetterMode}
+	switch {
+	case d.Partitions > PartitionsMax:
+		return nil, protocol.Errorf(protocol.CodeLimitExceeded, "%d partitions, more than %d", d.Partitions, PartitionsMax)
+	case d.Partitions == 0:
+		m.Partitions = uint32(b.cfg.DefaultPartitions)
+	}
+	switch {
+	case d.LeaseMs < 0 || d.LeaseMs > queue.LeaseMsMax:
+		return nil, protocol.Errorf(protocol.CodeBadRequest, "lease_ms %d out of range [0, %d]", d.LeaseMs, queue.LeaseMsMax)
+	case d.LeaseMs == 0:
+		m.LeaseMs = b.cfg.DefaultLeaseMs
+	}
+	switch {
+	case d.MaxRetries < -1 || d.MaxRetries > queue.MaxRetriesMax:
+		return nil, protocol.Errorf(protocol.CodeBadRequest, "max_retries %d out of range [-1, %d]", d.MaxRetries, queue.MaxRetriesMax)
+	case d.MaxRetries == -1:
+		m.MaxRetries = b.cfg.DefaultMaxRetries
+	}
+	if d.DefaultTTLMs < 0 {
+		return nil, protocol.Errorf(protocol.CodeBadRequest, "default_ttl_ms %d is negative", d.DefaultTTLMs)
+	}
+	switch d.DeadLetterMode {
+	case protocol.DeadLetterDefault, protocol.DeadLetterDiscard, protocol.DeadLetterGlobal:
+		if d.DeadLetterTarget != "" {
+			return nil, protocol.Errorf(protocol.CodeBadRequest, "dead_letter_target is set but the mode is %d", d.DeadLetterMode)
+		}
+	case protocol.DeadLetterQueue:
+		if err := validName("dead_letter_target", d.DeadLetterTarget, false); err != nil {
+			return nil, err
+		}
+		m.DeadLetterTarget = d.DeadLetterTarget
+	default:
+		return nil, protocol.Errorf(protocol.CodeBadRequest, "unknown dead_letter_mode %d", d.DeadLetterMode)
+	}
+	return m, nil
+}
+
+// pick chooses the partition for a publish: the requested one, the key's
+// hash, or round-robin over the partitions that are served.
+func (q *queueEntry) pick(want int32, key []byte) (*partition.Partition, error) {
+	n := len(q.parts)
+	switch {
+	case want >= 0:
+		if int(want) >= n {
+			return nil, protocol.Errorf(protocol.CodeNotFound, "queue %q group %q has no partition %d", q.key.topic, q.key.group, want)
+		}
+		return q.parts[want], nil
+	case len(key) > 0:
+		return q.parts[keyPartition(key, n)], nil
+	}
+	start := q.rr.Add(1)
+	for i := range n {
+		p := q.parts[(start+uint64(i))%uint64(n)]
+		if p.Quarantined() == nil {
+			return p, nil
+		}
+	}
+	return q.parts[start%uint64(n)], nil // every partition is parked: it answers unavailable
+}
+
+// keyPartition maps a key to a partition with 32-bit FNV-1a. It is part of
+// the on-disk contract: the same key must find the same partition after a
+// restart or an upgrade.
+func keyPartition(key []byte, n int) int {
+	h := fnv.New32a()
+	h.Write(key)
+	return int(h.Sum32() % uint32(n))
+}
+
+// Publish enqueues p asynchronously. done is called exactly once and must
+// not block: from the partition goroutine after the record is durable, or
+// with an error, which may happen before Publish returns (invalid input,
+// full inbox, shutdown). Queues are created on first use. Keyed publishes
+// hash to a stable partition; keyless ones go round-robin. The broker copies
+// what it keeps; the caller may reuse p after Publish returns.
+func (b *Broker) Publish(p *protocol.Publish, done func(protocol.PublishOK, error)) {
+	if b.closed.Load() {
+		done(protocol.PublishOK{}, ErrShuttingDown)
+		return
+	}
+	if err := b.checkPublish(p); err != nil {
+		done(protocol.PublishOK{}, err)
+		return
+	}
+	q, err := b.lookup(p.Topic, p.Group, true)
+	if err != nil {
+		done(protocol.PublishOK{}, err)
+		return
+	}
+	part, err := q.pick(p.Partition, p.Key)
+	if err != nil {
+		done(protocol.PublishOK{}, err)
+		return
+	}
+	now := b.cfg.Now().UnixMilli()
+	m := queue.Message{Key: p.Key, ContentType: p.ContentType, NotBeforeMs: p.NotBeforeMs,
+		PublishedAtMs: now, Body: p.Body}
+	if m.NotBeforeMs == 0 && p.DelayMs > 0 {
+		m.NotBeforeMs = now + p.DelayMs
+	}
+	if p.TTLMs > 0 {
+		m.ExpiresAtMs = now + p.TTLMs
+	}
+	if len(p.Headers) > 0 {
+		m.Headers = make([]queue.Header, len(p.Headers))
+		for i, h := range p.Headers {
+			m.Headers[i] = queue.Header(h)
+		}
+	}
+	idx := part.Index()
+	part.Publish(&m, func(off uint64, err error) {
+		if err != nil {
+			done(protocol.PublishOK{}, publishError(err))
+			return
+		}
+		done(protocol.PublishOK{Partition: idx, Offset: off}, nil)
+	})
+}
+
+func publishError(err error) error {
+	if errors.Is(err, queue.ErrInvalidMessage) {
+		return protocol.Errorf(protocol.CodeBadRequest, "%v", err)
+	}
+	var pe *protocol.Error
+	if errors.As(err, &pe) {
+		return pe
+	}
+	return protocol.Errorf(protocol.CodeInternal, "%v", err)
+}
+
+func (b *Broker) checkPublish(p *protocol.Publish) error {
+	if err := validName("topic", p.Topic, false); err != nil {
+		return err
+	}
+	if err := validName("group", p.Group, true); err != nil {
+		return err
+	}
+	if len(p.Body) > b.cfg.BodyBytesMax {
+		return protocol.Errorf(protocol.CodeMessageTooLarge, "body is %d bytes, more than %d", len(p.Body), b.cfg.BodyBytesMax)
+	}
+	if len(p.Headers) > HeadersMax {
+		return protocol.Errorf(protocol.CodeMessageTooLarge, "%d headers, more than %d", len(p.Headers), HeadersMax)
+	}
+	n := len(p.Key) + len(p.ContentType)
+	for _, h := range p.Headers {
+		if strings.HasPrefix(h.Key, partition.ReservedHeaderPrefix) {
+			return protocol.Errorf(protocol.CodeBadRequest, "header %q: the %q prefix is reserved", h.Key, partition.ReservedHeaderPrefix)
+		}
+		n += len(h.Key) + len(h.Value)
+	}
+	if n > HeaderBytesMax {
+		return protocol.Errorf(protocol.CodeMessageTooLarge, "key, content type and headers are %d bytes, more than %d", n, HeaderBytesMax)
+	}
+	if p.DelayMs < 0 || p.NotBeforeMs < 0 || p.TTLMs < 0 {
+		return protocol.Errorf(protocol.CodeBadRequest, "negative delay_ms, not_before_ms or ttl_ms")
+	}
+	return nil
+}
+
+// Stats returns per-queue and per-partition counters, ordered by topic and
+// group.
+func (b *Broker) Stats() Stats {
+	b.mu.RLock()
+	qs := make([]*queueEntry, 0, len(b.queues))
+	for _, q := range b.queues {
+		qs = append(qs, q)
+	}
+	b.mu.RUnlock()
+	slices.SortFunc(qs, func(a, c *queueEntry) int {
+		return cmp.Or(cmp.Compare(a.key.topic, c.key.topic), cmp.Compare(a.key.group, c.key.group))
+	})
+	var out Stats
+	for _, q := range qs {
+		qst := QueueStats{Topic: q.key.topic, Group: q.key.group}
+		for _, p := range q.parts {
+			s := p.Stats()
+			qst.Partitions = append(qst.Partitions, PartitionStats{
+				Partition: p.Index(), Quarantined: s.Quarantined, Err: s.Err,
+				NextLSN: s.NextLSN, Frontier: s.Frontier, Ready: s.Ready, Delayed: s.Delayed,
+				Inflight: s.Inflight, DeadLettering: s.DeadLettering, Consumers: s.Consumers,
+			})
+		}
+		out.Queues = append(out.Queues, qst)
+	}
+	b.subsMu.Lock()
+	out.Subscriptions = len(b.subs)
+	b.subsMu.Unlock()
+	return out
+}
+
+// Ready reports whether the broker has recovered and is serving.
+func (b *Broker) Ready() bool { return b.ready.Load() }

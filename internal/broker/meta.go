@@ -1,0 +1,114 @@
+package broker
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"os"
+	"strconv"
+
+	"github.com/sinewmq/sinew/internal/partition"
+	"github.com/sinewmq/sinew/internal/vfs"
+)
+
+// queueMeta is a queue's durable definition. It lives in
+// DataDir/queues/<topic>/<group>/meta, written atomically (temporary file,
+// fsync, rename, directory fsync) on creation and on every change:
+//
+//	{"v":1,"topic":"orders","group":"", ...}\n     one line of JSON
+//	crc32c 1a2b3c4d\n                             CRC-32C of the JSON line, hex
+//
+// Settings are stored resolved (the broker defaults in force when they were
+// chosen), except the dead-letter target of modes "default" and "global",
+// which follows Config.DeadLetterTopic.
+type queueMeta struct {
+	Version          int    `json:"v"`
+	Topic            string `json:"topic"`
+	Group            string `json:"group"`
+	Partitions       uint32 `json:"partitions"`
+	LeaseMs          int64  `json:"lease_ms"`
+	MaxRetries       int    `json:"max_retries"` // redeliveries; 0 = none
+	DefaultTTLMs     int64  `json:"default_ttl_ms"`
+	DeadLetterMode   uint8  `json:"dead_letter_mode"`
+	DeadLetterTarget string `json:"dead_letter_target,omitempty"`
+}
+
+const (
+	metaVersion  = 1
+	metaFile     = "meta"
+	metaBytesMax = 64 << 10
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func encodeMeta(m *queueMeta) []byte {
+	js, err := json.Marshal(m)
+	if err != nil {
+		panic("broker: queue metadata does not marshal: " + err.Error())
+	}
+	out := append(js, '\n')
+	out = append(out, "crc32c "...)
+	out = append(out, fmt.Sprintf("%08x", crc32.Checksum(js, castagnoli))...)
+	return append(out, '\n')
+}
+
+func decodeMeta(b []byte) (*queueMeta, error) {
+	js, rest, ok := bytes.Cut(b, []byte{'\n'})
+	if !ok {
+		return nil, errors.New("no checksum line")
+	}
+	sum, ok := bytes.CutPrefix(bytes.TrimSuffix(rest, []byte{'\n'}), []byte("crc32c "))
+	if !ok {
+		return nil, errors.New("malformed checksum line")
+	}
+	want, err := strconv.ParseUint(string(sum), 16, 32)
+	if err != nil {
+		return nil, fmt.Errorf("malformed checksum: %w", err)
+	}
+	if crc32.Checksum(js, castagnoli) != uint32(want) {
+		return nil, errors.New("checksum mismatch")
+	}
+	var m queueMeta
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return nil, err
+	}
+	if m.Version != metaVersion {
+		return nil, fmt.Errorf("version %d, want %d", m.Version, metaVersion)
+	}
+	if m.Partitions == 0 || m.Partitions > PartitionsMax {
+		return nil, fmt.Errorf("partition count %d out of range", m.Partitions)
+	}
+	return &m, nil
+}
+
+func readMeta(fsys vfs.FS, name string) (*queueMeta, error) {
+	f, err := fsys.OpenFile(name, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, metaBytesMax+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > metaBytesMax {
+		return nil, fmt.Errorf("%s: larger than %d bytes", name, metaBytesMax)
+	}
+	m, err := decodeMeta(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return m, nil
+}
+
+func writeMeta(fsys vfs.FS, name string, m *queueMeta) error {
+	return partition.WriteFileAtomic(fsys, name, encodeMeta(m))
+}
+
+func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }

@@ -1,0 +1,324 @@
+package broker
+
+import (
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/sinewmq/sinew/internal/partition"
+	"github.com/sinewmq/sinew/internal/queue"
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// Subscription is one consumer's attachment to a queue: to one partition or
+// to all of them, sharing one prefetch budget.
+//
+// Credit. credit counts deliveries the subscription may still receive. A
+// partition reserves credit before leasing (TakeCredit) and refunds what it
+// did not use; a settle gives one back once the partition answers. So the
+// deliveries handed to the consumer and not yet settled never exceed the
+// prefetch. A partition that finds no credit sets starved; whoever next
+// returns credit pokes the subscription's partitions, so none waits for
+// credit that came back while it was not looking.
+type Subscription struct {
+	b     *Broker
+	id    uint64
+	owner string
+	view  protocol.SubView
+	q     *queueEntry
+	c     Consumer
+	atts  []*attachment
+
+	credit  atomic.Int64
+	starved atomic.Bool
+	closed  atomic.Bool
+
+	mu          sync.Mutex
+	outstanding map[leaseKey]struct{} // delivered, not yet settled
+}
+
+type leaseKey struct {
+	partition uint32
+	offset    uint64
+	leaseID   uint64
+}
+
+// attachment is the subscription as one partition sees it.
+type attachment struct {
+	s   *Subscription
+	idx uint32
+	p   *partition.Partition
+}
+
+// Subscribe attaches c to one partition of a queue, or to all of them when
+// req.Partition < 0 (skipping quarantined ones). The queue is created on
+// first use. Prefetch 0 means PrefetchDefault (capped at PrefetchMax);
+// above PrefetchMax is CodeLimitExceeded.
+func (b *Broker) Subscribe(req *protocol.Subscribe, c Consumer) (*Subscription, error) {
+	if b.closed.Load() {
+		return nil, ErrShuttingDown
+	}
+	if err := validName("topic", req.Topic, false); err != nil {
+		return nil, err
+	}
+	if err := validName("group", req.Group, true); err != nil {
+		return nil, err
+	}
+	if req.AckMode != protocol.AckManual && req.AckMode != protocol.AckAuto {
+		return nil, protocol.Errorf(protocol.CodeBadRequest, "unknown ack mode %d", req.AckMode)
+	}
+	prefetch := int64(req.Prefetch)
+	switch {
+	case prefetch == 0:
+		prefetch = min(PrefetchDefault, int64(b.cfg.PrefetchMax))
+	case prefetch > int64(b.cfg.PrefetchMax):
+		return nil, protocol.Errorf(protocol.CodeLimitExceeded, "prefetch %d is above %d", prefetch, b.cfg.PrefetchMax)
+	}
+	q, err := b.lookup(req.Topic, req.Group, true)
+	if err != nil {
+		return nil, err
+	}
+	id := b.nextSub.Add(1)
+	s := &Subscription{
+		b: b, id: id, q: q, c: c,
+		owner: b.owner + "." + strconv.FormatUint(id, 10),
+		view: protocol.SubView{SubID: id, Topic: req.Topic, Group: req.Group, Partition: req.Partition,
+			AckMode: req.AckMode, Prefetch: uint32(prefetch)},
+		outstanding: make(map[leaseKey]struct{}),
+	}
+	s.view.Partition = max(req.Partition, -1)
+	s.credit.Store(prefetch)
+	switch {
+	case req.Partition >= 0:
+		if int(req.Partition) >= len(q.parts) {
+			return nil, protocol.Errorf(protocol.CodeNotFound, "queue %q group %q has no partition %d", req.Topic, req.Group, req.Partition)
+		}
+		p := q.parts[req.Partition]
+		if p.Quarantined() != nil {
+			return nil, partition.ErrUnavailable
+		}
+		s.atts = []*attachment{{s: s, idx: uint32(req.Partition), p: p}}
+	default:
+		for i, p := range q.parts {
+			if p.Quarantined() == nil {
+				s.atts = append(s.atts, &attachment{s: s, idx: uint32(i), p: p})
+			}
+		}
+		if len(s.atts) == 0 {
+			return nil, partition.ErrUnavailable
+		}
+	}
+	b.subsMu.Lock()
+	if b.closed.Load() {
+		b.subsMu.Unlock()
+		return nil, ErrShuttingDown
+	}
+	b.subs[id] = s
+	b.subsMu.Unlock()
+	for i, a := range s.atts {
+		if err := a.p.Attach(a); err != nil {
+			for _, a := range s.atts[:i] {
+				a.p.Detach(a)
+			}
+			b.unregister(s)
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Partitions lists the partitions the subscription is attached to.
+func (s *Subscription) Partitions() []uint32 {
+	out := make([]uint32, len(s.atts))
+	for i, a := range s.atts {
+		out[i] = a.idx
+	}
+	return out
+}
+
+// ID returns the broker-assigned subscription id, unique within the process.
+func (s *Subscription) ID() uint64 { return s.id }
+
+// View describes the subscription: topic, group, partition (-1 = all), ack
+// mode and the prefetch in force.
+func (s *Subscription) View() protocol.SubView { return s.view }
+
+// Settle acks (protocol.OpAck), requeues (OpNack, not before delayMs from
+// now) or fails (OpFail) one lease. done gets CodeOK once the settle record
+// is durable, CodeStaleLease if the lease is no longer current, CodeOK for
+// an ack of an already settled offset (acks are idempotent), or the code of
+// a partition error (unavailable, resource exhausted: retry). done must not
+// block; it may run before Settle returns. A settle of a delivery this
+// subscription holds frees its prefetch credit.
+func (s *Subscription) Settle(kind protocol.Op, partitionIdx uint32, offset, leaseID uint64, delayMs int64, done func(protocol.Code)) {
+	var op partition.SettleOp
+	switch kind {
+	case protocol.OpAck:
+		op = partition.Ack
+	case protocol.OpNack:
+		op = partition.Nack
+	case protocol.OpFail:
+		op = partition.Fail
+	default:
+		done(protocol.CodeBadRequest)
+		return
+	}
+	if int(partitionIdx) >= len(s.q.parts) {
+		done(protocol.CodeNotFound)
+		return
+	}
+	var notBefore int64
+	if kind == protocol.OpNack && delayMs > 0 {
+		notBefore = s.b.cfg.Now().UnixMilli() + delayMs
+	}
+	k := leaseKey{partitionIdx, offset, leaseID}
+	s.mu.Lock()
+	_, held := s.outstanding[k]
+	delete(s.outstanding, k)
+	s.mu.Unlock()
+	s.q.parts[partitionIdx].Settle(op, offset, leaseID, notBefore, func(err error) {
+		code := settleCode(kind, err)
+		if held {
+			if code == protocol.CodeResourceExhausted {
+				// Not settled: the delivery is still outstanding.
+				s.mu.Lock()
+				s.outstanding[k] = struct{}{}
+				s.mu.Unlock()
+			} else {
+				s.returnCredit(1)
+			}
+		}
+		done(code)
+	})
+}
+
+func settleCode(kind protocol.Op, err error) protocol.Code {
+	switch {
+	case err == nil:
+		return protocol.CodeOK
+	case errors.Is(err, queue.ErrAlreadySettled):
+		if kind == protocol.OpAck {
+			return protocol.CodeOK
+		}
+		return protocol.CodeStaleLease
+	case errors.Is(err, queue.ErrStaleLease), errors.Is(err, queue.ErrUnknownOffset):
+		return protocol.CodeStaleLease
+	}
+	return protocol.CodeOf(err)
+}
+
+// Close detaches the subscription: no delivery starts after it, and every
+// lease it still holds goes back to ready at once (on each partition's next
+// turn). A Deliver already under way may still complete. Close is
+// idempotent and may be called from Consumer methods. The consumer's
+// Closed is not called.
+func (s *Subscription) Close() { s.end(0, nil, true) }
+
+// end closes the subscription once; with notify the consumer is not told
+// (the caller closed it), otherwise Closed(reason, err) is called. release
+// hands the leases back at once.
+func (s *Subscription) end(reason uint8, err error, release bool) {
+	if s.closed.Swap(true) {
+		return
+	}
+	if release {
+		for _, a := range s.atts {
+			a.p.Detach(a)
+		}
+	}
+	s.b.unregister(s)
+	s.mu.Lock()
+	clear(s.outstanding)
+	s.mu.Unlock()
+	if reason != 0 {
+		s.c.Closed(s, reason, err)
+	}
+}
+
+func (b *Broker) unregister(s *Subscription) {
+	b.subsMu.Lock()
+	delete(b.subs, s.id)
+	b.subsMu.Unlock()
+}
+
+// returnCredit gives n deliveries back and wakes partitions that found the
+// budget empty.
+func (s *Subscription) returnCredit(n int) {
+	s.credit.Add(int64(n))
+	if s.starved.Load() && s.starved.Swap(false) {
+		for _, a := range s.atts {
+			a.p.Poke()
+		}
+	}
+}
+
+// Owner implements partition.Consumer.
+func (a *attachment) Owner() string { return a.s.owner }
+
+// TakeCredit implements partition.Consumer.
+func (a *attachment) TakeCredit(want int) int {
+	s := a.s
+	if s.closed.Load() {
+		return 0
+	}
+	for {
+		c := s.credit.Load()
+		if c <= 0 {
+			s.starved.Store(true)
+			// Credit returned between the load and the store found
+			// starved unset and woke nobody: look again.
+			if s.credit.Load() <= 0 {
+				return 0
+			}
+			continue
+		}
+		n := min(c, int64(want))
+		if s.credit.CompareAndSwap(c, c-n) {
+			return int(n)
+		}
+	}
+}
+
+// RefundCredit implements partition.Consumer.
+func (a *attachment) RefundCredit(n int) { a.s.returnCredit(n) }
+
+// Deliver implements partition.Consumer.
+func (a *attachment) Deliver(d partition.Delivery) {
+	s := a.s
+	if s.closed.Load() {
+		return // the lease is released when the detach is processed
+	}
+	s.mu.Lock()
+	s.outstanding[leaseKey{a.idx, d.Offset, d.LeaseID}] = struct{}{}
+	s.mu.Unlock()
+	var hs []protocol.Header
+	if len(d.Headers) > 0 {
+		hs = make([]protocol.Header, len(d.Headers))
+		for i, h := range d.Headers {
+			hs[i] = protocol.Header(h)
+		}
+	}
+	s.c.Deliver(s, Delivery{
+		Partition: a.idx, Offset: d.Offset, LeaseID: d.LeaseID, Attempt: d.Attempt,
+		PublishedAtMs: d.PublishedAtMs, Key: d.Key, Headers: hs, ContentType: d.ContentType,
+		Body: d.Body, Topic: s.view.Topic, Group: s.view.Group,
+	})
+}
+
+// Detached implements partition.Consumer: a partition failed, so the
+// subscription ends with SubClosedError.
+func (a *attachment) Detached(err error) {
+	s := a.s
+	// Detach from the healthy partitions; the failed one dropped us.
+	if s.closed.Swap(true) {
+		return
+	}
+	for _, o := range s.atts {
+		if o != a {
+			o.p.Detach(o)
+		}
+	}
+	s.b.unregister(s)
+	s.c.Closed(s, protocol.SubClosedError, err)
+}

@@ -1,0 +1,494 @@
+package partition
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/queue"
+	"github.com/sinewmq/sinew/internal/seglog"
+)
+
+// run is the actor loop. Each turn: take a batch from the inbox, apply
+// control messages, decide and append events for every command, tick the
+// queue's timers, dispatch to consumers with credit, make the turn's records
+// durable with ONE Sync, then reply, deliver and start dead-letter copies.
+func (p *Partition) run() {
+	defer close(p.stopped)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	batch := make([]command, 0, 64)
+	for {
+		batch = batch[:0]
+		select {
+		case c := <-p.inbox:
+			batch = append(batch, c)
+		case <-p.wake:
+		case <-timer.C:
+		case <-p.stop:
+			p.drainClosed()
+			return
+		}
+	fill:
+		for len(batch) < batchMax {
+			select {
+			case c := <-p.inbox:
+				batch = append(batch, c)
+			default:
+				break fill
+			}
+		}
+		p.turn(batch)
+		clear(batch) // drop references to payloads and callbacks
+		p.arm(timer)
+	}
+}
+
+// drainClosed refuses whatever is left in the inbox once Close has stopped
+// new sends.
+func (p *Partition) drainClosed() {
+	for {
+		select {
+		case c := <-p.inbox:
+			refuse(c, ErrClosed)
+		default:
+			return
+		}
+	}
+}
+
+func refuse(c command, err error) {
+	switch c.kind {
+	case cmdPublish:
+		c.published(0, err)
+	case cmdSettle:
+		c.settled(err)
+	}
+}
+
+// arm sets the timer for the queue's next deadline or the next dead-letter
+// retry, or wakes the loop at once when a bounded turn left work behind.
+func (p *Partition) arm(timer *time.Timer) {
+	timer.Stop()
+	if p.failed != nil {
+		return
+	}
+	if p.more {
+		p.more = false
+		p.Poke()
+		return
+	}
+	now := p.nowMs()
+	at, ok := p.st.NextDeadlineMs()
+	for _, d := range p.deadLetters {
+		if !d.inflight && (!ok || d.retryAtMs < at) {
+			at, ok = d.retryAtMs, true
+		}
+	}
+	if !ok {
+		return
+	}
+	if at <= now {
+		p.Poke()
+		return
+	}
+	timer.Reset(time.Duration(at-now) * time.Millisecond)
+}
+
+func (p *Partition) turn(batch []command) {
+	if p.failed != nil {
+		p.takeControl()
+		for _, c := range batch {
+			refuse(c, ErrUnavailable)
+		}
+		return
+	}
+	now := p.nowMs()
+	p.evs = p.evs[:0]
+	p.replies = p.replies[:0]
+	p.deliveries = p.deliveries[:0]
+	p.newDead = p.newDead[:0]
+	appended := 0
+
+	for _, m := range p.takeControl() {
+		switch m.kind {
+		case ctlAttach:
+			if !slices.Contains(p.consumers, m.c) {
+				p.consumers = append(p.consumers, m.c)
+			}
+		case ctlDetach:
+			if i := slices.Index(p.consumers, m.c); i >= 0 {
+				p.consumers = slices.Delete(p.consumers, i, i+1)
+			}
+			for _, in := range p.st.Inflight(m.c.Owner()) {
+				evs, err := p.st.Release(p.evs[:0], in.Offset, in.LeaseID, now)
+				if err != nil {
+					continue
+				}
+				n, err := p.appendAll(evs, nil)
+				appended += n
+				if err != nil {
+					p.fail(err, batch)
+					return
+				}
+			}
+		case ctlDeadLettered:
+			d, ok := p.deadLetters[m.offset]
+			if !ok {
+				break
+			}
+			d.inflight = false
+			p.dlInflight--
+			if m.err != nil {
+				d.retryAtMs = now + deadLetterRetryMs
+				p.logger.Warn("dead-letter copy failed; will retry", "offset", m.offset, "err", m.err)
+				break
+			}
+			delete(p.deadLetters, m.offset)
+			evs, err := p.st.DeadLettered(p.evs[:0], m.offset, now)
+			if err != nil {
+				break // settled by an earlier confirmation
+			}
+			n, err := p.appendAll(evs, nil)
+			appended += n
+			if err != nil {
+				p.fail(err, batch)
+				return
+			}
+		case ctlSetConfig:
+			p.st.SetConfig(m.cfg)
+		}
+	}
+
+	for i := range batch {
+		c := &batch[i]
+		switch c.kind {
+		case cmdPublish:
+			m := c.msg
+			evs, err := p.st.Enqueue(p.evs[:0], &m, now)
+			if err != nil {
+				p.replies = append(p.replies, reply{published: c.published, err: err})
+				continue
+			}
+			if len(evs) != 1 || evs[0].Msg != &m {
+				// The queue filled in a default the caller did not: the
+				// pre-encoded payload no longer matches. Publish fills
+				// every default first, so this is a broken invariant.
+				panic("partition: Enqueue changed a fully defaulted message")
+			}
+			lsn, err := p.log.Append(uint8(queue.KindEnqueue), c.payload)
+			if err == nil {
+				err = p.st.Apply(lsn, evs[0])
+			}
+			if err != nil {
+				p.fail(err, batch)
+				return
+			}
+			appended++
+			p.cache.put(lsn, c.payload)
+			p.replies = append(p.replies, reply{published: c.published, offset: lsn})
+		case cmdSettle:
+			var evs []queue.Event
+			var err error
+			switch c.op {
+			case Ack:
+				evs, err = p.st.Ack(p.evs[:0], c.offset, c.leaseID)
+			case Nack:
+				evs, err = p.st.Nack(p.evs[:0], c.offset, c.leaseID, c.notBeforeMs, now)
+			case Fail:
+				evs, err = p.st.Fail(p.evs[:0], c.offset, c.leaseID, now)
+			default:
+				err = fmt.Errorf("partition: unknown settle op %d", c.op)
+			}
+			if err == nil {
+				var n int
+				n, err = p.appendAll(evs, nil)
+				appended += n
+				if err != nil {
+					p.fail(err, batch)
+					return
+				}
+			}
+			p.replies = append(p.replies, reply{settled: c.settled, err: err})
+		}
+	}
+
+	// Timers: lease expiry, delays, TTL.
+	evs := p.st.Tick(p.evs[:0], now)
+	if len(evs) == queue.TickEventsMax {
+		p.more = true
+	}
+	n, err := p.appendAll(evs, nil)
+	appended += n
+	if err != nil {
+		p.fail(err, batch)
+		return
+	}
+
+	n, err = p.dispatch(now)
+	appended += n
+	if err != nil {
+		p.fail(err, batch)
+		return
+	}
+
+	if appended > 0 && p.cfg.Sync == seglog.SyncAlways {
+		if _, err := p.log.Sync(); err != nil {
+			p.fail(fmt.Errorf("sync: %w", err), batch)
+			return
+		}
+	}
+	p.sinceCkpt += appended
+
+	for _, r := range p.replies {
+		if r.published != nil {
+			r.published(r.offset, r.err)
+		} else {
+			r.settled(r.err)
+		}
+	}
+	clear(p.replies)
+	p.deliver()
+	for _, off := range p.newDead {
+		p.deadLetters[off] = &deadLetter{retryAtMs: now}
+	}
+	p.startDeadLetters(now)
+	if p.sinceCkpt >= p.cfg.CheckpointEveryRecords {
+		if err := p.checkpoint(); err != nil {
+			p.logger.Error("checkpoint failed", "err", err)
+		}
+	}
+	p.publishStats()
+}
+
+func (p *Partition) takeControl() []control {
+	p.ctlMu.Lock()
+	m := p.ctl
+	p.ctl = nil
+	p.ctlMu.Unlock()
+	return m
+}
+
+// appendAll appends and applies evs in order. Lease events are recorded as
+// deliveries to c (which must be non-nil if evs holds any); DeadLetter events
+// with a target are remembered so the copy starts once they are durable.
+func (p *Partition) appendAll(evs []queue.Event, c Consumer) (int, error) {
+	for i := range evs {
+		ev := &evs[i]
+		p.buf = ev.Marshal(p.buf[:0])
+		lsn, err := p.log.Append(uint8(ev.Kind), p.buf)
+		if err != nil {
+			return i, fmt.Errorf("append %v: %w", ev.Kind, err)
+		}
+		if err := p.st.Apply(lsn, *ev); err != nil {
+			// The queue rejected an event it just produced.
+			panic(fmt.Sprintf("partition %s: apply of own %v event at lsn %d: %v", p, ev.Kind, lsn, err))
+		}
+		switch ev.Kind {
+		case queue.KindLease:
+			if c == nil {
+				panic("partition: lease event without a consumer")
+			}
+			p.deliveries = append(p.deliveries, pending{c: c, offset: ev.Offset, leaseID: ev.LeaseID, attempt: ev.Attempt})
+		case queue.KindDeadLetter:
+			if ev.Target != "" {
+				p.newDead = append(p.newDead, ev.Offset)
+			}
+		}
+	}
+	p.evs = evs[:0] // keep the grown buffer for the next command
+	return len(evs), nil
+}
+
+// dispatch leases ready messages to consumers with credit, round-robin in
+// chunks of at most fairChunkMax so competing consumers share the queue.
+func (p *Partition) dispatch(now int64) (int, error) {
+	appended, leased := 0, 0
+	for leased < dispatchPerTurnMax && len(p.consumers) > 0 {
+		progress := false
+		for range len(p.consumers) {
+			p.rr = (p.rr + 1) % len(p.consumers)
+			c := p.consumers[p.rr]
+			got := c.TakeCredit(min(fairChunkMax, dispatchPerTurnMax-leased))
+			if got == 0 {
+				continue
+			}
+			before := len(p.deliveries)
+			evs := p.st.Lease(p.evs[:0], c.Owner(), got, now)
+			n, err := p.appendAll(evs, c)
+			appended += n
+			k := len(p.deliveries) - before
+			if k < got {
+				c.RefundCredit(got - k)
+			}
+			if err != nil {
+				return appended, err
+			}
+			leased += k
+			if len(evs) > 0 {
+				progress = true
+			}
+			if leased >= dispatchPerTurnMax {
+				p.more = true
+				break
+			}
+		}
+		if !progress {
+			break
+		}
+	}
+	return appended, nil
+}
+
+// deliver hands the turn's durable leases to their consumers, reading each
+// payload from the cache or the log.
+func (p *Partition) deliver() {
+	for i, d := range p.deliveries {
+		if !slices.Contains(p.consumers, d.c) {
+			continue // detached meanwhile; its leases were released
+		}
+		m, err := p.message(d.offset)
+		if err != nil {
+			// The lease stands and expires; the consumer never sees it.
+			p.logger.Error("cannot read leased message", "offset", d.offset, "err", err)
+			d.c.RefundCredit(1)
+			continue
+		}
+		d.c.Deliver(Delivery{
+			Offset: d.offset, LeaseID: d.leaseID, Attempt: d.attempt,
+			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: m.Headers,
+			ContentType: m.ContentType, Body: m.Body,
+		})
+		p.deliveries[i] = pending{}
+	}
+}
+
+// message returns the published message at offset; Key and Body alias a
+// buffer nobody modifies.
+func (p *Partition) message(offset uint64) (*queue.Message, error) {
+	payload, ok := p.cache.get(offset)
+	if !ok {
+		r, err := p.log.Read(offset)
+		if err != nil {
+			return nil, err
+		}
+		if queue.Kind(r.Type) != queue.KindEnqueue {
+			return nil, fmt.Errorf("offset %d holds a %v record, not an enqueue", offset, queue.Kind(r.Type))
+		}
+		payload = r.Payload
+	}
+	ev, err := queue.DecodeEvent(uint8(queue.KindEnqueue), payload)
+	if err != nil {
+		return nil, err
+	}
+	return ev.Msg, nil
+}
+
+// Reserved headers on dead-letter copies.
+const (
+	HeaderSourceTopic     = "sinew.source.topic"
+	HeaderSourceGroup     = "sinew.source.group"
+	HeaderSourcePartition = "sinew.source.partition"
+	HeaderSourceOffset    = "sinew.source.offset"
+	HeaderRetries         = "sinew.retries"
+	HeaderReason          = "sinew.reason"
+	HeaderDeadLetteredAt  = "sinew.dead_lettered_at_ms"
+	// ReservedHeaderPrefix starts every header name the broker owns.
+	ReservedHeaderPrefix = "sinew."
+)
+
+// startDeadLetters starts copies for dead-lettering messages that are due,
+// up to deadLetterInflightMax at a time, lowest offset first.
+func (p *Partition) startDeadLetters(now int64) {
+	if len(p.deadLetters) == 0 || p.dlInflight >= deadLetterInflightMax {
+		return
+	}
+	due := make([]uint64, 0, min(len(p.deadLetters), deadLetterInflightMax))
+	for off, d := range p.deadLetters {
+		if !d.inflight && d.retryAtMs <= now {
+			due = append(due, off)
+		}
+	}
+	slices.Sort(due)
+	for _, off := range due {
+		if p.dlInflight >= deadLetterInflightMax {
+			p.more = true
+			return
+		}
+		info, ok := p.st.Lookup(off, now)
+		if !ok || info.State != queue.StateDeadLettering {
+			delete(p.deadLetters, off)
+			continue
+		}
+		d := p.deadLetters[off]
+		m, err := p.message(off)
+		if err != nil {
+			p.logger.Error("cannot read dead-lettered message", "offset", off, "err", err)
+			d.retryAtMs = now + deadLetterRetryMs
+			continue
+		}
+		cp := p.deadLetterCopy(m, info)
+		d.inflight = true
+		p.dlInflight++
+		if p.cfg.DeadLetter == nil {
+			p.deadLettered(off, errors.New("no dead-letter publisher configured"))
+			continue
+		}
+		p.cfg.DeadLetter(info.Target, cp, func(err error) { p.deadLettered(off, err) })
+	}
+}
+
+func (p *Partition) deadLettered(off uint64, err error) {
+	_ = p.control(control{kind: ctlDeadLettered, offset: off, err: err})
+}
+
+func (p *Partition) deadLetterCopy(m *queue.Message, info queue.Info) *queue.Message {
+	hs := make([]queue.Header, 0, len(m.Headers)+7)
+	for _, h := range m.Headers {
+		if !strings.HasPrefix(h.Key, ReservedHeaderPrefix) {
+			hs = append(hs, h)
+		}
+	}
+	hs = append(hs,
+		queue.Header{Key: HeaderSourceTopic, Value: p.cfg.Topic},
+		queue.Header{Key: HeaderSourceGroup, Value: p.cfg.Group},
+		queue.Header{Key: HeaderSourcePartition, Value: strconv.FormatUint(uint64(p.cfg.Index), 10)},
+		queue.Header{Key: HeaderSourceOffset, Value: strconv.FormatUint(info.Offset, 10)},
+		queue.Header{Key: HeaderRetries, Value: strconv.FormatUint(uint64(info.Attempt), 10)},
+		queue.Header{Key: HeaderReason, Value: info.Reason.String()},
+		queue.Header{Key: HeaderDeadLetteredAt, Value: strconv.FormatInt(info.DeadlineMs, 10)},
+	)
+	return &queue.Message{
+		Key: m.Key, Headers: hs, ContentType: m.ContentType, Body: m.Body,
+	}
+}
+
+// fail stops the partition after an I/O error: its in-memory state may be
+// ahead of the disk, so it must not answer from it again. Everything waiting
+// is refused and consumers are told.
+func (p *Partition) fail(err error, batch []command) {
+	p.failed = err
+	p.logger.Error("partition failed; it serves nothing until restarted", "err", err)
+	for _, r := range p.replies {
+		if r.published != nil {
+			r.published(0, ErrUnavailable)
+		} else {
+			r.settled(ErrUnavailable)
+		}
+	}
+	// Each command before len(p.replies) has its reply above; the rest of
+	// the batch was never looked at.
+	for _, c := range batch[min(len(p.replies), len(batch)):] {
+		refuse(c, ErrUnavailable)
+	}
+	p.replies = p.replies[:0]
+	for _, c := range p.consumers {
+		c.Detached(fmt.Errorf("%w: %w", ErrUnavailable, err))
+	}
+	p.consumers = nil
+	p.deliveries = p.deliveries[:0]
+	p.publishStats()
+}

@@ -1,0 +1,496 @@
+package partition
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/queue"
+	"github.com/sinewmq/sinew/internal/seglog"
+	"github.com/sinewmq/sinew/internal/vfs"
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// Limits and defaults.
+const (
+	// InboxMaxDefault is Config.InboxMax when left zero.
+	InboxMaxDefault = 4096
+	// CheckpointEveryRecordsDefault is Config.CheckpointEveryRecords when
+	// left zero.
+	CheckpointEveryRecordsDefault = 100_000
+	// BodyCacheBytesDefault is Config.BodyCacheBytes when left zero.
+	BodyCacheBytesDefault = 4 << 20
+	// batchMax caps the commands one turn takes from the inbox, so one
+	// turn's fsync never waits on an unbounded amount of work.
+	batchMax = 1024
+	// dispatchPerTurnMax caps the leases one turn hands out; when reached
+	// the actor schedules another turn at once instead of growing the turn.
+	dispatchPerTurnMax = 4096
+	// fairChunkMax is the most messages one consumer is leased before the
+	// next consumer with credit gets its turn.
+	fairChunkMax = 8
+	// deadLetterInflightMax bounds dead-letter copies awaiting their
+	// target's confirmation.
+	deadLetterInflightMax = 256
+	// deadLetterRetryMs is how long a failed dead-letter copy waits before
+	// it is tried again.
+	deadLetterRetryMs = 1000
+	// controlMax bounds attach/detach/dead-letter-done messages waiting for
+	// the actor. Each is produced by a bounded source (a subscription, or a
+	// dead-letter copy counted against deadLetterInflightMax), so the bound
+	// is a backstop, not a flow control.
+	controlMax = 1 << 16
+	// logDir and checkpointFile name the partition's files in Config.Dir.
+	logDir         = "log"
+	checkpointFile = "checkpoint"
+)
+
+// Errors. Each is a *protocol.Error so callers can hand its code to a peer.
+var (
+	// ErrInboxFull: the bounded inbox is full; the caller should back off.
+	ErrInboxFull = &protocol.Error{Code: protocol.CodeResourceExhausted, Message: "partition inbox full"}
+	// ErrClosed: the partition is closed (the broker is stopping).
+	ErrClosed = &protocol.Error{Code: protocol.CodeShuttingDown, Message: "partition closed"}
+	// ErrUnavailable: the partition is quarantined or failed and serves
+	// nothing.
+	ErrUnavailable = &protocol.Error{Code: protocol.CodeUnavailable, Message: "partition unavailable"}
+	// ErrDamaged is wrapped by Open when the log or checkpoint fails
+	// verification: the partition must be quarantined, refused or
+	// reopened with seglog.CorruptionTruncate.
+	ErrDamaged = errors.New("partition: damaged log or checkpoint")
+)
+
+// Config configures one partition.
+type Config struct {
+	// Topic, Group and Index identify the partition in logs and in
+	// dead-letter headers.
+	Topic, Group string
+	Index        uint32
+	// Dir holds the partition's log (Dir/log) and checkpoint.
+	Dir string
+	FS  vfs.FS
+	// Now is the clock; default time.Now. The actor sleeps until the
+	// queue's next deadline with a time.Timer, so tests that inject a
+	// clock either run in a testing/synctest bubble or call Poke after
+	// moving their clock.
+	Now    func() time.Time
+	Logger *slog.Logger
+	// Queue is the queue configuration; DeadLetter.Target is already
+	// resolved to a queue name ("" discards).
+	Queue queue.Config
+
+	Sync           seglog.SyncPolicy
+	SyncIntervalMs int
+	SegmentBytes   int64
+	Corruption     seglog.CorruptionPolicy
+
+	InboxMax               int
+	CheckpointEveryRecords int
+	// BodyCacheBytes bounds the cache of recently published payloads;
+	// negative disables it.
+	BodyCacheBytes int
+
+	// DeadLetter publishes a dead-letter copy m to the queue named target.
+	// It must not block, and must call done exactly once (from any
+	// goroutine) when the copy is durable or has failed. nil makes every
+	// copy fail, so messages stay dead-lettering until a restart with a
+	// working callback.
+	DeadLetter func(target string, m *queue.Message, done func(error))
+}
+
+// SettleOp is how a consumer settles a lease.
+type SettleOp uint8
+
+// Settle operations.
+const (
+	Ack  SettleOp = iota + 1 // done: settled
+	Nack                     // redeliver, not before the given time
+	Fail                     // dead-letter now
+)
+
+// Consumer is a subscription as one partition sees it. All methods are
+// called from the partition's goroutine and must not block.
+type Consumer interface {
+	// Owner is recorded in lease records; Detach releases every lease
+	// held under it.
+	Owner() string
+	// TakeCredit reserves up to max deliveries from the consumer's
+	// prefetch budget and returns how many it got.
+	TakeCredit(max int) int
+	// RefundCredit gives back reserved credit that was not used.
+	RefundCredit(n int)
+	// Deliver hands over one message whose lease is durable.
+	Deliver(d Delivery)
+	// Detached tells the consumer the partition stopped serving it
+	// because the partition failed.
+	Detached(err error)
+}
+
+// Delivery is one leased message. Key and Body may be shared with other
+// deliveries of the same message and must not be modified.
+type Delivery struct {
+	Offset        uint64
+	LeaseID       uint64
+	Attempt       uint32
+	PublishedAtMs int64
+	Key           []byte
+	Headers       []queue.Header
+	ContentType   string
+	Body          []byte
+}
+
+// Stats are a partition's counters as of the end of its last turn.
+type Stats struct {
+	queue.Stats
+	Consumers   int
+	Quarantined bool
+	Err         string
+}
+
+type cmdKind uint8
+
+const (
+	cmdPublish cmdKind = iota + 1
+	cmdSettle
+)
+
+// command is one inbox entry.
+type command struct {
+	kind cmdKind
+	// publish
+	msg       queue.Message // times only; the payload is pre-encoded
+	payload   []byte
+	published func(offset uint64, err error)
+	// settle
+	op          SettleOp
+	offset      uint64
+	leaseID     uint64
+	notBeforeMs int64
+	settled     func(error)
+}
+
+type ctlKind uint8
+
+const (
+	ctlAttach ctlKind = iota + 1
+	ctlDetach
+	ctlDeadLettered
+	ctlSetConfig
+)
+
+// control is a message that must not be refused for lack of inbox room.
+type control struct {
+	kind   ctlKind
+	c      Consumer
+	offset uint64
+	err    error
+	cfg    queue.Config
+}
+
+// Partition is the actor that owns one queue partition.
+//
+// Ownership: the goroutine started by Open (run) owns st, log appends,
+// consumers, the body cache and the dead-letter bookkeeping. Other
+// goroutines talk to it through the inbox (publish, settle), the control
+// list (attach, detach, dead-letter confirmations, config changes) and the
+// wake channel. Lock order: sendMu before ctlMu; neither is held while
+// calling out.
+type Partition struct {
+	cfg     Config
+	log     *seglog.Log
+	st      *queue.State
+	logger  *slog.Logger
+	parked  error // non-nil: quarantined, no goroutine runs
+	qcfg    atomic.Pointer[queue.Config]
+	stats   atomic.Pointer[Stats]
+	ckptLSN uint64 // LSN covered by the last checkpoint (0: none)
+
+	sendMu sync.RWMutex
+	closed bool
+	inbox  chan command
+
+	ctlMu sync.Mutex
+	ctl   []control
+
+	wake    chan struct{}
+	stop    chan struct{}
+	stopped chan struct{}
+
+	// Actor-owned.
+	failed      error
+	consumers   []Consumer
+	rr          int
+	sinceCkpt   int
+	cache       bodyCache
+	deadLetters map[uint64]*deadLetter
+	dlInflight  int
+	evs         []queue.Event
+	buf         []byte
+	replies     []reply
+	deliveries  []pending
+	newDead     []uint64
+	more        bool
+}
+
+type reply struct {
+	published func(uint64, error)
+	settled   func(error)
+	offset    uint64
+	err       error
+}
+
+type pending struct {
+	c       Consumer
+	offset  uint64
+	leaseID uint64
+	attempt uint32
+}
+
+type deadLetter struct {
+	inflight  bool
+	retryAtMs int64
+}
+
+func (c *Config) normalize() {
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.InboxMax <= 0 {
+		c.InboxMax = InboxMaxDefault
+	}
+	if c.CheckpointEveryRecords <= 0 {
+		c.CheckpointEveryRecords = CheckpointEveryRecordsDefault
+	}
+	if c.BodyCacheBytes == 0 {
+		c.BodyCacheBytes = BodyCacheBytesDefault
+	}
+}
+
+// Open recovers the partition in cfg.Dir (checkpoint, then log replay) and
+// starts its goroutine. Damage found on the way is returned wrapping
+// ErrDamaged (and *seglog.CorruptionError when the log is at fault); the
+// caller decides between Parked, failing, or reopening with
+// seglog.CorruptionTruncate.
+func Open(cfg Config) (*Partition, error) {
+	cfg.normalize()
+	p := newPartition(cfg)
+	if err := p.recover(); err != nil {
+		return nil, err
+	}
+	p.publishStats()
+	p.Poke() // the first turn acts on deadlines and dead letters found by recovery
+	go p.run()
+	return p, nil
+}
+
+// Parked returns a quarantined partition that serves nothing: every publish,
+// settle and attach fails with ErrUnavailable. why is reported in Stats.
+func Parked(cfg Config, why error) *Partition {
+	cfg.normalize()
+	p := newPartition(cfg)
+	p.parked = why
+	close(p.stopped)
+	p.publishStats()
+	return p
+}
+
+func newPartition(cfg Config) *Partition {
+	p := &Partition{
+		cfg:         cfg,
+		logger:      cfg.Logger.With("topic", cfg.Topic, "group", cfg.Group, "partition", cfg.Index),
+		inbox:       make(chan command, cfg.InboxMax),
+		wake:        make(chan struct{}, 1),
+		stop:        make(chan struct{}),
+		stopped:     make(chan struct{}),
+		deadLetters: make(map[uint64]*deadLetter),
+		cache:       newBodyCache(cfg.BodyCacheBytes),
+	}
+	q := cfg.Queue
+	p.qcfg.Store(&q)
+	return p
+}
+
+// Index returns the partition number.
+func (p *Partition) Index() uint32 { return p.cfg.Index }
+
+// Quarantined returns why the partition is parked, or nil.
+func (p *Partition) Quarantined() error { return p.parked }
+
+// Stats returns the counters as of the end of the last turn.
+func (p *Partition) Stats() Stats { return *p.stats.Load() }
+
+// Poke makes the actor run a turn soon: it re-reads the clock, runs due
+// timers and dispatches to consumers with credit. Safe from any goroutine.
+func (p *Partition) Poke() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Publish enqueues m. m is only read during the call (its payload is
+// encoded into a private buffer), so the caller may reuse it at once.
+// PublishedAtMs defaults to now and ExpiresAtMs to PublishedAtMs plus the
+// queue's default TTL. done is called once: from the partition goroutine
+// after the Enqueue record is durable, or before Publish returns when the
+// partition cannot take the message (ErrInboxFull, ErrClosed,
+// ErrUnavailable).
+func (p *Partition) Publish(m *queue.Message, done func(offset uint64, err error)) {
+	if p.parked != nil {
+		done(0, ErrUnavailable)
+		return
+	}
+	qc := p.qcfg.Load()
+	c := *m
+	c.Body, c.Key, c.Headers = nil, nil, nil
+	if c.PublishedAtMs == 0 {
+		c.PublishedAtMs = p.cfg.Now().UnixMilli()
+	}
+	if c.ExpiresAtMs == 0 && qc.DefaultTTLMs > 0 {
+		c.ExpiresAtMs = c.PublishedAtMs + qc.DefaultTTLMs
+	}
+	full := *m
+	full.PublishedAtMs, full.ExpiresAtMs = c.PublishedAtMs, c.ExpiresAtMs
+	ev := queue.Event{Kind: queue.KindEnqueue, Msg: &full}
+	payload := ev.Marshal(make([]byte, 0, 64+len(m.Body)+len(m.Key)))
+	p.send(command{kind: cmdPublish, msg: c, payload: payload, published: done}, func(err error) { done(0, err) })
+}
+
+// Settle settles the lease leaseID on offset. notBeforeMs applies to Nack
+// (0: redeliver at once). done gets nil once the settle record is durable,
+// or an error wrapping queue.ErrStaleLease, queue.ErrAlreadySettled (an
+// idempotent success for Ack), queue.ErrUnknownOffset, or one of this
+// package's errors (possibly before Settle returns).
+func (p *Partition) Settle(op SettleOp, offset, leaseID uint64, notBeforeMs int64, done func(error)) {
+	if p.parked != nil {
+		done(ErrUnavailable)
+		return
+	}
+	p.send(command{kind: cmdSettle, op: op, offset: offset, leaseID: leaseID, notBeforeMs: notBeforeMs, settled: done}, done)
+}
+
+func (p *Partition) send(c command, refuse func(error)) {
+	p.sendMu.RLock()
+	if p.closed {
+		p.sendMu.RUnlock()
+		refuse(ErrClosed)
+		return
+	}
+	select {
+	case p.inbox <- c:
+		p.sendMu.RUnlock()
+	default:
+		p.sendMu.RUnlock()
+		refuse(ErrInboxFull)
+	}
+}
+
+// Attach adds a consumer; the actor starts dispatching to it on its next
+// turn.
+func (p *Partition) Attach(c Consumer) error {
+	if p.parked != nil {
+		return ErrUnavailable
+	}
+	return p.control(control{kind: ctlAttach, c: c})
+}
+
+// Detach removes a consumer and hands every lease it holds back to the
+// queue (ready at once). It does not wait: the actor processes it at the
+// start of its next turn and delivers nothing to c afterwards, releasing
+// even leases granted to c in the turn under way. It is safe to call from
+// c's own methods. Detaching an unknown consumer is a no-op.
+func (p *Partition) Detach(c Consumer) {
+	if p.parked != nil {
+		return
+	}
+	_ = p.control(control{kind: ctlDetach, c: c})
+}
+
+// SetConfig changes the queue configuration for future commands (lease
+// length, retries, TTL, dead-letter target). Recorded events are not
+// affected.
+func (p *Partition) SetConfig(cfg queue.Config) {
+	if p.parked != nil {
+		return
+	}
+	q := cfg
+	p.qcfg.Store(&q)
+	_ = p.control(control{kind: ctlSetConfig, cfg: cfg})
+}
+
+func (p *Partition) control(m control) error {
+	p.sendMu.RLock()
+	defer p.sendMu.RUnlock()
+	if p.closed {
+		return ErrClosed
+	}
+	p.ctlMu.Lock()
+	if len(p.ctl) >= controlMax {
+		p.ctlMu.Unlock()
+		return ErrInboxFull
+	}
+	p.ctl = append(p.ctl, m)
+	p.ctlMu.Unlock()
+	p.Poke()
+	return nil
+}
+
+// Close stops the actor: commands still in the inbox are refused with
+// ErrClosed, a final checkpoint is written and the log is closed.
+// Consumers get no callback; the caller tells them.
+func (p *Partition) Close() error {
+	p.sendMu.Lock()
+	if p.closed {
+		p.sendMu.Unlock()
+		<-p.stopped
+		return nil
+	}
+	p.closed = true
+	p.sendMu.Unlock()
+	if p.parked != nil {
+		return nil
+	}
+	close(p.stop)
+	<-p.stopped
+	var errs []error
+	if p.failed == nil {
+		if err := p.checkpoint(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := p.log.Close(); err != nil && p.failed == nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Partition) logPath() string  { return filepath.Join(p.cfg.Dir, logDir) }
+func (p *Partition) ckptPath() string { return filepath.Join(p.cfg.Dir, checkpointFile) }
+
+func (p *Partition) nowMs() int64 { return p.cfg.Now().UnixMilli() }
+
+func (p *Partition) publishStats() {
+	s := &Stats{Consumers: len(p.consumers)}
+	switch {
+	case p.parked != nil:
+		s.Quarantined = true
+		s.Err = p.parked.Error()
+	case p.st != nil:
+		s.Stats = p.st.Stats(p.nowMs())
+		if p.failed != nil {
+			s.Err = p.failed.Error()
+		}
+	}
+	p.stats.Store(s)
+}
+
+func (p *Partition) String() string {
+	return fmt.Sprintf("%s/%s/p%d", p.cfg.Topic, p.cfg.Group, p.cfg.Index)
+}
