@@ -1,0 +1,105 @@
+package session
+
+import (
+	"context"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// Backend is the part of the broker that sessions and the server call. The real
+// broker is adapted to it by package session/bridge; tests use small fakes.
+type Backend interface {
+	// Declare creates a queue or checks an existing one.
+	Declare(ctx context.Context, d *protocol.DeclareQueue) (protocol.DeclareOK, error)
+	// Publish enqueues p. done is called exactly once, possibly from another
+	// goroutine, after the message is durable or with an error; it must not block.
+	// The backend copies what it keeps.
+	Publish(p *protocol.Publish, done func(protocol.PublishOK, error))
+	// Subscribe attaches c to a queue. c may receive deliveries before Subscribe
+	// returns.
+	Subscribe(req *protocol.Subscribe, c Consumer) (Subscription, error)
+	// Ready reports whether the backend has recovered and serves requests.
+	Ready() bool
+}
+
+// Subscription is one consumer attachment inside the backend.
+type Subscription interface {
+	// ID is the backend-assigned subscription id, unique per process.
+	ID() uint64
+	// View describes the subscription (partition -1 = every partition).
+	View() protocol.SubView
+	// Partitions lists the partitions the subscription covers.
+	Partitions() []uint32
+	// Settle acks, requeues or fails one lease; done gets the outcome and must not
+	// block.
+	Settle(kind protocol.Op, partition uint32, offset, leaseID uint64, delayMs int64, done func(protocol.Code))
+	// Close detaches the subscription; its leases go back to ready.
+	Close()
+}
+
+// Consumer receives a subscription's deliveries from backend goroutines. Neither
+// method may block.
+type Consumer interface {
+	// Deliver hands over one leased message. Outstanding deliveries per
+	// subscription never exceed its prefetch.
+	Deliver(s Subscription, d Delivery)
+	// Closed reports that the backend ended the subscription on its own.
+	Closed(s Subscription, reason uint8, err error)
+}
+
+// Delivery is one leased message. Body, Key and Headers may be shared with other
+// deliveries and are never modified.
+type Delivery struct {
+	Partition     uint32
+	Offset        uint64
+	LeaseID       uint64
+	Attempt       uint32
+	PublishedAtMs int64
+	Key           []byte
+	Headers       []protocol.Header
+	ContentType   string
+	Body          []byte
+	Topic, Group  string
+}
+
+// Outbound is one frame waiting to be written.
+type Outbound struct {
+	Flags     uint16
+	RequestID uint64
+	Body      protocol.Body
+	// AfterWrite, when set, runs on the writer goroutine once the frame was handed
+	// to the socket (auto-ack, publish-credit release). It must not block. When the
+	// frame is dropped instead, Dropped runs (if set).
+	AfterWrite func()
+	// Dropped runs when the frame will never be written (connection gone, session
+	// closed). It must not block.
+	Dropped func()
+}
+
+// drop runs o.Dropped if set.
+func (o *Outbound) drop() {
+	if o.Dropped != nil {
+		o.Dropped()
+	}
+}
+
+// isPush reports whether o survives a socket change: pushes that belong to the
+// session (deliveries, subscription closes) rather than replies to one connection's
+// requests.
+func (o *Outbound) isPush() bool {
+	switch o.Body.Op() {
+	case protocol.OpDeliver, protocol.OpSubClosed:
+		return true
+	}
+	return false
+}
+
+// Sink is the transport a session writes through: the server's connection writer.
+type Sink interface {
+	// Send queues o for writing and must not block. It returns false when the sink
+	// no longer accepts frames; the caller then owns o again.
+	Send(o Outbound) bool
+	// Kick asks the transport to close, because another connection took the
+	// session over. The transport later calls Session.Detach as usual.
+	Kick()
+}

@@ -1,0 +1,41 @@
+// Package session implements Sinew's logical connection: the state a client keeps
+// on the broker across sockets.
+//
+// A Session owns a client's identity (a server-issued client id, an opaque resume
+// token and the owner id of the broker that issued them), its subscriptions and its
+// delivery tags. It writes through a replaceable Sink, which the server's
+// per-connection writer implements. When the socket goes, the sink is detached and
+// pushes (DELIVER, SUB_CLOSED) wait in a buffer bounded by the session's summed
+// prefetch plus a small constant; a resume attaches a new sink and the buffer drains
+// into it in order. Replies to requests (PUBLISH_OK, SETTLE_RESULT ...) belong to the
+// connection that asked and are dropped with it.
+//
+// Identity and resume: the Registry issues identities and looks them up by client id
+// when a HELLO offers one. The owner id must be this broker's, and the token is
+// compared in constant time; anything else yields a fresh session with the outcome
+// resume_not_found or resume_rejected.
+//
+//	resume identity, as issued in HELLO_OK and offered in HELLO
+//	+----------------------+-------------------------+--------------------------+
+//	| client_id (string)   | owner_id (string)       | token (bytes)            |
+//	| "c-" + 16 hex digits | the broker's stable id  | 32 random bytes          |
+//	+----------------------+-------------------------+--------------------------+
+//
+// Grace: with a reconnect grace above zero a dropped session goes dormant. Its
+// subscriptions stay, the broker keeps delivering up to prefetch into the buffer, and
+// settles that arrive after a resume still find their tags. When the grace timer fires
+// the session runs exactly the cleanup an immediate disconnect runs: every
+// subscription is closed, which puts its leases back to ready.
+//
+// Goroutines and locks: a Session has no goroutine of its own. Its methods are called
+// by the connection's reader goroutine, by broker partition goroutines (Deliver,
+// Closed, settle and publish completions) and by the grace timer. Session.mu guards
+// all session state; while holding it the session calls only Sink.Send, which must not
+// block, so the lock order is Registry.mu -> Session.mu -> (the sink's own lock).
+// Broker methods (Subscribe, Settle, Close) are always called without Session.mu
+// held, because a broker may call back into the session from its own goroutines.
+//
+// Durability: nothing here is durable. Sessions, tags and subscriptions live in
+// memory; a broker restart ends them all, and a client that resumes afterwards gets
+// resume_not_found and rebuilds its subscriptions (see Reconcile).
+package session

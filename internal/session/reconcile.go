@@ -1,0 +1,127 @@
+package session
+
+import (
+	"maps"
+	"slices"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// Reconcile compares the subscriptions a client holds after a reconnect with the
+// ones the session holds, acts on the difference and sends RECONCILE_RESULT
+// (request reqID) through sink before any delivery of a recreated subscription.
+//
+// Matching is by subscription id, then by topic, group, partition and ack mode
+// (prefetch may differ: the server's clamped value is the one in force).
+//
+//	client has | server has      | conservative       | restore
+//	-----------+-----------------+--------------------+------------------------------
+//	id, same   | id              | keep               | keep
+//	id         | id, different   | close both:        | close server's, recreate with
+//	           |                 | close_client_side  | the client's view (new id)
+//	id         | -               | close_client_side  | recreate_client_side (new id)
+//	-          | id              | close_server_side  | close_server_side
+//
+// Server-side closes hand the subscription's leases back to ready. A recreate that
+// fails is reported as close_client_side with the error in Reason.
+func (s *Session) Reconcile(sink Sink, reqID uint64, req *protocol.Reconcile) error {
+	if req.Policy != protocol.ReconcileConservative && req.Policy != protocol.ReconcileRestore {
+		return protocol.Errorf(protocol.CodeBadRequest, "reconcile policy %d", req.Policy)
+	}
+	restore := req.Policy == protocol.ReconcileRestore
+	seen := make(map[uint64]bool, len(req.Subs))
+	for _, c := range req.Subs {
+		if seen[c.SubID] {
+			return protocol.Errorf(protocol.CodeBadRequest, "subscription %d listed twice", c.SubID)
+		}
+		seen[c.SubID] = true
+	}
+
+	s.mu.Lock()
+	if s.state == stateClosed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	server := make(map[uint64]*subState, len(s.subs))
+	for id, st := range s.subs {
+		server[id] = st
+	}
+	s.mu.Unlock()
+
+	var (
+		entries  []protocol.ReconcileEntry
+		toClose  []*subState
+		recreate []int // indexes into entries
+	)
+	for _, c := range req.Subs {
+		e := protocol.ReconcileEntry{ClientSubID: c.SubID, Client: c}
+		st := server[c.SubID]
+		if st != nil {
+			e.Server = st.view
+			if sameSub(c, st.view) {
+				e.Action, e.ServerSubID, e.Reason = protocol.ActionKeep, st.id, "matches"
+				entries = append(entries, e)
+				continue
+			}
+			toClose = append(toClose, st)
+			e.Reason = "differs from the server's subscription"
+		} else {
+			e.Reason = "not held by the server"
+		}
+		e.Action = protocol.ActionCloseClientSide
+		if restore {
+			recreate = append(recreate, len(entries))
+		}
+		entries = append(entries, e)
+	}
+	for _, id := range slices.Sorted(maps.Keys(server)) {
+		if st := server[id]; !seen[id] {
+			toClose = append(toClose, st)
+			entries = append(entries, protocol.ReconcileEntry{
+				Action: protocol.ActionCloseServerSide, ServerSubID: id, Server: st.view, Reason: "not held by the client",
+			})
+		}
+	}
+
+	// Close first, so that recreated subscriptions fit under the session's limit.
+	s.mu.Lock()
+	var closing []*subState
+	for _, st := range toClose {
+		if !st.closed {
+			st.closed = true
+			s.forgetSubLocked(st)
+			closing = append(closing, st)
+		}
+	}
+	s.mu.Unlock()
+	for _, st := range closing {
+		st.sub.Close()
+	}
+	var created []*subState
+	for _, i := range recreate {
+		e := &entries[i]
+		c := e.Client
+		nst, err := s.openSub(protocol.Subscribe{Topic: c.Topic, Group: c.Group, Partition: c.Partition, AckMode: c.AckMode, Prefetch: c.Prefetch})
+		if err != nil {
+			e.Reason = "recreate failed: " + err.Error()
+			continue
+		}
+		created = append(created, nst)
+		e.Action, e.ServerSubID, e.Server, e.Reason = protocol.ActionRecreateClient, nst.id, nst.view, "recreated"
+	}
+
+	s.mu.Lock()
+	if s.sink == sink && sink != nil {
+		sink.Send(Outbound{RequestID: reqID, Body: &protocol.ReconcileResult{Entries: entries}})
+	}
+	for _, st := range created {
+		s.announceLocked(st)
+	}
+	s.mu.Unlock()
+	s.logger().Info("reconciled", "policy", req.Policy, "client_subs", len(req.Subs), "closed", len(closing), "recreated", len(created))
+	return nil
+}
+
+func sameSub(a, b protocol.SubView) bool {
+	return a.Topic == b.Topic && a.Group == b.Group && a.Partition == b.Partition && a.AckMode == b.AckMode
+}

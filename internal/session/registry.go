@@ -1,0 +1,261 @@
+package session
+
+import (
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// Defaults for Config fields left zero.
+const (
+	// PrefetchDefaultDefault is the prefetch of a subscription that asks for 0.
+	PrefetchDefaultDefault = 100
+	// PrefetchMaxDefault is the largest prefetch a subscription may get.
+	PrefetchMaxDefault = 10_000
+	// SubscriptionsMaxDefault bounds the subscriptions of one session.
+	SubscriptionsMaxDefault = 256
+	// pendingSlackFrames is the "small constant" on top of the summed prefetch that
+	// bounds a dormant session's buffer: one SUB_CLOSED per subscription fits in it
+	// together with the subscription count, so this only covers races.
+	pendingSlackFrames = 64
+	// tokenBytes is the size of a resume token.
+	tokenBytes = 32
+	// clientIDBytes is the number of random bytes in a client id.
+	clientIDBytes = 8
+	// idAttemptsMax bounds retries when a freshly drawn client id collides.
+	idAttemptsMax = 8
+)
+
+// AfterFunc schedules f after d and returns a function that cancels it (reporting
+// whether it did). time.AfterFunc fits through a small adapter; tests inject fakes.
+type AfterFunc func(d time.Duration, f func()) (stop func() bool)
+
+// RealAfterFunc is the AfterFunc backed by the process clock.
+func RealAfterFunc(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
+
+// Config configures a Registry.
+type Config struct {
+	// Backend is the broker that sessions subscribe and settle through.
+	Backend Backend
+	// OwnerID identifies the broker that issues identities. It must stay the same
+	// across restarts of the same broker so that a stale identity is recognised as
+	// not found rather than foreign.
+	OwnerID string
+	// Rand is the source of client ids and resume tokens (crypto/rand.Reader in
+	// production).
+	Rand io.Reader
+	// ReconnectGraceMs is how long a dropped session stays resumable; 0 cleans up
+	// at once.
+	ReconnectGraceMs int64
+	// AfterFunc runs the grace timer; default RealAfterFunc.
+	AfterFunc AfterFunc
+	// Logger receives session lifecycle records; default discards.
+	Logger *slog.Logger
+	// PrefetchDefault is used when a SUBSCRIBE asks for 0 (default 100).
+	PrefetchDefault uint32
+	// PrefetchMax clamps requested prefetch (default 10000).
+	PrefetchMax uint32
+	// SubscriptionsMax bounds subscriptions per session (default 256).
+	SubscriptionsMax int
+}
+
+// Stats are the registry's counters since it started.
+type Stats struct {
+	Sessions       int    // live sessions, attached or dormant
+	Dormant        int    // sessions waiting out their grace
+	Issued         uint64 // identities issued
+	Resumed        uint64 // resumes accepted
+	ResumeRejected uint64 // resumes refused (wrong token or owner)
+	ResumeNotFound uint64 // resumes of unknown or expired identities
+	GraceExpired   uint64 // dormant sessions cleaned up by their timer
+	Requeued       uint64 // leases given back by session cleanup
+	PendingDropped uint64 // pushes dropped because a dormant buffer was full
+}
+
+// Registry issues session identities and finds them again on resume.
+type Registry struct {
+	cfg Config
+	log *slog.Logger
+
+	mu       sync.Mutex
+	sessions map[string]*Session
+	draining bool
+
+	dormant                                         atomic.Int64
+	issued, resumed, rejected, notFound, graceFired atomic.Uint64
+	requeued, pendingDropped                        atomic.Uint64
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry(cfg Config) (*Registry, error) {
+	if cfg.Backend == nil {
+		return nil, errors.New("session: Config.Backend is required")
+	}
+	if cfg.Rand == nil {
+		return nil, errors.New("session: Config.Rand is required")
+	}
+	if cfg.OwnerID == "" {
+		return nil, errors.New("session: Config.OwnerID is required")
+	}
+	if cfg.ReconnectGraceMs < 0 {
+		return nil, fmt.Errorf("session: ReconnectGraceMs %d is negative", cfg.ReconnectGraceMs)
+	}
+	if cfg.AfterFunc == nil {
+		cfg.AfterFunc = RealAfterFunc
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.PrefetchMax == 0 {
+		cfg.PrefetchMax = PrefetchMaxDefault
+	}
+	if cfg.PrefetchDefault == 0 {
+		cfg.PrefetchDefault = min(PrefetchDefaultDefault, cfg.PrefetchMax)
+	}
+	if cfg.SubscriptionsMax <= 0 {
+		cfg.SubscriptionsMax = SubscriptionsMaxDefault
+	}
+	return &Registry{cfg: cfg, log: cfg.Logger, sessions: make(map[string]*Session)}, nil
+}
+
+// OwnerID returns the owner id that this registry issues identities under.
+func (r *Registry) OwnerID() string { return r.cfg.OwnerID }
+
+// ReconnectGraceMs returns the configured grace.
+func (r *Registry) ReconnectGraceMs() int64 { return r.cfg.ReconnectGraceMs }
+
+// Stats returns the registry's counters.
+func (r *Registry) Stats() Stats {
+	r.mu.Lock()
+	n := len(r.sessions)
+	r.mu.Unlock()
+	return Stats{
+		Sessions: n, Dormant: int(r.dormant.Load()),
+		Issued: r.issued.Load(), Resumed: r.resumed.Load(), ResumeRejected: r.rejected.Load(),
+		ResumeNotFound: r.notFound.Load(), GraceExpired: r.graceFired.Load(), Requeued: r.requeued.Load(),
+		PendingDropped: r.pendingDropped.Load(),
+	}
+}
+
+// Hello builds the first frame of a connection (HELLO_OK) from the identity and
+// outcome Open settled on. Open sends it through the sink before anything the
+// session had buffered.
+type Hello func(id protocol.ResumeIdentity, outcome protocol.ResumeOutcome) Outbound
+
+// ErrDraining is returned by Open while the registry is draining.
+var ErrDraining = protocol.Errorf(protocol.CodeShuttingDown, "broker is draining")
+
+// Open attaches sink to a session: the one named by offer when offer is valid and
+// that session is still alive, a fresh one otherwise. hello builds the HELLO_OK that
+// is sent first. connID only labels log records.
+func (r *Registry) Open(offer protocol.ResumeIdentity, sink Sink, connID uint64, hello Hello) (*Session, protocol.ResumeOutcome, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.draining {
+		return nil, 0, ErrDraining
+	}
+	outcome := protocol.ResumeNew
+	if offer.ClientID != "" || offer.OwnerID != "" || len(offer.Token) > 0 {
+		var reason string
+		s := r.sessions[offer.ClientID]
+		switch {
+		case offer.OwnerID != r.cfg.OwnerID:
+			outcome, reason = protocol.ResumeRejected, "owner mismatch"
+		case s == nil:
+			outcome, reason = protocol.ResumeNotFound, "unknown or expired client id"
+		case subtle.ConstantTimeCompare(offer.Token, s.token) != 1:
+			outcome, reason = protocol.ResumeRejected, "token mismatch"
+		default:
+			if s.attach(sink, connID, hello, protocol.ResumeResumed) {
+				r.resumed.Add(1)
+				return s, protocol.ResumeResumed, nil
+			}
+			outcome, reason = protocol.ResumeNotFound, "session closed"
+		}
+		if outcome == protocol.ResumeRejected {
+			r.rejected.Add(1)
+			r.log.Warn("resume rejected", "client_id", offer.ClientID, "conn_id", connID, "reason", reason)
+		} else {
+			r.notFound.Add(1)
+			r.log.Info("resume not found", "client_id", offer.ClientID, "conn_id", connID, "reason", reason)
+		}
+	}
+	s, err := r.newSessionLocked()
+	if err != nil {
+		return nil, 0, err
+	}
+	s.attach(sink, connID, hello, outcome)
+	r.issued.Add(1)
+	r.log.Info("session identity issued", "client_id", s.clientID, "conn_id", connID, "outcome", outcome.String())
+	return s, outcome, nil
+}
+
+// newSessionLocked draws a fresh identity and registers it.
+func (r *Registry) newSessionLocked() (*Session, error) {
+	for range idAttemptsMax {
+		var raw [clientIDBytes + tokenBytes]byte
+		if _, err := io.ReadFull(r.cfg.Rand, raw[:]); err != nil {
+			return nil, fmt.Errorf("session: draw identity: %w", err)
+		}
+		id := "c-" + hex.EncodeToString(raw[:clientIDBytes])
+		if _, taken := r.sessions[id]; taken {
+			continue
+		}
+		s := newSession(r, id, append([]byte(nil), raw[clientIDBytes:]...))
+		r.sessions[id] = s
+		return s, nil
+	}
+	return nil, errors.New("session: could not draw an unused client id")
+}
+
+// remove forgets s (called by its cleanup).
+func (r *Registry) remove(s *Session) {
+	r.mu.Lock()
+	if r.sessions[s.clientID] == s {
+		delete(r.sessions, s.clientID)
+	}
+	r.mu.Unlock()
+}
+
+// Drain stops issuing and resuming sessions and makes every later disconnect clean
+// up at once, whatever the grace. Sessions that are dormant now are cleaned up.
+func (r *Registry) Drain() {
+	r.mu.Lock()
+	r.draining = true
+	var dormant []*Session
+	for _, s := range r.sessions {
+		dormant = append(dormant, s)
+	}
+	r.mu.Unlock()
+	for _, s := range dormant {
+		s.cleanupIfDormant("drain")
+	}
+}
+
+// CloseAll cleans up every session: subscriptions closed, leases back to ready.
+func (r *Registry) CloseAll() {
+	r.mu.Lock()
+	r.draining = true
+	all := make([]*Session, 0, len(r.sessions))
+	for _, s := range r.sessions {
+		all = append(all, s)
+	}
+	r.mu.Unlock()
+	for _, s := range all {
+		s.cleanup("shutdown")
+	}
+}
+
+func (r *Registry) isDraining() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.draining
+}

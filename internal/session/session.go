@@ -1,0 +1,510 @@
+package session
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+type state uint8
+
+const (
+	stateAttached state = iota // a sink is attached
+	stateDormant               // no sink; waiting out the grace
+	stateClosed                // cleaned up; terminal
+)
+
+// Session is one client's logical connection. See the package documentation.
+type Session struct {
+	reg      *Registry
+	clientID string
+	token    []byte
+
+	mu         sync.Mutex
+	state      state
+	sink       Sink
+	connID     uint64
+	pending    []Outbound // pushes waiting for a sink, oldest first
+	graceStop  func() bool
+	inGrace    bool   // counted in Registry.dormant
+	graceGen   uint64 // bumped on every attach/detach so a stale timer does nothing
+	subs       map[uint64]*subState
+	subsOpen   int // subscriptions being created (counted against the limit)
+	tags       map[uint64]tagEntry
+	lastTag    uint64
+	prefetches uint64 // summed prefetch of subs, bounds pending
+}
+
+// subState is the session's record of one subscription.
+type subState struct {
+	sub       Subscription // set once the backend returned it
+	id        uint64
+	view      protocol.SubView
+	parts     []uint32
+	autoAck   bool
+	prefetch  uint32
+	announced bool       // SUBSCRIBE_OK (or RECONCILE_RESULT) is queued; deliveries may follow
+	early     []Outbound // deliveries that arrived before the announcement
+	closed    bool
+}
+
+// tagEntry is what a delivery tag stands for.
+type tagEntry struct {
+	st        *subState
+	partition uint32
+	offset    uint64
+	leaseID   uint64
+}
+
+func newSession(r *Registry, id string, token []byte) *Session {
+	return &Session{
+		reg: r, clientID: id, token: token, state: stateDormant,
+		subs: make(map[uint64]*subState), tags: make(map[uint64]tagEntry),
+	}
+}
+
+// ClientID returns the session's client id.
+func (s *Session) ClientID() string { return s.clientID }
+
+// Identity returns the resume identity to hand to the client.
+func (s *Session) Identity() protocol.ResumeIdentity {
+	return protocol.ResumeIdentity{ClientID: s.clientID, OwnerID: s.reg.cfg.OwnerID, Token: append([]byte(nil), s.token...)}
+}
+
+func (s *Session) logger() *slog.Logger {
+	return s.reg.log.With("client_id", s.clientID, "conn_id", s.connID)
+}
+
+// attach makes sink the session's transport, sends HELLO_OK and then whatever was
+// buffered. It reports false when the session is already closed.
+func (s *Session) attach(sink Sink, connID uint64, hello Hello, outcome protocol.ResumeOutcome) bool {
+	s.mu.Lock()
+	if s.state == stateClosed {
+		s.mu.Unlock()
+		return false
+	}
+	old := s.sink
+	s.sink, s.connID, s.state = sink, connID, stateAttached
+	s.graceGen++
+	if s.graceStop != nil {
+		s.graceStop()
+		s.graceStop = nil
+	}
+	if s.inGrace {
+		s.inGrace = false
+		s.reg.dormant.Add(-1)
+	}
+	if hello != nil {
+		sink.Send(hello(s.Identity(), outcome))
+	}
+	pending := s.pending
+	s.pending = nil
+	for _, o := range pending {
+		s.emitLocked(o)
+	}
+	if outcome == protocol.ResumeResumed {
+		s.logger().Info("resume accepted", "flushed", len(pending), "subscriptions", len(s.subs), "tags", len(s.tags), "took_over", old != nil)
+	}
+	s.mu.Unlock()
+	if old != nil && old != sink {
+		old.Kick()
+	}
+	return true
+}
+
+// Detach tells the session that sink's connection is gone. unsent are the frames
+// its writer never wrote: pushes among them are kept for the next sink, the rest are
+// dropped. With no grace (or while draining) the session is cleaned up at once;
+// otherwise it goes dormant until a resume or the grace timer.
+func (s *Session) Detach(sink Sink, unsent []Outbound) {
+	s.mu.Lock()
+	if s.state == stateClosed || s.sink != sink {
+		// Either cleaned up already, or taken over by a newer connection: hand
+		// surviving pushes to whoever is current.
+		for _, o := range unsent {
+			if s.state != stateClosed && o.isPush() {
+				s.emitLocked(o)
+			} else {
+				o.drop()
+			}
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.sink = nil
+	keep := make([]Outbound, 0, len(unsent)+len(s.pending))
+	for _, o := range unsent {
+		if o.isPush() {
+			keep = append(keep, o)
+		} else {
+			o.drop()
+		}
+	}
+	s.pending = append(keep, s.pending...)
+	grace := s.reg.cfg.ReconnectGraceMs
+	if grace <= 0 || s.reg.isDraining() {
+		s.mu.Unlock()
+		s.cleanup("disconnect")
+		return
+	}
+	s.state = stateDormant
+	s.inGrace = true
+	s.reg.dormant.Add(1)
+	s.graceGen++
+	gen := s.graceGen
+	s.graceStop = s.reg.cfg.AfterFunc(time.Duration(grace)*time.Millisecond, func() { s.graceExpired(gen) })
+	s.logger().Info("session entered grace", "grace_ms", grace, "subscriptions", len(s.subs), "tags", len(s.tags), "pending", len(s.pending))
+	s.mu.Unlock()
+}
+
+func (s *Session) graceExpired(gen uint64) {
+	s.mu.Lock()
+	live := s.state == stateDormant && s.graceGen == gen
+	s.mu.Unlock()
+	if !live {
+		return
+	}
+	s.reg.graceFired.Add(1)
+	s.cleanup("grace expired")
+}
+
+// cleanupIfDormant cleans up a session that has no sink (used by drain).
+func (s *Session) cleanupIfDormant(reason string) {
+	s.mu.Lock()
+	dormant := s.state == stateDormant
+	s.mu.Unlock()
+	if dormant {
+		s.cleanup(reason)
+	}
+}
+
+// cleanup ends the session: every subscription is closed, so every lease it held
+// goes back to ready. It is the single path for immediate disconnects, grace expiry
+// and shutdown.
+func (s *Session) cleanup(reason string) {
+	s.mu.Lock()
+	if s.state == stateClosed {
+		s.mu.Unlock()
+		return
+	}
+	if s.graceStop != nil {
+		s.graceStop()
+		s.graceStop = nil
+	}
+	if s.inGrace {
+		s.inGrace = false
+		s.reg.dormant.Add(-1)
+	}
+	s.state = stateClosed
+	sink := s.sink
+	s.sink = nil
+	subs := make([]*subState, 0, len(s.subs))
+	for _, st := range s.subs {
+		st.closed = true
+		subs = append(subs, st)
+	}
+	held := len(s.tags)
+	s.subs, s.tags = map[uint64]*subState{}, map[uint64]tagEntry{}
+	pending := s.pending
+	s.pending = nil
+	s.mu.Unlock()
+
+	for _, o := range pending {
+		o.drop()
+	}
+	s.reg.remove(s)
+	for _, st := range subs {
+		st.sub.Close()
+	}
+	s.reg.requeued.Add(uint64(held))
+	s.logger().Info("session closed", "reason", reason, "subscriptions", len(subs), "requeued", held)
+	if sink != nil {
+		sink.Kick()
+	}
+}
+
+// Close ends the session at once, whatever the grace.
+func (s *Session) Close() { s.cleanup("closed") }
+
+// emitLocked sends o through the sink, or keeps it for the next sink when it is a
+// push and none is attached.
+func (s *Session) emitLocked(o Outbound) {
+	if s.sink != nil && s.sink.Send(o) {
+		return
+	}
+	if s.state == stateClosed || !o.isPush() {
+		o.drop()
+		return
+	}
+	if uint64(len(s.pending)) >= s.prefetches+uint64(len(s.subs))+pendingSlackFrames {
+		// Deliveries are bounded by prefetch, so this means the bound was broken
+		// elsewhere; the lease comes back by expiry, so dropping is safe.
+		s.reg.pendingDropped.Add(1)
+		s.logger().Error("dormant buffer full; dropping push", "op", o.Body.Op().String(), "pending", len(s.pending))
+		o.drop()
+		return
+	}
+	s.pending = append(s.pending, o)
+}
+
+// subConsumer receives one subscription's deliveries.
+type subConsumer struct {
+	s  *Session
+	st *subState
+}
+
+func (c *subConsumer) Deliver(sub Subscription, d Delivery) { c.s.deliver(c.st, sub, d) }
+func (c *subConsumer) Closed(sub Subscription, reason uint8, err error) {
+	c.s.backendClosed(c.st, sub, reason, err)
+}
+
+func (s *Session) deliver(st *subState, sub Subscription, d Delivery) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st.closed || s.state == stateClosed {
+		return // Close hands the lease back
+	}
+	if st.sub == nil {
+		st.sub, st.id = sub, sub.ID()
+	}
+	s.lastTag++
+	tag := s.lastTag
+	s.tags[tag] = tagEntry{st: st, partition: d.Partition, offset: d.Offset, leaseID: d.LeaseID}
+	o := Outbound{Body: &protocol.Deliver{
+		SubID: st.id, Tag: tag, Partition: d.Partition, Offset: d.Offset, Attempt: d.Attempt,
+		PublishedAtMs: d.PublishedAtMs, Key: d.Key, Headers: d.Headers, ContentType: d.ContentType,
+		Body: d.Body, Topic: d.Topic, Group: d.Group,
+	}}
+	if st.autoAck {
+		o.AfterWrite = func() { s.autoAck(tag) }
+	}
+	if !st.announced {
+		st.early = append(st.early, o)
+		return
+	}
+	s.emitLocked(o)
+}
+
+// autoAck settles an auto-ack delivery once its frame reached the socket.
+func (s *Session) autoAck(tag uint64) {
+	s.mu.Lock()
+	e, ok := s.tags[tag]
+	if ok {
+		delete(s.tags, tag)
+	}
+	s.mu.Unlock()
+	if ok {
+		e.st.sub.Settle(protocol.OpAck, e.partition, e.offset, e.leaseID, 0, func(protocol.Code) {})
+	}
+}
+
+func (s *Session) backendClosed(st *subState, sub Subscription, reason uint8, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st.closed || s.state == stateClosed {
+		return
+	}
+	if st.sub == nil {
+		st.sub, st.id = sub, sub.ID()
+	}
+	st.closed = true
+	s.forgetSubLocked(st)
+	code := protocol.CodeOf(err)
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	o := Outbound{Body: &protocol.SubClosed{SubID: st.id, Reason: reason, Code: code, Message: msg}}
+	s.logger().Info("subscription closed by broker", "sub_id", st.id, "reason", reason, "code", code.String())
+	if !st.announced {
+		st.early = append(st.early, o)
+		return
+	}
+	s.emitLocked(o)
+}
+
+// forgetSubLocked drops st from the session's maps.
+func (s *Session) forgetSubLocked(st *subState) {
+	if s.subs[st.id] == st {
+		delete(s.subs, st.id)
+		s.prefetches -= uint64(st.prefetch)
+	}
+	for t, e := range s.tags {
+		if e.st == st {
+			delete(s.tags, t)
+		}
+	}
+}
+
+// ErrClosed is returned for requests on a session that was cleaned up.
+var ErrClosed = protocol.Errorf(protocol.CodeShuttingDown, "session closed")
+
+// openSub creates a subscription that is registered but not yet announced.
+func (s *Session) openSub(req protocol.Subscribe) (*subState, error) {
+	if req.AckMode != protocol.AckManual && req.AckMode != protocol.AckAuto {
+		return nil, protocol.Errorf(protocol.CodeBadRequest, "ack mode %d", req.AckMode)
+	}
+	cfg := &s.reg.cfg
+	switch {
+	case req.Prefetch == 0:
+		req.Prefetch = cfg.PrefetchDefault
+	case req.Prefetch > cfg.PrefetchMax:
+		req.Prefetch = cfg.PrefetchMax
+	}
+	s.mu.Lock()
+	if s.state == stateClosed {
+		s.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if len(s.subs)+s.subsOpen >= cfg.SubscriptionsMax {
+		s.mu.Unlock()
+		return nil, protocol.Errorf(protocol.CodeLimitExceeded, "session already has %d subscriptions", cfg.SubscriptionsMax)
+	}
+	s.subsOpen++
+	s.mu.Unlock()
+
+	st := &subState{autoAck: req.AckMode == protocol.AckAuto, prefetch: req.Prefetch}
+	sub, err := cfg.Backend.Subscribe(&req, &subConsumer{s: s, st: st})
+
+	s.mu.Lock()
+	s.subsOpen--
+	if err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	st.sub, st.id, st.view, st.parts = sub, sub.ID(), sub.View(), sub.Partitions()
+	if st.view.Prefetch != 0 && st.view.Prefetch < st.prefetch {
+		st.prefetch = st.view.Prefetch
+	}
+	if s.state == stateClosed {
+		s.mu.Unlock()
+		sub.Close()
+		return nil, ErrClosed
+	}
+	if !st.closed {
+		s.subs[st.id] = st
+		s.prefetches += uint64(st.prefetch)
+	}
+	s.mu.Unlock()
+	return st, nil
+}
+
+// announceLocked marks st announced and releases the deliveries that waited for it.
+func (s *Session) announceLocked(st *subState) {
+	st.announced = true
+	early := st.early
+	st.early = nil
+	for _, o := range early {
+		s.emitLocked(o)
+	}
+}
+
+// Subscribe attaches a new subscription and sends SUBSCRIBE_OK (request reqID)
+// through sink, ahead of the subscription's first delivery. The reply is dropped
+// if sink is no longer the session's transport.
+func (s *Session) Subscribe(sink Sink, reqID uint64, req protocol.Subscribe) error {
+	st, err := s.openSub(req)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sink == sink && sink != nil {
+		sink.Send(Outbound{RequestID: reqID, Body: &protocol.SubscribeOK{SubID: st.id, Partitions: st.parts, Prefetch: st.prefetch}})
+	}
+	s.announceLocked(st)
+	return nil
+}
+
+// Unsubscribe closes one subscription; its leases go back to ready.
+func (s *Session) Unsubscribe(subID uint64) error {
+	s.mu.Lock()
+	st := s.subs[subID]
+	if st == nil || st.closed {
+		s.mu.Unlock()
+		return protocol.Errorf(protocol.CodeNotFound, "no subscription %d on this session", subID)
+	}
+	st.closed = true
+	s.forgetSubLocked(st)
+	s.mu.Unlock()
+	st.sub.Close()
+	return nil
+}
+
+// Settle settles each tag the same way (protocol.OpAck, OpNack or OpFail) and calls
+// done once with one code per tag, in order: CodeOK, CodeStaleLease (the lease is
+// no longer held by this session), CodeUnknownTag (never issued here) or whatever
+// the broker answered. done runs on some goroutine and must not block.
+func (s *Session) Settle(kind protocol.Op, tags []uint64, delayMs int64, done func([]protocol.Code)) {
+	codes := make([]protocol.Code, len(tags))
+	type job struct {
+		i   int
+		tag uint64
+		e   tagEntry
+	}
+	jobs := make([]job, 0, len(tags))
+	s.mu.Lock()
+	for i, t := range tags {
+		e, ok := s.tags[t]
+		switch {
+		case ok && e.st.sub != nil:
+			jobs = append(jobs, job{i, t, e})
+		case t == 0 || t > s.lastTag:
+			codes[i] = protocol.CodeUnknownTag
+		default:
+			// Issued here but no longer held: settled, auto-acked, or its
+			// subscription was closed and the lease handed back.
+			codes[i] = protocol.CodeStaleLease
+		}
+	}
+	s.mu.Unlock()
+	if len(jobs) == 0 {
+		done(codes)
+		return
+	}
+	var left atomic.Int64
+	left.Store(int64(len(jobs)))
+	for _, j := range jobs {
+		j.e.st.sub.Settle(kind, j.e.partition, j.e.offset, j.e.leaseID, delayMs, func(c protocol.Code) {
+			codes[j.i] = c
+			if c == protocol.CodeOK || c == protocol.CodeStaleLease {
+				s.forgetTag(j.tag, j.e.leaseID)
+			}
+			if left.Add(-1) == 0 {
+				done(codes)
+			}
+		})
+	}
+}
+
+func (s *Session) forgetTag(tag, leaseID uint64) {
+	s.mu.Lock()
+	if e, ok := s.tags[tag]; ok && e.leaseID == leaseID {
+		delete(s.tags, tag)
+	}
+	s.mu.Unlock()
+}
+
+// Info is a snapshot of a session for tests and diagnostics.
+type Info struct {
+	ClientID      string
+	Attached      bool
+	Closed        bool
+	Subscriptions int
+	Tags          int
+	Pending       int
+}
+
+// Info returns a snapshot of the session.
+func (s *Session) Info() Info {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Info{ClientID: s.clientID, Attached: s.state == stateAttached, Closed: s.state == stateClosed,
+		Subscriptions: len(s.subs), Tags: len(s.tags), Pending: len(s.pending)}
+}
+
+func (s *Session) String() string { return fmt.Sprintf("session(%s)", s.clientID) }
