@@ -350,9 +350,12 @@ func (c *crashFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, e
 	}
 	return &crashFile{File: f, fs: c}, nil
 }
-func (c *crashFS) Remove(name string) error             { c.step(); return c.MemFS.Remove(name) }
-func (c *crashFS) Rename(oldname, newname string) error { c.step(); return c.MemFS.Rename(oldname, newname) }
-func (c *crashFS) SyncDir(dir string) error             { c.step(); return c.MemFS.SyncDir(dir) }
+func (c *crashFS) Remove(name string) error { c.step(); return c.MemFS.Remove(name) }
+func (c *crashFS) Rename(oldname, newname string) error {
+	c.step()
+	return c.MemFS.Rename(oldname, newname)
+}
+func (c *crashFS) SyncDir(dir string) error { c.step(); return c.MemFS.SyncDir(dir) }
 
 type crashFile struct {
 	vfs.File
