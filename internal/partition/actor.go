@@ -160,6 +160,8 @@ func (p *Partition) turn(batch []command) {
 			}
 		case ctlSetConfig:
 			p.st.SetConfig(m.cfg)
+		case ctlInspect:
+			m.fn()
 		}
 	}
 

@@ -100,6 +100,10 @@ type Config struct {
 	// copy fail, so messages stay dead-lettering until a restart with a
 	// working callback.
 	DeadLetter func(target string, m *queue.Message, done func(error))
+
+	// noRetention keeps every log segment (tests compare checkpoint plus
+	// replay with a replay of the whole log).
+	noRetention bool
 }
 
 // SettleOp is how a consumer settles a lease.
@@ -180,6 +184,7 @@ const (
 	ctlDetach
 	ctlDeadLettered
 	ctlSetConfig
+	ctlInspect // tests: run fn on the actor goroutine
 )
 
 // control is a message that must not be refused for lack of inbox room.
@@ -189,6 +194,7 @@ type control struct {
 	offset uint64
 	err    error
 	cfg    queue.Config
+	fn     func()
 }
 
 // Partition is the actor that owns one queue partition.

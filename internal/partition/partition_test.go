@@ -74,7 +74,16 @@ func (c *tconsumer) addCredit(n int) {
 	c.mu.Unlock()
 }
 
+// testConfig returns a configuration for partition 0 in data/p0. The
+// broker makes its data directory durable before it opens partitions; so
+// does this.
 func testConfig(fs vfs.FS) Config {
+	if err := fs.MkdirAll("data", 0o755); err != nil {
+		panic(err)
+	}
+	if err := fs.SyncDir("."); err != nil {
+		panic(err)
+	}
 	return Config{Topic: "t", Group: "g", Dir: "data/p0", FS: fs,
 		Queue: queue.Config{LeaseMs: 10_000, MaxRetries: 2}}
 }
