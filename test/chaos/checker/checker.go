@@ -33,6 +33,9 @@ type msgState struct {
 	confirmed  bool
 	deliveries int
 	settled    bool
+	// ackInDoubt: an ACK was written but its result was lost with the
+	// connection and cannot be asked for again (the session was not resumed).
+	ackInDoubt bool
 	// redeliveredAfterSettle counts deliveries recorded after the first
 	// confirmed ack.
 	redeliveredAfterSettle int
@@ -139,6 +142,16 @@ func (c *Checker) Settled(id ID) {
 	c.state(id).settled = true
 }
 
+// AckInDoubt records that an ACK of id was sent but its result was lost with
+// the connection and its session is gone, so the workload cannot learn whether
+// it took effect. Either outcome is legal: the message is settled, or it comes
+// back and is acked again. It only stops Outstanding from waiting for id.
+func (c *Checker) AckInDoubt(id ID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.state(id).ackInDoubt = true
+}
+
 // SettleRefused records an ACK answered with a code other than ok (stale
 // lease, unknown tag, unavailable). It is legal and only counted.
 func (c *Checker) SettleRefused() {
@@ -147,14 +160,15 @@ func (c *Checker) SettleRefused() {
 	c.settleFailure++
 }
 
-// Outstanding returns how many confirmed messages have not been settled yet.
-// A workload's drain phase waits for it to reach zero.
+// Outstanding returns how many confirmed messages are neither settled nor
+// delivered with an ack in doubt. A workload's drain phase waits for it to
+// reach zero.
 func (c *Checker) Outstanding() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := 0
 	for _, m := range c.msgs {
-		if m.confirmed && !m.settled {
+		if m.confirmed && !m.settled && !(m.ackInDoubt && m.deliveries > 0) {
 			n++
 		}
 	}
@@ -171,6 +185,7 @@ type Report struct {
 	Settled    int // distinct messages whose ack was confirmed
 	Duplicates int // Deliveries of known messages minus Delivered
 	Unsettled  int // confirmed, delivered, but no ack confirmed by the end
+	InDoubt    int // of Unsettled: an ack was sent but its result was lost
 
 	SettleRefused int // acks answered with stale_lease, unknown_tag or unavailable
 
@@ -217,6 +232,9 @@ func (c *Checker) Report() Report {
 			r.Lost = append(r.Lost, id)
 		case m.confirmed && !m.settled:
 			r.Unsettled++
+			if m.ackInDoubt {
+				r.InDoubt++
+			}
 		}
 		if m.redeliveredAfterSettle > 0 {
 			r.SettledRedelivered = append(r.SettledRedelivered, id)
@@ -271,9 +289,9 @@ func (r Report) Err() error {
 // String is a one-line summary of the figures, for logs and tables.
 func (r Report) String() string {
 	return fmt.Sprintf("attempted=%d confirmed=%d deliveries=%d delivered=%d settled=%d lost=%d "+
-		"settled_redelivered=%d phantom=%d corrupt=%d duplicates=%d unsettled=%d settle_refused=%d longest_gap_ms=%d",
+		"settled_redelivered=%d phantom=%d corrupt=%d duplicates=%d unsettled=%d in_doubt=%d settle_refused=%d longest_gap_ms=%d",
 		r.Attempted, r.Confirmed, r.Deliveries, r.Delivered, r.Settled, len(r.Lost),
-		len(r.SettledRedelivered), len(r.Phantom), len(r.Corrupt), r.Duplicates, r.Unsettled, r.SettleRefused, r.LongestGapMs)
+		len(r.SettledRedelivered), len(r.Phantom), len(r.Corrupt), r.Duplicates, r.Unsettled, r.InDoubt, r.SettleRefused, r.LongestGapMs)
 }
 
 // FormatIDs prints ids grouped by producer with consecutive sequence numbers

@@ -203,3 +203,21 @@ func contains(ids []ID, s uint64) bool {
 	}
 	return false
 }
+
+func TestAckInDoubtStopsWaitingOnlyAfterDelivery(t *testing.T) {
+	c := New()
+	c.Confirmed(id("p", 1))
+	c.AckInDoubt(id("p", 1)) // not delivered yet: still outstanding
+	if c.Outstanding() != 1 {
+		t.Fatalf("outstanding = %d, want 1", c.Outstanding())
+	}
+	c.Delivered(id("p", 1), 0)
+	if c.Outstanding() != 0 {
+		t.Fatalf("outstanding = %d, want 0", c.Outstanding())
+	}
+	c.Delivered(id("p", 1), 1) // coming back after an ack in doubt is legal
+	r := c.Report()
+	if r.Err() != nil || r.Unsettled != 1 || r.InDoubt != 1 || r.Duplicates != 1 {
+		t.Fatalf("report %s, err %v", r, r.Err())
+	}
+}
