@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/benchkit"
+	"github.com/sinewmq/sinew/internal/benchkit/sinewadapter"
+)
+
+// benchAddrDefault is where `sinew serve` listens unless told otherwise.
+const benchAddrDefault = "127.0.0.1:7654"
+
+func init() {
+	commands["bench"] = command{
+		summary: "measure a broker: publish, drain or mixed workloads",
+		run:     runBench,
+	}
+}
+
+// newBenchBroker builds the broker under test; tests replace it with an
+// in-memory one.
+var newBenchBroker = func(addr string) benchkit.Broker { return sinewadapter.New("sinew", addr) }
+
+const benchUsage = `usage: sinew bench <publish|drain|mixed> [flags]
+
+  publish  --window N publishes in flight, each waiting for its confirm
+  drain    prefill --count messages, then consume and complete them with --prefetch
+  mixed    publish at --rate msg/s with live consumers; latency is due time to delivery
+
+Progress goes to stderr once a second; the result to stdout (text, or --json).
+`
+
+func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
+			fmt.Fprint(stderr, benchUsage)
+			return flag.ErrHelp
+		}
+		fmt.Fprint(stderr, benchUsage)
+		return fmt.Errorf("%w: missing workload (publish, drain or mixed)", errUsage)
+	}
+	mode := benchkit.Mode(args[0])
+	switch mode {
+	case benchkit.ModePublish, benchkit.ModeDrain, benchkit.ModeMixed:
+	default:
+		return fmt.Errorf("%w: unknown workload %q (want publish, drain or mixed)", errUsage, args[0])
+	}
+	fs := newFlagSet("bench "+args[0], stderr)
+	addr := fs.String("addr", benchAddrDefault, "broker address `host:port`")
+	topic := fs.String("topic", "", "queue to use (default: bench-<workload>-<unix ms>, a fresh queue per run)")
+	size := fs.Int("size", 1024, "message body size in `bytes`")
+	duration := fs.Duration("duration", 10*time.Second, "measured phase; for drain, the bound on consuming the backlog")
+	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured lead-in before the measured phase (publish, mixed)")
+	conns := fs.Int("connections", 1, "client connections")
+	window := fs.Int("window", 0, "publishes in flight across all connections (default 1 for publish, 256 otherwise)")
+	prefetch := fs.Int("prefetch", 256, "unsettled deliveries per consumer (drain, mixed)")
+	rate := fs.Int("rate", 20000, "publish rate in `msg/s` (mixed)")
+	count := fs.Int("count", 100000, "messages to prefill (drain)")
+	pid := fs.Int("pid", 0, "broker process id: report its RSS and CPU from /proc (0 = do not)")
+	asJSON := fs.Bool("json", false, "print the result as JSON")
+	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, benchUsage+"\nflags:\n")
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args[1:]); err != nil {
+		return err
+	}
+	if *topic == "" {
+		*topic = fmt.Sprintf("bench-%s-%d", mode, time.Now().UnixMilli())
+	}
+	cfg := benchkit.Config{
+		Mode: mode, Topic: *topic, SizeBytes: *size, Duration: *duration, Warmup: *warmup,
+		Connections: *conns, Window: *window, Prefetch: *prefetch, RatePerSec: *rate,
+		Count: *count, PID: *pid,
+	}
+	if mode == benchkit.ModeDrain {
+		cfg.Warmup = 0 // the prefill is drain's lead-in
+	}
+	if !*quiet {
+		cfg.Progress = stderr
+	}
+	res, err := benchkit.Run(ctx, newBenchBroker(*addr), cfg)
+	if errors.Is(err, benchkit.ErrConfig) {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	// A partial result (ErrIncomplete) is still worth printing.
+	if err == nil || errors.Is(err, benchkit.ErrIncomplete) {
+		if perr := printBench(stdout, res, *asJSON); perr != nil {
+			return errors.Join(err, perr)
+		}
+	}
+	return err
+}
+
+func printBench(w io.Writer, res benchkit.Result, asJSON bool) error {
+	if !asJSON {
+		return res.WriteText(w)
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(res)
+}
