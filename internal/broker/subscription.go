@@ -179,17 +179,19 @@ func (s *Subscription) Settle(kind protocol.Op, partitionIdx uint32, offset, lea
 	s.mu.Unlock()
 	s.q.parts[partitionIdx].Settle(op, offset, leaseID, notBefore, func(err error) {
 		code := settleCode(kind, err)
-		if held {
-			if code == protocol.CodeResourceExhausted {
-				// Not settled: the delivery is still outstanding.
-				s.mu.Lock()
-				s.outstanding[k] = struct{}{}
-				s.mu.Unlock()
-			} else {
-				s.returnCredit(1)
-			}
+		if held && code == protocol.CodeResourceExhausted {
+			// Not settled: the delivery is still outstanding.
+			s.mu.Lock()
+			s.outstanding[k] = struct{}{}
+			s.mu.Unlock()
+			held = false
 		}
+		// The consumer learns of the settle before the credit it frees
+		// can bring a new delivery, so it never sees more than prefetch.
 		done(code)
+		if held {
+			s.returnCredit(1)
+		}
 	})
 }
 
