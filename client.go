@@ -1,0 +1,198 @@
+package sinew
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// Client is a connection to a Sinew broker that survives socket failures: it
+// reconnects with backoff, resumes its session and restores its subscriptions.
+// A Client is safe for concurrent use. Close it when done.
+type Client struct {
+	o    options
+	pool *pool
+	ep   *endpoint
+}
+
+// Dial connects to the broker at addr (host:port) and completes the
+// handshake. Retryable failures (refused, reset, timeouts, DNS) are retried
+// with the reconnect policy's backoff until ctx ends or MaxAttempts is
+// reached; a fatal one (auth_failed, unsupported_version, a protocol violation,
+// a TLS certificate error) is returned at once.
+func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	o.reconnect = o.reconnect.withDefaults()
+	c := &Client{o: o}
+	c.pool = newPool(&c.o)
+	c.ep = c.pool.get(addr)
+	if err := c.ep.open(ctx); err != nil {
+		c.ep.shutdown()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Close stops the client: new operations fail with ErrClientClosed, pending
+// publish confirms and settles are awaited (bounded by the drain timeout),
+// subscriptions are unsubscribed and end with ErrClientClosed, and every
+// goroutine the client started has returned when Close does. Close is safe to
+// call more than once.
+func (c *Client) Close() error {
+	for _, e := range c.pool.all() {
+		e.drainAndClose()
+	}
+	return nil
+}
+
+// drainAndClose implements Close for one endpoint.
+func (e *endpoint) drainAndClose() {
+	e.mu.Lock()
+	if e.closing {
+		e.mu.Unlock()
+		e.shutdown()
+		return
+	}
+	e.closing = true
+	e.mu.Unlock()
+
+	deadline := e.o.clock.After(e.o.drainTimeout)
+	timedOut := false
+	for _, idle := range []func() <-chan struct{}{e.window.idle, e.busy.idle} {
+		for ch := idle(); ch != nil && !timedOut; ch = idle() {
+			select {
+			case <-ch:
+			case <-deadline:
+				timedOut = true
+			}
+		}
+	}
+	if timedOut {
+		e.o.logger.Warn("sinew: close: drain timed out", "addr", e.addr)
+	}
+
+	// Unsubscribe so the broker hands unsettled messages to other consumers
+	// now rather than after the session's reconnect grace.
+	e.mu.Lock()
+	c := e.conn
+	var ids []uint64
+	for s := range e.subs {
+		if s.serverID != 0 {
+			ids = append(ids, s.serverID)
+		}
+		s.endLocked(ErrClientClosed)
+	}
+	e.mu.Unlock()
+	if c != nil && !c.isClosed() && len(ids) > 0 && !timedOut {
+		// The drain deadline comes from the injected clock, so it is bridged
+		// into a context by a helper goroutine that is gone before we go on.
+		ctx, cancel := context.WithCancel(context.Background())
+		exited := make(chan struct{})
+		go func() {
+			defer close(exited)
+			select {
+			case <-deadline:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		for _, id := range ids {
+			if _, err := c.roundTrip(ctx, &protocol.Unsubscribe{SubID: id}, nil); err != nil {
+				break
+			}
+		}
+		cancel()
+		<-exited
+	}
+	e.shutdown()
+}
+
+// Err returns the fatal error that stopped the client (a rejected handshake, a
+// protocol violation), or nil.
+func (c *Client) Err() error {
+	c.ep.mu.Lock()
+	defer c.ep.mu.Unlock()
+	return c.ep.fatal
+}
+
+// DeadLetter says where a queue's dead messages go.
+type DeadLetter uint8
+
+// Dead-letter modes.
+const (
+	DeadLetterDefault DeadLetter = DeadLetter(protocol.DeadLetterDefault) // the broker's configured default
+	DeadLetterDiscard DeadLetter = DeadLetter(protocol.DeadLetterDiscard) // drop them
+	DeadLetterGlobal  DeadLetter = DeadLetter(protocol.DeadLetterGlobal)  // the broker-wide dead-letter queue
+	DeadLetterQueue   DeadLetter = DeadLetter(protocol.DeadLetterQueue)   // the queue named in QueueConfig.DeadLetterTopic
+)
+
+// RetriesNone, as QueueConfig.MaxRetries, dead-letters a message on its first
+// Retry (zero means the broker's default).
+const RetriesNone = -1
+
+// QueueConfig is the configuration of a queue for DeclareQueue. Zero fields
+// take the broker's defaults.
+type QueueConfig struct {
+	Group           string
+	Partitions      int
+	DeadLetter      DeadLetter
+	DeadLetterTopic string        // for DeadLetterQueue
+	MaxRetries      int           // 0 = broker default; RetriesNone = none
+	TTL             time.Duration // default message TTL; 0 = none
+	Lease           time.Duration // how long a delivery stays leased; 0 = broker default
+}
+
+// QueueInfo is the broker's answer to DeclareQueue.
+type QueueInfo struct {
+	Partitions int
+	Created    bool // false when the queue already existed
+}
+
+// DeclareQueue creates the queue topic (in cfg.Group) or checks that the
+// existing one is compatible: a different partition count is a conflict
+// (*BrokerError with protocol.CodeConflict); retries, TTL, lease and dead-letter
+// settings are updated.
+func (c *Client) DeclareQueue(ctx context.Context, topic string, cfg QueueConfig) (QueueInfo, error) {
+	retries := int32(-1)
+	switch {
+	case cfg.MaxRetries == RetriesNone:
+		retries = 0
+	case cfg.MaxRetries > 0:
+		retries = int32(min(cfg.MaxRetries, 1<<31-1))
+	}
+	body := &protocol.DeclareQueue{
+		Topic: topic, Group: cfg.Group, Partitions: uint32(max(0, cfg.Partitions)),
+		DeadLetterMode: uint8(cfg.DeadLetter), DeadLetterTarget: cfg.DeadLetterTopic,
+		MaxRetries: retries, DefaultTTLMs: cfg.TTL.Milliseconds(), LeaseMs: cfg.Lease.Milliseconds(),
+	}
+	reply, err := c.ep.request(ctx, body)
+	if err != nil {
+		return QueueInfo{}, err
+	}
+	ok, isOK := reply.(*protocol.DeclareOK)
+	if !isOK {
+		return QueueInfo{}, fmt.Errorf("%w: %s in answer to DECLARE_QUEUE", ErrProtocol, reply.Op())
+	}
+	return QueueInfo{Partitions: int(ok.Partitions), Created: ok.Created}, nil
+}
+
+// request sends body on the current connection and waits for the reply.
+func (e *endpoint) request(ctx context.Context, body protocol.Body) (protocol.Body, error) {
+	type result struct {
+		b   protocol.Body
+		err error
+	}
+	ch := make(chan result, 1)
+	e.submit(ctx, &call{body: body, done: func(b protocol.Body, err error) { ch <- result{b, err} }})
+	select {
+	case r := <-ch:
+		return r.b, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}

@@ -1,0 +1,456 @@
+package sinew
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// errConnClosed tells a caller that the connection it picked closed before the
+// request was registered; nothing was sent, so it may pick another.
+var errConnClosed = errors.New("sinew: connection already closed")
+
+// call is one request waiting for its reply.
+type call struct {
+	body  protocol.Body
+	flags uint16
+	// replay marks a publish carrying a producer id and sequence: when the
+	// connection breaks it is resent on the next one instead of failing, which
+	// is safe because the broker deduplicates it.
+	replay bool
+	// hook, when set, runs on the reader goroutine with the reply before done,
+	// so that bookkeeping (a new subscription id) is in place before the next
+	// frame (a delivery for that id) is read.
+	hook func(protocol.Body)
+	// done receives the reply or the failure, exactly once. It runs on the
+	// reader goroutine (or the goroutine closing the connection) and must not
+	// block.
+	done func(protocol.Body, error)
+	id   uint64 // request id on the connection it was last sent on
+}
+
+// conn is one socket and the goroutines that serve it:
+//
+//   - the reader owns the socket's read side: it decodes frames, resolves
+//     pending calls and hands deliveries to subscriptions;
+//   - the writer owns the write side: it drains out, batching frames into one
+//     flush;
+//   - the heartbeat pings an idle connection and closes a silent one;
+//   - the settler batches settles into ACK/NACK/FAIL frames.
+//
+// mu guards pending, subs and closed. Lock order: endpoint.mu before conn.mu.
+type conn struct {
+	ep        *endpoint
+	nc        net.Conn
+	hello     protocol.HelloOK
+	epoch     uint64 // session epoch; changes only when a fresh session starts
+	frameMax  int
+	settleMax int
+	interval  time.Duration // heartbeat ping interval; 0 = none
+
+	out      chan []byte
+	settleCh chan *settleReq
+
+	mu      sync.Mutex
+	nextID  uint64
+	pending map[uint64]*call
+	subs    map[uint64]*Subscription // broker sub id -> subscription
+	closed  bool
+	err     error
+
+	done         chan struct{}
+	awayOnce     sync.Once
+	goingAway    chan struct{}
+	awayDeadline atomic.Int64 // Unix ms from GOING_AWAY
+	draining     atomic.Bool
+	lastRead     atomic.Int64 // clock Unix nanos
+	lastWrite    atomic.Int64
+	wg           sync.WaitGroup
+}
+
+func newConn(ep *endpoint, nc net.Conn, hello protocol.HelloOK, epoch uint64, subs map[uint64]*Subscription) *conn {
+	c := &conn{
+		ep: ep, nc: nc, hello: hello, epoch: epoch,
+		frameMax:  int(hello.Limits.FrameBytesMax),
+		settleMax: int(hello.Limits.SettleBatchMax),
+		out:       make(chan []byte, writeQueueMax),
+		settleCh:  make(chan *settleReq, settleBatchDefault),
+		nextID:    1, // 1 was the HELLO
+		pending:   make(map[uint64]*call),
+		subs:      subs,
+		done:      make(chan struct{}),
+		goingAway: make(chan struct{}),
+	}
+	if c.frameMax < protocol.FrameBytesMin {
+		c.frameMax = protocol.FrameBytesDefault
+	}
+	if c.settleMax <= 0 {
+		c.settleMax = settleBatchDefault
+	}
+	hb := time.Duration(hello.HeartbeatMs) * time.Millisecond
+	if ep.o.heartbeat > 0 && (hb == 0 || ep.o.heartbeat < hb) {
+		hb = ep.o.heartbeat
+	}
+	c.interval = hb
+	now := ep.o.clock.Now().UnixNano()
+	c.lastRead.Store(now)
+	c.lastWrite.Store(now)
+	return c
+}
+
+func (c *conn) run() {
+	c.wg.Add(3)
+	go c.readLoop()
+	go c.writeLoop()
+	go c.settleLoop()
+	if c.interval > 0 {
+		c.wg.Add(1)
+		go c.heartbeatLoop()
+	}
+}
+
+func (c *conn) isClosed() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// closeErr returns why the connection closed (valid once done is closed).
+func (c *conn) closeErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// close shuts the connection once. Pending calls fail with ErrConnectionLost,
+// except replayable publishes, which go back to the endpoint to be resent.
+func (c *conn) close(err error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	c.err = err
+	pending := c.pending
+	c.pending = nil
+	c.mu.Unlock()
+	_ = c.nc.Close()
+
+	lost := fmt.Errorf("%w: %w", ErrConnectionLost, err)
+	var replay []*call
+	for _, cl := range pending {
+		if cl.replay && IsRetryable(err) {
+			replay = append(replay, cl)
+			continue
+		}
+		cl.done(nil, lost)
+	}
+	slices.SortFunc(replay, func(a, b *call) int { return compareU64(a.id, b.id) })
+	c.ep.requeue(replay, err)
+	close(c.done)
+}
+
+func compareU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// start registers cl and queues its frame. It returns an error only when cl.done
+// has not been and will not be called: errConnClosed when the connection was
+// already closed, or a local validation or context error.
+func (c *conn) start(ctx context.Context, cl *call) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return errConnClosed
+	}
+	c.nextID++
+	id := c.nextID
+	cl.id = id
+	frame := protocol.AppendFrame(nil, cl.flags, id, cl.body)
+	if len(frame) > c.frameMax {
+		c.mu.Unlock()
+		return fmt.Errorf("sinew: %s frame of %d bytes exceeds the broker's frame limit %d: %w",
+			cl.body.Op(), len(frame), c.frameMax, &protocol.Error{Code: protocol.CodeMessageTooLarge})
+	}
+	c.pending[id] = cl
+	c.mu.Unlock()
+	select {
+	case c.out <- frame:
+		return nil
+	case <-c.done:
+		return nil // close resolved (or requeued) the call
+	case <-ctx.Done():
+		if c.take(id) != nil {
+			return ctx.Err()
+		}
+		return nil
+	}
+}
+
+// send queues a frame that expects no reply (PONG, PING, NO_REPLY settles).
+func (c *conn) send(flags uint16, body protocol.Body) {
+	c.mu.Lock()
+	c.nextID++
+	id := c.nextID
+	c.mu.Unlock()
+	c.sendFrame(protocol.AppendFrame(nil, flags, id, body))
+}
+
+func (c *conn) sendFrame(frame []byte) {
+	select {
+	case c.out <- frame:
+	case <-c.done:
+	}
+}
+
+// take removes and returns the pending call with id, or nil.
+func (c *conn) take(id uint64) *call {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cl := c.pending[id]
+	delete(c.pending, id)
+	return cl
+}
+
+func (c *conn) pendingCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pending)
+}
+
+func (c *conn) readLoop() {
+	defer c.wg.Done()
+	r := bufio.NewReaderSize(c.nc, writeBufferBytes)
+	for {
+		// A nil buffer gives every frame its own allocation, so message bodies
+		// handed to the application never alias a reused buffer.
+		f, _, err := protocol.ReadFrame(r, c.frameMax, nil)
+		if err != nil {
+			var pe *protocol.Error
+			if errors.As(err, &pe) {
+				err = fmt.Errorf("%w: %w", ErrProtocol, err)
+			}
+			c.close(err)
+			return
+		}
+		c.lastRead.Store(c.ep.o.clock.Now().UnixNano())
+		if err := c.dispatch(f); err != nil {
+			c.close(err)
+			return
+		}
+	}
+}
+
+func (c *conn) dispatch(f protocol.Frame) error {
+	body, err := protocol.Decode(f)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrProtocol, err)
+	}
+	switch b := body.(type) {
+	case *protocol.Ping:
+		c.sendFrame(protocol.AppendFrame(nil, 0, f.RequestID, &protocol.Pong{}))
+	case *protocol.Deliver:
+		c.deliver(b)
+	case *protocol.SubClosed:
+		c.ep.subClosed(c, b)
+	case *protocol.GoingAway:
+		c.awayDeadline.Store(b.DeadlineMs)
+		c.draining.Store(true)
+		c.awayOnce.Do(func() { close(c.goingAway) })
+		c.ep.o.logger.Info("sinew: broker going away", "addr", c.ep.addr, "reason", b.Reason, "grace_ms", b.GraceMs)
+	case *protocol.ErrorBody:
+		be := brokerErr(b.Err())
+		if f.RequestID != 0 {
+			if cl := c.take(f.RequestID); cl != nil {
+				cl.done(nil, be)
+			}
+		}
+		if b.Fatal {
+			return be
+		}
+		if f.RequestID == 0 {
+			c.ep.o.logger.Warn("sinew: broker reported an error", "addr", c.ep.addr, "err", be)
+		}
+	case *protocol.Pong, *protocol.OK, *protocol.DeclareOK, *protocol.PublishOK,
+		*protocol.SubscribeOK, *protocol.SettleResult, *protocol.ReconcileResult:
+		if cl := c.take(f.RequestID); cl != nil {
+			if cl.hook != nil {
+				cl.hook(body)
+			}
+			cl.done(body, nil)
+		}
+	default:
+		return fmt.Errorf("%w: unexpected %s from the broker", ErrProtocol, f.Op)
+	}
+	return nil
+}
+
+func (c *conn) deliver(d *protocol.Deliver) {
+	c.mu.Lock()
+	s := c.subs[d.SubID]
+	c.mu.Unlock()
+	if s == nil {
+		// The subscription ended on this side while the broker was sending.
+		// Hand the lease back at once instead of letting it time out.
+		c.send(protocol.FlagNoReply, &protocol.Settle{Kind: protocol.OpNack, Tags: []uint64{d.Tag}})
+		return
+	}
+	s.push(newMessage(s, c.epoch, d), c.done)
+}
+
+func (c *conn) writeLoop() {
+	defer c.wg.Done()
+	w := bufio.NewWriterSize(c.nc, writeBufferBytes)
+	for {
+		var f []byte
+		select {
+		case f = <-c.out:
+		case <-c.done:
+			return
+		}
+		_, err := w.Write(f)
+		// Take whatever else is queued so that pipelined frames share a flush.
+	more:
+		for err == nil {
+			select {
+			case f = <-c.out:
+				_, err = w.Write(f)
+			default:
+				break more
+			}
+		}
+		if err == nil {
+			err = w.Flush()
+		}
+		if err != nil {
+			c.close(err)
+			return
+		}
+		c.lastWrite.Store(c.ep.o.clock.Now().UnixNano())
+	}
+}
+
+// heartbeatLoop wakes every half interval: it pings when nothing was written
+// for an interval and closes the connection when nothing was read for three.
+func (c *conn) heartbeatLoop() {
+	defer c.wg.Done()
+	clock := c.ep.o.clock
+	for {
+		select {
+		case <-clock.After(c.interval / 2):
+		case <-c.done:
+			return
+		}
+		now := clock.Now().UnixNano()
+		if time.Duration(now-c.lastRead.Load()) >= 3*c.interval {
+			c.close(fmt.Errorf("%w: nothing from %s for %v", ErrHeartbeatTimeout, c.ep.addr, 3*c.interval))
+			return
+		}
+		if time.Duration(now-c.lastWrite.Load()) >= c.interval/2 {
+			c.send(0, &protocol.Ping{})
+		}
+	}
+}
+
+// settleReq is one message's settle waiting for the settler.
+type settleReq struct {
+	kind  protocol.Op
+	delay int64
+	tag   uint64
+	res   chan error // buffered, 1
+}
+
+// settleLoop batches settles: it takes every request already queued (so a busy
+// consumer gets many tags per frame and an idle one pays no extra latency) and
+// sends one frame per kind and delay.
+func (c *conn) settleLoop() {
+	defer c.wg.Done()
+	batch := make([]*settleReq, 0, c.settleMax)
+	for {
+		batch = batch[:0]
+		select {
+		case r := <-c.settleCh:
+			batch = append(batch, r)
+		case <-c.done:
+			return
+		}
+	more:
+		for len(batch) < c.settleMax {
+			select {
+			case r := <-c.settleCh:
+				batch = append(batch, r)
+			default:
+				break more
+			}
+		}
+		for len(batch) > 0 {
+			k, d := batch[0].kind, batch[0].delay
+			group := make([]*settleReq, 0, len(batch))
+			rest := batch[:0:0]
+			for _, r := range batch {
+				if r.kind == k && r.delay == d {
+					group = append(group, r)
+				} else {
+					rest = append(rest, r)
+				}
+			}
+			c.sendSettle(group)
+			batch = append(batch[:0], rest...)
+		}
+	}
+}
+
+func (c *conn) sendSettle(group []*settleReq) {
+	tags := make([]uint64, len(group))
+	for i, r := range group {
+		tags[i] = r.tag
+	}
+	cl := &call{
+		body: &protocol.Settle{Kind: group[0].kind, Tags: tags, DelayMs: group[0].delay},
+		done: func(b protocol.Body, err error) {
+			var codes []protocol.Code
+			if err == nil {
+				sr, ok := b.(*protocol.SettleResult)
+				if !ok || len(sr.Codes) != len(group) {
+					err = fmt.Errorf("%w: settle result does not match the request", ErrProtocol)
+				} else {
+					codes = sr.Codes
+				}
+			}
+			for i, r := range group {
+				switch {
+				case err != nil:
+					r.res <- err
+				case codes[i] == protocol.CodeOK:
+					r.res <- nil
+				default:
+					r.res <- &BrokerError{Code: codes[i]}
+				}
+			}
+		},
+	}
+	if err := c.start(context.Background(), cl); err != nil {
+		if errors.Is(err, errConnClosed) {
+			err = fmt.Errorf("%w: %w", ErrConnectionLost, c.closeErr())
+		}
+		cl.done(nil, err)
+	}
+}

@@ -1,0 +1,685 @@
+package sinew
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// ClientVersion is the SDK version sent in HELLO.
+const ClientVersion = "0.1.0"
+
+// goingAwayWaitMax bounds how long a connection that received GOING_AWAY is
+// kept open waiting for outstanding replies before the client reconnects.
+const goingAwayWaitMax = 30 * time.Second
+
+// pool holds one endpoint per broker address. Each endpoint keeps its own
+// connection, session and resume identity: an identity is only meaningful to
+// the broker that issued it.
+type pool struct {
+	o   *options
+	mu  sync.Mutex
+	eps map[string]*endpoint
+}
+
+func newPool(o *options) *pool { return &pool{o: o, eps: make(map[string]*endpoint)} }
+
+// get returns the endpoint for addr, creating it (unconnected) on first use.
+func (p *pool) get(addr string) *endpoint {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e, ok := p.eps[addr]
+	if !ok {
+		e = newEndpoint(addr, p.o)
+		p.eps[addr] = e
+	}
+	return e
+}
+
+func (p *pool) all() []*endpoint {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*endpoint, 0, len(p.eps))
+	for _, e := range p.eps {
+		out = append(out, e)
+	}
+	return out
+}
+
+// endpoint is the client's logical connection to one broker address: the
+// session (resume identity, epoch, subscriptions) that outlives any one socket.
+//
+// One supervisor goroutine per endpoint watches the current connection and,
+// when it breaks, reconnects with backoff, resumes or restarts the session and
+// restores subscriptions. Operations pick the current connection with acquire.
+// mu guards every field below it; lock order is endpoint.mu, then conn.mu.
+type endpoint struct {
+	addr   string
+	o      *options
+	window *window
+	busy   *tracker // settles in progress, for Close's drain
+	quit   chan struct{}
+	ctx    context.Context // cancelled by shutdown, aborts dials
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu          sync.Mutex
+	conn        *conn
+	identity    protocol.ResumeIdentity
+	epoch       uint64
+	subs        map[*Subscription]struct{}
+	replay      []*call
+	closing     bool // Close has begun: no new operations
+	closed      bool
+	fatal       error
+	attemptDone chan struct{} // closed and replaced after every connect attempt
+	attemptErr  error
+	kick        chan struct{} // asks the supervisor for an attempt now
+}
+
+func newEndpoint(addr string, o *options) *endpoint {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &endpoint{
+		addr: addr, o: o,
+		window:      newWindow(publishInflightDefault),
+		busy:        newTracker(),
+		quit:        make(chan struct{}),
+		ctx:         ctx,
+		cancel:      cancel,
+		subs:        make(map[*Subscription]struct{}),
+		attemptDone: make(chan struct{}),
+		kick:        make(chan struct{}, 1),
+	}
+}
+
+// open connects for the first time, retrying retryable failures with backoff
+// until ctx ends or the policy's MaxAttempts is reached, then starts the
+// supervisor.
+func (e *endpoint) open(ctx context.Context) error {
+	pol := e.o.reconnect
+	for failures := 0; ; {
+		c, err := e.attempt(ctx)
+		if err == nil {
+			e.wg.Add(1)
+			go e.supervise(c)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("sinew: connect %s: %w (last error: %w)", e.addr, ctx.Err(), err)
+		}
+		if !IsRetryable(err) {
+			return fmt.Errorf("sinew: connect %s: %w", e.addr, err)
+		}
+		failures++
+		if pol.MaxAttempts > 0 && failures >= pol.MaxAttempts {
+			return fmt.Errorf("%w: connect %s: %d attempts: %w", ErrDisconnected, e.addr, failures, err)
+		}
+		d := pol.Delay(failures-1, e.o.rand())
+		e.o.logger.Debug("sinew: connect failed, backing off", "addr", e.addr, "attempt", failures, "delay", d, "err", err)
+		select {
+		case <-e.o.clock.After(d):
+		case <-ctx.Done():
+			return fmt.Errorf("sinew: connect %s: %w (last error: %w)", e.addr, ctx.Err(), err)
+		}
+	}
+}
+
+// supervise owns reconnection for the endpoint's lifetime.
+func (e *endpoint) supervise(c *conn) {
+	defer e.wg.Done()
+	pol := e.o.reconnect
+	failures := 0
+	for {
+		connectedAt := e.o.clock.Now()
+		immediate := e.watch(c)
+		if e.stopping() {
+			return
+		}
+		err := c.closeErr()
+		e.mu.Lock()
+		if e.conn == c {
+			e.conn = nil
+		}
+		e.mu.Unlock()
+		c.wg.Wait()
+		if !IsRetryable(err) {
+			e.failFatal(err)
+			return
+		}
+		if e.o.clock.Now().Sub(connectedAt) >= pol.ResetAfter {
+			failures = 0
+		}
+		e.o.logger.Info("sinew: connection lost, reconnecting", "addr", e.addr, "err", err)
+		for c = nil; c == nil; {
+			if !immediate {
+				d := pol.Delay(failures, e.o.rand())
+				select {
+				case <-e.o.clock.After(d):
+				case <-e.kick:
+				case <-e.quit:
+					return
+				}
+			}
+			immediate = false
+			var err error
+			c, err = e.attempt(e.ctx)
+			if err == nil {
+				e.o.logger.Info("sinew: reconnected", "addr", e.addr, "outcome", c.hello.Outcome)
+				break
+			}
+			if e.stopping() {
+				return
+			}
+			if !IsRetryable(err) {
+				e.failFatal(err)
+				return
+			}
+			failures++
+			e.o.logger.Debug("sinew: reconnect failed", "addr", e.addr, "attempt", failures, "err", err)
+			if pol.MaxAttempts > 0 && failures >= pol.MaxAttempts {
+				e.giveUp(fmt.Errorf("%w: %s: %d attempts: %w", ErrDisconnected, e.addr, failures, err))
+				// Stay idle until an operation asks for a connection.
+				select {
+				case <-e.kick:
+					immediate = true
+				case <-e.quit:
+					return
+				}
+			}
+		}
+	}
+}
+
+// watch waits until c is finished. After GOING_AWAY it lets outstanding replies
+// arrive until the announced deadline, then closes c itself; it reports
+// whether the next connect should start at once (a planned stop, not a failure).
+func (e *endpoint) watch(c *conn) (immediate bool) {
+	select {
+	case <-c.done:
+		return false
+	case <-e.quit:
+		return false
+	case <-c.goingAway:
+	}
+	wait := time.Duration(c.awayDeadline.Load()-e.o.clock.Now().UnixMilli()) * time.Millisecond
+	wait = max(0, min(wait, goingAwayWaitMax))
+	select {
+	case <-c.done:
+	case <-e.o.clock.After(wait):
+		c.close(&BrokerError{Code: protocol.CodeShuttingDown, Message: "broker going away"})
+	case <-e.quit:
+	}
+	return true
+}
+
+func (e *endpoint) stopping() bool {
+	select {
+	case <-e.quit:
+		return true
+	default:
+		return false
+	}
+}
+
+// attempt makes one connect attempt and publishes its outcome to operations
+// waiting in acquire.
+func (e *endpoint) attempt(ctx context.Context) (*conn, error) {
+	c, err := e.connect(ctx)
+	e.mu.Lock()
+	if err == nil && e.closed {
+		e.mu.Unlock()
+		c.close(ErrClientClosed)
+		c.wg.Wait()
+		e.mu.Lock()
+		err = ErrClientClosed
+	}
+	if err == nil {
+		e.conn = c
+		select { // a kick that raced with this attempt is satisfied by it
+		case <-e.kick:
+		default:
+		}
+	} else {
+		c = nil
+	}
+	e.attemptErr = err
+	close(e.attemptDone)
+	e.attemptDone = make(chan struct{})
+	e.mu.Unlock()
+	return c, err
+}
+
+// connect dials, handshakes and restores the session on a new connection. The
+// connection is returned only once subscriptions are restored and in-flight
+// idempotent publishes resent, so operations never overtake the restore.
+func (e *endpoint) connect(ctx context.Context) (*conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, e.o.dialTimeout)
+	defer cancel()
+	nc, err := e.o.dialer(dctx, "tcp", e.addr)
+	if err != nil {
+		return nil, err
+	}
+	if e.o.tls != nil {
+		cfg := e.o.tls.Clone()
+		if cfg.ServerName == "" {
+			host, _, _ := net.SplitHostPort(e.addr)
+			cfg.ServerName = host
+		}
+		tc := tls.Client(nc, cfg)
+		if err := tc.HandshakeContext(dctx); err != nil {
+			_ = nc.Close()
+			return nil, err
+		}
+		nc = tc
+	}
+	e.mu.Lock()
+	ident := e.identity
+	e.mu.Unlock()
+	hello, err := handshake(ctx, nc, e.o, ident)
+	if err != nil {
+		_ = nc.Close()
+		return nil, err
+	}
+
+	e.mu.Lock()
+	resumed := hello.Outcome == protocol.ResumeResumed && ident.ClientID != ""
+	e.identity = hello.Resume
+	if !resumed {
+		e.epoch++
+	}
+	subs := make(map[uint64]*Subscription)
+	for s := range e.subs {
+		if !resumed {
+			s.serverID = 0
+			s.purge()
+		} else if s.serverID != 0 {
+			subs[s.serverID] = s
+		}
+	}
+	e.window.setMax(int(hello.Limits.PublishInflightMax))
+	epoch := e.epoch
+	e.mu.Unlock()
+
+	c := newConn(e, nc, hello, epoch, subs)
+	c.run()
+	if err := e.restore(ctx, c, resumed); err != nil {
+		c.close(err)
+		c.wg.Wait()
+		return nil, err
+	}
+	return c, nil
+}
+
+// handshake sends HELLO and waits for HELLO_OK on a connection no goroutine
+// reads yet. ctx and the handshake timeout both abort it through the socket's
+// deadline.
+func handshake(ctx context.Context, nc net.Conn, o *options, ident protocol.ResumeIdentity) (protocol.HelloOK, error) {
+	hctx, cancel := context.WithTimeout(ctx, o.handshakeTimeout)
+	defer cancel()
+	stop := context.AfterFunc(hctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
+	defer func() {
+		if stop() {
+			_ = nc.SetDeadline(time.Time{})
+		}
+	}()
+	hello := &protocol.Hello{
+		ProtocolVersion: protocol.Version,
+		ClientName:      o.clientName,
+		ClientVersion:   ClientVersion,
+		Credentials:     o.credentials,
+		Resume:          ident,
+	}
+	if _, err := nc.Write(protocol.AppendFrame(nil, 0, 1, hello)); err != nil {
+		return protocol.HelloOK{}, ctxOr(ctx, err)
+	}
+	f, _, err := protocol.ReadFrame(nc, protocol.FrameBytesDefault, nil)
+	if err != nil {
+		var pe *protocol.Error
+		if errors.As(err, &pe) {
+			return protocol.HelloOK{}, fmt.Errorf("%w: %w", ErrProtocol, err)
+		}
+		return protocol.HelloOK{}, ctxOr(ctx, err)
+	}
+	body, err := protocol.Decode(f)
+	if err != nil {
+		return protocol.HelloOK{}, fmt.Errorf("%w: %w", ErrProtocol, err)
+	}
+	switch b := body.(type) {
+	case *protocol.HelloOK:
+		if b.ProtocolVersion != protocol.Version {
+			return protocol.HelloOK{}, fmt.Errorf("%w: broker chose protocol version %d", ErrProtocol, b.ProtocolVersion)
+		}
+		return *b, nil
+	case *protocol.ErrorBody:
+		return protocol.HelloOK{}, brokerErr(b.Err())
+	}
+	return protocol.HelloOK{}, fmt.Errorf("%w: %s in answer to HELLO", ErrProtocol, f.Op)
+}
+
+// ctxOr prefers the caller's context error over the socket error it caused.
+func ctxOr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+// restore brings a new connection up to the client's state: reconcile after a
+// resume, resubscribe whatever the broker does not hold, resend in-flight
+// idempotent publishes.
+func (e *endpoint) restore(ctx context.Context, c *conn, resumed bool) error {
+	if resumed {
+		if err := e.reconcile(ctx, c); err != nil {
+			return err
+		}
+	}
+	e.mu.Lock()
+	var todo []*Subscription
+	for s := range e.subs {
+		if s.serverID == 0 {
+			todo = append(todo, s)
+		}
+	}
+	e.mu.Unlock()
+	for _, s := range todo {
+		err := e.subscribeOn(ctx, c, s)
+		if err == nil {
+			continue
+		}
+		if IsRetryable(err) && !isBrokerErr(err) {
+			return err // the new connection failed too
+		}
+		e.mu.Lock()
+		if s.recreating {
+			err = fmt.Errorf("%w: %w", ErrRecreated, err)
+		}
+		s.endLocked(err)
+		e.mu.Unlock()
+	}
+	e.mu.Lock()
+	replay := e.replay
+	e.replay = nil
+	e.mu.Unlock()
+	for i, cl := range replay {
+		if err := c.start(ctx, cl); err != nil {
+			if errors.Is(err, errConnClosed) {
+				e.requeue(replay[i:], c.closeErr())
+				return fmt.Errorf("%w: %w", ErrConnectionLost, c.closeErr())
+			}
+			cl.done(nil, err)
+		}
+	}
+	return nil
+}
+
+func isBrokerErr(err error) bool {
+	var be *BrokerError
+	return errors.As(err, &be)
+}
+
+// reconcile tells the broker which subscriptions the client still holds and
+// applies its decisions.
+func (e *endpoint) reconcile(ctx context.Context, c *conn) error {
+	e.mu.Lock()
+	byID := make(map[uint64]*Subscription)
+	var views []protocol.SubView
+	for s := range e.subs {
+		if s.serverID != 0 {
+			byID[s.serverID] = s
+			views = append(views, s.view())
+		}
+	}
+	e.mu.Unlock()
+	if len(views) == 0 {
+		return nil
+	}
+	hook := func(b protocol.Body) {
+		rr, ok := b.(*protocol.ReconcileResult)
+		if !ok {
+			return
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, x := range rr.Entries {
+			s := byID[x.ClientSubID]
+			if s == nil || x.ClientSubID == 0 {
+				continue // server-only, or not ours: the broker closed it
+			}
+			switch x.Action {
+			case protocol.ActionKeep:
+				if x.ServerSubID != 0 && x.ServerSubID != s.serverID {
+					delete(c.subs, s.serverID)
+					s.serverID = x.ServerSubID
+					c.subs[s.serverID] = s
+				}
+			case protocol.ActionCloseClientSide:
+				delete(c.subs, s.serverID)
+				s.serverID = 0
+				s.endLocked(fmt.Errorf("%w: %s", ErrReconciledClosed, x.Reason))
+			case protocol.ActionRecreateClient:
+				delete(c.subs, s.serverID)
+				s.serverID = 0
+				s.recreating = true
+			}
+		}
+	}
+	body := &protocol.Reconcile{Policy: uint8(e.o.reconcile), Subs: views}
+	reply, err := c.roundTrip(ctx, body, hook)
+	if err != nil {
+		return err
+	}
+	if _, ok := reply.(*protocol.ReconcileResult); !ok {
+		return fmt.Errorf("%w: %s in answer to RECONCILE", ErrProtocol, reply.Op())
+	}
+	e.o.logger.Info("sinew: session resumed and reconciled", "addr", e.addr, "subscriptions", len(views))
+	return nil
+}
+
+// roundTrip sends body on c and waits for the reply.
+func (c *conn) roundTrip(ctx context.Context, body protocol.Body, hook func(protocol.Body)) (protocol.Body, error) {
+	type result struct {
+		b   protocol.Body
+		err error
+	}
+	ch := make(chan result, 1)
+	cl := &call{body: body, hook: hook, done: func(b protocol.Body, err error) { ch <- result{b, err} }}
+	if err := c.start(ctx, cl); err != nil {
+		if errors.Is(err, errConnClosed) {
+			err = fmt.Errorf("%w: %w", ErrConnectionLost, c.closeErr())
+		}
+		return nil, err
+	}
+	select {
+	case r := <-ch:
+		return r.b, r.err
+	case <-ctx.Done():
+		c.take(cl.id)
+		return nil, ctx.Err()
+	}
+}
+
+// acquire returns a connection for a new operation. When there is none it
+// asks the supervisor for one attempt now and waits for its outcome; if that
+// attempt fails, acquire fails with ErrNotConnected. forSettle accepts a
+// connection that is draining after GOING_AWAY: settles finish existing work.
+func (e *endpoint) acquire(ctx context.Context, forSettle bool) (*conn, error) {
+	asked := false
+	for {
+		e.mu.Lock()
+		switch {
+		case e.closing:
+			e.mu.Unlock()
+			return nil, ErrClientClosed
+		case e.fatal != nil:
+			err := e.fatal
+			e.mu.Unlock()
+			return nil, err
+		}
+		if c := e.conn; c != nil && !c.isClosed() && (forSettle || !c.draining.Load()) {
+			e.mu.Unlock()
+			return c, nil
+		}
+		if asked {
+			err := e.attemptErr
+			e.mu.Unlock()
+			if err == nil {
+				err = ErrConnectionLost
+			}
+			return nil, fmt.Errorf("%w: %s: %w", ErrNotConnected, e.addr, err)
+		}
+		wait := e.attemptDone
+		e.mu.Unlock()
+		select {
+		case e.kick <- struct{}{}:
+		default:
+		}
+		select {
+		case <-wait:
+			asked = true
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-e.quit:
+			return nil, ErrClientClosed
+		}
+	}
+}
+
+// submit sends a call on the current connection (reconnecting first when
+// needed) and guarantees cl.done runs exactly once.
+func (e *endpoint) submit(ctx context.Context, cl *call) {
+	for range 2 {
+		c, err := e.acquire(ctx, false)
+		if err != nil {
+			cl.done(nil, err)
+			return
+		}
+		err = c.start(ctx, cl)
+		if errors.Is(err, errConnClosed) {
+			continue // lost a race with the connection closing; pick the next
+		}
+		if err != nil {
+			cl.done(nil, err)
+		}
+		return
+	}
+	cl.done(nil, ErrConnectionLost)
+}
+
+// requeue keeps replayable publishes from a broken connection for the next
+// one, or fails them when there will be none.
+func (e *endpoint) requeue(calls []*call, cause error) {
+	if len(calls) == 0 {
+		return
+	}
+	e.mu.Lock()
+	var fail error
+	switch {
+	case e.closed:
+		fail = ErrClientClosed
+	case e.fatal != nil:
+		fail = e.fatal
+	}
+	if fail == nil {
+		e.replay = append(calls, e.replay...)
+		e.mu.Unlock()
+		return
+	}
+	e.mu.Unlock()
+	for _, cl := range calls {
+		cl.done(nil, fmt.Errorf("%w: %w", ErrConnectionLost, fail))
+	}
+}
+
+// failFatal makes err the client's permanent state: subscriptions end with it
+// and operations return it.
+func (e *endpoint) failFatal(err error) {
+	e.o.logger.Error("sinew: fatal connection error, not reconnecting", "addr", e.addr, "err", err)
+	e.mu.Lock()
+	e.fatal = err
+	e.attemptErr = err
+	close(e.attemptDone)
+	e.attemptDone = make(chan struct{})
+	e.mu.Unlock()
+	e.endAll(err)
+}
+
+// giveUp ends subscriptions and pending resends after MaxAttempts failures.
+func (e *endpoint) giveUp(err error) {
+	e.o.logger.Warn("sinew: giving up reconnecting", "addr", e.addr, "err", err)
+	e.endAll(err)
+}
+
+func (e *endpoint) endAll(err error) {
+	e.mu.Lock()
+	for s := range e.subs {
+		s.endLocked(err)
+	}
+	replay := e.replay
+	e.replay = nil
+	e.mu.Unlock()
+	for _, cl := range replay {
+		cl.done(nil, err)
+	}
+}
+
+// subClosed handles the broker ending a subscription.
+func (e *endpoint) subClosed(c *conn, b *protocol.SubClosed) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c.mu.Lock()
+	s := c.subs[b.SubID]
+	delete(c.subs, b.SubID)
+	c.mu.Unlock()
+	if s == nil {
+		return
+	}
+	s.serverID = 0
+	switch b.Reason {
+	case protocol.SubClosedShutdown:
+		// The broker is stopping; the subscription is restored on the next
+		// connection like any other the broker does not hold.
+	case protocol.SubClosedUnsubscribed:
+		s.endLocked(ErrUnsubscribed)
+	case protocol.SubClosedReconciled:
+		s.endLocked(fmt.Errorf("%w: %s", ErrReconciledClosed, b.Message))
+	case protocol.SubClosedQueueDeleted:
+		s.endLocked(&BrokerError{Code: protocol.CodeNotFound, Message: "queue deleted: " + b.Message})
+	default:
+		code := b.Code
+		if code == protocol.CodeOK {
+			code = protocol.CodeInternal
+		}
+		s.endLocked(&BrokerError{Code: code, Message: b.Message})
+	}
+}
+
+// shutdown stops the supervisor and the connection. Callers drain first.
+func (e *endpoint) shutdown() {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		e.wg.Wait()
+		return
+	}
+	e.closing = true
+	e.closed = true
+	c := e.conn
+	e.conn = nil
+	close(e.quit)
+	e.cancel()
+	e.mu.Unlock()
+	if c != nil {
+		c.close(ErrClientClosed)
+		c.wg.Wait()
+	}
+	e.endAll(ErrClientClosed)
+	e.wg.Wait()
+}

@@ -1,0 +1,140 @@
+package sinew
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// Sentinel errors. Every error the SDK returns either is one of these, wraps one
+// of them, or is a *BrokerError, so callers can branch with errors.Is and
+// errors.As.
+var (
+	// ErrClientClosed is returned by operations after Client.Close, and is the
+	// termination reason of subscriptions ended by Close.
+	ErrClientClosed = errors.New("sinew: client closed")
+	// ErrUnsubscribed is the termination reason of a subscription ended by
+	// Unsubscribe (or by the broker on the client's request).
+	ErrUnsubscribed = errors.New("sinew: unsubscribed")
+	// ErrReconciledClosed ends a subscription that the broker dropped while
+	// reconciling a resumed session (it no longer matched the broker's view).
+	ErrReconciledClosed = errors.New("sinew: subscription closed by reconciliation")
+	// ErrRecreated ends a subscription that reconciliation asked the client to
+	// recreate, when recreating it failed.
+	ErrRecreated = errors.New("sinew: subscription could not be recreated")
+	// ErrDisconnected means the client gave up reconnecting after
+	// ReconnectPolicy.MaxAttempts failed attempts. It wraps the last attempt's
+	// error. It is retryable: a later operation makes a fresh attempt.
+	ErrDisconnected = errors.New("sinew: disconnected, gave up reconnecting")
+	// ErrConnectionLost fails a request that was in flight on a connection that
+	// broke. The request may or may not have taken effect; it is not resent
+	// (except publishes carrying a producer id and sequence). Retryable.
+	ErrConnectionLost = errors.New("sinew: connection lost")
+	// ErrNotConnected is returned when an operation found no connection and the
+	// one reconnect attempt it made failed. It wraps that attempt's error.
+	// Retryable.
+	ErrNotConnected = errors.New("sinew: not connected")
+	// ErrProtocol marks a protocol violation by the broker (a malformed or
+	// unexpected frame). It is fatal: the client does not reconnect.
+	ErrProtocol = errors.New("sinew: protocol violation")
+	// ErrStaleDelivery is returned when settling a message whose session is gone
+	// (the client reconnected with a fresh session). The broker delivers the
+	// message again; the settle had no effect.
+	ErrStaleDelivery = errors.New("sinew: delivery belongs to an ended session")
+	// ErrAlreadySettled is returned by a second settle of the same message.
+	ErrAlreadySettled = errors.New("sinew: message already settled")
+	// ErrHeartbeatTimeout closes a connection on which nothing arrived for three
+	// heartbeat intervals. Retryable.
+	ErrHeartbeatTimeout = errors.New("sinew: heartbeat timeout")
+)
+
+// BrokerError is an error reported by the broker: an ERROR frame, a failed
+// settle code or a subscription the broker ended. It wraps the corresponding
+// *protocol.Error, so errors.Is(err, &protocol.Error{Code: c}) matches too.
+type BrokerError struct {
+	Code    protocol.Code
+	Message string
+}
+
+func (e *BrokerError) Error() string {
+	if e.Message == "" {
+		return "sinew: broker: " + e.Code.String()
+	}
+	return "sinew: broker: " + e.Code.String() + ": " + e.Message
+}
+
+// Unwrap exposes the protocol-level error.
+func (e *BrokerError) Unwrap() error { return &protocol.Error{Code: e.Code, Message: e.Message} }
+
+// Is matches another *BrokerError with the same code (and, when the target has
+// one, the same message), so errors.Is(err, &BrokerError{Code: c}) works.
+func (e *BrokerError) Is(target error) bool {
+	t, ok := target.(*BrokerError)
+	return ok && t.Code == e.Code && (t.Message == "" || t.Message == e.Message)
+}
+
+// Retryable reports whether the same request may succeed if sent again later.
+func (e *BrokerError) Retryable() bool { return e.Code.Retryable() }
+
+func brokerErr(pe *protocol.Error) *BrokerError {
+	return &BrokerError{Code: pe.Code, Message: pe.Message}
+}
+
+// IsRetryable reports whether err is transient: the operation (or a reconnect)
+// may succeed later. Network failures (timeouts, resets, refusals, DNS
+// failures), lost connections and broker codes marked retryable are; rejected
+// handshakes, protocol violations, bad requests, TLS certificate failures and
+// a closed client are not.
+func IsRetryable(err error) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, ErrClientClosed), errors.Is(err, ErrProtocol),
+		errors.Is(err, ErrStaleDelivery), errors.Is(err, ErrAlreadySettled):
+		return false
+	case errors.Is(err, ErrConnectionLost), errors.Is(err, ErrNotConnected),
+		errors.Is(err, ErrDisconnected), errors.Is(err, ErrHeartbeatTimeout):
+		return true
+	}
+	var be *BrokerError
+	if errors.As(err, &be) {
+		return be.Code.Retryable()
+	}
+	var pe *protocol.Error
+	if errors.As(err, &pe) {
+		return pe.Code.Retryable()
+	}
+	// TLS failures come wrapped in net.OpError too; they are configuration
+	// problems that no retry fixes, so test for them first.
+	var (
+		certErr    *tls.CertificateVerificationError
+		unknownCA  x509.UnknownAuthorityError
+		hostErr    x509.HostnameError
+		recordErr  tls.RecordHeaderError
+		alertErr   tls.AlertError
+		invalidErr x509.CertificateInvalidError
+	)
+	if errors.As(err, &certErr) || errors.As(err, &unknownCA) || errors.As(err, &hostErr) ||
+		errors.As(err, &recordErr) || errors.As(err, &alertErr) || errors.As(err, &invalidErr) {
+		return false
+	}
+	var dnsErr *net.DNSError
+	var opErr *net.OpError
+	var netErr net.Error
+	switch {
+	case errors.As(err, &dnsErr), errors.As(err, &opErr), errors.As(err, &netErr):
+		return true
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, syscall.ETIMEDOUT), errors.Is(err, syscall.EHOSTUNREACH),
+		errors.Is(err, syscall.ENETUNREACH):
+		return true
+	}
+	return false
+}

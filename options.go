@@ -1,0 +1,242 @@
+package sinew
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// Option configures a Client at Dial.
+type Option func(*options)
+
+// Clock is the time source of the SDK: backoff sleeps, heartbeats and drain
+// bounds all go through it, so tests can drive them with a fake clock. Socket
+// deadlines, which the kernel enforces, use real time.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// After returns a channel that receives once d has elapsed.
+	After(d time.Duration) <-chan time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                         { return time.Now() }
+func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// ReconcilePolicy says what the broker does, on resume, with subscriptions the
+// client holds but the broker does not.
+type ReconcilePolicy uint8
+
+const (
+	// ReconcileConservative closes client-held subscriptions the broker no
+	// longer has; they end with ErrReconciledClosed.
+	ReconcileConservative ReconcilePolicy = ReconcilePolicy(protocol.ReconcileConservative)
+	// ReconcileRestore asks the broker to recreate them (the default).
+	ReconcileRestore ReconcilePolicy = ReconcilePolicy(protocol.ReconcileRestore)
+)
+
+// ReconnectPolicy shapes automatic reconnection. Zero fields take the defaults
+// shown; the delay before attempt n (counting from 0) is
+//
+//	min(BaseDelay * Factor^n, MaxDelay) * (1 ± Jitter)
+//
+// and n returns to 0 once a connection has stayed healthy for ResetAfter.
+type ReconnectPolicy struct {
+	BaseDelay   time.Duration // 100 ms
+	Factor      float64       // 2
+	MaxDelay    time.Duration // 30 s
+	Jitter      float64       // 0.1, a fraction of the delay, both ways
+	ResetAfter  time.Duration // 10 s
+	MaxAttempts int           // 0 = unlimited; otherwise give up (ErrDisconnected) after this many failures in a row
+}
+
+// Defaults of ReconnectPolicy.
+const (
+	ReconnectBaseDelayDefault  = 100 * time.Millisecond
+	ReconnectFactorDefault     = 2.0
+	ReconnectMaxDelayDefault   = 30 * time.Second
+	ReconnectJitterDefault     = 0.1
+	ReconnectResetAfterDefault = 10 * time.Second
+)
+
+func (p ReconnectPolicy) withDefaults() ReconnectPolicy {
+	if p.BaseDelay <= 0 {
+		p.BaseDelay = ReconnectBaseDelayDefault
+	}
+	if p.Factor < 1 {
+		p.Factor = ReconnectFactorDefault
+	}
+	if p.MaxDelay <= 0 {
+		p.MaxDelay = ReconnectMaxDelayDefault
+	}
+	if p.Jitter <= 0 {
+		p.Jitter = ReconnectJitterDefault
+	}
+	if p.Jitter > 1 {
+		p.Jitter = 1
+	}
+	if p.ResetAfter <= 0 {
+		p.ResetAfter = ReconnectResetAfterDefault
+	}
+	return p
+}
+
+// Delay returns the wait before reconnect attempt n (0-based), given r, a
+// uniform random number in [0, 1) that places the jitter. It is exported so the
+// policy can be inspected and tested without a connection.
+func (p ReconnectPolicy) Delay(n int, r float64) time.Duration {
+	p = p.withDefaults()
+	d := float64(p.BaseDelay)
+	for i := 0; i < n && d < float64(p.MaxDelay); i++ {
+		d *= p.Factor
+	}
+	d = min(d, float64(p.MaxDelay))
+	d *= 1 + p.Jitter*(2*r-1)
+	return time.Duration(d)
+}
+
+// Limits of the SDK itself.
+const (
+	// dialTimeoutDefault bounds one TCP (and TLS) connect.
+	dialTimeoutDefault = 10 * time.Second
+	// handshakeTimeoutDefault bounds the wait for HELLO_OK.
+	handshakeTimeoutDefault = 10 * time.Second
+	// drainTimeoutDefault bounds how long Close waits for pending confirms and
+	// settles, and for unsubscribes.
+	drainTimeoutDefault = 5 * time.Second
+	// publishInflightDefault is the publish window when the broker announces none.
+	publishInflightDefault = 1024
+	// deliveryBufferMax bounds the messages buffered per subscription before the
+	// connection's reader waits (pushing back on the broker through TCP).
+	deliveryBufferMax = 4096
+	// writeQueueMax bounds encoded frames waiting for the connection's writer.
+	writeQueueMax = 1024
+	// settleBatchDefault caps tags per settle frame when the broker announces none.
+	settleBatchDefault = 256
+	// writeBufferBytes is the size of the writer's buffer; frames pipeline into
+	// it and are flushed together.
+	writeBufferBytes = 64 << 10
+)
+
+type options struct {
+	clientName       string
+	credentials      string
+	tls              *tls.Config
+	reconnect        ReconnectPolicy
+	reconcile        ReconcilePolicy
+	heartbeat        time.Duration
+	logger           *slog.Logger
+	dialer           func(ctx context.Context, network, addr string) (net.Conn, error)
+	clock            Clock
+	rand             func() float64
+	dialTimeout      time.Duration
+	handshakeTimeout time.Duration
+	drainTimeout     time.Duration
+}
+
+func defaultOptions() options {
+	var d net.Dialer
+	var mu sync.Mutex
+	return options{
+		clientName: "sinew-go",
+		reconcile:  ReconcileRestore,
+		logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		dialer:     d.DialContext,
+		clock:      realClock{},
+		rand: func() float64 {
+			mu.Lock()
+			defer mu.Unlock()
+			return rand.Float64()
+		},
+		dialTimeout:      dialTimeoutDefault,
+		handshakeTimeout: handshakeTimeoutDefault,
+		drainTimeout:     drainTimeoutDefault,
+	}
+}
+
+// WithClientName sets the name the broker shows for this client in logs.
+func WithClientName(name string) Option { return func(o *options) { o.clientName = name } }
+
+// WithCredentials sets the auth token sent in HELLO.
+func WithCredentials(token string) Option { return func(o *options) { o.credentials = token } }
+
+// WithTLS connects with TLS using cfg. When cfg.ServerName is empty, the host
+// part of the address is used.
+func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
+
+// WithReconnect sets the reconnect policy.
+func WithReconnect(p ReconnectPolicy) Option { return func(o *options) { o.reconnect = p } }
+
+// WithReconcilePolicy sets the reconciliation policy used after a resume.
+func WithReconcilePolicy(p ReconcilePolicy) Option { return func(o *options) { o.reconcile = p } }
+
+// WithHeartbeat sets how often the client pings an idle connection. The
+// broker's announced interval is used when it is shorter, or when d is zero.
+// A connection on which nothing arrives for three intervals is treated as dead.
+func WithHeartbeat(d time.Duration) Option { return func(o *options) { o.heartbeat = d } }
+
+// WithLogger sets the logger for connection events (reconnects, resumes,
+// reconciliation). By default nothing is logged.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) {
+		if l != nil {
+			o.logger = l
+		}
+	}
+}
+
+// WithDialer replaces the function that opens TCP connections (a test seam,
+// also useful for custom networking).
+func WithDialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) Option {
+	return func(o *options) {
+		if dial != nil {
+			o.dialer = dial
+		}
+	}
+}
+
+// WithClock replaces the clock (a test seam).
+func WithClock(c Clock) Option {
+	return func(o *options) {
+		if c != nil {
+			o.clock = c
+		}
+	}
+}
+
+// WithRand replaces the source of backoff jitter (a test seam). r must return
+// numbers in [0, 1) and be safe for concurrent use.
+func WithRand(r func() float64) Option {
+	return func(o *options) {
+		if r != nil {
+			o.rand = r
+		}
+	}
+}
+
+// WithDialTimeout bounds one connect attempt, TCP and TLS (default 10 s).
+func WithDialTimeout(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.dialTimeout = d
+		}
+	}
+}
+
+// WithDrainTimeout bounds how long Close waits for pending confirms and
+// settles (default 5 s).
+func WithDrainTimeout(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.drainTimeout = d
+		}
+	}
+}

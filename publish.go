@@ -1,0 +1,159 @@
+package sinew
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// PublishOption configures one publish.
+type PublishOption func(*protocol.Publish)
+
+// WithKey sets the partition key: messages with the same key go to the same
+// partition, and so keep their order.
+func WithKey(key []byte) PublishOption { return func(p *protocol.Publish) { p.Key = key } }
+
+// WithHeader adds one header. Keys starting with "sinew." are reserved.
+func WithHeader(key, value string) PublishOption {
+	return func(p *protocol.Publish) { p.Headers = append(p.Headers, protocol.Header{Key: key, Value: value}) }
+}
+
+// WithHeaders adds headers.
+func WithHeaders(hs ...Header) PublishOption {
+	return func(p *protocol.Publish) {
+		for _, h := range hs {
+			p.Headers = append(p.Headers, protocol.Header{Key: h.Key, Value: h.Value})
+		}
+	}
+}
+
+// WithContentType sets the message's content type, such as "application/json".
+func WithContentType(ct string) PublishOption {
+	return func(p *protocol.Publish) { p.ContentType = ct }
+}
+
+// WithDelay delays delivery by d after the broker receives the message.
+func WithDelay(d time.Duration) PublishOption {
+	return func(p *protocol.Publish) { p.DelayMs = max(0, d.Milliseconds()) }
+}
+
+// WithNotBefore delays delivery until t (it takes precedence over WithDelay).
+func WithNotBefore(t time.Time) PublishOption {
+	return func(p *protocol.Publish) { p.NotBeforeMs = t.UnixMilli() }
+}
+
+// WithTTL dead-letters the message (reason "expired") if it is not delivered
+// within d.
+func WithTTL(d time.Duration) PublishOption {
+	return func(p *protocol.Publish) { p.TTLMs = max(0, d.Milliseconds()) }
+}
+
+// WithGroup publishes to the queue's group g instead of the default group.
+func WithGroup(g string) PublishOption { return func(p *protocol.Publish) { p.Group = g } }
+
+// WithPartition publishes to partition n instead of letting the broker choose.
+func WithPartition(n int) PublishOption { return func(p *protocol.Publish) { p.Partition = int32(n) } }
+
+// WithProducerSequence makes the publish idempotent: the broker recognises a
+// repeated (id, seq) and answers with the original's position. Such publishes
+// are resent automatically when the connection breaks before their confirm.
+func WithProducerSequence(id string, seq uint64) PublishOption {
+	return func(p *protocol.Publish) { p.ProducerID = id; p.ProducerSeq = seq }
+}
+
+// PublishResult says where a confirmed message landed.
+type PublishResult struct {
+	Partition uint32
+	Offset    uint64
+	Duplicate bool // a resend of an already stored (producer id, sequence)
+}
+
+// PublishFuture is the pending result of PublishAsync.
+type PublishFuture struct {
+	done chan struct{}
+	res  PublishResult
+	err  error
+}
+
+// Done is closed when the publish is confirmed or has failed.
+func (f *PublishFuture) Done() <-chan struct{} { return f.done }
+
+// Wait waits for the confirm. A ctx error only stops the waiting; the publish
+// itself goes on.
+func (f *PublishFuture) Wait(ctx context.Context) (PublishResult, error) {
+	select {
+	case <-f.done:
+		return f.res, f.err
+	case <-ctx.Done():
+		return PublishResult{}, ctx.Err()
+	}
+}
+
+// Result returns the outcome; call it after Done is closed.
+func (f *PublishFuture) Result() (PublishResult, error) {
+	select {
+	case <-f.done:
+		return f.res, f.err
+	default:
+		return PublishResult{}, fmt.Errorf("sinew: publish still pending")
+	}
+}
+
+func (f *PublishFuture) resolve(b protocol.Body, err error) {
+	if err == nil {
+		if ok, isOK := b.(*protocol.PublishOK); isOK {
+			f.res = PublishResult{Partition: ok.Partition, Offset: ok.Offset, Duplicate: ok.Duplicate}
+		} else {
+			err = fmt.Errorf("%w: %s in answer to PUBLISH", ErrProtocol, b.Op())
+		}
+	}
+	f.err = err
+	close(f.done)
+}
+
+// Publish sends a message and returns once the broker has confirmed it durable.
+// body must not be modified until Publish returns.
+func (c *Client) Publish(ctx context.Context, topic string, body []byte, opts ...PublishOption) (PublishResult, error) {
+	return c.PublishAsync(ctx, topic, body, opts...).Wait(ctx)
+}
+
+// PublishAsync sends a message without waiting for its confirm, so many can be
+// in flight at once. It blocks while the broker's announced PublishInflightMax
+// publishes are unconfirmed (or until ctx ends, which fails the future). body
+// must not be modified until the future is done.
+func (c *Client) PublishAsync(ctx context.Context, topic string, body []byte, opts ...PublishOption) *PublishFuture {
+	p := &protocol.Publish{Topic: topic, Partition: -1, Body: body}
+	for _, o := range opts {
+		o(p)
+	}
+	f := &PublishFuture{done: make(chan struct{})}
+	e := c.ep
+	if err := e.window.acquire(ctx, e.quit); err != nil {
+		f.resolve(nil, err)
+		return f
+	}
+	e.submit(ctx, &call{body: p, replay: p.ProducerID != "", done: func(b protocol.Body, err error) {
+		e.window.release()
+		f.resolve(b, err)
+	}})
+	return f
+}
+
+// PublishText publishes text with content type "text/plain; charset=utf-8".
+func (c *Client) PublishText(ctx context.Context, topic, text string, opts ...PublishOption) (PublishResult, error) {
+	opts = append([]PublishOption{WithContentType("text/plain; charset=utf-8")}, opts...)
+	return c.Publish(ctx, topic, []byte(text), opts...)
+}
+
+// PublishJSON publishes v encoded as JSON with content type "application/json".
+func (c *Client) PublishJSON(ctx context.Context, topic string, v any, opts ...PublishOption) (PublishResult, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return PublishResult{}, fmt.Errorf("sinew: encode JSON: %w", err)
+	}
+	opts = append([]PublishOption{WithContentType("application/json")}, opts...)
+	return c.Publish(ctx, topic, b, opts...)
+}

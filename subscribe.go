@@ -1,0 +1,455 @@
+package sinew
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"time"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// SubscribeOption configures Subscribe.
+type SubscribeOption func(*subscribeConfig)
+
+type subscribeConfig struct {
+	group     string
+	partition int32
+	prefetch  uint32
+	autoAck   bool
+}
+
+// WithPrefetch sets the most unsettled deliveries the broker sends this
+// subscription at once (0 = the broker's default; above the broker's
+// PrefetchMax is a limit_exceeded error).
+func WithPrefetch(n int) SubscribeOption {
+	return func(c *subscribeConfig) { c.prefetch = uint32(max(0, n)) }
+}
+
+// WithAutoAck makes the broker settle each delivery as soon as it is sent. The
+// messages' settle methods then do nothing. Use it only where losing a message
+// to a crash is acceptable.
+func WithAutoAck() SubscribeOption { return func(c *subscribeConfig) { c.autoAck = true } }
+
+// WithSubscribeGroup consumes from the queue's group g instead of the default group.
+func WithSubscribeGroup(g string) SubscribeOption { return func(c *subscribeConfig) { c.group = g } }
+
+// WithSubscribePartition consumes only partition p (by default, all of them).
+func WithSubscribePartition(p int) SubscribeOption {
+	return func(c *subscribeConfig) { c.partition = int32(p) }
+}
+
+// Subscription is a consumer attached to one queue. It survives reconnects:
+// after a resume the broker keeps it, after a fresh session the client
+// subscribes again. It ends only through Unsubscribe, Client.Close, the broker
+// ending it, or a connection failure the client cannot recover from; Err then
+// says which.
+//
+// Messages are buffered per subscription (bounded); when the application falls
+// behind, the buffer fills and the connection stops reading, which pushes back
+// on the broker.
+type Subscription struct {
+	e     *endpoint
+	topic string
+	cfg   subscribeConfig
+
+	buf  chan *Message // filled by the connection's reader
+	out  chan *Message // Messages(); closed when the subscription ends
+	done chan struct{}
+
+	// Guarded by e.mu.
+	serverID   uint64
+	partitions []uint32
+	prefetch   uint32
+	recreating bool
+	ended      bool
+	err        error
+}
+
+// Subscribe attaches a consumer to topic. It returns once the broker accepted
+// the subscription; messages then arrive on Messages (or through All).
+func (c *Client) Subscribe(ctx context.Context, topic string, opts ...SubscribeOption) (*Subscription, error) {
+	cfg := subscribeConfig{partition: -1}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	e := c.ep
+	bufN := deliveryBufferMax
+	if cfg.prefetch > 0 {
+		bufN = min(int(cfg.prefetch)*2, deliveryBufferMax)
+	}
+	s := &Subscription{
+		e: e, topic: topic, cfg: cfg,
+		buf:  make(chan *Message, bufN),
+		out:  make(chan *Message),
+		done: make(chan struct{}),
+	}
+	for range 2 {
+		conn, err := e.acquire(ctx, false)
+		if err != nil {
+			return nil, err
+		}
+		err = e.subscribeOn(ctx, conn, s)
+		if errors.Is(err, errConnClosed) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		e.mu.Lock()
+		if e.closing {
+			e.mu.Unlock()
+			return nil, ErrClientClosed
+		}
+		e.subs[s] = struct{}{}
+		e.wg.Add(1)
+		e.mu.Unlock()
+		go s.pump()
+		return s, nil
+	}
+	return nil, ErrConnectionLost
+}
+
+// subscribeOn sends SUBSCRIBE for s on c. The reply's hook registers the new
+// broker id on the reader goroutine, before any delivery for it is read.
+func (e *endpoint) subscribeOn(ctx context.Context, c *conn, s *Subscription) error {
+	ackMode := protocol.AckManual
+	if s.cfg.autoAck {
+		ackMode = protocol.AckAuto
+	}
+	body := &protocol.Subscribe{Topic: s.topic, Group: s.cfg.group, Partition: s.cfg.partition,
+		AckMode: ackMode, Prefetch: s.cfg.prefetch}
+	var orphan uint64
+	hook := func(b protocol.Body) {
+		ok, isOK := b.(*protocol.SubscribeOK)
+		if !isOK {
+			return
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if s.ended {
+			orphan = ok.SubID
+			return
+		}
+		c.mu.Lock()
+		c.subs[ok.SubID] = s
+		c.mu.Unlock()
+		s.serverID = ok.SubID
+		s.partitions = ok.Partitions
+		s.prefetch = ok.Prefetch
+		s.recreating = false
+	}
+	reply, err := c.roundTrip(ctx, body, hook)
+	if err != nil {
+		if errors.Is(err, ErrConnectionLost) && !c.isClosed() {
+			return err
+		}
+		return err
+	}
+	if _, ok := reply.(*protocol.SubscribeOK); !ok {
+		return fmt.Errorf("%w: %s in answer to SUBSCRIBE", ErrProtocol, reply.Op())
+	}
+	if orphan != 0 {
+		c.send(protocol.FlagNoReply, &protocol.Unsubscribe{SubID: orphan})
+	}
+	return nil
+}
+
+func (s *Subscription) view() protocol.SubView {
+	ack := protocol.AckManual
+	if s.cfg.autoAck {
+		ack = protocol.AckAuto
+	}
+	return protocol.SubView{SubID: s.serverID, Topic: s.topic, Group: s.cfg.group,
+		Partition: s.cfg.partition, AckMode: ack, Prefetch: s.cfg.prefetch}
+}
+
+// push hands a delivery to the subscription, waiting while its buffer is full.
+func (s *Subscription) push(m *Message, connDone <-chan struct{}) {
+	select {
+	case s.buf <- m:
+	case <-s.done:
+	case <-connDone:
+	}
+}
+
+// purge drops buffered deliveries of an ended session.
+func (s *Subscription) purge() {
+	for {
+		select {
+		case <-s.buf:
+		default:
+			return
+		}
+	}
+}
+
+// pump moves messages from the internal buffer to Messages, and closes
+// Messages when the subscription ends.
+func (s *Subscription) pump() {
+	defer s.e.wg.Done()
+	defer close(s.out)
+	for {
+		select {
+		case <-s.done:
+			return
+		case m := <-s.buf:
+			select {
+			case s.out <- m:
+			case <-s.done:
+				return
+			}
+		}
+	}
+}
+
+// endLocked ends the subscription with err (e.mu held). Only the first reason
+// counts.
+func (s *Subscription) endLocked(err error) {
+	if s.ended {
+		return
+	}
+	s.ended = true
+	s.err = err
+	close(s.done)
+	delete(s.e.subs, s)
+}
+
+// Topic returns the subscribed topic.
+func (s *Subscription) Topic() string { return s.topic }
+
+// Partitions returns the partitions the broker assigned, as of the last
+// (re)subscribe.
+func (s *Subscription) Partitions() []uint32 {
+	s.e.mu.Lock()
+	defer s.e.mu.Unlock()
+	return append([]uint32(nil), s.partitions...)
+}
+
+// Prefetch returns the prefetch in force after the broker's clamping.
+func (s *Subscription) Prefetch() int {
+	s.e.mu.Lock()
+	defer s.e.mu.Unlock()
+	return int(s.prefetch)
+}
+
+// Messages returns the channel of delivered messages. It is closed when the
+// subscription ends; Err then says why.
+func (s *Subscription) Messages() <-chan *Message { return s.out }
+
+// Done is closed when the subscription ends.
+func (s *Subscription) Done() <-chan struct{} { return s.done }
+
+// Err returns nil while the subscription is active, and afterwards why it
+// ended: ErrUnsubscribed, ErrClientClosed, ErrReconciledClosed, ErrRecreated,
+// ErrDisconnected (each possibly wrapped with detail), or a *BrokerError.
+func (s *Subscription) Err() error {
+	s.e.mu.Lock()
+	defer s.e.mu.Unlock()
+	return s.err
+}
+
+// All returns an iterator over the subscription's messages. It yields
+// (message, nil) for each delivery; when the subscription ends it yields
+// (nil, reason) once and stops, and when ctx ends it yields (nil, ctx.Err())
+// and stops, leaving the subscription active.
+func (s *Subscription) All(ctx context.Context) iter.Seq2[*Message, error] {
+	return func(yield func(*Message, error) bool) {
+		for {
+			select {
+			case m, ok := <-s.out:
+				if !ok {
+					yield(nil, s.Err())
+					return
+				}
+				if !yield(m, nil) {
+					return
+				}
+			case <-ctx.Done():
+				yield(nil, ctx.Err())
+				return
+			}
+		}
+	}
+}
+
+// Unsubscribe ends the subscription. The broker returns its unsettled messages
+// to the queue at once; settling them afterwards fails. Unsubscribing an ended
+// subscription is a no-op.
+func (s *Subscription) Unsubscribe(ctx context.Context) error {
+	e := s.e
+	e.mu.Lock()
+	if s.ended {
+		e.mu.Unlock()
+		return nil
+	}
+	id := s.serverID
+	c := e.conn
+	s.serverID = 0
+	s.endLocked(ErrUnsubscribed)
+	if c != nil && id != 0 {
+		c.mu.Lock()
+		delete(c.subs, id)
+		c.mu.Unlock()
+	}
+	e.mu.Unlock()
+	if c == nil || id == 0 || c.isClosed() {
+		// Not attached: a resumed session drops it during reconciliation, a
+		// fresh one never had it.
+		return nil
+	}
+	reply, err := c.roundTrip(ctx, &protocol.Unsubscribe{SubID: id}, nil)
+	if err != nil {
+		if errors.Is(err, ErrConnectionLost) {
+			return nil
+		}
+		return err
+	}
+	if _, ok := reply.(*protocol.OK); !ok {
+		return fmt.Errorf("%w: %s in answer to UNSUBSCRIBE", ErrProtocol, reply.Op())
+	}
+	return nil
+}
+
+// Header is one message header.
+type Header struct{ Key, Value string }
+
+// Message is one delivery. Its fields are the message's metadata and payload;
+// its methods settle it. A manual-ack message must be settled exactly once
+// (Complete, Retry, RetryAfter or Fail) before its lease expires, or the broker
+// delivers it again. Settle methods may be called from any goroutine.
+type Message struct {
+	Topic       string
+	Group       string
+	Partition   uint32
+	Offset      uint64
+	Attempt     uint32 // 1 on the first delivery
+	Key         []byte
+	Headers     []Header
+	ContentType string
+	Body        []byte
+	PublishedAt time.Time
+
+	sub     *Subscription
+	tag     uint64
+	epoch   uint64
+	autoAck bool
+	settled chan struct{} // holds a token while unsettled; taken by a settle
+}
+
+func newMessage(s *Subscription, epoch uint64, d *protocol.Deliver) *Message {
+	m := &Message{
+		Topic: d.Topic, Group: d.Group, Partition: d.Partition, Offset: d.Offset, Attempt: d.Attempt,
+		Key: d.Key, ContentType: d.ContentType, Body: d.Body,
+		PublishedAt: time.UnixMilli(d.PublishedAtMs),
+		sub:         s, tag: d.Tag, epoch: epoch, autoAck: s.cfg.autoAck,
+		settled: make(chan struct{}, 1),
+	}
+	if m.Topic == "" {
+		m.Topic = s.topic
+	}
+	if len(d.Headers) > 0 {
+		m.Headers = make([]Header, len(d.Headers))
+		for i, h := range d.Headers {
+			m.Headers[i] = Header{h.Key, h.Value}
+		}
+	}
+	m.settled <- struct{}{}
+	return m
+}
+
+// Header returns the value of the first header named key.
+func (m *Message) Header(key string) (string, bool) {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return h.Value, true
+		}
+	}
+	return "", false
+}
+
+// Text returns the body as a string.
+func (m *Message) Text() string { return string(m.Body) }
+
+// DecodeJSON unmarshals the body into v.
+func (m *Message) DecodeJSON(v any) error { return json.Unmarshal(m.Body, v) }
+
+// Complete settles the message as done (ACK). It returns once the broker has
+// made the settle durable.
+func (m *Message) Complete(ctx context.Context) error { return m.settle(ctx, protocol.OpAck, 0) }
+
+// Retry returns the message to the queue for another attempt (NACK). After the
+// queue's max retries it is dead-lettered instead.
+func (m *Message) Retry(ctx context.Context) error { return m.settle(ctx, protocol.OpNack, 0) }
+
+// RetryAfter is Retry with a delay before the message is delivered again.
+func (m *Message) RetryAfter(ctx context.Context, d time.Duration) error {
+	return m.settle(ctx, protocol.OpNack, max(0, d.Milliseconds()))
+}
+
+// Fail settles the message as failed for good: it is dead-lettered (FAIL).
+func (m *Message) Fail(ctx context.Context) error { return m.settle(ctx, protocol.OpFail, 0) }
+
+// settle sends one settle through the connection's batching settler and waits
+// for its result. A settle that fails with a retryable error may be repeated.
+func (m *Message) settle(ctx context.Context, kind protocol.Op, delayMs int64) error {
+	if m.autoAck {
+		return nil
+	}
+	select {
+	case <-m.settled:
+	default:
+		return ErrAlreadySettled
+	}
+	err := m.settleOnce(ctx, kind, delayMs)
+	if err != nil && (IsRetryable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		m.settled <- struct{}{} // allow another try
+	}
+	return err
+}
+
+func (m *Message) settleOnce(ctx context.Context, kind protocol.Op, delayMs int64) error {
+	e := m.sub.e
+	e.busy.add(1)
+	defer e.busy.add(-1)
+	if epoch := e.currentEpoch(); epoch != m.epoch {
+		return ErrStaleDelivery
+	}
+	c, err := e.acquire(ctx, true)
+	if err != nil {
+		return err
+	}
+	if c.epoch != m.epoch {
+		return ErrStaleDelivery
+	}
+	r := &settleReq{kind: kind, delay: delayMs, tag: m.tag, res: make(chan error, 1)}
+	lost := func() error { return fmt.Errorf("%w: %w", ErrConnectionLost, c.closeErr()) }
+	select {
+	case c.settleCh <- r:
+	case <-c.done:
+		return lost()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-r.res:
+		return err
+	case <-c.done:
+		select {
+		case err := <-r.res:
+			return err
+		default:
+			return lost()
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (e *endpoint) currentEpoch() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.epoch
+}

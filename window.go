@@ -1,0 +1,113 @@
+package sinew
+
+import (
+	"context"
+	"sync"
+)
+
+// window bounds unconfirmed publishes per endpoint to the broker's announced
+// PublishInflightMax. Waiters block on a broadcast channel that is replaced on
+// every release, so a release wakes all of them and each re-checks.
+type window struct {
+	mu   sync.Mutex
+	n    int
+	max  int
+	wake chan struct{}
+	zero chan struct{} // closed and replaced whenever n drops to zero
+}
+
+func newWindow(max int) *window {
+	return &window{max: max, wake: make(chan struct{}), zero: make(chan struct{})}
+}
+
+func (w *window) setMax(max int) {
+	if max <= 0 {
+		max = publishInflightDefault
+	}
+	w.mu.Lock()
+	grew := max > w.max
+	w.max = max
+	if grew {
+		close(w.wake)
+		w.wake = make(chan struct{})
+	}
+	w.mu.Unlock()
+}
+
+// acquire takes a slot, waiting while the window is full.
+func (w *window) acquire(ctx context.Context, quit <-chan struct{}) error {
+	for {
+		w.mu.Lock()
+		if w.n < w.max {
+			w.n++
+			w.mu.Unlock()
+			return nil
+		}
+		wake := w.wake
+		w.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-quit:
+			return ErrClientClosed
+		}
+	}
+}
+
+func (w *window) release() {
+	w.mu.Lock()
+	w.n--
+	if w.n < 0 {
+		panic("sinew: publish window released more often than acquired")
+	}
+	close(w.wake)
+	w.wake = make(chan struct{})
+	if w.n == 0 {
+		close(w.zero)
+		w.zero = make(chan struct{})
+	}
+	w.mu.Unlock()
+}
+
+// idle returns nil when nothing is in flight, or a channel closed when that
+// next becomes true.
+func (w *window) idle() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.n == 0 {
+		return nil
+	}
+	return w.zero
+}
+
+// tracker counts operations in progress (settles) so Close can wait for them.
+type tracker struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{}
+}
+
+func newTracker() *tracker { return &tracker{zero: make(chan struct{})} }
+
+func (t *tracker) add(d int) {
+	t.mu.Lock()
+	t.n += d
+	if t.n < 0 {
+		panic("sinew: operation tracker went negative")
+	}
+	if t.n == 0 {
+		close(t.zero)
+		t.zero = make(chan struct{})
+	}
+	t.mu.Unlock()
+}
+
+func (t *tracker) idle() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.n == 0 {
+		return nil
+	}
+	return t.zero
+}
