@@ -25,6 +25,8 @@ const (
 	probeIntervalMs     = 50
 	exitTimeoutDefault  = 15 * time.Second
 	stderrTailBytesMax  = 16 << 10
+	stopWaitPolls       = 400 // with stopWaitPollMs: 2 s for SIGSTOP to take effect
+	stopWaitPollMs      = 5
 )
 
 // Errors returned by Broker methods.
@@ -351,9 +353,27 @@ func (b *Broker) Term(drainTimeout time.Duration) error {
 	return nil
 }
 
-// Pause sends SIGSTOP: the process freezes with its sockets open, as on a long
-// GC pause, a VM migration or a swap storm.
-func (b *Broker) Pause() error { return b.signal(syscall.SIGSTOP) }
+// Pause sends SIGSTOP and returns once the kernel reports the process
+// stopped: it freezes with its sockets open, as on a long GC pause, a VM
+// migration or a swap storm.
+func (b *Broker) Pause() error {
+	if err := b.signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	stat := fmt.Sprintf("/proc/%d/stat", b.Pid())
+	for range stopWaitPolls {
+		data, err := os.ReadFile(stat)
+		if err != nil {
+			return fmt.Errorf("harness: pause: %w", err)
+		}
+		// Format: pid (comm) state ...; comm may hold spaces, so cut at the last ')'.
+		if i := bytes.LastIndexByte(data, ')'); i >= 0 && i+2 < len(data) && data[i+2] == 'T' {
+			return nil
+		}
+		time.Sleep(stopWaitPollMs * time.Millisecond)
+	}
+	return fmt.Errorf("harness: process %d did not stop after SIGSTOP", b.Pid())
+}
 
 // Resume sends SIGCONT after Pause.
 func (b *Broker) Resume() error { return b.signal(syscall.SIGCONT) }

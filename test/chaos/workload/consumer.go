@@ -40,7 +40,7 @@ func (k *consumer) run(ctx context.Context) {
 		}
 		c, err := dial(ctx, k.cfg.Addr, k.name, resume)
 		if err != nil {
-			k.stats.add(func(s *Stats) { s.DialFailures++ })
+			k.stats.add(func(s *Counters) { s.DialFailures++ })
 			if !backoff(ctx, fails) {
 				return
 			}
@@ -50,7 +50,7 @@ func (k *consumer) run(ctx context.Context) {
 		fails = 0
 		k.ident = c.hello.Resume
 		outcome := c.hello.Outcome
-		k.stats.add(func(s *Stats) { s.Connects++; s.ResumeOutcomes[outcome.String()]++ })
+		k.stats.add(func(s *Counters) { s.Connects++; s.ResumeOutcomes[outcome.String()]++ })
 		stop := make(chan struct{})
 		go c.heartbeat(stop)
 		go func() {
@@ -64,7 +64,7 @@ func (k *consumer) run(ctx context.Context) {
 		close(stop)
 		c.close()
 		if err != nil && ctx.Err() == nil {
-			k.stats.add(func(s *Stats) { s.ConnErrors++ })
+			k.stats.add(func(s *Counters) { s.ConnErrors++ })
 			if k.cfg.Logf != nil {
 				k.cfg.Logf("%s: connection ended: %v", k.name, err)
 			}
@@ -122,7 +122,7 @@ func (k *consumer) serve(c *wconn, resumed bool) error {
 				k.cfg.Checker.Delivered(id, at)
 				k.sentAcks[m.Tag] = id
 			}
-			k.stats.add(func(s *Stats) { s.Deliveries++ })
+			k.stats.add(func(s *Counters) { s.Deliveries++ })
 			toAck = append(toAck, m.Tag)
 		case *protocol.SettleResult:
 			tags := acks[h.RequestID]
@@ -163,7 +163,7 @@ func (k *consumer) serve(c *wconn, resumed bool) error {
 				}
 			}
 		case *protocol.GoingAway:
-			k.stats.add(func(s *Stats) { s.GoingAway++ })
+			k.stats.add(func(s *Counters) { s.GoingAway++ })
 		case *protocol.ErrorBody:
 			if _, isAck := acks[h.RequestID]; isAck {
 				// The whole ACK failed: its tags stay unsettled and may come back.
@@ -235,7 +235,7 @@ func (k *consumer) flush(c *wconn, acks map[uint64][]uint64, tags []uint64) erro
 		for _, tag := range batch {
 			k.ackWritten[tag] = true
 		}
-		k.stats.add(func(s *Stats) { s.Acks += len(batch) })
+		k.stats.add(func(s *Counters) { s.Acks += len(batch) })
 		tags = tags[n:]
 	}
 	return nil

@@ -34,7 +34,7 @@ func (p *producer) run(ctx context.Context) {
 	for fails := 0; ctx.Err() == nil && !p.finished(); {
 		c, err := dial(ctx, p.cfg.Addr, p.name, protocol.ResumeIdentity{})
 		if err != nil {
-			p.stats.add(func(s *Stats) { s.DialFailures++ })
+			p.stats.add(func(s *Counters) { s.DialFailures++ })
 			if !backoff(ctx, fails) {
 				return
 			}
@@ -42,7 +42,7 @@ func (p *producer) run(ctx context.Context) {
 			continue
 		}
 		fails = 0
-		p.stats.add(func(s *Stats) { s.Connects++ })
+		p.stats.add(func(s *Counters) { s.Connects++ })
 		p.serve(ctx, c)
 		c.close()
 	}
@@ -120,9 +120,9 @@ func (p *producer) serve(ctx context.Context, c *wconn) {
 			switch m := r.body.(type) {
 			case *protocol.PublishOK:
 				p.cfg.Checker.Confirmed(checker.ID{Producer: p.name, Seq: seq})
-				p.stats.add(func(s *Stats) { s.Confirms++ })
+				p.stats.add(func(s *Counters) { s.Confirms++ })
 			case *protocol.ErrorBody:
-				p.stats.add(func(s *Stats) { s.PublishErrors[m.Code.String()]++ })
+				p.stats.add(func(s *Counters) { s.PublishErrors[m.Code.String()]++ })
 				if m.Code.Retryable() {
 					p.retry = append(p.retry, seq)
 					if len(p.pending) == 0 {
@@ -177,6 +177,6 @@ func (p *producer) publish(c *wconn, seq uint64) error {
 		return err
 	}
 	p.pending[req] = seq
-	p.stats.add(func(s *Stats) { s.Publishes++ })
+	p.stats.add(func(s *Counters) { s.Publishes++ })
 	return nil
 }

@@ -41,9 +41,8 @@ type Config struct {
 
 func (c *Config) sinceMs() int64 { return time.Since(c.start).Milliseconds() }
 
-// Stats are the workload's own counters (the checker holds the verdict).
-type Stats struct {
-	mu             sync.Mutex
+// Counters are the workload's own counts (the checker holds the verdict).
+type Counters struct {
 	Publishes      int            // PUBLISH frames written, resends included
 	Confirms       int            // PUBLISH_OK received
 	PublishErrors  map[string]int // ERROR replies to publishes, by code name
@@ -56,28 +55,38 @@ type Stats struct {
 	ResumeOutcomes map[string]int // consumer HELLO_OK outcomes
 }
 
-func (s *Stats) add(f func(*Stats)) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	f(s)
-}
-
-// Snapshot copies the counters.
-func (s *Stats) Snapshot() Stats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return Stats{
-		Publishes: s.Publishes, Confirms: s.Confirms, PublishErrors: maps.Clone(s.PublishErrors),
-		Deliveries: s.Deliveries, Acks: s.Acks, Connects: s.Connects, DialFailures: s.DialFailures,
-		ConnErrors: s.ConnErrors, GoingAway: s.GoingAway, ResumeOutcomes: maps.Clone(s.ResumeOutcomes),
-	}
-}
-
-func (s *Stats) String() string {
-	v := s.Snapshot()
+func (v Counters) String() string {
 	return fmt.Sprintf("publishes=%d confirms=%d publish_errors=%v deliveries=%d acks=%d connects=%d dial_failures=%d conn_errors=%d going_away=%d resume=%v",
 		v.Publishes, v.Confirms, v.PublishErrors, v.Deliveries, v.Acks, v.Connects, v.DialFailures, v.ConnErrors, v.GoingAway, v.ResumeOutcomes)
 }
+
+// Stats holds a run's Counters; every producer and consumer adds to it.
+type Stats struct {
+	mu sync.Mutex
+	c  Counters
+}
+
+func newStats() *Stats {
+	return &Stats{c: Counters{PublishErrors: map[string]int{}, ResumeOutcomes: map[string]int{}}}
+}
+
+func (s *Stats) add(f func(*Counters)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f(&s.c)
+}
+
+// Snapshot copies the counters.
+func (s *Stats) Snapshot() Counters {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.c
+	v.PublishErrors = maps.Clone(s.c.PublishErrors)
+	v.ResumeOutcomes = maps.Clone(s.c.ResumeOutcomes)
+	return v
+}
+
+func (s *Stats) String() string { return s.Snapshot().String() }
 
 // Run is a started workload.
 type Run struct {
@@ -131,7 +140,7 @@ func Start(ctx context.Context, cfg Config) (*Run, error) {
 	if err := declare(ctx, &cfg); err != nil {
 		return nil, err
 	}
-	r := &Run{cfg: cfg, stats: &Stats{PublishErrors: map[string]int{}, ResumeOutcomes: map[string]int{}},
+	r := &Run{cfg: cfg, stats: newStats(),
 		producersDone: make(chan struct{})}
 	cctx, ccancel := context.WithCancel(context.Background())
 	pctx, pcancel := context.WithCancel(context.Background())

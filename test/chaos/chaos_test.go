@@ -1,0 +1,298 @@
+package chaos_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sinewmq/sinew/test/chaos/checker"
+	"github.com/sinewmq/sinew/test/chaos/faultproxy"
+	"github.com/sinewmq/sinew/test/chaos/harness"
+	"github.com/sinewmq/sinew/test/chaos/workload"
+)
+
+// Environment knobs. All are optional; the defaults make the short run.
+const (
+	// envBinary names a prebuilt sinew binary to use instead of building one.
+	envBinary = "SINEW_CHAOS_BINARY"
+	// envRace builds the broker with the race detector when "1".
+	envRace = "SINEW_CHAOS_RACE"
+	// envSeconds is the fault phase of each scenario in seconds (long run).
+	envSeconds = "SINEW_CHAOS_SECONDS"
+	// envSummary names a file that receives one tab-separated line per scenario.
+	envSummary = "SINEW_CHAOS_SUMMARY"
+)
+
+// Bounds of one scenario.
+const (
+	startupTimeout    = 30 * time.Second
+	drainTimeoutShort = 30 * time.Second
+	drainTimeoutLong  = 120 * time.Second
+	termDrainTimeout  = 20 * time.Second
+	leaseMs           = 2000
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	binErr    error
+	buildDir  string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+// binary builds cmd/sinew once per test binary, or skips the test when the
+// tree has no serve command yet.
+func binary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		if p := os.Getenv(envBinary); p != "" {
+			binPath = p
+		} else {
+			root, err := harness.RepoRoot()
+			if err != nil {
+				binErr = err
+				return
+			}
+			buildDir, binErr = os.MkdirTemp("", "sinew-chaos-bin-")
+			if binErr != nil {
+				return
+			}
+			binPath, binErr = harness.Build(root, buildDir, os.Getenv(envRace) == "1")
+			if binErr != nil {
+				return
+			}
+		}
+		binErr = harness.CheckServe(binPath)
+	})
+	if errors.Is(binErr, harness.ErrNoServe) {
+		t.Skipf("chaos scenarios need `sinew serve`: %v", binErr)
+	}
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+// env is what a nemesis acts on.
+type env struct {
+	t       *testing.T
+	broker  *harness.Broker
+	proxy   *faultproxy.Proxy // nil unless the scenario asked for one
+	dataDir string
+	fsDir   string // the file system holding dataDir (a tmpfs in the disk-full scenario)
+	run     *workload.Run
+	faults  int // faults injected, for the report
+}
+
+func (e *env) logf(format string, args ...any) {
+	e.t.Logf("t=%dms "+format, append([]any{e.run.SinceMs()}, args...)...)
+}
+
+// scenario is one nemesis with its workload shape.
+type scenario struct {
+	name       string
+	proxy      bool
+	tmpfsBytes int64
+	// every is the spacing of faults within the fault phase.
+	every time.Duration
+	// fault injects one fault and undoes it (restart, unstall ...). An error
+	// fails the test: the broker did not behave (for example, a drain that
+	// did not exit 0).
+	fault func(ctx context.Context, e *env) error
+	// heal brings everything back after the fault phase (optional).
+	heal func(e *env) error
+}
+
+// faultPhase is how long faults are injected while producers run.
+func faultPhase() time.Duration {
+	if s, err := strconv.Atoi(os.Getenv(envSeconds)); err == nil && s > 0 {
+		return time.Duration(s) * time.Second
+	}
+	if testing.Short() {
+		return 2 * time.Second
+	}
+	return 4 * time.Second
+}
+
+func long() bool { return os.Getenv(envSeconds) != "" }
+
+// result is one scenario's summary row.
+type result struct {
+	name   string
+	faults int
+	rep    checker.Report
+	stats  workload.Counters
+}
+
+func runScenario(t *testing.T, sc scenario) {
+	bin := binary(t)
+	base := t.TempDir()
+	dataDir := filepath.Join(base, "data")
+	fsDir := base
+	if sc.tmpfsBytes > 0 {
+		// The data dir sits inside the tmpfs; the ballast goes beside it.
+		fsDir = filepath.Join(base, "fs")
+		dataDir = filepath.Join(fsDir, "data")
+		unmount, err := harness.MountTmpfs(fsDir, sc.tmpfsBytes)
+		if errors.Is(err, harness.ErrMountNotPermitted) {
+			t.Skipf("disk-full scenario needs to mount a tmpfs (run as root with CAP_SYS_ADMIN): %v", err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unmount() })
+	}
+	b, err := harness.New(harness.Config{Binary: bin, DataDir: dataDir, LogDir: base, ReadyTimeout: startupTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Registered after the unmount, so it runs first: the broker dies before
+	// its data dir goes away.
+	t.Cleanup(func() { _ = b.Close() })
+	if err := b.Start(); err != nil {
+		t.Fatalf("start broker: %v\nstderr:\n%s", err, b.StderrTail())
+	}
+	e := &env{t: t, broker: b, dataDir: dataDir, fsDir: fsDir}
+	addr := b.Addr()
+	if sc.proxy {
+		p, err := faultproxy.Start("127.0.0.1:0", b.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		e.proxy, addr = p, p.Addr()
+	}
+
+	phase := faultPhase()
+	perProducer := uint64(3000)
+	if testing.Short() {
+		perProducer = 1000
+	}
+	if long() {
+		perProducer = 1 << 40 // bounded by the phase instead
+	}
+	ck := checker.New()
+	ctx, cancel := context.WithTimeout(context.Background(), startupTimeout)
+	defer cancel()
+	run, err := workload.Start(ctx, workload.Config{
+		Addr: addr, Topic: "chaos-" + sc.name, Partitions: 2, LeaseMs: leaseMs,
+		Producers: 2, Consumers: 2, MessagesPerProducer: perProducer, PublishWindow: 32, Prefetch: 32,
+		Resume: true, Checker: ck, Logf: t.Logf,
+	})
+	if err != nil {
+		t.Fatalf("workload: %v\nstderr:\n%s", err, b.StderrTail())
+	}
+	e.run = run
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			run.Stop()
+		}
+	})
+
+	// Fault phase: one fault every sc.every until the phase ends.
+	faultErr := nemesis(e, sc, phase)
+	if sc.heal != nil {
+		if err := sc.heal(e); err != nil && faultErr == nil {
+			faultErr = fmt.Errorf("heal: %w", err)
+		}
+	}
+	if !b.Running() {
+		if err := b.Restart(); err != nil && faultErr == nil {
+			faultErr = fmt.Errorf("final restart: %w", err)
+		}
+	}
+	// Let the producers finish what they have (bounded), then stop them.
+	select {
+	case <-run.ProducersDone():
+	case <-time.After(phase / 2):
+	}
+	run.StopProducers()
+	drain := drainTimeoutShort
+	if long() {
+		drain = drainTimeoutLong
+	}
+	drainErr := run.Drain(drain)
+	run.Stop()
+	stopped = true
+	rep := ck.Report()
+	record(t, result{name: sc.name, faults: e.faults, rep: rep, stats: run.Stats().Snapshot()})
+	t.Logf("%s: faults=%d %s", sc.name, e.faults, rep)
+	t.Logf("%s: workload %s", sc.name, run.Stats())
+	if drainErr != nil {
+		t.Logf("%s: %v", sc.name, drainErr)
+	}
+	if err := rep.Err(); err != nil {
+		t.Fatalf("%s: %v\nbroker stderr (tail):\n%s", sc.name, err, b.StderrTail())
+	}
+	if faultErr != nil {
+		t.Fatalf("%s: %v\nbroker stderr (tail):\n%s", sc.name, faultErr, b.StderrTail())
+	}
+	if rep.Confirmed == 0 {
+		t.Fatalf("%s: nothing was confirmed; the scenario tested nothing\nbroker stderr (tail):\n%s", sc.name, b.StderrTail())
+	}
+}
+
+// nemesis injects faults every sc.every for phase, and returns the first
+// error a fault reported.
+func nemesis(e *env, sc scenario, phase time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), phase)
+	defer cancel()
+	tick := time.NewTicker(sc.every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		e.faults++
+		if err := sc.fault(ctx, e); err != nil {
+			return fmt.Errorf("fault #%d: %w", e.faults, err)
+		}
+	}
+}
+
+// hold waits d or until ctx ends; the fault stays in place meanwhile.
+func hold(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+var summaryMu sync.Mutex
+
+// record appends a scenario's row to the summary file when one is asked for.
+func record(t *testing.T, r result) {
+	path := os.Getenv(envSummary)
+	if path == "" {
+		return
+	}
+	summaryMu.Lock()
+	defer summaryMu.Unlock()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Errorf("summary: %v", err)
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", r.name, r.faults, r.rep.Confirmed, r.rep.Deliveries,
+		len(r.rep.Lost), len(r.rep.SettledRedelivered), r.rep.Duplicates, r.rep.LongestGapMs,
+		len(r.rep.Phantom)+len(r.rep.Corrupt), r.rep.InDoubt)
+}
