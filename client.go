@@ -88,7 +88,7 @@ func (e *endpoint) drainAndClose() {
 		s.endLocked(ErrClientClosed)
 	}
 	e.mu.Unlock()
-	if c != nil && !c.isClosed() && len(ids) > 0 && !timedOut {
+	if c != nil && !c.isClosed() && !timedOut {
 		// The drain deadline comes from the injected clock, so it is bridged
 		// into a context by a helper goroutine that is gone before we go on.
 		ctx, cancel := context.WithCancel(context.Background())
@@ -106,6 +106,9 @@ func (e *endpoint) drainAndClose() {
 				break
 			}
 		}
+		// A PING answered means every frame queued before it (NO_REPLY
+		// publishes and settles included) reached the broker.
+		_, _ = c.roundTrip(ctx, &protocol.Ping{}, nil)
 		cancel()
 		<-exited
 	}

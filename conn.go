@@ -207,11 +207,15 @@ func (c *conn) start(ctx context.Context, cl *call) error {
 
 // send queues a frame that expects no reply (PONG, PING, NO_REPLY settles).
 func (c *conn) send(flags uint16, body protocol.Body) {
+	c.sendFrame(protocol.AppendFrame(nil, flags, c.newID(), body))
+}
+
+// newID returns a request id for a frame that is not tracked as pending.
+func (c *conn) newID() uint64 {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.nextID++
-	id := c.nextID
-	c.mu.Unlock()
-	c.sendFrame(protocol.AppendFrame(nil, flags, id, body))
+	return c.nextID
 }
 
 func (c *conn) sendFrame(frame []byte) {
@@ -278,16 +282,19 @@ func (c *conn) dispatch(f protocol.Frame) error {
 		c.ep.o.logger.Info("sinew: broker going away", "addr", c.ep.addr, "reason", b.Reason, "grace_ms", b.GraceMs)
 	case *protocol.ErrorBody:
 		be := brokerErr(b.Err())
+		var cl *call
 		if f.RequestID != 0 {
-			if cl := c.take(f.RequestID); cl != nil {
-				cl.done(nil, be)
-			}
+			cl = c.take(f.RequestID)
+		}
+		if cl != nil {
+			cl.done(nil, be)
+		} else {
+			// Connection-level, or the answer to a request nobody waits for
+			// (a NO_REPLY publish or a cancelled request).
+			c.ep.o.logger.Warn("sinew: broker reported an error", "addr", c.ep.addr, "request", f.RequestID, "err", be)
 		}
 		if b.Fatal {
 			return be
-		}
-		if f.RequestID == 0 {
-			c.ep.o.logger.Warn("sinew: broker reported an error", "addr", c.ep.addr, "err", be)
 		}
 	case *protocol.Pong, *protocol.OK, *protocol.DeclareOK, *protocol.PublishOK,
 		*protocol.SubscribeOK, *protocol.SettleResult, *protocol.ReconcileResult:

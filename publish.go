@@ -157,3 +157,31 @@ func (c *Client) PublishJSON(ctx context.Context, topic string, v any, opts ...P
 	opts = append([]PublishOption{WithContentType("application/json")}, opts...)
 	return c.Publish(ctx, topic, b, opts...)
 }
+
+// PublishNoConfirm sends a message with NO_REPLY: the broker sends no confirm,
+// so nothing says whether or when it became durable. It returns once the frame
+// is queued for the socket. A failure the broker reports later is only logged.
+// Close flushes queued frames before closing.
+func (c *Client) PublishNoConfirm(ctx context.Context, topic string, body []byte, opts ...PublishOption) error {
+	p := &protocol.Publish{Topic: topic, Partition: -1, Body: body}
+	for _, o := range opts {
+		o(p)
+	}
+	conn, err := c.ep.acquire(ctx, false)
+	if err != nil {
+		return err
+	}
+	frame := protocol.AppendFrame(nil, protocol.FlagNoReply, conn.newID(), p)
+	if len(frame) > conn.frameMax {
+		return fmt.Errorf("sinew: PUBLISH frame of %d bytes exceeds the broker's frame limit %d: %w",
+			len(frame), conn.frameMax, &protocol.Error{Code: protocol.CodeMessageTooLarge})
+	}
+	select {
+	case conn.out <- frame:
+		return nil
+	case <-conn.done:
+		return fmt.Errorf("%w: %w", ErrConnectionLost, conn.closeErr())
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,254 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sinewmq/sinew"
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// Shared by publish and consume.
+const (
+	// clientAddrDefault is where `sinew serve` listens unless told otherwise.
+	clientAddrDefault = "127.0.0.1:7654"
+	// clientConnectTimeoutDefault bounds connecting (all attempts together), so
+	// an unreachable address fails instead of retrying forever.
+	clientConnectTimeoutDefault = 5 * time.Second
+	// clientReconnectAttemptsMax caps reconnect attempts in a row.
+	clientReconnectAttemptsMax = 5
+	// publishLineBytesMax bounds one stdin line.
+	publishLineBytesMax = 1 << 20
+)
+
+func init() {
+	commands["publish"] = command{
+		summary: "publish messages from stdin (one per line) or generated ones",
+		run:     runPublish,
+	}
+}
+
+// clientFlags are the connection flags of the client commands.
+type clientFlags struct {
+	addr    *string
+	token   *string
+	timeout *time.Duration
+}
+
+func addClientFlags(fs *flag.FlagSet) clientFlags {
+	addr := os.Getenv("SINEW_ADDR")
+	if addr == "" {
+		addr = clientAddrDefault
+	}
+	return clientFlags{
+		addr:    fs.String("addr", addr, "broker address `host:port` (env SINEW_ADDR)"),
+		token:   fs.String("token", os.Getenv("SINEW_TOKEN"), "auth token (env SINEW_TOKEN)"),
+		timeout: fs.Duration("connect-timeout", clientConnectTimeoutDefault, "give up connecting after this long"),
+	}
+}
+
+// dial connects with bounded retries and turns failures into one line naming
+// the problem.
+func (f clientFlags) dial(ctx context.Context, name string) (*sinew.Client, error) {
+	dctx, cancel := context.WithTimeout(ctx, *f.timeout)
+	defer cancel()
+	c, err := sinew.Dial(dctx, *f.addr, sinew.WithClientName(name), sinew.WithCredentials(*f.token),
+		sinew.WithReconnect(sinew.ReconnectPolicy{MaxAttempts: clientReconnectAttemptsMax}))
+	if err != nil {
+		return nil, describeClientErr(*f.addr, err)
+	}
+	return c, nil
+}
+
+func describeClientErr(addr string, err error) error {
+	var be *sinew.BrokerError
+	switch {
+	case errors.As(err, &be) && be.Code == protocol.CodeAuthFailed:
+		return fmt.Errorf("broker at %s rejected the credentials (check --token): %w", addr, err)
+	case errors.As(err, &be):
+		return fmt.Errorf("broker at %s: %w", addr, err)
+	case errors.Is(err, context.Canceled):
+		return err
+	case sinew.IsRetryable(err) || errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("broker at %s unreachable: %w", addr, err)
+	}
+	return fmt.Errorf("broker at %s: %w", addr, err)
+}
+
+// headerFlag collects repeated --header k=v.
+type headerFlag []sinew.Header
+
+func (h *headerFlag) String() string { return fmt.Sprint(*h) }
+func (h *headerFlag) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("header %q is not key=value", v)
+	}
+	*h = append(*h, sinew.Header{Key: k, Value: val})
+	return nil
+}
+
+type publishResultJSON struct {
+	Seq       uint64 `json:"seq"`
+	Partition uint32 `json:"partition"`
+	Offset    uint64 `json:"offset"`
+}
+
+func runPublish(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("publish", stderr)
+	cf := addClientFlags(fs)
+	topic := fs.String("topic", "", "queue topic (required)")
+	group := fs.String("group", "", "queue group")
+	key := fs.String("key", "", "partition key")
+	var headers headerFlag
+	fs.Var(&headers, "header", "message header `key=value` (repeatable)")
+	delay := fs.Duration("delay", 0, "deliver no earlier than this after publishing")
+	ttl := fs.Duration("ttl", 0, "dead-letter the message if not delivered within this")
+	window := fs.Int("window", 64, "confirms in flight")
+	noConfirm := fs.Bool("no-confirm", false, "do not wait for confirms (nothing says the messages are durable)")
+	asJSON := fs.Bool("json", false, `print {"seq":n,"partition":p,"offset":o} per confirmed message`)
+	count := fs.Int("count", 0, "publish this many generated messages instead of reading stdin")
+	size := fs.Int("size", 64, "generated body size in `bytes` (bodies start with \"seq=<n> \")")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case *topic == "":
+		return fmt.Errorf("%w: --topic is required", errUsage)
+	case *window < 1:
+		return fmt.Errorf("%w: --window must be at least 1", errUsage)
+	case *count < 0 || *size < 0:
+		return fmt.Errorf("%w: --count and --size must not be negative", errUsage)
+	case *delay < 0 || *ttl < 0:
+		return fmt.Errorf("%w: --delay and --ttl must not be negative", errUsage)
+	case *noConfirm && *asJSON:
+		return fmt.Errorf("%w: --json needs confirms; drop --no-confirm", errUsage)
+	}
+	var opts []sinew.PublishOption
+	if *group != "" {
+		opts = append(opts, sinew.WithGroup(*group))
+	}
+	if *key != "" {
+		opts = append(opts, sinew.WithKey([]byte(*key)))
+	}
+	if len(headers) > 0 {
+		opts = append(opts, sinew.WithHeaders(headers...))
+	}
+	if *delay > 0 {
+		opts = append(opts, sinew.WithDelay(*delay))
+	}
+	if *ttl > 0 {
+		opts = append(opts, sinew.WithTTL(*ttl))
+	}
+
+	c, err := cf.dial(ctx, "sinew-publish")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+
+	next := bodySource(stdin, *count, *size)
+	out := bufio.NewWriter(stdout)
+	defer out.Flush()
+	enc := json.NewEncoder(out)
+
+	type inflight struct {
+		seq uint64
+		f   *sinew.PublishFuture
+	}
+	queue := make([]inflight, 0, *window)
+	confirmed := 0
+	// settle waits for the oldest publish, so results print in seq order.
+	settle := func() error {
+		head := queue[0]
+		queue = queue[1:]
+		r, err := head.f.Wait(ctx)
+		if err != nil {
+			return fmt.Errorf("message %d: %w", head.seq, describeClientErr(*cf.addr, err))
+		}
+		confirmed++
+		if *asJSON {
+			return enc.Encode(publishResultJSON{Seq: head.seq, Partition: r.Partition, Offset: r.Offset})
+		}
+		return nil
+	}
+	var seq uint64
+	for {
+		body, err := next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		seq++
+		if *noConfirm {
+			if err := c.PublishNoConfirm(ctx, *topic, body, opts...); err != nil {
+				return fmt.Errorf("message %d: %w", seq, describeClientErr(*cf.addr, err))
+			}
+			continue
+		}
+		if len(queue) == *window {
+			if err := settle(); err != nil {
+				return err
+			}
+		}
+		queue = append(queue, inflight{seq, c.PublishAsync(ctx, *topic, body, opts...)})
+	}
+	for len(queue) > 0 {
+		if err := settle(); err != nil {
+			return err
+		}
+	}
+	if !*asJSON {
+		if *noConfirm {
+			fmt.Fprintf(out, "sent %d messages to %s (not confirmed)\n", seq, *topic)
+		} else {
+			fmt.Fprintf(out, "published %d messages to %s\n", confirmed, *topic)
+		}
+	}
+	return out.Flush()
+}
+
+// bodySource returns a function yielding message bodies: count generated ones
+// when count > 0, else one per stdin line (without its line ending). It
+// returns io.EOF at the end.
+func bodySource(stdin io.Reader, count, size int) func() ([]byte, error) {
+	if count > 0 {
+		n := 0
+		return func() ([]byte, error) {
+			if n == count {
+				return nil, io.EOF
+			}
+			n++
+			b := strconv.AppendInt([]byte("seq="), int64(n), 10)
+			b = append(b, ' ')
+			if len(b) < size {
+				b = append(b, bytes.Repeat([]byte{'x'}, size-len(b))...)
+			}
+			return b, nil
+		}
+	}
+	sc := bufio.NewScanner(stdin)
+	sc.Buffer(make([]byte, 64<<10), publishLineBytesMax)
+	return func() ([]byte, error) {
+		if !sc.Scan() {
+			if err := sc.Err(); err != nil {
+				return nil, fmt.Errorf("reading stdin: %w", err)
+			}
+			return nil, io.EOF
+		}
+		line := bytes.TrimSuffix(sc.Bytes(), []byte{'\r'})
+		return append([]byte(nil), line...), nil
+	}
+}
