@@ -105,6 +105,7 @@ func (e *env) logf(format string, args ...any) {
 type scenario struct {
 	name       string
 	proxy      bool
+	sdk        bool // drive the broker through the Go SDK instead of raw frames
 	tmpfsBytes int64
 	// every is the spacing of faults within the fault phase.
 	every time.Duration
@@ -190,7 +191,7 @@ func runScenario(t *testing.T, sc scenario) {
 	run, err := workload.Start(ctx, workload.Config{
 		Addr: addr, Topic: "chaos-" + sc.name, Partitions: 2, LeaseMs: leaseMs,
 		Producers: 2, Consumers: 2, MessagesPerProducer: perProducer, PublishWindow: 32, Prefetch: 32,
-		Resume: true, Checker: ck, Logf: t.Logf,
+		Resume: true, SDK: sc.sdk, Checker: ck, Logf: t.Logf,
 	})
 	if err != nil {
 		t.Fatalf("workload: %v\nstderr:\n%s", err, b.StderrTail())

@@ -12,15 +12,31 @@ import (
 	"github.com/sinewmq/sinew/test/chaos/harness"
 )
 
+func kill9(ctx context.Context, e *env) error {
+	if err := e.broker.Kill(); err != nil {
+		return err
+	}
+	e.logf("killed -9; restarting")
+	return e.broker.Restart()
+}
+
+func proxyCut(ctx context.Context, e *env) error {
+	n := e.proxy.Cut()
+	e.proxy.Refuse(true)
+	hold(ctx, 100*time.Millisecond)
+	e.proxy.Refuse(false)
+	e.logf("reset %d connections, refused new ones for 100ms", n)
+	return nil
+}
+
 func TestKill9(t *testing.T) {
-	runScenario(t, scenario{name: "kill9", every: 700 * time.Millisecond,
-		fault: func(ctx context.Context, e *env) error {
-			if err := e.broker.Kill(); err != nil {
-				return err
-			}
-			e.logf("killed -9; restarting")
-			return e.broker.Restart()
-		}})
+	runScenario(t, scenario{name: "kill9", every: 700 * time.Millisecond, fault: kill9})
+}
+
+// TestSDKKill9 is TestKill9 with the Go SDK's own reconnect, resume and
+// idempotent resend in the loop.
+func TestSDKKill9(t *testing.T) {
+	runScenario(t, scenario{name: "sdk-kill9", sdk: true, every: 700 * time.Millisecond, fault: kill9})
 }
 
 func TestTermDrain(t *testing.T) {
@@ -48,15 +64,12 @@ func TestPause(t *testing.T) {
 }
 
 func TestProxyCut(t *testing.T) {
-	runScenario(t, scenario{name: "proxycut", proxy: true, every: 400 * time.Millisecond,
-		fault: func(ctx context.Context, e *env) error {
-			n := e.proxy.Cut()
-			e.proxy.Refuse(true)
-			hold(ctx, 100*time.Millisecond)
-			e.proxy.Refuse(false)
-			e.logf("reset %d connections, refused new ones for 100ms", n)
-			return nil
-		},
+	runScenario(t, scenario{name: "proxycut", proxy: true, every: 400 * time.Millisecond, fault: proxyCut,
+		heal: func(e *env) error { e.proxy.Refuse(false); return nil }})
+}
+
+func TestSDKProxyCut(t *testing.T) {
+	runScenario(t, scenario{name: "sdk-proxycut", sdk: true, proxy: true, every: 400 * time.Millisecond, fault: proxyCut,
 		heal: func(e *env) error { e.proxy.Refuse(false); return nil }})
 }
 

@@ -162,6 +162,22 @@ func (f *fakeBroker) serve(nc net.Conn) {
 			c.write(id, &protocol.SubscribeOK{SubID: s.id, Partitions: []uint32{0}, Prefetch: m.Prefetch})
 			f.dispatchLocked()
 			f.mu.Unlock()
+		case *protocol.Unsubscribe:
+			f.mu.Lock()
+			kept := f.subs[:0]
+			for _, s := range f.subs {
+				if s.c == c && s.id == m.SubID {
+					for _, idx := range s.leased {
+						f.ready = append(f.ready, idx)
+					}
+					continue
+				}
+				kept = append(kept, s)
+			}
+			f.subs = kept
+			f.dispatchLocked()
+			f.mu.Unlock()
+			c.write(id, &protocol.OK{})
 		case *protocol.Settle:
 			f.mu.Lock()
 			codes := make([]protocol.Code, len(m.Tags))

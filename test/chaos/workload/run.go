@@ -32,7 +32,8 @@ type Config struct {
 	PublishWindow       int              // unconfirmed publishes per producer (32)
 	Prefetch            uint32           // per consumer (64)
 	PaddingBytes        int              // body padding (64)
-	Resume              bool             // consumers offer their resume identity on reconnect
+	Resume              bool             // raw consumers offer their resume identity on reconnect
+	SDK                 bool             // drive the broker through the Go SDK instead of raw frames
 	Checker             *checker.Checker // receives every record (required)
 	Logf                func(format string, args ...any)
 
@@ -148,12 +149,20 @@ func Start(ctx context.Context, cfg Config) (*Run, error) {
 	for i := range cfg.Consumers {
 		k := &consumer{cfg: &r.cfg, name: fmt.Sprintf("c%d", i), stats: r.stats}
 		r.consumersWG.Add(1)
-		go func() { defer r.consumersWG.Done(); k.run(cctx) }()
+		run := k.run
+		if cfg.SDK {
+			run = k.sdkRun
+		}
+		go func() { defer r.consumersWG.Done(); run(cctx) }()
 	}
 	for i := range cfg.Producers {
 		p := &producer{cfg: &r.cfg, name: fmt.Sprintf("p%d", i), stats: r.stats}
 		r.producersWG.Add(1)
-		go func() { defer r.producersWG.Done(); p.run(pctx) }()
+		run := p.run
+		if cfg.SDK {
+			run = p.sdkRun
+		}
+		go func() { defer r.producersWG.Done(); run(pctx) }()
 	}
 	go func() { r.producersWG.Wait(); close(r.producersDone) }()
 	return r, nil
