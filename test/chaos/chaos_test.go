@@ -123,9 +123,9 @@ func faultPhase() time.Duration {
 		return time.Duration(s) * time.Second
 	}
 	if testing.Short() {
-		return 2 * time.Second
+		return time.Second
 	}
-	return 4 * time.Second
+	return 2 * time.Second
 }
 
 func long() bool { return os.Getenv(envSeconds) != "" }
@@ -219,7 +219,7 @@ func runScenario(t *testing.T, sc scenario) {
 	// Let the producers finish what they have (bounded), then stop them.
 	select {
 	case <-run.ProducersDone():
-	case <-time.After(phase / 2):
+	case <-time.After(min(phase/2, 10*time.Second)):
 	}
 	run.StopProducers()
 	drain := drainTimeoutShort
@@ -252,13 +252,16 @@ func runScenario(t *testing.T, sc scenario) {
 func nemesis(e *env, sc scenario, phase time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), phase)
 	defer cancel()
-	tick := time.NewTicker(sc.every)
-	defer tick.Stop()
+	// The first fault comes by mid-phase at the latest, so even the shortest
+	// phase injects at least one.
+	next := time.NewTimer(min(sc.every, phase/2))
+	defer next.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-tick.C:
+		case <-next.C:
+			next.Reset(sc.every)
 		}
 		e.faults++
 		if err := sc.fault(ctx, e); err != nil {
