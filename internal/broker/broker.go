@@ -333,8 +333,11 @@ func (b *Broker) Close() error {
 	for _, s := range subs {
 		s.end(protocol.SubClosedShutdown, ErrShuttingDown, false)
 	}
-	b.createMu.Lock() // no creation is under way or will start
-	defer b.createMu.Unlock()
+	// Wait out a creation under way; later ones see closed and refuse.
+	// createMu is not held while partitions stop: an actor may be blocked
+	// on it, creating a dead-letter queue, and Close waits for actors.
+	b.createMu.Lock()
+	b.createMu.Unlock()
 	return b.closePartitions()
 }
 

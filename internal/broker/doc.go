@@ -1,8 +1,46 @@
 // Package broker is Sinew's registry of queues, partitions and subscriptions.
 //
 // A queue is named by topic and group and has a fixed number of partitions,
-// each run by its own partition actor (internal/partition). The broker routes
-// publishes to partitions (by key hash, or round-robin when there is no key),
-// attaches subscriptions to partitions and keeps each subscription within its
-// prefetch budget.
+// each run by its own partition actor (internal/partition). The broker
+// validates and routes publishes (a key hashes to a stable partition with
+// FNV-1a; keyless publishes go round-robin over the partitions being
+// served), attaches subscriptions to partitions and keeps each subscription
+// within its prefetch budget. Queues are created by Declare or on first use
+// (publish or subscribe) with the broker's defaults.
+//
+// # Goroutines
+//
+// The broker starts no goroutine of its own besides the partition actors.
+// Publish, Subscribe, Settle and Declare run on the caller's goroutine and
+// hand work to partitions without blocking (a full partition inbox answers
+// CodeResourceExhausted). Completion callbacks and Consumer.Deliver run on
+// partition goroutines. Locks: createMu (creation and re-declaration, held
+// across their file-system work) before mu (the queue map) before subsMu
+// (the subscription registry); a subscription's own mutex guards only its
+// outstanding-delivery set and is never held while calling out.
+//
+// # Fair dispatch and prefetch
+//
+// Competing subscriptions on a queue are served round-robin by each
+// partition, a few messages at a time. A subscription on all partitions
+// shares one credit counter (its prefetch): partitions reserve credit before
+// leasing and settles return it, so the unsettled deliveries a consumer holds
+// never exceed its prefetch. A partition that finds no credit marks the
+// subscription starved and is poked when credit comes back.
+//
+// # What is durable when
+//
+// A publish is confirmed after its partition fsynced its Enqueue record; a
+// settle likewise. Queue definitions live in
+// DataDir/queues/<topic>/<group>/meta (names escaped, see escapeName),
+// written atomically before the queue is used, so a restart recovers every
+// queue with its settings. Partitions live in .../p<N>/ (log/ and
+// checkpoint). Leases survive a restart (a resumed consumer may still settle
+// them); unsettled ones expire as usual. Subscriptions are not durable.
+//
+// # Damage
+//
+// A partition whose log or checkpoint fails verification at Open is handled
+// by Config.Quarantine: parked and reported (the default), fatal to Open, or
+// cut at the damage and reopened with a loud warning.
 package broker

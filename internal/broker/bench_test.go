@@ -1,0 +1,124 @@
+package broker
+
+import (
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// benchDir is $SINEW_BENCH_DIR/broker when set, else a temporary directory.
+func benchDir(b *testing.B) string {
+	if d := os.Getenv("SINEW_BENCH_DIR"); d != "" {
+		dir, err := os.MkdirTemp(d, "broker-")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { os.RemoveAll(dir) })
+		return dir
+	}
+	return b.TempDir()
+}
+
+func benchBroker(b *testing.B) *Broker {
+	br, err := Open(Config{DataDir: filepath.Join(benchDir(b), "data")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { br.Close() })
+	return br
+}
+
+// BenchmarkPublish measures confirmed (fsynced) 1 KiB publishes to one
+// single-partition queue from 64 concurrent publishers, each waiting for
+// its confirmation: the group commit at work.
+func BenchmarkPublish(b *testing.B) {
+	br := benchBroker(b)
+	body := make([]byte, 1024)
+	b.SetBytes(int64(len(body)))
+	b.SetParallelism(32) // 32 x GOMAXPROCS publishers
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		p := &protocol.Publish{Topic: "bench", Partition: -1, Body: body}
+		ch := make(chan error, 1)
+		for pb.Next() {
+			for {
+				br.Publish(p, func(_ protocol.PublishOK, err error) { ch <- err })
+				err := <-ch
+				if protocol.CodeOf(err) == protocol.CodeResourceExhausted {
+					continue
+				}
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				break
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// drainConsumer acks every delivery from its own goroutine.
+type drainConsumer struct {
+	ch chan Delivery
+}
+
+func (c *drainConsumer) Deliver(s *Subscription, d Delivery)             { c.ch <- d }
+func (c *drainConsumer) Closed(s *Subscription, reason uint8, err error) {}
+
+// BenchmarkDrain measures consuming a backlog: each iteration publishes
+// drainBatch 1 KiB messages (untimed), then times one subscription (prefetch
+// 1000) receiving and acking all of them.
+func BenchmarkDrain(b *testing.B) {
+	const drainBatch = 10_000
+	br := benchBroker(b)
+	body := make([]byte, 1024)
+	p := &protocol.Publish{Topic: "drain", Partition: -1, Body: body}
+	var n int
+	for b.Loop() {
+		b.StopTimer()
+		// Chunks well below the inbox bound, so no publish is refused.
+		var wg sync.WaitGroup
+		for i := range drainBatch {
+			wg.Add(1)
+			br.Publish(p, func(_ protocol.PublishOK, err error) {
+				if err != nil {
+					b.Error(err)
+				}
+				wg.Done()
+			})
+			if i%1000 == 999 {
+				wg.Wait()
+			}
+		}
+		wg.Wait()
+		b.StartTimer()
+
+		c := &drainConsumer{ch: make(chan Delivery, 1000)}
+		s, err := br.Subscribe(&protocol.Subscribe{Topic: "drain", Partition: -1, Prefetch: 1000}, c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var acked sync.WaitGroup
+		acked.Add(drainBatch)
+		for range drainBatch {
+			d := <-c.ch
+			var retry func(protocol.Code)
+			retry = func(code protocol.Code) {
+				if code == protocol.CodeResourceExhausted {
+					s.Settle(protocol.OpAck, d.Partition, d.Offset, d.LeaseID, 0, retry)
+					return
+				}
+				acked.Done()
+			}
+			s.Settle(protocol.OpAck, d.Partition, d.Offset, d.LeaseID, 0, retry)
+		}
+		acked.Wait()
+		s.Close()
+		n += drainBatch
+	}
+	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "msgs/s")
+}
