@@ -156,11 +156,15 @@ func TestMixedFallingBehindShowsInLatency(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// One publish in flight at 10 ms each can do 100 msg/s; asking for 200
 		// must show a growing backlog in the latency, not a flattering figure.
-		res, _ := Run(t.Context(), newMemBroker(10*time.Millisecond), Config{
+		res, err := Run(t.Context(), newMemBroker(10*time.Millisecond), Config{
 			Mode: ModeMixed, Topic: "t", RatePerSec: 200, Window: 1, Duration: time.Second,
 		})
 		if l := res.Latency; l == nil || l.Max < 400 {
 			t.Errorf("latency = %+v, want max >= 400 ms", res.Latency)
+		}
+		// The pacer stops at the end of the phase: about half was never sent.
+		if !errors.Is(err, ErrIncomplete) || res.Unsent < 90 || res.Unsent > 110 || res.Missing < res.Unsent {
+			t.Errorf("err = %v, unsent %d, missing %d; want ErrIncomplete and about 100", err, res.Unsent, res.Missing)
 		}
 	})
 }

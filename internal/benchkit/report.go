@@ -36,7 +36,7 @@ func (r Result) WriteText(w io.Writer) error {
 		p("  latency %s (ms): p50 %.3f  p90 %.3f  p99 %.3f  max %.3f  mean %.3f  (n=%d)\n", what, l.P50, l.P90, l.P99, l.Max, l.Mean, l.Count)
 	}
 	if r.Missing > 0 {
-		p("  missing: %d measured messages never delivered\n", r.Missing)
+		p("  missing: %d messages due in the measured phase not delivered (%d never sent)\n", r.Missing, r.Unsent)
 	}
 	if r.Errors > 0 {
 		p("  errors: %d (first: %s)\n", r.Errors, r.FirstError)

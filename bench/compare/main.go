@@ -1,0 +1,320 @@
+// Command compare runs the same benchkit workloads against Sinew, NATS JetStream
+// (default fsync and sync_interval: always) and RabbitMQ (quorum queue), one
+// broker process at a time on loopback, and writes the raw results
+// (results.json), a Markdown table (comparison.md) and an SVG chart
+// (comparison.svg). run.sh next to it installs the peers and builds the
+// binaries; this program only starts and stops the processes it launched.
+//
+// Every run of every cell gets a freshly started broker with an empty data
+// directory, so one cell's backlog never weighs on the next. Runs are
+// interleaved (run 1 of every broker and cell, then run 2, ...) so that noise
+// from other work on the machine spreads over all brokers alike.
+//
+// Goroutines: main drives everything in order; benchkit and the client
+// libraries run their own goroutines inside each cell.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/benchkit"
+)
+
+// Bounds on a whole comparison.
+const (
+	totalTimeMax = 40 * time.Minute
+	idleSettle   = 2 * time.Second // broker start-up to the idle RSS sample
+	drainBound   = 2 * time.Minute // longest a drain may take before the cell fails
+)
+
+type options struct {
+	sinewBin, sinewArgs, natsBin, rabbitSbin string
+	brokers, cells                           string
+	work, out, report                        string
+	runs                                     int
+	duration, warmup                         time.Duration
+	backlog, rate                            int
+	versions                                 string
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.sinewBin, "sinew", "", "path to the sinew binary")
+	flag.StringVar(&o.sinewArgs, "sinew-args", "", "extra flags for sinew serve")
+	flag.StringVar(&o.natsBin, "nats", "", "path to nats-server")
+	flag.StringVar(&o.rabbitSbin, "rabbitmq-sbin", "/usr/lib/rabbitmq/bin", "directory with rabbitmq-server and rabbitmqctl")
+	flag.StringVar(&o.brokers, "brokers", "sinew,nats-js,nats-js-sync,rabbitmq", "broker configurations to run, comma-separated")
+	flag.StringVar(&o.cells, "cells", "publish-w1,publish-w64,drain,mixed", "workloads to run, comma-separated")
+	flag.StringVar(&o.work, "work", "", "scratch directory for data directories (default: a new temporary one)")
+	flag.StringVar(&o.out, "out", ".", "directory for results.json, comparison.md and comparison.svg")
+	flag.StringVar(&o.report, "report", "", "render comparison.md and comparison.svg from this results.json and exit")
+	flag.IntVar(&o.runs, "runs", 3, "runs per cell (the median is reported)")
+	flag.DurationVar(&o.duration, "duration", 5*time.Second, "measured phase of the publish and mixed cells")
+	flag.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured lead-in of the publish and mixed cells")
+	flag.IntVar(&o.backlog, "backlog", 300000, "messages prefilled by the drain cell (its RSS-with-backlog sample too)")
+	flag.IntVar(&o.rate, "rate", 20000, "publish rate of the mixed cell, msg/s")
+	flag.StringVar(&o.versions, "versions", "", "broker versions to record, as name=version;name=version")
+	flag.Parse()
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "compare:", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options) error {
+	if o.report != "" {
+		b, err := os.ReadFile(o.report)
+		if err != nil {
+			return err
+		}
+		var f resultsFile
+		if err := json.Unmarshal(b, &f); err != nil {
+			return fmt.Errorf("%s: %w", o.report, err)
+		}
+		return render(&f, o.out)
+	}
+	if o.runs < 1 || o.runs > 10 {
+		return errors.New("-runs must be within 1..10")
+	}
+	cells, err := pickCells(o)
+	if err != nil {
+		return err
+	}
+	servers, err := pickServers(o)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, totalTimeMax)
+	defer cancel()
+
+	work := o.work
+	if work == "" {
+		if work, err = os.MkdirTemp("", "sinew-compare-"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(work)
+	}
+	f := &resultsFile{
+		Started:  time.Now().UTC(),
+		Versions: parseVersions(o.versions),
+		Settings: map[string]string{
+			"runs": fmt.Sprint(o.runs), "duration": o.duration.String(), "warmup": o.warmup.String(),
+			"backlog": fmt.Sprint(o.backlog), "rate": fmt.Sprint(o.rate), "size_bytes": "1024",
+			"work_dir": work,
+		},
+	}
+	for _, s := range servers {
+		f.Brokers = append(f.Brokers, s.name())
+	}
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	for runNo := 1; runNo <= o.runs; runNo++ {
+		for _, s := range servers {
+			for _, c := range cells {
+				if ctx.Err() != nil {
+					break
+				}
+				rec := runCell(ctx, s, c, runNo, work)
+				f.Records = append(f.Records, rec)
+				logRecord(rec)
+				// Keep what is measured so far, so an interrupted comparison
+				// still leaves its numbers.
+				if err := writeJSON(filepath.Join(o.out, "results.json"), f); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	f.Finished = time.Now().UTC()
+	if err := writeJSON(filepath.Join(o.out, "results.json"), f); err != nil {
+		return err
+	}
+	if err := render(f, o.out); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// cell is one workload of the comparison.
+type cell struct {
+	id  string
+	cfg benchkit.Config
+}
+
+func pickCells(o options) ([]cell, error) {
+	all := []cell{
+		{"publish-w1", benchkit.Config{Mode: benchkit.ModePublish, Window: 1, Duration: o.duration, Warmup: o.warmup}},
+		{"publish-w64", benchkit.Config{Mode: benchkit.ModePublish, Window: 64, Duration: o.duration, Warmup: o.warmup}},
+		{"drain", benchkit.Config{Mode: benchkit.ModeDrain, Count: o.backlog, Window: 256, Prefetch: 256, Duration: drainBound}},
+		{"mixed", benchkit.Config{Mode: benchkit.ModeMixed, RatePerSec: o.rate, Window: 256, Prefetch: 256, Duration: o.duration, Warmup: o.warmup}},
+	}
+	var out []cell
+	for _, id := range strings.Split(o.cells, ",") {
+		i := slices.IndexFunc(all, func(c cell) bool { return c.id == strings.TrimSpace(id) })
+		if i < 0 {
+			return nil, fmt.Errorf("unknown cell %q", id)
+		}
+		c := all[i]
+		c.cfg.SizeBytes, c.cfg.Connections = 1024, 1
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func pickServers(o options) ([]server, error) {
+	var out []server
+	for _, name := range strings.Split(o.brokers, ",") {
+		switch strings.TrimSpace(name) {
+		case "sinew":
+			if o.sinewBin == "" {
+				return nil, errors.New("-sinew is required for the sinew broker")
+			}
+			out = append(out, &sinewServer{bin: o.sinewBin, args: o.sinewArgs})
+		case "nats-js", "nats-js-sync":
+			if o.natsBin == "" {
+				return nil, errors.New("-nats is required for the nats brokers")
+			}
+			out = append(out, &natsServer{bin: o.natsBin, sync: strings.TrimSpace(name) == "nats-js-sync"})
+		case "rabbitmq":
+			out = append(out, &rabbitServer{sbin: o.rabbitSbin})
+		default:
+			return nil, fmt.Errorf("unknown broker %q", name)
+		}
+	}
+	return out, nil
+}
+
+// runCell starts a fresh broker, samples its idle RSS, runs the workload and
+// stops the broker again, removing its data.
+func runCell(ctx context.Context, s server, c cell, runNo int, work string) (rec record) {
+	rec = record{Broker: s.name(), Cell: c.id, Run: runNo}
+	dir := filepath.Join(work, fmt.Sprintf("%s-%s-%d", s.name(), c.id, runNo))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		rec.Error = err.Error()
+		return rec
+	}
+	defer os.RemoveAll(dir)
+	fmt.Fprintf(os.Stderr, "== %s %s run %d: starting broker\n", s.name(), c.id, runNo)
+	if err := s.start(ctx, dir); err != nil {
+		rec.Error = "start: " + err.Error() + tailLog(dir)
+		if serr := s.stop(); serr != nil {
+			rec.Error += "; stop: " + serr.Error()
+		}
+		return rec
+	}
+	defer func() {
+		if err := s.stop(); err != nil {
+			rec.Error = strings.TrimPrefix(rec.Error+"; stop: "+err.Error(), "; ")
+		}
+	}()
+	select {
+	case <-time.After(idleSettle):
+	case <-ctx.Done():
+		rec.Error = ctx.Err().Error()
+		return rec
+	}
+	procFS := os.DirFS("/proc")
+	if p, err := benchkit.ReadProc(procFS, s.pid(), time.Now()); err == nil {
+		rec.IdleRSSBytes = p.RSSBytes
+	}
+	cfg := c.cfg
+	cfg.Topic = fmt.Sprintf("bench-%s-%d", c.id, runNo)
+	cfg.PID = s.pid()
+	cfg.ProcFS = procFS
+	cfg.Progress = os.Stderr
+	res, err := benchkit.Run(ctx, s.broker(), cfg)
+	if res.Broker != "" {
+		rec.Result = &res
+	}
+	if err != nil {
+		rec.Error = err.Error()
+	}
+	return rec
+}
+
+// tailLog returns the last lines of the broker's log files, for a failed start.
+func tailLog(dir string) string {
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	var b strings.Builder
+	for _, l := range logs {
+		data, err := os.ReadFile(l)
+		if err != nil || len(data) == 0 {
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		lines = lines[max(0, len(lines)-5):]
+		fmt.Fprintf(&b, "\n  %s: %s", filepath.Base(l), strings.Join(lines, "\n    "))
+	}
+	return b.String()
+}
+
+func logRecord(r record) {
+	if r.Result != nil {
+		_ = r.Result.WriteText(os.Stderr)
+	}
+	if r.IdleRSSBytes > 0 {
+		fmt.Fprintf(os.Stderr, "  idle RSS %.1f MiB\n", float64(r.IdleRSSBytes)/(1<<20))
+	}
+	if r.Error != "" {
+		fmt.Fprintf(os.Stderr, "  ERROR: %s\n", r.Error)
+	}
+}
+
+func parseVersions(s string) map[string]string {
+	m := map[string]string{}
+	for _, kv := range strings.Split(s, ";") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[strings.TrimSpace(k)] = strings.TrimSpace(v)
+		}
+	}
+	return m
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func render(f *resultsFile, out string) error {
+	md, err := os.Create(filepath.Join(out, "comparison.md"))
+	if err != nil {
+		return err
+	}
+	if err := writeMarkdown(md, f); err != nil {
+		md.Close()
+		return err
+	}
+	if err := md.Close(); err != nil {
+		return err
+	}
+	svg, err := os.Create(filepath.Join(out, "comparison.svg"))
+	if err != nil {
+		return err
+	}
+	if err := writeSVG(svg, f); err != nil {
+		svg.Close()
+		return err
+	}
+	return svg.Close()
+}
