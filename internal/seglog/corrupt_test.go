@@ -27,7 +27,10 @@ func cPayloadFor(lsn uint64) []byte {
 func buildLog(t *testing.T, n int, prealloc bool) (*vfs.MemFS, Options) {
 	t.Helper()
 	fs := vfs.NewMem()
-	o := Options{FS: fs, Dir: "log", SegmentBytes: 4096, IndexIntervalBytes: 512, Preallocate: prealloc}
+	o := Options{FS: fs, Dir: "log", SegmentBytes: 4096, IndexIntervalBytes: 512}
+	if !prealloc {
+		o.Preallocate = PreallocNone
+	}
 	l := openT(t, o)
 	for i := uint64(1); i <= uint64(n); i++ {
 		if _, err := l.Append(3, cPayloadFor(i)); err != nil {

@@ -67,7 +67,7 @@ func crashSeed(t *testing.T, seed uint64, torn *int) bool {
 		Dir:                "data/log",
 		SegmentBytes:       int64(4096 << rng.IntN(3)),
 		IndexIntervalBytes: 64 << rng.IntN(5),
-		Preallocate:        rng.IntN(2) == 0,
+		Preallocate:        PreallocMode(rng.IntN(3)),
 		BufferBytes:        1024 << rng.IntN(4),
 	}
 	m := &crashModel{attempted: map[uint64]bool{}, acked: map[uint64][]byte{}}
@@ -264,7 +264,7 @@ func verifyAgainstModel(t *testing.T, seed uint64, l *Log, m *crashModel) bool {
 func TestCrashDuringRollKeepsSegmentsContiguous(t *testing.T) {
 	for k := range 12 {
 		fs := vfs.NewMem()
-		o := Options{FS: fs, Dir: "log", SegmentBytes: 4096, Preallocate: k%2 == 0}
+		o := Options{FS: fs, Dir: "log", SegmentBytes: 4096, Preallocate: PreallocMode(k % 3)}
 		l := openT(t, o)
 		var last uint64
 		for i := range 40 + k*7 {

@@ -63,6 +63,11 @@ func (l *Log) recover() error {
 		if b, ok := parseSegmentName(n); ok {
 			bases = append(bases, b)
 		}
+		if n == preparedName { // an unfinished preparation; redone later
+			if err := l.fs.Remove(filepath.Join(l.dir, n)); err != nil {
+				return fmt.Errorf("seglog: remove %s: %w", n, err)
+			}
+		}
 	}
 	rep := &l.report
 	if len(bases) == 0 {
@@ -191,7 +196,14 @@ func (l *Log) finishRecovery() error {
 		return fmt.Errorf("seglog: stat %s: %w", s.name, err)
 	}
 	l.activeFile = fi.Size()
-	if l.opts.Preallocate && l.activeFile < l.opts.SegmentBytes {
+	switch {
+	case l.opts.Preallocate == PreallocZero && s.size < l.opts.SegmentBytes:
+		// Write the zeros now; the preparer covers the following segments.
+		if err := zeroFill(s.f, s.size, l.opts.SegmentBytes); err != nil {
+			return fmt.Errorf("seglog: zero-fill %s: %w", s.name, err)
+		}
+		l.activeFile = max(l.activeFile, l.opts.SegmentBytes)
+	case l.opts.Preallocate != PreallocNone && l.activeFile < l.opts.SegmentBytes:
 		if err := vfsAllocate(s, l.opts.SegmentBytes); err != nil {
 			return err
 		}
@@ -203,6 +215,7 @@ func (l *Log) finishRecovery() error {
 	if n := len(s.index); n > 0 {
 		l.lastIdxOff = s.index[n-1].off
 	}
+	l.startPreparing()
 	rep := &l.report
 	rep.Segments = len(l.segs)
 	rep.FirstLSN = l.segs[0].base
