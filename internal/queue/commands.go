@@ -54,15 +54,16 @@ func (s *State) Lease(dst []Event, owner string, max int, nowMs int64) []Event {
 		}
 		// Take the item out so the next one surfaces; it goes back below.
 		popped = append(popped, s.ready.pop())
+		off := s.offs[it.pos]
 		if e.expiresAtMs > 0 && e.expiresAtMs <= nowMs {
 			expired++
-			dst = append(dst, s.deadLetter(it.off, 0, ReasonExpired, nowMs))
+			dst = append(dst, s.deadLetter(off, 0, ReasonExpired, nowMs))
 			continue
 		}
 		leased++
 		dst = append(dst, Event{
 			Kind:       KindLease,
-			Offset:     it.off,
+			Offset:     off,
 			LeaseID:    s.leaseSeq + uint64(leased),
 			Owner:      owner,
 			DeadlineMs: nowMs + s.cfg.LeaseMs,
@@ -87,7 +88,7 @@ func (s *State) leased(op string, offset, leaseID uint64) (*entry, error) {
 	if offset >= s.nextLSN {
 		return nil, fmt.Errorf("%s offset %d (next lsn %d): %w", op, offset, s.nextLSN, ErrUnknownOffset)
 	}
-	e, ok := s.get(offset)
+	_, e, ok := s.get(offset)
 	if !ok {
 		return nil, fmt.Errorf("%s offset %d: %w", op, offset, ErrAlreadySettled)
 	}
@@ -167,7 +168,7 @@ func (s *State) Tick(dst []Event, nowMs int64) []Event {
 			break
 		}
 		popped = append(popped, s.leases.pop())
-		dst = s.requeue(dst, it.off, e, ReasonLeaseExpired, 0, nowMs)
+		dst = s.requeue(dst, s.offs[it.pos], e, ReasonLeaseExpired, 0, nowMs)
 		n++
 	}
 	for _, it := range popped {
@@ -180,7 +181,7 @@ func (s *State) Tick(dst []Event, nowMs int64) []Event {
 			break
 		}
 		popped = append(popped, s.ttl.pop())
-		dst = append(dst, s.deadLetter(it.off, 0, ReasonExpired, nowMs))
+		dst = append(dst, s.deadLetter(s.offs[it.pos], 0, ReasonExpired, nowMs))
 		n++
 	}
 	for _, it := range popped {
@@ -196,7 +197,7 @@ func (s *State) DeadLettered(dst []Event, offset uint64, nowMs int64) ([]Event, 
 	if offset >= s.nextLSN {
 		return dst, fmt.Errorf("dead-lettered offset %d (next lsn %d): %w", offset, s.nextLSN, ErrUnknownOffset)
 	}
-	e, ok := s.get(offset)
+	_, e, ok := s.get(offset)
 	if !ok {
 		return dst, fmt.Errorf("dead-lettered offset %d: %w", offset, ErrAlreadySettled)
 	}

@@ -24,12 +24,18 @@
 // settled set is the complement of the unsettled messages below NextLSN, so
 // its coalesced ranges are simply the gaps between unsettled offsets: the
 // queue keeps no separate interval list that could drift from the message
-// index, and settling any offset, however old, is O(1). Frontier, the lowest
-// unsettled LSN, only moves forward; the log below it is history.
+// index or cost O(ranges) to split and join, and Stats reports the number of
+// ranges, maintained in O(1) per settle. Frontier, the lowest unsettled LSN,
+// only moves forward; the log below it is only history.
 //
-// Only unsettled messages are held in memory, as 64 bytes of scheduling
-// metadata each. Keys, headers and bodies are never retained: delivery reads
-// them back from the log by offset.
+// Only unsettled messages are held in memory: 72 bytes of scheduling
+// metadata each, in arrays sorted by offset (enqueues append, since offsets
+// are LSNs) plus four heaps that order them by offset, not-before, lease
+// deadline and TTL. Heap entries are deleted lazily and everything is
+// compacted once garbage outweighs live data, so each command costs
+// O(log n) amortized and memory follows the unsettled count. Keys, headers
+// and bodies are never retained: delivery reads them back from the log by
+// offset.
 //
 // # Ownership and durability
 //

@@ -228,7 +228,10 @@ func TestModel(t *testing.T) {
 			LeaseMs:      1000,
 			DefaultTTLMs: rapid.SampledFrom([]int64{0, 0, 4000}).Draw(t, "defaultTTL"),
 		}
+		// A small slack makes index compaction happen within a run.
+		slack := rapid.SampledFrom([]int{0, 1, 3, garbageSlack}).Draw(t, "slack")
 		s := New(cfg)
+		s.slack = slack
 		h := &harness{s: s, nextLSN: rapid.Uint64Range(0, 3).Draw(t, "firstLSN")}
 		m := &model{cfg: s.Config(), msgs: map[uint64]*mmsg{}}
 		now := int64(1_000_000)
@@ -414,6 +417,7 @@ func TestModel(t *testing.T) {
 					t.Fatal(err)
 				}
 				r.SetConfig(s.Config())
+				r.slack = slack
 				if err := replay(r, h.log); err != nil {
 					t.Fatal(err)
 				}

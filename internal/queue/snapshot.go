@@ -63,8 +63,8 @@ func (s *State) Snapshot(dst []byte) []byte {
 		}
 		return i
 	}
-	for _, off := range s.order[s.head:] {
-		if e, ok := s.get(off); ok && (e.phase == phaseInflight || e.phase == phaseDeadLettering) {
+	for i := s.head; i < len(s.slab); i++ {
+		if e := &s.slab[i]; e.phase == phaseInflight || e.phase == phaseDeadLettering {
 			intern(e.owner)
 		}
 	}
@@ -73,11 +73,11 @@ func (s *State) Snapshot(dst []byte) []byte {
 		dst = appendStr(dst, v)
 	}
 
-	dst = binary.AppendUvarint(dst, uint64(len(s.index)))
+	dst = binary.AppendUvarint(dst, uint64(s.nLive))
 	var prev uint64
-	for _, off := range s.order[s.head:] {
-		e, ok := s.get(off)
-		if !ok {
+	for i := s.head; i < len(s.slab); i++ {
+		e, off := &s.slab[i], s.offs[i]
+		if e.phase == 0 {
 			continue
 		}
 		dst = binary.AppendUvarint(dst, off-prev)
@@ -155,16 +155,15 @@ func Restore(cfg Config, b []byte) (*State, error) {
 	}
 
 	n := d.uvarint()
-	if n > uint64(d.remaining()/snapEntryBytesMin) {
+	if n > uint64(d.remaining()/snapEntryBytesMin) || n > math.MaxUint32 {
 		d.fail("entry count %d exceeds snapshot", n)
 	}
 	if d.err != nil {
 		return nil, fmt.Errorf("restore: %w", d.err)
 	}
-	s.index = make(map[uint64]uint32, n)
 	s.slab = make([]entry, n)
-	s.order = make([]uint64, 0, n)
-	s.ready.a = make([]item, 0, n)
+	s.offs = make([]uint64, n)
+	s.nLive = int(n)
 
 	var off uint64
 	for i := range s.slab {
@@ -179,7 +178,7 @@ func Restore(cfg Config, b []byte) (*State, error) {
 		e := &s.slab[i]
 		ph := d.byte()
 		a := d.uvarint()
-		if a > math.MaxUint32 {
+		if a > attemptMax {
 			d.fail("attempt %d out of range", a)
 		}
 		e.attempt = uint32(a)
@@ -187,7 +186,13 @@ func Restore(cfg Config, b []byte) (*State, error) {
 		e.expiresAtMs = d.varint()
 		switch ph {
 		case snapQueued:
+			// Everything with a not-before waits in the delayed index until
+			// the first clock reading promotes it.
 			e.notBeforeMs = max(e.notBeforeMs, 0)
+			e.phase = phaseReady
+			if e.notBeforeMs > 0 {
+				e.phase = phaseDelayed
+			}
 		case snapInflight:
 			e.phase = phaseInflight
 			e.leaseID = d.uvarint()
@@ -210,29 +215,14 @@ func Restore(cfg Config, b []byte) (*State, error) {
 		if d.err != nil {
 			return nil, fmt.Errorf("restore: %w", d.err)
 		}
-		s.index[off] = uint32(i)
-		s.order = append(s.order, off)
+		s.offs[i] = off
+		s.counts[e.phase]++
 		switch e.phase {
-		case phaseInflight:
-			s.counts[phaseInflight]++
-			s.leases.a = append(s.leases.a, item{key: e.deadlineMs, off: off})
 		case phaseDeadLettering:
-			s.counts[phaseDeadLettering]++
 			s.deadLetters[off] = struct{}{}
-		default:
-			// Queued. Offsets arrive ascending, so appending keeps the ready
-			// index a valid heap without sifting.
-			if e.notBeforeMs > 0 {
-				e.phase = phaseDelayed
-				s.delayed.a = append(s.delayed.a, item{key: e.notBeforeMs, off: off})
-			} else {
-				e.phase = phaseReady
-				s.ready.a = append(s.ready.a, item{off: off})
-			}
-			s.counts[e.phase]++
+		case phaseReady, phaseDelayed:
 			if e.expiresAtMs > 0 {
 				s.ttlLive++
-				s.ttl.a = append(s.ttl.a, item{key: e.expiresAtMs, off: off})
 			}
 		}
 	}
@@ -242,17 +232,12 @@ func Restore(cfg Config, b []byte) (*State, error) {
 	if d.err != nil {
 		return nil, fmt.Errorf("restore: %w", d.err)
 	}
-	if len(s.index) != len(s.slab) {
-		return nil, fmt.Errorf("%w: restore: duplicate offsets", ErrCorrupt)
-	}
-	s.delayed.init()
-	s.leases.init()
-	s.ttl.init()
+	s.reindex()
 
 	// Count the settled runs: the gaps between unsettled offsets, and the
 	// tail between the last one and nextLSN.
 	var next uint64 // lowest LSN not yet accounted for
-	for _, o := range s.order {
+	for _, o := range s.offs {
 		if o > next {
 			s.settledRanges++
 		}

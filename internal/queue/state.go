@@ -28,6 +28,9 @@ const (
 	// leaseExpiredScanMax caps how many expired messages one Lease call
 	// dead-letters on its way to live ones.
 	leaseExpiredScanMax = 256
+	// attemptMax is the highest Attempt a message can reach: a requeue at
+	// MaxRetries+1 dead-letters, and MaxRetries is capped.
+	attemptMax = MaxRetriesMax + 1
 	// garbageSlack is how much lazy-deletion garbage an index may carry
 	// beyond its live size before it is compacted.
 	garbageSlack = 1024
@@ -89,7 +92,8 @@ const (
 	phaseCount
 )
 
-// entry is the metadata of one unsettled message; 64 bytes, no payload.
+// entry is the metadata of one unsettled message; 64 bytes, no payload (its
+// offset lives in the parallel offs array).
 type entry struct {
 	notBeforeMs int64
 	expiresAtMs int64
@@ -114,19 +118,21 @@ type State struct {
 	nextLSN  uint64
 	leaseSeq uint64 // highest lease id applied
 
-	// Unsettled messages: offset -> slot in slab. The slab keeps entries in
-	// one allocation (cheap restore, little GC work); freed slots are reused.
-	index map[uint64]uint32
+	// Unsettled messages, in ascending offset order: offs[i] is the offset
+	// of slab[i]. Offsets are LSNs, so enqueues only ever append. Settling
+	// marks an entry dead (phase 0) in place; head is the first live one,
+	// the frontier. Once dead entries outnumber live ones, compact drops them
+	// and rebuilds the indexes, so memory follows the unsettled count.
+	// Sorted arrays rather than a hash map: restore fills them sequentially,
+	// the hot path touches their tail, and nothing is hashed. Settled history
+	// needs no record: every LSN below nextLSN without a live entry is
+	// settled.
+	offs  []uint64
 	slab  []entry
-	free  []uint32
-
-	// Unsettled offsets in ascending order (offsets are LSNs, so enqueues
-	// arrive sorted), with settled ones removed lazily. order[head] is the
-	// frontier. Settled history needs no other record: every LSN below
-	// nextLSN that is not in index is settled.
-	order []uint64
 	head  int
+	nLive int // live entries
 
+	// Time- and offset-ordered indexes over slab positions.
 	ready   minHeap // phaseReady by offset (key 0)
 	delayed minHeap // phaseDelayed by not-before
 	leases  minHeap // phaseInflight by lease deadline
@@ -143,15 +149,18 @@ type State struct {
 	promotedMs int64
 
 	scratch []item
+
+	// slack is garbageSlack; tests lower it to make compaction frequent.
+	slack int
 }
 
 // New returns an empty queue whose first event may have any LSN.
 func New(cfg Config) *State {
 	return &State{
 		cfg:         cfg.normalized(),
-		index:       make(map[uint64]uint32),
 		deadLetters: make(map[uint64]struct{}),
 		promotedMs:  math.MinInt64,
+		slack:       garbageSlack,
 	}
 }
 
@@ -170,27 +179,33 @@ func (s *State) NextLSN() uint64 { return s.nextLSN }
 // Everything below it is settled, so the log below it is only history. It
 // never decreases.
 func (s *State) Frontier() uint64 {
-	if s.head < len(s.order) {
-		return s.order[s.head]
+	if s.head < len(s.offs) {
+		return s.offs[s.head]
 	}
 	return s.nextLSN
 }
 
-func (s *State) get(off uint64) (*entry, bool) {
-	i, ok := s.index[off]
-	if !ok {
-		return nil, false
+// get finds the live entry for off by binary search.
+func (s *State) get(off uint64) (int, *entry, bool) {
+	i, found := slices.BinarySearch(s.offs[s.head:], off)
+	if !found {
+		return 0, nil, false
 	}
-	return &s.slab[i], true
+	pos := s.head + i
+	e := &s.slab[pos]
+	return pos, e, e.phase != 0
 }
 
-// isSettled reports whether x is a settled LSN.
-func (s *State) isSettled(x uint64) bool {
+// isSettledAt reports whether x is a settled LSN; pos is where an entry for
+// x would be if it had one (offsets are unique and sorted).
+func (s *State) isSettledAt(x uint64, pos int) bool {
 	if x >= s.nextLSN {
 		return false
 	}
-	_, ok := s.index[x]
-	return !ok
+	if pos < 0 || pos >= len(s.offs) || s.offs[pos] != x {
+		return true
+	}
+	return s.slab[pos].phase == 0
 }
 
 // Apply folds the event ev, appended to the log at lsn, into the state. LSNs
@@ -215,7 +230,7 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		s.insert(lsn, ev.Msg.NotBeforeMs, ev.Msg.ExpiresAtMs)
 		return nil
 	}
-	e, ok := s.get(ev.Offset)
+	pos, e, ok := s.get(ev.Offset)
 	if !ok {
 		return fmt.Errorf("%w: lsn %d: %v of offset %d, which is not an unsettled message",
 			ErrCorrupt, lsn, ev.Kind, ev.Offset)
@@ -224,10 +239,9 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		return fmt.Errorf("%w: lsn %d: %v of offset %d: %s", ErrCorrupt, lsn, ev.Kind, ev.Offset, why)
 	}
 	s.advance(lsn, true)
-	off := ev.Offset
 	switch ev.Kind {
 	case KindLease:
-		s.leaveQueued(off, e)
+		s.leaveQueued(pos, e)
 		e.phase = phaseInflight
 		e.attempt = ev.Attempt
 		e.leaseID = ev.LeaseID
@@ -236,21 +250,21 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		e.notBeforeMs = 0
 		s.counts[phaseInflight]++
 		s.leaseSeq = ev.LeaseID
-		s.pushIndex(&s.leases, item{key: e.deadlineMs, off: off, gen: e.gen}, phaseInflight)
+		s.pushIndex(&s.leases, item{key: e.deadlineMs, pos: uint32(pos), gen: e.gen}, phaseInflight)
 	case KindAck:
 		s.leaveInflight(e)
-		s.settle(off)
+		s.settle(pos)
 	case KindRequeue:
 		s.leaveInflight(e)
-		s.enterQueued(off, e, ev.NotBeforeMs)
+		s.enterQueued(pos, e, ev.NotBeforeMs)
 	case KindDeadLetter:
 		if e.phase == phaseInflight {
 			s.leaveInflight(e)
 		} else {
-			s.leaveQueued(off, e)
+			s.leaveQueued(pos, e)
 		}
 		if ev.Target == "" {
-			s.settle(off)
+			s.settle(pos)
 			break
 		}
 		e.phase = phaseDeadLettering
@@ -259,12 +273,11 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		e.deadlineMs = ev.AtMs
 		e.leaseID, e.notBeforeMs = 0, 0
 		s.counts[phaseDeadLettering]++
-		s.deadLetters[off] = struct{}{}
+		s.deadLetters[ev.Offset] = struct{}{}
 	case KindDeadLetterDone:
 		s.counts[phaseDeadLettering]--
-		delete(s.deadLetters, off)
-		e.phase = 0
-		s.settle(off)
+		delete(s.deadLetters, ev.Offset)
+		s.settle(pos)
 	}
 	return nil
 }
@@ -280,7 +293,7 @@ func (s *State) check(e *entry, ev Event) string {
 		if ev.LeaseID <= s.leaseSeq {
 			return fmt.Sprintf("lease id %d not above %d", ev.LeaseID, s.leaseSeq)
 		}
-		if ev.Attempt != e.attempt+1 {
+		if ev.Attempt != e.attempt+1 || ev.Attempt > attemptMax {
 			return fmt.Sprintf("attempt %d, want %d", ev.Attempt, e.attempt+1)
 		}
 	case KindAck, KindRequeue:
@@ -332,49 +345,43 @@ func (s *State) advance(lsn uint64, settled bool) {
 
 // appendSettled marks [nextLSN, end) settled and moves NextLSN to end.
 func (s *State) appendSettled(end uint64) {
-	if s.nextLSN == 0 || !s.isSettled(s.nextLSN-1) {
+	if s.nextLSN == 0 || !s.isSettledAt(s.nextLSN-1, len(s.offs)-1) {
 		s.settledRanges++
 	}
 	s.nextLSN = end
 }
 
 func (s *State) insert(off uint64, notBeforeMs, expiresAtMs int64) {
-	var slot uint32
-	if n := len(s.free); n > 0 {
-		slot = s.free[n-1]
-		s.free = s.free[:n-1]
-	} else {
-		if len(s.slab) >= math.MaxUint32 {
-			panic("queue: more than 2^32 unsettled messages")
-		}
-		slot = uint32(len(s.slab))
-		s.slab = append(s.slab, entry{})
+	if len(s.offs) >= math.MaxUint32 {
+		panic("queue: more than 2^32 indexed messages")
 	}
-	s.slab[slot] = entry{expiresAtMs: expiresAtMs}
-	s.index[off] = slot
-	s.order = append(s.order, off)
-	s.enterQueued(off, &s.slab[slot], notBeforeMs)
+	pos := len(s.offs)
+	s.offs = append(s.offs, off)
+	s.slab = append(s.slab, entry{expiresAtMs: expiresAtMs})
+	s.nLive++
+	s.enterQueued(pos, &s.slab[pos], notBeforeMs)
 }
 
 // enterQueued puts e into the ready or delayed index. Where it goes depends
 // on the last clock reading promote saw; either way promote and the query
 // methods classify it by the clock they are given.
-func (s *State) enterQueued(off uint64, e *entry, notBeforeMs int64) {
+func (s *State) enterQueued(pos int, e *entry, notBeforeMs int64) {
 	e.gen++
 	e.notBeforeMs = max(notBeforeMs, 0)
 	e.leaseID, e.owner, e.deadlineMs = 0, "", 0
+	p := uint32(pos)
 	if e.notBeforeMs > s.promotedMs && e.notBeforeMs > 0 {
 		e.phase = phaseDelayed
 		s.counts[phaseDelayed]++
-		s.pushIndex(&s.delayed, item{key: e.notBeforeMs, off: off, gen: e.gen}, phaseDelayed)
+		s.pushIndex(&s.delayed, item{key: e.notBeforeMs, pos: p, gen: e.gen}, phaseDelayed)
 	} else {
 		e.phase = phaseReady
 		s.counts[phaseReady]++
-		s.pushIndex(&s.ready, item{off: off, gen: e.gen}, phaseReady)
+		s.pushIndex(&s.ready, item{pos: p, gen: e.gen}, phaseReady)
 	}
 	if e.expiresAtMs > 0 {
 		s.ttlLive++
-		s.pushIndex(&s.ttl, item{key: e.expiresAtMs, off: off, gen: e.gen}, 0)
+		s.pushIndex(&s.ttl, item{key: e.expiresAtMs, pos: p, gen: e.gen}, 0)
 	}
 }
 
@@ -382,9 +389,9 @@ func (s *State) enterQueued(off uint64, e *entry, notBeforeMs int64) {
 // generation, which retires its ready/delayed/ttl items. The common case, a
 // lease of the lowest ready offset, finds its item on top and drops it at
 // once instead of leaving garbage.
-func (s *State) leaveQueued(off uint64, e *entry) {
+func (s *State) leaveQueued(pos int, e *entry) {
 	if e.phase == phaseReady && s.ready.len() > 0 {
-		if top := s.ready.peek(); top.off == off && top.gen == e.gen {
+		if top := s.ready.peek(); int(top.pos) == pos && top.gen == e.gen {
 			s.ready.pop()
 		}
 	}
@@ -400,16 +407,16 @@ func (s *State) leaveInflight(e *entry) {
 	e.gen++
 }
 
-// settle forgets a message whose phase counts were already released.
-func (s *State) settle(off uint64) {
-	slot := s.index[off]
-	s.slab[slot] = entry{}
-	delete(s.index, off)
-	s.free = append(s.free, slot)
+// settle forgets the message at pos, whose phase counts were already
+// released.
+func (s *State) settle(pos int) {
+	off := s.offs[pos]
+	s.slab[pos] = entry{}
+	s.nLive--
 
 	// Settling off joins the settled runs on either side of it.
-	left := off > 0 && s.isSettled(off-1)
-	right := s.isSettled(off + 1)
+	left := off > 0 && s.isSettledAt(off-1, pos-1)
+	right := s.isSettledAt(off+1, pos+1)
 	switch {
 	case left && right:
 		s.settledRanges--
@@ -417,37 +424,74 @@ func (s *State) settle(off uint64) {
 		s.settledRanges++
 	}
 
-	for s.head < len(s.order) {
-		if _, ok := s.index[s.order[s.head]]; ok {
-			break
-		}
+	for s.head < len(s.offs) && s.slab[s.head].phase == 0 {
 		s.head++
 	}
-	s.compactOrder()
+	if len(s.offs)-s.nLive > s.nLive+s.slack {
+		s.compact()
+	}
 }
 
-// compactOrder drops settled offsets from order once they outnumber live
-// ones, so its memory follows the unsettled count, not the message count.
-func (s *State) compactOrder() {
-	n := len(s.order) - s.head
-	if n <= 2*len(s.index)+garbageSlack && s.head <= len(s.order)/2 {
-		return
-	}
-	out := s.order[:0]
-	for _, off := range s.order[s.head:] {
-		if _, ok := s.index[off]; ok {
-			out = append(out, off)
+// compact drops dead entries and rebuilds every index over the new
+// positions. It runs once dead entries outnumber live ones (plus slack), so
+// its O(live) cost is paid for by the settles that made them dead.
+func (s *State) compact() {
+	n := 0
+	for i := s.head; i < len(s.offs); i++ {
+		if s.slab[i].phase != 0 {
+			s.offs[n], s.slab[n] = s.offs[i], s.slab[i]
+			n++
 		}
 	}
-	s.order = out
-	s.head = 0
+	clear(s.slab[n:])
+	s.offs, s.slab, s.head = s.offs[:n], s.slab[:n], 0
+	if n*4 < cap(s.offs) && cap(s.offs) > 4*garbageSlack {
+		// Give memory back after a large backlog drained.
+		s.offs = slices.Clone(s.offs)
+		s.slab = slices.Clone(s.slab)
+	}
+	s.reindex()
+}
+
+// reindex rebuilds the four heaps from the entries, dropping all garbage.
+func (s *State) reindex() {
+	reset := func(h *minHeap, n int) {
+		// Exact size for a restore; shrink after a large backlog drained.
+		if cap(h.a) < n || cap(h.a) > 4*n+garbageSlack {
+			h.a = make([]item, 0, n)
+		}
+		h.a = h.a[:0]
+	}
+	reset(&s.ready, s.counts[phaseReady])
+	reset(&s.delayed, s.counts[phaseDelayed])
+	reset(&s.leases, s.counts[phaseInflight])
+	reset(&s.ttl, s.ttlLive)
+	for i := range s.slab {
+		e := &s.slab[i]
+		p := uint32(i)
+		switch e.phase {
+		case phaseReady:
+			// Positions ascend, so appending keeps this heap ordered.
+			s.ready.a = append(s.ready.a, item{pos: p, gen: e.gen})
+		case phaseDelayed:
+			s.delayed.a = append(s.delayed.a, item{key: e.notBeforeMs, pos: p, gen: e.gen})
+		case phaseInflight:
+			s.leases.a = append(s.leases.a, item{key: e.deadlineMs, pos: p, gen: e.gen})
+		}
+		if e.queued() && e.expiresAtMs > 0 {
+			s.ttl.a = append(s.ttl.a, item{key: e.expiresAtMs, pos: p, gen: e.gen})
+		}
+	}
+	s.delayed.init()
+	s.leases.init()
+	s.ttl.init()
 }
 
 // live reports whether it still describes its entry in phase p (0: any
 // queued phase, for the ttl index).
 func (s *State) live(it item, p phase) (*entry, bool) {
-	e, ok := s.get(it.off)
-	if !ok || e.gen != it.gen {
+	e := &s.slab[it.pos]
+	if e.gen != it.gen || e.phase == 0 {
 		return nil, false
 	}
 	if p == 0 {
@@ -463,7 +507,7 @@ func (s *State) pushIndex(h *minHeap, it item, p phase) {
 	if p != 0 {
 		liveN = s.counts[p]
 	}
-	if h.len() > 2*liveN+garbageSlack {
+	if h.len() > 2*liveN+s.slack {
 		h.filter(func(it item) bool { _, ok := s.live(it, p); return ok })
 	}
 }
@@ -493,7 +537,7 @@ func (s *State) promote(nowMs int64) {
 		s.counts[phaseDelayed]--
 		e.phase = phaseReady
 		s.counts[phaseReady]++
-		s.pushIndex(&s.ready, item{off: it.off, gen: e.gen}, phaseReady)
+		s.pushIndex(&s.ready, item{pos: it.pos, gen: e.gen}, phaseReady)
 	}
 }
 
@@ -504,7 +548,7 @@ func (s *State) Lookup(offset uint64, nowMs int64) (Info, bool) {
 	if offset >= s.nextLSN {
 		return Info{}, false
 	}
-	e, ok := s.get(offset)
+	_, e, ok := s.get(offset)
 	if !ok {
 		return Info{Offset: offset, State: StateSettled}, true
 	}
@@ -552,7 +596,7 @@ func (s *State) Inflight(owner string) []Info {
 	var out []Info
 	for _, it := range s.leases.a {
 		if e, ok := s.live(it, phaseInflight); ok && e.owner == owner {
-			out = append(out, s.info(it.off, e))
+			out = append(out, s.info(s.offs[it.pos], e))
 		}
 	}
 	slices.SortFunc(out, func(a, b Info) int { return cmpU64(a.Offset, b.Offset) })
@@ -565,7 +609,7 @@ func (s *State) Inflight(owner string) []Info {
 func (s *State) PendingDeadLetters() []Info {
 	out := make([]Info, 0, len(s.deadLetters))
 	for off := range s.deadLetters {
-		e, _ := s.get(off)
+		_, e, _ := s.get(off)
 		out = append(out, s.info(off, e))
 	}
 	slices.SortFunc(out, func(a, b Info) int { return cmpU64(a.Offset, b.Offset) })
