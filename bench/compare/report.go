@@ -88,12 +88,12 @@ var metrics = []metric{
 		goalMet: func(s float64, _ map[string]float64) bool { return s >= 150000 },
 	},
 	{
-		title: "Mixed 20k msg/s: p99 due→delivery", unit: "ms", cell: "mixed",
+		title: "Mixed {rate} msg/s: p99 due→delivery", unit: "ms", cell: "mixed",
 		value: resultValue(p99), goal: "≤ 5 ms",
 		goalMet: func(s float64, _ map[string]float64) bool { return s <= 5 },
 	},
 	{
-		title: "Mixed 20k msg/s: delivered", unit: "msg/s", higherBetter: true, cell: "mixed",
+		title: "Mixed {rate} msg/s: delivered", unit: "msg/s", higherBetter: true, cell: "mixed",
 		value: resultValue(rate),
 	},
 	{
@@ -102,7 +102,7 @@ var metrics = []metric{
 		goalMet: func(s float64, _ map[string]float64) bool { return s <= 15 },
 	},
 	{
-		title: "RSS with 300k × 1 KiB backlog", unit: "MiB", cell: "drain",
+		title: "RSS with {backlog} × 1 KiB backlog", unit: "MiB", cell: "drain",
 		value: resultValue(func(r *benchkit.Result) (float64, bool) {
 			if r.Proc == nil {
 				return 0, false
@@ -112,6 +112,21 @@ var metrics = []metric{
 		goal:    "≤ 100 MiB",
 		goalMet: func(s float64, _ map[string]float64) bool { return s <= 100 },
 	},
+}
+
+// titleOf fills the run's settings into a metric's title.
+func titleOf(m metric, f *resultsFile) string {
+	short := func(key string) string {
+		var n int
+		if _, err := fmt.Sscan(f.Settings[key], &n); err != nil || n <= 0 {
+			return "?"
+		}
+		if n%1000 == 0 {
+			return fmt.Sprintf("%dk", n/1000)
+		}
+		return fmt.Sprint(n)
+	}
+	return strings.NewReplacer("{rate}", short("rate"), "{backlog}", short("backlog")).Replace(m.title)
 }
 
 // stat is the median of a metric's runs for one broker, with the range and the
@@ -151,11 +166,11 @@ func summarize(f *resultsFile, m metric, broker string) stat {
 // fmtNum prints v with a precision that suits its size.
 func fmtNum(v float64) string {
 	switch {
-	case v >= 1000:
+	case v >= 999.5:
 		return groupThousands(int64(math.Round(v)))
-	case v >= 100:
+	case v >= 99.95:
 		return fmt.Sprintf("%.0f", v)
-	case v >= 10:
+	case v >= 9.995:
 		return fmt.Sprintf("%.1f", v)
 	default:
 		return fmt.Sprintf("%.2f", v)
@@ -216,7 +231,7 @@ func writeMarkdown(w io.Writer, f *resultsFile) error {
 		if !m.higherBetter {
 			dir = "lower is better"
 		}
-		fmt.Fprintf(&b, "| %s | %s, %s |", m.title, m.unit, dir)
+		fmt.Fprintf(&b, "| %s | %s, %s |", titleOf(m, f), m.unit, dir)
 		for _, br := range f.Brokers {
 			s := stats[br]
 			var v string
@@ -330,7 +345,7 @@ func writeSVG(w io.Writer, f *resultsFile) error {
 		if !m.higherBetter {
 			arrow = "↓"
 		}
-		fmt.Fprintf(&b, `<text x="%d" y="%d" font-weight="bold">%s (%s %s)</text>`+"\n", x0, y0+20, html.EscapeString(m.title), html.EscapeString(m.unit), arrow)
+		fmt.Fprintf(&b, `<text x="%d" y="%d" font-weight="bold">%s (%s %s)</text>`+"\n", x0, y0+20, html.EscapeString(titleOf(m, f)), html.EscapeString(m.unit), arrow)
 		maxV := 0.0
 		meds := make([]stat, len(f.Brokers))
 		for j, br := range f.Brokers {
