@@ -30,6 +30,7 @@ type CorruptionError struct {
 	Reason     string
 }
 
+// Error describes where the damage is and why it was judged damage.
 func (e *CorruptionError) Error() string {
 	return fmt.Sprintf("seglog: corruption in segment %s at offset %d (lsn %d): %s",
 		e.Segment, e.FileOffset, e.LSN, e.Reason)

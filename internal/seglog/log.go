@@ -68,17 +68,22 @@ const preparedName = "next.seg.tmp"
 
 // Defaults and bounds for Options.
 const (
-	SegmentBytesDefault       = 64 << 20
-	segmentBytesMin           = 4 << 10
+	// SegmentBytesDefault is the default Options.SegmentBytes.
+	SegmentBytesDefault = 64 << 20
+	segmentBytesMin     = 4 << 10
+	// IndexIntervalBytesDefault is the default Options.IndexIntervalBytes.
 	IndexIntervalBytesDefault = 4 << 10
-	SyncIntervalMsDefault     = 100
-	BufferBytesDefault        = 4 << 20
+	// SyncIntervalMsDefault is the default Options.SyncIntervalMs.
+	SyncIntervalMsDefault = 100
+	// BufferBytesDefault is the default Options.BufferBytes.
+	BufferBytesDefault = 4 << 20
 	// readChunkBytes is the unit of sequential reads in recovery and Scan.
 	readChunkBytes = 1 << 20
 )
 
 // Options configure Open. FS and Dir are required.
 type Options struct {
+	// FS is the file system; Dir the log's directory, created if missing.
 	FS  vfs.FS
 	Dir string
 	// SegmentBytes is the size at which the active segment rolls. A record
@@ -89,7 +94,8 @@ type Options struct {
 	IndexIntervalBytes int
 	// Sync picks the durability policy; SyncIntervalMs applies to
 	// SyncInterval (default 100).
-	Sync           SyncPolicy
+	Sync SyncPolicy
+	// SyncIntervalMs is the fsync period under SyncInterval.
 	SyncIntervalMs int
 	// Preallocate picks how segment files get their space; see
 	// PreallocMode. Default PreallocReserve.
@@ -103,7 +109,8 @@ type Options struct {
 	// order, for every record with LSN >= ReplayFrom. The payload is valid
 	// only during the call. An error aborts Open.
 	ReplayFrom uint64
-	Replay     func(Record) error
+	// Replay is the callback described with ReplayFrom; nil skips replay.
+	Replay func(Record) error
 	// Logger receives recovery warnings; default discards.
 	Logger *slog.Logger
 	// NewTicker drives SyncInterval; default time.NewTicker. Tests inject
@@ -435,7 +442,7 @@ func (l *Log) run() {
 		for l.commitOnce(force) {
 			force = false
 			// Let the committers just woken by the fsync append their next
-			// records before the next batch is taken: measured to double
+			// records before the next batch is taken: measured 1.3-2x more
 			// throughput with 8-64 concurrent committers on 2 cores.
 			runtime.Gosched()
 		}

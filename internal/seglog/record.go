@@ -48,9 +48,9 @@ var (
 // Read returns an owned copy; Scan and Replay lend a slice valid only during
 // the callback.
 type Record struct {
-	LSN     uint64
-	Type    uint8
-	Payload []byte
+	LSN     uint64 // position in the log, dense from 1
+	Type    uint8  // caller-defined record kind; the log does not interpret it
+	Payload []byte // caller bytes, at most PayloadBytesMax
 }
 
 // payloadCRC is the first half of a record's checksum; see recordCRC.
