@@ -105,9 +105,10 @@ type Options struct {
 	BufferBytes int
 	// Corruption picks what Open does on damage; see CorruptionPolicy.
 	Corruption CorruptionPolicy
-	// Replay, if set, is called during Open's verification scan, in LSN
-	// order, for every record with LSN >= ReplayFrom. The payload is valid
-	// only during the call. An error aborts Open.
+	// ReplayFrom: during Open's verification scan every record with
+	// LSN >= ReplayFrom is passed to Replay, in LSN order. The payload is
+	// valid only during the call; an error aborts Open. A checkpointed
+	// caller sets it just past its checkpoint to skip replay cost.
 	ReplayFrom uint64
 	// Replay is the callback described with ReplayFrom; nil skips replay.
 	Replay func(Record) error
