@@ -6,6 +6,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -32,6 +34,8 @@ type options struct {
 	duration, warmup                         time.Duration
 	backlog, rate                            int
 	versions                                 string
+	profileCell                              string
+	profileFor                               time.Duration
 }
 
 func main() {
@@ -51,6 +55,8 @@ func main() {
 	flag.IntVar(&o.backlog, "backlog", 300000, "messages prefilled by the drain cell (its RSS-with-backlog sample too)")
 	flag.IntVar(&o.rate, "rate", 20000, "publish rate of the mixed cell, msg/s")
 	flag.StringVar(&o.versions, "versions", "", "broker versions to record, as name=version;name=version")
+	flag.StringVar(&o.profileCell, "sinew-profile", "", "cells (comma-separated) during whose first run to take a CPU profile of sinew serve from its admin listener's /debug/pprof")
+	flag.DurationVar(&o.profileFor, "profile-seconds", 4*time.Second, "length of that CPU profile")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "compare:", err)
@@ -114,7 +120,12 @@ func run(o options) error {
 				if ctx.Err() != nil {
 					break
 				}
-				rec := runCell(ctx, s, c, runNo, work)
+				var prof *profileReq
+				if ss, ok := s.(*sinewServer); ok && runNo == 1 && slices.Contains(strings.Split(o.profileCell, ","), c.id) {
+					prof = &profileReq{srv: ss, after: c.cfg.Warmup, length: o.profileFor,
+						path: filepath.Join(o.out, "sinew-"+c.id+".cpu.pprof")}
+				}
+				rec := runCell(ctx, s, c, runNo, work, prof)
 				f.Records = append(f.Records, rec)
 				logRecord(rec)
 				// Keep what is measured so far, so an interrupted comparison
@@ -186,7 +197,7 @@ func pickServers(o options) ([]server, error) {
 
 // runCell starts a fresh broker, samples its idle RSS, runs the workload and
 // stops the broker again, removing its data.
-func runCell(ctx context.Context, s server, c cell, runNo int, work string) (rec record) {
+func runCell(ctx context.Context, s server, c cell, runNo int, work string, prof *profileReq) (rec record) {
 	rec = record{Broker: s.name(), Cell: c.id, Run: runNo}
 	dir := filepath.Join(work, fmt.Sprintf("%s-%s-%d", s.name(), c.id, runNo))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -222,7 +233,21 @@ func runCell(ctx context.Context, s server, c cell, runNo int, work string) (rec
 	cfg.PID = s.pid()
 	cfg.ProcFS = procFS
 	cfg.Progress = os.Stderr
+	profDone := make(chan struct{})
+	if prof != nil {
+		go func() {
+			defer close(profDone)
+			if err := prof.take(ctx); err != nil {
+				fmt.Fprintf(os.Stderr, "  CPU profile: %v\n", err)
+			} else {
+				fmt.Fprintf(os.Stderr, "  CPU profile written to %s (go tool pprof -top %s %s)\n", prof.path, prof.srv.bin, prof.path)
+			}
+		}()
+	} else {
+		close(profDone)
+	}
 	res, err := benchkit.Run(ctx, s.broker(), cfg)
+	<-profDone
 	if res.Broker != "" {
 		rec.Result = &res
 	}
@@ -230,6 +255,48 @@ func runCell(ctx context.Context, s server, c cell, runNo int, work string) (rec
 		rec.Error = err.Error()
 	}
 	return rec
+}
+
+// profileReq asks for a CPU profile of sinew serve while a cell runs.
+type profileReq struct {
+	srv    *sinewServer
+	after  time.Duration // skip the warmup
+	length time.Duration
+	path   string
+}
+
+// take fetches /debug/pprof/profile from the broker's admin listener.
+func (p *profileReq) take(ctx context.Context) error {
+	select {
+	case <-time.After(p.after):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	secs := max(1, int(p.length/time.Second))
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.srv.admin, secs)
+	rctx, cancel := context.WithTimeout(ctx, p.length+30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s (does sinew serve expose pprof on its admin listener?)", url, resp.Status)
+	}
+	f, err := os.Create(p.path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, io.LimitReader(resp.Body, 64<<20)); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // tailLog returns the last lines of the broker's log files, for a failed start.

@@ -42,6 +42,7 @@ type metric struct {
 	value        func(r record) (float64, bool)
 	goal         string
 	goalMet      func(sinew float64, med map[string]float64) bool // nil = no goal
+	goalLine     float64                                          // drawn on the chart when > 0
 }
 
 func resultValue(f func(*benchkit.Result) (float64, bool)) func(record) (float64, bool) {
@@ -67,12 +68,12 @@ func mibOf(b uint64) (float64, bool) { return float64(b) / (1 << 20), b > 0 }
 var metrics = []metric{
 	{
 		title: "Confirmed publish, 1 in flight", unit: "msg/s", higherBetter: true, cell: "publish-w1",
-		value: resultValue(rate), goal: "≥ 6,000",
+		value: resultValue(rate), goal: "≥ 6,000", goalLine: 6000,
 		goalMet: func(s float64, _ map[string]float64) bool { return s >= 6000 },
 	},
 	{
 		title: "Confirmed publish, 64 in flight", unit: "msg/s", higherBetter: true, cell: "publish-w64",
-		value: resultValue(rate), goal: "≥ 100,000 and ≥ 1.5× nats-js",
+		value: resultValue(rate), goal: "≥ 100,000 and ≥ 1.5× nats-js", goalLine: 100000,
 		goalMet: func(s float64, m map[string]float64) bool {
 			n, ok := m["nats-js"]
 			return s >= 100000 && (!ok || s >= 1.5*n)
@@ -84,12 +85,12 @@ var metrics = []metric{
 	},
 	{
 		title: "Drain, prefetch 256", unit: "msg/s", higherBetter: true, cell: "drain",
-		value: resultValue(rate), goal: "≥ 150,000",
+		value: resultValue(rate), goal: "≥ 150,000", goalLine: 150000,
 		goalMet: func(s float64, _ map[string]float64) bool { return s >= 150000 },
 	},
 	{
 		title: "Mixed {rate} msg/s: p99 due→delivery", unit: "ms", cell: "mixed",
-		value: resultValue(p99), goal: "≤ 5 ms",
+		value: resultValue(p99), goal: "≤ 5 ms", goalLine: 5,
 		goalMet: func(s float64, _ map[string]float64) bool { return s <= 5 },
 	},
 	{
@@ -98,7 +99,7 @@ var metrics = []metric{
 	},
 	{
 		title: "RSS idle", unit: "MiB", cell: "*",
-		value: func(r record) (float64, bool) { return mibOf(r.IdleRSSBytes) }, goal: "≤ 15 MiB",
+		value: func(r record) (float64, bool) { return mibOf(r.IdleRSSBytes) }, goal: "≤ 15 MiB", goalLine: 15,
 		goalMet: func(s float64, _ map[string]float64) bool { return s <= 15 },
 	},
 	{
@@ -109,8 +110,9 @@ var metrics = []metric{
 			}
 			return mibOf(r.Proc.RSSBacklogBytes)
 		}),
-		goal:    "≤ 100 MiB",
-		goalMet: func(s float64, _ map[string]float64) bool { return s <= 100 },
+		goal:     "≤ 100 MiB",
+		goalMet:  func(s float64, _ map[string]float64) bool { return s <= 100 },
+		goalLine: 100,
 	},
 }
 
@@ -331,7 +333,7 @@ func colorOf(broker string, i int) string {
 func writeSVG(w io.Writer, f *resultsFile) error {
 	rows := (len(metrics) + svgCols - 1) / svgCols
 	barsH := len(f.Brokers) * (svgBarH + svgBarGap)
-	panelH := 40 + barsH + 8
+	panelH := 40 + barsH + 20
 	width := svgCols*svgPanelW + 2*svgMarginPx
 	height := rows*panelH + 2*svgMarginPx + 24
 	var b strings.Builder
@@ -354,6 +356,9 @@ func writeSVG(w io.Writer, f *resultsFile) error {
 				maxV = math.Max(maxV, meds[j].med)
 			}
 		}
+		if maxV > 0 && m.goalLine > 0 {
+			maxV = math.Max(maxV, m.goalLine)
+		}
 		barMaxW := float64(svgPanelW - svgLabelW - 90)
 		for j, br := range f.Brokers {
 			y := y0 + 32 + j*(svgBarH+svgBarGap)
@@ -369,6 +374,13 @@ func writeSVG(w io.Writer, f *resultsFile) error {
 			}
 			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"/>`+"\n", x0+svgLabelW, y, bw, svgBarH, colorOf(br, j))
 			fmt.Fprintf(&b, `<text x="%.1f" y="%d">%s</text>`+"\n", float64(x0+svgLabelW)+bw+6, y+13, fmtNum(s.med))
+		}
+		if maxV > 0 && m.goalLine > 0 {
+			// Sinew's goal as a dashed line across the bars.
+			gx := float64(x0+svgLabelW) + barMaxW*m.goalLine/maxV
+			top, bottom := y0+28, y0+32+len(f.Brokers)*(svgBarH+svgBarGap)-svgBarGap+4
+			fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#000" stroke-dasharray="4 3"/>`+"\n", gx, top, gx, bottom)
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-size="10" text-anchor="middle">Sinew goal</text>`+"\n", gx, bottom+11)
 		}
 	}
 	b.WriteString("</svg>\n")

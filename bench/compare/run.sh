@@ -8,6 +8,7 @@
 #   bench/compare/run.sh                    # everything, 3 runs per cell
 #   RUNS=1 DURATION=2s BACKLOG=20000 bench/compare/run.sh   # a quick smoke run
 #   BROKERS=sinew,nats-js CELLS=publish-w64 bench/compare/run.sh
+#   PROFILE=publish-w64,drain bench/compare/run.sh   # + CPU profiles of sinew serve
 #
 # It stops only the processes it started: the compare driver launches each
 # broker itself and stops it (RabbitMQ through rabbitmqctl on its private node,
@@ -100,6 +101,7 @@ go_v="$(go version)"
 	-brokers "$brokers" -cells "$cells" \
 	-runs "$runs" -duration "$duration" -warmup "$warmup" -backlog "$backlog" \
 	-work "$work" -out "$out" \
+	-sinew-profile "${PROFILE:-}" \
 	-versions "sinew=$sinew_v;nats-server=$nats_v;rabbitmq-server=$rabbit_v;erlang=$erlang_v;go=$go_v"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$out/machine.md"
 echo "wrote $out/comparison.md, $out/comparison.svg, $out/results.json, $out/machine.md" >&2

@@ -145,10 +145,11 @@ func freePort() (int, error) {
 // ---- Sinew ----
 
 type sinewServer struct {
-	bin  string
-	args string // extra serve flags, space-separated
-	p    *proc
-	addr string
+	bin   string
+	args  string // extra serve flags, space-separated
+	p     *proc
+	addr  string
+	admin string // admin listener, where pprof may be served
 }
 
 func (s *sinewServer) name() string { return "sinew" }
@@ -163,10 +164,11 @@ func (s *sinewServer) start(ctx context.Context, dir string) error {
 		return err
 	}
 	s.addr = "127.0.0.1:" + strconv.Itoa(port)
+	s.admin = "127.0.0.1:" + strconv.Itoa(admin)
 	args := []string{"serve",
 		"--data-dir", filepath.Join(dir, "data"),
 		"--listen", s.addr,
-		"--admin-listen", "127.0.0.1:" + strconv.Itoa(admin),
+		"--admin-listen", s.admin,
 	}
 	args = append(args, strings.Fields(s.args)...)
 	if s.p, err = startProc(dir, "sinew.log", nil, s.bin, args...); err != nil {
