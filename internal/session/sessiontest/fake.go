@@ -69,8 +69,8 @@ func (f *Fake) HoldConfirms(hold bool) {
 	f.mu.Unlock()
 }
 
-// ReleaseConfirms runs every held publish completion.
-func (f *Fake) ReleaseConfirms() {
+// ReleaseConfirms runs every held publish completion and reports how many ran.
+func (f *Fake) ReleaseConfirms() int {
 	f.mu.Lock()
 	held := f.held
 	f.held = nil
@@ -78,6 +78,7 @@ func (f *Fake) ReleaseConfirms() {
 	for _, h := range held {
 		h()
 	}
+	return len(held)
 }
 
 // SetReady sets what Ready reports.

@@ -1,0 +1,146 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/sinewmq/sinew/internal/session"
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// Defaults for Config fields left zero.
+const (
+	FrameBytesMaxDefault      = 1<<20 + 64<<10 // a 1 MiB body plus room for headers
+	BodyBytesMaxDefault       = 1 << 20
+	SettleBatchMaxDefault     = 4096
+	PublishInflightMaxDefault = 4096
+	ConnectionsMaxDefault     = 10_000
+	HandshakeTimeoutMsDefault = 10_000
+	HeartbeatMsDefault        = 10_000
+	WriteTimeoutMsDefault     = 30_000
+	DrainTimeoutMsDefault     = 10_000
+	DeclareTimeoutMsDefault   = 10_000
+)
+
+// Internal bounds.
+const (
+	// readerQueueFramesMax is the write-queue length at which the reader stops
+	// reading new requests until the writer catches up.
+	readerQueueFramesMax = 1024
+	// settleInflightMax bounds settle requests awaiting their result per connection.
+	settleInflightMax = 1024
+	// writeBatchBytes is the most the writer encodes before one write syscall.
+	writeBatchBytes = 256 << 10
+	// readBufferBytes is the reader's bufio size.
+	readBufferBytes = 64 << 10
+	// heartbeatMissesMax is how many heartbeat intervals of silence close a connection.
+	heartbeatMissesMax = 3
+	// rejectWriteTimeoutMs bounds the ERROR written to a connection over the limit.
+	rejectWriteTimeoutMs = 1000
+)
+
+// Config configures a Server.
+type Config struct {
+	// Backend is the broker. Required.
+	Backend session.Backend
+	// OwnerID identifies this broker in resume identities; it must be stable across
+	// restarts. Required.
+	OwnerID string
+	// Rand draws client ids, resume tokens and the server generation
+	// (crypto/rand.Reader in production). Required.
+	Rand io.Reader
+	// Generation is announced in HELLO_OK; 0 draws one from Rand.
+	Generation uint64
+	// ServerVersion is announced in HELLO_OK.
+	ServerVersion string
+	// Logger receives connection and session records; default discards.
+	Logger *slog.Logger
+	// AuthTokens, when not empty, are the credentials a HELLO must carry one of.
+	AuthTokens []string
+
+	FrameBytesMax      int    // largest frame either side may send
+	BodyBytesMax       int    // largest message body
+	PrefetchDefault    uint32 // prefetch of a SUBSCRIBE that asks for 0
+	PrefetchMax        uint32 // largest prefetch per subscription
+	SettleBatchMax     int    // most tags in one ACK/NACK/FAIL
+	PublishInflightMax int    // unconfirmed publishes per connection before the reader pauses
+	SubscriptionsMax   int    // subscriptions per session
+	ConnectionsMax     int    // open connections; more get too_many_connections
+
+	HandshakeTimeoutMs int64 // HELLO must arrive within this
+	HeartbeatMs        int64 // idle interval before PING; 3x silence closes; <0 disables
+	WriteTimeoutMs     int64 // a write that makes no progress this long closes the connection
+	ReconnectGraceMs   int64 // how long a dropped session stays resumable
+	DeclareTimeoutMs   int64 // bound on one DECLARE_QUEUE
+
+	// AfterFunc runs session grace timers; default session.RealAfterFunc.
+	AfterFunc session.AfterFunc
+}
+
+func (c *Config) fill() error {
+	if c.Backend == nil {
+		return errors.New("server: Config.Backend is required")
+	}
+	if c.Rand == nil {
+		return errors.New("server: Config.Rand is required")
+	}
+	if c.OwnerID == "" {
+		return errors.New("server: Config.OwnerID is required")
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def64 := func(v *int64, d int64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.FrameBytesMax, FrameBytesMaxDefault)
+	def(&c.BodyBytesMax, BodyBytesMaxDefault)
+	def(&c.SettleBatchMax, SettleBatchMaxDefault)
+	def(&c.PublishInflightMax, PublishInflightMaxDefault)
+	def(&c.SubscriptionsMax, session.SubscriptionsMaxDefault)
+	def(&c.ConnectionsMax, ConnectionsMaxDefault)
+	def64(&c.HandshakeTimeoutMs, HandshakeTimeoutMsDefault)
+	def64(&c.HeartbeatMs, HeartbeatMsDefault)
+	def64(&c.WriteTimeoutMs, WriteTimeoutMsDefault)
+	def64(&c.DeclareTimeoutMs, DeclareTimeoutMsDefault)
+	if c.PrefetchMax == 0 {
+		c.PrefetchMax = session.PrefetchMaxDefault
+	}
+	if c.PrefetchDefault == 0 {
+		c.PrefetchDefault = min(session.PrefetchDefaultDefault, c.PrefetchMax)
+	}
+	switch {
+	case c.FrameBytesMax < protocol.FrameBytesMin:
+		return fmt.Errorf("server: FrameBytesMax %d below the protocol minimum %d", c.FrameBytesMax, protocol.FrameBytesMin)
+	case c.BodyBytesMax >= c.FrameBytesMax:
+		return fmt.Errorf("server: BodyBytesMax %d must be below FrameBytesMax %d", c.BodyBytesMax, c.FrameBytesMax)
+	case c.SettleBatchMax > 1<<16:
+		return fmt.Errorf("server: SettleBatchMax %d above the decoder's list limit %d", c.SettleBatchMax, 1<<16)
+	case c.HandshakeTimeoutMs < 0:
+		return fmt.Errorf("server: HandshakeTimeoutMs %d is negative", c.HandshakeTimeoutMs)
+	case c.WriteTimeoutMs < 0:
+		return fmt.Errorf("server: WriteTimeoutMs %d is negative", c.WriteTimeoutMs)
+	case c.ReconnectGraceMs < 0 || c.ReconnectGraceMs > 1<<31:
+		return fmt.Errorf("server: ReconnectGraceMs %d out of range", c.ReconnectGraceMs)
+	case c.HeartbeatMs > 1<<31:
+		return fmt.Errorf("server: HeartbeatMs %d out of range", c.HeartbeatMs)
+	}
+	return nil
+}
+
+func (c *Config) limits() protocol.Limits {
+	return protocol.Limits{
+		FrameBytesMax: uint32(c.FrameBytesMax), BodyBytesMax: uint32(c.BodyBytesMax), PrefetchMax: c.PrefetchMax,
+		SettleBatchMax: uint32(c.SettleBatchMax), PublishInflightMax: uint32(c.PublishInflightMax),
+		SubscriptionsMax: uint32(c.SubscriptionsMax),
+	}
+}

@@ -1,0 +1,387 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/session"
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// conn is one client connection.
+type conn struct {
+	srv  *Server
+	id   uint64
+	nc   net.Conn
+	log  *slog.Logger
+	w    *writer
+	sess *session.Session // set by the reader at HELLO; read by teardown after the reader exits
+
+	publishInflight atomic.Int64
+	settleInflight  atomic.Int64
+	readerWake      chan struct{} // cap 1: a resource the reader may wait for was released
+	closeReason     atomic.Value  // string
+}
+
+func (c *conn) signalReader() {
+	select {
+	case c.readerWake <- struct{}{}:
+	default:
+	}
+}
+
+func (c *conn) noteWriteError(err error) {
+	c.closeReason.CompareAndSwap(nil, "write: "+err.Error())
+}
+
+// reply queues o on this connection, or runs its Dropped hook when the connection
+// no longer accepts frames.
+func (c *conn) reply(o session.Outbound) {
+	if !c.w.Send(o) && o.Dropped != nil {
+		o.Dropped()
+	}
+}
+
+// replyErr answers request reqID with an ERROR frame.
+func (c *conn) replyErr(reqID uint64, err error) {
+	c.srv.stats.requestErrors.Add(1)
+	c.w.Send(session.Outbound{RequestID: reqID, Body: errorBody(err)})
+}
+
+// errorBody turns err into an ERROR body: its protocol code (internal when it has
+// none) and its message without the "sinew: code:" prefix.
+func errorBody(err error) *protocol.ErrorBody {
+	var pe *protocol.Error
+	if errors.As(err, &pe) {
+		return &protocol.ErrorBody{Code: pe.Code, Message: pe.Message}
+	}
+	return &protocol.ErrorBody{Code: protocol.CodeInternal, Message: err.Error()}
+}
+
+// fatalError is returned by handlers for conditions that end the connection.
+type fatalError struct {
+	code protocol.Code
+	msg  string
+}
+
+func (e *fatalError) Error() string { return e.code.String() + ": " + e.msg }
+
+func fatal(code protocol.Code, format string, args ...any) error {
+	return &fatalError{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// serve runs the reader loop in the calling goroutine, then tears the connection
+// down: the writer is flushed (after a fatal error) or stopped, the socket closed,
+// and the session told which frames never left.
+func (c *conn) serve() {
+	go c.w.run()
+	err := c.readLoop()
+	var fe *fatalError
+	if errors.As(err, &fe) {
+		c.srv.stats.fatalErrors.Add(1)
+		c.closeReason.CompareAndSwap(nil, fe.Error())
+		c.w.Send(session.Outbound{Body: &protocol.ErrorBody{Code: fe.code, Message: fe.msg, Fatal: true}})
+		c.w.finish()
+	} else {
+		if err != nil && !errors.Is(err, io.EOF) {
+			c.closeReason.CompareAndSwap(nil, "read: "+err.Error())
+		} else {
+			c.closeReason.CompareAndSwap(nil, "peer closed")
+		}
+		c.w.abort()
+	}
+	<-c.w.done
+	c.nc.Close()
+	unsent := c.w.takeUnsent()
+	if c.sess != nil {
+		c.sess.Detach(c.w, unsent)
+	} else {
+		for _, o := range unsent {
+			if o.Dropped != nil {
+				o.Dropped()
+			}
+		}
+	}
+	reason, _ := c.closeReason.Load().(string)
+	c.log.Debug("connection closed", "reason", reason, "unsent", len(unsent))
+}
+
+// readLoop reads and handles frames until the peer goes or a fatal error.
+func (c *conn) readLoop() error {
+	cfg := &c.srv.cfg
+	br := bufio.NewReaderSize(c.nc, readBufferBytes)
+	var buf []byte
+	if cfg.HandshakeTimeoutMs > 0 {
+		c.nc.SetReadDeadline(time.Now().Add(time.Duration(cfg.HandshakeTimeoutMs) * time.Millisecond))
+	}
+	hb := time.Duration(cfg.HeartbeatMs) * time.Millisecond
+	var deadlineSetAt time.Time
+	for {
+		if err := c.waitForCredit(); err != nil {
+			return err
+		}
+		if c.sess != nil && hb > 0 {
+			// Refresh the silence deadline only now and then: the deadline is
+			// 3 intervals out, so a quarter-interval of slack costs nothing.
+			if now := time.Now(); now.Sub(deadlineSetAt) > hb/4 {
+				c.nc.SetReadDeadline(now.Add(heartbeatMissesMax * hb))
+				deadlineSetAt = now
+			}
+		}
+		var f protocol.Frame
+		var err error
+		f, buf, err = protocol.ReadFrame(br, cfg.FrameBytesMax, buf)
+		if err != nil {
+			var pe *protocol.Error
+			switch {
+			case errors.As(err, &pe):
+				return fatal(pe.Code, "%s", pe.Message)
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				if c.sess == nil {
+					return fatal(protocol.CodeHandshakeTimeout, "no HELLO within %d ms", cfg.HandshakeTimeoutMs)
+				}
+				return fatal(protocol.CodeHeartbeatTimeout, "nothing received for %d ms", heartbeatMissesMax*cfg.HeartbeatMs)
+			case errors.Is(err, io.ErrUnexpectedEOF):
+				return fatal(protocol.CodeBadFrame, "connection closed inside a frame")
+			}
+			return err
+		}
+		c.srv.stats.framesIn.Add(1)
+		if len(buf) > 4*readBufferBytes && len(f.Body) < readBufferBytes {
+			buf = nil // one large frame should not pin its buffer for the connection's life
+		}
+		if err := c.handle(f); err != nil {
+			return err
+		}
+	}
+}
+
+// waitForCredit blocks while the connection has too much in flight.
+func (c *conn) waitForCredit() error {
+	cfg := &c.srv.cfg
+	for {
+		if c.publishInflight.Load() < int64(cfg.PublishInflightMax) &&
+			c.settleInflight.Load() < settleInflightMax &&
+			c.w.queued() < readerQueueFramesMax {
+			return nil
+		}
+		c.srv.stats.readerPauses.Add(1)
+		if h := c.srv.testHookReaderPaused; h != nil {
+			h()
+		}
+		select {
+		case <-c.readerWake:
+		case <-c.w.done:
+			return io.EOF
+		}
+	}
+}
+
+// clientOps are the ops a client may send after HELLO.
+func clientOp(op protocol.Op) bool {
+	switch op {
+	case protocol.OpHello, protocol.OpPing, protocol.OpPong, protocol.OpDeclareQueue, protocol.OpPublish,
+		protocol.OpSubscribe, protocol.OpUnsubscribe, protocol.OpAck, protocol.OpNack, protocol.OpFail,
+		protocol.OpReconcile:
+		return true
+	}
+	return false
+}
+
+func (c *conn) handle(f protocol.Frame) error {
+	if c.sess == nil {
+		if f.Op != protocol.OpHello {
+			return fatal(protocol.CodeHandshakeRequired, "first frame must be HELLO, got %s", f.Op)
+		}
+		return c.hello(f)
+	}
+	if !clientOp(f.Op) {
+		c.replyErr(f.RequestID, protocol.Errorf(protocol.CodeUnknownOp, "op %s is not a client request", f.Op))
+		return nil
+	}
+	body, err := protocol.Decode(f)
+	if err != nil {
+		return fatal(protocol.CodeOf(err), "%s", errorBody(err).Message)
+	}
+	noReply := f.Flags&protocol.FlagNoReply != 0
+	switch b := body.(type) {
+	case *protocol.Hello:
+		return fatal(protocol.CodeHandshakeRequired, "HELLO sent twice")
+	case *protocol.Ping:
+		c.w.Send(session.Outbound{RequestID: f.RequestID, Body: &protocol.Pong{}})
+	case *protocol.Pong:
+	case *protocol.DeclareQueue:
+		c.declare(f.RequestID, b)
+	case *protocol.Publish:
+		c.publish(f.RequestID, noReply, b)
+	case *protocol.Subscribe:
+		if c.srv.isDraining() {
+			c.replyErr(f.RequestID, errDraining)
+		} else if err := c.sess.Subscribe(c.w, f.RequestID, *b); err != nil {
+			c.replyErr(f.RequestID, err)
+		}
+	case *protocol.Unsubscribe:
+		if err := c.sess.Unsubscribe(b.SubID); err != nil {
+			c.replyErr(f.RequestID, err)
+		} else if !noReply {
+			c.w.Send(session.Outbound{RequestID: f.RequestID, Body: &protocol.OK{}})
+		}
+	case *protocol.Settle:
+		c.settle(f.RequestID, noReply, b)
+	case *protocol.Reconcile:
+		if err := c.sess.Reconcile(c.w, f.RequestID, b); err != nil {
+			c.replyErr(f.RequestID, err)
+		}
+	}
+	return nil
+}
+
+var errDraining = protocol.Errorf(protocol.CodeShuttingDown, "broker is draining")
+
+func (c *conn) hello(f protocol.Frame) error {
+	cfg := &c.srv.cfg
+	body, err := protocol.Decode(f)
+	if err != nil {
+		return fatal(protocol.CodeOf(err), "%s", errorBody(err).Message)
+	}
+	h := body.(*protocol.Hello)
+	if h.ProtocolVersion != protocol.Version {
+		return fatal(protocol.CodeUnsupportedVer, "protocol version %d, this server speaks %d", h.ProtocolVersion, protocol.Version)
+	}
+	if len(cfg.AuthTokens) > 0 {
+		ok := 0
+		for _, t := range cfg.AuthTokens {
+			ok |= subtle.ConstantTimeCompare([]byte(h.Credentials), []byte(t))
+		}
+		if ok != 1 {
+			c.srv.stats.authFailures.Add(1)
+			return fatal(protocol.CodeAuthFailed, "credentials rejected")
+		}
+	}
+	if c.srv.isDraining() {
+		return fatal(protocol.CodeShuttingDown, "broker is draining")
+	}
+	hb := cfg.HeartbeatMs
+	if hb < 0 {
+		hb = 0
+	}
+	helloOK := func(id protocol.ResumeIdentity, outcome protocol.ResumeOutcome) session.Outbound {
+		return session.Outbound{RequestID: f.RequestID, Body: &protocol.HelloOK{
+			ProtocolVersion: protocol.Version, ServerVersion: cfg.ServerVersion, Resume: id, Outcome: outcome,
+			ServerGeneration: c.srv.generation, HeartbeatMs: uint32(hb), ReconnectGraceMs: uint32(cfg.ReconnectGraceMs),
+			Limits: cfg.limits(),
+		}}
+	}
+	sess, outcome, err := c.srv.reg.Open(h.Resume, c.w, c.id, helloOK)
+	if err != nil {
+		return fatal(protocol.CodeOf(err), "%v", err)
+	}
+	c.sess = sess
+	c.log = c.log.With("client_id", sess.ClientID())
+	c.log.Debug("handshake done", "client_name", h.ClientName, "client_version", h.ClientVersion, "outcome", outcome.String())
+	if cfg.HeartbeatMs <= 0 {
+		c.nc.SetReadDeadline(time.Time{})
+	}
+	return nil
+}
+
+func (c *conn) declare(reqID uint64, d *protocol.DeclareQueue) {
+	if c.srv.isDraining() {
+		c.replyErr(reqID, errDraining)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(c.srv.cfg.DeclareTimeoutMs)*time.Millisecond)
+	defer cancel()
+	ok, err := c.srv.cfg.Backend.Declare(ctx, d)
+	if err != nil {
+		c.replyErr(reqID, err)
+		return
+	}
+	c.w.Send(session.Outbound{RequestID: reqID, Body: &ok})
+}
+
+func (c *conn) publish(reqID uint64, noReply bool, p *protocol.Publish) {
+	srv := c.srv
+	if srv.isDraining() {
+		c.replyErr(reqID, errDraining)
+		return
+	}
+	if len(p.Body) > srv.cfg.BodyBytesMax {
+		c.replyErr(reqID, protocol.Errorf(protocol.CodeMessageTooLarge, "body of %d bytes exceeds %d", len(p.Body), srv.cfg.BodyBytesMax))
+		return
+	}
+	c.publishInflight.Add(1)
+	srv.inflight.Add(1)
+	srv.stats.publishes.Add(1)
+	var released atomic.Bool
+	release := func() {
+		if released.CompareAndSwap(false, true) {
+			c.publishInflight.Add(-1)
+			srv.releaseInflight()
+			c.signalReader()
+		}
+	}
+	srv.cfg.Backend.Publish(p, func(ok protocol.PublishOK, err error) {
+		if err != nil {
+			srv.stats.publishErrors.Add(1)
+			c.reply(session.Outbound{RequestID: reqID, Body: errorBody(err), AfterWrite: release, Dropped: release})
+			return
+		}
+		if noReply {
+			release()
+			return
+		}
+		c.reply(session.Outbound{RequestID: reqID, Body: &ok, AfterWrite: release, Dropped: release})
+	})
+}
+
+func (c *conn) settle(reqID uint64, noReply bool, st *protocol.Settle) {
+	if len(st.Tags) > c.srv.cfg.SettleBatchMax {
+		c.replyErr(reqID, protocol.Errorf(protocol.CodeLimitExceeded, "%d tags in one settle, limit %d", len(st.Tags), c.srv.cfg.SettleBatchMax))
+		return
+	}
+	if len(st.Tags) == 0 {
+		c.replyErr(reqID, protocol.Errorf(protocol.CodeBadRequest, "settle without tags"))
+		return
+	}
+	delay := st.DelayMs
+	if st.Kind != protocol.OpNack || delay < 0 {
+		delay = 0
+	}
+	c.settleInflight.Add(1)
+	c.srv.stats.settles.Add(uint64(len(st.Tags)))
+	release := func() {
+		c.settleInflight.Add(-1)
+		c.signalReader()
+	}
+	c.sess.Settle(st.Kind, st.Tags, delay, func(codes []protocol.Code) {
+		if noReply {
+			failed, first := 0, protocol.CodeOK
+			for _, code := range codes {
+				if code != protocol.CodeOK {
+					if failed == 0 {
+						first = code
+					}
+					failed++
+				}
+			}
+			if failed > 0 {
+				c.reply(session.Outbound{RequestID: reqID, Body: &protocol.ErrorBody{Code: first,
+					Message: fmt.Sprintf("%d of %d tags not settled", failed, len(codes))}, AfterWrite: release, Dropped: release})
+				return
+			}
+			release()
+			return
+		}
+		c.reply(session.Outbound{RequestID: reqID, Body: &protocol.SettleResult{Codes: codes}, AfterWrite: release, Dropped: release})
+	})
+}

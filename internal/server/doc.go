@@ -1,0 +1,35 @@
+// Package server accepts Sinew client connections and runs the wire protocol on
+// them: it decodes frames, enforces limits and timeouts, and turns requests into
+// calls on a session (package session) and on the broker behind it.
+//
+// Goroutines: Serve runs one accept loop per listener. Each connection gets one
+// reader goroutine (the one that called ServeConn) and one writer goroutine.
+//
+//   - The reader owns the socket's read side, the handshake state and the decode
+//     buffer. It never blocks on the broker: publishes and settles complete through
+//     callbacks. It stops reading (backpressure) while PublishInflightMax publishes
+//     await their confirm, while settleInflightMax settle requests await their
+//     result, or while the write queue holds readerQueueFramesMax frames.
+//   - The writer owns the socket's write side. It takes everything queued, encodes
+//     it into one buffer and writes it with one syscall (up to writeBatchBytes), then
+//     runs the frames' after-write hooks (auto-ack, confirm credit). It sends PING when
+//     it has written nothing for a heartbeat interval.
+//
+// The write queue is a mutex-guarded slice. Its length is bounded by construction:
+// replies the reader causes stop it at readerQueueFramesMax, publish confirms are
+// bounded by PublishInflightMax, settle results by settleInflightMax, and deliveries
+// by the summed prefetch of the session's subscriptions.
+//
+// Lock order: session.Session.mu -> writer.mu. Nothing is called while holding
+// writer.mu.
+//
+// Errors: every bad input gets a typed ERROR frame with a code from the protocol
+// table. Conditions after which the byte stream cannot be trusted or the peer must go
+// (bad frame, oversized frame, handshake and heartbeat timeouts, auth failure) are
+// Fatal: the ERROR is flushed and the connection closed. Per-request problems
+// (unknown op, message too large, not found ...) answer that request and the
+// connection carries on. No peer input makes the server panic.
+//
+// Durability: the server stores nothing. A PUBLISH_OK is sent only from the broker's
+// completion callback, which runs after the message is durable.
+package server

@@ -1,0 +1,277 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/session"
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// ErrServerClosed is returned by Serve after Shutdown.
+var ErrServerClosed = errors.New("server: closed")
+
+// Server runs the Sinew protocol on accepted connections.
+type Server struct {
+	cfg        Config
+	reg        *session.Registry
+	generation uint64
+
+	mu        sync.Mutex
+	conns     map[*conn]struct{}
+	listeners map[net.Listener]struct{}
+	draining  bool
+	connWG    sync.WaitGroup
+
+	nextConnID atomic.Uint64
+	inflight   atomic.Int64  // unconfirmed publishes over every connection
+	drainWake  chan struct{} // cap 1: inflight reached zero while draining
+	stats      counters
+
+	// testHookReaderPaused, when set, runs each time a reader stops for
+	// backpressure.
+	testHookReaderPaused func()
+}
+
+type counters struct {
+	connsAccepted, connsRejected, framesIn, framesOut, publishes, publishErrors atomic.Uint64
+	settles, requestErrors, fatalErrors, authFailures, readerPauses             atomic.Uint64
+}
+
+// New validates cfg and returns a server that is not yet serving.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	reg, err := session.NewRegistry(session.Config{
+		Backend: cfg.Backend, OwnerID: cfg.OwnerID, Rand: cfg.Rand, ReconnectGraceMs: cfg.ReconnectGraceMs,
+		AfterFunc: cfg.AfterFunc, Logger: cfg.Logger, PrefetchDefault: cfg.PrefetchDefault,
+		PrefetchMax: cfg.PrefetchMax, SubscriptionsMax: cfg.SubscriptionsMax,
+	})
+	if err != nil {
+		return nil, err
+	}
+	gen := cfg.Generation
+	for gen == 0 {
+		var b [8]byte
+		if _, err := io.ReadFull(cfg.Rand, b[:]); err != nil {
+			return nil, fmt.Errorf("server: draw generation: %w", err)
+		}
+		gen = binary.BigEndian.Uint64(b[:])
+	}
+	return &Server{
+		cfg: cfg, reg: reg, generation: gen,
+		conns: make(map[*conn]struct{}), listeners: make(map[net.Listener]struct{}),
+		drainWake: make(chan struct{}, 1),
+	}, nil
+}
+
+// Generation returns the value announced in HELLO_OK.
+func (s *Server) Generation() uint64 { return s.generation }
+
+// Registry returns the session registry.
+func (s *Server) Registry() *session.Registry { return s.reg }
+
+// Serve accepts connections on ln until Shutdown or an accept error that is not
+// temporary. It closes ln on return.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		ln.Close()
+		return ErrServerClosed
+	}
+	s.listeners[ln] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, ln)
+		s.mu.Unlock()
+		ln.Close()
+	}()
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if s.isDraining() {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				// Resource exhaustion (EMFILE and friends) surfaces here;
+				// back off, bounded, instead of spinning.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				time.Sleep(backoff)
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		go s.ServeConn(nc)
+	}
+}
+
+// ServeConn runs the protocol on nc until it closes, and returns after the
+// connection is fully torn down. Serve calls it for every accepted connection;
+// tests call it directly with one end of a net.Pipe.
+func (s *Server) ServeConn(nc net.Conn) {
+	id := s.nextConnID.Add(1)
+	c := &conn{srv: s, id: id, nc: nc, readerWake: make(chan struct{}, 1)}
+	c.log = s.cfg.Logger.With("conn_id", id, "remote", remoteAddr(nc))
+	c.w = newWriter(c)
+
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		s.reject(nc, protocol.CodeShuttingDown, "broker is draining")
+		return
+	}
+	if len(s.conns) >= s.cfg.ConnectionsMax {
+		s.mu.Unlock()
+		s.stats.connsRejected.Add(1)
+		s.reject(nc, protocol.CodeTooManyConns, fmt.Sprintf("connection limit %d reached", s.cfg.ConnectionsMax))
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.connWG.Add(1)
+	s.mu.Unlock()
+	s.stats.connsAccepted.Add(1)
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		s.connWG.Done()
+	}()
+	c.serve()
+}
+
+func remoteAddr(nc net.Conn) string {
+	if a := nc.RemoteAddr(); a != nil {
+		return a.String()
+	}
+	return ""
+}
+
+// reject writes one fatal ERROR (bounded in time) and closes nc.
+func (s *Server) reject(nc net.Conn, code protocol.Code, msg string) {
+	defer nc.Close()
+	nc.SetWriteDeadline(time.Now().Add(rejectWriteTimeoutMs * time.Millisecond))
+	nc.Write(protocol.AppendFrame(nil, 0, 0, &protocol.ErrorBody{Code: code, Message: msg, Fatal: true}))
+}
+
+func (s *Server) isDraining() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.draining
+}
+
+func (s *Server) releaseInflight() {
+	if s.inflight.Add(-1) == 0 {
+		select {
+		case s.drainWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Shutdown drains the server: it stops accepting, sends GOING_AWAY to every
+// connection, refuses new publishes and subscriptions (shutting_down), waits until
+// every in-flight publish has its confirm on the wire or ctx is done, then flushes
+// and closes every connection and cleans up every session. It returns ctx.Err() if
+// ctx ended before the drain completed (connections are closed anyway).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.draining = true
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	s.reg.Drain()
+
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(DrainTimeoutMsDefault * time.Millisecond)
+	}
+	away := &protocol.GoingAway{DeadlineMs: deadline.UnixMilli(), GraceMs: uint32(s.cfg.ReconnectGraceMs), Reason: "broker shutting down"}
+	for _, c := range conns {
+		c.w.Send(session.Outbound{Body: away})
+	}
+	s.cfg.Logger.Info("draining", "connections", len(conns), "inflight_publishes", s.inflight.Load())
+
+	var err error
+	for s.inflight.Load() > 0 && err == nil {
+		select {
+		case <-s.drainWake:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	for _, c := range conns {
+		if err != nil {
+			c.w.abort()
+		} else {
+			c.w.finish()
+		}
+	}
+	done := make(chan struct{})
+	go func() { s.connWG.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		if err == nil {
+			err = ctx.Err()
+		}
+		s.mu.Lock()
+		for c := range s.conns {
+			c.w.abort()
+		}
+		s.mu.Unlock()
+		<-done
+	}
+	s.reg.CloseAll()
+	s.cfg.Logger.Info("drained", "err", err)
+	return err
+}
+
+// Stats are the server's counters.
+type Stats struct {
+	ConnectionsOpen     int
+	ConnectionsAccepted uint64
+	ConnectionsRejected uint64
+	FramesIn, FramesOut uint64
+	Publishes           uint64
+	PublishErrors       uint64
+	PublishesInflight   int64
+	Settles             uint64
+	RequestErrors       uint64
+	FatalErrors         uint64
+	AuthFailures        uint64
+	ReaderPauses        uint64
+	Sessions            session.Stats
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	open := len(s.conns)
+	s.mu.Unlock()
+	st := &s.stats
+	return Stats{
+		ConnectionsOpen: open, ConnectionsAccepted: st.connsAccepted.Load(), ConnectionsRejected: st.connsRejected.Load(),
+		FramesIn: st.framesIn.Load(), FramesOut: st.framesOut.Load(), Publishes: st.publishes.Load(),
+		PublishErrors: st.publishErrors.Load(), PublishesInflight: s.inflight.Load(), Settles: st.settles.Load(),
+		RequestErrors: st.requestErrors.Load(), FatalErrors: st.fatalErrors.Load(), AuthFailures: st.authFailures.Load(),
+		ReaderPauses: st.readerPauses.Load(), Sessions: s.reg.Stats(),
+	}
+}
