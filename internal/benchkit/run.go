@@ -472,11 +472,14 @@ func (r *runner) mixed(ctx context.Context) error {
 	// Waking once per pacerTick and releasing everything due keeps timer load low
 	// at high rates. It stops at the end of the phase even when publishers fell
 	// behind, so a slow broker cannot stretch the run; what was due but never sent
-	// is reported as Unsent.
+	// is reported as Unsent. The grace lets the last due messages go out when the
+	// pacer or a publisher was scheduled late, without letting a slow broker
+	// stretch the phase by more than that.
 	const pacerTick = time.Millisecond
+	const pacerGrace = 250 * time.Millisecond
 	tickets := make(chan time.Duration, r.cfg.Window)
 	interval := time.Second / time.Duration(r.cfg.RatePerSec)
-	phaseEnd := r.clock.After(total - (r.since() - base))
+	phaseEnd := r.clock.After(total + pacerGrace - (r.since() - base))
 	go func() {
 		defer close(tickets)
 		var i int64
