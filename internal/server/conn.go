@@ -26,6 +26,7 @@ type conn struct {
 	w    *writer
 	sess *session.Session // set by the reader at HELLO; read by teardown after the reader exits
 
+	established     atomic.Bool // HELLO_OK was queued
 	publishInflight atomic.Int64
 	settleInflight  atomic.Int64
 	readerWake      chan struct{} // cap 1: a resource the reader may wait for was released
@@ -286,6 +287,7 @@ func (c *conn) hello(f protocol.Frame) error {
 		return fatal(protocol.CodeOf(err), "%v", err)
 	}
 	c.sess = sess
+	c.established.Store(true)
 	c.log = c.log.With("client_id", sess.ClientID())
 	c.log.Debug("handshake done", "client_name", h.ClientName, "client_version", h.ClientVersion, "outcome", outcome.String())
 	if cfg.HeartbeatMs <= 0 {

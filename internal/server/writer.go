@@ -117,12 +117,16 @@ func (w *writer) run() {
 			select {
 			case <-w.wake:
 			case <-pingC:
-				// Queued without the closed check: a PING is still useful while
+				// No PING before HELLO_OK: the peer may not speak the protocol
+				// yet, and the handshake timeout covers that phase. Queued
+				// without the closed check: a PING is still useful while
 				// finishing, and it is dropped with the rest on abort.
-				w.mu.Lock()
-				w.pingSeq++
-				w.q = append(w.q, session.Outbound{RequestID: w.pingSeq, Body: &protocol.Ping{}})
-				w.mu.Unlock()
+				if c.established.Load() {
+					w.mu.Lock()
+					w.pingSeq++
+					w.q = append(w.q, session.Outbound{RequestID: w.pingSeq, Body: &protocol.Ping{}})
+					w.mu.Unlock()
+				}
 				ping.Reset(hb)
 			case <-w.finishCh:
 				finishing = true
