@@ -61,7 +61,11 @@ func (e *endpoint) drainAndClose() {
 	e.closing = true
 	e.mu.Unlock()
 
-	deadline := e.o.clock.After(e.o.drainTimeout)
+	// The drain bound is real time, not the injected clock: it guarantees
+	// Close returns, even in a test whose fake clock stands still.
+	drainTimer := time.NewTimer(e.o.drainTimeout)
+	defer drainTimer.Stop()
+	deadline := drainTimer.C
 	timedOut := false
 	for _, idle := range []func() <-chan struct{}{e.window.idle, e.busy.idle} {
 		for ch := idle(); ch != nil && !timedOut; ch = idle() {
@@ -89,8 +93,8 @@ func (e *endpoint) drainAndClose() {
 	}
 	e.mu.Unlock()
 	if c != nil && !c.isClosed() && !timedOut {
-		// The drain deadline comes from the injected clock, so it is bridged
-		// into a context by a helper goroutine that is gone before we go on.
+		// The drain deadline is bridged into a context by a helper goroutine
+		// that is gone before we go on.
 		ctx, cancel := context.WithCancel(context.Background())
 		exited := make(chan struct{})
 		go func() {

@@ -591,3 +591,49 @@ func TestIsRetryable(t *testing.T) {
 		}
 	}
 }
+
+func TestHeartbeatSilenceClosesAndReconnects(t *testing.T) {
+	b := newFakeBroker(t)
+	b.set(func(b *fakeBroker) { b.heartbeat = 1000 })
+	p := proxyT(t, b.addr())
+	clk := testkit.NewClock(time.Unix(1_700_000_000, 0))
+	c := dialT(t, p.Addr(), WithClock(clk), WithRand(func() float64 { return 0.5 }))
+	ctx := testCtx(t)
+	sub, err := c.Subscribe(ctx, "hb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetStalled(true) // the broker hangs: nothing arrives any more
+	// The heartbeat wakes every 500 ms (half the interval) and gives up after
+	// 3 s of silence; the supervisor then asks for a 100 ms backoff.
+	n := len(clk.Waits())
+	var last time.Duration
+	for i := 0; ; i++ {
+		if i > 10 {
+			t.Fatal("heartbeat never declared the connection dead")
+		}
+		clk.Advance(500 * time.Millisecond)
+		waits, err := clk.WaitForWaits(ctx, n+1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n = len(waits)
+		if last = waits[n-1]; last != 500*time.Millisecond {
+			break
+		}
+	}
+	if last != 100*time.Millisecond {
+		t.Fatalf("after heartbeat timeout the client waited %v, want the 100 ms backoff", last)
+	}
+	p.SetStalled(false)
+	clk.Advance(last)
+	if _, err := c.Publish(ctx, "hb", []byte("alive")); err != nil {
+		t.Fatalf("publish after reconnect: %v", err)
+	}
+	if m := recv(t, sub); m.Text() != "alive" {
+		t.Fatalf("got %q", m.Text())
+	}
+	if h := b.lastHello(); h.Resume.ClientID == "" {
+		t.Fatal("reconnect did not offer the resume identity")
+	}
+}
