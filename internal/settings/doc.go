@@ -1,0 +1,19 @@
+// Package settings loads Sinew's startup configuration.
+//
+// Sources, lowest precedence first: built-in defaults, a TOML file, environment
+// variables, command-line flags. Every key has all three spellings, derived from
+// its TOML path so that they cannot drift apart:
+//
+//	TOML key                        environment variable                 flag
+//	------------------------------  -----------------------------------  ------------------------------
+//	data_dir                        SINEW_DATA_DIR                       --data-dir
+//	limits.frame_bytes_max          SINEW_LIMITS_FRAME_BYTES_MAX         --limits-frame-bytes-max
+//	connection.reconnect_grace_ms   SINEW_CONNECTION_RECONNECT_GRACE_MS  --connection-reconnect-grace-ms
+//
+// The file is strict: an unknown key is an error that names it. List values
+// (auth.tokens) are comma-separated in the environment and in flags. Validate
+// checks every value and reports the key at fault.
+//
+// The package has no goroutines and keeps no state; it reads the file it is told
+// to and the environment it is given.
+package settings

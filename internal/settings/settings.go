@@ -1,0 +1,370 @@
+package settings
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+
+	"github.com/pelletier/go-toml/v2"
+)
+
+// Config is the startup configuration. The toml tags are the keys.
+type Config struct {
+	// Listen is the client protocol address.
+	Listen string `toml:"listen"`
+	// AdminListen is the HTTP address for health, metrics and stats; empty disables it.
+	AdminListen string `toml:"admin_listen"`
+	// DataDir holds every queue's log and the broker's identity.
+	DataDir string `toml:"data_dir"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `toml:"log_level"`
+
+	Auth       Auth       `toml:"auth"`
+	Limits     Limits     `toml:"limits"`
+	Connection Connection `toml:"connection"`
+	Storage    Storage    `toml:"storage"`
+	Queue      Queue      `toml:"queue"`
+}
+
+// Auth configures client authentication.
+type Auth struct {
+	// Tokens, when not empty, are the shared secrets a HELLO must carry one of.
+	Tokens []string `toml:"tokens"`
+}
+
+// Limits bound what one client can ask of the broker.
+type Limits struct {
+	FrameBytesMax      int `toml:"frame_bytes_max"`
+	BodyBytesMax       int `toml:"body_bytes_max"`
+	PrefetchDefault    int `toml:"prefetch_default"`
+	PrefetchMax        int `toml:"prefetch_max"`
+	SettleBatchMax     int `toml:"settle_batch_max"`
+	PublishInflightMax int `toml:"publish_inflight_max"`
+	SubscriptionsMax   int `toml:"subscriptions_max"`
+	ConnectionsMax     int `toml:"connections_max"`
+}
+
+// Connection configures timeouts and the session grace.
+type Connection struct {
+	HandshakeTimeoutMs int64 `toml:"handshake_timeout_ms"`
+	// HeartbeatMs is the idle interval before the server PINGs; three intervals of
+	// silence close a connection. 0 disables heartbeats.
+	HeartbeatMs      int64 `toml:"heartbeat_ms"`
+	WriteTimeoutMs   int64 `toml:"write_timeout_ms"`
+	ReconnectGraceMs int64 `toml:"reconnect_grace_ms"`
+	DrainTimeoutMs   int64 `toml:"drain_timeout_ms"`
+}
+
+// Storage configures the logs.
+type Storage struct {
+	// Sync is "always" (confirm after fsync, the default) or "interval" (confirm
+	// after write; fsync every SyncIntervalMs: power loss can lose that window).
+	Sync                   string `toml:"sync"`
+	SyncIntervalMs         int    `toml:"sync_interval_ms"`
+	SegmentBytes           int64  `toml:"segment_bytes"`
+	Quarantine             string `toml:"quarantine"` // quarantine | refuse | ignore
+	CheckpointEveryRecords int    `toml:"checkpoint_every_records"`
+	InboxMax               int    `toml:"inbox_max"`
+}
+
+// Queue holds the defaults of queues created on first use.
+type Queue struct {
+	Partitions      int    `toml:"partitions"`
+	LeaseMs         int64  `toml:"lease_ms"`
+	MaxRetries      int    `toml:"max_retries"`
+	DeadLetterTopic string `toml:"dead_letter_topic"`
+}
+
+// Default returns the built-in configuration.
+func Default() Config {
+	return Config{
+		Listen: "127.0.0.1:7654", AdminListen: "127.0.0.1:7655", DataDir: "./sinew-data", LogLevel: "info",
+		Limits: Limits{
+			FrameBytesMax: 1<<20 + 64<<10, BodyBytesMax: 1 << 20, PrefetchDefault: 100, PrefetchMax: 10_000,
+			SettleBatchMax: 4096, PublishInflightMax: 4096, SubscriptionsMax: 256, ConnectionsMax: 10_000,
+		},
+		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000, ReconnectGraceMs: 0, DrainTimeoutMs: 10_000},
+		Storage:    Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096},
+		Queue:      Queue{Partitions: 1, LeaseMs: 30_000, MaxRetries: 5, DeadLetterTopic: "sinew.dead-letter"},
+	}
+}
+
+// field is one settable key.
+type field struct {
+	key string // TOML path, e.g. "limits.frame_bytes_max"
+	v   reflect.Value
+}
+
+// EnvName is the environment variable of key.
+func EnvName(key string) string {
+	return "SINEW_" + strings.ToUpper(strings.NewReplacer(".", "_").Replace(key))
+}
+
+// FlagName is the flag of key.
+func FlagName(key string) string { return strings.NewReplacer(".", "-", "_", "-").Replace(key) }
+
+// fields lists every key of c, addressable for setting.
+func fields(c *Config) []field {
+	var out []field
+	var walk func(prefix string, v reflect.Value)
+	walk = func(prefix string, v reflect.Value) {
+		t := v.Type()
+		for i := range t.NumField() {
+			name := t.Field(i).Tag.Get("toml")
+			if name == "" || name == "-" {
+				continue
+			}
+			fv := v.Field(i)
+			if fv.Kind() == reflect.Struct {
+				walk(prefix+name+".", fv)
+				continue
+			}
+			out = append(out, field{key: prefix + name, v: fv})
+		}
+	}
+	walk("", reflect.ValueOf(c).Elem())
+	return out
+}
+
+// Keys returns every configuration key in declaration order.
+func Keys() []string {
+	var c Config
+	var keys []string
+	for _, f := range fields(&c) {
+		keys = append(keys, f.key)
+	}
+	return keys
+}
+
+func set(f field, s string) error {
+	switch f.v.Kind() {
+	case reflect.String:
+		f.v.SetString(s)
+	case reflect.Int, reflect.Int64:
+		n, err := strconv.ParseInt(strings.ReplaceAll(s, "_", ""), 10, 64)
+		if err != nil {
+			return fmt.Errorf("%s: %q is not an integer", f.key, s)
+		}
+		f.v.SetInt(n)
+	case reflect.Slice:
+		var items []string
+		for p := range strings.SplitSeq(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				items = append(items, p)
+			}
+		}
+		f.v.Set(reflect.ValueOf(items))
+	default:
+		panic("settings: unsupported field kind " + f.v.Kind().String()) // a Config change broke the table
+	}
+	return nil
+}
+
+func get(f field) string {
+	if f.v.Kind() == reflect.Slice {
+		return strings.Join(f.v.Interface().([]string), ",")
+	}
+	return fmt.Sprint(f.v.Interface())
+}
+
+// Sources says where Load reads from.
+type Sources struct {
+	// File is the TOML file; empty means none.
+	File string
+	// Env looks up environment variables (os.LookupEnv in production).
+	Env func(string) (string, bool)
+	// Flags is a parsed flag set made by RegisterFlags; only flags that were set
+	// on the command line apply.
+	Flags *flag.FlagSet
+}
+
+// flagPrefix marks the flags RegisterFlags defines, so Load can tell them from a
+// command's other flags.
+const flagUsagePrefix = "config key "
+
+// RegisterFlags defines one string flag per key on fs. Values are parsed by Load,
+// so that errors name the key the same way for every source.
+func RegisterFlags(fs *flag.FlagSet) {
+	d := Default()
+	for _, f := range fields(&d) {
+		fs.String(FlagName(f.key), get(f), flagUsagePrefix+f.key+" (env "+EnvName(f.key)+")")
+	}
+}
+
+// Load builds the configuration from defaults, then the file, then the
+// environment, then flags, and validates the result.
+func Load(src Sources) (Config, error) {
+	c := Default()
+	if src.File != "" {
+		data, err := os.ReadFile(src.File)
+		if err != nil {
+			return c, fmt.Errorf("settings: %w", err)
+		}
+		if err := decodeFile(&c, data); err != nil {
+			return c, fmt.Errorf("settings: %s: %w", src.File, err)
+		}
+	}
+	fs := fields(&c)
+	if src.Env != nil {
+		for _, f := range fs {
+			if s, ok := src.Env(EnvName(f.key)); ok {
+				if err := set(f, s); err != nil {
+					return c, fmt.Errorf("settings: env %s: %w", EnvName(f.key), err)
+				}
+			}
+		}
+	}
+	if src.Flags != nil {
+		byFlag := make(map[string]field, len(fs))
+		for _, f := range fs {
+			byFlag[FlagName(f.key)] = f
+		}
+		var err error
+		src.Flags.Visit(func(fl *flag.Flag) {
+			f, ok := byFlag[fl.Name]
+			if !ok || err != nil || !strings.HasPrefix(fl.Usage, flagUsagePrefix) {
+				return
+			}
+			if e := set(f, fl.Value.String()); e != nil {
+				err = fmt.Errorf("settings: flag --%s: %w", fl.Name, e)
+			}
+		})
+		if err != nil {
+			return c, err
+		}
+	}
+	return c, c.Validate()
+}
+
+func decodeFile(c *Config, data []byte) error {
+	d := toml.NewDecoder(bytes.NewReader(data))
+	d.DisallowUnknownFields()
+	err := d.Decode(c)
+	var strict *toml.StrictMissingError
+	if errors.As(err, &strict) {
+		var keys []string
+		for _, e := range strict.Errors {
+			keys = append(keys, strings.Join(e.Key(), "."))
+		}
+		return fmt.Errorf("unknown key %s", strings.Join(keys, ", "))
+	}
+	var de *toml.DecodeError
+	if errors.As(err, &de) {
+		row, col := de.Position()
+		return fmt.Errorf("line %d column %d: %s", row, col, de.Error())
+	}
+	return err
+}
+
+// Validate reports every invalid value, each naming its key.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("settings: %s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	addr := func(key, v string, emptyOK bool) {
+		if v == "" {
+			if !emptyOK {
+				bad(key, "must not be empty")
+			}
+			return
+		}
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			bad(key, "%q is not host:port", v)
+		}
+	}
+	addr("listen", c.Listen, false)
+	addr("admin_listen", c.AdminListen, true)
+	if c.DataDir == "" {
+		bad("data_dir", "must not be empty")
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log_level", "%q is not debug, info, warn or error", c.LogLevel)
+	}
+	for i, t := range c.Auth.Tokens {
+		if t == "" {
+			bad("auth.tokens", "token %d is empty", i)
+		}
+	}
+	l := c.Limits
+	positive := func(key string, v int64) {
+		if v <= 0 {
+			bad(key, "must be positive, got %d", v)
+		}
+	}
+	positive("limits.frame_bytes_max", int64(l.FrameBytesMax))
+	positive("limits.body_bytes_max", int64(l.BodyBytesMax))
+	positive("limits.prefetch_default", int64(l.PrefetchDefault))
+	positive("limits.prefetch_max", int64(l.PrefetchMax))
+	positive("limits.settle_batch_max", int64(l.SettleBatchMax))
+	positive("limits.publish_inflight_max", int64(l.PublishInflightMax))
+	positive("limits.subscriptions_max", int64(l.SubscriptionsMax))
+	positive("limits.connections_max", int64(l.ConnectionsMax))
+	if l.FrameBytesMax > 0 && l.FrameBytesMax < 64<<10 {
+		bad("limits.frame_bytes_max", "%d is below the protocol minimum %d", l.FrameBytesMax, 64<<10)
+	}
+	if l.FrameBytesMax > 1<<30 {
+		bad("limits.frame_bytes_max", "%d is above 1 GiB", l.FrameBytesMax)
+	}
+	if l.BodyBytesMax >= l.FrameBytesMax {
+		bad("limits.body_bytes_max", "%d must be below limits.frame_bytes_max %d", l.BodyBytesMax, l.FrameBytesMax)
+	}
+	if l.PrefetchDefault > l.PrefetchMax {
+		bad("limits.prefetch_default", "%d exceeds limits.prefetch_max %d", l.PrefetchDefault, l.PrefetchMax)
+	}
+	if l.PrefetchMax > 1<<20 {
+		bad("limits.prefetch_max", "%d is above %d", l.PrefetchMax, 1<<20)
+	}
+	if l.SettleBatchMax > 1<<16 {
+		bad("limits.settle_batch_max", "%d is above the protocol's list limit %d", l.SettleBatchMax, 1<<16)
+	}
+	cn := c.Connection
+	positive("connection.handshake_timeout_ms", cn.HandshakeTimeoutMs)
+	positive("connection.write_timeout_ms", cn.WriteTimeoutMs)
+	positive("connection.drain_timeout_ms", cn.DrainTimeoutMs)
+	if cn.HeartbeatMs < 0 || cn.HeartbeatMs > 1<<31 {
+		bad("connection.heartbeat_ms", "%d is out of range 0..%d", cn.HeartbeatMs, int64(1)<<31)
+	}
+	if cn.ReconnectGraceMs < 0 || cn.ReconnectGraceMs > 1<<31 {
+		bad("connection.reconnect_grace_ms", "%d is out of range 0..%d", cn.ReconnectGraceMs, int64(1)<<31)
+	}
+	s := c.Storage
+	switch s.Sync {
+	case "always", "interval":
+	default:
+		bad("storage.sync", "%q is not always or interval", s.Sync)
+	}
+	if s.Sync == "interval" {
+		positive("storage.sync_interval_ms", int64(s.SyncIntervalMs))
+	}
+	if s.SegmentBytes < 1<<20 {
+		bad("storage.segment_bytes", "%d is below 1 MiB", s.SegmentBytes)
+	}
+	switch s.Quarantine {
+	case "quarantine", "refuse", "ignore":
+	default:
+		bad("storage.quarantine", "%q is not quarantine, refuse or ignore", s.Quarantine)
+	}
+	positive("storage.checkpoint_every_records", int64(s.CheckpointEveryRecords))
+	positive("storage.inbox_max", int64(s.InboxMax))
+	q := c.Queue
+	if q.Partitions <= 0 || q.Partitions > 1024 {
+		bad("queue.partitions", "%d is out of range 1..1024", q.Partitions)
+	}
+	positive("queue.lease_ms", q.LeaseMs)
+	if q.MaxRetries < 0 {
+		bad("queue.max_retries", "must not be negative, got %d", q.MaxRetries)
+	}
+	if q.DeadLetterTopic == "" {
+		bad("queue.dead_letter_topic", "must not be empty")
+	}
+	return errors.Join(errs...)
+}

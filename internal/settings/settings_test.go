@@ -1,0 +1,139 @@
+package settings
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func write(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "sinew.toml")
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func env(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestDefaultsValidate(t *testing.T) {
+	c, err := Load(Sources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:7654" || c.AdminListen != "127.0.0.1:7655" || c.DataDir != "./sinew-data" ||
+		c.Storage.Sync != "always" || c.Connection.ReconnectGraceMs != 0 {
+		t.Fatalf("defaults %+v", c)
+	}
+}
+
+func TestPrecedence(t *testing.T) {
+	file := write(t, `
+listen = "127.0.0.1:1000"
+data_dir = "/from-file"
+
+[auth]
+tokens = ["a", "b"]
+
+[limits]
+prefetch_max = 500
+
+[connection]
+reconnect_grace_ms = 2000
+heartbeat_ms = 3000
+
+[storage]
+sync = "interval"
+sync_interval_ms = 50
+quarantine = "refuse"
+
+[queue]
+partitions = 4
+`)
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	RegisterFlags(fs)
+	fs.Int("unrelated", 0, "a command flag that is not a key")
+	if err := fs.Parse([]string{"--data-dir", "/from-flag", "--connection-heartbeat-ms=7000", "--unrelated=3"}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(Sources{File: file, Flags: fs, Env: env(map[string]string{
+		"SINEW_DATA_DIR":                      "/from-env",
+		"SINEW_LIMITS_PREFETCH_MAX":           "600",
+		"SINEW_CONNECTION_HEARTBEAT_MS":       "5000",
+		"SINEW_AUTH_TOKENS":                   "x, y",
+		"SINEW_CONNECTION_RECONNECT_GRACE_MS": "1_500",
+	})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		key       string
+		got, want any
+	}{
+		{"listen (file)", c.Listen, "127.0.0.1:1000"},
+		{"data_dir (flag over env over file)", c.DataDir, "/from-flag"},
+		{"heartbeat (flag)", c.Connection.HeartbeatMs, int64(7000)},
+		{"prefetch_max (env over file)", c.Limits.PrefetchMax, 600},
+		{"tokens (env)", strings.Join(c.Auth.Tokens, "|"), "x|y"},
+		{"grace (env)", c.Connection.ReconnectGraceMs, int64(1500)},
+		{"sync (file)", c.Storage.Sync, "interval"},
+		{"quarantine (file)", c.Storage.Quarantine, "refuse"},
+		{"partitions (file)", c.Queue.Partitions, 4},
+		{"admin_listen (default)", c.AdminListen, "127.0.0.1:7655"},
+	}
+	for _, ch := range checks {
+		if ch.got != ch.want {
+			t.Errorf("%s = %v, want %v", ch.key, ch.got, ch.want)
+		}
+	}
+}
+
+func TestUnknownKeyIsNamed(t *testing.T) {
+	_, err := Load(Sources{File: write(t, "[limits]\nprefetch_maximum = 3\n")})
+	if err == nil || !strings.Contains(err.Error(), "limits.prefetch_maximum") {
+		t.Fatalf("err %v, want the unknown key named", err)
+	}
+}
+
+func TestBadValues(t *testing.T) {
+	cases := []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"SINEW_STORAGE_SYNC": "sometimes"}, "storage.sync"},
+		{map[string]string{"SINEW_STORAGE_QUARANTINE": "delete"}, "storage.quarantine"},
+		{map[string]string{"SINEW_LISTEN": "nope"}, "listen"},
+		{map[string]string{"SINEW_CONNECTION_RECONNECT_GRACE_MS": "-1"}, "connection.reconnect_grace_ms"},
+		{map[string]string{"SINEW_LIMITS_BODY_BYTES_MAX": "9999999"}, "limits.body_bytes_max"},
+		{map[string]string{"SINEW_LIMITS_PREFETCH_MAX": "ten"}, "SINEW_LIMITS_PREFETCH_MAX"},
+		{map[string]string{"SINEW_QUEUE_PARTITIONS": "0"}, "queue.partitions"},
+		{map[string]string{"SINEW_LOG_LEVEL": "loud"}, "log_level"},
+	}
+	for _, tc := range cases {
+		_, err := Load(Sources{Env: env(tc.env)})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: err %v, want it to name %s", tc.env, err, tc.want)
+		}
+	}
+	if _, err := Load(Sources{File: write(t, "listen = 5\n")}); err == nil {
+		t.Error("a mistyped file value was accepted")
+	}
+}
+
+func TestEveryKeyHasAFlag(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	RegisterFlags(fs)
+	for _, k := range Keys() {
+		if fs.Lookup(FlagName(k)) == nil {
+			t.Errorf("key %s has no flag", k)
+		}
+	}
+	if len(Keys()) < 25 {
+		t.Fatalf("only %d keys", len(Keys()))
+	}
+}
