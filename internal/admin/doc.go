@@ -1,0 +1,15 @@
+// Package admin serves Sinew's operator HTTP endpoints:
+//
+//	GET /healthz        200 "ok" while the process runs
+//	GET /readyz         200 once the broker has recovered and serves, 503 before
+//	GET /metrics        Prometheus text exposition (format 0.0.4)
+//	GET /api/v1/queues  JSON: per-queue, per-partition counts
+//
+// The handler holds no state of its own; every request calls the functions in
+// Config, which read the broker's and server's counters. It starts no goroutines
+// (the caller runs the http.Server). Nothing here is durable.
+//
+// The metrics exposition is written by hand: a few counters and gauges, each with
+// one HELP and one TYPE line, samples with optional labels, label values escaped as
+// the format requires.
+package admin
