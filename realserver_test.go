@@ -1,0 +1,314 @@
+package sinew
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/broker"
+	"github.com/sinewmq/sinew/internal/server"
+	"github.com/sinewmq/sinew/internal/session"
+	"github.com/sinewmq/sinew/internal/testkit"
+	"github.com/sinewmq/sinew/internal/vfs"
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// These tests run the SDK against the real broker (internal/broker on an
+// in-memory file system) behind the real wire server (internal/server), over
+// loopback, with the testkit proxy in between where faults are injected.
+
+// brokerBackend presents *broker.Broker as the session layer's Backend.
+type brokerBackend struct{ b *broker.Broker }
+
+func (bb brokerBackend) Declare(ctx context.Context, d *protocol.DeclareQueue) (protocol.DeclareOK, error) {
+	return bb.b.Declare(ctx, d)
+}
+func (bb brokerBackend) Publish(p *protocol.Publish, done func(protocol.PublishOK, error)) {
+	bb.b.Publish(p, done)
+}
+func (bb brokerBackend) Ready() bool { return bb.b.Ready() }
+func (bb brokerBackend) Subscribe(req *protocol.Subscribe, c session.Consumer) (session.Subscription, error) {
+	s, err := bb.b.Subscribe(req, consumerAdapter{c})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+type consumerAdapter struct{ c session.Consumer }
+
+func (a consumerAdapter) Deliver(s *broker.Subscription, d broker.Delivery) {
+	a.c.Deliver(s, session.Delivery(d))
+}
+func (a consumerAdapter) Closed(s *broker.Subscription, reason uint8, err error) {
+	a.c.Closed(s, reason, err)
+}
+
+// countingRand is a deterministic io.Reader for the server's ids and tokens.
+type countingRand struct{ n byte }
+
+func (r *countingRand) Read(p []byte) (int, error) {
+	for i := range p {
+		r.n++
+		p[i] = r.n
+	}
+	return len(p), nil
+}
+
+type realBroker struct {
+	addr string
+	srv  *server.Server
+}
+
+// startRealBroker runs broker + server in process on 127.0.0.1:0.
+func startRealBroker(t *testing.T, tune func(*server.Config)) *realBroker {
+	t.Helper()
+	b, err := broker.Open(broker.Config{DataDir: "/data", FS: vfs.NewMem()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := server.Config{Backend: brokerBackend{b}, OwnerID: "owner-1", Rand: &countingRand{},
+		ServerVersion: "test", ReconnectGraceMs: 30_000}
+	if tune != nil {
+		tune(&cfg)
+	}
+	srv, err := server.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("server shutdown: %v", err)
+		}
+		if err := <-served; !errors.Is(err, server.ErrServerClosed) {
+			t.Errorf("serve: %v", err)
+		}
+		if err := b.Close(); err != nil {
+			t.Errorf("broker close: %v", err)
+		}
+	})
+	return &realBroker{addr: ln.Addr().String(), srv: srv}
+}
+
+// publishRetrying publishes, retrying retryable failures a bounded number of
+// times (a publish racing a cut socket may fail with ErrConnectionLost).
+func publishRetrying(t *testing.T, c *Client, topic, body string) PublishResult {
+	t.Helper()
+	ctx := testCtx(t)
+	for i := 0; ; i++ {
+		r, err := c.Publish(ctx, topic, []byte(body))
+		if err == nil {
+			return r
+		}
+		if !IsRetryable(err) || i >= 20 {
+			t.Fatalf("publish %q: %v", body, err)
+		}
+	}
+}
+
+func TestRealCutSocketReconnectsAndSubscriptionFlows(t *testing.T) {
+	rb := startRealBroker(t, nil)
+	p := proxyT(t, rb.addr)
+	c := dialT(t, p.Addr())
+	ctx := testCtx(t)
+	sub, err := c.Subscribe(ctx, "real-flow", WithPrefetch(16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishRetrying(t, c, "real-flow", "before")
+	before := recv(t, sub)
+	if before.Text() != "before" {
+		t.Fatalf("got %q", before.Text())
+	}
+	for round := range 3 {
+		p.CutAll()
+		body := fmt.Sprintf("after-%d", round)
+		r := publishRetrying(t, c, "real-flow", body)
+		m := recv(t, sub)
+		if m.Text() != body || m.Offset != r.Offset {
+			t.Fatalf("round %d: got %q at %d, want %q at %d", round, m.Text(), m.Offset, body, r.Offset)
+		}
+		if err := m.Complete(ctx); err != nil {
+			t.Fatalf("round %d: Complete: %v", round, err)
+		}
+	}
+	// The session was resumed each time, so the first lease is still ours.
+	if err := before.Complete(ctx); err != nil {
+		t.Fatalf("Complete of the pre-cut delivery: %v", err)
+	}
+	if err := sub.Unsubscribe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitDone(t, sub); !errors.Is(err, ErrUnsubscribed) {
+		t.Fatalf("Err = %v", err)
+	}
+}
+
+func TestRealRefusedConnectionBacksOffByPolicy(t *testing.T) {
+	rb := startRealBroker(t, nil)
+	p := proxyT(t, rb.addr)
+	clk := testkit.NewClock(time.Unix(1_700_000_000, 0))
+	c := dialT(t, p.Addr(), WithClock(clk), WithRand(func() float64 { return 0.5 }),
+		WithHeartbeat(time.Hour)) // keep heartbeat timers out of the recorded waits
+	ctx := testCtx(t)
+	sub, err := c.Subscribe(ctx, "real-backoff")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := len(clk.Waits())
+	p.SetRefuse(true)
+	p.CutAll()
+	want := []time.Duration{100, 200, 400, 800, 1600, 3200}
+	for i, w := range want {
+		waits, err := clk.WaitForWaits(ctx, mark+i+1)
+		if err != nil {
+			t.Fatalf("backoff %d: %v", i, err)
+		}
+		// Skip heartbeat timers of the dead connection, if any were recorded.
+		got := waits[mark+i]
+		if got == 30*time.Minute {
+			mark++
+			waits, err = clk.WaitForWaits(ctx, mark+i+1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = waits[mark+i]
+		}
+		if got != w*time.Millisecond {
+			t.Fatalf("backoff %d = %v, want %v (all %v)", i, got, w*time.Millisecond, waits[mark:])
+		}
+		if i == len(want)-1 {
+			p.SetRefuse(false)
+		}
+		clk.Advance(got)
+	}
+	r := publishRetrying(t, c, "real-backoff", "back")
+	if m := recv(t, sub); m.Offset != r.Offset {
+		t.Fatalf("got offset %d, want %d", m.Offset, r.Offset)
+	}
+}
+
+func TestRealWrongTokenIsFatal(t *testing.T) {
+	rb := startRealBroker(t, func(c *server.Config) { c.AuthTokens = []string{"secret"} })
+	p := proxyT(t, rb.addr)
+	_, err := Dial(testCtx(t), p.Addr(), WithCredentials("wrong"))
+	if !errors.Is(err, &BrokerError{Code: protocol.CodeAuthFailed}) || IsRetryable(err) {
+		t.Fatalf("Dial = %v, want a non-retryable auth_failed", err)
+	}
+	if n := p.Accepted(); n != 1 {
+		t.Fatalf("client connected %d times, want 1 (no retry)", n)
+	}
+	c := dialT(t, p.Addr(), WithCredentials("secret"))
+	publishRetrying(t, c, "auth", "ok")
+}
+
+func TestRealAsyncPublishPipeline(t *testing.T) {
+	rb := startRealBroker(t, func(c *server.Config) { c.PublishInflightMax = 512 })
+	c := dialT(t, rb.addr)
+	ctx := testCtx(t)
+	if _, err := c.DeclareQueue(ctx, "real-pipe", QueueConfig{Partitions: 4}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 10_000
+	futures := make([]*PublishFuture, n)
+	body := make([]byte, 100)
+	for i := range futures {
+		futures[i] = c.PublishAsync(ctx, "real-pipe", body)
+	}
+	seen := make(map[[2]uint64]bool, n)
+	for i, f := range futures {
+		r, err := f.Wait(ctx)
+		if err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+		k := [2]uint64{uint64(r.Partition), r.Offset}
+		if seen[k] {
+			t.Fatalf("position %v confirmed twice", k)
+		}
+		seen[k] = true
+	}
+	sub, err := c.Subscribe(ctx, "real-pipe", WithPrefetch(256))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		m := recv(t, sub)
+		if !seen[[2]uint64{uint64(m.Partition), m.Offset}] {
+			t.Fatalf("message %d at %d/%d was never confirmed", i, m.Partition, m.Offset)
+		}
+		if err := m.Complete(ctx); err != nil {
+			t.Fatalf("Complete %d: %v", i, err)
+		}
+	}
+}
+
+func TestRealTerminationReasons(t *testing.T) {
+	rb := startRealBroker(t, nil)
+	t.Run("unsubscribed and client closed", func(t *testing.T) {
+		c, err := Dial(testCtx(t), rb.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := testCtx(t)
+		a, err := c.Subscribe(ctx, "real-term")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := c.Subscribe(ctx, "real-term")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Unsubscribe(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.Close()
+		if err := waitDone(t, a); !errors.Is(err, ErrUnsubscribed) {
+			t.Fatalf("a: %v", err)
+		}
+		if err := waitDone(t, b); !errors.Is(err, ErrClientClosed) {
+			t.Fatalf("b: %v", err)
+		}
+	})
+	t.Run("bad request", func(t *testing.T) {
+		c := dialT(t, rb.addr)
+		_, err := c.Subscribe(testCtx(t), "")
+		var be *BrokerError
+		if !errors.As(err, &be) || be.Code != protocol.CodeBadRequest {
+			t.Fatalf("Subscribe(\"\") = %v, want bad_request", err)
+		}
+	})
+	t.Run("fresh session after grace resubscribes", func(t *testing.T) {
+		rb := startRealBroker(t, func(c *server.Config) { c.ReconnectGraceMs = 0 })
+		p := proxyT(t, rb.addr)
+		c := dialT(t, p.Addr())
+		ctx := testCtx(t)
+		sub, err := c.Subscribe(ctx, "real-fresh")
+		if err != nil {
+			t.Fatal(err)
+		}
+		publishRetrying(t, c, "real-fresh", "x")
+		old := recv(t, sub)
+		p.CutAll()
+		again := recv(t, sub) // redelivered on the new session
+		if again.Offset != old.Offset || again.Attempt < 2 {
+			t.Fatalf("redelivery %+v after %+v", again, old)
+		}
+		if err := old.Complete(ctx); !errors.Is(err, ErrStaleDelivery) {
+			t.Fatalf("Complete of old-session delivery = %v", err)
+		}
+		if err := again.Complete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
