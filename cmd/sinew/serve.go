@@ -1,0 +1,267 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/admin"
+	"github.com/sinewmq/sinew/internal/broker"
+	"github.com/sinewmq/sinew/internal/seglog"
+	"github.com/sinewmq/sinew/internal/server"
+	"github.com/sinewmq/sinew/internal/session/bridge"
+	"github.com/sinewmq/sinew/internal/settings"
+)
+
+// serverVersion is announced in HELLO_OK.
+const serverVersion = "sinew/0.1"
+
+// ownerIDFile holds the broker's stable identity inside the data directory. Resume
+// identities carry it, so a client that comes back after a restart is told
+// "not found" (same broker, session gone) rather than "rejected" (another broker).
+const ownerIDFile = "owner-id"
+
+// adminShutdownMs bounds the admin HTTP server's shutdown.
+const adminShutdownMs = 2000
+
+func init() {
+	commands["serve"] = command{
+		summary: "run the broker (client protocol, admin HTTP) until SIGINT/SIGTERM",
+		run:     runServe,
+	}
+}
+
+func runServe(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) error {
+	fs := newFlagSet("serve", stderr)
+	settings.RegisterFlags(fs)
+	configPath := fs.String("config", os.Getenv("SINEW_CONFIG"), "TOML configuration `file` (env SINEW_CONFIG)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := settings.Load(settings.Sources{File: *configPath, Env: os.LookupEnv, Flags: fs})
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
+		return fmt.Errorf("log_level: %w", err)
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	return serve(ctx, cfg, logger)
+}
+
+// serve runs the broker until ctx ends, then drains: GOING_AWAY to every client,
+// in-flight confirms flushed, connections closed, broker checkpointed and closed.
+func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error {
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	owner, err := loadOwnerID(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	sync := seglog.SyncAlways
+	if cfg.Storage.Sync == "interval" {
+		sync = seglog.SyncInterval
+	}
+	quarantine := map[string]broker.QuarantinePolicy{"quarantine": broker.Quarantine, "refuse": broker.Refuse, "ignore": broker.Ignore}[cfg.Storage.Quarantine]
+	start := time.Now()
+	b, err := broker.Open(broker.Config{
+		DataDir: cfg.DataDir, Now: time.Now, Logger: logger.With("component", "broker"),
+		DefaultPartitions: cfg.Queue.Partitions, DefaultLeaseMs: cfg.Queue.LeaseMs, DefaultMaxRetries: cfg.Queue.MaxRetries,
+		DeadLetterTopic: cfg.Queue.DeadLetterTopic, Sync: sync, SyncIntervalMs: cfg.Storage.SyncIntervalMs,
+		SegmentBytes: cfg.Storage.SegmentBytes, Quarantine: quarantine, InboxMax: cfg.Storage.InboxMax,
+		BodyBytesMax: cfg.Limits.BodyBytesMax, PrefetchMax: cfg.Limits.PrefetchMax,
+		CheckpointEveryRecords: cfg.Storage.CheckpointEveryRecords,
+	})
+	if err != nil {
+		return fmt.Errorf("open broker: %w", err)
+	}
+	logger.Info("broker recovered", "data_dir", cfg.DataDir, "owner_id", owner, "took_ms", time.Since(start).Milliseconds())
+	defer func() {
+		if err := b.Close(); err != nil {
+			logger.Error("broker close", "err", err)
+		}
+	}()
+
+	srv, err := server.New(server.Config{
+		Backend: bridge.New(b), OwnerID: owner, Rand: rand.Reader, ServerVersion: serverVersion,
+		Logger: logger.With("component", "server"), AuthTokens: cfg.Auth.Tokens,
+		FrameBytesMax: cfg.Limits.FrameBytesMax, BodyBytesMax: cfg.Limits.BodyBytesMax,
+		PrefetchDefault: uint32(cfg.Limits.PrefetchDefault), PrefetchMax: uint32(cfg.Limits.PrefetchMax),
+		SettleBatchMax: cfg.Limits.SettleBatchMax, PublishInflightMax: cfg.Limits.PublishInflightMax,
+		SubscriptionsMax: cfg.Limits.SubscriptionsMax, ConnectionsMax: cfg.Limits.ConnectionsMax,
+		HandshakeTimeoutMs: cfg.Connection.HandshakeTimeoutMs, HeartbeatMs: heartbeat(cfg.Connection.HeartbeatMs),
+		WriteTimeoutMs: cfg.Connection.WriteTimeoutMs, ReconnectGraceMs: cfg.Connection.ReconnectGraceMs,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(ln) }()
+
+	var adminSrv *http.Server
+	adminAddr := ""
+	if cfg.AdminListen != "" {
+		aln, err := net.Listen("tcp", cfg.AdminListen)
+		if err != nil {
+			srv.Shutdown(context.Background())
+			return fmt.Errorf("admin listen: %w", err)
+		}
+		adminAddr = aln.Addr().String()
+		adminSrv = &http.Server{Handler: admin.Handler(adminConfig(b, srv)), ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := adminSrv.Serve(aln); !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("admin: %w", err)
+			}
+		}()
+	}
+	logger.Info("serving", "listen", ln.Addr().String(), "admin_listen", adminAddr,
+		"generation", srv.Generation(), "sync", cfg.Storage.Sync, "reconnect_grace_ms", cfg.Connection.ReconnectGraceMs)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		logger.Info("signal received; draining")
+	case runErr = <-errc:
+		logger.Error("serving stopped", "err", runErr)
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.Connection.DrainTimeoutMs)*time.Millisecond)
+	defer cancel()
+	if err := srv.Shutdown(dctx); err != nil {
+		logger.Warn("drain did not finish in time; connections closed", "err", err)
+	}
+	if adminSrv != nil {
+		actx, acancel := context.WithTimeout(context.Background(), adminShutdownMs*time.Millisecond)
+		adminSrv.Shutdown(actx)
+		acancel()
+	}
+	if runErr != nil && !errors.Is(runErr, server.ErrServerClosed) {
+		return runErr
+	}
+	return nil
+}
+
+// heartbeat maps the setting (0 = off) onto the server's (negative = off).
+func heartbeat(ms int64) int64 {
+	if ms == 0 {
+		return -1
+	}
+	return ms
+}
+
+// loadOwnerID reads the broker's identity from the data directory, creating it on
+// first start (written to a temporary file, synced, renamed, directory synced).
+func loadOwnerID(dir string) (string, error) {
+	path := filepath.Join(dir, ownerIDFile)
+	data, err := os.ReadFile(path)
+	if err == nil {
+		id := strings.TrimSpace(string(data))
+		if id == "" || len(id) > 128 {
+			return "", fmt.Errorf("%s: malformed owner id", path)
+		}
+		return id, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	var raw [12]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", err
+	}
+	id := "b-" + hex.EncodeToString(raw[:])
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return "", err
+	}
+	_, werr := f.WriteString(id + "\n")
+	if werr == nil {
+		werr = f.Sync()
+	}
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr != nil {
+		return "", fmt.Errorf("write %s: %w", tmp, werr)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return "", err
+	}
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return id, nil
+}
+
+// adminConfig exposes the broker's and server's counters.
+func adminConfig(b *broker.Broker, srv *server.Server) admin.Config {
+	return admin.Config{
+		Ready:  b.Ready,
+		Queues: func() any { return b.Stats() },
+		Metrics: func() []admin.Metric {
+			st := srv.Stats()
+			ss := st.Sessions
+			g := func(name, help string, v float64) admin.Metric {
+				return admin.Metric{Name: name, Help: help, Type: "gauge", Value: v}
+			}
+			c := func(name, help string, v uint64) admin.Metric {
+				return admin.Metric{Name: name, Help: help, Type: "counter", Value: float64(v)}
+			}
+			ms := []admin.Metric{
+				g("sinew_connections_open", "Open client connections.", float64(st.ConnectionsOpen)),
+				c("sinew_connections_accepted_total", "Client connections accepted.", st.ConnectionsAccepted),
+				c("sinew_connections_rejected_total", "Connections refused at the connection limit.", st.ConnectionsRejected),
+				c("sinew_frames_in_total", "Frames read from clients.", st.FramesIn),
+				c("sinew_frames_out_total", "Frames written to clients.", st.FramesOut),
+				c("sinew_publishes_total", "Publish requests received.", st.Publishes),
+				c("sinew_publish_errors_total", "Publishes answered with an error.", st.PublishErrors),
+				g("sinew_publishes_inflight", "Publishes awaiting their confirm.", float64(st.PublishesInflight)),
+				c("sinew_settles_total", "Delivery tags settled by clients.", st.Settles),
+				c("sinew_request_errors_total", "Requests answered with an ERROR.", st.RequestErrors),
+				c("sinew_fatal_errors_total", "Connections closed for a protocol violation or timeout.", st.FatalErrors),
+				c("sinew_reader_pauses_total", "Times a connection reader paused for backpressure.", st.ReaderPauses),
+				g("sinew_sessions", "Live sessions, attached or dormant.", float64(ss.Sessions)),
+				g("sinew_sessions_dormant", "Sessions waiting out their reconnect grace.", float64(ss.Dormant)),
+				c("sinew_sessions_resumed_total", "Resumes accepted.", ss.Resumed),
+				c("sinew_sessions_resume_rejected_total", "Resumes refused.", ss.ResumeRejected),
+				c("sinew_sessions_grace_expired_total", "Sessions cleaned up when their grace ran out.", ss.GraceExpired),
+				c("sinew_sessions_requeued_total", "Leases handed back by session cleanup.", ss.Requeued),
+			}
+			bs := b.Stats()
+			for _, q := range bs.Queues {
+				for _, p := range q.Partitions {
+					labels := [][2]string{{"topic", q.Topic}, {"group", q.Group}, {"partition", strconv.FormatUint(uint64(p.Partition), 10)}}
+					for _, v := range []struct {
+						name, help string
+						n          int
+					}{
+						{"sinew_queue_ready", "Messages ready for delivery.", p.Ready},
+						{"sinew_queue_delayed", "Messages waiting for their delay.", p.Delayed},
+						{"sinew_queue_inflight", "Messages leased to consumers.", p.Inflight},
+						{"sinew_queue_consumers", "Subscriptions attached.", p.Consumers},
+					} {
+						ms = append(ms, admin.Metric{Name: v.name, Help: v.help, Type: "gauge", Labels: labels, Value: float64(v.n)})
+					}
+				}
+			}
+			return ms
+		},
+	}
+}

@@ -1,0 +1,45 @@
+// Package bridge adapts *broker.Broker to session.Backend, so that the session and
+// server packages depend on a small interface (and test against fakes) while the
+// binary runs them on the real broker. It holds no state and starts no goroutines.
+package bridge
+
+import (
+	"context"
+
+	"github.com/sinewmq/sinew/internal/broker"
+	"github.com/sinewmq/sinew/internal/session"
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// New returns b as a session.Backend.
+func New(b *broker.Broker) session.Backend { return backend{b} }
+
+type backend struct{ b *broker.Broker }
+
+func (x backend) Declare(ctx context.Context, d *protocol.DeclareQueue) (protocol.DeclareOK, error) {
+	return x.b.Declare(ctx, d)
+}
+
+func (x backend) Publish(p *protocol.Publish, done func(protocol.PublishOK, error)) { x.b.Publish(p, done) }
+
+func (x backend) Subscribe(req *protocol.Subscribe, c session.Consumer) (session.Subscription, error) {
+	s, err := x.b.Subscribe(req, consumer{c})
+	if err != nil {
+		return nil, err
+	}
+	return sub{s}, nil
+}
+
+func (x backend) Ready() bool { return x.b.Ready() }
+
+// sub is a value wrapping the pointer, so two wrappers of one subscription compare
+// equal as interfaces.
+type sub struct{ *broker.Subscription }
+
+type consumer struct{ c session.Consumer }
+
+func (k consumer) Deliver(s *broker.Subscription, d broker.Delivery) {
+	k.c.Deliver(sub{s}, session.Delivery(d))
+}
+
+func (k consumer) Closed(s *broker.Subscription, reason uint8, err error) { k.c.Closed(sub{s}, reason, err) }
