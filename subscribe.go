@@ -96,17 +96,18 @@ func (c *Client) Subscribe(ctx context.Context, topic string, opts ...SubscribeO
 			continue
 		}
 		if err != nil {
+			// The broker may have accepted it (the reply raced ctx or the
+			// connection): take it back rather than leave it consuming.
+			e.mu.Lock()
+			_, registered := e.subs[s]
+			e.mu.Unlock()
+			if registered {
+				uctx, cancel := context.WithTimeout(context.Background(), e.o.drainTimeout)
+				_ = s.Unsubscribe(uctx)
+				cancel()
+			}
 			return nil, err
 		}
-		e.mu.Lock()
-		if e.closing {
-			e.mu.Unlock()
-			return nil, ErrClientClosed
-		}
-		e.subs[s] = struct{}{}
-		e.wg.Add(1)
-		e.mu.Unlock()
-		go s.pump()
 		return s, nil
 	}
 	return nil, ErrConnectionLost
@@ -122,6 +123,7 @@ func (e *endpoint) subscribeOn(ctx context.Context, c *conn, s *Subscription) er
 	body := &protocol.Subscribe{Topic: s.topic, Group: s.cfg.group, Partition: s.cfg.partition,
 		AckMode: ackMode, Prefetch: s.cfg.prefetch}
 	var orphan uint64
+	var closing bool
 	hook := func(b protocol.Body) {
 		ok, isOK := b.(*protocol.SubscribeOK)
 		if !isOK {
@@ -129,8 +131,8 @@ func (e *endpoint) subscribeOn(ctx context.Context, c *conn, s *Subscription) er
 		}
 		e.mu.Lock()
 		defer e.mu.Unlock()
-		if s.ended {
-			orphan = ok.SubID
+		if s.ended || e.closing {
+			orphan, closing = ok.SubID, e.closing
 			return
 		}
 		c.mu.Lock()
@@ -140,12 +142,16 @@ func (e *endpoint) subscribeOn(ctx context.Context, c *conn, s *Subscription) er
 		s.partitions = ok.Partitions
 		s.prefetch = ok.Prefetch
 		s.recreating = false
+		// A new subscription joins the endpoint here, on the reader, so a
+		// reconnect that starts after this reply always knows about it.
+		if _, known := e.subs[s]; !known {
+			e.subs[s] = struct{}{}
+			e.wg.Add(1)
+			go s.pump()
+		}
 	}
 	reply, err := c.roundTrip(ctx, body, hook)
 	if err != nil {
-		if errors.Is(err, ErrConnectionLost) && !c.isClosed() {
-			return err
-		}
 		return err
 	}
 	if _, ok := reply.(*protocol.SubscribeOK); !ok {
@@ -153,6 +159,9 @@ func (e *endpoint) subscribeOn(ctx context.Context, c *conn, s *Subscription) er
 	}
 	if orphan != 0 {
 		c.send(protocol.FlagNoReply, &protocol.Unsubscribe{SubID: orphan})
+		if closing {
+			return ErrClientClosed
+		}
 	}
 	return nil
 }
