@@ -10,7 +10,7 @@ import (
 
 	"github.com/sinewmq/sinew/internal/broker"
 	"github.com/sinewmq/sinew/internal/server"
-	"github.com/sinewmq/sinew/internal/session"
+	"github.com/sinewmq/sinew/internal/session/bridge"
 	"github.com/sinewmq/sinew/internal/testkit"
 	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/protocol"
@@ -19,33 +19,6 @@ import (
 // These tests run the SDK against the real broker (internal/broker on an
 // in-memory file system) behind the real wire server (internal/server), over
 // loopback, with the testkit proxy in between where faults are injected.
-
-// brokerBackend presents *broker.Broker as the session layer's Backend.
-type brokerBackend struct{ b *broker.Broker }
-
-func (bb brokerBackend) Declare(ctx context.Context, d *protocol.DeclareQueue) (protocol.DeclareOK, error) {
-	return bb.b.Declare(ctx, d)
-}
-func (bb brokerBackend) Publish(p *protocol.Publish, done func(protocol.PublishOK, error)) {
-	bb.b.Publish(p, done)
-}
-func (bb brokerBackend) Ready() bool { return bb.b.Ready() }
-func (bb brokerBackend) Subscribe(req *protocol.Subscribe, c session.Consumer) (session.Subscription, error) {
-	s, err := bb.b.Subscribe(req, consumerAdapter{c})
-	if err != nil {
-		return nil, err
-	}
-	return s, nil
-}
-
-type consumerAdapter struct{ c session.Consumer }
-
-func (a consumerAdapter) Deliver(s *broker.Subscription, d broker.Delivery) {
-	a.c.Deliver(s, session.Delivery(d))
-}
-func (a consumerAdapter) Closed(s *broker.Subscription, reason uint8, err error) {
-	a.c.Closed(s, reason, err)
-}
 
 // countingRand is a deterministic io.Reader for the server's ids and tokens.
 type countingRand struct{ n byte }
@@ -70,7 +43,7 @@ func startRealBroker(t *testing.T, tune func(*server.Config)) *realBroker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := server.Config{Backend: brokerBackend{b}, OwnerID: "owner-1", Rand: &countingRand{},
+	cfg := server.Config{Backend: bridge.New(b), OwnerID: "owner-1", Rand: &countingRand{},
 		ServerVersion: "test", ReconnectGraceMs: 30_000}
 	if tune != nil {
 		tune(&cfg)
