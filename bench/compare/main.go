@@ -36,6 +36,7 @@ type options struct {
 	versions                                 string
 	profileCell                              string
 	profileFor                               time.Duration
+	skip                                     string
 }
 
 func main() {
@@ -55,8 +56,9 @@ func main() {
 	flag.IntVar(&o.backlog, "backlog", 300000, "messages prefilled by the drain cell (its RSS-with-backlog sample too)")
 	flag.IntVar(&o.rate, "rate", 20000, "publish rate of the mixed cell, msg/s")
 	flag.StringVar(&o.versions, "versions", "", "broker versions to record, as name=version;name=version")
-	flag.StringVar(&o.profileCell, "sinew-profile", "", "cells (comma-separated) during whose first run to take a CPU profile of sinew serve from its admin listener's /debug/pprof")
+	flag.StringVar(&o.profileCell, "sinew-profile", "", "cells (comma-separated) during whose first run to take a CPU profile of sinew serve (served on SINEW_PPROF_LISTEN)")
 	flag.DurationVar(&o.profileFor, "profile-seconds", 4*time.Second, "length of that CPU profile")
+	flag.StringVar(&o.skip, "skip", "", "broker:cell pairs not to run, comma-separated (e.g. nats-js-sync:drain)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "compare:", err)
@@ -111,6 +113,10 @@ func run(o options) error {
 	for _, s := range servers {
 		f.Brokers = append(f.Brokers, s.name())
 	}
+	skip := strings.Split(o.skip, ",")
+	if o.skip != "" {
+		f.Settings["skipped"] = o.skip
+	}
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
 	}
@@ -119,6 +125,9 @@ func run(o options) error {
 			for _, c := range cells {
 				if ctx.Err() != nil {
 					break
+				}
+				if slices.Contains(skip, s.name()+":"+c.id) {
+					continue
 				}
 				var prof *profileReq
 				if ss, ok := s.(*sinewServer); ok && runNo == 1 && slices.Contains(strings.Split(o.profileCell, ","), c.id) {
@@ -265,7 +274,7 @@ type profileReq struct {
 	path   string
 }
 
-// take fetches /debug/pprof/profile from the broker's admin listener.
+// take fetches /debug/pprof/profile from the broker's profiling listener.
 func (p *profileReq) take(ctx context.Context) error {
 	select {
 	case <-time.After(p.after):
@@ -273,7 +282,7 @@ func (p *profileReq) take(ctx context.Context) error {
 		return ctx.Err()
 	}
 	secs := max(1, int(p.length/time.Second))
-	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.srv.admin, secs)
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.srv.pprof, secs)
 	rctx, cancel := context.WithTimeout(ctx, p.length+30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(rctx, http.MethodGet, url, nil)
@@ -286,7 +295,7 @@ func (p *profileReq) take(ctx context.Context) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s (does sinew serve expose pprof on its admin listener?)", url, resp.Status)
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	f, err := os.Create(p.path)
 	if err != nil {

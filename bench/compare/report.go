@@ -281,6 +281,9 @@ func writeMarkdown(w io.Writer, f *resultsFile) error {
 	b.WriteString("\nEach value is the median of the runs, with the lowest and highest in brackets. ")
 	b.WriteString("“Sinew vs X” is how many times better Sinew is than X (above 1: Sinew better; below 1: worse), ")
 	b.WriteString("taking into account whether higher or lower is better. ⚠N marks N runs that produced no value; their errors follow.\n")
+	if s := f.Settings["skipped"]; s != "" {
+		fmt.Fprintf(&b, "\nNot run (broker:workload): %s.\n", strings.ReplaceAll(s, ",", ", "))
+	}
 	var notes []string
 	for _, r := range f.Records {
 		if r.Error != "" {

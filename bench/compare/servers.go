@@ -149,7 +149,7 @@ type sinewServer struct {
 	args  string // extra serve flags, space-separated
 	p     *proc
 	addr  string
-	admin string // admin listener, where pprof may be served
+	pprof string // loopback address of the profiling endpoints (SINEW_PPROF_LISTEN)
 }
 
 func (s *sinewServer) name() string { return "sinew" }
@@ -163,15 +163,20 @@ func (s *sinewServer) start(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
+	pp, err := freePort()
+	if err != nil {
+		return err
+	}
 	s.addr = "127.0.0.1:" + strconv.Itoa(port)
-	s.admin = "127.0.0.1:" + strconv.Itoa(admin)
+	s.pprof = "127.0.0.1:" + strconv.Itoa(pp)
 	args := []string{"serve",
 		"--data-dir", filepath.Join(dir, "data"),
 		"--listen", s.addr,
-		"--admin-listen", s.admin,
+		"--admin-listen", "127.0.0.1:" + strconv.Itoa(admin),
 	}
 	args = append(args, strings.Fields(s.args)...)
-	if s.p, err = startProc(dir, "sinew.log", nil, s.bin, args...); err != nil {
+	env := []string{"SINEW_PPROF_LISTEN=" + s.pprof}
+	if s.p, err = startProc(dir, "sinew.log", env, s.bin, args...); err != nil {
 		return err
 	}
 	return waitReady(ctx, s.p, s.addr, func(ctx context.Context) error {

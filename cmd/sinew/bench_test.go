@@ -151,3 +151,11 @@ func TestBenchUsageErrors(t *testing.T) {
 		t.Errorf("--help: exit %d, stderr %q", code, errOut.String())
 	}
 }
+
+func TestPprofListenRefusesNonLoopback(t *testing.T) {
+	for _, addr := range []string{"0.0.0.0:0", "10.1.2.3:0", "example.com:0", "nonsense"} {
+		if err := startPprof(addr); err == nil {
+			t.Errorf("startPprof(%q) accepted a non-loopback address", addr)
+		}
+	}
+}
