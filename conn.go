@@ -117,13 +117,13 @@ func (c *conn) run() {
 	}
 }
 
+// isClosed reports whether close has begun. It reads the flag rather than
+// done, which closes only after pending calls are resolved, so that callers
+// never pick a connection that already refuses requests.
 func (c *conn) isClosed() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }
 
 // closeErr returns why the connection closed (valid once done is closed).

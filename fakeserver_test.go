@@ -31,6 +31,8 @@ type fakeBroker struct {
 	nextSess   int
 	produced   map[string]protocol.PublishOK // producer id/seq -> result
 	hellos     []protocol.Hello
+	recreate   bool            // answer missing subscriptions with "recreate client side"
+	refuseSubs map[string]bool // topics whose SUBSCRIBE fails with unavailable
 	wg         sync.WaitGroup
 }
 
@@ -250,6 +252,10 @@ func (b *fakeBroker) handle(c *fConn, f protocol.Frame, body protocol.Body) bool
 			c.write(0, id, &protocol.ErrorBody{Code: protocol.CodeBadRequest, Message: "empty topic"})
 			return true
 		}
+		if b.refuseSubs[m.Topic] {
+			c.write(0, id, &protocol.ErrorBody{Code: protocol.CodeUnavailable, Message: "refused"})
+			return true
+		}
 		sub := b.newSub(s, protocol.SubView{Topic: m.Topic, Group: m.Group, Partition: m.Partition,
 			AckMode: m.AckMode, Prefetch: m.Prefetch})
 		c.write(0, id, &protocol.SubscribeOK{SubID: sub.id, Partitions: []uint32{0}, Prefetch: sub.prefetch()})
@@ -291,6 +297,9 @@ func (b *fakeBroker) handle(c *fConn, f protocol.Frame, body protocol.Body) bool
 			case sub != nil:
 				res.Entries = append(res.Entries, protocol.ReconcileEntry{Action: protocol.ActionKeep,
 					ClientSubID: v.SubID, ServerSubID: v.SubID, Client: v, Server: sub.view, Reason: "matched"})
+			case b.recreate:
+				res.Entries = append(res.Entries, protocol.ReconcileEntry{Action: protocol.ActionRecreateClient,
+					ClientSubID: v.SubID, Client: v, Reason: "missing"})
 			case m.Policy == protocol.ReconcileRestore:
 				sub := b.newSub(s, v)
 				res.Entries = append(res.Entries, protocol.ReconcileEntry{Action: protocol.ActionKeep,

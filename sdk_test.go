@@ -469,6 +469,34 @@ func TestTerminationReasons(t *testing.T) {
 			t.Fatalf("got offset %d, want %d", m.Offset, r.Offset)
 		}
 	})
+	t.Run("recreated, or not", func(t *testing.T) {
+		b := newFakeBroker(t)
+		c := dialT(t, b.addr())
+		ctx := testCtx(t)
+		ok, err := c.Subscribe(ctx, "q-ok")
+		if err != nil {
+			t.Fatal(err)
+		}
+		bad, err := c.Subscribe(ctx, "q-bad")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.set(func(b *fakeBroker) {
+			for _, s := range b.sessions {
+				s.subs = map[uint64]*fSub{}
+			}
+			b.recreate = true
+			b.refuseSubs = map[string]bool{"q-bad": true}
+		})
+		b.cutAll()
+		if err := waitDone(t, bad); !errors.Is(err, ErrRecreated) || !errors.Is(err, &BrokerError{Code: protocol.CodeUnavailable}) {
+			t.Fatalf("bad: Err = %v, want ErrRecreated wrapping unavailable", err)
+		}
+		r := publishRetrying(t, c, "q-ok", "still here")
+		if m := recv(t, ok); m.Offset != r.Offset {
+			t.Fatalf("recreated subscription got offset %d, want %d", m.Offset, r.Offset)
+		}
+	})
 	t.Run("broker error", func(t *testing.T) {
 		b := newFakeBroker(t)
 		c := dialT(t, b.addr())
