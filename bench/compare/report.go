@@ -54,7 +54,7 @@ func resultValue(f func(*benchkit.Result) (float64, bool)) func(record) (float64
 	}
 }
 
-func rate(r *benchkit.Result) (float64, bool) { return r.MsgPerSec, r.Messages > 0 }
+func rate(r *benchkit.Result) (float64, bool) { return r.MsgPerSec, r.Seconds > 0 }
 
 func p99(r *benchkit.Result) (float64, bool) {
 	if r.Latency == nil || r.Latency.Count == 0 {

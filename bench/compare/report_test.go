@@ -18,7 +18,7 @@ func cannedResults() *resultsFile {
 	add := func(broker, cell string, run int, rate float64, idle uint64) {
 		f.Records = append(f.Records, record{
 			Broker: broker, Cell: cell, Run: run, IdleRSSBytes: idle,
-			Result: &benchkit.Result{Broker: broker, Messages: 1, MsgPerSec: rate,
+			Result: &benchkit.Result{Broker: broker, Messages: 1, Seconds: 1, MsgPerSec: rate,
 				Latency: &benchkit.LatencySummary{Count: 1, P99: benchkit.Millis(rate / 1000)}},
 		})
 	}
