@@ -19,6 +19,14 @@ type ID struct {
 
 func (id ID) String() string { return id.Producer + ":" + strconv.FormatUint(id.Seq, 10) }
 
+// Pos is where the broker stored a message: its partition and offset. A
+// message published once has one Pos; a resend the broker failed to
+// deduplicate gets a second one.
+type Pos struct {
+	Partition uint32
+	Offset    uint64
+}
+
 // idsShownMax bounds how many offending ids a report prints, so that a badly
 // broken run still gives a readable failure message.
 const idsShownMax = 64
@@ -33,11 +41,16 @@ type msgState struct {
 	confirmed  bool
 	deliveries int
 	settled    bool
+	// settledAt holds the positions whose ack was confirmed; a delivery of
+	// one of them is a settled message delivered again.
+	settledAt map[Pos]bool
+	// positions are the distinct positions the message was delivered from.
+	positions map[Pos]bool
 	// ackInDoubt: an ACK was written but its result was lost with the
 	// connection and cannot be asked for again (the session was not resumed).
 	ackInDoubt bool
-	// redeliveredAfterSettle counts deliveries recorded after the first
-	// confirmed ack.
+	// redeliveredAfterSettle counts deliveries of a position recorded after
+	// that position's ack was confirmed.
 	redeliveredAfterSettle int
 }
 
@@ -88,14 +101,19 @@ func (c *Checker) Confirmed(id ID) {
 	m.confirmed = true
 }
 
-// Delivered records that a consumer received a delivery of id at atMs, a
-// time the caller measured on any monotonic scale shared by the whole run.
-func (c *Checker) Delivered(id ID, atMs int64) {
+// Delivered records that a consumer received a delivery of id from position
+// pos at atMs, a time the caller measured on any monotonic scale shared by the
+// whole run.
+func (c *Checker) Delivered(id ID, pos Pos, atMs int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	m := c.state(id)
 	m.deliveries++
-	if m.settled {
+	if m.positions == nil {
+		m.positions = make(map[Pos]bool, 1)
+	}
+	m.positions[pos] = true
+	if m.settledAt[pos] {
 		m.redeliveredAfterSettle++
 	}
 	c.deliveries++
@@ -134,12 +152,17 @@ func (c *Checker) observe(atMs int64) {
 	c.lastAtMs = atMs
 }
 
-// Settled records that the broker answered an ACK of a delivery of id with
-// ok: the message is settled and must never be delivered again.
-func (c *Checker) Settled(id ID) {
+// Settled records that the broker answered an ACK of a delivery of id from
+// pos with ok: that position is settled and must never be delivered again.
+func (c *Checker) Settled(id ID, pos Pos) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.state(id).settled = true
+	m := c.state(id)
+	m.settled = true
+	if m.settledAt == nil {
+		m.settledAt = make(map[Pos]bool, 1)
+	}
+	m.settledAt[pos] = true
 }
 
 // AckInDoubt records that an ACK of id was sent but its result was lost with
@@ -185,12 +208,16 @@ type Report struct {
 	Settled    int // distinct messages whose ack was confirmed
 	Duplicates int // Deliveries of known messages minus Delivered
 	Unsettled  int // confirmed, delivered, but no ack confirmed by the end
-	InDoubt    int // of Unsettled: an ack was sent but its result was lost
+	// DedupMisses counts messages delivered from more than one position: a
+	// resend with the same producer id and sequence that the broker stored
+	// again instead of recognising it.
+	DedupMisses int
+	InDoubt     int // of Unsettled: an ack was sent but its result was lost
 
 	SettleRefused int // acks answered with stale_lease, unknown_tag or unavailable
 
 	Lost               []ID     // confirmed, never delivered
-	SettledRedelivered []ID     // delivered after a confirmed ack
+	SettledRedelivered []ID     // delivered again from a position whose ack was confirmed
 	Phantom            []ID     // delivered, never attempted
 	Corrupt            []string // bodies that did not verify
 
@@ -223,6 +250,9 @@ func (c *Checker) Report() Report {
 		if m.deliveries > 0 {
 			r.Delivered++
 			r.Duplicates += m.deliveries - 1
+		}
+		if len(m.positions) > 1 {
+			r.DedupMisses++
 		}
 		if m.settled {
 			r.Settled++
@@ -289,9 +319,9 @@ func (r Report) Err() error {
 // String is a one-line summary of the figures, for logs and tables.
 func (r Report) String() string {
 	return fmt.Sprintf("attempted=%d confirmed=%d deliveries=%d delivered=%d settled=%d lost=%d "+
-		"settled_redelivered=%d phantom=%d corrupt=%d duplicates=%d unsettled=%d in_doubt=%d settle_refused=%d longest_gap_ms=%d",
+		"settled_redelivered=%d phantom=%d corrupt=%d duplicates=%d dedup_misses=%d unsettled=%d in_doubt=%d settle_refused=%d longest_gap_ms=%d",
 		r.Attempted, r.Confirmed, r.Deliveries, r.Delivered, r.Settled, len(r.Lost),
-		len(r.SettledRedelivered), len(r.Phantom), len(r.Corrupt), r.Duplicates, r.Unsettled, r.InDoubt, r.SettleRefused, r.LongestGapMs)
+		len(r.SettledRedelivered), len(r.Phantom), len(r.Corrupt), r.Duplicates, r.DedupMisses, r.Unsettled, r.InDoubt, r.SettleRefused, r.LongestGapMs)
 }
 
 // FormatIDs prints ids grouped by producer with consecutive sequence numbers

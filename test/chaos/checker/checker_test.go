@@ -10,13 +10,16 @@ import (
 
 func id(p string, s uint64) ID { return ID{Producer: p, Seq: s} }
 
+// at is the position every test message is stored at unless a test says otherwise.
+var at0 = Pos{Partition: 0, Offset: 7}
+
 func TestCleanRun(t *testing.T) {
 	c := New()
 	for s := uint64(1); s <= 3; s++ {
 		c.Attempted(id("p", s))
 		c.Confirmed(id("p", s))
-		c.Delivered(id("p", s), int64(10*s))
-		c.Settled(id("p", s))
+		c.Delivered(id("p", s), at0, int64(10*s))
+		c.Settled(id("p", s), at0)
 	}
 	r := c.Report()
 	if err := r.Err(); err != nil {
@@ -39,7 +42,7 @@ func TestLost(t *testing.T) {
 	}
 	c.Confirmed(id("p1", 4))
 	for _, s := range []uint64{1, 2, 8} {
-		c.Delivered(id("p0", s), 0)
+		c.Delivered(id("p0", s), at0, 0)
 	}
 	r := c.Report()
 	err := r.Err()
@@ -61,7 +64,7 @@ func TestUnconfirmedMayVanishOrArrive(t *testing.T) {
 	c := New()
 	c.Attempted(id("p", 1)) // never confirmed, never delivered: fine
 	c.Attempted(id("p", 2)) // never confirmed, delivered anyway: fine
-	c.Delivered(id("p", 2), 5)
+	c.Delivered(id("p", 2), at0, 5)
 	r := c.Report()
 	if err := r.Err(); err != nil {
 		t.Fatalf("unconfirmed publishes must not be violations: %v", err)
@@ -75,12 +78,12 @@ func TestSettledRedelivered(t *testing.T) {
 	c := New()
 	c.Confirmed(id("p", 1))
 	c.Confirmed(id("p", 2))
-	c.Delivered(id("p", 1), 1)
-	c.Delivered(id("p", 1), 2) // redelivered before any ack: a duplicate, legal
-	c.Settled(id("p", 1))
-	c.Delivered(id("p", 2), 3)
-	c.Settled(id("p", 2))
-	c.Delivered(id("p", 2), 4) // after the confirmed ack: a violation
+	c.Delivered(id("p", 1), at0, 1)
+	c.Delivered(id("p", 1), at0, 2) // redelivered before any ack: a duplicate, legal
+	c.Settled(id("p", 1), at0)
+	c.Delivered(id("p", 2), at0, 3)
+	c.Settled(id("p", 2), at0)
+	c.Delivered(id("p", 2), at0, 4) // after the confirmed ack: a violation
 	r := c.Report()
 	if got := FormatIDs(r.SettledRedelivered); got != "p:[2]" {
 		t.Fatalf("settled-redelivered = %q, want p:[2]", got)
@@ -95,7 +98,7 @@ func TestSettledRedelivered(t *testing.T) {
 
 func TestPhantomAndCorrupt(t *testing.T) {
 	c := New()
-	c.Delivered(id("ghost", 9), 1)
+	c.Delivered(id("ghost", 9), at0, 1)
 	c.Corrupt("partition 0 offset 7: crc mismatch", 2)
 	r := c.Report()
 	if FormatIDs(r.Phantom) != "ghost:[9]" || len(r.Corrupt) != 1 || r.Deliveries != 2 {
@@ -112,7 +115,7 @@ func TestPhantomAndCorrupt(t *testing.T) {
 func TestGapIgnoresOutOfOrderTimestamps(t *testing.T) {
 	c := New()
 	for _, at := range []int64{100, 150, 140, 900, 880, 1000} {
-		c.Delivered(id("p", uint64(at)), at)
+		c.Delivered(id("p", uint64(at)), at0, at)
 	}
 	r := c.Report()
 	if r.LongestGapMs != 750 || r.LongestGapAtMs != 150 || r.FirstDeliveryMs != 100 || r.LastDeliveryMs != 1000 {
@@ -154,9 +157,9 @@ func TestCheckerAgainstModel(t *testing.T) {
 			case 1:
 				c.Confirmed(id("p", e.seq))
 			case 2:
-				c.Delivered(id("p", e.seq), int64(i))
+				c.Delivered(id("p", e.seq), at0, int64(i))
 			case 3:
-				c.Settled(id("p", e.seq))
+				c.Settled(id("p", e.seq), at0)
 			}
 		}
 		r := c.Report()
@@ -211,13 +214,31 @@ func TestAckInDoubtStopsWaitingOnlyAfterDelivery(t *testing.T) {
 	if c.Outstanding() != 1 {
 		t.Fatalf("outstanding = %d, want 1", c.Outstanding())
 	}
-	c.Delivered(id("p", 1), 0)
+	c.Delivered(id("p", 1), at0, 0)
 	if c.Outstanding() != 0 {
 		t.Fatalf("outstanding = %d, want 0", c.Outstanding())
 	}
-	c.Delivered(id("p", 1), 1) // coming back after an ack in doubt is legal
+	c.Delivered(id("p", 1), at0, 1) // coming back after an ack in doubt is legal
 	r := c.Report()
 	if r.Err() != nil || r.Unsettled != 1 || r.InDoubt != 1 || r.Duplicates != 1 {
 		t.Fatalf("report %s, err %v", r, r.Err())
+	}
+}
+
+func TestDedupMissIsNotASettledRedelivery(t *testing.T) {
+	c := New()
+	c.Confirmed(id("p", 1))
+	c.Delivered(id("p", 1), Pos{0, 10}, 1)
+	c.Settled(id("p", 1), Pos{0, 10})
+	// The same producer sequence stored again at another offset: a duplicate
+	// publish, not the settled record coming back.
+	c.Delivered(id("p", 1), Pos{1, 3}, 2)
+	r := c.Report()
+	if r.Err() != nil || r.DedupMisses != 1 || r.Duplicates != 1 {
+		t.Fatalf("report %s, err %v", r, r.Err())
+	}
+	c.Delivered(id("p", 1), Pos{0, 10}, 3) // the settled position itself: a violation
+	if r := c.Report(); FormatIDs(r.SettledRedelivered) != "p:[1]" {
+		t.Fatalf("settled-redelivered = %q", FormatIDs(r.SettledRedelivered))
 	}
 }

@@ -7,10 +7,12 @@
 // The figures it reports and what the contract says about them:
 //
 //	lost                 confirmed (PUBLISH_OK) but never delivered      must be 0
-//	settled-redelivered  delivered again after its ack was confirmed     must be 0
+//	settled-redelivered  delivered again from a (partition, offset)      must be 0
+//	                     whose ack was confirmed
 //	phantom              delivered but never published by the workload   must be 0
 //	corrupt              delivered with a body that does not verify      must be 0
 //	duplicates           deliveries beyond the first of each message     counted, bounded by faults
+//	dedup misses         one producer sequence stored at two positions   counted
 //	longest gap          longest stretch with no delivery at all         availability, not correctness
 //
 // Ordering: a Checker is safe for concurrent use; one mutex orders every

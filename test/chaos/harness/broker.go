@@ -54,6 +54,8 @@ type Config struct {
 	Addr, AdminAddr string
 	// Args builds the command line from the broker; defaults to ServeArgs.
 	Args func(b *Broker) []string
+	// ExtraArgs are appended to ServeArgs (broker settings as flags).
+	ExtraArgs []string
 	// Env is added to the child's environment.
 	Env []string
 	// ReadyTimeout bounds the wait for the first HELLO_OK after a start.
@@ -63,13 +65,13 @@ type Config struct {
 }
 
 // ServeArgs is the default command line: `sinew serve` with the broker's data
-// directory and listen addresses.
+// directory and listen addresses, then Config.ExtraArgs.
 func ServeArgs(b *Broker) []string {
-	return []string{"serve",
+	return append([]string{"serve",
 		"--data-dir", b.cfg.DataDir,
 		"--listen", b.cfg.Addr,
 		"--admin-listen", b.cfg.AdminAddr,
-	}
+	}, b.cfg.ExtraArgs...)
 }
 
 // Broker is one broker identity (data dir, ports) across any number of

@@ -25,13 +25,19 @@ type consumer struct {
 	subID uint64
 	// sentAcks are deliveries whose SETTLE_RESULT has not arrived, by tag;
 	// tags are valid only within the session that issued them.
-	sentAcks map[uint64]checker.ID
+	sentAcks map[uint64]delivered
 	// ackWritten holds the tags of sentAcks whose ACK frame was written.
 	ackWritten map[uint64]bool
 }
 
+// delivered is what a consumer remembers of a delivery until its ack result.
+type delivered struct {
+	id  checker.ID
+	pos checker.Pos
+}
+
 func (k *consumer) run(ctx context.Context) {
-	k.sentAcks = make(map[uint64]checker.ID)
+	k.sentAcks = make(map[uint64]delivered)
 	k.ackWritten = make(map[uint64]bool)
 	for fails := 0; ctx.Err() == nil; {
 		var resume protocol.ResumeIdentity
@@ -91,8 +97,8 @@ func (k *consumer) serve(c *wconn, resumed bool) error {
 		// Tags died with the old session. An ACK already written may or may
 		// not have taken effect; nobody can tell us now.
 		for tag := range k.ackWritten {
-			if id, ok := k.sentAcks[tag]; ok {
-				k.cfg.Checker.AckInDoubt(id)
+			if d, ok := k.sentAcks[tag]; ok {
+				k.cfg.Checker.AckInDoubt(d.id)
 			}
 		}
 		clear(k.sentAcks)
@@ -119,8 +125,9 @@ func (k *consumer) serve(c *wconn, resumed bool) error {
 			if derr != nil {
 				k.cfg.Checker.Corrupt(fmt.Sprintf("partition %d offset %d attempt %d: %v", m.Partition, m.Offset, m.Attempt, derr), at)
 			} else {
-				k.cfg.Checker.Delivered(id, at)
-				k.sentAcks[m.Tag] = id
+				pos := checker.Pos{Partition: m.Partition, Offset: m.Offset}
+				k.cfg.Checker.Delivered(id, pos, at)
+				k.sentAcks[m.Tag] = delivered{id, pos}
 			}
 			k.stats.add(func(s *Counters) { s.Deliveries++ })
 			toAck = append(toAck, m.Tag)
@@ -128,11 +135,11 @@ func (k *consumer) serve(c *wconn, resumed bool) error {
 			tags := acks[h.RequestID]
 			delete(acks, h.RequestID)
 			for i, tag := range tags {
-				id, ok := k.sentAcks[tag]
+				d, ok := k.sentAcks[tag]
 				delete(k.sentAcks, tag)
 				delete(k.ackWritten, tag)
 				if i < len(m.Codes) && m.Codes[i] == protocol.CodeOK && ok {
-					k.cfg.Checker.Settled(id)
+					k.cfg.Checker.Settled(d.id, d.pos)
 				} else {
 					k.cfg.Checker.SettleRefused()
 				}

@@ -204,7 +204,7 @@ func (f *fakeBroker) dispatchLocked() {
 			f.ready = f.ready[1:]
 			s.c.tags++
 			s.leased[s.c.tags] = idx
-			s.c.write(0, &protocol.Deliver{SubID: s.id, Tag: s.c.tags, Attempt: 1, Body: f.msgs[idx]})
+			s.c.write(0, &protocol.Deliver{SubID: s.id, Tag: s.c.tags, Offset: uint64(idx), Attempt: 1, Body: f.msgs[idx]})
 		}
 	}
 }

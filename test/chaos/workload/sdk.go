@@ -119,7 +119,8 @@ func (k *consumer) sdkRun(ctx context.Context) {
 				k.cfg.Checker.Corrupt(fmt.Sprintf("partition %d offset %d attempt %d: %v", msg.Partition, msg.Offset, msg.Attempt, derr), at)
 				continue
 			}
-			k.cfg.Checker.Delivered(id, at)
+			pos := checker.Pos{Partition: msg.Partition, Offset: msg.Offset}
+			k.cfg.Checker.Delivered(id, pos, at)
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
@@ -131,7 +132,7 @@ func (k *consumer) sdkRun(ctx context.Context) {
 				k.stats.add(func(s *Counters) { s.Acks++ })
 				switch err := msg.Complete(ctx); {
 				case err == nil:
-					k.cfg.Checker.Settled(id)
+					k.cfg.Checker.Settled(id, pos)
 				case errors.Is(err, sinew.ErrConnectionLost) || errors.Is(err, sinew.ErrClientClosed) || ctx.Err() != nil:
 					// Sent, result unknown: it may have been settled.
 					k.cfg.Checker.AckInDoubt(id)
