@@ -229,6 +229,32 @@ type nopSub struct{}
 
 func (nopSub) Stop() error { return nil }
 
+func TestUnreadablePIDFailsBeforeTheRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, err := Run(t.Context(), newMemBroker(0), Config{Mode: ModePublish, Topic: "t", PID: 42, ProcFS: fstest.MapFS{}})
+		if !errors.Is(err, ErrProc) {
+			t.Fatalf("err = %v, want ErrProc", err)
+		}
+	})
+}
+
+func TestProcReport(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		procFS := fstest.MapFS{
+			"42/status": {Data: []byte("VmHWM:\t2048 kB\nVmRSS:\t1024 kB\n")},
+			"42/stat":   {Data: []byte("42 (srv) S 1 42 42 0 -1 0 0 0 0 0 10 5 0 0\n")},
+		}
+		res, err := Run(t.Context(), newMemBroker(time.Millisecond), Config{Mode: ModeDrain, Topic: "t", Count: 100, PID: 42, ProcFS: procFS})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := res.Proc
+		if p == nil || p.RSSStartBytes != 1<<20 || p.RSSBacklogBytes != 1<<20 || p.RSSPeakBytes != 2<<20 || p.CPUPercent != 0 {
+			t.Errorf("proc = %+v", p)
+		}
+	})
+}
+
 func TestConfigValidation(t *testing.T) {
 	for _, c := range []Config{
 		{Mode: ModePublish},

@@ -103,7 +103,9 @@ func Run(ctx context.Context, b Broker, cfg Config) (Result, error) {
 		return r.res, err
 	}
 	defer r.closeConns()
-	r.procStart()
+	if err := r.procStart(); err != nil {
+		return r.res, err
+	}
 	switch cfg.Mode {
 	case ModePublish:
 		err = r.publish(ctx)
@@ -177,18 +179,20 @@ func (r *runner) fail(err error) {
 
 func (r *runner) tooManyErrors() bool { return r.errs.Load() >= errorsMax }
 
-// procStart samples the broker before the measured work.
-func (r *runner) procStart() {
+// procStart samples the broker before the measured work. A pid that cannot be
+// read fails the run before it starts: figures without the footprint that was
+// asked for would be easy to misread.
+func (r *runner) procStart() error {
 	if r.cfg.PID == 0 {
-		return
+		return nil
 	}
 	s, err := ReadProc(r.cfg.ProcFS, r.cfg.PID, r.clock.Now())
 	if err != nil {
-		r.fail(err)
-		return
+		return err
 	}
 	r.procBefore, r.procOK = s, true
 	r.res.Proc = &ProcReport{PID: r.cfg.PID, RSSStartBytes: s.RSSBytes}
+	return nil
 }
 
 // procMark resets the CPU baseline at the start of the measured phase.
