@@ -237,9 +237,9 @@ func (p *Partition) turn(batch []command) {
 		return
 	}
 
-	if appended > 0 && p.cfg.Sync == seglog.SyncAlways {
-		if _, err := p.log.Sync(); err != nil {
-			p.fail(fmt.Errorf("sync: %w", err), batch)
+	if appended > 0 {
+		if err := p.persist(); err != nil {
+			p.fail(err, batch)
 			return
 		}
 	}
@@ -264,6 +264,23 @@ func (p *Partition) turn(batch []command) {
 		}
 	}
 	p.publishStats()
+}
+
+// persist makes the records appended so far as safe as the sync policy
+// promises before anything is confirmed: fdatasync'd under SyncAlways,
+// written to the OS (surviving a process crash, durable within the
+// interval) under SyncInterval.
+func (p *Partition) persist() error {
+	if p.cfg.Sync == seglog.SyncInterval {
+		if _, err := p.log.Flush(); err != nil {
+			return fmt.Errorf("flush: %w", err)
+		}
+		return nil
+	}
+	if _, err := p.log.Sync(); err != nil {
+		return fmt.Errorf("sync: %w", err)
+	}
+	return nil
 }
 
 func (p *Partition) takeControl() []control {

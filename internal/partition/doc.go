@@ -35,8 +35,11 @@
 //
 // Nothing is confirmed before its record is fsynced, and nothing is
 // delivered before its Enqueue record is: replies and deliveries happen only
-// after step 5. (Under seglog.SyncInterval the turn skips the fsync and
-// takes the risk that policy names.) Every CheckpointEveryRecords records
+// after step 5. Under seglog.SyncInterval step 5 is log.Flush instead: the
+// turn's records are written to the OS before anything is confirmed, so a
+// process crash loses nothing confirmed, and fdatasync runs every
+// SyncIntervalMs, so a power loss can lose up to one interval of confirmed
+// records (the risk that policy names). Every CheckpointEveryRecords records
 // and at Close the queue snapshot is written to Dir/checkpoint atomically;
 // log segments wholly below both the checkpoint and the queue's frontier
 // are then deleted. Recovery restores the checkpoint and replays the log

@@ -353,6 +353,20 @@ func (l *Log) Sync() (uint64, error) {
 	return l.durableLSN, nil
 }
 
+// Flush hands every record appended so far to the OS (written to the
+// segment files, so a process crash no longer loses them) without waiting
+// for fdatasync, regardless of policy, and returns the highest LSN written.
+// Under SyncInterval that is the point at which a record may be
+// acknowledged; it becomes durable within SyncIntervalMs.
+func (l *Log) Flush() (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.waitLocked(l.nextLSN-1, false); err != nil {
+		return l.writtenLSN, err
+	}
+	return l.writtenLSN, nil
+}
+
 func (l *Log) appendLocked(typ uint8, payload []byte, pc uint32) (uint64, error) {
 	for {
 		if l.err != nil {
