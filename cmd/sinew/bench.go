@@ -56,7 +56,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	addr := fs.String("addr", benchAddrDefault, "broker address `host:port`")
 	topic := fs.String("topic", "", "queue to use (default: bench-<workload>-<unix ms>, a fresh queue per run)")
 	size := fs.Int("size", 1024, "message body size in `bytes`")
-	duration := fs.Duration("duration", 10*time.Second, "measured phase; for drain, the bound on consuming the backlog")
+	duration := fs.Duration("duration", 10*time.Second, "measured phase; for drain, the bound on each of prefill and consume")
 	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured lead-in before the measured phase (publish, mixed)")
 	conns := fs.Int("connections", 1, "client connections")
 	window := fs.Int("window", 0, "publishes in flight across all connections (default 1 for publish, 256 otherwise)")

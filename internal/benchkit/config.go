@@ -48,7 +48,7 @@ type Config struct {
 	Mode        Mode
 	Topic       string        // required: the queue to use; engines give each run its own
 	SizeBytes   int           // message body size; default 1024
-	Duration    time.Duration // measured phase; for drain, the bound on the consume phase; default 10 s
+	Duration    time.Duration // measured phase; for drain, the bound on each of prefill and consume; default 10 s
 	Warmup      time.Duration // unmeasured lead-in (publish, mixed); default 0
 	Connections int           // client connections, shared by publishers and consumers; default 1
 	Window      int           // publishes in flight across all connections; default 1 (publish), 256 (mixed, drain prefill)
@@ -125,6 +125,10 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	for _, k := range checks {
 		if k.v < k.lo || k.v > k.hi {
+			if k.name == "duration" || k.name == "warmup" {
+				return c, fmt.Errorf("%w: %s %v out of range [%v, %v]", ErrConfig, k.name,
+					time.Duration(k.v), time.Duration(k.lo), time.Duration(k.hi))
+			}
 			return c, fmt.Errorf("%w: %s %d out of range [%d, %d]", ErrConfig, k.name, k.v, k.lo, k.hi)
 		}
 	}

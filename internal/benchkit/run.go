@@ -361,10 +361,10 @@ func (r *runner) publish(ctx context.Context) error {
 
 // drain is ModeDrain: prefill, sample the backlog, consume it all.
 func (r *runner) drain(ctx context.Context) error {
-	// Prefill, bounded by the same duration limit as everything else.
+	// Prefill, bounded by Duration like the consume phase.
 	var issued atomic.Int64
 	var confirmed atomic.Uint64
-	pctx, cancel := context.WithTimeout(ctx, durationMax)
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.Duration)
 	stop := r.startProgress(func() string { return "prefill" }, confirmed.Load, false)
 	t0 := r.clock.Now()
 	r.publishers(pctx, r.cfg.Window, func([]byte) bool {
@@ -383,7 +383,7 @@ func (r *runner) drain(ctx context.Context) error {
 	}
 	want := confirmed.Load()
 	if want < uint64(r.cfg.Count) {
-		return fmt.Errorf("%w: prefill confirmed %d of %d messages", ErrIncomplete, want, r.cfg.Count)
+		return fmt.Errorf("%w: prefill confirmed %d of %d messages within %v (raise the duration bound?)", ErrIncomplete, want, r.cfg.Count, r.cfg.Duration)
 	}
 	if r.procOK {
 		if s, err := ReadProc(r.cfg.ProcFS, r.cfg.PID, r.clock.Now()); err == nil {
