@@ -73,7 +73,9 @@ fi
 
 # --- builds ------------------------------------------------------------------
 (cd "$root" && go build -o "$tools/bin/sinew" ./cmd/sinew)
-(cd "$root/bench" && go build -o "$tools/bin/sinew-compare" ./compare)
+# -mod=mod: the bench module follows the main module through its replace
+# directive, so a dependency the broker gained later is picked up here.
+(cd "$root/bench" && GOFLAGS=-mod=mod go build -o "$tools/bin/sinew-compare" ./compare)
 
 # --- machine and versions ----------------------------------------------------
 work=$(mktemp -d "$work_root/sinew-compare.XXXXXX")
