@@ -109,6 +109,14 @@ type Config struct {
 	// payloads, which spares the publish-then-consume path a log read
 	// (default 4 MiB; negative disables the cache).
 	BodyCacheBytes int
+	// RecoveredLeaseGraceMs is how long leases recovered from the log at
+	// Open stay with their holders, whose sessions did not survive the
+	// restart. After it every recovered lease still outstanding goes back
+	// to ready (counted as an attempt, like any requeue) instead of
+	// waiting out its lease. Default 0: released at startup. Session
+	// restore can keep a resumed owner's leases within the grace through
+	// partition.Partition.ClaimRecovered.
+	RecoveredLeaseGraceMs int64
 }
 
 // Consumer receives a subscription's deliveries.

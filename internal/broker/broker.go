@@ -202,8 +202,9 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 			FS:  b.cfg.FS, Now: b.cfg.Now, Logger: b.logger, Queue: qc,
 			Sync: b.cfg.Sync, SyncIntervalMs: b.cfg.SyncIntervalMs, SegmentBytes: b.cfg.SegmentBytes,
 			InboxMax: b.cfg.InboxMax, CheckpointEveryRecords: b.cfg.CheckpointEveryRecords,
-			BodyCacheBytes: b.cfg.BodyCacheBytes,
-			DeadLetter:     b.deadLetter,
+			BodyCacheBytes:        b.cfg.BodyCacheBytes,
+			RecoveredLeaseGraceMs: b.cfg.RecoveredLeaseGraceMs,
+			DeadLetter:            b.deadLetter,
 		}
 		p, err := partition.Open(pc)
 		if err != nil && errors.Is(err, partition.ErrDamaged) {
@@ -317,8 +318,8 @@ func (b *Broker) lookup(topic, group string, create bool) (*queueEntry, error) {
 
 // Close stops the broker: subscriptions are told (SubClosedShutdown), every
 // partition stops, writes a final checkpoint and closes its log. Leases
-// outstanding at Close stay in the log, so a consumer that resumes after a
-// restart can still settle them; otherwise they expire as usual.
+// outstanding at Close stay in the log; after a restart they are released
+// once Config.RecoveredLeaseGraceMs has passed (at once by default).
 func (b *Broker) Close() error {
 	if b.closed.Swap(true) {
 		return nil

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
-	"time"
 
 	"go.uber.org/goleak"
 
@@ -343,11 +342,15 @@ func TestRestartRecoversQueuesAndAcks(t *testing.T) {
 		if _, err := b.Subscribe(&protocol.Subscribe{Topic: "jobs", Group: "g 1 ü", Partition: -1, Prefetch: 100}, r2); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(2 * time.Second) // the recovered leases expire (lease_ms 2000 was persisted)
+		// The recovered leases are released at startup (no grace), well
+		// before their persisted 2000 ms lease would run out.
 		synctest.Wait()
 		var got []string
 		for _, d := range r2.deliveries() {
 			got = append(got, string(d.Body))
+			if d.Attempt != 2 {
+				t.Errorf("%q redelivered at attempt %d, want 2", d.Body, d.Attempt)
+			}
 			if acked[string(d.Body)] {
 				t.Errorf("acked message %q came back", d.Body)
 			}

@@ -35,8 +35,14 @@
 // DataDir/queues/<topic>/<group>/meta (names escaped, see escapeName),
 // written atomically before the queue is used, so a restart recovers every
 // queue with its settings. Partitions live in .../p<N>/ (log/ and
-// checkpoint). Leases survive a restart (a resumed consumer may still settle
-// them); unsettled ones expire as usual. Subscriptions are not durable.
+// checkpoint). Subscriptions are not durable, and neither are the sessions
+// holding leases, so leases found in the log at Open are released back to
+// ready (counted as an attempt) once Config.RecoveredLeaseGraceMs has passed,
+// at once by default. Until then a lease stays settleable by its lease id;
+// a future session restore keeps a resumed owner's leases by claiming them
+// within the grace (partition.Partition.ClaimRecovered), which needs
+// subscription owners that are stable across restarts (today they carry a
+// per-process prefix).
 //
 // # Damage
 //

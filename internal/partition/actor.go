@@ -30,6 +30,7 @@ func (p *Partition) run() {
 		case <-timer.C:
 		case <-p.stop:
 			p.drainClosed()
+			refuseControl(p.takeControl())
 			return
 		}
 	fill:
@@ -56,6 +57,16 @@ func (p *Partition) drainClosed() {
 			refuse(c, ErrClosed)
 		default:
 			return
+		}
+	}
+}
+
+// refuseControl answers the control messages that expect an answer when
+// the actor will not act on them (failed or stopped).
+func refuseControl(ms []control) {
+	for _, m := range ms {
+		if m.kind == ctlClaim {
+			m.claimed(nil)
 		}
 	}
 }
@@ -88,6 +99,9 @@ func (p *Partition) arm(timer *time.Timer) {
 			at, ok = d.retryAtMs, true
 		}
 	}
+	if len(p.recovered) > 0 && (!ok || p.recoveredDueMs < at) {
+		at, ok = p.recoveredDueMs, true
+	}
 	if !ok {
 		return
 	}
@@ -100,7 +114,7 @@ func (p *Partition) arm(timer *time.Timer) {
 
 func (p *Partition) turn(batch []command) {
 	if p.failed != nil {
-		p.takeControl()
+		refuseControl(p.takeControl())
 		for _, c := range batch {
 			refuse(c, ErrUnavailable)
 		}
@@ -160,8 +174,27 @@ func (p *Partition) turn(batch []command) {
 			}
 		case ctlSetConfig:
 			p.st.SetConfig(m.cfg)
+		case ctlClaim:
+			var mine []queue.Info
+			p.recovered = slices.DeleteFunc(p.recovered, func(in queue.Info) bool {
+				if in.Owner != m.owner {
+					return false
+				}
+				mine = append(mine, in)
+				return true
+			})
+			m.claimed(mine)
 		case ctlInspect:
 			m.fn()
+		}
+	}
+
+	if len(p.recovered) > 0 && now >= p.recoveredDueMs {
+		n, err := p.releaseRecovered(now)
+		appended += n
+		if err != nil {
+			p.fail(err, batch)
+			return
 		}
 	}
 
@@ -281,6 +314,33 @@ func (p *Partition) persist() error {
 		return fmt.Errorf("sync: %w", err)
 	}
 	return nil
+}
+
+// releaseRecovered hands recovered leases back to the queue once their
+// grace has ended, at most recoveredReleasePerTurnMax per turn. A lease
+// that was settled, expired or released meanwhile is no longer current and
+// is skipped.
+func (p *Partition) releaseRecovered(now int64) (int, error) {
+	k := min(len(p.recovered), recoveredReleasePerTurnMax)
+	appended := 0
+	for _, in := range p.recovered[:k] {
+		evs, err := p.st.Release(p.evs[:0], in.Offset, in.LeaseID, now)
+		if err != nil {
+			continue
+		}
+		n, err := p.appendAll(evs, nil)
+		appended += n
+		if err != nil {
+			return appended, err
+		}
+	}
+	p.recovered = p.recovered[k:]
+	if len(p.recovered) > 0 {
+		p.more = true
+	} else {
+		p.recovered = nil
+	}
+	return appended, nil
 }
 
 func (p *Partition) takeControl() []control {

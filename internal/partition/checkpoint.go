@@ -235,5 +235,6 @@ func (p *Partition) recover() error {
 	for _, in := range st.PendingDeadLetters() {
 		p.deadLetters[in.Offset] = &deadLetter{}
 	}
+	p.recovered = st.Leases()
 	return nil
 }

@@ -45,6 +45,16 @@
 // are then deleted. Recovery restores the checkpoint and replays the log
 // from the LSN it covers.
 //
+// # Recovered leases
+//
+// Leases found in the log at Open were granted to sessions of the previous
+// process, which are gone. The actor lists them after recovery and, once
+// Config.RecoveredLeaseGraceMs has passed on its clock (on the first turn
+// by default), releases every one that is still current: ready again, the
+// attempt counted as for any requeue, at most recoveredReleasePerTurnMax
+// per turn. ClaimRecovered is the seam for session restore: a resuming
+// owner claims its leases within the grace and keeps them.
+//
 // # Dead letters
 //
 // When a DeadLetter event with a target is durable, the actor publishes a

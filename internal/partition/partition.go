@@ -36,6 +36,9 @@ const (
 	// deadLetterInflightMax bounds dead-letter copies awaiting their
 	// target's confirmation.
 	deadLetterInflightMax = 256
+	// recoveredReleasePerTurnMax caps the recovered leases one turn hands
+	// back; the rest go in the turns right after it.
+	recoveredReleasePerTurnMax = 1024
 	// deadLetterRetryMs is how long a failed dead-letter copy waits before
 	// it is tried again.
 	deadLetterRetryMs = 1000
@@ -93,6 +96,14 @@ type Config struct {
 	// BodyCacheBytes bounds the cache of recently published payloads;
 	// negative disables it.
 	BodyCacheBytes int
+	// RecoveredLeaseGraceMs is how long leases found in the log at Open
+	// keep their holders after the restart. Their holders' sessions did
+	// not survive it, so once the grace has passed every recovered lease
+	// that is still current is released (queue.Release: ready at once,
+	// counted as an attempt like any requeue) instead of waiting for its
+	// deadline. 0 releases them on the first turn. ClaimRecovered exempts
+	// an owner's leases within the grace.
+	RecoveredLeaseGraceMs int64
 
 	// DeadLetter publishes a dead-letter copy m to the queue named target.
 	// It must not block, and must call done exactly once (from any
@@ -184,6 +195,7 @@ const (
 	ctlDetach
 	ctlDeadLettered
 	ctlSetConfig
+	ctlClaim
 	ctlInspect // tests: run fn on the actor goroutine
 )
 
@@ -195,6 +207,9 @@ type control struct {
 	err    error
 	cfg    queue.Config
 	fn     func()
+	// ctlClaim
+	owner   string
+	claimed func([]queue.Info)
 }
 
 // Partition is the actor that owns one queue partition.
@@ -240,6 +255,10 @@ type Partition struct {
 	deliveries  []pending
 	newDead     []uint64
 	more        bool
+	// recovered lists the leases found by recovery that are still waiting
+	// for the grace to end, by offset; recoveredDueMs is when it ends.
+	recovered      []queue.Info
+	recoveredDueMs int64
 }
 
 type reply struct {
@@ -290,8 +309,9 @@ func Open(cfg Config) (*Partition, error) {
 	if err := p.recover(); err != nil {
 		return nil, err
 	}
+	p.recoveredDueMs = p.nowMs() + max(cfg.RecoveredLeaseGraceMs, 0)
 	p.publishStats()
-	p.Poke() // the first turn acts on deadlines and dead letters found by recovery
+	p.Poke() // the first turn acts on deadlines, recovered leases and dead letters found by recovery
 	go p.run()
 	return p, nil
 }
@@ -429,6 +449,26 @@ func (p *Partition) SetConfig(cfg queue.Config) {
 	q := cfg
 	p.qcfg.Store(&q)
 	_ = p.control(control{kind: ctlSetConfig, cfg: cfg})
+}
+
+// ClaimRecovered is the seam for session restore. Recovery finds leases
+// whose holders were sessions of the previous process; unless claimed, they
+// are released once Config.RecoveredLeaseGraceMs has passed. A session that
+// resumes within the grace under its old owner id claims its leases here:
+// they leave the release list and stay leased to owner until they are
+// settled, expire at their own deadline, or a consumer whose Owner is owner
+// detaches (which releases them like any lease it holds). done receives the
+// claimed leases by offset, from the actor goroutine, and must not block;
+// it receives none once the grace has ended (they were released) or when
+// the partition is parked, failed or closed.
+func (p *Partition) ClaimRecovered(owner string, done func([]queue.Info)) {
+	if p.parked != nil {
+		done(nil)
+		return
+	}
+	if err := p.control(control{kind: ctlClaim, owner: owner, claimed: done}); err != nil {
+		done(nil)
+	}
 }
 
 func (p *Partition) control(m control) error {
