@@ -102,7 +102,7 @@ func TestProxyDelay(t *testing.T) {
 // survive; after the ballast is removed it must accept publishes again, at the
 // latest after a restart.
 func TestDiskFull(t *testing.T) {
-	const tmpfsBytes = 8 << 20
+	const tmpfsBytes = 64 << 20 // room for the run's own data once the ballast is gone
 	runScenario(t, scenario{name: "diskfull", tmpfsBytes: tmpfsBytes, every: 1500 * time.Millisecond,
 		fault: func(ctx context.Context, e *env) error {
 			path, n, err := harness.FillDisk(e.fsDir, tmpfsBytes)

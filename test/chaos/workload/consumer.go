@@ -28,6 +28,9 @@ type consumer struct {
 	sentAcks map[uint64]delivered
 	// ackWritten holds the tags of sentAcks whose ACK frame was written.
 	ackWritten map[uint64]bool
+	// resent holds tags acked again on a resumed session because the first
+	// result was lost; a refusal of those says nothing about the first ack.
+	resent map[uint64]bool
 }
 
 // delivered is what a consumer remembers of a delivery until its ack result.
@@ -39,6 +42,7 @@ type delivered struct {
 func (k *consumer) run(ctx context.Context) {
 	k.sentAcks = make(map[uint64]delivered)
 	k.ackWritten = make(map[uint64]bool)
+	k.resent = make(map[uint64]bool)
 	for fails := 0; ctx.Err() == nil; {
 		var resume protocol.ResumeIdentity
 		if k.cfg.Resume {
@@ -90,7 +94,11 @@ func (k *consumer) serve(c *wconn, resumed bool) error {
 		}
 		// Acks whose results were lost with the old socket: the tags are still
 		// valid in the resumed session, and ACK is idempotent.
-		if err := k.flush(c, acks, k.takeSent()); err != nil {
+		sent := k.takeSent()
+		for _, tag := range sent {
+			k.resent[tag] = true
+		}
+		if err := k.flush(c, acks, sent); err != nil {
 			return err
 		}
 	} else {
@@ -103,6 +111,7 @@ func (k *consumer) serve(c *wconn, resumed bool) error {
 		}
 		clear(k.sentAcks)
 		clear(k.ackWritten)
+		clear(k.resent)
 		k.subID = 0
 		if err := k.subscribe(c); err != nil {
 			return err
@@ -138,9 +147,15 @@ func (k *consumer) serve(c *wconn, resumed bool) error {
 				d, ok := k.sentAcks[tag]
 				delete(k.sentAcks, tag)
 				delete(k.ackWritten, tag)
-				if i < len(m.Codes) && m.Codes[i] == protocol.CodeOK && ok {
+				resent := k.resent[tag]
+				delete(k.resent, tag)
+				switch {
+				case i < len(m.Codes) && m.Codes[i] == protocol.CodeOK && ok:
 					k.cfg.Checker.Settled(d.id, d.pos)
-				} else {
+				case resent && ok:
+					// The first ACK may have settled it; this one cannot tell.
+					k.cfg.Checker.AckInDoubt(d.id)
+				default:
 					k.cfg.Checker.SettleRefused()
 				}
 			}
