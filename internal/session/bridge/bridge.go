@@ -20,7 +20,9 @@ func (x backend) Declare(ctx context.Context, d *protocol.DeclareQueue) (protoco
 	return x.b.Declare(ctx, d)
 }
 
-func (x backend) Publish(p *protocol.Publish, done func(protocol.PublishOK, error)) { x.b.Publish(p, done) }
+func (x backend) Publish(p *protocol.Publish, done func(protocol.PublishOK, error)) {
+	x.b.Publish(p, done)
+}
 
 func (x backend) Subscribe(req *protocol.Subscribe, c session.Consumer) (session.Subscription, error) {
 	s, err := x.b.Subscribe(req, consumer{c})
@@ -42,4 +44,6 @@ func (k consumer) Deliver(s *broker.Subscription, d broker.Delivery) {
 	k.c.Deliver(sub{s}, session.Delivery(d))
 }
 
-func (k consumer) Closed(s *broker.Subscription, reason uint8, err error) { k.c.Closed(sub{s}, reason, err) }
+func (k consumer) Closed(s *broker.Subscription, reason uint8, err error) {
+	k.c.Closed(sub{s}, reason, err)
+}
