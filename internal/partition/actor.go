@@ -12,31 +12,49 @@ import (
 	"github.com/sinewmq/sinew/internal/seglog"
 )
 
-// run is the actor loop. Each turn: take a batch from the inbox, apply
-// control messages, decide and append events for every command, tick the
-// queue's timers, dispatch to consumers with credit, make the turn's records
-// durable with ONE Sync, then reply, deliver and start dead-letter copies.
+// run is the actor loop. Each turn takes a batch from the inbox, applies
+// control messages, decides and appends events for every command, ticks the
+// queue's timers and dispatches to consumers with credit; the turn's replies,
+// deliveries and dead-letter starts go into the open stage. The open stage
+// is handed to the syncer goroutine as soon as no sync is running, and
+// released (replies, deliveries) when that sync returns, so the next turns
+// run while the disk syncs. See "The pipeline" in doc.go.
 func (p *Partition) run() {
 	defer close(p.stopped)
+	syncerDone := make(chan struct{})
+	go p.syncer(syncerDone)
+	defer func() {
+		close(p.syncReq)
+		<-syncerDone
+	}()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	batch := make([]command, 0, 64)
 	for {
 		batch = batch[:0]
+		inbox := p.inbox
+		if len(p.open.replies) >= stageCommandsMax {
+			// Backpressure: the open stage is full until the sync under
+			// way returns; the bounded inbox absorbs the rest.
+			inbox = nil
+		}
 		select {
-		case c := <-p.inbox:
+		case c := <-inbox:
 			batch = append(batch, c)
+		case err := <-p.synced:
+			p.synced1(err)
 		case <-p.wake:
 		case <-timer.C:
 		case <-p.stop:
 			p.drainClosed()
 			refuseControl(p.takeControl())
+			p.finishStages()
 			return
 		}
 	fill:
-		for len(batch) < batchMax {
+		for inbox != nil && len(batch) < batchMax {
 			select {
-			case c := <-p.inbox:
+			case c := <-inbox:
 				batch = append(batch, c)
 			default:
 				break fill
@@ -44,8 +62,111 @@ func (p *Partition) run() {
 		}
 		p.turn(batch)
 		clear(batch) // drop references to payloads and callbacks
+		p.startSync()
+		p.afterTurn()
 		p.arm(timer)
 	}
+}
+
+// syncer makes stages durable (persist) on request, so the actor can run
+// the next turns while fdatasync runs. At most one request is outstanding.
+func (p *Partition) syncer(done chan<- struct{}) {
+	defer close(done)
+	for range p.syncReq {
+		p.synced <- p.persist()
+	}
+}
+
+// startSync hands the open stage to the syncer when no sync is under way.
+// A stage without records needs no sync: it only had to wait for the stages
+// before it, so it is released at once.
+func (p *Partition) startSync() {
+	if p.syncBusy || p.failed != nil {
+		return
+	}
+	if p.open.records == 0 {
+		p.releaseStage(&p.open)
+		return
+	}
+	p.open, p.syncing = p.syncing, p.open
+	p.syncBusy = true
+	p.syncReq <- struct{}{}
+}
+
+// synced1 handles the syncer's answer for the syncing stage. Its outcome
+// is the stage's own even when the partition failed meanwhile: records that
+// reached the disk before a later failure are confirmed truthfully
+// (deliveries are dropped, since a failed partition has no consumers).
+func (p *Partition) synced1(err error) {
+	p.syncBusy = false
+	switch {
+	case err == nil:
+		p.releaseStage(&p.syncing)
+	case p.failed == nil:
+		p.fail(err, nil)
+	default:
+		refuseStage(&p.syncing)
+	}
+}
+
+// finishStages completes the pipeline at Close: the sync under way is
+// awaited and the open stage is made durable, so that every command the
+// actor took gets its true answer.
+func (p *Partition) finishStages() {
+	if p.syncBusy {
+		p.synced1(<-p.synced)
+	}
+	if p.failed != nil || p.open.records == 0 {
+		if p.failed == nil {
+			p.releaseStage(&p.open)
+		}
+		return
+	}
+	if err := p.persist(); err != nil {
+		p.fail(err, nil)
+		return
+	}
+	p.releaseStage(&p.open)
+}
+
+// releaseStage answers the stage's commands and hands its deliveries over:
+// everything in it is as durable as the policy promises.
+func (p *Partition) releaseStage(st *stage) {
+	for _, r := range st.replies {
+		if r.published != nil {
+			r.published(r.offset, r.err)
+		} else {
+			r.settled(r.err)
+		}
+	}
+	clear(st.replies)
+	st.replies = st.replies[:0]
+	p.deliver(st.deliveries)
+	clear(st.deliveries)
+	st.deliveries = st.deliveries[:0]
+	if len(st.newDead) > 0 {
+		now := p.nowMs()
+		for _, off := range st.newDead {
+			p.deadLetters[off] = &deadLetter{retryAtMs: now}
+		}
+		st.newDead = st.newDead[:0]
+	}
+	st.records = 0
+}
+
+// afterTurn starts due dead-letter copies, checkpoints when due and
+// publishes the counters.
+func (p *Partition) afterTurn() {
+	if p.failed != nil {
+		return
+	}
+	p.startDeadLetters(p.nowMs())
+	if p.sinceCkpt >= p.cfg.CheckpointEveryRecords {
+		if err := p.checkpoint(); err != nil {
+			p.logger.Error("checkpoint failed", "err", err)
+		}
+	}
+	p.publishStats()
 }
 
 // drainClosed refuses whatever is left in the inbox once Close has stopped
@@ -122,9 +243,7 @@ func (p *Partition) turn(batch []command) {
 	}
 	now := p.nowMs()
 	p.evs = p.evs[:0]
-	p.replies = p.replies[:0]
-	p.deliveries = p.deliveries[:0]
-	p.newDead = p.newDead[:0]
+	p.turnReplies = len(p.open.replies)
 	appended := 0
 
 	for _, m := range p.takeControl() {
@@ -205,7 +324,7 @@ func (p *Partition) turn(batch []command) {
 			m := c.msg
 			evs, err := p.st.Enqueue(p.evs[:0], &m, now)
 			if err != nil {
-				p.replies = append(p.replies, reply{published: c.published, err: err})
+				p.open.replies = append(p.open.replies, reply{published: c.published, err: err})
 				continue
 			}
 			if len(evs) != 1 || evs[0].Msg != &m {
@@ -224,7 +343,7 @@ func (p *Partition) turn(batch []command) {
 			}
 			appended++
 			p.cache.put(lsn, c.payload)
-			p.replies = append(p.replies, reply{published: c.published, offset: lsn})
+			p.open.replies = append(p.open.replies, reply{published: c.published, offset: lsn})
 		case cmdSettle:
 			var evs []queue.Event
 			var err error
@@ -247,7 +366,7 @@ func (p *Partition) turn(batch []command) {
 					return
 				}
 			}
-			p.replies = append(p.replies, reply{settled: c.settled, err: err})
+			p.open.replies = append(p.open.replies, reply{settled: c.settled, err: err})
 		}
 	}
 
@@ -270,33 +389,8 @@ func (p *Partition) turn(batch []command) {
 		return
 	}
 
-	if appended > 0 {
-		if err := p.persist(); err != nil {
-			p.fail(err, batch)
-			return
-		}
-	}
+	p.open.records += appended
 	p.sinceCkpt += appended
-
-	for _, r := range p.replies {
-		if r.published != nil {
-			r.published(r.offset, r.err)
-		} else {
-			r.settled(r.err)
-		}
-	}
-	clear(p.replies)
-	p.deliver()
-	for _, off := range p.newDead {
-		p.deadLetters[off] = &deadLetter{retryAtMs: now}
-	}
-	p.startDeadLetters(now)
-	if p.sinceCkpt >= p.cfg.CheckpointEveryRecords {
-		if err := p.checkpoint(); err != nil {
-			p.logger.Error("checkpoint failed", "err", err)
-		}
-	}
-	p.publishStats()
 }
 
 // persist makes the records appended so far as safe as the sync policy
@@ -371,10 +465,10 @@ func (p *Partition) appendAll(evs []queue.Event, c Consumer) (int, error) {
 			if c == nil {
 				panic("partition: lease event without a consumer")
 			}
-			p.deliveries = append(p.deliveries, pending{c: c, offset: ev.Offset, leaseID: ev.LeaseID, attempt: ev.Attempt})
+			p.open.deliveries = append(p.open.deliveries, pending{c: c, offset: ev.Offset, leaseID: ev.LeaseID, attempt: ev.Attempt})
 		case queue.KindDeadLetter:
 			if ev.Target != "" {
-				p.newDead = append(p.newDead, ev.Offset)
+				p.open.newDead = append(p.open.newDead, ev.Offset)
 			}
 		}
 	}
@@ -395,11 +489,11 @@ func (p *Partition) dispatch(now int64) (int, error) {
 			if got == 0 {
 				continue
 			}
-			before := len(p.deliveries)
+			before := len(p.open.deliveries)
 			evs := p.st.Lease(p.evs[:0], c.Owner(), got, now)
 			n, err := p.appendAll(evs, c)
 			appended += n
-			k := len(p.deliveries) - before
+			k := len(p.open.deliveries) - before
 			if k < got {
 				c.RefundCredit(got - k)
 			}
@@ -422,10 +516,10 @@ func (p *Partition) dispatch(now int64) (int, error) {
 	return appended, nil
 }
 
-// deliver hands the turn's durable leases to their consumers, reading each
-// payload from the cache or the log.
-func (p *Partition) deliver() {
-	for i, d := range p.deliveries {
+// deliver hands durable leases to their consumers, reading each payload
+// from the cache or the log.
+func (p *Partition) deliver(ds []pending) {
+	for _, d := range ds {
 		if !slices.Contains(p.consumers, d.c) {
 			continue // detached meanwhile; its leases were released
 		}
@@ -441,7 +535,6 @@ func (p *Partition) deliver() {
 			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: m.Headers,
 			ContentType: m.ContentType, Body: m.Body,
 		})
-		p.deliveries[i] = pending{}
 	}
 }
 
@@ -545,29 +638,47 @@ func (p *Partition) deadLetterCopy(m *queue.Message, info queue.Info) *queue.Mes
 	}
 }
 
-// fail stops the partition after an I/O error: its in-memory state may be
-// ahead of the disk, so it must not answer from it again. Everything waiting
-// is refused and consumers are told.
-func (p *Partition) fail(err error, batch []command) {
-	p.failed = err
-	p.logger.Error("partition failed; it serves nothing until restarted", "err", err)
-	for _, r := range p.replies {
+// refuseStage answers every command of st with ErrUnavailable and drops
+// its deliveries and dead letters.
+func refuseStage(st *stage) {
+	for _, r := range st.replies {
 		if r.published != nil {
 			r.published(0, ErrUnavailable)
 		} else {
 			r.settled(ErrUnavailable)
 		}
 	}
-	// Each command before len(p.replies) has its reply above; the rest of
-	// the batch was never looked at.
-	for _, c := range batch[min(len(p.replies), len(batch)):] {
-		refuse(c, ErrUnavailable)
+	clear(st.replies)
+	st.replies = st.replies[:0]
+	clear(st.deliveries)
+	st.deliveries = st.deliveries[:0]
+	st.newDead = st.newDead[:0]
+	st.records = 0
+}
+
+// fail stops the partition after an I/O error: its in-memory state may be
+// ahead of the disk, so it must not answer from it again. Everything waiting
+// (both pipeline stages and the rest of the turn's batch) is refused and
+// consumers are told. batch is the turn's batch, nil outside a turn.
+func (p *Partition) fail(err error, batch []command) {
+	p.failed = err
+	p.logger.Error("partition failed; it serves nothing until restarted", "err", err)
+	// Each command of this turn before len(open.replies) has a reply; the
+	// rest of the batch was never looked at.
+	// The syncing stage keeps waiting for its own sync's outcome (synced1).
+	looked := len(p.open.replies) - p.turnReplies
+	refuseStage(&p.open)
+	if !p.syncBusy {
+		refuseStage(&p.syncing)
 	}
-	p.replies = p.replies[:0]
+	if batch != nil {
+		for _, c := range batch[min(looked, len(batch)):] {
+			refuse(c, ErrUnavailable)
+		}
+	}
 	for _, c := range p.consumers {
 		c.Detached(fmt.Errorf("%w: %w", ErrUnavailable, err))
 	}
 	p.consumers = nil
-	p.deliveries = p.deliveries[:0]
 	p.publishStats()
 }

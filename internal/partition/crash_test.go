@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -204,6 +206,116 @@ func verify(t *testing.T, p *Partition, cfg Config, model *crashModel) {
 		if a, b := p.st.Snapshot(nil), full.Snapshot(nil); !bytes.Equal(a, b) {
 			t.Errorf("checkpoint+replay state differs from full replay (ckpt lsn %d): %+v vs %+v",
 				p.ckptLSN, p.st.Stats(now), full.Stats(now))
+		}
+	})
+}
+
+// gatedFS holds log fdatasyncs at a gate so a test can crash the machine
+// while a sync is under way.
+type gatedFS struct {
+	*vfs.MemFS
+	mu   sync.Mutex
+	gate chan struct{} // non-nil: the next log Sync signals entered and waits on it
+	in   chan struct{}
+}
+
+type gatedFile struct {
+	vfs.File
+	fs *gatedFS
+}
+
+func (g *gatedFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
+	f, err := g.MemFS.OpenFile(name, flag, perm)
+	if err != nil || !strings.Contains(name, logDir) {
+		return f, err
+	}
+	return &gatedFile{File: f, fs: g}, nil
+}
+
+// hold makes the next log Sync block until the returned release is called;
+// entered is closed when that Sync has started.
+func (g *gatedFS) hold() (entered <-chan struct{}, release func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	gate, in := make(chan struct{}), make(chan struct{})
+	g.gate, g.in = gate, in
+	return in, func() { close(gate) }
+}
+
+func (f *gatedFile) Sync() error {
+	f.fs.mu.Lock()
+	gate, in := f.fs.gate, f.fs.in
+	f.fs.gate, f.fs.in = nil, nil
+	f.fs.mu.Unlock()
+	if gate != nil {
+		close(in)
+		<-gate
+	}
+	return f.File.Sync()
+}
+
+// TestCrashWhilePipelinedSync crashes the machine while batch N+1 is
+// appended and applied but its sync has not completed (batch N's sync
+// completed just before): N is confirmed and survives; nothing of N+1 was
+// confirmed before the crash, and it is refused afterwards.
+func TestCrashWhilePipelinedSync(t *testing.T) {
+	mem := vfs.NewMem()
+	gfs := &gatedFS{MemFS: mem}
+	cfg := testConfig(mem)
+	cfg.FS = gfs
+	p := mustOpen(t, cfg)
+	c := &tconsumer{owner: "c", credit: -1}
+	p.Attach(c)
+
+	entered1, release1 := gfs.hold()
+	a := publish(p, "batch N", nil)
+	<-entered1 // N's fdatasync is under way
+	b := publish(p, "batch N+1", nil)
+	// Two inspections: the second runs in a turn after the one that took
+	// N+1 from the inbox, so N+1 is appended and applied by then.
+	inspect(p, func() {})
+	var next uint64
+	inspect(p, func() { next = p.log.NextLSN() })
+	if next < 3 {
+		t.Fatalf("batch N+1 not appended while N syncs: next lsn %d", next)
+	}
+	select {
+	case r := <-a:
+		t.Fatalf("batch N confirmed before its sync returned: %+v", r)
+	case r := <-b:
+		t.Fatalf("batch N+1 confirmed before any sync returned: %+v", r)
+	default:
+	}
+	if n := len(c.deliveries()); n != 0 {
+		t.Fatalf("%d deliveries before their records were durable", n)
+	}
+
+	entered2, release2 := gfs.hold()
+	release1()
+	ra := <-a // N's sync returned: N is confirmed
+	if ra.err != nil {
+		t.Fatalf("batch N: %v", ra.err)
+	}
+	<-entered2 // the sync of N+1 (and of the lease records) is under way
+	select {
+	case r := <-b:
+		t.Fatalf("batch N+1 confirmed before its sync returned: %+v", r)
+	default:
+	}
+	crashed := mem.Crash(rand.New(rand.NewPCG(1, 2)), true)
+	release2()
+	if rb := <-b; rb.err == nil {
+		t.Fatalf("batch N+1 confirmed after the machine crashed: %+v", rb)
+	}
+	p.Close()
+
+	cfg.FS = crashed
+	p = mustOpen(t, cfg)
+	defer p.Close()
+	inspect(p, func() {
+		m, err := p.message(ra.off)
+		if err != nil || string(m.Body) != "batch N" {
+			t.Errorf("confirmed batch N after the crash: %v, %v", m, err)
 		}
 	})
 }

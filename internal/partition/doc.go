@@ -2,18 +2,20 @@
 //
 // # Goroutines and ownership
 //
-// Open starts ONE goroutine per partition. It alone owns the partition's
-// queue.State, appends to its seglog.Log, keeps its timers, its consumer
-// list, its cache of recent payloads and its dead-letter bookkeeping. Other
-// goroutines reach it through:
+// Open starts ONE actor goroutine per partition. It alone owns the
+// partition's queue.State, appends to its seglog.Log, keeps its timers, its
+// consumer list, its cache of recent payloads and its dead-letter
+// bookkeeping. Beside it runs a syncer goroutine that owns nothing: on
+// request it makes the log durable (persist) and reports back, so the actor
+// can work while the disk syncs. Other goroutines reach the actor through:
 //
 //   - the inbox, a bounded channel of publishes and settles. A full inbox is
 //     answered at once with ErrInboxFull (CodeResourceExhausted); it never
 //     grows.
-//   - the control list: attach, detach, dead-letter confirmations and
-//     configuration changes, which must not be refused for lack of room.
-//     Each comes from a bounded source (one per subscription, or one per
-//     in-flight dead-letter copy).
+//   - the control list: attach, detach, dead-letter confirmations, claims
+//     of recovered leases and configuration changes, which must not be
+//     refused for lack of room. Each comes from a bounded source (one per
+//     subscription, or one per in-flight dead-letter copy).
 //   - Poke, which asks for a turn (credit came back, the clock moved).
 //
 // # A turn
@@ -21,29 +23,60 @@
 // The actor takes a batch of commands (at most batchMax) and then:
 //
 //  1. applies control messages (a detached consumer's leases are released);
-//  2. turns every command into queue events, appends each to the log and
+//  2. releases recovered leases whose grace has ended;
+//  3. turns every command into queue events, appends each to the log and
 //     applies it to the state;
-//  3. ticks the queue (lease expiry, delays, TTL);
-//  4. dispatches: leases ready messages to consumers with prefetch credit,
-//     round-robin in small chunks so competing consumers share the queue;
-//  5. makes all of the turn's records durable with ONE log.Sync;
-//  6. replies to publishers and settlers, hands deliveries to consumers
-//     (payloads come from the cache or from log.Read) and starts dead-letter
-//     copies.
+//  4. ticks the queue (lease expiry, delays, TTL);
+//  5. dispatches: leases ready messages to consumers with prefetch credit,
+//     round-robin in small chunks so competing consumers share the queue.
+//
+// Replies, deliveries and dead-letter starts do not leave the turn: they
+// go into the open stage of the pipeline.
+//
+// # The pipeline
+//
+// Records reach the disk in stages. A stage collects the replies,
+// deliveries and new dead letters of one or more consecutive turns, and one
+// sync makes all of its records durable:
+//
+//	turns:    [ T1 ]      [ T2 ][ T3 ]                [ T4 ] ...
+//	syncer:         [ sync stage{T1} ]  [ sync stage{T2,T3} ]   ...
+//	released:                        ^ T1               ^ T2, T3
+//
+// At most one sync is under way (the syncing stage). Meanwhile the actor
+// keeps taking batches: it decides, appends and applies them into the open
+// stage, which holds at most stageCommandsMax commands (then the actor
+// waits for the sync and the inbox absorbs the rest). When the sync
+// returns, the syncing stage is released: its publishers and settlers are
+// answered, its leases delivered, its dead-letter copies started; then the
+// open stage becomes the syncing one. A stage that appended nothing (only
+// refusals or idempotent answers) needs no sync but is still released after
+// the stage before it, so answers never overtake the records they depend
+// on. A failed append or sync fails the partition: the open stage is
+// refused, and the syncing stage gets the outcome of its own sync (records
+// that reached the disk before the failure are confirmed truthfully).
+//
+// The state machine runs ahead of the disk by at most one stage: a later
+// turn may lease a message whose Enqueue record is still being synced. That
+// is safe because nothing leaves the actor before its stage is durable, and
+// a crash loses the undurable stage's state and records together.
 //
 // # Durability
 //
 // Nothing is confirmed before its record is fsynced, and nothing is
-// delivered before its Enqueue record is: replies and deliveries happen only
-// after step 5. Under seglog.SyncInterval step 5 is log.Flush instead: the
-// turn's records are written to the OS before anything is confirmed, so a
-// process crash loses nothing confirmed, and fdatasync runs every
+// delivered before its Enqueue and Lease records are: replies and
+// deliveries happen only when their stage is released. Under
+// seglog.SyncInterval the syncer calls log.Flush instead of log.Sync: a
+// stage's records are written to the OS before anything in it is confirmed,
+// so a process crash loses nothing confirmed, and fdatasync runs every
 // SyncIntervalMs, so a power loss can lose up to one interval of confirmed
 // records (the risk that policy names). Every CheckpointEveryRecords records
-// and at Close the queue snapshot is written to Dir/checkpoint atomically;
-// log segments wholly below both the checkpoint and the queue's frontier
-// are then deleted. Recovery restores the checkpoint and replays the log
-// from the LSN it covers.
+// and at Close the queue snapshot is written to Dir/checkpoint atomically
+// (after a log.Sync, so it never claims a record that is not durable); log
+// segments wholly below both the checkpoint and the queue's frontier are
+// then deleted. Recovery restores the checkpoint and replays the log from
+// the LSN it covers. Close waits for the sync under way, makes the open
+// stage durable and releases both.
 //
 // # Recovered leases
 //

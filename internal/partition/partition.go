@@ -27,6 +27,10 @@ const (
 	// batchMax caps the commands one turn takes from the inbox, so one
 	// turn's fsync never waits on an unbounded amount of work.
 	batchMax = 1024
+	// stageCommandsMax caps the commands the open stage collects while a
+	// sync is under way; past it the actor stops taking commands until
+	// the sync returns.
+	stageCommandsMax = 4096
 	// dispatchPerTurnMax caps the leases one turn hands out; when reached
 	// the actor schedules another turn at once instead of growing the turn.
 	dispatchPerTurnMax = 4096
@@ -251,14 +255,30 @@ type Partition struct {
 	dlInflight  int
 	evs         []queue.Event
 	buf         []byte
-	replies     []reply
-	deliveries  []pending
-	newDead     []uint64
 	more        bool
+	// The pipeline (see doc.go): open collects what the current turns
+	// produce; syncing waits for the sync under way (syncBusy). syncReq
+	// and synced connect the actor with its syncer goroutine; each holds
+	// at most one message, since at most one sync is outstanding.
+	open, syncing stage
+	syncBusy      bool
+	syncReq       chan struct{}
+	synced        chan error
+	turnReplies   int // len(open.replies) when the current turn began
 	// recovered lists the leases found by recovery that are still waiting
 	// for the grace to end, by offset; recoveredDueMs is when it ends.
 	recovered      []queue.Info
 	recoveredDueMs int64
+}
+
+// stage is the output of one or more turns whose records one sync makes
+// durable: its replies, deliveries and new dead letters are released only
+// after that sync returns, and stages are released in order.
+type stage struct {
+	records    int // log records appended by the stage's turns
+	replies    []reply
+	deliveries []pending
+	newDead    []uint64
 }
 
 type reply struct {
@@ -333,6 +353,8 @@ func newPartition(cfg Config) *Partition {
 		logger:      cfg.Logger.With("topic", cfg.Topic, "group", cfg.Group, "partition", cfg.Index),
 		inbox:       make(chan command, cfg.InboxMax),
 		wake:        make(chan struct{}, 1),
+		syncReq:     make(chan struct{}, 1),
+		synced:      make(chan error, 1),
 		stop:        make(chan struct{}),
 		stopped:     make(chan struct{}),
 		deadLetters: make(map[uint64]*deadLetter),
