@@ -320,7 +320,13 @@ func (c *conn) deliver(d *protocol.Deliver) {
 		c.send(protocol.FlagNoReply, &protocol.Settle{Kind: protocol.OpNack, Tags: []uint64{d.Tag}})
 		return
 	}
-	s.push(newMessage(s, c.epoch, d), c.done)
+	if !s.cfg.autoAck && !s.hold(c.epoch, d.Tag) {
+		return // re-sent after a resume, and already delivered here
+	}
+	if !s.push(newMessage(s, c.epoch, d), c.done) && !s.cfg.autoAck {
+		// Never reached the application: a re-send must not be dropped.
+		s.release(c.epoch, d.Tag)
+	}
 }
 
 func (c *conn) writeLoop() {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"sync"
 	"time"
 
 	"github.com/sinewmq/sinew/protocol"
@@ -66,6 +67,53 @@ type Subscription struct {
 	recreating bool
 	ended      bool
 	err        error
+
+	// held are the tags of manual-ack deliveries handed to the application and
+	// not yet settled, in the session epoch heldEpoch. After a resume the broker
+	// sends every delivery it still holds unsettled again; one whose tag is held
+	// was already delivered here and is dropped. At most heldMax tags are kept
+	// (twice the prefetch in force): more are possible only when leases expired
+	// unsettled, and then the oldest is forgotten. heldMu is taken after e.mu.
+	heldMu    sync.Mutex
+	held      map[uint64]struct{}
+	heldEpoch uint64
+	heldMax   int
+}
+
+// heldSlackTags is added to the held-tag bound so that a tiny prefetch still
+// leaves room for deliveries whose settle is in flight.
+const heldSlackTags = 16
+
+// hold records tag as delivered in epoch and reports false when it already was
+// (a delivery the broker re-sent after a resume).
+func (s *Subscription) hold(epoch, tag uint64) bool {
+	s.heldMu.Lock()
+	defer s.heldMu.Unlock()
+	if s.held == nil || s.heldEpoch != epoch {
+		// A fresh session numbers its tags from the start again.
+		s.held, s.heldEpoch = make(map[uint64]struct{}), epoch
+	}
+	if _, dup := s.held[tag]; dup {
+		return false
+	}
+	if len(s.held) >= max(s.heldMax, heldSlackTags) {
+		oldest := tag
+		for t := range s.held {
+			oldest = min(oldest, t)
+		}
+		delete(s.held, oldest)
+	}
+	s.held[tag] = struct{}{}
+	return true
+}
+
+// release forgets a settled tag.
+func (s *Subscription) release(epoch, tag uint64) {
+	s.heldMu.Lock()
+	if s.heldEpoch == epoch {
+		delete(s.held, tag)
+	}
+	s.heldMu.Unlock()
 }
 
 // Subscribe attaches a consumer to topic. It returns once the broker accepted
@@ -141,6 +189,9 @@ func (e *endpoint) subscribeOn(ctx context.Context, c *conn, s *Subscription) er
 		s.serverID = ok.SubID
 		s.partitions = ok.Partitions
 		s.prefetch = ok.Prefetch
+		s.heldMu.Lock()
+		s.heldMax = 2*int(ok.Prefetch) + heldSlackTags
+		s.heldMu.Unlock()
 		s.recreating = false
 		// A new subscription joins the endpoint here, on the reader, so a
 		// reconnect that starts after this reply always knows about it.
@@ -176,12 +227,15 @@ func (s *Subscription) view() protocol.SubView {
 }
 
 // push hands a delivery to the subscription, waiting while its buffer is full.
-func (s *Subscription) push(m *Message, connDone <-chan struct{}) {
+// It reports whether the delivery was buffered.
+func (s *Subscription) push(m *Message, connDone <-chan struct{}) bool {
 	select {
 	case s.buf <- m:
+		return true
 	case <-s.done:
 	case <-connDone:
 	}
+	return false
 }
 
 // purge drops buffered deliveries of an ended session.
@@ -415,7 +469,9 @@ func (m *Message) settle(ctx context.Context, kind protocol.Op, delayMs int64) e
 	err := m.settleOnce(ctx, kind, delayMs)
 	if err != nil && (IsRetryable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 		m.settled <- struct{}{} // allow another try
+		return err
 	}
+	m.sub.release(m.epoch, m.tag)
 	return err
 }
 

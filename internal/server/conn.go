@@ -27,6 +27,7 @@ type conn struct {
 	sess *session.Session // set by the reader at HELLO; read by teardown after the reader exits
 
 	established     atomic.Bool // HELLO_OK was queued
+	resendDue       bool        // reader only: resumed, and no request handled since
 	publishInflight atomic.Int64
 	settleInflight  atomic.Int64
 	readerWake      chan struct{} // cap 1: a resource the reader may wait for was released
@@ -205,6 +206,18 @@ func (c *conn) handle(f protocol.Frame) error {
 		}
 		return c.hello(f)
 	}
+	if c.resendDue {
+		// Deliveries the previous socket may have lost go out again: after the
+		// RECONCILE_RESULT when the client reconciles first (Reconcile sends
+		// them; the deferred call covers a RECONCILE that failed), otherwise
+		// before the answer to whatever it asked first.
+		c.resendDue = false
+		if f.Op == protocol.OpReconcile {
+			defer c.sess.Resend()
+		} else {
+			c.sess.Resend()
+		}
+	}
 	if !clientOp(f.Op) {
 		c.replyErr(f.RequestID, protocol.Errorf(protocol.CodeUnknownOp, "op %s is not a client request", f.Op))
 		return nil
@@ -287,6 +300,7 @@ func (c *conn) hello(f protocol.Frame) error {
 		return fatal(protocol.CodeOf(err), "%v", err)
 	}
 	c.sess = sess
+	c.resendDue = outcome == protocol.ResumeResumed
 	c.established.Store(true)
 	c.log = c.log.With("client_id", sess.ClientID())
 	c.log.Debug("handshake done", "client_name", h.ClientName, "client_version", h.ClientVersion, "outcome", outcome.String())

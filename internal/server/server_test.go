@@ -245,6 +245,18 @@ func TestResumeOverTCP(t *testing.T) {
 	if ok2.Outcome != protocol.ResumeResumed || ok2.Resume.ClientID != ok1.Resume.ClientID {
 		t.Fatalf("resume: %+v", ok2)
 	}
+	// The client did not reconcile: before the answer to its first request it
+	// gets again, unchanged, the deliveries the first socket may have lost.
+	id := c2.send(0, &protocol.Ping{})
+	for _, want := range []*protocol.Deliver{d1, d2} {
+		if _, d := expect[*protocol.Deliver](c2); d.Tag != want.Tag || d.Attempt != want.Attempt || string(d.Body) != string(want.Body) {
+			t.Fatalf("re-sent %+v, want %+v", d, want)
+		}
+	}
+	if h, _ := expect[*protocol.Pong](c2); h.RequestID != id {
+		t.Fatalf("pong for %d, want %d", h.RequestID, id)
+	}
+	c2.ping() // once per resume
 	// Tags from the first socket settle on the second.
 	if codes := c2.settle(protocol.OpAck, d1.Tag, d2.Tag); codes[0] != protocol.CodeOK || codes[1] != protocol.CodeOK {
 		t.Fatalf("late settle: %v", codes)

@@ -27,6 +27,14 @@
 // the session runs exactly the cleanup an immediate disconnect runs: every
 // subscription is closed, which puts its leases back to ready.
 //
+// Re-sends: a DELIVER that reached the old socket may have died in it. At a resume
+// the session notes every manual-ack tag it still holds whose frame is not in the
+// buffer, and Resend sends those DELIVERs again, unchanged: Reconcile calls it after
+// RECONCILE_RESULT, and the server calls it before the first other request. The
+// client drops a DELIVER whose tag it already holds. Each tag keeps a pointer to
+// its DELIVER body for this, so unsettled bodies stay in memory (bounded by
+// prefetch).
+//
 // Goroutines and locks: a Session has no goroutine of its own. Its methods are called
 // by the connection's reader goroutine, by broker partition goroutines (Deliver,
 // Closed, settle and publish completions) and by the grace timer. Session.mu guards

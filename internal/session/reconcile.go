@@ -23,7 +23,8 @@ import (
 //	-          | id              | close_server_side  | close_server_side
 //
 // Server-side closes hand the subscription's leases back to ready. A recreate that
-// fails is reported as close_client_side with the error in Reason.
+// fails is reported as close_client_side with the error in Reason. After the
+// result, the deliveries noted at the last resume are re-sent (see Resend).
 func (s *Session) Reconcile(sink Sink, reqID uint64, req *protocol.Reconcile) error {
 	if req.Policy != protocol.ReconcileConservative && req.Policy != protocol.ReconcileRestore {
 		return protocol.Errorf(protocol.CodeBadRequest, "reconcile policy %d", req.Policy)
@@ -117,6 +118,9 @@ func (s *Session) Reconcile(sink Sink, reqID uint64, req *protocol.Reconcile) er
 	for _, st := range created {
 		s.announceLocked(st)
 	}
+	// Deliveries of kept subscriptions that the previous socket may have lost
+	// follow the decision; those of closed subscriptions were handed back.
+	s.resendLocked()
 	s.mu.Unlock()
 	s.logger().Info("reconciled", "policy", req.Policy, "client_subs", len(req.Subs), "closed", len(closing), "recreated", len(created))
 	return nil

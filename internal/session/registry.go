@@ -78,6 +78,7 @@ type Stats struct {
 	GraceExpired   uint64 // dormant sessions cleaned up by their timer
 	Requeued       uint64 // leases given back by session cleanup
 	PendingDropped uint64 // pushes dropped because a dormant buffer was full
+	Resent         uint64 // unsettled deliveries sent again after a resume
 }
 
 // Registry issues session identities and finds them again on resume.
@@ -91,7 +92,7 @@ type Registry struct {
 
 	dormant                                         atomic.Int64
 	issued, resumed, rejected, notFound, graceFired atomic.Uint64
-	requeued, pendingDropped                        atomic.Uint64
+	requeued, pendingDropped, resent                atomic.Uint64
 }
 
 // NewRegistry returns an empty registry.
@@ -141,7 +142,7 @@ func (r *Registry) Stats() Stats {
 		Sessions: n, Dormant: int(r.dormant.Load()),
 		Issued: r.issued.Load(), Resumed: r.resumed.Load(), ResumeRejected: r.rejected.Load(),
 		ResumeNotFound: r.notFound.Load(), GraceExpired: r.graceFired.Load(), Requeued: r.requeued.Load(),
-		PendingDropped: r.pendingDropped.Load(),
+		PendingDropped: r.pendingDropped.Load(), Resent: r.resent.Load(),
 	}
 }
 

@@ -3,6 +3,7 @@ package session
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,9 @@ type Session struct {
 	tags       map[uint64]tagEntry
 	lastTag    uint64
 	prefetches uint64 // summed prefetch of subs, bounds pending
+	// resendTags are the tags whose DELIVER may have died with the previous
+	// socket, noted at a resume and re-sent by Resend. Bounded by tags.
+	resendTags []uint64
 }
 
 // subState is the session's record of one subscription.
@@ -58,6 +62,9 @@ type tagEntry struct {
 	partition uint32
 	offset    uint64
 	leaseID   uint64
+	// d is the DELIVER as first sent, kept so that a resume can send it again
+	// with the same tag, lease and attempt. Bodies are shared, never copied.
+	d *protocol.Deliver
 }
 
 func newSession(r *Registry, id string, token []byte) *Session {
@@ -103,17 +110,76 @@ func (s *Session) attach(sink Sink, connID uint64, hello Hello, outcome protocol
 	}
 	pending := s.pending
 	s.pending = nil
+	if outcome == protocol.ResumeResumed {
+		s.noteResendLocked(pending)
+	}
 	for _, o := range pending {
 		s.emitLocked(o)
 	}
 	if outcome == protocol.ResumeResumed {
-		s.logger().Info("resume accepted", "flushed", len(pending), "subscriptions", len(s.subs), "tags", len(s.tags), "took_over", old != nil)
+		s.logger().Info("resume accepted", "flushed", len(pending), "subscriptions", len(s.subs), "tags", len(s.tags),
+			"to_resend", len(s.resendTags), "took_over", old != nil)
 	}
 	s.mu.Unlock()
 	if old != nil && old != sink {
 		old.Kick()
 	}
 	return true
+}
+
+// noteResendLocked records, at a resume, every manual-ack delivery the session
+// still holds unsettled whose DELIVER was handed to an earlier socket: it may have
+// been written and then lost with that socket. Deliveries still in pending (never
+// written) or waiting for their subscription's announcement are sent anyway and
+// are left out. Auto-ack deliveries leave the tag table once written, so any
+// still held was never written. Resend sends the noted ones.
+func (s *Session) noteResendLocked(pending []Outbound) {
+	unsent := make(map[uint64]bool, len(pending))
+	for _, o := range pending {
+		if d, ok := o.Body.(*protocol.Deliver); ok {
+			unsent[d.Tag] = true
+		}
+	}
+	s.resendTags = s.resendTags[:0]
+	for tag, e := range s.tags {
+		if e.d == nil || e.st.autoAck || !e.st.announced || unsent[tag] {
+			continue
+		}
+		s.resendTags = append(s.resendTags, tag)
+	}
+	slices.Sort(s.resendTags) // first delivered, first re-sent
+}
+
+// Resend sends again, through the current sink, the DELIVER of every delivery
+// noted at the last resume that the session still holds: same tag, same lease,
+// same attempt. Deliveries settled, or whose subscription was closed (for
+// example by reconciliation) since the resume, are skipped. The server calls it
+// right after RECONCILE_RESULT (Reconcile does so itself), or before handling the
+// first request after a resume that is not a RECONCILE. Later calls do nothing
+// until the next resume. Clients de-duplicate by tag.
+func (s *Session) Resend() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.resendLocked()
+}
+
+func (s *Session) resendLocked() {
+	if len(s.resendTags) == 0 || s.state == stateClosed {
+		s.resendTags = nil
+		return
+	}
+	n := 0
+	for _, tag := range s.resendTags {
+		e, ok := s.tags[tag]
+		if !ok || e.st.closed {
+			continue
+		}
+		s.emitLocked(Outbound{Body: e.d})
+		n++
+	}
+	s.resendTags = nil
+	s.reg.resent.Add(uint64(n))
+	s.logger().Info("unsettled deliveries re-sent after resume", "count", n)
 }
 
 // Detach tells the session that sink's connection is gone. unsent are the frames
@@ -211,6 +277,7 @@ func (s *Session) cleanup(reason string) {
 	s.subs, s.tags = map[uint64]*subState{}, map[uint64]tagEntry{}
 	pending := s.pending
 	s.pending = nil
+	s.resendTags = nil
 	s.mu.Unlock()
 
 	for _, o := range pending {
@@ -273,12 +340,13 @@ func (s *Session) deliver(st *subState, sub Subscription, d Delivery) {
 	}
 	s.lastTag++
 	tag := s.lastTag
-	s.tags[tag] = tagEntry{st: st, partition: d.Partition, offset: d.Offset, leaseID: d.LeaseID}
-	o := Outbound{Body: &protocol.Deliver{
+	body := &protocol.Deliver{
 		SubID: st.id, Tag: tag, Partition: d.Partition, Offset: d.Offset, Attempt: d.Attempt,
 		PublishedAtMs: d.PublishedAtMs, Key: d.Key, Headers: d.Headers, ContentType: d.ContentType,
 		Body: d.Body, Topic: d.Topic, Group: d.Group,
-	}}
+	}
+	s.tags[tag] = tagEntry{st: st, partition: d.Partition, offset: d.Offset, leaseID: d.LeaseID, d: body}
+	o := Outbound{Body: body}
 	if st.autoAck {
 		o.AfterWrite = func() { s.autoAck(tag) }
 	}

@@ -541,3 +541,90 @@ func TestDrainCleansDormantAndRefusesOpen(t *testing.T) {
 		t.Fatalf("open while draining: %v", err)
 	}
 }
+
+// TestResumeResendsWrittenDeliveries: deliveries written to a socket that then
+// died are sent again after a resume, with the same tag and attempt, after the
+// RECONCILE_RESULT and only for subscriptions the reconciliation kept.
+func TestResumeResendsWrittenDeliveries(t *testing.T) {
+	fx := newFixture(t, 5000)
+	k1 := &sink{}
+	s, _ := fx.open(protocol.ResumeIdentity{}, k1)
+	fx.publish("a", 2)
+	keep := subscribe(t, s, k1, protocol.Subscribe{Topic: "a", Prefetch: 4})
+	fx.publish("b", 1)
+	subscribe(t, s, k1, protocol.Subscribe{Topic: "b", Prefetch: 4})
+	written := delivers(k1.take()) // tags 1, 2 (a) and 3 (b) reached the socket
+	if len(written) != 3 {
+		t.Fatalf("written %+v", written)
+	}
+	fx.publish("a", 1) // tag 4 is queued but never written
+	unsent := k1.frames
+	k1.frames = nil
+	s.Detach(k1, unsent)
+
+	k2 := &sink{}
+	fx.open(s.Identity(), k2)
+	if ds := delivers(k2.take()); len(ds) != 1 || ds[0].Tag != 4 {
+		t.Fatalf("after HELLO_OK, want only the unwritten tag 4 flushed, got %+v", ds)
+	}
+	err := s.Reconcile(k2, 9, &protocol.Reconcile{Policy: protocol.ReconcileConservative, Subs: []protocol.SubView{
+		{SubID: keep, Topic: "a", Partition: 0, Prefetch: 4},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := k2.take()
+	if len(got) == 0 || got[0].Body.Op() != protocol.OpReconcileResult {
+		t.Fatalf("frames %v, want RECONCILE_RESULT first", ops(got))
+	}
+	re := delivers(got[1:])
+	if len(re) != 2 {
+		t.Fatalf("re-sent %+v, want tags 1 and 2 of the kept subscription", re)
+	}
+	for i, d := range re {
+		w := written[i]
+		if d.Tag != w.Tag || d.SubID != keep || d.Attempt != w.Attempt || d.Offset != w.Offset || !bytes.Equal(d.Body, w.Body) {
+			t.Fatalf("re-sent %+v, first sent %+v", d, w)
+		}
+	}
+	if c := settle(t, s, protocol.OpAck, re[0].Tag, re[1].Tag, 4); c[0] != protocol.CodeOK || c[1] != protocol.CodeOK || c[2] != protocol.CodeOK {
+		t.Fatalf("settle codes %v", c)
+	}
+	s.Resend() // once per resume
+	if ds := delivers(k2.take()); len(ds) != 0 {
+		t.Fatalf("second Resend sent %+v", ds)
+	}
+	if st := fx.reg.Stats(); st.Resent != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestResumeResendWithoutReconcile: a client that does not reconcile gets the
+// re-sent deliveries when the server calls Resend; one settled in between is
+// skipped.
+func TestResumeResendWithoutReconcile(t *testing.T) {
+	fx := newFixture(t, 5000)
+	k1 := &sink{}
+	s, _ := fx.open(protocol.ResumeIdentity{}, k1)
+	fx.publish("a", 2)
+	subscribe(t, s, k1, protocol.Subscribe{Topic: "a", Prefetch: 4})
+	written := delivers(k1.take())
+	s.Detach(k1, nil)
+	k2 := &sink{}
+	fx.open(s.Identity(), k2)
+	if c := settle(t, s, protocol.OpAck, written[0].Tag); c[0] != protocol.CodeOK {
+		t.Fatalf("settle %v", c)
+	}
+	k2.take()
+	s.Resend()
+	if ds := delivers(k2.take()); len(ds) != 1 || ds[0].Tag != written[1].Tag {
+		t.Fatalf("re-sent %+v, want only tag %d", ds, written[1].Tag)
+	}
+	// A fresh session re-sends nothing.
+	k3 := &sink{}
+	s3, _ := fx.open(protocol.ResumeIdentity{}, k3)
+	s3.Resend()
+	if ds := delivers(k3.take()); len(ds) != 0 {
+		t.Fatalf("fresh session re-sent %+v", ds)
+	}
+}

@@ -28,9 +28,25 @@ type node struct {
 	addr   string
 	served chan error
 	bcfg   broker.Config
+	opts   nodeOpts
+}
+
+// nodeOpts adjust a node beyond its broker configuration.
+type nodeOpts struct {
+	// addr to listen on; "" picks a free loopback port.
+	addr string
+	// server adjusts the server's configuration.
+	server func(*server.Config)
+	// wrap, when set, wraps the listener the server accepts on.
+	wrap func(net.Listener) net.Listener
 }
 
 func startNode(t *testing.T, dir string, mod func(*broker.Config)) *node {
+	t.Helper()
+	return startNodeOpts(t, dir, mod, nodeOpts{})
+}
+
+func startNodeOpts(t *testing.T, dir string, mod func(*broker.Config), o nodeOpts) *node {
 	t.Helper()
 	cfg := broker.Config{DataDir: dir}
 	if mod != nil {
@@ -40,15 +56,26 @@ func startNode(t *testing.T, dir string, mod func(*broker.Config)) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{Backend: bridge.New(b), OwnerID: "e2e-owner", Rand: rand.Reader, ServerVersion: "e2e"})
+	scfg := server.Config{Backend: bridge.New(b), OwnerID: "e2e-owner", Rand: rand.Reader, ServerVersion: "e2e"}
+	if o.server != nil {
+		o.server(&scfg)
+	}
+	srv, err := server.New(scfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr := o.addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &node{t: t, dir: dir, b: b, srv: srv, addr: ln.Addr().String(), served: make(chan error, 1), bcfg: cfg}
+	n := &node{t: t, dir: dir, b: b, srv: srv, addr: ln.Addr().String(), served: make(chan error, 1), bcfg: cfg, opts: o}
+	if o.wrap != nil {
+		ln = o.wrap(ln)
+	}
 	go func() { n.served <- srv.Serve(ln) }()
 	t.Cleanup(n.stop)
 	return n
@@ -77,7 +104,7 @@ func (n *node) stop() {
 func (n *node) restart() *node {
 	n.stop()
 	cfg := n.bcfg
-	return startNode(n.t, n.dir, func(c *broker.Config) { *c = cfg })
+	return startNodeOpts(n.t, n.dir, func(c *broker.Config) { *c = cfg }, n.opts)
 }
 
 // client speaks raw protocol frames.
