@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -108,9 +109,9 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
+	ln, err := clientListener(cfg)
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return err
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
@@ -131,8 +132,11 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 			}
 		}()
 	}
-	logger.Info("serving", "listen", ln.Addr().String(), "admin_listen", adminAddr,
+	logger.Info("serving", "listen", ln.Addr().String(), "tls", cfg.TLS.Enabled(), "admin_listen", adminAddr,
 		"generation", srv.Generation(), "sync", cfg.Storage.Sync, "reconnect_grace_ms", cfg.Connection.ReconnectGraceMs)
+	if serveReadyHook != nil {
+		serveReadyHook(ln.Addr().String(), adminAddr)
+	}
 
 	var runErr error
 	select {
@@ -155,6 +159,32 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		return runErr
 	}
 	return nil
+}
+
+// serveReadyHook, when set (by tests), is called once serve listens, with the
+// client and admin addresses.
+var serveReadyHook func(clientAddr, adminAddr string)
+
+// clientListener listens on cfg.Listen, with TLS when tls.cert_file and
+// tls.key_file are set. The TLS handshake runs on the connection's reader
+// goroutine at its first read, so the handshake timeout covers it.
+func clientListener(cfg settings.Config) (net.Listener, error) {
+	var tcfg *tls.Config
+	if cfg.TLS.Enabled() {
+		cert, err := tls.LoadX509KeyPair(cfg.TLS.CertFile, cfg.TLS.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls: load tls.cert_file %s and tls.key_file %s: %w", cfg.TLS.CertFile, cfg.TLS.KeyFile, err)
+		}
+		tcfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	if tcfg != nil {
+		ln = tls.NewListener(ln, tcfg)
+	}
+	return ln, nil
 }
 
 // heartbeat maps the setting (0 = off) onto the server's (negative = off).
@@ -243,6 +273,7 @@ func adminConfig(b *broker.Broker, srv *server.Server) admin.Config {
 				c("sinew_sessions_resume_rejected_total", "Resumes refused.", ss.ResumeRejected),
 				c("sinew_sessions_grace_expired_total", "Sessions cleaned up when their grace ran out.", ss.GraceExpired),
 				c("sinew_sessions_requeued_total", "Leases handed back by session cleanup.", ss.Requeued),
+				c("sinew_sessions_resent_total", "Unsettled deliveries sent again after a resume.", ss.Resent),
 			}
 			bs := b.Stats()
 			for _, q := range bs.Queues {

@@ -9,6 +9,7 @@
 //	data_dir                        SINEW_DATA_DIR                       --data-dir
 //	limits.frame_bytes_max          SINEW_LIMITS_FRAME_BYTES_MAX         --limits-frame-bytes-max
 //	connection.reconnect_grace_ms   SINEW_CONNECTION_RECONNECT_GRACE_MS  --connection-reconnect-grace-ms
+//	tls.cert_file                   SINEW_TLS_CERT_FILE                  --tls-cert-file
 //
 // The file is strict: an unknown key is an error that names it. List values
 // (auth.tokens) are comma-separated in the environment and in flags. Validate

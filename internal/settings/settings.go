@@ -25,12 +25,25 @@ type Config struct {
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `toml:"log_level"`
 
+	TLS        TLS        `toml:"tls"`
 	Auth       Auth       `toml:"auth"`
 	Limits     Limits     `toml:"limits"`
 	Connection Connection `toml:"connection"`
 	Storage    Storage    `toml:"storage"`
 	Queue      Queue      `toml:"queue"`
 }
+
+// TLS configures the client listener's TLS. With both files set the listener
+// speaks only TLS; with neither, plain TCP.
+type TLS struct {
+	// CertFile is a PEM certificate chain, leaf first.
+	CertFile string `toml:"cert_file"`
+	// KeyFile is the PEM private key of the leaf certificate.
+	KeyFile string `toml:"key_file"`
+}
+
+// Enabled reports whether the client listener uses TLS.
+func (t TLS) Enabled() bool { return t.CertFile != "" && t.KeyFile != "" }
 
 // Auth configures client authentication.
 type Auth struct {
@@ -283,6 +296,12 @@ func (c *Config) Validate() error {
 	addr("admin_listen", c.AdminListen, true)
 	if c.DataDir == "" {
 		bad("data_dir", "must not be empty")
+	}
+	switch {
+	case c.TLS.CertFile != "" && c.TLS.KeyFile == "":
+		bad("tls.key_file", "must be set together with tls.cert_file")
+	case c.TLS.CertFile == "" && c.TLS.KeyFile != "":
+		bad("tls.cert_file", "must be set together with tls.key_file")
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

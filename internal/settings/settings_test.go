@@ -137,3 +137,30 @@ func TestEveryKeyHasAFlag(t *testing.T) {
 		t.Fatalf("only %d keys", len(Keys()))
 	}
 }
+
+func TestTLSBothOrNeither(t *testing.T) {
+	for _, tc := range []struct {
+		env     map[string]string
+		wantErr string
+		enabled bool
+	}{
+		{env: map[string]string{}},
+		{env: map[string]string{"SINEW_TLS_CERT_FILE": "/c.pem", "SINEW_TLS_KEY_FILE": "/k.pem"}, enabled: true},
+		{env: map[string]string{"SINEW_TLS_CERT_FILE": "/c.pem"}, wantErr: "tls.key_file: must be set together with tls.cert_file"},
+		{env: map[string]string{"SINEW_TLS_KEY_FILE": "/k.pem"}, wantErr: "tls.cert_file: must be set together with tls.key_file"},
+	} {
+		c, err := Load(Sources{Env: env(tc.env)})
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Fatalf("%v: %v", tc.env, err)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Fatalf("%v: error %v, want %q", tc.env, err, tc.wantErr)
+		case tc.wantErr == "" && c.TLS.Enabled() != tc.enabled:
+			t.Fatalf("%v: enabled %v", tc.env, c.TLS.Enabled())
+		}
+	}
+	file := write(t, "[tls]\ncert_file = \"/c.pem\"\nkey_file = \"/k.pem\"\n")
+	if c, err := Load(Sources{File: file}); err != nil || c.TLS.CertFile != "/c.pem" || c.TLS.KeyFile != "/k.pem" {
+		t.Fatalf("from file: %+v, %v", c.TLS, err)
+	}
+}
