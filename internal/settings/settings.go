@@ -206,7 +206,7 @@ const flagUsagePrefix = "config key "
 func RegisterFlags(fs *flag.FlagSet) {
 	d := Default()
 	for _, f := range fields(&d) {
-		fs.String(FlagName(f.key), get(f), flagUsagePrefix+f.key+" (env "+EnvName(f.key)+")")
+		fs.String(FlagName(f.key), get(f), flagUsagePrefix+f.key+" (env "+EnvName(f.key)+"): "+Describe(f.key))
 	}
 }
 

@@ -1,0 +1,43 @@
+package settings
+
+// help is the one-line meaning of every key. It feeds flag usage and the table in
+// docs/configuration.md, which a test keeps in step with Keys.
+var help = map[string]string{
+	"listen":        "Address of the client protocol listener (host:port).",
+	"admin_listen":  "Address of the admin HTTP server (/healthz, /readyz, /metrics, /api/v1/queues); empty disables it.",
+	"data_dir":      "Directory holding every queue's log, checkpoints and the broker's owner id.",
+	"log_level":     "debug, info, warn or error.",
+	"tls.cert_file": "PEM certificate chain (leaf first) for the client listener. Set together with tls.key_file to serve TLS 1.2+ only.",
+	"tls.key_file":  "PEM private key of tls.cert_file's leaf certificate.",
+	"auth.tokens":   "Shared secrets; when not empty, a HELLO must carry one of them as its credentials. Comma-separated in env and flags.",
+
+	"limits.frame_bytes_max":      "Largest frame either side may send, in bytes (at least 65536, at most 1 GiB).",
+	"limits.body_bytes_max":       "Largest message body, in bytes; must be below limits.frame_bytes_max.",
+	"limits.prefetch_default":     "Prefetch of a subscription that asks for 0.",
+	"limits.prefetch_max":         "Largest prefetch per subscription; larger requests are clamped.",
+	"limits.settle_batch_max":     "Most tags in one ACK, NACK or FAIL frame.",
+	"limits.publish_inflight_max": "Unconfirmed publishes per connection before the server stops reading it.",
+	"limits.subscriptions_max":    "Subscriptions per session.",
+	"limits.connections_max":      "Open client connections; more are refused with too_many_connections.",
+
+	"connection.handshake_timeout_ms": "HELLO (and the TLS handshake) must arrive within this many milliseconds.",
+	"connection.heartbeat_ms":         "Idle interval before the server sends PING; three intervals of silence close a connection. 0 disables heartbeats.",
+	"connection.write_timeout_ms":     "A write to a client that makes no progress for this long closes the connection.",
+	"connection.reconnect_grace_ms":   "How long a dropped session stays resumable. 0 cleans it up at once: its leases go back to ready and a reconnecting client starts a fresh session.",
+	"connection.drain_timeout_ms":     "On SIGTERM/SIGINT, how long the drain waits for in-flight publishes to be confirmed before closing connections.",
+
+	"storage.sync":                     "always: confirm a publish only after its record is fsynced. interval: confirm once written to the OS page cache, fsync every storage.sync_interval_ms.",
+	"storage.sync_interval_ms":         "fsync period under storage.sync = interval; a power loss can lose up to this window of confirmed messages.",
+	"storage.segment_bytes":            "Size at which a partition log rolls to a new segment file (at least 1 MiB).",
+	"storage.quarantine":               "What startup does with a partition whose log or checkpoint fails verification: quarantine, refuse or ignore.",
+	"storage.checkpoint_every_records": "Log records a partition appends between checkpoints; fewer means faster recovery and more checkpoint writes.",
+	"storage.inbox_max":                "Commands waiting in each partition's inbox before producers wait.",
+
+	"queue.partitions":        "Partitions of a queue created on first use.",
+	"queue.lease_ms":          "How long a manual-ack delivery stays leased before it is delivered again (queues created on first use).",
+	"queue.max_retries":       "Redeliveries after NACK before a message is dead-lettered with reason retries_exhausted.",
+	"queue.dead_letter_topic": "Queue that receives failed, exhausted and expired messages.",
+}
+
+// Describe returns the meaning of key, or "" for an unknown key.
+func Describe(key string) string { return help[key] }
