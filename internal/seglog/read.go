@@ -113,6 +113,24 @@ func (l *Log) Scan(from uint64, fn func(Record) error) error {
 	if closing {
 		return ErrClosed
 	}
+	return l.scan(from, upto, fn)
+}
+
+// ScanRange is Scan limited to LSNs [from, upto]: it pushes to the OS only
+// the buffered records it needs, so a reader of old records does not make
+// the committer write the newest ones early. upto beyond the last appended
+// record is clamped to it.
+func (l *Log) ScanRange(from, upto uint64, fn func(Record) error) error {
+	l.mu.Lock()
+	upto, closing := min(upto, l.nextLSN-1), l.closing
+	l.mu.Unlock()
+	if closing {
+		return ErrClosed
+	}
+	return l.scan(from, upto, fn)
+}
+
+func (l *Log) scan(from, upto uint64, fn func(Record) error) error {
 	if err := l.ensureWritten(upto); err != nil {
 		return err
 	}
