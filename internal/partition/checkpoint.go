@@ -191,6 +191,7 @@ func (p *Partition) recover() error {
 		Sync:           cfg.Sync,
 		SyncIntervalMs: cfg.SyncIntervalMs,
 		Corruption:     cfg.Corruption,
+		Preallocate:    cfg.Preallocate,
 		Logger:         p.logger,
 		ReplayFrom:     covers,
 		Replay: func(r seglog.Record) error {

@@ -99,6 +99,9 @@ type Config struct {
 	SyncIntervalMs int
 	SegmentBytes   int64
 	Corruption     seglog.CorruptionPolicy
+	// Preallocate picks how log segments get their space (see
+	// seglog.PreallocMode); the zero value is seglog's default.
+	Preallocate seglog.PreallocMode
 
 	InboxMax               int
 	CheckpointEveryRecords int
