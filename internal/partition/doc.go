@@ -48,8 +48,11 @@
 // stage, which holds at most stageCommandsMax commands (then the actor
 // waits for the sync and the inbox absorbs the rest). When the sync
 // returns, the syncing stage is released: its publishers and settlers are
-// answered, its leases delivered, its dead-letter copies started; then the
-// open stage becomes the syncing one. A stage that appended nothing (only
+// answered, its leases delivered (payloads from the body cache, or read in
+// runs of nearby offsets with one seglog.ScanRange), its dead-letter copies
+// started. The actor then yields once, so the publishers and settlers it
+// just answered can send their next command in time, takes the inbox, and
+// the open stage becomes the syncing one. A stage that appended nothing (only
 // refusals or idempotent answers) needs no sync but is still released after
 // the stage before it, so answers never overtake the records they depend
 // on. A failed append or sync fails the partition: the open stage is
