@@ -130,13 +130,26 @@ type Consumer interface {
 	// Deliver hands over one leased message. It is called from partition
 	// goroutines, possibly several at once for a subscription on all
 	// partitions, and MUST NOT block. The number of outstanding
-	// (unsettled) deliveries per subscription never exceeds its prefetch,
-	// so the consumer can buffer them. d.Body and d.Key may be shared with
+	// deliveries per subscription (not settled, and whose lease has not
+	// ended otherwise) never exceeds its prefetch, so the consumer can
+	// buffer them. A delivery whose lease expired or was released no
+	// longer counts: its message may be delivered again (to this consumer
+	// too) and settling the old lease gets CodeStaleLease. d.Body and d.Key may be shared with
 	// other deliveries of the same message and must not be modified.
 	Deliver(s *Subscription, d Delivery)
 	// Closed tells the consumer the broker ended the subscription (queue
 	// quarantined, shutdown ...). It is not called for Subscription.Close.
 	Closed(s *Subscription, reason uint8, err error)
+}
+
+// LeaseEndedConsumer may be implemented by a Consumer that wants to know
+// when a delivery it holds stops counting against its prefetch without its
+// own settle (the lease expired, was released or dead-lettered), for
+// instance to drop a buffered frame that can no longer be settled.
+type LeaseEndedConsumer interface {
+	// LeaseEnded is called from a partition goroutine, after the Deliver
+	// of that lease, and MUST NOT block.
+	LeaseEnded(s *Subscription, partition uint32, offset, leaseID uint64)
 }
 
 // Delivery is one leased message.

@@ -24,8 +24,13 @@
 // Competing subscriptions on a queue are served round-robin by each
 // partition, a few messages at a time. A subscription on all partitions
 // shares one credit counter (its prefetch): partitions reserve credit before
-// leasing and settles return it, so the unsettled deliveries a consumer holds
-// never exceed its prefetch. A partition that finds no credit marks the
+// leasing, and a delivery returns it exactly once, when the consumer's
+// settle is answered or when the partition reports that the lease ended
+// otherwise (expired, released, dead-lettered; partition.Consumer.LeaseEnded),
+// whichever comes first. So the current deliveries a consumer holds never
+// exceed its prefetch, and a consumer that lost a delivery (its frame died
+// with a socket) gets its credit back when the lease expires instead of
+// starving. A partition that finds no credit marks the
 // subscription starved and is poked when credit comes back.
 //
 // # What is durable when

@@ -16,9 +16,12 @@ import (
 //
 // Credit. credit counts deliveries the subscription may still receive. A
 // partition reserves credit before leasing (TakeCredit) and refunds what it
-// did not use; a settle gives one back once the partition answers. So the
-// deliveries handed to the consumer and not yet settled never exceed the
-// prefetch. A partition that finds no credit sets starved; whoever next
+// did not use. A delivered lease stays in outstanding until either the
+// consumer's settle is answered or the partition reports the lease ended
+// (LeaseEnded: expired, released, dead-lettered); whichever removes it from
+// outstanding gives its credit back, so each delivery returns credit exactly
+// once. So the deliveries handed to the consumer and still current never
+// exceed the prefetch. A partition that finds no credit sets starved; whoever next
 // returns credit pokes the subscription's partitions, so none waits for
 // credit that came back while it was not looking.
 type Subscription struct {
@@ -173,18 +176,15 @@ func (s *Subscription) Settle(kind protocol.Op, partitionIdx uint32, offset, lea
 		notBefore = s.b.cfg.Now().UnixMilli() + delayMs
 	}
 	k := leaseKey{partitionIdx, offset, leaseID}
-	s.mu.Lock()
-	_, held := s.outstanding[k]
-	delete(s.outstanding, k)
-	s.mu.Unlock()
 	s.q.parts[partitionIdx].Settle(op, offset, leaseID, notBefore, func(err error) {
 		code := settleCode(kind, err)
-		if held && code == protocol.CodeResourceExhausted {
-			// Not settled: the delivery is still outstanding.
-			s.mu.Lock()
-			s.outstanding[k] = struct{}{}
-			s.mu.Unlock()
-			held = false
+		held := false
+		if code != protocol.CodeResourceExhausted {
+			// Settled, stale or refused for good: the delivery is no
+			// longer outstanding. Whoever removes it from outstanding
+			// (this settle or the partition's LeaseEnded) returns its
+			// credit, so it comes back exactly once.
+			held = s.forget(k)
 		}
 		// The consumer learns of the settle before the credit it frees
 		// can bring a new delivery, so it never sees more than prefetch.
@@ -193,6 +193,16 @@ func (s *Subscription) Settle(kind protocol.Op, partitionIdx uint32, offset, lea
 			s.returnCredit(1)
 		}
 	})
+}
+
+// forget removes k from the outstanding deliveries and says whether it was
+// there.
+func (s *Subscription) forget(k leaseKey) bool {
+	s.mu.Lock()
+	_, held := s.outstanding[k]
+	delete(s.outstanding, k)
+	s.mu.Unlock()
+	return held
 }
 
 func settleCode(kind protocol.Op, err error) protocol.Code {
@@ -306,6 +316,23 @@ func (a *attachment) Deliver(d partition.Delivery) {
 		PublishedAtMs: d.PublishedAtMs, Key: d.Key, Headers: hs, ContentType: d.ContentType,
 		Body: d.Body, Topic: s.view.Topic, Group: s.view.Group,
 	})
+}
+
+// LeaseEnded implements partition.Consumer: the lease is no longer current
+// (settled, expired, released, dead-lettered). If the consumer still holds
+// the delivery, its credit comes back now, so a consumer that missed a
+// delivery (its frame died with a socket, say) is not starved of the
+// redelivery; a later settle of that lease gets CodeStaleLease and returns
+// nothing more.
+func (a *attachment) LeaseEnded(offset, leaseID uint64) {
+	s := a.s
+	if !s.forget(leaseKey{a.idx, offset, leaseID}) {
+		return
+	}
+	if lc, ok := s.c.(LeaseEndedConsumer); ok && !s.closed.Load() {
+		lc.LeaseEnded(s, a.idx, offset, leaseID)
+	}
+	s.returnCredit(1)
 }
 
 // Detached implements partition.Consumer: a partition failed, so the

@@ -153,6 +153,13 @@ func (p *Partition) releaseStage(st *stage) {
 	p.deliver(st.deliveries)
 	clear(st.deliveries)
 	st.deliveries = st.deliveries[:0]
+	for _, e := range st.ended {
+		if slices.Contains(p.consumers, e.c) {
+			e.c.LeaseEnded(e.offset, e.leaseID)
+		}
+	}
+	clear(st.ended)
+	st.ended = st.ended[:0]
 	if len(st.newDead) > 0 {
 		now := p.nowMs()
 		for _, off := range st.newDead {
@@ -480,8 +487,14 @@ func (p *Partition) appendAll(evs []queue.Event, c Consumer) (int, error) {
 			if c == nil {
 				panic("partition: lease event without a consumer")
 			}
+			p.holders[ev.Offset] = holder{c: c, leaseID: ev.LeaseID}
 			p.open.deliveries = append(p.open.deliveries, pending{c: c, offset: ev.Offset, leaseID: ev.LeaseID, attempt: ev.Attempt})
+		case queue.KindAck, queue.KindRequeue:
+			p.leaseEnded(ev.Offset, ev.LeaseID)
 		case queue.KindDeadLetter:
+			if ev.LeaseID != 0 {
+				p.leaseEnded(ev.Offset, ev.LeaseID)
+			}
 			if ev.Target != "" {
 				p.open.newDead = append(p.open.newDead, ev.Offset)
 			}
@@ -489,6 +502,19 @@ func (p *Partition) appendAll(evs []queue.Event, c Consumer) (int, error) {
 	}
 	p.evs = evs[:0] // keep the grown buffer for the next command
 	return len(evs), nil
+}
+
+// leaseEnded notes that the lease leaseID on offset ended. Its holder, if
+// an attached consumer holds it, is told once the ending record is durable
+// (after the stage's deliveries, so never before the Deliver it ends).
+// Leases found by recovery have no holder.
+func (p *Partition) leaseEnded(offset, leaseID uint64) {
+	h, ok := p.holders[offset]
+	if !ok || h.leaseID != leaseID {
+		return
+	}
+	delete(p.holders, offset)
+	p.open.ended = append(p.open.ended, pending{c: h.c, offset: offset, leaseID: leaseID})
 }
 
 // dispatch leases ready messages to consumers with credit, round-robin in
@@ -539,6 +565,14 @@ func (p *Partition) deliver(ds []pending) {
 	for _, d := range ds {
 		if !slices.Contains(p.consumers, d.c) {
 			continue // detached meanwhile; its leases were released
+		}
+		if h, ok := p.holders[d.offset]; !ok || h.leaseID != d.leaseID {
+			// The lease ended (expired, say) in a turn after the one that
+			// granted it: its message is ready again, so handing it over
+			// would only cost a stale settle. Its credit comes back here;
+			// LeaseEnded will find nothing outstanding.
+			d.c.RefundCredit(1)
+			continue
 		}
 		m, err := p.message(d.offset)
 		if err != nil {
@@ -723,6 +757,8 @@ func (p *Partition) failStage(st *stage, safe uint64) {
 	st.replies = st.replies[:0]
 	clear(st.deliveries)
 	st.deliveries = st.deliveries[:0]
+	clear(st.ended)
+	st.ended = st.ended[:0]
 	st.newDead = st.newDead[:0]
 	st.records = 0
 }
@@ -752,5 +788,6 @@ func (p *Partition) fail(err error, batch []command) {
 		c.Detached(fmt.Errorf("%w: %w", ErrUnavailable, err))
 	}
 	p.consumers = nil
+	clear(p.holders)
 	p.publishStats()
 }

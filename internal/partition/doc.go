@@ -49,8 +49,10 @@
 // waits for the sync and the inbox absorbs the rest). When the sync
 // returns, the syncing stage is released: its publishers and settlers are
 // answered, its leases delivered (payloads from the body cache, or read in
-// runs of nearby offsets with one seglog.ScanRange), its dead-letter copies
-// started. The actor then yields once, so the publishers and settlers it
+// runs of nearby offsets with one seglog.ScanRange), the holders of leases
+// that ended told (Consumer.LeaseEnded), its dead-letter copies started.
+// A lease that ended before its stage was released (it expired meanwhile)
+// is not delivered; its credit is refunded instead. The actor then yields once, so the publishers and settlers it
 // just answered can send their next command in time, takes the inbox, and
 // the open stage becomes the syncing one. A stage that appended nothing (only
 // refusals or idempotent answers) needs no sync but is still released after

@@ -152,6 +152,16 @@ type Consumer interface {
 	RefundCredit(n int)
 	// Deliver hands over one message whose lease is durable.
 	Deliver(d Delivery)
+	// LeaseEnded tells the consumer that a lease it was granted is no
+	// longer current: settled (by anyone), expired, released or
+	// dead-lettered. It comes after the Deliver of that lease (or instead
+	// of it, when the lease ended before it could be delivered, in which
+	// case RefundCredit already returned its credit) and once the event
+	// that ended it is durable. A consumer that counts deliveries against
+	// a prefetch budget frees the lease's credit here unless its own
+	// settle already did: a lease that expires in a consumer's hands must
+	// not hold that consumer's credit forever.
+	LeaseEnded(offset, leaseID uint64)
 	// Detached tells the consumer the partition stopped serving it
 	// because the partition failed.
 	Detached(err error)
@@ -264,8 +274,12 @@ type Partition struct {
 	evs         []queue.Event
 	buf         []byte
 	more        bool
-	missing     []uint64          // readAhead's scratch
-	loaded      map[uint64][]byte // payloads readAhead found, for one deliver call
+	missing     []uint64 // readAhead's scratch
+	// holders maps the offset of every message leased to an attached
+	// consumer to that lease, so the consumer is told when the lease
+	// ends (Consumer.LeaseEnded). Bounded by the consumers' prefetch.
+	holders map[uint64]holder
+	loaded  map[uint64][]byte // payloads readAhead found, for one deliver call
 	// The pipeline (see doc.go): open collects what the current turns
 	// produce; syncing waits for the sync under way (syncBusy). syncReq
 	// and synced connect the actor with its syncer goroutine; each holds
@@ -289,6 +303,7 @@ type stage struct {
 	records    int // log records appended by the stage's turns
 	replies    []reply
 	deliveries []pending
+	ended      []pending // leases that ended, told to their holders after deliveries
 	newDead    []uint64
 }
 
@@ -316,6 +331,12 @@ type pending struct {
 	offset  uint64
 	leaseID uint64
 	attempt uint32
+}
+
+// holder is the consumer a current lease was granted to.
+type holder struct {
+	c       Consumer
+	leaseID uint64
 }
 
 type deadLetter struct {
@@ -381,6 +402,7 @@ func newPartition(cfg Config) *Partition {
 		stop:        make(chan struct{}),
 		stopped:     make(chan struct{}),
 		deadLetters: make(map[uint64]*deadLetter),
+		holders:     make(map[uint64]holder),
 		loaded:      make(map[uint64][]byte),
 		cache:       newBodyCache(cfg.BodyCacheBytes),
 	}

@@ -28,6 +28,7 @@ type tconsumer struct {
 	// credit is the prefetch left; settles in tests give it back by hand.
 	credit   int
 	got      []Delivery
+	ended    [][2]uint64 // (offset, lease id) from LeaseEnded
 	detached error
 	hold     chan struct{} // when set, Deliver waits on it (to stall the actor)
 }
@@ -57,6 +58,11 @@ func (c *tconsumer) Deliver(d Delivery) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.got = append(c.got, d)
+}
+func (c *tconsumer) LeaseEnded(offset, leaseID uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ended = append(c.ended, [2]uint64{offset, leaseID})
 }
 func (c *tconsumer) Detached(err error) {
 	c.mu.Lock()
@@ -557,5 +563,62 @@ func TestSyncFailureFailsPartition(t *testing.T) {
 		}
 		fs.SetSyncError(nil)
 		p.Close()
+	})
+}
+
+func (c *tconsumer) endedLeases() [][2]uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.ended)
+}
+
+// The holder of a lease is told when it ends, whatever ended it, after the
+// Deliver of that lease; a detached consumer is told nothing.
+func TestLeaseEndedTellsHolder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := mustOpen(t, testConfig(vfs.NewMem()))
+		defer p.Close()
+		c := &tconsumer{owner: "c1", credit: 2}
+		p.Attach(c)
+		mustPublish(t, p, "a", nil)
+		mustPublish(t, p, "b", nil)
+		synctest.Wait()
+		ds := c.deliveries()
+		if len(ds) != 2 || len(c.endedLeases()) != 0 {
+			t.Fatalf("deliveries %d, ended %v", len(ds), c.endedLeases())
+		}
+		if err := settle(p, Ack, ds[0], 0); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if got, want := c.endedLeases(), [][2]uint64{{ds[0].Offset, ds[0].LeaseID}}; !slices.Equal(got, want) {
+			t.Fatalf("after ack: ended %v, want %v", got, want)
+		}
+		time.Sleep(10 * time.Second) // the lease in testConfig
+		synctest.Wait()
+		want := [][2]uint64{{ds[0].Offset, ds[0].LeaseID}, {ds[1].Offset, ds[1].LeaseID}}
+		if got := c.endedLeases(); !slices.Equal(got, want) {
+			t.Fatalf("after expiry: ended %v, want %v", got, want)
+		}
+		if err := settle(p, Ack, ds[1], 0); !errors.Is(err, queue.ErrStaleLease) {
+			t.Fatalf("late ack: %v, want ErrStaleLease", err)
+		}
+		// Credit came back by hand (tconsumer does not count): the
+		// redelivery is attempt 2. Detaching releases it without telling.
+		c.addCredit(1)
+		p.Poke()
+		synctest.Wait()
+		ds = c.deliveries()
+		if len(ds) != 3 || ds[2].Attempt != 2 || ds[2].Offset != want[1][0] {
+			t.Fatalf("redelivery: %+v", ds)
+		}
+		p.Detach(c)
+		synctest.Wait()
+		if got := c.endedLeases(); len(got) != 2 {
+			t.Fatalf("detached consumer told of %v", got)
+		}
+		if st := p.Stats(); st.Ready != 1 || st.Inflight != 0 {
+			t.Fatalf("after detach: %+v", st)
+		}
 	})
 }

@@ -1,0 +1,236 @@
+package broker
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/vfs"
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// creditRec is a Consumer that checks, at every delivery and every lease
+// end, that the subscription's credit and outstanding set stay within its
+// prefetch, and remembers which leases the broker says ended.
+type creditRec struct {
+	t        *testing.T
+	prefetch int
+	mu       sync.Mutex
+	got      []Delivery
+	ended    map[leaseKey]bool
+	s        *Subscription
+}
+
+func (r *creditRec) check(s *Subscription, where string) {
+	s.mu.Lock()
+	n := len(s.outstanding)
+	s.mu.Unlock()
+	if c := s.credit.Load(); n > r.prefetch || c < 0 || c > int64(r.prefetch) {
+		r.t.Errorf("%s: %d outstanding, credit %d, prefetch %d", where, n, c, r.prefetch)
+	}
+}
+
+func (r *creditRec) Deliver(s *Subscription, d Delivery) {
+	r.check(s, "deliver")
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, d)
+}
+
+func (r *creditRec) LeaseEnded(s *Subscription, partition uint32, offset, leaseID uint64) {
+	r.check(s, "lease ended")
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ended[leaseKey{partition, offset, leaseID}] = true
+}
+
+func (r *creditRec) Closed(s *Subscription, reason uint8, err error) {}
+
+func (r *creditRec) deliveries() []Delivery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.got)
+}
+
+func settleWait(s *Subscription, op protocol.Op, d Delivery) protocol.Code {
+	ch := make(chan protocol.Code, 1)
+	s.Settle(op, d.Partition, d.Offset, d.LeaseID, 0, func(c protocol.Code) { ch <- c })
+	return <-ch
+}
+
+// A consumer with prefetch 1 that never settles its delivery (its frame
+// was lost, say) gets the message again when the lease expires, and the
+// late settle of the first lease is stale and returns no credit.
+func TestExpiredLeaseReturnsCredit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := mustOpen(t, testConfig(vfs.NewMem()))
+		defer b.Close()
+		r := &creditRec{t: t, prefetch: 1, ended: map[leaseKey]bool{}}
+		s, err := b.Subscribe(&protocol.Subscribe{Topic: "q", Partition: -1, Prefetch: 1}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		off := mustPublish(t, b, msg("q", "a")).Offset
+		mustPublish(t, b, msg("q", "b"))
+		synctest.Wait()
+		if got := r.deliveries(); len(got) != 1 || got[0].Offset != off || got[0].Attempt != 1 {
+			t.Fatalf("first delivery: %+v", got)
+		}
+		time.Sleep(10 * time.Second) // the default lease in testConfig
+		synctest.Wait()
+		got := r.deliveries()
+		if len(got) != 2 || got[1].Offset != off || got[1].Attempt != 2 {
+			t.Fatalf("after expiry: %+v, want the same message again, attempt 2", got)
+		}
+		if !r.ended[leaseKey{got[0].Partition, off, got[0].LeaseID}] {
+			t.Fatalf("the consumer was not told the first lease ended")
+		}
+		if code := settleWait(s, protocol.OpAck, got[0]); code != protocol.CodeStaleLease {
+			t.Fatalf("late ack of the expired lease: %v, want stale_lease", code)
+		}
+		synctest.Wait()
+		if c := s.credit.Load(); c != 0 {
+			t.Fatalf("credit %d after a stale ack, want 0 (one delivery outstanding)", c)
+		}
+		if n := len(r.deliveries()); n != 2 {
+			t.Fatalf("a stale ack brought a delivery: %d deliveries", n)
+		}
+		if code := settleWait(s, protocol.OpAck, got[1]); code != protocol.CodeOK {
+			t.Fatalf("ack of the current lease: %v", code)
+		}
+		synctest.Wait()
+		if got := r.deliveries(); len(got) != 3 || string(got[2].Body) != "b" || got[2].Attempt != 1 {
+			t.Fatalf("after the ack: %+v, want b", got)
+		}
+	})
+}
+
+// A randomized run of acks, nacks, forgotten deliveries, late acks and
+// expiring leases on a two-partition queue: credit and outstanding stay
+// within the prefetch at every delivery and lease end, add up to it
+// whenever the broker is idle, credit left over means nothing is ready (no
+// starvation), and every message ends acked.
+func TestCreditRandomized(t *testing.T) {
+	for seed := range uint64(4) {
+		t.Run("seed="+strconv.FormatUint(seed, 10), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { creditRun(t, seed) })
+		})
+	}
+}
+
+func creditRun(t *testing.T, seed uint64) {
+	const (
+		prefetch = 3
+		messages = 60
+		leaseMs  = 1000
+		stepsMax = 3000
+	)
+	rng := rand.New(rand.NewPCG(seed, 0x5157))
+	b := mustOpen(t, testConfig(vfs.NewMem()))
+	defer b.Close()
+	ctx := context.Background()
+	if _, err := b.Declare(ctx, &protocol.DeclareQueue{Topic: "r", Partitions: 2, MaxRetries: 1000, LeaseMs: leaseMs}); err != nil {
+		t.Fatal(err)
+	}
+	r := &creditRec{t: t, prefetch: prefetch, ended: map[leaseKey]bool{}}
+	s, err := b.Subscribe(&protocol.Subscribe{Topic: "r", Partition: -1, Prefetch: prefetch}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range messages {
+		mustPublish(t, b, msg("r", strconv.Itoa(i)))
+	}
+	acked := map[[2]uint64]bool{} // (partition, offset)
+	seen := 0                     // deliveries already looked at
+	var held []Delivery           // delivered, not settled by the test
+	stale := 0
+	for step := 0; len(acked) < messages; step++ {
+		if step >= stepsMax {
+			t.Fatalf("stuck: %d of %d acked after %d steps", len(acked), messages, step)
+		}
+		synctest.Wait()
+		r.check(s, "quiescent")
+		// Quiescent: no credit is reserved, so credit and outstanding
+		// add up to the prefetch, and credit left over means the
+		// partitions have nothing ready for it.
+		s.mu.Lock()
+		out := len(s.outstanding)
+		s.mu.Unlock()
+		credit := s.credit.Load()
+		if int(credit)+out != prefetch {
+			t.Fatalf("step %d: credit %d + outstanding %d != prefetch %d", step, credit, out, prefetch)
+		}
+		if credit > 0 {
+			for _, ps := range queueStats(t, b, "r") {
+				if ps.Ready > 0 {
+					t.Fatalf("step %d: credit %d but %d ready: consumer starved", step, credit, ps.Ready)
+				}
+			}
+		}
+		ds := r.deliveries()
+		held = append(held, ds[seen:]...)
+		seen = len(ds)
+		if len(held) == 0 {
+			time.Sleep(leaseMs * time.Millisecond)
+			continue
+		}
+		i := rng.IntN(len(held))
+		d := held[i]
+		switch k := rng.IntN(20); {
+		case k < 12: // ack
+			code := settleWait(s, protocol.OpAck, d)
+			switch {
+			case code == protocol.CodeOK:
+				acked[[2]uint64{uint64(d.Partition), d.Offset}] = true
+			case code == protocol.CodeStaleLease:
+				stale++
+			default:
+				t.Fatalf("ack: %v", code)
+			}
+			held = slices.Delete(held, i, i+1)
+		case k < 14: // nack: redelivered at once
+			if code := settleWait(s, protocol.OpNack, d); code != protocol.CodeOK && code != protocol.CodeStaleLease {
+				t.Fatalf("nack: %v", code)
+			}
+			held = slices.Delete(held, i, i+1)
+		case k < 17: // let time pass; some leases expire in the consumer's hands
+			time.Sleep(time.Duration(rng.IntN(3*leaseMs/2)) * time.Millisecond)
+		default: // forget the delivery: it is only ever settled late, if at all
+			held = slices.Delete(held, i, i+1)
+			if rng.IntN(2) == 0 {
+				time.Sleep(leaseMs * time.Millisecond)
+				synctest.Wait()
+				if code := settleWait(s, protocol.OpAck, d); code != protocol.CodeStaleLease && code != protocol.CodeOK {
+					t.Fatalf("late ack: %v", code)
+				} else if code == protocol.CodeOK {
+					acked[[2]uint64{uint64(d.Partition), d.Offset}] = true
+				}
+			}
+		}
+	}
+	synctest.Wait()
+	for _, ps := range queueStats(t, b, "r") {
+		if ps.Ready+ps.Inflight+ps.Delayed != 0 {
+			t.Fatalf("left over after every message was acked: %+v", ps)
+		}
+	}
+	if stale == 0 {
+		t.Logf("seed %d: no stale ack happened", seed)
+	}
+}
+
+func queueStats(t *testing.T, b *Broker, topic string) []PartitionStats {
+	t.Helper()
+	for _, q := range b.Stats().Queues {
+		if q.Topic == topic {
+			return q.Partitions
+		}
+	}
+	t.Fatalf("no queue %q in stats", topic)
+	return nil
+}
