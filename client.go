@@ -59,6 +59,7 @@ func (e *endpoint) drainAndClose() {
 		return
 	}
 	e.closing = true
+	e.live.Store(nil)
 	e.mu.Unlock()
 
 	// The drain bound is real time, not the injected clock: it guarantees

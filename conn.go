@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -59,8 +60,11 @@ type conn struct {
 	out      chan []byte
 	settleCh chan *settleReq
 
+	nextID atomic.Uint64 // last request id handed out
+	// closedFlag mirrors closed for lock-free readers (isClosed).
+	closedFlag atomic.Bool
+
 	mu      sync.Mutex
-	nextID  uint64
 	pending map[uint64]*call
 	subs    map[uint64]*Subscription // broker sub id -> subscription
 	closed  bool
@@ -83,12 +87,12 @@ func newConn(ep *endpoint, nc net.Conn, hello protocol.HelloOK, epoch uint64, su
 		settleMax: int(hello.Limits.SettleBatchMax),
 		out:       make(chan []byte, writeQueueMax),
 		settleCh:  make(chan *settleReq, settleBatchDefault),
-		nextID:    1, // 1 was the HELLO
 		pending:   make(map[uint64]*call),
 		subs:      subs,
 		done:      make(chan struct{}),
 		goingAway: make(chan struct{}),
 	}
+	c.nextID.Store(1) // 1 was the HELLO
 	if c.frameMax < protocol.FrameBytesMin {
 		c.frameMax = protocol.FrameBytesDefault
 	}
@@ -120,11 +124,7 @@ func (c *conn) run() {
 // isClosed reports whether close has begun. It reads the flag rather than
 // done, which closes only after pending calls are resolved, so that callers
 // never pick a connection that already refuses requests.
-func (c *conn) isClosed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.closed
-}
+func (c *conn) isClosed() bool { return c.closedFlag.Load() }
 
 // closeErr returns why the connection closed (valid once done is closed).
 func (c *conn) closeErr() error {
@@ -142,6 +142,7 @@ func (c *conn) close(err error) {
 		return
 	}
 	c.closed = true
+	c.closedFlag.Store(true)
 	c.err = err
 	pending := c.pending
 	c.pending = nil
@@ -176,19 +177,22 @@ func compareU64(a, b uint64) int {
 // has not been and will not be called: errConnClosed when the connection was
 // already closed, or a local validation or context error.
 func (c *conn) start(ctx context.Context, cl *call) error {
+	if c.isClosed() {
+		return errConnClosed
+	}
+	// Encoding happens outside mu: with many publishers sharing the
+	// connection, copying bodies under the lock serialised them.
+	id := c.newID()
+	cl.id = id
+	frame := protocol.AppendFrame(nil, cl.flags, id, cl.body)
+	if len(frame) > c.frameMax {
+		return fmt.Errorf("sinew: %s frame of %d bytes exceeds the broker's frame limit %d: %w",
+			cl.body.Op(), len(frame), c.frameMax, &protocol.Error{Code: protocol.CodeMessageTooLarge})
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return errConnClosed
-	}
-	c.nextID++
-	id := c.nextID
-	cl.id = id
-	frame := protocol.AppendFrame(nil, cl.flags, id, cl.body)
-	if len(frame) > c.frameMax {
-		c.mu.Unlock()
-		return fmt.Errorf("sinew: %s frame of %d bytes exceeds the broker's frame limit %d: %w",
-			cl.body.Op(), len(frame), c.frameMax, &protocol.Error{Code: protocol.CodeMessageTooLarge})
 	}
 	c.pending[id] = cl
 	c.mu.Unlock()
@@ -211,12 +215,7 @@ func (c *conn) send(flags uint16, body protocol.Body) {
 }
 
 // newID returns a request id for a frame that is not tracked as pending.
-func (c *conn) newID() uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.nextID++
-	return c.nextID
-}
+func (c *conn) newID() uint64 { return c.nextID.Add(1) }
 
 func (c *conn) sendFrame(frame []byte) {
 	select {
@@ -341,13 +340,23 @@ func (c *conn) writeLoop() {
 		}
 		_, err := w.Write(f)
 		// Take whatever else is queued so that pipelined frames share a flush.
+		// When the queue runs dry, yield once before flushing: goroutines
+		// that were just woken (publishers whose confirms arrived in one
+		// read) get to queue their next frame, and the batch leaves in one
+		// write syscall instead of one each. With nothing else runnable the
+		// yield returns at once.
+		yielded := false
 	more:
 		for err == nil {
 			select {
 			case f = <-c.out:
 				_, err = w.Write(f)
 			default:
-				break more
+				if yielded || w.Available() < writeYieldRoomBytes {
+					break more
+				}
+				yielded = true
+				runtime.Gosched()
 			}
 		}
 		if err == nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sinewmq/sinew/protocol"
@@ -68,6 +69,11 @@ type endpoint struct {
 	ctx    context.Context // cancelled by shutdown, aborts dials
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	// live mirrors conn for acquire's lock-free fast path; it is nil whenever
+	// conn is, and also once Close has begun or a fatal error stopped the
+	// client, so a non-nil live needs no further check under mu.
+	live atomic.Pointer[conn]
 
 	mu          sync.Mutex
 	conn        *conn
@@ -145,6 +151,7 @@ func (e *endpoint) supervise(c *conn) {
 		e.mu.Lock()
 		if e.conn == c {
 			e.conn = nil
+			e.live.Store(nil)
 		}
 		e.mu.Unlock()
 		c.wg.Wait()
@@ -241,6 +248,9 @@ func (e *endpoint) attempt(ctx context.Context) (*conn, error) {
 	}
 	if err == nil {
 		e.conn = c
+		if !e.closing {
+			e.live.Store(c)
+		}
 		select { // a kick that raced with this attempt is satisfied by it
 		case <-e.kick:
 		default:
@@ -511,6 +521,11 @@ func (c *conn) roundTrip(ctx context.Context, body protocol.Body, hook func(prot
 // attempt fails, acquire fails with ErrNotConnected. forSettle accepts a
 // connection that is draining after GOING_AWAY: settles finish existing work.
 func (e *endpoint) acquire(ctx context.Context, forSettle bool) (*conn, error) {
+	// Fast path: every publish and settle comes through here, so the common
+	// case takes no lock.
+	if c := e.live.Load(); c != nil && !c.isClosed() && (forSettle || !c.draining.Load()) {
+		return c, nil
+	}
 	asked := false
 	for {
 		e.mu.Lock()
@@ -604,6 +619,7 @@ func (e *endpoint) failFatal(err error) {
 	e.o.logger.Error("sinew: fatal connection error, not reconnecting", "addr", e.addr, "err", err)
 	e.mu.Lock()
 	e.fatal = err
+	e.live.Store(nil)
 	e.attemptErr = err
 	close(e.attemptDone)
 	e.attemptDone = make(chan struct{})
@@ -673,6 +689,7 @@ func (e *endpoint) shutdown() {
 	e.closed = true
 	c := e.conn
 	e.conn = nil
+	e.live.Store(nil)
 	close(e.quit)
 	e.cancel()
 	e.mu.Unlock()

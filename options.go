@@ -124,6 +124,9 @@ const (
 	// writeBufferBytes is the size of the writer's buffer; frames pipeline into
 	// it and are flushed together.
 	writeBufferBytes = 64 << 10
+	// writeYieldRoomBytes is the buffer room below which the writer flushes
+	// without first yielding for more frames.
+	writeYieldRoomBytes = 8 << 10
 )
 
 type options struct {

@@ -9,11 +9,13 @@ import (
 // PublishInflightMax. Waiters block on a broadcast channel that is replaced on
 // every release, so a release wakes all of them and each re-checks.
 type window struct {
-	mu   sync.Mutex
-	n    int
-	max  int
-	wake chan struct{}
-	zero chan struct{} // closed and replaced whenever n drops to zero
+	mu      sync.Mutex
+	n       int
+	max     int
+	waiters int           // acquirers blocked on wake; releases broadcast only to them
+	wake    chan struct{} // closed and replaced by a release while waiters > 0
+	zero    chan struct{} // closed and replaced when n drops to zero while watched
+	watched bool          // idle handed out zero
 }
 
 func newWindow(max int) *window {
@@ -44,13 +46,21 @@ func (w *window) acquire(ctx context.Context, quit <-chan struct{}) error {
 			return nil
 		}
 		wake := w.wake
+		w.waiters++
 		w.mu.Unlock()
+		var err error
 		select {
 		case <-wake:
 		case <-ctx.Done():
-			return ctx.Err()
+			err = ctx.Err()
 		case <-quit:
-			return ErrClientClosed
+			err = ErrClientClosed
+		}
+		w.mu.Lock()
+		w.waiters--
+		w.mu.Unlock()
+		if err != nil {
+			return err
 		}
 	}
 }
@@ -61,11 +71,16 @@ func (w *window) release() {
 	if w.n < 0 {
 		panic("sinew: publish window released more often than acquired")
 	}
-	close(w.wake)
-	w.wake = make(chan struct{})
-	if w.n == 0 {
+	// Channels are replaced only when someone waits on them, so a window
+	// that never fills allocates nothing per publish.
+	if w.waiters > 0 {
+		close(w.wake)
+		w.wake = make(chan struct{})
+	}
+	if w.n == 0 && w.watched {
 		close(w.zero)
 		w.zero = make(chan struct{})
+		w.watched = false
 	}
 	w.mu.Unlock()
 }
@@ -78,6 +93,7 @@ func (w *window) idle() <-chan struct{} {
 	if w.n == 0 {
 		return nil
 	}
+	w.watched = true
 	return w.zero
 }
 
