@@ -57,8 +57,13 @@ type conn struct {
 	settleMax int
 	interval  time.Duration // heartbeat ping interval; 0 = none
 
-	out      chan []byte
-	settleCh chan *settleReq
+	out chan []byte
+
+	// The settler's queue (see queueSettle). settleMu is a leaf lock.
+	settleMu   sync.Mutex
+	settleQ    []*settleReq
+	settleShut bool          // the settler stopped; queueSettle refuses
+	settleWake chan struct{} // cap 1: settleQ is not empty
 
 	nextID atomic.Uint64 // last request id handed out
 	// closedFlag mirrors closed for lock-free readers (isClosed).
@@ -83,14 +88,14 @@ type conn struct {
 func newConn(ep *endpoint, nc net.Conn, hello protocol.HelloOK, epoch uint64, subs map[uint64]*Subscription) *conn {
 	c := &conn{
 		ep: ep, nc: nc, hello: hello, epoch: epoch,
-		frameMax:  int(hello.Limits.FrameBytesMax),
-		settleMax: int(hello.Limits.SettleBatchMax),
-		out:       make(chan []byte, writeQueueMax),
-		settleCh:  make(chan *settleReq, settleBatchDefault),
-		pending:   make(map[uint64]*call),
-		subs:      subs,
-		done:      make(chan struct{}),
-		goingAway: make(chan struct{}),
+		frameMax:   int(hello.Limits.FrameBytesMax),
+		settleMax:  int(hello.Limits.SettleBatchMax),
+		out:        make(chan []byte, writeQueueMax),
+		settleWake: make(chan struct{}, 1),
+		pending:    make(map[uint64]*call),
+		subs:       subs,
+		done:       make(chan struct{}),
+		goingAway:  make(chan struct{}),
 	}
 	c.nextID.Store(1) // 1 was the HELLO
 	if c.frameMax < protocol.FrameBytesMin {
@@ -397,46 +402,77 @@ type settleReq struct {
 	kind  protocol.Op
 	delay int64
 	tag   uint64
-	res   chan error // buffered, 1
+	// fin receives the outcome exactly once: from the SETTLE_RESULT, from
+	// the connection closing, or from the settler finding the connection
+	// gone. It runs on the reader, the closer or the settler and must not
+	// block.
+	fin func(error)
+}
+
+// queueSettle hands r to the settler. It reports false, without calling
+// r.fin, when the connection's settler has already stopped. The queue needs no
+// bound of its own: each queued request is an unsettled delivery, and the
+// broker never has more of those outstanding than the subscriptions' prefetch.
+func (c *conn) queueSettle(r *settleReq) bool {
+	c.settleMu.Lock()
+	if c.settleShut {
+		c.settleMu.Unlock()
+		return false
+	}
+	c.settleQ = append(c.settleQ, r)
+	c.settleMu.Unlock()
+	select {
+	case c.settleWake <- struct{}{}:
+	default:
+	}
+	return true
 }
 
 // settleLoop batches settles: it takes every request already queued (so a busy
 // consumer gets many tags per frame and an idle one pays no extra latency) and
-// sends one frame per kind and delay.
+// sends one frame per kind and delay. When the connection closes it fails what
+// is still queued.
 func (c *conn) settleLoop() {
 	defer c.wg.Done()
-	batch := make([]*settleReq, 0, c.settleMax)
+	var spare []*settleReq
 	for {
-		batch = batch[:0]
 		select {
-		case r := <-c.settleCh:
-			batch = append(batch, r)
+		case <-c.settleWake:
 		case <-c.done:
+			c.settleMu.Lock()
+			c.settleShut = true
+			left := c.settleQ
+			c.settleQ = nil
+			c.settleMu.Unlock()
+			lost := fmt.Errorf("%w: %w", ErrConnectionLost, c.closeErr())
+			for _, r := range left {
+				r.fin(lost)
+			}
 			return
 		}
-	more:
-		for len(batch) < c.settleMax {
-			select {
-			case r := <-c.settleCh:
-				batch = append(batch, r)
-			default:
-				break more
-			}
-		}
+		// A consumer settling a burst of deliveries queues them one after
+		// another: yield once so that the burst shares a frame.
+		runtime.Gosched()
+		c.settleMu.Lock()
+		batch := c.settleQ
+		c.settleQ = spare[:0]
+		c.settleMu.Unlock()
 		for len(batch) > 0 {
 			k, d := batch[0].kind, batch[0].delay
-			group := make([]*settleReq, 0, len(batch))
-			rest := batch[:0:0]
+			group := make([]*settleReq, 0, min(len(batch), c.settleMax))
+			rest := batch[:0]
 			for _, r := range batch {
-				if r.kind == k && r.delay == d {
+				if r.kind == k && r.delay == d && len(group) < c.settleMax {
 					group = append(group, r)
 				} else {
 					rest = append(rest, r)
 				}
 			}
 			c.sendSettle(group)
-			batch = append(batch[:0], rest...)
+			batch = rest
 		}
+		spare = batch[:0]
+		clear(spare[:cap(spare)]) // do not pin settled messages until reuse
 	}
 }
 
@@ -460,11 +496,11 @@ func (c *conn) sendSettle(group []*settleReq) {
 			for i, r := range group {
 				switch {
 				case err != nil:
-					r.res <- err
+					r.fin(err)
 				case codes[i] == protocol.CodeOK:
-					r.res <- nil
+					r.fin(nil)
 				default:
-					r.res <- &BrokerError{Code: codes[i]}
+					r.fin(&BrokerError{Code: codes[i]})
 				}
 			}
 		},

@@ -285,3 +285,57 @@ func TestRealTerminationReasons(t *testing.T) {
 		}
 	})
 }
+
+// TestRealCompleteAsyncDrain drains a backlog from one goroutine with
+// CompleteAsync: every settle resolves without error, settling twice is
+// refused, and the queue is empty afterwards (a new subscriber's first message
+// is one published after the drain).
+func TestRealCompleteAsyncDrain(t *testing.T) {
+	rb := startRealBroker(t, nil)
+	c := dialT(t, rb.addr)
+	ctx := testCtx(t)
+	if _, err := c.DeclareQueue(ctx, "real-async-ack", QueueConfig{Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 2_000
+	for i := range n {
+		if _, err := c.Publish(ctx, "real-async-ack", []byte(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub, err := c.Subscribe(ctx, "real-async-ack", WithPrefetch(64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last *Message
+	futures := make([]*SettleFuture, 0, n)
+	for i := range n {
+		m := recv(t, sub)
+		if m.Text() != fmt.Sprint(i) {
+			t.Fatalf("message %d is %q", i, m.Text())
+		}
+		futures = append(futures, m.CompleteAsync())
+		last = m
+	}
+	for i, f := range futures {
+		if err := f.Wait(ctx); err != nil {
+			t.Fatalf("settle %d: %v", i, err)
+		}
+	}
+	if err := last.CompleteAsync().Wait(ctx); !errors.Is(err, ErrAlreadySettled) {
+		t.Fatalf("second settle: %v, want ErrAlreadySettled", err)
+	}
+	if err := sub.Unsubscribe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Publish(ctx, "real-async-ack", []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	sub2, err := c.Subscribe(ctx, "real-async-ack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := recv(t, sub2); m.Text() != "after" {
+		t.Fatalf("first message after the drain is %q, want \"after\"", m.Text())
+	}
+}

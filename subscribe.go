@@ -455,61 +455,116 @@ func (m *Message) RetryAfter(ctx context.Context, d time.Duration) error {
 // Fail settles the message as failed for good: it is dead-lettered (FAIL).
 func (m *Message) Fail(ctx context.Context) error { return m.settle(ctx, protocol.OpFail, 0) }
 
+// CompleteAsync settles the message as done (ACK) without waiting for the
+// broker: the settle is queued for the connection's settler, which sends
+// every settle queued at that moment in one ACK frame, and the returned
+// future resolves when the broker has made it durable (or it failed).
+// It waits only when no connection is up, for the reconnect attempt in
+// progress.
+//
+// A consumer loop that calls CompleteAsync for each message and moves on keeps
+// the whole prefetch window busy from one goroutine, which Complete cannot do
+// because it waits one fsync per call. Errors are as for Complete; a settle
+// that failed retryably may be repeated. Client.Close waits (bounded by the
+// drain timeout) for queued settles.
+func (m *Message) CompleteAsync() *SettleFuture {
+	f := &SettleFuture{done: make(chan struct{})}
+	m.settleAsync(context.Background(), protocol.OpAck, 0, f.resolve)
+	return f
+}
+
+// SettleFuture is the pending result of CompleteAsync.
+type SettleFuture struct {
+	done chan struct{}
+	err  error
+}
+
+func (f *SettleFuture) resolve(err error) {
+	f.err = err
+	close(f.done)
+}
+
+// Done is closed when the settle is durable or has failed.
+func (f *SettleFuture) Done() <-chan struct{} { return f.done }
+
+// Err returns the outcome once Done is closed, and nil before.
+func (f *SettleFuture) Err() error {
+	select {
+	case <-f.done:
+		return f.err
+	default:
+		return nil
+	}
+}
+
+// Wait waits for the outcome. A ctx error only stops the waiting; the settle
+// itself goes on.
+func (f *SettleFuture) Wait(ctx context.Context) error {
+	select {
+	case <-f.done:
+		return f.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // settle sends one settle through the connection's batching settler and waits
 // for its result. A settle that fails with a retryable error may be repeated.
 func (m *Message) settle(ctx context.Context, kind protocol.Op, delayMs int64) error {
+	res := make(chan error, 1)
+	m.settleAsync(ctx, kind, delayMs, func(err error) { res <- err })
+	select {
+	case err := <-res:
+		return err
+	case <-ctx.Done():
+		// The settle goes on; the message stays settled-or-settling. A
+		// caller that retries gets ErrAlreadySettled unless it failed.
+		return ctx.Err()
+	}
+}
+
+// settleAsync queues one settle and calls fin exactly once with its outcome,
+// possibly before returning. It waits only when no connection is up, for the
+// reconnect attempt (bounded by the dial and handshake timeouts) or ctx. A
+// retryable failure, or ctx ending before the settle was queued, gives the
+// message back its settle token, so it may be settled again.
+func (m *Message) settleAsync(ctx context.Context, kind protocol.Op, delayMs int64, fin func(error)) {
 	if m.autoAck {
-		return nil
+		fin(nil)
+		return
 	}
 	select {
 	case <-m.settled:
 	default:
-		return ErrAlreadySettled
+		fin(ErrAlreadySettled)
+		return
 	}
-	err := m.settleOnce(ctx, kind, delayMs)
-	if err != nil && (IsRetryable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-		m.settled <- struct{}{} // allow another try
-		return err
-	}
-	m.sub.release(m.epoch, m.tag)
-	return err
-}
-
-func (m *Message) settleOnce(ctx context.Context, kind protocol.Op, delayMs int64) error {
 	e := m.sub.e
 	e.busy.add(1)
-	defer e.busy.add(-1)
+	finish := func(err error) {
+		if err != nil && (IsRetryable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+			m.settled <- struct{}{} // allow another try
+		} else {
+			m.sub.release(m.epoch, m.tag)
+		}
+		e.busy.add(-1)
+		fin(err)
+	}
 	if epoch := e.currentEpoch(); epoch != m.epoch {
-		return ErrStaleDelivery
+		finish(ErrStaleDelivery)
+		return
 	}
 	c, err := e.acquire(ctx, true)
 	if err != nil {
-		return err
+		finish(err)
+		return
 	}
 	if c.epoch != m.epoch {
-		return ErrStaleDelivery
+		finish(ErrStaleDelivery)
+		return
 	}
-	r := &settleReq{kind: kind, delay: delayMs, tag: m.tag, res: make(chan error, 1)}
-	lost := func() error { return fmt.Errorf("%w: %w", ErrConnectionLost, c.closeErr()) }
-	select {
-	case c.settleCh <- r:
-	case <-c.done:
-		return lost()
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	select {
-	case err := <-r.res:
-		return err
-	case <-c.done:
-		select {
-		case err := <-r.res:
-			return err
-		default:
-			return lost()
-		}
-	case <-ctx.Done():
-		return ctx.Err()
+	if !c.queueSettle(&settleReq{kind: kind, delay: delayMs, tag: m.tag, fin: finish}) {
+		finish(fmt.Errorf("%w: %w", ErrConnectionLost, c.closeErr()))
 	}
 }
 

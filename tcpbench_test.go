@@ -135,7 +135,51 @@ func BenchmarkTCPDrain(b *testing.B) {
 	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "msgs/s")
 }
 
-// drainTCP subscribes to topic and completes count messages.
+// BenchmarkTCPDrainAsync is BenchmarkTCPDrain with one goroutine receiving
+// and calling CompleteAsync, the pattern the SDK documents for draining.
+func BenchmarkTCPDrainAsync(b *testing.B) {
+	c := startTCPBench(b)
+	ctx := context.Background()
+	if _, err := c.DeclareQueue(ctx, "drain", QueueConfig{Partitions: 1}); err != nil {
+		b.Fatal(err)
+	}
+	body := make([]byte, 1024)
+	var n int
+	for b.Loop() {
+		b.StopTimer()
+		futs := make([]*PublishFuture, 0, tcpDrainBatch)
+		for range tcpDrainBatch {
+			futs = append(futs, c.PublishAsync(ctx, "drain", body))
+		}
+		for _, f := range futs {
+			if _, err := f.Wait(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+		s, err := c.Subscribe(ctx, "drain", WithPrefetch(tcpDrainPrefetch))
+		if err != nil {
+			b.Fatal(err)
+		}
+		settles := make([]*SettleFuture, 0, tcpDrainBatch)
+		for range tcpDrainBatch {
+			settles = append(settles, (<-s.Messages()).CompleteAsync())
+		}
+		for _, f := range settles {
+			if err := f.Wait(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := s.Unsubscribe(ctx); err != nil {
+			b.Fatal(err)
+		}
+		n += tcpDrainBatch
+	}
+	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// drainTCP subscribes to topic and completes count messages from a pool of
+// prefetch goroutines each calling Complete.
 func drainTCP(b *testing.B, c *Client, topic string, count int) {
 	ctx := context.Background()
 	s, err := c.Subscribe(ctx, topic, WithPrefetch(tcpDrainPrefetch))
