@@ -35,7 +35,7 @@ type options struct {
 	backlog, rate                            int
 	versions                                 string
 	profileCell                              string
-	profileFor                               time.Duration
+	profileFor, profileAfter                 time.Duration
 	skip                                     string
 }
 
@@ -58,6 +58,7 @@ func main() {
 	flag.StringVar(&o.versions, "versions", "", "broker versions to record, as name=version;name=version")
 	flag.StringVar(&o.profileCell, "sinew-profile", "", "cells (comma-separated) during whose first run to take a CPU profile of sinew serve (served on SINEW_PPROF_LISTEN)")
 	flag.DurationVar(&o.profileFor, "profile-seconds", 4*time.Second, "length of that CPU profile")
+	flag.DurationVar(&o.profileAfter, "profile-after", -1, "start the profile this long into the cell (default: after its warm-up)")
 	flag.StringVar(&o.skip, "skip", "", "broker:cell pairs not to run, comma-separated (e.g. nats-js-sync:drain)")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -133,6 +134,9 @@ func run(o options) error {
 				if ss, ok := s.(*sinewServer); ok && runNo == 1 && slices.Contains(strings.Split(o.profileCell, ","), c.id) {
 					prof = &profileReq{srv: ss, after: c.cfg.Warmup, length: o.profileFor,
 						path: filepath.Join(o.out, "sinew-"+c.id+".cpu.pprof")}
+					if o.profileAfter >= 0 {
+						prof.after = o.profileAfter
+					}
 				}
 				rec := runCell(ctx, s, c, runNo, work, prof)
 				f.Records = append(f.Records, rec)
