@@ -4,9 +4,9 @@
 // it.
 //
 // Goroutines: the SDK runs its own per-connection goroutines. Each Consume adds
-// a pump goroutine that feeds the engine's handler in delivery order and a
-// bounded pool of settler goroutines that call Complete, so the handler never
-// waits for a settle to become durable, as with the peers' fire-and-forget
-// acknowledgements; the SDK batches those concurrent settles into one frame.
+// one pump goroutine that feeds the engine's handler in delivery order and then
+// completes the message with CompleteAsync, so the consumer never waits for a
+// settle to become durable, as with the peers' fire-and-forget acknowledgements;
+// the SDK's settler batches the queued settles into one frame.
 // Nothing here is durable; durability is the broker's.
 package sinewadapter

@@ -11,11 +11,6 @@ import (
 	"github.com/sinewmq/sinew/internal/benchkit"
 )
 
-// settlersMax bounds the goroutines completing messages for one consumer. The
-// broker never has more than prefetch messages unsettled, so more than that
-// would sit idle.
-const settlersMax = 256
-
 // Broker is a Sinew broker at one address.
 type Broker struct {
 	name string
@@ -73,7 +68,9 @@ func (c *conn) Publish(ctx context.Context, topic string, body []byte) error {
 }
 
 // Consume subscribes with manual acknowledgement and prefetch; every message is
-// completed by the settler pool after handle returns.
+// completed with CompleteAsync after handle returns, so the pump never waits for
+// a settle to become durable (the SDK sends the queued settles in one frame).
+// The first settle that fails is kept and returned by Stop.
 func (c *conn) Consume(ctx context.Context, topic string, prefetch int, handle func([]byte)) (benchkit.Subscription, error) {
 	s, err := c.c.Subscribe(ctx, topic, sinew.WithPrefetch(prefetch))
 	if err != nil {
@@ -81,22 +78,13 @@ func (c *conn) Consume(ctx context.Context, topic string, prefetch int, handle f
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	sub := &sub{s: s, cancel: cancel}
-	settle := make(chan *sinew.Message, prefetch)
-	var settlers sync.WaitGroup
-	for range min(prefetch, settlersMax) {
-		settlers.Go(func() {
-			for m := range settle {
-				// A failed complete only means a redelivery after the lease,
-				// which the engine does not count twice in a measured phase
-				// ending long before the lease; the first error is kept.
-				if err := m.Complete(runCtx); err != nil && runCtx.Err() == nil {
-					sub.keep(err)
-				}
-			}
-		})
-	}
 	sub.wg.Go(func() {
-		defer func() { close(settle); settlers.Wait() }()
+		// pending holds settles not yet known durable, oldest first; their
+		// outcomes are collected as they resolve. The broker frees prefetch
+		// credit only for durable settles, so about prefetch of them can be
+		// pending; pendingMax is a backstop beyond which the oldest go unchecked.
+		var pending []*sinew.SettleFuture
+		pendingMax := 2*prefetch + 64
 		for {
 			select {
 			case <-runCtx.Done():
@@ -106,7 +94,7 @@ func (c *conn) Consume(ctx context.Context, topic string, prefetch int, handle f
 					return
 				}
 				handle(m.Body)
-				settle <- m
+				pending = sub.reap(append(pending, m.CompleteAsync()), pendingMax)
 			}
 		}
 	})
@@ -130,6 +118,25 @@ func (s *sub) keep(err error) {
 	if s.err == nil {
 		s.err = err
 	}
+}
+
+// reap drops the settles at the front of pending that have resolved, keeping the
+// first failure, and drops unresolved ones too while more than keepMax remain.
+func (s *sub) reap(pending []*sinew.SettleFuture, keepMax int) []*sinew.SettleFuture {
+	for len(pending) > 0 {
+		select {
+		case <-pending[0].Done():
+			if err := pending[0].Err(); err != nil {
+				s.keep(err)
+			}
+		default:
+			if len(pending) <= keepMax {
+				return pending
+			}
+		}
+		pending = pending[1:]
+	}
+	return pending
 }
 
 // unsubscribeTimeout bounds Stop's wait for the broker to end the subscription.
