@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -33,9 +35,13 @@ const (
 const (
 	startupTimeout    = 30 * time.Second
 	drainTimeoutShort = 30 * time.Second
-	drainTimeoutLong  = 120 * time.Second
-	termDrainTimeout  = 20 * time.Second
-	leaseMs           = 2000
+	// drainTimeoutLong bounds the drain of a long run. With leaseMs
+	// leases a healthy broker drains in seconds; a drain that needs longer
+	// is a finding in itself (reported in the summary), not a reason to
+	// wait minutes.
+	drainTimeoutLong = 60 * time.Second
+	termDrainTimeout = 20 * time.Second
+	leaseMs          = 2000
 )
 
 // serveArgs are the broker settings of every scenario: heartbeats fast
@@ -148,9 +154,25 @@ type result struct {
 	faults int
 	rep    checker.Report
 	stats  workload.Counters
+	// unsettled counts confirmed messages still unsettled when the drain
+	// ended (0 unless it timed out).
+	unsettled int
+	// status is "ok", "FAIL" or "skipped".
+	status string
 }
 
 func runScenario(t *testing.T, sc scenario) {
+	// Every scenario leaves a summary row, also when it fails half way.
+	res := result{name: sc.name, status: "unfinished"}
+	defer func() {
+		switch {
+		case t.Failed():
+			res.status = "FAIL"
+		case t.Skipped():
+			res.status = "skipped"
+		}
+		record(t, res)
+	}()
 	bin := binary(t)
 	base := t.TempDir()
 	dataDir := filepath.Join(base, "data")
@@ -212,7 +234,7 @@ func runScenario(t *testing.T, sc scenario) {
 	stopped := false
 	t.Cleanup(func() {
 		if !stopped {
-			run.Stop()
+			_ = run.Stop()
 		}
 	})
 
@@ -234,20 +256,24 @@ func runScenario(t *testing.T, sc scenario) {
 	case <-run.ProducersDone():
 	case <-time.After(min(phase/4, 5*time.Second)):
 	}
-	run.StopProducers()
+	stopErr := run.StopProducers()
 	drain := drainTimeoutShort
 	if long() {
 		drain = drainTimeoutLong
 	}
 	drainErr := run.Drain(drain)
-	run.Stop()
+	unsettled := ck.Outstanding()
+	stopErr = errors.Join(stopErr, run.Stop())
 	stopped = true
 	rep := ck.Report()
-	record(t, result{name: sc.name, faults: e.faults, rep: rep, stats: run.Stats().Snapshot()})
+	res = result{name: sc.name, faults: e.faults, rep: rep, stats: run.Stats().Snapshot(), unsettled: unsettled, status: "ok"}
 	t.Logf("%s: faults=%d %s", sc.name, e.faults, rep)
 	t.Logf("%s: workload %s", sc.name, run.Stats())
 	if drainErr != nil {
-		t.Logf("%s: %v", sc.name, drainErr)
+		t.Logf("%s: %v; queues: %s", sc.name, drainErr, queuesJSON(b.AdminAddr()))
+	}
+	if stopErr != nil {
+		t.Fatalf("%s: %v", sc.name, stopErr)
 	}
 	if err := rep.Err(); err != nil {
 		t.Fatalf("%s: %v\nbroker stderr (tail):\n%s", sc.name, err, b.StderrTail())
@@ -309,7 +335,23 @@ func record(t *testing.T, r result) {
 		return
 	}
 	defer f.Close()
-	fmt.Fprintf(f, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", r.name, r.faults, r.rep.Confirmed, r.rep.Deliveries,
+	fmt.Fprintf(f, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", r.name, r.status, r.faults, r.rep.Confirmed, r.rep.Deliveries,
 		len(r.rep.Lost), len(r.rep.SettledRedelivered), r.rep.Duplicates, r.rep.DedupMisses, r.rep.LongestGapMs,
-		len(r.rep.Phantom)+len(r.rep.Corrupt), r.rep.InDoubt)
+		len(r.rep.Phantom)+len(r.rep.Corrupt), r.rep.InDoubt, r.unsettled)
+}
+
+// queuesJSON returns the broker's queue statistics from its admin API, for a
+// report, or why they could not be read.
+func queuesJSON(adminAddr string) string {
+	c := http.Client{Timeout: adminTimeout}
+	resp, err := c.Get("http://" + adminAddr + "/api/v1/queues")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return err.Error()
+	}
+	return string(body)
 }

@@ -2,8 +2,11 @@ package chaos_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -100,7 +103,11 @@ func TestProxyDelay(t *testing.T) {
 // TestDiskFull fills the data dir's tmpfs while producers run. The broker must
 // refuse (not confirm) what it cannot persist, and a message it confirmed must
 // survive; after the ballast is removed it must accept publishes again, at the
-// latest after a restart.
+// latest after a restart. A partition whose write or fsync failed serves
+// nothing until the process restarts (its memory may be ahead of its disk),
+// so a partition still refusing with "unavailable" once space is back is
+// restarted too: otherwise the leases it holds could never be settled and the
+// drain would wait for nothing.
 func TestDiskFull(t *testing.T) {
 	const tmpfsBytes = 64 << 20 // room for the run's own data once the ballast is gone
 	runScenario(t, scenario{name: "diskfull", tmpfsBytes: tmpfsBytes, every: 1500 * time.Millisecond,
@@ -116,26 +123,79 @@ func TestDiskFull(t *testing.T) {
 				return err
 			}
 			e.logf("disk full for 700ms (ballast %d bytes); %d confirms meanwhile", n, during)
-			if !e.broker.Running() {
-				e.logf("broker exited on a full disk; restarting")
-				return e.broker.Restart()
-			}
-			if !confirmsResume(e, 3*time.Second) {
-				e.logf("no confirms after freeing space; restarting")
-				if err := e.broker.Kill(); err != nil {
-					return err
-				}
-				return e.broker.Restart()
-			}
-			return nil
+			return restartIfFailed(e)
 		},
 		heal: func(e *env) error {
 			err := os.Remove(filepath.Join(e.fsDir, "chaos-ballast"))
-			if errors.Is(err, os.ErrNotExist) {
-				return nil
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
 			}
-			return err
+			return restartIfFailed(e)
 		}})
+}
+
+// restartIfFailed restarts the broker when it exited, when no publish is
+// confirmed any more, or when its admin API reports a failed partition (a
+// write error; only a restart brings it back).
+func restartIfFailed(e *env) error {
+	if !e.broker.Running() {
+		e.logf("broker exited on a full disk; restarting")
+		return e.broker.Restart()
+	}
+	why := ""
+	if !confirmsResume(e, 3*time.Second) {
+		why = "no confirms after freeing space"
+	} else if failed, err := failedPartitions(e.broker.AdminAddr()); err != nil {
+		why = fmt.Sprintf("admin API unreadable (%v)", err)
+	} else if len(failed) > 0 {
+		why = fmt.Sprintf("failed partitions %v", failed)
+	} else {
+		return nil
+	}
+	e.logf("%s; restarting", why)
+	if err := e.broker.Kill(); err != nil {
+		return err
+	}
+	return e.broker.Restart()
+}
+
+// adminTimeout bounds one admin API request.
+const adminTimeout = 2 * time.Second
+
+// failedPartitions asks the admin API (GET /api/v1/queues) which partitions
+// report an error: quarantined at start, or failed by a write or fsync
+// error. It returns them as "topic/group/pN: error".
+func failedPartitions(adminAddr string) ([]string, error) {
+	c := http.Client{Timeout: adminTimeout}
+	resp, err := c.Get("http://" + adminAddr + "/api/v1/queues")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("admin API: %s", resp.Status)
+	}
+	var st struct {
+		Queues []struct {
+			Topic, Group string
+			Partitions   []struct {
+				Partition uint32
+				Err       string
+			}
+		}
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st); err != nil {
+		return nil, fmt.Errorf("admin API: %w", err)
+	}
+	var failed []string
+	for _, q := range st.Queues {
+		for _, p := range q.Partitions {
+			if p.Err != "" {
+				failed = append(failed, fmt.Sprintf("%s/%s/p%d: %s", q.Topic, q.Group, p.Partition, p.Err))
+			}
+		}
+	}
+	return failed, nil
 }
 
 // confirmsResume reports whether the workload got a new confirm within timeout.

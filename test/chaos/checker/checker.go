@@ -175,8 +175,10 @@ func (c *Checker) AckInDoubt(id ID) {
 	c.state(id).ackInDoubt = true
 }
 
-// SettleRefused records an ACK answered with a code other than ok (stale
-// lease, unknown tag, unavailable). It is legal and only counted.
+// SettleRefused records an ACK answered with a code other than ok that says
+// it did not take effect (stale lease, unknown tag, resource exhausted). It
+// is legal and only counted. Refusals that leave the outcome open
+// (unavailable from a failed partition) are AckInDoubt instead.
 func (c *Checker) SettleRefused() {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -155,6 +155,8 @@ func (k *consumer) serve(c *wconn, resumed bool) error {
 				case resent && ok:
 					// The first ACK may have settled it; this one cannot tell.
 					k.cfg.Checker.AckInDoubt(d.id)
+				case i < len(m.Codes) && inDoubtCode(m.Codes[i]) && ok:
+					k.cfg.Checker.AckInDoubt(d.id)
 				default:
 					k.cfg.Checker.SettleRefused()
 				}
@@ -188,11 +190,16 @@ func (k *consumer) serve(c *wconn, resumed bool) error {
 			k.stats.add(func(s *Counters) { s.GoingAway++ })
 		case *protocol.ErrorBody:
 			if _, isAck := acks[h.RequestID]; isAck {
-				// The whole ACK failed: its tags stay unsettled and may come back.
+				// The whole ACK failed: its tags stay unsettled and may come
+				// back, unless the refusal leaves the outcome open.
 				for _, tag := range acks[h.RequestID] {
+					if d, ok := k.sentAcks[tag]; ok && inDoubtCode(m.Code) {
+						k.cfg.Checker.AckInDoubt(d.id)
+					} else {
+						k.cfg.Checker.SettleRefused()
+					}
 					delete(k.sentAcks, tag)
 					delete(k.ackWritten, tag)
-					k.cfg.Checker.SettleRefused()
 				}
 				delete(acks, h.RequestID)
 			}
@@ -216,6 +223,15 @@ func (k *consumer) serve(c *wconn, resumed bool) error {
 			}
 		}
 	}
+}
+
+// inDoubtCode reports whether an ACK refused with code may still have taken
+// effect. A partition that failed (a write or fsync error) refuses with
+// unavailable every settle whose record it cannot prove durable, but the
+// record may have reached the disk all the same and count after a restart;
+// so may one refused because the broker was shutting down mid-settle.
+func inDoubtCode(code protocol.Code) bool {
+	return code == protocol.CodeUnavailable || code == protocol.CodeShuttingDown
 }
 
 func (k *consumer) view() protocol.SubView {

@@ -18,6 +18,10 @@ const (
 	consumersMax       = 64
 	drainPollInterval  = 50 * time.Millisecond
 	declareAttemptsMax = 200
+	// stopTimeout bounds the wait for producers (and then consumers) to
+	// return once stopped; each of their own waits is bounded by ctx or a
+	// connection deadline, so this is a backstop that keeps a run finite.
+	stopTimeout = 30 * time.Second
 )
 
 // Config describes a workload. Zero fields take the defaults in parentheses.
@@ -100,6 +104,10 @@ type Run struct {
 	consumersWG   sync.WaitGroup
 	producersDone chan struct{}
 }
+
+// ErrStopTimeout is returned by Stop and StopProducers when a producer or
+// consumer goroutine did not return within stopTimeout of being stopped.
+var ErrStopTimeout = errors.New("workload: stop timed out")
 
 // ErrDrainTimeout is returned by Drain when confirmed messages are still
 // unsettled at its deadline.
@@ -218,11 +226,17 @@ func (r *Run) SinceMs() int64 { return r.cfg.sinceMs() }
 // all of its sequences (or was stopped).
 func (r *Run) ProducersDone() <-chan struct{} { return r.producersDone }
 
-// StopProducers stops publishing and waits for the producers to return.
-// Publishes still unconfirmed stay "attempted": they may or may not arrive.
-func (r *Run) StopProducers() {
+// StopProducers stops publishing and waits for the producers to return, at
+// most stopTimeout. Publishes still unconfirmed stay "attempted": they may
+// or may not arrive.
+func (r *Run) StopProducers() error {
 	r.stopProducers()
-	<-r.producersDone
+	select {
+	case <-r.producersDone:
+		return nil
+	case <-time.After(stopTimeout):
+		return fmt.Errorf("%w: producers still running %v after stop", ErrStopTimeout, stopTimeout)
+	}
 }
 
 // Drain waits until every confirmed message has a confirmed ack, or timeout.
@@ -242,9 +256,18 @@ func (r *Run) Drain(timeout time.Duration) error {
 	}
 }
 
-// Stop stops producers and consumers and waits for all of them.
-func (r *Run) Stop() {
-	r.StopProducers()
+// Stop stops producers and consumers and waits for all of them, at most
+// stopTimeout for each group. A goroutine still running after that is
+// reported (and left behind) rather than waited for, so a run always ends.
+func (r *Run) Stop() error {
+	perr := r.StopProducers()
 	r.stopConsumers()
-	r.consumersWG.Wait()
+	done := make(chan struct{})
+	go func() { r.consumersWG.Wait(); close(done) }()
+	select {
+	case <-done:
+		return perr
+	case <-time.After(stopTimeout):
+		return errors.Join(perr, fmt.Errorf("%w: consumers still running %v after stop", ErrStopTimeout, stopTimeout))
+	}
 }

@@ -136,12 +136,21 @@ func (k *consumer) sdkRun(ctx context.Context) {
 				case errors.Is(err, sinew.ErrConnectionLost) || errors.Is(err, sinew.ErrClientClosed) || ctx.Err() != nil:
 					// Sent, result unknown: it may have been settled.
 					k.cfg.Checker.AckInDoubt(id)
+				case brokerCodeInDoubt(err):
+					k.cfg.Checker.AckInDoubt(id)
 				default:
 					k.cfg.Checker.SettleRefused()
 				}
 			}()
 		}
 	}
+}
+
+// brokerCodeInDoubt reports whether err is a broker refusal that leaves the
+// ack's outcome open (see inDoubtCode).
+func brokerCodeInDoubt(err error) bool {
+	var be *sinew.BrokerError
+	return errors.As(err, &be) && inDoubtCode(be.Code)
 }
 
 // errName is a short label for a publish error in the counters.

@@ -35,7 +35,9 @@ func runWith(t *testing.T, f *fakeBroker, drain time.Duration, sdk bool) (checke
 	t.Logf("producers done at %dms", r.SinceMs())
 	derr := r.Drain(drain)
 	t.Logf("drained at %dms", r.SinceMs())
-	r.Stop()
+	if err := r.Stop(); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("stopped at %dms", r.SinceMs())
 	return ck.Report(), derr, r
 }
