@@ -47,6 +47,14 @@ type Consumer interface {
 	Closed(s Subscription, reason uint8, err error)
 }
 
+// LeaseEnder may be implemented by a Consumer that wants to hear when a lease
+// it was delivered ends without its own settle (expired, released,
+// dead-lettered). It is called from backend goroutines after the Deliver of
+// that lease and must not block.
+type LeaseEnder interface {
+	LeaseEnded(s Subscription, partition uint32, offset, leaseID uint64)
+}
+
 // Delivery is one leased message. Body, Key and Headers may be shared with other
 // deliveries and are never modified.
 type Delivery struct {

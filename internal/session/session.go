@@ -114,6 +114,12 @@ func (s *Session) attach(sink Sink, connID uint64, hello Hello, outcome protocol
 		s.noteResendLocked(pending)
 	}
 	for _, o := range pending {
+		if d, ok := o.Body.(*protocol.Deliver); ok {
+			if _, held := s.tags[d.Tag]; !held {
+				o.drop() // its lease ended meanwhile (see leaseEnded)
+				continue
+			}
+		}
 		s.emitLocked(o)
 	}
 	if outcome == protocol.ResumeResumed {
@@ -327,6 +333,42 @@ type subConsumer struct {
 func (c *subConsumer) Deliver(sub Subscription, d Delivery) { c.s.deliver(c.st, sub, d) }
 func (c *subConsumer) Closed(sub Subscription, reason uint8, err error) {
 	c.s.backendClosed(c.st, sub, reason, err)
+}
+
+// LeaseEnded implements LeaseEnder.
+func (c *subConsumer) LeaseEnded(sub Subscription, partition uint32, offset, leaseID uint64) {
+	c.s.leaseEnded(c.st, partition, offset, leaseID)
+}
+
+// leaseEnded forgets the tag of a delivery whose lease expired or was
+// released while this session held it: settling the tag can only be stale,
+// and sending its DELIVER again (from the dormant buffer, or as a re-send
+// after a resume) could hand the client a message that has since been
+// settled under a later lease. Rare (a lease outlived its holder's
+// attention), so a scan of the tags is fine.
+func (s *Session) leaseEnded(st *subState, partition uint32, offset, leaseID uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for tag, e := range s.tags {
+		if e.st == st && e.partition == partition && e.offset == offset && e.leaseID == leaseID {
+			delete(s.tags, tag)
+			s.pending = dropDeliver(s.pending, tag)
+			st.early = dropDeliver(st.early, tag)
+			return
+		}
+	}
+}
+
+// dropDeliver removes the DELIVER of tag from os, if there.
+func dropDeliver(os []Outbound, tag uint64) []Outbound {
+	return slices.DeleteFunc(os, func(o Outbound) bool {
+		d, ok := o.Body.(*protocol.Deliver)
+		if ok && d.Tag == tag {
+			o.drop()
+			return true
+		}
+		return false
+	})
 }
 
 func (s *Session) deliver(st *subState, sub Subscription, d Delivery) {

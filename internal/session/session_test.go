@@ -628,3 +628,32 @@ func TestResumeResendWithoutReconcile(t *testing.T) {
 		t.Fatalf("fresh session re-sent %+v", ds)
 	}
 }
+
+// TestExpiredLeaseForgetsTag: a lease that expires while the session holds its
+// delivery (here: dormant) drops the tag, so a resume re-sends only the
+// redelivery, never the stale DELIVER, and the old tag settles as stale.
+func TestExpiredLeaseForgetsTag(t *testing.T) {
+	fx := newFixture(t, 5000)
+	k1 := &sink{}
+	s, _ := fx.open(protocol.ResumeIdentity{}, k1)
+	fx.publish("a", 1)
+	subscribe(t, s, k1, protocol.Subscribe{Topic: "a", Prefetch: 1})
+	first := delivers(k1.take())
+	if len(first) != 1 {
+		t.Fatalf("delivered %+v", first)
+	}
+	s.Detach(k1, nil) // the DELIVER was written, then the socket died
+	if !fx.fake.ExpireLease("a", "", first[0].Offset) {
+		t.Fatal("offset not inflight")
+	}
+	k2 := &sink{}
+	fx.open(s.Identity(), k2)
+	s.Resend()
+	got := delivers(k2.take())
+	if len(got) != 1 || got[0].Tag == first[0].Tag || got[0].Attempt != 2 {
+		t.Fatalf("after resume got %+v, want only the redelivery (attempt 2, new tag)", got)
+	}
+	if c := settle(t, s, protocol.OpAck, first[0].Tag, got[0].Tag); c[0] != protocol.CodeStaleLease || c[1] != protocol.CodeOK {
+		t.Fatalf("settle codes %v, want [stale_lease ok]", c)
+	}
+}

@@ -44,6 +44,14 @@ func (k consumer) Deliver(s *broker.Subscription, d broker.Delivery) {
 	k.c.Deliver(sub{s}, session.Delivery(d))
 }
 
+// LeaseEnded implements broker.LeaseEndedConsumer for consumers that
+// implement session.LeaseEnder.
+func (k consumer) LeaseEnded(s *broker.Subscription, partition uint32, offset, leaseID uint64) {
+	if le, ok := k.c.(session.LeaseEnder); ok {
+		le.LeaseEnded(sub{s}, partition, offset, leaseID)
+	}
+}
+
 func (k consumer) Closed(s *broker.Subscription, reason uint8, err error) {
 	k.c.Closed(sub{s}, reason, err)
 }

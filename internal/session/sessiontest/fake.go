@@ -209,6 +209,29 @@ func (f *Fake) dispatchLocked(q *queue) {
 	}
 }
 
+// ExpireLease ends the lease on offset as an expiry would: its holder hears
+// of it (when its consumer implements session.LeaseEnder), the message is
+// ready again and dispatched. It reports whether offset was inflight.
+func (f *Fake) ExpireLease(topic, group string, offset uint64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	q := f.queues[[2]string{topic, group}]
+	if q == nil || q.inflight[offset] == nil {
+		return false
+	}
+	m := q.inflight[offset]
+	delete(q.inflight, offset)
+	s := m.holder
+	m.holder = nil
+	s.outstanding--
+	if le, ok := s.c.(session.LeaseEnder); ok {
+		le.LeaseEnded(s, 0, offset, m.lease)
+	}
+	q.ready = append(q.ready, m)
+	f.dispatchLocked(q)
+	return true
+}
+
 // CloseFromBroker ends every subscription of a queue as the broker would.
 func (f *Fake) CloseFromBroker(topic, group string, reason uint8, err error) {
 	f.mu.Lock()
