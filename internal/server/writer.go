@@ -1,6 +1,7 @@
 package server
 
 import (
+	"runtime"
 	"sync"
 	"time"
 
@@ -116,6 +117,11 @@ func (w *writer) run() {
 			}
 			select {
 			case <-w.wake:
+				// Replies and deliveries are produced in bursts (every
+				// confirm of one log sync, every lease of one turn) by
+				// a goroutine that may still be running on the other
+				// core: yield once so the burst shares a write syscall.
+				runtime.Gosched()
 			case <-pingC:
 				// No PING before HELLO_OK: the peer may not speak the protocol
 				// yet, and the handshake timeout covers that phase. Queued
