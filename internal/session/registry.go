@@ -88,7 +88,7 @@ type Registry struct {
 
 	mu       sync.Mutex
 	sessions map[string]*Session
-	draining bool
+	draining atomic.Bool // written under mu; read without it by isDraining
 
 	dormant                                         atomic.Int64
 	issued, resumed, rejected, notFound, graceFired atomic.Uint64
@@ -160,7 +160,7 @@ var ErrDraining = protocol.Errorf(protocol.CodeShuttingDown, "broker is draining
 func (r *Registry) Open(offer protocol.ResumeIdentity, sink Sink, connID uint64, hello Hello) (*Session, protocol.ResumeOutcome, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.draining {
+	if r.draining.Load() {
 		return nil, 0, ErrDraining
 	}
 	outcome := protocol.ResumeNew
@@ -230,7 +230,7 @@ func (r *Registry) remove(s *Session) {
 // up at once, whatever the grace. Sessions that are dormant now are cleaned up.
 func (r *Registry) Drain() {
 	r.mu.Lock()
-	r.draining = true
+	r.draining.Store(true)
 	var dormant []*Session
 	for _, s := range r.sessions {
 		dormant = append(dormant, s)
@@ -244,7 +244,7 @@ func (r *Registry) Drain() {
 // CloseAll cleans up every session: subscriptions closed, leases back to ready.
 func (r *Registry) CloseAll() {
 	r.mu.Lock()
-	r.draining = true
+	r.draining.Store(true)
 	all := make([]*Session, 0, len(r.sessions))
 	for _, s := range r.sessions {
 		all = append(all, s)
@@ -255,8 +255,7 @@ func (r *Registry) CloseAll() {
 	}
 }
 
-func (r *Registry) isDraining() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.draining
-}
+// isDraining reads the flag without r.mu: sessions call it holding their own
+// mu, and Open holds r.mu while it takes a session's mu (attach), so taking
+// r.mu here would invert the lock order.
+func (r *Registry) isDraining() bool { return r.draining.Load() }
