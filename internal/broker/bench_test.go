@@ -100,7 +100,16 @@ func (c *drainConsumer) Closed(s *Subscription, reason uint8, err error) {}
 // BenchmarkDrain measures consuming a backlog: each iteration publishes
 // drainBatch 1 KiB messages (untimed), then times one subscription (prefetch
 // 1000) receiving and acking all of them.
-func BenchmarkDrain(b *testing.B) {
+func BenchmarkDrain(b *testing.B) { benchDrain(b, 1000) }
+
+// BenchmarkDrainVariants repeats BenchmarkDrain with a small prefetch,
+// where the consumer is at its budget most of the time and every message
+// cycle waits on syncs (the prefetch a remote consumer would use).
+func BenchmarkDrainVariants(b *testing.B) {
+	b.Run("prefetch=32", func(b *testing.B) { benchDrain(b, 32) })
+}
+
+func benchDrain(b *testing.B, prefetch uint32) {
 	const drainBatch = 10_000
 	br := benchBroker(b)
 	body := make([]byte, 1024)
@@ -125,8 +134,8 @@ func BenchmarkDrain(b *testing.B) {
 		wg.Wait()
 		b.StartTimer()
 
-		c := &drainConsumer{ch: make(chan Delivery, 1000)}
-		s, err := br.Subscribe(&protocol.Subscribe{Topic: "drain", Partition: -1, Prefetch: 1000}, c)
+		c := &drainConsumer{ch: make(chan Delivery, prefetch)}
+		s, err := br.Subscribe(&protocol.Subscribe{Topic: "drain", Partition: -1, Prefetch: prefetch}, c)
 		if err != nil {
 			b.Fatal(err)
 		}

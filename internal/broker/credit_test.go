@@ -3,9 +3,11 @@ package broker
 import (
 	"context"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -233,4 +235,121 @@ func queueStats(t *testing.T, b *Broker, topic string) []PartitionStats {
 	}
 	t.Fatalf("no queue %q in stats", topic)
 	return nil
+}
+
+// syncCountFS counts File.Sync calls (the partitions' fsyncs).
+type syncCountFS struct {
+	vfs.FS
+	syncs atomic.Int64
+}
+
+func (f *syncCountFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
+	file, err := f.FS.OpenFile(name, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	return &syncCountFile{File: file, n: &f.syncs}, nil
+}
+
+type syncCountFile struct {
+	vfs.File
+	n *atomic.Int64
+}
+
+func (f *syncCountFile) Sync() error { f.n.Add(1); return f.File.Sync() }
+
+// observer is a consumer that acks every delivery as it arrives and
+// counts what it holds as it sees it: a delivery counts from Deliver until
+// its ack is answered (or the broker says its lease ended).
+type observer struct {
+	t        *testing.T
+	prefetch int
+	mu       sync.Mutex
+	held     map[leaseKey]bool
+	maxHeld  int
+	acked    int
+}
+
+func (o *observer) Deliver(s *Subscription, d Delivery) {
+	k := leaseKey{d.Partition, d.Offset, d.LeaseID}
+	o.mu.Lock()
+	o.held[k] = true
+	if len(o.held) > o.maxHeld {
+		o.maxHeld = len(o.held)
+	}
+	if len(o.held) > o.prefetch {
+		o.t.Errorf("delivery of offset %d: the consumer holds %d, prefetch %d", d.Offset, len(o.held), o.prefetch)
+	}
+	o.mu.Unlock()
+	s.Settle(protocol.OpAck, d.Partition, d.Offset, d.LeaseID, 0, func(c protocol.Code) {
+		if c != protocol.CodeOK {
+			o.t.Errorf("ack of offset %d: %v", d.Offset, c)
+		}
+		o.mu.Lock()
+		delete(o.held, k)
+		o.acked++
+		o.mu.Unlock()
+	})
+}
+
+func (o *observer) LeaseEnded(s *Subscription, partition uint32, offset, leaseID uint64) {
+	o.mu.Lock()
+	delete(o.held, leaseKey{partition, offset, leaseID})
+	o.mu.Unlock()
+}
+
+func (o *observer) Closed(s *Subscription, reason uint8, err error) {}
+
+// An ack's freed credit leases the consumer's next message in the same
+// sync (partition.CreditCarrier), and the consumer still never holds more
+// than its prefetch as it observes deliveries and ack answers: the ack is
+// answered before the delivery its credit paid for. Draining a backlog
+// then costs one sync per prefetch-sized round, not two.
+func TestSettleCarriesCreditWithinPrefetch(t *testing.T) {
+	for _, parts := range []uint32{1, 3} {
+		t.Run("partitions="+strconv.Itoa(int(parts)), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const (
+					prefetch = 2
+					messages = 40
+				)
+				fs := &syncCountFS{FS: vfs.NewMem()}
+				b := mustOpen(t, testConfig(fs))
+				defer b.Close()
+				if _, err := b.Declare(context.Background(), &protocol.DeclareQueue{Topic: "c", Partitions: parts}); err != nil {
+					t.Fatal(err)
+				}
+				for i := range messages {
+					mustPublish(t, b, msg("c", strconv.Itoa(i)))
+				}
+				synctest.Wait()
+				before := fs.syncs.Load()
+				o := &observer{t: t, prefetch: prefetch, held: map[leaseKey]bool{}}
+				s, err := b.Subscribe(&protocol.Subscribe{Topic: "c", Partition: -1, Prefetch: prefetch}, o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				synctest.Wait()
+				o.mu.Lock()
+				acked, held, maxHeld := o.acked, len(o.held), o.maxHeld
+				o.mu.Unlock()
+				if acked != messages || held != 0 {
+					t.Fatalf("acked %d of %d, %d still held", acked, messages, held)
+				}
+				if maxHeld != prefetch {
+					t.Errorf("the consumer held at most %d, want the prefetch %d", maxHeld, prefetch)
+				}
+				if c := s.credit.Load(); c != prefetch {
+					t.Errorf("credit %d after the drain, want %d", c, prefetch)
+				}
+				syncs := fs.syncs.Load() - before
+				// Carried credit: every sync after the first lease holds
+				// the acks of one round and the leases of the next.
+				if parts == 1 && syncs > messages/prefetch+2 {
+					t.Errorf("drain of %d messages at prefetch %d took %d syncs, want at most %d", messages, prefetch, syncs, messages/prefetch+2)
+				}
+				t.Logf("%d syncs", syncs)
+			})
+		})
+	}
 }

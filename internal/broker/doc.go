@@ -27,8 +27,11 @@
 // leasing, and a delivery returns it exactly once, when the consumer's
 // settle is answered or when the partition reports that the lease ended
 // otherwise (expired, released, dead-lettered; partition.Consumer.LeaseEnded),
-// whichever comes first. So the current deliveries a consumer holds never
-// exceed its prefetch, and a consumer that lost a delivery (its frame died
+// whichever comes first. A settle through the subscription holding the
+// lease instead lets the partition spend that credit on the next lease in
+// the same sync (partition.CreditCarrier): the settle is answered before
+// that delivery, and one sync serves both. So the current deliveries a
+// consumer holds never exceed its prefetch, and a consumer that lost a delivery (its frame died
 // with a socket) gets its credit back when the lease expires instead of
 // starving. A partition that finds no credit marks the
 // subscription starved and is poked when credit comes back.

@@ -37,8 +37,11 @@ type Subscription struct {
 	starved atomic.Bool
 	closed  atomic.Bool
 
-	mu          sync.Mutex
-	outstanding map[leaseKey]struct{} // delivered, not yet settled
+	mu sync.Mutex
+	// outstanding holds the deliveries not yet settled; true marks one
+	// whose credit a partition already carried over to the next lease
+	// (CarryCredit), so removing it returns nothing.
+	outstanding map[leaseKey]bool
 }
 
 type leaseKey struct {
@@ -88,7 +91,7 @@ func (b *Broker) Subscribe(req *protocol.Subscribe, c Consumer) (*Subscription, 
 		owner: b.owner + "." + strconv.FormatUint(id, 10),
 		view: protocol.SubView{SubID: id, Topic: req.Topic, Group: req.Group, Partition: req.Partition,
 			AckMode: req.AckMode, Prefetch: uint32(prefetch)},
-		outstanding: make(map[leaseKey]struct{}),
+		outstanding: make(map[leaseKey]bool),
 	}
 	s.view.Partition = max(req.Partition, -1)
 	s.credit.Store(prefetch)
@@ -176,33 +179,44 @@ func (s *Subscription) Settle(kind protocol.Op, partitionIdx uint32, offset, lea
 		notBefore = s.b.cfg.Now().UnixMilli() + delayMs
 	}
 	k := leaseKey{partitionIdx, offset, leaseID}
-	s.q.parts[partitionIdx].Settle(op, offset, leaseID, notBefore, func(err error) {
+	// The attachment lets the partition carry the freed credit over to
+	// this subscription's next lease (CarryCredit).
+	var by partition.Consumer
+	for _, a := range s.atts {
+		if a.idx == partitionIdx {
+			by = a
+			break
+		}
+	}
+	s.q.parts[partitionIdx].SettleFor(by, op, offset, leaseID, notBefore, func(err error) {
 		code := settleCode(kind, err)
-		held := false
+		refund := false
 		if code != protocol.CodeResourceExhausted {
 			// Settled, stale or refused for good: the delivery is no
 			// longer outstanding. Whoever removes it from outstanding
 			// (this settle or the partition's LeaseEnded) returns its
-			// credit, so it comes back exactly once.
-			held = s.forget(k)
+			// credit, so it comes back exactly once, unless the
+			// partition carried it over to a lease already.
+			held, carried := s.forget(k)
+			refund = held && !carried
 		}
 		// The consumer learns of the settle before the credit it frees
 		// can bring a new delivery, so it never sees more than prefetch.
 		done(code)
-		if held {
+		if refund {
 			s.returnCredit(1)
 		}
 	})
 }
 
 // forget removes k from the outstanding deliveries and says whether it was
-// there.
-func (s *Subscription) forget(k leaseKey) bool {
+// there and whether its credit was carried over (CarryCredit).
+func (s *Subscription) forget(k leaseKey) (held, carried bool) {
 	s.mu.Lock()
-	_, held := s.outstanding[k]
+	carried, held = s.outstanding[k]
 	delete(s.outstanding, k)
 	s.mu.Unlock()
-	return held
+	return held, carried
 }
 
 func settleCode(kind protocol.Op, err error) protocol.Code {
@@ -302,7 +316,7 @@ func (a *attachment) Deliver(d partition.Delivery) {
 		return // the lease is released when the detach is processed
 	}
 	s.mu.Lock()
-	s.outstanding[leaseKey{a.idx, d.Offset, d.LeaseID}] = struct{}{}
+	s.outstanding[leaseKey{a.idx, d.Offset, d.LeaseID}] = false
 	s.mu.Unlock()
 	var hs []protocol.Header
 	if len(d.Headers) > 0 {
@@ -326,13 +340,37 @@ func (a *attachment) Deliver(d partition.Delivery) {
 // nothing more.
 func (a *attachment) LeaseEnded(offset, leaseID uint64) {
 	s := a.s
-	if !s.forget(leaseKey{a.idx, offset, leaseID}) {
+	held, carried := s.forget(leaseKey{a.idx, offset, leaseID})
+	if !held {
 		return
 	}
 	if lc, ok := s.c.(LeaseEndedConsumer); ok && !s.closed.Load() {
 		lc.LeaseEnded(s, a.idx, offset, leaseID)
 	}
-	s.returnCredit(1)
+	if !carried {
+		s.returnCredit(1)
+	}
+}
+
+// CarryCredit implements partition.CreditCarrier: this subscription's
+// settle of a delivery it holds was just appended, so the partition may
+// spend the delivery's credit on the next lease of the same stage, whose
+// delivery comes after the settle's answer. The delivery stays outstanding
+// until that answer; marked carried, its removal returns no credit.
+func (a *attachment) CarryCredit(offset, leaseID uint64) bool {
+	s := a.s
+	if s.closed.Load() {
+		return false
+	}
+	k := leaseKey{a.idx, offset, leaseID}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	carried, held := s.outstanding[k]
+	if !held || carried {
+		return false
+	}
+	s.outstanding[k] = true
+	return true
 }
 
 // Detached implements partition.Consumer: a partition failed, so the

@@ -150,6 +150,7 @@ func (p *Partition) releaseStage(st *stage) {
 	}
 	clear(st.replies)
 	st.replies = st.replies[:0]
+	refundCarried(st)
 	p.deliver(st.deliveries)
 	clear(st.deliveries)
 	st.deliveries = st.deliveries[:0]
@@ -375,12 +376,17 @@ func (p *Partition) turn(batch []command) {
 				err = fmt.Errorf("partition: unknown settle op %d", c.op)
 			}
 			if err == nil {
+				h, held := p.holders[c.offset]
+				held = held && c.by != nil && h.c == c.by && h.leaseID == c.leaseID
 				var n int
 				n, err = p.appendAll(evs, nil)
 				appended += n
 				if err != nil {
 					p.fail(err, batch)
 					return
+				}
+				if _, still := p.holders[c.offset]; held && !still {
+					p.carryCredit(h.c, c.offset, c.leaseID)
 				}
 			}
 			p.open.replies = append(p.open.replies, reply{settled: c.settled, err: err, lsn: p.lastLSN})
@@ -526,7 +532,14 @@ func (p *Partition) dispatch(now int64) (int, error) {
 		for range len(p.consumers) {
 			p.rr = (p.rr + 1) % len(p.consumers)
 			c := p.consumers[p.rr]
-			got := c.TakeCredit(min(fairChunkMax, dispatchPerTurnMax-leased))
+			want := min(fairChunkMax, dispatchPerTurnMax-leased)
+			// Credit carried by this stage's settles first: it is
+			// spent only on this stage's leases.
+			carried := p.takeCarried(c, want)
+			got := carried
+			if got < want {
+				got += c.TakeCredit(want - got)
+			}
 			if got == 0 {
 				continue
 			}
@@ -536,7 +549,15 @@ func (p *Partition) dispatch(now int64) (int, error) {
 			appended += n
 			k := len(p.open.deliveries) - before
 			if k < got {
-				c.RefundCredit(got - k)
+				// Unspent carried credit stays with the stage; the
+				// rest goes back to the consumer now.
+				back := min(carried, got-k)
+				if back > 0 {
+					p.addCarried(c, back)
+				}
+				if got-k-back > 0 {
+					c.RefundCredit(got - k - back)
+				}
 			}
 			if err != nil {
 				return appended, err
@@ -755,12 +776,61 @@ func (p *Partition) failStage(st *stage, safe uint64) {
 	}
 	clear(st.replies)
 	st.replies = st.replies[:0]
+	refundCarried(st)
 	clear(st.deliveries)
 	st.deliveries = st.deliveries[:0]
 	clear(st.ended)
 	st.ended = st.ended[:0]
 	st.newDead = st.newDead[:0]
 	st.records = 0
+}
+
+// carryCredit asks c, whose lease on offset a settle it sent just ended in
+// the open stage, for that lease's credit (CreditCarrier); the stage's
+// dispatch may spend it.
+func (p *Partition) carryCredit(c Consumer, offset, leaseID uint64) {
+	cc, ok := c.(CreditCarrier)
+	if !ok || !cc.CarryCredit(offset, leaseID) {
+		return
+	}
+	p.addCarried(c, 1)
+}
+
+// addCarried adds n to the credit the open stage carries for c.
+func (p *Partition) addCarried(c Consumer, n int) {
+	for i := range p.open.carried {
+		if p.open.carried[i].c == c {
+			p.open.carried[i].n += n
+			return
+		}
+	}
+	p.open.carried = append(p.open.carried, carry{c: c, n: n})
+}
+
+// takeCarried removes up to want credit carried for c in the open stage
+// and returns it.
+func (p *Partition) takeCarried(c Consumer, want int) int {
+	for i := range p.open.carried {
+		if cr := &p.open.carried[i]; cr.c == c {
+			n := min(cr.n, want)
+			cr.n -= n
+			return n
+		}
+	}
+	return 0
+}
+
+// refundCarried gives the credit st carried but did not spend back to its
+// consumers. It runs after st's replies, so the settles that freed it are
+// answered before it can pay for a delivery elsewhere.
+func refundCarried(st *stage) {
+	for _, cr := range st.carried {
+		if cr.n > 0 {
+			cr.c.RefundCredit(cr.n)
+		}
+	}
+	clear(st.carried)
+	st.carried = st.carried[:0]
 }
 
 // fail stops the partition after an I/O error: its in-memory state may be

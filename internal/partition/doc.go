@@ -61,6 +61,21 @@
 // refused, and the syncing stage gets the outcome of its own sync (records
 // that reached the disk before the failure are confirmed truthfully).
 //
+// # Carried credit
+//
+// A consumer at its prefetch gets credit back only when its settle is
+// answered, so each message cycle would cost two syncs: the settle's, then
+// the next lease's, decided in a later turn. A settle sent with SettleFor
+// by the consumer holding the lease carries the lease's credit over
+// instead (CreditCarrier): as the ending record is appended the consumer
+// hands the credit to the open stage, whose dispatch spends it on that
+// consumer's next leases, so one sync covers the settle and the lease.
+// Carried credit is spent only within its stage and what is left goes back
+// with RefundCredit when the stage is released, after its replies. As a
+// stage releases replies before deliveries, the consumer is told its settle
+// succeeded before it is handed the delivery that credit paid for: what it
+// holds as it observes it never exceeds its prefetch.
+//
 // The state machine runs ahead of the disk by at most one stage: a later
 // turn may lease a message whose Enqueue record is still being synced. That
 // is safe because nothing leaves the actor before its stage is durable, and

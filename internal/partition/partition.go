@@ -167,6 +167,23 @@ type Consumer interface {
 	Detached(err error)
 }
 
+// CreditCarrier is a Consumer that lets a settle's freed credit lease its
+// next message in the same stage, which saves a whole sync per message
+// cycle when the consumer is at its prefetch.
+//
+// When a settle sent with SettleFor(c, ...) ends a lease c holds, the actor
+// calls c.CarryCredit(offset, leaseID) as it appends the ending record. If
+// it returns true, c hands the delivery's credit to the partition instead
+// of returning it when the settle is answered, and the partition spends it
+// on leases for c in the same stage, or gives it back with RefundCredit
+// when the stage is released. A stage is released replies first, then
+// deliveries: c is told its settle succeeded before it is handed the
+// delivery that credit paid for, so the deliveries c has been handed and
+// not yet seen settled never exceed its prefetch.
+type CreditCarrier interface {
+	CarryCredit(offset, leaseID uint64) bool
+}
+
 // Delivery is one leased message. Key and Body may be shared with other
 // deliveries of the same message and must not be modified.
 type Delivery struct {
@@ -208,6 +225,7 @@ type command struct {
 	leaseID     uint64
 	notBeforeMs int64
 	settled     func(error)
+	by          Consumer // the consumer settling, if known (SettleFor)
 }
 
 type ctlKind uint8
@@ -305,6 +323,17 @@ type stage struct {
 	deliveries []pending
 	ended      []pending // leases that ended, told to their holders after deliveries
 	newDead    []uint64
+	// carried is prefetch credit freed by settles in this stage (see
+	// CreditCarrier) and not yet spent on its leases; it goes back to
+	// its consumers after the stage's replies.
+	carried []carry
+}
+
+// carry is credit a consumer's settles in a stage freed for that stage's
+// dispatch.
+type carry struct {
+	c Consumer
+	n int
 }
 
 // reply is one command's answer. lsn is the last record appended when the
@@ -463,11 +492,19 @@ func (p *Partition) Publish(m *queue.Message, done func(offset uint64, err error
 // idempotent success for Ack), queue.ErrUnknownOffset, or one of this
 // package's errors (possibly before Settle returns).
 func (p *Partition) Settle(op SettleOp, offset, leaseID uint64, notBeforeMs int64, done func(error)) {
+	p.SettleFor(nil, op, offset, leaseID, notBeforeMs, done)
+}
+
+// SettleFor is Settle on behalf of by, the attached consumer that was
+// delivered the lease (nil: unknown). When by implements CreditCarrier and
+// the settle ends by's lease, the credit it frees may lease by its next
+// message in the same stage (see CreditCarrier).
+func (p *Partition) SettleFor(by Consumer, op SettleOp, offset, leaseID uint64, notBeforeMs int64, done func(error)) {
 	if p.parked != nil {
 		done(ErrUnavailable)
 		return
 	}
-	p.send(command{kind: cmdSettle, op: op, offset: offset, leaseID: leaseID, notBeforeMs: notBeforeMs, settled: done}, done)
+	p.send(command{kind: cmdSettle, op: op, offset: offset, leaseID: leaseID, notBeforeMs: notBeforeMs, settled: done, by: by}, done)
 }
 
 func (p *Partition) send(c command, refuse func(error)) {
