@@ -58,6 +58,26 @@ func BenchmarkPublishVariants(b *testing.B) {
 	b.Run("partitions=4", func(b *testing.B) {
 		benchPublish(b, benchBroker(b), 4)
 	})
+	b.Run("window=1", benchPublishOne)
+}
+
+// benchPublishOne is one publisher waiting for each confirmation before
+// the next publish: the latency of a lone confirmed publish.
+func benchPublishOne(b *testing.B) {
+	br := benchBroker(b)
+	if _, err := br.Declare(context.Background(), &protocol.DeclareQueue{Topic: "bench", Partitions: 1, MaxRetries: -1}); err != nil {
+		b.Fatal(err)
+	}
+	p := &protocol.Publish{Topic: "bench", Partition: -1, Body: make([]byte, 1024)}
+	b.SetBytes(int64(len(p.Body)))
+	ch := make(chan error, 1)
+	for b.Loop() {
+		br.Publish(p, func(_ protocol.PublishOK, err error) { ch <- err })
+		if err := <-ch; err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 }
 
 func benchPublish(b *testing.B, br *Broker, partitions uint32) {
