@@ -622,3 +622,119 @@ func TestLeaseEndedTellsHolder(t *testing.T) {
 		}
 	})
 }
+
+// carrier is a tconsumer that takes part in carried credit and logs, in
+// order, carries, refunds, deliveries and the settle answers a test adds.
+type carrier struct {
+	tconsumer
+	evMu sync.Mutex
+	ev   []string
+}
+
+func (c *carrier) log(s string) {
+	c.evMu.Lock()
+	c.ev = append(c.ev, s)
+	c.evMu.Unlock()
+}
+
+// events returns the log without the credit a turn took and refunded
+// unused because nothing was ready (a take followed by its refund).
+func (c *carrier) events() []string {
+	c.evMu.Lock()
+	defer c.evMu.Unlock()
+	var out []string
+	for i := 0; i < len(c.ev); i++ {
+		var n, m int
+		if i+1 < len(c.ev) {
+			if _, err := fmt.Sscanf(c.ev[i], "take %d", &n); err == nil {
+				if _, err := fmt.Sscanf(c.ev[i+1], "refund %d", &m); err == nil && m == n {
+					i++
+					continue
+				}
+			}
+		}
+		out = append(out, c.ev[i])
+	}
+	return out
+}
+
+func (c *carrier) TakeCredit(max int) int {
+	n := c.tconsumer.TakeCredit(max)
+	if n > 0 {
+		c.log(fmt.Sprintf("take %d", n))
+	}
+	return n
+}
+
+func (c *carrier) CarryCredit(offset, leaseID uint64) bool {
+	c.log(fmt.Sprintf("carry %d", offset))
+	return true
+}
+
+func (c *carrier) RefundCredit(n int) {
+	c.log(fmt.Sprintf("refund %d", n))
+	c.tconsumer.RefundCredit(n)
+}
+
+func (c *carrier) Deliver(d Delivery) {
+	c.log("deliver " + string(d.Body))
+	c.tconsumer.Deliver(d)
+}
+
+// A settle sent by the lease's holder carries its credit to the next
+// lease of the same stage, which is delivered after the settle's answer;
+// credit the stage does not spend goes back after its answers; a settle
+// sent by anyone else carries nothing.
+func TestSettleForCarriesCredit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := mustOpen(t, testConfig(vfs.NewMem()))
+		defer p.Close()
+		mustPublish(t, p, "a", nil)
+		mustPublish(t, p, "b", nil)
+		c := &carrier{tconsumer: tconsumer{owner: "c1", credit: 1}}
+		if err := p.Attach(c); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		settleFor := func(by Consumer, d Delivery) {
+			p.SettleFor(by, Ack, d.Offset, d.LeaseID, 0, func(err error) {
+				if err != nil {
+					t.Errorf("ack %q: %v", d.Body, err)
+				}
+				c.log("acked " + string(d.Body))
+			})
+			synctest.Wait()
+		}
+		got := c.deliveries()
+		if len(got) != 1 {
+			t.Fatalf("deliveries %v, want a (prefetch 1)", bodies(got))
+		}
+		settleFor(c, got[0])
+		want := []string{"take 1", "deliver a", fmt.Sprintf("carry %d", got[0].Offset), "acked a", "deliver b"}
+		if ev := c.events(); !slices.Equal(ev, want) {
+			t.Fatalf("events %q, want %q", ev, want)
+		}
+		got = c.deliveries()
+		if len(got) != 2 || c.credit != 0 {
+			t.Fatalf("deliveries %v, credit %d: want a, b and no credit left", bodies(got), c.credit)
+		}
+		// Nothing ready: the carried credit goes back after the answer.
+		settleFor(c, got[1])
+		want = append(want, fmt.Sprintf("carry %d", got[1].Offset), "acked b", "refund 1")
+		if ev := c.events(); !slices.Equal(ev, want) {
+			t.Fatalf("events %q, want %q", ev, want)
+		}
+		// A settle from someone other than the holder carries nothing.
+		mustPublish(t, p, "c", nil)
+		synctest.Wait()
+		got = c.deliveries()
+		if len(got) != 3 {
+			t.Fatalf("deliveries %v, want a, b, c", bodies(got))
+		}
+		settleFor(&tconsumer{owner: "other"}, got[2])
+		want = append(want, "take 1", "deliver c", "acked c")
+		if ev := c.events(); !slices.Equal(ev, want) {
+			t.Fatalf("events %q, want %q", ev, want)
+		}
+	})
+}
