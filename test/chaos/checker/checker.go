@@ -54,10 +54,21 @@ type msgState struct {
 	redeliveredAfterSettle int
 }
 
+// waiting reports whether a drain still waits for m: confirmed, not settled,
+// and not delivered with an ack in doubt.
+func (m *msgState) waiting() bool {
+	return m.confirmed && !m.settled && !(m.ackInDoubt && m.deliveries > 0)
+}
+
 // Checker records one workload run. The zero value is not usable; call New.
 type Checker struct {
 	mu   sync.Mutex
 	msgs map[ID]*msgState
+	// waiting counts the msgs for which waiting() holds. It is kept up to
+	// date by every record so that Outstanding is O(1): a drain polls it
+	// while consumers record, and a scan of every message under mu would
+	// starve them (hundreds of thousands of messages take tens of ms).
+	waiting int
 
 	deliveries int
 	corrupt    []string // short descriptions of bodies that failed to verify
@@ -83,6 +94,19 @@ func (c *Checker) state(id ID) *msgState {
 	return m
 }
 
+// update applies f to id's state and keeps c.waiting in step with it.
+func (c *Checker) update(id ID, f func(m *msgState)) {
+	m := c.state(id)
+	before := m.waiting()
+	f(m)
+	switch after := m.waiting(); {
+	case after && !before:
+		c.waiting++
+	case before && !after:
+		c.waiting--
+	}
+}
+
 // Attempted records that the workload sent a publish of id. A message that was
 // attempted but never confirmed may or may not be delivered; both are legal.
 func (c *Checker) Attempted(id ID) {
@@ -96,9 +120,10 @@ func (c *Checker) Attempted(id ID) {
 func (c *Checker) Confirmed(id ID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	m := c.state(id)
-	m.attempted = true
-	m.confirmed = true
+	c.update(id, func(m *msgState) {
+		m.attempted = true
+		m.confirmed = true
+	})
 }
 
 // Delivered records that a consumer received a delivery of id from position
@@ -107,15 +132,16 @@ func (c *Checker) Confirmed(id ID) {
 func (c *Checker) Delivered(id ID, pos Pos, atMs int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	m := c.state(id)
-	m.deliveries++
-	if m.positions == nil {
-		m.positions = make(map[Pos]bool, 1)
-	}
-	m.positions[pos] = true
-	if m.settledAt[pos] {
-		m.redeliveredAfterSettle++
-	}
+	c.update(id, func(m *msgState) {
+		m.deliveries++
+		if m.positions == nil {
+			m.positions = make(map[Pos]bool, 1)
+		}
+		m.positions[pos] = true
+		if m.settledAt[pos] {
+			m.redeliveredAfterSettle++
+		}
+	})
 	c.deliveries++
 	c.observe(atMs)
 }
@@ -157,12 +183,13 @@ func (c *Checker) observe(atMs int64) {
 func (c *Checker) Settled(id ID, pos Pos) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	m := c.state(id)
-	m.settled = true
-	if m.settledAt == nil {
-		m.settledAt = make(map[Pos]bool, 1)
-	}
-	m.settledAt[pos] = true
+	c.update(id, func(m *msgState) {
+		m.settled = true
+		if m.settledAt == nil {
+			m.settledAt = make(map[Pos]bool, 1)
+		}
+		m.settledAt[pos] = true
+	})
 }
 
 // AckInDoubt records that an ACK of id was sent but its result was lost with
@@ -172,7 +199,7 @@ func (c *Checker) Settled(id ID, pos Pos) {
 func (c *Checker) AckInDoubt(id ID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.state(id).ackInDoubt = true
+	c.update(id, func(m *msgState) { m.ackInDoubt = true })
 }
 
 // SettleRefused records an ACK answered with a code other than ok that says
@@ -187,17 +214,12 @@ func (c *Checker) SettleRefused() {
 
 // Outstanding returns how many confirmed messages are neither settled nor
 // delivered with an ack in doubt. A workload's drain phase waits for it to
-// reach zero.
+// reach zero, polling while consumers record, so it is O(1): it reads a
+// count every record keeps current instead of visiting every message.
 func (c *Checker) Outstanding() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := 0
-	for _, m := range c.msgs {
-		if m.confirmed && !m.settled && !(m.ackInDoubt && m.deliveries > 0) {
-			n++
-		}
-	}
-	return n
+	return c.waiting
 }
 
 // Report is the verdict on a run. Lost, SettledRedelivered, Phantom and
