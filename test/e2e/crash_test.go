@@ -161,8 +161,9 @@ func TestCrashKeepsConfirmedPublishes(t *testing.T) {
 			t.Fatal("every publish was confirmed before the kill took effect; nothing was tested")
 		}
 	}
-	srv.cmd.Wait()
+	// Read stderr to its end before Wait, which closes the pipe (os/exec).
 	<-srv.done
+	srv.cmd.Wait()
 	t.Logf("%d of %d publishes confirmed before kill -9", len(confirmed), total)
 
 	// Restart on the same directory and drain the queue.
@@ -185,6 +186,11 @@ func TestCrashKeepsConfirmedPublishes(t *testing.T) {
 	t.Logf("after restart: all %d confirmed publishes present (%d distinct messages read)", len(confirmed), len(seen))
 	if err := srv2.cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
+	}
+	select {
+	case <-srv2.done: // stderr read to its end: the process closed it on exit
+	case <-time.After(safetyTimeout):
+		t.Fatalf("sinew serve did not exit after SIGINT:\n%s", srv2.log())
 	}
 	if err := srv2.cmd.Wait(); err != nil {
 		t.Fatalf("sinew serve after SIGINT: %v\n%s", err, srv2.log())
