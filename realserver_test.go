@@ -1,18 +1,13 @@
 package sinew
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
-	"github.com/sinewmq/sinew/internal/broker"
 	"github.com/sinewmq/sinew/internal/server"
-	"github.com/sinewmq/sinew/internal/session/bridge"
 	"github.com/sinewmq/sinew/internal/testkit"
-	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/protocol"
 )
 
@@ -20,58 +15,13 @@ import (
 // in-memory file system) behind the real wire server (internal/server), over
 // loopback, with the testkit proxy in between where faults are injected.
 
-// countingRand is a deterministic io.Reader for the server's ids and tokens.
-type countingRand struct{ n byte }
-
-func (r *countingRand) Read(p []byte) (int, error) {
-	for i := range p {
-		r.n++
-		p[i] = r.n
-	}
-	return len(p), nil
-}
-
-type realBroker struct {
-	addr string
-	srv  *server.Server
-}
-
-// startRealBroker runs broker + server in process on 127.0.0.1:0.
-func startRealBroker(t *testing.T, tune func(*server.Config)) *realBroker {
+// startRealBroker runs broker + server in process on 127.0.0.1:0, with a
+// reconnect grace long enough that cut sessions resume.
+func startRealBroker(t *testing.T, tune func(*server.Config)) *testkit.Broker {
 	t.Helper()
-	b, err := broker.Open(broker.Config{DataDir: "/data", FS: vfs.NewMem()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := server.Config{Backend: bridge.New(b), OwnerID: "owner-1", Rand: &countingRand{},
-		ServerVersion: "test", ReconnectGraceMs: 30_000}
-	if tune != nil {
-		tune(&cfg)
-	}
-	srv, err := server.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			t.Errorf("server shutdown: %v", err)
-		}
-		if err := <-served; !errors.Is(err, server.ErrServerClosed) {
-			t.Errorf("serve: %v", err)
-		}
-		if err := b.Close(); err != nil {
-			t.Errorf("broker close: %v", err)
-		}
-	})
-	return &realBroker{addr: ln.Addr().String(), srv: srv}
+	return testkit.StartBroker(t,
+		testkit.WithServerConfig(func(c *server.Config) { c.ReconnectGraceMs = 30_000 }),
+		testkit.WithServerConfig(tune))
 }
 
 // publishRetrying publishes, retrying retryable failures a bounded number of
@@ -92,7 +42,7 @@ func publishRetrying(t *testing.T, c *Client, topic, body string) PublishResult 
 
 func TestRealCutSocketReconnectsAndSubscriptionFlows(t *testing.T) {
 	rb := startRealBroker(t, nil)
-	p := proxyT(t, rb.addr)
+	p := proxyT(t, rb.Addr)
 	c := dialT(t, p.Addr())
 	ctx := testCtx(t)
 	sub, err := c.Subscribe(ctx, "real-flow", WithPrefetch(16))
@@ -130,7 +80,7 @@ func TestRealCutSocketReconnectsAndSubscriptionFlows(t *testing.T) {
 
 func TestRealRefusedConnectionBacksOffByPolicy(t *testing.T) {
 	rb := startRealBroker(t, nil)
-	p := proxyT(t, rb.addr)
+	p := proxyT(t, rb.Addr)
 	clk := testkit.NewClock(time.Unix(1_700_000_000, 0))
 	c := dialT(t, p.Addr(), WithClock(clk), WithRand(func() float64 { return 0.5 }),
 		WithHeartbeat(time.Hour)) // keep heartbeat timers out of the recorded waits
@@ -174,7 +124,7 @@ func TestRealRefusedConnectionBacksOffByPolicy(t *testing.T) {
 
 func TestRealWrongTokenIsFatal(t *testing.T) {
 	rb := startRealBroker(t, func(c *server.Config) { c.AuthTokens = []string{"secret"} })
-	p := proxyT(t, rb.addr)
+	p := proxyT(t, rb.Addr)
 	_, err := Dial(testCtx(t), p.Addr(), WithCredentials("wrong"))
 	if !errors.Is(err, &BrokerError{Code: protocol.CodeAuthFailed}) || IsRetryable(err) {
 		t.Fatalf("Dial = %v, want a non-retryable auth_failed", err)
@@ -188,7 +138,7 @@ func TestRealWrongTokenIsFatal(t *testing.T) {
 
 func TestRealAsyncPublishPipeline(t *testing.T) {
 	rb := startRealBroker(t, func(c *server.Config) { c.PublishInflightMax = 512 })
-	c := dialT(t, rb.addr)
+	c := dialT(t, rb.Addr)
 	ctx := testCtx(t)
 	if _, err := c.DeclareQueue(ctx, "real-pipe", QueueConfig{Partitions: 4}); err != nil {
 		t.Fatal(err)
@@ -229,7 +179,7 @@ func TestRealAsyncPublishPipeline(t *testing.T) {
 func TestRealTerminationReasons(t *testing.T) {
 	rb := startRealBroker(t, nil)
 	t.Run("unsubscribed and client closed", func(t *testing.T) {
-		c, err := Dial(testCtx(t), rb.addr)
+		c, err := Dial(testCtx(t), rb.Addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -254,7 +204,7 @@ func TestRealTerminationReasons(t *testing.T) {
 		}
 	})
 	t.Run("bad request", func(t *testing.T) {
-		c := dialT(t, rb.addr)
+		c := dialT(t, rb.Addr)
 		_, err := c.Subscribe(testCtx(t), "")
 		var be *BrokerError
 		if !errors.As(err, &be) || be.Code != protocol.CodeBadRequest {
@@ -263,7 +213,7 @@ func TestRealTerminationReasons(t *testing.T) {
 	})
 	t.Run("fresh session after grace resubscribes", func(t *testing.T) {
 		rb := startRealBroker(t, func(c *server.Config) { c.ReconnectGraceMs = 0 })
-		p := proxyT(t, rb.addr)
+		p := proxyT(t, rb.Addr)
 		c := dialT(t, p.Addr())
 		ctx := testCtx(t)
 		sub, err := c.Subscribe(ctx, "real-fresh")
@@ -292,7 +242,7 @@ func TestRealTerminationReasons(t *testing.T) {
 // is one published after the drain).
 func TestRealCompleteAsyncDrain(t *testing.T) {
 	rb := startRealBroker(t, nil)
-	c := dialT(t, rb.addr)
+	c := dialT(t, rb.Addr)
 	ctx := testCtx(t)
 	if _, err := c.DeclareQueue(ctx, "real-async-ack", QueueConfig{Partitions: 1}); err != nil {
 		t.Fatal(err)

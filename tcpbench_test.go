@@ -2,17 +2,13 @@ package sinew
 
 import (
 	"context"
-	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/sinewmq/sinew/internal/broker"
-	"github.com/sinewmq/sinew/internal/server"
-	"github.com/sinewmq/sinew/internal/session/bridge"
+	"github.com/sinewmq/sinew/internal/testkit"
 )
 
 // These benchmarks drive the real broker, on the real file system (every
@@ -38,38 +34,14 @@ func tcpBenchDir(b *testing.B) string {
 // client connected to them. Cleanup closes all three.
 func startTCPBench(b *testing.B) *Client {
 	b.Helper()
-	br, err := broker.Open(broker.Config{DataDir: filepath.Join(tcpBenchDir(b), "data")})
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv, err := server.New(server.Config{Backend: bridge.New(br), OwnerID: "bench", ServerVersion: "bench", Rand: &countingRand{}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	rb := testkit.StartBroker(b, testkit.WithDataDir(filepath.Join(tcpBenchDir(b), "data")))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := Dial(ctx, ln.Addr().String(), WithClientName("tcp-bench"))
+	c, err := Dial(ctx, rb.Addr, WithClientName("tcp-bench"))
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c.Close()
-		if err := srv.Shutdown(ctx); err != nil {
-			b.Errorf("server shutdown: %v", err)
-		}
-		if err := <-served; !errors.Is(err, server.ErrServerClosed) {
-			b.Errorf("serve: %v", err)
-		}
-		br.Close()
-	})
+	b.Cleanup(func() { c.Close() }) // runs before the server's cleanup
 	return c
 }
 
@@ -119,15 +91,7 @@ func BenchmarkTCPDrain(b *testing.B) {
 	var n int
 	for b.Loop() {
 		b.StopTimer()
-		futs := make([]*PublishFuture, 0, tcpDrainBatch)
-		for range tcpDrainBatch {
-			futs = append(futs, c.PublishAsync(ctx, "drain", body))
-		}
-		for _, f := range futs {
-			if _, err := f.Wait(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
+		fillTCPBacklog(b, c, "drain", body)
 		b.StartTimer()
 		drainTCP(b, c, "drain", tcpDrainBatch)
 		n += tcpDrainBatch
@@ -147,15 +111,7 @@ func BenchmarkTCPDrainAsync(b *testing.B) {
 	var n int
 	for b.Loop() {
 		b.StopTimer()
-		futs := make([]*PublishFuture, 0, tcpDrainBatch)
-		for range tcpDrainBatch {
-			futs = append(futs, c.PublishAsync(ctx, "drain", body))
-		}
-		for _, f := range futs {
-			if _, err := f.Wait(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
+		fillTCPBacklog(b, c, "drain", body)
 		b.StartTimer()
 		s, err := c.Subscribe(ctx, "drain", WithPrefetch(tcpDrainPrefetch))
 		if err != nil {
@@ -176,6 +132,21 @@ func BenchmarkTCPDrainAsync(b *testing.B) {
 		n += tcpDrainBatch
 	}
 	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// fillTCPBacklog publishes tcpDrainBatch copies of body to topic and waits
+// for every confirm.
+func fillTCPBacklog(b *testing.B, c *Client, topic string, body []byte) {
+	ctx := context.Background()
+	futs := make([]*PublishFuture, 0, tcpDrainBatch)
+	for range tcpDrainBatch {
+		futs = append(futs, c.PublishAsync(ctx, topic, body))
+	}
+	for _, f := range futs {
+		if _, err := f.Wait(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 // drainTCP subscribes to topic and completes count messages from a pool of

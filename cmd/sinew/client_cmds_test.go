@@ -2,61 +2,21 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/sinewmq/sinew/internal/broker"
 	"github.com/sinewmq/sinew/internal/server"
-	"github.com/sinewmq/sinew/internal/session/bridge"
-	"github.com/sinewmq/sinew/internal/vfs"
+	"github.com/sinewmq/sinew/internal/testkit"
 )
-
-// counterRand is a deterministic io.Reader for the server's ids and tokens.
-type counterRand struct{ n byte }
-
-func (r *counterRand) Read(p []byte) (int, error) {
-	for i := range p {
-		r.n++
-		p[i] = r.n
-	}
-	return len(p), nil
-}
 
 // startClientTestBroker runs the real broker (on MemFS) and wire server in
 // process on loopback and returns its address.
 func startClientTestBroker(t *testing.T, tokens ...string) string {
 	t.Helper()
-	b, err := broker.Open(broker.Config{DataDir: "/data", FS: vfs.NewMem()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := server.New(server.Config{Backend: bridge.New(b), OwnerID: "cli-test", Rand: &counterRand{},
-		ServerVersion: "test", AuthTokens: tokens})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		if err := <-served; !errors.Is(err, server.ErrServerClosed) {
-			t.Errorf("serve: %v", err)
-		}
-		_ = b.Close()
-	})
-	return ln.Addr().String()
+	return testkit.StartBroker(t, testkit.WithServerConfig(func(c *server.Config) { c.AuthTokens = tokens })).Addr
 }
 
 func runCmd(t *testing.T, stdin string, args ...string) (code int, stdout, stderr string) {

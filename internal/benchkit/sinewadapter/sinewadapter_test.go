@@ -3,57 +3,19 @@ package sinewadapter
 import (
 	"context"
 	"errors"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sinewmq/sinew/internal/benchkit"
-	"github.com/sinewmq/sinew/internal/server"
 	"github.com/sinewmq/sinew/internal/session/sessiontest"
+	"github.com/sinewmq/sinew/internal/testkit"
 )
-
-// counter is a deterministic Rand for the server's ids and tokens.
-type counter struct {
-	mu sync.Mutex
-	n  byte
-}
-
-func (c *counter) Read(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for i := range p {
-		c.n++
-		p[i] = c.n
-	}
-	return len(p), nil
-}
 
 // serve runs the real wire server over the in-memory backend on loopback, so the
 // adapter is exercised through the SDK and the protocol end to end.
 func serve(t *testing.T) string {
 	t.Helper()
-	srv, err := server.New(server.Config{Backend: sessiontest.New(), OwnerID: "bench-test", Rand: &counter{}, ServerVersion: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		if err := <-served; !errors.Is(err, server.ErrServerClosed) {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	return ln.Addr().String()
+	return testkit.StartBroker(t, testkit.WithBackend(sessiontest.New())).Addr
 }
 
 // These runs use real time, briefly; they assert what was delivered, never how fast.
