@@ -73,6 +73,11 @@ type Config struct {
 	Now func() time.Time
 	// Logger receives recovery and quarantine reports; default discards.
 	Logger *slog.Logger
+	// Lock is DataDir's lock, already taken with LockDataDir by a caller
+	// that must hold it before Open (to bind listeners first, say). Open
+	// takes it over: Close releases it, and so does a failed Open. Nil
+	// means Open takes the lock itself, before it reads anything.
+	Lock *DataDirLock
 
 	// DefaultPartitions is the partition count of queues created on first
 	// use (default 1).

@@ -56,6 +56,8 @@ type Broker struct {
 
 	ready  atomic.Bool
 	closed atomic.Bool
+	// lock is DataDir's exclusive lock, held from Open to Close.
+	lock *DataDirLock
 }
 
 type queueKey struct{ topic, group string }
@@ -110,7 +112,14 @@ func (c *Config) normalize() {
 
 // Open recovers every queue and partition under cfg.DataDir and starts
 // serving. Damaged partitions are handled by cfg.Quarantine.
-func Open(cfg Config) (*Broker, error) {
+func Open(cfg Config) (b *Broker, err error) {
+	lock := cfg.Lock
+	cfg.Lock = nil
+	defer func() {
+		if err != nil {
+			lock.Release()
+		}
+	}()
 	cfg.normalize()
 	if cfg.DataDir == "" {
 		return nil, errors.New("broker: DataDir is required")
@@ -118,8 +127,16 @@ func Open(cfg Config) (*Broker, error) {
 	if err := validName("dead-letter topic", cfg.DeadLetterTopic, false); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	b := &Broker{
+	if lock == nil {
+		if lock, err = LockDataDir(cfg.FS, cfg.DataDir); err != nil {
+			return nil, fmt.Errorf("broker: %w", err)
+		}
+	} else if filepath.Clean(lock.dir) != filepath.Clean(cfg.DataDir) {
+		return nil, fmt.Errorf("broker: Config.Lock is for %s, not DataDir %s", lock.dir, cfg.DataDir)
+	}
+	b = &Broker{
 		cfg:    cfg,
+		lock:   lock,
 		logger: cfg.Logger,
 		owner:  "b" + strconv.FormatInt(cfg.Now().UnixNano(), 36),
 		queues: make(map[queueKey]*queueEntry),
@@ -340,7 +357,9 @@ func (b *Broker) Close() error {
 	// on it, creating a dead-letter queue, and Close waits for actors.
 	b.createMu.Lock()
 	b.createMu.Unlock()
-	return b.closePartitions()
+	err := b.closePartitions()
+	// Released only once every partition has closed its files.
+	return errors.Join(err, b.lock.Release())
 }
 
 func (b *Broker) closePartitions() error {

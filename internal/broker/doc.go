@@ -52,6 +52,17 @@
 // subscription owners that are stable across restarts (today they carry a
 // per-process prefix).
 //
+// # The data dir lock
+//
+// One broker owns a data dir at a time. Open takes an exclusive lock on
+// DataDir/LOCK (flock on the OS file system, see vfs.FS.Lock) before it
+// reads anything in the dir, holds it until Close, and fails at once with a
+// *DataDirLockedError naming the holder's pid if another broker, in this
+// process or another, has it. A caller that must hold the dir before Open
+// (sinew serve binds its listeners in between) takes the lock with
+// LockDataDir and hands it over in Config.Lock. The kernel drops the lock
+// when its process dies, so a crash leaves no stale lock.
+//
 // # Damage
 //
 // A partition whose log or checkpoint fails verification at Open is handled

@@ -34,6 +34,8 @@ type MemFS struct {
 	crashed  bool
 	writeErr error
 	syncErr  error
+	// locks holds the cleaned names locked by Lock and not yet released.
+	locks map[string]bool
 }
 
 // memNode is an inode: file data or a directory marker. Several names (in
@@ -87,7 +89,7 @@ func resize(b []byte, size int64) []byte {
 // NewMem returns an empty in-memory file system. The roots "." and "/"
 // always exist.
 func NewMem() *MemFS {
-	return &MemFS{cur: map[string]*memNode{}, durable: map[string]*memNode{}}
+	return &MemFS{cur: map[string]*memNode{}, durable: map[string]*memNode{}, locks: map[string]bool{}}
 }
 
 func clean(name string) string { return filepath.Clean(name) }
@@ -308,6 +310,26 @@ func (m *MemFS) SyncDir(dir string) error {
 	return nil
 }
 
+// Lock implements FS with an in-memory lock table: the lock is held until
+// the returned file is closed.
+func (m *MemFS) Lock(name string) (File, error) {
+	f, err := m.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := clean(name)
+	if m.locks[c] {
+		f.(*memFile).closed = true
+		return nil, perr("flock", name, ErrLocked)
+	}
+	m.locks[c] = true
+	mf := f.(*memFile)
+	mf.lock = c
+	return mf, nil
+}
+
 // SetWriteError makes every later data change (Write, WriteAt, Truncate,
 // Allocate, O_TRUNC) fail with err and change nothing, as a full disk
 // would. nil clears the fault.
@@ -502,6 +524,8 @@ type memFile struct {
 	flag   int
 	off    int64
 	closed bool
+	// lock is the name whose lock this file holds (see MemFS.Lock), or "".
+	lock string
 }
 
 func (f *memFile) check(op string, write bool) error {
@@ -650,5 +674,8 @@ func (f *memFile) Close() error {
 		return perr("close", f.name, os.ErrClosed)
 	}
 	f.closed = true
+	if f.lock != "" {
+		delete(f.fs.locks, f.lock)
+	}
 	return nil
 }

@@ -52,6 +52,18 @@ func (osFS) SyncDir(dir string) error {
 	return cerr
 }
 
+func (osFS) Lock(name string) (File, error) {
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := lockFile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &osFile{File: f}, nil
+}
+
 // osFile adds data-only sync and preallocation to *os.File.
 type osFile struct {
 	*os.File

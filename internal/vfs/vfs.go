@@ -1,9 +1,14 @@
 package vfs
 
 import (
+	"errors"
 	"io"
 	"os"
 )
+
+// ErrLocked is returned (wrapped in an *os.PathError) by FS.Lock when another
+// holder has the lock.
+var ErrLocked = errors.New("locked by another holder")
 
 // FS is the set of file-system operations Sinew needs. Names are paths in
 // the host's syntax; implementations clean them.
@@ -25,6 +30,17 @@ type FS interface {
 	Stat(name string) (os.FileInfo, error)
 	// SyncDir makes the entries of dir durable (fsync on the directory).
 	SyncDir(dir string) error
+	// Lock opens name for reading and writing, creating it if missing, and
+	// takes an exclusive lock on it without waiting: if another holder has
+	// it, Lock fails at once with an error matching ErrLocked. Closing the
+	// returned file releases the lock; so does the end of the process.
+	//
+	// OS files use flock(2) on unix systems, so the lock excludes other
+	// processes and other opens in this one; elsewhere Lock only opens
+	// the file and excludes nothing. MemFS keeps the lock in memory: it
+	// excludes other Lock calls on the same MemFS, and a crashed image
+	// starts with no locks held, as a rebooted machine would.
+	Lock(name string) (File, error)
 }
 
 // File is an open file.
