@@ -64,22 +64,55 @@ func runServe(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writ
 
 // serve runs the broker until ctx ends, then drains: GOING_AWAY to every client,
 // in-flight confirms flushed, connections closed, broker checkpointed and closed.
+//
+// Startup order matters for the data: the data dir's lock comes first, so no
+// second broker reads or repairs a live broker's files; then both listeners are
+// bound, so a taken port fails the command before recovery touches the log; only
+// then does the broker open (recovery) and serve on the bound listeners.
 func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error {
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
-		return fmt.Errorf("data dir: %w", err)
+	lock, err := broker.LockDataDir(nil, cfg.DataDir)
+	if err != nil {
+		return err
 	}
+	// From here the lock belongs to whoever is to release it: this function
+	// until broker.Open takes it over (and releases it on failure or Close).
+	defer func() {
+		if lock != nil {
+			lock.Release()
+		}
+	}()
 	owner, err := loadOwnerID(cfg.DataDir)
 	if err != nil {
 		return err
 	}
+	ln, err := clientListener(cfg)
+	if err != nil {
+		return err
+	}
+	var aln net.Listener
+	if cfg.AdminListen != "" {
+		if aln, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+			ln.Close()
+			return fmt.Errorf("admin listen: %w", err)
+		}
+	}
+	closeListeners := func() {
+		ln.Close()
+		if aln != nil {
+			aln.Close()
+		}
+	}
+
 	sync := seglog.SyncAlways
 	if cfg.Storage.Sync == "interval" {
 		sync = seglog.SyncInterval
 	}
 	quarantine := map[string]broker.QuarantinePolicy{"quarantine": broker.Quarantine, "refuse": broker.Refuse, "ignore": broker.Ignore}[cfg.Storage.Quarantine]
 	start := time.Now()
+	held := lock
+	lock = nil // broker.Open owns it now, failed or not
 	b, err := broker.Open(broker.Config{
-		DataDir: cfg.DataDir, Now: time.Now, Logger: logger.With("component", "broker"),
+		DataDir: cfg.DataDir, Lock: held, Now: time.Now, Logger: logger.With("component", "broker"),
 		DefaultPartitions: cfg.Queue.Partitions, DefaultLeaseMs: cfg.Queue.LeaseMs, DefaultMaxRetries: cfg.Queue.MaxRetries,
 		DeadLetterTopic: cfg.Queue.DeadLetterTopic, Sync: sync, SyncIntervalMs: cfg.Storage.SyncIntervalMs,
 		SegmentBytes: cfg.Storage.SegmentBytes, Quarantine: quarantine, InboxMax: cfg.Storage.InboxMax,
@@ -87,6 +120,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		CheckpointEveryRecords: cfg.Storage.CheckpointEveryRecords,
 	})
 	if err != nil {
+		closeListeners()
 		return fmt.Errorf("open broker: %w", err)
 	}
 	logger.Info("broker recovered", "data_dir", cfg.DataDir, "owner_id", owner, "took_ms", time.Since(start).Milliseconds())
@@ -107,10 +141,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		WriteTimeoutMs: cfg.Connection.WriteTimeoutMs, ReconnectGraceMs: cfg.Connection.ReconnectGraceMs,
 	})
 	if err != nil {
-		return err
-	}
-	ln, err := clientListener(cfg)
-	if err != nil {
+		closeListeners()
 		return err
 	}
 	errc := make(chan error, 2)
@@ -118,12 +149,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 
 	var adminSrv *http.Server
 	adminAddr := ""
-	if cfg.AdminListen != "" {
-		aln, err := net.Listen("tcp", cfg.AdminListen)
-		if err != nil {
-			srv.Shutdown(context.Background())
-			return fmt.Errorf("admin listen: %w", err)
-		}
+	if aln != nil {
 		adminAddr = aln.Addr().String()
 		adminSrv = &http.Server{Handler: admin.Handler(adminConfig(b, srv)), ReadHeaderTimeout: 10 * time.Second}
 		go func() {

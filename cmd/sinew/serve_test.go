@@ -5,12 +5,15 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
 	"math/big"
 	"net"
 	"os"
@@ -20,6 +23,7 @@ import (
 	"time"
 
 	"github.com/sinewmq/sinew"
+	"github.com/sinewmq/sinew/internal/broker"
 	"github.com/sinewmq/sinew/internal/settings"
 )
 
@@ -161,5 +165,92 @@ func TestServeTLSBadFiles(t *testing.T) {
 	err := serve(context.Background(), cfg, slog.New(slog.DiscardHandler))
 	if err == nil || !strings.Contains(err.Error(), "tls.cert_file") || !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("serve with missing TLS files: %v", err)
+	}
+}
+
+// dirSnapshot describes every file under dir except the lock file: name,
+// size, modification time and contents.
+func dirSnapshot(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() == "LOCK" {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		out[p] = fmt.Sprintf("%d %s %x", fi.Size(), fi.ModTime().Format(time.RFC3339Nano), sha256.Sum256(data))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestServeLockedDirOrTakenPortFailsBeforeRecovery: a serve that cannot
+// own its data dir, or cannot bind a port, fails without changing a byte of
+// the data dir, and leaves the dir free for the next serve.
+func TestServeLockedDirOrTakenPortFailsBeforeRecovery(t *testing.T) {
+	cfg := testServeConfig(t)
+	cfg.Storage.Quarantine = "ignore"
+	addr, stop := runServeT(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := sinew.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		if _, err := c.PublishText(ctx, "jobs", fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+
+	// While the first serve runs, a second one on its dir is refused.
+	err = serve(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	var le *broker.DataDirLockedError
+	if !errors.As(err, &le) || le.PID != os.Getpid() {
+		t.Fatalf("second serve on a live data dir: %v; want a lock error naming pid %d", err, os.Getpid())
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	before := dirSnapshot(t, cfg.DataDir)
+	for _, c := range []struct{ name, listen, admin, want string }{
+		{"client port", taken.Addr().String(), "", "listen: "},
+		{"admin port", "127.0.0.1:0", taken.Addr().String(), "admin listen: "},
+	} {
+		bad := cfg
+		bad.Listen, bad.AdminListen = c.listen, c.admin
+		err := serve(context.Background(), bad, slog.New(slog.DiscardHandler))
+		if err == nil || !strings.HasPrefix(err.Error(), c.want) {
+			t.Fatalf("%s taken: serve = %v, want an error starting %q", c.name, err, c.want)
+		}
+		if after := dirSnapshot(t, cfg.DataDir); !maps.Equal(before, after) {
+			t.Fatalf("%s taken: data dir changed\nbefore %v\nafter  %v", c.name, before, after)
+		}
+	}
+	// The control: a serve that does run recovery and closes changes the dir
+	// (at least its checkpoints), so the comparison above can fail.
+	addr, stop = runServeT(t, cfg)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if after := dirSnapshot(t, cfg.DataDir); maps.Equal(before, after) {
+		t.Fatal("a full serve left the data dir byte-identical; the snapshot sees nothing")
 	}
 }
