@@ -86,7 +86,11 @@ type Config struct {
 	// not say (default 30000).
 	DefaultLeaseMs int64
 	// DefaultMaxRetries is the redeliveries a message gets when a queue
-	// does not say (default 5).
+	// does not say (default 5). Only failed deliveries use one up: a NACK,
+	// or a lease that expires while its holder is still connected. A lease
+	// handed back because its holder went away (disconnect, session grace
+	// expiry, unsubscribe, recovered leases released after a restart) does
+	// not count; the delivery attempt still rises (see queue.Config).
 	DefaultMaxRetries int
 	// DeadLetterTopic names the global dead-letter queue (default
 	// "sinew.dead-letter"). Its own dead messages are discarded.
@@ -123,7 +127,8 @@ type Config struct {
 	// RecoveredLeaseGraceMs is how long leases recovered from the log at
 	// Open stay with their holders, whose sessions did not survive the
 	// restart. After it every recovered lease still outstanding goes back
-	// to ready (counted as an attempt, like any requeue) instead of
+	// to ready (not counted as a failed attempt; the next delivery's
+	// Attempt still rises) instead of
 	// waiting out its lease. Default 0: released at startup. Session
 	// restore can keep a resumed owner's leases within the grace through
 	// partition.Partition.ClaimRecovered.

@@ -112,7 +112,7 @@ type Config struct {
 	// keep their holders after the restart. Their holders' sessions did
 	// not survive it, so once the grace has passed every recovered lease
 	// that is still current is released (queue.Release: ready at once,
-	// counted as an attempt like any requeue) instead of waiting for its
+	// not counted towards the retry limit) instead of waiting for its
 	// deadline. 0 releases them on the first turn. ClaimRecovered exempts
 	// an owner's leases within the grace.
 	RecoveredLeaseGraceMs int64

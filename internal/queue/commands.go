@@ -67,7 +67,7 @@ func (s *State) Lease(dst []Event, owner string, max int, nowMs int64) []Event {
 			LeaseID:    s.leaseSeq + uint64(leased),
 			Owner:      owner,
 			DeadlineMs: nowMs + s.cfg.LeaseMs,
-			Attempt:    e.attempt + 1,
+			Attempt:    nextAttempt(e.attempt),
 			AtMs:       nowMs,
 		})
 	}
@@ -108,10 +108,13 @@ func (s *State) Ack(dst []Event, offset, leaseID uint64) ([]Event, error) {
 }
 
 // requeue ends the lease on e: back to the queue not before notBeforeMs, or to
-// the dead-letter path when the retries are used up or the TTL has passed.
+// the dead-letter path when the retries are used up or the TTL has passed. A
+// release (r == ReasonReleased) is not a failed delivery and never uses up a
+// retry, unless the message has already had ReleasesUncountedMax of them.
 func (s *State) requeue(dst []Event, off uint64, e *entry, r Reason, notBeforeMs, nowMs int64) []Event {
+	counted := r != ReasonReleased || e.released >= ReleasesUncountedMax
 	switch {
-	case int64(e.attempt) >= int64(max(s.cfg.MaxRetries, 0))+1:
+	case counted && !s.cfg.UnlimitedRetries && e.countedAttempts() >= int64(max(s.cfg.MaxRetries, 0))+1:
 		return append(dst, s.deadLetter(off, e.leaseID, ReasonRetriesExhausted, nowMs))
 	case e.expiresAtMs > 0 && e.expiresAtMs <= nowMs:
 		return append(dst, s.deadLetter(off, e.leaseID, ReasonExpired, nowMs))
@@ -135,7 +138,10 @@ func (s *State) Nack(dst []Event, offset, leaseID uint64, notBeforeMs, nowMs int
 }
 
 // Release hands the message back because its consumer went away; it is ready
-// at once, subject to the same retry and TTL limits as Nack.
+// at once. Unlike Nack it does not count towards MaxRetries (up to
+// ReleasesUncountedMax releases per message), so a consumer that exits
+// holding unread prefetched messages costs them no retries; the next
+// delivery's Attempt still rises. The TTL limit applies as for Nack.
 func (s *State) Release(dst []Event, offset, leaseID uint64, nowMs int64) ([]Event, error) {
 	e, err := s.leased("release", offset, leaseID)
 	if err != nil {
@@ -155,7 +161,8 @@ func (s *State) Fail(dst []Event, offset, leaseID uint64, nowMs int64) ([]Event,
 
 // Tick returns what the passage of time to nowMs causes, at most
 // TickEventsMax events: leases past their deadline are requeued (or
-// dead-lettered, as for Nack), oldest deadline first; then queued messages
+// dead-lettered, as for Nack: an expired lease counts as a failed delivery,
+// since its holder is still there but did not settle), oldest deadline first; then queued messages
 // past their TTL are dead-lettered, oldest expiry first. Inflight messages
 // are never expired; their TTL is checked when they come back.
 func (s *State) Tick(dst []Event, nowMs int64) []Event {

@@ -18,7 +18,7 @@ import (
 // Commands (now=T, where accepted, moves the scenario clock; it never goes
 // back):
 //
-//	config [max-retries=N] [lease-ms=N] [ttl-ms=N] [target=NAME]
+//	config [max-retries=N] [unlimited] [lease-ms=N] [ttl-ms=N] [target=NAME]
 //	enqueue [n=N] [delay=MS] [ttl=MS] [now=T]
 //	lease owner=O max=N [now=T]
 //	ack offset=X lease=L
@@ -69,10 +69,15 @@ func TestScenarios(t *testing.T) {
 				d.MaybeScanArgs(t, "lease-ms", &cfg.LeaseMs)
 				d.MaybeScanArgs(t, "ttl-ms", &cfg.DefaultTTLMs)
 				d.MaybeScanArgs(t, "target", &cfg.DeadLetter.Target)
+				cfg.UnlimitedRetries = d.HasArg("unlimited")
 				s.SetConfig(cfg)
 				c := s.Config()
-				return fmt.Sprintf("max-retries=%d lease-ms=%d ttl-ms=%d target=%q\n",
-					c.MaxRetries, c.LeaseMs, c.DefaultTTLMs, c.DeadLetter.Target)
+				unlimited := ""
+				if c.UnlimitedRetries {
+					unlimited = " unlimited"
+				}
+				return fmt.Sprintf("max-retries=%d%s lease-ms=%d ttl-ms=%d target=%q\n",
+					c.MaxRetries, unlimited, c.LeaseMs, c.DefaultTTLMs, c.DeadLetter.Target)
 			case "enqueue":
 				n := 1
 				d.MaybeScanArgs(t, "n", &n)

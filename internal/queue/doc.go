@@ -54,15 +54,33 @@
 //	ready           Lease                                  inflight (attempt+1, lease id, deadline)
 //	ready, delayed  TTL passes (Tick; Lease on its way)    DeadLetter(expired)
 //	inflight        Ack                                    settled
-//	inflight        Nack, Release, lease deadline (Tick)   ready; delayed for Nack with not_before
-//	                  ... but attempt >= MaxRetries+1      DeadLetter(retries_exhausted)
+//	inflight        Nack, lease deadline (Tick)            ready; delayed for Nack with not_before
+//	                  ... but counted >= MaxRetries+1      DeadLetter(retries_exhausted)
+//	                  ... but TTL has passed               DeadLetter(expired)
+//	inflight        Release (holder went away)             ready, released+1; not counted
 //	                  ... but TTL has passed               DeadLetter(expired)
 //	inflight        Fail                                   DeadLetter(failed)
 //	DeadLetter      target ""                              settled (discarded)
 //	DeadLetter      target set                             dead_lettering
 //	dead_lettering  DeadLettered (copy durable in target)  settled
 //
-// A message is delayed or ready depending only on nowMs. Attempt counts leases:
-// the first delivery is attempt 1, so MaxRetries 5 allows 6 deliveries. TTL
-// never cuts a lease short; it is checked when the message comes back.
+// A message is delayed or ready depending only on nowMs. TTL never cuts a
+// lease short; it is checked when the message comes back.
+//
+// # Attempts and retries
+//
+// Attempt counts leases: the first delivery is attempt 1, and every delivery
+// raises it, however the previous one ended, so a consumer always sees how
+// often a message has been handed out and a poison message stays visible.
+// Retries count only failed deliveries: counted = Attempt - released, where
+// released is the number of deliveries that ended in Release, because the
+// holder went away (a disconnect, a session's grace expiry, an unsubscribe,
+// or a lease recovered after a restart). A NACK fails a delivery, and so does
+// a lease that expires while its holder is still connected. MaxRetries 5
+// therefore allows 6 counted deliveries (the requeue after the sixth failed
+// one dead-letters), plus up to ReleasesUncountedMax released ones; after
+// that, releases count too. UnlimitedRetries
+// turns the retry limit off: Attempt then saturates at 2,000,001 instead of
+// wrapping. The released count is kept per message, is derived from the
+// Requeue events' reasons in Apply, and travels in the snapshot.
 package queue

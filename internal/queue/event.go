@@ -45,7 +45,7 @@ const (
 	ReasonLeaseExpired                   // the lease deadline passed without a settle
 	ReasonReleased                       // the consumer went away; lease handed back
 	ReasonFailed                         // consumer declared the message unprocessable
-	ReasonRetriesExhausted               // a requeue was due but Attempt reached MaxRetries+1
+	ReasonRetriesExhausted               // a NACK or lease expiry was due but counted attempts reached MaxRetries+1
 	ReasonExpired                        // ExpiresAtMs passed while the message waited
 	reasonCount
 )
@@ -142,6 +142,7 @@ type Info struct {
 	Offset      uint64
 	State       MsgState
 	Attempt     uint32 // deliveries so far; the current lease's attempt when inflight
+	Released    uint32 // deliveries that ended in an uncounted Release
 	LeaseID     uint64 // inflight only
 	Owner       string // inflight only
 	DeadlineMs  int64  // inflight: lease deadline; dead-lettering: when it was dead-lettered

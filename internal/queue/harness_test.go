@@ -148,6 +148,9 @@ func dump(s *State, nowMs int64) string {
 func formatInfo(in Info) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d: %v attempt=%d", in.Offset, in.State, in.Attempt)
+	if in.Released != 0 {
+		fmt.Fprintf(&b, " released=%d", in.Released)
+	}
 	switch in.State {
 	case StateInflight:
 		fmt.Fprintf(&b, " lease=%d owner=%s deadline=%d", in.LeaseID, in.Owner, in.DeadlineMs)

@@ -15,6 +15,7 @@ import (
 type mmsg struct {
 	state     MsgState // StateReady (meaning queued), StateInflight or StateDeadLettering
 	attempt   uint32
+	released  uint32 // deliveries that ended in an uncounted release
 	leaseID   uint64
 	owner     string
 	deadline  int64
@@ -75,13 +76,17 @@ func (m *model) lease(owner string, max int, now int64) []Event {
 		}
 		leased++
 		out = append(out, Event{Kind: KindLease, Offset: off, LeaseID: m.leaseSeq + uint64(leased), Owner: owner,
-			DeadlineMs: now + m.cfg.LeaseMs, Attempt: x.attempt + 1, AtMs: now})
+			DeadlineMs: now + m.cfg.LeaseMs, Attempt: min(x.attempt+1, attemptMax), AtMs: now})
 	}
 	return out
 }
 
+// requeue is the retry rule in its plainest form: a release is free (up to
+// ReleasesUncountedMax of them), anything else uses up a retry, and the
+// deliveries that used one are the attempts minus the free releases.
 func (m *model) requeue(off uint64, x *mmsg, r Reason, notBefore, now int64) Event {
-	if int(x.attempt) >= max(m.cfg.MaxRetries, 0)+1 {
+	free := r == ReasonReleased && x.released < ReleasesUncountedMax
+	if !free && !m.cfg.UnlimitedRetries && int(x.attempt)-int(x.released) >= max(m.cfg.MaxRetries, 0)+1 {
 		return m.deadLetter(off, x.leaseID, ReasonRetriesExhausted, now)
 	}
 	if x.expires > 0 && x.expires <= now {
@@ -162,13 +167,17 @@ func (m *model) apply(lsn uint64, ev Event) error {
 	case KindAck:
 		delete(m.msgs, ev.Offset)
 	case KindRequeue:
-		*x = mmsg{state: StateReady, attempt: x.attempt, notBefore: ev.NotBeforeMs, expires: x.expires}
+		released := x.released
+		if ev.Reason == ReasonReleased && released < ReleasesUncountedMax {
+			released++
+		}
+		*x = mmsg{state: StateReady, attempt: x.attempt, released: released, notBefore: ev.NotBeforeMs, expires: x.expires}
 	case KindDeadLetter:
 		if ev.Target == "" {
 			delete(m.msgs, ev.Offset)
 			break
 		}
-		*x = mmsg{state: StateDeadLettering, attempt: x.attempt, expires: x.expires,
+		*x = mmsg{state: StateDeadLettering, attempt: x.attempt, released: x.released, expires: x.expires,
 			reason: ev.Reason, target: ev.Target, dlAt: ev.AtMs}
 	case KindDeadLetterDone:
 		delete(m.msgs, ev.Offset)
@@ -181,7 +190,7 @@ func (m *model) info(off uint64, now int64) Info {
 	if !ok {
 		return Info{Offset: off, State: StateSettled}
 	}
-	in := Info{Offset: off, State: x.state, Attempt: x.attempt, NotBeforeMs: x.notBefore, ExpiresAtMs: x.expires}
+	in := Info{Offset: off, State: x.state, Attempt: x.attempt, Released: x.released, NotBeforeMs: x.notBefore, ExpiresAtMs: x.expires}
 	switch x.state {
 	case StateReady:
 		if x.notBefore > now {
@@ -227,6 +236,8 @@ func TestModel(t *testing.T) {
 			MaxRetries:   rapid.SampledFrom([]int{NoRetries, 1, 2, 0}).Draw(t, "maxRetries"),
 			LeaseMs:      1000,
 			DefaultTTLMs: rapid.SampledFrom([]int64{0, 0, 4000}).Draw(t, "defaultTTL"),
+			// Dead-letter queues run without a retry limit.
+			UnlimitedRetries: rapid.IntRange(0, 4).Draw(t, "unlimited") == 0,
 		}
 		// A small slack makes index compaction happen within a run.
 		slack := rapid.SampledFrom([]int{0, 1, 3, garbageSlack}).Draw(t, "slack")
@@ -465,8 +476,13 @@ func TestModel(t *testing.T) {
 					if everSettled[off] && w.State != StateSettled {
 						t.Fatalf("offset %d came back from settled", off)
 					}
-					if w.Attempt > uint32(max(m.cfg.MaxRetries, 0)+1) {
-						t.Fatalf("offset %d attempt %d beyond max retries %d", off, w.Attempt, m.cfg.MaxRetries)
+					// Only failed deliveries are bounded by the retry limit;
+					// released ones come on top of it.
+					if !m.cfg.UnlimitedRetries && w.Attempt-w.Released > uint32(max(m.cfg.MaxRetries, 0)+1) {
+						t.Fatalf("offset %d attempt %d (%d released) beyond max retries %d", off, w.Attempt, w.Released, m.cfg.MaxRetries)
+					}
+					if w.Released > w.Attempt {
+						t.Fatalf("offset %d released %d times in %d attempts", off, w.Released, w.Attempt)
 					}
 				}
 				if got := s.Stats(now); got != want {

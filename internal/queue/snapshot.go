@@ -7,7 +7,7 @@ import (
 	"math"
 )
 
-// Snapshot layout (version 1). uv = unsigned varint, v = signed varint,
+// Snapshot layout (version 2). uv = unsigned varint, v = signed varint,
 // str = uv length + bytes. Settled LSNs are not listed: every LSN below
 // nextLSN that is not an entry is settled, so the snapshot is as large as the
 // unsettled set, however long the history.
@@ -22,6 +22,7 @@ import (
 //	  offDelta uv      offset - previous offset (first: offset itself); > 0 after the first
 //	  phase    u8      1 queued | 3 inflight | 4 dead-lettering
 //	  attempt  uv
+//	  released uv      version >= 2 only: uncounted releases (version 1: 0)
 //	  notBefore v
 //	  expiresAt v
 //	  inflight only:        leaseID uv | owner strIdx uv | deadline v
@@ -29,14 +30,20 @@ import (
 //
 // Owners and targets repeat across many entries, so each distinct string is
 // stored once in the string table and entries refer to it by index.
+//
+// Versions: 1 had no released field; Restore still reads it, and its
+// messages start with no uncounted releases. 2 added released. Snapshot
+// always writes the current version.
 const (
 	snapshotMagic   = "SNWQ"
-	snapshotVersion = 1
-	snapQueued      = 1
-	snapInflight    = 3
-	snapDeadLetter  = 4
-	// snapEntryBytesMin is the smallest encoded entry; it bounds the entry
-	// count a snapshot of a given size can claim.
+	snapshotVersion = 2
+	// snapshotVersionMin is the oldest version Restore reads.
+	snapshotVersionMin = 1
+	snapQueued         = 1
+	snapInflight       = 3
+	snapDeadLetter     = 4
+	// snapEntryBytesMin is the smallest encoded entry in any version; it
+	// bounds the entry count a snapshot of a given size can claim.
 	snapEntryBytesMin = 5
 )
 
@@ -91,6 +98,7 @@ func (s *State) Snapshot(dst []byte) []byte {
 			dst = append(dst, snapDeadLetter)
 		}
 		dst = binary.AppendUvarint(dst, uint64(e.attempt))
+		dst = binary.AppendUvarint(dst, uint64(e.released))
 		dst = binary.AppendVarint(dst, e.notBeforeMs)
 		dst = binary.AppendVarint(dst, e.expiresAtMs)
 		switch e.phase {
@@ -109,8 +117,9 @@ func (s *State) Snapshot(dst []byte) []byte {
 
 // Restore rebuilds a state from a Snapshot. It checks the checksum and every
 // field (offsets ascending and below NextLSN, lease ids not above the lease
-// counter, reasons known) and returns an error wrapping ErrCorrupt for
-// anything else; it never panics. Cost is O(n) in the unsettled messages,
+// counter, reasons known, release counts within the attempts) and returns an
+// error wrapping ErrCorrupt for anything else; it never panics. It reads
+// every version from snapshotVersionMin on. Cost is O(n) in the unsettled messages,
 // plus O(n) heap construction for the time-ordered indexes.
 func Restore(cfg Config, b []byte) (*State, error) {
 	if len(b) < len(snapshotMagic)+1+4 || string(b[:len(snapshotMagic)]) != snapshotMagic {
@@ -121,8 +130,9 @@ func Restore(cfg Config, b []byte) (*State, error) {
 		return nil, fmt.Errorf("%w: snapshot checksum mismatch", ErrCorrupt)
 	}
 	d := decoder{b: body, off: len(snapshotMagic)}
-	if v := d.byte(); v != snapshotVersion {
-		return nil, fmt.Errorf("%w: snapshot version %d, want %d", ErrCorrupt, v, snapshotVersion)
+	ver := d.byte()
+	if ver < snapshotVersionMin || ver > snapshotVersion {
+		return nil, fmt.Errorf("%w: snapshot version %d, want %d to %d", ErrCorrupt, ver, snapshotVersionMin, snapshotVersion)
 	}
 	s := New(cfg)
 	s.nextLSN = d.uvarint()
@@ -182,6 +192,13 @@ func Restore(cfg Config, b []byte) (*State, error) {
 			d.fail("attempt %d out of range", a)
 		}
 		e.attempt = uint32(a)
+		if ver >= 2 {
+			r := d.uvarint()
+			if d.err == nil && (r > ReleasesUncountedMax || r > a) {
+				d.fail("offset %d: %d releases with attempt %d", off, r, a)
+			}
+			e.released = uint32(r)
+		}
 		e.notBeforeMs = d.varint()
 		e.expiresAtMs = d.varint()
 		switch ph {
@@ -198,7 +215,9 @@ func Restore(cfg Config, b []byte) (*State, error) {
 			e.leaseID = d.uvarint()
 			e.owner = str()
 			e.deadlineMs = d.varint()
-			if d.err == nil && (e.leaseID == 0 || e.leaseID > s.leaseSeq || e.attempt == 0) {
+			// The current delivery has not ended, so it cannot be among
+			// the released ones.
+			if d.err == nil && (e.leaseID == 0 || e.leaseID > s.leaseSeq || e.attempt == 0 || e.released >= e.attempt) {
 				d.fail("offset %d: lease %d (counter %d) attempt %d", off, e.leaseID, s.leaseSeq, e.attempt)
 			}
 		case snapDeadLetter:

@@ -15,6 +15,12 @@ const (
 	NoRetries = -1
 	// MaxRetriesMax caps Config.MaxRetries so Attempt can never wrap.
 	MaxRetriesMax = 1_000_000
+	// ReleasesUncountedMax caps the releases of one message that do not
+	// count towards MaxRetries. A message handed back this many times by
+	// consumers that went away counts its later releases like a NACK, so a
+	// consumer that connects, prefetches and vanishes forever cannot keep a
+	// message cycling without bound, and Attempt stays far from wrapping.
+	ReleasesUncountedMax = 1_000_000
 	// DefaultLeaseMs is Config.LeaseMs when left zero.
 	DefaultLeaseMs = 30_000
 	// LeaseMsMax caps Config.LeaseMs: a week is already a lease nobody will
@@ -28,9 +34,12 @@ const (
 	// leaseExpiredScanMax caps how many expired messages one Lease call
 	// dead-letters on its way to live ones.
 	leaseExpiredScanMax = 256
-	// attemptMax is the highest Attempt a message can reach: a requeue at
-	// MaxRetries+1 dead-letters, and MaxRetries is capped.
-	attemptMax = MaxRetriesMax + 1
+	// attemptMax is the highest Attempt a message can reach. With a retry
+	// limit it is never hit: a requeue dead-letters once the counted
+	// deliveries (Attempt minus uncounted releases) reach MaxRetries+1, and
+	// at most ReleasesUncountedMax releases go uncounted. With
+	// UnlimitedRetries Attempt saturates here instead of wrapping.
+	attemptMax = MaxRetriesMax + 1 + ReleasesUncountedMax
 	// garbageSlack is how much lazy-deletion garbage an index may carry
 	// beyond its live size before it is compacted.
 	garbageSlack = 1024
@@ -49,10 +58,18 @@ type DeadLetterPolicy struct {
 // decision is recorded in the events, so changing Config never changes what a
 // replay produces.
 type Config struct {
-	// MaxRetries is how many redeliveries a message gets after its first
-	// delivery before a requeue turns into a dead-letter. 0 means
+	// MaxRetries is how many failed deliveries a message may have after its
+	// first one before a requeue turns into a dead-letter
+	// (ReasonRetriesExhausted). A delivery fails when it ends in a NACK or
+	// in lease expiry; one that ends because its holder went away (Release:
+	// a disconnect, an unsubscribe, a lease recovered after a restart) is
+	// not counted, up to ReleasesUncountedMax per message. 0 means
 	// DefaultMaxRetries; NoRetries means none.
 	MaxRetries int
+	// UnlimitedRetries, when set, overrides MaxRetries: a requeue never
+	// dead-letters for retries, whatever Attempt has reached. Dead-letter
+	// queues use it, so nothing in them is lost to a retry limit.
+	UnlimitedRetries bool
 	// LeaseMs is how long a consumer holds a message before it is requeued.
 	// 0 means DefaultLeaseMs.
 	LeaseMs int64
@@ -104,7 +121,15 @@ type entry struct {
 	gen         uint32 // bumped on every transition; see item
 	phase       phase
 	reason      Reason // dead-lettering only
+	// released counts the deliveries that ended in a Release and did not
+	// count towards MaxRetries (at most ReleasesUncountedMax). It fits the
+	// padding after reason, so the entry stays 64 bytes.
+	released uint32
 }
+
+// countedAttempts is the number of deliveries that count towards
+// MaxRetries, the current one included when inflight.
+func (e *entry) countedAttempts() int64 { return int64(e.attempt) - int64(e.released) }
 
 func (e *entry) queued() bool { return e.phase == phaseReady || e.phase == phaseDelayed }
 
@@ -256,6 +281,11 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		s.settle(pos)
 	case KindRequeue:
 		s.leaveInflight(e)
+		if ev.Reason == ReasonReleased && e.released < ReleasesUncountedMax {
+			// The holder went away: this delivery does not count towards
+			// MaxRetries. Counted here, from the event, so a replay agrees.
+			e.released++
+		}
 		s.enterQueued(pos, e, ev.NotBeforeMs)
 	case KindDeadLetter:
 		if e.phase == phaseInflight {
@@ -293,8 +323,8 @@ func (s *State) check(e *entry, ev Event) string {
 		if ev.LeaseID <= s.leaseSeq {
 			return fmt.Sprintf("lease id %d not above %d", ev.LeaseID, s.leaseSeq)
 		}
-		if ev.Attempt != e.attempt+1 || ev.Attempt > attemptMax {
-			return fmt.Sprintf("attempt %d, want %d", ev.Attempt, e.attempt+1)
+		if want := nextAttempt(e.attempt); ev.Attempt != want {
+			return fmt.Sprintf("attempt %d, want %d", ev.Attempt, want)
 		}
 	case KindAck, KindRequeue:
 		if e.phase != phaseInflight || e.leaseID != ev.LeaseID {
@@ -313,6 +343,10 @@ func (s *State) check(e *entry, ev Event) string {
 	}
 	return ""
 }
+
+// nextAttempt is the Attempt of the next lease of a message leased attempt
+// times so far: one more, saturating at attemptMax.
+func nextAttempt(attempt uint32) uint32 { return min(attempt+1, attemptMax) }
 
 func (p phase) String() string {
 	switch p {
@@ -557,7 +591,7 @@ func (s *State) Lookup(offset uint64, nowMs int64) (Info, bool) {
 }
 
 func (s *State) info(off uint64, e *entry) Info {
-	in := Info{Offset: off, Attempt: e.attempt, NotBeforeMs: e.notBeforeMs, ExpiresAtMs: e.expiresAtMs}
+	in := Info{Offset: off, Attempt: e.attempt, Released: e.released, NotBeforeMs: e.notBeforeMs, ExpiresAtMs: e.expiresAtMs}
 	switch e.phase {
 	case phaseReady:
 		in.State = StateReady

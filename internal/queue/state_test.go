@@ -2,6 +2,7 @@ package queue
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"hash/crc32"
 	"math"
@@ -211,6 +212,9 @@ func withCRC(b []byte) []byte {
 func FuzzRestore(f *testing.F) {
 	h := &harness{s: New(Config{LeaseMs: 100, DeadLetter: DeadLetterPolicy{Target: "dlq"}})}
 	f.Add(h.s.Snapshot(nil))
+	if v1, err := hex.DecodeString(snapshotV1Hex); err == nil {
+		f.Add(v1)
+	}
 	enqueueN(f, h, 5, 0)
 	mustApply(f, h, h.s.Lease(nil, "a", 3, 0))
 	mustApply(f, h, h.s.Tick(nil, 100))
