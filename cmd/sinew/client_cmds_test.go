@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -68,7 +67,7 @@ func TestPublishThenConsumeJSON(t *testing.T) {
 func TestPublishGeneratedBodies(t *testing.T) {
 	addr := startClientTestBroker(t)
 	code, out, errOut := runCmd(t, "", "publish", "--addr", addr, "--topic", "gen", "--count", "500", "--size", "32", "--window", "16")
-	if code != 0 || !strings.Contains(out, "published 500 messages") {
+	if code != 0 || out != "published to gen: confirmed 500, failed 0\n" {
 		t.Fatalf("publish exit %d, out %q, err %q", code, out, errOut)
 	}
 	code, out, errOut = runCmd(t, "", "consume", "--addr", addr, "--topic", "gen", "--count", "500", "--prefetch", "100", "--auto-ack")
@@ -79,8 +78,8 @@ func TestPublishGeneratedBodies(t *testing.T) {
 	if len(lines) != 500 || len(lines[0]) != 32 || !strings.HasPrefix(lines[0], "seq=1 ") {
 		t.Fatalf("got %d lines, first %q", len(lines), lines[0])
 	}
-	code, _, errOut = runCmd(t, "", "publish", "--addr", addr, "--topic", "gen", "--count", "10", "--no-confirm")
-	if code != 0 {
+	code, out, errOut = runCmd(t, "", "publish", "--addr", addr, "--topic", "gen", "--count", "10", "--no-confirm")
+	if code != 0 || out != "published to gen: sent 10 unconfirmed, failed 0\n" {
 		t.Fatalf("no-confirm exit %d: %s", code, errOut)
 	}
 	code, out, _ = runCmd(t, "", "consume", "--addr", addr, "--topic", "gen", "--count", "10")
@@ -121,7 +120,66 @@ func TestClientCommandErrors(t *testing.T) {
 		}
 	}
 	code, out, errOut := runCmd(t, "x\n", "publish", "--addr", addr, "--topic", "t", "--token", "secret")
-	if code != 0 || !strings.Contains(out, fmt.Sprintf("published %d", 1)) {
+	if code != 0 || out != "published to t: confirmed 1, failed 0\n" {
 		t.Fatalf("with the right token: exit %d, %q %q", code, out, errOut)
+	}
+}
+
+// TestPublishOversizedLine: a stdin line over the body limit stops publish
+// with an error, after a summary of what was stored; a line of exactly the
+// limit is published.
+func TestPublishOversizedLine(t *testing.T) {
+	addr := startClientTestBroker(t)
+	full := strings.Repeat("f", publishBodyBytesMax)
+	over := strings.Repeat("x", publishBodyBytesMax+1)
+	stdin := "a\r\n" + full + "\r\nb\n" + over + "\nafter\n"
+	code, out, errOut := runCmd(t, stdin, "publish", "--addr", addr, "--topic", "big")
+	if code != 1 {
+		t.Fatalf("exit %d, out %q, err %q; want 1", code, out, errOut)
+	}
+	if out != "published to big: confirmed 3, failed 0\n" {
+		t.Fatalf("stdout %q; want the summary of the 3 lines before the long one", out)
+	}
+	if want := "sinew publish: stdin line 4: line too long: more than 1048576 bytes"; !strings.HasPrefix(errOut, want) ||
+		strings.Count(errOut, "\n") != 1 {
+		t.Fatalf("stderr %q; want one line starting %q", errOut, want)
+	}
+	// Much longer than the scanner's buffer: the same error.
+	huge := strings.Repeat("y", 3*publishBodyBytesMax)
+	code, out, errOut = runCmd(t, "c\n"+huge+"\n", "publish", "--addr", addr, "--topic", "big", "--json")
+	if code != 1 || !strings.Contains(errOut, "published to big: confirmed 1, failed 0\n") ||
+		!strings.Contains(errOut, "stdin line 2: line too long") {
+		t.Fatalf("huge line: exit %d, out %q, err %q", code, out, errOut)
+	}
+	code, out, errOut = runCmd(t, "", "consume", "--addr", addr, "--topic", "big", "--idle-exit", "300ms")
+	if code != 0 {
+		t.Fatalf("consume exit %d: %s", code, errOut)
+	}
+	if got := strings.Split(strings.TrimSuffix(out, "\n"), "\n"); len(got) != 4 || got[0] != "a" || got[1] != full ||
+		got[2] != "b" || got[3] != "c" {
+		t.Fatalf("stored %d messages, want a, the full-size line, b, c", len(got))
+	}
+}
+
+// TestPublishSummary: the summary ends every publish; with --json it goes
+// to stderr so stdout stays JSON lines, and failures are counted.
+func TestPublishSummary(t *testing.T) {
+	addr := startClientTestBroker(t)
+	code, out, errOut := runCmd(t, "1\n2\n", "publish", "--addr", addr, "--topic", "sum", "--json")
+	if code != 0 || errOut != "published to sum: confirmed 2, failed 0\n" {
+		t.Fatalf("--json: exit %d, stderr %q", code, errOut)
+	}
+	for _, l := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
+		var r publishResultJSON
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatalf("stdout line %q is not a JSON result: %v", l, err)
+		}
+	}
+	// The broker refuses every message to a topic with '/': each one in the
+	// window fails, and the summary says so before the first error.
+	code, out, errOut = runCmd(t, "1\n2\n3\n", "publish", "--addr", addr, "--topic", "no/such", "--window", "3")
+	if code != 1 || out != "published to no/such: confirmed 0, failed 3\n" ||
+		!strings.Contains(errOut, "message 1:") || !strings.Contains(errOut, "contains '/'") {
+		t.Fatalf("refused topic: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }

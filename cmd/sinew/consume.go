@@ -19,6 +19,9 @@ func init() {
 	}
 }
 
+// consumePrefetchMax bounds --prefetch: the largest limits.prefetch_max.
+const consumePrefetchMax = 1 << 20
+
 type consumeJSON struct {
 	Partition uint32 `json:"partition"`
 	Offset    uint64 `json:"offset"`
@@ -32,7 +35,7 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 	topic := fs.String("topic", "", "queue topic (required)")
 	group := fs.String("group", "", "queue group")
 	count := fs.Int("count", 0, "exit after this many messages (0 = no limit)")
-	prefetch := fs.Int("prefetch", 64, "unsettled deliveries at once")
+	prefetch := fs.Int("prefetch", 64, "unsettled deliveries at once, 0 to 1048576 (0 = the broker's limits.prefetch_default; the broker clamps to its limits.prefetch_max)")
 	autoAck := fs.Bool("auto-ack", false, "let the broker settle on delivery (a crash loses messages)")
 	idleExit := fs.Duration("idle-exit", 0, "exit after this long with nothing arriving (0 = never)")
 	asJSON := fs.Bool("json", false, `print {"partition":p,"offset":o,"attempt":a,"body":"..."} per message`)
@@ -42,8 +45,13 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 	switch {
 	case *topic == "":
 		return fmt.Errorf("%w: --topic is required", errUsage)
-	case *count < 0 || *prefetch < 0 || *idleExit < 0:
-		return fmt.Errorf("%w: --count, --prefetch and --idle-exit must not be negative", errUsage)
+	case *count < 0 || *idleExit < 0:
+		return fmt.Errorf("%w: --count and --idle-exit must not be negative", errUsage)
+	}
+	// The wire carries a 32-bit prefetch; the bound is the largest
+	// limits.prefetch_max a broker accepts.
+	if err := checkRange("prefetch", int64(*prefetch), 0, consumePrefetchMax); err != nil {
+		return err
 	}
 
 	c, err := cf.dial(ctx, "sinew-consume")

@@ -94,3 +94,13 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	}
 	return nil
 }
+
+// checkRange returns a usage error naming the flag when v is outside
+// [lo, hi]. Flags are checked before use because a value that parses as an
+// int may still not fit where it goes (a prefetch is 32 bits on the wire).
+func checkRange(flagName string, v, lo, hi int64) error {
+	if v < lo || v > hi {
+		return fmt.Errorf("%w: --%s %d is out of range [%d, %d]", errUsage, flagName, v, lo, hi)
+	}
+	return nil
+}

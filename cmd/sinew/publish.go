@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -27,9 +28,33 @@ const (
 	clientConnectTimeoutDefault = 5 * time.Second
 	// clientReconnectAttemptsMax caps reconnect attempts in a row.
 	clientReconnectAttemptsMax = 5
-	// publishLineBytesMax bounds one stdin line.
-	publishLineBytesMax = 1 << 20
+	// publishBodyBytesMax bounds one message body, from a stdin line or
+	// generated with --size: the broker's default limits.body_bytes_max.
+	publishBodyBytesMax = 1 << 20
+	// publishWindowMax bounds --window (confirms in flight).
+	publishWindowMax = 1 << 16
 )
+
+// publishHelp explains publish's output; the flag set prints it above the flags.
+const publishHelp = `usage: sinew publish --topic T [flags] < lines
+
+Publishes one message per stdin line (without its line ending), or --count
+generated ones. A line may hold at most 1048576 bytes (the broker's default body
+limit); a longer line stops the command with an error, after the messages before
+it have been confirmed or have failed.
+
+The command always ends with one summary line:
+
+  published to T: confirmed N, failed M
+
+(with --no-confirm: "published to T: sent N unconfirmed, failed M"). Confirmed
+messages are stored durably; failed ones were sent but not confirmed. The
+summary goes to stdout, or to stderr with --json so that stdout holds only the
+JSON lines, one per confirmed message. After a failure the exit status is 1 and
+the first error follows the summary on stderr.
+
+flags:
+`
 
 func init() {
 	commands["publish"] = command{
@@ -106,6 +131,10 @@ type publishResultJSON struct {
 
 func runPublish(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := newFlagSet("publish", stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, publishHelp)
+		fs.PrintDefaults()
+	}
 	cf := addClientFlags(fs)
 	topic := fs.String("topic", "", "queue topic (required)")
 	group := fs.String("group", "", "queue group")
@@ -114,25 +143,28 @@ func runPublish(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	fs.Var(&headers, "header", "message header `key=value` (repeatable)")
 	delay := fs.Duration("delay", 0, "deliver no earlier than this after publishing")
 	ttl := fs.Duration("ttl", 0, "dead-letter the message if not delivered within this")
-	window := fs.Int("window", 64, "confirms in flight")
+	window := fs.Int("window", 64, "confirms in flight (1 to 65536)")
 	noConfirm := fs.Bool("no-confirm", false, "do not wait for confirms (nothing says the messages are durable)")
-	asJSON := fs.Bool("json", false, `print {"seq":n,"partition":p,"offset":o} per confirmed message`)
-	count := fs.Int("count", 0, "publish this many generated messages instead of reading stdin")
-	size := fs.Int("size", 64, "generated body size in `bytes` (bodies start with \"seq=<n> \")")
+	asJSON := fs.Bool("json", false, `print {"seq":n,"partition":p,"offset":o} per confirmed message; the summary goes to stderr`)
+	count := fs.Int("count", 0, "publish this many generated messages instead of reading stdin (at most 2147483647)")
+	size := fs.Int("size", 64, "generated body size in `bytes`, at most 1048576 (bodies start with \"seq=<n> \")")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	switch {
 	case *topic == "":
 		return fmt.Errorf("%w: --topic is required", errUsage)
-	case *window < 1:
-		return fmt.Errorf("%w: --window must be at least 1", errUsage)
-	case *count < 0 || *size < 0:
-		return fmt.Errorf("%w: --count and --size must not be negative", errUsage)
 	case *delay < 0 || *ttl < 0:
 		return fmt.Errorf("%w: --delay and --ttl must not be negative", errUsage)
 	case *noConfirm && *asJSON:
 		return fmt.Errorf("%w: --json needs confirms; drop --no-confirm", errUsage)
+	}
+	if err := errors.Join(
+		checkRange("window", int64(*window), 1, publishWindowMax),
+		checkRange("count", int64(*count), 0, math.MaxInt32),
+		checkRange("size", int64(*size), 0, publishBodyBytesMax),
+	); err != nil {
+		return err
 	}
 	var opts []sinew.PublishOption
 	if *group != "" {
@@ -167,14 +199,25 @@ func runPublish(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		f   *sinew.PublishFuture
 	}
 	queue := make([]inflight, 0, *window)
-	confirmed := 0
-	// settle waits for the oldest publish, so results print in seq order.
+	var confirmed, failed int
+	// firstErr stops reading input; the messages in flight are still waited
+	// for, so the summary counts every message sent.
+	var firstErr error
+	fail := func(err error) {
+		failed++
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	// settle waits for the oldest publish, so results print in seq order. It
+	// returns only an error writing the output.
 	settle := func() error {
 		head := queue[0]
 		queue = queue[1:]
 		r, err := head.f.Wait(ctx)
 		if err != nil {
-			return fmt.Errorf("message %d: %w", head.seq, describeClientErr(*cf.addr, err))
+			fail(fmt.Errorf("message %d: %w", head.seq, describeClientErr(*cf.addr, err)))
+			return nil
 		}
 		confirmed++
 		if *asJSON {
@@ -182,20 +225,23 @@ func runPublish(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		}
 		return nil
 	}
-	var seq uint64
-	for {
+	var seq, sent uint64
+	for firstErr == nil {
 		body, err := next()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			return err
+			firstErr = err
+			break
 		}
 		seq++
 		if *noConfirm {
 			if err := c.PublishNoConfirm(ctx, *topic, body, opts...); err != nil {
-				return fmt.Errorf("message %d: %w", seq, describeClientErr(*cf.addr, err))
+				fail(fmt.Errorf("message %d: %w", seq, describeClientErr(*cf.addr, err)))
+				continue
 			}
+			sent++
 			continue
 		}
 		if len(queue) == *window {
@@ -210,15 +256,25 @@ func runPublish(ctx context.Context, args []string, stdin io.Reader, stdout, std
 			return err
 		}
 	}
-	if !*asJSON {
-		if *noConfirm {
-			fmt.Fprintf(out, "sent %d messages to %s (not confirmed)\n", seq, *topic)
-		} else {
-			fmt.Fprintf(out, "published %d messages to %s\n", confirmed, *topic)
-		}
+	summary := fmt.Sprintf("published to %s: confirmed %d, failed %d\n", *topic, confirmed, failed)
+	if *noConfirm {
+		summary = fmt.Sprintf("published to %s: sent %d unconfirmed, failed %d\n", *topic, sent, failed)
 	}
-	return out.Flush()
+	if err := out.Flush(); err != nil {
+		return err
+	}
+	sw := stdout
+	if *asJSON {
+		sw = stderr // stdout holds only JSON lines
+	}
+	if _, err := io.WriteString(sw, summary); err != nil {
+		return err
+	}
+	return firstErr
 }
+
+// errLineTooLong reports a stdin line over publishBodyBytesMax.
+var errLineTooLong = errors.New("line too long")
 
 // bodySource returns a function yielding message bodies: count generated ones
 // when count > 0, else one per stdin line (without its line ending). It
@@ -240,15 +296,28 @@ func bodySource(stdin io.Reader, count, size int) func() ([]byte, error) {
 		}
 	}
 	sc := bufio.NewScanner(stdin)
-	sc.Buffer(make([]byte, 64<<10), publishLineBytesMax)
+	// Room for a full-size body and its line ending ("\r\n"), so the limit
+	// below is exact whatever the line ending.
+	sc.Buffer(make([]byte, 64<<10), publishBodyBytesMax+2)
+	line := 0
+	tooLong := func() error {
+		return fmt.Errorf("stdin line %d: %w: more than %d bytes, the body limit; it and the lines after it were not published",
+			line, errLineTooLong, publishBodyBytesMax)
+	}
 	return func() ([]byte, error) {
+		line++
 		if !sc.Scan() {
-			if err := sc.Err(); err != nil {
+			if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+				return nil, tooLong()
+			} else if err != nil {
 				return nil, fmt.Errorf("reading stdin: %w", err)
 			}
 			return nil, io.EOF
 		}
-		line := bytes.TrimSuffix(sc.Bytes(), []byte{'\r'})
-		return append([]byte(nil), line...), nil
+		body := bytes.TrimSuffix(sc.Bytes(), []byte{'\r'})
+		if len(body) > publishBodyBytesMax {
+			return nil, tooLong()
+		}
+		return append([]byte(nil), body...), nil
 	}
 }
