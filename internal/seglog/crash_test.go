@@ -69,6 +69,9 @@ func crashSeed(t *testing.T, seed uint64, torn *int) bool {
 		IndexIntervalBytes: 64 << rng.IntN(5),
 		Preallocate:        PreallocMode(rng.IntN(3)),
 		BufferBytes:        1024 << rng.IntN(4),
+		// Small reservation steps, so a segment is extended several
+		// times and crashes fall between extensions and writes.
+		reserveStepMin: int64(512 << rng.IntN(4)),
 	}
 	m := &crashModel{attempted: map[uint64]bool{}, acked: map[uint64][]byte{}}
 	const rounds = 3

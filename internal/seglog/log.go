@@ -47,18 +47,25 @@ const (
 type PreallocMode int
 
 const (
-	// PreallocReserve (the default): fallocate(2) the whole segment when it
-	// is created. Cheap; on ext4/xfs the first write to each block still
-	// converts an "unwritten" extent, which fdatasync must journal, but the
-	// size no longer changes per batch (measured in docs/benchmarks.md).
+	// PreallocReserve (the default): fallocate(2) the active segment ahead
+	// of its writes in growing steps: nothing when it is created, then
+	// whenever a write would pass the reservation, a step as large as the
+	// segment already is (at least reserveStepMinBytes, at most
+	// reserveStepMaxBytes, never past SegmentBytes unless one record needs
+	// it). The size then changes once per step instead of once per batch,
+	// while an idle or empty segment holds kilobytes, not SegmentBytes.
+	// On ext4/xfs the first write to each block still converts an
+	// "unwritten" extent, which fdatasync must journal (measured in
+	// docs/benchmarks.md). The unused reservation is cut at roll and Close.
 	PreallocReserve PreallocMode = iota
 	// PreallocNone: segments grow with each write.
 	PreallocNone
 	// PreallocZero: a background goroutine writes the next segment full of
 	// zeros and syncs it before it is needed, so appends overwrite
 	// allocated, written blocks and fdatasync flushes data only. It costs
-	// one extra write of every segment. The segment active at Open is only
-	// reserved.
+	// one extra write of every segment, and every open log holds two whole
+	// segments of disk (the active one, zero-filled at Open, and the
+	// prepared next one) however little it stores.
 	PreallocZero
 )
 
@@ -79,6 +86,14 @@ const (
 	BufferBytesDefault = 4 << 20
 	// readChunkBytes is the unit of sequential reads in recovery and Scan.
 	readChunkBytes = 1 << 20
+	// reserveStepMinBytes and reserveStepMaxBytes bound one PreallocReserve
+	// step. The step is the segment's current size, so the number of size
+	// changes per segment is logarithmic up to the maximum and then one per
+	// reserveStepMaxBytes (about 14 per 64 MiB segment), and the unused
+	// reservation never exceeds what the segment already holds (or the
+	// minimum).
+	reserveStepMinBytes = 64 << 10
+	reserveStepMaxBytes = 8 << 20
 )
 
 // Options configure Open. FS and Dir are required.
@@ -117,6 +132,10 @@ type Options struct {
 	// NewTicker drives SyncInterval; default time.NewTicker. Tests inject
 	// their own to avoid the real clock.
 	NewTicker func(d time.Duration) (c <-chan time.Time, stop func())
+
+	// reserveStepMin overrides reserveStepMinBytes (tests: many small
+	// steps in small segments).
+	reserveStepMin int64
 }
 
 func (o *Options) normalize() error {
@@ -140,6 +159,9 @@ func (o *Options) normalize() error {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.reserveStepMin <= 0 {
+		o.reserveStepMin = reserveStepMinBytes
 	}
 	if o.NewTicker == nil {
 		o.NewTicker = func(d time.Duration) (<-chan time.Time, func()) {
@@ -553,6 +575,9 @@ func (l *Log) writeBatch(batch []byte, marks []mark, first, last uint64) error {
 		chunkMarks := marks[:j]
 		marks = marks[j:]
 		s := l.active
+		if err := l.reserve(s.size + int64(end-pos)); err != nil {
+			return err
+		}
 		if _, err := s.f.WriteAt(batch[pos:end], s.size); err != nil {
 			return failed("write "+s.name, err)
 		}
@@ -569,6 +594,25 @@ func (l *Log) writeBatch(batch []byte, marks []mark, first, last uint64) error {
 	if l.active.last != last {
 		panic(fmt.Sprintf("seglog: batch ended at lsn %d, want %d (first %d)", l.active.last, last, first))
 	}
+	return nil
+}
+
+// reserve extends the active segment's PreallocReserve reservation so that
+// it covers need bytes, by one step (see PreallocReserve). The new size is
+// made durable by the fdatasync that follows the write. Committer only.
+func (l *Log) reserve(need int64) error {
+	if l.opts.Preallocate != PreallocReserve || need <= l.activeFile {
+		return nil
+	}
+	target := l.activeFile
+	for target < need && target < l.opts.SegmentBytes {
+		target += min(max(target, l.opts.reserveStepMin), reserveStepMaxBytes)
+	}
+	target = max(min(target, l.opts.SegmentBytes), need) // need > SegmentBytes: one huge record
+	if err := vfs.Allocate(l.active.f, target); err != nil {
+		return failed("preallocate "+l.active.name, err)
+	}
+	l.activeFile = target
 	return nil
 }
 
@@ -625,17 +669,8 @@ func (l *Log) createSegment(base uint64) (*segment, error) {
 		if err != nil {
 			return nil, failed("create "+name, err)
 		}
-		if l.opts.Preallocate != PreallocNone {
-			if err := vfs.Allocate(f, l.opts.SegmentBytes); err != nil {
-				_ = f.Close()
-				return nil, failed("preallocate "+name, err)
-			}
-			if err := f.Sync(); err != nil {
-				_ = f.Close()
-				return nil, failed("fdatasync "+name, err)
-			}
-			l.activeFile = l.opts.SegmentBytes
-		}
+		// PreallocReserve reserves lazily, as writes arrive (reserve):
+		// an empty segment holds no blocks.
 	}
 	if err := l.fs.SyncDir(l.dir); err != nil {
 		_ = f.Close()

@@ -8,8 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-
-	"github.com/sinewmq/sinew/internal/vfs"
 )
 
 // Recovery. Open reads every retained segment front to back and verifies
@@ -196,18 +194,14 @@ func (l *Log) finishRecovery() error {
 		return fmt.Errorf("seglog: stat %s: %w", s.name, err)
 	}
 	l.activeFile = fi.Size()
-	switch {
-	case l.opts.Preallocate == PreallocZero && s.size < l.opts.SegmentBytes:
+	// PreallocReserve reserves as writes arrive (reserve), so a restart of
+	// an idle log allocates nothing.
+	if l.opts.Preallocate == PreallocZero && s.size < l.opts.SegmentBytes {
 		// Write the zeros now; the preparer covers the following segments.
 		if err := zeroFill(s.f, s.size, l.opts.SegmentBytes); err != nil {
 			return fmt.Errorf("seglog: zero-fill %s: %w", s.name, err)
 		}
 		l.activeFile = max(l.activeFile, l.opts.SegmentBytes)
-	case l.opts.Preallocate != PreallocNone && l.activeFile < l.opts.SegmentBytes:
-		if err := vfsAllocate(s, l.opts.SegmentBytes); err != nil {
-			return err
-		}
-		l.activeFile = l.opts.SegmentBytes
 	}
 	l.nextLSN = s.last + 1
 	l.writtenLSN, l.durableLSN = s.last, s.last
@@ -429,15 +423,4 @@ func (r *reader) window(off int64, want int) ([]byte, error) {
 		}
 	}
 	return r.buf[:min(want, r.n)], nil
-}
-
-// vfsAllocate preallocates s's file to size and syncs the new size.
-func vfsAllocate(s *segment, size int64) error {
-	if err := vfs.Allocate(s.f, size); err != nil {
-		return fmt.Errorf("seglog: preallocate %s: %w", s.name, err)
-	}
-	if err := s.f.Sync(); err != nil {
-		return fmt.Errorf("seglog: fdatasync %s: %w", s.name, err)
-	}
-	return nil
 }
