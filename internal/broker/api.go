@@ -188,6 +188,9 @@ type PartitionStats struct {
 	Inflight      int
 	DeadLettering int
 	Consumers     int
+	// CheckpointFailures counts failed checkpoint attempts since the
+	// partition opened; failures back off exponentially.
+	CheckpointFailures uint64
 }
 
 // QueueStats are one queue's counters.

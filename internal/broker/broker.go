@@ -648,6 +648,7 @@ func (b *Broker) Stats() Stats {
 				Partition: p.Index(), Quarantined: s.Quarantined, Err: s.Err,
 				NextLSN: s.NextLSN, Frontier: s.Frontier, Ready: s.Ready, Delayed: s.Delayed,
 				Inflight: s.Inflight, DeadLettering: s.DeadLettering, Consumers: s.Consumers,
+				CheckpointFailures: s.CheckpointFailures,
 			})
 		}
 		out.Queues = append(out.Queues, qst)

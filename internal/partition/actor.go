@@ -177,13 +177,36 @@ func (p *Partition) afterTurn() {
 	if p.failed != nil {
 		return
 	}
-	p.startDeadLetters(p.nowMs())
-	if p.sinceCkpt >= p.cfg.CheckpointEveryRecords {
-		if err := p.checkpoint(); err != nil {
-			p.logger.Error("checkpoint failed", "err", err)
-		}
+	now := p.nowMs()
+	p.startDeadLetters(now)
+	if p.sinceCkpt >= p.cfg.CheckpointEveryRecords && now >= p.ckptRetryAtMs {
+		p.periodicCheckpoint(now)
 	}
 	p.publishStats()
+}
+
+// periodicCheckpoint checkpoints and, on failure, backs off: the wait
+// doubles with each consecutive failure from checkpointRetryMinMs up to
+// checkpointRetryMaxMs. Each failure is counted (Stats.CheckpointFailures)
+// and logged once, with the wait before the next attempt.
+func (p *Partition) periodicCheckpoint(now int64) {
+	err := p.checkpoint()
+	if err == nil {
+		if p.ckptStreak > 0 {
+			p.logger.Info("checkpoint succeeded after failures", "failures", p.ckptStreak)
+		}
+		p.ckptStreak, p.ckptRetryAtMs = 0, 0
+		return
+	}
+	p.ckptFailures++
+	p.ckptStreak++
+	wait := int64(checkpointRetryMaxMs)
+	if p.ckptStreak <= 20 { // beyond that the shift would pass the cap anyway
+		wait = min(int64(checkpointRetryMinMs)<<(p.ckptStreak-1), checkpointRetryMaxMs)
+	}
+	p.ckptRetryAtMs = now + wait
+	p.logger.Error("checkpoint failed; retrying after a backoff", "err", err,
+		"consecutive_failures", p.ckptStreak, "retry_in_ms", wait)
 }
 
 // drainClosed refuses whatever is left in the inbox once Close has stopped

@@ -94,7 +94,9 @@
 // and at Close the queue snapshot is written to Dir/checkpoint atomically
 // (after a log.Sync, so it never claims a record that is not durable); log
 // segments wholly below both the checkpoint and the queue's frontier are
-// then deleted. Recovery restores the checkpoint and replays the log from
+// then deleted. A failed checkpoint is counted (Stats.CheckpointFailures),
+// logged once and retried only after a backoff that doubles from 1 s to
+// 5 min with each consecutive failure. Recovery restores the checkpoint and replays the log from
 // the LSN it covers. Close waits for the sync under way, makes the open
 // stage durable and releases both.
 //

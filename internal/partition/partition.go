@@ -51,6 +51,12 @@ const (
 	// deadLetterRetryMs is how long a failed dead-letter copy waits before
 	// it is tried again.
 	deadLetterRetryMs = 1000
+	// checkpointRetryMinMs and checkpointRetryMaxMs bound the wait after a
+	// failed checkpoint: it doubles from the minimum with each consecutive
+	// failure up to the maximum, so a full or broken disk costs one
+	// snapshot and fdatasync per step instead of one per turn.
+	checkpointRetryMinMs = 1000
+	checkpointRetryMaxMs = 5 * 60 * 1000
 	// controlMax bounds attach/detach/dead-letter-done messages waiting for
 	// the actor. Each is produced by a bounded source (a subscription, or a
 	// dead-letter copy counted against deadLetterInflightMax), so the bound
@@ -203,6 +209,11 @@ type Stats struct {
 	Consumers   int
 	Quarantined bool
 	Err         string
+	// CheckpointFailures counts failed checkpoint attempts since Open.
+	// After a failure the next attempt waits (see checkpointRetryMinMs);
+	// the log keeps growing meanwhile, since retention runs only after a
+	// checkpoint.
+	CheckpointFailures uint64
 }
 
 type cmdKind uint8
@@ -312,6 +323,11 @@ type Partition struct {
 	// for the grace to end, by offset; recoveredDueMs is when it ends.
 	recovered      []queue.Info
 	recoveredDueMs int64
+	// ckptFailures counts failed checkpoints since Open, ckptStreak the
+	// consecutive ones; no checkpoint is tried before ckptRetryAtMs.
+	ckptFailures  uint64
+	ckptStreak    int
+	ckptRetryAtMs int64
 }
 
 // stage is the output of one or more turns whose records one sync makes
@@ -628,7 +644,7 @@ func (p *Partition) ckptPath() string { return filepath.Join(p.cfg.Dir, checkpoi
 func (p *Partition) nowMs() int64 { return p.cfg.Now().UnixMilli() }
 
 func (p *Partition) publishStats() {
-	s := &Stats{Consumers: len(p.consumers)}
+	s := &Stats{Consumers: len(p.consumers), CheckpointFailures: p.ckptFailures}
 	switch {
 	case p.parked != nil:
 		s.Quarantined = true

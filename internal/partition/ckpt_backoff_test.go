@@ -1,0 +1,130 @@
+package partition
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/vfs"
+)
+
+// ckptFaultFS fails the checkpoint's temporary file while armed, as a full
+// disk would, and counts the attempts; the log itself keeps working.
+type ckptFaultFS struct {
+	*vfs.MemFS
+	armed    atomic.Bool
+	attempts atomic.Int32
+}
+
+func (f *ckptFaultFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
+	if strings.HasSuffix(name, checkpointFile+".tmp") {
+		f.attempts.Add(1)
+		if f.armed.Load() {
+			return nil, &os.PathError{Op: "open", Path: name, Err: errors.New("no space left on device")}
+		}
+	}
+	return f.MemFS.OpenFile(name, flag, perm)
+}
+
+// countHandler counts log records whose message starts with prefix.
+type countHandler struct {
+	mu     sync.Mutex
+	prefix string
+	n      int
+}
+
+func (h *countHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, h.prefix) {
+		h.mu.Lock()
+		h.n++
+		h.mu.Unlock()
+	}
+	return nil
+}
+func (h *countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countHandler) WithGroup(string) slog.Handler      { return h }
+func (h *countHandler) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n
+}
+
+// TestCheckpointFailureBacksOff: a failing checkpoint is not retried on
+// every turn but after 1 s, 2 s, 4 s...; each failure is counted in Stats
+// and logged once; when the disk recovers the next attempt succeeds and
+// the backoff resets.
+func TestCheckpointFailureBacksOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ffs := &ckptFaultFS{MemFS: vfs.NewMem()}
+		cfg := testConfig(ffs)
+		clk := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+		cfg.Now = clk.now
+		cfg.CheckpointEveryRecords = 1
+		logs := &countHandler{prefix: "checkpoint failed"}
+		cfg.Logger = slog.New(logs)
+		p := mustOpen(t, cfg)
+		defer p.Close()
+		ffs.armed.Store(true)
+
+		// step publishes n messages, one turn each, and returns how many
+		// checkpoint attempts they caused.
+		step := func(n int) int32 {
+			before := ffs.attempts.Load()
+			for range n {
+				mustPublish(t, p, "m", nil)
+			}
+			synctest.Wait()
+			return ffs.attempts.Load() - before
+		}
+		if got := step(10); got != 1 {
+			t.Fatalf("10 turns with a failing checkpoint made %d attempts, want 1", got)
+		}
+		if got := p.Stats().CheckpointFailures; got != 1 {
+			t.Fatalf("CheckpointFailures = %d, want 1", got)
+		}
+		// The waits double: 1 s, then 2 s, then 4 s.
+		for i, wait := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
+			clk.advance(wait - time.Millisecond)
+			if got := step(3); got != 0 {
+				t.Fatalf("failure %d: %d attempts 1 ms before the %v backoff ended, want 0", i+1, got, wait)
+			}
+			clk.advance(time.Millisecond)
+			if got := step(3); got != 1 {
+				t.Fatalf("failure %d: %d attempts once the %v backoff passed, want 1", i+1, got, wait)
+			}
+		}
+		if got, want := p.Stats().CheckpointFailures, uint64(4); got != want {
+			t.Fatalf("CheckpointFailures = %d, want %d", got, want)
+		}
+		if got := logs.count(); got != 4 {
+			t.Fatalf("logged %d checkpoint failures, want 4 (one per attempt)", got)
+		}
+
+		// The disk recovers: the attempt after the 8 s wait succeeds, and
+		// the next checkpoint is due at once again.
+		ffs.armed.Store(false)
+		clk.advance(8 * time.Second)
+		if got := step(1); got != 1 {
+			t.Fatalf("%d attempts after recovery, want 1", got)
+		}
+		if got := step(2); got != 2 {
+			t.Fatalf("%d attempts in 2 turns after a success, want 2 (backoff reset)", got)
+		}
+		if got := p.Stats().CheckpointFailures; got != 4 {
+			t.Fatalf("CheckpointFailures = %d after recovery, want it to stay 4", got)
+		}
+		var covers uint64
+		inspect(p, func() { covers = p.ckptLSN })
+		if covers != p.Stats().NextLSN {
+			t.Fatalf("checkpoint covers %d, want %d", covers, p.Stats().NextLSN)
+		}
+	})
+}
