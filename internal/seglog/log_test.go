@@ -137,6 +137,15 @@ func TestDropBeforeRemovesWholeOldSegments(t *testing.T) {
 		t.Fatal(err)
 	}
 	before, _ := fs.ReadDir("log")
+	segs := l.Segments()
+	if len(segs) != len(before) || segs[0].Base != 1 || segs[len(segs)-1].Last != 200 {
+		t.Fatalf("Segments() = %+v for files %v", segs, before)
+	}
+	for i := 1; i < len(segs); i++ {
+		if segs[i].Base != segs[i-1].Last+1 || segs[i-1].Bytes <= 0 || segs[i-1].Bytes > o.SegmentBytes {
+			t.Fatalf("Segments() = %+v: not contiguous or sized", segs)
+		}
+	}
 	removed, err := l.DropBefore(120)
 	if err != nil || removed == 0 {
 		t.Fatalf("DropBefore = %d, %v", removed, err)
@@ -144,6 +153,9 @@ func TestDropBeforeRemovesWholeOldSegments(t *testing.T) {
 	first := l.FirstLSN()
 	if first > 120 || first == 1 {
 		t.Fatalf("FirstLSN = %d after DropBefore(120)", first)
+	}
+	if got := l.Segments(); len(got) != len(segs)-removed || got[0].Base != first {
+		t.Fatalf("Segments() after drop = %+v, first %d", got, first)
 	}
 	if _, err := l.Read(first - 1); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Read dropped: %v", err)

@@ -11,6 +11,28 @@ import (
 // durable; compare with DurableLSN where that matters. A record appended but
 // still in the append buffer is first pushed to the OS by Read and Scan.
 
+// SegmentInfo describes one retained segment as its records stand in the
+// file (records still in the append buffer are not counted).
+type SegmentInfo struct {
+	// Base is the LSN of the segment's first record; Last that of its last
+	// written record (Base-1 when it has none).
+	Base, Last uint64
+	// Bytes is the size of its written records.
+	Bytes int64
+}
+
+// Segments lists the retained segments, oldest first; the last one is the
+// active segment. Retention policies use it to see what each segment pins.
+func (l *Log) Segments() []SegmentInfo {
+	l.segMu.RLock()
+	defer l.segMu.RUnlock()
+	out := make([]SegmentInfo, len(l.segs))
+	for i, s := range l.segs {
+		out[i] = SegmentInfo{Base: s.base, Last: s.last, Bytes: s.size}
+	}
+	return out
+}
+
 // ensureWritten makes sure records up to lsn are in the segment files.
 func (l *Log) ensureWritten(lsn uint64) error {
 	l.mu.Lock()
