@@ -55,7 +55,7 @@ func (s *State) Lease(dst []Event, owner string, max int, nowMs int64) []Event {
 		// Take the item out so the next one surfaces; it goes back below.
 		popped = append(popped, s.ready.pop())
 		off := s.offs[it.pos]
-		if e.expiresAtMs > 0 && e.expiresAtMs <= nowMs {
+		if s.expired(e, nowMs) {
 			expired++
 			dst = append(dst, s.deadLetter(off, 0, ReasonExpired, nowMs))
 			continue
@@ -76,6 +76,11 @@ func (s *State) Lease(dst []Event, owner string, max int, nowMs int64) []Event {
 	}
 	s.scratch = popped[:0]
 	return dst
+}
+
+// expired reports whether e's TTL has passed and is enforced.
+func (s *State) expired(e *entry, nowMs int64) bool {
+	return e.expiresAtMs > 0 && e.expiresAtMs <= nowMs && !s.cfg.DeadLetter.Keep
 }
 
 func (s *State) deadLetter(off, leaseID uint64, r Reason, nowMs int64) Event {
@@ -116,7 +121,7 @@ func (s *State) requeue(dst []Event, off uint64, e *entry, r Reason, notBeforeMs
 	switch {
 	case counted && !s.cfg.UnlimitedRetries && e.countedAttempts() >= int64(max(s.cfg.MaxRetries, 0))+1:
 		return append(dst, s.deadLetter(off, e.leaseID, ReasonRetriesExhausted, nowMs))
-	case e.expiresAtMs > 0 && e.expiresAtMs <= nowMs:
+	case s.expired(e, nowMs):
 		return append(dst, s.deadLetter(off, e.leaseID, ReasonExpired, nowMs))
 	}
 	if notBeforeMs <= nowMs {
@@ -151,10 +156,15 @@ func (s *State) Release(dst []Event, offset, leaseID uint64, nowMs int64) ([]Eve
 }
 
 // Fail dead-letters the message at once (ReasonFailed): the consumer says no
-// retry can succeed.
+// retry can succeed. In a DeadLetter.Keep queue nothing is dead-lettered:
+// Fail requeues the message at once, recorded as a Nack.
 func (s *State) Fail(dst []Event, offset, leaseID uint64, nowMs int64) ([]Event, error) {
-	if _, err := s.leased("fail", offset, leaseID); err != nil {
+	e, err := s.leased("fail", offset, leaseID)
+	if err != nil {
 		return dst, err
+	}
+	if s.cfg.DeadLetter.Keep {
+		return s.requeue(dst, offset, e, ReasonNack, 0, nowMs), nil
 	}
 	return append(dst, s.deadLetter(offset, leaseID, ReasonFailed, nowMs)), nil
 }
@@ -182,7 +192,7 @@ func (s *State) Tick(dst []Event, nowMs int64) []Event {
 		s.leases.push(it)
 	}
 	popped = popped[:0]
-	for n < TickEventsMax {
+	for n < TickEventsMax && !s.cfg.DeadLetter.Keep {
 		it, _, ok := s.top(&s.ttl, 0)
 		if !ok || it.key > nowMs {
 			break

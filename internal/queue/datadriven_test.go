@@ -18,7 +18,7 @@ import (
 // Commands (now=T, where accepted, moves the scenario clock; it never goes
 // back):
 //
-//	config [max-retries=N] [unlimited] [lease-ms=N] [ttl-ms=N] [target=NAME]
+//	config [max-retries=N] [unlimited] [keep] [lease-ms=N] [ttl-ms=N] [target=NAME]
 //	enqueue [n=N] [delay=MS] [ttl=MS] [now=T]
 //	lease owner=O max=N [now=T]
 //	ack offset=X lease=L
@@ -70,11 +70,15 @@ func TestScenarios(t *testing.T) {
 				d.MaybeScanArgs(t, "ttl-ms", &cfg.DefaultTTLMs)
 				d.MaybeScanArgs(t, "target", &cfg.DeadLetter.Target)
 				cfg.UnlimitedRetries = d.HasArg("unlimited")
+				cfg.DeadLetter.Keep = d.HasArg("keep")
 				s.SetConfig(cfg)
 				c := s.Config()
 				unlimited := ""
 				if c.UnlimitedRetries {
 					unlimited = " unlimited"
+				}
+				if c.DeadLetter.Keep {
+					unlimited += " keep"
 				}
 				return fmt.Sprintf("max-retries=%d%s lease-ms=%d ttl-ms=%d target=%q\n",
 					c.MaxRetries, unlimited, c.LeaseMs, c.DefaultTTLMs, c.DeadLetter.Target)

@@ -61,6 +61,7 @@
 //	                  ... but TTL has passed               DeadLetter(expired)
 //	inflight        Fail                                   DeadLetter(failed)
 //	DeadLetter      target ""                              settled (discarded)
+//	                  ... but DeadLetter.Keep              never happens: see below
 //	DeadLetter      target set                             dead_lettering
 //	dead_lettering  DeadLettered (copy durable in target)  settled
 //
@@ -83,4 +84,11 @@
 // turns the retry limit off: Attempt then saturates at 2,000,001 instead of
 // wrapping. The released count is kept per message, is derived from the
 // Requeue events' reasons in Apply, and travels in the snapshot.
+//
+// # Queues that keep everything
+//
+// With DeadLetter.Keep (dead-letter queues use it) a message leaves only by
+// Ack: retries are unlimited, TTLs are not enforced, and Fail puts the message
+// back to ready at once, as a Nack would. The commands make these choices, so
+// the events, and hence replay, are the same kinds as everywhere else.
 package queue

@@ -70,7 +70,7 @@ func (m *model) lease(owner string, max int, now int64) []Event {
 		if x.state != StateReady || x.notBefore > now {
 			continue
 		}
-		if x.expires > 0 && x.expires <= now {
+		if m.expired(x, now) {
 			out = append(out, m.deadLetter(off, 0, ReasonExpired, now))
 			continue
 		}
@@ -81,6 +81,12 @@ func (m *model) lease(owner string, max int, now int64) []Event {
 	return out
 }
 
+// expired: the TTL has passed, and the queue enforces TTLs (a Keep queue
+// does not).
+func (m *model) expired(x *mmsg, now int64) bool {
+	return x.expires > 0 && x.expires <= now && !m.cfg.DeadLetter.Keep
+}
+
 // requeue is the retry rule in its plainest form: a release is free (up to
 // ReleasesUncountedMax of them), anything else uses up a retry, and the
 // deliveries that used one are the attempts minus the free releases.
@@ -89,7 +95,7 @@ func (m *model) requeue(off uint64, x *mmsg, r Reason, notBefore, now int64) Eve
 	if !free && !m.cfg.UnlimitedRetries && int(x.attempt)-int(x.released) >= max(m.cfg.MaxRetries, 0)+1 {
 		return m.deadLetter(off, x.leaseID, ReasonRetriesExhausted, now)
 	}
-	if x.expires > 0 && x.expires <= now {
+	if m.expired(x, now) {
 		return m.deadLetter(off, x.leaseID, ReasonExpired, now)
 	}
 	if notBefore <= now {
@@ -123,7 +129,7 @@ func (m *model) tick(now int64) []Event {
 		if x.state == StateInflight && x.deadline <= now {
 			exp = append(exp, due{x.deadline, off})
 		}
-		if x.state == StateReady && x.expires > 0 && x.expires <= now {
+		if x.state == StateReady && m.expired(x, now) {
 			ttl = append(ttl, due{x.expires, off})
 		}
 	}
@@ -236,8 +242,10 @@ func TestModel(t *testing.T) {
 			MaxRetries:   rapid.SampledFrom([]int{NoRetries, 1, 2, 0}).Draw(t, "maxRetries"),
 			LeaseMs:      1000,
 			DefaultTTLMs: rapid.SampledFrom([]int64{0, 0, 4000}).Draw(t, "defaultTTL"),
-			// Dead-letter queues run without a retry limit.
+			// Dead-letter queues run without a retry limit, and keep
+			// everything.
 			UnlimitedRetries: rapid.IntRange(0, 4).Draw(t, "unlimited") == 0,
+			DeadLetter:       DeadLetterPolicy{Keep: rapid.IntRange(0, 4).Draw(t, "keep") == 0},
 		}
 		// A small slack makes index compaction happen within a run.
 		slack := rapid.SampledFrom([]int{0, 1, 3, garbageSlack}).Draw(t, "slack")
@@ -357,8 +365,12 @@ func TestModel(t *testing.T) {
 				off, lease := pick(t)
 				got, err := s.Fail(nil, off, lease, now)
 				var want []Event
-				if _, wantErr := m.leased(off, lease); wantErr == nil {
+				if x, wantErr := m.leased(off, lease); wantErr == nil {
 					want = []Event{m.deadLetter(off, lease, ReasonFailed, now)}
+					if m.cfg.DeadLetter.Keep {
+						// Nothing leaves a Keep queue but by an ack.
+						want = []Event{m.requeue(off, x, ReasonNack, 0, now)}
+					}
 				} else {
 					run(t, got, nil, err, wantErr)
 					return
@@ -408,6 +420,7 @@ func TestModel(t *testing.T) {
 			"setTarget": func(t *rapid.T) {
 				c := s.Config()
 				c.DeadLetter.Target = rapid.SampledFrom([]string{"", "dlq"}).Draw(t, "target")
+				c.DeadLetter.Keep = rapid.IntRange(0, 5).Draw(t, "keepNow") == 0
 				s.SetConfig(c)
 				m.cfg = s.Config()
 			},
@@ -525,7 +538,7 @@ func TestModel(t *testing.T) {
 						if x.notBefore > now {
 							consider(x.notBefore)
 						}
-						if x.expires > 0 {
+						if x.expires > 0 && !m.cfg.DeadLetter.Keep {
 							consider(x.expires)
 						}
 					}
@@ -538,9 +551,11 @@ func TestModel(t *testing.T) {
 
 		// Final crash checks: every checkpoint + log, a replay from nothing,
 		// and a snapshot of the final state all reproduce it.
+		// The config in force decides what the dump shows (a Keep queue
+		// reports no TTL deadline), so restore under it.
 		want := dump(s, now)
 		for i, cp := range checkpoints {
-			r, err := Restore(cfg, cp.snap)
+			r, err := Restore(s.Config(), cp.snap)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -551,7 +566,7 @@ func TestModel(t *testing.T) {
 				t.Fatalf("checkpoint %d + tail replay:\n%s\nwant:\n%s", i, got, want)
 			}
 		}
-		r, err := Restore(cfg, s.Snapshot(nil))
+		r, err := Restore(s.Config(), s.Snapshot(nil))
 		if err != nil {
 			t.Fatal(err)
 		}

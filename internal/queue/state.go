@@ -52,6 +52,15 @@ type DeadLetterPolicy struct {
 	// ("global") into a concrete queue name before handing the config over,
 	// and events record the resolved name so replay never consults config.
 	Target string
+	// Keep makes a queue that never dead-letters or discards anything: a
+	// message leaves it only by Ack. Dead-letter queues run this way, so
+	// nothing in them is lost without an explicit complete or purge. Keep
+	// implies UnlimitedRetries, clears Target and DefaultTTLMs, and changes
+	// three commands: Fail requeues the message at once like a Nack
+	// (ReasonNack in the log), TTLs are not enforced (Tick, Lease and
+	// requeues ignore ExpiresAtMs, and NextDeadlineMs does not report it),
+	// and no requeue dead-letters.
+	Keep bool
 }
 
 // Config holds the knobs commands consult. Apply never reads it: every
@@ -94,6 +103,11 @@ func (c Config) normalized() Config {
 	}
 	c.LeaseMs = min(c.LeaseMs, LeaseMsMax)
 	c.DefaultTTLMs = max(c.DefaultTTLMs, 0)
+	if c.DeadLetter.Keep {
+		c.UnlimitedRetries = true
+		c.DeadLetter.Target = ""
+		c.DefaultTTLMs = 0
+	}
 	return c
 }
 
@@ -670,6 +684,9 @@ func (s *State) NextDeadlineMs() (int64, bool) {
 		h *minHeap
 		p phase
 	}{{&s.leases, phaseInflight}, {&s.delayed, phaseDelayed}, {&s.ttl, 0}} {
+		if c.h == &s.ttl && s.cfg.DeadLetter.Keep {
+			continue // TTLs are not enforced
+		}
 		if it, _, ok := s.top(c.h, c.p); ok && (!found || it.key < at) {
 			at, found = it.key, true
 		}
