@@ -144,6 +144,12 @@ func Decode(f Frame) (Body, error) {
 		b = new(Publish)
 	case OpPublishOK:
 		b = new(PublishOK)
+	case OpDeleteQueue:
+		b = new(DeleteQueue)
+	case OpPurgeQueue:
+		b = new(PurgeQueue)
+	case OpPurgeOK:
+		b = new(PurgeOK)
 	case OpSubscribe:
 		b = new(Subscribe)
 	case OpSubscribeOK:

@@ -25,6 +25,9 @@ const (
 	OpDeclareOK       Op = 0x11 // server -> client
 	OpPublish         Op = 0x12 // client -> server
 	OpPublishOK       Op = 0x13 // server -> client
+	OpDeleteQueue     Op = 0x14 // client -> server, answered by OK
+	OpPurgeQueue      Op = 0x15 // client -> server
+	OpPurgeOK         Op = 0x16 // server -> client
 	OpSubscribe       Op = 0x20 // client -> server
 	OpSubscribeOK     Op = 0x21 // server -> client
 	OpUnsubscribe     Op = 0x22 // client -> server, answered by OK
@@ -45,6 +48,7 @@ var opNames = map[Op]string{
 	OpSubscribe: "SUBSCRIBE", OpSubscribeOK: "SUBSCRIBE_OK", OpUnsubscribe: "UNSUBSCRIBE", OpSubClosed: "SUB_CLOSED",
 	OpDeliver: "DELIVER", OpAck: "ACK", OpNack: "NACK", OpFail: "FAIL", OpSettleResult: "SETTLE_RESULT",
 	OpGoingAway: "GOING_AWAY", OpReconcile: "RECONCILE", OpReconcileResult: "RECONCILE_RESULT",
+	OpDeleteQueue: "DELETE_QUEUE", OpPurgeQueue: "PURGE_QUEUE", OpPurgeOK: "PURGE_OK",
 }
 
 func (o Op) String() string {
@@ -188,6 +192,28 @@ type PublishOK struct {
 	Partition uint32
 	Offset    uint64
 	Duplicate bool // the producer id and sequence had been seen; Offset is the original's
+}
+
+// DeleteQueue removes a queue with every message in it (ready, delayed,
+// inflight and awaiting a dead-letter copy) and ends its subscriptions with
+// SubClosedQueueDeleted. It is answered by OK once the removal is durable, or
+// by ERROR not_found when there is no such queue.
+type DeleteQueue struct {
+	Topic string
+	Group string
+}
+
+// PurgeQueue discards every queued (ready or delayed) message of a queue that
+// was published before the purge; inflight messages stay with their consumers.
+// It is answered by PurgeOK once the discards are durable.
+type PurgeQueue struct {
+	Topic string
+	Group string
+}
+
+// PurgeOK answers PurgeQueue.
+type PurgeOK struct {
+	Purged uint64 // messages discarded, summed over the queue's partitions
 }
 
 // Ack modes for Subscribe.
@@ -494,6 +520,34 @@ func (m *PublishOK) decode(d *dec) {
 	m.Offset = d.at("offset").uvarint()
 	m.Duplicate = d.at("duplicate").boolean()
 }
+
+func (*DeleteQueue) Op() Op { return OpDeleteQueue }
+func (m *DeleteQueue) AppendBody(b []byte) []byte {
+	e := enc{b}
+	e.str(m.Topic)
+	e.str(m.Group)
+	return e.b
+}
+func (m *DeleteQueue) decode(d *dec) {
+	m.Topic = d.at("topic").str()
+	m.Group = d.at("group").str()
+}
+
+func (*PurgeQueue) Op() Op { return OpPurgeQueue }
+func (m *PurgeQueue) AppendBody(b []byte) []byte {
+	e := enc{b}
+	e.str(m.Topic)
+	e.str(m.Group)
+	return e.b
+}
+func (m *PurgeQueue) decode(d *dec) {
+	m.Topic = d.at("topic").str()
+	m.Group = d.at("group").str()
+}
+
+func (*PurgeOK) Op() Op                       { return OpPurgeOK }
+func (m *PurgeOK) AppendBody(b []byte) []byte { e := enc{b}; e.uvarint(m.Purged); return e.b }
+func (m *PurgeOK) decode(d *dec)              { m.Purged = d.at("purged").uvarint() }
 
 func (*Subscribe) Op() Op { return OpSubscribe }
 func (m *Subscribe) AppendBody(b []byte) []byte {
