@@ -180,7 +180,7 @@ func isRequeueReason(r Reason) bool {
 }
 
 func isDeadLetterReason(r Reason) bool {
-	return r == ReasonFailed || r == ReasonRetriesExhausted || r == ReasonExpired
+	return r == ReasonFailed || r == ReasonRetriesExhausted || r == ReasonExpired || r == ReasonPurged
 }
 
 // decoder reads fields in order and latches the first error, so call sites

@@ -223,3 +223,29 @@ func (s *State) DeadLettered(dst []Event, offset uint64, nowMs int64) ([]Event, 
 	}
 	return append(dst, Event{Kind: KindDeadLetterDone, Offset: offset, AtMs: nowMs}), nil
 }
+
+// Purge discards up to max queued (ready or delayed) messages whose offset
+// is below `below`, lowest offset first: each gets a DeadLetter event with
+// ReasonPurged and no target, so it is settled without a copy whatever the
+// dead-letter policy says. Inflight and dead-lettering messages are left
+// alone. A caller purging a whole backlog calls Purge again (after applying
+// the events) until it returns fewer than max events; below, fixed when the
+// purge began, keeps messages published meanwhile out of it. The walk is
+// O(max + the unsettled messages below the last one purged that are not
+// queued), so the cost of one call stays bounded by max and the consumers'
+// leases.
+func (s *State) Purge(dst []Event, below uint64, max int, nowMs int64) []Event {
+	n := 0
+	for i := s.head; i < len(s.offs) && n < max; i++ {
+		off := s.offs[i]
+		if off >= below {
+			break
+		}
+		if !s.slab[i].queued() {
+			continue
+		}
+		dst = append(dst, Event{Kind: KindDeadLetter, Offset: off, Reason: ReasonPurged, AtMs: nowMs})
+		n++
+	}
+	return dst
+}

@@ -26,6 +26,7 @@ import (
 //	fail | release offset=X lease=L [now=T]
 //	tick [now=T]
 //	dead-lettered offset=X [now=T]
+//	purge below=X max=N [now=T]
 //	gap n=N                 LSNs taken by other record types
 //	checkpoint              take a snapshot
 //	restart                 restore the last checkpoint, replay the log, compare
@@ -121,6 +122,12 @@ func TestScenarios(t *testing.T) {
 				evs = s.Tick(nil, now)
 			case "dead-lettered":
 				evs, err = s.DeadLettered(nil, off, now)
+			case "purge":
+				var below uint64
+				var max int
+				d.ScanArgs(t, "below", &below)
+				d.ScanArgs(t, "max", &max)
+				evs = s.Purge(nil, below, max, now)
 			case "gap":
 				var n uint64
 				d.ScanArgs(t, "n", &n)

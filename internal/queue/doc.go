@@ -6,7 +6,7 @@
 //
 // The package is pure: no goroutines, no clock (time arrives as nowMs, Unix
 // milliseconds), no I/O, no randomness. It is event-sourced. Commands
-// (Enqueue, Lease, Ack, Nack, Fail, Release, Tick, DeadLettered) look at the
+// (Enqueue, Lease, Ack, Nack, Fail, Release, Tick, DeadLettered, Purge) look at the
 // current state and return events without changing it. The partition actor
 // appends each event to its log, learns its LSN and calls Apply(lsn, event)
 // before the next command. The state is therefore a function of the
@@ -53,6 +53,7 @@
 //	delayed         now reaches not_before                 ready
 //	ready           Lease                                  inflight (attempt+1, lease id, deadline)
 //	ready, delayed  TTL passes (Tick; Lease on its way)    DeadLetter(expired)
+//	ready, delayed  Purge                                  DeadLetter(purged), always discarded
 //	inflight        Ack                                    settled
 //	inflight        Nack, lease deadline (Tick)            ready; delayed for Nack with not_before
 //	                  ... but counted >= MaxRetries+1      DeadLetter(retries_exhausted)

@@ -38,7 +38,8 @@ type Message struct {
 // must never be renumbered.
 type Reason uint8
 
-// Reasons. The first four requeue a message; the last three dead-letter it.
+// Reasons. ReasonNack, ReasonLeaseExpired and ReasonReleased requeue a
+// message; the others dead-letter it.
 const (
 	ReasonNone             Reason = iota // no reason (acks, leases)
 	ReasonNack                           // consumer asked for a redelivery
@@ -47,11 +48,12 @@ const (
 	ReasonFailed                         // consumer declared the message unprocessable
 	ReasonRetriesExhausted               // a NACK or lease expiry was due but counted attempts reached MaxRetries+1
 	ReasonExpired                        // ExpiresAtMs passed while the message waited
+	ReasonPurged                         // an operator purged the queue; always discarded
 	reasonCount
 )
 
 var reasonNames = [reasonCount]string{
-	"none", "nack", "lease_expired", "released", "failed", "retries_exhausted", "expired",
+	"none", "nack", "lease_expired", "released", "failed", "retries_exhausted", "expired", "purged",
 }
 
 // String returns the stable snake_case name used in metrics and dead-letter
