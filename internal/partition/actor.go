@@ -56,8 +56,9 @@ func (p *Partition) run() {
 		case <-timer.C:
 		case <-p.stop:
 			p.drainClosed()
-			refuseControl(p.takeControl())
+			refuseControl(p.takeControl(), ErrClosed)
 			p.finishStages()
+			p.refusePurges(ErrClosed)
 			return
 		}
 	fill:
@@ -223,18 +224,31 @@ func (p *Partition) drainClosed() {
 }
 
 // refuseControl answers the control messages that expect an answer when
-// the actor will not act on them (failed or stopped).
-func refuseControl(ms []control) {
+// the actor will not act on them (failed or stopped): a claim gets nothing,
+// and a consumer whose attach came too late is told it will not be served.
+func refuseControl(ms []control, err error) {
 	for _, m := range ms {
-		if m.kind == ctlClaim {
+		switch m.kind {
+		case ctlClaim:
 			m.claimed(nil)
+		case ctlAttach:
+			m.c.Detached(err)
 		}
 	}
 }
 
+// refusePurges answers the purges under way with err; what they purged so
+// far stays purged.
+func (p *Partition) refusePurges(err error) {
+	for _, j := range p.purges {
+		j.done(0, err)
+	}
+	p.purges = nil
+}
+
 func refuse(c command, err error) {
 	switch c.kind {
-	case cmdPublish:
+	case cmdPublish, cmdPurge:
 		c.published(0, err)
 	case cmdSettle:
 		c.settled(err)
@@ -275,7 +289,7 @@ func (p *Partition) arm(timer *time.Timer) {
 
 func (p *Partition) turn(batch []command) {
 	if p.failed != nil {
-		refuseControl(p.takeControl())
+		refuseControl(p.takeControl(), ErrUnavailable)
 		for _, c := range batch {
 			refuse(c, ErrUnavailable)
 		}
@@ -413,6 +427,17 @@ func (p *Partition) turn(batch []command) {
 				}
 			}
 			p.open.replies = append(p.open.replies, reply{settled: c.settled, err: err, lsn: p.lastLSN})
+		case cmdPurge:
+			p.purges = append(p.purges, purgeJob{below: p.st.NextLSN(), done: c.published})
+		}
+	}
+
+	if len(p.purges) > 0 {
+		n, err := p.purgeStep(now)
+		appended += n
+		if err != nil {
+			p.fail(err, batch)
+			return
 		}
 	}
 
@@ -437,6 +462,40 @@ func (p *Partition) turn(batch []command) {
 
 	p.open.records += appended
 	p.sinceCkpt += appended
+}
+
+// purgeStep carries the purges under way forward by at most
+// purgePerTurnMax messages. A purge that found fewer than its budget is
+// complete: its answer joins the open stage, given once its discards are
+// durable. Otherwise another turn is scheduled at once.
+func (p *Partition) purgeStep(now int64) (int, error) {
+	appended := 0
+	for len(p.purges) > 0 {
+		budget := purgePerTurnMax - appended
+		if budget <= 0 {
+			p.more = true
+			break
+		}
+		j := &p.purges[0]
+		evs := p.st.Purge(p.evs[:0], j.below, budget, now)
+		n, err := p.appendAll(evs, nil)
+		appended += n
+		j.n += uint64(n)
+		if err != nil {
+			return appended, err
+		}
+		if n == budget {
+			p.more = true
+			break
+		}
+		p.open.replies = append(p.open.replies, reply{published: j.done, offset: j.n, lsn: p.lastLSN})
+		p.purges[0] = purgeJob{}
+		p.purges = p.purges[1:]
+	}
+	if len(p.purges) == 0 {
+		p.purges = nil
+	}
+	return appended, nil
 }
 
 // persist makes the records appended so far as safe as the sync policy
@@ -862,6 +921,7 @@ func refundCarried(st *stage) {
 // consumers are told. batch is the turn's batch, nil outside a turn.
 func (p *Partition) fail(err error, batch []command) {
 	p.failed = err
+	p.down.Store(&err)
 	p.logger.Error("partition failed; it serves nothing until restarted", "err", err)
 	// Each command of this turn before len(open.replies) has a reply; the
 	// rest of the batch was never looked at.
@@ -877,6 +937,7 @@ func (p *Partition) fail(err error, batch []command) {
 			refuse(c, ErrUnavailable)
 		}
 	}
+	p.refusePurges(ErrUnavailable)
 	for _, c := range p.consumers {
 		c.Detached(fmt.Errorf("%w: %w", ErrUnavailable, err))
 	}

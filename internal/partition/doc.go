@@ -9,7 +9,7 @@
 // request it makes the log durable (persist) and reports back, so the actor
 // can work while the disk syncs. Other goroutines reach the actor through:
 //
-//   - the inbox, a bounded channel of publishes and settles. A full inbox is
+//   - the inbox, a bounded channel of publishes, settles and purges. A full inbox is
 //     answered at once with ErrInboxFull (CodeResourceExhausted); it never
 //     grows.
 //   - the control list: attach, detach, dead-letter confirmations, claims
@@ -26,8 +26,11 @@
 //  2. releases recovered leases whose grace has ended;
 //  3. turns every command into queue events, appends each to the log and
 //     applies it to the state;
-//  4. ticks the queue (lease expiry, delays, TTL);
-//  5. dispatches: leases ready messages to consumers with prefetch credit,
+//  4. carries purges under way forward, at most purgePerTurnMax messages
+//     per turn (a purge of a larger backlog continues in the next turns and
+//     is answered with its count once its last discards are durable);
+//  5. ticks the queue (lease expiry, delays, TTL);
+//  6. dispatches: leases ready messages to consumers with prefetch credit,
 //     round-robin in small chunks so competing consumers share the queue.
 //
 // Replies, deliveries and dead-letter starts do not leave the turn: they

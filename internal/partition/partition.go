@@ -40,6 +40,9 @@ const (
 	// deadLetterInflightMax bounds dead-letter copies awaiting their
 	// target's confirmation.
 	deadLetterInflightMax = 256
+	// purgePerTurnMax caps the messages one turn purges; a larger backlog
+	// is purged over the turns right after it.
+	purgePerTurnMax = 4096
 	// recoveredReleasePerTurnMax caps the recovered leases one turn hands
 	// back; the rest go in the turns right after it.
 	recoveredReleasePerTurnMax = 1024
@@ -221,6 +224,7 @@ type cmdKind uint8
 const (
 	cmdPublish cmdKind = iota + 1
 	cmdSettle
+	cmdPurge // answered through published, with the count as the offset
 )
 
 // command is one inbox entry.
@@ -272,11 +276,13 @@ type control struct {
 // wake channel. Lock order: sendMu before ctlMu; neither is held while
 // calling out.
 type Partition struct {
-	cfg     Config
-	log     *seglog.Log
-	st      *queue.State
-	logger  *slog.Logger
-	parked  error // non-nil: quarantined, no goroutine runs
+	cfg    Config
+	log    *seglog.Log
+	st     *queue.State
+	logger *slog.Logger
+	parked error // non-nil: quarantined, no goroutine runs
+	// down is set (once) when the actor fails, for Unavailable.
+	down    atomic.Pointer[error]
 	qcfg    atomic.Pointer[queue.Config]
 	stats   atomic.Pointer[Stats]
 	ckptLSN uint64 // LSN covered by the last checkpoint (0: none)
@@ -328,6 +334,15 @@ type Partition struct {
 	ckptFailures  uint64
 	ckptStreak    int
 	ckptRetryAtMs int64
+	// purges are the purges under way, oldest first (see purgeStep).
+	purges []purgeJob
+}
+
+// purgeJob is one Purge being carried out over one or more turns.
+type purgeJob struct {
+	below uint64 // NextLSN when the purge was taken: later messages stay
+	n     uint64 // messages purged so far
+	done  func(uint64, error)
 }
 
 // stage is the output of one or more turns whose records one sync makes
@@ -462,6 +477,19 @@ func (p *Partition) Index() uint32 { return p.cfg.Index }
 // Quarantined returns why the partition is parked, or nil.
 func (p *Partition) Quarantined() error { return p.parked }
 
+// Unavailable returns why the partition serves nothing: it is quarantined
+// (parked at Open) or it failed at run time. nil while it serves. Safe from
+// any goroutine.
+func (p *Partition) Unavailable() error {
+	if p.parked != nil {
+		return p.parked
+	}
+	if e := p.down.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
 // Stats returns the counters as of the end of the last turn.
 func (p *Partition) Stats() Stats { return *p.stats.Load() }
 
@@ -540,9 +568,11 @@ func (p *Partition) send(c command, refuse func(error)) {
 }
 
 // Attach adds a consumer; the actor starts dispatching to it on its next
-// turn.
+// turn. A parked or failed partition refuses at once with ErrUnavailable; one
+// that fails before the attach is processed calls c.Detached instead, so an
+// attached consumer always either is served or hears why not.
 func (p *Partition) Attach(c Consumer) error {
-	if p.parked != nil {
+	if p.Unavailable() != nil {
 		return ErrUnavailable
 	}
 	return p.control(control{kind: ctlAttach, c: c})
@@ -558,6 +588,22 @@ func (p *Partition) Detach(c Consumer) {
 		return
 	}
 	_ = p.control(control{kind: ctlDetach, c: c})
+}
+
+// Purge discards every message that is queued (ready or delayed) when the
+// actor reaches it and was published before the actor took the purge, at
+// most purgePerTurnMax per turn, without dead-letter copies. Inflight
+// messages stay with their holders; one that comes back to the queue while
+// the purge is still under way is purged too. done gets the number purged
+// once every discard is durable, or an error (ErrInboxFull, ErrClosed,
+// ErrUnavailable, possibly before Purge returns; messages purged before a
+// failure stay purged).
+func (p *Partition) Purge(done func(purged uint64, err error)) {
+	if p.parked != nil {
+		done(0, ErrUnavailable)
+		return
+	}
+	p.send(command{kind: cmdPurge, published: done}, func(err error) { done(0, err) })
 }
 
 // SetConfig changes the queue configuration for future commands (lease
