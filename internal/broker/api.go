@@ -52,7 +52,14 @@ const (
 	PrefetchMaxDefault            = 10_000
 	PrefetchDefault               = 100
 	CheckpointEveryRecordsDefault = 100_000
-	// PartitionsMax bounds the partitions of one queue.
+	// QueuesMaxDefault, QueuePartitionsMaxDefault and
+	// PartitionsTotalMaxDefault bound what creation (declared or on first
+	// use) may add; see Config.
+	QueuesMaxDefault          = 1000
+	QueuePartitionsMaxDefault = 64
+	PartitionsTotalMaxDefault = 4096
+	// PartitionsMax bounds the partitions of one queue, whatever
+	// Config.QueuePartitionsMax says.
 	PartitionsMax = 1024
 	// NameBytesMax bounds topic and group names.
 	NameBytesMax = 255
@@ -80,8 +87,24 @@ type Config struct {
 	Lock *DataDirLock
 
 	// DefaultPartitions is the partition count of queues created on first
-	// use (default 1).
+	// use (default 1, at most QueuePartitionsMax).
 	DefaultPartitions int
+	// QueuesMax bounds the queues the broker holds (default 1000), so a peer
+	// publishing to mistyped or random names cannot create queues without
+	// end. Creation beyond it, declared or on first use, is
+	// CodeLimitExceeded naming limits.queues_max. The global dead-letter
+	// queue is exempt, so dead-lettering never fails for lack of budget.
+	// Queues found at Open are all recovered, even above the limit.
+	QueuesMax int
+	// QueuePartitionsMax bounds the partitions of one new queue (default
+	// 64, at most PartitionsMax); above it is CodeLimitExceeded naming
+	// limits.queue_partitions_max.
+	QueuePartitionsMax int
+	// PartitionsTotalMax bounds the partitions summed over every queue
+	// (default 4096); a creation that would pass it is CodeLimitExceeded
+	// naming limits.partitions_total_max. The global dead-letter queue is
+	// exempt.
+	PartitionsTotalMax int
 	// DefaultLeaseMs is how long a delivery is leased when a queue does
 	// not say (default 30000).
 	DefaultLeaseMs int64

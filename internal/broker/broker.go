@@ -49,6 +49,11 @@ type Broker struct {
 	createMu sync.Mutex
 	mu       sync.RWMutex
 	queues   map[queueKey]*queueEntry
+	// deleting holds the queues a Delete is removing (guarded by
+	// createMu): they cannot be created again until their files are gone.
+	deleting map[queueKey]bool
+	// deletes counts Deletes under way, which Close waits for.
+	deletes sync.WaitGroup
 
 	subsMu  sync.Mutex
 	subs    map[uint64]*Subscription
@@ -70,6 +75,8 @@ type queueEntry struct {
 	meta  atomic.Pointer[queueMeta]
 	parts []*partition.Partition
 	rr    atomic.Uint64
+	// deleted is set when Delete takes the queue out of the map.
+	deleted atomic.Bool
 }
 
 func (c *Config) normalize() {
@@ -82,10 +89,20 @@ func (c *Config) normalize() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.QueuesMax <= 0 {
+		c.QueuesMax = QueuesMaxDefault
+	}
+	if c.QueuePartitionsMax <= 0 {
+		c.QueuePartitionsMax = QueuePartitionsMaxDefault
+	}
+	c.QueuePartitionsMax = min(c.QueuePartitionsMax, PartitionsMax)
+	if c.PartitionsTotalMax <= 0 {
+		c.PartitionsTotalMax = PartitionsTotalMaxDefault
+	}
 	if c.DefaultPartitions <= 0 {
 		c.DefaultPartitions = DefaultPartitionsDefault
 	}
-	c.DefaultPartitions = min(c.DefaultPartitions, PartitionsMax)
+	c.DefaultPartitions = min(c.DefaultPartitions, c.QueuePartitionsMax)
 	if c.DefaultLeaseMs <= 0 {
 		c.DefaultLeaseMs = DefaultLeaseMsDefault
 	}
@@ -139,8 +156,9 @@ func Open(cfg Config) (b *Broker, err error) {
 		lock:   lock,
 		logger: cfg.Logger,
 		owner:  "b" + strconv.FormatInt(cfg.Now().UnixNano(), 36),
-		queues: make(map[queueKey]*queueEntry),
-		subs:   make(map[uint64]*Subscription),
+		queues:   make(map[queueKey]*queueEntry),
+		deleting: make(map[queueKey]bool),
+		subs:     make(map[uint64]*Subscription),
 	}
 	root := filepath.Join(cfg.DataDir, queuesDir)
 	if err := cfg.FS.MkdirAll(root, 0o755); err != nil {
@@ -178,12 +196,26 @@ func (b *Broker) recover(root string) error {
 		return fmt.Errorf("broker: %w", err)
 	}
 	for _, t := range topics {
+		if t == trashDir {
+			// Deletions interrupted by a crash: the queues were renamed
+			// here durably, so they are gone; finish removing them.
+			b.emptyTrash(filepath.Join(root, t))
+			continue
+		}
+		if !isQueueDirName(t) {
+			b.logger.Warn("ignoring unknown entry in the queues directory", "name", t)
+			continue
+		}
 		groups, err := b.cfg.FS.ReadDir(filepath.Join(root, t))
 		if err != nil {
 			return fmt.Errorf("broker: %w", err)
 		}
 		for _, g := range groups {
 			dir := filepath.Join(root, t, g)
+			if !isQueueDirName(g) {
+				b.logger.Warn("ignoring unknown entry in a topic directory", "dir", dir)
+				continue
+			}
 			m, err := readMeta(b.cfg.FS, filepath.Join(dir, metaFile))
 			if isNotExist(err) {
 				// Creation was interrupted before the definition was
@@ -194,7 +226,7 @@ func (b *Broker) recover(root string) error {
 			if err != nil {
 				return fmt.Errorf("broker: queue metadata: %w", err)
 			}
-			if escapeName(m.Topic) != t || escapeName(m.Group) != g {
+			if dirName(m.Topic) != t || dirName(m.Group) != g {
 				return fmt.Errorf("broker: %s holds metadata of queue %q/%q", dir, m.Topic, m.Group)
 			}
 			q, err := b.openQueue(dir, m)
@@ -357,6 +389,7 @@ func (b *Broker) Close() error {
 	// on it, creating a dead-letter queue, and Close waits for actors.
 	b.createMu.Lock()
 	b.createMu.Unlock()
+	b.deletes.Wait()
 	err := b.closePartitions()
 	// Released only once every partition has closed its files.
 	return errors.Join(err, b.lock.Release())
@@ -408,6 +441,9 @@ func (b *Broker) declare(d *protocol.DeclareQueue, update bool) (*queueEntry, bo
 		return nil, false, ErrShuttingDown
 	}
 	k := queueKey{d.Topic, d.Group}
+	if b.deleting[k] {
+		return nil, false, protocol.Errorf(protocol.CodeUnavailable, "queue %q group %q is being deleted; retry", d.Topic, d.Group)
+	}
 	b.mu.RLock()
 	q := b.queues[k]
 	b.mu.RUnlock()
@@ -425,7 +461,7 @@ func (b *Broker) declare(d *protocol.DeclareQueue, update bool) (*queueEntry, bo
 			return q, false, nil
 		}
 		if err := writeMeta(b.cfg.FS, filepath.Join(q.dir, metaFile), want); err != nil {
-			return nil, false, protocol.Errorf(protocol.CodeInternal, "write queue metadata: %v", err)
+			return nil, false, b.internalError("declare", k, err)
 		}
 		q.meta.Store(want)
 		qc := b.queueConfig(want)
@@ -435,21 +471,24 @@ func (b *Broker) declare(d *protocol.DeclareQueue, update bool) (*queueEntry, bo
 		return q, false, nil
 	}
 
+	if err := b.checkBudget(k, want.Partitions); err != nil {
+		return nil, false, err
+	}
 	root := filepath.Join(b.cfg.DataDir, queuesDir)
-	tdir := filepath.Join(root, escapeName(d.Topic))
-	dir := filepath.Join(tdir, escapeName(d.Group))
+	tdir := filepath.Join(root, dirName(d.Topic))
+	dir := filepath.Join(tdir, dirName(d.Group))
 	if err := b.cfg.FS.MkdirAll(dir, 0o755); err != nil {
-		return nil, false, protocol.Errorf(protocol.CodeInternal, "create queue: %v", err)
+		return nil, false, b.internalError("create queue", k, err)
 	}
 	if err := writeMeta(b.cfg.FS, filepath.Join(dir, metaFile), want); err != nil {
-		return nil, false, protocol.Errorf(protocol.CodeInternal, "write queue metadata: %v", err)
+		return nil, false, b.internalError("create queue", k, err)
 	}
 	if err := syncDirs(b.cfg.FS, tdir, root); err != nil {
-		return nil, false, protocol.Errorf(protocol.CodeInternal, "create queue: %v", err)
+		return nil, false, b.internalError("create queue", k, err)
 	}
 	q, err = b.openQueue(dir, want)
 	if err != nil {
-		return nil, false, protocol.Errorf(protocol.CodeInternal, "open queue: %v", err)
+		return nil, false, b.internalError("create queue", k, err)
 	}
 	b.mu.Lock()
 	b.queues[k] = q
@@ -469,8 +508,9 @@ func (b *Broker) metaFor(d *protocol.DeclareQueue) (*queueMeta, error) {
 		LeaseMs: d.LeaseMs, MaxRetries: int(d.MaxRetries), DefaultTTLMs: d.DefaultTTLMs,
 		DeadLetterMode: d.DeadLetterMode}
 	switch {
-	case d.Partitions > PartitionsMax:
-		return nil, protocol.Errorf(protocol.CodeLimitExceeded, "%d partitions, more than %d", d.Partitions, PartitionsMax)
+	case d.Partitions > uint32(b.cfg.QueuePartitionsMax):
+		return nil, protocol.Errorf(protocol.CodeLimitExceeded, "%d partitions, more than limits.queue_partitions_max %d",
+			d.Partitions, b.cfg.QueuePartitionsMax)
 	case d.Partitions == 0:
 		m.Partitions = uint32(b.cfg.DefaultPartitions)
 	}
@@ -580,22 +620,28 @@ func (b *Broker) Publish(p *protocol.Publish, done func(protocol.PublishOK, erro
 	idx := part.Index()
 	part.Publish(&m, func(off uint64, err error) {
 		if err != nil {
-			done(protocol.PublishOK{}, publishError(err))
+			done(protocol.PublishOK{}, b.publishError(q, idx, err))
 			return
 		}
 		done(protocol.PublishOK{Partition: idx, Offset: off}, nil)
 	})
 }
 
-func publishError(err error) error {
+func (b *Broker) publishError(q *queueEntry, idx uint32, err error) error {
 	if errors.Is(err, queue.ErrInvalidMessage) {
 		return protocol.Errorf(protocol.CodeBadRequest, "%v", err)
+	}
+	if errors.Is(err, partition.ErrClosed) && q.deleted.Load() {
+		return errDeletedMeanwhile(q.key)
+	}
+	if errors.Is(err, partition.ErrUnavailable) {
+		return unavailableError(q, idx)
 	}
 	var pe *protocol.Error
 	if errors.As(err, &pe) {
 		return pe
 	}
-	return protocol.Errorf(protocol.CodeInternal, "%v", err)
+	return b.internalError("publish", q.key, err, "partition", idx)
 }
 
 func (b *Broker) checkPublish(p *protocol.Publish) error {

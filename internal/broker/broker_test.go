@@ -461,6 +461,9 @@ func TestQuarantinedPartitionOthersServe(t *testing.T) {
 		if !qs[0].Quarantined || qs[0].Err == "" || qs[1].Quarantined {
 			t.Fatalf("stats %+v", qs)
 		}
+		if ps := b.Problems(); len(ps) != 1 || ps[0].Partition != 0 || ps[0].State != "quarantined" || ps[0].Err == "" {
+			t.Fatalf("problems %+v, want partition 0 quarantined", ps)
+		}
 		b.Close()
 
 		ignore := cfg

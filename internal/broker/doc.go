@@ -6,7 +6,10 @@
 // FNV-1a; keyless publishes go round-robin over the partitions being
 // served), attaches subscriptions to partitions and keeps each subscription
 // within its prefetch budget. Queues are created by Declare or on first use
-// (publish or subscribe) with the broker's defaults.
+// (publish or subscribe) with the broker's defaults, within a budget
+// (Config.QueuesMax, QueuePartitionsMax, PartitionsTotalMax: beyond it,
+// CodeLimitExceeded naming the limit). Delete removes a queue and Purge
+// discards its queued messages.
 //
 // # Goroutines
 //
@@ -40,9 +43,14 @@
 //
 // A publish is confirmed after its partition fsynced its Enqueue record; a
 // settle likewise. Queue definitions live in
-// DataDir/queues/<topic>/<group>/meta (names escaped, see escapeName),
-// written atomically before the queue is used, so a restart recovers every
-// queue with its settings. Partitions live in .../p<N>/ (log/ and
+// DataDir/queues/<topic>/<group>/meta (names mapped to file names of at
+// most 255 bytes, see dirName), written atomically before the queue is
+// used, so a restart recovers every queue with its settings. Delete renames
+// the queue's directory into DataDir/queues/.trash and syncs both parents
+// before it answers, then removes it; Open empties the trash, so a crash
+// leaves a queue either whole or gone. A purge is a DeadLetter record
+// without target per message (reason purged), durable before it is
+// answered. Partitions live in .../p<N>/ (log/ and
 // checkpoint). Subscriptions are not durable, and neither are the sessions
 // holding leases, so leases found in the log at Open are released back to
 // ready (counted as an attempt) once Config.RecoveredLeaseGraceMs has passed,
@@ -63,9 +71,17 @@
 // LockDataDir and hands it over in Config.Lock. The kernel drops the lock
 // when its process dies, so a crash leaves no stale lock.
 //
-// # Damage
+// # Damage and errors
 //
 // A partition whose log or checkpoint fails verification at Open is handled
 // by Config.Quarantine: parked and reported (the default), fatal to Open, or
-// cut at the damage and reopened with a loud warning.
+// cut at the damage and reopened with a loud warning. A partition that is
+// quarantined or failed (a write or sync error at run time) answers
+// CodeUnavailable to publishes, settles and purges and to a Subscribe at
+// once, naming the partition; Problems lists them for /readyz.
+//
+// Errors sent to peers never carry server paths: a failure inside the
+// broker (a file-system error creating a queue, say) is logged with its
+// operation, topic, group and partition, and the peer gets CodeInternal
+// naming the operation only.
 package broker

@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -29,11 +31,47 @@ func validName(what, s string, emptyOK bool) error {
 	return nil
 }
 
+// fileNameBytesMax is the longest file name the broker creates: the limit
+// of ext4, XFS, btrfs, APFS and NTFS (in bytes, or UTF-16 units, which
+// ASCII names never exceed).
+const fileNameBytesMax = 255
+
+// hashedPrefixBytes is how much of the escaped name a hashed directory name
+// keeps, for operators reading the data dir: "#" + prefix + "~" + 64 hex
+// digits stays within fileNameBytesMax.
+const hashedPrefixBytes = fileNameBytesMax - 2 - 2*sha256.Size
+
+// dirName maps a validated topic or group name to its directory name. Every
+// valid name has one: names whose escaped form (escapeName) fits in
+// fileNameBytesMax use it; longer ones (a 255-byte name with many bytes
+// outside [A-Za-z0-9_.-] escapes to up to 766 bytes) use "#", a readable
+// prefix of the escaped form, "~" and the SHA-256 of the name in hex. The
+// two forms start differently, so they never collide, and distinct names
+// never share a directory unless SHA-256 collides. The queue's meta file
+// holds the real names; recovery checks them against the directory.
+//
+//	"orders"            -> "=orders"
+//	"ü" x 127 (254 B)   -> "#%C3%BC...%C3%BC~<64 hex digits>"
+func dirName(s string) string {
+	e := escapeName(s)
+	if len(e) <= fileNameBytesMax {
+		return e
+	}
+	cut := hashedPrefixBytes + 1 // e[0] is '='
+	// Do not split a %XX escape.
+	if i := strings.LastIndexByte(e[cut-2:cut], '%'); i >= 0 {
+		cut = cut - 2 + i
+	}
+	sum := sha256.Sum256([]byte(s))
+	return "#" + e[1:cut] + "~" + hex.EncodeToString(sum[:])
+}
+
 // escapeName turns a validated topic or group name into a file name that is
 // safe on any file system and cannot be "." or "..": "=" followed by the
 // name with every byte outside [A-Za-z0-9_.-] written as %XX. The mapping
 // is injective (a literal '%' is escaped too), so distinct names never
-// share a directory.
+// share a directory. It may exceed fileNameBytesMax; dirName is what the
+// broker uses.
 //
 //	"orders"      -> "=orders"
 //	""            -> "="

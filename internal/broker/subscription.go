@@ -58,8 +58,10 @@ type attachment struct {
 }
 
 // Subscribe attaches c to one partition of a queue, or to all of them when
-// req.Partition < 0 (skipping quarantined ones). The queue is created on
-// first use. Prefetch 0 means PrefetchDefault (capped at PrefetchMax);
+// req.Partition < 0 (skipping quarantined and failed ones). The queue is
+// created on first use. A partition that serves nothing (quarantined or
+// failed) is CodeUnavailable at once, saying which and why, as is a
+// subscription to every partition when none serves. Prefetch 0 means PrefetchDefault (capped at PrefetchMax);
 // above PrefetchMax is CodeLimitExceeded.
 func (b *Broker) Subscribe(req *protocol.Subscribe, c Consumer) (*Subscription, error) {
 	if b.closed.Load() {
@@ -101,24 +103,31 @@ func (b *Broker) Subscribe(req *protocol.Subscribe, c Consumer) (*Subscription, 
 			return nil, protocol.Errorf(protocol.CodeNotFound, "queue %q group %q has no partition %d", req.Topic, req.Group, req.Partition)
 		}
 		p := q.parts[req.Partition]
-		if p.Quarantined() != nil {
-			return nil, partition.ErrUnavailable
+		if p.Unavailable() != nil {
+			return nil, unavailableError(q, uint32(req.Partition))
 		}
 		s.atts = []*attachment{{s: s, idx: uint32(req.Partition), p: p}}
 	default:
 		for i, p := range q.parts {
-			if p.Quarantined() == nil {
+			if p.Unavailable() == nil {
 				s.atts = append(s.atts, &attachment{s: s, idx: uint32(i), p: p})
 			}
 		}
 		if len(s.atts) == 0 {
-			return nil, partition.ErrUnavailable
+			return nil, protocol.Errorf(protocol.CodeUnavailable,
+				"queue %q group %q: none of its %d partitions is served (quarantined or failed)", req.Topic, req.Group, len(q.parts))
 		}
 	}
 	b.subsMu.Lock()
 	if b.closed.Load() {
 		b.subsMu.Unlock()
 		return nil, ErrShuttingDown
+	}
+	if q.deleted.Load() {
+		// Delete took the queue away after lookup found it, and has
+		// already looked for its subscriptions.
+		b.subsMu.Unlock()
+		return nil, errDeletedMeanwhile(q.key)
 	}
 	b.subs[id] = s
 	b.subsMu.Unlock()
@@ -128,7 +137,7 @@ func (b *Broker) Subscribe(req *protocol.Subscribe, c Consumer) (*Subscription, 
 				a.p.Detach(a)
 			}
 			b.unregister(s)
-			return nil, err
+			return nil, b.partitionError("subscribe", q, a.idx, err)
 		}
 	}
 	return s, nil
@@ -374,12 +383,23 @@ func (a *attachment) CarryCredit(offset, leaseID uint64) bool {
 }
 
 // Detached implements partition.Consumer: a partition failed, so the
-// subscription ends with SubClosedError.
+// subscription ends with SubClosedError and CodeUnavailable. The consumer
+// is told which partition failed, not the cause, which names server paths;
+// the partition logged it.
 func (a *attachment) Detached(err error) {
 	s := a.s
 	// Detach from the healthy partitions; the failed one dropped us.
 	if s.closed.Swap(true) {
 		return
+	}
+	reason := protocol.SubClosedError
+	switch {
+	case errors.Is(err, partition.ErrClosed) && s.q.deleted.Load():
+		reason, err = protocol.SubClosedQueueDeleted, errDeletedMeanwhile(s.q.key)
+	case errors.Is(err, partition.ErrClosed):
+		reason, err = protocol.SubClosedShutdown, ErrShuttingDown
+	default:
+		err = unavailableError(s.q, a.idx)
 	}
 	for _, o := range s.atts {
 		if o != a {
@@ -387,5 +407,5 @@ func (a *attachment) Detached(err error) {
 		}
 	}
 	s.b.unregister(s)
-	s.c.Closed(s, protocol.SubClosedError, err)
+	s.c.Closed(s, reason, err)
 }
