@@ -116,7 +116,9 @@ type Config struct {
 	// not count; the delivery attempt still rises (see queue.Config).
 	DefaultMaxRetries int
 	// DeadLetterTopic names the global dead-letter queue (default
-	// "sinew.dead-letter"). Its own dead messages are discarded.
+	// "sinew.dead-letter"). Like every dead-letter queue it keeps what it
+	// holds: no retry limit, no TTL, FAIL puts a message back to ready, and
+	// a message leaves only when completed or purged.
 	DeadLetterTopic string
 
 	// Sync, SyncIntervalMs and SegmentBytes configure every partition log.

@@ -244,6 +244,7 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 	q := &queueEntry{key: queueKey{m.Topic, m.Group}, dir: dir}
 	q.meta.Store(m)
 	qc := b.queueConfig(m)
+	b.logKeep(m)
 	for i := range m.Partitions {
 		pc := partition.Config{
 			Topic: m.Topic, Group: m.Group, Index: i,
@@ -302,13 +303,16 @@ func (b *Broker) queueConfig(m *queueMeta) queue.Config {
 	if m.MaxRetries == 0 {
 		qc.MaxRetries = queue.NoRetries
 	}
+	if b.keepReason(m) != "" {
+		return keepConfig(qc) // see deadletter.go
+	}
 	qc.DeadLetter.Target = b.deadLetterTarget(m)
 	return qc
 }
 
 // deadLetterTarget resolves where a queue's dead messages go: a topic (its
-// default group), or "" to discard. A queue never dead-letters into itself,
-// and the global dead-letter queue discards its own dead messages.
+// default group), or "" to discard. A queue never dead-letters into itself:
+// such queues keep their messages instead (queueConfig).
 func (b *Broker) deadLetterTarget(m *queueMeta) string {
 	var t string
 	switch m.DeadLetterMode {
@@ -336,7 +340,7 @@ func (b *Broker) deadLetter(target string, m *queue.Message, done func(error)) {
 		done(ErrShuttingDown)
 		return
 	}
-	q, err := b.lookup(target, "", true)
+	q, err := b.deadLetterQueue(target)
 	if err != nil {
 		done(err)
 		return
@@ -428,6 +432,12 @@ func (b *Broker) Declare(ctx context.Context, d *protocol.DeclareQueue) (protoco
 // declare implements Declare; with update false an existing queue is
 // returned as is (first-use creation racing a declaration).
 func (b *Broker) declare(d *protocol.DeclareQueue, update bool) (*queueEntry, bool, error) {
+	return b.declareQueue(d, update, false)
+}
+
+// declareQueue is declare; dlq marks a queue it creates as a dead-letter
+// queue, which keeps every message (deadletter.go).
+func (b *Broker) declareQueue(d *protocol.DeclareQueue, update, dlq bool) (*queueEntry, bool, error) {
 	if b.closed.Load() {
 		return nil, false, ErrShuttingDown
 	}
@@ -435,6 +445,7 @@ func (b *Broker) declare(d *protocol.DeclareQueue, update bool) (*queueEntry, bo
 	if err != nil {
 		return nil, false, err
 	}
+	want.DeadLetterQueue = want.DeadLetterQueue || dlq
 	b.createMu.Lock()
 	defer b.createMu.Unlock()
 	if b.closed.Load() {
@@ -457,6 +468,8 @@ func (b *Broker) declare(d *protocol.DeclareQueue, update bool) (*queueEntry, bo
 				"queue %q group %q has %d partitions, not %d", d.Topic, d.Group, cur.Partitions, d.Partitions)
 		}
 		want.Partitions = cur.Partitions
+		// A dead-letter queue stays one whatever a declaration says.
+		want.DeadLetterQueue = want.DeadLetterQueue || cur.DeadLetterQueue
 		if *want == *cur {
 			return q, false, nil
 		}
@@ -504,9 +517,13 @@ func (b *Broker) metaFor(d *protocol.DeclareQueue) (*queueMeta, error) {
 	if err := validName("group", d.Group, true); err != nil {
 		return nil, err
 	}
+	if err := b.refuseSelfDeadLetter(d); err != nil {
+		return nil, err
+	}
 	m := &queueMeta{Version: metaVersion, Topic: d.Topic, Group: d.Group, Partitions: d.Partitions,
 		LeaseMs: d.LeaseMs, MaxRetries: int(d.MaxRetries), DefaultTTLMs: d.DefaultTTLMs,
-		DeadLetterMode: d.DeadLetterMode}
+		DeadLetterMode:  d.DeadLetterMode,
+		DeadLetterQueue: d.Group == "" && d.Topic == b.cfg.DeadLetterTopic}
 	switch {
 	case d.Partitions > uint32(b.cfg.QueuePartitionsMax):
 		return nil, protocol.Errorf(protocol.CodeLimitExceeded, "%d partitions, more than limits.queue_partitions_max %d",

@@ -397,8 +397,17 @@ func TestDeadLetterToGlobalQueue(t *testing.T) {
 				t.Errorf("header %s = %q, want %q", k, h[k], v)
 			}
 		}
-		// The dead-letter queue discards its own failures instead of looping.
+		// The dead-letter queue keeps its own failures: FAIL puts the
+		// message back, and it is delivered again with a higher attempt.
 		if code := dl.settle(sdl, protocol.OpFail, got[0]); code != protocol.CodeOK {
+			t.Fatal(code)
+		}
+		synctest.Wait()
+		got = dl.deliveries()
+		if len(got) != 2 || got[1].Offset != got[0].Offset || got[1].Attempt != 2 {
+			t.Fatalf("dead-letter queue after FAIL delivered %+v, want the same message again at attempt 2", got)
+		}
+		if code := dl.settle(sdl, protocol.OpAck, got[1]); code != protocol.CodeOK {
 			t.Fatal(code)
 		}
 		synctest.Wait()

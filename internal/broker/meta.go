@@ -35,6 +35,9 @@ type queueMeta struct {
 	DefaultTTLMs     int64  `json:"default_ttl_ms"`
 	DeadLetterMode   uint8  `json:"dead_letter_mode"`
 	DeadLetterTarget string `json:"dead_letter_target,omitempty"`
+	// DeadLetterQueue marks a queue created as a dead-letter target (or the
+	// global dead-letter queue): it keeps every message (deadletter.go).
+	DeadLetterQueue bool `json:"dead_letter_queue,omitempty"`
 }
 
 const (

@@ -35,8 +35,8 @@ var help = map[string]string{
 
 	"queue.partitions":        "Partitions of a queue created on first use.",
 	"queue.lease_ms":          "How long a manual-ack delivery stays leased before it is delivered again (queues created on first use).",
-	"queue.max_retries":       "Redeliveries after NACK before a message is dead-lettered with reason retries_exhausted.",
-	"queue.dead_letter_topic": "Queue that receives failed, exhausted and expired messages.",
+	"queue.max_retries":       "Redeliveries after a failed delivery (a NACK, or a lease expiring while its holder is connected; a consumer going away does not count) before a message is dead-lettered with reason retries_exhausted.",
+	"queue.dead_letter_topic": "Queue that receives failed, exhausted and expired messages. It keeps them: no retry limit, no TTL, FAIL requeues.",
 }
 
 // Describe returns the meaning of key, or "" for an unknown key.
