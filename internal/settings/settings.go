@@ -355,6 +355,25 @@ func (c *Config) Validate() error {
 	if cn.ReconnectGraceMs < 0 || cn.ReconnectGraceMs > 1<<31 {
 		bad("connection.reconnect_grace_ms", "%d is out of range 0..%d", cn.ReconnectGraceMs, int64(1)<<31)
 	}
+	// Upper bounds where a value would not fit where it goes: milliseconds
+	// become time.Durations (int64 nanoseconds, which wrap above ~292
+	// years), and these counts are 32-bit fields in HELLO_OK.
+	for _, b := range []struct {
+		key   string
+		v, hi int64
+	}{
+		{"connection.handshake_timeout_ms", cn.HandshakeTimeoutMs, 1 << 31},
+		{"connection.write_timeout_ms", cn.WriteTimeoutMs, 1 << 31},
+		{"connection.drain_timeout_ms", cn.DrainTimeoutMs, 1 << 31},
+		{"storage.sync_interval_ms", int64(c.Storage.SyncIntervalMs), 1 << 31},
+		{"queue.lease_ms", c.Queue.LeaseMs, 1 << 31},
+		{"limits.publish_inflight_max", int64(l.PublishInflightMax), 1 << 20},
+		{"limits.subscriptions_max", int64(l.SubscriptionsMax), 1 << 20},
+	} {
+		if b.v > b.hi {
+			bad(b.key, "%d is above %d", b.v, b.hi)
+		}
+	}
 	s := c.Storage
 	switch s.Sync {
 	case "always", "interval":

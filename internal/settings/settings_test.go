@@ -113,6 +113,11 @@ func TestBadValues(t *testing.T) {
 		{map[string]string{"SINEW_LIMITS_PREFETCH_MAX": "ten"}, "SINEW_LIMITS_PREFETCH_MAX"},
 		{map[string]string{"SINEW_QUEUE_PARTITIONS": "0"}, "queue.partitions"},
 		{map[string]string{"SINEW_LOG_LEVEL": "loud"}, "log_level"},
+		// Values that parse but would wrap where they are used.
+		{map[string]string{"SINEW_CONNECTION_DRAIN_TIMEOUT_MS": "9223372036854775807"}, "connection.drain_timeout_ms: 9223372036854775807 is above 2147483648"},
+		{map[string]string{"SINEW_LIMITS_PUBLISH_INFLIGHT_MAX": "4294967297"}, "limits.publish_inflight_max: 4294967297 is above 1048576"},
+		{map[string]string{"SINEW_LIMITS_SUBSCRIPTIONS_MAX": "4294967297"}, "limits.subscriptions_max"},
+		{map[string]string{"SINEW_QUEUE_LEASE_MS": "4294967297000"}, "queue.lease_ms"},
 	}
 	for _, tc := range cases {
 		_, err := Load(Sources{Env: env(tc.env)})
