@@ -45,7 +45,14 @@ type child struct {
 // startChild runs `sinew serve` on dir and waits for its "serving" log line.
 func startChild(t *testing.T, bin, dir string) *child {
 	t.Helper()
-	cmd := exec.Command(bin, "serve", "--data-dir", dir, "--listen", "127.0.0.1:0", "--admin-listen", "")
+	return startChildArgs(t, bin, dir)
+}
+
+// startChildArgs is startChild with extra serve flags (later flags win).
+func startChildArgs(t *testing.T, bin, dir string, extra ...string) *child {
+	t.Helper()
+	args := append([]string{"serve", "--data-dir", dir, "--listen", "127.0.0.1:0", "--admin-listen", ""}, extra...)
+	cmd := exec.Command(bin, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
