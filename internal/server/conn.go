@@ -59,14 +59,27 @@ func (c *conn) replyErr(reqID uint64, err error) {
 	c.w.Send(session.Outbound{RequestID: reqID, Body: errorBody(err)})
 }
 
-// errorBody turns err into an ERROR body: its protocol code (internal when it has
-// none) and its message without the "sinew: code:" prefix.
+// errorBody turns err into an ERROR body: its protocol code and its message
+// without the "sinew: code:" prefix. An error without a code is a failure
+// inside the broker whose text may name server paths: the peer gets internal
+// with a fixed message, and the caller logs err (see logInternal).
 func errorBody(err error) *protocol.ErrorBody {
 	var pe *protocol.Error
 	if errors.As(err, &pe) {
 		return &protocol.ErrorBody{Code: pe.Code, Message: pe.Message}
 	}
-	return &protocol.ErrorBody{Code: protocol.CodeInternal, Message: err.Error()}
+	return &protocol.ErrorBody{Code: protocol.CodeInternal, Message: "internal error; the broker log has the cause"}
+}
+
+// logInternal logs err, with the request's context, when it carries no
+// protocol code: errorBody hid its text from the peer. Coded errors were
+// chosen for the peer, and the broker logs its own internal ones.
+func (c *conn) logInternal(op protocol.Op, reqID uint64, err error, attrs ...any) {
+	var pe *protocol.Error
+	if errors.As(err, &pe) {
+		return
+	}
+	c.log.Error("request failed inside the broker", append([]any{"op", op.String(), "request", reqID, "err", err}, attrs...)...)
 }
 
 // fatalError is returned by handlers for conditions that end the connection.
@@ -193,7 +206,7 @@ func clientOp(op protocol.Op) bool {
 	switch op {
 	case protocol.OpHello, protocol.OpPing, protocol.OpPong, protocol.OpDeclareQueue, protocol.OpPublish,
 		protocol.OpSubscribe, protocol.OpUnsubscribe, protocol.OpAck, protocol.OpNack, protocol.OpFail,
-		protocol.OpReconcile:
+		protocol.OpReconcile, protocol.OpDeleteQueue, protocol.OpPurgeQueue:
 		return true
 	}
 	return false
@@ -237,10 +250,15 @@ func (c *conn) handle(f protocol.Frame) error {
 		c.declare(f.RequestID, b)
 	case *protocol.Publish:
 		c.publish(f.RequestID, noReply, b)
+	case *protocol.DeleteQueue:
+		c.deleteQueue(f.RequestID, b)
+	case *protocol.PurgeQueue:
+		c.purgeQueue(f.RequestID, b)
 	case *protocol.Subscribe:
 		if c.srv.isDraining() {
 			c.replyErr(f.RequestID, errDraining)
 		} else if err := c.sess.Subscribe(c.w, f.RequestID, *b); err != nil {
+			c.logInternal(f.Op, f.RequestID, err, "topic", b.Topic, "group", b.Group)
 			c.replyErr(f.RequestID, err)
 		}
 	case *protocol.Unsubscribe:
@@ -319,10 +337,52 @@ func (c *conn) declare(reqID uint64, d *protocol.DeclareQueue) {
 	defer cancel()
 	ok, err := c.srv.cfg.Backend.Declare(ctx, d)
 	if err != nil {
+		c.logInternal(protocol.OpDeclareQueue, reqID, err, "topic", d.Topic, "group", d.Group)
 		c.replyErr(reqID, err)
 		return
 	}
 	c.w.Send(session.Outbound{RequestID: reqID, Body: &ok})
+}
+
+// deleteQueue runs on the reader, like declare: the connection reads nothing
+// else until the delete is durable.
+func (c *conn) deleteQueue(reqID uint64, d *protocol.DeleteQueue) {
+	if c.srv.isDraining() {
+		c.replyErr(reqID, errDraining)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(c.srv.cfg.DeclareTimeoutMs)*time.Millisecond)
+	defer cancel()
+	if err := c.srv.cfg.Backend.DeleteQueue(ctx, d); err != nil {
+		c.logInternal(protocol.OpDeleteQueue, reqID, err, "topic", d.Topic, "group", d.Group)
+		c.replyErr(reqID, err)
+		return
+	}
+	c.w.Send(session.Outbound{RequestID: reqID, Body: &protocol.OK{}})
+}
+
+// purgeQueue hands the purge to the backend and answers from its callback.
+// Each purge holds a settle slot until it is answered, so a peer cannot
+// pile up unanswered purges beyond the settle bound.
+func (c *conn) purgeQueue(reqID uint64, pq *protocol.PurgeQueue) {
+	if c.srv.isDraining() {
+		c.replyErr(reqID, errDraining)
+		return
+	}
+	c.settleInflight.Add(1)
+	release := func() {
+		c.settleInflight.Add(-1)
+		c.signalReader()
+	}
+	topic, group := pq.Topic, pq.Group
+	c.srv.cfg.Backend.PurgeQueue(pq, func(ok protocol.PurgeOK, err error) {
+		if err != nil {
+			c.logInternal(protocol.OpPurgeQueue, reqID, err, "topic", topic, "group", group)
+			c.reply(session.Outbound{RequestID: reqID, Body: errorBody(err), AfterWrite: release, Dropped: release})
+			return
+		}
+		c.reply(session.Outbound{RequestID: reqID, Body: &ok, AfterWrite: release, Dropped: release})
+	})
 }
 
 func (c *conn) publish(reqID uint64, noReply bool, p *protocol.Publish) {
@@ -346,9 +406,11 @@ func (c *conn) publish(reqID uint64, noReply bool, p *protocol.Publish) {
 			c.signalReader()
 		}
 	}
+	topic, group := p.Topic, p.Group // not p: its body aliases the read buffer
 	srv.cfg.Backend.Publish(p, func(ok protocol.PublishOK, err error) {
 		if err != nil {
 			srv.stats.publishErrors.Add(1)
+			c.logInternal(protocol.OpPublish, reqID, err, "topic", topic, "group", group)
 			c.reply(session.Outbound{RequestID: reqID, Body: errorBody(err), AfterWrite: release, Dropped: release})
 			return
 		}

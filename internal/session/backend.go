@@ -15,6 +15,13 @@ type Backend interface {
 	// goroutine, after the message is durable or with an error; it must not block.
 	// The backend copies what it keeps.
 	Publish(p *protocol.Publish, done func(protocol.PublishOK, error))
+	// DeleteQueue removes a queue and everything in it; its subscriptions end
+	// with SubClosedQueueDeleted. It returns once the removal is durable.
+	DeleteQueue(ctx context.Context, d *protocol.DeleteQueue) error
+	// PurgeQueue discards a queue's queued messages. done is called exactly
+	// once, possibly from another goroutine, once the discards are durable or
+	// with an error; it must not block.
+	PurgeQueue(p *protocol.PurgeQueue, done func(protocol.PurgeOK, error))
 	// Subscribe attaches c to a queue. c may receive deliveries before Subscribe
 	// returns.
 	Subscribe(req *protocol.Subscribe, c Consumer) (Subscription, error)

@@ -24,6 +24,14 @@ func (x backend) Publish(p *protocol.Publish, done func(protocol.PublishOK, erro
 	x.b.Publish(p, done)
 }
 
+func (x backend) DeleteQueue(ctx context.Context, d *protocol.DeleteQueue) error {
+	return x.b.Delete(ctx, d)
+}
+
+func (x backend) PurgeQueue(p *protocol.PurgeQueue, done func(protocol.PurgeOK, error)) {
+	x.b.Purge(p, done)
+}
+
 func (x backend) Subscribe(req *protocol.Subscribe, c session.Consumer) (session.Subscription, error) {
 	s, err := x.b.Subscribe(req, consumer{c})
 	if err != nil {

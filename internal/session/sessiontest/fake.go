@@ -154,6 +154,18 @@ func (f *Fake) Publish(p *protocol.Publish, done func(protocol.PublishOK, error)
 	done(ok, nil)
 }
 
+// errNotInFake answers the queue operations the fake does not model; tests of
+// them run against the real broker (internal/testkit StartBroker).
+var errNotInFake = protocol.Errorf(protocol.CodeUnavailable, "the fake backend does not delete or purge queues")
+
+// DeleteQueue implements session.Backend; the fake refuses it.
+func (f *Fake) DeleteQueue(context.Context, *protocol.DeleteQueue) error { return errNotInFake }
+
+// PurgeQueue implements session.Backend; the fake refuses it.
+func (f *Fake) PurgeQueue(_ *protocol.PurgeQueue, done func(protocol.PurgeOK, error)) {
+	done(protocol.PurgeOK{}, errNotInFake)
+}
+
 // Subscribe implements session.Backend.
 func (f *Fake) Subscribe(req *protocol.Subscribe, c session.Consumer) (session.Subscription, error) {
 	if req.Topic == "" {
