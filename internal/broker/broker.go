@@ -152,10 +152,10 @@ func Open(cfg Config) (b *Broker, err error) {
 		return nil, fmt.Errorf("broker: Config.Lock is for %s, not DataDir %s", lock.dir, cfg.DataDir)
 	}
 	b = &Broker{
-		cfg:    cfg,
-		lock:   lock,
-		logger: cfg.Logger,
-		owner:  "b" + strconv.FormatInt(cfg.Now().UnixNano(), 36),
+		cfg:      cfg,
+		lock:     lock,
+		logger:   cfg.Logger,
+		owner:    "b" + strconv.FormatInt(cfg.Now().UnixNano(), 36),
 		queues:   make(map[queueKey]*queueEntry),
 		deleting: make(map[queueKey]bool),
 		subs:     make(map[uint64]*Subscription),
