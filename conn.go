@@ -300,7 +300,7 @@ func (c *conn) dispatch(f protocol.Frame) error {
 		if b.Fatal {
 			return be
 		}
-	case *protocol.Pong, *protocol.OK, *protocol.DeclareOK, *protocol.PublishOK,
+	case *protocol.Pong, *protocol.OK, *protocol.DeclareOK, *protocol.PublishOK, *protocol.PurgeOK,
 		*protocol.SubscribeOK, *protocol.SettleResult, *protocol.ReconcileResult:
 		if cl := c.take(f.RequestID); cl != nil {
 			if cl.hook != nil {
