@@ -118,6 +118,8 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		SegmentBytes: cfg.Storage.SegmentBytes, Quarantine: quarantine, InboxMax: cfg.Storage.InboxMax,
 		BodyBytesMax: cfg.Limits.BodyBytesMax, PrefetchMax: cfg.Limits.PrefetchMax,
 		CheckpointEveryRecords: cfg.Storage.CheckpointEveryRecords,
+		QueuesMax:              cfg.Limits.QueuesMax, QueuePartitionsMax: cfg.Limits.QueuePartitionsMax,
+		PartitionsTotalMax: cfg.Limits.PartitionsTotalMax,
 	})
 	if err != nil {
 		closeListeners()

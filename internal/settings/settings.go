@@ -61,6 +61,11 @@ type Limits struct {
 	PublishInflightMax int `toml:"publish_inflight_max"`
 	SubscriptionsMax   int `toml:"subscriptions_max"`
 	ConnectionsMax     int `toml:"connections_max"`
+	// QueuesMax, QueuePartitionsMax and PartitionsTotalMax bound queue
+	// creation, declared or on first use.
+	QueuesMax          int `toml:"queues_max"`
+	QueuePartitionsMax int `toml:"queue_partitions_max"`
+	PartitionsTotalMax int `toml:"partitions_total_max"`
 }
 
 // Connection configures timeouts and the session grace.
@@ -101,6 +106,7 @@ func Default() Config {
 		Limits: Limits{
 			FrameBytesMax: 1<<20 + 64<<10, BodyBytesMax: 1 << 20, PrefetchDefault: 100, PrefetchMax: 10_000,
 			SettleBatchMax: 4096, PublishInflightMax: 4096, SubscriptionsMax: 256, ConnectionsMax: 10_000,
+			QueuesMax: 1000, QueuePartitionsMax: 64, PartitionsTotalMax: 4096,
 		},
 		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000, ReconnectGraceMs: 0, DrainTimeoutMs: 10_000},
 		Storage:    Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096},
@@ -341,6 +347,15 @@ func (c *Config) Validate() error {
 	}
 	if l.PrefetchMax > 1<<20 {
 		bad("limits.prefetch_max", "%d is above %d", l.PrefetchMax, 1<<20)
+	}
+	positive("limits.queues_max", int64(l.QueuesMax))
+	positive("limits.queue_partitions_max", int64(l.QueuePartitionsMax))
+	positive("limits.partitions_total_max", int64(l.PartitionsTotalMax))
+	if l.QueuePartitionsMax > 1024 {
+		bad("limits.queue_partitions_max", "%d is above the broker's hard limit 1024", l.QueuePartitionsMax)
+	}
+	if c.Queue.Partitions > l.QueuePartitionsMax && l.QueuePartitionsMax > 0 {
+		bad("queue.partitions", "%d exceeds limits.queue_partitions_max %d", c.Queue.Partitions, l.QueuePartitionsMax)
 	}
 	if l.SettleBatchMax > 1<<16 {
 		bad("limits.settle_batch_max", "%d is above the protocol's list limit %d", l.SettleBatchMax, 1<<16)

@@ -118,6 +118,10 @@ func TestBadValues(t *testing.T) {
 		{map[string]string{"SINEW_LIMITS_PUBLISH_INFLIGHT_MAX": "4294967297"}, "limits.publish_inflight_max: 4294967297 is above 1048576"},
 		{map[string]string{"SINEW_LIMITS_SUBSCRIPTIONS_MAX": "4294967297"}, "limits.subscriptions_max"},
 		{map[string]string{"SINEW_QUEUE_LEASE_MS": "4294967297000"}, "queue.lease_ms"},
+		{map[string]string{"SINEW_LIMITS_QUEUES_MAX": "0"}, "limits.queues_max"},
+		{map[string]string{"SINEW_LIMITS_QUEUE_PARTITIONS_MAX": "1025"}, "limits.queue_partitions_max"},
+		{map[string]string{"SINEW_LIMITS_PARTITIONS_TOTAL_MAX": "-1"}, "limits.partitions_total_max"},
+		{map[string]string{"SINEW_QUEUE_PARTITIONS": "8", "SINEW_LIMITS_QUEUE_PARTITIONS_MAX": "4"}, "queue.partitions: 8 exceeds limits.queue_partitions_max"},
 	}
 	for _, tc := range cases {
 		_, err := Load(Sources{Env: env(tc.env)})
