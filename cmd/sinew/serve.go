@@ -271,7 +271,14 @@ func loadOwnerID(dir string) (string, error) {
 // adminConfig exposes the broker's and server's counters.
 func adminConfig(b *broker.Broker, srv *server.Server) admin.Config {
 	return admin.Config{
-		Ready:  b.Ready,
+		Ready: b.Ready,
+		Problems: func() []string {
+			var out []string
+			for _, p := range b.Problems() {
+				out = append(out, p.String())
+			}
+			return out
+		},
 		Queues: func() any { return b.Stats() },
 		Metrics: func() []admin.Metric {
 			st := srv.Stats()

@@ -22,8 +22,12 @@ type Metric struct {
 
 // Config wires the handler to its data.
 type Config struct {
-	// Ready reports whether the broker serves.
+	// Ready reports whether the broker has recovered and serves.
 	Ready func() bool
+	// Problems lists what keeps a serving broker from being fully ready,
+	// one line each (a quarantined or failed partition and why); nil or
+	// empty when there is nothing.
+	Problems func() []string
 	// Queues returns the value served as JSON by /api/v1/queues.
 	Queues func() any
 	// Metrics returns the samples for /metrics, grouped by name.
@@ -42,6 +46,20 @@ func Handler(cfg Config) http.Handler {
 		if cfg.Ready == nil || !cfg.Ready() {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			io.WriteString(w, "not ready\n")
+			return
+		}
+		var problems []string
+		if cfg.Problems != nil {
+			problems = cfg.Problems()
+		}
+		if len(problems) > 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			var b strings.Builder
+			fmt.Fprintf(&b, "not ready: %d problem(s)\n", len(problems))
+			for _, p := range problems {
+				b.WriteString(strings.ReplaceAll(p, "\n", " ") + "\n")
+			}
+			io.WriteString(w, b.String())
 			return
 		}
 		io.WriteString(w, "ready\n")

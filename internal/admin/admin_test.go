@@ -18,9 +18,11 @@ func get(t *testing.T, h http.Handler, path string) (int, string) {
 
 func TestEndpoints(t *testing.T) {
 	ready := false
+	var problems []string
 	h := Handler(Config{
-		Ready:  func() bool { return ready },
-		Queues: func() any { return []map[string]any{{"topic": "jobs", "ready": 3}} },
+		Ready:    func() bool { return ready },
+		Problems: func() []string { return problems },
+		Queues:   func() any { return []map[string]any{{"topic": "jobs", "ready": 3}} },
 		Metrics: func() []Metric {
 			return []Metric{
 				{Name: "sinew_connections_open", Help: "Open client connections.", Type: "gauge", Value: 2},
@@ -40,6 +42,12 @@ func TestEndpoints(t *testing.T) {
 	if code, _ := get(t, h, "/readyz"); code != 200 {
 		t.Fatalf("readyz: %d", code)
 	}
+	problems = []string{"queue \"t\" group \"\" partition 0 quarantined: bad crc", "second\nline"}
+	if code, body := get(t, h, "/readyz"); code != 503 || body != "not ready: 2 problem(s)\n"+
+		"queue \"t\" group \"\" partition 0 quarantined: bad crc\nsecond line\n" {
+		t.Fatalf("readyz with problems: %d %q", code, body)
+	}
+	problems = nil
 	_, metrics := get(t, h, "/metrics")
 	want := `# HELP sinew_connections_open Open client connections.
 # TYPE sinew_connections_open gauge

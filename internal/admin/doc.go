@@ -1,7 +1,9 @@
 // Package admin serves Sinew's operator HTTP endpoints:
 //
 //	GET /healthz        200 "ok" while the process runs
-//	GET /readyz         200 once the broker has recovered and serves, 503 before
+//	GET /readyz         200 once the broker has recovered and serves every partition;
+//	                    503 before, and while any partition is quarantined or failed
+//	                    (the body names each one and why)
 //	GET /metrics        Prometheus text exposition (format 0.0.4)
 //	GET /api/v1/queues  JSON: per-queue, per-partition counts
 //
