@@ -26,6 +26,7 @@ const eventVersion = 1
 //	Requeue         offset uv | leaseID uv | reason u8 | notBefore v | at v
 //	DeadLetter      offset uv | leaseID uv | reason u8 | at v | target str
 //	DeadLetterDone  offset uv | at v
+//	Relocate        offset uv | the Enqueue fields above, published .. body
 //
 // The body is last so a reader can alias it without copying.
 
@@ -36,23 +37,10 @@ func (e *Event) Marshal(dst []byte) []byte {
 	dst = append(dst, eventVersion)
 	switch e.Kind {
 	case KindEnqueue:
-		m := e.Msg
-		if m == nil {
-			m = &Message{}
-		}
-		dst = binary.AppendVarint(dst, m.PublishedAtMs)
-		dst = binary.AppendVarint(dst, m.NotBeforeMs)
-		dst = binary.AppendVarint(dst, m.ExpiresAtMs)
-		dst = binary.AppendUvarint(dst, m.ProducerSeq)
-		dst = appendStr(dst, m.ProducerID)
-		dst = appendStr(dst, m.ContentType)
-		dst = appendBytes(dst, m.Key)
-		dst = binary.AppendUvarint(dst, uint64(len(m.Headers)))
-		for _, h := range m.Headers {
-			dst = appendStr(dst, h.Key)
-			dst = appendStr(dst, h.Value)
-		}
-		dst = appendBytes(dst, m.Body)
+		dst = appendMessage(dst, e.Msg)
+	case KindRelocate:
+		dst = binary.AppendUvarint(dst, e.Offset)
+		dst = appendMessage(dst, e.Msg)
 	case KindLease:
 		dst = binary.AppendUvarint(dst, e.Offset)
 		dst = binary.AppendUvarint(dst, e.LeaseID)
@@ -82,6 +70,26 @@ func (e *Event) Marshal(dst []byte) []byte {
 	return dst
 }
 
+// appendMessage appends the Enqueue fields of m (nil: an empty message).
+func appendMessage(dst []byte, m *Message) []byte {
+	if m == nil {
+		m = &Message{}
+	}
+	dst = binary.AppendVarint(dst, m.PublishedAtMs)
+	dst = binary.AppendVarint(dst, m.NotBeforeMs)
+	dst = binary.AppendVarint(dst, m.ExpiresAtMs)
+	dst = binary.AppendUvarint(dst, m.ProducerSeq)
+	dst = appendStr(dst, m.ProducerID)
+	dst = appendStr(dst, m.ContentType)
+	dst = appendBytes(dst, m.Key)
+	dst = binary.AppendUvarint(dst, uint64(len(m.Headers)))
+	for _, h := range m.Headers {
+		dst = appendStr(dst, h.Key)
+		dst = appendStr(dst, h.Value)
+	}
+	return appendBytes(dst, m.Body)
+}
+
 func appendStr(dst []byte, s string) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(s)))
 	return append(dst, s...)
@@ -105,29 +113,10 @@ func DecodeEvent(kind uint8, b []byte) (Event, error) {
 	}
 	switch ev.Kind {
 	case KindEnqueue:
-		m := &Message{}
-		m.PublishedAtMs = d.varint()
-		m.NotBeforeMs = d.varint()
-		m.ExpiresAtMs = d.varint()
-		m.ProducerSeq = d.uvarint()
-		m.ProducerID = string(d.bytes())
-		m.ContentType = string(d.bytes())
-		m.Key = d.bytes()
-		// Each header takes at least two bytes, which bounds the slice
-		// allocated for a hostile count.
-		n := d.uvarint()
-		if n > uint64(d.remaining()/2) {
-			d.fail("header count %d exceeds payload", n)
-		}
-		if d.err == nil && n > 0 {
-			m.Headers = make([]Header, n)
-			for i := range m.Headers {
-				m.Headers[i].Key = string(d.bytes())
-				m.Headers[i].Value = string(d.bytes())
-			}
-		}
-		m.Body = d.bytes()
-		ev.Msg = m
+		ev.Msg = d.message()
+	case KindRelocate:
+		ev.Offset = d.uvarint()
+		ev.Msg = d.message()
 	case KindLease:
 		ev.Offset = d.uvarint()
 		ev.LeaseID = d.uvarint()
@@ -173,6 +162,33 @@ func DecodeEvent(kind uint8, b []byte) (Event, error) {
 		return Event{}, fmt.Errorf("decode %v event: %w", ev.Kind, d.err)
 	}
 	return ev, nil
+}
+
+// message reads the Enqueue fields; Key and Body alias the input.
+func (d *decoder) message() *Message {
+	m := &Message{}
+	m.PublishedAtMs = d.varint()
+	m.NotBeforeMs = d.varint()
+	m.ExpiresAtMs = d.varint()
+	m.ProducerSeq = d.uvarint()
+	m.ProducerID = string(d.bytes())
+	m.ContentType = string(d.bytes())
+	m.Key = d.bytes()
+	// Each header takes at least two bytes, which bounds the slice
+	// allocated for a hostile count.
+	n := d.uvarint()
+	if n > uint64(d.remaining()/2) {
+		d.fail("header count %d exceeds payload", n)
+	}
+	if d.err == nil && n > 0 {
+		m.Headers = make([]Header, n)
+		for i := range m.Headers {
+			m.Headers[i].Key = string(d.bytes())
+			m.Headers[i].Value = string(d.bytes())
+		}
+	}
+	m.Body = d.bytes()
+	return m
 }
 
 func isRequeueReason(r Reason) bool {

@@ -24,6 +24,11 @@ func sampleEvents() []Event {
 		{Kind: KindDeadLetter, Offset: 6, LeaseID: 0, Reason: ReasonExpired, Target: "dlq", AtMs: 10},
 		{Kind: KindDeadLetter, Offset: 6, LeaseID: 3, Reason: ReasonFailed, AtMs: 10},
 		{Kind: KindDeadLetterDone, Offset: 6, AtMs: 11},
+		{Kind: KindRelocate, Offset: 1 << 33, Msg: &Message{
+			Key: []byte("k"), Headers: []Header{{"a", "b"}}, ContentType: "text/plain",
+			NotBeforeMs: 1_700_000_000_500, PublishedAtMs: 1_700_000_000_000, Body: []byte("moved"),
+		}},
+		{Kind: KindRelocate, Offset: 3, Msg: &Message{}},
 	}
 }
 

@@ -6,10 +6,10 @@
 //
 // The package is pure: no goroutines, no clock (time arrives as nowMs, Unix
 // milliseconds), no I/O, no randomness. It is event-sourced. Commands
-// (Enqueue, Lease, Ack, Nack, Fail, Release, Tick, DeadLettered, Purge) look at the
-// current state and return events without changing it. The partition actor
-// appends each event to its log, learns its LSN and calls Apply(lsn, event)
-// before the next command. The state is therefore a function of the
+// (Enqueue, Lease, Ack, Nack, Fail, Release, Tick, DeadLettered, Purge,
+// Relocate) look at the current state and return events without changing
+// it. The partition actor appends each event to its log, learns its LSN and
+// calls Apply(lsn, event) before the next command. The state is therefore a function of the
 // checkpoint and the events applied after it, and a replay after a crash
 // arrives at exactly the state the crashed process had. Apply never reads the
 // Config: every decision a command made (the dead-letter target, the retry
@@ -27,6 +27,13 @@
 // index or cost O(ranges) to split and join, and Stats reports the number of
 // ranges, maintained in O(1) per settle. Frontier, the lowest unsettled LSN,
 // only moves forward; the log below it is only history.
+//
+// A message's body lives in its Enqueue record until a Relocate event copies
+// it to the log's tail (the partition does so for the few live messages left
+// in old segments, so retention can drop them). The offset stays the
+// message's identity; BodyLSN says where its body is now, and BodyFloor, the
+// lowest LSN holding a live body, is how far retention may go. Relocations
+// are applied, replayed and snapshotted like any event.
 //
 // Only unsettled messages are held in memory: 72 bytes of scheduling
 // metadata each, in arrays sorted by offset (enqueues append, since offsets

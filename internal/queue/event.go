@@ -77,12 +77,18 @@ const (
 	KindRequeue                        // an inflight message goes back to ready/delayed
 	KindDeadLetter                     // a message failed for good: discarded or copying to a target
 	KindDeadLetterDone                 // the dead-letter copy is durable: settled
+	KindRelocate                       // a live message's body was copied to this record; its offset is unchanged
 	kindEnd
 )
 
 var kindNames = [kindEnd]string{
-	"", "enqueue", "lease", "ack", "requeue", "dead_letter", "dead_letter_done",
+	"", "enqueue", "lease", "ack", "requeue", "dead_letter", "dead_letter_done", "relocate",
 }
+
+// IsEventType reports whether a seglog record type byte is a queue event
+// kind. Other record types may share the log; the queue counts their LSNs
+// as settled.
+func IsEventType(typ uint8) bool { return typ >= uint8(KindEnqueue) && typ < uint8(kindEnd) }
 
 // String returns the kind's snake_case name.
 func (k Kind) String() string {
@@ -102,6 +108,7 @@ func (k Kind) String() string {
 //	Requeue         Offset LeaseID Reason NotBeforeMs AtMs
 //	DeadLetter      Offset LeaseID Reason Target AtMs   (LeaseID 0: message was queued)
 //	DeadLetterDone  Offset AtMs
+//	Relocate        Offset Msg  (Msg is the body copied; Apply keeps only its new location)
 type Event struct {
 	Kind        Kind
 	Offset      uint64

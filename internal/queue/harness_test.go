@@ -116,7 +116,7 @@ func formatEvent(ev Event) string {
 		}
 	case KindDeadLetter:
 		fmt.Fprintf(&b, " offset=%d lease=%d reason=%v target=%q", ev.Offset, ev.LeaseID, ev.Reason, ev.Target)
-	case KindDeadLetterDone:
+	case KindDeadLetterDone, KindRelocate:
 		fmt.Fprintf(&b, " offset=%d", ev.Offset)
 	}
 	return b.String()
@@ -140,7 +140,13 @@ func dump(s *State, nowMs int64) string {
 			continue
 		}
 		b.WriteString(formatInfo(in))
+		if at := s.BodyLSN(off); at != off {
+			fmt.Fprintf(&b, " body=%d", at)
+		}
 		b.WriteByte('\n')
+	}
+	if len(s.moved) > 0 {
+		fmt.Fprintf(&b, "body-floor=%d\n", s.BodyFloor())
 	}
 	return b.String()
 }

@@ -33,6 +33,29 @@ type model struct {
 	next     uint64
 	leaseSeq uint64
 	msgs     map[uint64]*mmsg
+	// body maps offsets to the LSN of the Relocate record that last
+	// copied their body; only offsets still in msgs count.
+	body map[uint64]uint64
+}
+
+// bodyLSN is where the body of offset lives.
+func (m *model) bodyLSN(off uint64) uint64 {
+	if _, ok := m.msgs[off]; ok {
+		if at, ok := m.body[off]; ok {
+			return at
+		}
+	}
+	return off
+}
+
+// bodies lists every unsettled message's body location, lowest LSN first.
+func (m *model) bodies() []BodyLoc {
+	var out []BodyLoc
+	for off := range m.msgs {
+		out = append(out, BodyLoc{Offset: off, LSN: m.bodyLSN(off)})
+	}
+	slices.SortFunc(out, func(a, b BodyLoc) int { return cmpU64(a.LSN, b.LSN) })
+	return out
 }
 
 func (m *model) sortedOffsets() []uint64 {
@@ -187,6 +210,8 @@ func (m *model) apply(lsn uint64, ev Event) error {
 			reason: ev.Reason, target: ev.Target, dlAt: ev.AtMs}
 	case KindDeadLetterDone:
 		delete(m.msgs, ev.Offset)
+	case KindRelocate:
+		m.body[ev.Offset] = lsn
 	}
 	return nil
 }
@@ -252,7 +277,7 @@ func TestModel(t *testing.T) {
 		s := New(cfg)
 		s.slack = slack
 		h := &harness{s: s, nextLSN: rapid.Uint64Range(0, 3).Draw(t, "firstLSN")}
-		m := &model{cfg: s.Config(), msgs: map[uint64]*mmsg{}}
+		m := &model{cfg: s.Config(), msgs: map[uint64]*mmsg{}, body: map[uint64]uint64{}}
 		now := int64(1_000_000)
 		var frontier uint64
 		everSettled := map[uint64]bool{}
@@ -417,6 +442,36 @@ func TestModel(t *testing.T) {
 				}
 				run(t, got, want, err, wantErr)
 			},
+			"relocate": func(t *rapid.T) {
+				offs := m.sortedOffsets()
+				var off uint64
+				if len(offs) > 0 && rapid.IntRange(0, 4).Draw(t, "pickLive") > 0 {
+					off = rapid.SampledFrom(offs).Draw(t, "off")
+				} else {
+					off = rapid.Uint64Range(0, m.next+1).Draw(t, "off")
+				}
+				got, err := s.Relocate(nil, off)
+				var want []Event
+				var wantErr error
+				_, live := m.msgs[off]
+				switch {
+				case off >= m.next:
+					wantErr = ErrUnknownOffset
+				case !live:
+					wantErr = ErrAlreadySettled
+				default:
+					want = []Event{{Kind: KindRelocate, Offset: off}}
+				}
+				// The partition attaches the body it read; any will do here.
+				body := &Message{PublishedAtMs: 1, Body: []byte("body")}
+				for i := range got {
+					got[i].Msg = body
+				}
+				for i := range want {
+					want[i].Msg = body
+				}
+				run(t, got, want, err, wantErr)
+			},
 			"setTarget": func(t *rapid.T) {
 				c := s.Config()
 				c.DeadLetter.Target = rapid.SampledFrom([]string{"", "dlq"}).Draw(t, "target")
@@ -447,6 +502,9 @@ func TestModel(t *testing.T) {
 				}
 				if got, want := dump(r, now), dump(s, now); got != want {
 					t.Fatalf("restored state differs:\n%s\nwant:\n%s", got, want)
+				}
+				if got, want := r.BodyFloor(), s.BodyFloor(); got != want {
+					t.Fatalf("restored body floor %d, want %d", got, want)
 				}
 				s = r
 				h.s = r
@@ -545,6 +603,32 @@ func TestModel(t *testing.T) {
 				}
 				if at, ok := s.NextDeadlineMs(); ok != wantOK || at != wantAt {
 					t.Fatalf("next deadline %d,%v want %d,%v", at, ok, wantAt, wantOK)
+				}
+				// Body locations: every offset, the floor, and the oldest
+				// bodies below a random bound.
+				for off := uint64(0); off < m.next+2; off++ {
+					if got, want := s.BodyLSN(off), m.bodyLSN(off); got != want {
+						t.Fatalf("body of offset %d at %d, model %d", off, got, want)
+					}
+				}
+				bodies := m.bodies()
+				wantFloor := m.next
+				if len(bodies) > 0 {
+					wantFloor = bodies[0].LSN
+				}
+				if got := s.BodyFloor(); got != wantFloor || got < f {
+					t.Fatalf("body floor %d, model %d, frontier %d", got, wantFloor, f)
+				}
+				below := rapid.Uint64Range(0, m.next+1).Draw(t, "below")
+				maxN := rapid.IntRange(0, 5).Draw(t, "maxBodies")
+				var wantOld []BodyLoc
+				for _, b := range bodies {
+					if b.LSN < below && len(wantOld) < maxN {
+						wantOld = append(wantOld, b)
+					}
+				}
+				if got := s.OldestBodies(nil, below, maxN); !slices.Equal(got, wantOld) {
+					t.Fatalf("oldest bodies below %d (max %d) = %v, want %v", below, maxN, got, wantOld)
 				}
 			},
 		})

@@ -5,18 +5,20 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"slices"
 )
 
-// Snapshot layout (version 2). uv = unsigned varint, v = signed varint,
+// Snapshot layout (version 3). uv = unsigned varint, v = signed varint,
 // str = uv length + bytes. Settled LSNs are not listed: every LSN below
 // nextLSN that is not an entry is settled, so the snapshot is as large as the
 // unsettled set, however long the history.
 //
-//	+--------+-----+---------+----------+-------+-------------+----------+----------+----------+
-//	| "SNWQ" | ver | nextLSN | leaseSeq | nStrs | str * nStrs | nEntries | entries  | crc32c   |
-//	| 4 B    | u8  | uv      | uv       | uv    |             | uv       |          | u32 LE   |
-//	+--------+-----+---------+----------+-------+-------------+----------+----------+----------+
-//	crc32c (Castagnoli) covers every byte before it.
+//	+--------+-----+---------+----------+-------+-------------+----------+---------+--------+-------+--------+
+//	| "SNWQ" | ver | nextLSN | leaseSeq | nStrs | str * nStrs | nEntries | entries | nMoved | moved | crc32c |
+//	| 4 B    | u8  | uv      | uv       | uv    |             | uv       |         | uv     |       | u32 LE |
+//	+--------+-----+---------+----------+-------+-------------+----------+---------+--------+-------+--------+
+//	crc32c (Castagnoli) covers every byte before it. nMoved and moved are in
+//	version >= 3 only.
 //
 //	entry, in ascending offset order:
 //	  offDelta uv      offset - previous offset (first: offset itself); > 0 after the first
@@ -28,15 +30,20 @@ import (
 //	  inflight only:        leaseID uv | owner strIdx uv | deadline v
 //	  dead-lettering only:  reason u8  | target strIdx uv | at v
 //
+//	moved, one per relocated body, in ascending offset order:
+//	  offDelta uv      offset - previous offset (first: offset itself); an entry's offset
+//	  lsnDelta uv      LSN of the Relocate record holding its body, minus the offset; > 0
+//
 // Owners and targets repeat across many entries, so each distinct string is
 // stored once in the string table and entries refer to it by index.
 //
 // Versions: 1 had no released field; Restore still reads it, and its
-// messages start with no uncounted releases. 2 added released. Snapshot
+// messages start with no uncounted releases. 2 added released. 3 added
+// moved; versions 1 and 2 restore with every body at its offset. Snapshot
 // always writes the current version.
 const (
 	snapshotMagic   = "SNWQ"
-	snapshotVersion = 2
+	snapshotVersion = 3
 	// snapshotVersionMin is the oldest version Restore reads.
 	snapshotVersionMin = 1
 	snapQueued         = 1
@@ -110,6 +117,20 @@ func (s *State) Snapshot(dst []byte) []byte {
 			dst = append(dst, byte(e.reason))
 			dst = binary.AppendUvarint(dst, strIdx[e.owner])
 			dst = binary.AppendVarint(dst, e.deadlineMs)
+		}
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(s.moved)))
+	if len(s.moved) > 0 {
+		moved := make([]BodyLoc, 0, len(s.moved))
+		for off, at := range s.moved {
+			moved = append(moved, BodyLoc{Offset: off, LSN: at})
+		}
+		slices.SortFunc(moved, func(a, b BodyLoc) int { return cmpU64(a.Offset, b.Offset) })
+		prev = 0
+		for _, m := range moved {
+			dst = binary.AppendUvarint(dst, m.Offset-prev)
+			dst = binary.AppendUvarint(dst, m.LSN-m.Offset)
+			prev = m.Offset
 		}
 	}
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
@@ -245,12 +266,16 @@ func Restore(cfg Config, b []byte) (*State, error) {
 			}
 		}
 	}
+	if ver >= 3 {
+		restoreMoved(s, &d)
+	}
 	if d.err == nil && d.remaining() != 0 {
 		d.fail("%d trailing bytes", d.remaining())
 	}
 	if d.err != nil {
 		return nil, fmt.Errorf("restore: %w", d.err)
 	}
+	s.rebuildMovedLog()
 	s.reindex()
 
 	// Count the settled runs: the gaps between unsettled offsets, and the
@@ -266,4 +291,35 @@ func Restore(cfg Config, b []byte) (*State, error) {
 		s.settledRanges++
 	}
 	return s, nil
+}
+
+// restoreMoved reads the moved section: each offset must be an unsettled
+// message, listed once in ascending order, and its body LSN must lie above
+// it and below NextLSN.
+func restoreMoved(s *State, d *decoder) {
+	n := d.uvarint()
+	if n > uint64(d.remaining()/2) || n > uint64(len(s.offs)) {
+		d.fail("moved count %d exceeds snapshot", n)
+	}
+	var off uint64
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		delta, lsnDelta := d.uvarint(), d.uvarint()
+		if d.err != nil {
+			return
+		}
+		if i > 0 && delta == 0 || delta > math.MaxUint64-off {
+			d.fail("moved offset delta %d after %d", delta, off)
+			return
+		}
+		off += delta
+		if _, _, ok := s.get(off); !ok {
+			d.fail("moved offset %d is not an unsettled message", off)
+			return
+		}
+		if lsnDelta == 0 || lsnDelta >= s.nextLSN-off {
+			d.fail("offset %d: body lsn %d+%d out of range (next lsn %d)", off, off, lsnDelta, s.nextLSN)
+			return
+		}
+		s.moved[off] = off + lsnDelta
+	}
 }

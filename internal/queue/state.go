@@ -182,6 +182,16 @@ type State struct {
 	settledRanges int
 	deadLetters   map[uint64]struct{} // offsets in phaseDeadLettering
 
+	// Bodies copied forward by Relocate (see relocate.go): moved maps the
+	// offset of an unsettled message to the LSN of the Relocate record now
+	// holding its body, movedLog lists relocations in LSN order from
+	// movedHead on, with stale ones (settled or moved again) skipped
+	// lazily. Relocations are few (the stragglers of old segments), so a
+	// map beside the slab costs nothing on the hot path.
+	moved     map[uint64]uint64
+	movedLog  []BodyLoc
+	movedHead int
+
 	// promotedMs is the latest clock reading at which due delayed messages
 	// were moved to ready. Internal only: it never changes an observation
 	// as long as the clock does not step back.
@@ -198,6 +208,7 @@ func New(cfg Config) *State {
 	return &State{
 		cfg:         cfg.normalized(),
 		deadLetters: make(map[uint64]struct{}),
+		moved:       make(map[uint64]uint64),
 		promotedMs:  math.MinInt64,
 		slack:       garbageSlack,
 	}
@@ -322,6 +333,8 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		s.counts[phaseDeadLettering]--
 		delete(s.deadLetters, ev.Offset)
 		s.settle(pos)
+	case KindRelocate:
+		s.moveBody(ev.Offset, lsn)
 	}
 	return nil
 }
@@ -352,6 +365,8 @@ func (s *State) check(e *entry, ev Event) string {
 		if e.phase != phaseDeadLettering {
 			return "message is " + e.phase.String()
 		}
+	case KindRelocate:
+		// Any unsettled message has a body to move.
 	default:
 		return "unknown event kind"
 	}
@@ -461,6 +476,9 @@ func (s *State) settle(pos int) {
 	off := s.offs[pos]
 	s.slab[pos] = entry{}
 	s.nLive--
+	if len(s.moved) > 0 {
+		delete(s.moved, off)
+	}
 
 	// Settling off joins the settled runs on either side of it.
 	left := off > 0 && s.isSettledAt(off-1, pos-1)
