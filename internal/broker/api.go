@@ -216,6 +216,9 @@ type PartitionStats struct {
 	// CheckpointFailures counts failed checkpoint attempts since the
 	// partition opened; failures back off exponentially.
 	CheckpointFailures uint64
+	// Relocated counts message bodies copied to the log's tail so that
+	// retention could drop the old segments they pinned.
+	Relocated uint64
 }
 
 // QueueStats are one queue's counters.

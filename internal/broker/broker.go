@@ -711,7 +711,7 @@ func (b *Broker) Stats() Stats {
 				Partition: p.Index(), Quarantined: s.Quarantined, Err: s.Err,
 				NextLSN: s.NextLSN, Frontier: s.Frontier, Ready: s.Ready, Delayed: s.Delayed,
 				Inflight: s.Inflight, DeadLettering: s.DeadLettering, Consumers: s.Consumers,
-				CheckpointFailures: s.CheckpointFailures,
+				CheckpointFailures: s.CheckpointFailures, Relocated: s.Relocated,
 			})
 		}
 		out.Queues = append(out.Queues, qst)

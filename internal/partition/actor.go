@@ -191,6 +191,10 @@ func (p *Partition) afterTurn() {
 // checkpointRetryMaxMs. Each failure is counted (Stats.CheckpointFailures)
 // and logged once, with the wait before the next attempt.
 func (p *Partition) periodicCheckpoint(now int64) {
+	if _, err := p.relocate(); err != nil {
+		p.fail(err, nil)
+		return
+	}
 	err := p.checkpoint()
 	if err == nil {
 		if p.ckptStreak > 0 {
@@ -700,7 +704,8 @@ func (p *Partition) deliver(ds []pending) {
 func (p *Partition) readAhead(ds []pending) {
 	miss := p.missing[:0]
 	for _, d := range ds {
-		if _, ok := p.cache.get(d.offset); !ok {
+		// A relocated body is not at its offset: message reads it alone.
+		if _, ok := p.cache.get(d.offset); !ok && p.st.BodyLSN(d.offset) == d.offset {
 			miss = append(miss, d.offset)
 		}
 	}
@@ -739,25 +744,32 @@ func (p *Partition) readAhead(ds []pending) {
 // message returns the published message at offset; Key and Body alias a
 // buffer nobody modifies.
 func (p *Partition) message(offset uint64) (*queue.Message, error) {
+	m, _, err := p.messageSized(offset)
+	return m, err
+}
+
+// messageSized is message that also returns the size of the payload the
+// message was decoded from. The body is read from the cache, from what
+// readAhead loaded, or from the log at its current location: its Enqueue
+// record, or the Relocate record that last copied it forward.
+func (p *Partition) messageSized(offset uint64) (*queue.Message, int, error) {
 	payload, ok := p.cache.get(offset)
 	if !ok {
 		payload, ok = p.loaded[offset]
 	}
-	if !ok {
-		r, err := p.log.Read(offset)
+	if ok {
+		ev, err := queue.DecodeEvent(uint8(queue.KindEnqueue), payload)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		if queue.Kind(r.Type) != queue.KindEnqueue {
-			return nil, fmt.Errorf("offset %d holds a %v record, not an enqueue", offset, queue.Kind(r.Type))
-		}
-		payload = r.Payload
+		return ev.Msg, len(payload), nil
 	}
-	ev, err := queue.DecodeEvent(uint8(queue.KindEnqueue), payload)
+	r, err := p.log.Read(p.st.BodyLSN(offset))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return ev.Msg, nil
+	m, err := bodyMessage(offset, r.Type, r.LSN, r.Payload)
+	return m, len(r.Payload), err
 }
 
 // Reserved headers on dead-letter copies.

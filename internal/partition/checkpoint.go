@@ -121,8 +121,8 @@ func WriteFileAtomic(fsys vfs.FS, name string, data []byte) error {
 }
 
 // checkpoint writes the queue snapshot and then drops log segments that
-// neither recovery (below the checkpoint) nor delivery (below the frontier)
-// can need. Called from the actor goroutine, or from Close after it stopped.
+// neither recovery (below the checkpoint) nor delivery (below every live
+// message's body, see relocate.go) can need. Called from the actor goroutine, or from Close after it stopped.
 func (p *Partition) checkpoint() error {
 	// Everything applied must be durable before a checkpoint claims it;
 	// under SyncAlways it already is, under SyncInterval this forces it.
@@ -142,7 +142,7 @@ func (p *Partition) checkpoint() error {
 	if p.cfg.noRetention {
 		return nil
 	}
-	if _, err := p.log.DropBefore(min(p.st.Frontier(), covers)); err != nil {
+	if _, err := p.log.DropBefore(p.retentionFloor(covers)); err != nil {
 		return fmt.Errorf("checkpoint: retention: %w", err)
 	}
 	return nil
@@ -195,7 +195,7 @@ func (p *Partition) recover() error {
 		Logger:         p.logger,
 		ReplayFrom:     covers,
 		Replay: func(r seglog.Record) error {
-			if r.Type == 0 || queue.Kind(r.Type) > queue.KindDeadLetterDone {
+			if !queue.IsEventType(r.Type) {
 				// Not a queue event: records reserved for later
 				// features (producer deduplication) occupy LSNs the
 				// queue counts as settled.

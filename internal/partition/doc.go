@@ -96,12 +96,16 @@
 // records (the risk that policy names). Every CheckpointEveryRecords records
 // and at Close the queue snapshot is written to Dir/checkpoint atomically
 // (after a log.Sync, so it never claims a record that is not durable); log
-// segments wholly below both the checkpoint and the queue's frontier are
-// then deleted. A failed checkpoint is counted (Stats.CheckpointFailures),
-// logged once and retried only after a backoff that doubles from 1 s to
-// 5 min with each consecutive failure. Recovery restores the checkpoint and replays the log from
-// the LSN it covers. Close waits for the sync under way, makes the open
-// stage durable and releases both.
+// segments wholly below both the checkpoint and every live message's body
+// are then deleted. Just before, the bodies of the few live messages left
+// in sparse old segments are copied to the log's tail (queue Relocate
+// records, see relocate.go), so one long-delayed or stuck message does not
+// pin every segment after it. A failed checkpoint is counted
+// (Stats.CheckpointFailures), logged once and retried only after a backoff
+// that doubles from 1 s to 5 min with each consecutive failure. Recovery
+// restores the checkpoint and replays the log from the LSN it covers. Close
+// waits for the sync under way, makes the open stage durable and releases
+// both.
 //
 // # Recovered leases
 //

@@ -136,6 +136,9 @@ type Config struct {
 	// noRetention keeps every log segment (tests compare checkpoint plus
 	// replay with a replay of the whole log).
 	noRetention bool
+	// relocateLiveFraction overrides relocateLiveFraction (tests: 1
+	// relocates every live body of the sealed segments, -1 none).
+	relocateLiveFraction int
 }
 
 // SettleOp is how a consumer settles a lease.
@@ -217,6 +220,9 @@ type Stats struct {
 	// the log keeps growing meanwhile, since retention runs only after a
 	// checkpoint.
 	CheckpointFailures uint64
+	// Relocated counts message bodies copied to the log's tail since Open
+	// so that retention could drop the old segments they pinned.
+	Relocated uint64
 }
 
 type cmdKind uint8
@@ -336,6 +342,9 @@ type Partition struct {
 	ckptRetryAtMs int64
 	// purges are the purges under way, oldest first (see purgeStep).
 	purges []purgeJob
+	// relocs is relocate's scratch; relocated counts its copies.
+	relocs    []queue.BodyLoc
+	relocated uint64
 }
 
 // purgeJob is one Purge being carried out over one or more turns.
@@ -656,7 +665,8 @@ func (p *Partition) control(m control) error {
 }
 
 // Close stops the actor: commands still in the inbox are refused with
-// ErrClosed, a final checkpoint is written and the log is closed.
+// ErrClosed, live bodies in sparse old segments are relocated, a final
+// checkpoint is written and the log is closed.
 // Consumers get no callback; the caller tells them.
 func (p *Partition) Close() error {
 	p.sendMu.Lock()
@@ -674,7 +684,9 @@ func (p *Partition) Close() error {
 	<-p.stopped
 	var errs []error
 	if p.failed == nil {
-		if err := p.checkpoint(); err != nil {
+		if _, err := p.relocate(); err != nil {
+			errs = append(errs, err)
+		} else if err := p.checkpoint(); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -690,7 +702,7 @@ func (p *Partition) ckptPath() string { return filepath.Join(p.cfg.Dir, checkpoi
 func (p *Partition) nowMs() int64 { return p.cfg.Now().UnixMilli() }
 
 func (p *Partition) publishStats() {
-	s := &Stats{Consumers: len(p.consumers), CheckpointFailures: p.ckptFailures}
+	s := &Stats{Consumers: len(p.consumers), CheckpointFailures: p.ckptFailures, Relocated: p.relocated}
 	switch {
 	case p.parked != nil:
 		s.Quarantined = true
