@@ -499,6 +499,11 @@ func (c *conn) sendSettle(group []*settleReq) {
 					r.fin(err)
 				case codes[i] == protocol.CodeOK:
 					r.fin(nil)
+				case codes[i] == protocol.CodeBadRequest && r.kind == protocol.OpNack:
+					// SETTLE_RESULT carries codes only; this is the one
+					// bad_request a NACK of a delivery tag can get.
+					r.fin(&BrokerError{Code: codes[i], Message: fmt.Sprintf(
+						"NACK delay %d ms refused: above the broker's maximum NACK delay (queue.nack_delay_ms_max, 30 days by default)", r.delay)})
 				default:
 					r.fin(&BrokerError{Code: codes[i]})
 				}

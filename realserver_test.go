@@ -3,6 +3,7 @@ package sinew
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -287,5 +288,34 @@ func TestRealCompleteAsyncDrain(t *testing.T) {
 	}
 	if m := recv(t, sub2); m.Text() != "after" {
 		t.Fatalf("first message after the drain is %q, want \"after\"", m.Text())
+	}
+}
+
+// TestRealRetryAfterBeyondCap: a RetryAfter above the broker's NACK delay
+// cap (30 days by default) is a bad_request naming the cap, and the message
+// stays unsettled, so a shorter retry still works.
+func TestRealRetryAfterBeyondCap(t *testing.T) {
+	rb := startRealBroker(t, nil)
+	c := dialT(t, rb.Addr)
+	ctx := testCtx(t)
+	sub, err := c.Subscribe(ctx, "nack-cap", WithPrefetch(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishRetrying(t, c, "nack-cap", "x")
+	m := recv(t, sub)
+	err = m.RetryAfter(ctx, 31*24*time.Hour)
+	if !errors.Is(err, &BrokerError{Code: protocol.CodeBadRequest}) || !strings.Contains(err.Error(), "nack_delay_ms_max") {
+		t.Fatalf("RetryAfter(31 days) = %v, want bad_request naming the cap", err)
+	}
+	if err := m.Retry(ctx); err != nil {
+		t.Fatalf("Retry after a refused RetryAfter: %v", err)
+	}
+	again := recv(t, sub)
+	if again.Offset != m.Offset || again.Attempt != 2 {
+		t.Fatalf("redelivery: offset %d attempt %d, want offset %d attempt 2", again.Offset, again.Attempt, m.Offset)
+	}
+	if err := again.Complete(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -443,11 +443,16 @@ func (m *Message) DecodeJSON(v any) error { return json.Unmarshal(m.Body, v) }
 // made the settle durable.
 func (m *Message) Complete(ctx context.Context) error { return m.settle(ctx, protocol.OpAck, 0) }
 
-// Retry returns the message to the queue for another attempt (NACK). After the
-// queue's max retries it is dead-lettered instead.
+// Retry returns the message to the queue for another attempt (NACK). A NACK
+// counts as a failed delivery: once the queue's max retries have been used,
+// the next one dead-letters the message instead. (A delivery left unsettled
+// because the consumer went away does not count; see docs/protocol.md.)
 func (m *Message) Retry(ctx context.Context) error { return m.settle(ctx, protocol.OpNack, 0) }
 
 // RetryAfter is Retry with a delay before the message is delivered again.
+// The broker caps the delay (queue.nack_delay_ms_max, 30 days by default): a
+// longer one is refused with a bad_request *BrokerError naming the cap, and
+// the message stays unsettled, so it may be settled again.
 func (m *Message) RetryAfter(ctx context.Context, d time.Duration) error {
 	return m.settle(ctx, protocol.OpNack, max(0, d.Milliseconds()))
 }
@@ -542,7 +547,10 @@ func (m *Message) settleAsync(ctx context.Context, kind protocol.Op, delayMs int
 	e := m.sub.e
 	e.busy.add(1)
 	finish := func(err error) {
-		if err != nil && (IsRetryable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		if err != nil && (IsRetryable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+			kind == protocol.OpNack && errors.Is(err, &BrokerError{Code: protocol.CodeBadRequest})) {
+			// A refused NACK delay (the only bad_request a NACK of a
+			// valid tag gets) leaves the lease held: settle it again.
 			m.settled <- struct{}{} // allow another try
 		} else {
 			m.sub.release(m.epoch, m.tag)

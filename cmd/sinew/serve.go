@@ -114,7 +114,9 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	b, err := broker.Open(broker.Config{
 		DataDir: cfg.DataDir, Lock: held, Now: time.Now, Logger: logger.With("component", "broker"),
 		DefaultPartitions: cfg.Queue.Partitions, DefaultLeaseMs: cfg.Queue.LeaseMs, DefaultMaxRetries: cfg.Queue.MaxRetries,
-		DeadLetterTopic: cfg.Queue.DeadLetterTopic, Sync: sync, SyncIntervalMs: cfg.Storage.SyncIntervalMs,
+		DeadLetterTopic: cfg.Queue.DeadLetterTopic,
+		DelayMsMax:      cfg.Queue.DelayMsMax, TTLMsMax: cfg.Queue.TTLMsMax, NackDelayMsMax: cfg.Queue.NackDelayMsMax,
+		Sync: sync, SyncIntervalMs: cfg.Storage.SyncIntervalMs,
 		SegmentBytes: cfg.Storage.SegmentBytes, Quarantine: quarantine, InboxMax: cfg.Storage.InboxMax,
 		BodyBytesMax: cfg.Limits.BodyBytesMax, PrefetchMax: cfg.Limits.PrefetchMax,
 		CheckpointEveryRecords: cfg.Storage.CheckpointEveryRecords,

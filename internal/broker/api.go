@@ -120,6 +120,16 @@ type Config struct {
 	// holds: no retry limit, no TTL, FAIL puts a message back to ready, and
 	// a message leaves only when completed or purged.
 	DeadLetterTopic string
+	// DelayMsMax caps how far ahead a publish may schedule its first
+	// delivery (delay_ms, or not_before_ms from now); TTLMsMax caps a
+	// publish's ttl_ms and a queue's default_ttl_ms; NackDelayMsMax caps
+	// a NACK's delay. Each defaults to 30 days (DelayMsMaxDefault,
+	// TTLMsMaxDefault, NackDelayMsMaxDefault) and is at most TimeCapMsMax.
+	// Input beyond a cap is refused with bad_request naming it; a NACK is
+	// refused, not clamped, and its lease stays held (see caps.go).
+	DelayMsMax     int64
+	TTLMsMax       int64
+	NackDelayMsMax int64
 
 	// Sync, SyncIntervalMs and SegmentBytes configure every partition log.
 	Sync           seglog.SyncPolicy

@@ -125,6 +125,9 @@ func (c *Config) normalize() {
 	if c.CheckpointEveryRecords <= 0 {
 		c.CheckpointEveryRecords = CheckpointEveryRecordsDefault
 	}
+	c.DelayMsMax = normalizeCap(c.DelayMsMax, DelayMsMaxDefault)
+	c.TTLMsMax = normalizeCap(c.TTLMsMax, TTLMsMaxDefault)
+	c.NackDelayMsMax = normalizeCap(c.NackDelayMsMax, NackDelayMsMaxDefault)
 }
 
 // Open recovers every queue and partition under cfg.DataDir and starts
@@ -546,6 +549,9 @@ func (b *Broker) metaFor(d *protocol.DeclareQueue) (*queueMeta, error) {
 	if d.DefaultTTLMs < 0 {
 		return nil, protocol.Errorf(protocol.CodeBadRequest, "default_ttl_ms %d is negative", d.DefaultTTLMs)
 	}
+	if err := b.checkDefaultTTL(d.DefaultTTLMs); err != nil {
+		return nil, err
+	}
 	switch d.DeadLetterMode {
 	case protocol.DeadLetterDefault, protocol.DeadLetterDiscard, protocol.DeadLetterGlobal:
 		if d.DeadLetterTarget != "" {
@@ -607,6 +613,10 @@ func (b *Broker) Publish(p *protocol.Publish, done func(protocol.PublishOK, erro
 	}
 	if err := b.checkPublish(p); err != nil {
 		done(protocol.PublishOK{}, err)
+		return
+	}
+	if err := b.checkTimes(p, b.cfg.Now().UnixMilli()); err != nil {
+		done(protocol.PublishOK{}, err) // caps.go
 		return
 	}
 	q, err := b.lookup(p.Topic, p.Group, true)

@@ -162,8 +162,10 @@ func (s *Subscription) View() protocol.SubView { return s.view }
 // Settle acks (protocol.OpAck), requeues (OpNack, not before delayMs from
 // now) or fails (OpFail) one lease. done gets CodeOK once the settle record
 // is durable, CodeStaleLease if the lease is no longer current, CodeOK for
-// an ack of an already settled offset (acks are idempotent), or the code of
-// a partition error (unavailable, resource exhausted: retry). done must not
+// an ack of an already settled offset (acks are idempotent),
+// CodeBadRequest for a NACK delay above Config.NackDelayMsMax (the lease
+// stays held), or the code of a partition error (unavailable, resource
+// exhausted: retry). done must not
 // block; it may run before Settle returns. A settle of a delivery this
 // subscription holds frees its prefetch credit.
 func (s *Subscription) Settle(kind protocol.Op, partitionIdx uint32, offset, leaseID uint64, delayMs int64, done func(protocol.Code)) {
@@ -181,6 +183,11 @@ func (s *Subscription) Settle(kind protocol.Op, partitionIdx uint32, offset, lea
 	}
 	if int(partitionIdx) >= len(s.q.parts) {
 		done(protocol.CodeNotFound)
+		return
+	}
+	if kind == protocol.OpNack && delayMs > s.b.cfg.NackDelayMsMax {
+		// Refused, not clamped (caps.go); the lease stays held.
+		done(protocol.CodeBadRequest)
 		return
 	}
 	var notBefore int64

@@ -40,6 +40,9 @@ var help = map[string]string{
 	"queue.lease_ms":          "How long a manual-ack delivery stays leased before it is delivered again (queues created on first use).",
 	"queue.max_retries":       "Redeliveries after a failed delivery (a NACK, or a lease expiring while its holder is connected; a consumer going away does not count) before a message is dead-lettered with reason retries_exhausted.",
 	"queue.dead_letter_topic": "Queue that receives failed, exhausted and expired messages. It keeps them: no retry limit, no TTL, FAIL requeues.",
+	"queue.delay_ms_max":      "Longest delay a publish may ask for (delay_ms, or not_before_ms from now); beyond it the publish is refused with bad_request.",
+	"queue.ttl_ms_max":        "Longest TTL a publish (ttl_ms) or a queue declaration (default_ttl_ms) may ask for; beyond it the request is refused with bad_request.",
+	"queue.nack_delay_ms_max": "Longest delay a NACK (retry after) may ask for; beyond it the NACK is refused with bad_request and the lease stays held.",
 }
 
 // Describe returns the meaning of key, or "" for an unknown key.

@@ -97,7 +97,18 @@ type Queue struct {
 	LeaseMs         int64  `toml:"lease_ms"`
 	MaxRetries      int    `toml:"max_retries"`
 	DeadLetterTopic string `toml:"dead_letter_topic"`
+	// Caps on scheduling into the future, for every queue.
+	DelayMsMax     int64 `toml:"delay_ms_max"`
+	TTLMsMax       int64 `toml:"ttl_ms_max"`
+	NackDelayMsMax int64 `toml:"nack_delay_ms_max"`
 }
+
+// Scheduling caps: 30 days by default; at most 100 years, so now plus a cap
+// stays far from overflow (the broker's TimeCapMsMax).
+const (
+	thirtyDaysMs = 30 * 24 * 3600 * 1000
+	timeCapMsMax = 100 * 365 * 24 * 3600 * 1000
+)
 
 // Default returns the built-in configuration.
 func Default() Config {
@@ -110,7 +121,8 @@ func Default() Config {
 		},
 		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000, ReconnectGraceMs: 0, DrainTimeoutMs: 10_000},
 		Storage:    Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096},
-		Queue:      Queue{Partitions: 1, LeaseMs: 30_000, MaxRetries: 5, DeadLetterTopic: "sinew.dead-letter"},
+		Queue: Queue{Partitions: 1, LeaseMs: 30_000, MaxRetries: 5, DeadLetterTopic: "sinew.dead-letter",
+			DelayMsMax: thirtyDaysMs, TTLMsMax: thirtyDaysMs, NackDelayMsMax: thirtyDaysMs},
 	}
 }
 
@@ -418,6 +430,14 @@ func (c *Config) Validate() error {
 	}
 	if q.DeadLetterTopic == "" {
 		bad("queue.dead_letter_topic", "must not be empty")
+	}
+	for _, c := range []struct {
+		key string
+		v   int64
+	}{{"queue.delay_ms_max", q.DelayMsMax}, {"queue.ttl_ms_max", q.TTLMsMax}, {"queue.nack_delay_ms_max", q.NackDelayMsMax}} {
+		if c.v <= 0 || c.v > timeCapMsMax {
+			bad(c.key, "%d is out of range 1..%d", c.v, int64(timeCapMsMax))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -122,6 +122,9 @@ func TestBadValues(t *testing.T) {
 		{map[string]string{"SINEW_LIMITS_QUEUE_PARTITIONS_MAX": "1025"}, "limits.queue_partitions_max"},
 		{map[string]string{"SINEW_LIMITS_PARTITIONS_TOTAL_MAX": "-1"}, "limits.partitions_total_max"},
 		{map[string]string{"SINEW_QUEUE_PARTITIONS": "8", "SINEW_LIMITS_QUEUE_PARTITIONS_MAX": "4"}, "queue.partitions: 8 exceeds limits.queue_partitions_max"},
+		{map[string]string{"SINEW_QUEUE_DELAY_MS_MAX": "0"}, "queue.delay_ms_max: 0 is out of range"},
+		{map[string]string{"SINEW_QUEUE_TTL_MS_MAX": "-5"}, "queue.ttl_ms_max"},
+		{map[string]string{"SINEW_QUEUE_NACK_DELAY_MS_MAX": "9223372036854775807"}, "queue.nack_delay_ms_max"},
 	}
 	for _, tc := range cases {
 		_, err := Load(Sources{Env: env(tc.env)})
