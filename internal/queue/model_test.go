@@ -405,6 +405,22 @@ func TestModel(t *testing.T) {
 			"tick": func(t *rapid.T) {
 				run(t, s.Tick(nil, now), m.tick(now), nil, nil)
 			},
+			"purge": func(t *rapid.T) {
+				// Queued messages below the bound, lowest first, at most
+				// max, discarded whatever the dead-letter policy.
+				below := rapid.Uint64Range(0, m.next+1).Draw(t, "below")
+				max := rapid.IntRange(0, 4).Draw(t, "purgeMax")
+				var want []Event
+				for _, off := range m.sortedOffsets() {
+					if len(want) == max || off >= below {
+						break
+					}
+					if m.msgs[off].state == StateReady {
+						want = append(want, Event{Kind: KindDeadLetter, Offset: off, Reason: ReasonPurged, AtMs: now})
+					}
+				}
+				run(t, s.Purge(nil, below, max, now), want, nil, nil)
+			},
 			"advance": func(t *rapid.T) {
 				// Mostly round steps, so the clock lands exactly on deadlines,
 				// not-befores and expiries and the <= boundaries get tested.
