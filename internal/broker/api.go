@@ -78,7 +78,8 @@ type Config struct {
 	FS vfs.FS
 	// Now is the clock; default time.Now.
 	Now func() time.Time
-	// Logger receives recovery and quarantine reports; default discards.
+	// Logger receives recovery and quarantine reports, internal errors with
+	// their context, and queue deletions and purges; default discards.
 	Logger *slog.Logger
 	// Lock is DataDir's lock, already taken with LockDataDir by a caller
 	// that must hold it before Open (to bind listeners first, say). Open

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"testing/synctest"
 
+	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/protocol"
 )
@@ -506,6 +507,50 @@ func TestDeleteRacesUse(t *testing.T) {
 			if err := b.Delete(ctx, &protocol.DeleteQueue{Topic: "t"}); err != nil && protocol.CodeOf(err) != protocol.CodeNotFound {
 				t.Fatal(err)
 			}
+		}
+	})
+}
+
+// A queue with a quarantined partition: a purge empties the healthy
+// partitions and reports unavailable with their count; deleting the queue
+// removes the damaged data too and clears the problem.
+func TestPurgeAndDeleteWithQuarantinedPartition(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := vfs.NewMem()
+		cfg := testConfig(fs)
+		b := mustOpen(t, cfg)
+		if _, err := b.Declare(context.Background(), &protocol.DeclareQueue{Topic: "t", Partitions: 2, MaxRetries: -1}); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 6 {
+			p := msg("t", "x")
+			p.Partition = int32(i % 2)
+			mustPublish(t, b, p)
+		}
+		b.Close()
+		pdir := filepath.Join(queueDir("t", ""), "p0")
+		fs.Remove(filepath.Join(pdir, "checkpoint"))
+		if err := fs.FlipBit(filepath.Join(pdir, "log", seglog.SegmentName(1)), 20, 1); err != nil {
+			t.Fatal(err)
+		}
+		b = mustOpen(t, cfg)
+		defer b.Close()
+		if len(b.Problems()) != 1 {
+			t.Fatalf("problems %+v", b.Problems())
+		}
+		n, err := purgeQueue(b, "t", "")
+		if protocol.CodeOf(err) != protocol.CodeUnavailable || n != 3 ||
+			!strings.Contains(err.Error(), "partition 0 is quarantined") || !strings.Contains(err.Error(), "3 messages purged") {
+			t.Fatalf("purge: %d %v", n, err)
+		}
+		if err := b.Delete(context.Background(), &protocol.DeleteQueue{Topic: "t"}); err != nil {
+			t.Fatal(err)
+		}
+		if ps := b.Problems(); len(ps) != 0 {
+			t.Fatalf("problems after deleting the damaged queue: %+v", ps)
+		}
+		if exists(fs, queueDir("t", "")) {
+			t.Fatal("damaged queue's files are still there")
 		}
 	})
 }
