@@ -93,9 +93,11 @@ type Config struct {
 	// QueuesMax bounds the queues the broker holds (default 1000), so a peer
 	// publishing to mistyped or random names cannot create queues without
 	// end. Creation beyond it, declared or on first use, is
-	// CodeLimitExceeded naming limits.queues_max. The global dead-letter
-	// queue is exempt, so dead-lettering never fails for lack of budget.
-	// Queues found at Open are all recovered, even above the limit.
+	// CodeLimitExceeded naming limits.queues_max. Dead-letter queues (the
+	// global one, and the targets the broker creates to hold dead-letter
+	// copies) are exempt and not counted, so dead-lettering never fails for
+	// lack of budget. Queues found at Open are all recovered, even above
+	// the limit.
 	QueuesMax int
 	// QueuePartitionsMax bounds the partitions of one new queue (default
 	// 64, at most PartitionsMax); above it is CodeLimitExceeded naming
@@ -103,8 +105,8 @@ type Config struct {
 	QueuePartitionsMax int
 	// PartitionsTotalMax bounds the partitions summed over every queue
 	// (default 4096); a creation that would pass it is CodeLimitExceeded
-	// naming limits.partitions_total_max. The global dead-letter queue is
-	// exempt.
+	// naming limits.partitions_total_max. Dead-letter queues are exempt, as
+	// for QueuesMax.
 	PartitionsTotalMax int
 	// DefaultLeaseMs is how long a delivery is leased when a queue does
 	// not say (default 30000).

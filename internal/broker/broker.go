@@ -487,7 +487,7 @@ func (b *Broker) declareQueue(d *protocol.DeclareQueue, update, dlq bool) (*queu
 		return q, false, nil
 	}
 
-	if err := b.checkBudget(k, want.Partitions); err != nil {
+	if err := b.checkBudget(k, want); err != nil {
 		return nil, false, err
 	}
 	root := filepath.Join(b.cfg.DataDir, queuesDir)

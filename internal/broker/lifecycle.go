@@ -277,19 +277,21 @@ func (b *Broker) partitionError(op string, q *queueEntry, idx uint32, err error)
 	return b.internalError(op, q.key, err, "partition", idx)
 }
 
-// checkBudget refuses the creation of queue k with n partitions when it
-// would pass Config.QueuesMax or Config.PartitionsTotalMax. The global
-// dead-letter queue is exempt: neither checked nor counted. Callers hold
-// createMu.
-func (b *Broker) checkBudget(k queueKey, n uint32) error {
-	dlq := queueKey{b.cfg.DeadLetterTopic, ""}
-	if k == dlq {
+// checkBudget refuses the creation of queue k as m when it would pass
+// Config.QueuesMax or Config.PartitionsTotalMax. Dead-letter queues (the
+// global one, and targets the broker creates to hold a copy) are exempt,
+// neither checked nor counted, so a dead-letter copy never fails for lack
+// of budget. Callers hold createMu.
+func (b *Broker) checkBudget(k queueKey, m *queueMeta) error {
+	global := queueKey{b.cfg.DeadLetterTopic, ""}
+	if k == global || m.DeadLetterQueue {
 		return nil
 	}
+	n := m.Partitions
 	b.mu.RLock()
 	queues, parts := 0, 0
 	for qk, q := range b.queues {
-		if qk != dlq {
+		if qk != global && !q.meta.Load().DeadLetterQueue {
 			queues++
 			parts += len(q.parts)
 		}

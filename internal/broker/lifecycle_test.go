@@ -554,3 +554,36 @@ func TestPurgeAndDeleteWithQuarantinedPartition(t *testing.T) {
 		}
 	})
 }
+
+// A queue's named dead-letter target is created even with the budget
+// spent, and does not count against it.
+func TestNamedDeadLetterTargetIsExempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(vfs.NewMem())
+		cfg.QueuesMax = 1
+		b := mustOpen(t, cfg)
+		defer b.Close()
+		ctx := context.Background()
+		if _, err := b.Declare(ctx, &protocol.DeclareQueue{Topic: "src", MaxRetries: -1,
+			DeadLetterMode: protocol.DeadLetterQueue, DeadLetterTarget: "src.dlq"}); err != nil {
+			t.Fatal(err)
+		}
+		r := &rec{}
+		s, err := b.Subscribe(&protocol.Subscribe{Topic: "src", Partition: -1, Prefetch: 1}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustPublish(t, b, msg("src", "poison"))
+		synctest.Wait()
+		if code := r.settle(s, protocol.OpFail, r.deliveries()[0]); code != protocol.CodeOK {
+			t.Fatal(code)
+		}
+		synctest.Wait()
+		if q, ok := qstats(b, "src.dlq", ""); !ok || q.Partitions[0].Ready != 1 {
+			t.Fatalf("named dead-letter queue: %+v %v", q, ok)
+		}
+		if _, err := publish(t, b, msg("other", "x")); protocol.CodeOf(err) != protocol.CodeLimitExceeded {
+			t.Fatalf("second peer queue: %v, want limit_exceeded", err)
+		}
+	})
+}

@@ -19,9 +19,9 @@ var help = map[string]string{
 	"limits.publish_inflight_max": "Unconfirmed publishes per connection before the server stops reading it.",
 	"limits.subscriptions_max":    "Subscriptions per session.",
 	"limits.connections_max":      "Open client connections; more are refused with too_many_connections.",
-	"limits.queues_max":           "Queues the broker holds; creating more (declared or on first use) is limit_exceeded. The global dead-letter queue is exempt; queues already on disk are all recovered.",
+	"limits.queues_max":           "Queues the broker holds; creating more (declared or on first use) is limit_exceeded. Dead-letter queues are exempt and not counted; queues already on disk are all recovered.",
 	"limits.queue_partitions_max": "Partitions of one new queue (at most 1024); more is limit_exceeded.",
-	"limits.partitions_total_max": "Partitions summed over every queue; a creation that would pass it is limit_exceeded. The global dead-letter queue is exempt.",
+	"limits.partitions_total_max": "Partitions summed over every queue; a creation that would pass it is limit_exceeded. Dead-letter queues are exempt and not counted.",
 
 	"connection.handshake_timeout_ms": "HELLO (and the TLS handshake) must arrive within this many milliseconds.",
 	"connection.heartbeat_ms":         "Idle interval before the server sends PING; three intervals of silence close a connection. 0 disables heartbeats.",
