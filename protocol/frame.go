@@ -65,12 +65,31 @@ func ReadFrame(r io.Reader, frameBytesMax int, buf []byte) (Frame, []byte, error
 	}
 	h := ParseHeader(lp[LengthBytes:])
 	bodyLen := int(n) - HeaderBytes
-	if cap(buf) < bodyLen {
-		buf = make([]byte, bodyLen)
-	}
-	body := buf[:bodyLen]
-	if _, err := io.ReadFull(r, body); err != nil {
-		return Frame{}, buf, unexpected(err)
+	var body []byte
+	if cap(buf) >= bodyLen || bodyLen <= frameGrowBytes {
+		if cap(buf) < bodyLen {
+			buf = make([]byte, bodyLen)
+		}
+		body = buf[:bodyLen]
+		if _, err := io.ReadFull(r, body); err != nil {
+			return Frame{}, buf, unexpected(err)
+		}
+	} else {
+		// A large frame's buffer grows as its bytes arrive, so a peer that
+		// announces a big frame and sends little of it costs what it sent,
+		// not what it announced.
+		body = buf[:0]
+		for len(body) < bodyLen {
+			next := min(bodyLen, max(2*len(body), frameGrowBytes))
+			if cap(body) < next {
+				body = append(make([]byte, 0, next), body...)
+			}
+			if _, err := io.ReadFull(r, body[len(body):next]); err != nil {
+				return Frame{}, body, unexpected(err)
+			}
+			body = body[:next]
+		}
+		buf = body
 	}
 	if h.Version != Version {
 		return Frame{FrameHeader: h}, buf, Errorf(CodeUnsupportedVer, "frame version %d, want %d", h.Version, Version)
@@ -84,6 +103,10 @@ func unexpected(err error) error {
 	}
 	return err
 }
+
+// frameGrowBytes is the largest body ReadFrame allocates before any of it has
+// arrived; larger bodies grow by doubling from here as they are read.
+const frameGrowBytes = 64 << 10
 
 // ParseHeader decodes the 12 header bytes that follow the length prefix.
 func ParseHeader(b []byte) FrameHeader {

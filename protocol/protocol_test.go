@@ -3,6 +3,7 @@ package protocol
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"reflect"
@@ -80,6 +81,34 @@ func TestOversizedFrameRejectedBeforeAllocation(t *testing.T) {
 	_, _, err := ReadFrame(bytes.NewReader(wire), FrameBytesDefault, nil)
 	if CodeOf(err) != CodeFrameTooLarge {
 		t.Fatalf("got %v, want frame_too_large", err)
+	}
+}
+
+// TestAnnouncedFrameNotAllocatedUpFront: a peer that announces a frame just
+// under the limit and then sends a few bytes costs a buffer the size of what
+// it sent (rounded up to the first growth step), not the size it announced.
+func TestAnnouncedFrameNotAllocatedUpFront(t *testing.T) {
+	announced := FrameBytesDefault - LengthBytes
+	wire := binary.BigEndian.AppendUint32(nil, uint32(announced))
+	wire = append(wire, Version, 0, byte(OpPublish), 0, 0, 0, 0, 0, 0, 0, 0, 1) // header (fields are not checked before the body)
+	wire = append(wire, make([]byte, 1000)...)                                  // 1000 body bytes, then the peer goes silent
+	_, buf, err := ReadFrame(bytes.NewReader(wire), FrameBytesDefault, nil)
+	if err != io.ErrUnexpectedEOF {
+		t.Fatalf("got %v, want io.ErrUnexpectedEOF", err)
+	}
+	if cap(buf) > frameGrowBytes {
+		t.Fatalf("buffer of %d bytes for 1000 bytes received (announced %d); want at most %d", cap(buf), announced, frameGrowBytes)
+	}
+	// A whole large frame still reads, across the growth steps.
+	body := bytes.Repeat([]byte{7}, 300<<10)
+	f := AppendFrame(nil, 0, 9, &Publish{Topic: "t", Body: body})
+	got, _, err := ReadFrame(bytes.NewReader(f), FrameBytesDefault, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Decode(got)
+	if err != nil || !bytes.Equal(m.(*Publish).Body, body) {
+		t.Fatalf("large frame did not round-trip: %v", err)
 	}
 }
 
