@@ -34,6 +34,7 @@ const (
 	CodeResourceExhausted Code = 18 // a bounded queue is full; back off and retry
 	CodeConflict          Code = 19 // a declaration contradicts the existing queue
 	CodeLimitExceeded     Code = 20 // a requested value is above the announced limit
+	CodeSlowConsumer      Code = 21 // the connection did not read what it was sent in time
 )
 
 type codeInfo struct {
@@ -63,6 +64,7 @@ var codeTable = map[Code]codeInfo{
 	CodeResourceExhausted: {"resource_exhausted", true},
 	CodeConflict:          {"conflict", false},
 	CodeLimitExceeded:     {"limit_exceeded", false},
+	CodeSlowConsumer:      {"slow_consumer", true},
 }
 
 // Codes returns every defined code in ascending order.

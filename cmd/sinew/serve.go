@@ -143,6 +143,8 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		SubscriptionsMax: cfg.Limits.SubscriptionsMax, ConnectionsMax: cfg.Limits.ConnectionsMax,
 		HandshakeTimeoutMs: cfg.Connection.HandshakeTimeoutMs, HeartbeatMs: heartbeat(cfg.Connection.HeartbeatMs),
 		WriteTimeoutMs: cfg.Connection.WriteTimeoutMs, ReconnectGraceMs: cfg.Connection.ReconnectGraceMs,
+		OutboundBytesMax: cfg.Limits.OutboundBytesMax, ResendBytesMax: cfg.Limits.ResendBytesMax,
+		DormantSessionsMax: cfg.Limits.DormantSessionsMax, SlowConsumerTimeoutMs: cfg.Connection.SlowConsumerTimeoutMs,
 	})
 	if err != nil {
 		closeListeners()
@@ -311,6 +313,11 @@ func adminConfig(b *broker.Broker, srv *server.Server) admin.Config {
 				c("sinew_sessions_grace_expired_total", "Sessions cleaned up when their grace ran out.", ss.GraceExpired),
 				c("sinew_sessions_requeued_total", "Leases handed back by session cleanup.", ss.Requeued),
 				c("sinew_sessions_resent_total", "Unsettled deliveries sent again after a resume.", ss.Resent),
+				c("sinew_writer_pauses_total", "Times a connection's outbound queue reached limits.outbound_bytes_max and its deliveries paused.", st.WriterPauses),
+				c("sinew_slow_consumers_total", "Connections closed with slow_consumer.", st.SlowConsumers),
+				c("sinew_sessions_dormant_capped_total", "Disconnects that ended the session at once because limits.dormant_sessions_max sessions were dormant.", ss.DormantCapped),
+				c("sinew_sessions_dormant_paused_total", "Times a dormant session's buffer reached its byte limit and paused its deliveries.", ss.DormantPaused),
+				c("sinew_sessions_resend_unkept_total", "Deliveries not kept for re-send after a resume because limits.resend_bytes_max was reached.", ss.ResendUnkept),
 			}
 			bs := b.Stats()
 			for _, q := range bs.Queues {

@@ -200,6 +200,16 @@ type LeaseEndedConsumer interface {
 	LeaseEnded(s *Subscription, partition uint32, offset, leaseID uint64)
 }
 
+// PausableConsumer may be implemented by a Consumer that cannot always take
+// more deliveries, such as one whose connection stopped reading. While Paused
+// reports true the subscription's partitions lease it nothing more; the
+// consumer calls Subscription.Wake once it can take deliveries again.
+type PausableConsumer interface {
+	// Paused is called from partition goroutines before they reserve
+	// credit. It MUST NOT block and should be cheap (an atomic load).
+	Paused() bool
+}
+
 // Delivery is one leased message.
 type Delivery struct {
 	Partition     uint32

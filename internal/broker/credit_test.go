@@ -353,3 +353,54 @@ func TestSettleCarriesCreditWithinPrefetch(t *testing.T) {
 		})
 	}
 }
+
+// pausingRec is a creditRec that can be paused (PausableConsumer).
+type pausingRec struct {
+	creditRec
+	paused atomic.Bool
+}
+
+func (r *pausingRec) Paused() bool { return r.paused.Load() }
+
+// A paused consumer is leased nothing, however much credit it has; Wake
+// after it unpauses brings the backlog.
+func TestPausedConsumerGetsNothingUntilWake(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := mustOpen(t, testConfig(vfs.NewMem()))
+		defer b.Close()
+		r := &pausingRec{creditRec: creditRec{t: t, prefetch: 10, ended: map[leaseKey]bool{}}}
+		r.paused.Store(true)
+		s, err := b.Subscribe(&protocol.Subscribe{Topic: "q", Partition: -1, Prefetch: 10}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 5 {
+			mustPublish(t, b, msg("q", strconv.Itoa(i)))
+		}
+		synctest.Wait()
+		if n := len(r.deliveries()); n != 0 {
+			t.Fatalf("%d deliveries while paused", n)
+		}
+		r.paused.Store(false)
+		s.Wake()
+		synctest.Wait()
+		if n := len(r.deliveries()); n != 5 {
+			t.Fatalf("%d deliveries after Wake, want 5", n)
+		}
+		// Paused again mid-stream: what is published meanwhile waits.
+		r.paused.Store(true)
+		for i := range 3 {
+			mustPublish(t, b, msg("q", "more"+strconv.Itoa(i)))
+		}
+		synctest.Wait()
+		if n := len(r.deliveries()); n != 5 {
+			t.Fatalf("%d deliveries, want still 5 while paused", n)
+		}
+		r.paused.Store(false)
+		s.Wake()
+		synctest.Wait()
+		if n := len(r.deliveries()); n != 8 {
+			t.Fatalf("%d deliveries after the second Wake, want 8", n)
+		}
+	})
+}

@@ -24,6 +24,11 @@ import (
 // exceed the prefetch. A partition that finds no credit sets starved; whoever next
 // returns credit pokes the subscription's partitions, so none waits for
 // credit that came back while it was not looking.
+//
+// Pause. A consumer that implements PausableConsumer and reports Paused gets
+// no credit reserved (TakeCredit returns 0 and sets starved); its Wake pokes
+// the partitions the same way returned credit does. Deliveries already
+// leased when it paused still arrive.
 type Subscription struct {
 	b     *Broker
 	id    uint64
@@ -31,6 +36,7 @@ type Subscription struct {
 	view  protocol.SubView
 	q     *queueEntry
 	c     Consumer
+	pause PausableConsumer // c, when it can pause; nil otherwise
 	atts  []*attachment
 
 	credit  atomic.Int64
@@ -96,6 +102,7 @@ func (b *Broker) Subscribe(req *protocol.Subscribe, c Consumer) (*Subscription, 
 		outstanding: make(map[leaseKey]bool),
 	}
 	s.view.Partition = max(req.Partition, -1)
+	s.pause, _ = c.(PausableConsumer)
 	s.credit.Store(prefetch)
 	switch {
 	case req.Partition >= 0:
@@ -295,6 +302,11 @@ func (s *Subscription) returnCredit(n int) {
 	}
 }
 
+// Wake tells the subscription that its consumer, paused until now (see
+// PausableConsumer), takes deliveries again: partitions that found it paused
+// look again. It never blocks and may be called from any goroutine.
+func (s *Subscription) Wake() { s.returnCredit(0) }
+
 // Owner implements partition.Consumer.
 func (a *attachment) Owner() string { return a.s.owner }
 
@@ -303,6 +315,14 @@ func (a *attachment) TakeCredit(want int) int {
 	s := a.s
 	if s.closed.Load() {
 		return 0
+	}
+	if p := s.pause; p != nil && p.Paused() {
+		s.starved.Store(true)
+		// A Wake between the check and the store found starved unset
+		// and poked nobody: look again.
+		if p.Paused() {
+			return 0
+		}
 	}
 	for {
 		c := s.credit.Load()

@@ -22,6 +22,12 @@ const (
 	WriteTimeoutMsDefault     = 30_000
 	DrainTimeoutMsDefault     = 10_000
 	DeclareTimeoutMsDefault   = 10_000
+	// OutboundBytesMaxDefault bounds what one connection has queued for
+	// writing; it also bounds a dormant session's buffer.
+	OutboundBytesMaxDefault = 1 << 20
+	// SlowConsumerTimeoutMsDefault is how long a connection may stay at its
+	// outbound byte cap before it is closed as a slow consumer.
+	SlowConsumerTimeoutMsDefault = 30_000
 )
 
 // Internal bounds.
@@ -68,12 +74,25 @@ type Config struct {
 	PublishInflightMax int    // unconfirmed publishes per connection before the reader pauses
 	SubscriptionsMax   int    // subscriptions per session
 	ConnectionsMax     int    // open connections; more get too_many_connections
+	// OutboundBytesMax bounds, in session.Outbound.Bytes, the frames queued
+	// for one connection's socket; at the bound its deliveries pause. It also
+	// bounds a dormant session's buffer.
+	OutboundBytesMax int64
+	// ResendBytesMax bounds what a session keeps for re-sending unsettled
+	// deliveries after a resume (session.Config.ResendBytesMax).
+	ResendBytesMax int64
+	// DormantSessionsMax bounds the sessions waiting out their grace
+	// (session.Config.DormantSessionsMax).
+	DormantSessionsMax int
 
 	HandshakeTimeoutMs int64 // HELLO must arrive within this
 	HeartbeatMs        int64 // idle interval before PING; 3x silence closes; <0 disables
 	WriteTimeoutMs     int64 // a write that makes no progress this long closes the connection
 	ReconnectGraceMs   int64 // how long a dropped session stays resumable
 	DeclareTimeoutMs   int64 // bound on one DECLARE_QUEUE
+	// SlowConsumerTimeoutMs: a connection whose queue stays at
+	// OutboundBytesMax this long is closed with slow_consumer.
+	SlowConsumerTimeoutMs int64
 
 	// AfterFunc runs session grace timers; default session.RealAfterFunc.
 	AfterFunc session.AfterFunc
@@ -112,6 +131,8 @@ func (c *Config) fill() error {
 	def64(&c.HeartbeatMs, HeartbeatMsDefault)
 	def64(&c.WriteTimeoutMs, WriteTimeoutMsDefault)
 	def64(&c.DeclareTimeoutMs, DeclareTimeoutMsDefault)
+	def64(&c.SlowConsumerTimeoutMs, SlowConsumerTimeoutMsDefault)
+	def64(&c.OutboundBytesMax, OutboundBytesMaxDefault)
 	if c.PrefetchMax == 0 {
 		c.PrefetchMax = session.PrefetchMaxDefault
 	}
@@ -127,6 +148,10 @@ func (c *Config) fill() error {
 		return fmt.Errorf("server: SettleBatchMax %d above the decoder's list limit %d", c.SettleBatchMax, 1<<16)
 	case c.HandshakeTimeoutMs < 0:
 		return fmt.Errorf("server: HandshakeTimeoutMs %d is negative", c.HandshakeTimeoutMs)
+	case c.OutboundBytesMax < 0:
+		return fmt.Errorf("server: OutboundBytesMax %d is negative", c.OutboundBytesMax)
+	case c.SlowConsumerTimeoutMs < 0:
+		return fmt.Errorf("server: SlowConsumerTimeoutMs %d is negative", c.SlowConsumerTimeoutMs)
 	case c.WriteTimeoutMs < 0:
 		return fmt.Errorf("server: WriteTimeoutMs %d is negative", c.WriteTimeoutMs)
 	case c.ReconnectGraceMs < 0 || c.ReconnectGraceMs > 1<<31:

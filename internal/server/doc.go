@@ -18,7 +18,15 @@
 // The write queue is a mutex-guarded slice. Its length is bounded by construction:
 // replies the reader causes stop it at readerQueueFramesMax, publish confirms are
 // bounded by PublishInflightMax, settle results by settleInflightMax, and deliveries
-// by the summed prefetch of the session's subscriptions.
+// by the summed prefetch of the session's subscriptions. Its bytes are bounded by
+// OutboundBytesMax: at the cap the writer reports itself full (session.Throttle),
+// the session's subscriptions lease nothing more, and once the queue has drained to
+// half the cap the writer wakes them. Deliveries leased before the pause took
+// effect still arrive, so the queue can pass the cap by what the partitions had
+// already leased to the connection. A connection that stays at the cap for
+// SlowConsumerTimeoutMs is closed as a slow consumer (ERROR slow_consumer when the
+// stream is at a frame boundary, a warning, Stats.SlowConsumers); its frames go
+// back to the session like those of any dropped connection.
 //
 // Lock order: session.Session.mu -> writer.mu. Nothing is called while holding
 // writer.mu.

@@ -43,6 +43,7 @@ type Server struct {
 type counters struct {
 	connsAccepted, connsRejected, framesIn, framesOut, publishes, publishErrors atomic.Uint64
 	settles, requestErrors, fatalErrors, authFailures, readerPauses             atomic.Uint64
+	writerPauses, slowConsumers                                                 atomic.Uint64
 }
 
 // New validates cfg and returns a server that is not yet serving.
@@ -54,6 +55,7 @@ func New(cfg Config) (*Server, error) {
 		Backend: cfg.Backend, OwnerID: cfg.OwnerID, Rand: cfg.Rand, ReconnectGraceMs: cfg.ReconnectGraceMs,
 		AfterFunc: cfg.AfterFunc, Logger: cfg.Logger, PrefetchDefault: cfg.PrefetchDefault,
 		PrefetchMax: cfg.PrefetchMax, SubscriptionsMax: cfg.SubscriptionsMax,
+		DormantBytesMax: cfg.OutboundBytesMax, ResendBytesMax: cfg.ResendBytesMax, DormantSessionsMax: cfg.DormantSessionsMax,
 	})
 	if err != nil {
 		return nil, err
@@ -258,6 +260,8 @@ type Stats struct {
 	FatalErrors         uint64
 	AuthFailures        uint64
 	ReaderPauses        uint64
+	WriterPauses        uint64 // times a connection's outbound queue reached OutboundBytesMax
+	SlowConsumers       uint64 // connections closed with slow_consumer
 	Sessions            session.Stats
 }
 
@@ -272,6 +276,7 @@ func (s *Server) Stats() Stats {
 		FramesIn: st.framesIn.Load(), FramesOut: st.framesOut.Load(), Publishes: st.publishes.Load(),
 		PublishErrors: st.publishErrors.Load(), PublishesInflight: s.inflight.Load(), Settles: st.settles.Load(),
 		RequestErrors: st.requestErrors.Load(), FatalErrors: st.fatalErrors.Load(), AuthFailures: st.authFailures.Load(),
-		ReaderPauses: st.readerPauses.Load(), Sessions: s.reg.Stats(),
+		ReaderPauses: st.readerPauses.Load(), WriterPauses: st.writerPauses.Load(), SlowConsumers: st.slowConsumers.Load(),
+		Sessions: s.reg.Stats(),
 	}
 }

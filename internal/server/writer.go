@@ -1,8 +1,10 @@
 package server
 
 import (
+	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sinewmq/sinew/internal/session"
@@ -10,14 +12,30 @@ import (
 )
 
 // writer is a connection's outbound side and the session's Sink.
+//
+// Byte cap. qBytes counts (in session.Outbound.Bytes) every frame queued and
+// not yet handed to the socket, including the batch being written. When it
+// reaches OutboundBytesMax the writer is full: the session's subscriptions stop
+// taking deliveries (session.Throttle), and a clock starts. If the queue drains
+// to half the cap the writer calls the session's drain callback and deliveries
+// resume. If it has not drained within SlowConsumerTimeoutMs, the write in
+// progress is cut by its deadline and the connection is closed as a slow
+// consumer: a fatal ERROR slow_consumer when the stream is at a frame boundary,
+// and in any case a log line and a counter. Frames still queued go back to
+// the session (Detach), which keeps or releases their leases as for any
+// disconnect.
 type writer struct {
 	c *conn
 
-	mu      sync.Mutex
-	q       []session.Outbound
-	closed  bool // no more Sends accepted
-	spare   []session.Outbound
-	pingSeq uint64
+	mu       sync.Mutex
+	q        []session.Outbound
+	closed   bool // no more Sends accepted
+	spare    []session.Outbound
+	pingSeq  uint64
+	qBytes   int64     // Bytes of the frames queued or being written
+	pausedAt time.Time // when full was last set
+	onDrain  func()    // the session's wake, run when full clears
+	full     atomic.Bool
 
 	wake     chan struct{} // cap 1: frames were queued
 	finishCh chan struct{} // closed: flush what is queued, close the socket, exit
@@ -33,18 +51,71 @@ func newWriter(c *conn) *writer {
 
 // Send implements session.Sink. It never blocks.
 func (w *writer) Send(o session.Outbound) bool {
+	n := int64(o.Bytes())
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
 		return false
 	}
 	w.q = append(w.q, o)
+	w.qBytes += n
+	if w.qBytes >= w.c.srv.cfg.OutboundBytesMax && !w.full.Load() {
+		w.full.Store(true)
+		w.pausedAt = time.Now()
+		w.c.srv.stats.writerPauses.Add(1)
+		// Cut short a write already waiting on a peer that stopped
+		// reading; the writer applies the same bound to later writes.
+		w.c.nc.SetWriteDeadline(w.pausedAt.Add(w.slowTimeout()))
+	}
 	w.mu.Unlock()
 	select {
 	case w.wake <- struct{}{}:
 	default:
 	}
 	return true
+}
+
+// Full implements session.Throttle.
+func (w *writer) Full() bool { return w.full.Load() }
+
+// SetOnDrain implements session.Throttle.
+func (w *writer) SetOnDrain(f func()) {
+	w.mu.Lock()
+	w.onDrain = f
+	w.mu.Unlock()
+}
+
+func (w *writer) slowTimeout() time.Duration {
+	return time.Duration(w.c.srv.cfg.SlowConsumerTimeoutMs) * time.Millisecond
+}
+
+// writeDeadline is the deadline of the next write: WriteTimeoutMs from now, or
+// sooner when the writer is full and its slow-consumer clock runs out first.
+// Called with mu held.
+func (w *writer) writeDeadlineLocked() time.Time {
+	d := time.Now().Add(time.Duration(w.c.srv.cfg.WriteTimeoutMs) * time.Millisecond)
+	if w.full.Load() {
+		if p := w.pausedAt.Add(w.slowTimeout()); p.Before(d) {
+			d = p
+		}
+	}
+	return d
+}
+
+// wrote subtracts n written bytes and, when a full writer has drained to half
+// its cap, clears full and wakes the session's subscriptions.
+func (w *writer) wrote(n int64) {
+	w.mu.Lock()
+	w.qBytes -= n
+	var wake func()
+	if w.full.Load() && w.qBytes <= w.c.srv.cfg.OutboundBytesMax/2 {
+		w.full.Store(false)
+		wake = w.onDrain
+	}
+	w.mu.Unlock()
+	if wake != nil {
+		wake()
+	}
 }
 
 // Kick implements session.Sink: another connection took the session over.
@@ -87,6 +158,7 @@ func (w *writer) takeUnsent() []session.Outbound {
 	w.closed = true
 	q := w.q
 	w.q = nil
+	w.qBytes = 0
 	return q
 }
 
@@ -130,7 +202,9 @@ func (w *writer) run() {
 				if c.established.Load() {
 					w.mu.Lock()
 					w.pingSeq++
-					w.q = append(w.q, session.Outbound{RequestID: w.pingSeq, Body: &protocol.Ping{}})
+					o := session.Outbound{RequestID: w.pingSeq, Body: &protocol.Ping{}}
+					w.q = append(w.q, o)
+					w.qBytes += int64(o.Bytes())
 					w.mu.Unlock()
 				}
 				ping.Reset(hb)
@@ -173,21 +247,32 @@ func (w *writer) writeBatch(buf []byte, batch []session.Outbound) ([]byte, bool)
 	for start < len(batch) {
 		buf = buf[:0]
 		end := start
+		var chunkBytes int64
 		for end < len(batch) && (end == start || len(buf) < writeBatchBytes) {
 			o := &batch[end]
 			buf = protocol.AppendFrame(buf, o.Flags, o.RequestID, o.Body)
+			chunkBytes += int64(o.Bytes())
 			end++
 		}
-		err := c.nc.SetWriteDeadline(time.Now().Add(time.Duration(c.srv.cfg.WriteTimeoutMs) * time.Millisecond))
+		w.mu.Lock()
+		err := c.nc.SetWriteDeadline(w.writeDeadlineLocked())
+		w.mu.Unlock()
+		n := 0
 		if err == nil {
-			_, err = c.nc.Write(buf)
+			n, err = c.nc.Write(buf)
 		}
 		if err != nil {
 			w.requeue(batch[start:])
-			c.noteWriteError(err)
+			if !w.slowConsumer(n) {
+				c.noteWriteError(err)
+			}
+			// The reader may be blocked in a read that only the socket's
+			// close ends; the connection is over either way.
+			c.nc.Close()
 			return buf, false
 		}
 		c.srv.stats.framesOut.Add(uint64(end - start))
+		w.wrote(chunkBytes)
 		for i := start; i < end; i++ {
 			if f := batch[i].AfterWrite; f != nil {
 				f()
@@ -199,6 +284,33 @@ func (w *writer) writeBatch(buf []byte, batch []session.Outbound) ([]byte, bool)
 		buf = make([]byte, 0, 4<<10) // do not pin a huge buffer after one big frame
 	}
 	return buf, true
+}
+
+// slowConsumer reports whether a failed write failed because the writer stayed
+// full for SlowConsumerTimeoutMs. If so it records the reason and, when none of
+// the failed write's bytes went out (n == 0, so the stream is at a frame
+// boundary), tries to tell the peer with a fatal ERROR slow_consumer, bounded
+// by rejectWriteTimeoutMs.
+func (w *writer) slowConsumer(n int) bool {
+	c := w.c
+	w.mu.Lock()
+	slow := w.full.Load() && !time.Now().Before(w.pausedAt.Add(w.slowTimeout()))
+	queued := w.qBytes
+	w.mu.Unlock()
+	if !slow {
+		return false
+	}
+	c.srv.stats.slowConsumers.Add(1)
+	msg := fmt.Sprintf("%d bytes queued for %d ms without draining below the %d-byte limit",
+		queued, c.srv.cfg.SlowConsumerTimeoutMs, c.srv.cfg.OutboundBytesMax)
+	c.closeReason.CompareAndSwap(nil, protocol.CodeSlowConsumer.String()+": "+msg)
+	c.log.Warn("slow consumer disconnected", "queued_bytes", queued, "outbound_bytes_max", c.srv.cfg.OutboundBytesMax,
+		"slow_consumer_timeout_ms", c.srv.cfg.SlowConsumerTimeoutMs)
+	if n == 0 {
+		c.nc.SetWriteDeadline(time.Now().Add(rejectWriteTimeoutMs * time.Millisecond))
+		c.nc.Write(protocol.AppendFrame(nil, 0, 0, &protocol.ErrorBody{Code: protocol.CodeSlowConsumer, Message: msg, Fatal: true}))
+	}
+	return true
 }
 
 func (w *writer) requeue(rest []session.Outbound) {

@@ -109,6 +109,49 @@ func (o *Outbound) isPush() bool {
 	return false
 }
 
+// Bytes estimates what o costs while it waits to be written: its encoded size
+// (message body, key, headers and names for a DELIVER) plus frameOverheadBytes
+// for the frame header and the bookkeeping around it. Writers and dormant
+// buffers count it against their byte caps.
+func (o *Outbound) Bytes() int {
+	n := frameOverheadBytes
+	if d, ok := o.Body.(*protocol.Deliver); ok {
+		n += len(d.Body) + len(d.Key) + len(d.ContentType) + len(d.Topic) + len(d.Group)
+		for _, h := range d.Headers {
+			n += len(h.Key) + len(h.Value) + 8
+		}
+	}
+	return n
+}
+
+// frameOverheadBytes is what Bytes charges every frame on top of its payload:
+// the frame header and fixed fields, and the Outbound and body structs.
+const frameOverheadBytes = 128
+
+// Pauser is implemented by the Consumer a session hands to the backend. A
+// backend that honours it reserves no more deliveries for the subscription
+// while Paused reports true, and resumes when the subscription's Wake (see
+// Waker) is called. Paused must not block.
+type Pauser interface {
+	Paused() bool
+}
+
+// Waker may be implemented by a Subscription whose backend honours Pauser:
+// Wake says that the consumer takes deliveries again. It must not block.
+type Waker interface {
+	Wake()
+}
+
+// Throttle may be implemented by a Sink whose queue is bounded in bytes (the
+// server's writer). While Full reports true the session's subscriptions are
+// paused; the sink calls the function given to SetOnDrain (on its own
+// goroutine, holding none of its locks) when it has drained enough to take
+// deliveries again. Full must not block.
+type Throttle interface {
+	Full() bool
+	SetOnDrain(f func())
+}
+
 // Sink is the transport a session writes through: the server's connection writer.
 type Sink interface {
 	// Send queues o for writing and must not block. It returns false when the sink

@@ -6,8 +6,16 @@
 // delivery tags. It writes through a replaceable Sink, which the server's
 // per-connection writer implements. When the socket goes, the sink is detached and
 // pushes (DELIVER, SUB_CLOSED) wait in a buffer bounded by the session's summed
-// prefetch plus a small constant; a resume attaches a new sink and the buffer drains
-// into it in order. Replies to requests (PUBLISH_OK, SETTLE_RESULT ...) belong to the
+// prefetch plus a small constant, and in bytes by DormantBytesMax; a resume attaches
+// a new sink and the buffer drains into it in order.
+//
+// Pause: the Consumer a session hands the backend implements Pauser. It reports
+// paused while the attached sink is full (Throttle: the server's writer at its
+// outbound byte cap), while the session is dormant and its buffer is at
+// DormantBytesMax, or while a subscription not yet announced holds that many bytes
+// of early deliveries. A backend that honours it leases nothing more to the
+// subscription; the sink's drain callback, a resume and an announcement wake the
+// subscriptions again (Waker). Deliveries leased before the pause still arrive. Replies to requests (PUBLISH_OK, SETTLE_RESULT ...) belong to the
 // connection that asked and are dropped with it.
 //
 // Identity and resume: the Registry issues identities and looks them up by client id
@@ -32,8 +40,14 @@
 // buffer, and Resend sends those DELIVERs again, unchanged: Reconcile calls it after
 // RECONCILE_RESULT, and the server calls it before the first other request. The
 // client drops a DELIVER whose tag it already holds. Each tag keeps a pointer to
-// its DELIVER body for this, so unsettled bodies stay in memory (bounded by
-// prefetch).
+// its DELIVER body for this, so unsettled bodies stay in memory, bounded by
+// prefetch and, in bytes, by ResendBytesMax: past it a delivery is not kept (a
+// warning is logged once per session and Stats.ResendUnkept counts them), and if
+// its frame is lost with a socket it comes back by lease expiry instead.
+//
+// Dormant sessions are bounded in number too: when DormantSessionsMax sessions are
+// already dormant, a disconnect cleans the session up at once, with a warning and
+// Stats.DormantCapped; a later resume of it gets resume_not_found.
 //
 // Goroutines and locks: a Session has no goroutine of its own. Its methods are called
 // by the connection's reader goroutine, by broker partition goroutines (Deliver,

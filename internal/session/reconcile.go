@@ -115,13 +115,17 @@ func (s *Session) Reconcile(sink Sink, reqID uint64, req *protocol.Reconcile) er
 	if s.sink == sink && sink != nil {
 		sink.Send(Outbound{RequestID: reqID, Body: &protocol.ReconcileResult{Entries: entries}})
 	}
+	var wake []Subscription
 	for _, st := range created {
-		s.announceLocked(st)
+		if sub := s.announceLocked(st); sub != nil {
+			wake = append(wake, sub)
+		}
 	}
 	// Deliveries of kept subscriptions that the previous socket may have lost
 	// follow the decision; those of closed subscriptions were handed back.
 	s.resendLocked()
 	s.mu.Unlock()
+	wakeSubs(wake...)
 	s.logger().Info("reconciled", "policy", req.Policy, "client_subs", len(req.Subs), "closed", len(closing), "recreated", len(created))
 	return nil
 }

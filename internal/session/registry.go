@@ -22,6 +22,14 @@ const (
 	PrefetchMaxDefault = 10_000
 	// SubscriptionsMaxDefault bounds the subscriptions of one session.
 	SubscriptionsMaxDefault = 256
+	// DormantBytesMaxDefault bounds the bytes of pushes a session without a
+	// connection buffers for its next one.
+	DormantBytesMaxDefault = 1 << 20
+	// ResendBytesMaxDefault bounds the bytes of unsettled deliveries a session
+	// keeps for re-sending after a resume.
+	ResendBytesMaxDefault = 1 << 20
+	// DormantSessionsMaxDefault bounds the sessions waiting out their grace.
+	DormantSessionsMaxDefault = 10_000
 	// pendingSlackFrames is the "small constant" on top of the summed prefetch that
 	// bounds a dormant session's buffer: one SUB_CLOSED per subscription fits in it
 	// together with the subscription count, so this only covers races.
@@ -65,6 +73,19 @@ type Config struct {
 	PrefetchMax uint32
 	// SubscriptionsMax bounds subscriptions per session (default 256).
 	SubscriptionsMax int
+	// DormantBytesMax bounds, in Outbound.Bytes, the pushes a dormant session
+	// buffers; at the bound its subscriptions are paused until a resume
+	// (default DormantBytesMaxDefault).
+	DormantBytesMax int64
+	// ResendBytesMax bounds, in Outbound.Bytes, the unsettled manual-ack
+	// deliveries a session keeps for re-sending after a resume; deliveries
+	// beyond it are not re-sent, and come back by lease expiry instead
+	// (default ResendBytesMaxDefault).
+	ResendBytesMax int64
+	// DormantSessionsMax bounds the sessions waiting out their grace; a
+	// disconnect beyond it cleans the session up at once, so a later resume
+	// gets resume_not_found (default DormantSessionsMaxDefault).
+	DormantSessionsMax int
 }
 
 // Stats are the registry's counters since it started.
@@ -79,6 +100,9 @@ type Stats struct {
 	Requeued       uint64 // leases given back by session cleanup
 	PendingDropped uint64 // pushes dropped because a dormant buffer was full
 	Resent         uint64 // unsettled deliveries sent again after a resume
+	DormantCapped  uint64 // disconnects cleaned up at once because DormantSessionsMax sessions were dormant
+	DormantPaused  uint64 // times a dormant session's buffer reached DormantBytesMax and paused its subscriptions
+	ResendUnkept   uint64 // deliveries not kept for re-send because ResendBytesMax was reached
 }
 
 // Registry issues session identities and finds them again on resume.
@@ -93,6 +117,7 @@ type Registry struct {
 	dormant                                         atomic.Int64
 	issued, resumed, rejected, notFound, graceFired atomic.Uint64
 	requeued, pendingDropped, resent                atomic.Uint64
+	dormantCapped, dormantPaused, resendUnkept      atomic.Uint64
 }
 
 // NewRegistry returns an empty registry.
@@ -124,6 +149,15 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	if cfg.SubscriptionsMax <= 0 {
 		cfg.SubscriptionsMax = SubscriptionsMaxDefault
 	}
+	if cfg.DormantBytesMax <= 0 {
+		cfg.DormantBytesMax = DormantBytesMaxDefault
+	}
+	if cfg.ResendBytesMax <= 0 {
+		cfg.ResendBytesMax = ResendBytesMaxDefault
+	}
+	if cfg.DormantSessionsMax <= 0 {
+		cfg.DormantSessionsMax = DormantSessionsMaxDefault
+	}
 	return &Registry{cfg: cfg, log: cfg.Logger, sessions: make(map[string]*Session)}, nil
 }
 
@@ -143,6 +177,7 @@ func (r *Registry) Stats() Stats {
 		Issued: r.issued.Load(), Resumed: r.resumed.Load(), ResumeRejected: r.rejected.Load(),
 		ResumeNotFound: r.notFound.Load(), GraceExpired: r.graceFired.Load(), Requeued: r.requeued.Load(),
 		PendingDropped: r.pendingDropped.Load(), Resent: r.resent.Load(),
+		DormantCapped: r.dormantCapped.Load(), DormantPaused: r.dormantPaused.Load(), ResendUnkept: r.resendUnkept.Load(),
 	}
 }
 

@@ -41,6 +41,19 @@ type Session struct {
 	// resendTags are the tags whose DELIVER may have died with the previous
 	// socket, noted at a resume and re-sent by Resend. Bounded by tags.
 	resendTags []uint64
+	// pendingBytes is the Outbound.Bytes of pending; at DormantBytesMax the
+	// subscriptions pause (dormantFull) until a sink takes them.
+	pendingBytes int64
+	// heldBytes is the Outbound.Bytes of the DELIVERs tags keep for re-send,
+	// bounded by ResendBytesMax; resendFullLogged says the bound was logged.
+	heldBytes        int64
+	resendFullLogged bool
+
+	// throttle is the attached sink's Throttle (nil without a sink or when
+	// the sink has none); dormantFull is set while pending is at its bound.
+	// Both are read without mu by Paused, from partition goroutines.
+	throttle    atomic.Pointer[Throttle]
+	dormantFull atomic.Bool
 }
 
 // subState is the session's record of one subscription.
@@ -53,7 +66,11 @@ type subState struct {
 	prefetch  uint32
 	announced bool       // SUBSCRIBE_OK (or RECONCILE_RESULT) is queued; deliveries may follow
 	early     []Outbound // deliveries that arrived before the announcement
-	closed    bool
+	// earlyBytes is the Outbound.Bytes of early; at DormantBytesMax the
+	// subscription pauses (earlyFull, read without mu) until announced.
+	earlyBytes int64
+	earlyFull  atomic.Bool
+	closed     bool
 }
 
 // tagEntry is what a delivery tag stands for.
@@ -64,7 +81,10 @@ type tagEntry struct {
 	leaseID   uint64
 	// d is the DELIVER as first sent, kept so that a resume can send it again
 	// with the same tag, lease and attempt. Bodies are shared, never copied.
+	// Nil for auto-ack deliveries, and when ResendBytesMax was reached.
 	d *protocol.Deliver
+	// bytes is d's share of heldBytes (0 when d is nil).
+	bytes int64
 }
 
 func newSession(r *Registry, id string, token []byte) *Session {
@@ -96,6 +116,13 @@ func (s *Session) attach(sink Sink, connID uint64, hello Hello, outcome protocol
 	}
 	old := s.sink
 	s.sink, s.connID, s.state = sink, connID, stateAttached
+	if t, ok := sink.(Throttle); ok {
+		t.SetOnDrain(s.wake)
+		s.throttle.Store(&t)
+	} else {
+		s.throttle.Store(nil)
+	}
+	wasFull := s.dormantFull.Swap(false)
 	s.graceGen++
 	if s.graceStop != nil {
 		s.graceStop()
@@ -109,7 +136,7 @@ func (s *Session) attach(sink Sink, connID uint64, hello Hello, outcome protocol
 		sink.Send(hello(s.Identity(), outcome))
 	}
 	pending := s.pending
-	s.pending = nil
+	s.pending, s.pendingBytes = nil, 0
 	if outcome == protocol.ResumeResumed {
 		s.noteResendLocked(pending)
 	}
@@ -129,6 +156,9 @@ func (s *Session) attach(sink Sink, connID uint64, hello Hello, outcome protocol
 	s.mu.Unlock()
 	if old != nil && old != sink {
 		old.Kick()
+	}
+	if wasFull {
+		s.wake() // paused while dormant; the new sink takes deliveries
 	}
 	return true
 }
@@ -208,19 +238,33 @@ func (s *Session) Detach(sink Sink, unsent []Outbound) {
 		return
 	}
 	s.sink = nil
+	s.throttle.Store(nil)
 	keep := make([]Outbound, 0, len(unsent)+len(s.pending))
 	for _, o := range unsent {
 		if o.isPush() {
 			keep = append(keep, o)
+			s.pendingBytes += int64(o.Bytes())
 		} else {
 			o.drop()
 		}
 	}
 	s.pending = append(keep, s.pending...)
+	s.notePendingLocked()
 	grace := s.reg.cfg.ReconnectGraceMs
 	if grace <= 0 || s.reg.isDraining() {
 		s.mu.Unlock()
 		s.cleanup("disconnect")
+		return
+	}
+	if n := s.reg.dormant.Load(); n >= int64(s.reg.cfg.DormantSessionsMax) {
+		// A flood of dropped connections must not pin unbounded state:
+		// past the bound a disconnect is final, and a resume of this
+		// session gets resume_not_found.
+		s.mu.Unlock()
+		s.reg.dormantCapped.Add(1)
+		s.reg.log.Warn("dormant session limit reached; session closed instead of entering grace",
+			"client_id", s.clientID, "dormant", n, "dormant_sessions_max", s.reg.cfg.DormantSessionsMax)
+		s.cleanup("dormant session limit")
 		return
 	}
 	s.state = stateDormant
@@ -282,8 +326,10 @@ func (s *Session) cleanup(reason string) {
 	held := len(s.tags)
 	s.subs, s.tags = map[uint64]*subState{}, map[uint64]tagEntry{}
 	pending := s.pending
-	s.pending = nil
+	s.pending, s.pendingBytes, s.heldBytes = nil, 0, 0
 	s.resendTags = nil
+	s.throttle.Store(nil)
+	s.dormantFull.Store(false)
 	s.mu.Unlock()
 
 	for _, o := range pending {
@@ -322,6 +368,54 @@ func (s *Session) emitLocked(o Outbound) {
 		return
 	}
 	s.pending = append(s.pending, o)
+	s.pendingBytes += int64(o.Bytes())
+	s.notePendingLocked()
+}
+
+// notePendingLocked pauses the subscriptions while the dormant buffer is at
+// its byte bound (and only then), so a session without a connection holds at
+// most DormantBytesMax of pushes plus what was already leased.
+func (s *Session) notePendingLocked() {
+	full := s.pendingBytes >= s.reg.cfg.DormantBytesMax
+	if full && !s.dormantFull.Swap(true) {
+		s.reg.dormantPaused.Add(1)
+		s.logger().Info("dormant buffer at its byte limit; deliveries paused until a resume",
+			"pending", len(s.pending), "pending_bytes", s.pendingBytes, "dormant_bytes_max", s.reg.cfg.DormantBytesMax)
+	}
+	if !full {
+		s.dormantFull.Store(false)
+	}
+}
+
+// paused reports whether the session takes no more deliveries: its sink is
+// full, or, with no sink, its dormant buffer is. Called without mu from
+// partition goroutines (see Pauser).
+func (s *Session) paused() bool {
+	if t := s.throttle.Load(); t != nil {
+		return (*t).Full()
+	}
+	return s.dormantFull.Load()
+}
+
+// wake tells every subscription that the session takes deliveries again. It is
+// the drain callback of a throttled sink, and runs after a resume that ends a
+// dormant pause. It never holds mu while calling the backend.
+func (s *Session) wake() {
+	s.mu.Lock()
+	subs := make([]Subscription, 0, len(s.subs))
+	for _, st := range s.subs {
+		if st.sub != nil && !st.closed {
+			subs = append(subs, st.sub)
+		}
+	}
+	s.mu.Unlock()
+	wakeSubs(subs...)
+}
+
+// dropTagLocked forgets tag and what it kept for re-send.
+func (s *Session) dropTagLocked(tag uint64, e tagEntry) {
+	delete(s.tags, tag)
+	s.heldBytes -= e.bytes
 }
 
 // subConsumer receives one subscription's deliveries.
@@ -331,6 +425,9 @@ type subConsumer struct {
 }
 
 func (c *subConsumer) Deliver(sub Subscription, d Delivery) { c.s.deliver(c.st, sub, d) }
+
+// Paused implements Pauser.
+func (c *subConsumer) Paused() bool { return c.st.earlyFull.Load() || c.s.paused() }
 func (c *subConsumer) Closed(sub Subscription, reason uint8, err error) {
 	c.s.backendClosed(c.st, sub, reason, err)
 }
@@ -351,8 +448,17 @@ func (s *Session) leaseEnded(st *subState, partition uint32, offset, leaseID uin
 	defer s.mu.Unlock()
 	for tag, e := range s.tags {
 		if e.st == st && e.partition == partition && e.offset == offset && e.leaseID == leaseID {
-			delete(s.tags, tag)
-			s.pending = dropDeliver(s.pending, tag)
+			s.dropTagLocked(tag, e)
+			if n := len(s.pending); n > 0 {
+				s.pending = dropDeliver(s.pending, tag)
+				if len(s.pending) != n {
+					s.pendingBytes = 0
+					for i := range s.pending {
+						s.pendingBytes += int64(s.pending[i].Bytes())
+					}
+					s.notePendingLocked()
+				}
+			}
 			st.early = dropDeliver(st.early, tag)
 			return
 		}
@@ -387,16 +493,40 @@ func (s *Session) deliver(st *subState, sub Subscription, d Delivery) {
 		PublishedAtMs: d.PublishedAtMs, Key: d.Key, Headers: d.Headers, ContentType: d.ContentType,
 		Body: d.Body, Topic: d.Topic, Group: d.Group,
 	}
-	s.tags[tag] = tagEntry{st: st, partition: d.Partition, offset: d.Offset, leaseID: d.LeaseID, d: body}
 	o := Outbound{Body: body}
+	e := tagEntry{st: st, partition: d.Partition, offset: d.Offset, leaseID: d.LeaseID}
 	if st.autoAck {
 		o.AfterWrite = func() { s.autoAck(tag) }
+	} else if n := int64(o.Bytes()); s.heldBytes+n <= s.reg.cfg.ResendBytesMax {
+		e.d, e.bytes = body, n
+		s.heldBytes += n
+	} else {
+		// Keeping it would pin its body until settled: past the bound a
+		// delivery lost with its socket comes back by lease expiry, not
+		// by a re-send.
+		s.reg.resendUnkept.Add(1)
+		if !s.resendFullLogged {
+			s.resendFullLogged = true
+			s.logger().Warn("re-send buffer at its byte limit; further unsettled deliveries are not kept for re-send after a resume",
+				"held_bytes", s.heldBytes, "resend_bytes_max", s.reg.cfg.ResendBytesMax, "tags", len(s.tags))
+		}
 	}
+	s.tags[tag] = e
 	if !st.announced {
-		st.early = append(st.early, o)
+		s.holdEarlyLocked(st, o)
 		return
 	}
 	s.emitLocked(o)
+}
+
+// holdEarlyLocked keeps o until st is announced. The subscription pauses once
+// what it holds reaches the byte bound, as a full sink would pause it.
+func (s *Session) holdEarlyLocked(st *subState, o Outbound) {
+	st.early = append(st.early, o)
+	st.earlyBytes += int64(o.Bytes())
+	if st.earlyBytes >= s.reg.cfg.DormantBytesMax {
+		st.earlyFull.Store(true)
+	}
 }
 
 // autoAck settles an auto-ack delivery once its frame reached the socket.
@@ -404,7 +534,7 @@ func (s *Session) autoAck(tag uint64) {
 	s.mu.Lock()
 	e, ok := s.tags[tag]
 	if ok {
-		delete(s.tags, tag)
+		s.dropTagLocked(tag, e)
 	}
 	s.mu.Unlock()
 	if ok {
@@ -431,7 +561,7 @@ func (s *Session) backendClosed(st *subState, sub Subscription, reason uint8, er
 	o := Outbound{Body: &protocol.SubClosed{SubID: st.id, Reason: reason, Code: code, Message: msg}}
 	s.logger().Info("subscription closed by broker", "sub_id", st.id, "reason", reason, "code", code.String())
 	if !st.announced {
-		st.early = append(st.early, o)
+		s.holdEarlyLocked(st, o)
 		return
 	}
 	s.emitLocked(o)
@@ -445,7 +575,7 @@ func (s *Session) forgetSubLocked(st *subState) {
 	}
 	for t, e := range s.tags {
 		if e.st == st {
-			delete(s.tags, t)
+			s.dropTagLocked(t, e)
 		}
 	}
 }
@@ -503,13 +633,29 @@ func (s *Session) openSub(req protocol.Subscribe) (*subState, error) {
 	return st, nil
 }
 
-// announceLocked marks st announced and releases the deliveries that waited for it.
-func (s *Session) announceLocked(st *subState) {
+// announceLocked marks st announced and releases the deliveries that waited for
+// it. It returns st's subscription when it had paused on them, for the caller
+// to wake once mu is released.
+func (s *Session) announceLocked(st *subState) Subscription {
 	st.announced = true
 	early := st.early
-	st.early = nil
+	st.early, st.earlyBytes = nil, 0
 	for _, o := range early {
 		s.emitLocked(o)
+	}
+	if st.earlyFull.Swap(false) && !st.closed {
+		return st.sub
+	}
+	return nil
+}
+
+// wakeSubs wakes each subscription in subs that can be woken (see Waker).
+// Call without mu.
+func wakeSubs(subs ...Subscription) {
+	for _, sub := range subs {
+		if w, ok := sub.(Waker); ok {
+			w.Wake()
+		}
 	}
 }
 
@@ -522,11 +668,12 @@ func (s *Session) Subscribe(sink Sink, reqID uint64, req protocol.Subscribe) err
 		return err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.sink == sink && sink != nil {
 		sink.Send(Outbound{RequestID: reqID, Body: &protocol.SubscribeOK{SubID: st.id, Partitions: st.parts, Prefetch: st.prefetch}})
 	}
-	s.announceLocked(st)
+	wake := s.announceLocked(st)
+	s.mu.Unlock()
+	wakeSubs(wake)
 	return nil
 }
 
@@ -594,7 +741,7 @@ func (s *Session) Settle(kind protocol.Op, tags []uint64, delayMs int64, done fu
 func (s *Session) forgetTag(tag, leaseID uint64) {
 	s.mu.Lock()
 	if e, ok := s.tags[tag]; ok && e.leaseID == leaseID {
-		delete(s.tags, tag)
+		s.dropTagLocked(tag, e)
 	}
 	s.mu.Unlock()
 }

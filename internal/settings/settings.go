@@ -66,6 +66,14 @@ type Limits struct {
 	QueuesMax          int `toml:"queues_max"`
 	QueuePartitionsMax int `toml:"queue_partitions_max"`
 	PartitionsTotalMax int `toml:"partitions_total_max"`
+	// OutboundBytesMax caps the bytes queued for one connection's socket (and
+	// a dormant session's buffer); at the cap its deliveries pause.
+	OutboundBytesMax int64 `toml:"outbound_bytes_max"`
+	// ResendBytesMax caps the unsettled deliveries a session keeps for
+	// re-sending after a resume.
+	ResendBytesMax int64 `toml:"resend_bytes_max"`
+	// DormantSessionsMax caps the sessions waiting out their reconnect grace.
+	DormantSessionsMax int `toml:"dormant_sessions_max"`
 }
 
 // Connection configures timeouts and the session grace.
@@ -77,6 +85,9 @@ type Connection struct {
 	WriteTimeoutMs   int64 `toml:"write_timeout_ms"`
 	ReconnectGraceMs int64 `toml:"reconnect_grace_ms"`
 	DrainTimeoutMs   int64 `toml:"drain_timeout_ms"`
+	// SlowConsumerTimeoutMs is how long a connection may stay at
+	// limits.outbound_bytes_max before it is closed with slow_consumer.
+	SlowConsumerTimeoutMs int64 `toml:"slow_consumer_timeout_ms"`
 }
 
 // Storage configures the logs.
@@ -118,9 +129,11 @@ func Default() Config {
 			FrameBytesMax: 1<<20 + 64<<10, BodyBytesMax: 1 << 20, PrefetchDefault: 100, PrefetchMax: 10_000,
 			SettleBatchMax: 4096, PublishInflightMax: 4096, SubscriptionsMax: 256, ConnectionsMax: 10_000,
 			QueuesMax: 1000, QueuePartitionsMax: 64, PartitionsTotalMax: 4096,
+			OutboundBytesMax: 1 << 20, ResendBytesMax: 1 << 20, DormantSessionsMax: 10_000,
 		},
-		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000, ReconnectGraceMs: 0, DrainTimeoutMs: 10_000},
-		Storage:    Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096},
+		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000, ReconnectGraceMs: 0, DrainTimeoutMs: 10_000,
+			SlowConsumerTimeoutMs: 30_000},
+		Storage: Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096},
 		Queue: Queue{Partitions: 1, LeaseMs: 30_000, MaxRetries: 5, DeadLetterTopic: "sinew.dead-letter",
 			DelayMsMax: thirtyDaysMs, TTLMsMax: thirtyDaysMs, NackDelayMsMax: thirtyDaysMs},
 	}
@@ -345,6 +358,9 @@ func (c *Config) Validate() error {
 	positive("limits.publish_inflight_max", int64(l.PublishInflightMax))
 	positive("limits.subscriptions_max", int64(l.SubscriptionsMax))
 	positive("limits.connections_max", int64(l.ConnectionsMax))
+	positive("limits.outbound_bytes_max", l.OutboundBytesMax)
+	positive("limits.resend_bytes_max", l.ResendBytesMax)
+	positive("limits.dormant_sessions_max", int64(l.DormantSessionsMax))
 	if l.FrameBytesMax > 0 && l.FrameBytesMax < 64<<10 {
 		bad("limits.frame_bytes_max", "%d is below the protocol minimum %d", l.FrameBytesMax, 64<<10)
 	}
@@ -376,6 +392,7 @@ func (c *Config) Validate() error {
 	positive("connection.handshake_timeout_ms", cn.HandshakeTimeoutMs)
 	positive("connection.write_timeout_ms", cn.WriteTimeoutMs)
 	positive("connection.drain_timeout_ms", cn.DrainTimeoutMs)
+	positive("connection.slow_consumer_timeout_ms", cn.SlowConsumerTimeoutMs)
 	if cn.HeartbeatMs < 0 || cn.HeartbeatMs > 1<<31 {
 		bad("connection.heartbeat_ms", "%d is out of range 0..%d", cn.HeartbeatMs, int64(1)<<31)
 	}

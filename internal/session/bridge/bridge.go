@@ -33,7 +33,11 @@ func (x backend) PurgeQueue(p *protocol.PurgeQueue, done func(protocol.PurgeOK, 
 }
 
 func (x backend) Subscribe(req *protocol.Subscribe, c session.Consumer) (session.Subscription, error) {
-	s, err := x.b.Subscribe(req, consumer{c})
+	var bc broker.Consumer = consumer{c}
+	if p, ok := c.(session.Pauser); ok {
+		bc = pausingConsumer{consumer{c}, p}
+	}
+	s, err := x.b.Subscribe(req, bc)
 	if err != nil {
 		return nil, err
 	}
@@ -47,6 +51,15 @@ func (x backend) Ready() bool { return x.b.Ready() }
 type sub struct{ *broker.Subscription }
 
 type consumer struct{ c session.Consumer }
+
+// pausingConsumer is a consumer whose session can pause it
+// (broker.PausableConsumer).
+type pausingConsumer struct {
+	consumer
+	p session.Pauser
+}
+
+func (k pausingConsumer) Paused() bool { return k.p.Paused() }
 
 func (k consumer) Deliver(s *broker.Subscription, d broker.Delivery) {
 	k.c.Deliver(sub{s}, session.Delivery(d))

@@ -1,6 +1,7 @@
 // Package sessiontest provides an in-memory session.Backend for tests of the
 // session and server packages: one partition per queue, FIFO dispatch bounded by
-// prefetch, leases that go back to ready on Close or Nack. Everything runs
+// prefetch and paused while the consumer says so (session.Pauser), leases that
+// go back to ready on Close or Nack. Everything runs
 // synchronously on the caller's goroutine under one mutex; deliveries are handed
 // out while that mutex is held, which is allowed because sessions never call the
 // backend with their own lock held.
@@ -199,7 +200,7 @@ func (f *Fake) dispatchLocked(q *queue) {
 		var target *sub
 		for i := range q.subs {
 			s := q.subs[(q.rr+i)%len(q.subs)]
-			if !s.closed && s.outstanding < int(s.view.Prefetch) {
+			if !s.closed && s.outstanding < int(s.view.Prefetch) && !s.paused() {
 				target = s
 				q.rr = (q.rr + i + 1) % len(q.subs)
 				break
@@ -260,6 +261,24 @@ func (f *Fake) CloseFromBroker(topic, group string, reason uint8, err error) {
 	f.mu.Unlock()
 	for _, s := range subs {
 		s.c.Closed(s, reason, err)
+	}
+}
+
+// paused reports whether the consumer asked for no more deliveries
+// (session.Pauser), as the real broker honours it.
+func (s *sub) paused() bool {
+	p, ok := s.c.(session.Pauser)
+	return ok && p.Paused()
+}
+
+// Wake implements session.Waker: a consumer that was paused takes deliveries
+// again.
+func (s *sub) Wake() {
+	f := s.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !s.closed {
+		f.dispatchLocked(s.q)
 	}
 }
 

@@ -1,0 +1,404 @@
+package hostile_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// Bounds on every wait, so that a hung broker fails a test instead of hanging it.
+const (
+	dialTimeout      = 2 * time.Second
+	replyTimeout     = 30 * time.Second
+	publishWindowMax = 1024
+	// peerPauseMs spaces a reconnecting peer's attempts.
+	peerPauseMs = 50
+	// slowlorisByteMs is the pause between two bytes of a slowloris HELLO.
+	slowlorisByteMs = 300
+	// nonreaderPingMs spaces the PINGs a non-reading consumer sends.
+	nonreaderPingMs = 300
+	// endReadTimeout bounds the final read that tells whether the broker closed
+	// a non-reading consumer.
+	endReadTimeout = 2 * time.Second
+)
+
+// mix says how many peers of each kind a run opens.
+type mix struct {
+	garbage, hugelen, slowloris, halfopen, nonreader int
+}
+
+func (m mix) total() int { return m.garbage + m.hugelen + m.slowloris + m.halfopen + m.nonreader }
+
+// mix140 is the 140-peer mix of the measurement and the bounded test.
+var mix140 = mix{garbage: 20, hugelen: 20, slowloris: 20, halfopen: 20, nonreader: 60}
+
+// status reads VmRSS and VmHWM (KiB) of pid from /proc.
+func status(pid int) (rssKiB, hwmKiB int64, err error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		v, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "VmRSS:":
+			rssKiB = v
+		case "VmHWM:":
+			hwmKiB = v
+		}
+	}
+	if rssKiB == 0 {
+		return 0, 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	}
+	return rssKiB, hwmKiB, nil
+}
+
+// sampler records the peak VmRSS of a process while it runs.
+type sampler struct {
+	pid     int
+	peak    atomic.Int64 // KiB
+	samples atomic.Int64
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+func startSampler(pid int, every time.Duration) *sampler {
+	s := &sampler{pid: pid, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		tk := time.NewTicker(every)
+		defer tk.Stop()
+		for {
+			if rss, _, err := status(pid); err == nil {
+				s.samples.Add(1)
+				if rss > s.peak.Load() {
+					s.peak.Store(rss)
+				}
+			}
+			select {
+			case <-s.stop:
+				return
+			case <-tk.C:
+			}
+		}
+	}()
+	return s
+}
+
+func (s *sampler) finish() int64 {
+	close(s.stop)
+	<-s.done
+	return s.peak.Load()
+}
+
+func mib(kib int64) float64 { return float64(kib) / 1024 }
+
+// handshake dials addr and completes HELLO.
+func handshake(addr, name string) (net.Conn, *bufio.Reader, error) {
+	c, err := net.DialTimeout("tcp", addr, dialTimeout)
+	if err != nil {
+		return nil, nil, err
+	}
+	c.SetDeadline(time.Now().Add(replyTimeout))
+	if _, err := c.Write(protocol.AppendFrame(nil, 0, 1, &protocol.Hello{ProtocolVersion: protocol.Version, ClientName: name})); err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	br := bufio.NewReader(c)
+	f, _, err := protocol.ReadFrame(br, protocol.FrameBytesDefault, nil)
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	if f.Op != protocol.OpHelloOK {
+		c.Close()
+		return nil, nil, fmt.Errorf("handshake: got %v", f.Op)
+	}
+	c.SetDeadline(time.Time{})
+	return c, br, nil
+}
+
+// publishBacklog stores n messages of bodyBytes each in topic, waiting for
+// every confirm, with at most publishWindowMax unconfirmed at once.
+func publishBacklog(addr, topic string, n, bodyBytes int) error {
+	c, br, err := handshake(addr, "hostile-backlog")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	window := make(chan struct{}, publishWindowMax)
+	errc := make(chan error, 1)
+	go func() {
+		var buf []byte
+		for got := 0; got < n; got++ {
+			c.SetReadDeadline(time.Now().Add(replyTimeout))
+			var f protocol.Frame
+			var err error
+			f, buf, err = protocol.ReadFrame(br, protocol.FrameBytesDefault, buf)
+			if err != nil {
+				errc <- fmt.Errorf("backlog: after %d confirms: %w", got, err)
+				return
+			}
+			switch f.Op {
+			case protocol.OpPublishOK:
+				<-window
+			case protocol.OpPing:
+				got--
+			default:
+				body, _ := protocol.Decode(f)
+				errc <- fmt.Errorf("backlog: after %d confirms: got %v %+v", got, f.Op, body)
+				return
+			}
+		}
+		errc <- nil
+	}()
+	body := make([]byte, bodyBytes)
+	for i := range body {
+		body[i] = byte('a' + i%26)
+	}
+	var out []byte
+	for i := range n {
+		select {
+		case window <- struct{}{}:
+		case err := <-errc:
+			return err
+		}
+		out = protocol.AppendFrame(out[:0], 0, uint64(i+2), &protocol.Publish{Topic: topic, Partition: -1, Body: body})
+		if _, err := c.Write(out); err != nil {
+			return fmt.Errorf("backlog: publish %d: %w", i, err)
+		}
+	}
+	return <-errc
+}
+
+// peerStats counts what the hostile peers saw.
+type peerStats struct {
+	dials            atomic.Int64
+	nonreaderSubs    atomic.Int64 // non-readers whose SUBSCRIBE was written
+	nonreaderClosed  atomic.Int64 // non-readers the broker closed before the end
+	nonreaderErrCode sync.Map     // protocol.Code -> *atomic.Int64, from a final ERROR
+}
+
+// runPeers runs m's peers against addr until ctx ends, then closes them all
+// and returns what they saw. Non-readers subscribe to topic with prefetch.
+func runPeers(ctx context.Context, addr, topic string, m mix, prefetch uint32) *peerStats {
+	st := &peerStats{}
+	var wg sync.WaitGroup
+	spawn := func(n int, f func(ctx context.Context, i int, st *peerStats)) {
+		for i := range n {
+			wg.Add(1)
+			go func() { defer wg.Done(); f(ctx, i, st) }()
+		}
+	}
+	spawn(m.garbage, garbagePeer(addr))
+	spawn(m.hugelen, hugelenPeer(addr))
+	spawn(m.slowloris, slowlorisPeer(addr))
+	spawn(m.halfopen, halfopenPeer(addr))
+	spawn(m.nonreader, nonreaderPeer(addr, topic, prefetch))
+	wg.Wait()
+	return st
+}
+
+// dialCtx dials addr, and closes the connection when ctx ends so that a peer
+// blocked in a read or write wakes up.
+func dialCtx(ctx context.Context, addr string, st *peerStats) (net.Conn, func(), error) {
+	c, err := net.DialTimeout("tcp", addr, dialTimeout)
+	if err != nil {
+		return nil, nil, err
+	}
+	st.dials.Add(1)
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	return c, func() { stop(); c.Close() }, nil
+}
+
+// pause waits peerPauseMs or until ctx ends, and reports whether ctx is live.
+func pause(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// untilClosed reads and discards until the broker closes c (or ctx closes it).
+func untilClosed(c net.Conn) { io.Copy(io.Discard, c) }
+
+// garbagePeer sends random bytes and reconnects when the broker hangs up.
+func garbagePeer(addr string) func(context.Context, int, *peerStats) {
+	return func(ctx context.Context, i int, st *peerStats) {
+		rng := rand.New(rand.NewPCG(uint64(i), 1))
+		junk := make([]byte, 4<<10)
+		for ctx.Err() == nil {
+			c, done, err := dialCtx(ctx, addr, st)
+			if err == nil {
+				for j := range junk {
+					junk[j] = byte(rng.Uint32())
+				}
+				c.Write(junk)
+				untilClosed(c)
+				done()
+			}
+			if !pause(ctx, peerPauseMs*time.Millisecond) {
+				return
+			}
+		}
+	}
+}
+
+// hugelenPeer announces an enormous frame (even i), or one just under the
+// limit and then sends nothing more (odd i).
+func hugelenPeer(addr string) func(context.Context, int, *peerStats) {
+	return func(ctx context.Context, i int, st *peerStats) {
+		hello := protocol.AppendFrame(nil, 0, 1, &protocol.Hello{ProtocolVersion: protocol.Version, ClientName: "hugelen"})
+		for ctx.Err() == nil {
+			c, done, err := dialCtx(ctx, addr, st)
+			if err == nil {
+				f := append([]byte(nil), hello...)
+				if i%2 == 0 {
+					binary.BigEndian.PutUint32(f, 0xFFFF_FFF0)
+				} else {
+					binary.BigEndian.PutUint32(f, uint32(protocol.FrameBytesDefault-protocol.LengthBytes-1))
+				}
+				c.Write(f)
+				untilClosed(c)
+				done()
+			}
+			if !pause(ctx, peerPauseMs*time.Millisecond) {
+				return
+			}
+		}
+	}
+}
+
+// slowlorisPeer sends a HELLO one byte at a time.
+func slowlorisPeer(addr string) func(context.Context, int, *peerStats) {
+	return func(ctx context.Context, i int, st *peerStats) {
+		hello := protocol.AppendFrame(nil, 0, 1, &protocol.Hello{ProtocolVersion: protocol.Version, ClientName: "slowloris"})
+		for ctx.Err() == nil {
+			c, done, err := dialCtx(ctx, addr, st)
+			if err == nil {
+				for _, b := range hello[:len(hello)-1] {
+					if _, err := c.Write([]byte{b}); err != nil || !pause(ctx, slowlorisByteMs*time.Millisecond) {
+						break
+					}
+				}
+				done()
+			}
+			if !pause(ctx, peerPauseMs*time.Millisecond) {
+				return
+			}
+		}
+	}
+}
+
+// halfopenPeer connects and sends nothing (even i), or completes HELLO and
+// then sends nothing (odd i); it holds the connection until the broker closes it.
+func halfopenPeer(addr string) func(context.Context, int, *peerStats) {
+	return func(ctx context.Context, i int, st *peerStats) {
+		for ctx.Err() == nil {
+			c, done, err := dialCtx(ctx, addr, st)
+			if err == nil {
+				if i%2 == 1 {
+					c.Write(protocol.AppendFrame(nil, 0, 1, &protocol.Hello{ProtocolVersion: protocol.Version, ClientName: "halfopen"}))
+				}
+				untilClosed(c)
+				done()
+			}
+			if !pause(ctx, peerPauseMs*time.Millisecond) {
+				return
+			}
+		}
+	}
+}
+
+// nonreaderPeer subscribes to topic with prefetch and never reads its socket
+// while ctx lives, though it keeps sending PINGs. At the end it reads what is there, briefly, to tell whether
+// the broker had closed the connection and with which ERROR code.
+func nonreaderPeer(addr, topic string, prefetch uint32) func(context.Context, int, *peerStats) {
+	return func(ctx context.Context, i int, st *peerStats) {
+		c, err := net.DialTimeout("tcp", addr, dialTimeout)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		st.dials.Add(1)
+		// A small receive buffer keeps the kernel from absorbing what the
+		// broker sends, as a slow peer on a real network would.
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetReadBuffer(16 << 10)
+		}
+		out := protocol.AppendFrame(nil, 0, 1, &protocol.Hello{ProtocolVersion: protocol.Version, ClientName: "nonreader"})
+		out = protocol.AppendFrame(out, 0, 2, &protocol.Subscribe{Topic: topic, Partition: -1, AckMode: protocol.AckManual, Prefetch: prefetch})
+		if _, err := c.Write(out); err != nil {
+			return
+		}
+		st.nonreaderSubs.Add(1)
+		// It keeps sending PINGs, so only its failure to read can get it
+		// closed, not the heartbeat timeout.
+		tk := time.NewTicker(nonreaderPingMs * time.Millisecond)
+		for live := true; live; {
+			select {
+			case <-ctx.Done():
+				live = false
+			case <-tk.C:
+				c.SetWriteDeadline(time.Now().Add(nonreaderPingMs * time.Millisecond))
+				c.Write(protocol.AppendFrame(nil, 0, 3, &protocol.Ping{}))
+			}
+		}
+		tk.Stop()
+		// Drain what the broker queued: a live connection keeps answering
+		// until the deadline, a closed one ends in EOF or a reset.
+		c.SetReadDeadline(time.Now().Add(endReadTimeout))
+		br := bufio.NewReaderSize(c, 64<<10)
+		var buf []byte
+		for {
+			var f protocol.Frame
+			f, buf, err = protocol.ReadFrame(br, protocol.FrameBytesDefault, buf)
+			if err != nil {
+				break
+			}
+			if f.Op == protocol.OpError {
+				if b, derr := protocol.Decode(f); derr == nil {
+					code := b.(*protocol.ErrorBody).Code
+					v, _ := st.nonreaderErrCode.LoadOrStore(code, new(atomic.Int64))
+					v.(*atomic.Int64).Add(1)
+				}
+			}
+		}
+		var ne net.Error
+		if !(errors.As(err, &ne) && ne.Timeout()) {
+			st.nonreaderClosed.Add(1)
+		}
+	}
+}
+
+// errCodes renders the final ERROR codes the non-readers saw.
+func (st *peerStats) errCodes() string {
+	var parts []string
+	st.nonreaderErrCode.Range(func(k, v any) bool {
+		parts = append(parts, fmt.Sprintf("%v=%d", k.(protocol.Code), v.(*atomic.Int64).Load()))
+		return true
+	})
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ",")
+}
