@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sinewmq/sinew/internal/testkit"
+	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/protocol"
 )
 
@@ -77,5 +79,38 @@ func TestRealLongTopicRoundTrip(t *testing.T) {
 	}
 	if err := c.DeleteQueue(ctx, topic, ""); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A partition stopped by an I/O error: Subscribe fails at once with a
+// retryable unavailable error naming the partition and not the server's
+// paths, and the subscription that was attached ends with the same code.
+func TestRealSubscribeToFailedPartition(t *testing.T) {
+	fs := vfs.NewMem()
+	rb := testkit.StartBroker(t, testkit.WithFS(fs))
+	c := dialT(t, rb.Addr)
+	ctx := testCtx(t)
+	if _, err := c.DeclareQueue(ctx, "fragile", QueueConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := c.Subscribe(ctx, "fragile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs.SetSyncError(errors.New("input/output error on /data/queues"))
+	_, err = c.Publish(ctx, "fragile", []byte("x"))
+	fs.SetSyncError(nil)
+	var be *BrokerError
+	if !errors.As(err, &be) || be.Code != protocol.CodeUnavailable {
+		t.Fatalf("publish with a failing fsync: %v", err)
+	}
+	if err := waitDone(t, before); !errors.As(err, &be) || be.Code != protocol.CodeUnavailable ||
+		!strings.Contains(be.Message, "partition 0") || strings.Contains(be.Message, "/data") {
+		t.Fatalf("attached subscription ended with %v", err)
+	}
+	_, err = c.Subscribe(ctx, "fragile", WithSubscribePartition(0))
+	if !errors.As(err, &be) || be.Code != protocol.CodeUnavailable || !IsRetryable(err) ||
+		!strings.Contains(be.Message, "failed") || strings.Contains(be.Message, "/data") {
+		t.Fatalf("subscribe to the failed partition: %v", err)
 	}
 }

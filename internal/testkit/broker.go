@@ -35,6 +35,7 @@ type BrokerOption func(*brokerOptions)
 
 type brokerOptions struct {
 	dataDir string
+	fs      vfs.FS
 	backend session.Backend
 	tunes   []func(*server.Config)
 }
@@ -43,6 +44,12 @@ type brokerOptions struct {
 // every confirm waits for an fsync) instead of on an in-memory one.
 func WithDataDir(dir string) BrokerOption {
 	return func(o *brokerOptions) { o.dataDir = dir }
+}
+
+// WithFS keeps the broker's data on fs (under /data), so a test can inject
+// faults with vfs.MemFS (SetSyncError, SetWriteError).
+func WithFS(fs vfs.FS) BrokerOption {
+	return func(o *brokerOptions) { o.fs = fs }
 }
 
 // WithBackend serves backend instead of opening a broker; Broker.Broker is
@@ -76,6 +83,9 @@ func StartBroker(tb testing.TB, opts ...BrokerOption) *Broker {
 	backend := o.backend
 	if backend == nil {
 		bcfg := broker.Config{DataDir: "/data", FS: vfs.NewMem()}
+		if o.fs != nil {
+			bcfg.FS = o.fs
+		}
 		if o.dataDir != "" {
 			bcfg = broker.Config{DataDir: o.dataDir}
 		}
