@@ -200,14 +200,17 @@ type LeaseEndedConsumer interface {
 	LeaseEnded(s *Subscription, partition uint32, offset, leaseID uint64)
 }
 
-// PausableConsumer may be implemented by a Consumer that cannot always take
-// more deliveries, such as one whose connection stopped reading. While Paused
-// reports true the subscription's partitions lease it nothing more; the
-// consumer calls Subscription.Wake once it can take deliveries again.
+// PausableConsumer may be implemented by a Consumer whose room for deliveries
+// is bounded in bytes, such as one behind a connection with a byte-capped
+// write queue. The subscription then reserves credit only for what fits:
+// with each delivery's size estimated from those delivered so far, the
+// deliveries leased and not yet handed over never exceed RoomBytes. At zero
+// or below nothing more is leased until the consumer calls
+// Subscription.Wake.
 type PausableConsumer interface {
-	// Paused is called from partition goroutines before they reserve
-	// credit. It MUST NOT block and should be cheap (an atomic load).
-	Paused() bool
+	// RoomBytes is called from partition goroutines before they reserve
+	// credit. It MUST NOT block and should be cheap (atomic loads).
+	RoomBytes() int64
 }
 
 // Delivery is one leased message.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -360,7 +361,12 @@ type pausingRec struct {
 	paused atomic.Bool
 }
 
-func (r *pausingRec) Paused() bool { return r.paused.Load() }
+func (r *pausingRec) RoomBytes() int64 {
+	if r.paused.Load() {
+		return 0
+	}
+	return 1 << 30
+}
 
 // A paused consumer is leased nothing, however much credit it has; Wake
 // after it unpauses brings the backlog.
@@ -401,6 +407,62 @@ func TestPausedConsumerGetsNothingUntilWake(t *testing.T) {
 		synctest.Wait()
 		if n := len(r.deliveries()); n != 8 {
 			t.Fatalf("%d deliveries after the second Wake, want 8", n)
+		}
+	})
+}
+
+// roomRec is a consumer whose room is a byte budget that its deliveries use
+// up, as a connection's write queue is used up by DELIVER frames.
+type roomRec struct {
+	creditRec
+	capBytes int64
+	used     atomic.Int64
+}
+
+func (r *roomRec) RoomBytes() int64 { return r.capBytes - r.used.Load() }
+
+func (r *roomRec) Deliver(s *Subscription, d Delivery) {
+	r.used.Add(int64(len(d.Body)) + deliveryOverheadBytes + int64(len(s.view.Topic)))
+	r.creditRec.Deliver(s, d)
+}
+
+// A consumer with a large prefetch and a backlog gets only what fits its
+// byte room, not a whole dispatch turn, and the rest once it has room again.
+func TestRoomBoundsLeasesInTransit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := mustOpen(t, testConfig(vfs.NewMem()))
+		defer b.Close()
+		body := strings.Repeat("x", 1<<10)
+		for range 500 {
+			mustPublish(t, b, msg("q", body))
+		}
+		const capBytes = 16 << 10
+		r := &roomRec{creditRec: creditRec{t: t, prefetch: 1000, ended: map[leaseKey]bool{}}, capBytes: capBytes}
+		s, err := b.Subscribe(&protocol.Subscribe{Topic: "q", Partition: -1, Prefetch: 1000}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		per := int64(1<<10 + deliveryOverheadBytes + 1)
+		got := len(r.deliveries())
+		// The room, plus the one let through on a partial fit.
+		if most := int(capBytes/per) + 1; got == 0 || got > most {
+			t.Fatalf("%d deliveries into a %d-byte room; want 1..%d", got, capBytes, most)
+		}
+		r.used.Store(0)
+		s.Wake()
+		synctest.Wait()
+		if n := len(r.deliveries()); n <= got || n > 2*got+1 {
+			t.Fatalf("%d deliveries after freeing the room once, had %d", n, got)
+		}
+		for len(r.deliveries()) < 500 {
+			before := len(r.deliveries())
+			r.used.Store(0)
+			s.Wake()
+			synctest.Wait()
+			if len(r.deliveries()) == before {
+				t.Fatalf("stuck at %d deliveries with room", before)
+			}
 		}
 	})
 }

@@ -39,6 +39,14 @@
 // starving. A partition that finds no credit marks the
 // subscription starved and is poked when credit comes back.
 //
+// A consumer may also bound what it takes in bytes (PausableConsumer): a
+// subscription then reserves credit only for deliveries that fit the room it
+// reports, counting those reserved and not yet delivered at the average size
+// of its past deliveries, and none while the room is zero; the consumer's
+// Subscription.Wake, or a delivery leaving transit, pokes the partitions
+// again. The server's connections use it to cap what they queue for a
+// client that does not read.
+//
 // # What is durable when
 //
 // A publish is confirmed after its partition fsynced its Enqueue record; a

@@ -25,10 +25,15 @@ import (
 // returns credit pokes the subscription's partitions, so none waits for
 // credit that came back while it was not looking.
 //
-// Pause. A consumer that implements PausableConsumer and reports Paused gets
-// no credit reserved (TakeCredit returns 0 and sets starved); its Wake pokes
-// the partitions the same way returned credit does. Deliveries already
-// leased when it paused still arrive.
+// Room. For a consumer that implements PausableConsumer, TakeCredit also
+// keeps the deliveries in transit (reserved by TakeCredit, not yet handed to
+// Deliver nor refunded) within the consumer's RoomBytes, counting each at the
+// running average size of past deliveries (one at a time until the first is
+// seen). Without room it returns 0 and sets starved; the consumer's Wake, and
+// a delivery that leaves transit while starved, poke the partitions the same
+// way returned credit does. Credit a partition carries over from a settle
+// (CarryCredit) is spent without this check: it follows a settle, so the
+// consumer is reading.
 type Subscription struct {
 	b     *Broker
 	id    uint64
@@ -41,7 +46,11 @@ type Subscription struct {
 
 	credit  atomic.Int64
 	starved atomic.Bool
-	closed  atomic.Bool
+	// inTransit and avgBytes serve the room check (pausable consumers only).
+	inTransit   atomic.Int64
+	avgBytes    atomic.Int64
+	roomStarved atomic.Bool // a partition found no room (not no credit)
+	closed      atomic.Bool
 
 	mu sync.Mutex
 	// outstanding holds the deliveries not yet settled; true marks one
@@ -316,13 +325,18 @@ func (a *attachment) TakeCredit(want int) int {
 	if s.closed.Load() {
 		return 0
 	}
-	if p := s.pause; p != nil && p.Paused() {
-		s.starved.Store(true)
-		// A Wake between the check and the store found starved unset
-		// and poked nobody: look again.
-		if p.Paused() {
-			return 0
+	if s.pause != nil {
+		fit := s.fits(want)
+		if fit == 0 {
+			s.roomStarved.Store(true)
+			s.starved.Store(true)
+			// A Wake between the check and the store found starved
+			// unset and poked nobody: look again.
+			if fit = s.fits(want); fit == 0 {
+				return 0
+			}
 		}
+		want = fit
 	}
 	for {
 		c := s.credit.Load()
@@ -337,13 +351,63 @@ func (a *attachment) TakeCredit(want int) int {
 		}
 		n := min(c, int64(want))
 		if s.credit.CompareAndSwap(c, c-n) {
+			if s.pause != nil {
+				s.inTransit.Add(n)
+			}
 			return int(n)
 		}
 	}
 }
 
+// fits returns how many of want deliveries fit in the consumer's room beside
+// those in transit (see Room in the type's doc).
+func (s *Subscription) fits(want int) int {
+	room := s.pause.RoomBytes()
+	if room <= 0 {
+		return 0
+	}
+	inTransit := s.inTransit.Load()
+	avg := s.avgBytes.Load()
+	if avg <= 0 {
+		// No size seen yet: one at a time until one is.
+		if inTransit > 0 {
+			return 0
+		}
+		return 1
+	}
+	n := room/avg - inTransit
+	if n <= 0 {
+		if inTransit > 0 {
+			return 0
+		}
+		n = 1 // room for part of one: let it through, the cap absorbs it
+	}
+	return int(min(n, int64(want)))
+}
+
+// leftTransit notes that n reserved deliveries were handed over or refunded,
+// and pokes the partitions if one found no room meanwhile.
+func (s *Subscription) leftTransit(n int64) {
+	for {
+		v := s.inTransit.Load()
+		// Deliveries of carried credit were never counted in.
+		d := min(v, n)
+		if d <= 0 || s.inTransit.CompareAndSwap(v, v-d) {
+			break
+		}
+	}
+	if s.roomStarved.Load() && s.roomStarved.Swap(false) {
+		s.returnCredit(0)
+	}
+}
+
 // RefundCredit implements partition.Consumer.
-func (a *attachment) RefundCredit(n int) { a.s.returnCredit(n) }
+func (a *attachment) RefundCredit(n int) {
+	if a.s.pause != nil {
+		a.s.leftTransit(int64(n))
+	}
+	a.s.returnCredit(n)
+}
 
 // Deliver implements partition.Consumer.
 func (a *attachment) Deliver(d partition.Delivery) {
@@ -354,6 +418,18 @@ func (a *attachment) Deliver(d partition.Delivery) {
 	s.mu.Lock()
 	s.outstanding[leaseKey{a.idx, d.Offset, d.LeaseID}] = false
 	s.mu.Unlock()
+	if s.pause != nil {
+		n := int64(len(d.Body) + len(d.Key) + len(d.ContentType) + len(s.view.Topic) + len(s.view.Group) + deliveryOverheadBytes)
+		for _, h := range d.Headers {
+			n += int64(len(h.Key) + len(h.Value) + 8)
+		}
+		// A running average over about the last eight deliveries.
+		if avg := s.avgBytes.Load(); avg <= 0 {
+			s.avgBytes.Store(n)
+		} else {
+			s.avgBytes.Store(avg + (n-avg)/8)
+		}
+	}
 	var hs []protocol.Header
 	if len(d.Headers) > 0 {
 		hs = make([]protocol.Header, len(d.Headers))
@@ -366,7 +442,16 @@ func (a *attachment) Deliver(d partition.Delivery) {
 		PublishedAtMs: d.PublishedAtMs, Key: d.Key, Headers: hs, ContentType: d.ContentType,
 		Body: d.Body, Topic: s.view.Topic, Group: s.view.Group,
 	})
+	if s.pause != nil {
+		// After Deliver, so the consumer's room already counts it.
+		s.leftTransit(1)
+	}
 }
+
+// deliveryOverheadBytes is what the room check charges a delivery on top of
+// its payload and names: the frame header, fixed fields and the structs that
+// carry it (the session charges the same).
+const deliveryOverheadBytes = 128
 
 // LeaseEnded implements partition.Consumer: the lease is no longer current
 // (settled, expired, released, dead-lettered). If the consumer still holds

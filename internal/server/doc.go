@@ -21,9 +21,11 @@
 // by the summed prefetch of the session's subscriptions. Its bytes are bounded by
 // OutboundBytesMax: at the cap the writer reports itself full (session.Throttle),
 // the session's subscriptions lease nothing more, and once the queue has drained to
-// half the cap the writer wakes them. Deliveries leased before the pause took
-// effect still arrive, so the queue can pass the cap by what the partitions had
-// already leased to the connection. A connection that stays at the cap for
+// half the cap the writer wakes them. Below the cap a subscription's partitions
+// lease only what fits in the room left (sizes estimated from its past
+// deliveries), so the queue passes the cap only by an estimate's error, when
+// several subscriptions of the session take the same room at once, or by
+// credit carried over from settles (the client is reading then). A connection that stays at the cap for
 // SlowConsumerTimeoutMs is closed as a slow consumer (ERROR slow_consumer when the
 // stream is at a frame boundary, a warning, Stats.SlowConsumers); its frames go
 // back to the session like those of any dropped connection.

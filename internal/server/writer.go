@@ -16,7 +16,9 @@ import (
 // Byte cap. qBytes counts (in session.Outbound.Bytes) every frame queued and
 // not yet handed to the socket, including the batch being written. When it
 // reaches OutboundBytesMax the writer is full: the session's subscriptions stop
-// taking deliveries (session.Throttle), and a clock starts. If the queue drains
+// taking deliveries (session.Throttle reports no room), and a clock starts.
+// Below the cap the room it reports is what is left of the cap, so a partition
+// leases only what fits. If the queue drains
 // to half the cap the writer calls the session's drain callback and deliveries
 // resume. If it has not drained within SlowConsumerTimeoutMs, the write in
 // progress is cut by its deadline and the connection is closed as a slow
@@ -32,9 +34,9 @@ type writer struct {
 	closed   bool // no more Sends accepted
 	spare    []session.Outbound
 	pingSeq  uint64
-	qBytes   int64     // Bytes of the frames queued or being written
-	pausedAt time.Time // when full was last set
-	onDrain  func()    // the session's wake, run when full clears
+	qBytes   atomic.Int64 // Bytes of the frames queued or being written; changed under mu
+	pausedAt time.Time    // when full was last set
+	onDrain  func()       // the session's wake, run when full clears
 	full     atomic.Bool
 
 	wake     chan struct{} // cap 1: frames were queued
@@ -58,8 +60,7 @@ func (w *writer) Send(o session.Outbound) bool {
 		return false
 	}
 	w.q = append(w.q, o)
-	w.qBytes += n
-	if w.qBytes >= w.c.srv.cfg.OutboundBytesMax && !w.full.Load() {
+	if w.qBytes.Add(n) >= w.c.srv.cfg.OutboundBytesMax && !w.full.Load() {
 		w.full.Store(true)
 		w.pausedAt = time.Now()
 		w.c.srv.stats.writerPauses.Add(1)
@@ -75,8 +76,14 @@ func (w *writer) Send(o session.Outbound) bool {
 	return true
 }
 
-// Full implements session.Throttle.
-func (w *writer) Full() bool { return w.full.Load() }
+// RoomBytes implements session.Throttle: what may still be queued before the
+// cap, or 0 while the writer is full (until it has drained to half the cap).
+func (w *writer) RoomBytes() int64 {
+	if w.full.Load() {
+		return 0
+	}
+	return w.c.srv.cfg.OutboundBytesMax - w.qBytes.Load()
+}
 
 // SetOnDrain implements session.Throttle.
 func (w *writer) SetOnDrain(f func()) {
@@ -106,9 +113,9 @@ func (w *writer) writeDeadlineLocked() time.Time {
 // its cap, clears full and wakes the session's subscriptions.
 func (w *writer) wrote(n int64) {
 	w.mu.Lock()
-	w.qBytes -= n
+	left := w.qBytes.Add(-n)
 	var wake func()
-	if w.full.Load() && w.qBytes <= w.c.srv.cfg.OutboundBytesMax/2 {
+	if w.full.Load() && left <= w.c.srv.cfg.OutboundBytesMax/2 {
 		w.full.Store(false)
 		wake = w.onDrain
 	}
@@ -158,7 +165,7 @@ func (w *writer) takeUnsent() []session.Outbound {
 	w.closed = true
 	q := w.q
 	w.q = nil
-	w.qBytes = 0
+	w.qBytes.Store(0)
 	return q
 }
 
@@ -204,7 +211,7 @@ func (w *writer) run() {
 					w.pingSeq++
 					o := session.Outbound{RequestID: w.pingSeq, Body: &protocol.Ping{}}
 					w.q = append(w.q, o)
-					w.qBytes += int64(o.Bytes())
+					w.qBytes.Add(int64(o.Bytes()))
 					w.mu.Unlock()
 				}
 				ping.Reset(hb)
@@ -295,7 +302,7 @@ func (w *writer) slowConsumer(n int) bool {
 	c := w.c
 	w.mu.Lock()
 	slow := w.full.Load() && !time.Now().Before(w.pausedAt.Add(w.slowTimeout()))
-	queued := w.qBytes
+	queued := w.qBytes.Load()
 	w.mu.Unlock()
 	if !slow {
 		return false

@@ -128,12 +128,13 @@ func (o *Outbound) Bytes() int {
 // the frame header and fixed fields, and the Outbound and body structs.
 const frameOverheadBytes = 128
 
-// Pauser is implemented by the Consumer a session hands to the backend. A
-// backend that honours it reserves no more deliveries for the subscription
-// while Paused reports true, and resumes when the subscription's Wake (see
-// Waker) is called. Paused must not block.
+// Pauser is implemented by the Consumer a session hands to the backend.
+// RoomBytes is how many more bytes of deliveries (in Outbound.Bytes) the
+// session can take for the subscription now; at zero or below it is paused. A
+// backend that honours it leases only what fits and resumes when the
+// subscription's Wake (see Waker) is called. RoomBytes must not block.
 type Pauser interface {
-	Paused() bool
+	RoomBytes() int64
 }
 
 // Waker may be implemented by a Subscription whose backend honours Pauser:
@@ -143,12 +144,13 @@ type Waker interface {
 }
 
 // Throttle may be implemented by a Sink whose queue is bounded in bytes (the
-// server's writer). While Full reports true the session's subscriptions are
-// paused; the sink calls the function given to SetOnDrain (on its own
-// goroutine, holding none of its locks) when it has drained enough to take
-// deliveries again. Full must not block.
+// server's writer). RoomBytes is what it can still take (zero or below while it
+// is full); the session passes it on as its subscriptions' room. The sink calls
+// the function given to SetOnDrain (on its own goroutine, holding none of its
+// locks) when it has drained enough to take deliveries again. RoomBytes must
+// not block.
 type Throttle interface {
-	Full() bool
+	RoomBytes() int64
 	SetOnDrain(f func())
 }
 

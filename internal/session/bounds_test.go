@@ -80,7 +80,12 @@ func (k *throttledSink) Send(o session.Outbound) bool {
 	return k.sink.Send(o)
 }
 
-func (k *throttledSink) Full() bool          { return k.full.Load() }
+func (k *throttledSink) RoomBytes() int64 {
+	if k.full.Load() {
+		return 0
+	}
+	return 1 << 30
+}
 func (k *throttledSink) SetOnDrain(f func()) { k.onDrain = f }
 
 // TestEarlyDeliveriesPauseAtByteBound: deliveries that arrive before the

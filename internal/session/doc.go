@@ -9,13 +9,14 @@
 // prefetch plus a small constant, and in bytes by DormantBytesMax; a resume attaches
 // a new sink and the buffer drains into it in order.
 //
-// Pause: the Consumer a session hands the backend implements Pauser. It reports
-// paused while the attached sink is full (Throttle: the server's writer at its
-// outbound byte cap), while the session is dormant and its buffer is at
-// DormantBytesMax, or while a subscription not yet announced holds that many bytes
-// of early deliveries. A backend that honours it leases nothing more to the
-// subscription; the sink's drain callback, a resume and an announcement wake the
-// subscriptions again (Waker). Deliveries leased before the pause still arrive. Replies to requests (PUBLISH_OK, SETTLE_RESULT ...) belong to the
+// Room: the Consumer a session hands the backend implements Pauser. Its room in
+// bytes is the attached sink's (Throttle: what is left of the server writer's
+// outbound cap, none while it is full), or with no sink what is left of
+// DormantBytesMax for the dormant buffer, and, while a subscription is not yet
+// announced, no more than what is left of DormantBytesMax for its early
+// deliveries. A backend that honours it leases only what fits and nothing at
+// all without room; the sink's drain callback, a resume and an announcement wake
+// the subscriptions again (Waker). Replies to requests (PUBLISH_OK, SETTLE_RESULT ...) belong to the
 // connection that asked and are dropped with it.
 //
 // Identity and resume: the Registry issues identities and looks them up by client id

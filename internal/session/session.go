@@ -43,7 +43,7 @@ type Session struct {
 	resendTags []uint64
 	// pendingBytes is the Outbound.Bytes of pending; at DormantBytesMax the
 	// subscriptions pause (dormantFull) until a sink takes them.
-	pendingBytes int64
+	pendingBytes atomic.Int64 // changed under mu
 	// heldBytes is the Outbound.Bytes of the DELIVERs tags keep for re-send,
 	// bounded by ResendBytesMax; resendFullLogged says the bound was logged.
 	heldBytes        int64
@@ -68,7 +68,7 @@ type subState struct {
 	early     []Outbound // deliveries that arrived before the announcement
 	// earlyBytes is the Outbound.Bytes of early; at DormantBytesMax the
 	// subscription pauses (earlyFull, read without mu) until announced.
-	earlyBytes int64
+	earlyBytes atomic.Int64 // changed under mu
 	earlyFull  atomic.Bool
 	closed     bool
 }
@@ -136,7 +136,8 @@ func (s *Session) attach(sink Sink, connID uint64, hello Hello, outcome protocol
 		sink.Send(hello(s.Identity(), outcome))
 	}
 	pending := s.pending
-	s.pending, s.pendingBytes = nil, 0
+	s.pending = nil
+	s.pendingBytes.Store(0)
 	if outcome == protocol.ResumeResumed {
 		s.noteResendLocked(pending)
 	}
@@ -243,7 +244,7 @@ func (s *Session) Detach(sink Sink, unsent []Outbound) {
 	for _, o := range unsent {
 		if o.isPush() {
 			keep = append(keep, o)
-			s.pendingBytes += int64(o.Bytes())
+			s.pendingBytes.Add(int64(o.Bytes()))
 		} else {
 			o.drop()
 		}
@@ -326,7 +327,8 @@ func (s *Session) cleanup(reason string) {
 	held := len(s.tags)
 	s.subs, s.tags = map[uint64]*subState{}, map[uint64]tagEntry{}
 	pending := s.pending
-	s.pending, s.pendingBytes, s.heldBytes = nil, 0, 0
+	s.pending, s.heldBytes = nil, 0
+	s.pendingBytes.Store(0)
 	s.resendTags = nil
 	s.throttle.Store(nil)
 	s.dormantFull.Store(false)
@@ -368,7 +370,7 @@ func (s *Session) emitLocked(o Outbound) {
 		return
 	}
 	s.pending = append(s.pending, o)
-	s.pendingBytes += int64(o.Bytes())
+	s.pendingBytes.Add(int64(o.Bytes()))
 	s.notePendingLocked()
 }
 
@@ -376,25 +378,34 @@ func (s *Session) emitLocked(o Outbound) {
 // its byte bound (and only then), so a session without a connection holds at
 // most DormantBytesMax of pushes plus what was already leased.
 func (s *Session) notePendingLocked() {
-	full := s.pendingBytes >= s.reg.cfg.DormantBytesMax
+	full := s.pendingBytes.Load() >= s.reg.cfg.DormantBytesMax
 	if full && !s.dormantFull.Swap(true) {
 		s.reg.dormantPaused.Add(1)
 		s.logger().Info("dormant buffer at its byte limit; deliveries paused until a resume",
-			"pending", len(s.pending), "pending_bytes", s.pendingBytes, "dormant_bytes_max", s.reg.cfg.DormantBytesMax)
+			"pending", len(s.pending), "pending_bytes", s.pendingBytes.Load(), "dormant_bytes_max", s.reg.cfg.DormantBytesMax)
 	}
 	if !full {
 		s.dormantFull.Store(false)
 	}
 }
 
-// paused reports whether the session takes no more deliveries: its sink is
-// full, or, with no sink, its dormant buffer is. Called without mu from
-// partition goroutines (see Pauser).
-func (s *Session) paused() bool {
-	if t := s.throttle.Load(); t != nil {
-		return (*t).Full()
+// roomBytes is the room of st's consumer (see Pauser): the attached sink's
+// (Throttle), or, with no sink, what is left of the dormant buffer's bound; and
+// while st is not yet announced, no more than what is left of the bound on
+// its early deliveries. Called without mu from partition goroutines.
+func (s *Session) roomBytes(st *subState) int64 {
+	limit := s.reg.cfg.DormantBytesMax
+	if st.earlyFull.Load() {
+		return 0
 	}
-	return s.dormantFull.Load()
+	room := limit - st.earlyBytes.Load()
+	if t := s.throttle.Load(); t != nil {
+		return min(room, (*t).RoomBytes())
+	}
+	if s.dormantFull.Load() {
+		return 0
+	}
+	return min(room, limit-s.pendingBytes.Load())
 }
 
 // wake tells every subscription that the session takes deliveries again. It is
@@ -426,8 +437,8 @@ type subConsumer struct {
 
 func (c *subConsumer) Deliver(sub Subscription, d Delivery) { c.s.deliver(c.st, sub, d) }
 
-// Paused implements Pauser.
-func (c *subConsumer) Paused() bool { return c.st.earlyFull.Load() || c.s.paused() }
+// RoomBytes implements Pauser.
+func (c *subConsumer) RoomBytes() int64 { return c.s.roomBytes(c.st) }
 func (c *subConsumer) Closed(sub Subscription, reason uint8, err error) {
 	c.s.backendClosed(c.st, sub, reason, err)
 }
@@ -452,10 +463,11 @@ func (s *Session) leaseEnded(st *subState, partition uint32, offset, leaseID uin
 			if n := len(s.pending); n > 0 {
 				s.pending = dropDeliver(s.pending, tag)
 				if len(s.pending) != n {
-					s.pendingBytes = 0
+					var n int64
 					for i := range s.pending {
-						s.pendingBytes += int64(s.pending[i].Bytes())
+						n += int64(s.pending[i].Bytes())
 					}
+					s.pendingBytes.Store(n)
 					s.notePendingLocked()
 				}
 			}
@@ -523,8 +535,7 @@ func (s *Session) deliver(st *subState, sub Subscription, d Delivery) {
 // what it holds reaches the byte bound, as a full sink would pause it.
 func (s *Session) holdEarlyLocked(st *subState, o Outbound) {
 	st.early = append(st.early, o)
-	st.earlyBytes += int64(o.Bytes())
-	if st.earlyBytes >= s.reg.cfg.DormantBytesMax {
+	if st.earlyBytes.Add(int64(o.Bytes())) >= s.reg.cfg.DormantBytesMax {
 		st.earlyFull.Store(true)
 	}
 }
@@ -639,7 +650,8 @@ func (s *Session) openSub(req protocol.Subscribe) (*subState, error) {
 func (s *Session) announceLocked(st *subState) Subscription {
 	st.announced = true
 	early := st.early
-	st.early, st.earlyBytes = nil, 0
+	st.early = nil
+	st.earlyBytes.Store(0)
 	for _, o := range early {
 		s.emitLocked(o)
 	}

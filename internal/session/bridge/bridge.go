@@ -59,7 +59,7 @@ type pausingConsumer struct {
 	p session.Pauser
 }
 
-func (k pausingConsumer) Paused() bool { return k.p.Paused() }
+func (k pausingConsumer) RoomBytes() int64 { return k.p.RoomBytes() }
 
 func (k consumer) Deliver(s *broker.Subscription, d broker.Delivery) {
 	k.c.Deliver(sub{s}, session.Delivery(d))

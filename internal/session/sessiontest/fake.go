@@ -264,11 +264,12 @@ func (f *Fake) CloseFromBroker(topic, group string, reason uint8, err error) {
 	}
 }
 
-// paused reports whether the consumer asked for no more deliveries
-// (session.Pauser), as the real broker honours it.
+// paused reports whether the consumer has no room for deliveries
+// (session.Pauser). The fake delivers synchronously, so it has nothing in
+// transit and checks the room before each delivery.
 func (s *sub) paused() bool {
 	p, ok := s.c.(session.Pauser)
-	return ok && p.Paused()
+	return ok && p.RoomBytes() <= 0
 }
 
 // Wake implements session.Waker: a consumer that was paused takes deliveries
