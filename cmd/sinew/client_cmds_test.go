@@ -182,4 +182,15 @@ func TestPublishSummary(t *testing.T) {
 		!strings.Contains(errOut, "message 1:") || !strings.Contains(errOut, "contains '/'") {
 		t.Fatalf("refused topic: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
+	// No broker at all: the summary still ends the run, then the error.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	free := ln.Addr().String()
+	ln.Close()
+	code, out, errOut = runCmd(t, "1\n", "publish", "--addr", free, "--topic", "sum", "--connect-timeout", "1s")
+	if code != 1 || out != "published to sum: confirmed 0, failed 0\n" || !strings.Contains(errOut, "unreachable") {
+		t.Fatalf("unreachable: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
 }

@@ -43,7 +43,8 @@ generated ones. A line may hold at most 1048576 bytes (the broker's default body
 limit); a longer line stops the command with an error, after the messages before
 it have been confirmed or have failed.
 
-The command always ends with one summary line:
+Unless its flags are invalid, the command always ends with one summary line
+(also when the broker cannot be reached):
 
   published to T: confirmed N, failed M
 
@@ -183,9 +184,25 @@ func runPublish(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		opts = append(opts, sinew.WithTTL(*ttl))
 	}
 
+	var confirmed, failed int
+	var sent uint64
+	// writeSummary prints the one-line summary every run ends with once its
+	// flags are valid, even when nothing could be sent.
+	writeSummary := func() error {
+		summary := fmt.Sprintf("published to %s: confirmed %d, failed %d\n", *topic, confirmed, failed)
+		if *noConfirm {
+			summary = fmt.Sprintf("published to %s: sent %d unconfirmed, failed %d\n", *topic, sent, failed)
+		}
+		w := stdout
+		if *asJSON {
+			w = stderr // stdout holds only JSON lines
+		}
+		_, err := io.WriteString(w, summary)
+		return err
+	}
 	c, err := cf.dial(ctx, "sinew-publish")
 	if err != nil {
-		return err
+		return errors.Join(writeSummary(), err)
 	}
 	defer c.Close()
 
@@ -199,7 +216,6 @@ func runPublish(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		f   *sinew.PublishFuture
 	}
 	queue := make([]inflight, 0, *window)
-	var confirmed, failed int
 	// firstErr stops reading input; the messages in flight are still waited
 	// for, so the summary counts every message sent.
 	var firstErr error
@@ -225,7 +241,7 @@ func runPublish(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		}
 		return nil
 	}
-	var seq, sent uint64
+	var seq uint64
 	for firstErr == nil {
 		body, err := next()
 		if errors.Is(err, io.EOF) {
@@ -256,18 +272,10 @@ func runPublish(ctx context.Context, args []string, stdin io.Reader, stdout, std
 			return err
 		}
 	}
-	summary := fmt.Sprintf("published to %s: confirmed %d, failed %d\n", *topic, confirmed, failed)
-	if *noConfirm {
-		summary = fmt.Sprintf("published to %s: sent %d unconfirmed, failed %d\n", *topic, sent, failed)
-	}
 	if err := out.Flush(); err != nil {
 		return err
 	}
-	sw := stdout
-	if *asJSON {
-		sw = stderr // stdout holds only JSON lines
-	}
-	if _, err := io.WriteString(sw, summary); err != nil {
+	if err := writeSummary(); err != nil {
 		return err
 	}
 	return firstErr
