@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/pelletier/go-toml/v2"
+
+	"github.com/sinewmq/sinew/internal/queue"
 )
 
 // Config is the startup configuration. The toml tags are the keys.
@@ -401,7 +403,9 @@ func (c *Config) Validate() error {
 	}
 	// Upper bounds where a value would not fit where it goes: milliseconds
 	// become time.Durations (int64 nanoseconds, which wrap above ~292
-	// years), and these counts are 32-bit fields in HELLO_OK.
+	// years); publish_inflight_max and subscriptions_max are 32-bit fields
+	// in HELLO_OK; inbox_max sizes a channel allocated per partition;
+	// max_retries is capped by the queue at queue.MaxRetriesMax.
 	for _, b := range []struct {
 		key   string
 		v, hi int64
@@ -411,6 +415,10 @@ func (c *Config) Validate() error {
 		{"connection.drain_timeout_ms", cn.DrainTimeoutMs, 1 << 31},
 		{"storage.sync_interval_ms", int64(c.Storage.SyncIntervalMs), 1 << 31},
 		{"queue.lease_ms", c.Queue.LeaseMs, 1 << 31},
+		{"connection.slow_consumer_timeout_ms", cn.SlowConsumerTimeoutMs, 1 << 31},
+		{"storage.inbox_max", int64(c.Storage.InboxMax), 1 << 16},
+		{"storage.segment_bytes", c.Storage.SegmentBytes, 1 << 40},
+		{"queue.max_retries", int64(c.Queue.MaxRetries), queue.MaxRetriesMax},
 		{"limits.publish_inflight_max", int64(l.PublishInflightMax), 1 << 20},
 		{"limits.subscriptions_max", int64(l.SubscriptionsMax), 1 << 20},
 	} {
