@@ -74,14 +74,11 @@ func LockDataDir(fsys vfs.FS, dir string) (*DataDirLock, error) {
 		return nil, fmt.Errorf("data dir lock: %w", err)
 	}
 	// The pid is advisory (it only names the holder in errors), so it is
-	// not synced: after a crash the lock is free whatever the file says.
+	// not synced, and failing to write it (a full disk) does not fail the
+	// lock: the flock is what excludes, and a loser then reports no pid.
 	pid := []byte(strconv.Itoa(os.Getpid()) + "\n")
 	if err := f.Truncate(0); err == nil {
-		_, err = f.WriteAt(pid, 0)
-	}
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("data dir lock: %w", err)
+		f.WriteAt(pid, 0)
 	}
 	return &DataDirLock{f: f, dir: dir}, nil
 }

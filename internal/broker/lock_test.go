@@ -147,3 +147,23 @@ func TestOSLockExcludesSecondBrokerInProcess(t *testing.T) {
 	b := mustOpen(t, cfg)
 	b.Close()
 }
+
+// TestLockOnFullDisk: a full disk cannot record the pid, but the lock still
+// excludes; the loser reports no pid.
+func TestLockOnFullDisk(t *testing.T) {
+	fs := vfs.NewMem()
+	if err := fs.MkdirAll("data", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fs.SetWriteError(errors.New("no space left on device"))
+	l, err := LockDataDir(fs, "data")
+	if err != nil {
+		t.Fatalf("lock on a full disk: %v", err)
+	}
+	defer l.Release()
+	_, err = LockDataDir(fs, "data")
+	var le *DataDirLockedError
+	if !errors.As(err, &le) || le.PID != 0 || !strings.Contains(err.Error(), "locked by another process;") {
+		t.Fatalf("second lock: %v; want a lock error with no pid", err)
+	}
+}
