@@ -193,6 +193,12 @@ func Decode(f Frame) (Body, error) {
 		b = new(Reconcile)
 	case OpReconcileResult:
 		b = new(ReconcileResult)
+	case OpEndSession:
+		b = new(EndSession)
+	case OpInflight:
+		b = new(Inflight)
+	case OpInflightResult:
+		b = new(InflightResult)
 	default:
 		return nil, Errorf(CodeUnknownOp, "unknown op 0x%02x", uint8(f.Op))
 	}

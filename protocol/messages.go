@@ -40,6 +40,9 @@ const (
 	OpGoingAway       Op = 0x40 // server -> client push
 	OpReconcile       Op = 0x41 // client -> server
 	OpReconcileResult Op = 0x42 // server -> client
+	OpEndSession      Op = 0x43 // client -> server, answered by OK, then the server closes
+	OpInflight        Op = 0x44 // client -> server, after RECONCILE on a resumed session
+	OpInflightResult  Op = 0x45 // server -> client
 )
 
 var opNames = map[Op]string{
@@ -49,6 +52,7 @@ var opNames = map[Op]string{
 	OpDeliver: "DELIVER", OpAck: "ACK", OpNack: "NACK", OpFail: "FAIL", OpSettleResult: "SETTLE_RESULT",
 	OpGoingAway: "GOING_AWAY", OpReconcile: "RECONCILE", OpReconcileResult: "RECONCILE_RESULT",
 	OpDeleteQueue: "DELETE_QUEUE", OpPurgeQueue: "PURGE_QUEUE", OpPurgeOK: "PURGE_OK",
+	OpEndSession: "END_SESSION", OpInflight: "INFLIGHT", OpInflightResult: "INFLIGHT_RESULT",
 }
 
 func (o Op) String() string {
@@ -259,7 +263,9 @@ type SubClosed struct {
 }
 
 // Deliver pushes one leased message. Tag identifies this lease on this session and
-// is what ACK, NACK and FAIL carry.
+// is what ACK, NACK and FAIL carry. LeaseID and Epoch name the lease itself, so a
+// settle can carry a LeaseRef that names exactly one lease even where the tag is
+// no longer known to the session.
 type Deliver struct {
 	SubID         uint64
 	Tag           uint64
@@ -273,14 +279,29 @@ type Deliver struct {
 	Body          []byte
 	Topic         string
 	Group         string
+	LeaseID       uint64 // the queue's lease id of this delivery (appended field)
+	Epoch         uint64 // reserved for the cluster; always 0 on a single node (appended field)
+}
+
+// LeaseRef names one lease: the subscription and partition it was delivered on,
+// the message offset, the queue's lease id and the epoch.
+type LeaseRef struct {
+	SubID     uint64
+	Partition uint32
+	Offset    uint64
+	LeaseID   uint64
+	Epoch     uint64
 }
 
 // Settle is the body of ACK, NACK and FAIL: one or more delivery tags settled the
-// same way. DelayMs applies to NACK only (requeue after a delay).
+// same way. DelayMs applies to NACK only (requeue after a delay). Leases is
+// either empty or parallel to Tags (Leases[i] is the lease Tags[i] was delivered
+// with); the decoder accepts any length and the server refuses a mismatch.
 type Settle struct {
 	Kind    Op
 	Tags    []uint64
 	DelayMs int64
+	Leases  []LeaseRef // appended field
 }
 
 // SettleResult answers a settle request: Codes[i] is the outcome of Tags[i]
@@ -316,9 +337,13 @@ type SubView struct {
 }
 
 // Reconcile lists the subscriptions a resumed client still holds.
+// InflightFollows says that the client sends INFLIGHT next: the server then
+// holds back its re-sends until INFLIGHT tells it which deliveries the client
+// lacks, instead of re-sending every unsettled one after RECONCILE_RESULT.
 type Reconcile struct {
-	Policy uint8
-	Subs   []SubView
+	Policy          uint8
+	Subs            []SubView
+	InflightFollows bool // appended field
 }
 
 // Reconciliation actions.
@@ -341,6 +366,29 @@ type ReconcileEntry struct {
 
 // ReconcileResult answers Reconcile.
 type ReconcileResult struct{ Entries []ReconcileEntry }
+
+// EndSession ends the session at once: its subscriptions close, its unsettled
+// leases go back to the queue without using a retry, and its resume identity
+// stops working. The server answers OK and then closes the connection.
+type EndSession struct{}
+
+// InflightEntry is one manual-ack delivery a resumed client still holds unsettled.
+type InflightEntry struct {
+	Tag   uint64
+	Lease LeaseRef
+}
+
+// Inflight lists the deliveries a resumed client still holds unsettled. It is
+// sent after RECONCILE and before any other request.
+type Inflight struct{ Entries []InflightEntry }
+
+// InflightResult answers Inflight. The server writes the Resent deliveries
+// before it.
+type InflightResult struct {
+	Stale  []uint64 // tags the session no longer holds; the client ends them locally
+	Resent uint64   // deliveries re-sent because the client lacked them
+	Kept   uint64   // deliveries the client reported that are still held
+}
 
 // ----- encoding -----
 
@@ -629,6 +677,8 @@ func (m *Deliver) AppendBody(b []byte) []byte {
 	e.bytes(m.Body)
 	e.str(m.Topic)
 	e.str(m.Group)
+	e.uvarint(m.LeaseID)
+	e.uvarint(m.Epoch)
 	return e.b
 }
 func (m *Deliver) decode(d *dec) {
@@ -644,6 +694,24 @@ func (m *Deliver) decode(d *dec) {
 	m.Body = d.at("body").bytes()
 	m.Topic = d.at("topic").str()
 	m.Group = d.at("group").str()
+	if d.optional() {
+		m.LeaseID = d.at("lease_id").uvarint()
+		m.Epoch = d.at("epoch").uvarint()
+	}
+}
+
+// leaseRefBytesMin is the smallest encoding of a lease_ref: five one-byte uvarints.
+const leaseRefBytesMin = 5
+
+func (e *enc) leaseRef(r LeaseRef) {
+	e.uvarint(r.SubID)
+	e.uvarint(uint64(r.Partition))
+	e.uvarint(r.Offset)
+	e.uvarint(r.LeaseID)
+	e.uvarint(r.Epoch)
+}
+func (d *dec) leaseRef() LeaseRef {
+	return LeaseRef{SubID: d.uvarint(), Partition: d.u32(), Offset: d.uvarint(), LeaseID: d.uvarint(), Epoch: d.uvarint()}
 }
 
 func (m *Settle) Op() Op { return m.Kind }
@@ -654,6 +722,10 @@ func (m *Settle) AppendBody(b []byte) []byte {
 		e.uvarint(t)
 	}
 	e.varint(m.DelayMs)
+	e.uvarint(uint64(len(m.Leases)))
+	for _, r := range m.Leases {
+		e.leaseRef(r)
+	}
 	return e.b
 }
 func (m *Settle) decode(d *dec) {
@@ -665,6 +737,15 @@ func (m *Settle) decode(d *dec) {
 		}
 	}
 	m.DelayMs = d.at("delay_ms").varint()
+	if d.optional() {
+		n := d.at("leases").count(listItemsMax, leaseRefBytesMin)
+		if n > 0 {
+			m.Leases = make([]LeaseRef, n)
+			for i := range m.Leases {
+				m.Leases[i] = d.leaseRef()
+			}
+		}
+	}
 }
 
 func (*SettleResult) Op() Op { return OpSettleResult }
@@ -726,6 +807,7 @@ func (m *Reconcile) AppendBody(b []byte) []byte {
 	for _, s := range m.Subs {
 		e.subView(s)
 	}
+	e.boolean(m.InflightFollows)
 	return e.b
 }
 func (m *Reconcile) decode(d *dec) {
@@ -733,6 +815,9 @@ func (m *Reconcile) decode(d *dec) {
 	n := d.at("subs").count(listItemsMax, 6)
 	for i := 0; i < n && d.err == nil; i++ {
 		m.Subs = append(m.Subs, d.subView())
+	}
+	if d.optional() {
+		m.InflightFollows = d.at("inflight_follows").boolean()
 	}
 }
 
@@ -762,4 +847,52 @@ func (m *ReconcileResult) decode(d *dec) {
 		x.Reason = d.str()
 		m.Entries = append(m.Entries, x)
 	}
+}
+
+func (*EndSession) Op() Op                     { return OpEndSession }
+func (*EndSession) AppendBody(b []byte) []byte { return b }
+func (*EndSession) decode(*dec)                {}
+
+func (*Inflight) Op() Op { return OpInflight }
+func (m *Inflight) AppendBody(b []byte) []byte {
+	e := enc{b}
+	e.uvarint(uint64(len(m.Entries)))
+	for _, x := range m.Entries {
+		e.uvarint(x.Tag)
+		e.leaseRef(x.Lease)
+	}
+	return e.b
+}
+func (m *Inflight) decode(d *dec) {
+	n := d.at("entries").count(listItemsMax, 1+leaseRefBytesMin)
+	if n > 0 {
+		m.Entries = make([]InflightEntry, n)
+		for i := range m.Entries {
+			m.Entries[i].Tag = d.uvarint()
+			m.Entries[i].Lease = d.leaseRef()
+		}
+	}
+}
+
+func (*InflightResult) Op() Op { return OpInflightResult }
+func (m *InflightResult) AppendBody(b []byte) []byte {
+	e := enc{b}
+	e.uvarint(uint64(len(m.Stale)))
+	for _, t := range m.Stale {
+		e.uvarint(t)
+	}
+	e.uvarint(m.Resent)
+	e.uvarint(m.Kept)
+	return e.b
+}
+func (m *InflightResult) decode(d *dec) {
+	n := d.at("stale").count(listItemsMax, 1)
+	if n > 0 {
+		m.Stale = make([]uint64, n)
+		for i := range m.Stale {
+			m.Stale[i] = d.uvarint()
+		}
+	}
+	m.Resent = d.at("resent").uvarint()
+	m.Kept = d.at("kept").uvarint()
 }

@@ -35,13 +35,18 @@ func sampleBodies() []Body {
 		&Unsubscribe{SubID: 5},
 		&SubClosed{SubID: 5, Reason: SubClosedError, Code: CodeUnavailable, Message: "quarantined"},
 		&Deliver{SubID: 5, Tag: 9, Partition: 1, Offset: 77, Attempt: 2, PublishedAtMs: 1700000000000, Key: []byte("k"),
-			Headers: []Header{{"x", "y"}}, ContentType: "application/json", Body: []byte(`{}`), Topic: "t", Group: "g"},
+			Headers: []Header{{"x", "y"}}, ContentType: "application/json", Body: []byte(`{}`), Topic: "t", Group: "g", LeaseID: 1 << 40, Epoch: 3},
 		&Settle{Kind: OpAck, Tags: []uint64{1, 2, 3}},
+		&Settle{Kind: OpAck, Tags: []uint64{1, 2}, Leases: []LeaseRef{{SubID: 5, Partition: 1, Offset: 77, LeaseID: 1 << 40}, {SubID: 5, Offset: 78, LeaseID: 9, Epoch: 1}}},
 		&Settle{Kind: OpNack, Tags: []uint64{4}, DelayMs: 1500},
 		&Settle{Kind: OpFail, Tags: []uint64{5, 6}},
 		&SettleResult{Codes: []Code{CodeOK, CodeStaleLease}},
 		&GoingAway{DeadlineMs: 123, GraceMs: 5000, Reason: "restart", Redirect: "127.0.0.1:7000"},
 		&Reconcile{Policy: ReconcileRestore, Subs: []SubView{sv}},
+		&Reconcile{Policy: ReconcileConservative, Subs: []SubView{sv}, InflightFollows: true},
+		&EndSession{},
+		&Inflight{Entries: []InflightEntry{{Tag: 9, Lease: LeaseRef{SubID: 5, Partition: 1, Offset: 77, LeaseID: 4}}, {Tag: 10}}},
+		&InflightResult{Stale: []uint64{3, 4}, Resent: 2, Kept: 7},
 		&ReconcileResult{Entries: []ReconcileEntry{{Action: ActionKeep, ClientSubID: 7, ServerSubID: 8, Client: sv, Server: sv, Reason: "matched"}}},
 	}
 }
@@ -235,4 +240,38 @@ func normalize(b Body) Body {
 		return &c
 	}
 	return b
+}
+
+// TestAppendedFieldsOptional: bodies encoded before DELIVER's lease_id/epoch
+// and the settles' leases were appended still decode, with the new fields zero.
+func TestAppendedFieldsOptional(t *testing.T) {
+	full := (&Deliver{SubID: 1, Tag: 2, Offset: 3, Topic: "t", Group: "g", LeaseID: 300, Epoch: 0}).AppendBody(nil)
+	old := full[:len(full)-3] // lease_id 300 is two bytes, epoch 0 is one
+	got, err := Decode(Frame{FrameHeader: FrameHeader{Version: Version, Op: OpDeliver}, Body: old})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := got.(*Deliver); d.LeaseID != 0 || d.Epoch != 0 || d.Group != "g" {
+		t.Fatalf("old DELIVER decoded as %+v", d)
+	}
+	s := (&Settle{Kind: OpNack, Tags: []uint64{4}, DelayMs: 5}).AppendBody(nil)
+	s = s[:len(s)-1] // drop the empty leases list
+	got, err = Decode(Frame{FrameHeader: FrameHeader{Version: Version, Op: OpNack}, Body: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := got.(*Settle); m.Leases != nil || m.DelayMs != 5 || len(m.Tags) != 1 {
+		t.Fatalf("old NACK decoded as %+v", m)
+	}
+	// A leases list whose length differs from tags decodes; the server refuses it.
+	s = (&Settle{Kind: OpAck, Tags: []uint64{1, 2}, Leases: []LeaseRef{{LeaseID: 1}}}).AppendBody(nil)
+	if _, err := Decode(Frame{FrameHeader: FrameHeader{Version: Version, Op: OpAck}, Body: s}); err != nil {
+		t.Fatal(err)
+	}
+	// A leases count beyond the frame is malformed, not an allocation.
+	s = (&Settle{Kind: OpAck, Tags: []uint64{1}}).AppendBody(nil)
+	s = append(s[:len(s)-1], 0xff, 0xff, 0x03)
+	if _, err := Decode(Frame{FrameHeader: FrameHeader{Version: Version, Op: OpAck}, Body: s}); CodeOf(err) != CodeBadFrame {
+		t.Fatalf("huge leases count: %v", err)
+	}
 }
