@@ -111,6 +111,17 @@ func (s *Session) Reconcile(sink Sink, reqID uint64, req *protocol.Reconcile) er
 		e.Action, e.ServerSubID, e.Server, e.Reason = protocol.ActionRecreateClient, nst.id, nst.view, "recreated"
 	}
 
+	var byAction [protocol.ActionRecreateClient + 1]int
+	for _, e := range entries {
+		if int(e.Action) < len(byAction) {
+			byAction[e.Action]++
+		}
+	}
+	s.reg.recKeep.Add(uint64(byAction[protocol.ActionKeep]))
+	s.reg.recCloseClient.Add(uint64(byAction[protocol.ActionCloseClientSide]))
+	s.reg.recCloseServer.Add(uint64(byAction[protocol.ActionCloseServerSide]))
+	s.reg.recNew.Add(uint64(byAction[protocol.ActionRecreateClient]))
+
 	s.mu.Lock()
 	if s.sink == sink && sink != nil {
 		sink.Send(Outbound{RequestID: reqID, Body: &protocol.ReconcileResult{Entries: entries}})
@@ -126,7 +137,9 @@ func (s *Session) Reconcile(sink Sink, reqID uint64, req *protocol.Reconcile) er
 	s.resendLocked()
 	s.mu.Unlock()
 	wakeSubs(wake...)
-	s.logger().Info("reconciled", "policy", req.Policy, "client_subs", len(req.Subs), "closed", len(closing), "recreated", len(created))
+	s.logger().Info("reconciled", "policy", req.Policy, "client_subs", len(req.Subs),
+		"keep", byAction[protocol.ActionKeep], "close_client_side", byAction[protocol.ActionCloseClientSide],
+		"close_server_side", byAction[protocol.ActionCloseServerSide], "recreate_client_side", byAction[protocol.ActionRecreateClient])
 	return nil
 }
 

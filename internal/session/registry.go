@@ -103,6 +103,34 @@ type Stats struct {
 	DormantCapped  uint64 // disconnects cleaned up at once because DormantSessionsMax sessions were dormant
 	DormantPaused  uint64 // times a dormant session's buffer reached DormantBytesMax and paused its subscriptions
 	ResendUnkept   uint64 // deliveries not kept for re-send because ResendBytesMax was reached
+
+	GraceEntered  uint64 // disconnects that left the session dormant for its grace
+	GraceRequeued uint64 // leases given back because a session's grace expired
+	SessionsEnded uint64 // sessions ended at once by the client (END_SESSION)
+
+	// Reconciliation decisions (RECONCILE_RESULT entries), by action.
+	ReconcileKeep        uint64
+	ReconcileCloseClient uint64
+	ReconcileCloseServer uint64
+	ReconcileRecreate    uint64
+
+	// Late settles: settles of a delivery made before the session's latest
+	// resume, of a lease that ended without a settle, or named only by its
+	// lease reference. Accepted ones were applied (or, for a NACK of a
+	// message already back in the queue, answered ok); rejected ones are
+	// counted by the code they got.
+	LateSettleAccepted   uint64
+	LateSettleStale      uint64 // rejected: stale_lease
+	LateSettleUnknownTag uint64 // rejected: unknown_tag
+	LateSettleOther      uint64 // failed with another code (unavailable, bad_request ...)
+	// SettleRepeated counts settles answered from the session's table of
+	// recent outcomes: the same settle of the same lease sent again.
+	SettleRepeated uint64
+
+	// Inflight reconciliation (INFLIGHT_RESULT), by action, in deliveries.
+	InflightResent uint64
+	InflightStale  uint64
+	InflightKept   uint64
 }
 
 // Registry issues session identities and finds them again on resume.
@@ -118,6 +146,11 @@ type Registry struct {
 	issued, resumed, rejected, notFound, graceFired atomic.Uint64
 	requeued, pendingDropped, resent                atomic.Uint64
 	dormantCapped, dormantPaused, resendUnkept      atomic.Uint64
+	graceEntered, graceRequeued, ended              atomic.Uint64
+	recKeep, recCloseClient, recCloseServer, recNew atomic.Uint64
+	lateOK, lateStale, lateUnknown, lateOther       atomic.Uint64
+	settleRepeated                                  atomic.Uint64
+	inflightResent, inflightStale, inflightKept     atomic.Uint64
 }
 
 // NewRegistry returns an empty registry.
@@ -178,6 +211,12 @@ func (r *Registry) Stats() Stats {
 		ResumeNotFound: r.notFound.Load(), GraceExpired: r.graceFired.Load(), Requeued: r.requeued.Load(),
 		PendingDropped: r.pendingDropped.Load(), Resent: r.resent.Load(),
 		DormantCapped: r.dormantCapped.Load(), DormantPaused: r.dormantPaused.Load(), ResendUnkept: r.resendUnkept.Load(),
+		GraceEntered: r.graceEntered.Load(), GraceRequeued: r.graceRequeued.Load(), SessionsEnded: r.ended.Load(),
+		ReconcileKeep: r.recKeep.Load(), ReconcileCloseClient: r.recCloseClient.Load(),
+		ReconcileCloseServer: r.recCloseServer.Load(), ReconcileRecreate: r.recNew.Load(),
+		LateSettleAccepted: r.lateOK.Load(), LateSettleStale: r.lateStale.Load(),
+		LateSettleUnknownTag: r.lateUnknown.Load(), LateSettleOther: r.lateOther.Load(), SettleRepeated: r.settleRepeated.Load(),
+		InflightResent: r.inflightResent.Load(), InflightStale: r.inflightStale.Load(), InflightKept: r.inflightKept.Load(),
 	}
 }
 

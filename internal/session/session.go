@@ -271,6 +271,7 @@ func (s *Session) Detach(sink Sink, unsent []Outbound) {
 	s.state = stateDormant
 	s.inGrace = true
 	s.reg.dormant.Add(1)
+	s.reg.graceEntered.Add(1)
 	s.graceGen++
 	gen := s.graceGen
 	s.graceStop = s.reg.cfg.AfterFunc(time.Duration(grace)*time.Millisecond, func() { s.graceExpired(gen) })
@@ -286,7 +287,8 @@ func (s *Session) graceExpired(gen uint64) {
 		return
 	}
 	s.reg.graceFired.Add(1)
-	s.cleanup("grace expired")
+	held := s.cleanup("grace expired")
+	s.reg.graceRequeued.Add(uint64(held))
 }
 
 // cleanupIfDormant cleans up a session that has no sink (used by drain).
@@ -302,11 +304,14 @@ func (s *Session) cleanupIfDormant(reason string) {
 // cleanup ends the session: every subscription is closed, so every lease it held
 // goes back to ready. It is the single path for immediate disconnects, grace expiry
 // and shutdown.
-func (s *Session) cleanup(reason string) {
+//
+// It returns how many unsettled deliveries the session held (0 when it was
+// already closed).
+func (s *Session) cleanup(reason string) int {
 	s.mu.Lock()
 	if s.state == stateClosed {
 		s.mu.Unlock()
-		return
+		return 0
 	}
 	if s.graceStop != nil {
 		s.graceStop()
@@ -346,6 +351,7 @@ func (s *Session) cleanup(reason string) {
 	if sink != nil {
 		sink.Kick()
 	}
+	return held
 }
 
 // Close ends the session at once, whatever the grace.

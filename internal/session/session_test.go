@@ -378,7 +378,7 @@ func TestGraceExpiryRunsCleanup(t *testing.T) {
 		t.Fatalf("after grace ready=%d inflight=%d", r, in)
 	}
 	st := fx.reg.Stats()
-	if st.GraceExpired != 1 || st.Dormant != 0 || st.Sessions != 0 || st.Requeued != 2 {
+	if st.GraceExpired != 1 || st.Dormant != 0 || st.Sessions != 0 || st.Requeued != 2 || st.GraceEntered != 1 || st.GraceRequeued != 2 {
 		t.Fatalf("stats %+v", st)
 	}
 	if _, out := fx.open(s.Identity(), &sink{}); out != protocol.ResumeNotFound {
@@ -524,6 +524,14 @@ func TestReconcile(t *testing.T) {
 			}
 		} else if s.Info().Subscriptions != 1 {
 			t.Fatalf("subscriptions %d, want only the kept one", s.Info().Subscriptions)
+		}
+		st := fx.reg.Stats()
+		wantNew, wantClient := uint64(0), uint64(2)
+		if policy == protocol.ReconcileRestore {
+			wantNew, wantClient = 2, 0
+		}
+		if st.ReconcileKeep != 1 || st.ReconcileCloseServer != 1 || st.ReconcileCloseClient != wantClient || st.ReconcileRecreate != wantNew {
+			t.Fatalf("policy %d: reconcile counters %+v", policy, st)
 		}
 	}
 }
