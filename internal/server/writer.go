@@ -36,6 +36,7 @@ type writer struct {
 	pingSeq  uint64
 	qBytes   atomic.Int64 // Bytes of the frames queued or being written; changed under mu
 	pausedAt time.Time    // when full was last set
+	deadline time.Time    // of the write in progress or the last one
 	onDrain  func()       // the session's wake, run when full clears
 	full     atomic.Bool
 
@@ -66,7 +67,10 @@ func (w *writer) Send(o session.Outbound) bool {
 		w.c.srv.stats.writerPauses.Add(1)
 		// Cut short a write already waiting on a peer that stopped
 		// reading; the writer applies the same bound to later writes.
-		w.c.nc.SetWriteDeadline(w.pausedAt.Add(w.slowTimeout()))
+		if d := w.pausedAt.Add(w.slowTimeout()); d.Before(w.deadline) {
+			w.deadline = d
+			w.c.nc.SetWriteDeadline(d)
+		}
 	}
 	w.mu.Unlock()
 	select {
@@ -262,7 +266,8 @@ func (w *writer) writeBatch(buf []byte, batch []session.Outbound) ([]byte, bool)
 			end++
 		}
 		w.mu.Lock()
-		err := c.nc.SetWriteDeadline(w.writeDeadlineLocked())
+		w.deadline = w.writeDeadlineLocked()
+		err := c.nc.SetWriteDeadline(w.deadline)
 		w.mu.Unlock()
 		n := 0
 		if err == nil {

@@ -51,7 +51,7 @@ type Session struct {
 
 	// throttle is the attached sink's Throttle (nil without a sink or when
 	// the sink has none); dormantFull is set while pending is at its bound.
-	// Both are read without mu by Paused, from partition goroutines.
+	// Both are read without mu by roomBytes, from partition goroutines.
 	throttle    atomic.Pointer[Throttle]
 	dormantFull atomic.Bool
 }
