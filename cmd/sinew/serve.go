@@ -19,10 +19,12 @@ import (
 
 	"github.com/sinewmq/sinew/internal/admin"
 	"github.com/sinewmq/sinew/internal/broker"
+	"github.com/sinewmq/sinew/internal/runtimesettings"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/server"
 	"github.com/sinewmq/sinew/internal/session/bridge"
 	"github.com/sinewmq/sinew/internal/settings"
+	"github.com/sinewmq/sinew/internal/vfs"
 )
 
 // serverVersion is announced in HELLO_OK.
@@ -85,6 +87,12 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	if err != nil {
 		return err
 	}
+	// Runtime settings are read (or seeded) before anything listens, so a
+	// corrupt document stops startup before a client can connect.
+	rt, err := runtimesettings.Open(vfs.OS(), cfg.DataDir, cfg.Seed(), logger.With("component", "settings"))
+	if err != nil {
+		return err
+	}
 	ln, err := clientListener(cfg)
 	if err != nil {
 		return err
@@ -142,8 +150,9 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		SettleBatchMax: cfg.Limits.SettleBatchMax, PublishInflightMax: cfg.Limits.PublishInflightMax,
 		SubscriptionsMax: cfg.Limits.SubscriptionsMax, ConnectionsMax: cfg.Limits.ConnectionsMax,
 		HandshakeTimeoutMs: cfg.Connection.HandshakeTimeoutMs, HeartbeatMs: heartbeat(cfg.Connection.HeartbeatMs),
-		WriteTimeoutMs: cfg.Connection.WriteTimeoutMs, ReconnectGraceMs: cfg.Connection.ReconnectGraceMs,
-		OutboundBytesMax: cfg.Limits.OutboundBytesMax, ResendBytesMax: cfg.Limits.ResendBytesMax,
+		WriteTimeoutMs:       cfg.Connection.WriteTimeoutMs,
+		ReconnectGraceMsLive: func() int64 { return rt.Int(runtimesettings.KeyReconnectGraceMs) },
+		OutboundBytesMax:     cfg.Limits.OutboundBytesMax, ResendBytesMax: cfg.Limits.ResendBytesMax,
 		DormantSessionsMax: cfg.Limits.DormantSessionsMax, SlowConsumerTimeoutMs: cfg.Connection.SlowConsumerTimeoutMs,
 	})
 	if err != nil {
@@ -157,7 +166,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	adminAddr := ""
 	if aln != nil {
 		adminAddr = aln.Addr().String()
-		adminSrv = &http.Server{Handler: admin.Handler(adminConfig(b, srv)), ReadHeaderTimeout: 10 * time.Second}
+		adminSrv = &http.Server{Handler: admin.Handler(adminConfig(b, srv, rt)), ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			if err := adminSrv.Serve(aln); !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("admin: %w", err)
@@ -165,7 +174,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		}()
 	}
 	logger.Info("serving", "listen", ln.Addr().String(), "tls", cfg.TLS.Enabled(), "admin_listen", adminAddr,
-		"generation", srv.Generation(), "sync", cfg.Storage.Sync, "reconnect_grace_ms", cfg.Connection.ReconnectGraceMs)
+		"generation", srv.Generation(), "sync", cfg.Storage.Sync, "reconnect_grace_ms", rt.Int(runtimesettings.KeyReconnectGraceMs), "runtime_settings_version", rt.Snapshot().Version)
 	if serveReadyHook != nil {
 		serveReadyHook(ln.Addr().String(), adminAddr)
 	}
@@ -273,9 +282,9 @@ func loadOwnerID(dir string) (string, error) {
 }
 
 // adminConfig exposes the broker's and server's counters.
-func adminConfig(b *broker.Broker, srv *server.Server) admin.Config {
+func adminConfig(b *broker.Broker, srv *server.Server, rt *runtimesettings.Store) admin.Config {
 	return admin.Config{
-		Ready: b.Ready,
+		Ready: b.Ready, Settings: rt,
 		Problems: func() []string {
 			var out []string
 			for _, p := range b.Problems() {

@@ -95,29 +95,9 @@ func readFile(fsys vfs.FS, name string) ([]byte, error) {
 	return b, nil
 }
 
-// WriteFileAtomic replaces name with data durably: write a temporary file,
-// sync it, rename it over name and sync the directory.
+// WriteFileAtomic replaces name with data durably; see vfs.WriteFileAtomic.
 func WriteFileAtomic(fsys vfs.FS, name string, data []byte) error {
-	tmp := name + ".tmp"
-	f, err := fsys.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := fsys.Rename(tmp, name); err != nil {
-		return err
-	}
-	return fsys.SyncDir(filepath.Dir(name))
+	return vfs.WriteFileAtomic(fsys, name, data)
 }
 
 // checkpoint writes the queue snapshot and then drops log segments that

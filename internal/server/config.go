@@ -89,7 +89,11 @@ type Config struct {
 	HeartbeatMs        int64 // idle interval before PING; 3x silence closes; <0 disables
 	WriteTimeoutMs     int64 // a write that makes no progress this long closes the connection
 	ReconnectGraceMs   int64 // how long a dropped session stays resumable
-	DeclareTimeoutMs   int64 // bound on one DECLARE_QUEUE
+	// ReconnectGraceMsLive, when set, replaces ReconnectGraceMs with a live
+	// value read at each disconnect, HELLO_OK and GOING_AWAY (sinew serve
+	// passes the runtime setting connection.reconnect_grace_ms).
+	ReconnectGraceMsLive func() int64
+	DeclareTimeoutMs     int64 // bound on one DECLARE_QUEUE
 	// SlowConsumerTimeoutMs: a connection whose queue stays at
 	// OutboundBytesMax this long is closed with slow_consumer.
 	SlowConsumerTimeoutMs int64

@@ -309,7 +309,7 @@ func (c *conn) hello(f protocol.Frame) error {
 	helloOK := func(id protocol.ResumeIdentity, outcome protocol.ResumeOutcome) session.Outbound {
 		return session.Outbound{RequestID: f.RequestID, Body: &protocol.HelloOK{
 			ProtocolVersion: protocol.Version, ServerVersion: cfg.ServerVersion, Resume: id, Outcome: outcome,
-			ServerGeneration: c.srv.generation, HeartbeatMs: uint32(hb), ReconnectGraceMs: uint32(cfg.ReconnectGraceMs),
+			ServerGeneration: c.srv.generation, HeartbeatMs: uint32(hb), ReconnectGraceMs: uint32(c.srv.reg.ReconnectGraceMs()),
 			Limits: cfg.limits(),
 		}}
 	}

@@ -53,7 +53,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	reg, err := session.NewRegistry(session.Config{
 		Backend: cfg.Backend, OwnerID: cfg.OwnerID, Rand: cfg.Rand, ReconnectGraceMs: cfg.ReconnectGraceMs,
-		AfterFunc: cfg.AfterFunc, Logger: cfg.Logger, PrefetchDefault: cfg.PrefetchDefault,
+		ReconnectGraceMsLive: cfg.ReconnectGraceMsLive, AfterFunc: cfg.AfterFunc, Logger: cfg.Logger, PrefetchDefault: cfg.PrefetchDefault,
 		PrefetchMax: cfg.PrefetchMax, SubscriptionsMax: cfg.SubscriptionsMax,
 		DormantBytesMax: cfg.OutboundBytesMax, ResendBytesMax: cfg.ResendBytesMax, DormantSessionsMax: cfg.DormantSessionsMax,
 	})
@@ -205,7 +205,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if !ok {
 		deadline = time.Now().Add(DrainTimeoutMsDefault * time.Millisecond)
 	}
-	away := &protocol.GoingAway{DeadlineMs: deadline.UnixMilli(), GraceMs: uint32(s.cfg.ReconnectGraceMs), Reason: "broker shutting down"}
+	away := &protocol.GoingAway{DeadlineMs: deadline.UnixMilli(), GraceMs: uint32(s.reg.ReconnectGraceMs()), Reason: "broker shutting down"}
 	for _, c := range conns {
 		c.w.Send(session.Outbound{Body: away})
 	}

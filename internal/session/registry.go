@@ -63,6 +63,11 @@ type Config struct {
 	// ReconnectGraceMs is how long a dropped session stays resumable; 0 cleans up
 	// at once.
 	ReconnectGraceMs int64
+	// ReconnectGraceMsLive, when set, replaces ReconnectGraceMs: it is called
+	// at each disconnect (and by Registry.ReconnectGraceMs), so a change of the
+	// runtime setting applies to later disconnects, never to sessions already
+	// dormant. A negative result counts as 0.
+	ReconnectGraceMsLive func() int64
 	// AfterFunc runs the grace timer; default RealAfterFunc.
 	AfterFunc AfterFunc
 	// Logger receives session lifecycle records; default discards.
@@ -197,8 +202,13 @@ func NewRegistry(cfg Config) (*Registry, error) {
 // OwnerID returns the owner id that this registry issues identities under.
 func (r *Registry) OwnerID() string { return r.cfg.OwnerID }
 
-// ReconnectGraceMs returns the configured grace.
-func (r *Registry) ReconnectGraceMs() int64 { return r.cfg.ReconnectGraceMs }
+// ReconnectGraceMs returns the grace a disconnect now would get.
+func (r *Registry) ReconnectGraceMs() int64 {
+	if r.cfg.ReconnectGraceMsLive != nil {
+		return max(r.cfg.ReconnectGraceMsLive(), 0)
+	}
+	return r.cfg.ReconnectGraceMs
+}
 
 // Stats returns the registry's counters.
 func (r *Registry) Stats() Stats {

@@ -251,7 +251,7 @@ func (s *Session) Detach(sink Sink, unsent []Outbound) {
 	}
 	s.pending = append(keep, s.pending...)
 	s.notePendingLocked()
-	grace := s.reg.cfg.ReconnectGraceMs
+	grace := s.reg.ReconnectGraceMs()
 	if grace <= 0 || s.reg.isDraining() {
 		s.mu.Unlock()
 		s.cleanup("disconnect")

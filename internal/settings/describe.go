@@ -29,7 +29,6 @@ var help = map[string]string{
 	"connection.handshake_timeout_ms":     "HELLO (and the TLS handshake) must arrive within this many milliseconds.",
 	"connection.heartbeat_ms":             "Idle interval before the server sends PING; three intervals of silence close a connection. 0 disables heartbeats.",
 	"connection.write_timeout_ms":         "A write to a client that makes no progress for this long closes the connection.",
-	"connection.reconnect_grace_ms":       "How long a dropped session stays resumable. 0 cleans it up at once: its leases go back to ready and a reconnecting client starts a fresh session.",
 	"connection.drain_timeout_ms":         "On SIGTERM/SIGINT, how long the drain waits for in-flight publishes to be confirmed before closing connections.",
 	"connection.slow_consumer_timeout_ms": "A connection whose queue stays at limits.outbound_bytes_max this long (its client is not reading) is closed with slow_consumer; its unsettled deliveries go back as for any disconnect.",
 
@@ -47,6 +46,8 @@ var help = map[string]string{
 	"queue.delay_ms_max":      "Longest delay a publish may ask for (delay_ms, or not_before_ms from now); beyond it the publish is refused with bad_request.",
 	"queue.ttl_ms_max":        "Longest TTL a publish (ttl_ms) or a queue declaration (default_ttl_ms) may ask for; beyond it the request is refused with bad_request.",
 	"queue.nack_delay_ms_max": "Longest delay a NACK (retry after) may ask for; beyond it the NACK is refused with bad_request and the lease stays held.",
+
+	"runtime_seed.connection.reconnect_grace_ms": "Seed of the runtime setting connection.reconnect_grace_ms (how long a dropped session stays resumable; 0 cleans it up at once), used only when the data directory has no runtime settings yet. Change it later with PUT /api/v1/settings.",
 }
 
 // Describe returns the meaning of key, or "" for an unknown key.

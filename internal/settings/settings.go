@@ -14,6 +14,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/sinewmq/sinew/internal/queue"
+	"github.com/sinewmq/sinew/internal/runtimesettings"
 )
 
 // Config is the startup configuration. The toml tags are the keys.
@@ -33,6 +34,38 @@ type Config struct {
 	Connection Connection `toml:"connection"`
 	Storage    Storage    `toml:"storage"`
 	Queue      Queue      `toml:"queue"`
+
+	// RuntimeSeed seeds the runtime settings document of a data directory
+	// that has none yet; see RuntimeSeed.
+	RuntimeSeed RuntimeSeed `toml:"runtime_seed"`
+}
+
+// RuntimeSeed holds the first values of the runtime settings
+// (internal/runtimesettings). They are used once, when the data directory has
+// no runtime settings document; after that the document wins and changes go
+// through the admin API. Each key under runtime_seed is the runtime setting of
+// the same name.
+type RuntimeSeed struct {
+	Connection RuntimeSeedConnection `toml:"connection"`
+}
+
+// RuntimeSeedConnection seeds the connection runtime settings.
+type RuntimeSeedConnection struct {
+	ReconnectGraceMs int64 `toml:"reconnect_grace_ms"`
+}
+
+// runtimeSeedPrefix starts every key of the runtime_seed section.
+const runtimeSeedPrefix = "runtime_seed."
+
+// Seed returns the runtime_seed section as runtime setting names and values.
+func (c *Config) Seed() map[string]int64 {
+	out := map[string]int64{}
+	for _, f := range fields(c) {
+		if name, ok := strings.CutPrefix(f.key, runtimeSeedPrefix); ok {
+			out[name] = f.v.Int()
+		}
+	}
+	return out
 }
 
 // TLS configures the client listener's TLS. With both files set the listener
@@ -83,10 +116,9 @@ type Connection struct {
 	HandshakeTimeoutMs int64 `toml:"handshake_timeout_ms"`
 	// HeartbeatMs is the idle interval before the server PINGs; three intervals of
 	// silence close a connection. 0 disables heartbeats.
-	HeartbeatMs      int64 `toml:"heartbeat_ms"`
-	WriteTimeoutMs   int64 `toml:"write_timeout_ms"`
-	ReconnectGraceMs int64 `toml:"reconnect_grace_ms"`
-	DrainTimeoutMs   int64 `toml:"drain_timeout_ms"`
+	HeartbeatMs    int64 `toml:"heartbeat_ms"`
+	WriteTimeoutMs int64 `toml:"write_timeout_ms"`
+	DrainTimeoutMs int64 `toml:"drain_timeout_ms"`
 	// SlowConsumerTimeoutMs is how long a connection may stay at
 	// limits.outbound_bytes_max before it is closed with slow_consumer.
 	SlowConsumerTimeoutMs int64 `toml:"slow_consumer_timeout_ms"`
@@ -133,12 +165,27 @@ func Default() Config {
 			QueuesMax: 1000, QueuePartitionsMax: 64, PartitionsTotalMax: 4096,
 			OutboundBytesMax: 1 << 20, ResendBytesMax: 1 << 20, DormantSessionsMax: 10_000,
 		},
-		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000, ReconnectGraceMs: 0, DrainTimeoutMs: 10_000,
+		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000, DrainTimeoutMs: 10_000,
 			SlowConsumerTimeoutMs: 30_000},
 		Storage: Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096},
 		Queue: Queue{Partitions: 1, LeaseMs: 30_000, MaxRetries: 5, DeadLetterTopic: "sinew.dead-letter",
 			DelayMsMax: thirtyDaysMs, TTLMsMax: thirtyDaysMs, NackDelayMsMax: thirtyDaysMs},
+		// sinew serve keeps dropped sessions resumable for 5 s by default;
+		// the broker library's own default stays 0.
+		RuntimeSeed: RuntimeSeed{Connection: RuntimeSeedConnection{ReconnectGraceMs: 5000}},
 	}
+}
+
+// movedKeys are startup keys that became runtime settings. Naming one in any
+// source is an error that says where the setting lives now, rather than the
+// bare "unknown key" (or, for an environment variable, nothing at all).
+var movedKeys = map[string]string{
+	"connection.reconnect_grace_ms": "runtime_seed.connection.reconnect_grace_ms",
+}
+
+func movedKeyError(key string) error {
+	return fmt.Errorf("%s is now a runtime setting: set %s (used only while the data directory has no runtime settings yet) "+
+		"or change it on a running broker with PUT /api/v1/settings", key, movedKeys[key])
 }
 
 // field is one settable key.
@@ -230,9 +277,12 @@ type Sources struct {
 	Flags *flag.FlagSet
 }
 
-// flagPrefix marks the flags RegisterFlags defines, so Load can tell them from a
-// command's other flags.
-const flagUsagePrefix = "config key "
+// flagUsagePrefix marks the flags RegisterFlags defines, so Load can tell them
+// from a command's other flags; movedUsagePrefix marks the flags of movedKeys.
+const (
+	flagUsagePrefix  = "config key "
+	movedUsagePrefix = "moved config key "
+)
 
 // RegisterFlags defines one string flag per key on fs. Values are parsed by Load,
 // so that errors name the key the same way for every source.
@@ -240,6 +290,9 @@ func RegisterFlags(fs *flag.FlagSet) {
 	d := Default()
 	for _, f := range fields(&d) {
 		fs.String(FlagName(f.key), get(f), flagUsagePrefix+f.key+" (env "+EnvName(f.key)+"): "+Describe(f.key))
+	}
+	for old, now := range movedKeys {
+		fs.String(FlagName(old), "", movedUsagePrefix+old+": replaced by --"+FlagName(now)+" and the admin API")
 	}
 }
 
@@ -258,6 +311,11 @@ func Load(src Sources) (Config, error) {
 	}
 	fs := fields(&c)
 	if src.Env != nil {
+		for old := range movedKeys {
+			if _, ok := src.Env(EnvName(old)); ok {
+				return c, fmt.Errorf("settings: env %s: %w", EnvName(old), movedKeyError(old))
+			}
+		}
 		for _, f := range fs {
 			if s, ok := src.Env(EnvName(f.key)); ok {
 				if err := set(f, s); err != nil {
@@ -273,6 +331,14 @@ func Load(src Sources) (Config, error) {
 		}
 		var err error
 		src.Flags.Visit(func(fl *flag.Flag) {
+			if err == nil && strings.HasPrefix(fl.Usage, movedUsagePrefix) {
+				for old := range movedKeys {
+					if FlagName(old) == fl.Name {
+						err = fmt.Errorf("settings: flag --%s: %w", fl.Name, movedKeyError(old))
+					}
+				}
+				return
+			}
 			f, ok := byFlag[fl.Name]
 			if !ok || err != nil || !strings.HasPrefix(fl.Usage, flagUsagePrefix) {
 				return
@@ -296,7 +362,11 @@ func decodeFile(c *Config, data []byte) error {
 	if errors.As(err, &strict) {
 		var keys []string
 		for _, e := range strict.Errors {
-			keys = append(keys, strings.Join(e.Key(), "."))
+			k := strings.Join(e.Key(), ".")
+			if _, moved := movedKeys[k]; moved {
+				return movedKeyError(k)
+			}
+			keys = append(keys, k)
 		}
 		return fmt.Errorf("unknown key %s", strings.Join(keys, ", "))
 	}
@@ -398,8 +468,10 @@ func (c *Config) Validate() error {
 	if cn.HeartbeatMs < 0 || cn.HeartbeatMs > 1<<31 {
 		bad("connection.heartbeat_ms", "%d is out of range 0..%d", cn.HeartbeatMs, int64(1)<<31)
 	}
-	if cn.ReconnectGraceMs < 0 || cn.ReconnectGraceMs > 1<<31 {
-		bad("connection.reconnect_grace_ms", "%d is out of range 0..%d", cn.ReconnectGraceMs, int64(1)<<31)
+	for name, v := range c.Seed() {
+		if err := runtimesettings.Check(name, v); err != nil {
+			bad(runtimeSeedPrefix+name, "%s", strings.TrimPrefix(err.Error(), name+": "))
+		}
 	}
 	// Upper bounds where a value would not fit where it goes: milliseconds
 	// become time.Durations (int64 nanoseconds, which wrap above ~292

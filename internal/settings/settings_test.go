@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sinewmq/sinew/internal/runtimesettings"
 )
 
 func write(t *testing.T, text string) string {
@@ -27,7 +29,7 @@ func TestDefaultsValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Listen != "127.0.0.1:7654" || c.AdminListen != "127.0.0.1:7655" || c.DataDir != "./sinew-data" ||
-		c.Storage.Sync != "always" || c.Connection.ReconnectGraceMs != 0 {
+		c.Storage.Sync != "always" || c.RuntimeSeed.Connection.ReconnectGraceMs != 5000 {
 		t.Fatalf("defaults %+v", c)
 	}
 }
@@ -44,8 +46,10 @@ tokens = ["a", "b"]
 prefetch_max = 500
 
 [connection]
-reconnect_grace_ms = 2000
 heartbeat_ms = 3000
+
+[runtime_seed.connection]
+reconnect_grace_ms = 2000
 
 [storage]
 sync = "interval"
@@ -66,7 +70,7 @@ partitions = 4
 		"SINEW_LIMITS_PREFETCH_MAX":           "600",
 		"SINEW_CONNECTION_HEARTBEAT_MS":       "5000",
 		"SINEW_AUTH_TOKENS":                   "x, y",
-		"SINEW_CONNECTION_RECONNECT_GRACE_MS": "1_500",
+		"SINEW_RUNTIME_SEED_CONNECTION_RECONNECT_GRACE_MS": "1_500",
 	})})
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +84,8 @@ partitions = 4
 		{"heartbeat (flag)", c.Connection.HeartbeatMs, int64(7000)},
 		{"prefetch_max (env over file)", c.Limits.PrefetchMax, 600},
 		{"tokens (env)", strings.Join(c.Auth.Tokens, "|"), "x|y"},
-		{"grace (env)", c.Connection.ReconnectGraceMs, int64(1500)},
+		{"grace seed (env)", c.RuntimeSeed.Connection.ReconnectGraceMs, int64(1500)},
+		{"grace seed as a runtime setting", c.Seed()["connection.reconnect_grace_ms"], int64(1500)},
 		{"sync (file)", c.Storage.Sync, "interval"},
 		{"quarantine (file)", c.Storage.Quarantine, "refuse"},
 		{"partitions (file)", c.Queue.Partitions, 4},
@@ -108,7 +113,7 @@ func TestBadValues(t *testing.T) {
 		{map[string]string{"SINEW_STORAGE_SYNC": "sometimes"}, "storage.sync"},
 		{map[string]string{"SINEW_STORAGE_QUARANTINE": "delete"}, "storage.quarantine"},
 		{map[string]string{"SINEW_LISTEN": "nope"}, "listen"},
-		{map[string]string{"SINEW_CONNECTION_RECONNECT_GRACE_MS": "-1"}, "connection.reconnect_grace_ms"},
+		{map[string]string{"SINEW_RUNTIME_SEED_CONNECTION_RECONNECT_GRACE_MS": "-1"}, "runtime_seed.connection.reconnect_grace_ms: -1 is out of range 0..2147483648"},
 		{map[string]string{"SINEW_LIMITS_BODY_BYTES_MAX": "9999999"}, "limits.body_bytes_max"},
 		{map[string]string{"SINEW_LIMITS_PREFETCH_MAX": "ten"}, "SINEW_LIMITS_PREFETCH_MAX"},
 		{map[string]string{"SINEW_QUEUE_PARTITIONS": "0"}, "queue.partitions"},
@@ -178,5 +183,46 @@ func TestTLSBothOrNeither(t *testing.T) {
 	file := write(t, "[tls]\ncert_file = \"/c.pem\"\nkey_file = \"/k.pem\"\n")
 	if c, err := Load(Sources{File: file}); err != nil || c.TLS.CertFile != "/c.pem" || c.TLS.KeyFile != "/k.pem" {
 		t.Fatalf("from file: %+v, %v", c.TLS, err)
+	}
+}
+
+// connection.reconnect_grace_ms became a runtime setting: naming the old key in
+// any source stops startup with an error that says where it went.
+func TestMovedKeyIsAClearError(t *testing.T) {
+	want := "connection.reconnect_grace_ms is now a runtime setting: set runtime_seed.connection.reconnect_grace_ms"
+	_, err := Load(Sources{File: write(t, "[connection]\nreconnect_grace_ms = 3000\n")})
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "PUT /api/v1/settings") {
+		t.Errorf("file: %v", err)
+	}
+	_, err = Load(Sources{Env: env(map[string]string{"SINEW_CONNECTION_RECONNECT_GRACE_MS": "3000"})})
+	if err == nil || !strings.Contains(err.Error(), "SINEW_CONNECTION_RECONNECT_GRACE_MS") || !strings.Contains(err.Error(), want) {
+		t.Errorf("env: %v", err)
+	}
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	RegisterFlags(fs)
+	if err := fs.Parse([]string{"--connection-reconnect-grace-ms", "3000"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(Sources{Flags: fs})
+	if err == nil || !strings.Contains(err.Error(), "--connection-reconnect-grace-ms") || !strings.Contains(err.Error(), want) {
+		t.Errorf("flag: %v", err)
+	}
+}
+
+// Every key of runtime_seed is a runtime setting, and every runtime setting
+// has a seed key, so the seed section and the runtime keys cannot drift apart.
+func TestRuntimeSeedMatchesRuntimeKeys(t *testing.T) {
+	d := Default()
+	seed := d.Seed()
+	for _, k := range runtimesettings.Keys() {
+		if _, ok := seed[k.Name]; !ok {
+			t.Errorf("runtime setting %s has no runtime_seed key", k.Name)
+		}
+	}
+	if len(seed) != len(runtimesettings.Keys()) {
+		t.Errorf("runtime_seed has %d keys for %d runtime settings", len(seed), len(runtimesettings.Keys()))
+	}
+	if seed[runtimesettings.KeyReconnectGraceMs] != 5000 {
+		t.Errorf("sinew serve's grace seed %d, want 5000", seed[runtimesettings.KeyReconnectGraceMs])
 	}
 }

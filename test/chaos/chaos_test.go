@@ -50,7 +50,7 @@ const (
 // the disk-full scenario's tmpfs), and debug logs for failure reports.
 var serveArgs = []string{
 	"--connection-heartbeat-ms", "1000",
-	"--connection-reconnect-grace-ms", "5000",
+	"--runtime-seed-connection-reconnect-grace-ms", "5000",
 	"--connection-drain-timeout-ms", "5000",
 	"--storage-segment-bytes", "1048576",
 	"--log-level", "debug",

@@ -1,0 +1,270 @@
+package runtimesettings
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/sinewmq/sinew/internal/vfs"
+)
+
+// FileName is the document's name inside the data directory.
+const FileName = "runtime-settings.json"
+
+const (
+	// formatVersion is the document layout written and accepted.
+	formatVersion = 1
+	// docBytesMax bounds the document read at Open; a handful of keys take a
+	// few hundred bytes.
+	docBytesMax = 1 << 20
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Doc is one version of the runtime settings. Values names every key.
+type Doc struct {
+	Version uint64
+	Values  map[string]int64
+}
+
+func (d Doc) clone() Doc { return Doc{Version: d.Version, Values: maps.Clone(d.Values)} }
+
+// Store holds the current document and persists changes to it.
+type Store struct {
+	fs   vfs.FS
+	path string
+	log  *slog.Logger
+
+	mu  sync.Mutex // serialises Update: held across check, write and swap
+	cur atomic.Pointer[Doc]
+}
+
+// Open loads dir's document, or seeds one from seed when dir has none. seed
+// maps keys to values; a key it does not name takes its Key.Default. A seed
+// naming an unknown key or a value out of range is an error. A document that
+// cannot be trusted is an error matching ErrCorrupt; Open never replaces it.
+func Open(fsys vfs.FS, dir string, seed map[string]int64, logger *slog.Logger) (*Store, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	for k, v := range seed {
+		if err := Check(k, v); err != nil {
+			return nil, fmt.Errorf("runtime_seed: %w", err)
+		}
+	}
+	s := &Store{fs: fsys, path: filepath.Join(dir, FileName), log: logger}
+	seeded := make(map[string]int64, len(keys))
+	for _, k := range keys {
+		seeded[k.Name] = k.Default
+		if v, ok := seed[k.Name]; ok {
+			seeded[k.Name] = v
+		}
+	}
+	data, err := readFile(fsys, s.path)
+	if errors.Is(err, os.ErrNotExist) {
+		d := Doc{Version: 1, Values: seeded}
+		if err := s.write(d); err != nil {
+			return nil, fmt.Errorf("runtime settings: seed %s: %w", s.path, err)
+		}
+		s.cur.Store(&d)
+		logger.Info("runtime settings seeded", "path", s.path, "version", d.Version, "values", d.Values)
+		return s, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("runtime settings: %w", err)
+	}
+	d, err := decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("runtime settings %s: %w (restore the file from a backup, or remove it to seed again from runtime_seed)", s.path, err)
+	}
+	var added []string
+	for _, k := range keys {
+		if _, ok := d.Values[k.Name]; !ok {
+			d.Values[k.Name] = seeded[k.Name]
+			added = append(added, k.Name)
+		}
+	}
+	if len(added) > 0 {
+		d.Version++
+		if err := s.write(d); err != nil {
+			return nil, fmt.Errorf("runtime settings: add %v to %s: %w", added, s.path, err)
+		}
+		logger.Info("runtime settings: keys added from runtime_seed", "keys", added, "version", d.Version)
+	}
+	for _, k := range keys {
+		if v, ok := seed[k.Name]; ok && v != d.Values[k.Name] {
+			logger.Info("runtime setting differs from runtime_seed; the persisted value applies (change it with PUT /api/v1/settings)",
+				"key", k.Name, "value", d.Values[k.Name], "seed", v)
+		}
+	}
+	s.cur.Store(&d)
+	logger.Info("runtime settings loaded", "path", s.path, "version", d.Version, "values", d.Values)
+	return s, nil
+}
+
+// Snapshot returns a copy of the current document.
+func (s *Store) Snapshot() Doc { return s.cur.Load().clone() }
+
+// Int returns the current value of key. It panics for a key that is not a
+// runtime setting: callers name keys by the constants of this package.
+func (s *Store) Int(key string) int64 {
+	v, ok := s.cur.Load().Values[key]
+	if !ok {
+		panic("runtimesettings: unknown key " + key)
+	}
+	return v
+}
+
+// Update applies changes on top of version expected and persists the result
+// as version expected+1, before it becomes visible and before Update returns.
+// Every key and value is checked first; one bad entry rejects the whole change
+// (a *KeyError). A stale expected gets a *ConflictError. A failed write leaves
+// the current document in force and returns the error.
+func (s *Store) Update(expected uint64, changes map[string]int64) (Doc, error) {
+	if len(changes) == 0 {
+		return Doc{}, ErrNoChange
+	}
+	var errs []error
+	for _, k := range sortedKeys(changes) {
+		if err := Check(k, changes[k]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return Doc{}, errors.Join(errs...)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur := s.cur.Load()
+	if cur.Version != expected {
+		return Doc{}, &ConflictError{Expected: expected, Current: cur.clone()}
+	}
+	next := cur.clone()
+	next.Version++
+	maps.Copy(next.Values, changes)
+	if err := s.write(next); err != nil {
+		return Doc{}, fmt.Errorf("runtime settings: write %s: %w", s.path, err)
+	}
+	s.cur.Store(&next)
+	for _, k := range sortedKeys(changes) {
+		s.log.Info("runtime setting changed", "key", k, "from", cur.Values[k], "to", changes[k], "version", next.Version)
+	}
+	return next.clone(), nil
+}
+
+func sortedKeys(m map[string]int64) []string {
+	out := make([]string, 0, len(m))
+	for _, k := range keys {
+		if _, ok := m[k.Name]; ok {
+			out = append(out, k.Name)
+		}
+	}
+	for k := range m {
+		if _, ok := Lookup(k); !ok {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func (s *Store) write(d Doc) error { return vfs.WriteFileAtomic(s.fs, s.path, encode(d)) }
+
+// file is the document on disk; payload is what the checksum covers.
+type file struct {
+	CRC32C   uint32          `json:"crc32c"`
+	Settings json.RawMessage `json:"settings"`
+}
+
+type payload struct {
+	Format  int              `json:"format"`
+	Version uint64           `json:"version"`
+	Values  map[string]int64 `json:"values"`
+}
+
+func encode(d Doc) []byte {
+	body, err := json.Marshal(payload{Format: formatVersion, Version: d.Version, Values: d.Values})
+	if err != nil {
+		panic("runtimesettings: encode: " + err.Error()) // a map of int64 always encodes
+	}
+	out, err := json.MarshalIndent(file{CRC32C: crc32.Checksum(body, castagnoli), Settings: body}, "", "  ")
+	if err != nil {
+		panic("runtimesettings: encode: " + err.Error())
+	}
+	return append(out, '\n')
+}
+
+func decode(data []byte) (Doc, error) {
+	var f file
+	if err := strictUnmarshal(data, &f); err != nil {
+		return Doc{}, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	if len(f.Settings) == 0 {
+		return Doc{}, fmt.Errorf("%w: no settings", ErrCorrupt)
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, f.Settings); err != nil {
+		return Doc{}, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	if got := crc32.Checksum(compact.Bytes(), castagnoli); got != f.CRC32C {
+		return Doc{}, fmt.Errorf("%w: checksum %d, expected %d", ErrCorrupt, got, f.CRC32C)
+	}
+	var p payload
+	if err := strictUnmarshal(f.Settings, &p); err != nil {
+		return Doc{}, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	if p.Format != formatVersion {
+		return Doc{}, fmt.Errorf("%w: format %d, this broker reads %d", ErrCorrupt, p.Format, formatVersion)
+	}
+	if p.Version == 0 {
+		return Doc{}, fmt.Errorf("%w: version 0", ErrCorrupt)
+	}
+	if p.Values == nil {
+		p.Values = map[string]int64{}
+	}
+	for _, k := range sortedKeys(p.Values) {
+		if err := Check(k, p.Values[k]); err != nil {
+			return Doc{}, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
+	}
+	return Doc{Version: p.Version, Values: p.Values}, nil
+}
+
+func strictUnmarshal(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("trailing data after the document")
+	}
+	return nil
+}
+
+func readFile(fsys vfs.FS, name string) ([]byte, error) {
+	f, err := fsys.OpenFile(name, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, docBytesMax+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > docBytesMax {
+		return nil, fmt.Errorf("%s: %w: larger than %d bytes", name, ErrCorrupt, docBytesMax)
+	}
+	return data, nil
+}
+
+func u64(v uint64) string { return strconv.FormatUint(v, 10) }
