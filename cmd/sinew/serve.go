@@ -22,6 +22,7 @@ import (
 	"github.com/sinewmq/sinew/internal/runtimesettings"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/server"
+	"github.com/sinewmq/sinew/internal/session"
 	"github.com/sinewmq/sinew/internal/session/bridge"
 	"github.com/sinewmq/sinew/internal/settings"
 	"github.com/sinewmq/sinew/internal/vfs"
@@ -153,7 +154,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		WriteTimeoutMs:       cfg.Connection.WriteTimeoutMs,
 		ReconnectGraceMsLive: func() int64 { return rt.Int(runtimesettings.KeyReconnectGraceMs) },
 		OutboundBytesMax:     cfg.Limits.OutboundBytesMax, ResendBytesMax: cfg.Limits.ResendBytesMax,
-		DormantSessionsMax: cfg.Limits.DormantSessionsMax, SlowConsumerTimeoutMs: cfg.Connection.SlowConsumerTimeoutMs,
+		DormantSessionsMax: cfg.Limits.DormantSessionsMax, AfterFunc: serveAfterFunc, SlowConsumerTimeoutMs: cfg.Connection.SlowConsumerTimeoutMs,
 	})
 	if err != nil {
 		closeListeners()
@@ -205,6 +206,10 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 // serveReadyHook, when set (by tests), is called once serve listens, with the
 // client and admin addresses.
 var serveReadyHook func(clientAddr, adminAddr string)
+
+// serveAfterFunc, when set (by tests), runs the session grace timers in place
+// of the process clock.
+var serveAfterFunc session.AfterFunc
 
 // clientListener listens on cfg.Listen, with TLS when tls.cert_file and
 // tls.key_file are set. The TLS handshake runs on the connection's reader

@@ -5,11 +5,16 @@
 //	                    503 before, and while any partition is quarantined or failed
 //	                    (the body names each one and why)
 //	GET /metrics        Prometheus text exposition (format 0.0.4)
-//	GET /api/v1/queues  JSON: per-queue, per-partition counts
+//	GET /api/v1/queues    JSON: per-queue, per-partition counts
+//	GET /api/v1/settings  JSON: the runtime settings, their version and which keys they are
+//	PUT /api/v1/settings  change runtime settings: {"version": N, "values": {...}};
+//	                      200 once persisted, 409 when N is not current, 400 for a bad
+//	                      key or value
 //
 // The handler holds no state of its own; every request calls the functions in
-// Config, which read the broker's and server's counters. It starts no goroutines
-// (the caller runs the http.Server). Nothing here is durable.
+// Config, which read the broker's and server's counters, or the runtime settings
+// store. It starts no goroutines (the caller runs the http.Server). A PUT of the
+// settings is durable when it answers 200: the store persists it first.
 //
 // The metrics exposition is written by hand: a few counters and gauges, each with
 // one HELP and one TYPE line, samples with optional labels, label values escaped as

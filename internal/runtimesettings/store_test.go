@@ -86,7 +86,7 @@ func TestUpdate(t *testing.T) {
 	}{
 		{map[string]int64{"connection.bogus_ms": 1}, ErrUnknownKey, "connection.bogus_ms: not a runtime setting"},
 		{map[string]int64{KeyReconnectGraceMs: -5}, ErrOutOfRange, "connection.reconnect_grace_ms: -5 is out of range 0..2147483648"},
-		{map[string]int64{KeyReconnectGraceMs: 1 << 31 + 1}, ErrOutOfRange, "out of range"},
+		{map[string]int64{KeyReconnectGraceMs: 1<<31 + 1}, ErrOutOfRange, "out of range"},
 		{map[string]int64{KeyReconnectGraceMs: 9, "x": 1}, ErrUnknownKey, "x: not a runtime setting"},
 		{nil, ErrNoChange, "no runtime settings"},
 	} {

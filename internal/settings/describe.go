@@ -4,7 +4,7 @@ package settings
 // docs/configuration.md, which a test keeps in step with Keys.
 var help = map[string]string{
 	"listen":        "Address of the client protocol listener (host:port).",
-	"admin_listen":  "Address of the admin HTTP server (/healthz, /readyz, /metrics, /api/v1/queues); empty disables it.",
+	"admin_listen":  "Address of the admin HTTP server (/healthz, /readyz, /metrics, /api/v1/queues, /api/v1/settings); empty disables it.",
 	"data_dir":      "Directory holding every queue's log, checkpoints and the broker's owner id. One broker at a time: serve locks it (flock on its LOCK file) before reading it, and a second serve on it exits naming the holder's pid.",
 	"log_level":     "debug, info, warn or error.",
 	"tls.cert_file": "PEM certificate chain (leaf first) for the client listener. Set together with tls.key_file to serve TLS 1.2+ only.",

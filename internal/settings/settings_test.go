@@ -66,10 +66,10 @@ partitions = 4
 		t.Fatal(err)
 	}
 	c, err := Load(Sources{File: file, Flags: fs, Env: env(map[string]string{
-		"SINEW_DATA_DIR":                      "/from-env",
-		"SINEW_LIMITS_PREFETCH_MAX":           "600",
-		"SINEW_CONNECTION_HEARTBEAT_MS":       "5000",
-		"SINEW_AUTH_TOKENS":                   "x, y",
+		"SINEW_DATA_DIR":                                   "/from-env",
+		"SINEW_LIMITS_PREFETCH_MAX":                        "600",
+		"SINEW_CONNECTION_HEARTBEAT_MS":                    "5000",
+		"SINEW_AUTH_TOKENS":                                "x, y",
 		"SINEW_RUNTIME_SEED_CONNECTION_RECONNECT_GRACE_MS": "1_500",
 	})})
 	if err != nil {
