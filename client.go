@@ -19,9 +19,11 @@ type Client struct {
 
 // Dial connects to the broker at addr (host:port) and completes the
 // handshake. Retryable failures (refused, reset, timeouts, DNS) are retried
-// with the reconnect policy's backoff until ctx ends or MaxAttempts is
-// reached; a fatal one (auth_failed, unsupported_version, a protocol violation,
-// a TLS certificate error) is returned at once.
+// with the reconnect policy's backoff until ctx ends, the connect timeout
+// (ConnectTimeoutDefault, or WithConnectTimeout) passes or MaxAttempts is
+// reached; each failed attempt is logged with its reason (WithLogger). A fatal
+// failure (auth_failed, unsupported_version, a protocol violation, a TLS
+// certificate error) is returned at once.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	o := defaultOptions()
 	for _, opt := range opts {
@@ -31,6 +33,9 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	c := &Client{o: o}
 	c.pool = newPool(&c.o)
 	c.ep = c.pool.get(addr)
+	// The connect timeout is real time, like the socket deadlines it bounds.
+	ctx, cancel := context.WithTimeout(ctx, o.connectTimeout)
+	defer cancel()
 	if err := c.ep.open(ctx); err != nil {
 		c.ep.shutdown()
 		return nil, err

@@ -401,11 +401,13 @@ func (c *conn) heartbeatLoop() {
 type settleReq struct {
 	kind  protocol.Op
 	delay int64
-	tag   uint64
-	// fin receives the outcome exactly once: from the SETTLE_RESULT, from
-	// the connection closing, or from the settler finding the connection
-	// gone. It runs on the reader, the closer or the settler and must not
-	// block.
+	m     *Message
+	// fin receives the outcome exactly once: from the SETTLE_RESULT, or from
+	// the endpoint when the settle can no longer be sent (the session was not
+	// resumed, the client closed or stopped). A settle whose connection broke
+	// is not finished: the endpoint holds it and sends it again on the
+	// resumed session (see endpoint.holdSettles). fin runs on the reader, the
+	// closer, the settler or the supervisor and must not block.
 	fin func(error)
 }
 
@@ -444,10 +446,7 @@ func (c *conn) settleLoop() {
 			left := c.settleQ
 			c.settleQ = nil
 			c.settleMu.Unlock()
-			lost := fmt.Errorf("%w: %w", ErrConnectionLost, c.closeErr())
-			for _, r := range left {
-				r.fin(lost)
-			}
+			c.ep.holdSettles(left)
 			return
 		}
 		// A consumer settling a burst of deliveries queues them one after
@@ -479,11 +478,18 @@ func (c *conn) settleLoop() {
 func (c *conn) sendSettle(group []*settleReq) {
 	tags := make([]uint64, len(group))
 	for i, r := range group {
-		tags[i] = r.tag
+		tags[i] = r.m.tag
 	}
 	cl := &call{
 		body: &protocol.Settle{Kind: group[0].kind, Tags: tags, DelayMs: group[0].delay},
 		done: func(b protocol.Body, err error) {
+			if errors.Is(err, ErrConnectionLost) {
+				// The reply was lost with the socket. Settles are idempotent
+				// by lease, so the endpoint sends them again on the resumed
+				// session.
+				c.ep.holdSettles(group)
+				return
+			}
 			var codes []protocol.Code
 			if err == nil {
 				sr, ok := b.(*protocol.SettleResult)
@@ -504,6 +510,11 @@ func (c *conn) sendSettle(group []*settleReq) {
 					// bad_request a NACK of a delivery tag can get.
 					r.fin(&BrokerError{Code: codes[i], Message: fmt.Sprintf(
 						"NACK delay %d ms refused: above the broker's maximum NACK delay (queue.nack_delay_ms_max, 30 days by default)", r.delay)})
+				case codes[i] == protocol.CodeStaleLease:
+					r.fin(fmt.Errorf("%w: %w", ErrStaleDelivery, &BrokerError{Code: codes[i],
+						Message: "the lease ended without this settle and the message was delivered again"}))
+				case codes[i] == protocol.CodeUnknownTag:
+					r.fin(fmt.Errorf("%w: %w", ErrUnknownTag, &BrokerError{Code: codes[i]}))
 				default:
 					r.fin(&BrokerError{Code: codes[i]})
 				}
@@ -512,7 +523,8 @@ func (c *conn) sendSettle(group []*settleReq) {
 	}
 	if err := c.start(context.Background(), cl); err != nil {
 		if errors.Is(err, errConnClosed) {
-			err = fmt.Errorf("%w: %w", ErrConnectionLost, c.closeErr())
+			c.ep.holdSettles(group)
+			return
 		}
 		cl.done(nil, err)
 	}

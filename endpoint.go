@@ -81,11 +81,13 @@ type endpoint struct {
 	epoch       uint64
 	subs        map[*Subscription]struct{}
 	replay      []*call
+	held        []*settleReq // settles cut off from their connection, for the resumed session
 	closing     bool // Close has begun: no new operations
 	closed      bool
 	fatal       error
 	attemptDone chan struct{} // closed and replaced after every connect attempt
 	attemptErr  error
+	gaveUp      error         // set while the supervisor has given up (MaxAttempts), until a connect succeeds
 	kick        chan struct{} // asks the supervisor for an attempt now
 }
 
@@ -117,17 +119,20 @@ func (e *endpoint) open(ctx context.Context) error {
 			return nil
 		}
 		if ctx.Err() != nil {
+			e.o.logger.Warn("sinew: connect attempt failed, out of time", "addr", e.addr, "attempt", failures+1, "err", err)
 			return fmt.Errorf("sinew: connect %s: %w (last error: %w)", e.addr, ctx.Err(), err)
 		}
 		if !IsRetryable(err) {
+			e.o.logger.Warn("sinew: connect attempt failed, not retryable", "addr", e.addr, "attempt", failures+1, "err", err)
 			return fmt.Errorf("sinew: connect %s: %w", e.addr, err)
 		}
 		failures++
 		if pol.MaxAttempts > 0 && failures >= pol.MaxAttempts {
+			e.o.logger.Warn("sinew: connect attempt failed, giving up", "addr", e.addr, "attempt", failures, "err", err)
 			return fmt.Errorf("%w: connect %s: %d attempts: %w", ErrDisconnected, e.addr, failures, err)
 		}
 		d := pol.Delay(failures-1, e.o.rand())
-		e.o.logger.Debug("sinew: connect failed, backing off", "addr", e.addr, "attempt", failures, "delay", d, "err", err)
+		e.o.logger.Warn("sinew: connect attempt failed, backing off", "addr", e.addr, "attempt", failures, "delay", d, "err", err)
 		select {
 		case <-e.o.clock.After(d):
 		case <-ctx.Done():
@@ -166,9 +171,10 @@ func (e *endpoint) supervise(c *conn) {
 		for c = nil; c == nil; {
 			if !immediate {
 				d := pol.Delay(failures, e.o.rand())
+				// Operations wait for this attempt rather than ask for an
+				// earlier one: a blip must not turn into a burst of connects.
 				select {
 				case <-e.o.clock.After(d):
-				case <-e.kick:
 				case <-e.quit:
 					return
 				}
@@ -188,7 +194,7 @@ func (e *endpoint) supervise(c *conn) {
 				return
 			}
 			failures++
-			e.o.logger.Debug("sinew: reconnect failed", "addr", e.addr, "attempt", failures, "err", err)
+			e.o.logger.Info("sinew: reconnect attempt failed", "addr", e.addr, "attempt", failures, "err", err)
 			if pol.MaxAttempts > 0 && failures >= pol.MaxAttempts {
 				e.giveUp(fmt.Errorf("%w: %s: %d attempts: %w", ErrDisconnected, e.addr, failures, err))
 				// Stay idle until an operation asks for a connection.
@@ -248,6 +254,7 @@ func (e *endpoint) attempt(ctx context.Context) (*conn, error) {
 	}
 	if err == nil {
 		e.conn = c
+		e.gaveUp = nil
 		if !e.closing {
 			e.live.Store(c)
 		}
@@ -300,8 +307,11 @@ func (e *endpoint) connect(ctx context.Context) (*conn, error) {
 	e.mu.Lock()
 	resumed := hello.Outcome == protocol.ResumeResumed && ident.ClientID != ""
 	e.identity = hello.Resume
+	var stale []*settleReq
 	if !resumed {
 		e.epoch++
+		// The leases these settles name ended with the old session.
+		stale = e.takeHeldLocked()
 	}
 	subs := make(map[uint64]*Subscription)
 	for s := range e.subs {
@@ -315,6 +325,13 @@ func (e *endpoint) connect(ctx context.Context) (*conn, error) {
 	e.window.setMax(int(hello.Limits.PublishInflightMax))
 	epoch := e.epoch
 	e.mu.Unlock()
+	if len(stale) > 0 {
+		e.o.logger.Info("sinew: session not resumed, held settles are stale", "addr", e.addr,
+			"client_id", hello.Resume.ClientID, "outcome", hello.Outcome, "settles", len(stale))
+	}
+	for _, r := range stale {
+		r.fin(ErrStaleDelivery)
+	}
 
 	c := newConn(e, nc, hello, epoch, subs)
 	c.run()
@@ -415,7 +432,21 @@ func (e *endpoint) restore(ctx context.Context, c *conn, resumed bool) error {
 	e.mu.Lock()
 	replay := e.replay
 	e.replay = nil
+	held := e.takeHeldLocked()
 	e.mu.Unlock()
+	// Settles cut off from the previous socket go first, before any new
+	// operation can use this connection. On a fresh session there are none
+	// (connect failed them as stale).
+	if len(held) > 0 {
+		e.o.logger.Info("sinew: resending settles held across the reconnect", "addr", e.addr,
+			"client_id", c.hello.Resume.ClientID, "settles", len(held))
+	}
+	for i, r := range held {
+		if !c.queueSettle(r) {
+			e.holdSettles(held[i:])
+			return fmt.Errorf("%w: %w", ErrConnectionLost, c.closeErr())
+		}
+	}
 	for i, cl := range replay {
 		if err := c.start(ctx, cl); err != nil {
 			if errors.Is(err, errConnClosed) {
@@ -446,9 +477,9 @@ func (e *endpoint) reconcile(ctx context.Context, c *conn) error {
 		}
 	}
 	e.mu.Unlock()
-	if len(views) == 0 {
-		return nil
-	}
+	// RECONCILE goes out even with nothing to list: a SUBSCRIBE whose reply
+	// was lost in the cut, or an Unsubscribe made while the socket was down,
+	// left a subscription only the broker holds, and this is what drops it.
 	hook := func(b protocol.Body) {
 		rr, ok := b.(*protocol.ReconcileResult)
 		if !ok {
@@ -476,8 +507,16 @@ func (e *endpoint) reconcile(ctx context.Context, c *conn) error {
 				s.endLocked(fmt.Errorf("%w: %s", ErrReconciledClosed, x.Reason))
 			case protocol.ActionRecreateClient:
 				delete(c.subs, s.serverID)
-				s.serverID = 0
-				s.recreating = true
+				if x.ServerSubID != 0 {
+					// The broker recreated it (restore policy) under a new
+					// id; its deliveries follow the result.
+					s.serverID = x.ServerSubID
+					c.subs[s.serverID] = s
+				} else {
+					// Resubscribe in restore, before the connection is used.
+					s.serverID = 0
+					s.recreating = true
+				}
 			}
 		}
 	}
@@ -516,9 +555,12 @@ func (c *conn) roundTrip(ctx context.Context, body protocol.Body, hook func(prot
 	}
 }
 
-// acquire returns a connection for a new operation. When there is none it
-// asks the supervisor for one attempt now and waits for its outcome; if that
-// attempt fails, acquire fails with ErrNotConnected. forSettle accepts a
+// acquire returns a connection for a new operation. While the client is
+// reconnecting it waits for the supervisor's attempts (which keep to the
+// reconnect policy's backoff) until one succeeds, ctx ends, the client closes,
+// a fatal error stops it, or the policy's MaxAttempts is exhausted. Only once
+// the supervisor has given up does an operation ask for an attempt of its own:
+// one, whose failure it reports as ErrNotConnected. forSettle accepts a
 // connection that is draining after GOING_AWAY: settles finish existing work.
 func (e *endpoint) acquire(ctx context.Context, forSettle bool) (*conn, error) {
 	// Fast path: every publish and settle comes through here, so the common
@@ -526,7 +568,7 @@ func (e *endpoint) acquire(ctx context.Context, forSettle bool) (*conn, error) {
 	if c := e.live.Load(); c != nil && !c.isClosed() && (forSettle || !c.draining.Load()) {
 		return c, nil
 	}
-	asked := false
+	waited, kicked := false, false
 	for {
 		e.mu.Lock()
 		switch {
@@ -542,23 +584,30 @@ func (e *endpoint) acquire(ctx context.Context, forSettle bool) (*conn, error) {
 			e.mu.Unlock()
 			return c, nil
 		}
-		if asked {
-			err := e.attemptErr
-			e.mu.Unlock()
-			if err == nil {
-				err = ErrConnectionLost
-			}
-			return nil, fmt.Errorf("%w: %s: %w", ErrNotConnected, e.addr, err)
-		}
+		gaveUp, lastErr := e.gaveUp, e.attemptErr
 		wait := e.attemptDone
 		e.mu.Unlock()
-		select {
-		case e.kick <- struct{}{}:
-		default:
+		if gaveUp != nil {
+			switch {
+			case kicked:
+				if lastErr == nil {
+					lastErr = gaveUp
+				}
+				return nil, fmt.Errorf("%w: %s: %w", ErrNotConnected, e.addr, lastErr)
+			case waited:
+				// This operation waited through the attempts that exhausted
+				// the policy.
+				return nil, gaveUp
+			}
+			select {
+			case e.kick <- struct{}{}:
+			default:
+			}
+			kicked = true
 		}
 		select {
 		case <-wait:
-			asked = true
+			waited = true
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-e.quit:
@@ -567,10 +616,10 @@ func (e *endpoint) acquire(ctx context.Context, forSettle bool) (*conn, error) {
 	}
 }
 
-// submit sends a call on the current connection (reconnecting first when
-// needed) and guarantees cl.done runs exactly once.
+// submit sends a call on the current connection, waiting for one while the
+// client reconnects, and guarantees cl.done runs exactly once.
 func (e *endpoint) submit(ctx context.Context, cl *call) {
-	for range 2 {
+	for {
 		c, err := e.acquire(ctx, false)
 		if err != nil {
 			cl.done(nil, err)
@@ -578,14 +627,13 @@ func (e *endpoint) submit(ctx context.Context, cl *call) {
 		}
 		err = c.start(ctx, cl)
 		if errors.Is(err, errConnClosed) {
-			continue // lost a race with the connection closing; pick the next
+			continue // lost a race with the connection closing; wait for the next
 		}
 		if err != nil {
 			cl.done(nil, err)
 		}
 		return
 	}
-	cl.done(nil, ErrConnectionLost)
 }
 
 // requeue keeps replayable publishes from a broken connection for the next
@@ -613,6 +661,42 @@ func (e *endpoint) requeue(calls []*call, cause error) {
 	}
 }
 
+// holdSettles keeps settles whose connection broke before their result came
+// for the resumed session (restore sends them again), or fails them when there
+// will be none. What is held is bounded by the deliveries the broker had
+// outstanding, which their subscriptions' prefetch bounds.
+func (e *endpoint) holdSettles(rs []*settleReq) {
+	if len(rs) == 0 {
+		return
+	}
+	e.mu.Lock()
+	var fail error
+	switch {
+	case e.closed:
+		fail = ErrClientClosed
+	case e.fatal != nil:
+		fail = e.fatal
+	case e.gaveUp != nil:
+		fail = e.gaveUp
+	}
+	if fail == nil {
+		e.held = append(e.held, rs...)
+		e.mu.Unlock()
+		return
+	}
+	e.mu.Unlock()
+	for _, r := range rs {
+		r.fin(fail)
+	}
+}
+
+// takeHeld removes and returns the held settles (e.mu held).
+func (e *endpoint) takeHeldLocked() []*settleReq {
+	held := e.held
+	e.held = nil
+	return held
+}
+
 // failFatal makes err the client's permanent state: subscriptions end with it
 // and operations return it.
 func (e *endpoint) failFatal(err error) {
@@ -627,9 +711,15 @@ func (e *endpoint) failFatal(err error) {
 	e.endAll(err)
 }
 
-// giveUp ends subscriptions and pending resends after MaxAttempts failures.
+// giveUp ends subscriptions and pending resends after MaxAttempts failures,
+// and wakes the operations waiting for a connection so that they fail with err.
 func (e *endpoint) giveUp(err error) {
 	e.o.logger.Warn("sinew: giving up reconnecting", "addr", e.addr, "err", err)
+	e.mu.Lock()
+	e.gaveUp = err
+	close(e.attemptDone)
+	e.attemptDone = make(chan struct{})
+	e.mu.Unlock()
 	e.endAll(err)
 }
 
@@ -640,9 +730,13 @@ func (e *endpoint) endAll(err error) {
 	}
 	replay := e.replay
 	e.replay = nil
+	held := e.takeHeldLocked()
 	e.mu.Unlock()
 	for _, cl := range replay {
 		cl.done(nil, err)
+	}
+	for _, r := range held {
+		r.fin(err)
 	}
 }
 

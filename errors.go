@@ -42,10 +42,19 @@ var (
 	// ErrProtocol marks a protocol violation by the broker (a malformed or
 	// unexpected frame). It is fatal: the client does not reconnect.
 	ErrProtocol = errors.New("sinew: protocol violation")
-	// ErrStaleDelivery is returned when settling a message whose session is gone
-	// (the client reconnected with a fresh session). The broker delivers the
-	// message again; the settle had no effect.
-	ErrStaleDelivery = errors.New("sinew: delivery belongs to an ended session")
+	// ErrStaleDelivery is returned when settling a message whose lease the
+	// client no longer holds, so the settle had no effect and the broker
+	// delivers (or has delivered) the message again: the session could not be
+	// resumed after a cut (resume_not_found, resume_rejected, a restarted
+	// broker), the broker reported after a resume that it no longer holds the
+	// delivery for this session, or it refused the settle with stale_lease
+	// (the lease ended and the message was leased again). The last case also
+	// matches errors.Is(err, &BrokerError{Code: protocol.CodeStaleLease}).
+	ErrStaleDelivery = errors.New("sinew: delivery is stale: its lease is no longer held")
+	// ErrUnknownTag is returned when the broker's session never issued the
+	// settled delivery (protocol code unknown_tag). It also matches
+	// errors.Is(err, &BrokerError{Code: protocol.CodeUnknownTag}).
+	ErrUnknownTag = errors.New("sinew: delivery tag unknown to the broker's session")
 	// ErrAlreadySettled is returned by a second settle of the same message.
 	ErrAlreadySettled = errors.New("sinew: message already settled")
 	// ErrHeartbeatTimeout closes a connection on which nothing arrived for three
@@ -95,7 +104,7 @@ func IsRetryable(err error) bool {
 	case err == nil:
 		return false
 	case errors.Is(err, ErrClientClosed), errors.Is(err, ErrProtocol),
-		errors.Is(err, ErrStaleDelivery), errors.Is(err, ErrAlreadySettled):
+		errors.Is(err, ErrStaleDelivery), errors.Is(err, ErrAlreadySettled), errors.Is(err, ErrUnknownTag):
 		return false
 	case errors.Is(err, ErrConnectionLost), errors.Is(err, ErrNotConnected),
 		errors.Is(err, ErrDisconnected), errors.Is(err, ErrHeartbeatTimeout):

@@ -103,6 +103,11 @@ func (p ReconnectPolicy) Delay(n int, r float64) time.Duration {
 	return time.Duration(d)
 }
 
+// ConnectTimeoutDefault bounds Dial's first connect, all attempts and backoff
+// sleeps together, unless WithConnectTimeout says otherwise. Dial's context can
+// only shorten it.
+const ConnectTimeoutDefault = 30 * time.Second
+
 // Limits of the SDK itself.
 const (
 	// dialTimeoutDefault bounds one TCP (and TLS) connect.
@@ -114,6 +119,9 @@ const (
 	drainTimeoutDefault = 5 * time.Second
 	// publishInflightDefault is the publish window when the broker announces none.
 	publishInflightDefault = 1024
+	// publishInflightBytesMax bounds the body bytes of unconfirmed publishes,
+	// which the client keeps to send again after a reconnect.
+	publishInflightBytesMax = 64 << 20
 	// deliveryBufferMax bounds the messages buffered per subscription before the
 	// connection's reader waits (pushing back on the broker through TCP).
 	deliveryBufferMax = 4096
@@ -141,6 +149,7 @@ type options struct {
 	clock            Clock
 	rand             func() float64
 	dialTimeout      time.Duration
+	connectTimeout   time.Duration
 	handshakeTimeout time.Duration
 	drainTimeout     time.Duration
 }
@@ -160,6 +169,7 @@ func defaultOptions() options {
 			return rand.Float64()
 		},
 		dialTimeout:      dialTimeoutDefault,
+		connectTimeout:   ConnectTimeoutDefault,
 		handshakeTimeout: handshakeTimeoutDefault,
 		drainTimeout:     drainTimeoutDefault,
 	}
@@ -186,8 +196,10 @@ func WithReconcilePolicy(p ReconcilePolicy) Option { return func(o *options) { o
 // A connection on which nothing arrives for three intervals is treated as dead.
 func WithHeartbeat(d time.Duration) Option { return func(o *options) { o.heartbeat = d } }
 
-// WithLogger sets the logger for connection events (reconnects, resumes,
-// reconciliation). By default nothing is logged.
+// WithLogger sets the logger for connection events: each failed connect
+// attempt of Dial (Warn, with the reason), connection losses, reconnect
+// attempts and resumes (Info), giving up and fatal errors (Warn, Error). By
+// default nothing is logged. Payloads and credentials are never logged.
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) {
 		if l != nil {
@@ -230,6 +242,17 @@ func WithDialTimeout(d time.Duration) Option {
 	return func(o *options) {
 		if d > 0 {
 			o.dialTimeout = d
+		}
+	}
+}
+
+// WithConnectTimeout bounds Dial's first connect, every attempt and backoff
+// sleep together (default ConnectTimeoutDefault). It does not bound later
+// reconnects, which the ReconnectPolicy governs.
+func WithConnectTimeout(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.connectTimeout = d
 		}
 	}
 }

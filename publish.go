@@ -131,12 +131,13 @@ func (c *Client) PublishAsync(ctx context.Context, topic string, body []byte, op
 	}
 	f := &PublishFuture{done: make(chan struct{})}
 	e := c.ep
-	if err := e.window.acquire(ctx, e.quit); err != nil {
+	size := len(body)
+	if err := e.window.acquire(ctx, e.quit, size); err != nil {
 		f.resolve(nil, err)
 		return f
 	}
-	e.submit(ctx, &call{body: p, replay: p.ProducerID != "", done: func(b protocol.Body, err error) {
-		e.window.release()
+	e.submit(ctx, &call{body: p, replay: true, done: func(b protocol.Body, err error) {
+		e.window.release(size)
 		f.resolve(b, err)
 	}})
 	return f

@@ -134,21 +134,24 @@ func (c *Client) Subscribe(ctx context.Context, topic string, opts ...SubscribeO
 		out:  make(chan *Message),
 		done: make(chan struct{}),
 	}
-	for range 2 {
+	for {
 		conn, err := e.acquire(ctx, false)
 		if err != nil {
 			return nil, err
 		}
 		err = e.subscribeOn(ctx, conn, s)
-		if errors.Is(err, errConnClosed) {
-			continue
-		}
 		if err != nil {
-			// The broker may have accepted it (the reply raced ctx or the
-			// connection): take it back rather than leave it consuming.
 			e.mu.Lock()
 			_, registered := e.subs[s]
 			e.mu.Unlock()
+			if !registered && ctx.Err() == nil && (errors.Is(err, errConnClosed) || errors.Is(err, ErrConnectionLost)) {
+				// No reply came: subscribe on the next connection. A
+				// subscription the broker made anyway is one the client
+				// does not list when it reconciles, so the broker drops it.
+				continue
+			}
+			// The broker may have accepted it (the reply raced ctx or the
+			// connection): take it back rather than leave it consuming.
 			if registered {
 				uctx, cancel := context.WithTimeout(context.Background(), e.o.drainTimeout)
 				_ = s.Unsubscribe(uctx)
@@ -158,7 +161,6 @@ func (c *Client) Subscribe(ctx context.Context, topic string, opts ...SubscribeO
 		}
 		return s, nil
 	}
-	return nil, ErrConnectionLost
 }
 
 // subscribeOn sends SUBSCRIBE for s on c. The reply's hook registers the new
@@ -558,21 +560,26 @@ func (m *Message) settleAsync(ctx context.Context, kind protocol.Op, delayMs int
 		e.busy.add(-1)
 		fin(err)
 	}
-	if epoch := e.currentEpoch(); epoch != m.epoch {
-		finish(ErrStaleDelivery)
-		return
-	}
-	c, err := e.acquire(ctx, true)
-	if err != nil {
-		finish(err)
-		return
-	}
-	if c.epoch != m.epoch {
-		finish(ErrStaleDelivery)
-		return
-	}
-	if !c.queueSettle(&settleReq{kind: kind, delay: delayMs, tag: m.tag, fin: finish}) {
-		finish(fmt.Errorf("%w: %w", ErrConnectionLost, c.closeErr()))
+	r := &settleReq{kind: kind, delay: delayMs, m: m, fin: finish}
+	for {
+		if epoch := e.currentEpoch(); epoch != m.epoch {
+			finish(ErrStaleDelivery)
+			return
+		}
+		c, err := e.acquire(ctx, true)
+		if err != nil {
+			finish(err)
+			return
+		}
+		if c.epoch != m.epoch {
+			finish(ErrStaleDelivery)
+			return
+		}
+		if c.queueSettle(r) {
+			return
+		}
+		// The connection closed between acquire and queueing: wait for the
+		// next one.
 	}
 }
 

@@ -5,13 +5,18 @@ import (
 	"sync"
 )
 
-// window bounds unconfirmed publishes per endpoint to the broker's announced
-// PublishInflightMax. Waiters block on a broadcast channel that is replaced on
+// window bounds unconfirmed publishes per endpoint: their count to the broker's
+// announced PublishInflightMax, and their body bytes to publishInflightBytesMax.
+// Unconfirmed publishes are what the client holds across a reconnect (they are
+// sent again on the next connection), so this is also the bound on what a cut
+// makes the client keep in memory. A single body larger than the byte bound is
+// let through alone. Waiters block on a broadcast channel that is replaced on
 // every release, so a release wakes all of them and each re-checks.
 type window struct {
 	mu      sync.Mutex
 	n       int
 	max     int
+	bytes   int // body bytes of the n publishes
 	waiters int           // acquirers blocked on wake; releases broadcast only to them
 	wake    chan struct{} // closed and replaced by a release while waiters > 0
 	zero    chan struct{} // closed and replaced when n drops to zero while watched
@@ -36,12 +41,14 @@ func (w *window) setMax(max int) {
 	w.mu.Unlock()
 }
 
-// acquire takes a slot, waiting while the window is full.
-func (w *window) acquire(ctx context.Context, quit <-chan struct{}) error {
+// acquire takes a slot for a publish of size body bytes, waiting while the
+// window is full.
+func (w *window) acquire(ctx context.Context, quit <-chan struct{}, size int) error {
 	for {
 		w.mu.Lock()
-		if w.n < w.max {
+		if w.n < w.max && (w.n == 0 || w.bytes+size <= publishInflightBytesMax) {
 			w.n++
+			w.bytes += size
 			w.mu.Unlock()
 			return nil
 		}
@@ -65,9 +72,10 @@ func (w *window) acquire(ctx context.Context, quit <-chan struct{}) error {
 	}
 }
 
-func (w *window) release() {
+func (w *window) release(size int) {
 	w.mu.Lock()
 	w.n--
+	w.bytes -= size
 	if w.n < 0 {
 		panic("sinew: publish window released more often than acquired")
 	}
