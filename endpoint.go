@@ -82,7 +82,7 @@ type endpoint struct {
 	subs        map[*Subscription]struct{}
 	replay      []*call
 	held        []*settleReq // settles cut off from their connection, for the resumed session
-	closing     bool // Close has begun: no new operations
+	closing     bool         // Close has begun: no new operations
 	closed      bool
 	fatal       error
 	attemptDone chan struct{} // closed and replaced after every connect attempt

@@ -16,7 +16,7 @@ type window struct {
 	mu      sync.Mutex
 	n       int
 	max     int
-	bytes   int // body bytes of the n publishes
+	bytes   int           // body bytes of the n publishes
 	waiters int           // acquirers blocked on wake; releases broadcast only to them
 	wake    chan struct{} // closed and replaced by a release while waiters > 0
 	zero    chan struct{} // closed and replaced when n drops to zero while watched
