@@ -44,10 +44,13 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 }
 
 // Close stops the client: new operations fail with ErrClientClosed, pending
-// publish confirms and settles are awaited (bounded by the drain timeout),
-// subscriptions are unsubscribed and end with ErrClientClosed, and every
-// goroutine the client started has returned when Close does. Close is safe to
-// call more than once.
+// publish confirms and settles are awaited (bounded by the drain timeout, and
+// across a reconnect in progress), the session is ended on the broker with
+// END_SESSION so that its unsettled messages go to other consumers at once
+// instead of after the broker's reconnect grace, subscriptions end with
+// ErrClientClosed, and every goroutine the client started has returned when
+// Close does. If no connection is up when the drain ends, the broker's session
+// stays dormant until its grace runs out. Close is safe to call more than once.
 func (c *Client) Close() error {
 	for _, e := range c.pool.all() {
 		e.drainAndClose()
@@ -86,9 +89,10 @@ func (e *endpoint) drainAndClose() {
 		e.o.logger.Warn("sinew: close: drain timed out", "addr", e.addr)
 	}
 
-	// Unsubscribe so the broker hands unsettled messages to other consumers
-	// now rather than after the session's reconnect grace.
+	// End the session on the broker so that it hands unsettled messages to
+	// other consumers now rather than after the session's reconnect grace.
 	e.mu.Lock()
+	e.ending = true
 	c := e.conn
 	var ids []uint64
 	for s := range e.subs {
@@ -111,18 +115,39 @@ func (e *endpoint) drainAndClose() {
 			case <-ctx.Done():
 			}
 		}()
-		for _, id := range ids {
-			if _, err := c.roundTrip(ctx, &protocol.Unsubscribe{SubID: id}, nil); err != nil {
-				break
-			}
-		}
-		// A PING answered means every frame queued before it (NO_REPLY
-		// publishes and settles included) reached the broker.
-		_, _ = c.roundTrip(ctx, &protocol.Ping{}, nil)
+		e.endSession(ctx, c, ids)
 		cancel()
 		<-exited
 	}
 	e.shutdown()
+}
+
+// endSession ends the broker's session with END_SESSION. Frames queued before
+// it (NO_REPLY publishes and settles included) reach the broker first, since
+// the connection keeps their order. A broker that does not know the op answers
+// an error: the client then unsubscribes each subscription and pings, which
+// returns the subscriptions' messages to the queue at once, though the session
+// itself stays dormant for the broker's grace.
+func (e *endpoint) endSession(ctx context.Context, c *conn, subIDs []uint64) {
+	reply, err := c.roundTrip(ctx, &protocol.EndSession{}, nil)
+	if err == nil {
+		if _, ok := reply.(*protocol.OK); ok {
+			e.o.logger.Info("sinew: session ended", "addr", e.addr, "client_id", c.hello.Resume.ClientID)
+			return
+		}
+		err = fmt.Errorf("%w: %s in answer to END_SESSION", ErrProtocol, reply.Op())
+	}
+	if !isBrokerErr(err) {
+		e.o.logger.Info("sinew: could not end the session", "addr", e.addr, "client_id", c.hello.Resume.ClientID, "err", err)
+		return // the connection failed or the drain ran out
+	}
+	e.o.logger.Info("sinew: broker refused END_SESSION, unsubscribing instead", "addr", e.addr, "err", err)
+	for _, id := range subIDs {
+		if _, err := c.roundTrip(ctx, &protocol.Unsubscribe{SubID: id}, nil); err != nil {
+			return
+		}
+	}
+	_, _ = c.roundTrip(ctx, &protocol.Ping{}, nil)
 }
 
 // Err returns the fatal error that stopped the client (a rejected handshake, a

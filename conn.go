@@ -301,7 +301,7 @@ func (c *conn) dispatch(f protocol.Frame) error {
 			return be
 		}
 	case *protocol.Pong, *protocol.OK, *protocol.DeclareOK, *protocol.PublishOK, *protocol.PurgeOK,
-		*protocol.SubscribeOK, *protocol.SettleResult, *protocol.ReconcileResult:
+		*protocol.SubscribeOK, *protocol.SettleResult, *protocol.ReconcileResult, *protocol.InflightResult:
 		if cl := c.take(f.RequestID); cl != nil {
 			if cl.hook != nil {
 				cl.hook(body)
@@ -324,10 +324,11 @@ func (c *conn) deliver(d *protocol.Deliver) {
 		c.send(protocol.FlagNoReply, &protocol.Settle{Kind: protocol.OpNack, Tags: []uint64{d.Tag}})
 		return
 	}
-	if !s.cfg.autoAck && !s.hold(c.epoch, d.Tag) {
+	m := newMessage(s, c.epoch, d)
+	if !s.cfg.autoAck && !s.hold(c.epoch, d.Tag, m) {
 		return // re-sent after a resume, and already delivered here
 	}
-	if !s.push(newMessage(s, c.epoch, d), c.done) && !s.cfg.autoAck {
+	if !s.push(m, c.done) && !s.cfg.autoAck {
 		// Never reached the application: a re-send must not be dropped.
 		s.release(c.epoch, d.Tag)
 	}
@@ -477,11 +478,15 @@ func (c *conn) settleLoop() {
 
 func (c *conn) sendSettle(group []*settleReq) {
 	tags := make([]uint64, len(group))
+	leases := make([]protocol.LeaseRef, len(group))
 	for i, r := range group {
 		tags[i] = r.m.tag
+		leases[i] = r.m.lease
 	}
 	cl := &call{
-		body: &protocol.Settle{Kind: group[0].kind, Tags: tags, DelayMs: group[0].delay},
+		// The lease references make a resent settle name exactly the lease
+		// it meant, even where the broker's session forgot the tag.
+		body: &protocol.Settle{Kind: group[0].kind, Tags: tags, DelayMs: group[0].delay, Leases: leases},
 		done: func(b protocol.Body, err error) {
 			if errors.Is(err, ErrConnectionLost) {
 				// The reply was lost with the socket. Settles are idempotent

@@ -83,6 +83,7 @@ type endpoint struct {
 	replay      []*call
 	held        []*settleReq // settles cut off from their connection, for the resumed session
 	closing     bool         // Close has begun: no new operations
+	ending      bool         // Close has drained and is ending the session: no more reconnects
 	closed      bool
 	fatal       error
 	attemptDone chan struct{} // closed and replaced after every connect attempt
@@ -150,6 +151,15 @@ func (e *endpoint) supervise(c *conn) {
 		connectedAt := e.o.clock.Now()
 		immediate := e.watch(c)
 		if e.stopping() {
+			return
+		}
+		e.mu.Lock()
+		ending := e.ending
+		e.mu.Unlock()
+		if ending {
+			// Close is ending the session (the broker closes the socket
+			// after END_SESSION): nothing to reconnect for.
+			<-e.quit
 			return
 		}
 		err := c.closeErr()
@@ -405,6 +415,9 @@ func (e *endpoint) restore(ctx context.Context, c *conn, resumed bool) error {
 		if err := e.reconcile(ctx, c); err != nil {
 			return err
 		}
+		if err := e.reconcileInflight(ctx, c); err != nil {
+			return err
+		}
 	}
 	e.mu.Lock()
 	var todo []*Subscription
@@ -520,15 +533,73 @@ func (e *endpoint) reconcile(ctx context.Context, c *conn) error {
 			}
 		}
 	}
-	body := &protocol.Reconcile{Policy: uint8(e.o.reconcile), Subs: views}
+	body := &protocol.Reconcile{Policy: uint8(e.o.reconcile), Subs: views, InflightFollows: true}
 	reply, err := c.roundTrip(ctx, body, hook)
 	if err != nil {
 		return err
 	}
-	if _, ok := reply.(*protocol.ReconcileResult); !ok {
+	rr, ok := reply.(*protocol.ReconcileResult)
+	if !ok {
 		return fmt.Errorf("%w: %s in answer to RECONCILE", ErrProtocol, reply.Op())
 	}
-	e.o.logger.Info("sinew: session resumed and reconciled", "addr", e.addr, "subscriptions", len(views))
+	var counts [5]int
+	for _, x := range rr.Entries {
+		if int(x.Action) < len(counts) {
+			counts[x.Action]++
+		}
+	}
+	e.o.logger.Info("sinew: session resumed and reconciled", "addr", e.addr, "client_id", c.hello.Resume.ClientID,
+		"subscriptions", len(views), "keep", counts[protocol.ActionKeep], "close_client_side", counts[protocol.ActionCloseClientSide],
+		"close_server_side", counts[protocol.ActionCloseServerSide], "recreate", counts[protocol.ActionRecreateClient])
+	return nil
+}
+
+// reconcileInflight tells the broker which manual-ack deliveries the client
+// still holds unsettled (INFLIGHT, right after RECONCILE) and ends locally the
+// ones the broker no longer holds for the session, so that their settle fails
+// at once with ErrStaleDelivery. The broker re-sends the deliveries the client
+// lacks before its answer; the reader drops any it already holds, by tag.
+// Settles held across the cut are sent afterwards whatever the answer: the
+// broker judges each by its lease.
+func (e *endpoint) reconcileInflight(ctx context.Context, c *conn) error {
+	e.mu.Lock()
+	subs := make([]*Subscription, 0, len(e.subs))
+	for s := range e.subs {
+		if !s.cfg.autoAck {
+			subs = append(subs, s)
+		}
+	}
+	e.mu.Unlock()
+	var entries []protocol.InflightEntry
+	for _, s := range subs {
+		entries = s.inflight(c.epoch, entries)
+	}
+	reply, err := c.roundTrip(ctx, &protocol.Inflight{Entries: entries}, nil)
+	if err != nil {
+		if errors.Is(err, &BrokerError{Code: protocol.CodeUnknownOp}) {
+			// A broker without INFLIGHT re-sends every unsettled delivery
+			// instead; the reader de-duplicates them by tag.
+			e.o.logger.Info("sinew: broker does not reconcile in-flight deliveries", "addr", e.addr)
+			return nil
+		}
+		return err
+	}
+	ir, ok := reply.(*protocol.InflightResult)
+	if !ok {
+		return fmt.Errorf("%w: %s in answer to INFLIGHT", ErrProtocol, reply.Op())
+	}
+	ended := 0
+	if len(ir.Stale) > 0 {
+		stale := make(map[uint64]bool, len(ir.Stale))
+		for _, t := range ir.Stale {
+			stale[t] = true
+		}
+		for _, s := range subs {
+			ended += s.markStale(c.epoch, stale)
+		}
+	}
+	e.o.logger.Info("sinew: in-flight deliveries reconciled", "addr", e.addr, "client_id", c.hello.Resume.ClientID,
+		"reported", len(entries), "kept", ir.Kept, "stale", len(ir.Stale), "ended", ended, "resent", ir.Resent)
 	return nil
 }
 

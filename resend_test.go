@@ -71,21 +71,21 @@ func TestResentDeliveryIsDeduplicatedByTag(t *testing.T) {
 func TestHeldTagsBounded(t *testing.T) {
 	s := &Subscription{heldMax: 4}
 	for tag := uint64(1); tag <= 100; tag++ {
-		if !s.hold(1, tag) {
+		if !s.hold(1, tag, nil) {
 			t.Fatalf("tag %d reported as a duplicate", tag)
 		}
 	}
 	if len(s.held) != heldSlackTags {
 		t.Fatalf("held %d tags, want the bound %d", len(s.held), heldSlackTags)
 	}
-	if s.hold(1, 100) {
+	if s.hold(1, 100, nil) {
 		t.Fatal("a held tag was not reported as a duplicate")
 	}
-	if !s.hold(1, 1) {
+	if !s.hold(1, 1, nil) {
 		t.Fatal("the oldest tag should have been forgotten")
 	}
 	// A new session epoch starts over.
-	if !s.hold(2, 100) || len(s.held) != 1 {
+	if !s.hold(2, 100, nil) || len(s.held) != 1 {
 		t.Fatalf("new epoch: held %v", s.held)
 	}
 	s.release(1, 100) // stale epoch: ignored

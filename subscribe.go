@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"iter"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sinewmq/sinew/protocol"
@@ -75,7 +76,7 @@ type Subscription struct {
 	// (twice the prefetch in force): more are possible only when leases expired
 	// unsettled, and then the oldest is forgotten. heldMu is taken after e.mu.
 	heldMu    sync.Mutex
-	held      map[uint64]struct{}
+	held      map[uint64]*Message
 	heldEpoch uint64
 	heldMax   int
 }
@@ -84,14 +85,14 @@ type Subscription struct {
 // leaves room for deliveries whose settle is in flight.
 const heldSlackTags = 16
 
-// hold records tag as delivered in epoch and reports false when it already was
-// (a delivery the broker re-sent after a resume).
-func (s *Subscription) hold(epoch, tag uint64) bool {
+// hold records m, delivered with tag in epoch, and reports false when the tag
+// already was (a delivery the broker re-sent after a resume).
+func (s *Subscription) hold(epoch, tag uint64, m *Message) bool {
 	s.heldMu.Lock()
 	defer s.heldMu.Unlock()
 	if s.held == nil || s.heldEpoch != epoch {
 		// A fresh session numbers its tags from the start again.
-		s.held, s.heldEpoch = make(map[uint64]struct{}), epoch
+		s.held, s.heldEpoch = make(map[uint64]*Message), epoch
 	}
 	if _, dup := s.held[tag]; dup {
 		return false
@@ -103,8 +104,45 @@ func (s *Subscription) hold(epoch, tag uint64) bool {
 		}
 		delete(s.held, oldest)
 	}
-	s.held[tag] = struct{}{}
+	s.held[tag] = m
 	return true
+}
+
+// inflight appends the deliveries of epoch held unsettled, for INFLIGHT.
+func (s *Subscription) inflight(epoch uint64, dst []protocol.InflightEntry) []protocol.InflightEntry {
+	s.heldMu.Lock()
+	defer s.heldMu.Unlock()
+	if s.heldEpoch != epoch {
+		return dst
+	}
+	for tag, m := range s.held {
+		if m != nil {
+			dst = append(dst, protocol.InflightEntry{Tag: tag, Lease: m.lease})
+		}
+	}
+	return dst
+}
+
+// markStale ends the held deliveries of epoch whose tags the broker reported
+// stale after a resume: a later settle of one fails at once with
+// ErrStaleDelivery. It returns how many it ended.
+func (s *Subscription) markStale(epoch uint64, stale map[uint64]bool) int {
+	s.heldMu.Lock()
+	defer s.heldMu.Unlock()
+	if s.heldEpoch != epoch {
+		return 0
+	}
+	n := 0
+	for tag, m := range s.held {
+		if stale[tag] {
+			if m != nil {
+				m.stale.Store(true)
+			}
+			delete(s.held, tag)
+			n++
+		}
+	}
+	return n
 }
 
 // release forgets a settled tag.
@@ -399,9 +437,11 @@ type Message struct {
 
 	sub     *Subscription
 	tag     uint64
+	lease   protocol.LeaseRef // names the lease in every settle of this message
 	epoch   uint64
 	autoAck bool
 	settled chan struct{} // holds a token while unsettled; taken by a settle
+	stale   atomic.Bool   // the broker no longer holds the lease for this session
 }
 
 func newMessage(s *Subscription, epoch uint64, d *protocol.Deliver) *Message {
@@ -410,6 +450,8 @@ func newMessage(s *Subscription, epoch uint64, d *protocol.Deliver) *Message {
 		Key: d.Key, ContentType: d.ContentType, Body: d.Body,
 		PublishedAt: time.UnixMilli(d.PublishedAtMs),
 		sub:         s, tag: d.Tag, epoch: epoch, autoAck: s.cfg.autoAck,
+		lease: protocol.LeaseRef{SubID: d.SubID, Partition: d.Partition, Offset: d.Offset,
+			LeaseID: d.LeaseID, Epoch: d.Epoch},
 		settled: make(chan struct{}, 1),
 	}
 	if m.Topic == "" {
@@ -562,6 +604,10 @@ func (m *Message) settleAsync(ctx context.Context, kind protocol.Op, delayMs int
 	}
 	r := &settleReq{kind: kind, delay: delayMs, m: m, fin: finish}
 	for {
+		if m.stale.Load() {
+			finish(ErrStaleDelivery)
+			return
+		}
 		if epoch := e.currentEpoch(); epoch != m.epoch {
 			finish(ErrStaleDelivery)
 			return
