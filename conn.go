@@ -23,9 +23,10 @@ var errConnClosed = errors.New("sinew: connection already closed")
 type call struct {
 	body  protocol.Body
 	flags uint16
-	// replay marks a publish carrying a producer id and sequence: when the
-	// connection breaks it is resent on the next one instead of failing, which
-	// is safe because the broker deduplicates it.
+	// replay marks a publish: when the connection breaks before its confirm it
+	// is resent on the next one instead of failing. Delivery is at least once,
+	// so a publish stored twice is within the promise; failing it would turn a
+	// blip into an application error.
 	replay bool
 	// hook, when set, runs on the reader goroutine with the reply before done,
 	// so that bookkeeping (a new subscription id) is in place before the next
@@ -139,7 +140,8 @@ func (c *conn) closeErr() error {
 }
 
 // close shuts the connection once. Pending calls fail with ErrConnectionLost,
-// except replayable publishes, which go back to the endpoint to be resent.
+// except replayable publishes, which go back to the endpoint to be resent, and
+// settles, which their done hands to the endpoint to hold (holdSettles).
 func (c *conn) close(err error) {
 	c.mu.Lock()
 	if c.closed {

@@ -3,10 +3,14 @@
 // A Client holds one logical connection per broker address. The socket under it
 // may break; the client then reconnects with exponential backoff and jitter,
 // presents its resume identity so the broker reattaches the same session, and
-// reconciles its subscriptions with the broker's view. If the session could
-// not be resumed it starts a fresh one and subscribes again; messages it had
-// not settled are then delivered again by the broker (delivery is at least
-// once).
+// reconciles its subscriptions and its unsettled deliveries with the broker's
+// view. A break the session survives (shorter than the broker's reconnect
+// grace) is invisible to the application: operations wait for the reconnect
+// instead of failing, and settles and publishes that were in flight are sent
+// again. If the session could not be resumed the client starts a fresh one and
+// subscribes again; messages it had not settled are then delivered again by
+// the broker (delivery is at least once), and settling the old deliveries
+// fails with ErrStaleDelivery.
 //
 //	c, err := sinew.Dial(ctx, "127.0.0.1:7654", sinew.WithClientName("billing"))
 //	if err != nil {
@@ -42,24 +46,56 @@
 //
 // Publish and PublishFuture return only after the broker has made the message
 // durable. Complete, Retry, RetryAfter and Fail return only after the broker
-// has made the settle durable. Nothing is durable on the client side: a
-// request in flight when the socket breaks fails with ErrConnectionLost and
-// may or may not have taken effect; it is not resent, except a publish carrying
-// WithProducerSequence, which the broker deduplicates.
+// has made the settle durable. Nothing is durable on the client side.
+//
+// # Across a reconnect
+//
+// While the client reconnects, Publish, PublishAsync, Subscribe, the settle
+// methods and Unsubscribe wait for the next connection, bounded by their
+// context; they never make a connect attempt of their own, so a blip costs one
+// reconnect at the backoff's pace. They fail only when the client is closed
+// (ErrClientClosed), a fatal error stops it, or ReconnectPolicy.MaxAttempts
+// attempts failed in a row (ErrDisconnected; after that, an operation asks for
+// one fresh attempt and reports its failure as ErrNotConnected).
+//
+// What was in flight on the broken socket is held and sent again on the next
+// connection, in order, before any new operation:
+//
+//   - unconfirmed publishes (at most the broker's PublishInflightMax, and 64 MiB
+//     of bodies). A publish whose confirm was lost may so be stored twice;
+//   - settles. Every settle carries the lease reference of its delivery, and
+//     the broker treats a repeated settle of the same lease as the original
+//     one, so sending it again is always safe. A held settle fails with
+//     ErrStaleDelivery only when the session was not resumed;
+//   - an Unsubscribe is not resent: the resumed session's reconciliation drops
+//     every subscription the client no longer lists.
+//
+// After a resume the client sends RECONCILE (subscriptions) and then INFLIGHT
+// (the deliveries it holds unsettled). The broker re-sends the deliveries the
+// client lacks, which the client de-duplicates by tag, and names those it no
+// longer holds for the session; settling one of those fails at once with
+// ErrStaleDelivery.
+//
+// Close ends the broker's session with END_SESSION, so its unsettled messages
+// go to other consumers at once instead of after the reconnect grace.
 //
 // # Errors
 //
-// Operations return typed errors: sentinels (ErrClientClosed, ErrNotConnected,
-// ErrConnectionLost, ...) for errors.Is, and *BrokerError for codes the broker
-// sent. IsRetryable classifies any of them. A subscription's Err says why it
-// ended: ErrUnsubscribed, ErrClientClosed, ErrReconciledClosed, ErrRecreated,
-// ErrDisconnected or a *BrokerError.
+// Operations return typed errors: sentinels (ErrClientClosed, ErrStaleDelivery,
+// ErrDisconnected, ...) for errors.Is, and *BrokerError for codes the broker
+// sent. IsRetryable classifies any of them. A subscription's Err, and the last
+// value All yields, say why it ended: ErrUnsubscribed, ErrClientClosed,
+// ErrReconciledClosed (the broker no longer held it when the session resumed,
+// under ReconcileConservative), ErrRecreated, ErrDisconnected or a
+// *BrokerError.
 //
 // # Reconnect classification
 //
 // Network timeouts, refused or reset connections and DNS failures are retried
 // with the ReconnectPolicy (base 100 ms, factor 2, cap 30 s, ±10 % jitter,
-// reset after 10 s of health; unlimited attempts unless MaxAttempts is set). A
+// reset after 10 s of health; unlimited attempts unless MaxAttempts is set).
+// Dial's first connect is also bounded by ConnectTimeoutDefault (or
+// WithConnectTimeout) and logs each failed attempt with its reason. A
 // rejected handshake (auth_failed, unsupported_version), a protocol violation
 // or another non-retryable refusal is fatal: Dial returns it, and a running
 // client ends its subscriptions with it and stops reconnecting.

@@ -28,15 +28,20 @@ var (
 	// recreate, when recreating it failed.
 	ErrRecreated = errors.New("sinew: subscription could not be recreated")
 	// ErrDisconnected means the client gave up reconnecting after
-	// ReconnectPolicy.MaxAttempts failed attempts. It wraps the last attempt's
-	// error. It is retryable: a later operation makes a fresh attempt.
+	// ReconnectPolicy.MaxAttempts failed attempts: it fails the operations that
+	// were waiting for the connection, held publishes and settles, and ends
+	// subscriptions. It wraps the last attempt's error. It is retryable: a
+	// later operation makes a fresh attempt.
 	ErrDisconnected = errors.New("sinew: disconnected, gave up reconnecting")
 	// ErrConnectionLost fails a request that was in flight on a connection that
-	// broke. The request may or may not have taken effect; it is not resent
-	// (except publishes carrying a producer id and sequence). Retryable.
+	// broke and that the client does not send again: DeclareQueue, PurgeQueue,
+	// DeleteQueue. The request may or may not have taken effect. Publishes,
+	// settles and subscribes are sent again on the next connection instead.
+	// Retryable.
 	ErrConnectionLost = errors.New("sinew: connection lost")
-	// ErrNotConnected is returned when an operation found no connection and the
-	// one reconnect attempt it made failed. It wraps that attempt's error.
+	// ErrNotConnected is returned when an operation found the client given up
+	// (after ReconnectPolicy.MaxAttempts failed attempts) and the one fresh
+	// attempt it asked for failed too. It wraps that attempt's error.
 	// Retryable.
 	ErrNotConnected = errors.New("sinew: not connected")
 	// ErrProtocol marks a protocol violation by the broker (a malformed or

@@ -57,9 +57,10 @@ func WithGroup(g string) PublishOption { return func(p *protocol.Publish) { p.Gr
 // WithPartition publishes to partition n instead of letting the broker choose.
 func WithPartition(n int) PublishOption { return func(p *protocol.Publish) { p.Partition = int32(n) } }
 
-// WithProducerSequence makes the publish idempotent: the broker recognises a
-// repeated (id, seq) and answers with the original's position. Such publishes
-// are resent automatically when the connection breaks before their confirm.
+// WithProducerSequence attaches a producer id and sequence to the publish, for
+// a broker that recognises a repeated (id, seq). Every publish, with or
+// without one, is sent again automatically when the connection breaks before
+// its confirm.
 func WithProducerSequence(id string, seq uint64) PublishOption {
 	return func(p *protocol.Publish) { p.ProducerID = id; p.ProducerSeq = seq }
 }
@@ -122,8 +123,10 @@ func (c *Client) Publish(ctx context.Context, topic string, body []byte, opts ..
 
 // PublishAsync sends a message without waiting for its confirm, so many can be
 // in flight at once. It blocks while the broker's announced PublishInflightMax
-// publishes are unconfirmed (or until ctx ends, which fails the future). body
-// must not be modified until the future is done.
+// publishes (or 64 MiB of bodies) are unconfirmed, and while the client
+// reconnects, until ctx ends, which fails the future. A publish whose
+// connection breaks before its confirm is sent again on the next one (so it
+// may be stored twice). body must not be modified until the future is done.
 func (c *Client) PublishAsync(ctx context.Context, topic string, body []byte, opts ...PublishOption) *PublishFuture {
 	p := &protocol.Publish{Topic: topic, Partition: -1, Body: body}
 	for _, o := range opts {

@@ -155,7 +155,9 @@ func (s *Subscription) release(epoch, tag uint64) {
 }
 
 // Subscribe attaches a consumer to topic. It returns once the broker accepted
-// the subscription; messages then arrive on Messages (or through All).
+// the subscription; messages then arrive on Messages (or through All). While
+// the client reconnects it waits for the connection, and a SUBSCRIBE whose
+// reply was lost in a cut is sent again on the next one.
 func (c *Client) Subscribe(ctx context.Context, topic string, opts ...SubscribeOption) (*Subscription, error) {
 	cfg := subscribeConfig{partition: -1}
 	for _, o := range opts {
@@ -379,8 +381,10 @@ func (s *Subscription) All(ctx context.Context) iter.Seq2[*Message, error] {
 }
 
 // Unsubscribe ends the subscription. The broker returns its unsettled messages
-// to the queue at once; settling them afterwards fails. Unsubscribing an ended
-// subscription is a no-op.
+// to the queue at once; settling them afterwards fails. While the client
+// reconnects it returns at once: the resumed session's reconciliation drops
+// the subscription on the broker, and a fresh session never had it.
+// Unsubscribing an ended subscription is a no-op.
 func (s *Subscription) Unsubscribe(ctx context.Context) error {
 	e := s.e
 	e.mu.Lock()
@@ -508,8 +512,7 @@ func (m *Message) Fail(ctx context.Context) error { return m.settle(ctx, protoco
 // broker: the settle is queued for the connection's settler, which sends
 // every settle queued at that moment in one ACK frame, and the returned
 // future resolves when the broker has made it durable (or it failed).
-// It waits only when no connection is up, for the reconnect attempt in
-// progress.
+// While the client reconnects it waits for the connection.
 //
 // A consumer loop that calls CompleteAsync for each message and moves on keeps
 // the whole prefetch window busy from one goroutine, which Complete cannot do
@@ -559,6 +562,9 @@ func (f *SettleFuture) Wait(ctx context.Context) error {
 
 // settle sends one settle through the connection's batching settler and waits
 // for its result. A settle that fails with a retryable error may be repeated.
+// A settle whose connection breaks is held and sent again on the resumed
+// session (see the package doc); it fails with ErrStaleDelivery when the
+// session was not resumed.
 func (m *Message) settle(ctx context.Context, kind protocol.Op, delayMs int64) error {
 	res := make(chan error, 1)
 	m.settleAsync(ctx, kind, delayMs, func(err error) { res <- err })
@@ -573,10 +579,10 @@ func (m *Message) settle(ctx context.Context, kind protocol.Op, delayMs int64) e
 }
 
 // settleAsync queues one settle and calls fin exactly once with its outcome,
-// possibly before returning. It waits only when no connection is up, for the
-// reconnect attempt (bounded by the dial and handshake timeouts) or ctx. A
-// retryable failure, or ctx ending before the settle was queued, gives the
-// message back its settle token, so it may be settled again.
+// possibly before returning. While the client reconnects it waits for the
+// connection (bounded by ctx and the reconnect policy). A retryable failure,
+// or ctx ending before the settle was queued, gives the message back its
+// settle token, so it may be settled again.
 func (m *Message) settleAsync(ctx context.Context, kind protocol.Op, delayMs int64, fin func(error)) {
 	if m.autoAck {
 		fin(nil)

@@ -54,7 +54,7 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 		return err
 	}
 
-	c, err := cf.dial(ctx, "sinew-consume")
+	c, err := cf.dial(ctx, "sinew-consume", stderr)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"os"
 	"strconv"
@@ -23,11 +24,15 @@ import (
 const (
 	// clientAddrDefault is where `sinew serve` listens unless told otherwise.
 	clientAddrDefault = "127.0.0.1:7654"
-	// clientConnectTimeoutDefault bounds connecting (all attempts together), so
-	// an unreachable address fails instead of retrying forever.
+	// clientConnectTimeoutDefault bounds the first connect (all attempts
+	// together), so an unreachable address fails instead of retrying forever.
 	clientConnectTimeoutDefault = 5 * time.Second
-	// clientReconnectAttemptsMax caps reconnect attempts in a row.
-	clientReconnectAttemptsMax = 5
+	// clientReconnectAttemptsMax caps connect attempts in a row, at the first
+	// connect and after a cut: with the SDK's backoff (100 ms doubling to a
+	// 30 s cap) they span about two minutes, so a broker restart or a network
+	// blip is ridden through while a broker gone for good still ends the
+	// command.
+	clientReconnectAttemptsMax = 12
 	// publishBodyBytesMax bounds one message body, from a stdin line or
 	// generated with --size: the broker's default limits.body_bytes_max.
 	publishBodyBytesMax = 1 << 20
@@ -79,16 +84,20 @@ func addClientFlags(fs *flag.FlagSet) clientFlags {
 	return clientFlags{
 		addr:    fs.String("addr", addr, "broker address `host:port` (env SINEW_ADDR)"),
 		token:   fs.String("token", os.Getenv("SINEW_TOKEN"), "auth token (env SINEW_TOKEN)"),
-		timeout: fs.Duration("connect-timeout", clientConnectTimeoutDefault, "give up connecting after this long"),
+		timeout: fs.Duration("connect-timeout", clientConnectTimeoutDefault, "give up the first connect after this long (and after 12 attempts)"),
 	}
 }
 
 // dial connects with bounded retries and turns failures into one line naming
-// the problem.
-func (f clientFlags) dial(ctx context.Context, name string) (*sinew.Client, error) {
-	dctx, cancel := context.WithTimeout(ctx, *f.timeout)
-	defer cancel()
-	c, err := sinew.Dial(dctx, *f.addr, sinew.WithClientName(name), sinew.WithCredentials(*f.token),
+// the problem. Failed connect attempts are logged to stderr as warnings;
+// reconnects after a cut are not (the client rides through them).
+func (f clientFlags) dial(ctx context.Context, name string, stderr io.Writer) (*sinew.Client, error) {
+	if *f.timeout <= 0 {
+		return nil, fmt.Errorf("%w: --connect-timeout must be positive", errUsage)
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c, err := sinew.Dial(ctx, *f.addr, sinew.WithClientName(name), sinew.WithCredentials(*f.token),
+		sinew.WithConnectTimeout(*f.timeout), sinew.WithLogger(logger),
 		sinew.WithReconnect(sinew.ReconnectPolicy{MaxAttempts: clientReconnectAttemptsMax}))
 	if err != nil {
 		return nil, describeClientErr(*f.addr, err)
@@ -200,7 +209,7 @@ func runPublish(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		_, err := io.WriteString(w, summary)
 		return err
 	}
-	c, err := cf.dial(ctx, "sinew-publish")
+	c, err := cf.dial(ctx, "sinew-publish", stderr)
 	if err != nil {
 		return errors.Join(writeSummary(), err)
 	}

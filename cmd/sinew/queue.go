@@ -43,7 +43,7 @@ func runQueue(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if *topic == "" {
 		return fmt.Errorf("%w: --topic is required", errUsage)
 	}
-	c, err := cf.dial(ctx, "sinew-queue")
+	c, err := cf.dial(ctx, "sinew-queue", stderr)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,458 @@
+package sinew
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/server"
+	"github.com/sinewmq/sinew/internal/testkit"
+)
+
+// These tests check, against the real broker behind the testkit fault proxy,
+// that a cut the session survives is invisible to the application: operations
+// wait for the reconnect instead of failing, settles in flight are sent again,
+// and nothing acked is delivered again. Backoff runs on a fake clock.
+
+// until spins (yielding, never sleeping) until cond holds, failing the test
+// after testTimeout. It waits for a state inside the SDK that no channel
+// announces.
+func until(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(testTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		runtime.Gosched()
+	}
+}
+
+// nextBackoff waits until the client asks the fake clock for a reconnect
+// backoff (a wait under a second; heartbeat timers are longer) recorded after
+// index *mark, advances *mark past it and returns it.
+func nextBackoff(t *testing.T, clk *testkit.Clock, mark *int) time.Duration {
+	t.Helper()
+	ctx := testCtx(t)
+	for {
+		waits, err := clk.WaitForWaits(ctx, *mark+1)
+		if err != nil {
+			t.Fatalf("waiting for a backoff: %v (waits %v)", err, waits)
+		}
+		d := waits[*mark]
+		*mark++
+		if d < time.Second {
+			return d
+		}
+	}
+}
+
+func (t *tracker) count() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n
+}
+
+func (w *window) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
+
+// TestRealCutDuringCompleteIsInvisible: a Complete whose ACK is lost in a cut
+// returns nil once the session is resumed, the ack counts (the message is not
+// delivered again, to this consumer or the next), and no error reaches the
+// application.
+func TestRealCutDuringCompleteIsInvisible(t *testing.T) {
+	rb := startRealBroker(t, nil)
+	p := proxyT(t, rb.Addr)
+	c := dialT(t, p.Addr())
+	ctx := testCtx(t)
+	sub, err := c.Subscribe(ctx, "cut-ack", WithPrefetch(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Publish(ctx, "cut-ack", []byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	m := recv(t, sub)
+	// Hold the ACK in the proxy, then cut: it is lost with the socket.
+	p.SetStalled(true)
+	f := m.CompleteAsync()
+	until(t, "the settle is in progress", func() bool { return c.ep.busy.count() == 1 })
+	p.CutAll()
+	p.SetStalled(false)
+	if err := f.Wait(ctx); err != nil {
+		t.Fatalf("Complete across the cut: %v", err)
+	}
+	// A message published after the cut is the next delivery: "one" was not
+	// delivered again.
+	if _, err := c.Publish(ctx, "cut-ack", []byte("two")); err != nil {
+		t.Fatalf("Publish after the cut: %v", err)
+	}
+	if m2 := recv(t, sub); m2.Text() != "two" {
+		t.Fatalf("after the cut got %q (attempt %d), want \"two\"", m2.Text(), m2.Attempt)
+	} else if err := m2.Complete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The ack is durable on the broker: a new consumer finds nothing but a
+	// marker published now.
+	if err := sub.Unsubscribe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Publish(ctx, "cut-ack", []byte("marker")); err != nil {
+		t.Fatal(err)
+	}
+	sub2, err := c.Subscribe(ctx, "cut-ack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m3 := recv(t, sub2); m3.Text() != "marker" {
+		t.Fatalf("a new consumer got %q (attempt %d), want \"marker\"", m3.Text(), m3.Attempt)
+	}
+}
+
+// TestRealOperationsWaitForTheReconnect: Publish, Subscribe, Complete and Retry
+// issued while the broker is unreachable wait (through a failed attempt) and
+// succeed on the next connection, and an Unsubscribe takes effect there; the
+// client connects only when its backoff says so.
+func TestRealOperationsWaitForTheReconnect(t *testing.T) {
+	rb := startRealBroker(t, nil)
+	p := proxyT(t, rb.Addr)
+	clk := testkit.NewClock(time.Unix(1_700_000_000, 0))
+	c := dialT(t, p.Addr(), WithClock(clk), WithRand(func() float64 { return 0.5 }), WithHeartbeat(time.Hour))
+	ctx := testCtx(t)
+	sub, err := c.Subscribe(ctx, "wait-ops", WithPrefetch(8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := c.Subscribe(ctx, "wait-other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"ack-me", "retry-me"} {
+		if _, err := c.Publish(ctx, "wait-ops", []byte(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ackMe, retryMe := recv(t, sub), recv(t, sub)
+
+	mark := len(clk.Waits())
+	dials := p.Accepted()
+	p.SetRefuse(true)
+	p.CutAll()
+	if d := nextBackoff(t, clk, &mark); d != 100*time.Millisecond {
+		t.Fatalf("first backoff %v, want 100ms", d)
+	}
+
+	results := make(chan error, 4)
+	var wg sync.WaitGroup
+	var late *Subscription
+	run := func(f func() error) {
+		wg.Add(1)
+		go func() { defer wg.Done(); results <- f() }()
+	}
+	run(func() error { _, err := c.Publish(ctx, "wait-ops", []byte("during")); return err })
+	run(func() error { var err error; late, err = c.Subscribe(ctx, "wait-late"); return err })
+	run(func() error { return ackMe.Complete(ctx) })
+	run(func() error { return retryMe.Retry(ctx) })
+	// Unsubscribe needs no connection: the resumed session's reconciliation
+	// drops the subscription the client no longer lists.
+	if err := other.Unsubscribe(ctx); err != nil {
+		t.Fatalf("Unsubscribe during the outage: %v", err)
+	}
+	until(t, "the publish and the settles wait", func() bool { return c.ep.window.count() == 1 && c.ep.busy.count() == 2 })
+
+	// One attempt at the backoff's end, still refused: nothing fails.
+	clk.Advance(100 * time.Millisecond)
+	if d := nextBackoff(t, clk, &mark); d != 200*time.Millisecond {
+		t.Fatalf("second backoff %v, want 200ms", d)
+	}
+	select {
+	case err := <-results:
+		t.Fatalf("an operation ended during the outage: %v", err)
+	default:
+	}
+	p.SetRefuse(false)
+	clk.Advance(200 * time.Millisecond)
+	wg.Wait()
+	close(results)
+	for err := range results {
+		if err != nil {
+			t.Fatalf("operation across the outage: %v", err)
+		}
+	}
+	if n := p.Accepted() - dials; n != 2 {
+		t.Fatalf("%d connects during the outage, want 2 (one refused, one that succeeded)", n)
+	}
+	if err := waitDone(t, other); !errors.Is(err, ErrUnsubscribed) {
+		t.Fatalf("unsubscribed during the outage: Err = %v", err)
+	}
+	// "retry-me" comes back for a second attempt, then "during"; "ack-me" never.
+	seen := map[string]uint32{}
+	for range 2 {
+		m := recv(t, sub)
+		seen[m.Text()] = m.Attempt
+		if err := m.Complete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(seen) != 2 || seen["retry-me"] != 2 || seen["during"] != 1 {
+		t.Fatalf("after the outage got %v, want retry-me (attempt 2) and during (attempt 1)", seen)
+	}
+	if _, err := c.Publish(ctx, "wait-late", []byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	if m := recv(t, late); m.Text() != "late" {
+		t.Fatalf("subscription made during the outage got %q", m.Text())
+	}
+}
+
+// TestRealBlipUnderPublishLoop: a short outage under a running publish loop
+// costs the application no error, and the client reconnects once.
+func TestRealBlipUnderPublishLoop(t *testing.T) {
+	rb := startRealBroker(t, nil)
+	p := proxyT(t, rb.Addr)
+	clk := testkit.NewClock(time.Unix(1_700_000_000, 0))
+	c := dialT(t, p.Addr(), WithClock(clk), WithRand(func() float64 { return 0.5 }), WithHeartbeat(time.Hour))
+	ctx := testCtx(t)
+	if _, err := c.DeclareQueue(ctx, "blip", QueueConfig{Partitions: 2}); err != nil {
+		t.Fatal(err)
+	}
+	const publishers, each = 4, 500
+	var (
+		mu     sync.Mutex
+		done   int
+		failed []error
+		wg     sync.WaitGroup
+	)
+	for g := range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				_, err := c.Publish(ctx, "blip", []byte(fmt.Sprintf("%d-%d", g, i)))
+				mu.Lock()
+				done++
+				if err != nil {
+					failed = append(failed, err)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	progress := func() int { mu.Lock(); defer mu.Unlock(); return done }
+	until(t, "the loop is running", func() bool { return progress() >= publishers*each/4 })
+	mark := len(clk.Waits())
+	dials := p.Accepted()
+	// The blip: the broker is unreachable from the cut until the backoff ends.
+	p.SetRefuse(true)
+	p.CutAll()
+	d := nextBackoff(t, clk, &mark)
+	p.SetRefuse(false)
+	clk.Advance(d)
+	wg.Wait()
+	if len(failed) > 0 {
+		t.Fatalf("%d publishes failed across the blip, first: %v", len(failed), failed[0])
+	}
+	if n := p.Accepted() - dials; n != 1 {
+		t.Fatalf("%d reconnect attempts for one blip, want 1", n)
+	}
+	// Every message is stored (a publish whose confirm was lost may be stored
+	// twice: at least once).
+	sub, err := c.Subscribe(ctx, "blip", WithPrefetch(256))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := make(map[string]bool, publishers*each)
+	for len(seen) < publishers*each {
+		m := recv(t, sub)
+		seen[m.Text()] = true
+		m.CompleteAsync()
+	}
+}
+
+// TestRealCloseEndsTheSession: Close ends the broker's session at once, so
+// another consumer gets the unsettled messages now, although the grace is far
+// longer than the test, and the old resume identity no longer resumes.
+func TestRealCloseEndsTheSession(t *testing.T) {
+	rb := testkit.StartBroker(t, testkit.WithServerConfig(func(c *server.Config) { c.ReconnectGraceMs = 3_600_000 }))
+	ctx := testCtx(t)
+	a, err := Dial(ctx, rb.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	subA, err := a.Subscribe(ctx, "close-ends", WithPrefetch(8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := a.Publish(ctx, "close-ends", []byte(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 {
+		recv(t, subA) // held unsettled
+	}
+	b := dialT(t, rb.Addr)
+	subB, err := b.Subscribe(ctx, "close-ends", WithPrefetch(8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		m := recv(t, subB)
+		if err := m.Complete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestRealResumeImpossibleStalesHeldSettles: when the session cannot be
+// resumed (no grace), a settle held across the cut fails with
+// ErrStaleDelivery, and the broker delivers the message again.
+func TestRealResumeImpossibleStalesHeldSettles(t *testing.T) {
+	rb := startRealBroker(t, func(c *server.Config) { c.ReconnectGraceMs = 0 })
+	p := proxyT(t, rb.Addr)
+	c := dialT(t, p.Addr())
+	ctx := testCtx(t)
+	sub, err := c.Subscribe(ctx, "no-resume", WithPrefetch(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Publish(ctx, "no-resume", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	m := recv(t, sub)
+	p.SetStalled(true)
+	f := m.CompleteAsync()
+	until(t, "the settle is in progress", func() bool { return c.ep.busy.count() == 1 })
+	p.CutAll()
+	p.SetStalled(false)
+	err = f.Wait(ctx)
+	var be *BrokerError
+	if !errors.Is(err, ErrStaleDelivery) || errors.As(err, &be) || IsRetryable(err) {
+		t.Fatalf("held settle after a fresh session = %v, want ErrStaleDelivery", err)
+	}
+	again := recv(t, sub)
+	if again.Offset != m.Offset {
+		t.Fatalf("redelivered offset %d, want %d", again.Offset, m.Offset)
+	}
+	if err := again.Complete(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// reportWrongSubID makes the client report, at its next resume, a
+// subscription id the broker does not hold, as a client would whose broker
+// lost the subscription while the socket was down: the broker's own
+// subscription is then server-only and closed, which hands its deliveries
+// back to the queue.
+func reportWrongSubID(c *Client, sub *Subscription) {
+	c.ep.mu.Lock()
+	sub.serverID += 1000
+	c.ep.mu.Unlock()
+}
+
+// TestRealReconcileConservativeClosesWithReason: under the conservative
+// policy a subscription the broker no longer holds ends with
+// ErrReconciledClosed on its receive surface, and the deliveries it held are
+// reported stale by INFLIGHT_RESULT, so settling them fails at once.
+func TestRealReconcileConservativeClosesWithReason(t *testing.T) {
+	rb := startRealBroker(t, nil)
+	p := proxyT(t, rb.Addr)
+	c := dialT(t, p.Addr(), WithReconcilePolicy(ReconcileConservative))
+	ctx := testCtx(t)
+	sub, err := c.Subscribe(ctx, "rec-cons", WithPrefetch(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Publish(ctx, "rec-cons", []byte("held")); err != nil {
+		t.Fatal(err)
+	}
+	m := recv(t, sub)
+	reportWrongSubID(c, sub)
+	p.CutAll()
+	var ended error
+	for _, err := range sub.All(ctx) {
+		ended = err
+		if err != nil {
+			break
+		}
+	}
+	if !errors.Is(ended, ErrReconciledClosed) {
+		t.Fatalf("receive surface ended with %v, want ErrReconciledClosed", ended)
+	}
+	if err := m.Complete(ctx); !errors.Is(err, ErrStaleDelivery) {
+		t.Fatalf("Complete of a delivery of the closed subscription = %v, want ErrStaleDelivery", err)
+	}
+	// The message went back to the queue: a new subscription gets it.
+	sub2, err := c.Subscribe(ctx, "rec-cons")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again := recv(t, sub2); again.Offset != m.Offset {
+		t.Fatalf("got offset %d, want %d", again.Offset, m.Offset)
+	} else if err := again.Complete(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRealReconcileRestoreRemapsRecreated: under the restore policy the
+// broker recreates the subscription under a new id; the client remaps to it
+// and the same Subscription keeps receiving, without subscribing twice.
+func TestRealReconcileRestoreRemapsRecreated(t *testing.T) {
+	rb := startRealBroker(t, nil)
+	p := proxyT(t, rb.Addr)
+	c := dialT(t, p.Addr(), WithReconcilePolicy(ReconcileRestore))
+	ctx := testCtx(t)
+	sub, err := c.Subscribe(ctx, "rec-restore", WithPrefetch(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Publish(ctx, "rec-restore", []byte("held")); err != nil {
+		t.Fatal(err)
+	}
+	m := recv(t, sub)
+	c.ep.mu.Lock()
+	before := sub.serverID
+	c.ep.mu.Unlock()
+	reportWrongSubID(c, sub)
+	p.CutAll()
+	// The old subscription's lease went back to the queue and the recreated
+	// subscription receives the message again.
+	again := recv(t, sub)
+	if again.Offset != m.Offset {
+		t.Fatalf("after the recreate got offset %d, want %d", again.Offset, m.Offset)
+	}
+	if err := m.Complete(ctx); !errors.Is(err, ErrStaleDelivery) {
+		t.Fatalf("Complete of the old subscription's delivery = %v, want ErrStaleDelivery", err)
+	}
+	if err := again.Complete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.ep.mu.Lock()
+	after := sub.serverID
+	nsubs := len(c.ep.subs)
+	c.ep.mu.Unlock()
+	if after == before || after == before+1000 || after == 0 || nsubs != 1 {
+		t.Fatalf("server id %d -> %d with %d subscriptions, want a new id and one subscription", before, after, nsubs)
+	}
+	if _, err := c.Publish(ctx, "rec-restore", []byte("next")); err != nil {
+		t.Fatal(err)
+	}
+	if n := recv(t, sub); n.Text() != "next" {
+		t.Fatalf("got %q, want \"next\"", n.Text())
+	}
+	select {
+	case <-sub.Done():
+		t.Fatalf("subscription ended: %v", sub.Err())
+	default:
+	}
+}
