@@ -193,3 +193,25 @@ func TestRetentionPassesDelayedMessage(t *testing.T) {
 		t.Errorf("with relocation %d segments kept running and %d after reopen, want at most 12 and 2", running, reopened)
 	}
 }
+
+// TestRelocationLeavesBacklogAlone: a backlog nobody consumes is live in
+// every segment, so relocating it would only double its disk. The policy
+// copies nothing, and retention keeps the backlog's segments.
+func TestRelocationLeavesBacklogAlone(t *testing.T) {
+	cfg := testConfig(vfs.NewMem())
+	cfg.SegmentBytes = 16 << 10
+	cfg.CheckpointEveryRecords = 500
+	p := mustOpen(t, cfg)
+	defer p.Close()
+	for i := range 3000 {
+		mustPublish(t, p, strconv.Itoa(i), nil)
+	}
+	var segs int
+	inspect(p, func() { segs = len(p.log.Segments()) })
+	if st := p.Stats(); st.Relocated != 0 || st.Ready != 3000 {
+		t.Fatalf("relocated %d of a 3000-message backlog (ready %d), want 0", st.Relocated, st.Ready)
+	}
+	if segs < 3 {
+		t.Fatalf("backlog spans %d segments; the test needs several", segs)
+	}
+}
