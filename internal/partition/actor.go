@@ -180,10 +180,18 @@ func (p *Partition) afterTurn() {
 	}
 	now := p.nowMs()
 	p.startDeadLetters(now)
-	if p.sinceCkpt >= p.cfg.CheckpointEveryRecords && now >= p.ckptRetryAtMs {
+	if p.checkpointDue(now) && now >= p.ckptRetryAtMs {
 		p.periodicCheckpoint(now)
 	}
 	p.publishStats()
+}
+
+// checkpointDue reports whether CheckpointEveryRecords records were
+// appended since the last checkpoint, or some were and the partition has
+// been idle for idleCheckpointMs.
+func (p *Partition) checkpointDue(now int64) bool {
+	return p.sinceCkpt >= p.cfg.CheckpointEveryRecords ||
+		p.sinceCkpt > 0 && now-p.lastBusyMs >= idleCheckpointMs
 }
 
 // periodicCheckpoint checkpoints and, on failure, backs off: the wait
@@ -280,6 +288,12 @@ func (p *Partition) arm(timer *time.Timer) {
 	}
 	if len(p.recovered) > 0 && (!ok || p.recoveredDueMs < at) {
 		at, ok = p.recoveredDueMs, true
+	}
+	if p.sinceCkpt > 0 { // the idle checkpoint, or its retry after a failure
+		idle := max(p.lastBusyMs+idleCheckpointMs, p.ckptRetryAtMs)
+		if !ok || idle < at {
+			at, ok = idle, true
+		}
 	}
 	if !ok {
 		return
@@ -466,6 +480,9 @@ func (p *Partition) turn(batch []command) {
 
 	p.open.records += appended
 	p.sinceCkpt += appended
+	if len(batch) > 0 || appended > 0 {
+		p.lastBusyMs = now
+	}
 }
 
 // purgeStep carries the purges under way forward by at most

@@ -122,7 +122,16 @@ func (p *Partition) checkpoint() error {
 	if p.cfg.noRetention {
 		return nil
 	}
-	if _, err := p.log.DropBefore(p.retentionFloor(covers)); err != nil {
+	floor := p.retentionFloor(covers)
+	if segs := p.log.Segments(); floor == covers && covers == p.log.NextLSN() &&
+		segs[len(segs)-1].Bytes >= rotateBytesMin {
+		// Nothing in the log is needed any more, the active segment
+		// included: start an empty one so that this one can go too.
+		if err := p.log.Rotate(); err != nil {
+			return fmt.Errorf("checkpoint: rotate: %w", err)
+		}
+	}
+	if _, err := p.log.DropBefore(floor); err != nil {
 		return fmt.Errorf("checkpoint: retention: %w", err)
 	}
 	return nil

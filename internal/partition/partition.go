@@ -60,6 +60,16 @@ const (
 	// snapshot and fdatasync per step instead of one per turn.
 	checkpointRetryMinMs = 1000
 	checkpointRetryMaxMs = 5 * 60 * 1000
+	// idleCheckpointMs: a partition that appended records since its last
+	// checkpoint and then had nothing to do for this long checkpoints, so
+	// that retention (and relocation) run without waiting for
+	// CheckpointEveryRecords more records that may never come.
+	idleCheckpointMs = 10_000
+	// rotateBytesMin: when a checkpoint finds that nothing in the log is
+	// needed any more and the active segment holds at least this much, it
+	// starts a new segment so the old one can be deleted. Below it the file
+	// is not worth replacing.
+	rotateBytesMin = 256 << 10
 	// controlMax bounds attach/detach/dead-letter-done messages waiting for
 	// the actor. Each is produced by a bounded source (a subscription, or a
 	// dead-letter copy counted against deadLetterInflightMax), so the bound
@@ -340,6 +350,9 @@ type Partition struct {
 	ckptFailures  uint64
 	ckptStreak    int
 	ckptRetryAtMs int64
+	// lastBusyMs is when the actor last took a command or appended a
+	// record (see idleCheckpointMs).
+	lastBusyMs int64
 	// purges are the purges under way, oldest first (see purgeStep).
 	purges []purgeJob
 	// relocs is relocate's scratch; relocated counts its copies.

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sinewmq/sinew/internal/queue"
@@ -214,4 +215,51 @@ func TestRelocationLeavesBacklogAlone(t *testing.T) {
 	if segs < 3 {
 		t.Fatalf("backlog spans %d segments; the test needs several", segs)
 	}
+}
+
+// TestIdleAfterBurstShrinksLog: a partition that processed a burst and then
+// went quiet checkpoints after idleCheckpointMs; nothing in its log is
+// needed any more, so it starts an empty segment and deletes the full one.
+// Its log goes from megabytes to nothing, without a restart.
+func TestIdleAfterBurstShrinksLog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(vfs.NewMem()) // default 64 MiB segments
+		p := mustOpen(t, cfg)
+		defer p.Close()
+		const n = 2000
+		c := newAckConsumer(p, 100, n)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { defer wg.Done(); c.run(t, stop) }()
+		defer func() { close(stop); wg.Wait() }()
+		if err := p.Attach(c); err != nil {
+			t.Fatal(err)
+		}
+		body := string(make([]byte, 1024))
+		for range n {
+			mustPublish(t, p, body, nil)
+		}
+		<-c.done
+		logBytes := func() (total int64, segs int) {
+			inspect(p, func() {
+				for _, s := range p.log.Segments() {
+					total += s.Bytes
+					segs++
+				}
+			})
+			return total, segs
+		}
+		busy, _ := logBytes()
+		if busy < n*1024 {
+			t.Fatalf("log holds %d bytes after %d 1 KiB messages", busy, n)
+		}
+		time.Sleep(idleCheckpointMs * time.Millisecond) // the bubble's clock: the partition goes idle
+		synctest.Wait()
+		idle, segs := logBytes()
+		t.Logf("log: %d bytes while busy, %d bytes in %d segment(s) once idle", busy, idle, segs)
+		if idle != 0 || segs != 1 {
+			t.Fatalf("idle log holds %d bytes in %d segments, want one empty segment", idle, segs)
+		}
+	})
 }

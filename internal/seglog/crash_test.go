@@ -185,7 +185,12 @@ func runUntilCrash(l *Log, cfs *crashFS, m *crashModel, rng *rand.Rand, round ui
 	wg.Add(1)
 	go func() { // retention runs concurrently with commits and the crash
 		defer wg.Done()
-		for range 5 {
+		for i := range 5 {
+			if i%2 == 1 { // seal the active segment early, as an idle caller would
+				if err := l.Rotate(); err != nil {
+					return
+				}
+			}
 			d := l.DurableLSN() / 2
 			if m.dropArg.Load() < d {
 				m.dropArg.Store(d)

@@ -230,6 +230,9 @@ type Log struct {
 	err         error  // sticky; wraps ErrFailed
 	closing     bool
 	exited      bool // the committer has returned
+	// rotating asks the committer to seal the active segment and start an
+	// empty one once everything appended is written (Rotate).
+	rotating bool
 
 	kick chan struct{} // cap 1: "there may be work"
 	done chan struct{} // closed when the committer returns
@@ -483,6 +486,7 @@ func (l *Log) run() {
 			// throughput with 8-64 concurrent committers on 2 cores.
 			runtime.Gosched()
 		}
+		l.rotateIfAsked()
 		l.mu.Lock()
 		if l.closing {
 			l.exited = true
@@ -502,7 +506,7 @@ func (l *Log) commitOnce(force bool) bool {
 		l.mu.Unlock()
 		return false
 	}
-	urgent := force || l.closing || l.wantDurable > l.writtenLSN || l.wantWritten > l.writtenLSN
+	urgent := force || l.closing || l.rotating || l.wantDurable > l.writtenLSN || l.wantWritten > l.writtenLSN
 	doWrite := len(l.buf) > 0 && (urgent || len(l.buf) >= l.opts.BufferBytes/2)
 	target := l.writtenLSN
 	if doWrite {
@@ -614,6 +618,75 @@ func (l *Log) reserve(need int64) error {
 	}
 	l.activeFile = target
 	return nil
+}
+
+// Rotate seals the active segment and starts an empty one at NextLSN, so
+// that DropBefore(NextLSN) can then delete every record written so far. A
+// caller whose records are all settled uses it to stop a large, idle active
+// segment from holding disk. It waits until every record appended before
+// the call is durable and the new segment exists; it does nothing when the
+// active segment is empty. Records appended meanwhile go to the old segment
+// first, then the rotation happens. A failure is sticky, as for any write.
+func (l *Log) Rotate() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.waitLocked(l.nextLSN-1, true); err != nil {
+		return err
+	}
+	if l.tailOff == 0 {
+		return nil // the active segment is empty already
+	}
+	l.rotating = true
+	l.kickCommitter()
+	for l.rotating {
+		switch {
+		case l.err != nil:
+			return l.err
+		case l.exited:
+			return ErrClosed
+		}
+		l.cond.Wait()
+	}
+	return l.err
+}
+
+// rotateIfAsked performs a requested Rotate once everything appended is
+// written. The next append then starts at offset 0 of the new segment.
+// Committer only.
+func (l *Log) rotateIfAsked() {
+	l.mu.Lock()
+	if !l.rotating || l.err != nil {
+		l.mu.Unlock()
+		return
+	}
+	if len(l.buf) > 0 || l.writtenLSN != l.nextLSN-1 {
+		// Appended after the last batch: write those first (rotating
+		// makes them urgent), then come back here.
+		l.kickCommitter()
+		l.mu.Unlock()
+		return
+	}
+	base := l.nextLSN
+	empty := l.tailOff == 0
+	l.tailOff, l.lastIdxOff = 0, 0
+	l.mu.Unlock()
+	var err error
+	if !empty {
+		// Appends arriving now see tailOff 0 and are written after the
+		// roll, into the new segment, whose base is their LSN.
+		err = l.roll(base)
+	}
+	l.mu.Lock()
+	l.rotating = false
+	if err != nil {
+		l.err = err
+		l.log.Error("seglog: I/O failure; the log refuses further writes", "err", err)
+	} else if !empty {
+		// roll synced the old segment, which holds every written record.
+		l.durableLSN = max(l.durableLSN, base-1)
+	}
+	l.cond.Broadcast()
+	l.mu.Unlock()
 }
 
 // roll seals the active segment and starts a new one whose first record is
