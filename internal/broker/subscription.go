@@ -177,8 +177,11 @@ func (s *Subscription) View() protocol.SubView { return s.view }
 
 // Settle acks (protocol.OpAck), requeues (OpNack, not before delayMs from
 // now) or fails (OpFail) one lease. done gets CodeOK once the settle record
-// is durable, CodeStaleLease if the lease is no longer current, CodeOK for
-// an ack of an already settled offset (acks are idempotent),
+// is durable; CodeOK as well for an ACK or FAIL of a lease that ended
+// without a settle (expired, released) while the message has not been
+// leased again, which is applied, and for a NACK of one, which has nothing
+// left to do; CodeStaleLease if the message was leased again or settled
+// since (the session answers its own repeated settles);
 // CodeBadRequest for a NACK delay above Config.NackDelayMsMax (the lease
 // stays held), or the code of a partition error (unavailable, resource
 // exhausted: retry). done must not
@@ -251,16 +254,19 @@ func (s *Subscription) forget(k leaseKey) (held, carried bool) {
 	return held, carried
 }
 
+// settleCode maps a partition's answer to a settle. A message already
+// settled is stale_lease whatever the op: the queue cannot tell whether this
+// lease settled it or a later one did, and the session, which remembers its
+// own recent settles, answers a repeated one ok before it gets here. A lease
+// that ended without a settle, the message queued again, is ok for a NACK
+// (the queue applies an ACK or FAIL of it).
 func settleCode(kind protocol.Op, err error) protocol.Code {
 	switch {
 	case err == nil:
 		return protocol.CodeOK
-	case errors.Is(err, queue.ErrAlreadySettled):
-		if kind == protocol.OpAck {
-			return protocol.CodeOK
-		}
-		return protocol.CodeStaleLease
-	case errors.Is(err, queue.ErrStaleLease), errors.Is(err, queue.ErrUnknownOffset):
+	case errors.Is(err, queue.ErrAlreadyRequeued):
+		return protocol.CodeOK
+	case errors.Is(err, queue.ErrAlreadySettled), errors.Is(err, queue.ErrStaleLease), errors.Is(err, queue.ErrUnknownOffset):
 		return protocol.CodeStaleLease
 	}
 	return protocol.CodeOf(err)

@@ -554,9 +554,12 @@ func (p *Partition) Publish(m *queue.Message, done func(offset uint64, err error
 
 // Settle settles the lease leaseID on offset. notBeforeMs applies to Nack
 // (0: redeliver at once). done gets nil once the settle record is durable,
-// or an error wrapping queue.ErrStaleLease, queue.ErrAlreadySettled (an
-// idempotent success for Ack), queue.ErrUnknownOffset, or one of this
-// package's errors (possibly before Settle returns).
+// or an error wrapping queue.ErrStaleLease, queue.ErrAlreadySettled,
+// queue.ErrAlreadyRequeued (a Nack of a lease that ended without a settle,
+// the message queued again: nothing left to do), queue.ErrUnknownOffset, or
+// one of this package's errors (possibly before Settle returns). An Ack or
+// Fail of a lease that ended without a settle is applied while the message
+// has not been leased again (see queue.State.Ack).
 func (p *Partition) Settle(op SettleOp, offset, leaseID uint64, notBeforeMs int64, done func(error)) {
 	p.SettleFor(nil, op, offset, leaseID, notBeforeMs, done)
 }

@@ -600,8 +600,9 @@ func TestLeaseEndedTellsHolder(t *testing.T) {
 		if got := c.endedLeases(); !slices.Equal(got, want) {
 			t.Fatalf("after expiry: ended %v, want %v", got, want)
 		}
-		if err := settle(p, Ack, ds[1], 0); !errors.Is(err, queue.ErrStaleLease) {
-			t.Fatalf("late ack: %v, want ErrStaleLease", err)
+		// Not leased again yet: a late nack finds the message back already.
+		if err := settle(p, Nack, ds[1], 0); !errors.Is(err, queue.ErrAlreadyRequeued) {
+			t.Fatalf("late nack: %v, want ErrAlreadyRequeued", err)
 		}
 		// Credit came back by hand (tconsumer does not count): the
 		// redelivery is attempt 2. Detaching releases it without telling.
@@ -611,6 +612,10 @@ func TestLeaseEndedTellsHolder(t *testing.T) {
 		ds = c.deliveries()
 		if len(ds) != 3 || ds[2].Attempt != 2 || ds[2].Offset != want[1][0] {
 			t.Fatalf("redelivery: %+v", ds)
+		}
+		// Leased again: the expired lease is stale.
+		if err := settle(p, Ack, ds[1], 0); !errors.Is(err, queue.ErrStaleLease) {
+			t.Fatalf("late ack after redelivery: %v, want ErrStaleLease", err)
 		}
 		p.Detach(c)
 		synctest.Wait()

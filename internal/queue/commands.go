@@ -1,6 +1,9 @@
 package queue
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // Commands validate against the current state and append the events that
 // carry them out to dst; they never change what the state reports. The
@@ -104,12 +107,39 @@ func (s *State) leased(op string, offset, leaseID uint64) (*entry, error) {
 	return e, nil
 }
 
-// Ack completes the message under its current lease: it becomes settled.
+// ended finds the queued message offset whose last lease, leaseID, ended
+// without a settle and has not been followed by another lease. err is what
+// leased said about it, returned when it is not such a message.
+func (s *State) ended(offset, leaseID uint64, err error) (*entry, error) {
+	if !errors.Is(err, ErrStaleLease) {
+		return nil, err
+	}
+	if _, e, ok := s.get(offset); ok && e.queued() && e.settleable(leaseID) {
+		return e, nil
+	}
+	return nil, err
+}
+
+// Ack completes the message under its current lease: it becomes settled. The
+// lease that last ended without a settle (expired or released) counts as
+// current while the message waits to be leased again: the holder's late ack
+// is the message's latest attempt, and nobody else holds it.
 func (s *State) Ack(dst []Event, offset, leaseID uint64) ([]Event, error) {
 	if _, err := s.leased("ack", offset, leaseID); err != nil {
-		return dst, err
+		if _, err := s.ended(offset, leaseID, err); err != nil {
+			return dst, err
+		}
 	}
 	return append(dst, Event{Kind: KindAck, Offset: offset, LeaseID: leaseID}), nil
+}
+
+// errRequeued reports a Nack or Release of a lease that already ended
+// without a settle, the message waiting to be leased again.
+func (s *State) errRequeued(op string, offset, leaseID uint64, err error) error {
+	if _, notEnded := s.ended(offset, leaseID, err); notEnded == nil {
+		return fmt.Errorf("%s offset %d lease %d: %w", op, offset, leaseID, ErrAlreadyRequeued)
+	}
+	return err
 }
 
 // requeue ends the lease on e: back to the queue not before notBeforeMs, or to
@@ -134,10 +164,13 @@ func (s *State) requeue(dst []Event, off uint64, e *entry, r Reason, notBeforeMs
 // Nack gives the message back for redelivery, not before notBeforeMs (<= now:
 // at once). It is dead-lettered instead when its retries are used up
 // (ReasonRetriesExhausted) or its TTL has passed (ReasonExpired).
+//
+// A Nack of a lease that ended without a settle, the message not leased
+// since, returns ErrAlreadyRequeued: the message is back already.
 func (s *State) Nack(dst []Event, offset, leaseID uint64, notBeforeMs, nowMs int64) ([]Event, error) {
 	e, err := s.leased("nack", offset, leaseID)
 	if err != nil {
-		return dst, err
+		return dst, s.errRequeued("nack", offset, leaseID, err)
 	}
 	return s.requeue(dst, offset, e, ReasonNack, notBeforeMs, nowMs), nil
 }
@@ -150,18 +183,26 @@ func (s *State) Nack(dst []Event, offset, leaseID uint64, notBeforeMs, nowMs int
 func (s *State) Release(dst []Event, offset, leaseID uint64, nowMs int64) ([]Event, error) {
 	e, err := s.leased("release", offset, leaseID)
 	if err != nil {
-		return dst, err
+		return dst, s.errRequeued("release", offset, leaseID, err)
 	}
 	return s.requeue(dst, offset, e, ReasonReleased, 0, nowMs), nil
 }
 
 // Fail dead-letters the message at once (ReasonFailed): the consumer says no
 // retry can succeed. In a DeadLetter.Keep queue nothing is dead-lettered:
-// Fail requeues the message at once, recorded as a Nack.
+// Fail requeues the message at once, recorded as a Nack. Like Ack, Fail
+// applies to the lease that ended without a settle while the message waits
+// to be leased again; in a Keep queue that returns ErrAlreadyRequeued.
 func (s *State) Fail(dst []Event, offset, leaseID uint64, nowMs int64) ([]Event, error) {
 	e, err := s.leased("fail", offset, leaseID)
 	if err != nil {
-		return dst, err
+		if _, err := s.ended(offset, leaseID, err); err != nil {
+			return dst, err
+		}
+		if s.cfg.DeadLetter.Keep {
+			return dst, fmt.Errorf("fail offset %d lease %d: %w", offset, leaseID, ErrAlreadyRequeued)
+		}
+		return append(dst, s.deadLetter(offset, leaseID, ReasonFailed, nowMs)), nil
 	}
 	if s.cfg.DeadLetter.Keep {
 		return s.requeue(dst, offset, e, ReasonNack, 0, nowMs), nil

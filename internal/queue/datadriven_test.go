@@ -205,6 +205,7 @@ func errName(err error) string {
 		name string
 	}{
 		{ErrStaleLease, "ErrStaleLease"},
+		{ErrAlreadyRequeued, "ErrAlreadyRequeued"},
 		{ErrAlreadySettled, "ErrAlreadySettled"},
 		{ErrUnknownOffset, "ErrUnknownOffset"},
 		{ErrNotDeadLettering, "ErrNotDeadLettering"},

@@ -18,6 +18,13 @@ var (
 	// message (a lease or ack record) also reports this error.
 	ErrAlreadySettled = errors.New("queue: offset already settled")
 
+	// ErrAlreadyRequeued: the lease ended without a settle (it expired, or
+	// was released because its holder went away) and the message is queued
+	// again, not leased since. A Nack or Release of that lease has nothing
+	// left to do; callers answer it as a success. (An Ack or Fail of it is
+	// applied: the lease is still the message's latest attempt.)
+	ErrAlreadyRequeued = errors.New("queue: lease ended and message already requeued")
+
 	// ErrUnknownOffset: the offset is at or above NextLSN, so no record
 	// exists for it yet.
 	ErrUnknownOffset = errors.New("queue: unknown offset")

@@ -148,17 +148,22 @@ func (st MsgState) String() string {
 
 // Info describes one offset as the queue sees it.
 type Info struct {
-	Offset      uint64
-	State       MsgState
-	Attempt     uint32 // deliveries so far; the current lease's attempt when inflight
-	Released    uint32 // deliveries that ended in an uncounted Release
-	LeaseID     uint64 // inflight only
-	Owner       string // inflight only
-	DeadlineMs  int64  // inflight: lease deadline; dead-lettering: when it was dead-lettered
-	NotBeforeMs int64  // earliest next delivery; 0 when none
-	ExpiresAtMs int64  // TTL deadline; 0 when none
-	Reason      Reason // dead-lettering only
-	Target      string // dead-lettering only: where the copy goes
+	Offset   uint64
+	State    MsgState
+	Attempt  uint32 // deliveries so far; the current lease's attempt when inflight
+	Released uint32 // deliveries that ended in an uncounted Release
+	LeaseID  uint64 // inflight only
+	// EndedLeaseID (ready or delayed only) is the lease that last ended
+	// without a settle, by expiry or release, when the message has not been
+	// leased since; 0 otherwise (new, or back by a Nack). An Ack or Fail of
+	// it still applies.
+	EndedLeaseID uint64
+	Owner        string // inflight only
+	DeadlineMs   int64  // inflight: lease deadline; dead-lettering: when it was dead-lettered
+	NotBeforeMs  int64  // earliest next delivery; 0 when none
+	ExpiresAtMs  int64  // TTL deadline; 0 when none
+	Reason       Reason // dead-lettering only
+	Target       string // dead-lettering only: where the copy goes
 }
 
 // Stats are the queue's counters at one instant.

@@ -163,6 +163,9 @@ func formatInfo(in Info) string {
 	case StateDeadLettering:
 		fmt.Fprintf(&b, " reason=%v target=%q at=%d", in.Reason, in.Target, in.DeadlineMs)
 	}
+	if in.EndedLeaseID != 0 {
+		fmt.Fprintf(&b, " ended-lease=%d", in.EndedLeaseID)
+	}
 	if in.NotBeforeMs != 0 {
 		fmt.Fprintf(&b, " not-before=%d", in.NotBeforeMs)
 	}

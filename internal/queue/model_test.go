@@ -17,6 +17,7 @@ type mmsg struct {
 	attempt   uint32
 	released  uint32 // deliveries that ended in an uncounted release
 	leaseID   uint64
+	ended     uint64 // queued: the lease that ended without a settle, not followed by another
 	owner     string
 	deadline  int64
 	notBefore int64
@@ -127,6 +128,15 @@ func (m *model) requeue(off uint64, x *mmsg, r Reason, notBefore, now int64) Eve
 	return Event{Kind: KindRequeue, Offset: off, LeaseID: x.leaseID, Reason: r, NotBeforeMs: notBefore, AtMs: now}
 }
 
+// ended: the queued message whose last lease, lease, ended without a settle.
+func (m *model) ended(off, lease uint64) (*mmsg, bool) {
+	x, ok := m.msgs[off]
+	if !ok || x.state != StateReady || lease == 0 || x.ended != lease {
+		return nil, false
+	}
+	return x, true
+}
+
 // leased returns the message under (off, lease) or the error class.
 func (m *model) leased(off, lease uint64) (*mmsg, error) {
 	if off >= m.next {
@@ -200,7 +210,11 @@ func (m *model) apply(lsn uint64, ev Event) error {
 		if ev.Reason == ReasonReleased && released < ReleasesUncountedMax {
 			released++
 		}
-		*x = mmsg{state: StateReady, attempt: x.attempt, released: released, notBefore: ev.NotBeforeMs, expires: x.expires}
+		var ended uint64
+		if ev.Reason != ReasonNack {
+			ended = ev.LeaseID // expired or released: a late ack or fail still applies
+		}
+		*x = mmsg{state: StateReady, attempt: x.attempt, released: released, notBefore: ev.NotBeforeMs, expires: x.expires, ended: ended}
 	case KindDeadLetter:
 		if ev.Target == "" {
 			delete(m.msgs, ev.Offset)
@@ -227,6 +241,7 @@ func (m *model) info(off uint64, now int64) Info {
 		if x.notBefore > now {
 			in.State = StateDelayed
 		}
+		in.EndedLeaseID = x.ended
 	case StateInflight:
 		in.LeaseID, in.Owner, in.DeadlineMs = x.leaseID, x.owner, x.deadline
 	case StateDeadLettering:
@@ -327,6 +342,16 @@ func TestModel(t *testing.T) {
 					inflight = append(inflight, off)
 				}
 			}
+			var ended []uint64
+			for _, off := range m.sortedOffsets() {
+				if x := m.msgs[off]; x.state == StateReady && x.ended != 0 {
+					ended = append(ended, off)
+				}
+			}
+			if len(ended) > 0 && rapid.IntRange(0, 3).Draw(t, "pickEnded") == 0 {
+				off := rapid.SampledFrom(ended).Draw(t, "off")
+				return off, m.msgs[off].ended
+			}
 			if len(inflight) > 0 && rapid.IntRange(0, 4).Draw(t, "pickInflight") > 0 {
 				off := rapid.SampledFrom(inflight).Draw(t, "off")
 				lease := m.msgs[off].leaseID
@@ -360,6 +385,9 @@ func TestModel(t *testing.T) {
 				got, err := s.Ack(nil, off, lease)
 				var want []Event
 				_, wantErr := m.leased(off, lease)
+				if _, ok := m.ended(off, lease); ok {
+					wantErr = nil // the late ack of a lease that ended applies
+				}
 				if wantErr == nil {
 					want = []Event{{Kind: KindAck, Offset: off, LeaseID: lease}}
 				}
@@ -371,6 +399,9 @@ func TestModel(t *testing.T) {
 				got, err := s.Nack(nil, off, lease, nb, now)
 				var want []Event
 				x, wantErr := m.leased(off, lease)
+				if _, ok := m.ended(off, lease); ok {
+					wantErr = ErrAlreadyRequeued
+				}
 				if wantErr == nil {
 					want = []Event{m.requeue(off, x, ReasonNack, nb, now)}
 				}
@@ -381,6 +412,9 @@ func TestModel(t *testing.T) {
 				got, err := s.Release(nil, off, lease, now)
 				var want []Event
 				x, wantErr := m.leased(off, lease)
+				if _, ok := m.ended(off, lease); ok {
+					wantErr = ErrAlreadyRequeued
+				}
 				if wantErr == nil {
 					want = []Event{m.requeue(off, x, ReasonReleased, 0, now)}
 				}
@@ -390,6 +424,16 @@ func TestModel(t *testing.T) {
 				off, lease := pick(t)
 				got, err := s.Fail(nil, off, lease, now)
 				var want []Event
+				if _, ok := m.ended(off, lease); ok {
+					// A late fail of the lease that ended: dead-lettered,
+					// or, in a Keep queue, already back where a fail puts it.
+					if m.cfg.DeadLetter.Keep {
+						run(t, got, nil, err, ErrAlreadyRequeued)
+					} else {
+						run(t, got, []Event{m.deadLetter(off, lease, ReasonFailed, now)}, err, nil)
+					}
+					return
+				}
 				if x, wantErr := m.leased(off, lease); wantErr == nil {
 					want = []Event{m.deadLetter(off, lease, ReasonFailed, now)}
 					if m.cfg.DeadLetter.Keep {

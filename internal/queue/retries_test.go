@@ -1,7 +1,11 @@
 package queue
 
 import (
+	"encoding/binary"
 	"encoding/hex"
+	"errors"
+	"hash/crc32"
+	"strings"
 	"testing"
 )
 
@@ -163,5 +167,43 @@ func TestAttemptSaturates(t *testing.T) {
 	evs[0].Attempt = attemptMax + 1
 	if err := h.s.Apply(h.nextLSN, evs[0]); err == nil {
 		t.Fatal("lease with attempt beyond attemptMax applied")
+	}
+}
+
+// TestSnapshotV3RestoresWithoutEndedLease: a version 3 checkpoint has no
+// ended leases, so it restores with none (a late ack of a lease that ended
+// before it is stale); the same entry in version 4 carries its ended lease.
+func TestSnapshotV3RestoresWithoutEndedLease(t *testing.T) {
+	build := func(ver byte, tail ...byte) []byte {
+		b := append([]byte(snapshotMagic), ver)
+		b = append(b, 3, 1, 0, 1) // next lsn 3, lease seq 1, no strings, one entry
+		b = append(b, 1, snapQueued, 1, 0, 0, 0)
+		b = append(b, tail...) // version 4: ended lease
+		b = append(b, 0)       // no moved bodies
+		return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	}
+	s3, err := Restore(Config{}, build(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := dump(s3, 0); !strings.Contains(got, "1: ready attempt=1\n") {
+		t.Fatalf("v3 restore:\n%s", got)
+	}
+	if _, err := s3.Ack(nil, 1, 1); !errors.Is(err, ErrStaleLease) {
+		t.Fatalf("ack of a lease ended before a v3 checkpoint: %v", err)
+	}
+	s4, err := Restore(Config{}, build(4, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := dump(s4, 0); !strings.Contains(got, "1: ready attempt=1 ended-lease=1\n") {
+		t.Fatalf("v4 restore:\n%s", got)
+	}
+	if evs, err := s4.Ack(nil, 1, 1); err != nil || len(evs) != 1 || evs[0].Kind != KindAck {
+		t.Fatalf("late ack after a v4 restore: %v %v", evs, err)
+	}
+	// An ended lease above the lease counter is corrupt.
+	if _, err := Restore(Config{}, build(4, 2)); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("ended lease above the counter: %v", err)
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"slices"
 )
 
-// Snapshot layout (version 3). uv = unsigned varint, v = signed varint,
+// Snapshot layout (version 4). uv = unsigned varint, v = signed varint,
 // str = uv length + bytes. Settled LSNs are not listed: every LSN below
 // nextLSN that is not an entry is settled, so the snapshot is as large as the
 // unsettled set, however long the history.
@@ -27,6 +27,7 @@ import (
 //	  released uv      version >= 2 only: uncounted releases (version 1: 0)
 //	  notBefore v
 //	  expiresAt v
+//	  queued only:          endedLease uv   version >= 4 only (older: 0); see entry.leaseID
 //	  inflight only:        leaseID uv | owner strIdx uv | deadline v
 //	  dead-lettering only:  reason u8  | target strIdx uv | at v
 //
@@ -39,11 +40,13 @@ import (
 //
 // Versions: 1 had no released field; Restore still reads it, and its
 // messages start with no uncounted releases. 2 added released. 3 added
-// moved; versions 1 and 2 restore with every body at its offset. Snapshot
-// always writes the current version.
+// moved; versions 1 and 2 restore with every body at its offset. 4 added
+// endedLease to queued entries; older versions restore with none, so a late
+// ack of a lease that ended before the checkpoint is stale. Snapshot always
+// writes the current version.
 const (
 	snapshotMagic   = "SNWQ"
-	snapshotVersion = 3
+	snapshotVersion = 4
 	// snapshotVersionMin is the oldest version Restore reads.
 	snapshotVersionMin = 1
 	snapQueued         = 1
@@ -109,6 +112,8 @@ func (s *State) Snapshot(dst []byte) []byte {
 		dst = binary.AppendVarint(dst, e.notBeforeMs)
 		dst = binary.AppendVarint(dst, e.expiresAtMs)
 		switch e.phase {
+		case phaseReady, phaseDelayed:
+			dst = binary.AppendUvarint(dst, e.leaseID)
 		case phaseInflight:
 			dst = binary.AppendUvarint(dst, e.leaseID)
 			dst = binary.AppendUvarint(dst, strIdx[e.owner])
@@ -230,6 +235,12 @@ func Restore(cfg Config, b []byte) (*State, error) {
 			e.phase = phaseReady
 			if e.notBeforeMs > 0 {
 				e.phase = phaseDelayed
+			}
+			if ver >= 4 {
+				e.leaseID = d.uvarint()
+				if d.err == nil && (e.leaseID > s.leaseSeq || e.leaseID != 0 && e.attempt == 0) {
+					d.fail("offset %d: ended lease %d (counter %d) attempt %d", off, e.leaseID, s.leaseSeq, e.attempt)
+				}
 			}
 		case snapInflight:
 			e.phase = phaseInflight

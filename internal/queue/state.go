@@ -128,13 +128,17 @@ const (
 type entry struct {
 	notBeforeMs int64
 	expiresAtMs int64
-	deadlineMs  int64  // inflight: lease deadline; dead-lettering: when
-	leaseID     uint64 // inflight only
-	owner       string // inflight: lease owner; dead-lettering: target
-	attempt     uint32
-	gen         uint32 // bumped on every transition; see item
-	phase       phase
-	reason      Reason // dead-lettering only
+	deadlineMs  int64 // inflight: lease deadline; dead-lettering: when
+	// leaseID is the current lease when inflight. When queued it is the
+	// lease that ended without a settle (expiry or release) and brought the
+	// message back, so a late Ack or Fail of it still applies; 0 when the
+	// message is new or came back by a Nack.
+	leaseID uint64
+	owner   string // inflight: lease owner; dead-lettering: target
+	attempt uint32
+	gen     uint32 // bumped on every transition; see item
+	phase   phase
+	reason  Reason // dead-lettering only
 	// released counts the deliveries that ended in a Release and did not
 	// count towards MaxRetries (at most ReleasesUncountedMax). It fits the
 	// padding after reason, so the entry stays 64 bytes.
@@ -302,7 +306,11 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		s.leaseSeq = ev.LeaseID
 		s.pushIndex(&s.leases, item{key: e.deadlineMs, pos: uint32(pos), gen: e.gen}, phaseInflight)
 	case KindAck:
-		s.leaveInflight(e)
+		if e.phase == phaseInflight {
+			s.leaveInflight(e)
+		} else {
+			s.leaveQueued(pos, e) // a late ack of the lease that ended
+		}
 		s.settle(pos)
 	case KindRequeue:
 		s.leaveInflight(e)
@@ -311,7 +319,7 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 			// MaxRetries. Counted here, from the event, so a replay agrees.
 			e.released++
 		}
-		s.enterQueued(pos, e, ev.NotBeforeMs)
+		s.enterQueued(pos, e, ev.NotBeforeMs, endedLease(ev))
 	case KindDeadLetter:
 		if e.phase == phaseInflight {
 			s.leaveInflight(e)
@@ -353,12 +361,16 @@ func (s *State) check(e *entry, ev Event) string {
 		if want := nextAttempt(e.attempt); ev.Attempt != want {
 			return fmt.Sprintf("attempt %d, want %d", ev.Attempt, want)
 		}
-	case KindAck, KindRequeue:
+	case KindAck:
+		if !e.settleable(ev.LeaseID) {
+			return fmt.Sprintf("message is %v with lease %d, event has lease %d", e.phase, e.leaseID, ev.LeaseID)
+		}
+	case KindRequeue:
 		if e.phase != phaseInflight || e.leaseID != ev.LeaseID {
 			return fmt.Sprintf("message is %v with lease %d, event has lease %d", e.phase, e.leaseID, ev.LeaseID)
 		}
 	case KindDeadLetter:
-		if ev.LeaseID == 0 && !e.queued() || ev.LeaseID != 0 && (e.phase != phaseInflight || e.leaseID != ev.LeaseID) {
+		if ev.LeaseID == 0 && !e.queued() || ev.LeaseID != 0 && !e.settleable(ev.LeaseID) {
 			return fmt.Sprintf("message is %v with lease %d, event has lease %d", e.phase, e.leaseID, ev.LeaseID)
 		}
 	case KindDeadLetterDone:
@@ -371,6 +383,23 @@ func (s *State) check(e *entry, ev Event) string {
 		return "unknown event kind"
 	}
 	return ""
+}
+
+// settleable reports whether an Ack or Fail naming leaseID applies to e: its
+// current lease, or the lease that ended without a settle when e has not
+// been leased since.
+func (e *entry) settleable(leaseID uint64) bool {
+	return leaseID != 0 && e.leaseID == leaseID && (e.phase == phaseInflight || e.queued())
+}
+
+// endedLease is the lease a Requeue leaves on the message for a late Ack or
+// Fail: the one that expired or was released. A Nack is a settle, so after
+// one no earlier lease applies.
+func endedLease(ev Event) uint64 {
+	if ev.Reason == ReasonNack {
+		return 0
+	}
+	return ev.LeaseID
 }
 
 // nextAttempt is the Attempt of the next lease of a message leased attempt
@@ -422,16 +451,17 @@ func (s *State) insert(off uint64, notBeforeMs, expiresAtMs int64) {
 	s.offs = append(s.offs, off)
 	s.slab = append(s.slab, entry{expiresAtMs: expiresAtMs})
 	s.nLive++
-	s.enterQueued(pos, &s.slab[pos], notBeforeMs)
+	s.enterQueued(pos, &s.slab[pos], notBeforeMs, 0)
 }
 
 // enterQueued puts e into the ready or delayed index. Where it goes depends
 // on the last clock reading promote saw; either way promote and the query
-// methods classify it by the clock they are given.
-func (s *State) enterQueued(pos int, e *entry, notBeforeMs int64) {
+// methods classify it by the clock they are given. ended is the lease that
+// ended without a settle, if any (see entry.leaseID).
+func (s *State) enterQueued(pos int, e *entry, notBeforeMs int64, ended uint64) {
 	e.gen++
 	e.notBeforeMs = max(notBeforeMs, 0)
-	e.leaseID, e.owner, e.deadlineMs = 0, "", 0
+	e.leaseID, e.owner, e.deadlineMs = ended, "", 0
 	p := uint32(pos)
 	if e.notBeforeMs > s.promotedMs && e.notBeforeMs > 0 {
 		e.phase = phaseDelayed
@@ -626,9 +656,9 @@ func (s *State) info(off uint64, e *entry) Info {
 	in := Info{Offset: off, Attempt: e.attempt, Released: e.released, NotBeforeMs: e.notBeforeMs, ExpiresAtMs: e.expiresAtMs}
 	switch e.phase {
 	case phaseReady:
-		in.State = StateReady
+		in.State, in.EndedLeaseID = StateReady, e.leaseID
 	case phaseDelayed:
-		in.State = StateDelayed
+		in.State, in.EndedLeaseID = StateDelayed, e.leaseID
 	case phaseInflight:
 		in.State = StateInflight
 		in.LeaseID, in.Owner, in.DeadlineMs = e.leaseID, e.owner, e.deadlineMs
