@@ -519,7 +519,7 @@ func (c *conn) sendSettle(group []*settleReq) {
 						"NACK delay %d ms refused: above the broker's maximum NACK delay (queue.nack_delay_ms_max, 30 days by default)", r.delay)})
 				case codes[i] == protocol.CodeStaleLease:
 					r.fin(fmt.Errorf("%w: %w", ErrStaleDelivery, &BrokerError{Code: codes[i],
-						Message: "the lease ended without this settle and the message was delivered again"}))
+						Message: "the lease ended and the message was leased again or settled another way"}))
 				case codes[i] == protocol.CodeUnknownTag:
 					r.fin(fmt.Errorf("%w: %w", ErrUnknownTag, &BrokerError{Code: codes[i]}))
 				default:

@@ -84,6 +84,7 @@ type endpoint struct {
 	held        []*settleReq // settles cut off from their connection, for the resumed session
 	closing     bool         // Close has begun: no new operations
 	ending      bool         // Close has drained and is ending the session: no more reconnects
+	connSeq     uint64       // connections made, for logs
 	closed      bool
 	fatal       error
 	attemptDone chan struct{} // closed and replaced after every connect attempt
@@ -334,10 +335,23 @@ func (e *endpoint) connect(ctx context.Context) (*conn, error) {
 	}
 	e.window.setMax(int(hello.Limits.PublishInflightMax))
 	epoch := e.epoch
+	e.connSeq++
+	seq := e.connSeq
+	nsubs := len(e.subs)
 	e.mu.Unlock()
-	if len(stale) > 0 {
-		e.o.logger.Info("sinew: session not resumed, held settles are stale", "addr", e.addr,
-			"client_id", hello.Resume.ClientID, "outcome", hello.Outcome, "settles", len(stale))
+	switch {
+	case ident.ClientID == "":
+		e.o.logger.Info("sinew: session started", "addr", e.addr, "client_id", hello.Resume.ClientID, "conn", seq,
+			"grace_ms", hello.ReconnectGraceMs)
+	case resumed:
+		e.o.logger.Info("sinew: session resumed", "addr", e.addr, "client_id", hello.Resume.ClientID, "conn", seq,
+			"subscriptions", nsubs)
+	default:
+		// resume_not_found (grace over, or a restarted broker) or
+		// resume_rejected: the old session's leases are gone.
+		e.o.logger.Warn("sinew: session not resumed, starting a fresh one", "addr", e.addr,
+			"old_client_id", ident.ClientID, "client_id", hello.Resume.ClientID, "conn", seq,
+			"outcome", hello.Outcome, "subscriptions", nsubs, "stale_settles", len(stale))
 	}
 	for _, r := range stale {
 		r.fin(ErrStaleDelivery)
@@ -576,10 +590,12 @@ func (e *endpoint) reconcileInflight(ctx context.Context, c *conn) error {
 	}
 	reply, err := c.roundTrip(ctx, &protocol.Inflight{Entries: entries}, nil)
 	if err != nil {
-		if errors.Is(err, &BrokerError{Code: protocol.CodeUnknownOp}) {
-			// A broker without INFLIGHT re-sends every unsettled delivery
-			// instead; the reader de-duplicates them by tag.
-			e.o.logger.Info("sinew: broker does not reconcile in-flight deliveries", "addr", e.addr)
+		if isBrokerErr(err) {
+			// A broker without INFLIGHT (unknown_op) re-sends every
+			// unsettled delivery instead, which the reader de-duplicates by
+			// tag; a refusal costs no more than that either. Settles are
+			// still judged by their lease.
+			e.o.logger.Info("sinew: broker did not reconcile in-flight deliveries", "addr", e.addr, "err", err)
 			return nil
 		}
 		return err

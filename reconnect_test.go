@@ -1,9 +1,12 @@
 package sinew
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -454,5 +457,60 @@ func TestRealReconcileRestoreRemapsRecreated(t *testing.T) {
 	case <-sub.Done():
 		t.Fatalf("subscription ended: %v", sub.Err())
 	default:
+	}
+}
+
+// records is a slog handler that keeps every record.
+type records struct {
+	mu   sync.Mutex
+	msgs []string
+	errs []string
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r *records) WithGroup(string) slog.Handler            { return r }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, rec.Message)
+	errText := ""
+	rec.Attrs(func(a slog.Attr) bool {
+		if a.Key == "err" {
+			errText = a.Value.String()
+		}
+		return true
+	})
+	r.errs = append(r.errs, errText)
+	return nil
+}
+
+// TestDialConnectTimeoutLogsAttempts: with unlimited attempts, Dial still
+// ends at its connect timeout, and each failed attempt is logged with its
+// reason. The backoff runs on a fake clock that stands still, so only the
+// timeout can end the wait.
+func TestDialConnectTimeoutLogsAttempts(t *testing.T) {
+	b := newFakeBroker(t)
+	p := proxyT(t, b.addr())
+	p.SetRefuse(true)
+	rec := &records{}
+	clk := testkit.NewClock(time.Unix(1_700_000_000, 0))
+	_, err := Dial(testCtx(t), p.Addr(), WithConnectTimeout(50*time.Millisecond), WithClock(clk),
+		WithLogger(slog.New(rec)))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Dial = %v, want the connect timeout (context.DeadlineExceeded)", err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.msgs) == 0 {
+		t.Fatal("no failed attempt was logged")
+	}
+	for i, m := range rec.msgs {
+		if !strings.Contains(m, "connect attempt failed") || rec.errs[i] == "" {
+			t.Fatalf("log %d: %q with reason %q, want a failed attempt with its reason", i, m, rec.errs[i])
+		}
+	}
+	if p.Accepted() != len(rec.msgs) {
+		t.Fatalf("%d attempts, %d logged", p.Accepted(), len(rec.msgs))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -33,6 +34,7 @@ type Proxy struct {
 	refusing bool
 	stalled  chan struct{} // open while stalled; nil when traffic flows
 	delay    time.Duration
+	cutBytes int64 // reset a connection once it has forwarded this many bytes; 0 = never
 	stats    Stats
 	closed   bool
 }
@@ -41,6 +43,7 @@ type Proxy struct {
 type link struct {
 	client, server net.Conn
 	once           sync.Once
+	forwarded      atomic.Int64 // bytes written, both directions
 }
 
 func (l *link) close(reset bool) {
@@ -126,6 +129,16 @@ func (p *Proxy) SetDelay(d time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.delay = d
+}
+
+// CutEvery makes the proxy reset each connection once it has forwarded n bytes
+// (both directions together, checked after each chunk of at most 32 KiB), as
+// a network that fails every so often would; each reconnect gets a fresh
+// budget. 0 turns it off. Such cuts count in Stats.Cut.
+func (p *Proxy) CutEvery(n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cutBytes = max(0, n)
 }
 
 // Close stops accepting, resets every connection and waits for every
@@ -235,6 +248,9 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn) {
 			if _, err := dst.Write(c.data); err != nil {
 				return
 			}
+			if p.overBudget(l, len(c.data)) {
+				return
+			}
 		}
 	}()
 	defer func() { close(q); <-writerDone }()
@@ -252,6 +268,23 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn) {
 			return
 		}
 	}
+}
+
+// overBudget counts n forwarded bytes on l and, when that reaches the
+// CutEvery budget, resets l and reports true.
+func (p *Proxy) overBudget(l *link, n int) bool {
+	total := l.forwarded.Add(int64(n))
+	p.mu.Lock()
+	budget := p.cutBytes
+	cut := budget > 0 && total >= budget
+	if cut {
+		p.stats.Cut++
+	}
+	p.mu.Unlock()
+	if cut {
+		l.close(true)
+	}
+	return cut
 }
 
 // hold waits until a chunk read at may be written: past its delay and not

@@ -154,3 +154,35 @@ func TestCloseWhileStalled(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCutEvery: a connection is reset once it has forwarded its byte budget,
+// and the next connection gets a fresh one.
+func TestCutEvery(t *testing.T) {
+	p := startProxy(t, echoServer(t))
+	p.CutEvery(1000)
+	c := dial(t, p.Addr())
+	if _, err := c.Write(make([]byte, 600)); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second)) // failsafe only
+	n, err := io.Copy(io.Discard, c)
+	if err == nil && n == 0 {
+		t.Fatal("connection closed without forwarding anything")
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("connection was not cut after its budget")
+	}
+	if got := p.Stats().Cut; got != 1 {
+		t.Fatalf("Stats().Cut = %d, want 1", got)
+	}
+	c2 := dial(t, p.Addr())
+	if _, err := c2.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 5)
+	_ = c2.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c2, buf); err != nil || string(buf) != "hello" {
+		t.Fatalf("second connection: %q, %v", buf, err)
+	}
+}
