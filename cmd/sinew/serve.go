@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -297,60 +296,7 @@ func adminConfig(b *broker.Broker, srv *server.Server, rt *runtimesettings.Store
 			}
 			return out
 		},
-		Queues: func() any { return b.Stats() },
-		Metrics: func() []admin.Metric {
-			st := srv.Stats()
-			ss := st.Sessions
-			g := func(name, help string, v float64) admin.Metric {
-				return admin.Metric{Name: name, Help: help, Type: "gauge", Value: v}
-			}
-			c := func(name, help string, v uint64) admin.Metric {
-				return admin.Metric{Name: name, Help: help, Type: "counter", Value: float64(v)}
-			}
-			ms := []admin.Metric{
-				g("sinew_connections_open", "Open client connections.", float64(st.ConnectionsOpen)),
-				c("sinew_connections_accepted_total", "Client connections accepted.", st.ConnectionsAccepted),
-				c("sinew_connections_rejected_total", "Connections refused at the connection limit.", st.ConnectionsRejected),
-				c("sinew_frames_in_total", "Frames read from clients.", st.FramesIn),
-				c("sinew_frames_out_total", "Frames written to clients.", st.FramesOut),
-				c("sinew_publishes_total", "Publish requests received.", st.Publishes),
-				c("sinew_publish_errors_total", "Publishes answered with an error.", st.PublishErrors),
-				g("sinew_publishes_inflight", "Publishes awaiting their confirm.", float64(st.PublishesInflight)),
-				c("sinew_settles_total", "Delivery tags settled by clients.", st.Settles),
-				c("sinew_request_errors_total", "Requests answered with an ERROR.", st.RequestErrors),
-				c("sinew_fatal_errors_total", "Connections closed for a protocol violation or timeout.", st.FatalErrors),
-				c("sinew_reader_pauses_total", "Times a connection reader paused for backpressure.", st.ReaderPauses),
-				g("sinew_sessions", "Live sessions, attached or dormant.", float64(ss.Sessions)),
-				g("sinew_sessions_dormant", "Sessions waiting out their reconnect grace.", float64(ss.Dormant)),
-				c("sinew_sessions_resumed_total", "Resumes accepted.", ss.Resumed),
-				c("sinew_sessions_resume_rejected_total", "Resumes refused.", ss.ResumeRejected),
-				c("sinew_sessions_grace_expired_total", "Sessions cleaned up when their grace ran out.", ss.GraceExpired),
-				c("sinew_sessions_requeued_total", "Leases handed back by session cleanup.", ss.Requeued),
-				c("sinew_sessions_resent_total", "Unsettled deliveries sent again after a resume.", ss.Resent),
-				c("sinew_writer_pauses_total", "Times a connection's outbound queue reached limits.outbound_bytes_max and its deliveries paused.", st.WriterPauses),
-				c("sinew_slow_consumers_total", "Connections closed with slow_consumer.", st.SlowConsumers),
-				c("sinew_sessions_dormant_capped_total", "Disconnects that ended the session at once because limits.dormant_sessions_max sessions were dormant.", ss.DormantCapped),
-				c("sinew_sessions_dormant_paused_total", "Times a dormant session's buffer reached its byte limit and paused its deliveries.", ss.DormantPaused),
-				c("sinew_sessions_resend_unkept_total", "Deliveries not kept for re-send after a resume because limits.resend_bytes_max was reached.", ss.ResendUnkept),
-			}
-			bs := b.Stats()
-			for _, q := range bs.Queues {
-				for _, p := range q.Partitions {
-					labels := [][2]string{{"topic", q.Topic}, {"group", q.Group}, {"partition", strconv.FormatUint(uint64(p.Partition), 10)}}
-					for _, v := range []struct {
-						name, help string
-						n          int
-					}{
-						{"sinew_queue_ready", "Messages ready for delivery.", p.Ready},
-						{"sinew_queue_delayed", "Messages waiting for their delay.", p.Delayed},
-						{"sinew_queue_inflight", "Messages leased to consumers.", p.Inflight},
-						{"sinew_queue_consumers", "Subscriptions attached.", p.Consumers},
-					} {
-						ms = append(ms, admin.Metric{Name: v.name, Help: v.help, Type: "gauge", Labels: labels, Value: float64(v.n)})
-					}
-				}
-			}
-			return ms
-		},
+		Queues:  func() any { return b.Stats() },
+		Metrics: metricsRegistry(b, srv),
 	}
 }

@@ -6,23 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
-	"strconv"
 	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sinewmq/sinew/internal/runtimesettings"
 )
-
-// Metric is one sample. Samples with the same Name form one metric family and must
-// share Help and Type.
-type Metric struct {
-	Name   string
-	Help   string
-	Type   string      // "counter" or "gauge"
-	Labels [][2]string // name, value
-	Value  float64
-}
 
 // Config wires the handler to its data.
 type Config struct {
@@ -34,8 +25,9 @@ type Config struct {
 	Problems func() []string
 	// Queues returns the value served as JSON by /api/v1/queues.
 	Queues func() any
-	// Metrics returns the samples for /metrics, grouped by name.
-	Metrics func() []Metric
+	// Metrics is what /metrics serves, in the Prometheus text format; nil
+	// serves an empty exposition.
+	Metrics prometheus.Gatherer
 	// Settings is the runtime settings store served at /api/v1/settings;
 	// nil serves no such endpoint.
 	Settings *runtimesettings.Store
@@ -71,14 +63,12 @@ func Handler(cfg Config) http.Handler {
 		}
 		io.WriteString(w, "ready\n")
 	})
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		var ms []Metric
-		if cfg.Metrics != nil {
-			ms = cfg.Metrics()
-		}
-		WriteMetrics(w, ms)
-	})
+	var gatherer prometheus.Gatherer = prometheus.NewRegistry()
+	if cfg.Metrics != nil {
+		gatherer = cfg.Metrics
+	}
+	// A collector that fails must not hide the others: serve what gathered.
+	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("GET /api/v1/queues", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		var v any = []any{}
@@ -100,62 +90,6 @@ func Handler(cfg Config) http.Handler {
 		})
 	}
 	return mux
-}
-
-// WriteMetrics writes ms in the Prometheus text format. Families appear in the
-// order of their first sample.
-func WriteMetrics(w io.Writer, ms []Metric) error {
-	var order []string
-	byName := map[string][]Metric{}
-	for _, m := range ms {
-		if _, seen := byName[m.Name]; !seen {
-			order = append(order, m.Name)
-		}
-		byName[m.Name] = append(byName[m.Name], m)
-	}
-	var b strings.Builder
-	for _, name := range order {
-		fam := byName[name]
-		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", name, escapeHelp(fam[0].Help), name, fam[0].Type)
-		for _, m := range fam {
-			b.WriteString(name)
-			if len(m.Labels) > 0 {
-				b.WriteByte('{')
-				for i, l := range m.Labels {
-					if i > 0 {
-						b.WriteByte(',')
-					}
-					fmt.Fprintf(&b, "%s=\"%s\"", l[0], escapeLabel(l[1]))
-				}
-				b.WriteByte('}')
-			}
-			b.WriteByte(' ')
-			b.WriteString(formatValue(m.Value))
-			b.WriteByte('\n')
-		}
-	}
-	_, err := io.WriteString(w, b.String())
-	return err
-}
-
-func escapeHelp(s string) string {
-	return strings.NewReplacer(`\`, `\\`, "\n", `\n`).Replace(s)
-}
-
-func escapeLabel(s string) string {
-	return strings.NewReplacer(`\`, `\\`, "\n", `\n`, `"`, `\"`).Replace(s)
-}
-
-func formatValue(v float64) string {
-	switch {
-	case math.IsInf(v, 1):
-		return "+Inf"
-	case math.IsInf(v, -1):
-		return "-Inf"
-	case math.IsNaN(v):
-		return "NaN"
-	}
-	return strconv.FormatFloat(v, 'g', -1, 64)
 }
 
 // settingsBodyBytesMax bounds a PUT /api/v1/settings body; a handful of keys

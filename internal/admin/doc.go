@@ -4,7 +4,7 @@
 //	GET /readyz         200 once the broker has recovered and serves every partition;
 //	                    503 before, and while any partition is quarantined or failed
 //	                    (the body names each one and why)
-//	GET /metrics        Prometheus text exposition (format 0.0.4)
+//	GET /metrics        Prometheus exposition (text format 0.0.4, or what the scraper negotiates)
 //	GET /api/v1/queues    JSON: per-queue, per-partition counts
 //	GET /api/v1/settings  JSON: the runtime settings, their version and which keys they are
 //	PUT /api/v1/settings  change runtime settings: {"version": N, "values": {...}};
@@ -16,7 +16,7 @@
 // store. It starts no goroutines (the caller runs the http.Server). A PUT of the
 // settings is durable when it answers 200: the store persists it first.
 //
-// The metrics exposition is written by hand: a few counters and gauges, each with
-// one HELP and one TYPE line, samples with optional labels, label values escaped as
-// the format requires.
+// The metrics exposition is client_golang's promhttp over the Gatherer the caller
+// passes; sinew serve's collector reads the broker's and server's counters at
+// scrape time.
 package admin

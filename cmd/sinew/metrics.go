@@ -1,0 +1,193 @@
+package main
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/sinewmq/sinew/internal/broker"
+	"github.com/sinewmq/sinew/internal/server"
+)
+
+// statMetric is one sample read from the server's counters at scrape time.
+type statMetric struct {
+	name, help string
+	typ        prometheus.ValueType
+	labels     []string // label names; values come from value's order
+	values     func(st *server.Stats) []labeled
+}
+
+// labeled is one sample of a family: its label values and its value.
+type labeled struct {
+	labels []string
+	v      float64
+}
+
+func one(v float64) []labeled { return []labeled{{v: v}} }
+
+// statMetrics lists every metric that reads server.Stats. The counters live in
+// the server and the session registry as atomics; this table only names them,
+// so a scrape costs one Stats call and no locks on the hot paths.
+var statMetrics = []statMetric{
+	gauge("sinew_connections_open", "Open client connections.", func(st *server.Stats) float64 { return float64(st.ConnectionsOpen) }),
+	counter("sinew_connections_accepted_total", "Client connections accepted.", func(st *server.Stats) uint64 { return st.ConnectionsAccepted }),
+	counter("sinew_connections_rejected_total", "Connections refused at the connection limit.", func(st *server.Stats) uint64 { return st.ConnectionsRejected }),
+	counter("sinew_frames_in_total", "Frames read from clients.", func(st *server.Stats) uint64 { return st.FramesIn }),
+	counter("sinew_frames_out_total", "Frames written to clients.", func(st *server.Stats) uint64 { return st.FramesOut }),
+	counter("sinew_publishes_total", "Publish requests received.", func(st *server.Stats) uint64 { return st.Publishes }),
+	counter("sinew_publish_errors_total", "Publishes answered with an error.", func(st *server.Stats) uint64 { return st.PublishErrors }),
+	gauge("sinew_publishes_inflight", "Publishes awaiting their confirm.", func(st *server.Stats) float64 { return float64(st.PublishesInflight) }),
+	counter("sinew_settles_total", "Delivery tags settled by clients.", func(st *server.Stats) uint64 { return st.Settles }),
+	counter("sinew_request_errors_total", "Requests answered with an ERROR.", func(st *server.Stats) uint64 { return st.RequestErrors }),
+	counter("sinew_fatal_errors_total", "Connections closed for a protocol violation or timeout.", func(st *server.Stats) uint64 { return st.FatalErrors }),
+	counter("sinew_reader_pauses_total", "Times a connection reader paused for backpressure.", func(st *server.Stats) uint64 { return st.ReaderPauses }),
+	gauge("sinew_sessions", "Live sessions, attached or dormant.", func(st *server.Stats) float64 { return float64(st.Sessions.Sessions) }),
+	gauge("sinew_sessions_dormant", "Sessions waiting out their reconnect grace.", func(st *server.Stats) float64 { return float64(st.Sessions.Dormant) }),
+	counter("sinew_sessions_resumed_total", "Resumes accepted.", func(st *server.Stats) uint64 { return st.Sessions.Resumed }),
+	counter("sinew_sessions_resume_rejected_total", "Resumes refused.", func(st *server.Stats) uint64 { return st.Sessions.ResumeRejected }),
+	counter("sinew_sessions_grace_expired_total", "Sessions cleaned up when their grace ran out.", func(st *server.Stats) uint64 { return st.Sessions.GraceExpired }),
+	counter("sinew_sessions_requeued_total", "Leases handed back by session cleanup.", func(st *server.Stats) uint64 { return st.Sessions.Requeued }),
+	counter("sinew_sessions_resent_total", "Unsettled deliveries sent again after a resume.", func(st *server.Stats) uint64 { return st.Sessions.Resent }),
+	counter("sinew_writer_pauses_total", "Times a connection's outbound queue reached limits.outbound_bytes_max and its deliveries paused.", func(st *server.Stats) uint64 { return st.WriterPauses }),
+	counter("sinew_slow_consumers_total", "Connections closed with slow_consumer.", func(st *server.Stats) uint64 { return st.SlowConsumers }),
+	counter("sinew_sessions_dormant_capped_total", "Disconnects that ended the session at once because limits.dormant_sessions_max sessions were dormant.", func(st *server.Stats) uint64 { return st.Sessions.DormantCapped }),
+	counter("sinew_sessions_dormant_paused_total", "Times a dormant session's buffer reached its byte limit and paused its deliveries.", func(st *server.Stats) uint64 { return st.Sessions.DormantPaused }),
+	counter("sinew_sessions_resend_unkept_total", "Deliveries not kept for re-send after a resume because limits.resend_bytes_max was reached.", func(st *server.Stats) uint64 { return st.Sessions.ResendUnkept }),
+
+	// Reconnect and reconciliation.
+	{
+		name: "sinew_session_resumes_total", help: "HELLOs that offered a resume identity, by outcome: resumed, not_found (unknown or expired session), rejected (wrong token or another broker's identity).",
+		typ: prometheus.CounterValue, labels: []string{"outcome"},
+		values: func(st *server.Stats) []labeled {
+			ss := &st.Sessions
+			return []labeled{
+				{[]string{"resumed"}, float64(ss.Resumed)},
+				{[]string{"not_found"}, float64(ss.ResumeNotFound)},
+				{[]string{"rejected"}, float64(ss.ResumeRejected)},
+			}
+		},
+	},
+	counter("sinew_sessions_grace_entered_total", "Disconnects that left the session dormant for its reconnect grace.", func(st *server.Stats) uint64 { return st.Sessions.GraceEntered }),
+	counter("sinew_sessions_grace_requeued_total", "Leases handed back to their queue because a session's grace ran out.", func(st *server.Stats) uint64 { return st.Sessions.GraceRequeued }),
+	counter("sinew_sessions_ended_total", "Sessions ended at once by their client (END_SESSION).", func(st *server.Stats) uint64 { return st.Sessions.SessionsEnded }),
+	{
+		name: "sinew_reconcile_actions_total", help: "Subscription reconciliation decisions after a resume (RECONCILE_RESULT entries), by action.",
+		typ: prometheus.CounterValue, labels: []string{"action"},
+		values: func(st *server.Stats) []labeled {
+			ss := &st.Sessions
+			return []labeled{
+				{[]string{"keep"}, float64(ss.ReconcileKeep)},
+				{[]string{"close_client_side"}, float64(ss.ReconcileCloseClient)},
+				{[]string{"close_server_side"}, float64(ss.ReconcileCloseServer)},
+				{[]string{"recreate_client"}, float64(ss.ReconcileRecreate)},
+			}
+		},
+	},
+	{
+		name: "sinew_inflight_reconcile_total", help: "Deliveries in inflight reconciliation after a resume (INFLIGHT_RESULT), by action: resent, stale, kept.",
+		typ: prometheus.CounterValue, labels: []string{"action"},
+		values: func(st *server.Stats) []labeled {
+			ss := &st.Sessions
+			return []labeled{
+				{[]string{"resent"}, float64(ss.InflightResent)},
+				{[]string{"stale"}, float64(ss.InflightStale)},
+				{[]string{"kept"}, float64(ss.InflightKept)},
+			}
+		},
+	},
+	counter("sinew_late_settles_accepted_total", "Late settles applied: of a delivery made before the session's latest resume, of a lease that ended unsettled and was not leased again, or named only by its lease reference.", func(st *server.Stats) uint64 { return st.Sessions.LateSettleAccepted }),
+	{
+		name: "sinew_late_settles_rejected_total", help: "Late settles refused, by reason: stale_lease (the lease ended and the message was leased again or settled by another), unknown_tag, other.",
+		typ: prometheus.CounterValue, labels: []string{"reason"},
+		values: func(st *server.Stats) []labeled {
+			ss := &st.Sessions
+			return []labeled{
+				{[]string{"stale_lease"}, float64(ss.LateSettleStale)},
+				{[]string{"unknown_tag"}, float64(ss.LateSettleUnknownTag)},
+				{[]string{"other"}, float64(ss.LateSettleOther)},
+			}
+		},
+	},
+	counter("sinew_settles_repeated_total", "Settles answered with their earlier outcome: the same settle of the same lease sent again.", func(st *server.Stats) uint64 { return st.Sessions.SettleRepeated }),
+}
+
+func gauge(name, help string, v func(*server.Stats) float64) statMetric {
+	return statMetric{name: name, help: help, typ: prometheus.GaugeValue, values: func(st *server.Stats) []labeled { return one(v(st)) }}
+}
+
+func counter(name, help string, v func(*server.Stats) uint64) statMetric {
+	return statMetric{name: name, help: help, typ: prometheus.CounterValue, values: func(st *server.Stats) []labeled { return one(float64(v(st))) }}
+}
+
+// queueGauges are per-partition gauges read from broker.Stats.
+var queueGauges = []struct {
+	name, help string
+	v          func(p *broker.PartitionStats) int
+}{
+	{"sinew_queue_ready", "Messages ready for delivery.", func(p *broker.PartitionStats) int { return p.Ready }},
+	{"sinew_queue_delayed", "Messages waiting for their delay.", func(p *broker.PartitionStats) int { return p.Delayed }},
+	{"sinew_queue_inflight", "Messages leased to consumers.", func(p *broker.PartitionStats) int { return p.Inflight }},
+	{"sinew_queue_consumers", "Subscriptions attached.", func(p *broker.PartitionStats) int { return p.Consumers }},
+}
+
+var queueLabels = []string{"topic", "group", "partition"}
+
+// statsCollector exports the broker's and server's counters at scrape time.
+type statsCollector struct {
+	b     *broker.Broker
+	srv   *server.Server // nil exports no server metrics
+	descs []*prometheus.Desc
+	qdesc []*prometheus.Desc
+}
+
+func newStatsCollector(b *broker.Broker, srv *server.Server) *statsCollector {
+	c := &statsCollector{b: b, srv: srv}
+	for _, m := range statMetrics {
+		c.descs = append(c.descs, prometheus.NewDesc(m.name, m.help, m.labels, nil))
+	}
+	for _, q := range queueGauges {
+		c.qdesc = append(c.qdesc, prometheus.NewDesc(q.name, q.help, queueLabels, nil))
+	}
+	return c
+}
+
+// Describe implements prometheus.Collector.
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+	for _, d := range c.qdesc {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.srv != nil {
+		st := c.srv.Stats()
+		for i, m := range statMetrics {
+			for _, s := range m.values(&st) {
+				ch <- prometheus.MustNewConstMetric(c.descs[i], m.typ, s.v, s.labels...)
+			}
+		}
+	}
+	bs := c.b.Stats()
+	for _, q := range bs.Queues {
+		for pi := range q.Partitions {
+			p := &q.Partitions[pi]
+			part := strconv.FormatUint(uint64(p.Partition), 10)
+			for i, g := range queueGauges {
+				ch <- prometheus.MustNewConstMetric(c.qdesc[i], prometheus.GaugeValue, float64(g.v(p)), q.Topic, q.Group, part)
+			}
+		}
+	}
+}
+
+// metricsRegistry is what /metrics serves: the broker's and server's counters,
+// and the Go runtime's and process's standard metrics.
+func metricsRegistry(b *broker.Broker, srv *server.Server) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newStatsCollector(b, srv), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
