@@ -18,14 +18,13 @@ import (
 // reaches OutboundBytesMax the writer is full: the session's subscriptions stop
 // taking deliveries (session.Throttle reports no room), and a clock starts.
 // Below the cap the room it reports is what is left of the cap, so a partition
-// leases only what fits. If the queue drains
-// to half the cap the writer calls the session's drain callback and deliveries
-// resume. If it has not drained within SlowConsumerTimeoutMs, the write in
-// progress is cut by its deadline and the connection is closed as a slow
-// consumer: a fatal ERROR slow_consumer when the stream is at a frame boundary,
-// and in any case a log line and a counter. Frames still queued go back to
-// the session (Detach), which keeps or releases their leases as for any
-// disconnect.
+// leases only what fits. If the queue drains to half the cap the writer calls
+// the session's drain callback and deliveries resume. If it has not drained
+// within SlowConsumerTimeoutMs, the write in progress is cut by its deadline
+// and the connection is closed as a slow consumer: a fatal ERROR slow_consumer
+// when the stream is at a frame boundary, and in any case a log line and a
+// counter. Frames still queued go back to the session (Detach), which keeps or
+// releases their leases as for any disconnect.
 type writer struct {
 	c *conn
 
@@ -100,7 +99,7 @@ func (w *writer) slowTimeout() time.Duration {
 	return time.Duration(w.c.srv.cfg.SlowConsumerTimeoutMs) * time.Millisecond
 }
 
-// writeDeadline is the deadline of the next write: WriteTimeoutMs from now, or
+// writeDeadlineLocked is the deadline of the next write: WriteTimeoutMs from now, or
 // sooner when the writer is full and its slow-consumer clock runs out first.
 // Called with mu held.
 func (w *writer) writeDeadlineLocked() time.Time {
