@@ -250,3 +250,37 @@ func TestCorruptMutationsChangeTheFile(t *testing.T) {
 		}
 	}
 }
+
+// Concurrent changes based on the same version: exactly one wins, the others
+// get ErrVersionConflict, and the winner's value is the one in force.
+func TestConcurrentUpdatesOneWins(t *testing.T) {
+	s := open(t, memFS(t), map[string]int64{KeyReconnectGraceMs: 5000})
+	const racers = 8
+	type result struct {
+		v   int64
+		err error
+	}
+	results := make(chan result, racers)
+	for i := range int64(racers) {
+		go func() {
+			_, err := s.Update(1, map[string]int64{KeyReconnectGraceMs: 100 + i})
+			results <- result{100 + i, err}
+		}()
+	}
+	won := int64(-1)
+	for range racers {
+		r := <-results
+		switch {
+		case r.err == nil:
+			if won >= 0 {
+				t.Fatalf("two updates of version 1 both won (%d and %d)", won, r.v)
+			}
+			won = r.v
+		case !errors.Is(r.err, ErrVersionConflict):
+			t.Fatalf("loser got %v", r.err)
+		}
+	}
+	if d := s.Snapshot(); won < 0 || d.Version != 2 || d.Values[KeyReconnectGraceMs] != won {
+		t.Fatalf("winner %d, document %+v", won, d)
+	}
+}

@@ -35,6 +35,9 @@
 // settles that arrive after a resume still find their tags. When the grace timer fires
 // the session runs exactly the cleanup an immediate disconnect runs: every
 // subscription is closed, which puts its leases back to ready.
+// The grace is read at each disconnect (Config.ReconnectGraceMsLive when set, the
+// runtime setting in sinew serve), so a change applies to later disconnects and a
+// session already dormant keeps the timer it started with.
 //
 // Re-sends: a DELIVER that reached the old socket may have died in it. At a resume
 // the session notes every manual-ack tag it still holds whose frame is not in the
