@@ -41,7 +41,7 @@ func TestEndpoints(t *testing.T) {
 		Ready:    func() bool { return ready },
 		Problems: func() []string { return problems },
 		Queues:   func() any { return []map[string]any{{"topic": "jobs", "ready": 3}} },
-		Metrics: testRegistry(),
+		Metrics:  testRegistry(),
 	})
 	if code, body := get(t, h, "/healthz"); code != 200 || body != "ok\n" {
 		t.Fatalf("healthz %d %q", code, body)
