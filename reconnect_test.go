@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/sinewmq/sinew/internal/server"
 	"github.com/sinewmq/sinew/internal/testkit"
+	"github.com/sinewmq/sinew/protocol"
 )
 
 // These tests check, against the real broker behind the testkit fault proxy,
@@ -512,5 +514,84 @@ func TestDialConnectTimeoutLogsAttempts(t *testing.T) {
 	}
 	if p.Accepted() != len(rec.msgs) {
 		t.Fatalf("%d attempts, %d logged", p.Accepted(), len(rec.msgs))
+	}
+}
+
+// TestRealResumeRejectedStartsFresh: when the broker rejects the resume (here
+// a token that does not match, as a forged identity would), the client starts
+// a fresh session: the subscription is restored, the old delivery's settle
+// fails with ErrStaleDelivery, and the message is delivered again.
+func TestRealResumeRejectedStartsFresh(t *testing.T) {
+	// The old session stays dormant, holding the lease, until its grace ends.
+	rb := startRealBroker(t, func(c *server.Config) { c.ReconnectGraceMs = 200 })
+	p := proxyT(t, rb.Addr)
+	rec := &records{}
+	c := dialT(t, p.Addr(), WithLogger(slog.New(rec)))
+	ctx := testCtx(t)
+	sub, err := c.Subscribe(ctx, "rejected", WithPrefetch(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Publish(ctx, "rejected", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	m := recv(t, sub)
+	c.ep.mu.Lock()
+	c.ep.identity.Token = append([]byte("forged-"), c.ep.identity.Token...)
+	c.ep.mu.Unlock()
+	p.CutAll()
+	again := recv(t, sub) // once the old session's grace has let the lease go
+	if again.Offset != m.Offset {
+		t.Fatalf("got offset %d, want %d", again.Offset, m.Offset)
+	}
+	if err := m.Complete(ctx); !errors.Is(err, ErrStaleDelivery) {
+		t.Fatalf("Complete of the old session's delivery = %v, want ErrStaleDelivery", err)
+	}
+	if err := again.Complete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if !slices.Contains(rec.msgs, "sinew: session not resumed, starting a fresh one") {
+		t.Fatalf("no log of the rejected resume in %q", rec.msgs)
+	}
+}
+
+// TestRealLateSettleAfterRedeliveryIsStale: a settle of a lease that ended
+// (released by Unsubscribe) and was leased again to another consumer is refused with the typed
+// ErrStaleDelivery (stale_lease), and the other consumer's settle wins.
+func TestRealLateSettleAfterRedeliveryIsStale(t *testing.T) {
+	rb := startRealBroker(t, nil)
+	ctx := testCtx(t)
+	a := dialT(t, rb.Addr)
+	b := dialT(t, rb.Addr)
+	if _, err := a.DeclareQueue(ctx, "late", QueueConfig{Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
+	subA, err := a.Subscribe(ctx, "late", WithPrefetch(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Publish(ctx, "late", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	m := recv(t, subA)
+	if err := subA.Unsubscribe(ctx); err != nil { // releases the lease; A's settle comes late
+		t.Fatal(err)
+	}
+	subB, err := b.Subscribe(ctx, "late", WithPrefetch(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := recv(t, subB) // leased again
+	if other.Offset != m.Offset {
+		t.Fatalf("B got offset %d, want %d", other.Offset, m.Offset)
+	}
+	err = m.Complete(ctx)
+	if !errors.Is(err, ErrStaleDelivery) || !errors.Is(err, &BrokerError{Code: protocol.CodeStaleLease}) {
+		t.Fatalf("late Complete = %v, want ErrStaleDelivery (stale_lease)", err)
+	}
+	if err := other.Complete(ctx); err != nil {
+		t.Fatalf("the current holder's Complete: %v", err)
 	}
 }
