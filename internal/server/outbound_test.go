@@ -117,3 +117,67 @@ func TestOutboundCapDrainingConsumerStays(t *testing.T) {
 		p.shutdown()
 	})
 }
+
+// TestWriteTimeoutShorterThanSlowConsumerTimeout: reaching the cap never gives
+// a blocked write more time than the write timeout it already had.
+func TestWriteTimeoutShorterThanSlowConsumerTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fake := sessiontest.New()
+		p := newPipeServer(t, func(c *Config) {
+			c.Backend = fake
+			c.HeartbeatMs = -1
+			c.OutboundBytesMax = 4 << 10
+			c.SlowConsumerTimeoutMs = 60_000
+			c.WriteTimeoutMs = 1000
+		})
+		c := p.dial()
+		c.hello(protocol.Hello{})
+		c.subscribe(protocol.Subscribe{Topic: "t", Partition: -1, AckMode: protocol.AckManual, Prefetch: 1000})
+		body := bytes.Repeat([]byte{'b'}, 1<<10)
+		publish := func(n int) {
+			for range n {
+				fake.Publish(&protocol.Publish{Topic: "t", Body: body}, func(protocol.PublishOK, error) {})
+			}
+		}
+		publish(2)
+		synctest.Wait() // the writer is blocked writing them, deadline 1 s out
+		publish(18)     // the queue reaches the cap during that write
+		synctest.Wait()
+		start := time.Now()
+		time.Sleep(1100 * time.Millisecond) // fake time: past the write timeout
+		synctest.Wait()
+		if st := p.srv.Stats(); st.ConnectionsOpen != 0 || st.SlowConsumers != 0 {
+			t.Fatalf("after %v: stats %+v, want the connection closed by its write timeout", time.Since(start), st)
+		}
+		p.shutdown()
+	})
+}
+
+// TestSlowlorisHandshakeCut: a HELLO trickled one byte at a time does not
+// extend the handshake timeout: the connection is cut with handshake_timeout
+// before the trickle could finish.
+func TestSlowlorisHandshakeCut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newPipeServer(t, nil) // handshake timeout 2 s
+		c := p.dial()
+		hello := protocol.AppendFrame(nil, 0, 1, &protocol.Hello{ProtocolVersion: protocol.Version, ClientName: "slowloris"})
+		sent := make(chan int, 1)
+		go func() {
+			n := 0
+			for _, b := range hello {
+				if _, err := c.nc.Write([]byte{b}); err != nil {
+					break
+				}
+				n++
+				time.Sleep(300 * time.Millisecond) // fake time: one byte every 300 ms
+			}
+			sent <- n
+		}()
+		c.expectFatal(protocol.CodeHandshakeTimeout)
+		c.nc.Close()
+		if n := <-sent; n >= len(hello) {
+			t.Fatalf("the whole %d-byte HELLO went through before the cut", len(hello))
+		}
+		p.shutdown()
+	})
+}
