@@ -8,8 +8,9 @@
 //	           followed by silence
 //	slowloris  a HELLO sent one byte at a time
 //	halfopen   a connection that never sends a byte, or a HELLO then silence
-//	nonreader  a consumer that subscribes with a large prefetch to the backlog,
-//	           sends a PING now and then, and never reads its socket
+//	nonreader  a consumer that subscribes with a large prefetch to the backlog (or,
+//	           in the bounded test, one to a queue of 64 KiB messages), sends a
+//	           PING now and then, and never reads its socket
 //
 // While they run, the broker's resident memory (VmRSS, and VmHWM for the
 // peak) is sampled from /proc/<pid>/status.

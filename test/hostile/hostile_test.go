@@ -22,11 +22,18 @@ const (
 	envSeconds = "SINEW_HOSTILE_SECONDS" // length of the hostile phase (default 40)
 	envArgs    = "SINEW_HOSTILE_ARGS"    // extra `sinew serve` flags, space-separated
 	envBinary  = "SINEW_HOSTILE_BINARY"  // a prebuilt sinew binary
+	envBig     = "SINEW_HOSTILE_BIG"     // "1": one of the non-readers reads the large-message queue, as in TestHostileBounded
 )
 
 const (
-	bodyBytes      = 1 << 10
-	topic          = "hostile"
+	bodyBytes = 1 << 10
+	topic     = "hostile"
+	// bigTopic holds bigBacklog messages of bigBodyBytes, for a non-reader
+	// that must reach its connection's cap: 10 MiB is more than the
+	// kernel's socket buffers take for one connection (4 MiB here).
+	bigTopic       = "hostile-big"
+	bigBodyBytes   = 64 << 10
+	bigBacklog     = 160
 	sampleInterval = 100 * time.Millisecond
 	// settleAfter is how long the broker gets, after the peers hang up,
 	// before the closing sample.
@@ -113,30 +120,43 @@ var boundedArgs = []string{
 // and asserts that its resident memory stays under what the per-connection
 // caps allow:
 //
-//	gcFactor x (RSS after the backlog was stored + connections x per-connection bytes) + slack
+//	gcFactor x (RSS after the backlog was stored + the large messages' bytes
+//	            + connections x per-connection bytes) + slack
 //
 // where the per-connection bytes are the outbound and re-send caps plus the
 // fixed buffers, and gcFactor is the heap growth the garbage collector allows
 // before it collects. Without the caps the non-readers hold the whole backlog
 // several times over and the run exceeds the ceiling (see
-// docs/reliability.md for both figures). It also checks that the broker
-// still serves afterwards.
+// docs/reliability.md for both figures). It also checks that the non-reader
+// of large messages, whose connection reaches its cap, is closed as a slow
+// consumer, and that the broker still serves afterwards.
 func TestHostileBounded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the broker binary")
 	}
 	args := append(slices.Clone(boundedArgs), strings.Fields(os.Getenv(envArgs))...)
-	r := run(t, args, boundedBacklog, mix140, 10_000, boundedPhase)
+	m := mix140
+	m.nonreader, m.bigNonreader = 59, 1
+	r := run(t, args, boundedBacklog, m, 10_000, boundedPhase)
 	if t.Failed() || os.Getenv("SINEW_HOSTILE_KEEP_LOG") != "" {
 		os.WriteFile(filepath.Join(os.TempDir(), "sinew-hostile-bounded.log"), []byte(r.stderr), 0o644)
 	}
 	perConn := int64(boundedOutboundBytes + boundedResendBytes + connFixedBytes)
-	ceilingKiB := gcFactor*(r.afterBacklog+int64(mix140.total())*perConn>>10) + runtimeSlackBytes>>10
-	t.Logf("hostile: ceiling %.1f MiB = %d x (after backlog %.1f MiB + %d conns x %d KiB) + %d MiB; slow consumers logged %d",
-		mib(ceilingKiB), gcFactor, mib(r.afterBacklog), mix140.total(), perConn>>10, runtimeSlackBytes>>20,
+	bigKiB := int64(bigBacklog * bigBodyBytes >> 10)
+	ceilingKiB := gcFactor*(r.afterBacklog+bigKiB+int64(m.total())*perConn>>10) + runtimeSlackBytes>>10
+	t.Logf("hostile: ceiling %.1f MiB = %d x (after backlog %.1f MiB + %s %d MiB + %d conns x %d KiB) + %d MiB; slow consumers logged %d",
+		mib(ceilingKiB), gcFactor, mib(r.afterBacklog), bigTopic, bigKiB>>10, m.total(), perConn>>10, runtimeSlackBytes>>20,
 		strings.Count(r.stderr, "slow consumer disconnected"))
 	if peak := max(r.peak, r.hwm); peak > ceilingKiB {
 		t.Errorf("peak RSS %.1f MiB is above the ceiling %.1f MiB derived from the caps", mib(peak), mib(ceilingKiB))
+	}
+	// Non-readers of large messages fill their caps past what the kernel
+	// buffers: each is closed as a slow consumer within the phase.
+	if n := r.st.bigClosed.Load(); n != int64(m.bigNonreader) {
+		t.Errorf("%d of %d non-readers of %s were closed by the broker", n, m.bigNonreader, bigTopic)
+	}
+	if n := strings.Count(r.stderr, "slow consumer disconnected"); n < m.bigNonreader {
+		t.Errorf("the broker logged %d slow-consumer disconnects, want at least %d", n, m.bigNonreader)
 	}
 	if err := harness.Probe(r.addr, 5*time.Second); err != nil {
 		t.Errorf("broker does not serve after the run: %v", err)
@@ -167,6 +187,13 @@ func run(t *testing.T, args []string, backlog int, m mix, prefetch uint32, phase
 		}
 	}
 	r.afterBacklog, _, _ = status(pid)
+	if m.bigNonreader > 0 {
+		// Sampled before: its cost is counted as its raw bytes (see
+		// TestHostileBounded), not as the publish's transient garbage.
+		if err := publishBacklog(b.Addr(), bigTopic, bigBacklog, bigBodyBytes); err != nil {
+			t.Fatalf("%v\n%s", err, b.StderrTail())
+		}
+	}
 	s := startSampler(pid, sampleInterval)
 	ctx, cancel := context.WithTimeout(context.Background(), phase)
 	r.st = runPeers(ctx, b.Addr(), topic, m, prefetch)
@@ -185,8 +212,8 @@ func run(t *testing.T, args []string, backlog int, m mix, prefetch uint32, phase
 		backlog, bodyBytes, m.total(), m.garbage, m.hugelen, m.slowloris, m.halfopen, m.nonreader, phase, r.st.dials.Load())
 	t.Logf("hostile: RSS baseline %.1f MiB, after backlog %.1f MiB, peak sampled %.1f MiB, VmHWM %.1f MiB, after peers left %.1f MiB",
 		mib(r.baseline), mib(r.afterBacklog), mib(r.peak), mib(r.hwm), mib(r.end))
-	t.Logf("hostile: non-readers subscribed %d, closed by the broker %d, final ERROR codes %s",
-		r.st.nonreaderSubs.Load(), r.st.nonreaderClosed.Load(), r.st.errCodes())
+	t.Logf("hostile: non-readers subscribed %d, closed by the broker %d (on %s: %d of %d), final ERROR codes %s",
+		r.st.nonreaderSubs.Load(), r.st.nonreaderClosed.Load(), bigTopic, r.st.bigClosed.Load(), m.bigNonreader, r.st.errCodes())
 	return r
 }
 
@@ -206,9 +233,13 @@ func TestHostileMeasure(t *testing.T) {
 	args := strings.Fields(os.Getenv(envArgs))
 	phase := time.Duration(envInt(envSeconds, 40)) * time.Second
 	backlog := envInt(envBacklog, 200_000)
+	m := mix140
+	if os.Getenv(envBig) == "1" {
+		m.nonreader, m.bigNonreader = 59, 1
+	}
 	for _, bl := range []int{0, backlog} {
 		t.Run("backlog="+strconv.Itoa(bl), func(t *testing.T) {
-			run(t, args, bl, mix140, 10_000, phase)
+			run(t, args, bl, m, 10_000, phase)
 		})
 	}
 }

@@ -38,9 +38,14 @@ const (
 // mix says how many peers of each kind a run opens.
 type mix struct {
 	garbage, hugelen, slowloris, halfopen, nonreader int
+	// bigNonreader are non-readers on the queue of large messages (bigTopic),
+	// more than the kernel's socket buffers can absorb.
+	bigNonreader int
 }
 
-func (m mix) total() int { return m.garbage + m.hugelen + m.slowloris + m.halfopen + m.nonreader }
+func (m mix) total() int {
+	return m.garbage + m.hugelen + m.slowloris + m.halfopen + m.nonreader + m.bigNonreader
+}
 
 // mix140 is the 140-peer mix of the measurement and the bounded test.
 var mix140 = mix{garbage: 20, hugelen: 20, slowloris: 20, halfopen: 20, nonreader: 60}
@@ -193,6 +198,7 @@ type peerStats struct {
 	dials            atomic.Int64
 	nonreaderSubs    atomic.Int64 // non-readers whose SUBSCRIBE was written
 	nonreaderClosed  atomic.Int64 // non-readers the broker closed before the end
+	bigClosed        atomic.Int64 // of those, non-readers on bigTopic
 	nonreaderErrCode sync.Map     // protocol.Code -> *atomic.Int64, from a final ERROR
 }
 
@@ -211,7 +217,8 @@ func runPeers(ctx context.Context, addr, topic string, m mix, prefetch uint32) *
 	spawn(m.hugelen, hugelenPeer(addr))
 	spawn(m.slowloris, slowlorisPeer(addr))
 	spawn(m.halfopen, halfopenPeer(addr))
-	spawn(m.nonreader, nonreaderPeer(addr, topic, prefetch))
+	spawn(m.nonreader, nonreaderPeer(addr, topic, prefetch, nil))
+	spawn(m.bigNonreader, nonreaderPeer(addr, bigTopic, prefetch, &st.bigClosed))
 	wg.Wait()
 	return st
 }
@@ -332,7 +339,7 @@ func halfopenPeer(addr string) func(context.Context, int, *peerStats) {
 // nonreaderPeer subscribes to topic with prefetch and never reads its socket
 // while ctx lives, though it keeps sending PINGs. At the end it reads what is there, briefly, to tell whether
 // the broker had closed the connection and with which ERROR code.
-func nonreaderPeer(addr, topic string, prefetch uint32) func(context.Context, int, *peerStats) {
+func nonreaderPeer(addr, topic string, prefetch uint32, closed *atomic.Int64) func(context.Context, int, *peerStats) {
 	return func(ctx context.Context, i int, st *peerStats) {
 		c, err := net.DialTimeout("tcp", addr, dialTimeout)
 		if err != nil {
@@ -386,6 +393,9 @@ func nonreaderPeer(addr, topic string, prefetch uint32) func(context.Context, in
 		var ne net.Error
 		if !(errors.As(err, &ne) && ne.Timeout()) {
 			st.nonreaderClosed.Add(1)
+			if closed != nil {
+				closed.Add(1)
+			}
 		}
 	}
 }
