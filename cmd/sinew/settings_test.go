@@ -192,3 +192,24 @@ func TestRuntimeGraceLive(t *testing.T) {
 		t.Fatalf("HELLO_OK after restart reports grace %d, want the persisted 250", ok.ReconnectGraceMs)
 	}
 }
+
+// runtime_seed decides the first value of a new data directory, 0 included
+// (it opts out of grace).
+func TestRuntimeSeedAppliesToANewDataDir(t *testing.T) {
+	for _, seed := range []int64{1234, 0} {
+		cfg := testServeConfig(t)
+		cfg.RuntimeSeed.Connection.ReconnectGraceMs = seed
+		addr, adminAddr, stop := runServeAdmin(t, cfg)
+		if _, ok := hello(t, addr, protocol.ResumeIdentity{}); int64(ok.ReconnectGraceMs) != seed {
+			t.Errorf("seed %d: HELLO_OK reports %d", seed, ok.ReconnectGraceMs)
+		}
+		var doc admin.SettingsDoc
+		if code := httpJSON(t, "GET", "http://"+adminAddr+"/api/v1/settings", "", &doc); code != 200 || doc.Version != 1 ||
+			doc.Values["connection.reconnect_grace_ms"] != seed {
+			t.Errorf("seed %d: GET %d %+v", seed, code, doc)
+		}
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
