@@ -28,6 +28,7 @@ type conn struct {
 
 	established     atomic.Bool // HELLO_OK was queued
 	resendDue       bool        // reader only: resumed, and no request handled since
+	inflightDue     bool        // reader only: a RECONCILE said INFLIGHT follows; re-sends wait for it
 	publishInflight atomic.Int64
 	settleInflight  atomic.Int64
 	readerWake      chan struct{} // cap 1: a resource the reader may wait for was released
@@ -101,7 +102,10 @@ func (c *conn) serve() {
 	go c.w.run()
 	err := c.readLoop()
 	var fe *fatalError
-	if errors.As(err, &fe) {
+	if errors.Is(err, errSessionEnded) {
+		c.closeReason.CompareAndSwap(nil, "session ended by the client")
+		c.w.finish()
+	} else if errors.As(err, &fe) {
 		c.srv.stats.fatalErrors.Add(1)
 		c.closeReason.CompareAndSwap(nil, fe.Error())
 		c.w.Send(session.Outbound{Body: &protocol.ErrorBody{Code: fe.code, Message: fe.msg, Fatal: true}})
@@ -206,7 +210,7 @@ func clientOp(op protocol.Op) bool {
 	switch op {
 	case protocol.OpHello, protocol.OpPing, protocol.OpPong, protocol.OpDeclareQueue, protocol.OpPublish,
 		protocol.OpSubscribe, protocol.OpUnsubscribe, protocol.OpAck, protocol.OpNack, protocol.OpFail,
-		protocol.OpReconcile, protocol.OpDeleteQueue, protocol.OpPurgeQueue:
+		protocol.OpReconcile, protocol.OpDeleteQueue, protocol.OpPurgeQueue, protocol.OpEndSession, protocol.OpInflight:
 		return true
 	}
 	return false
@@ -222,12 +226,25 @@ func (c *conn) handle(f protocol.Frame) error {
 	if c.resendDue {
 		// Deliveries the previous socket may have lost go out again: after the
 		// RECONCILE_RESULT when the client reconciles first (Reconcile sends
-		// them; the deferred call covers a RECONCILE that failed), otherwise
-		// before the answer to whatever it asked first.
+		// them, unless INFLIGHT follows; the deferred call covers a RECONCILE
+		// that failed), only those the client lacks when it sends INFLIGHT,
+		// otherwise before the answer to whatever it asked first.
 		c.resendDue = false
-		if f.Op == protocol.OpReconcile {
-			defer c.sess.Resend()
-		} else {
+		switch f.Op {
+		case protocol.OpReconcile:
+			defer func() {
+				if !c.inflightDue {
+					c.sess.Resend()
+				}
+			}()
+		case protocol.OpInflight:
+		default:
+			c.sess.Resend()
+		}
+	} else if c.inflightDue {
+		// RECONCILE promised INFLIGHT next; anything else gets the re-sends first.
+		c.inflightDue = false
+		if f.Op != protocol.OpInflight {
 			c.sess.Resend()
 		}
 	}
@@ -272,10 +289,24 @@ func (c *conn) handle(f protocol.Frame) error {
 	case *protocol.Reconcile:
 		if err := c.sess.Reconcile(c.w, f.RequestID, b); err != nil {
 			c.replyErr(f.RequestID, err)
+		} else {
+			c.inflightDue = b.InflightFollows
 		}
+	case *protocol.Inflight:
+		if err := c.sess.Inflight(c.w, f.RequestID, b); err != nil {
+			c.replyErr(f.RequestID, err)
+		}
+	case *protocol.EndSession:
+		c.sess.End(c.w)
+		c.w.Send(session.Outbound{RequestID: f.RequestID, Body: &protocol.OK{}})
+		return errSessionEnded
 	}
 	return nil
 }
+
+// errSessionEnded ends the reader after END_SESSION: the writer flushes the
+// OK, then the connection closes.
+var errSessionEnded = errors.New("session ended by the client")
 
 var errDraining = protocol.Errorf(protocol.CodeShuttingDown, "broker is draining")
 
@@ -441,7 +472,7 @@ func (c *conn) settle(reqID uint64, noReply bool, st *protocol.Settle) {
 		c.settleInflight.Add(-1)
 		c.signalReader()
 	}
-	c.sess.Settle(st.Kind, st.Tags, delay, func(codes []protocol.Code) {
+	c.sess.Settle(st.Kind, st.Tags, st.Leases, delay, func(codes []protocol.Code) {
 		if noReply {
 			failed, first := 0, protocol.CodeOK
 			for _, code := range codes {

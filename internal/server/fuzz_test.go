@@ -22,6 +22,11 @@ func FuzzServeConn(f *testing.F) {
 		}
 		return b
 	}
+	f.Add(seed(&protocol.Publish{Topic: "q", Body: []byte("x")}, &protocol.Subscribe{Topic: "q", Prefetch: 2},
+		&protocol.Settle{Kind: protocol.OpAck, Tags: []uint64{1, 5}, Leases: []protocol.LeaseRef{{SubID: 1, LeaseID: 1}, {SubID: 9, Epoch: 1}}},
+		&protocol.Reconcile{Subs: []protocol.SubView{{SubID: 1, Topic: "q"}}, InflightFollows: true},
+		&protocol.Inflight{Entries: []protocol.InflightEntry{{Tag: 1}, {Tag: 7, Lease: protocol.LeaseRef{SubID: 1, LeaseID: 3}}}},
+		&protocol.EndSession{}, &protocol.Ping{}))
 	f.Add([]byte{})
 	f.Add(hello)
 	f.Add(seed(&protocol.Publish{Topic: "q", Body: []byte("x")}, &protocol.Subscribe{Topic: "q", Prefetch: 1},

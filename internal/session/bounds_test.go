@@ -35,25 +35,29 @@ func (fx *fixture) publishKiB(topic string, n int) {
 	}
 }
 
-// TestDormantBufferPausesAtByteBound: a dormant session buffers pushes up to
-// DormantBytesMax and then takes no more (the rest stays ready in the
-// broker); a resume flushes the buffer and wakes the subscription.
-func TestDormantBufferPausesAtByteBound(t *testing.T) {
+// TestDormantSessionTakesNoDeliveries: a dormant session takes no new
+// deliveries (they stay ready in the broker for live consumers), and its
+// buffer of frames the old socket never wrote is bounded by DormantBytesMax;
+// a resume flushes the buffer and wakes the subscription.
+func TestDormantSessionTakesNoDeliveries(t *testing.T) {
 	fx := newBoundedFixture(t, 5000, func(c *session.Config) { c.DormantBytesMax = 4 * frameBytes })
 	k1 := &sink{}
 	s, _ := fx.open(protocol.ResumeIdentity{}, k1)
 	subscribe(t, s, k1, protocol.Subscribe{Topic: "q", Prefetch: 100})
 	k1.take()
-	s.Detach(k1, nil)
-	fx.publishKiB("q", 50)
-	if info := s.Info(); info.Pending != 4 {
-		t.Fatalf("dormant session buffered %d deliveries, want 4 (the byte bound)", info.Pending)
+	fx.publishKiB("q", 5)
+	unsent := k1.frames // queued, never written
+	k1.frames = nil
+	s.Detach(k1, unsent)
+	fx.publishKiB("q", 45)
+	if info := s.Info(); info.Pending != 5 {
+		t.Fatalf("dormant session buffered %d deliveries, want the 5 unsent", info.Pending)
 	}
-	if ready, inflight, _, _ := fx.fake.Counts("q", ""); ready != 46 || inflight != 4 {
-		t.Fatalf("ready %d inflight %d, want 46 and 4", ready, inflight)
+	if ready, inflight, _, _ := fx.fake.Counts("q", ""); ready != 45 || inflight != 5 {
+		t.Fatalf("ready %d inflight %d, want 45 and 5", ready, inflight)
 	}
 	if st := fx.reg.Stats(); st.DormantPaused != 1 {
-		t.Fatalf("stats %+v: want one dormant pause", st)
+		t.Fatalf("stats %+v: want one dormant pause (5 unsent frames pass the 4-frame bound)", st)
 	}
 	k2 := &sink{}
 	fx.open(s.Identity(), k2)

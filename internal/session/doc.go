@@ -11,8 +11,9 @@
 //
 // Room: the Consumer a session hands the backend implements Pauser. Its room in
 // bytes is the attached sink's (Throttle: what is left of the server writer's
-// outbound cap, none while it is full), or with no sink what is left of
-// DormantBytesMax for the dormant buffer, and, while a subscription is not yet
+// outbound cap, none while it is full), or none at all with no sink (a dormant
+// session takes no new deliveries, so a live consumer of the same queue gets
+// them), and, while a subscription is not yet
 // announced, no more than what is left of DormantBytesMax for its early
 // deliveries. A backend that honours it leases only what fits and nothing at
 // all without room; the sink's drain callback, a resume and an announcement wake
@@ -31,10 +32,21 @@
 //	+----------------------+-------------------------+--------------------------+
 //
 // Grace: with a reconnect grace above zero a dropped session goes dormant. Its
-// subscriptions stay, the broker keeps delivering up to prefetch into the buffer, and
-// settles that arrive after a resume still find their tags. When the grace timer fires
-// the session runs exactly the cleanup an immediate disconnect runs: every
-// subscription is closed, which puts its leases back to ready.
+// subscriptions and leases stay, but it takes no new deliveries; the buffer
+// holds only the pushes the old socket never wrote. Settles that arrive after a
+// resume still find their tags. When the grace timer fires the session runs
+// exactly the cleanup an immediate disconnect runs: every subscription is
+// closed, which puts its leases back to ready as releases (no retry used).
+// END_SESSION (End) runs the same cleanup at once.
+//
+// Settles: see settle.go for the table. In short, a settle reaches the broker
+// for a lease the session holds, or held until it ended without a settle
+// (the queue applies an ACK or FAIL of it while the message is not leased
+// again); a repeat of a settle the session made answers its original ok; a
+// lease named only by its reference reaches the broker when the subscription
+// is the session's own or closed, never another live session's. Two bounded
+// tables per session (SettleMemoryMax) and one per registry
+// (ClosedSubscriptionsMax) hold what this needs.
 // The grace is read at each disconnect (Config.ReconnectGraceMsLive when set, the
 // runtime setting in sinew serve), so a change applies to later disconnects and a
 // session already dormant keeps the timer it started with.
@@ -42,7 +54,10 @@
 // Re-sends: a DELIVER that reached the old socket may have died in it. At a resume
 // the session notes every manual-ack tag it still holds whose frame is not in the
 // buffer, and Resend sends those DELIVERs again, unchanged: Reconcile calls it after
-// RECONCILE_RESULT, and the server calls it before the first other request. The
+// RECONCILE_RESULT, and the server calls it before the first other request. When
+// the client says INFLIGHT follows, Inflight re-sends only the noted deliveries
+// the client did not report, and reports as stale the reported tags the session
+// no longer holds. The
 // client drops a DELIVER whose tag it already holds. Each tag keeps a pointer to
 // its DELIVER body for this, so unsettled bodies stay in memory, bounded by
 // prefetch and, in bytes, by ResendBytesMax: past it a delivery is not kept (a
@@ -60,6 +75,12 @@
 // block, so the lock order is Registry.mu -> Session.mu -> (the sink's own lock).
 // Broker methods (Subscribe, Settle, Close) are always called without Session.mu
 // held, because a broker may call back into the session from its own goroutines.
+//
+// Observability: the registry's Stats counts resume outcomes, grace entered and
+// expired, leases requeued at grace expiry, reconcile and inflight decisions by
+// action, late settles accepted and rejected by code, and repeated settles. Each
+// of these events is also logged with the client id, the connection id and
+// counts, never payloads or tokens.
 //
 // Durability: nothing here is durable. Sessions, tags and subscriptions live in
 // memory; a broker restart ends them all, and a client that resumes afterwards gets

@@ -24,7 +24,9 @@ import (
 //
 // Server-side closes hand the subscription's leases back to ready. A recreate that
 // fails is reported as close_client_side with the error in Reason. After the
-// result, the deliveries noted at the last resume are re-sent (see Resend).
+// result, the deliveries noted at the last resume are re-sent (see Resend),
+// unless req.InflightFollows: then Inflight re-sends only those the client
+// lacks.
 func (s *Session) Reconcile(sink Sink, reqID uint64, req *protocol.Reconcile) error {
 	if req.Policy != protocol.ReconcileConservative && req.Policy != protocol.ReconcileRestore {
 		return protocol.Errorf(protocol.CodeBadRequest, "reconcile policy %d", req.Policy)
@@ -134,7 +136,9 @@ func (s *Session) Reconcile(sink Sink, reqID uint64, req *protocol.Reconcile) er
 	}
 	// Deliveries of kept subscriptions that the previous socket may have lost
 	// follow the decision; those of closed subscriptions were handed back.
-	s.resendLocked()
+	if !req.InflightFollows {
+		s.resendLocked()
+	}
 	s.mu.Unlock()
 	wakeSubs(wake...)
 	s.logger().Info("reconciled", "policy", req.Policy, "client_subs", len(req.Subs),
@@ -145,4 +149,58 @@ func (s *Session) Reconcile(sink Sink, reqID uint64, req *protocol.Reconcile) er
 
 func sameSub(a, b protocol.SubView) bool {
 	return a.Topic == b.Topic && a.Group == b.Group && a.Partition == b.Partition && a.AckMode == b.AckMode
+}
+
+// Inflight answers INFLIGHT (request reqID) through sink: of the deliveries
+// noted for re-send at the last resume, it re-sends those the client did not
+// report, then sends INFLIGHT_RESULT listing the reported tags the session
+// no longer holds (stale) and counting the re-sent and the kept ones. A
+// reported tag is kept when the session holds it under the same lease (a
+// zero lease id in the report matches any). If the re-sends were made
+// already (the client sent another request first), none is made again.
+func (s *Session) Inflight(sink Sink, reqID uint64, req *protocol.Inflight) error {
+	s.mu.Lock()
+	if s.state == stateClosed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	reported := make(map[uint64]bool, len(req.Entries))
+	var stale []uint64
+	kept := 0
+	for i := range req.Entries {
+		x := &req.Entries[i]
+		if reported[x.Tag] {
+			continue // listed twice: judged once
+		}
+		ref := &x.Lease
+		if ref.LeaseID == 0 {
+			ref = nil
+		}
+		if e, ok := s.tags[x.Tag]; ok && !e.st.closed && !e.st.autoAck && e.matches(ref) {
+			kept++
+			reported[x.Tag] = true
+			continue
+		}
+		stale = append(stale, x.Tag)
+	}
+	resent := 0
+	for _, tag := range s.resendTags {
+		e, ok := s.tags[tag]
+		if !ok || e.st.closed || reported[tag] {
+			continue
+		}
+		s.emitLocked(Outbound{Body: e.d})
+		resent++
+	}
+	s.resendTags = nil
+	if s.sink == sink && sink != nil {
+		sink.Send(Outbound{RequestID: reqID, Body: &protocol.InflightResult{Stale: stale, Resent: uint64(resent), Kept: uint64(kept)}})
+	}
+	s.mu.Unlock()
+	s.reg.resent.Add(uint64(resent))
+	s.reg.inflightResent.Add(uint64(resent))
+	s.reg.inflightStale.Add(uint64(len(stale)))
+	s.reg.inflightKept.Add(uint64(kept))
+	s.logger().Info("inflight reconciled", "reported", len(req.Entries), "resent", resent, "stale", len(stale), "kept", kept)
+	return nil
 }

@@ -30,6 +30,12 @@ const (
 	ResendBytesMaxDefault = 1 << 20
 	// DormantSessionsMaxDefault bounds the sessions waiting out their grace.
 	DormantSessionsMaxDefault = 10_000
+	// SettleMemoryMaxDefault bounds each of a session's tables of recently
+	// settled and recently ended leases.
+	SettleMemoryMaxDefault = 1024
+	// ClosedSubscriptionsMaxDefault bounds the closed subscriptions the
+	// registry remembers for settles that name a lease by reference.
+	ClosedSubscriptionsMaxDefault = 4096
 	// pendingSlackFrames is the "small constant" on top of the summed prefetch that
 	// bounds a dormant session's buffer: one SUB_CLOSED per subscription fits in it
 	// together with the subscription count, so this only covers races.
@@ -91,6 +97,15 @@ type Config struct {
 	// disconnect beyond it cleans the session up at once, so a later resume
 	// gets resume_not_found (default DormantSessionsMaxDefault).
 	DormantSessionsMax int
+	// SettleMemoryMax bounds, in entries, each of a session's two tables of
+	// leases it no longer holds: those it settled (so a repeated settle gets
+	// its original outcome) and those that ended without a settle (so a late
+	// ACK or FAIL still reaches the broker). Default SettleMemoryMaxDefault.
+	SettleMemoryMax int
+	// ClosedSubscriptionsMax bounds the closed subscriptions remembered so a
+	// settle naming a lease only by reference (after the session that got it
+	// ended) can still reach its queue. Default ClosedSubscriptionsMaxDefault.
+	ClosedSubscriptionsMax int
 }
 
 // Stats are the registry's counters since it started.
@@ -147,6 +162,12 @@ type Registry struct {
 	sessions map[string]*Session
 	draining atomic.Bool // written under mu; read without it by isDraining
 
+	// subsMu guards subs and closedSubs. It is a leaf: taken under
+	// Session.mu, never the other way round.
+	subsMu     sync.Mutex
+	subs       map[uint64]subOwner
+	closedSubs []uint64 // closed subscriptions still in subs, oldest first
+
 	dormant                                         atomic.Int64
 	issued, resumed, rejected, notFound, graceFired atomic.Uint64
 	requeued, pendingDropped, resent                atomic.Uint64
@@ -196,7 +217,13 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	if cfg.DormantSessionsMax <= 0 {
 		cfg.DormantSessionsMax = DormantSessionsMaxDefault
 	}
-	return &Registry{cfg: cfg, log: cfg.Logger, sessions: make(map[string]*Session)}, nil
+	if cfg.SettleMemoryMax <= 0 {
+		cfg.SettleMemoryMax = SettleMemoryMaxDefault
+	}
+	if cfg.ClosedSubscriptionsMax <= 0 {
+		cfg.ClosedSubscriptionsMax = ClosedSubscriptionsMaxDefault
+	}
+	return &Registry{cfg: cfg, log: cfg.Logger, sessions: make(map[string]*Session), subs: make(map[uint64]subOwner)}, nil
 }
 
 // OwnerID returns the owner id that this registry issues identities under.
@@ -343,3 +370,48 @@ func (r *Registry) CloseAll() {
 // mu, and Open holds r.mu while it takes a session's mu (attach), so taking
 // r.mu here would invert the lock order.
 func (r *Registry) isDraining() bool { return r.draining.Load() }
+
+// subOwner is a subscription and the session that holds it; owner is nil
+// once the subscription is closed.
+type subOwner struct {
+	sub   Subscription
+	owner *Session
+}
+
+// subOpened registers a live subscription of s.
+func (r *Registry) subOpened(id uint64, sub Subscription, s *Session) {
+	r.subsMu.Lock()
+	r.subs[id] = subOwner{sub: sub, owner: s}
+	r.subsMu.Unlock()
+}
+
+// subClosed marks a subscription closed; the oldest closed ones are
+// forgotten past ClosedSubscriptionsMax.
+func (r *Registry) subClosed(id uint64) {
+	r.subsMu.Lock()
+	defer r.subsMu.Unlock()
+	so, ok := r.subs[id]
+	if !ok || so.owner == nil {
+		return
+	}
+	r.subs[id] = subOwner{sub: so.sub}
+	r.closedSubs = append(r.closedSubs, id)
+	for len(r.closedSubs) > r.cfg.ClosedSubscriptionsMax {
+		delete(r.subs, r.closedSubs[0])
+		r.closedSubs = r.closedSubs[1:]
+	}
+}
+
+// subFor returns the subscription id for a settle by lease reference from
+// s: one of s's own, or a closed one (its leases have no holder left). A
+// live subscription of another session is nil: a settle never reaches
+// someone else's lease.
+func (r *Registry) subFor(id uint64, s *Session) Subscription {
+	r.subsMu.Lock()
+	defer r.subsMu.Unlock()
+	so, ok := r.subs[id]
+	if !ok || so.owner != nil && so.owner != s {
+		return nil
+	}
+	return so.sub
+}

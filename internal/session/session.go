@@ -25,19 +25,26 @@ type Session struct {
 	clientID string
 	token    []byte
 
-	mu         sync.Mutex
-	state      state
-	sink       Sink
-	connID     uint64
-	pending    []Outbound // pushes waiting for a sink, oldest first
-	graceStop  func() bool
-	inGrace    bool   // counted in Registry.dormant
-	graceGen   uint64 // bumped on every attach/detach so a stale timer does nothing
-	subs       map[uint64]*subState
-	subsOpen   int // subscriptions being created (counted against the limit)
-	tags       map[uint64]tagEntry
-	lastTag    uint64
-	prefetches uint64 // summed prefetch of subs, bounds pending
+	mu        sync.Mutex
+	state     state
+	sink      Sink
+	connID    uint64
+	pending   []Outbound // pushes waiting for a sink, oldest first
+	graceStop func() bool
+	inGrace   bool   // counted in Registry.dormant
+	graceGen  uint64 // bumped on every attach/detach so a stale timer does nothing
+	subs      map[uint64]*subState
+	subsOpen  int // subscriptions being created (counted against the limit)
+	tags      map[uint64]tagEntry
+	lastTag   uint64
+	// attachGen counts attaches; a tag delivered under an earlier one is
+	// settled "late" (see Stats).
+	attachGen uint64
+	// ended holds the leases that ended without a settle while the session
+	// held them, outcomes the leases the session settled; both bounded by
+	// Config.SettleMemoryMax (see settle.go).
+	ended, outcomes tagMemory
+	prefetches      uint64 // summed prefetch of subs, bounds pending
 	// resendTags are the tags whose DELIVER may have died with the previous
 	// socket, noted at a resume and re-sent by Resend. Bounded by tags.
 	resendTags []uint64
@@ -54,6 +61,10 @@ type Session struct {
 	// Both are read without mu by roomBytes, from partition goroutines.
 	throttle    atomic.Pointer[Throttle]
 	dormantFull atomic.Bool
+	// detached is set while no sink is attached (dormant): the session's
+	// subscriptions then take no new deliveries, so a live consumer of the
+	// same queue gets them instead. Read without mu by roomBytes.
+	detached atomic.Bool
 }
 
 // subState is the session's record of one subscription.
@@ -79,6 +90,7 @@ type tagEntry struct {
 	partition uint32
 	offset    uint64
 	leaseID   uint64
+	gen       uint64 // Session.attachGen when delivered
 	// d is the DELIVER as first sent, kept so that a resume can send it again
 	// with the same tag, lease and attempt. Bodies are shared, never copied.
 	// Nil for auto-ack deliveries, and when ResendBytesMax was reached.
@@ -91,6 +103,7 @@ func newSession(r *Registry, id string, token []byte) *Session {
 	return &Session{
 		reg: r, clientID: id, token: token, state: stateDormant,
 		subs: make(map[uint64]*subState), tags: make(map[uint64]tagEntry),
+		ended: tagMemory{max: r.cfg.SettleMemoryMax}, outcomes: tagMemory{max: r.cfg.SettleMemoryMax},
 	}
 }
 
@@ -116,6 +129,7 @@ func (s *Session) attach(sink Sink, connID uint64, hello Hello, outcome protocol
 	}
 	old := s.sink
 	s.sink, s.connID, s.state = sink, connID, stateAttached
+	s.attachGen++
 	if t, ok := sink.(Throttle); ok {
 		t.SetOnDrain(s.wake)
 		s.throttle.Store(&t)
@@ -123,6 +137,7 @@ func (s *Session) attach(sink Sink, connID uint64, hello Hello, outcome protocol
 		s.throttle.Store(nil)
 	}
 	wasFull := s.dormantFull.Swap(false)
+	wasDetached := s.detached.Swap(false)
 	s.graceGen++
 	if s.graceStop != nil {
 		s.graceStop()
@@ -158,7 +173,7 @@ func (s *Session) attach(sink Sink, connID uint64, hello Hello, outcome protocol
 	if old != nil && old != sink {
 		old.Kick()
 	}
-	if wasFull {
+	if wasFull || wasDetached {
 		s.wake() // paused while dormant; the new sink takes deliveries
 	}
 	return true
@@ -240,6 +255,7 @@ func (s *Session) Detach(sink Sink, unsent []Outbound) {
 	}
 	s.sink = nil
 	s.throttle.Store(nil)
+	s.detached.Store(true)
 	keep := make([]Outbound, 0, len(unsent)+len(s.pending))
 	for _, o := range unsent {
 		if o.isPush() {
@@ -289,6 +305,7 @@ func (s *Session) graceExpired(gen uint64) {
 	s.reg.graceFired.Add(1)
 	held := s.cleanup("grace expired")
 	s.reg.graceRequeued.Add(uint64(held))
+	s.logger().Info("grace expired; unsettled deliveries requeued", "requeued", held)
 }
 
 // cleanupIfDormant cleans up a session that has no sink (used by drain).
@@ -327,10 +344,12 @@ func (s *Session) cleanup(reason string) int {
 	subs := make([]*subState, 0, len(s.subs))
 	for _, st := range s.subs {
 		st.closed = true
+		s.reg.subClosed(st.id)
 		subs = append(subs, st)
 	}
 	held := len(s.tags)
 	s.subs, s.tags = map[uint64]*subState{}, map[uint64]tagEntry{}
+	s.ended, s.outcomes = tagMemory{}, tagMemory{}
 	pending := s.pending
 	s.pending, s.heldBytes = nil, 0
 	s.pendingBytes.Store(0)
@@ -356,6 +375,26 @@ func (s *Session) cleanup(reason string) int {
 
 // Close ends the session at once, whatever the grace.
 func (s *Session) Close() { s.cleanup("closed") }
+
+// End ends the session at the client's request (END_SESSION), whatever the
+// grace: its subscriptions close, its leases go back to the queue as
+// releases (no retry used) and its identity stops resuming. sink, the
+// connection that asked, is detached without being kicked, so it can still
+// write its answer; the caller closes it.
+func (s *Session) End(sink Sink) {
+	s.mu.Lock()
+	closed := s.state == stateClosed
+	if s.sink == sink {
+		s.sink = nil
+		s.throttle.Store(nil)
+	}
+	s.mu.Unlock()
+	if closed {
+		return
+	}
+	s.reg.ended.Add(1)
+	s.cleanup("ended by client")
+}
 
 // emitLocked sends o through the sink, or keeps it for the next sink when it is a
 // push and none is attached.
@@ -401,7 +440,7 @@ func (s *Session) notePendingLocked() {
 // its early deliveries. Called without mu from partition goroutines.
 func (s *Session) roomBytes(st *subState) int64 {
 	limit := s.reg.cfg.DormantBytesMax
-	if st.earlyFull.Load() {
+	if st.earlyFull.Load() || s.detached.Load() {
 		return 0
 	}
 	room := limit - st.earlyBytes.Load()
@@ -454,18 +493,19 @@ func (c *subConsumer) LeaseEnded(sub Subscription, partition uint32, offset, lea
 	c.s.leaseEnded(c.st, partition, offset, leaseID)
 }
 
-// leaseEnded forgets the tag of a delivery whose lease expired or was
-// released while this session held it: settling the tag can only be stale,
-// and sending its DELIVER again (from the dormant buffer, or as a re-send
-// after a resume) could hand the client a message that has since been
-// settled under a later lease. Rare (a lease outlived its holder's
-// attention), so a scan of the tags is fine.
+// leaseEnded moves the tag of a delivery whose lease expired or was released
+// while this session held it to the ended table: a late ACK or FAIL of it
+// still reaches the broker (which applies it while the message is not leased
+// again), but its DELIVER is never sent again (from the dormant buffer, or as
+// a re-send after a resume), since the message may since have been settled
+// under a later lease. Rare (a lease outlived its holder's attention), so a
+// scan of the tags is fine.
 func (s *Session) leaseEnded(st *subState, partition uint32, offset, leaseID uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for tag, e := range s.tags {
 		if e.st == st && e.partition == partition && e.offset == offset && e.leaseID == leaseID {
-			s.dropTagLocked(tag, e)
+			s.endLeaseLocked(tag, e)
 			if n := len(s.pending); n > 0 {
 				s.pending = dropDeliver(s.pending, tag)
 				if len(s.pending) != n {
@@ -509,10 +549,10 @@ func (s *Session) deliver(st *subState, sub Subscription, d Delivery) {
 	body := &protocol.Deliver{
 		SubID: st.id, Tag: tag, Partition: d.Partition, Offset: d.Offset, Attempt: d.Attempt,
 		PublishedAtMs: d.PublishedAtMs, Key: d.Key, Headers: d.Headers, ContentType: d.ContentType,
-		Body: d.Body, Topic: d.Topic, Group: d.Group,
+		Body: d.Body, Topic: d.Topic, Group: d.Group, LeaseID: d.LeaseID, // epoch 0: a single node
 	}
 	o := Outbound{Body: body}
-	e := tagEntry{st: st, partition: d.Partition, offset: d.Offset, leaseID: d.LeaseID}
+	e := tagEntry{st: st, partition: d.Partition, offset: d.Offset, leaseID: d.LeaseID, gen: s.attachGen}
 	if st.autoAck {
 		o.AfterWrite = func() { s.autoAck(tag) }
 	} else if n := int64(o.Bytes()); s.heldBytes+n <= s.reg.cfg.ResendBytesMax {
@@ -584,15 +624,17 @@ func (s *Session) backendClosed(st *subState, sub Subscription, reason uint8, er
 	s.emitLocked(o)
 }
 
-// forgetSubLocked drops st from the session's maps.
+// forgetSubLocked drops st from the session's maps. Its held leases go back
+// to the queue with the subscription, so their tags move to the ended table.
 func (s *Session) forgetSubLocked(st *subState) {
 	if s.subs[st.id] == st {
 		delete(s.subs, st.id)
 		s.prefetches -= uint64(st.prefetch)
 	}
+	s.reg.subClosed(st.id)
 	for t, e := range s.tags {
 		if e.st == st {
-			s.dropTagLocked(t, e)
+			s.endLeaseLocked(t, e)
 		}
 	}
 }
@@ -645,6 +687,7 @@ func (s *Session) openSub(req protocol.Subscribe) (*subState, error) {
 	if !st.closed {
 		s.subs[st.id] = st
 		s.prefetches += uint64(st.prefetch)
+		s.reg.subOpened(st.id, sub, s)
 	}
 	s.mu.Unlock()
 	return st, nil
@@ -708,60 +751,6 @@ func (s *Session) Unsubscribe(subID uint64) error {
 	s.mu.Unlock()
 	st.sub.Close()
 	return nil
-}
-
-// Settle settles each tag the same way (protocol.OpAck, OpNack or OpFail) and calls
-// done once with one code per tag, in order: CodeOK, CodeStaleLease (the lease is
-// no longer held by this session), CodeUnknownTag (never issued here) or whatever
-// the broker answered. done runs on some goroutine and must not block.
-func (s *Session) Settle(kind protocol.Op, tags []uint64, delayMs int64, done func([]protocol.Code)) {
-	codes := make([]protocol.Code, len(tags))
-	type job struct {
-		i   int
-		tag uint64
-		e   tagEntry
-	}
-	jobs := make([]job, 0, len(tags))
-	s.mu.Lock()
-	for i, t := range tags {
-		e, ok := s.tags[t]
-		switch {
-		case ok && e.st.sub != nil:
-			jobs = append(jobs, job{i, t, e})
-		case t == 0 || t > s.lastTag:
-			codes[i] = protocol.CodeUnknownTag
-		default:
-			// Issued here but no longer held: settled, auto-acked, or its
-			// subscription was closed and the lease handed back.
-			codes[i] = protocol.CodeStaleLease
-		}
-	}
-	s.mu.Unlock()
-	if len(jobs) == 0 {
-		done(codes)
-		return
-	}
-	var left atomic.Int64
-	left.Store(int64(len(jobs)))
-	for _, j := range jobs {
-		j.e.st.sub.Settle(kind, j.e.partition, j.e.offset, j.e.leaseID, delayMs, func(c protocol.Code) {
-			codes[j.i] = c
-			if c == protocol.CodeOK || c == protocol.CodeStaleLease {
-				s.forgetTag(j.tag, j.e.leaseID)
-			}
-			if left.Add(-1) == 0 {
-				done(codes)
-			}
-		})
-	}
-}
-
-func (s *Session) forgetTag(tag, leaseID uint64) {
-	s.mu.Lock()
-	if e, ok := s.tags[tag]; ok && e.leaseID == leaseID {
-		s.dropTagLocked(tag, e)
-	}
-	s.mu.Unlock()
 }
 
 // Info is a snapshot of a session for tests and diagnostics.

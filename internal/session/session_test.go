@@ -3,6 +3,8 @@ package session_test
 import (
 	"bytes"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -230,7 +232,7 @@ func delivers(fs []session.Outbound) []*protocol.Deliver {
 func settle(t *testing.T, s *session.Session, kind protocol.Op, tags ...uint64) []protocol.Code {
 	t.Helper()
 	var got []protocol.Code
-	s.Settle(kind, tags, 0, func(c []protocol.Code) { got = c })
+	s.Settle(kind, tags, nil, 0, func(c []protocol.Code) { got = c })
 	if got == nil {
 		t.Fatal("settle did not complete")
 	}
@@ -256,9 +258,16 @@ func TestTagsAndSettle(t *testing.T) {
 	if len(ds2) != 1 || ds2[0].Tag != 3 {
 		t.Fatalf("after ack: %+v", ds2)
 	}
-	// A settled tag is no longer held.
-	if c := settle(t, s, protocol.OpAck, ds[0].Tag); c[0] != protocol.CodeStaleLease {
+	// The same settle again gets its original outcome; another settle of the
+	// same lease is stale. Neither reaches the queue.
+	if c := settle(t, s, protocol.OpAck, ds[0].Tag); c[0] != protocol.CodeOK {
 		t.Fatalf("second ack: %v", c)
+	}
+	if c := settle(t, s, protocol.OpNack, ds[0].Tag); c[0] != protocol.CodeStaleLease {
+		t.Fatalf("nack after ack: %v", c)
+	}
+	if st := fx.reg.Stats(); st.SettleRepeated != 1 || st.LateSettleStale != 1 {
+		t.Fatalf("stats %+v", st)
 	}
 	// Nack requeues: the message comes back under a new tag, never a reused one.
 	if c := settle(t, s, protocol.OpNack, ds[1].Tag); c[0] != protocol.CodeOK {
@@ -332,9 +341,12 @@ func TestGraceResumeKeepsDeliveriesAndTags(t *testing.T) {
 	if info := s.Info(); info.Attached || info.Closed || info.Pending != 1 {
 		t.Fatalf("dormant session %+v", info)
 	}
-	fx.publish("q", 1) // delivered into the dormant buffer
-	if info := s.Info(); info.Pending != 2 {
-		t.Fatalf("pending %d, want 2", info.Pending)
+	fx.publish("q", 1) // a dormant session takes no new deliveries
+	if info := s.Info(); info.Pending != 1 {
+		t.Fatalf("pending %d, want 1", info.Pending)
+	}
+	if r, _, _, _ := fx.fake.Counts("q", ""); r != 1 {
+		t.Fatalf("ready %d, want the new message left in the queue", r)
 	}
 	k2 := &sink{}
 	got, out := fx.open(s.Identity(), k2)
@@ -664,4 +676,65 @@ func TestExpiredLeaseForgetsTag(t *testing.T) {
 	if c := settle(t, s, protocol.OpAck, first[0].Tag, got[0].Tag); c[0] != protocol.CodeStaleLease || c[1] != protocol.CodeOK {
 		t.Fatalf("settle codes %v, want [stale_lease ok]", c)
 	}
+}
+
+// TestLifecycleLogs: every event of the session lifecycle is logged with the
+// client id, and no record carries the resume token.
+func TestLifecycleLogs(t *testing.T) {
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	fx := &fixture{t: t, fake: sessiontest.New(), timers: &timers{}}
+	reg, err := session.NewRegistry(session.Config{
+		Backend: fx.fake, OwnerID: "owner-a", Rand: &counter{}, ReconnectGraceMs: 5000, AfterFunc: fx.timers.after,
+		Logger: slog.New(slog.NewJSONHandler(lockedWriter{&mu, &buf}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx.reg = reg
+	k1 := &sink{}
+	s, _ := fx.open(protocol.ResumeIdentity{}, k1)
+	fx.publish("q", 2)
+	sub := subscribe(t, s, k1, protocol.Subscribe{Topic: "q", Prefetch: 2})
+	ds := delivers(k1.take())
+	s.Detach(k1, nil)
+	bad := s.Identity()
+	bad.Token = []byte("wrong")
+	fx.open(bad, &sink{})
+	k2 := &sink{}
+	fx.open(s.Identity(), k2)
+	if err := s.Reconcile(k2, 3, &protocol.Reconcile{Subs: []protocol.SubView{{SubID: sub, Topic: "q", Prefetch: 2}}}); err != nil {
+		t.Fatal(err)
+	}
+	settle(t, s, protocol.OpAck, ds[0].Tag)
+	settle(t, s, protocol.OpAck, 999)
+	s.Detach(k2, nil)
+	fx.timers.fireAll()
+
+	mu.Lock()
+	out := buf.String()
+	mu.Unlock()
+	for _, msg := range []string{"session identity issued", "session entered grace", "resume rejected", "resume accepted",
+		"reconciled", "late settle accepted", "late settle rejected", "grace expired; unsettled deliveries requeued"} {
+		if !strings.Contains(out, `"msg":"`+msg+`"`) {
+			t.Errorf("no %q record in:\n%s", msg, out)
+		}
+	}
+	if !strings.Contains(out, `"client_id":"`+s.ClientID()+`"`) || !strings.Contains(out, `"requeued":1`) {
+		t.Errorf("records lack the client id or the requeue count:\n%s", out)
+	}
+	if strings.Contains(strings.ToLower(out), "token\":") {
+		t.Errorf("a record carries a token:\n%s", out)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
