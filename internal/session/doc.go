@@ -38,6 +38,9 @@
 // exactly the cleanup an immediate disconnect runs: every subscription is
 // closed, which puts its leases back to ready as releases (no retry used).
 // END_SESSION (End) runs the same cleanup at once.
+// The grace is read at each disconnect (Config.ReconnectGraceMsLive when set, the
+// runtime setting in sinew serve), so a change applies to later disconnects and a
+// session already dormant keeps the timer it started with.
 //
 // Settles: see settle.go for the table. In short, a settle reaches the broker
 // for a lease the session holds, or held until it ended without a settle
@@ -47,9 +50,6 @@
 // is the session's own or closed, never another live session's. Two bounded
 // tables per session (SettleMemoryMax) and one per registry
 // (ClosedSubscriptionsMax) hold what this needs.
-// The grace is read at each disconnect (Config.ReconnectGraceMsLive when set, the
-// runtime setting in sinew serve), so a change applies to later disconnects and a
-// session already dormant keeps the timer it started with.
 //
 // Re-sends: a DELIVER that reached the old socket may have died in it. At a resume
 // the session notes every manual-ack tag it still holds whose frame is not in the
@@ -73,6 +73,8 @@
 // Closed, settle and publish completions) and by the grace timer. Session.mu guards
 // all session state; while holding it the session calls only Sink.Send, which must not
 // block, so the lock order is Registry.mu -> Session.mu -> (the sink's own lock).
+// Registry.subsMu (the subscriptions a settle by lease reference may reach) is a
+// leaf, taken under Session.mu.
 // Broker methods (Subscribe, Settle, Close) are always called without Session.mu
 // held, because a broker may call back into the session from its own goroutines.
 //
