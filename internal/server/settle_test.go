@@ -486,3 +486,30 @@ func TestResumeLifecycle(t *testing.T) {
 		}
 	})
 }
+
+// TestReconcileClosedDeliveriesAreStale: the deliveries of a subscription
+// that reconciliation closed are stale, by tag and by lease reference, and
+// go back to the queue.
+func TestReconcileClosedDeliveriesAreStale(t *testing.T) {
+	fx, timers := startGrace(t, 60_000)
+	c1 := fx.dial()
+	ok1 := c1.hello(protocol.Hello{})
+	c1.publish("q", "m1")
+	c1.subscribe(protocol.Subscribe{Topic: "q", Partition: 0, Prefetch: 1})
+	_, d := expect[*protocol.Deliver](c1)
+	c1.nc.Close()
+	timers.waitArmed(t)
+	c2 := fx.dial()
+	c2.hello(protocol.Hello{Resume: ok1.Resume})
+	c2.send(0, &protocol.Reconcile{}) // the client holds nothing: the server's subscription is closed
+	if _, rr := expect[*protocol.ReconcileResult](c2); len(rr.Entries) != 1 || rr.Entries[0].Action != protocol.ActionCloseServerSide {
+		t.Fatalf("reconcile: %+v", rr.Entries)
+	}
+	wantCodes(t, "by tag and by reference", c2.settleRefs(protocol.OpAck, []uint64{d.Tag, d.Tag}, []protocol.LeaseRef{ref(d), ref(d)}),
+		protocol.CodeStaleLease, protocol.CodeStaleLease)
+	wantCodes(t, "by tag alone", c2.settle(protocol.OpAck, d.Tag), protocol.CodeStaleLease)
+	c2.subscribe(protocol.Subscribe{Topic: "q", Partition: 0, Prefetch: 1})
+	if _, again := expect[*protocol.Deliver](c2); again.Offset != d.Offset || again.Attempt != 2 {
+		t.Fatalf("after reconciliation got %+v, want m1 again", again)
+	}
+}

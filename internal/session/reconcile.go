@@ -91,7 +91,7 @@ func (s *Session) Reconcile(sink Sink, reqID uint64, req *protocol.Reconcile) er
 	var closing []*subState
 	for _, st := range toClose {
 		if !st.closed {
-			st.closed = true
+			st.closed, st.reconciled = true, true
 			s.forgetSubLocked(st)
 			closing = append(closing, st)
 		}

@@ -376,6 +376,7 @@ func (r *Registry) isDraining() bool { return r.draining.Load() }
 type subOwner struct {
 	sub   Subscription
 	owner *Session
+	stale bool // closed by reconciliation: no settle by reference reaches it
 }
 
 // subOpened registers a live subscription of s.
@@ -385,16 +386,16 @@ func (r *Registry) subOpened(id uint64, sub Subscription, s *Session) {
 	r.subsMu.Unlock()
 }
 
-// subClosed marks a subscription closed; the oldest closed ones are
-// forgotten past ClosedSubscriptionsMax.
-func (r *Registry) subClosed(id uint64) {
+// subClosed marks a subscription closed (stale: by reconciliation); the
+// oldest closed ones are forgotten past ClosedSubscriptionsMax.
+func (r *Registry) subClosed(id uint64, stale bool) {
 	r.subsMu.Lock()
 	defer r.subsMu.Unlock()
 	so, ok := r.subs[id]
 	if !ok || so.owner == nil {
 		return
 	}
-	r.subs[id] = subOwner{sub: so.sub}
+	r.subs[id] = subOwner{sub: so.sub, stale: stale}
 	r.closedSubs = append(r.closedSubs, id)
 	for len(r.closedSubs) > r.cfg.ClosedSubscriptionsMax {
 		delete(r.subs, r.closedSubs[0])
@@ -410,7 +411,7 @@ func (r *Registry) subFor(id uint64, s *Session) Subscription {
 	r.subsMu.Lock()
 	defer r.subsMu.Unlock()
 	so, ok := r.subs[id]
-	if !ok || so.owner != nil && so.owner != s {
+	if !ok || so.stale || so.owner != nil && so.owner != s {
 		return nil
 	}
 	return so.sub

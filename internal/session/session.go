@@ -82,6 +82,10 @@ type subState struct {
 	earlyBytes atomic.Int64 // changed under mu
 	earlyFull  atomic.Bool
 	closed     bool
+	// reconciled: reconciliation closed it. Its deliveries are then stale
+	// for good, as the client was told the subscription is gone (see
+	// forgetSubLocked).
+	reconciled bool
 }
 
 // tagEntry is what a delivery tag stands for.
@@ -344,7 +348,7 @@ func (s *Session) cleanup(reason string) int {
 	subs := make([]*subState, 0, len(s.subs))
 	for _, st := range s.subs {
 		st.closed = true
-		s.reg.subClosed(st.id)
+		s.reg.subClosed(st.id, false)
 		subs = append(subs, st)
 	}
 	held := len(s.tags)
@@ -625,15 +629,24 @@ func (s *Session) backendClosed(st *subState, sub Subscription, reason uint8, er
 }
 
 // forgetSubLocked drops st from the session's maps. Its held leases go back
-// to the queue with the subscription, so their tags move to the ended table.
+// to the queue with the subscription, so their tags move to the ended table
+// (a late ACK of one applies while the message is not leased again), unless
+// reconciliation closed it: client and server disagreed about it, the
+// client was told it is gone, and its deliveries are stale whatever is sent
+// for them, by tag or by lease reference.
 func (s *Session) forgetSubLocked(st *subState) {
 	if s.subs[st.id] == st {
 		delete(s.subs, st.id)
 		s.prefetches -= uint64(st.prefetch)
 	}
-	s.reg.subClosed(st.id)
+	s.reg.subClosed(st.id, st.reconciled)
 	for t, e := range s.tags {
-		if e.st == st {
+		if e.st != st {
+			continue
+		}
+		if st.reconciled {
+			s.dropTagLocked(t, e)
+		} else {
 			s.endLeaseLocked(t, e)
 		}
 	}

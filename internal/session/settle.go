@@ -21,6 +21,8 @@ import (
 //	of this session or one that is closed
 //	only a lease reference, to a live          stale_lease: never someone else's lease
 //	subscription of another session
+//	a lease of a subscription reconciliation   stale_lease: the client was told the
+//	closed                                     subscription is gone
 //	nothing known, tag issued here             stale_lease
 //	nothing known, tag never issued here       unknown_tag
 //
