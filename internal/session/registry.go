@@ -85,8 +85,9 @@ type Config struct {
 	// SubscriptionsMax bounds subscriptions per session (default 256).
 	SubscriptionsMax int
 	// DormantBytesMax bounds, in Outbound.Bytes, the pushes a dormant session
-	// buffers; at the bound its subscriptions are paused until a resume
-	// (default DormantBytesMaxDefault).
+	// buffers; at the bound its subscriptions are paused until a resume. It
+	// bounds the same way the deliveries a subscription holds before its
+	// SUBSCRIBE_OK is sent (default DormantBytesMaxDefault).
 	DormantBytesMax int64
 	// ResendBytesMax bounds, in Outbound.Bytes, the unsettled manual-ack
 	// deliveries a session keeps for re-sending after a resume; deliveries
