@@ -777,7 +777,7 @@ func (e *endpoint) holdSettles(rs []*settleReq) {
 	}
 }
 
-// takeHeld removes and returns the held settles (e.mu held).
+// takeHeldLocked removes and returns the held settles (e.mu held).
 func (e *endpoint) takeHeldLocked() []*settleReq {
 	held := e.held
 	e.held = nil
