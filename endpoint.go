@@ -89,6 +89,7 @@ type endpoint struct {
 	fatal       error
 	attemptDone chan struct{} // closed and replaced after every connect attempt
 	attemptErr  error
+	attempts    uint64        // connect attempts finished
 	gaveUp      error         // set while the supervisor has given up (MaxAttempts), until a connect succeeds
 	kick        chan struct{} // asks the supervisor for an attempt now
 }
@@ -277,6 +278,7 @@ func (e *endpoint) attempt(ctx context.Context) (*conn, error) {
 		c = nil
 	}
 	e.attemptErr = err
+	e.attempts++
 	close(e.attemptDone)
 	e.attemptDone = make(chan struct{})
 	e.mu.Unlock()
@@ -426,10 +428,13 @@ func ctxOr(ctx context.Context, err error) error {
 // idempotent publishes.
 func (e *endpoint) restore(ctx context.Context, c *conn, resumed bool) error {
 	if resumed {
+		// Listed before RECONCILE: the deliveries of a subscription that
+		// reconciliation ends are reported too, and come back stale.
+		manual := e.manualSubs()
 		if err := e.reconcile(ctx, c); err != nil {
 			return err
 		}
-		if err := e.reconcileInflight(ctx, c); err != nil {
+		if err := e.reconcileInflight(ctx, c, manual); err != nil {
 			return err
 		}
 	}
@@ -568,6 +573,19 @@ func (e *endpoint) reconcile(ctx context.Context, c *conn) error {
 	return nil
 }
 
+// manualSubs returns the manual-ack subscriptions.
+func (e *endpoint) manualSubs() []*Subscription {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	subs := make([]*Subscription, 0, len(e.subs))
+	for s := range e.subs {
+		if !s.cfg.autoAck {
+			subs = append(subs, s)
+		}
+	}
+	return subs
+}
+
 // reconcileInflight tells the broker which manual-ack deliveries the client
 // still holds unsettled (INFLIGHT, right after RECONCILE) and ends locally the
 // ones the broker no longer holds for the session, so that their settle fails
@@ -575,15 +593,7 @@ func (e *endpoint) reconcile(ctx context.Context, c *conn) error {
 // lacks before its answer; the reader drops any it already holds, by tag.
 // Settles held across the cut are sent afterwards whatever the answer: the
 // broker judges each by its lease.
-func (e *endpoint) reconcileInflight(ctx context.Context, c *conn) error {
-	e.mu.Lock()
-	subs := make([]*Subscription, 0, len(e.subs))
-	for s := range e.subs {
-		if !s.cfg.autoAck {
-			subs = append(subs, s)
-		}
-	}
-	e.mu.Unlock()
+func (e *endpoint) reconcileInflight(ctx context.Context, c *conn, subs []*Subscription) error {
 	var entries []protocol.InflightEntry
 	for _, s := range subs {
 		entries = s.inflight(c.epoch, entries)
@@ -656,6 +666,7 @@ func (e *endpoint) acquire(ctx context.Context, forSettle bool) (*conn, error) {
 		return c, nil
 	}
 	waited, kicked := false, false
+	var kickedAt uint64
 	for {
 		e.mu.Lock()
 		switch {
@@ -671,26 +682,28 @@ func (e *endpoint) acquire(ctx context.Context, forSettle bool) (*conn, error) {
 			e.mu.Unlock()
 			return c, nil
 		}
-		gaveUp, lastErr := e.gaveUp, e.attemptErr
+		gaveUp, lastErr, attempts := e.gaveUp, e.attemptErr, e.attempts
 		wait := e.attemptDone
 		e.mu.Unlock()
 		if gaveUp != nil {
 			switch {
-			case kicked:
-				if lastErr == nil {
-					lastErr = gaveUp
-				}
+			case kicked && attempts > kickedAt:
+				// The attempt this operation asked for failed.
 				return nil, fmt.Errorf("%w: %s: %w", ErrNotConnected, e.addr, lastErr)
+			case kicked:
+				// Woken by something else (the supervisor giving up again
+				// after an earlier attempt): wait for ours.
 			case waited:
 				// This operation waited through the attempts that exhausted
 				// the policy.
 				return nil, gaveUp
-			}
-			select {
-			case e.kick <- struct{}{}:
 			default:
+				select {
+				case e.kick <- struct{}{}:
+				default:
+				}
+				kicked, kickedAt = true, attempts
 			}
-			kicked = true
 		}
 		select {
 		case <-wait:
@@ -792,6 +805,7 @@ func (e *endpoint) failFatal(err error) {
 	e.fatal = err
 	e.live.Store(nil)
 	e.attemptErr = err
+	e.attempts++
 	close(e.attemptDone)
 	e.attemptDone = make(chan struct{})
 	e.mu.Unlock()

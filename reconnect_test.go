@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"runtime"
 	"slices"
 	"strings"
@@ -308,6 +309,9 @@ func TestRealCloseEndsTheSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.ep.mu.Lock()
+	ident := a.ep.identity
+	a.ep.mu.Unlock()
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -316,6 +320,19 @@ func TestRealCloseEndsTheSession(t *testing.T) {
 		if err := m.Complete(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+	nc, err := net.Dial("tcp", rb.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	o := defaultOptions()
+	hello, err := handshake(ctx, nc, &o, ident)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hello.Outcome != protocol.ResumeNotFound {
+		t.Fatalf("resume after Close: outcome %v, want resume_not_found", hello.Outcome)
 	}
 }
 
@@ -394,8 +411,11 @@ func TestRealReconcileConservativeClosesWithReason(t *testing.T) {
 	if !errors.Is(ended, ErrReconciledClosed) {
 		t.Fatalf("receive surface ended with %v, want ErrReconciledClosed", ended)
 	}
-	if err := m.Complete(ctx); !errors.Is(err, ErrStaleDelivery) {
-		t.Fatalf("Complete of a delivery of the closed subscription = %v, want ErrStaleDelivery", err)
+	// Ended locally by INFLIGHT_RESULT: the settle fails without asking the
+	// broker (no *BrokerError inside).
+	var be *BrokerError
+	if err := m.Complete(ctx); !errors.Is(err, ErrStaleDelivery) || errors.As(err, &be) {
+		t.Fatalf("Complete of a delivery of the closed subscription = %v, want a local ErrStaleDelivery", err)
 	}
 	// The message went back to the queue: a new subscription gets it.
 	sub2, err := c.Subscribe(ctx, "rec-cons")
@@ -436,8 +456,9 @@ func TestRealReconcileRestoreRemapsRecreated(t *testing.T) {
 	if again.Offset != m.Offset {
 		t.Fatalf("after the recreate got offset %d, want %d", again.Offset, m.Offset)
 	}
-	if err := m.Complete(ctx); !errors.Is(err, ErrStaleDelivery) {
-		t.Fatalf("Complete of the old subscription's delivery = %v, want ErrStaleDelivery", err)
+	var be *BrokerError
+	if err := m.Complete(ctx); !errors.Is(err, ErrStaleDelivery) || errors.As(err, &be) {
+		t.Fatalf("Complete of the old subscription's delivery = %v, want a local ErrStaleDelivery", err)
 	}
 	if err := again.Complete(ctx); err != nil {
 		t.Fatal(err)

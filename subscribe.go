@@ -623,7 +623,9 @@ func (m *Message) settleAsync(ctx context.Context, kind protocol.Op, delayMs int
 			finish(err)
 			return
 		}
-		if c.epoch != m.epoch {
+		// Checked again after the wait: a connection is handed out only
+		// once its restore, INFLIGHT included, is done.
+		if c.epoch != m.epoch || m.stale.Load() {
 			finish(ErrStaleDelivery)
 			return
 		}
