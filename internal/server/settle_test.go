@@ -513,3 +513,35 @@ func TestReconcileClosedDeliveriesAreStale(t *testing.T) {
 		t.Fatalf("after reconciliation got %+v, want m1 again", again)
 	}
 }
+
+// TestReconcileRestoreRecreates: under the restore policy a subscription the
+// client holds and the broker does not is recreated with a new id, which the
+// result reports, and its deliveries follow the result.
+func TestReconcileRestoreRecreates(t *testing.T) {
+	fx, timers := startGrace(t, 60_000)
+	c1 := fx.dial()
+	ok1 := c1.hello(protocol.Hello{})
+	c1.publish("q", "m1")
+	c1.nc.Close()
+	timers.waitArmed(t)
+	c2 := fx.dial()
+	c2.hello(protocol.Hello{Resume: ok1.Resume})
+	view := protocol.SubView{SubID: 77, Topic: "q", Partition: 0, Prefetch: 2}
+	c2.send(0, &protocol.Reconcile{Policy: protocol.ReconcileRestore, Subs: []protocol.SubView{view}})
+	_, rr := expect[*protocol.ReconcileResult](c2)
+	if len(rr.Entries) != 1 {
+		t.Fatalf("entries %+v", rr.Entries)
+	}
+	e := rr.Entries[0]
+	if e.Action != protocol.ActionRecreateClient || e.ClientSubID != 77 || e.ServerSubID == 0 || e.ServerSubID == 77 || e.Server.Topic != "q" {
+		t.Fatalf("entry %+v, want recreate_client_side with a new server id", e)
+	}
+	_, d := expect[*protocol.Deliver](c2)
+	if d.SubID != e.ServerSubID || string(d.Body) != "m1" {
+		t.Fatalf("delivery %+v on the recreated subscription %d", d, e.ServerSubID)
+	}
+	wantCodes(t, "ack", c2.settle(protocol.OpAck, d.Tag), protocol.CodeOK)
+	if st := fx.srv.Stats().Sessions; st.ReconcileRecreate != 1 {
+		t.Fatalf("session stats %+v", st)
+	}
+}
