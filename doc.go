@@ -36,7 +36,7 @@
 //
 // Each broker address has an endpoint with one supervisor goroutine: it owns
 // reconnection (backoff sleeps, handshake, resume, reconciliation, resending
-// idempotent publishes). Each live socket has a reader (decodes frames,
+// held publishes and settles). Each live socket has a reader (decodes frames,
 // resolves requests, hands deliveries to subscriptions), a writer (batches
 // queued frames into one flush), a settler (batches settles into one frame)
 // and, when the broker announces heartbeats, a heartbeat goroutine. Each
@@ -50,10 +50,10 @@
 //
 // # Across a reconnect
 //
-// While the client reconnects, Publish, PublishAsync, Subscribe, the settle
-// methods and Unsubscribe wait for the next connection, bounded by their
-// context; they never make a connect attempt of their own, so a blip costs one
-// reconnect at the backoff's pace. They fail only when the client is closed
+// While the client reconnects, Publish, PublishAsync, Subscribe and the settle
+// methods wait for the next connection, bounded by their context (Unsubscribe
+// returns at once, see below); they never make a connect attempt of their own,
+// so a blip costs one reconnect at the backoff's pace. They fail only when the client is closed
 // (ErrClientClosed), a fatal error stops it, or ReconnectPolicy.MaxAttempts
 // attempts failed in a row (ErrDisconnected; after that, an operation asks for
 // one fresh attempt and reports its failure as ErrNotConnected).
@@ -65,8 +65,10 @@
 //     of bodies). A publish whose confirm was lost may so be stored twice;
 //   - settles. Every settle carries the lease reference of its delivery, and
 //     the broker treats a repeated settle of the same lease as the original
-//     one, so sending it again is always safe. A held settle fails with
-//     ErrStaleDelivery only when the session was not resumed;
+//     one, so sending it again is always safe. A held settle fails only when
+//     the session was not resumed (ErrStaleDelivery), when the broker judges
+//     its lease stale (ErrStaleDelivery: the lease ended during the break and
+//     the message was leased again), or when the client closes or gives up;
 //   - an Unsubscribe is not resent: the resumed session's reconciliation drops
 //     every subscription the client no longer lists.
 //
