@@ -108,7 +108,7 @@ func TestClientCommandErrors(t *testing.T) {
 		{[]string{"publish", "--topic", "t", "--window", "0"}, 2, "--window"},
 		{[]string{"publish", "--topic", "t", "--header", "nokv"}, 2, "key=value"},
 		{[]string{"consume", "--topic", "t", "--bogus"}, 2, "bogus"},
-		{[]string{"publish", "--addr", free, "--topic", "t", "--connect-timeout", "2s"}, 1, "unreachable"},
+		{[]string{"publish", "--addr", free, "--topic", "t", "--connect-timeout", "500ms"}, 1, "unreachable"},
 		{[]string{"consume", "--addr", addr, "--topic", "t", "--token", "wrong"}, 1, "rejected the credentials"},
 	}
 	for _, tc := range cases {
@@ -192,5 +192,28 @@ func TestPublishSummary(t *testing.T) {
 	code, out, errOut = runCmd(t, "1\n", "publish", "--addr", free, "--topic", "sum", "--connect-timeout", "1s")
 	if code != 1 || out != "published to sum: confirmed 0, failed 0\n" || !strings.Contains(errOut, "unreachable") {
 		t.Fatalf("unreachable: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
+
+// TestConnectTimeoutBoundsTheFirstConnect: against an address nobody serves,
+// the command keeps retrying until --connect-timeout (longer than the five
+// attempts it used to stop at), logs each failed attempt with its reason, and
+// ends with one line saying the broker is unreachable.
+func TestConnectTimeoutBoundsTheFirstConnect(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	free := ln.Addr().String()
+	_ = ln.Close()
+	code, _, errOut := runCmd(t, "", "publish", "--addr", free, "--topic", "t", "--connect-timeout", "2s")
+	lines := strings.Split(strings.TrimSpace(errOut), "\n")
+	last := lines[len(lines)-1]
+	if code != 1 || !strings.Contains(last, "unreachable") || !strings.Contains(last, "deadline exceeded") {
+		t.Fatalf("exit %d, last line %q; want exit 1, unreachable after the connect timeout", code, last)
+	}
+	attempts := strings.Count(errOut, "connect attempt failed")
+	if attempts < 2 || strings.Count(errOut, "connection refused") < attempts {
+		t.Fatalf("%d failed attempts logged, each with its reason?\n%s", attempts, errOut)
 	}
 }
