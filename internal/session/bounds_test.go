@@ -185,3 +185,23 @@ func TestResendBytesBound(t *testing.T) {
 		t.Fatalf("stats %+v: new deliveries after the settle should be kept", st)
 	}
 }
+
+// TestSettleMemoryBound: the table of recent settle outcomes holds at most
+// SettleMemoryMax tags, oldest dropped first; a repeat of a dropped one is no
+// longer recognised and is stale, a repeat of a kept one is ok.
+func TestSettleMemoryBound(t *testing.T) {
+	fx := newBoundedFixture(t, 0, func(c *session.Config) { c.SettleMemoryMax = 2 })
+	k := &sink{}
+	s, _ := fx.open(protocol.ResumeIdentity{}, k)
+	fx.publish("q", 3)
+	subscribe(t, s, k, protocol.Subscribe{Topic: "q", Prefetch: 3})
+	ds := delivers(k.take())
+	for _, d := range ds {
+		if c := settle(t, s, protocol.OpAck, d.Tag); c[0] != protocol.CodeOK {
+			t.Fatalf("ack %d: %v", d.Tag, c)
+		}
+	}
+	if c := settle(t, s, protocol.OpAck, ds[0].Tag, ds[1].Tag, ds[2].Tag); c[0] != protocol.CodeStaleLease || c[1] != protocol.CodeOK || c[2] != protocol.CodeOK {
+		t.Fatalf("repeats %v, want [stale_lease ok ok]: the oldest outcome was dropped", c)
+	}
+}
