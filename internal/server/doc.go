@@ -25,10 +25,11 @@
 // lease only what fits in the room left (sizes estimated from its past
 // deliveries), so the queue passes the cap only by an estimate's error, when
 // several subscriptions of the session take the same room at once, or by
-// credit carried over from settles (the client is reading then). A connection that stays at the cap for
-// SlowConsumerTimeoutMs is closed as a slow consumer (ERROR slow_consumer when the
-// stream is at a frame boundary, a warning, Stats.SlowConsumers); its frames go
-// back to the session like those of any dropped connection.
+// credit carried over from settles (the client is reading then). A connection
+// that stays at the cap for SlowConsumerTimeoutMs (or whose write times out
+// while it is at the cap) is closed as a slow consumer (ERROR slow_consumer
+// when the stream is at a frame boundary, a warning, Stats.SlowConsumers); its
+// frames go back to the session like those of any dropped connection.
 //
 // Lock order: session.Session.mu -> writer.mu. Nothing is called while holding
 // writer.mu.

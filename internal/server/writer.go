@@ -1,7 +1,9 @@
 package server
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -20,11 +22,12 @@ import (
 // Below the cap the room it reports is what is left of the cap, so a partition
 // leases only what fits. If the queue drains to half the cap the writer calls
 // the session's drain callback and deliveries resume. If it has not drained
-// within SlowConsumerTimeoutMs, the write in progress is cut by its deadline
-// and the connection is closed as a slow consumer: a fatal ERROR slow_consumer
-// when the stream is at a frame boundary, and in any case a log line and a
-// counter. Frames still queued go back to the session (Detach), which keeps or
-// releases their leases as for any disconnect.
+// within SlowConsumerTimeoutMs (or the write timeout, if shorter), the write in
+// progress is cut by its deadline and the connection is closed as a slow
+// consumer: a fatal ERROR slow_consumer when the stream is at a frame
+// boundary, and in any case a log line and a counter. Frames still queued go
+// back to the session (Detach), which keeps or releases their leases as for
+// any disconnect.
 type writer struct {
 	c *conn
 
@@ -274,7 +277,7 @@ func (w *writer) writeBatch(buf []byte, batch []session.Outbound) ([]byte, bool)
 		}
 		if err != nil {
 			w.requeue(batch[start:])
-			if !w.slowConsumer(n) {
+			if !w.slowConsumer(n, err) {
 				c.noteWriteError(err)
 			}
 			// The reader may be blocked in a read that only the socket's
@@ -297,26 +300,28 @@ func (w *writer) writeBatch(buf []byte, batch []session.Outbound) ([]byte, bool)
 	return buf, true
 }
 
-// slowConsumer reports whether a failed write failed because the writer stayed
-// full for SlowConsumerTimeoutMs. If so it records the reason and, when none of
-// the failed write's bytes went out (n == 0, so the stream is at a frame
-// boundary), tries to tell the peer with a fatal ERROR slow_consumer, bounded
-// by rejectWriteTimeoutMs.
-func (w *writer) slowConsumer(n int) bool {
+// slowConsumer reports whether a failed write ran out of time while the writer
+// was full: the peer did not read what it was sent, by the slow-consumer
+// timeout or by the write timeout, whichever came first. If so it records the
+// reason and, when none of the failed write's bytes went out (n == 0, so the
+// stream is at a frame boundary), tries to tell the peer with a fatal ERROR
+// slow_consumer, bounded by rejectWriteTimeoutMs.
+func (w *writer) slowConsumer(n int, err error) bool {
 	c := w.c
 	w.mu.Lock()
-	slow := w.full.Load() && !time.Now().Before(w.pausedAt.Add(w.slowTimeout()))
+	slow := w.full.Load() && errors.Is(err, os.ErrDeadlineExceeded)
 	queued := w.qBytes.Load()
+	fullMs := time.Since(w.pausedAt).Milliseconds()
 	w.mu.Unlock()
 	if !slow {
 		return false
 	}
 	c.srv.stats.slowConsumers.Add(1)
-	msg := fmt.Sprintf("%d bytes queued for %d ms without draining below the %d-byte limit",
-		queued, c.srv.cfg.SlowConsumerTimeoutMs, c.srv.cfg.OutboundBytesMax)
+	msg := fmt.Sprintf("%d bytes queued, at the %d-byte limit for %d ms without being read",
+		queued, c.srv.cfg.OutboundBytesMax, fullMs)
 	c.closeReason.CompareAndSwap(nil, protocol.CodeSlowConsumer.String()+": "+msg)
 	c.log.Warn("slow consumer disconnected", "queued_bytes", queued, "outbound_bytes_max", c.srv.cfg.OutboundBytesMax,
-		"slow_consumer_timeout_ms", c.srv.cfg.SlowConsumerTimeoutMs)
+		"full_ms", fullMs, "slow_consumer_timeout_ms", c.srv.cfg.SlowConsumerTimeoutMs)
 	if n == 0 {
 		c.nc.SetWriteDeadline(time.Now().Add(rejectWriteTimeoutMs * time.Millisecond))
 		c.nc.Write(protocol.AppendFrame(nil, 0, 0, &protocol.ErrorBody{Code: protocol.CodeSlowConsumer, Message: msg, Fatal: true}))

@@ -96,8 +96,9 @@ const (
 	boundedPhase         = 6 * time.Second
 	// connFixedBytes is what any connection may hold besides the caps: the
 	// reader's 64 KiB bufio, a frame buffer grown to 64 KiB before its bytes
-	// arrive, the writer's encode buffer and two goroutine stacks.
-	connFixedBytes = 192 << 10
+	// arrive, the writer's encode buffer (it keeps up to one 256 KiB batch)
+	// and two goroutine stacks.
+	connFixedBytes = 400 << 10
 	// gcFactor: the Go heap may grow to twice the live data before a
 	// collection (GOGC=100), and RSS follows the heap.
 	gcFactor = 2
@@ -113,7 +114,7 @@ var boundedArgs = []string{
 	"--connection-slow-consumer-timeout-ms", "2000",
 	"--connection-handshake-timeout-ms", "2000",
 	"--connection-heartbeat-ms", "1000",
-	"--connection-write-timeout-ms", "2000",
+	"--connection-write-timeout-ms", "10000",
 }
 
 // TestHostileBounded runs 140 hostile peers against a broker with a backlog
