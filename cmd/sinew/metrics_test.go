@@ -48,8 +48,8 @@ func scrape(t *testing.T, adminAddr string) (samples map[string]float64, types m
 }
 
 // /metrics keeps every metric Sinew exported before client_golang, under the
-// same names and types, and adds the reconnect counters; the grace and resume
-// ones count what the broker did.
+// same names and types, and adds the reconnect counters; the grace, resume,
+// repeated and rejected settle ones count what the real broker did.
 func TestMetricsNamesAndReconnectCounters(t *testing.T) {
 	timers := make(chan graceTimer, 16)
 	serveAfterFunc = func(d time.Duration, f func()) func() bool {
@@ -65,14 +65,63 @@ func TestMetricsNamesAndReconnectCounters(t *testing.T) {
 	if _, err := pub.Write(protocol.AppendFrame(nil, 0, 2, &protocol.Publish{Topic: "metrics-jobs", Partition: -1, Body: []byte("x")})); err != nil {
 		t.Fatal(err)
 	}
-	f, _, err := protocol.ReadFrame(bufio.NewReader(pub), 1<<21, nil)
-	if err != nil {
-		t.Fatal(err)
+	br := bufio.NewReader(pub)
+	next := func() protocol.Body {
+		t.Helper()
+		for {
+			f, _, err := protocol.ReadFrame(br, 1<<21, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := protocol.Decode(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ping := body.(*protocol.Ping); !ping {
+				return body
+			}
+		}
 	}
-	if body, err := protocol.Decode(f); err != nil {
-		t.Fatalf("publish: %v", err)
-	} else if _, ok := body.(*protocol.PublishOK); !ok {
+	if body := next(); body.Op() != protocol.OpPublishOK {
 		t.Fatalf("publish answered %T %+v", body, body)
+	}
+
+	// Late and repeated settles on the real broker: the same ACK twice (the
+	// second is answered from the outcome table), a tag never issued
+	// (unknown_tag), and a lease of an epoch a single node never issues
+	// (stale_lease).
+	pub.Write(protocol.AppendFrame(nil, 0, 3, &protocol.Subscribe{Topic: "metrics-jobs", Partition: -1, AckMode: protocol.AckManual, Prefetch: 1}))
+	var d *protocol.Deliver
+	for d == nil {
+		switch b := next().(type) {
+		case *protocol.Deliver:
+			d = b
+		case *protocol.SubscribeOK:
+		default:
+			t.Fatalf("after SUBSCRIBE: %T %+v", b, b)
+		}
+	}
+	settle := func(req uint64, s *protocol.Settle) protocol.Code {
+		t.Helper()
+		pub.Write(protocol.AppendFrame(nil, 0, req, s))
+		r, ok := next().(*protocol.SettleResult)
+		if !ok || len(r.Codes) != 1 {
+			t.Fatalf("settle answered %+v", r)
+		}
+		return r.Codes[0]
+	}
+	if c := settle(4, &protocol.Settle{Kind: protocol.OpAck, Tags: []uint64{d.Tag}}); c != protocol.CodeOK {
+		t.Fatalf("ack: %v", c)
+	}
+	if c := settle(5, &protocol.Settle{Kind: protocol.OpAck, Tags: []uint64{d.Tag}}); c != protocol.CodeOK {
+		t.Fatalf("repeated ack: %v", c)
+	}
+	if c := settle(6, &protocol.Settle{Kind: protocol.OpAck, Tags: []uint64{d.Tag + 100}}); c != protocol.CodeUnknownTag {
+		t.Fatalf("ack of a tag never issued: %v", c)
+	}
+	ref := protocol.LeaseRef{SubID: d.SubID, Partition: d.Partition, Offset: d.Offset, LeaseID: d.LeaseID, Epoch: 1}
+	if c := settle(7, &protocol.Settle{Kind: protocol.OpAck, Tags: []uint64{d.Tag}, Leases: []protocol.LeaseRef{ref}}); c != protocol.CodeStaleLease {
+		t.Fatalf("ack of another epoch's lease: %v", c)
 	}
 
 	// One session goes dormant and its grace runs out; another goes dormant
@@ -136,10 +185,11 @@ func TestMetricsNamesAndReconnectCounters(t *testing.T) {
 		"sinew_sessions_grace_expired_total":                             1,
 		`sinew_reconcile_actions_total{action="keep"}`:                   0,
 		`sinew_inflight_reconcile_total{action="resent"}`:                0,
-		`sinew_late_settles_rejected_total{reason="stale_lease"}`:        0,
-		`sinew_late_settles_rejected_total{reason="unknown_tag"}`:        0,
+		`sinew_late_settles_rejected_total{reason="stale_lease"}`:        1,
+		`sinew_late_settles_rejected_total{reason="unknown_tag"}`:        1,
+		"sinew_settles_repeated_total":                                   1,
 		`sinew_late_settles_rejected_total{reason="other"}`:              0,
-		`sinew_queue_ready{group="",partition="0",topic="metrics-jobs"}`: 1,
+		`sinew_queue_ready{group="",partition="0",topic="metrics-jobs"}`: 0,
 		"sinew_publishes_total":                                          1,
 	} {
 		if got, ok := samples[series]; !ok || got != want {
