@@ -76,7 +76,9 @@
 // (the deliveries it holds unsettled). The broker re-sends the deliveries the
 // client lacks, which the client de-duplicates by tag, and names those it no
 // longer holds for the session; settling one of those fails at once with
-// ErrStaleDelivery.
+// ErrStaleDelivery. The broker keeps deliveries for re-sending up to its
+// limits.resend_bytes_max; one it did not keep that the client lacks comes
+// back when its lease expires.
 //
 // Close ends the broker's session with END_SESSION, so its unsettled messages
 // go to other consumers at once instead of after the reconnect grace.
