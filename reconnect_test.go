@@ -683,3 +683,46 @@ func TestRealInflightReconciliation(t *testing.T) {
 		t.Fatalf("INFLIGHT_RESULT %v, want the one held delivery reported and kept", attrs)
 	}
 }
+
+// TestRealCloseDuringACutSendsHeldSettles: Close called while the socket is
+// down waits (bounded by the drain timeout) for the reconnect, lets the held
+// settle through and then ends the session; the ack counts.
+func TestRealCloseDuringACutSendsHeldSettles(t *testing.T) {
+	rb := startRealBroker(t, nil)
+	p := proxyT(t, rb.Addr)
+	ctx := testCtx(t)
+	c, err := Dial(ctx, p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := c.Subscribe(ctx, "close-cut", WithPrefetch(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Publish(ctx, "close-cut", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	m := recv(t, sub)
+	p.SetStalled(true)
+	f := m.CompleteAsync()
+	until(t, "the settle is in progress", func() bool { return c.ep.busy.count() == 1 })
+	p.CutAll()
+	p.SetStalled(false)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Wait(ctx); err != nil {
+		t.Fatalf("settle held across the cut and Close: %v", err)
+	}
+	other := dialT(t, rb.Addr)
+	if _, err := other.Publish(ctx, "close-cut", []byte("marker")); err != nil {
+		t.Fatal(err)
+	}
+	sub2, err := other.Subscribe(ctx, "close-cut")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := recv(t, sub2); got.Text() != "marker" {
+		t.Fatalf("after Close the queue held %q (attempt %d): the ack was lost", got.Text(), got.Attempt)
+	}
+}
