@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/sinewmq/sinew"
@@ -14,7 +16,7 @@ import (
 
 func init() {
 	commands["consume"] = command{
-		summary: "print messages from a queue, acking each after printing",
+		summary: "print messages from a queue, acking each after printing (--peek: settle nothing)",
 		run:     runConsume,
 	}
 }
@@ -22,11 +24,77 @@ func init() {
 // consumePrefetchMax bounds --prefetch: the largest limits.prefetch_max.
 const consumePrefetchMax = 1 << 20
 
+// consumePeekCountDefault is --count under --peek when none is given: a peek
+// never settles, so it sees at most its prefetch and must stop somewhere.
+const consumePeekCountDefault = 10
+
+// consumePeekIdleExitDefault is --idle-exit under --peek when none is given,
+// so a peek of a queue holding fewer than --count messages still ends.
+const consumePeekIdleExitDefault = 2 * time.Second
+
+// consumeJSON is one message of consume --json. Body and key are the bytes
+// themselves when they are valid UTF-8, else base64; body_encoding and
+// key_encoding say which ("utf8" or "base64").
 type consumeJSON struct {
-	Partition uint32 `json:"partition"`
-	Offset    uint64 `json:"offset"`
-	Attempt   uint32 `json:"attempt"`
-	Body      string `json:"body"`
+	Topic         string       `json:"topic"`
+	Group         string       `json:"group,omitempty"`
+	Partition     uint32       `json:"partition"`
+	Offset        uint64       `json:"offset"`
+	Attempt       uint32       `json:"attempt"`
+	PublishedAtMs int64        `json:"published_at_ms"`
+	Key           string       `json:"key,omitempty"`
+	KeyEncoding   string       `json:"key_encoding,omitempty"`
+	ContentType   string       `json:"content_type,omitempty"`
+	Headers       []headerJSON `json:"headers,omitempty"`
+	Body          string       `json:"body"`
+	BodyEncoding  string       `json:"body_encoding"`
+}
+
+// headerJSON is one header, in the order the publisher gave them (a key may
+// repeat). value_encoding is "base64" when the value is not valid UTF-8.
+type headerJSON struct {
+	Key           string `json:"key"`
+	Value         string `json:"value"`
+	ValueEncoding string `json:"value_encoding,omitempty"`
+}
+
+func messageJSON(m *sinew.Message) consumeJSON {
+	j := consumeJSON{Topic: m.Topic, Group: m.Group, Partition: m.Partition, Offset: m.Offset, Attempt: m.Attempt,
+		PublishedAtMs: m.PublishedAt.UnixMilli(), ContentType: m.ContentType}
+	j.Body, j.BodyEncoding = jsonBytes(m.Body)
+	if len(m.Key) > 0 {
+		j.Key, j.KeyEncoding = jsonBytes(m.Key)
+	}
+	for _, h := range m.Headers {
+		hj := headerJSON{Key: h.Key}
+		var enc string
+		if hj.Value, enc = jsonBytes([]byte(h.Value)); enc != encodingUTF8 {
+			hj.ValueEncoding = enc
+		}
+		j.Headers = append(j.Headers, hj)
+	}
+	return j
+}
+
+// writePeekText prints one message for a person: a line with its position,
+// then its key, content type and headers, then its body, each shown with
+// displayBytes (escaped unless plain text) or as --body asks.
+func writePeekText(w io.Writer, m *sinew.Message, bodyFormat string) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "--- %s partition %d offset %d attempt %d published %s\n", displayBytes([]byte(m.Topic)),
+		m.Partition, m.Offset, m.Attempt, m.PublishedAt.UTC().Format(time.RFC3339Nano))
+	if len(m.Key) > 0 {
+		fmt.Fprintf(&b, "key: %s\n", displayBytes(m.Key))
+	}
+	if m.ContentType != "" {
+		fmt.Fprintf(&b, "content-type: %s\n", displayBytes([]byte(m.ContentType)))
+	}
+	for _, h := range m.Headers {
+		fmt.Fprintf(&b, "header %s: %s\n", displayBytes([]byte(h.Key)), displayBytes([]byte(h.Value)))
+	}
+	fmt.Fprintf(&b, "body (%d bytes): %s\n", len(m.Body), displayBody(m.Body, bodyFormat))
+	_, err := io.WriteString(w, b.String())
+	return err
 }
 
 func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
@@ -38,15 +106,46 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 	prefetch := fs.Int("prefetch", 64, "unsettled deliveries at once, 0 to 1048576 (0 = the broker's limits.prefetch_default; the broker clamps to its limits.prefetch_max)")
 	autoAck := fs.Bool("auto-ack", false, "let the broker settle on delivery (a crash loses messages)")
 	idleExit := fs.Duration("idle-exit", 0, "exit after this long with nothing arriving (0 = never)")
-	asJSON := fs.Bool("json", false, `print {"partition":p,"offset":o,"attempt":a,"body":"..."} per message`)
+	asJSON := fs.Bool("json", false, `print one JSON object per message: topic, partition, offset, attempt, key, headers, body (see --help)`)
+	peek := fs.Bool("peek", false, "show messages with their key and headers and settle none: they go back to the queue, no retry used (default --count 10, --idle-exit 2s)")
+	bodyFormat := fs.String("body", "auto", "how --peek shows bodies: auto (text as it is, anything else escaped), escaped or base64")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, consumeHelp)
+		fs.PrintDefaults()
+	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	switch {
 	case *topic == "":
 		return fmt.Errorf("%w: --topic is required", errUsage)
 	case *count < 0 || *idleExit < 0:
 		return fmt.Errorf("%w: --count and --idle-exit must not be negative", errUsage)
+	case *peek && *autoAck:
+		return fmt.Errorf("%w: --peek settles nothing; --auto-ack would settle every delivery", errUsage)
+	case *peek && set["prefetch"]:
+		return fmt.Errorf("%w: --peek sets the prefetch to --count; drop --prefetch", errUsage)
+	case !*peek && set["body"]:
+		return fmt.Errorf("%w: --body is for --peek (consume prints bodies as they are, or in --json)", errUsage)
+	}
+	if err := checkBodyFormat(*bodyFormat); err != nil {
+		return err
+	}
+	if *peek {
+		// Nothing is settled, so the broker stops delivering at the prefetch:
+		// a peek asks for exactly the messages it will show.
+		if *count == 0 {
+			*count = consumePeekCountDefault
+		}
+		if !set["idle-exit"] {
+			*idleExit = consumePeekIdleExitDefault
+		}
+		if err := checkRange("count", int64(*count), 1, consumePrefetchMax); err != nil {
+			return err
+		}
+		*prefetch = *count
 	}
 	// The wire carries a 32-bit prefetch; the bound is the largest
 	// limits.prefetch_max a broker accepts.
@@ -98,9 +197,12 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 			}
 			return fmt.Errorf("subscription ended: %w", describeClientErr(*cf.addr, err))
 		}
-		if *asJSON {
-			err = enc.Encode(consumeJSON{Partition: m.Partition, Offset: m.Offset, Attempt: m.Attempt, Body: string(m.Body)})
-		} else {
+		switch {
+		case *asJSON:
+			err = enc.Encode(messageJSON(m))
+		case *peek:
+			err = writePeekText(out, m, *bodyFormat)
+		default:
 			_, err = fmt.Fprintf(out, "%s\n", m.Body)
 		}
 		if err == nil {
@@ -108,6 +210,13 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 		}
 		if err != nil {
 			return err
+		}
+		if *peek {
+			// Left unsettled: the unsubscribe at the end hands it back.
+			if idleTimer != nil {
+				idleTimer.Reset(*idleExit)
+			}
+			continue
 		}
 		if err := m.Complete(ctx); err != nil {
 			if ctx.Err() != nil {
@@ -121,6 +230,30 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 	}
 	return finishConsume(sub, out)
 }
+
+// consumeHelp explains consume's output; the flag set prints it above the flags.
+const consumeHelp = `usage: sinew consume --topic T [flags]
+
+Prints messages from a queue. By default each body is printed as it is,
+followed by a newline, and the message is acked once printed (a crash between
+the two shows it again, never loses it).
+
+--json prints one object per line instead: topic, group, partition, offset,
+attempt, published_at_ms, key, content_type, headers (a list of {key, value},
+in publish order), body. body and key are the bytes themselves when they are
+valid UTF-8, else base64, as body_encoding and key_encoding say ("utf8" or
+"base64"); a header value that is not UTF-8 has value_encoding "base64".
+
+--peek shows messages with their key, content type and headers and settles
+none of them. It takes --count messages (default 10) with a prefetch of
+--count, prints them, and unsubscribes, which hands every one back to the
+queue at once without using a retry (docs/protocol.md 5.8). While it runs, the
+messages it holds are leased to it and other consumers of the queue do not get
+them, and each one's attempt number rises by one. To read messages without
+leasing them at all, use sinew admin messages peek, which reads the log.
+
+flags:
+`
 
 // consumeUnsubscribeTimeout bounds the unsubscribe on exit.
 const consumeUnsubscribeTimeout = 5 * time.Second

@@ -41,6 +41,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
+	if args[0] == "--version" || args[0] == "-version" || args[0] == "-v" {
+		args = append([]string{"version"}, args[1:]...)
+	}
 	cmd, ok := commands[args[0]]
 	if !ok {
 		fmt.Fprintf(stderr, "sinew: unknown command %q (run 'sinew help')\n", args[0])
@@ -62,7 +65,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: sinew <command> [flags]\n\ncommands:")
+	fmt.Fprintln(w, "usage: sinew <command> [flags]   (sinew --version prints the version)\n\ncommands:")
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)

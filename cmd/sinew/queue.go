@@ -71,6 +71,7 @@ func queueUsage(w io.Writer) {
 	for _, v := range []string{"delete", "purge"} {
 		fmt.Fprintf(&b, "  %-7s %s\n", v, queueVerbs[v])
 	}
-	b.WriteString("\nNeither creates the queue: a queue that does not exist is an error.\n")
+	b.WriteString("\nNeither creates the queue: a queue that does not exist is an error.\n" +
+		"sinew admin queue purge|delete does the same over the admin API (docs/cli.md).\n")
 	io.WriteString(w, b.String())
 }
