@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sinewmq/sinew/internal/admin/dashboard"
 	"github.com/sinewmq/sinew/internal/runtimesettings"
 )
 
@@ -36,6 +37,7 @@ type Config struct {
 // Handler returns the admin HTTP handler.
 func Handler(cfg Config) http.Handler {
 	mux := http.NewServeMux()
+	dashboard.Mount(mux)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")

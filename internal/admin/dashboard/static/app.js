@@ -1,0 +1,490 @@
+// Sinew dashboard: polls the admin API (/api/v1/...) and renders it.
+// No framework and no build step: plain DOM, with text always set through
+// textContent so nothing the broker returns is ever parsed as HTML.
+"use strict";
+
+(() => {
+  const params = new URLSearchParams(location.search);
+  // How often to poll, in ms (?refresh=ms), bounded so a typo cannot flood the broker.
+  const refreshMs = Math.min(60000, Math.max(250, Number(params.get("refresh")) || 2000));
+  const historyMax = 90;        // samples kept per chart
+  const requestTimeoutMs = 10000;
+  const dlLimit = 50;           // dead letters listed per page
+
+  const state = {
+    prev: null,                 // {uptime, started, counters} of the last overview
+    rates: { publish: [], deliver: [], ack: [] },
+    depth: new Map(),           // queue key -> [depth samples]
+    sessions: [], sessionsAt: 0,
+    dlTopic: "", deadLetters: [], selected: new Set(), inspected: null,
+    settings: null, settingsDirty: false,
+    timer: 0, busy: false,
+  };
+
+  // ---- helpers ----
+  const $ = (sel, root = document) => root.querySelector(sel);
+
+  function h(tag, attrs, ...kids) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k === "class") el.className = v;
+      else if (k === "text") el.textContent = v;
+      else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+      else if (k.startsWith("data-")) el.setAttribute(k, String(v));
+      else if (k in el) el[k] = v;
+      else el.setAttribute(k, String(v));
+    }
+    for (const kid of kids.flat()) {
+      if (kid === null || kid === undefined) continue;
+      el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+    }
+    return el;
+  }
+
+  // api calls the admin API and never throws for an HTTP status: it resolves
+  // to {status, ok, data}; a network failure resolves to status 0.
+  async function api(method, path, body) {
+    const ctl = new AbortController();
+    const t = setTimeout(() => ctl.abort(), requestTimeoutMs);
+    try {
+      const init = { method, cache: "no-store", signal: ctl.signal, headers: {} };
+      if (body !== undefined) {
+        init.headers["Content-Type"] = "application/json";
+        init.body = JSON.stringify(body);
+      }
+      const res = await fetch(path, init);
+      const text = await res.text();
+      let data = null;
+      if (text) {
+        try { data = JSON.parse(text); } catch { data = { error: text.trim() }; }
+      }
+      return { status: res.status, ok: res.ok, data };
+    } catch (e) {
+      return { status: 0, ok: false, data: { error: e.name === "AbortError" ? "timed out" : String(e.message || e) } };
+    } finally {
+      clearTimeout(t);
+    }
+  }
+
+  function errText(r) {
+    if (r.status === 0) return "broker unreachable: " + r.data.error;
+    const msg = r.data && (r.data.error || r.data.message);
+    return "HTTP " + r.status + (msg ? ": " + msg : "");
+  }
+
+  function setMsg(id, text, cls) {
+    const el = document.getElementById(id);
+    el.textContent = text || "";
+    el.className = "msg" + (cls ? " " + cls : "");
+  }
+
+  const fmtInt = (n) => (n === undefined || n === null) ? "–" : Number(n).toLocaleString("en-US");
+  function fmtBytes(n) {
+    if (n === undefined || n === null) return "–";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0, v = Number(n);
+    while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    return (i === 0 ? v : v.toFixed(1)) + " " + units[i];
+  }
+  function fmtRate(r) {
+    if (r === null || r === undefined) return "–";
+    return r >= 100 ? Math.round(r).toLocaleString("en-US") : r.toFixed(1);
+  }
+  function fmtDuration(ms) {
+    if (ms === null || ms === undefined) return "–";
+    ms = Math.max(0, ms);
+    const s = Math.floor(ms / 1000);
+    if (s < 60) return (ms / 1000).toFixed(1) + " s";
+    const m = Math.floor(s / 60), hh = Math.floor(m / 60);
+    if (hh > 0) return hh + " h " + (m % 60) + " m";
+    return m + " m " + (s % 60) + " s";
+  }
+  const fmtTime = (ms) => ms ? new Date(ms).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z") : "–";
+  const queueName = (topic, group) => group ? topic + " / " + group : topic;
+  const queueKey = (topic, group) => topic + "\u0000" + group;
+  const qs = (group) => group ? "?group=" + encodeURIComponent(group) : "";
+
+  function push(arr, v) {
+    arr.push(v);
+    if (arr.length > historyMax) arr.splice(0, arr.length - historyMax);
+  }
+
+  // spark draws samples into an <svg viewBox="0 0 120 28">.
+  function spark(svg, samples) {
+    const ns = "http://www.w3.org/2000/svg";
+    svg.replaceChildren();
+    const vals = samples.filter((v) => typeof v === "number");
+    const max = Math.max(1, ...vals);
+    const n = Math.max(2, historyMax);
+    const pts = samples.map((v, i) => {
+      const x = (120 * (n - samples.length + i)) / (n - 1);
+      const y = 27 - (26 * (v || 0)) / max;
+      return x.toFixed(1) + "," + y.toFixed(1);
+    });
+    if (pts.length === 0) return;
+    if (pts.length === 1) pts.unshift("0," + pts[0].split(",")[1]);
+    const area = document.createElementNS(ns, "polygon");
+    const first = pts[0].split(",")[0], last = pts[pts.length - 1].split(",")[0];
+    area.setAttribute("points", first + ",28 " + pts.join(" ") + " " + last + ",28");
+    const line = document.createElementNS(ns, "polyline");
+    line.setAttribute("points", pts.join(" "));
+    const title = document.createElementNS(ns, "title");
+    title.textContent = "max " + max.toLocaleString("en-US") + " over the last " + samples.length + " samples";
+    svg.append(title, area, line);
+  }
+
+  function newSpark() {
+    const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+    svg.setAttribute("class", "spark");
+    svg.setAttribute("viewBox", "0 0 120 28");
+    svg.setAttribute("preserveAspectRatio", "none");
+    return svg;
+  }
+
+  // ---- overview and health ----
+  async function loadOverview() {
+    const [r, ready] = await Promise.all([api("GET", "/api/v1/overview"), fetchReady()]);
+    const health = $("#health");
+    health.textContent = ready.text;
+    health.className = "badge " + (ready.ok ? "ready" : "notready");
+    health.title = ready.detail;
+    if (!r.ok) {
+      setMsg("overview-msg", "overview: " + errText(r), "error");
+      return r.status !== 0;
+    }
+    const o = r.data;
+    setMsg("overview-msg", o.draining ? "The broker is draining." : "", o.draining ? "error" : "");
+    $("#ident").textContent = [o.version, "owner " + (o.owner_id || "?"), "generation " + fmtInt(o.generation),
+      "up " + fmtDuration(o.uptime_ms)].join(" · ");
+    const c = o.counters || {};
+    const cur = { uptime: o.uptime_ms, started: o.started_at_ms, generation: o.generation, counters: c };
+    const p = state.prev;
+    // Rates come from two reads of monotonic counters, over the broker's own
+    // uptime clock; a restart (new start time) begins the series again.
+    let rates = null;
+    if (p && p.started === cur.started && p.generation === cur.generation && cur.uptime > p.uptime) {
+      const dt = (cur.uptime - p.uptime) / 1000;
+      const rate = (k) => (typeof c[k] === "number" && typeof p.counters[k] === "number" && c[k] >= p.counters[k]) ? (c[k] - p.counters[k]) / dt : null;
+      rates = { publish: rate("publishes"), deliver: rate("deliveries"), ack: rate("acks") };
+    }
+    state.prev = cur;
+    for (const k of ["publish", "deliver", "ack"]) {
+      const card = document.getElementById("rate-" + k);
+      if (rates) push(state.rates[k], rates[k]);
+      $(".value", card).textContent = rates ? fmtRate(rates[k]) : "–";
+      spark($("svg", card), state.rates[k]);
+    }
+    const t = o.totals || {};
+    const dl = $("#totals dl");
+    dl.replaceChildren();
+    const rows = [
+      ["queues", fmtInt(o.queues)], ["partitions", fmtInt(o.partitions)],
+      ["ready", fmtInt(t.ready)], ["inflight", fmtInt(t.inflight)],
+      ["dead-lettering", fmtInt(t.dead_lettering)], ["on disk", fmtBytes(t.bytes_on_disk)],
+      ["connections", fmtInt(t.connections_open)],
+      ["sessions", fmtInt(t.sessions_attached) + " attached, " + fmtInt(t.sessions_dormant) + " dormant"],
+      ["dead-lettered", fmtInt(c.dead_lettered)],
+    ];
+    for (const [k, v] of rows) dl.append(h("dt", { text: k }), h("dd", { text: v, "data-total": k }));
+    return true;
+  }
+
+  async function fetchReady() {
+    try {
+      const res = await fetch("/readyz", { cache: "no-store" });
+      const text = (await res.text()).trim();
+      return { ok: res.ok, text: res.ok ? "ready" : "not ready", detail: text };
+    } catch (e) {
+      return { ok: false, text: "unreachable", detail: String(e.message || e) };
+    }
+  }
+
+  // ---- queues ----
+  async function loadQueues() {
+    const r = await api("GET", "/api/v1/queues");
+    const tbody = $("#queues tbody");
+    if (!r.ok) {
+      setMsg("queues-msg", "queues: " + errText(r), "error");
+      return r.status !== 0;
+    }
+    const queues = (r.data && r.data.queues) || [];
+    setMsg("queues-msg", "");
+    const seen = new Set();
+    tbody.replaceChildren();
+    for (const q of queues) {
+      const key = queueKey(q.topic, q.group);
+      seen.add(key);
+      const depth = (q.ready || 0) + (q.delayed || 0) + (q.inflight || 0);
+      if (!state.depth.has(key)) state.depth.set(key, []);
+      const hist = state.depth.get(key);
+      push(hist, depth);
+      const svg = newSpark();
+      spark(svg, hist);
+      const reasons = (q.partitions || []).filter((p) => p.state && p.state !== "ok")
+        .map((p) => "partition " + p.partition + ": " + p.state + (p.reason ? " (" + p.reason + ")" : ""));
+      tbody.append(h("tr", { class: "queue-row", "data-topic": q.topic, "data-group": q.group || "" },
+        h("td", {}, h("strong", { text: queueName(q.topic, q.group) }), q.dead_letter_queue ? h("span", { class: "badge", text: "dead-letter queue" }) : null),
+        h("td", {}, h("span", { class: "badge " + (q.state || "ok"), text: q.state || "ok", title: reasons.join("\n") })),
+        h("td", { class: "num", text: fmtInt(q.partition_count ?? (q.partitions || []).length) }),
+        h("td", { class: "num ready", text: fmtInt(q.ready) }),
+        h("td", { class: "num", text: fmtInt(q.delayed) }),
+        h("td", { class: "num", text: fmtInt(q.inflight) }),
+        h("td", { class: "num", text: fmtInt(q.dead_lettering) }),
+        h("td", { class: "num", text: fmtInt(q.consumers) }),
+        h("td", { class: "num", text: fmtBytes(q.bytes_on_disk) }),
+        h("td", { class: "num depth", "data-depth": depth, text: fmtInt(depth) }),
+        h("td", {}, svg)));
+    }
+    for (const k of [...state.depth.keys()]) if (!seen.has(k)) state.depth.delete(k);
+    if (queues.length === 0) tbody.append(h("tr", { class: "empty" }, h("td", { colSpan: 11, text: "no queues" })));
+    return true;
+  }
+
+  // ---- sessions ----
+  async function loadSessions() {
+    const r = await api("GET", "/api/v1/sessions");
+    if (!r.ok) {
+      setMsg("sessions-msg", "sessions: " + errText(r), "error");
+      return r.status !== 0;
+    }
+    setMsg("sessions-msg", "");
+    state.sessions = (r.data && r.data.sessions) || [];
+    state.sessionsAt = performance.now();
+    const tbody = $("#sessions tbody");
+    tbody.replaceChildren();
+    for (const s of state.sessions) {
+      const subs = (s.subscriptions || []).map((x) => queueName(x.topic, x.group) + " (" + fmtInt(x.inflight) + " inflight, prefetch " + fmtInt(x.prefetch) + ")");
+      tbody.append(h("tr", { class: "session-row", "data-client-id": s.client_id, "data-state": s.state },
+        h("td", { text: s.client_id }),
+        h("td", {}, h("span", { class: "badge " + s.state, text: s.state })),
+        h("td", { class: "num", text: s.conn_id ? String(s.conn_id) : "–" }),
+        h("td", { class: "num grace", "data-grace-left-ms": s.grace_left_ms ?? "" }),
+        h("td", { class: "num", text: fmtInt(s.inflight) }),
+        h("td", { class: "num", text: fmtInt(s.pending) }),
+        h("td", { text: subs.join("; ") || "–" })));
+    }
+    if (state.sessions.length === 0) tbody.append(h("tr", { class: "empty" }, h("td", { colSpan: 7, text: "no sessions" })));
+    tickGrace();
+    return true;
+  }
+
+  // tickGrace counts the grace of dormant sessions down between polls.
+  function tickGrace() {
+    const elapsed = performance.now() - state.sessionsAt;
+    for (const td of document.querySelectorAll("#sessions td.grace")) {
+      const left = td.dataset.graceLeftMs;
+      td.textContent = left === "" ? "–" : fmtDuration(Number(left) - elapsed);
+    }
+  }
+
+  // ---- dead letters ----
+  const dlKey = (d) => d.partition + ":" + d.offset;
+
+  function preview(m) {
+    if (!m) return "–";
+    if (typeof m.body_text === "string") return m.body_text + (m.body_truncated ? "…" : "");
+    return "binary, " + fmtInt(m.body_bytes) + " bytes";
+  }
+
+  async function loadDeadLetters() {
+    const r = await api("GET", "/api/v1/deadletters?limit=" + dlLimit);
+    if (!r.ok) {
+      setMsg("deadletters-msg", "dead letters: " + errText(r), "error");
+      return r.status !== 0;
+    }
+    const d = r.data || {};
+    state.dlTopic = d.topic || "";
+    state.deadLetters = d.dead_letters || [];
+    $("#dlq-topic").textContent = state.dlTopic ? "(" + state.dlTopic + ")" : "";
+    const present = new Set(state.deadLetters.map(dlKey));
+    for (const k of [...state.selected]) if (!present.has(k)) state.selected.delete(k);
+    setMsg("deadletters-msg", d.next_cursor ? "Showing the first " + state.deadLetters.length + "; more are in the queue." : "");
+    const tbody = $("#deadletters tbody");
+    tbody.replaceChildren();
+    for (const dl of state.deadLetters) {
+      const key = dlKey(dl);
+      tbody.append(h("tr", { class: "dl-row", "data-partition": dl.partition, "data-offset": dl.offset, "data-source-topic": dl.source_topic || "" },
+        h("td", {}, h("input", { type: "checkbox", class: "dl-select", checked: state.selected.has(key),
+          onchange: (e) => { e.target.checked ? state.selected.add(key) : state.selected.delete(key); syncDLButtons(); } })),
+        h("td", { class: "num", text: String(dl.partition) }),
+        h("td", { class: "num", text: String(dl.offset) }),
+        h("td", {}, h("span", { class: "badge failed", text: dl.reason || "?" })),
+        h("td", { text: dl.source_topic ? queueName(dl.source_topic, dl.source_group) + " #" + dl.source_partition + "@" + dl.source_offset : "–" }),
+        h("td", { class: "num", text: fmtInt(dl.retries) }),
+        h("td", { text: fmtTime(dl.dead_lettered_at_ms) }),
+        h("td", { class: "preview", text: preview(dl.message), title: preview(dl.message) }),
+        h("td", {},
+          h("button", { type: "button", class: "dl-inspect", text: "Inspect", onclick: () => inspect(key) }), " ",
+          h("button", { type: "button", class: "dl-replay", text: "Replay", onclick: () => replay([dl]) }))));
+    }
+    if (state.deadLetters.length === 0) tbody.append(h("tr", { class: "empty" }, h("td", { colSpan: 9, text: "no dead letters" })));
+    syncDLButtons();
+    if (state.inspected && !present.has(state.inspected)) inspect(null);
+    return true;
+  }
+
+  function syncDLButtons() {
+    $("#dl-replay-selected").disabled = state.selected.size === 0;
+    $("#dl-replay-selected").textContent = "Replay selected (" + state.selected.size + ")";
+    $("#dl-all").checked = state.deadLetters.length > 0 && state.selected.size === state.deadLetters.length;
+  }
+
+  function inspect(key) {
+    state.inspected = key;
+    const box = $("#dl-inspect");
+    const dl = key && state.deadLetters.find((d) => dlKey(d) === key);
+    if (!dl) { box.hidden = true; box.replaceChildren(); return; }
+    const m = dl.message || {};
+    const headers = (m.headers || []).map((x) => h("tr", {}, h("td", { text: x.key }),
+      h("td", { text: typeof x.value === "string" ? x.value : "base64: " + (x.value_b64 || "") })));
+    box.replaceChildren(
+      h("div", { class: "toolbar" }, h("strong", { text: "Dead letter " + key + " of " + state.dlTopic }),
+        h("button", { type: "button", text: "Close", onclick: () => inspect(null) })),
+      h("table", {}, h("tbody", {},
+        h("tr", {}, h("th", { text: "reason" }), h("td", { text: dl.reason || "?" })),
+        h("tr", {}, h("th", { text: "source" }), h("td", { text: dl.source_topic ? queueName(dl.source_topic, dl.source_group) + ", partition " + dl.source_partition + ", offset " + dl.source_offset : "–" })),
+        h("tr", {}, h("th", { text: "retries" }), h("td", { text: fmtInt(dl.retries) })),
+        h("tr", {}, h("th", { text: "published" }), h("td", { text: fmtTime(m.published_at_ms) })),
+        h("tr", {}, h("th", { text: "content type" }), h("td", { text: m.content_type || "–" })),
+        h("tr", {}, h("th", { text: "key" }), h("td", { text: typeof m.key_text === "string" ? m.key_text : (m.key_b64 ? "base64: " + m.key_b64 : "–") })),
+        h("tr", {}, h("th", { text: "body" }), h("td", { text: fmtInt(m.body_bytes) + " bytes" + (m.body_truncated ? " (preview truncated)" : "") })))),
+      h("h3", { text: "Headers" }),
+      headers.length ? h("table", {}, h("tbody", {}, headers)) : h("p", { class: "muted", text: "none" }),
+      h("h3", { text: typeof m.body_text === "string" ? "Body" : "Body (base64: not valid UTF-8)" }),
+      h("pre", { class: "dl-body", text: typeof m.body_text === "string" ? m.body_text : (m.body_b64 || "") }));
+    box.hidden = false;
+  }
+
+  async function replay(items) {
+    if (items.length === 0) return;
+    const keep = $("#dl-keep").checked;
+    setMsg("dl-result", "replaying " + items.length + "…");
+    const r = await api("POST", "/api/v1/deadletters/replay", {
+      topic: state.dlTopic || undefined, keep,
+      items: items.map((d) => ({ partition: d.partition, offset: d.offset })),
+    });
+    if (!r.ok) {
+      setMsg("dl-result", "replay: " + errText(r), "error");
+      return;
+    }
+    const results = (r.data && r.data.results) || [];
+    const good = results.filter((x) => x.status === "replayed");
+    const bad = results.filter((x) => x.status !== "replayed");
+    const parts = good.map((x) => x.partition + ":" + x.offset + " → " + queueName(x.target_topic, x.target_group) +
+      " #" + x.target_partition + "@" + x.target_offset + (x.removed ? "" : " (copy kept)"));
+    const fails = bad.map((x) => x.partition + ":" + x.offset + " " + x.status + (x.error ? ": " + x.error : ""));
+    setMsg("dl-result", "Replayed " + good.length + (parts.length ? ": " + parts.join(", ") : "") +
+      (fails.length ? ". Not replayed: " + fails.join(", ") : ""), fails.length ? "error" : "good");
+    for (const d of items) state.selected.delete(dlKey(d));
+    await Promise.all([loadDeadLetters(), loadQueues()]);
+  }
+
+  // ---- settings ----
+  function renderSettings(doc, note) {
+    state.settings = doc;
+    state.settingsDirty = false;
+    $("#settings-version").textContent = "(version " + doc.version + ")";
+    const box = $("#settings-fields");
+    box.replaceChildren();
+    const keys = doc.runtime_keys && doc.runtime_keys.length ? doc.runtime_keys : Object.keys(doc.values || {}).map((k) => ({ key: k }));
+    for (const k of keys) {
+      const v = (doc.values || {})[k.key];
+      const input = h("input", { type: "number", name: k.key, step: 1, value: v ?? "", "data-key": k.key,
+        min: k.min ?? undefined, max: k.max ?? undefined, required: true,
+        oninput: (e) => { e.target.classList.toggle("changed", e.target.value !== String(v)); state.settingsDirty = true; } });
+      box.append(h("div", { class: "setting" },
+        h("label", { text: k.key }), input,
+        h("span", { class: "muted", text: (k.description || "") + (k.min !== undefined ? " [" + k.min + " … " + k.max + "]" : "") })));
+    }
+    if (note) setMsg("settings-msg", note.text, note.cls);
+  }
+
+  async function loadSettings(force) {
+    if (state.settingsDirty && !force) return true;
+    const r = await api("GET", "/api/v1/settings");
+    if (!r.ok) {
+      setMsg("settings-msg", "settings: " + errText(r), "error");
+      return r.status !== 0;
+    }
+    if (force || !state.settings || state.settings.version !== r.data.version) renderSettings(r.data);
+    return true;
+  }
+
+  async function saveSettings(ev) {
+    ev.preventDefault();
+    if (!state.settings) return;
+    const values = {};
+    for (const input of document.querySelectorAll("#settings-fields input")) {
+      const key = input.dataset.key;
+      if (input.value.trim() === "") { setMsg("settings-msg", key + ": a value is required", "error"); return; }
+      const n = Number(input.value);
+      if (!Number.isInteger(n)) { setMsg("settings-msg", key + ": " + input.value + " is not an integer", "error"); return; }
+      if (n !== state.settings.values[key]) values[key] = n;
+    }
+    if (Object.keys(values).length === 0) { setMsg("settings-msg", "Nothing changed."); return; }
+    const based = state.settings.version;
+    setMsg("settings-msg", "saving…");
+    const r = await api("PUT", "/api/v1/settings", { version: based, values });
+    if (r.ok) {
+      renderSettings(r.data, { text: "Saved: version " + r.data.version + ".", cls: "good" });
+      return;
+    }
+    if (r.status === 409) {
+      // Someone else changed the settings since this form loaded: show what
+      // is in force now and ask for the change again, rather than overwrite.
+      const cur = { version: r.data.version, values: r.data.values, runtime_keys: state.settings.runtime_keys };
+      renderSettings(cur);
+      const msg = $("#settings-msg");
+      msg.className = "msg";
+      msg.replaceChildren(h("span", { class: "conflict", id: "settings-conflict",
+        text: "Not saved: the settings were changed elsewhere (this form had version " + based + ", the broker is at version " +
+          r.data.version + "). The form now shows the values in force; make your change again and save." }));
+      return;
+    }
+    setMsg("settings-msg", "Not saved: " + errText(r), "error");
+  }
+
+  // ---- refresh loop ----
+  async function refresh() {
+    if (state.busy) return;
+    state.busy = true;
+    try {
+      const results = await Promise.all([loadOverview(), loadQueues(), loadSessions(), loadDeadLetters(), loadSettings(false)]);
+      const banner = $("#banner");
+      if (results.some((ok) => !ok)) {
+        banner.textContent = "The broker's admin API is unreachable; showing the last data received.";
+        banner.hidden = false;
+      } else {
+        banner.hidden = true;
+      }
+      $("#refreshed").textContent = "updated " + new Date().toLocaleTimeString("en-GB");
+      document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
+    } finally {
+      state.busy = false;
+    }
+  }
+
+  function schedule() {
+    clearInterval(state.timer);
+    if ($("#autorefresh").checked) state.timer = setInterval(refresh, refreshMs);
+  }
+
+  function start() {
+    $("#refresh-s").textContent = String(refreshMs / 1000);
+    $("#autorefresh").addEventListener("change", schedule);
+    $("#settings-form").addEventListener("submit", saveSettings);
+    $("#settings-reset").addEventListener("click", () => { state.settingsDirty = false; setMsg("settings-msg", ""); loadSettings(true); });
+    $("#dl-replay-selected").addEventListener("click", () => replay(state.deadLetters.filter((d) => state.selected.has(dlKey(d)))));
+    $("#dl-all").addEventListener("change", (e) => {
+      state.selected = new Set(e.target.checked ? state.deadLetters.map(dlKey) : []);
+      for (const cb of document.querySelectorAll("#deadletters .dl-select")) cb.checked = e.target.checked;
+      syncDLButtons();
+    });
+    setInterval(tickGrace, 250);
+    refresh();
+    schedule();
+  }
+
+  start();
+})();
