@@ -493,19 +493,22 @@ func (p *Page) Eval(ctx context.Context, expr string, out any) error {
 // so the wait ends as soon as the condition holds; on timeout the error
 // says what was awaited.
 func (p *Page) WaitFor(ctx context.Context, what, cond string, timeoutMs int) error {
-	condJSON, _ := json.Marshal(cond)
 	whatJSON, _ := json.Marshal(what)
+	// cond is pasted in as code, not passed to eval: a page's CSP may forbid
+	// eval, while Runtime.evaluate itself is always allowed.
 	expr := fmt.Sprintf(`new Promise((resolve, reject) => {
+  const cond = () => (%s
+  );
   const deadline = Date.now() + %d;
   const check = () => {
     let ok = false, why = "";
-    try { ok = !!(0, eval)(%s); } catch (e) { why = String(e); }
+    try { ok = !!cond(); } catch (e) { why = String(e); }
     if (ok) { resolve(true); return; }
     if (Date.now() > deadline) { reject(new Error("timed out waiting for " + %s + (why ? ": " + why : ""))); return; }
     setTimeout(check, 50);
   };
   check();
-})`, timeoutMs, condJSON, whatJSON)
+})`, cond, timeoutMs, whatJSON)
 	return p.Eval(ctx, expr, nil)
 }
 

@@ -116,14 +116,15 @@
     svg.replaceChildren();
     const vals = samples.filter((v) => typeof v === "number");
     const max = Math.max(1, ...vals);
-    const n = Math.max(2, historyMax);
+    // Spread the samples over the width; a new chart fills as it grows.
+    const n = Math.max(2, samples.length);
     const pts = samples.map((v, i) => {
-      const x = (120 * (n - samples.length + i)) / (n - 1);
+      const x = (120 * i) / (n - 1);
       const y = 27 - (26 * (v || 0)) / max;
       return x.toFixed(1) + "," + y.toFixed(1);
     });
     if (pts.length === 0) return;
-    if (pts.length === 1) pts.unshift("0," + pts[0].split(",")[1]);
+    if (pts.length === 1) pts.push("120," + pts[0].split(",")[1]);
     const area = document.createElementNS(ns, "polygon");
     const first = pts[0].split(",")[0], last = pts[pts.length - 1].split(",")[0];
     area.setAttribute("points", first + ",28 " + pts.join(" ") + " " + last + ",28");

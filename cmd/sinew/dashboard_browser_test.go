@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sinewmq/sinew"
+	"github.com/sinewmq/sinew/internal/admin"
+	"github.com/sinewmq/sinew/internal/cdp"
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// browserWaitMs bounds each wait for something to show on the page; the page
+// polls every dashRefreshMs, so a few polls suffice.
+const (
+	browserWaitMs = 15_000
+	dashRefreshMs = 300
+)
+
+// artifactsDir returns where the test's screenshots go: $SINEW_TEST_ARTIFACTS
+// when set, else a fresh directory under the system's temporary directory. It
+// is kept after the test, and its path is logged.
+func artifactsDir(t *testing.T) string {
+	t.Helper()
+	root := os.Getenv("SINEW_TEST_ARTIFACTS")
+	if root == "" {
+		root = filepath.Join(os.TempDir(), "sinew-test-artifacts")
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp(root, t.Name()+"-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshots and the browser's log: %s", dir)
+	return dir
+}
+
+// TestDashboardInBrowser loads the dashboard in headless Chromium against a
+// real broker (sinew serve in-process, with its admin listener) and checks
+// what an operator would: the page loads without console errors, shows a
+// queue just published to with its depth, shows a session as dormant once its
+// client's socket is cut, replays a dead letter from the page back onto its
+// source queue, and applies a setting changed in the form (and shows a
+// concurrent change as a conflict rather than overwriting it).
+func TestDashboardInBrowser(t *testing.T) {
+	chromium, err := cdp.Find()
+	if errors.Is(err, cdp.ErrNoBrowser) {
+		t.Skip("dashboard browser test skipped: " + err.Error())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := testServeConfig(t)
+	cfg.RuntimeSeed.Connection.ReconnectGraceMs = 120_000 // a cut session stays dormant for the whole test
+	addr, adminAddr, _ := runServeAdmin(t, cfg)
+	base := "http://" + adminAddr
+	if res, err := http.Get(base + "/api/v1/overview"); err != nil {
+		t.Fatal(err)
+	} else if res.Body.Close(); res.StatusCode == http.StatusNotFound {
+		// The page needs the v1 admin API (overview, sessions, dead letters).
+		t.Skip("dashboard browser test skipped: this build has no /api/v1/overview")
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	// A queue with a dead letter in it: declare, publish, take it and fail it.
+	c, err := sinew.Dial(ctx, addr, sinew.WithClientName("dash-worker"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.DeclareQueue(ctx, "dash-work", sinew.QueueConfig{Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PublishText(ctx, "dash-work", "poison pill", sinew.WithKey([]byte("k-1")), sinew.WithHeader("origin", "browser-test")); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := c.Subscribe(ctx, "dash-work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-sub.Messages():
+		if err := m.Fail(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatal("no delivery of the message to fail")
+	}
+	if err := sub.Unsubscribe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A queue with three messages waiting.
+	for i := range 3 {
+		if _, err := c.PublishText(ctx, "dash-orders", fmt.Sprintf("order %d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	dir := artifactsDir(t)
+	logf, err := os.Create(filepath.Join(dir, "chromium.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	b, err := cdp.Launch(chromium, t.TempDir(), logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	p, err := b.NewPage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shot := func(name string) {
+		t.Helper()
+		if err := p.Screenshot(ctx, filepath.Join(dir, name+".png")); err != nil {
+			t.Errorf("screenshot %s: %v", name, err)
+		}
+	}
+	waitFor := func(what, cond string) {
+		t.Helper()
+		if err := p.WaitFor(ctx, what, cond, browserWaitMs); err != nil {
+			shot("failed")
+			t.Fatalf("%v\n(screenshots in %s)", err, dir)
+		}
+	}
+	eval := func(expr string, out any) {
+		t.Helper()
+		if err := p.Eval(ctx, expr, out); err != nil {
+			shot("failed")
+			t.Fatalf("%v\n(screenshots in %s)", err, dir)
+		}
+	}
+
+	if err := p.Navigate(ctx, fmt.Sprintf("%s/?refresh=%d", base, dashRefreshMs)); err != nil {
+		t.Fatal(err)
+	}
+	// Two refreshes: the second one has rates.
+	waitFor("two refreshes", `Number(document.body.dataset.refreshes) >= 2`)
+	var banner bool
+	eval(`document.querySelector("#banner").hidden`, &banner)
+	if !banner {
+		t.Errorf("the page shows its unreachable banner")
+	}
+
+	// The queue just published to, with its depth.
+	waitFor("dash-orders with depth 3", `(() => {
+		const row = document.querySelector('tr.queue-row[data-topic="dash-orders"]');
+		return row && row.querySelector("td.depth").dataset.depth === "3" && row.querySelector("td.ready").textContent === "3";
+	})()`)
+	shot("1-queues")
+
+	// A session goes dormant when its socket is cut: none before, one after.
+	var dormant int
+	eval(`document.querySelectorAll('tr.session-row[data-state="dormant"]').length`, &dormant)
+	if dormant != 0 {
+		t.Fatalf("%d dormant sessions before any cut", dormant)
+	}
+	nc, _ := hello(t, addr, protocol.ResumeIdentity{})
+	nc.Close() // no END_SESSION: the broker sees a cut socket
+	waitFor("a dormant session with its grace counting down", `(() => {
+		const rows = document.querySelectorAll('tr.session-row[data-state="dormant"]');
+		if (rows.length !== 1) return false;
+		const g = rows[0].querySelector("td.grace");
+		return g.dataset.graceLeftMs !== "" && /s$/.test(g.textContent);
+	})()`)
+	shot("2-sessions")
+
+	// The dead letter: inspect it, then replay it from the page.
+	dlRow := `document.querySelector('tr.dl-row[data-source-topic="dash-work"]')`
+	waitFor("the dead letter of dash-work", dlRow)
+	eval(dlRow+`.querySelector("button.dl-inspect").click()`, nil)
+	waitFor("the inspected body and header", `(() => {
+		const box = document.querySelector("#dl-inspect");
+		return !box.hidden && box.querySelector("pre.dl-body").textContent === "poison pill" && box.textContent.includes("browser-test");
+	})()`)
+	shot("3-deadletter-inspect")
+	eval(dlRow+`.querySelector("button.dl-replay").click()`, nil)
+	waitFor("the replay's result", `document.querySelector("#dl-result").textContent.startsWith("Replayed 1")`)
+	waitFor("the replayed dead letter gone from the list", `!`+dlRow)
+	shot("4-deadletter-replayed")
+	// It is back on its source queue: a consumer of dash-work gets it again.
+	sub, err = c.Subscribe(ctx, "dash-work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-sub.Messages():
+		if m.Text() != "poison pill" || string(m.Key) != "k-1" {
+			t.Fatalf("replayed message: body %q key %q", m.Text(), m.Key)
+		}
+		if v, _ := m.Header("origin"); v != "browser-test" {
+			t.Fatalf("replayed message lost its header: %q", v)
+		}
+		if err := m.Complete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the replayed message did not come back on dash-work")
+	}
+
+	// A setting changed in the form takes effect: the next HELLO_OK reports it.
+	setting := `document.querySelector('#settings-fields input[data-key="connection.reconnect_grace_ms"]')`
+	waitFor("the settings form", setting)
+	eval(setting+`.value = "250"; `+setting+`.dispatchEvent(new Event("input")); document.querySelector("#settings-save").click()`, nil)
+	waitFor("the save confirmed", `document.querySelector("#settings-msg").textContent.startsWith("Saved: version 2")`)
+	shot("5-settings-saved")
+	if _, ok := hello(t, addr, protocol.ResumeIdentity{}); ok.ReconnectGraceMs != 250 {
+		t.Fatalf("after the form's save, HELLO_OK reports grace %d, want 250", ok.ReconnectGraceMs)
+	}
+	// A change made elsewhere meanwhile: the form's next save is refused and
+	// shown, and the form shows the value in force.
+	var doc admin.SettingsDoc
+	if code := httpJSON(t, "PUT", base+"/api/v1/settings", `{"version": 2, "values": {"connection.reconnect_grace_ms": 300}}`, &doc); code != 200 {
+		t.Fatalf("PUT behind the page's back: %d", code)
+	}
+	eval(setting+`.value = "400"; `+setting+`.dispatchEvent(new Event("input")); document.querySelector("#settings-save").click()`, nil)
+	waitFor("the conflict shown", `(() => {
+		const c = document.querySelector("#settings-conflict");
+		return c && c.textContent.includes("version 3") && `+setting+`.value === "300";
+	})()`)
+	shot("6-settings-conflict")
+	if code := httpJSON(t, "GET", base+"/api/v1/settings", "", &doc); code != 200 || doc.Values["connection.reconnect_grace_ms"] != 300 {
+		t.Fatalf("after the refused save: %d %+v", code, doc)
+	}
+
+	// No console errors, exceptions or failed loads, except the 409 the
+	// conflict step caused on purpose.
+	for _, e := range p.Errors() {
+		if e.Source == "log" && strings.Contains(e.Text, "status of 409") && strings.Contains(e.Text, "/api/v1/settings") {
+			continue
+		}
+		t.Errorf("page error: %v", e)
+	}
+	// The page kept refreshing by itself throughout.
+	var refreshes int
+	eval(`Number(document.body.dataset.refreshes)`, &refreshes)
+	if refreshes < 4 {
+		t.Errorf("only %d refreshes", refreshes)
+	}
+}
