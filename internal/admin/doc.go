@@ -1,5 +1,6 @@
 // Package admin serves Sinew's operator HTTP endpoints:
 //
+//	GET /               the dashboard page (package dashboard); its files under /ui/
 //	GET /healthz        200 "ok" while the process runs
 //	GET /readyz         200 once the broker has recovered and serves every partition;
 //	                    503 before, and while any partition is quarantined or failed
