@@ -439,7 +439,7 @@ func adminSessions(ctx context.Context, name string, args []string, stdout, stde
 			subs = append(subs, fmt.Sprintf("%s/%s(prefetch %d, inflight %d)", displayBytes([]byte(sub.Topic)),
 				displayBytes([]byte(groupCell(sub.Group))), sub.Prefetch, sub.Inflight))
 		}
-		t.row(s.ClientID, s.State, conn, grace, strconv.FormatInt(s.Inflight, 10), strconv.FormatInt(s.Pending, 10), strings.Join(subs, ", "))
+		t.row(s.ClientID, s.State, conn, grace, strconv.FormatInt(s.Inflight, 10), strconv.FormatInt(s.Pending, 10), shown(strings.Join(subs, ", ")))
 	}
 	if len(ss.Sessions) == 0 {
 		fmt.Fprintln(stderr, "no sessions")
@@ -663,7 +663,7 @@ func adminDLQList(ctx context.Context, name string, args []string, stdout, stder
 			if d.Message.BodyTruncated {
 				body += "..."
 			}
-			t.row(fmt.Sprintf("%d:%d", d.Partition, d.Offset), d.Reason, src, strconv.FormatInt(d.Retries, 10), msTime(d.DeadLetteredAtMs), body)
+			t.row(fmt.Sprintf("%d:%d", d.Partition, d.Offset), d.Reason, shown(src), strconv.FormatInt(d.Retries, 10), msTime(d.DeadLetteredAtMs), shown(body))
 		}
 		if err := t.flush(); err != nil {
 			return err
@@ -744,7 +744,7 @@ func adminDLQReplay(ctx context.Context, name string, args []string, stdout, std
 			if r.Status == "replayed" {
 				target = fmt.Sprintf("%s/%s %d:%d", displayBytes([]byte(r.TargetTopic)), displayBytes([]byte(groupCell(r.TargetGroup))), r.TargetPartition, r.TargetOffset)
 			}
-			t.row(fmt.Sprintf("%d:%d", r.Partition, r.Offset), r.Status, target, strconv.FormatBool(r.Removed), r.Error)
+			t.row(fmt.Sprintf("%d:%d", r.Partition, r.Offset), r.Status, shown(target), strconv.FormatBool(r.Removed), r.Error)
 		}
 		if err := t.flush(); err != nil {
 			return err

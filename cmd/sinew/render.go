@@ -31,16 +31,36 @@ type table struct {
 
 func newTable(w io.Writer, headers ...string) *table {
 	t := &table{tw: tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)}
-	t.row(headers...)
+	cells := make([]any, len(headers))
+	for i, h := range headers {
+		cells[i] = h
+	}
+	t.row(cells...)
 	return t
 }
 
-func (t *table) row(cells ...string) {
+// shown is a cell already made safe (its parts passed through displayBytes),
+// which the table must not escape a second time.
+type shown string
+
+// row adds a row. A string cell is made safe with cellText; a shown cell is
+// written as it is.
+func (t *table) row(cells ...any) {
 	for i, c := range cells {
 		if i > 0 {
 			io.WriteString(t.tw, "\t")
 		}
-		io.WriteString(t.tw, cellText(c))
+		switch c := c.(type) {
+		case shown:
+			if c == "" {
+				c = "-"
+			}
+			io.WriteString(t.tw, string(c))
+		case string:
+			io.WriteString(t.tw, cellText(c))
+		default:
+			io.WriteString(t.tw, cellText(fmt.Sprint(c)))
+		}
 	}
 	io.WriteString(t.tw, "\n")
 }
