@@ -23,6 +23,7 @@ import (
 	"github.com/sinewmq/sinew/internal/server"
 	"github.com/sinewmq/sinew/internal/session"
 	"github.com/sinewmq/sinew/internal/session/bridge"
+	"github.com/sinewmq/sinew/internal/sessionstore"
 	"github.com/sinewmq/sinew/internal/settings"
 	"github.com/sinewmq/sinew/internal/vfs"
 )
@@ -34,6 +35,10 @@ const serverVersion = "sinew/0.1"
 // identities carry it, so a client that comes back after a restart is told
 // "not found" (same broker, session gone) rather than "rejected" (another broker).
 const ownerIDFile = "owner-id"
+
+// sessionsDir holds the session store (internal/sessionstore) inside the data
+// directory.
+const sessionsDir = "sessions"
 
 // adminShutdownMs bounds the admin HTTP server's shutdown.
 const adminShutdownMs = 2000
@@ -142,8 +147,20 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		}
 	}()
 
+	store, err := sessionstore.Open(sessionstore.Options{Dir: filepath.Join(cfg.DataDir, sessionsDir), Logger: logger.With("component", "sessions")})
+	if err != nil {
+		closeListeners()
+		return fmt.Errorf("open session store: %w", err)
+	}
+	defer func() {
+		if err := store.Close(); err != nil {
+			logger.Error("session store close", "err", err)
+		}
+	}()
+
 	srv, err := server.New(server.Config{
-		Backend: bridge.New(b), OwnerID: owner, Rand: rand.Reader, ServerVersion: serverVersion,
+		SessionStore: store,
+		Backend:      bridge.New(b), OwnerID: owner, Rand: rand.Reader, ServerVersion: serverVersion,
 		Logger: logger.With("component", "server"), AuthTokens: cfg.Auth.Tokens,
 		FrameBytesMax: cfg.Limits.FrameBytesMax, BodyBytesMax: cfg.Limits.BodyBytesMax,
 		PrefetchDefault: uint32(cfg.Limits.PrefetchDefault), PrefetchMax: uint32(cfg.Limits.PrefetchMax),

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/sinewmq/sinew/internal/session"
+	"github.com/sinewmq/sinew/internal/sessionstore"
 	"github.com/sinewmq/sinew/protocol"
 )
 
@@ -65,6 +66,10 @@ type Config struct {
 	Logger *slog.Logger
 	// AuthTokens, when not empty, are the credentials a HELLO must carry one of.
 	AuthTokens []string
+	// SessionStore, when set, records sessions for a restart (see
+	// session.Config.Store); Shutdown persists them before it closes any
+	// connection.
+	SessionStore *sessionstore.Store
 
 	FrameBytesMax      int    // largest frame either side may send
 	BodyBytesMax       int    // largest message body

@@ -56,6 +56,7 @@ func New(cfg Config) (*Server, error) {
 		ReconnectGraceMsLive: cfg.ReconnectGraceMsLive, AfterFunc: cfg.AfterFunc, Logger: cfg.Logger, PrefetchDefault: cfg.PrefetchDefault,
 		PrefetchMax: cfg.PrefetchMax, SubscriptionsMax: cfg.SubscriptionsMax,
 		DormantBytesMax: cfg.OutboundBytesMax, ResendBytesMax: cfg.ResendBytesMax, DormantSessionsMax: cfg.DormantSessionsMax,
+		Store: cfg.SessionStore,
 	})
 	if err != nil {
 		return nil, err
@@ -199,6 +200,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		conns = append(conns, c)
 	}
 	s.mu.Unlock()
+	// Before any session ends: what shutdown does to sessions from here on
+	// is not recorded, so a restarted broker restores them and their leases.
+	_ = s.reg.PersistForRestart()
 	s.reg.Drain()
 
 	deadline, ok := ctx.Deadline()

@@ -84,7 +84,16 @@
 // of these events is also logged with the client id, the connection id and
 // counts, never payloads or tokens.
 //
-// Durability: nothing here is durable. Sessions, tags and subscriptions live in
-// memory; a broker restart ends them all, and a client that resumes afterwards gets
-// resume_not_found and rebuilds its subscriptions (see Reconcile).
+// Durability: with Config.Store set, the registry records in the session
+// store (package sessionstore) what a restart needs and nothing per
+// delivery: a session when it is created (client id, a SHA-256 of its
+// resume token, the owner id), each subscription when it opens (durable
+// before SUBSCRIBE_OK or RECONCILE_RESULT names it) and closes, and the
+// session when it ends. PersistForRestart, which shutdown calls before any
+// connection closes, makes the store durable and stops recording the ends
+// that shutdown itself causes: those sessions keep their subscriptions, and
+// their leases stay in the partition logs. Tags, buffers and settle tables
+// stay in memory. Without a store nothing is durable: a restart ends every
+// session, and a client that resumes afterwards gets resume_not_found and
+// rebuilds its subscriptions (see Reconcile).
 package session

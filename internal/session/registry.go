@@ -1,6 +1,7 @@
 package session
 
 import (
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/sessionstore"
 	"github.com/sinewmq/sinew/protocol"
 )
 
@@ -107,6 +109,10 @@ type Config struct {
 	// settle naming a lease only by reference (after the session that got it
 	// ended) can still reach its queue. Default ClosedSubscriptionsMaxDefault.
 	ClosedSubscriptionsMax int
+	// Store, when set, is where sessions are recorded for a restart: each
+	// session's creation, its subscriptions opened and closed, and its end
+	// (see package sessionstore). Nil keeps sessions in memory only.
+	Store *sessionstore.Store
 }
 
 // Stats are the registry's counters since it started.
@@ -128,6 +134,9 @@ type Stats struct {
 	GraceEntered  uint64 // disconnects that left the session dormant for its grace
 	GraceRequeued uint64 // leases given back because a session's grace expired
 	SessionsEnded uint64 // sessions ended at once by the client (END_SESSION)
+	// StoreErrors counts session store writes that failed; the session
+	// goes on, but a restart may not restore it as it is.
+	StoreErrors uint64
 
 	// Reconciliation decisions (RECONCILE_RESULT entries), by action.
 	ReconcileKeep        uint64
@@ -162,6 +171,11 @@ type Registry struct {
 	mu       sync.Mutex
 	sessions map[string]*Session
 	draining atomic.Bool // written under mu; read without it by isDraining
+	// persisted is set by PersistForRestart: from then on only a client's
+	// own END_SESSION or UNSUBSCRIBE changes the store, and the cleanup of
+	// shutdown leaves subscriptions (and so their leases) in place for
+	// the restart.
+	persisted atomic.Bool
 
 	// subsMu guards subs and closedSubs. It is a leaf: taken under
 	// Session.mu, never the other way round.
@@ -176,7 +190,7 @@ type Registry struct {
 	graceEntered, graceRequeued, ended              atomic.Uint64
 	recKeep, recCloseClient, recCloseServer, recNew atomic.Uint64
 	lateOK, lateStale, lateUnknown, lateOther       atomic.Uint64
-	settleRepeated                                  atomic.Uint64
+	settleRepeated, storeErrors                     atomic.Uint64
 	inflightResent, inflightStale, inflightKept     atomic.Uint64
 }
 
@@ -255,6 +269,7 @@ func (r *Registry) Stats() Stats {
 		LateSettleAccepted: r.lateOK.Load(), LateSettleStale: r.lateStale.Load(),
 		LateSettleUnknownTag: r.lateUnknown.Load(), LateSettleOther: r.lateOther.Load(), SettleRepeated: r.settleRepeated.Load(),
 		InflightResent: r.inflightResent.Load(), InflightStale: r.inflightStale.Load(), InflightKept: r.inflightKept.Load(),
+		StoreErrors: r.storeErrors.Load(),
 	}
 }
 
@@ -324,9 +339,46 @@ func (r *Registry) newSessionLocked() (*Session, error) {
 		}
 		s := newSession(r, id, append([]byte(nil), raw[clientIDBytes:]...))
 		r.sessions[id] = s
+		if st := r.cfg.Store; st != nil {
+			r.storeErr(st.Create(id, r.cfg.OwnerID, sha256.Sum256(s.token)), "create", id)
+		}
 		return s, nil
 	}
 	return nil, errors.New("session: could not draw an unused client id")
+}
+
+// storeErr counts and logs a failed session store write.
+func (r *Registry) storeErr(err error, op, clientID string) {
+	if err == nil {
+		return
+	}
+	r.storeErrors.Add(1)
+	r.log.Warn("session store write failed; a restart may not restore this session as it is", "op", op, "client_id", clientID, "err", err)
+}
+
+// PersistForRestart prepares the registry for a planned restart: every
+// session record becomes durable and the store writes a checkpoint (see
+// sessionstore.Store.Persist). From then on the cleanup of sessions that
+// shutdown causes (drain, disconnects, CloseAll) neither records their end
+// nor closes their subscriptions, so their leases stay in the partition
+// logs under their stable owners and a restarted broker restores them; only
+// a client's own END_SESSION or UNSUBSCRIBE is still recorded. Call it
+// before the connections close (phase 2 of a drain, or at shutdown); it is
+// idempotent. Without a store it does nothing: nothing could be restored,
+// so shutdown hands every lease back as before.
+func (r *Registry) PersistForRestart() error {
+	if r.cfg.Store == nil {
+		return nil
+	}
+	r.persisted.Store(true)
+	err := r.cfg.Store.Persist()
+	if err != nil {
+		r.storeErrors.Add(1)
+		r.log.Error("session store persist failed; sessions may not be restored after the restart", "err", err)
+		return err
+	}
+	r.log.Info("sessions persisted for restart", "sessions", r.cfg.Store.Len())
+	return nil
 }
 
 // remove forgets s (called by its cleanup).

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/sessionstore"
 	"github.com/sinewmq/sinew/protocol"
 )
 
@@ -328,7 +329,11 @@ func (s *Session) cleanupIfDormant(reason string) {
 //
 // It returns how many unsettled deliveries the session held (0 when it was
 // already closed).
-func (s *Session) cleanup(reason string) int {
+func (s *Session) cleanup(reason string) int { return s.cleanupAs(reason, false) }
+
+// cleanupAs is cleanup; byClient says the client ended the session itself
+// (END_SESSION), which is recorded even after PersistForRestart.
+func (s *Session) cleanupAs(reason string, byClient bool) int {
 	s.mu.Lock()
 	if s.state == stateClosed {
 		s.mu.Unlock()
@@ -366,6 +371,18 @@ func (s *Session) cleanup(reason string) int {
 		o.drop()
 	}
 	s.reg.remove(s)
+	if keep := s.reg.persisted.Load() && !byClient; keep {
+		// A planned restart: the store keeps the session and the partition
+		// logs its leases, under owners the restarted broker derives again.
+		s.logger().Info("session kept for restart", "reason", reason, "subscriptions", len(subs), "leases", held)
+		if sink != nil {
+			sink.Kick()
+		}
+		return held
+	}
+	if st := s.reg.cfg.Store; st != nil {
+		s.reg.storeErr(st.End(s.clientID), "end", s.clientID)
+	}
 	for _, st := range subs {
 		st.sub.Close()
 	}
@@ -397,7 +414,7 @@ func (s *Session) End(sink Sink) {
 		return
 	}
 	s.reg.ended.Add(1)
-	s.cleanup("ended by client")
+	s.cleanupAs("ended by client", true)
 }
 
 // emitLocked sends o through the sink, or keeps it for the next sink when it is a
@@ -638,6 +655,9 @@ func (s *Session) forgetSubLocked(st *subState) {
 	if s.subs[st.id] == st {
 		delete(s.subs, st.id)
 		s.prefetches -= uint64(st.prefetch)
+		if store := s.reg.cfg.Store; store != nil && !s.reg.persisted.Load() {
+			s.reg.storeErr(store.Unsubscribe(s.clientID, st.id), "unsubscribe", s.clientID)
+		}
 	}
 	s.reg.subClosed(st.id, st.reconciled)
 	for t, e := range s.tags {
@@ -702,7 +722,17 @@ func (s *Session) openSub(req protocol.Subscribe) (*subState, error) {
 		s.prefetches += uint64(st.prefetch)
 		s.reg.subOpened(st.id, sub, s)
 	}
+	closed := st.closed
 	s.mu.Unlock()
+	if store := s.reg.cfg.Store; store != nil && !closed {
+		// Durable before the client hears of it (SUBSCRIBE_OK or
+		// RECONCILE_RESULT), so a restart finds every subscription a
+		// client may name. Outside mu: it waits for an fsync.
+		s.reg.storeErr(store.Subscribe(s.clientID, sessionstore.Sub{
+			ID: st.id, Topic: st.view.Topic, Group: st.view.Group, Partition: st.view.Partition,
+			AckMode: st.view.AckMode, Prefetch: st.prefetch,
+		}), "subscribe", s.clientID)
+	}
 	return st, nil
 }
 
