@@ -160,7 +160,43 @@ func TestDashboardInBrowser(t *testing.T) {
 		const row = document.querySelector('tr.queue-row[data-topic="dash-orders"]');
 		return row && row.querySelector("td.depth").dataset.depth === "3" && row.querySelector("td.ready").textContent === "3";
 	})()`)
+	// Its partitions open under its name, and stay open across refreshes.
+	eval(`document.querySelector('tr.queue-row[data-topic="dash-orders"] summary').click()`, nil)
+	waitFor("dash-orders' partition line after a refresh", `(() => {
+		const n = Number(document.body.dataset.refreshes);
+		window.__opened = window.__opened || n;
+		const li = document.querySelector('tr.queue-row[data-topic="dash-orders"] details[open] li.partition');
+		return n > window.__opened && li && li.textContent.includes("ready 3");
+	})()`)
 	shot("1-queues")
+
+	// Live rates: traffic while the page watches shows as publish, deliver
+	// and ack rates above zero.
+	for i := range 10 {
+		if _, err := c.PublishText(ctx, "dash-rate", fmt.Sprintf("m %d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rsub, err := c.Subscribe(ctx, "dash-rate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		select {
+		case m := <-rsub.Messages():
+			if err := m.Complete(ctx); err != nil {
+				t.Fatal(err)
+			}
+		case <-ctx.Done():
+			t.Fatal("dash-rate: not all 10 delivered")
+		}
+	}
+	if err := rsub.Unsubscribe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("publish, deliver and ack rates above zero", `["publish", "deliver", "ack"].every((k) =>
+		Number(document.getElementById("rate-" + k).dataset.peak) > 0)`)
+	shot("1b-rates")
 
 	// A session goes dormant when its socket is cut: none before, one after.
 	var dormant int

@@ -15,6 +15,7 @@
     prev: null,                 // {uptime, started, counters} of the last overview
     rates: { publish: [], deliver: [], ack: [] },
     depth: new Map(),           // queue key -> [depth samples]
+    openQueues: new Set(),      // queue keys whose partitions are shown
     sessions: [], sessionsAt: 0,
     dlTopic: "", deadLetters: [], selected: new Set(), inspected: null,
     settings: null, settingsDirty: false,
@@ -156,7 +157,7 @@
     }
     const o = r.data;
     setMsg("overview-msg", o.draining ? "The broker is draining." : "", o.draining ? "error" : "");
-    $("#ident").textContent = [o.version, "owner " + (o.owner_id || "?"), "generation " + fmtInt(o.generation),
+    $("#ident").textContent = [o.version, "owner " + (o.owner_id || "?"), "generation " + String(o.generation),
       "up " + fmtDuration(o.uptime_ms)].join(" · ");
     const c = o.counters || {};
     const cur = { uptime: o.uptime_ms, started: o.started_at_ms, generation: o.generation, counters: c };
@@ -174,6 +175,8 @@
       const card = document.getElementById("rate-" + k);
       if (rates) push(state.rates[k], rates[k]);
       $(".value", card).textContent = rates ? fmtRate(rates[k]) : "–";
+      // The highest rate the chart holds, for a quick look (and for tests).
+      card.dataset.peak = String(Math.max(0, ...state.rates[k].filter((v) => typeof v === "number")));
       spark($("svg", card), state.rates[k]);
     }
     const t = o.totals || {};
@@ -225,7 +228,7 @@
       const reasons = (q.partitions || []).filter((p) => p.state && p.state !== "ok")
         .map((p) => "partition " + p.partition + ": " + p.state + (p.reason ? " (" + p.reason + ")" : ""));
       tbody.append(h("tr", { class: "queue-row", "data-topic": q.topic, "data-group": q.group || "" },
-        h("td", {}, h("strong", { text: queueName(q.topic, q.group) }), q.dead_letter_queue ? h("span", { class: "badge", text: "dead-letter queue" }) : null),
+        h("td", {}, partitionsDetails(key, q), q.dead_letter_queue ? h("span", { class: "badge", text: "dead-letter queue" }) : null),
         h("td", {}, h("span", { class: "badge " + (q.state || "ok"), text: q.state || "ok", title: reasons.join("\n") })),
         h("td", { class: "num", text: fmtInt(q.partition_count ?? (q.partitions || []).length) }),
         h("td", { class: "num ready", text: fmtInt(q.ready) }),
@@ -240,6 +243,23 @@
     for (const k of [...state.depth.keys()]) if (!seen.has(k)) state.depth.delete(k);
     if (queues.length === 0) tbody.append(h("tr", { class: "empty" }, h("td", { colSpan: 11, text: "no queues" })));
     return true;
+  }
+
+  // partitionsDetails is the queue's name, opening onto one line per
+  // partition; which queues are open survives the next poll's re-render.
+  function partitionsDetails(key, q) {
+    const lines = (q.partitions || []).map((p) => h("li", { class: "partition", "data-partition": p.partition },
+      "partition " + p.partition + ": ",
+      h("span", { class: "badge " + (p.state || "ok"), text: p.state || "ok" }),
+      (p.reason ? " " + p.reason : "") +
+      " · ready " + fmtInt(p.ready) + " · delayed " + fmtInt(p.delayed) + " · inflight " + fmtInt(p.inflight) +
+      " · dead-lettering " + fmtInt(p.dead_lettering) + " · settled below " + fmtInt(p.settled_frontier) +
+      " of " + fmtInt(p.next_offset) + " · " + fmtBytes(p.bytes_on_disk)));
+    const d = h("details", { open: state.openQueues.has(key),
+      ontoggle: (e) => { e.target.open ? state.openQueues.add(key) : state.openQueues.delete(key); } },
+      h("summary", {}, h("strong", { text: queueName(q.topic, q.group) })),
+      h("ul", { class: "partitions" }, lines));
+    return d;
   }
 
   // ---- sessions ----
