@@ -35,6 +35,7 @@ const (
 	CodeConflict          Code = 19 // a declaration contradicts the existing queue
 	CodeLimitExceeded     Code = 20 // a requested value is above the announced limit
 	CodeSlowConsumer      Code = 21 // the connection did not read what it was sent in time
+	CodeSequenceTooOld    Code = 22 // the producer sequence is below the broker's deduplication window
 )
 
 type codeInfo struct {
@@ -65,6 +66,7 @@ var codeTable = map[Code]codeInfo{
 	CodeConflict:          {"conflict", false},
 	CodeLimitExceeded:     {"limit_exceeded", false},
 	CodeSlowConsumer:      {"slow_consumer", true},
+	CodeSequenceTooOld:    {"sequence_too_old", false},
 }
 
 // Codes returns every defined code in ascending order.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
 )
@@ -144,7 +145,7 @@ func (p *Partition) finishStages() {
 func (p *Partition) releaseStage(st *stage) {
 	for _, r := range st.replies {
 		if r.published != nil {
-			r.published(r.offset, r.err)
+			r.published(r.offset, r.duplicate, r.err)
 		} else {
 			r.settled(r.err)
 		}
@@ -253,7 +254,7 @@ func refuseControl(ms []control, err error) {
 // far stays purged.
 func (p *Partition) refusePurges(err error) {
 	for _, j := range p.purges {
-		j.done(0, err)
+		j.done(0, false, err)
 	}
 	p.purges = nil
 }
@@ -261,7 +262,7 @@ func (p *Partition) refusePurges(err error) {
 func refuse(c command, err error) {
 	switch c.kind {
 	case cmdPublish, cmdPurge:
-		c.published(0, err)
+		c.published(0, false, err)
 	case cmdSettle:
 		c.settled(err)
 	}
@@ -394,6 +395,22 @@ func (p *Partition) turn(batch []command) {
 		switch c.kind {
 		case cmdPublish:
 			m := c.msg
+			if m.ProducerID != "" {
+				// Answered like any other reply of this stage, so never
+				// before the original's record (lsn = its offset) is
+				// durable; a failed sync fails the partition first.
+				switch v, off := p.dd.Check(m.ProducerID, m.ProducerSeq, now); v {
+				case dedup.Duplicate:
+					p.duplicates++
+					p.open.replies = append(p.open.replies, reply{published: c.published, offset: off,
+						duplicate: true, lsn: off})
+					continue
+				case dedup.TooOld:
+					p.open.replies = append(p.open.replies, reply{published: c.published, lsn: p.lastLSN,
+						err: fmt.Errorf("%w: producer %q sequence %d", ErrSequenceTooOld, m.ProducerID, m.ProducerSeq)})
+					continue
+				}
+			}
 			evs, err := p.st.Enqueue(p.evs[:0], &m, now)
 			if err != nil {
 				p.open.replies = append(p.open.replies, reply{published: c.published, err: err, lsn: p.lastLSN})
@@ -415,6 +432,7 @@ func (p *Partition) turn(batch []command) {
 				return
 			}
 			appended++
+			p.dd.Record(m.ProducerID, m.ProducerSeq, lsn, m.PublishedAtMs)
 			p.cache.put(lsn, c.payload)
 			p.open.replies = append(p.open.replies, reply{published: c.published, offset: lsn, lsn: lsn})
 		case cmdSettle:
@@ -876,11 +894,11 @@ func (p *Partition) failStage(st *stage, safe uint64) {
 	for _, r := range st.replies {
 		switch {
 		case r.lsn <= safe && r.published != nil:
-			r.published(r.offset, r.err)
+			r.published(r.offset, r.duplicate, r.err)
 		case r.lsn <= safe:
 			r.settled(r.err)
 		case r.published != nil:
-			r.published(0, ErrUnavailable)
+			r.published(0, false, ErrUnavailable)
 		default:
 			r.settled(ErrUnavailable)
 		}

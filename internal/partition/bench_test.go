@@ -62,7 +62,7 @@ func buildRecoverDir(b *testing.B, root string, ckpt bool) string {
 		b.Fatal(err)
 	}
 	if ckpt {
-		data := encodeCheckpoint(st.NextLSN(), st.Snapshot(nil))
+		data := encodeCheckpoint(st.NextLSN(), st.Snapshot(nil), nil)
 		if err := WriteFileAtomic(fs, filepath.Join(dir, checkpointFile), data); err != nil {
 			b.Fatal(err)
 		}

@@ -10,27 +10,33 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
 )
 
-// Checkpoint file layout (Dir/checkpoint). It is written to
+// Checkpoint file layout (Dir/checkpoint), version 2. It is written to
 // Dir/checkpoint.tmp, synced, renamed over Dir/checkpoint and the directory
 // synced, so a crash leaves either the old or the new checkpoint, whole.
 //
-//	+--------+-----+----------+-----------+=================+----------+
-//	| "SNWC" | ver | covers   | snapBytes | queue snapshot  | crc32c   |
-//	| 4 B    | u8  | u64 LE   | u32 LE    | snapBytes       | u32 LE   |
-//	+--------+-----+----------+-----------+=================+----------+
+//	+--------+-----+----------+-----------+================+------------+================+----------+
+//	| "SNWC" | ver | covers   | snapBytes | queue snapshot | dedupBytes | dedup snapshot | crc32c   |
+//	| 4 B    | u8  | u64 LE   | u32 LE    | snapBytes      | u32 LE     | dedupBytes     | u32 LE   |
+//	+--------+-----+----------+-----------+================+------------+================+----------+
 //	crc32c (Castagnoli) covers every byte before it.
 //
-// covers is the queue's NextLSN when the snapshot was taken: the snapshot
-// reflects every log record with LSN < covers, so recovery restores it and
-// replays the log from covers on.
+// covers is the queue's NextLSN when the snapshot was taken: both snapshots
+// reflect every log record with LSN < covers, so recovery restores them and
+// replays the log from covers on. The dedup snapshot (internal/dedup) keeps
+// the producer sequences remembered even after retention dropped the
+// segments of their Enqueue records.
+//
+// Version 1 had no dedup section; it is still read, with an empty window
+// (the brokers that wrote it never stored producer ids).
 const (
 	ckptMagic      = "SNWC"
-	ckptVersion    = 1
+	ckptVersion    = 2
 	ckptHeaderSize = 4 + 1 + 8 + 4
 	// ckptBytesMax bounds the checkpoint recovery will read: a damaged
 	// length field must not make it allocate without limit.
@@ -39,36 +45,50 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// encodeCheckpoint frames a queue snapshot.
-func encodeCheckpoint(covers uint64, snap []byte) []byte {
-	b := make([]byte, 0, ckptHeaderSize+len(snap)+4)
+// encodeCheckpoint frames a queue snapshot and a dedup snapshot.
+func encodeCheckpoint(covers uint64, snap, dd []byte) []byte {
+	b := make([]byte, 0, ckptHeaderSize+len(snap)+4+len(dd)+4)
 	b = append(b, ckptMagic...)
 	b = append(b, ckptVersion)
 	b = binary.LittleEndian.AppendUint64(b, covers)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(snap)))
 	b = append(b, snap...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(dd)))
+	b = append(b, dd...)
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 
-// decodeCheckpoint checks the frame and returns the LSN it covers and the
-// snapshot, which aliases b.
-func decodeCheckpoint(b []byte) (uint64, []byte, error) {
+// decodeCheckpoint checks the frame and returns the LSN it covers, the
+// queue snapshot and the dedup snapshot (nil in version 1), which alias b.
+func decodeCheckpoint(b []byte) (uint64, []byte, []byte, error) {
 	if len(b) < ckptHeaderSize+4 || string(b[:4]) != ckptMagic {
-		return 0, nil, errors.New("not a checkpoint file")
+		return 0, nil, nil, errors.New("not a checkpoint file")
 	}
-	if b[4] != ckptVersion {
-		return 0, nil, fmt.Errorf("checkpoint version %d, want %d", b[4], ckptVersion)
-	}
-	covers := binary.LittleEndian.Uint64(b[5:])
-	n := int(binary.LittleEndian.Uint32(b[13:]))
-	if len(b) != ckptHeaderSize+n+4 {
-		return 0, nil, fmt.Errorf("checkpoint is %d bytes, header says %d", len(b), ckptHeaderSize+n+4)
+	ver := b[4]
+	if ver < 1 || ver > ckptVersion {
+		return 0, nil, nil, fmt.Errorf("checkpoint version %d, want 1 to %d", ver, ckptVersion)
 	}
 	body := b[:len(b)-4]
 	if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(b[len(b)-4:]) {
-		return 0, nil, errors.New("checkpoint checksum mismatch")
+		return 0, nil, nil, errors.New("checkpoint checksum mismatch")
 	}
-	return covers, body[ckptHeaderSize:], nil
+	covers := binary.LittleEndian.Uint64(b[5:])
+	n := uint64(binary.LittleEndian.Uint32(b[13:]))
+	rest := uint64(len(body) - ckptHeaderSize)
+	if n > rest {
+		return 0, nil, nil, fmt.Errorf("checkpoint is %d bytes, header says its snapshot is %d", len(b), n)
+	}
+	snap, tail := body[ckptHeaderSize:ckptHeaderSize+n], body[ckptHeaderSize+n:]
+	if ver == 1 {
+		if len(tail) != 0 {
+			return 0, nil, nil, fmt.Errorf("checkpoint has %d bytes after its snapshot", len(tail))
+		}
+		return covers, snap, nil, nil
+	}
+	if len(tail) < 4 || uint64(binary.LittleEndian.Uint32(tail)) != uint64(len(tail)-4) {
+		return 0, nil, nil, fmt.Errorf("checkpoint's dedup section does not fill its %d bytes", len(tail))
+	}
+	return covers, snap, tail[4:], nil
 }
 
 // readFile returns the whole file, or (nil, nil) if it does not exist.
@@ -113,7 +133,7 @@ func (p *Partition) checkpoint() error {
 	if covers == p.ckptLSN && p.sinceCkpt == 0 {
 		return nil
 	}
-	data := encodeCheckpoint(covers, p.st.Snapshot(nil))
+	data := encodeCheckpoint(covers, p.st.Snapshot(nil), p.dd.Snapshot(nil))
 	if err := WriteFileAtomic(p.cfg.FS, p.ckptPath(), data); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
@@ -158,15 +178,21 @@ func (p *Partition) recover() error {
 		return fmt.Errorf("partition %s: read checkpoint: %w", p, err)
 	}
 	st := queue.New(cfg.Queue)
+	dd := dedup.New(cfg.Dedup)
 	var covers uint64
 	if raw != nil {
-		c, snap, err := decodeCheckpoint(raw)
+		c, snap, ddSnap, err := decodeCheckpoint(raw)
 		if err != nil {
 			return damaged("checkpoint: %w", err)
 		}
 		st, err = queue.Restore(cfg.Queue, snap)
 		if err != nil {
 			return damaged("checkpoint: %w", err)
+		}
+		if ddSnap != nil {
+			if dd, err = dedup.Restore(cfg.Dedup, ddSnap); err != nil {
+				return damaged("checkpoint: %w", err)
+			}
 		}
 		if st.NextLSN() != c {
 			return damaged("checkpoint covers lsn %d but its snapshot ends at %d", c, st.NextLSN())
@@ -185,16 +211,23 @@ func (p *Partition) recover() error {
 		ReplayFrom:     covers,
 		Replay: func(r seglog.Record) error {
 			if !queue.IsEventType(r.Type) {
-				// Not a queue event: records reserved for later
-				// features (producer deduplication) occupy LSNs the
-				// queue counts as settled.
+				// Not a queue event: records of later features occupy
+				// LSNs the queue counts as settled.
 				return nil
 			}
 			ev, err := queue.DecodeEvent(r.Type, r.Payload)
 			if err != nil {
 				return fmt.Errorf("lsn %d: %w", r.LSN, err)
 			}
-			return st.Apply(r.LSN, ev)
+			if err := st.Apply(r.LSN, ev); err != nil {
+				return err
+			}
+			if ev.Kind == queue.KindEnqueue {
+				// Only a durable record is replayed, so only a durable
+				// store is remembered as seen.
+				dd.Record(ev.Msg.ProducerID, ev.Msg.ProducerSeq, r.LSN, ev.Msg.PublishedAtMs)
+			}
+			return nil
 		},
 	})
 	if err != nil {
@@ -221,7 +254,7 @@ func (p *Partition) recover() error {
 		p.logger.Warn("partition log repaired at open", "torn_bytes", rep.TornBytes,
 			"corruption", rep.Corruption, "dropped_segments", rep.DroppedSegments)
 	}
-	p.log, p.st, p.ckptLSN = log, st, covers
+	p.log, p.st, p.dd, p.ckptLSN = log, st, dd, covers
 	for _, in := range st.PendingDeadLetters() {
 		p.deadLetters[in.Offset] = &deadLetter{}
 	}

@@ -134,7 +134,19 @@
 // ErrUnavailable until the process restarts, because its in-memory state
 // may be ahead of the disk.
 //
-// Idempotent publishing (producer id and sequence) will add its own record
-// type to the log; recovery already skips record types the queue does not
-// know, and Publish is where a duplicate would be answered.
+// # Producer deduplication
+//
+// The actor also owns a dedup.Table. A publish with a producer id is
+// checked against it before it is stored: a remembered sequence is answered
+// with its original offset and duplicate = true and stores nothing, one
+// below the producer's window is refused with ErrSequenceTooOld. A stored
+// one is recorded as its Enqueue record (which carries the producer id and
+// sequence) is applied, and again when recovery replays that record. The
+// duplicate answer is a reply of the open stage, so it is never given
+// before the original's record is durable; if that sync fails, the
+// partition fails and the next Open rebuilds the table from the durable log
+// alone, so a store that never became durable is never reported as seen.
+// The table is written in the checkpoint beside the queue snapshot, so a
+// sequence stays remembered after its message was acked and retention
+// dropped its segment.
 package partition

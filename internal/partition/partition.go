@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
@@ -89,6 +90,10 @@ var (
 	// ErrUnavailable: the partition is quarantined or failed and serves
 	// nothing.
 	ErrUnavailable = &protocol.Error{Code: protocol.CodeUnavailable, Message: "partition unavailable"}
+	// ErrSequenceTooOld: a publish repeats a producer sequence below the
+	// producer's deduplication window; it may have been stored, so it is
+	// refused rather than stored again (see internal/dedup).
+	ErrSequenceTooOld = &protocol.Error{Code: protocol.CodeSequenceTooOld, Message: "producer sequence is below the deduplication window"}
 	// ErrDamaged is wrapped by Open when the log or checkpoint fails
 	// verification: the partition must be quarantined, refused or
 	// reopened with seglog.CorruptionTruncate.
@@ -113,6 +118,9 @@ type Config struct {
 	// Queue is the queue configuration; DeadLetter.Target is already
 	// resolved to a queue name ("" discards).
 	Queue queue.Config
+	// Dedup bounds the producer deduplication window; zero fields take
+	// dedup's defaults.
+	Dedup dedup.Config
 
 	Sync           seglog.SyncPolicy
 	SyncIntervalMs int
@@ -233,6 +241,12 @@ type Stats struct {
 	// Relocated counts message bodies copied to the log's tail since Open
 	// so that retention could drop the old segments they pinned.
 	Relocated uint64
+	// Dedup counts the producers and sequences the deduplication window
+	// remembers, and the producers it forgot since Open.
+	Dedup dedup.Stats
+	// Duplicates counts publishes answered with the offset of an earlier
+	// store of the same producer sequence since Open.
+	Duplicates uint64
 }
 
 type cmdKind uint8
@@ -249,7 +263,7 @@ type command struct {
 	// publish
 	msg       queue.Message // times only; the payload is pre-encoded
 	payload   []byte
-	published func(offset uint64, err error)
+	published func(offset uint64, duplicate bool, err error)
 	// settle
 	op          SettleOp
 	offset      uint64
@@ -295,6 +309,7 @@ type Partition struct {
 	cfg    Config
 	log    *seglog.Log
 	st     *queue.State
+	dd     *dedup.Table // actor-owned, like st
 	logger *slog.Logger
 	parked error // non-nil: quarantined, no goroutine runs
 	// down is set (once) when the actor fails, for Unavailable.
@@ -358,13 +373,15 @@ type Partition struct {
 	// relocs is relocate's scratch; relocated counts its copies.
 	relocs    []queue.BodyLoc
 	relocated uint64
+	// duplicates counts publishes answered from the dedup window.
+	duplicates uint64
 }
 
 // purgeJob is one Purge being carried out over one or more turns.
 type purgeJob struct {
 	below uint64 // NextLSN when the purge was taken: later messages stay
 	n     uint64 // messages purged so far
-	done  func(uint64, error)
+	done  func(uint64, bool, error)
 }
 
 // stage is the output of one or more turns whose records one sync makes
@@ -394,11 +411,12 @@ type carry struct {
 // durable, even when it is an error or an idempotent success that appended
 // nothing itself (it may rest on a record still being synced).
 type reply struct {
-	published func(uint64, error)
+	published func(uint64, bool, error)
 	settled   func(error)
 	offset    uint64
 	lsn       uint64
 	err       error
+	duplicate bool // a publish answered with an earlier store's offset
 }
 
 // syncResult is the syncer's answer: the LSN up to which records are as
@@ -532,8 +550,18 @@ func (p *Partition) Poke() {
 // partition cannot take the message (ErrInboxFull, ErrClosed,
 // ErrUnavailable).
 func (p *Partition) Publish(m *queue.Message, done func(offset uint64, err error)) {
+	p.PublishOnce(m, func(offset uint64, _ bool, err error) { done(offset, err) })
+}
+
+// PublishOnce is Publish with producer deduplication made visible. When
+// m.ProducerID is set and the partition remembers m.ProducerSeq from that
+// producer, nothing is stored: done gets the original offset and
+// duplicate = true, once the original's record is durable. A sequence below
+// the producer's window gets ErrSequenceTooOld. Otherwise m is stored and
+// its sequence remembered (see internal/dedup for the window's bounds).
+func (p *Partition) PublishOnce(m *queue.Message, done func(offset uint64, duplicate bool, err error)) {
 	if p.parked != nil {
-		done(0, ErrUnavailable)
+		done(0, false, ErrUnavailable)
 		return
 	}
 	qc := p.qcfg.Load()
@@ -549,7 +577,7 @@ func (p *Partition) Publish(m *queue.Message, done func(offset uint64, err error
 	full.PublishedAtMs, full.ExpiresAtMs = c.PublishedAtMs, c.ExpiresAtMs
 	ev := queue.Event{Kind: queue.KindEnqueue, Msg: &full}
 	payload := ev.Marshal(make([]byte, 0, 64+len(m.Body)+len(m.Key)))
-	p.send(command{kind: cmdPublish, msg: c, payload: payload, published: done}, func(err error) { done(0, err) })
+	p.send(command{kind: cmdPublish, msg: c, payload: payload, published: done}, func(err error) { done(0, false, err) })
 }
 
 // Settle settles the lease leaseID on offset. notBeforeMs applies to Nack
@@ -628,7 +656,8 @@ func (p *Partition) Purge(done func(purged uint64, err error)) {
 		done(0, ErrUnavailable)
 		return
 	}
-	p.send(command{kind: cmdPurge, published: done}, func(err error) { done(0, err) })
+	p.send(command{kind: cmdPurge, published: func(n uint64, _ bool, err error) { done(n, err) }},
+		func(err error) { done(0, err) })
 }
 
 // SetConfig changes the queue configuration for future commands (lease
@@ -718,13 +747,15 @@ func (p *Partition) ckptPath() string { return filepath.Join(p.cfg.Dir, checkpoi
 func (p *Partition) nowMs() int64 { return p.cfg.Now().UnixMilli() }
 
 func (p *Partition) publishStats() {
-	s := &Stats{Consumers: len(p.consumers), CheckpointFailures: p.ckptFailures, Relocated: p.relocated}
+	s := &Stats{Consumers: len(p.consumers), CheckpointFailures: p.ckptFailures, Relocated: p.relocated,
+		Duplicates: p.duplicates}
 	switch {
 	case p.parked != nil:
 		s.Quarantined = true
 		s.Err = p.parked.Error()
 	case p.st != nil:
 		s.Stats = p.st.Stats(p.nowMs())
+		s.Dedup = p.dd.Stats()
 		if p.failed != nil {
 			s.Err = p.failed.Error()
 		}
