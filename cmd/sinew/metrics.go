@@ -120,15 +120,24 @@ func counter(name, help string, v func(*server.Stats) uint64) statMetric {
 	return statMetric{name: name, help: help, typ: prometheus.CounterValue, values: func(st *server.Stats) []labeled { return one(float64(v(st))) }}
 }
 
-// queueGauges are per-partition gauges read from broker.Stats.
+// queueGauges are per-partition gauges and counters read from broker.Stats.
 var queueGauges = []struct {
 	name, help string
-	v          func(p *broker.PartitionStats) int
+	v          func(p *broker.PartitionStats) float64
+	typ        prometheus.ValueType
 }{
-	{"sinew_queue_ready", "Messages ready for delivery.", func(p *broker.PartitionStats) int { return p.Ready }},
-	{"sinew_queue_delayed", "Messages waiting for their delay.", func(p *broker.PartitionStats) int { return p.Delayed }},
-	{"sinew_queue_inflight", "Messages leased to consumers.", func(p *broker.PartitionStats) int { return p.Inflight }},
-	{"sinew_queue_consumers", "Subscriptions attached.", func(p *broker.PartitionStats) int { return p.Consumers }},
+	{"sinew_queue_ready", "Messages ready for delivery.", func(p *broker.PartitionStats) float64 { return float64(p.Ready) }, prometheus.GaugeValue},
+	{"sinew_queue_delayed", "Messages waiting for their delay.", func(p *broker.PartitionStats) float64 { return float64(p.Delayed) }, prometheus.GaugeValue},
+	{"sinew_queue_inflight", "Messages leased to consumers.", func(p *broker.PartitionStats) float64 { return float64(p.Inflight) }, prometheus.GaugeValue},
+	{"sinew_queue_consumers", "Subscriptions attached.", func(p *broker.PartitionStats) float64 { return float64(p.Consumers) }, prometheus.GaugeValue},
+	{"sinew_queue_dedup_producers", "Producers whose sequences the partition's deduplication window remembers.",
+		func(p *broker.PartitionStats) float64 { return float64(p.DedupProducers) }, prometheus.GaugeValue},
+	{"sinew_queue_dedup_evicted_idle_total", "Producers the deduplication window forgot after their idle time, since the partition opened.",
+		func(p *broker.PartitionStats) float64 { return float64(p.DedupEvictedIdle) }, prometheus.CounterValue},
+	{"sinew_queue_dedup_evicted_limit_total", "Producers the deduplication window forgot to stay within its producer or entry bound, since the partition opened.",
+		func(p *broker.PartitionStats) float64 { return float64(p.DedupEvictedLimit) }, prometheus.CounterValue},
+	{"sinew_queue_publish_duplicates_total", "Publishes answered with the offset of an earlier store of the same producer sequence, since the partition opened.",
+		func(p *broker.PartitionStats) float64 { return float64(p.Duplicates) }, prometheus.CounterValue},
 }
 
 var queueLabels = []string{"topic", "group", "partition"}
@@ -178,7 +187,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 			p := &q.Partitions[pi]
 			part := strconv.FormatUint(uint64(p.Partition), 10)
 			for i, g := range queueGauges {
-				ch <- prometheus.MustNewConstMetric(c.qdesc[i], prometheus.GaugeValue, float64(g.v(p)), q.Topic, q.Group, part)
+				ch <- prometheus.MustNewConstMetric(c.qdesc[i], g.typ, g.v(p), q.Topic, q.Group, part)
 			}
 		}
 	}

@@ -163,6 +163,9 @@ func TestMetricsNamesAndReconnectCounters(t *testing.T) {
 		"sinew_slow_consumers_total": "counter", "sinew_sessions_dormant_capped_total": "counter",
 		"sinew_sessions_dormant_paused_total": "counter", "sinew_sessions_resend_unkept_total": "counter",
 		"sinew_queue_ready": "gauge", "sinew_queue_delayed": "gauge", "sinew_queue_inflight": "gauge", "sinew_queue_consumers": "gauge",
+		// Producer deduplication, per partition.
+		"sinew_queue_dedup_producers": "gauge", "sinew_queue_dedup_evicted_idle_total": "counter",
+		"sinew_queue_dedup_evicted_limit_total": "counter", "sinew_queue_publish_duplicates_total": "counter",
 		// The reconnect counters.
 		"sinew_session_resumes_total": "counter", "sinew_sessions_grace_entered_total": "counter",
 		"sinew_sessions_grace_requeued_total": "counter", "sinew_sessions_ended_total": "counter",
@@ -177,20 +180,21 @@ func TestMetricsNamesAndReconnectCounters(t *testing.T) {
 		}
 	}
 	for series, want := range map[string]float64{
-		`sinew_session_resumes_total{outcome="resumed"}`:                 1,
-		`sinew_session_resumes_total{outcome="not_found"}`:               1,
-		`sinew_session_resumes_total{outcome="rejected"}`:                0,
-		"sinew_sessions_resumed_total":                                   1,
-		"sinew_sessions_grace_entered_total":                             2,
-		"sinew_sessions_grace_expired_total":                             1,
-		`sinew_reconcile_actions_total{action="keep"}`:                   0,
-		`sinew_inflight_reconcile_total{action="resent"}`:                0,
-		`sinew_late_settles_rejected_total{reason="stale_lease"}`:        1,
-		`sinew_late_settles_rejected_total{reason="unknown_tag"}`:        1,
-		"sinew_settles_repeated_total":                                   1,
-		`sinew_late_settles_rejected_total{reason="other"}`:              0,
-		`sinew_queue_ready{group="",partition="0",topic="metrics-jobs"}`: 0,
-		"sinew_publishes_total":                                          1,
+		`sinew_session_resumes_total{outcome="resumed"}`:                                     1,
+		`sinew_session_resumes_total{outcome="not_found"}`:                                   1,
+		`sinew_session_resumes_total{outcome="rejected"}`:                                    0,
+		"sinew_sessions_resumed_total":                                                       1,
+		"sinew_sessions_grace_entered_total":                                                 2,
+		"sinew_sessions_grace_expired_total":                                                 1,
+		`sinew_reconcile_actions_total{action="keep"}`:                                       0,
+		`sinew_inflight_reconcile_total{action="resent"}`:                                    0,
+		`sinew_late_settles_rejected_total{reason="stale_lease"}`:                            1,
+		`sinew_late_settles_rejected_total{reason="unknown_tag"}`:                            1,
+		"sinew_settles_repeated_total":                                                       1,
+		`sinew_late_settles_rejected_total{reason="other"}`:                                  0,
+		`sinew_queue_ready{group="",partition="0",topic="metrics-jobs"}`:                     0,
+		`sinew_queue_dedup_evicted_limit_total{group="",partition="0",topic="metrics-jobs"}`: 0,
+		"sinew_publishes_total":                                                              1,
 	} {
 		if got, ok := samples[series]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", series, got, ok, want)

@@ -245,6 +245,15 @@ type PartitionStats struct {
 	// Relocated counts message bodies copied to the log's tail so that
 	// retention could drop the old segments they pinned.
 	Relocated uint64
+	// DedupProducers is how many producers the deduplication window
+	// remembers; DedupEvictedIdle and DedupEvictedLimit count those it
+	// forgot since the partition opened, after their idle time or to stay
+	// within its bounds. A forgotten producer's resends are stored again.
+	DedupProducers    int
+	DedupEvictedIdle  uint64
+	DedupEvictedLimit uint64
+	// Duplicates counts publishes answered with an earlier store's offset.
+	Duplicates uint64
 }
 
 // QueueStats are one queue's counters.

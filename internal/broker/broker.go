@@ -3,6 +3,7 @@ package broker
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -15,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/partition"
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
@@ -348,7 +350,7 @@ func (b *Broker) deadLetter(target string, m *queue.Message, done func(error)) {
 		done(err)
 		return
 	}
-	p, err := q.pick(-1, m.Key)
+	p, err := q.pick(-1, m.Key, "", 0)
 	if err != nil {
 		done(err)
 		return
@@ -570,7 +572,7 @@ func (b *Broker) metaFor(d *protocol.DeclareQueue) (*queueMeta, error) {
 
 // pick chooses the partition for a publish: the requested one, the key's
 // hash, or round-robin over the partitions that are served.
-func (q *queueEntry) pick(want int32, key []byte) (*partition.Partition, error) {
+func (q *queueEntry) pick(want int32, key []byte, producer string, seq uint64) (*partition.Partition, error) {
 	n := len(q.parts)
 	switch {
 	case want >= 0:
@@ -580,6 +582,11 @@ func (q *queueEntry) pick(want int32, key []byte) (*partition.Partition, error) 
 		return q.parts[want], nil
 	case len(key) > 0:
 		return q.parts[keyPartition(key, n)], nil
+	case producer != "":
+		// A resend must reach the partition that remembers its first
+		// store, so an idempotent keyless publish is placed by its
+		// identity, not by the round-robin counter.
+		return q.parts[producerPartition(producer, seq, n)], nil
 	}
 	start := q.rr.Add(1)
 	for i := range n {
@@ -600,12 +607,28 @@ func keyPartition(key []byte, n int) int {
 	return int(h.Sum32() % uint32(n))
 }
 
+// producerPartition maps a producer id and sequence to a partition with
+// 32-bit FNV-1a over the id and the sequence (8 bytes, little endian). Like
+// keyPartition it is part of the on-disk contract: a resend after a restart
+// or an upgrade must find the partition holding the original.
+func producerPartition(producer string, seq uint64, n int) int {
+	h := fnv.New32a()
+	h.Write([]byte(producer))
+	h.Write(binary.LittleEndian.AppendUint64(nil, seq))
+	return int(h.Sum32() % uint32(n))
+}
+
 // Publish enqueues p asynchronously. done is called exactly once and must
 // not block: from the partition goroutine after the record is durable, or
 // with an error, which may happen before Publish returns (invalid input,
 // full inbox, shutdown). Queues are created on first use. Keyed publishes
-// hash to a stable partition; keyless ones go round-robin. The broker copies
-// what it keeps; the caller may reuse p after Publish returns.
+// hash to a stable partition; keyless ones with a producer id hash their
+// (producer id, sequence); other keyless ones go round-robin. A publish with
+// a producer id whose sequence the partition remembers is answered with the
+// original partition and offset and Duplicate set, and stores nothing; one
+// below the producer's window fails with sequence_too_old (see
+// internal/dedup). The broker copies what it keeps; the caller may reuse p
+// after Publish returns.
 func (b *Broker) Publish(p *protocol.Publish, done func(protocol.PublishOK, error)) {
 	if b.closed.Load() {
 		done(protocol.PublishOK{}, ErrShuttingDown)
@@ -624,14 +647,14 @@ func (b *Broker) Publish(p *protocol.Publish, done func(protocol.PublishOK, erro
 		done(protocol.PublishOK{}, err)
 		return
 	}
-	part, err := q.pick(p.Partition, p.Key)
+	part, err := q.pick(p.Partition, p.Key, p.ProducerID, p.ProducerSeq)
 	if err != nil {
 		done(protocol.PublishOK{}, err)
 		return
 	}
 	now := b.cfg.Now().UnixMilli()
 	m := queue.Message{Key: p.Key, ContentType: p.ContentType, NotBeforeMs: p.NotBeforeMs,
-		PublishedAtMs: now, Body: p.Body}
+		PublishedAtMs: now, ProducerID: p.ProducerID, ProducerSeq: p.ProducerSeq, Body: p.Body}
 	if m.NotBeforeMs == 0 && p.DelayMs > 0 {
 		m.NotBeforeMs = now + p.DelayMs
 	}
@@ -645,12 +668,12 @@ func (b *Broker) Publish(p *protocol.Publish, done func(protocol.PublishOK, erro
 		}
 	}
 	idx := part.Index()
-	part.Publish(&m, func(off uint64, err error) {
+	part.PublishOnce(&m, func(off uint64, dup bool, err error) {
 		if err != nil {
 			done(protocol.PublishOK{}, b.publishError(q, idx, err))
 			return
 		}
-		done(protocol.PublishOK{Partition: idx, Offset: off}, nil)
+		done(protocol.PublishOK{Partition: idx, Offset: off, Duplicate: dup}, nil)
 	})
 }
 
@@ -694,6 +717,9 @@ func (b *Broker) checkPublish(p *protocol.Publish) error {
 	if n > HeaderBytesMax {
 		return protocol.Errorf(protocol.CodeMessageTooLarge, "key, content type and headers are %d bytes, more than %d", n, HeaderBytesMax)
 	}
+	if len(p.ProducerID) > dedup.ProducerIDBytesMax {
+		return protocol.Errorf(protocol.CodeBadRequest, "producer id is %d bytes, more than %d", len(p.ProducerID), dedup.ProducerIDBytesMax)
+	}
 	if p.DelayMs < 0 || p.NotBeforeMs < 0 || p.TTLMs < 0 {
 		return protocol.Errorf(protocol.CodeBadRequest, "negative delay_ms, not_before_ms or ttl_ms")
 	}
@@ -722,6 +748,8 @@ func (b *Broker) Stats() Stats {
 				NextLSN: s.NextLSN, Frontier: s.Frontier, Ready: s.Ready, Delayed: s.Delayed,
 				Inflight: s.Inflight, DeadLettering: s.DeadLettering, Consumers: s.Consumers,
 				CheckpointFailures: s.CheckpointFailures, Relocated: s.Relocated,
+				DedupProducers: s.Dedup.Producers, DedupEvictedIdle: s.Dedup.EvictedIdle,
+				DedupEvictedLimit: s.Dedup.EvictedLimit, Duplicates: s.Duplicates,
 			})
 		}
 		out.Queues = append(out.Queues, qst)

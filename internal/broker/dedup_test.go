@@ -1,0 +1,76 @@
+package broker
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"testing/synctest"
+
+	"github.com/sinewmq/sinew/internal/dedup"
+	"github.com/sinewmq/sinew/internal/vfs"
+	"github.com/sinewmq/sinew/protocol"
+)
+
+func idem(topic, body, producer string, seq uint64) *protocol.Publish {
+	p := msg(topic, body)
+	p.ProducerID, p.ProducerSeq = producer, seq
+	return p
+}
+
+// TestIdempotentPublishAcrossRestart: keyless idempotent publishes are
+// placed by (producer, sequence), spread over the partitions, and a resend
+// (before and after a restart) gets the original partition and offset with
+// Duplicate set, and stores nothing.
+func TestIdempotentPublishAcrossRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := vfs.NewMem()
+		b := mustOpen(t, testConfig(fs))
+		b.Declare(context.Background(), &protocol.DeclareQueue{Topic: "t", Partitions: 4, MaxRetries: -1})
+		const n = 40
+		first := make([]protocol.PublishOK, n)
+		used := map[uint32]bool{}
+		for i := range n {
+			first[i] = mustPublish(t, b, idem("t", strconv.Itoa(i), "prod", uint64(i+1)))
+			if first[i].Duplicate {
+				t.Fatalf("first publish of %d answered as a duplicate", i+1)
+			}
+			if want := uint32(producerPartition("prod", uint64(i+1), 4)); first[i].Partition != want {
+				t.Fatalf("seq %d went to partition %d, want %d", i+1, first[i].Partition, want)
+			}
+			used[first[i].Partition] = true
+		}
+		if len(used) < 2 {
+			t.Fatalf("40 sequences all went to partition(s) %v", used)
+		}
+		check := func(when string, b *Broker) {
+			for i := range n {
+				got := mustPublish(t, b, idem("t", "resent", "prod", uint64(i+1)))
+				if !got.Duplicate || got.Partition != first[i].Partition || got.Offset != first[i].Offset {
+					t.Fatalf("%s: resend of %d = %+v, want %+v duplicate", when, i+1, got, first[i])
+				}
+			}
+			total, dups := 0, uint64(0)
+			for _, q := range b.Stats().Queues {
+				for _, p := range q.Partitions {
+					total += p.Ready
+					dups += p.Duplicates
+				}
+			}
+			if total != n || dups != n {
+				t.Fatalf("%s: %d messages ready and %d duplicates counted, want %d and %d", when, total, dups, n, n)
+			}
+		}
+		check("live", b)
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		b = mustOpen(t, testConfig(fs))
+		defer b.Close()
+		check("after restart", b)
+
+		long := idem("t", "x", string(make([]byte, dedup.ProducerIDBytesMax+1)), 1)
+		if _, err := publish(t, b, long); protocol.CodeOf(err) != protocol.CodeBadRequest {
+			t.Fatalf("oversized producer id: %v, want bad_request", err)
+		}
+	})
+}
