@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
@@ -23,6 +24,10 @@ const (
 	browserWaitMs = 15_000
 	dashRefreshMs = 300
 )
+
+// binaryBody is not UTF-8: NUL, bytes that start no character, a lone
+// continuation byte.
+var binaryBody = []byte{0x00, 0xff, 0xfe, 'b', 'i', 'n', 0x80, 0x0a}
 
 // artifactsDir returns where the test's screenshots go: $SINEW_TEST_ARTIFACTS
 // when set, else a fresh directory under the system's temporary directory. It
@@ -99,6 +104,25 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatal("no delivery of the message to fail")
 	}
 	if err := sub.Unsubscribe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A binary dead letter, which the page must show as base64, not mangle.
+	if _, err := c.Publish(ctx, "dash-bin", binaryBody); err != nil {
+		t.Fatal(err)
+	}
+	bsub, err := c.Subscribe(ctx, "dash-bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-bsub.Messages():
+		if err := m.Fail(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatal("no delivery of the binary message to fail")
+	}
+	if err := bsub.Unsubscribe(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// A queue with three messages waiting.
@@ -223,6 +247,14 @@ func TestDashboardInBrowser(t *testing.T) {
 		return !box.hidden && box.querySelector("pre.dl-body").textContent === "poison pill" && box.textContent.includes("browser-test");
 	})()`)
 	shot("3-deadletter-inspect")
+	binRow := `document.querySelector('tr.dl-row[data-source-topic="dash-bin"]')`
+	waitFor("the binary dead letter of dash-bin", binRow)
+	eval(binRow+`.querySelector("button.dl-inspect").click()`, nil)
+	waitFor("the binary body as base64", fmt.Sprintf(`(() => {
+		const box = document.querySelector("#dl-inspect");
+		return !box.hidden && box.querySelector("pre.dl-body").textContent === %q && box.textContent.includes("Body (base64");
+	})()`, base64.StdEncoding.EncodeToString(binaryBody)))
+	shot("3b-deadletter-binary")
 	eval(dlRow+`.querySelector("button.dl-replay").click()`, nil)
 	waitFor("the replay's result", `document.querySelector("#dl-result").textContent.startsWith("Replayed 1")`)
 	waitFor("the replayed dead letter gone from the list", `!`+dlRow)
