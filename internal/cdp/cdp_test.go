@@ -11,7 +11,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
+
+// Close must stop the reader and the process waiter.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // launch starts Chromium for a test, or skips the test when none is installed.
 func launch(t *testing.T) *Browser {
