@@ -72,6 +72,10 @@ type conn struct {
 
 	mu      sync.Mutex
 	pending map[uint64]*call
+	// refused are replayable publishes the broker answered shutting_down:
+	// it stored nothing, so close hands them to the endpoint to be sent on
+	// the next connection, in request order with the calls still pending.
+	refused []*call
 	subs    map[uint64]*Subscription // broker sub id -> subscription
 	closed  bool
 	err     error
@@ -153,11 +157,13 @@ func (c *conn) close(err error) {
 	c.err = err
 	pending := c.pending
 	c.pending = nil
+	refused := c.refused
+	c.refused = nil
 	c.mu.Unlock()
 	_ = c.nc.Close()
 
 	lost := fmt.Errorf("%w: %w", ErrConnectionLost, err)
-	var replay []*call
+	replay := refused
 	for _, cl := range pending {
 		if cl.replay && IsRetryable(err) {
 			replay = append(replay, cl)
@@ -231,6 +237,19 @@ func (c *conn) sendFrame(frame []byte) {
 	}
 }
 
+// refuse keeps cl, a replayable call the broker refused while draining, for
+// close to requeue. It reports false when c is already closed (the caller
+// fails cl then; close has requeued everything else).
+func (c *conn) refuse(cl *call) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.refused = append(c.refused, cl)
+	return true
+}
+
 // take removes and returns the pending call with id, or nil.
 func (c *conn) take(id uint64) *call {
 	c.mu.Lock()
@@ -238,6 +257,13 @@ func (c *conn) take(id uint64) *call {
 	cl := c.pending[id]
 	delete(c.pending, id)
 	return cl
+}
+
+// settlesQueued returns how many settles wait for the settler.
+func (c *conn) settlesQueued() int {
+	c.settleMu.Lock()
+	defer c.settleMu.Unlock()
+	return len(c.settleQ)
 }
 
 func (c *conn) pendingCount() int {
@@ -291,6 +317,12 @@ func (c *conn) dispatch(f protocol.Frame) error {
 		var cl *call
 		if f.RequestID != 0 {
 			cl = c.take(f.RequestID)
+		}
+		if cl != nil && cl.replay && !b.Fatal && b.Code == protocol.CodeShuttingDown && c.refuse(cl) {
+			// A publish that crossed GOING_AWAY on the wire: the broker
+			// refused it before storing anything, so it waits for the next
+			// connection instead of failing.
+			break
 		}
 		if cl != nil {
 			cl.done(nil, be)

@@ -80,6 +80,21 @@
 // limits.resend_bytes_max; one it did not keep that the client lacks comes
 // back when its lease expires.
 //
+// # Across a planned restart
+//
+// When the broker announces a planned stop (GOING_AWAY), the client sends no
+// new requests on that connection: new publishes, subscriptions and other
+// operations wait for the next connection, in the order each caller made
+// them, bounded by the publish window and by their contexts. Settles still go
+// out on it, and confirms and settle results still arrive. Once nothing is in
+// flight (no reply awaited, no settle queued, no delivery held unsettled by
+// the application), or at the broker's deadline, the client closes the
+// connection and reconnects, at once and then with the reconnect policy's
+// backoff capped at 500 ms, until the broker is back; then it restores its
+// session as after any break and sends what it held. A publish that crossed
+// GOING_AWAY on the wire and was refused with shutting_down (the broker stored
+// nothing) is held the same way. The application sees a pause, not an error.
+//
 // Close ends the broker's session with END_SESSION, so its unsettled messages
 // go to other consumers at once instead of after the reconnect grace.
 //

@@ -20,6 +20,15 @@ const ClientVersion = "0.1.0"
 // kept open waiting for outstanding replies before the client reconnects.
 const goingAwayWaitMax = 30 * time.Second
 
+// goingAwayPoll is how often a connection that received GOING_AWAY is looked
+// at to see whether its work in flight has finished.
+const goingAwayPoll = 10 * time.Millisecond
+
+// goingAwayBackoffMax caps the reconnect delay after a planned stop: the
+// broker said it is restarting, so the client looks for it often rather than
+// backing off as far as it would from a failure.
+const goingAwayBackoffMax = 500 * time.Millisecond
+
 // pool holds one endpoint per broker address. Each endpoint keeps its own
 // connection, session and resume identity: an identity is only meaningful to
 // the broker that issued it.
@@ -152,6 +161,7 @@ func (e *endpoint) supervise(c *conn) {
 	for {
 		connectedAt := e.o.clock.Now()
 		immediate := e.watch(c)
+		planned := immediate
 		if e.stopping() {
 			return
 		}
@@ -183,6 +193,9 @@ func (e *endpoint) supervise(c *conn) {
 		for c = nil; c == nil; {
 			if !immediate {
 				d := pol.Delay(failures, e.o.rand())
+				if planned {
+					d = min(d, goingAwayBackoffMax)
+				}
 				// Operations wait for this attempt rather than ask for an
 				// earlier one: a blip must not turn into a burst of connects.
 				select {
@@ -221,9 +234,13 @@ func (e *endpoint) supervise(c *conn) {
 	}
 }
 
-// watch waits until c is finished. After GOING_AWAY it lets outstanding replies
-// arrive until the announced deadline, then closes c itself; it reports
-// whether the next connect should start at once (a planned stop, not a failure).
+// watch waits until c is finished. After GOING_AWAY new operations wait for
+// the next connection (acquire passes over a draining one) while the work in
+// flight on c finishes: confirms, settle results, and the deliveries the
+// application holds unsettled, which it may still settle here. Once none is
+// left, or at the announced deadline, watch closes c itself. It reports
+// whether the next connect should start at once (a planned stop, not a
+// failure).
 func (e *endpoint) watch(c *conn) (immediate bool) {
 	select {
 	case <-c.done:
@@ -233,14 +250,56 @@ func (e *endpoint) watch(c *conn) (immediate bool) {
 	case <-c.goingAway:
 	}
 	wait := time.Duration(c.awayDeadline.Load()-e.o.clock.Now().UnixMilli()) * time.Millisecond
-	wait = max(0, min(wait, goingAwayWaitMax))
-	select {
-	case <-c.done:
-	case <-e.o.clock.After(wait):
-		c.close(&BrokerError{Code: protocol.CodeShuttingDown, Message: "broker going away"})
-	case <-e.quit:
+	deadline := e.o.clock.After(max(0, min(wait, goingAwayWaitMax)))
+	for {
+		if e.awayIdle(c) {
+			e.o.logger.Info("sinew: work in flight finished; leaving the broker that is going away", "addr", e.addr)
+			c.close(&BrokerError{Code: protocol.CodeShuttingDown, Message: "broker going away"})
+			return true
+		}
+		select {
+		case <-c.done:
+			return true
+		case <-deadline:
+			e.o.logger.Info("sinew: broker's going-away deadline reached with work in flight", "addr", e.addr,
+				"pending", c.pendingCount(), "unsettled", e.unsettled(c.epoch))
+			c.close(&BrokerError{Code: protocol.CodeShuttingDown, Message: "broker going away"})
+			return true
+		case <-e.o.clock.After(goingAwayPoll):
+		case <-e.quit:
+			return true
+		}
 	}
-	return true
+}
+
+// awayIdle reports whether nothing is in flight on c: no request awaits its
+// reply, no settle is queued or in progress, and the application holds no
+// delivery of c's session epoch unsettled.
+func (e *endpoint) awayIdle(c *conn) bool {
+	if c.pendingCount() > 0 || c.settlesQueued() > 0 || e.busy.idle() != nil {
+		return false
+	}
+	return e.unsettled(c.epoch) == 0
+}
+
+// unsettled counts the manual-ack deliveries of epoch the subscriptions hold
+// unsettled.
+func (e *endpoint) unsettled(epoch uint64) int {
+	e.mu.Lock()
+	subs := make([]*Subscription, 0, len(e.subs))
+	for s := range e.subs {
+		subs = append(subs, s)
+	}
+	e.mu.Unlock()
+	n := 0
+	for _, s := range subs {
+		s.heldMu.Lock()
+		if s.heldEpoch == epoch {
+			n += len(s.held)
+		}
+		s.heldMu.Unlock()
+	}
+	return n
 }
 
 func (e *endpoint) stopping() bool {

@@ -46,6 +46,12 @@ const (
 	heartbeatMissesMax = 3
 	// rejectWriteTimeoutMs bounds the ERROR written to a connection over the limit.
 	rejectWriteTimeoutMs = 1000
+	// drainPollMs is how often a drain's first phase looks whether the
+	// deliveries held unsettled have all been settled (confirms wake it at once).
+	drainPollMs = 20
+	// drainFlushMs bounds the flush of queued frames when a drain closes the
+	// connections; a peer that does not read by then is cut.
+	drainFlushMs = 2000
 )
 
 // Config configures a Server.

@@ -184,13 +184,25 @@ func (s *Server) releaseInflight() {
 	}
 }
 
-// Shutdown drains the server: it stops accepting, sends GOING_AWAY to every
-// connection, refuses new publishes and subscriptions (shutting_down), waits until
-// every in-flight publish has its confirm on the wire or ctx is done, then flushes
-// and closes every connection and cleans up every session. It returns ctx.Err() if
-// ctx ended before the drain completed (connections are closed anyway).
+// Shutdown drains the server in two phases.
+//
+// Phase 1 (settle): it stops accepting, sends GOING_AWAY (deadline: ctx's, or
+// DrainTimeoutMsDefault from now) to every connection, refuses new publishes,
+// subscriptions and queue changes (shutting_down), and leases nothing new to any
+// subscription. Settles are still taken and confirms and settle results still
+// sent, so work in flight finishes. The phase ends when nothing is in flight
+// (no unconfirmed publish, no settle awaiting its result, no delivery held
+// unsettled by a session) or when ctx is done, whichever comes first. A client
+// that leaves on its own (as the SDK does once its work is done) takes its
+// session's deliveries with it.
+//
+// Phase 2 (close): every connection's queued frames are flushed (bounded by
+// drainFlushMs) before its socket closes, and every session is cleaned up. The
+// socket is never closed before phase 1 ends. Shutdown returns ctx.Err() if
+// phase 1 ran out of time.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
+	already := s.draining
 	s.draining = true
 	for ln := range s.listeners {
 		ln.Close()
@@ -209,35 +221,46 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if !ok {
 		deadline = time.Now().Add(DrainTimeoutMsDefault * time.Millisecond)
 	}
-	away := &protocol.GoingAway{DeadlineMs: deadline.UnixMilli(), GraceMs: uint32(s.reg.ReconnectGraceMs()), Reason: "broker shutting down"}
-	for _, c := range conns {
-		c.w.Send(session.Outbound{Body: away})
+	if !already {
+		// Redirect is the server reference the protocol reserves for a
+		// cluster; a single broker knows no other endpoint.
+		away := &protocol.GoingAway{DeadlineMs: deadline.UnixMilli(), GraceMs: uint32(s.reg.ReconnectGraceMs()), Reason: "broker shutting down"}
+		for _, c := range conns {
+			c.w.Send(session.Outbound{Body: away})
+		}
 	}
-	s.cfg.Logger.Info("draining", "connections", len(conns), "inflight_publishes", s.inflight.Load())
+	start := time.Now()
+	s.cfg.Logger.Info("drain phase 1: GOING_AWAY sent; settling work in flight", "connections", len(conns),
+		"inflight_publishes", s.inflight.Load(), "unsettled_deliveries", s.reg.Unsettled(), "deadline_ms", deadline.UnixMilli())
 
 	var err error
-	for s.inflight.Load() > 0 && err == nil {
+	poll := time.NewTicker(drainPollMs * time.Millisecond)
+	defer poll.Stop()
+	for !s.quiescent() && err == nil {
 		select {
 		case <-s.drainWake:
+		case <-poll.C:
 		case <-ctx.Done():
 			err = ctx.Err()
 		}
 	}
-	for _, c := range conns {
-		if err != nil {
-			c.w.abort()
-		} else {
-			c.w.finish()
-		}
+	s.mu.Lock()
+	open := len(s.conns)
+	s.mu.Unlock()
+	s.cfg.Logger.Info("drain phase 2: closing connections", "phase1_ms", time.Since(start).Milliseconds(), "timed_out", err != nil,
+		"connections", open, "inflight_publishes", s.inflight.Load(), "unsettled_deliveries", s.reg.Unsettled())
+	s.mu.Lock()
+	for c := range s.conns {
+		c.w.finish()
 	}
+	s.mu.Unlock()
 	done := make(chan struct{})
 	go func() { s.connWG.Wait(); close(done) }()
+	flush := time.NewTimer(drainFlushMs * time.Millisecond)
+	defer flush.Stop()
 	select {
 	case <-done:
-	case <-ctx.Done():
-		if err == nil {
-			err = ctx.Err()
-		}
+	case <-flush.C:
 		s.mu.Lock()
 		for c := range s.conns {
 			c.w.abort()
@@ -246,8 +269,25 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		<-done
 	}
 	s.reg.CloseAll()
-	s.cfg.Logger.Info("drained", "err", err)
+	s.cfg.Logger.Info("drained", "took_ms", time.Since(start).Milliseconds(), "err", err)
 	return err
+}
+
+// quiescent reports whether nothing is in flight: no publish awaits its
+// confirm, no settle its result, and no session holds a delivery unsettled.
+func (s *Server) quiescent() bool {
+	if s.inflight.Load() > 0 {
+		return false
+	}
+	s.mu.Lock()
+	for c := range s.conns {
+		if c.settleInflight.Load() > 0 {
+			s.mu.Unlock()
+			return false
+		}
+	}
+	s.mu.Unlock()
+	return s.reg.Unsettled() == 0
 }
 
 // Stats are the server's counters.

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"net"
 	"testing"
 
@@ -426,4 +427,69 @@ func TestBackpressureNonReadingPeer(t *testing.T) {
 	t.Logf("server accepted %d of %d publishes before pausing", published, total)
 	nc.Close()
 	<-writeDone
+}
+
+// TestShutdownSettlesBeforeClosing: a drain leases nothing new, takes the ack
+// of what a consumer already holds, and closes the connection only once that
+// settle is answered. Shutdown returns nil, so it ended because nothing was in
+// flight, not because its (distant) deadline passed.
+func TestShutdownSettlesBeforeClosing(t *testing.T) {
+	fx := start(t, nil)
+	c := fx.dial()
+	c.hello(protocol.Hello{})
+	c.publish("q", "m1")
+	c.publish("q", "m2")
+	c.subscribe(protocol.Subscribe{Topic: "q", Prefetch: 1})
+	_, d1 := expect[*protocol.Deliver](c)
+	if string(d1.Body) != "m1" {
+		t.Fatalf("first delivery %q", d1.Body)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), safetyTimeout)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- fx.srv.Shutdown(ctx) }()
+	_, away := expect[*protocol.GoingAway](c)
+	if away.Redirect != "" || away.DeadlineMs == 0 {
+		t.Fatalf("GOING_AWAY %+v", away)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("shutdown returned %v while a delivery was unsettled", err)
+	default:
+	}
+	// The ack frees prefetch credit; without the drain it would bring m2.
+	if codes := c.settle(protocol.OpAck, d1.Tag); len(codes) != 1 || codes[0] != protocol.CodeOK {
+		t.Fatalf("ack while draining: %v", codes)
+	}
+	c.expectClosed()
+	if err := <-done; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if ready, inflight, acked, _ := fx.fake.Counts("q", ""); ready != 1 || inflight != 0 || acked != 1 {
+		t.Fatalf("after drain: ready %d inflight %d acked %d, want 1 0 1", ready, inflight, acked)
+	}
+}
+
+// TestShutdownDeadlineWithUnsettled: a consumer that never settles holds the
+// drain only until its deadline; then its connection is closed and Shutdown
+// says it ran out of time.
+func TestShutdownDeadlineWithUnsettled(t *testing.T) {
+	fx := start(t, nil)
+	c := fx.dial()
+	c.hello(protocol.Hello{})
+	c.publish("q", "m1")
+	c.subscribe(protocol.Subscribe{Topic: "q", Prefetch: 1})
+	expect[*protocol.Deliver](c)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- fx.srv.Shutdown(ctx) }()
+	expect[*protocol.GoingAway](c)
+	c.ping() // the connection still serves while phase 1 waits
+	cancel()
+	c.expectClosed()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("shutdown: %v, want context.Canceled", err)
+	}
 }

@@ -392,6 +392,8 @@ func (r *Registry) remove(s *Session) {
 
 // Drain stops issuing and resuming sessions and makes every later disconnect clean
 // up at once, whatever the grace. Sessions that are dormant now are cleaned up.
+// From here no subscription has room (see Pauser), so a backend that honours
+// it leases nothing new; settles of what was leased before are still taken.
 func (r *Registry) Drain() {
 	r.mu.Lock()
 	r.draining.Store(true)
@@ -403,6 +405,26 @@ func (r *Registry) Drain() {
 	for _, s := range dormant {
 		s.cleanupIfDormant("drain")
 	}
+}
+
+// Unsettled returns how many deliveries the sessions hold unsettled, auto-ack
+// deliveries not yet written included. A drain waits for it to reach zero
+// before it closes connections, so that a consumer's acks of what it already
+// has are not cut off.
+func (r *Registry) Unsettled() int {
+	r.mu.Lock()
+	all := make([]*Session, 0, len(r.sessions))
+	for _, s := range r.sessions {
+		all = append(all, s)
+	}
+	r.mu.Unlock()
+	n := 0
+	for _, s := range all {
+		s.mu.Lock()
+		n += len(s.tags)
+		s.mu.Unlock()
+	}
+	return n
 }
 
 // CloseAll cleans up every session: subscriptions closed, leases back to ready.

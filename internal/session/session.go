@@ -455,13 +455,16 @@ func (s *Session) notePendingLocked() {
 	}
 }
 
-// roomBytes is the room of st's consumer (see Pauser): the attached sink's
+// roomBytes is the room of st's consumer (see Pauser): none while the registry
+// drains; otherwise the attached sink's
 // (Throttle), or, with no sink, what is left of the dormant buffer's bound; and
 // while st is not yet announced, no more than what is left of the bound on
 // its early deliveries. Called without mu from partition goroutines.
 func (s *Session) roomBytes(st *subState) int64 {
 	limit := s.reg.cfg.DormantBytesMax
-	if st.earlyFull.Load() || s.detached.Load() {
+	// A draining registry starts no new deliveries: what is leased settles,
+	// and nothing new is leased to a session about to lose its socket.
+	if st.earlyFull.Load() || s.detached.Load() || s.reg.isDraining() {
 		return 0
 	}
 	room := limit - st.earlyBytes.Load()

@@ -29,7 +29,7 @@ var help = map[string]string{
 	"connection.handshake_timeout_ms":     "HELLO (and the TLS handshake) must arrive within this many milliseconds.",
 	"connection.heartbeat_ms":             "Idle interval before the server sends PING; three intervals of silence close a connection. 0 disables heartbeats.",
 	"connection.write_timeout_ms":         "A write to a client that makes no progress for this long closes the connection.",
-	"connection.drain_timeout_ms":         "On SIGTERM/SIGINT, how long the drain waits for in-flight publishes to be confirmed before closing connections.",
+	"connection.drain_timeout_ms":         "On SIGTERM/SIGINT, how long the first phase of the drain lets work in flight finish (confirms, settles of what consumers hold) before connections are closed; it ends earlier once nothing is in flight.",
 	"connection.slow_consumer_timeout_ms": "A connection whose queue stays at limits.outbound_bytes_max this long (its client is not reading) is closed with slow_consumer; its unsettled deliveries go back as for any disconnect.",
 
 	"storage.sync":                     "always: confirm a publish only after its record is fsynced. interval: confirm once written to the OS page cache, fsync every storage.sync_interval_ms.",
