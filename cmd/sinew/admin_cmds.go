@@ -600,9 +600,9 @@ func writeMessageBlock(b *strings.Builder, m apiMessage, bodyFormat, title strin
 	body := b64Display(m.BodyB64, bodyFormat)
 	shown, _ := base64.StdEncoding.DecodeString(m.BodyB64)
 	if m.BodyTruncated {
-		fmt.Fprintf(b, "body (%d bytes, first %d shown): %s\n", m.BodyBytes, len(shown), body)
+		fmt.Fprintf(b, "body (%s, first %d shown): %s\n", nBytes(m.BodyBytes), len(shown), body)
 	} else {
-		fmt.Fprintf(b, "body (%d bytes): %s\n", m.BodyBytes, body)
+		fmt.Fprintf(b, "body (%s): %s\n", nBytes(m.BodyBytes), body)
 	}
 }
 

@@ -14,8 +14,8 @@ import (
 // These tests check the CLI against the admin API contract of
 // docs/operations.md: the requests each command sends (method, path, query,
 // body) and how it shows the documented answers, binary bodies included.
-// The answers are the contract's examples; admin_e2e_test.go runs the same
-// commands against the real broker.
+// The answers are the contract's examples; admin_test.go runs the commands
+// against the real broker.
 
 type recordedRequest struct {
 	method, path, query, body string

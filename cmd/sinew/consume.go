@@ -92,7 +92,7 @@ func writePeekText(w io.Writer, m *sinew.Message, bodyFormat string) error {
 	for _, h := range m.Headers {
 		fmt.Fprintf(&b, "header %s: %s\n", displayBytes([]byte(h.Key)), displayBytes([]byte(h.Value)))
 	}
-	fmt.Fprintf(&b, "body (%d bytes): %s\n", len(m.Body), displayBody(m.Body, bodyFormat))
+	fmt.Fprintf(&b, "body (%s): %s\n", nBytes(int64(len(m.Body))), displayBody(m.Body, bodyFormat))
 	_, err := io.WriteString(w, b.String())
 	return err
 }
