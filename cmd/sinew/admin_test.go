@@ -119,6 +119,16 @@ func TestAdminErrors(t *testing.T) {
 			t.Errorf("%v: %d lines on stderr, want one: %q", tc.args, len(lines), errOut)
 		}
 	}
+	// A listener that never answers: the request gives up at --timeout, on one line.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	code, out, errOut := runCmd(t, "", "admin", "queues", "--timeout", "200ms", "--admin-addr", "http://"+silent.Addr().String()+"/")
+	if code != 1 || out != "" || !strings.Contains(errOut, "did not answer in time (--timeout)") || strings.Count(errOut, "\n") != 1 {
+		t.Errorf("silent admin endpoint: exit %d, %q, %q", code, out, errOut)
+	}
 	if code, _, errOut := runCmd(t, "", "admin", "--help"); code != 0 || !strings.Contains(errOut, "dlq") {
 		t.Errorf("admin --help: exit %d, %q", code, errOut)
 	}
