@@ -183,7 +183,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	adminAddr := ""
 	if aln != nil {
 		adminAddr = aln.Addr().String()
-		adminSrv = &http.Server{Handler: admin.Handler(adminConfig(b, srv, rt)), ReadHeaderTimeout: 10 * time.Second}
+		adminSrv = &http.Server{Handler: admin.Handler(adminConfig(b, srv, rt, owner, start)), ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			if err := adminSrv.Serve(aln); !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("admin: %w", err)
@@ -302,10 +302,11 @@ func loadOwnerID(dir string) (string, error) {
 	return id, nil
 }
 
-// adminConfig exposes the broker's and server's counters.
-func adminConfig(b *broker.Broker, srv *server.Server, rt *runtimesettings.Store) admin.Config {
+// adminConfig exposes the broker, the server and their counters.
+func adminConfig(b *broker.Broker, srv *server.Server, rt *runtimesettings.Store, owner string, started time.Time) admin.Config {
 	return admin.Config{
 		Ready: b.Ready, Settings: rt,
+		Broker: b, Server: srv, Version: serverVersion, OwnerID: owner, StartedAt: started,
 		Problems: func() []string {
 			var out []string
 			for _, p := range b.Problems() {
@@ -313,7 +314,6 @@ func adminConfig(b *broker.Broker, srv *server.Server, rt *runtimesettings.Store
 			}
 			return out
 		},
-		Queues:  func() any { return b.Stats() },
 		Metrics: metricsRegistry(b, srv),
 	}
 }

@@ -1,20 +1,31 @@
 package admin
 
 import (
-	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sinewmq/sinew/internal/admin/dashboard"
+	"github.com/sinewmq/sinew/internal/broker"
 	"github.com/sinewmq/sinew/internal/runtimesettings"
+	"github.com/sinewmq/sinew/internal/server"
+	"github.com/sinewmq/sinew/protocol"
 )
+
+// APIVersion is the version segment of every API path.
+const APIVersion = "v1"
+
+// requestTimeoutMs bounds how long one API request waits for the broker
+// (a partition actor answering a peek, a purge or replay becoming durable).
+const requestTimeoutMs = 10_000
 
 // Config wires the handler to its data.
 type Config struct {
@@ -24,18 +35,38 @@ type Config struct {
 	// one line each (a quarantined or failed partition and why); nil or
 	// empty when there is nothing.
 	Problems func() []string
-	// Queues returns the value served as JSON by /api/v1/queues.
-	Queues func() any
 	// Metrics is what /metrics serves, in the Prometheus text format; nil
 	// serves an empty exposition.
 	Metrics prometheus.Gatherer
 	// Settings is the runtime settings store served at /api/v1/settings;
 	// nil serves no such endpoint.
 	Settings *runtimesettings.Store
+
+	// Broker serves the queue, message and dead-letter endpoints; nil
+	// answers them 503.
+	Broker *broker.Broker
+	// Server serves the connection and session endpoints and the
+	// protocol counters of the overview; nil lists none.
+	Server *server.Server
+	// Version is the broker's version string (as in HELLO_OK).
+	Version string
+	// OwnerID is the broker's stable identity.
+	OwnerID string
+	// StartedAt is when the process started; Now reads the clock (default
+	// time.Now).
+	StartedAt time.Time
+	Now       func() time.Time
+	// Drain starts the planned drain; nil answers POST /api/v1/drain with
+	// 501 not_implemented.
+	Drain func(ctx context.Context) error
 }
 
 // Handler returns the admin HTTP handler.
 func Handler(cfg Config) http.Handler {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	a := &api{cfg: cfg}
 	mux := http.NewServeMux()
 	dashboard.Mount(mux)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -49,10 +80,7 @@ func Handler(cfg Config) http.Handler {
 			io.WriteString(w, "not ready\n")
 			return
 		}
-		var problems []string
-		if cfg.Problems != nil {
-			problems = cfg.Problems()
-		}
+		problems := a.problems()
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			var b strings.Builder
@@ -71,18 +99,21 @@ func Handler(cfg Config) http.Handler {
 	}
 	// A collector that fails must not hide the others: serve what gathered.
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
-	mux.HandleFunc("GET /api/v1/queues", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		var v any = []any{}
-		if cfg.Queues != nil {
-			v = cfg.Queues()
-		}
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(v); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-		}
-	})
+
+	mux.HandleFunc("GET /api/v1/version", a.version)
+	mux.HandleFunc("GET /api/v1/overview", a.overview)
+	mux.HandleFunc("GET /api/v1/queues", a.needBroker(a.listQueues))
+	mux.HandleFunc("GET /api/v1/queues/{topic}", a.needBroker(a.getQueue))
+	mux.HandleFunc("PUT /api/v1/queues/{topic}", a.needBroker(a.declareQueue))
+	mux.HandleFunc("PATCH /api/v1/queues/{topic}", a.needBroker(a.patchQueue))
+	mux.HandleFunc("DELETE /api/v1/queues/{topic}", a.needBroker(a.deleteQueue))
+	mux.HandleFunc("POST /api/v1/queues/{topic}/purge", a.needBroker(a.purgeQueue))
+	mux.HandleFunc("GET /api/v1/queues/{topic}/messages", a.needBroker(a.messages))
+	mux.HandleFunc("GET /api/v1/deadletters", a.needBroker(a.deadLetters))
+	mux.HandleFunc("POST /api/v1/deadletters/replay", a.needBroker(a.replay))
+	mux.HandleFunc("GET /api/v1/connections", a.connections)
+	mux.HandleFunc("GET /api/v1/sessions", a.sessions)
+	mux.HandleFunc("POST /api/v1/drain", a.drain)
 	if cfg.Settings != nil {
 		mux.HandleFunc("GET /api/v1/settings", func(w http.ResponseWriter, _ *http.Request) {
 			writeJSON(w, http.StatusOK, settingsView(cfg.Settings.Snapshot()))
@@ -91,105 +122,91 @@ func Handler(cfg Config) http.Handler {
 			putSettings(w, r, cfg.Settings)
 		})
 	}
+	// Anything else under /api/ answers with the JSON error body: 405
+	// when the path is served with other methods, 404 otherwise.
+	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		var allowed []string
+		for _, m := range []string{"GET", "PUT", "PATCH", "POST", "DELETE"} {
+			probe := r.Clone(r.Context())
+			probe.Method = m
+			if _, pattern := mux.Handler(probe); pattern != "/api/" {
+				allowed = append(allowed, m)
+			}
+		}
+		if len(allowed) > 0 {
+			w.Header().Set("Allow", strings.Join(allowed, ", "))
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s %s: allowed %s", r.Method, r.URL.Path, strings.Join(allowed, ", ")))
+			return
+		}
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
+	})
 	return mux
 }
 
-// settingsBodyBytesMax bounds a PUT /api/v1/settings body; a handful of keys
-// take a few hundred bytes.
-const settingsBodyBytesMax = 64 << 10
+// api holds the handler's configuration; it has no state of its own.
+type api struct{ cfg Config }
 
-// SettingsDoc is the JSON of GET /api/v1/settings and of a PUT's answer.
-type SettingsDoc struct {
-	// Version goes up by one on every accepted change.
-	Version uint64 `json:"version"`
-	// Values holds every runtime setting.
-	Values map[string]int64 `json:"values"`
-	// RuntimeKeys describes the keys that are runtime settings, with their
-	// ranges. Every other configuration key is a startup setting.
-	RuntimeKeys []RuntimeKey `json:"runtime_keys"`
+func (a *api) problems() []string {
+	if a.cfg.Problems == nil {
+		return nil
+	}
+	return a.cfg.Problems()
 }
 
-// RuntimeKey describes one runtime setting.
-type RuntimeKey struct {
-	Key         string `json:"key"`
-	Min         int64  `json:"min"`
-	Max         int64  `json:"max"`
-	Description string `json:"description"`
-}
-
-// SettingsPut is the body of PUT /api/v1/settings: the version the change is
-// based on (the one a GET returned) and the keys to change.
-type SettingsPut struct {
-	Version *uint64                `json:"version"`
-	Values  map[string]json.Number `json:"values"`
-}
-
-// SettingsError is the JSON body of a refused PUT. A 409 also carries the
-// current version and values, so the caller can retry from them.
-type SettingsError struct {
-	Error   string           `json:"error"`
-	Version uint64           `json:"version,omitempty"`
-	Values  map[string]int64 `json:"values,omitempty"`
-}
-
-func settingsView(d runtimesettings.Doc) SettingsDoc {
-	v := SettingsDoc{Version: d.Version, Values: d.Values}
-	for _, k := range runtimesettings.Keys() {
-		v.RuntimeKeys = append(v.RuntimeKeys, RuntimeKey{Key: k.Name, Min: k.Min, Max: k.Max, Description: k.Help})
-	}
-	return v
-}
-
-// putSettings applies a change. It answers 200 only once the new document is
-// on disk; 400 for a malformed body, an unknown key or a value out of range
-// (nothing is changed); 409 when the version is not the current one; 500 when
-// the document could not be written (the old one stays in force).
-func putSettings(w http.ResponseWriter, r *http.Request, st *runtimesettings.Store) {
-	bad := func(format string, args ...any) {
-		writeJSON(w, http.StatusBadRequest, SettingsError{Error: fmt.Sprintf(format, args...)})
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, settingsBodyBytesMax))
-	if err != nil {
-		bad("read body: %v", err)
-		return
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	dec.UseNumber()
-	var req SettingsPut
-	if err := dec.Decode(&req); err != nil {
-		bad("body is not a settings change ({\"version\": N, \"values\": {\"key\": N}}): %v", err)
-		return
-	}
-	if dec.More() {
-		bad("body has data after the settings change")
-		return
-	}
-	if req.Version == nil {
-		bad("version is required: the version this change is based on, as GET /api/v1/settings reports it")
-		return
-	}
-	changes := make(map[string]int64, len(req.Values))
-	for k, n := range req.Values {
-		v, err := n.Int64()
-		if err != nil {
-			bad("%s: %s is not an integer", k, n.String())
+// needBroker answers 503 when the handler has no broker.
+func (a *api) needBroker(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if a.cfg.Broker == nil {
+			writeError(w, http.StatusServiceUnavailable, "unavailable", "this admin listener has no broker")
 			return
 		}
-		changes[k] = v
+		h(w, r)
 	}
-	d, err := st.Update(*req.Version, changes)
-	var conflict *runtimesettings.ConflictError
-	switch {
-	case err == nil:
-		writeJSON(w, http.StatusOK, settingsView(d))
-	case errors.As(err, &conflict):
-		writeJSON(w, http.StatusConflict, SettingsError{Error: err.Error(), Version: conflict.Current.Version, Values: conflict.Current.Values})
-	case errors.Is(err, runtimesettings.ErrUnknownKey), errors.Is(err, runtimesettings.ErrOutOfRange), errors.Is(err, runtimesettings.ErrNoChange):
-		bad("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
-	default:
-		writeJSON(w, http.StatusInternalServerError, SettingsError{Error: err.Error()})
+}
+
+// requestContext bounds a request's wait for the broker.
+func requestContext(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), requestTimeoutMs*time.Millisecond)
+}
+
+// ErrorBody is the JSON of every non-2xx JSON answer.
+type ErrorBody struct {
+	// Code is a stable snake_case name: bad_request, not_found, conflict,
+	// internal, not_implemented, unavailable, or the broker's own error
+	// name (limit_exceeded, shutting_down, ...).
+	Code string `json:"code"`
+	// Error is a readable sentence for people.
+	Error string `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, ErrorBody{Code: code, Error: msg})
+}
+
+// writeBrokerError answers err, a broker or partition error, with the status
+// its protocol code calls for.
+func writeBrokerError(w http.ResponseWriter, err error) {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "the broker did not answer in time: "+err.Error())
+		return
 	}
+	code := protocol.CodeOf(err)
+	status := http.StatusInternalServerError
+	switch code {
+	case protocol.CodeBadRequest, protocol.CodeLimitExceeded, protocol.CodeMessageTooLarge:
+		status = http.StatusBadRequest
+	case protocol.CodeNotFound:
+		status = http.StatusNotFound
+	case protocol.CodeConflict:
+		status = http.StatusConflict
+	case protocol.CodeUnavailable, protocol.CodeShuttingDown, protocol.CodeResourceExhausted:
+		status = http.StatusServiceUnavailable
+	}
+	name := code.String()
+	if status == http.StatusInternalServerError {
+		name = "internal"
+	}
+	writeError(w, status, name, err.Error())
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -199,6 +216,62 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
 	w.Write(append(data, '\n'))
+}
+
+// bodyBytesMax bounds every request body; the largest, a replay of 100
+// offsets, takes a few kilobytes.
+const bodyBytesMax = 64 << 10
+
+// decodeBody reads a JSON body into v, refusing unknown fields and
+// trailing data. An empty body leaves v as it is when emptyOK.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any, emptyOK bool) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, bodyBytesMax))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad_request", "read body: "+err.Error())
+		return false
+	}
+	if len(strings.TrimSpace(string(body))) == 0 && emptyOK {
+		return true
+	}
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeError(w, http.StatusBadRequest, "bad_request", "body: "+err.Error())
+		return false
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, "bad_request", "body has data after the JSON value")
+		return false
+	}
+	return true
+}
+
+// VersionView is the JSON of GET /api/v1/version.
+type VersionView struct {
+	Version string `json:"version"`
+	API     string `json:"api"`
+}
+
+func (a *api) version(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, VersionView{Version: a.cfg.Version, API: APIVersion})
+}
+
+// DrainView is the JSON of an accepted POST /api/v1/drain.
+type DrainView struct {
+	Draining bool `json:"draining"`
+}
+
+func (a *api) drain(w http.ResponseWriter, r *http.Request) {
+	if a.cfg.Drain == nil {
+		writeError(w, http.StatusNotImplemented, "not_implemented", "this build has no planned drain; stop the broker with SIGTERM, which drains before it exits")
+		return
+	}
+	if err := a.cfg.Drain(r.Context()); err != nil {
+		writeBrokerError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, DrainView{Draining: true})
 }

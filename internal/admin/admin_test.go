@@ -40,7 +40,6 @@ func TestEndpoints(t *testing.T) {
 	h := Handler(Config{
 		Ready:    func() bool { return ready },
 		Problems: func() []string { return problems },
-		Queues:   func() any { return []map[string]any{{"topic": "jobs", "ready": 3}} },
 		Metrics:  testRegistry(),
 	})
 	if code, body := get(t, h, "/healthz"); code != 200 || body != "ok\n" {
@@ -71,10 +70,15 @@ func TestEndpoints(t *testing.T) {
 			t.Errorf("metrics lack %q:\n%s", want, metrics)
 		}
 	}
+	// Without a broker the queue endpoints say so in the JSON error body.
 	code, body := get(t, h, "/api/v1/queues")
-	var v []map[string]any
-	if code != 200 || json.Unmarshal([]byte(body), &v) != nil || v[0]["topic"] != "jobs" {
-		t.Fatalf("queues %d %s", code, body)
+	var e ErrorBody
+	if code != 503 || json.Unmarshal([]byte(body), &e) != nil || e.Code != "unavailable" || e.Error == "" {
+		t.Fatalf("queues without a broker: %d %s", code, body)
+	}
+	code, body = get(t, h, "/api/v1/nope")
+	if code != 404 || json.Unmarshal([]byte(body), &e) != nil || e.Code != "not_found" {
+		t.Fatalf("unknown API path: %d %s", code, body)
 	}
 	if code, _ := get(t, h, "/nope"); code != 404 {
 		t.Fatalf("unknown path %d", code)

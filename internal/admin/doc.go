@@ -1,23 +1,42 @@
-// Package admin serves Sinew's operator HTTP endpoints:
+// Package admin serves Sinew's operator HTTP endpoints (docs/operations.md
+// documents every one with its JSON):
 //
-//	GET /               the dashboard page (package dashboard); its files under /ui/
-//	GET /healthz        200 "ok" while the process runs
-//	GET /readyz         200 once the broker has recovered and serves every partition;
-//	                    503 before, and while any partition is quarantined or failed
-//	                    (the body names each one and why)
-//	GET /metrics        Prometheus exposition (text format 0.0.4, or what the scraper negotiates)
-//	GET /api/v1/queues    JSON: per-queue, per-partition counts
-//	GET /api/v1/settings  JSON: the runtime settings, their version and which keys they are
-//	PUT /api/v1/settings  change runtime settings: {"version": N, "values": {...}};
-//	                      200 once persisted, 409 when N is not current, 400 for a bad
-//	                      key or value
+//	GET    /                                  the dashboard page (package dashboard); its files under /ui/
+//	GET    /healthz                           200 "ok" while the process runs
+//	GET    /readyz                            200 once recovered and every partition serves; 503 otherwise
+//	GET    /metrics                           Prometheus exposition
+//	GET    /api/v1/version                    version and API version
+//	GET    /api/v1/overview                   identity, uptime, totals and counters since start
+//	GET    /api/v1/queues                     every queue with its partitions
+//	GET    /api/v1/queues/{topic}?group=      one queue
+//	PUT    /api/v1/queues/{topic}?group=      declare (create, or set its whole configuration)
+//	PATCH  /api/v1/queues/{topic}?group=      change some limits of an existing queue
+//	DELETE /api/v1/queues/{topic}?group=      delete the queue and its messages
+//	POST   /api/v1/queues/{topic}/purge       discard its queued messages
+//	GET    /api/v1/queues/{topic}/messages    inspect a partition's unsettled messages
+//	GET    /api/v1/deadletters                list a dead-letter queue with reasons and sources
+//	POST   /api/v1/deadletters/replay         publish chosen dead letters back to their source
+//	GET    /api/v1/connections                open client connections
+//	GET    /api/v1/sessions                   sessions, attached and dormant, with grace left
+//	GET    /api/v1/settings                   runtime settings and their version
+//	PUT    /api/v1/settings                   change runtime settings (409 on a version race)
+//	POST   /api/v1/drain                      start the planned drain (501 when not wired)
 //
-// The handler holds no state of its own; every request calls the functions in
-// Config, which read the broker's and server's counters, or the runtime settings
-// store. It starts no goroutines (the caller runs the http.Server). A PUT of the
-// settings is durable when it answers 200: the store persists it first.
+// JSON names are snake_case; every JSON error is {"code": ..., "error": ...}.
 //
-// The metrics exposition is client_golang's promhttp over the Gatherer the caller
-// passes; sinew serve's collector reads the broker's and server's counters at
-// scrape time.
+// The handler holds no state of its own; every request reads the broker, the
+// server or the runtime settings store given in Config. It starts no
+// goroutines (the caller runs the http.Server). Every wait for the broker is
+// bounded by requestTimeoutMs.
+//
+// Reading messages never leases or settles: it asks the partition's actor to
+// walk its state and log between two turns (partition.Peek). A replay publishes
+// the copy to its source queue first and removes the dead-letter copy only once
+// that publish is confirmed, so a crash in between duplicates, never loses.
+// A PUT of the settings is durable when it answers 200: the store persists it
+// first.
+//
+// The metrics exposition is client_golang's promhttp over the Gatherer the
+// caller passes; sinew serve's collector reads the broker's and server's
+// counters at scrape time.
 package admin

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/partition"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/protocol"
@@ -78,6 +79,11 @@ type Config struct {
 	FS vfs.FS
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// OnSync, when set, is told of every sync that made a partition's
+	// stage durable: the records it covered and how long it took (for the
+	// fsync histograms). It runs on partition syncer goroutines and must
+	// not block.
+	OnSync partition.SyncObserver
 	// Logger receives recovery and quarantine reports, internal errors with
 	// their context, and queue deletions and purges; default discards.
 	Logger *slog.Logger
@@ -254,6 +260,8 @@ type PartitionStats struct {
 	DedupEvictedLimit uint64
 	// Duplicates counts publishes answered with an earlier store's offset.
 	Duplicates uint64
+	// BytesOnDisk is the size of the partition's log segments.
+	BytesOnDisk int64
 }
 
 // QueueStats are one queue's counters.

@@ -65,6 +65,8 @@ type Broker struct {
 	closed atomic.Bool
 	// lock is DataDir's exclusive lock, held from Open to Close.
 	lock *DataDirLock
+	// counters is shared by every partition (inspect.go).
+	counters *partition.Counters
 }
 
 type queueKey struct{ topic, group string }
@@ -164,6 +166,7 @@ func Open(cfg Config) (b *Broker, err error) {
 		queues:   make(map[queueKey]*queueEntry),
 		deleting: make(map[queueKey]bool),
 		subs:     make(map[uint64]*Subscription),
+		counters: new(partition.Counters),
 	}
 	root := filepath.Join(cfg.DataDir, queuesDir)
 	if err := cfg.FS.MkdirAll(root, 0o755); err != nil {
@@ -261,6 +264,7 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 			BodyCacheBytes:        b.cfg.BodyCacheBytes,
 			RecoveredLeaseGraceMs: b.cfg.RecoveredLeaseGraceMs,
 			DeadLetter:            b.deadLetter,
+			Counters:              b.counters, OnSync: b.cfg.OnSync,
 		}
 		p, err := partition.Open(pc)
 		if err != nil && errors.Is(err, partition.ErrDamaged) {
@@ -740,24 +744,29 @@ func (b *Broker) Stats() Stats {
 	})
 	var out Stats
 	for _, q := range qs {
-		qst := QueueStats{Topic: q.key.topic, Group: q.key.group}
-		for _, p := range q.parts {
-			s := p.Stats()
-			qst.Partitions = append(qst.Partitions, PartitionStats{
-				Partition: p.Index(), Quarantined: s.Quarantined, Err: s.Err,
-				NextLSN: s.NextLSN, Frontier: s.Frontier, Ready: s.Ready, Delayed: s.Delayed,
-				Inflight: s.Inflight, DeadLettering: s.DeadLettering, Consumers: s.Consumers,
-				CheckpointFailures: s.CheckpointFailures, Relocated: s.Relocated,
-				DedupProducers: s.Dedup.Producers, DedupEvictedIdle: s.Dedup.EvictedIdle,
-				DedupEvictedLimit: s.Dedup.EvictedLimit, Duplicates: s.Duplicates,
-			})
-		}
-		out.Queues = append(out.Queues, qst)
+		out.Queues = append(out.Queues, statsOfQueue(q))
 	}
 	b.subsMu.Lock()
 	out.Subscriptions = len(b.subs)
 	b.subsMu.Unlock()
 	return out
+}
+
+// statsOfQueue reads the counters of q's partitions.
+func statsOfQueue(q *queueEntry) QueueStats {
+	qst := QueueStats{Topic: q.key.topic, Group: q.key.group}
+	for _, p := range q.parts {
+		s := p.Stats()
+		qst.Partitions = append(qst.Partitions, PartitionStats{
+			Partition: p.Index(), Quarantined: s.Quarantined, Err: s.Err,
+			NextLSN: s.NextLSN, Frontier: s.Frontier, Ready: s.Ready, Delayed: s.Delayed,
+			Inflight: s.Inflight, DeadLettering: s.DeadLettering, Consumers: s.Consumers,
+			CheckpointFailures: s.CheckpointFailures, Relocated: s.Relocated, BytesOnDisk: s.BytesOnDisk,
+			DedupProducers: s.Dedup.Producers, DedupEvictedIdle: s.Dedup.EvictedIdle,
+			DedupEvictedLimit: s.Dedup.EvictedLimit, Duplicates: s.Duplicates,
+		})
+	}
+	return qst
 }
 
 // Ready reports whether the broker has recovered and is serving.

@@ -84,7 +84,13 @@ func (p *Partition) run() {
 func (p *Partition) syncer(done chan<- struct{}) {
 	defer close(done)
 	for range p.syncReq {
+		// The actor does not touch the syncing stage until it has the
+		// answer, so reading its size here is safe.
+		records, start := p.syncing.records, time.Now()
 		lsn, err := p.persist()
+		if err == nil {
+			p.observeSync(records, start)
+		}
 		p.synced <- syncResult{lsn, err}
 	}
 }
@@ -263,7 +269,7 @@ func refuse(c command, err error) {
 	switch c.kind {
 	case cmdPublish, cmdPurge:
 		c.published(0, false, err)
-	case cmdSettle:
+	case cmdSettle, cmdDiscard:
 		c.settled(err)
 	}
 }
@@ -465,6 +471,18 @@ func (p *Partition) turn(batch []command) {
 			p.open.replies = append(p.open.replies, reply{settled: c.settled, err: err, lsn: p.lastLSN})
 		case cmdPurge:
 			p.purges = append(p.purges, purgeJob{below: p.st.NextLSN(), done: c.published})
+		case cmdDiscard:
+			evs, err := p.discard(c.offset, now)
+			if err == nil {
+				var n int
+				n, err = p.appendAll(evs, nil)
+				appended += n
+				if err != nil {
+					p.fail(err, batch)
+					return
+				}
+			}
+			p.open.replies = append(p.open.replies, reply{settled: c.settled, err: err, lsn: p.lastLSN})
 		}
 	}
 
@@ -609,6 +627,7 @@ func (p *Partition) appendAll(evs []queue.Event, c Consumer) (int, error) {
 			// The queue rejected an event it just produced.
 			panic(fmt.Sprintf("partition %s: apply of own %v event at lsn %d: %v", p, ev.Kind, lsn, err))
 		}
+		p.cfg.Counters.count(ev)
 		switch ev.Kind {
 		case queue.KindLease:
 			if c == nil {

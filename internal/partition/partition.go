@@ -151,6 +151,13 @@ type Config struct {
 	// working callback.
 	DeadLetter func(target string, m *queue.Message, done func(error))
 
+	// Counters, when set, is where the partition counts its events; a
+	// broker shares one among all its partitions. nil: the partition
+	// counts into its own.
+	Counters *Counters
+	// OnSync, when set, is told of every sync that made a stage durable.
+	OnSync SyncObserver
+
 	// noRetention keeps every log segment (tests compare checkpoint plus
 	// replay with a replay of the whole log).
 	noRetention bool
@@ -247,6 +254,8 @@ type Stats struct {
 	// Duplicates counts publishes answered with the offset of an earlier
 	// store of the same producer sequence since Open.
 	Duplicates uint64
+	// BytesOnDisk is the size of the log segments the partition keeps.
+	BytesOnDisk int64
 }
 
 type cmdKind uint8
@@ -255,6 +264,7 @@ const (
 	cmdPublish cmdKind = iota + 1
 	cmdSettle
 	cmdPurge // answered through published, with the count as the offset
+	cmdDiscard
 )
 
 // command is one inbox entry.
@@ -445,6 +455,9 @@ type deadLetter struct {
 }
 
 func (c *Config) normalize() {
+	if c.Counters == nil {
+		c.Counters = new(Counters)
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -756,6 +769,9 @@ func (p *Partition) publishStats() {
 	case p.st != nil:
 		s.Stats = p.st.Stats(p.nowMs())
 		s.Dedup = p.dd.Stats()
+		for _, seg := range p.log.Segments() {
+			s.BytesOnDisk += seg.Bytes
+		}
 		if p.failed != nil {
 			s.Err = p.failed.Error()
 		}

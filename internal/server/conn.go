@@ -33,6 +33,7 @@ type conn struct {
 	settleInflight  atomic.Int64
 	readerWake      chan struct{} // cap 1: a resource the reader may wait for was released
 	closeReason     atomic.Value  // string
+	opened          time.Time     // when accepted; for Server.Connections
 }
 
 func (c *conn) signalReader() {

@@ -126,7 +126,7 @@ func (s *Server) Serve(ln net.Listener) error {
 // tests call it directly with one end of a net.Pipe.
 func (s *Server) ServeConn(nc net.Conn) {
 	id := s.nextConnID.Add(1)
-	c := &conn{srv: s, id: id, nc: nc, readerWake: make(chan struct{}, 1)}
+	c := &conn{srv: s, id: id, nc: nc, readerWake: make(chan struct{}, 1), opened: time.Now()}
 	c.log = s.cfg.Logger.With("conn_id", id, "remote", remoteAddr(nc))
 	c.w = newWriter(c)
 

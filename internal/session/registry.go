@@ -78,6 +78,9 @@ type Config struct {
 	ReconnectGraceMsLive func() int64
 	// AfterFunc runs the grace timer; default RealAfterFunc.
 	AfterFunc AfterFunc
+	// Now reads the clock for the grace deadlines that Sessions reports;
+	// default time.Now. It only informs operators: AfterFunc ends grace.
+	Now func() time.Time
 	// Logger receives session lifecycle records; default discards.
 	Logger *slog.Logger
 	// PrefetchDefault is used when a SUBSCRIBE asks for 0 (default 100).
@@ -210,6 +213,9 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	}
 	if cfg.AfterFunc == nil {
 		cfg.AfterFunc = RealAfterFunc
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

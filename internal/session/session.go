@@ -66,6 +66,8 @@ type Session struct {
 	// subscriptions then take no new deliveries, so a live consumer of the
 	// same queue gets them instead. Read without mu by roomBytes.
 	detached atomic.Bool
+	// graceUntil is when the grace under way ends (for Registry.Sessions).
+	graceUntil time.Time
 }
 
 // subState is the session's record of one subscription.
@@ -295,6 +297,7 @@ func (s *Session) Detach(sink Sink, unsent []Outbound) {
 	s.reg.graceEntered.Add(1)
 	s.graceGen++
 	gen := s.graceGen
+	s.graceUntil = s.reg.cfg.Now().Add(time.Duration(grace) * time.Millisecond)
 	s.graceStop = s.reg.cfg.AfterFunc(time.Duration(grace)*time.Millisecond, func() { s.graceExpired(gen) })
 	s.logger().Info("session entered grace", "grace_ms", grace, "subscriptions", len(s.subs), "tags", len(s.tags), "pending", len(s.pending))
 	s.mu.Unlock()

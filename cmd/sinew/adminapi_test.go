@@ -1,0 +1,250 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/sinewmq/sinew"
+	"github.com/sinewmq/sinew/internal/admin"
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// apiPoll re-reads an admin endpoint until cond holds. Work the broker does
+// after it answered a client (a dead-letter copy, a session going dormant)
+// has no event a test can wait on across HTTP, so it polls, bounded by
+// safetyTimeoutMs; running out is a failure.
+func apiPoll(t *testing.T, what string, read func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(safetyTimeoutMs * time.Millisecond)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !read() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not seen within %d ms", what, safetyTimeoutMs)
+		}
+		<-tick.C
+	}
+}
+
+// The admin API against a real broker: queues declared, updated, inspected,
+// purged and deleted; messages read with their headers and binary bodies,
+// and reading leases nothing; a failed message listed as a dead letter with
+// its reason and replayed to its source queue; sessions and connections,
+// dormant ones included; and the overview's counters.
+func TestAdminAPI(t *testing.T) {
+	timers := make(chan graceTimer, 16)
+	serveAfterFunc = func(d time.Duration, f func()) func() bool {
+		timers <- graceTimer{d, f}
+		return func() bool { return true }
+	}
+	t.Cleanup(func() { serveAfterFunc = nil })
+	addr, adminAddr, _ := runServeAdmin(t, testServeConfig(t))
+	api := "http://" + adminAddr + "/api/v1"
+	ctx, cancel := context.WithTimeout(context.Background(), safetyTimeoutMs*time.Millisecond)
+	defer cancel()
+
+	var ver admin.VersionView
+	if code := httpJSON(t, "GET", api+"/version", "", &ver); code != 200 || ver.Version != serverVersion || ver.API != "v1" {
+		t.Fatalf("version: %d %+v", code, ver)
+	}
+
+	// Declare, declare again, update limits.
+	var q admin.QueueView
+	if code := httpJSON(t, "PUT", api+"/queues/orders", `{"partitions": 2, "max_retries": 0}`, &q); code != 201 ||
+		q.PartitionCount != 2 || q.Config.MaxRetries != 0 || q.State != "ok" {
+		t.Fatalf("declare: %d %+v", code, q)
+	}
+	if code := httpJSON(t, "PUT", api+"/queues/orders", `{"partitions": 2, "max_retries": 0}`, &q); code != 200 {
+		t.Fatalf("declare again: %d %+v", code, q)
+	}
+	if code := httpJSON(t, "PATCH", api+"/queues/orders", `{"lease_ms": 12345}`, &q); code != 200 || q.Config.LeaseMs != 12345 || q.Config.MaxRetries != 0 {
+		t.Fatalf("patch: %d %+v", code, q)
+	}
+	var e admin.ErrorBody
+	for _, tc := range []struct {
+		method, path, body string
+		status             int
+		code               string
+	}{
+		{"PUT", "/queues/orders", `{"partitions": 3}`, 409, "conflict"},
+		{"PATCH", "/queues/orders", `{"partitions": 3}`, 400, "bad_request"},
+		{"PATCH", "/queues/orders", `{"lease_mss": 1}`, 400, "bad_request"},
+		{"PATCH", "/queues/orders", `{"dead_letter_mode": "sideways"}`, 400, "bad_request"},
+		{"PATCH", "/queues/orders", `{"lease_ms": -1}`, 400, "bad_request"},
+		{"GET", "/queues/nope", "", 404, "not_found"},
+		{"GET", "/queues/orders/messages", "", 400, "bad_request"},
+		{"GET", "/queues/orders/messages?partition=9", "", 404, "not_found"},
+		{"GET", "/queues/orders/messages?partition=0&limit=1000", "", 400, "bad_request"},
+		{"POST", "/queues/orders", "", 405, "method_not_allowed"},
+		{"POST", "/deadletters/replay", `{"items": []}`, 400, "bad_request"},
+		{"GET", "/deadletters?cursor=zz", "", 400, "bad_request"},
+	} {
+		if code := httpJSON(t, tc.method, api+tc.path, tc.body, &e); code != tc.status || e.Code != tc.code || e.Error == "" {
+			t.Errorf("%s %s %s: %d %+v, want %d %s", tc.method, tc.path, tc.body, code, e, tc.status, tc.code)
+		}
+	}
+
+	c, err := sinew.Dial(ctx, addr, sinew.WithClientName("api-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	binary := []byte{0xff, 0x00, 0xfe, 'x'}
+	if _, err := c.Publish(ctx, "orders", binary, sinew.WithPartition(0), sinew.WithKey([]byte("k-1")),
+		sinew.WithHeader("trace", "abc"), sinew.WithContentType("application/octet-stream")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PublishText(ctx, "orders", "hello, world", sinew.WithPartition(0)); err != nil {
+		t.Fatal(err)
+	}
+	var list admin.QueueList
+	if code := httpJSON(t, "GET", api+"/queues", "", &list); code != 200 || len(list.Queues) != 1 || list.Queues[0].Ready != 2 ||
+		list.Queues[0].Partitions[0].Ready != 2 || list.Queues[0].BytesOnDisk <= 0 {
+		t.Fatalf("queues: %d %+v", code, list)
+	}
+
+	// Peek: headers, key, binary body intact; a preview cut short; twice,
+	// and nothing was leased.
+	var msgs admin.MessagesView
+	for range 2 {
+		if code := httpJSON(t, "GET", api+"/queues/orders/messages?partition=0&preview_bytes=5", "", &msgs); code != 200 || len(msgs.Messages) != 2 {
+			t.Fatalf("peek: %d %+v", code, msgs)
+		}
+	}
+	m0, m1 := msgs.Messages[0], msgs.Messages[1]
+	if got, _ := base64.StdEncoding.DecodeString(m0.BodyB64); string(got) != string(binary) || m0.BodyText != nil || m0.BodyBytes != 4 || m0.BodyTruncated {
+		t.Errorf("binary message: %+v", m0)
+	}
+	if m0.KeyText == nil || *m0.KeyText != "k-1" || m0.ContentType != "application/octet-stream" || m0.State != "ready" ||
+		len(m0.Headers) != 1 || m0.Headers[0].Key != "trace" || m0.Headers[0].Value == nil || *m0.Headers[0].Value != "abc" {
+		t.Errorf("message metadata: %+v", m0)
+	}
+	if m1.BodyText == nil || *m1.BodyText != "hello" || !m1.BodyTruncated || m1.BodyBytes != 12 {
+		t.Errorf("text preview: %+v", m1)
+	}
+	if code := httpJSON(t, "GET", api+"/queues/orders", "", &q); code != 200 || q.Ready != 2 || q.Inflight != 0 {
+		t.Fatalf("after peeks: %d %+v", code, q)
+	}
+
+	// A consumer fails the first message: with max_retries 0 it is
+	// dead-lettered at once, with its reason and source.
+	sub, err := c.Subscribe(ctx, "orders", sinew.WithSubscribePartition(0), sinew.WithPrefetch(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := <-sub.Messages()
+	if string(got.Body) != string(binary) {
+		t.Fatalf("first delivery %q", got.Body)
+	}
+	var sessions admin.SessionsView
+	if code := httpJSON(t, "GET", api+"/sessions", "", &sessions); code != 200 || len(sessions.Sessions) != 1 ||
+		sessions.Sessions[0].State != "attached" || sessions.Sessions[0].Inflight != 1 || len(sessions.Sessions[0].Subscriptions) != 1 ||
+		sessions.Sessions[0].Subscriptions[0].Topic != "orders" || sessions.Sessions[0].GraceLeftMs != nil {
+		t.Fatalf("sessions: %d %+v", code, sessions)
+	}
+	var conns admin.ConnectionsView
+	if code := httpJSON(t, "GET", api+"/connections", "", &conns); code != 200 || len(conns.Connections) != 1 ||
+		conns.Connections[0].ClientID != sessions.Sessions[0].ClientID || conns.Connections[0].Subscriptions != 1 {
+		t.Fatalf("connections: %d %+v", code, conns)
+	}
+	if code := httpJSON(t, "GET", api+"/queues/orders/messages?partition=0", "", &msgs); code != 200 || msgs.Messages[0].State != "inflight" || msgs.Messages[0].Attempt != 1 {
+		t.Fatalf("peek of a leased message: %d %+v", code, msgs)
+	}
+	if err := got.Fail(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var dl admin.DeadLettersView
+	apiPoll(t, "dead letter listed", func() bool {
+		return httpJSON(t, "GET", api+"/deadletters", "", &dl) == 200 && len(dl.DeadLetters) == 1
+	})
+	d := dl.DeadLetters[0]
+	if d.Reason != "failed" || d.SourceTopic != "orders" || d.SourcePartition != 0 || d.SourceOffset != m0.Offset || dl.NextCursor != "" {
+		t.Fatalf("dead letter: %+v", dl)
+	}
+	if b, _ := base64.StdEncoding.DecodeString(d.Message.BodyB64); string(b) != string(binary) {
+		t.Fatalf("dead letter body %q", b)
+	}
+
+	// Replay it, keeping nothing: it is back on orders, the DLQ is empty.
+	var rep admin.ReplayView
+	body := `{"items": [{"partition": ` + itoa(d.Partition) + `, "offset": ` + itoa(d.Offset) + `}, {"partition": 0, "offset": 999999}]}`
+	if code := httpJSON(t, "POST", api+"/deadletters/replay", body, &rep); code != 200 || len(rep.Results) != 2 {
+		t.Fatalf("replay: %d %+v", code, rep)
+	}
+	if r := rep.Results[0]; r.Status != "replayed" || !r.Removed || r.TargetTopic != "orders" || r.Error != "" {
+		t.Fatalf("replay result: %+v", r)
+	}
+	if r := rep.Results[1]; r.Status != "not_found" {
+		t.Fatalf("replay of a missing offset: %+v", r)
+	}
+	if code := httpJSON(t, "GET", api+"/deadletters", "", &dl); code != 200 || len(dl.DeadLetters) != 0 {
+		t.Fatalf("dead letters after replay: %d %+v", code, dl)
+	}
+	// The replayed message is on its source queue, at the place the
+	// replay reported, with its key, header and binary body.
+	r0 := rep.Results[0]
+	path := "/queues/orders/messages?partition=" + itoa(r0.TargetPartition) + "&from=" + itoa(r0.TargetOffset) + "&limit=1"
+	if code := httpJSON(t, "GET", api+path, "", &msgs); code != 200 || len(msgs.Messages) != 1 || msgs.Messages[0].Offset != r0.TargetOffset {
+		t.Fatalf("replayed message: %d %+v", code, msgs)
+	}
+	if rm := msgs.Messages[0]; rm.BodyB64 != m0.BodyB64 || *rm.KeyText != "k-1" || len(rm.Headers) != 1 || *rm.Headers[0].Value != "abc" || rm.State != "ready" {
+		t.Fatalf("replayed message lost its data: %+v", rm)
+	}
+	next := <-sub.Messages()
+	if err := next.Complete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if code := httpJSON(t, "GET", api+"/queues/orders", "", &q); code != 200 || q.Ready+q.Inflight != 1 {
+		t.Fatalf("orders after replay and one ack: %d %+v", code, q)
+	}
+
+	var ov admin.OverviewView
+	if code := httpJSON(t, "GET", api+"/overview", "", &ov); code != 200 || !ov.Ready || ov.OwnerID == "" || ov.Generation == 0 ||
+		ov.Counters["publishes"] != 2 || ov.Counters["deliveries"] < 2 || ov.Counters["fails"] != 1 || ov.Counters["acks"] != 1 ||
+		ov.DeadLetteredByReason["failed"] != 1 || ov.Counters["dead_lettered"] != 1 || ov.Totals.SessionsAttached != 1 {
+		t.Fatalf("overview: %d %+v", code, ov)
+	}
+
+	// Purge, then delete.
+	var pv admin.PurgeView
+	if code := httpJSON(t, "POST", api+"/queues/orders/purge", "", &pv); code != 200 {
+		t.Fatalf("purge: %d %+v", code, pv)
+	}
+	var del admin.DeleteView
+	if code := httpJSON(t, "DELETE", api+"/queues/orders", "", &del); code != 200 || !del.Deleted {
+		t.Fatalf("delete: %d %+v", code, del)
+	}
+	if code := httpJSON(t, "GET", api+"/queues/orders", "", &e); code != 404 {
+		t.Fatalf("deleted queue: %d", code)
+	}
+
+	// A cut socket leaves the session dormant, with its grace counting down.
+	nc, ok := hello(t, addr, protocol.ResumeIdentity{})
+	nc.Close()
+	select {
+	case <-timers:
+	case <-time.After(safetyTimeoutMs * time.Millisecond):
+		t.Fatal("no grace timer after a cut")
+	}
+	if code := httpJSON(t, "GET", api+"/sessions", "", &sessions); code != 200 {
+		t.Fatalf("sessions: %d", code)
+	}
+	var dormant *admin.SessionView
+	for i := range sessions.Sessions {
+		if sessions.Sessions[i].ClientID == ok.Resume.ClientID {
+			dormant = &sessions.Sessions[i]
+		}
+	}
+	if dormant == nil || dormant.State != "dormant" || dormant.GraceLeftMs == nil || *dormant.GraceLeftMs <= 0 || *dormant.GraceLeftMs > 5000 {
+		t.Fatalf("cut session: %+v in %+v", dormant, sessions)
+	}
+
+	if code := httpJSON(t, "POST", api+"/drain", "", &e); code != 501 || e.Code != "not_implemented" {
+		t.Fatalf("drain: %d %+v", code, e)
+	}
+}
+
+func itoa[T ~uint32 | ~uint64](v T) string { return strconv.FormatUint(uint64(v), 10) }
