@@ -2,7 +2,10 @@ package sinew
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/sinewmq/sinew/protocol"
@@ -15,6 +18,8 @@ type Client struct {
 	o    options
 	pool *pool
 	ep   *endpoint
+	// seq numbers the Client's confirmed publishes under o.producerID.
+	seq atomic.Uint64
 }
 
 // Dial connects to the broker at addr (host:port) and completes the
@@ -30,6 +35,9 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		opt(&o)
 	}
 	o.reconnect = o.reconnect.withDefaults()
+	if o.producerID == "" {
+		o.producerID = randomProducerID()
+	}
 	c := &Client{o: o}
 	c.pool = newPool(&c.o)
 	c.ep = c.pool.get(addr)
@@ -234,3 +242,15 @@ func (e *endpoint) request(ctx context.Context, body protocol.Body) (protocol.Bo
 		return nil, ctx.Err()
 	}
 }
+
+// randomProducerID returns 16 random bytes in hex: a producer id no other
+// Client picks.
+func randomProducerID() string {
+	var b [16]byte
+	crand.Read(b[:]) // never fails (crypto/rand's documented contract)
+	return hex.EncodeToString(b[:])
+}
+
+// ProducerID returns the producer id the Client stamps on its confirmed
+// publishes: the one given WithProducerID, or a random one.
+func (c *Client) ProducerID() string { return c.o.producerID }

@@ -62,7 +62,11 @@
 // connection, in order, before any new operation:
 //
 //   - unconfirmed publishes (at most the broker's PublishInflightMax, and 64 MiB
-//     of bodies). A publish whose confirm was lost may so be stored twice;
+//     of bodies). Each carries the Client's producer id and its sequence, so
+//     the broker answers a resend of one it already stored with the original
+//     partition and offset (PublishResult.Duplicate) instead of storing it
+//     twice, also after its own restart (see Client.PublishAsync for what is
+//     not deduplicated);
 //   - settles. Every settle carries the lease reference of its delivery, and
 //     the broker treats a repeated settle of the same lease as the original
 //     one, so sending it again is always safe. A held settle fails only when

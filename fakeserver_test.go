@@ -29,7 +29,6 @@ type fakeBroker struct {
 	conns      map[*fConn]struct{}
 	nextSub    uint64
 	nextSess   int
-	produced   map[string]protocol.PublishOK // producer id/seq -> result
 	hellos     []protocol.Hello
 	recreate   bool            // answer missing subscriptions with "recreate client side"
 	refuseSubs map[string]bool // topics whose SUBSCRIBE fails with unavailable
@@ -85,7 +84,7 @@ func newFakeBroker(t *testing.T) *fakeBroker {
 	}
 	b := &fakeBroker{t: t, ln: ln, resumable: true, inflight: 256, generation: 1,
 		sessions: map[string]*fSession{}, queues: map[string]*fQueue{}, conns: map[*fConn]struct{}{},
-		produced: map[string]protocol.PublishOK{}}
+	}
 	b.wg.Add(1)
 	go b.accept()
 	t.Cleanup(b.close)
@@ -225,24 +224,12 @@ func (b *fakeBroker) handle(c *fConn, f protocol.Frame, body protocol.Body) bool
 		b.queue(m.Topic)
 		c.write(0, id, &protocol.DeclareOK{Partitions: 1, Created: !existed})
 	case *protocol.Publish:
-		key := ""
-		if m.ProducerID != "" {
-			key = fmt.Sprintf("%s/%d", m.ProducerID, m.ProducerSeq)
-			if r, ok := b.produced[key]; ok {
-				r.Duplicate = true
-				c.write(0, id, &r)
-				return true
-			}
-		}
 		q := b.queue(m.Topic)
 		msg := &fMsg{offset: q.next, pub: *m}
 		msg.pub.Body = append([]byte(nil), m.Body...)
 		q.next++
 		q.ready = append(q.ready, msg)
 		r := protocol.PublishOK{Partition: 0, Offset: msg.offset}
-		if key != "" {
-			b.produced[key] = r
-		}
 		if f.Flags&protocol.FlagNoReply == 0 {
 			c.write(0, id, &r)
 		}

@@ -152,6 +152,7 @@ type options struct {
 	connectTimeout   time.Duration
 	handshakeTimeout time.Duration
 	drainTimeout     time.Duration
+	producerID       string // "" until Dial picks a random one
 }
 
 func defaultOptions() options {
@@ -256,6 +257,15 @@ func WithConnectTimeout(d time.Duration) Option {
 		}
 	}
 }
+
+// WithProducerID sets the producer id the Client stamps on its confirmed
+// publishes (see Client.Publish). By default every Client picks a random one,
+// so its sequences never collide with another Client's. Set one only to make
+// two Clients one producer on purpose, never two Clients publishing at the
+// same time: each Client numbers its sequences from 1, and a broker that
+// still remembers the id would answer the second Client's publishes as
+// duplicates of the first's. At most 255 bytes.
+func WithProducerID(id string) Option { return func(o *options) { o.producerID = id } }
 
 // WithDrainTimeout bounds how long Close waits for pending confirms and
 // settles (default 5 s).

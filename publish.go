@@ -57,10 +57,17 @@ func WithGroup(g string) PublishOption { return func(p *protocol.Publish) { p.Gr
 // WithPartition publishes to partition n instead of letting the broker choose.
 func WithPartition(n int) PublishOption { return func(p *protocol.Publish) { p.Partition = int32(n) } }
 
-// WithProducerSequence attaches a producer id and sequence to the publish, for
-// a broker that recognises a repeated (id, seq). Every publish, with or
-// without one, is sent again automatically when the connection breaks before
-// its confirm.
+// WithProducerSequence replaces the producer id and sequence the Client
+// stamps on a confirmed publish with the application's own, for an
+// application that numbers its messages itself and resends them after its
+// own restart: a broker that still remembers (id, seq) in the chosen
+// partition stores nothing and answers with the original partition and
+// offset and PublishResult.Duplicate set. The broker remembers each
+// producer's 4,096 highest sequences per partition, for a day after the
+// producer's last publish; a sequence below that window fails with
+// sequence_too_old instead of being stored again. The same (id, seq) must
+// always be sent with the same body, key and partition choice. An empty id
+// turns deduplication off for this publish. PublishNoConfirm ignores it.
 func WithProducerSequence(id string, seq uint64) PublishOption {
 	return func(p *protocol.Publish) { p.ProducerID = id; p.ProducerSeq = seq }
 }
@@ -124,11 +131,22 @@ func (c *Client) Publish(ctx context.Context, topic string, body []byte, opts ..
 // PublishAsync sends a message without waiting for its confirm, so many can be
 // in flight at once. It blocks while the broker's announced PublishInflightMax
 // publishes (or 64 MiB of bodies) are unconfirmed, and while the client
-// reconnects, until ctx ends, which fails the future. A publish whose
-// connection breaks before its confirm is sent again on the next one (so it
-// may be stored twice). body must not be modified until the future is done.
+// reconnects, until ctx ends, which fails the future. body must not be
+// modified until the future is done.
+//
+// Publishes are idempotent by default. The Client stamps each one with its
+// producer id (Client.ProducerID) and the next of its sequence numbers, and a
+// publish whose connection breaks before its confirm is sent again, with the
+// same id and sequence, on the next connection. The broker recognises the
+// resend, across reconnects and across its own restarts, and answers it with
+// the original partition and offset and PublishResult.Duplicate set instead
+// of storing a second copy; see WithProducerSequence for the window it
+// remembers. What is not deduplicated: a publish the application itself
+// repeats (a new call is a new sequence), PublishNoConfirm, and a resend the
+// broker no longer remembers (the producer idle for a day, or evicted from a
+// full window, which the broker counts in /metrics).
 func (c *Client) PublishAsync(ctx context.Context, topic string, body []byte, opts ...PublishOption) *PublishFuture {
-	p := &protocol.Publish{Topic: topic, Partition: -1, Body: body}
+	p := &protocol.Publish{Topic: topic, Partition: -1, Body: body, ProducerID: c.o.producerID}
 	for _, o := range opts {
 		o(p)
 	}
@@ -138,6 +156,12 @@ func (c *Client) PublishAsync(ctx context.Context, topic string, body []byte, op
 	if err := e.window.acquire(ctx, e.quit, size); err != nil {
 		f.resolve(nil, err)
 		return f
+	}
+	if p.ProducerID == c.o.producerID && p.ProducerSeq == 0 {
+		// Numbered only once it holds a window slot: the sequences in
+		// flight then stay within the publish window, which the broker's
+		// deduplication window covers, however long acquire waited.
+		p.ProducerSeq = c.seq.Add(1)
 	}
 	e.submit(ctx, &call{body: p, replay: true, done: func(b protocol.Body, err error) {
 		e.window.release(size)

@@ -319,3 +319,51 @@ func TestRealRetryAfterBeyondCap(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRealLostConfirmResendIsDuplicate: the broker stores a publish but its
+// confirm is lost in a cut; the Client sends it again on the next connection
+// with the same producer id and sequence, and the real broker answers with
+// the original offset and Duplicate set. The consumer gets one copy.
+func TestRealLostConfirmResendIsDuplicate(t *testing.T) {
+	rb := startRealBroker(t, nil)
+	p := proxyT(t, rb.Addr)
+	c := dialT(t, p.Addr())
+	watcher := dialT(t, rb.Addr) // not behind the proxy
+	ctx := testCtx(t)
+	sub, err := watcher.Subscribe(ctx, "real-idem", WithPrefetch(16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetDownStalled(true)
+	f := c.PublishAsync(ctx, "real-idem", []byte("once"))
+	stored := recv(t, sub) // the broker stored it; its confirm is held in the proxy
+	p.CutAll()
+	p.SetDownStalled(false)
+	r, err := f.Wait(ctx)
+	if err != nil {
+		t.Fatalf("publish across the cut: %v", err)
+	}
+	if !r.Duplicate || r.Offset != stored.Offset || r.Partition != stored.Partition {
+		t.Fatalf("resend answered %+v, want the original %d/%d with Duplicate", r, stored.Partition, stored.Offset)
+	}
+	if err := stored.Complete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// One partition, delivered in order: a second copy would come first.
+	marker := publishRetrying(t, c, "real-idem", "marker")
+	if m := recv(t, sub); m.Text() != "marker" || m.Offset != marker.Offset {
+		t.Fatalf("after the resend got %q at %d, want only the marker at %d", m.Text(), m.Offset, marker.Offset)
+	}
+	// An application-numbered sequence is deduplicated the same way.
+	a, err := c.Publish(ctx, "real-idem", []byte("numbered"), WithProducerSequence("app", 9))
+	if err != nil || a.Duplicate {
+		t.Fatalf("first numbered publish: %+v %v", a, err)
+	}
+	b, err := c.Publish(ctx, "real-idem", []byte("numbered"), WithProducerSequence("app", 9))
+	if err != nil || !b.Duplicate || b.Offset != a.Offset {
+		t.Fatalf("repeated numbered publish: %+v %v, want offset %d duplicate", b, err, a.Offset)
+	}
+	if c.ProducerID() == "" || c.ProducerID() == watcher.ProducerID() {
+		t.Fatalf("producer ids %q and %q: want random and distinct", c.ProducerID(), watcher.ProducerID())
+	}
+}

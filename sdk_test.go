@@ -276,9 +276,8 @@ func TestInFlightPublishesAreResentAfterCut(t *testing.T) {
 			t.Fatalf("%s in-flight publish: %v", name, err)
 		}
 	}
-	if r, _ := idem.Result(); r.Offset != 0 {
-		t.Fatalf("idempotent publish landed at %d", r.Offset)
-	}
+	// Whether a resend is recognised as a duplicate is the broker's part:
+	// TestRealLostConfirmResendIsDuplicate tests it against the real one.
 }
 
 func TestBackoffDelaysFollowPolicyOnRefusal(t *testing.T) {

@@ -23,6 +23,10 @@ type Proxy struct {
 	delay   time.Duration
 	stalled bool
 	unstall chan struct{} // closed when a stall ends
+	// downStalled stops only the server-to-client direction; undown is
+	// closed when it ends.
+	downStalled bool
+	undown      chan struct{}
 	closed  bool
 	accepts int
 	wg      sync.WaitGroup
@@ -38,8 +42,10 @@ func NewProxy(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target, conns: make(map[*pair]struct{}), unstall: make(chan struct{})}
+	p := &Proxy{ln: ln, target: target, conns: make(map[*pair]struct{}), unstall: make(chan struct{}),
+		undown: make(chan struct{})}
 	close(p.unstall)
+	close(p.undown)
 	p.wg.Add(1)
 	go p.acceptLoop()
 	return p, nil
@@ -106,6 +112,23 @@ func (p *Proxy) SetStalled(on bool) {
 	}
 }
 
+// SetDownStalled stops forwarding bytes from the server to the client while
+// on, and keeps forwarding the client's: requests arrive and take effect,
+// their answers do not, as when a link breaks right after a request.
+func (p *Proxy) SetDownStalled(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if on == p.downStalled {
+		return
+	}
+	p.downStalled = on
+	if on {
+		p.undown = make(chan struct{})
+	} else {
+		close(p.undown)
+	}
+}
+
 // Close stops listening, closes every connection and waits for the proxy's
 // goroutines.
 func (p *Proxy) Close() error {
@@ -114,6 +137,10 @@ func (p *Proxy) Close() error {
 	if p.stalled {
 		p.stalled = false
 		close(p.unstall)
+	}
+	if p.downStalled {
+		p.downStalled = false
+		close(p.undown)
 	}
 	p.mu.Unlock()
 	err := p.ln.Close()
@@ -173,9 +200,12 @@ func (p *Proxy) copy(pr *pair, dst, src net.Conn) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			delay, unstall := p.delay, p.unstall
+			delay, unstall, undown := p.delay, p.unstall, p.undown
 			p.mu.Unlock()
 			<-unstall
+			if dst == pr.client {
+				<-undown
+			}
 			if delay > 0 {
 				time.Sleep(delay) // injected latency, not a wait for a condition
 			}
