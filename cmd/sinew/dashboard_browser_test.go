@@ -213,6 +213,12 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	waitFor("publish, deliver and ack rates above zero", `["publish", "deliver", "ack"].every((k) =>
 		Number(document.getElementById("rate-" + k).dataset.peak) > 0)`)
+	// Every counter is listed; the publishes so far (1 + 1 + 3 + 10) among them.
+	eval(`document.querySelector("#counters summary").click()`, nil)
+	waitFor("the publishes counter at 15 or more", `(() => {
+		const dd = document.querySelector('#counters[open] dd[data-counter="publishes"]');
+		return dd && Number(dd.textContent.replace(/,/g, "")) >= 15;
+	})()`)
 	shot("1b-rates")
 
 	// A session goes dormant when its socket is cut: none before, one after.

@@ -191,6 +191,14 @@
       ["dead-lettered", fmtInt(c.dead_lettered)],
     ];
     for (const [k, v] of rows) dl.append(h("dt", { text: k }), h("dd", { text: v, "data-total": k }));
+    // Every counter the broker reports (resume, grace, reconcile and
+    // late-settle outcomes among them), and dead letters by reason.
+    const all = $("#counters dl");
+    all.replaceChildren();
+    const byReason = o.dead_lettered_by_reason || {};
+    const entries = Object.entries(c).concat(Object.entries(byReason).map(([k, v]) => ["dead_lettered{" + k + "}", v]));
+    entries.sort((a, b) => a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0);
+    for (const [k, v] of entries) all.append(h("dt", { text: k }), h("dd", { text: fmtInt(v), "data-counter": k }));
     return true;
   }
 
