@@ -122,6 +122,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	}
 	quarantine := map[string]broker.QuarantinePolicy{"quarantine": broker.Quarantine, "refuse": broker.Refuse, "ignore": broker.Ignore}[cfg.Storage.Quarantine]
 	start := time.Now()
+	restartGrace := rt.Int(runtimesettings.KeyRestartGraceMs)
 	held := lock
 	lock = nil // broker.Open owns it now, failed or not
 	b, err := broker.Open(broker.Config{
@@ -135,6 +136,9 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		CheckpointEveryRecords: cfg.Storage.CheckpointEveryRecords,
 		QueuesMax:              cfg.Limits.QueuesMax, QueuePartitionsMax: cfg.Limits.QueuePartitionsMax,
 		PartitionsTotalMax: cfg.Limits.PartitionsTotalMax,
+		// Recovered leases wait as long as the sessions restored to take
+		// them back; the rest go to ready when the window ends.
+		RecoveredLeaseGraceMs: restartGrace,
 	})
 	if err != nil {
 		closeListeners()
@@ -159,8 +163,8 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	}()
 
 	srv, err := server.New(server.Config{
-		SessionStore: store,
-		Backend:      bridge.New(b), OwnerID: owner, Rand: rand.Reader, ServerVersion: serverVersion,
+		SessionStore: store, RestartGraceMs: restartGrace,
+		Backend: bridge.New(b), OwnerID: owner, Rand: rand.Reader, ServerVersion: serverVersion,
 		Logger: logger.With("component", "server"), AuthTokens: cfg.Auth.Tokens,
 		FrameBytesMax: cfg.Limits.FrameBytesMax, BodyBytesMax: cfg.Limits.BodyBytesMax,
 		PrefetchDefault: uint32(cfg.Limits.PrefetchDefault), PrefetchMax: uint32(cfg.Limits.PrefetchMax),

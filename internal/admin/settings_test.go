@@ -44,7 +44,7 @@ func TestSettingsAPI(t *testing.T) {
 	if code != 200 || json.Unmarshal([]byte(body), &doc) != nil {
 		t.Fatalf("GET: %d %s", code, body)
 	}
-	if doc.Version != 1 || doc.Values["connection.reconnect_grace_ms"] != 5000 || len(doc.RuntimeKeys) != 1 ||
+	if doc.Version != 1 || doc.Values["connection.reconnect_grace_ms"] != 5000 || len(doc.RuntimeKeys) != len(runtimesettings.Keys()) ||
 		doc.RuntimeKeys[0].Key != "connection.reconnect_grace_ms" || doc.RuntimeKeys[0].Max != 1<<31 || doc.RuntimeKeys[0].Description == "" {
 		t.Fatalf("GET: %s", body)
 	}

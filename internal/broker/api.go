@@ -173,9 +173,9 @@ type Config struct {
 	// restart. After it every recovered lease still outstanding goes back
 	// to ready (not counted as a failed attempt; the next delivery's
 	// Attempt still rises) instead of
-	// waiting out its lease. Default 0: released at startup. Session
-	// restore can keep a resumed owner's leases within the grace through
-	// partition.Partition.ClaimRecovered.
+	// waiting out its lease. Default 0: released at startup. A
+	// subscription restored within the grace with SubscribeOptions.Adopt
+	// keeps its leases (partition.Partition.Adopt).
 	RecoveredLeaseGraceMs int64
 }
 

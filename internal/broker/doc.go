@@ -59,14 +59,19 @@
 // leaves a queue either whole or gone. A purge is a DeadLetter record
 // without target per message (reason purged), durable before it is
 // answered. Partitions live in .../p<N>/ (log/ and
-// checkpoint). Subscriptions are not durable, and neither are the sessions
-// holding leases, so leases found in the log at Open are released back to
-// ready (counted as an attempt) once Config.RecoveredLeaseGraceMs has passed,
-// at once by default. Until then a lease stays settleable by its lease id;
-// a future session restore keeps a resumed owner's leases by claiming them
-// within the grace (partition.Partition.ClaimRecovered), which needs
-// subscription owners that are stable across restarts (today they carry a
-// per-process prefix).
+// checkpoint). Subscriptions are not durable here; a lease records its
+// subscription's owner string. A plain Subscribe names it after this
+// process ("b" + start time + "." + id), so its leases cannot be claimed
+// after a restart; SubscribeWith takes an owner prefix from the caller
+// (the session layer passes owner id "/" client id, both stable) and a
+// subscription id that ReserveSubIDs keeps from ever being handed out
+// again, so the owner in the log names the same subscription after a
+// restart. Leases found in the log at Open stay leased for
+// Config.RecoveredLeaseGraceMs (sinew serve: connection.restart_grace_ms);
+// a subscription restored within it with SubscribeOptions.Adopt takes its
+// own back (partition.Partition.Adopt) and gets them delivered again, and
+// the rest go back to ready (a release: no retry used) when it ends, at
+// once by default. Leases past their deadline expire as usual.
 //
 // # The data dir lock
 //

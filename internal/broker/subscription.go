@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sinewmq/sinew/internal/partition"
 	"github.com/sinewmq/sinew/internal/queue"
@@ -51,6 +52,9 @@ type Subscription struct {
 	avgBytes    atomic.Int64
 	roomStarved atomic.Bool // a partition found no room (not no credit)
 	closed      atomic.Bool
+	// adopted counts the recovered leases SubscribeWith adopted (written
+	// before it returns).
+	adopted int
 
 	mu sync.Mutex
 	// outstanding holds the deliveries not yet settled; true marks one
@@ -79,6 +83,49 @@ type attachment struct {
 // subscription to every partition when none serves. Prefetch 0 means PrefetchDefault (capped at PrefetchMax);
 // above PrefetchMax is CodeLimitExceeded.
 func (b *Broker) Subscribe(req *protocol.Subscribe, c Consumer) (*Subscription, error) {
+	return b.SubscribeWith(req, c, SubscribeOptions{})
+}
+
+// SubscribeOptions give a subscription a stable identity (see
+// SubscribeWith). The zero value is what Subscribe uses.
+type SubscribeOptions struct {
+	// ID, when not 0, is the subscription's id instead of a fresh one: a
+	// subscription restored after a restart keeps the id its client knows.
+	// It must not be in use (CodeBadRequest otherwise); ReserveSubIDs keeps
+	// fresh ids away from it.
+	ID uint64
+	// OwnerPrefix, when set, makes the lease owner OwnerPrefix + "/" + the
+	// id, instead of a name carrying this process's start time. The caller
+	// derives it from things stable across restarts (the session layer:
+	// owner id and client id), so that the owner recorded in the partition
+	// logs names the same subscription after a restart.
+	OwnerPrefix string
+	// Adopt, after attaching, takes back on each partition the leases
+	// recovered from the log under this subscription's owner (see
+	// partition.Partition.Adopt): they count against the prefetch and are
+	// delivered again, same lease id and attempt, before SubscribeWith
+	// returns. Subscription.Adopted says how many.
+	Adopt bool
+}
+
+// ReserveSubIDs makes every id that Subscribe hands out from now on at
+// least next: ids recorded before a restart are never reused.
+func (b *Broker) ReserveSubIDs(next uint64) {
+	for {
+		cur := b.nextSub.Load()
+		if cur+1 >= next || b.nextSub.CompareAndSwap(cur, next-1) {
+			return
+		}
+	}
+}
+
+// adoptWaitMs bounds how long SubscribeWith waits for the partitions to
+// adopt their recovered leases; a partition that does not answer in time
+// keeps them for the grace, after which they are released.
+const adoptWaitMs = 10_000
+
+// SubscribeWith is Subscribe with a stable identity; see SubscribeOptions.
+func (b *Broker) SubscribeWith(req *protocol.Subscribe, c Consumer, opts SubscribeOptions) (*Subscription, error) {
 	if b.closed.Load() {
 		return nil, ErrShuttingDown
 	}
@@ -102,10 +149,17 @@ func (b *Broker) Subscribe(req *protocol.Subscribe, c Consumer) (*Subscription, 
 	if err != nil {
 		return nil, err
 	}
-	id := b.nextSub.Add(1)
+	id := opts.ID
+	if id == 0 {
+		id = b.nextSub.Add(1)
+	}
+	owner := b.owner + "." + strconv.FormatUint(id, 10)
+	if opts.OwnerPrefix != "" {
+		owner = opts.OwnerPrefix + "/" + strconv.FormatUint(id, 10)
+	}
 	s := &Subscription{
 		b: b, id: id, q: q, c: c,
-		owner: b.owner + "." + strconv.FormatUint(id, 10),
+		owner: owner,
 		view: protocol.SubView{SubID: id, Topic: req.Topic, Group: req.Group, Partition: req.Partition,
 			AckMode: req.AckMode, Prefetch: uint32(prefetch)},
 		outstanding: make(map[leaseKey]bool),
@@ -145,6 +199,10 @@ func (b *Broker) Subscribe(req *protocol.Subscribe, c Consumer) (*Subscription, 
 		b.subsMu.Unlock()
 		return nil, errDeletedMeanwhile(q.key)
 	}
+	if _, taken := b.subs[id]; taken {
+		b.subsMu.Unlock()
+		return nil, protocol.Errorf(protocol.CodeBadRequest, "subscription id %d is in use", id)
+	}
 	b.subs[id] = s
 	b.subsMu.Unlock()
 	for i, a := range s.atts {
@@ -156,8 +214,39 @@ func (b *Broker) Subscribe(req *protocol.Subscribe, c Consumer) (*Subscription, 
 			return nil, b.partitionError("subscribe", q, a.idx, err)
 		}
 	}
+	if opts.Adopt {
+		s.adopt()
+	}
 	return s, nil
 }
+
+// adopt asks every partition to hand back the subscription's recovered
+// leases and waits, bounded, for the answers.
+func (s *Subscription) adopt() {
+	got := make(chan int, len(s.atts))
+	for _, a := range s.atts {
+		a.p.Adopt(a, func(n int) { got <- n })
+	}
+	timeout := time.NewTimer(adoptWaitMs * time.Millisecond)
+	defer timeout.Stop()
+	for range s.atts {
+		select {
+		case n := <-got:
+			s.adopted += n
+		case <-timeout.C:
+			s.b.logger.Warn("partitions did not answer an adoption in time", "topic", s.view.Topic, "group", s.view.Group, "sub_id", s.id)
+			return
+		}
+	}
+}
+
+// Adopted returns how many recovered leases SubscribeWith adopted.
+func (s *Subscription) Adopted() int { return s.adopted }
+
+// AdoptCredit implements partition.Adopter: adopted leases count against
+// the prefetch like any delivery, so the credit goes down (below zero if
+// the prefetch shrank across the restart) and comes back with each settle.
+func (a *attachment) AdoptCredit(n int) { a.s.credit.Add(-int64(n)) }
 
 // Partitions lists the partitions the subscription is attached to.
 func (s *Subscription) Partitions() []uint32 {

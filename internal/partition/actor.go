@@ -382,6 +382,8 @@ func (p *Partition) turn(batch []command) {
 				return true
 			})
 			m.claimed(mine)
+		case ctlAdopt:
+			m.adopted(p.adopt(m.c, now))
 		case ctlInspect:
 			m.fn()
 		}
@@ -601,6 +603,52 @@ func (p *Partition) releaseRecovered(now int64) (int, error) {
 		p.recovered = nil
 	}
 	return appended, nil
+}
+
+// adopt makes c the holder of its recovered leases and delivers them (see
+// Partition.Adopt). It appends nothing: the leases are in the log already.
+func (p *Partition) adopt(c Consumer, now int64) int {
+	if !slices.Contains(p.consumers, c) {
+		return 0
+	}
+	var mine []queue.Info
+	for _, in := range p.st.Inflight(c.Owner()) {
+		if _, held := p.holders[in.Offset]; held || in.DeadlineMs <= now {
+			continue
+		}
+		mine = append(mine, in)
+	}
+	if len(mine) == 0 {
+		return 0
+	}
+	p.recovered = slices.DeleteFunc(p.recovered, func(in queue.Info) bool {
+		return slices.ContainsFunc(mine, func(x queue.Info) bool { return x.Offset == in.Offset })
+	})
+	if len(p.recovered) == 0 {
+		p.recovered = nil
+	}
+	if a, ok := c.(Adopter); ok {
+		a.AdoptCredit(len(mine))
+	}
+	n := 0
+	for _, in := range mine {
+		m, err := p.message(in.Offset)
+		if err != nil {
+			// The lease stands and expires; the consumer never sees it.
+			p.logger.Error("cannot read adopted message", "offset", in.Offset, "err", err)
+			c.RefundCredit(1)
+			continue
+		}
+		p.holders[in.Offset] = holder{c: c, leaseID: in.LeaseID}
+		c.Deliver(Delivery{
+			Offset: in.Offset, LeaseID: in.LeaseID, Attempt: in.Attempt,
+			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: m.Headers,
+			ContentType: m.ContentType, Body: m.Body,
+		})
+		n++
+	}
+	p.logger.Info("recovered leases adopted", "owner", c.Owner(), "adopted", n)
+	return n
 }
 
 func (p *Partition) takeControl() []control {

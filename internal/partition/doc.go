@@ -114,8 +114,12 @@
 // Config.RecoveredLeaseGraceMs has passed on its clock (on the first turn
 // by default), releases every one that is still current: ready again, the
 // attempt counted as for any requeue, at most recoveredReleasePerTurnMax
-// per turn. ClaimRecovered is the seam for session restore: a resuming
-// owner claims its leases within the grace and keeps them.
+// per turn. Adopt is how a restored session takes its leases back within
+// the grace: a consumer whose Owner is the one in the log becomes their
+// holder and gets each delivered again (same lease id and attempt), and
+// the grace no longer releases them. Leases past their deadline are not
+// adopted; they expire as usual. ClaimRecovered only takes them off the
+// release list.
 //
 // # Dead letters
 //

@@ -291,6 +291,7 @@ const (
 	ctlDeadLettered
 	ctlSetConfig
 	ctlClaim
+	ctlAdopt
 	ctlInspect // tests: run fn on the actor goroutine
 )
 
@@ -305,6 +306,8 @@ type control struct {
 	// ctlClaim
 	owner   string
 	claimed func([]queue.Info)
+	// ctlAdopt
+	adopted func(int)
 }
 
 // Partition is the actor that owns one queue partition.
@@ -702,6 +705,34 @@ func (p *Partition) ClaimRecovered(owner string, done func([]queue.Info)) {
 	}
 	if err := p.control(control{kind: ctlClaim, owner: owner, claimed: done}); err != nil {
 		done(nil)
+	}
+}
+
+// Adopter may be implemented by a Consumer that counts deliveries against a
+// budget: Adopt calls AdoptCredit(n) before it hands over n adopted leases,
+// which were granted before the consumer existed and took no credit.
+type Adopter interface {
+	AdoptCredit(n int)
+}
+
+// Adopt hands c, an attached consumer, the leases recovered from the log
+// that are recorded under c.Owner(), still current and inside their
+// deadline: they leave the list of recovered leases (so the grace does not
+// release them), c becomes their holder (a Detach of c releases them, an
+// expiry or settle ends them as for any lease) and each is delivered to c
+// again, same lease id and attempt, on the actor goroutine. This is how a
+// session restored after a restart takes back its leases: its owner string
+// is derived from stable things, so it is the one in the log. Leases past
+// their deadline are left to expire as usual. done gets the number adopted
+// and must not block; 0 when c is not attached, or the partition is parked,
+// failed or closed.
+func (p *Partition) Adopt(c Consumer, done func(n int)) {
+	if p.parked != nil {
+		done(0)
+		return
+	}
+	if err := p.control(control{kind: ctlAdopt, c: c, adopted: done}); err != nil {
+		done(0)
 	}
 }
 

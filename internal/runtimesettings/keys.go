@@ -10,6 +10,10 @@ const (
 	// KeyReconnectGraceMs is how long a dropped session stays resumable, in
 	// milliseconds; 0 cleans it up at once.
 	KeyReconnectGraceMs = "connection.reconnect_grace_ms"
+	// KeyRestartGraceMs is how long after a restart the sessions restored
+	// from the data directory wait for their clients, and leases recovered
+	// from the log for their owners, in milliseconds; 0 restores none.
+	KeyRestartGraceMs = "connection.restart_grace_ms"
 )
 
 // Key describes one runtime setting: its range and its value when neither the
@@ -28,6 +32,10 @@ var keys = []Key{
 	{
 		Name: KeyReconnectGraceMs, Min: 0, Max: 1 << 31, Default: 0,
 		Help: "How long a dropped session stays resumable, in milliseconds. 0 cleans it up at once: its leases go back to ready and a reconnecting client starts a fresh session. A change applies to disconnects after it; sessions already dormant keep the grace they started with.",
+	},
+	{
+		Name: KeyRestartGraceMs, Min: 0, Max: 1 << 31, Default: 30_000,
+		Help: "How long after a restart the sessions of the previous process stay resumable and keep their leases, in milliseconds. Leases nobody takes back go to ready when it ends. 0 restores no session: every lease found in the log goes back to ready at startup. Read at startup.",
 	},
 }
 

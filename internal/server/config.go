@@ -76,6 +76,9 @@ type Config struct {
 	// session.Config.Store); Shutdown persists them before it closes any
 	// connection.
 	SessionStore *sessionstore.Store
+	// RestartGraceMs is how long the sessions restored from SessionStore
+	// wait for their clients after New (see session.Config.RestartGraceMs).
+	RestartGraceMs int64
 
 	FrameBytesMax      int    // largest frame either side may send
 	BodyBytesMax       int    // largest message body

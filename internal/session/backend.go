@@ -29,6 +29,32 @@ type Backend interface {
 	Ready() bool
 }
 
+// StableBackend may be implemented by a Backend whose subscriptions can
+// keep their identity across a restart; the registry then uses
+// SubscribeStable for every subscription, and restores the sessions of its
+// Config.Store through it.
+type StableBackend interface {
+	// SubscribeStable is Subscribe with the identity in st. With st.Adopt
+	// it also takes back the leases recovered under that identity and
+	// delivers them to c (same lease id and attempt) before it returns,
+	// and reports how many.
+	SubscribeStable(req *protocol.Subscribe, c Consumer, st StableSub) (Subscription, int, error)
+	// ReserveSubIDs keeps the ids of later subscriptions at or above
+	// next.
+	ReserveSubIDs(next uint64)
+}
+
+// StableSub is a subscription's identity across restarts.
+type StableSub struct {
+	// ID is the subscription id to use; 0 draws a fresh one.
+	ID uint64
+	// OwnerPrefix, with the id, names the subscription's leases in the
+	// partition logs: owner id "/" client id, both stable.
+	OwnerPrefix string
+	// Adopt takes back the leases recovered under that name.
+	Adopt bool
+}
+
 // Subscription is one consumer attachment inside the backend.
 type Subscription interface {
 	// ID is the backend-assigned subscription id, unique per process.

@@ -181,6 +181,18 @@ func (s *Session) Inflight(sink Sink, reqID uint64, req *protocol.Inflight) erro
 			reported[x.Tag] = true
 			continue
 		}
+		if _, taken := s.tags[x.Tag]; !taken && x.Tag != 0 {
+			if t, e, ok := s.adoptedForLocked(ref); ok && !e.st.closed && !e.st.autoAck {
+				// A lease taken back after a restart: the client's tag
+				// names it from now on, and it is not sent again.
+				delete(s.tags, t)
+				e.adopted = false
+				s.tags[x.Tag] = e
+				kept++
+				reported[x.Tag] = true
+				continue
+			}
+		}
 		stale = append(stale, x.Tag)
 	}
 	resent := 0

@@ -112,6 +112,11 @@ type Config struct {
 	// settle naming a lease only by reference (after the session that got it
 	// ended) can still reach its queue. Default ClosedSubscriptionsMaxDefault.
 	ClosedSubscriptionsMax int
+	// RestartGraceMs is how long, after NewRegistry, the sessions restored
+	// from Store wait for their clients (see restore.go); 0 restores none.
+	// sinew serve passes the runtime setting connection.restart_grace_ms
+	// as it stands at startup.
+	RestartGraceMs int64
 	// Store, when set, is where sessions are recorded for a restart: each
 	// session's creation, its subscriptions opened and closed, and its end
 	// (see package sessionstore). Nil keeps sessions in memory only.
@@ -137,6 +142,15 @@ type Stats struct {
 	GraceEntered  uint64 // disconnects that left the session dormant for its grace
 	GraceRequeued uint64 // leases given back because a session's grace expired
 	SessionsEnded uint64 // sessions ended at once by the client (END_SESSION)
+	// Restart restore (see restore.go): sessions restored from the store
+	// at startup, leases they took back, restored sessions resumed by
+	// their clients, restored sessions cleaned up when the window ended,
+	// and the leases those released.
+	Restored            uint64
+	LeasesReclaimed     uint64
+	ResumedAfterRestart uint64
+	RestartExpired      uint64
+	RestartReleased     uint64
 	// StoreErrors counts session store writes that failed; the session
 	// goes on, but a restart may not restore it as it is.
 	StoreErrors uint64
@@ -179,6 +193,10 @@ type Registry struct {
 	// shutdown leaves subscriptions (and so their leases) in place for
 	// the restart.
 	persisted atomic.Bool
+	// windowOpen is set while restored sessions wait for their clients;
+	// windowStop cancels its timer. Both under mu.
+	windowOpen bool
+	windowStop func() bool
 
 	// subsMu guards subs and closedSubs. It is a leaf: taken under
 	// Session.mu, never the other way round.
@@ -194,6 +212,8 @@ type Registry struct {
 	recKeep, recCloseClient, recCloseServer, recNew atomic.Uint64
 	lateOK, lateStale, lateUnknown, lateOther       atomic.Uint64
 	settleRepeated, storeErrors                     atomic.Uint64
+	restored, reclaimed, resumedAfterRestart        atomic.Uint64
+	restartExpired, restartReleased                 atomic.Uint64
 	inflightResent, inflightStale, inflightKept     atomic.Uint64
 }
 
@@ -244,7 +264,11 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	if cfg.ClosedSubscriptionsMax <= 0 {
 		cfg.ClosedSubscriptionsMax = ClosedSubscriptionsMaxDefault
 	}
-	return &Registry{cfg: cfg, log: cfg.Logger, sessions: make(map[string]*Session), subs: make(map[uint64]subOwner)}, nil
+	r := &Registry{cfg: cfg, log: cfg.Logger, sessions: make(map[string]*Session), subs: make(map[uint64]subOwner)}
+	if cfg.Store != nil {
+		r.restore()
+	}
+	return r, nil
 }
 
 // OwnerID returns the owner id that this registry issues identities under.
@@ -276,6 +300,8 @@ func (r *Registry) Stats() Stats {
 		LateSettleUnknownTag: r.lateUnknown.Load(), LateSettleOther: r.lateOther.Load(), SettleRepeated: r.settleRepeated.Load(),
 		InflightResent: r.inflightResent.Load(), InflightStale: r.inflightStale.Load(), InflightKept: r.inflightKept.Load(),
 		StoreErrors: r.storeErrors.Load(),
+		Restored:    r.restored.Load(), LeasesReclaimed: r.reclaimed.Load(), ResumedAfterRestart: r.resumedAfterRestart.Load(),
+		RestartExpired: r.restartExpired.Load(), RestartReleased: r.restartReleased.Load(),
 	}
 }
 
@@ -305,11 +331,24 @@ func (r *Registry) Open(offer protocol.ResumeIdentity, sink Sink, connID uint64,
 			outcome, reason = protocol.ResumeRejected, "owner mismatch"
 		case s == nil:
 			outcome, reason = protocol.ResumeNotFound, "unknown or expired client id"
-		case subtle.ConstantTimeCompare(offer.Token, s.token) != 1:
+		case s.restored && !s.restoredTokenOK(offer.Token):
+			outcome, reason = protocol.ResumeRejected, "token mismatch"
+		case !s.restored && subtle.ConstantTimeCompare(offer.Token, s.token) != 1:
 			outcome, reason = protocol.ResumeRejected, "token mismatch"
 		default:
+			restored := s.restored
+			if restored {
+				// The store kept only the token's hash; the client just
+				// proved it holds the token.
+				s.token = append([]byte(nil), offer.Token...)
+				s.restored = false
+			}
 			if s.attach(sink, connID, hello, protocol.ResumeResumed) {
 				r.resumed.Add(1)
+				if restored {
+					r.resumedAfterRestart.Add(1)
+					r.log.Info("session resumed after restart", "client_id", s.clientID, "conn_id", connID)
+				}
 				return s, protocol.ResumeResumed, nil
 			}
 			outcome, reason = protocol.ResumeNotFound, "session closed"
@@ -437,6 +476,10 @@ func (r *Registry) Unsettled() int {
 func (r *Registry) CloseAll() {
 	r.mu.Lock()
 	r.draining.Store(true)
+	if r.windowStop != nil {
+		r.windowStop()
+		r.windowStop = nil
+	}
 	all := make([]*Session, 0, len(r.sessions))
 	for _, s := range r.sessions {
 		all = append(all, s)

@@ -25,6 +25,11 @@ type Session struct {
 	reg      *Registry
 	clientID string
 	token    []byte
+	// tokenHash and restored: a session restored from the store after a
+	// restart knows only its token's hash until its client resumes it
+	// (restored is then cleared and token set). Both under Registry.mu.
+	tokenHash [32]byte
+	restored  bool
 
 	mu        sync.Mutex
 	state     state
@@ -62,6 +67,10 @@ type Session struct {
 	// Both are read without mu by roomBytes, from partition goroutines.
 	throttle    atomic.Pointer[Throttle]
 	dormantFull atomic.Bool
+	// restoring is set (under mu) from a restore until the first attach:
+	// the deliveries of adopted leases are then noted for re-send, never
+	// buffered, since the client may hold them already (see restore.go).
+	restoring bool
 	// detached is set while no sink is attached (dormant): the session's
 	// subscriptions then take no new deliveries, so a live consumer of the
 	// same queue gets them instead. Read without mu by roomBytes.
@@ -104,6 +113,9 @@ type tagEntry struct {
 	d *protocol.Deliver
 	// bytes is d's share of heldBytes (0 when d is nil).
 	bytes int64
+	// adopted: a lease taken back after a restart, under a fresh tag that
+	// INFLIGHT may replace with the one the client holds.
+	adopted bool
 }
 
 func newSession(r *Registry, id string, token []byte) *Session {
@@ -136,6 +148,7 @@ func (s *Session) attach(sink Sink, connID uint64, hello Hello, outcome protocol
 	}
 	old := s.sink
 	s.sink, s.connID, s.state = sink, connID, stateAttached
+	s.restoring = false
 	s.attachGen++
 	if t, ok := sink.(Throttle); ok {
 		t.SetOnDrain(s.wake)
@@ -596,6 +609,13 @@ func (s *Session) deliver(st *subState, sub Subscription, d Delivery) {
 				"held_bytes", s.heldBytes, "resend_bytes_max", s.reg.cfg.ResendBytesMax, "tags", len(s.tags))
 		}
 	}
+	if s.restoring {
+		// An adopted lease: re-sent after the resume unless the client
+		// reports it in INFLIGHT (restore.go).
+		e.adopted = true
+		s.tags[tag] = e
+		return
+	}
 	s.tags[tag] = e
 	if !st.announced {
 		s.holdEarlyLocked(st, o)
@@ -706,7 +726,14 @@ func (s *Session) openSub(req protocol.Subscribe) (*subState, error) {
 	s.mu.Unlock()
 
 	st := &subState{autoAck: req.AckMode == protocol.AckAuto, prefetch: req.Prefetch}
-	sub, err := cfg.Backend.Subscribe(&req, &subConsumer{s: s, st: st})
+	var sub Subscription
+	var err error
+	if sb, ok := cfg.Backend.(StableBackend); ok {
+		// Leases recorded under an owner a restarted broker derives again.
+		sub, _, err = sb.SubscribeStable(&req, &subConsumer{s: s, st: st}, StableSub{OwnerPrefix: s.ownerPrefix()})
+	} else {
+		sub, err = cfg.Backend.Subscribe(&req, &subConsumer{s: s, st: st})
+	}
 
 	s.mu.Lock()
 	s.subsOpen--

@@ -240,6 +240,17 @@ func (s *Session) settled(j settleJob, kind protocol.Op, c protocol.Code) protoc
 	if r, ok := s.ended.get(j.tag); ok && r.leaseID == j.rec.leaseID && r.subID == j.rec.subID {
 		s.ended.del(j.tag)
 	}
+	if !j.held && !j.ended {
+		// Settled by lease reference: if it was a lease adopted after a
+		// restart and never bound to the client's tag, drop it, or the
+		// next resume would send it again.
+		for t, e := range s.tags {
+			if e.adopted && e.leaseID == j.rec.leaseID && e.offset == j.rec.offset && e.partition == j.rec.partition && e.st.id == j.rec.subID {
+				s.dropTagLocked(t, e)
+				break
+			}
+		}
+	}
 	if c == protocol.CodeStaleLease {
 		if r, ok := s.outcomes.get(j.tag); ok && r.op == kind && r.leaseID == j.rec.leaseID && r.subID == j.rec.subID {
 			return protocol.CodeOK

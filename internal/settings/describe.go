@@ -47,6 +47,7 @@ var help = map[string]string{
 	"queue.ttl_ms_max":        "Longest TTL a publish (ttl_ms) or a queue declaration (default_ttl_ms) may ask for; beyond it the request is refused with bad_request.",
 	"queue.nack_delay_ms_max": "Longest delay a NACK (retry after) may ask for; beyond it the NACK is refused with bad_request and the lease stays held.",
 
+	"runtime_seed.connection.restart_grace_ms":   "Seed of the runtime setting connection.restart_grace_ms (how long after a restart the previous process's sessions stay resumable and keep their leases; 0 restores none), used only when the data directory has no runtime settings yet. Change it later with PUT /api/v1/settings.",
 	"runtime_seed.connection.reconnect_grace_ms": "Seed of the runtime setting connection.reconnect_grace_ms (how long a dropped session stays resumable; 0 cleans it up at once), used only when the data directory has no runtime settings yet. Change it later with PUT /api/v1/settings.",
 }
 

@@ -52,6 +52,7 @@ type RuntimeSeed struct {
 // RuntimeSeedConnection seeds the connection runtime settings.
 type RuntimeSeedConnection struct {
 	ReconnectGraceMs int64 `toml:"reconnect_grace_ms"`
+	RestartGraceMs   int64 `toml:"restart_grace_ms"`
 }
 
 // runtimeSeedPrefix starts every key of the runtime_seed section.
@@ -172,7 +173,7 @@ func Default() Config {
 			DelayMsMax: thirtyDaysMs, TTLMsMax: thirtyDaysMs, NackDelayMsMax: thirtyDaysMs},
 		// sinew serve keeps dropped sessions resumable for 5 s by default;
 		// the broker library's own default stays 0.
-		RuntimeSeed: RuntimeSeed{Connection: RuntimeSeedConnection{ReconnectGraceMs: 5000}},
+		RuntimeSeed: RuntimeSeed{Connection: RuntimeSeedConnection{ReconnectGraceMs: 5000, RestartGraceMs: 30_000}},
 	}
 }
 

@@ -33,16 +33,25 @@ func (x backend) PurgeQueue(p *protocol.PurgeQueue, done func(protocol.PurgeOK, 
 }
 
 func (x backend) Subscribe(req *protocol.Subscribe, c session.Consumer) (session.Subscription, error) {
+	s, _, err := x.SubscribeStable(req, c, session.StableSub{})
+	return s, err
+}
+
+// SubscribeStable implements session.StableBackend.
+func (x backend) SubscribeStable(req *protocol.Subscribe, c session.Consumer, st session.StableSub) (session.Subscription, int, error) {
 	var bc broker.Consumer = consumer{c}
 	if p, ok := c.(session.Pauser); ok {
 		bc = pausingConsumer{consumer{c}, p}
 	}
-	s, err := x.b.Subscribe(req, bc)
+	s, err := x.b.SubscribeWith(req, bc, broker.SubscribeOptions{ID: st.ID, OwnerPrefix: st.OwnerPrefix, Adopt: st.Adopt})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return sub{s}, nil
+	return sub{s}, s.Adopted(), nil
 }
+
+// ReserveSubIDs implements session.StableBackend.
+func (x backend) ReserveSubIDs(next uint64) { x.b.ReserveSubIDs(next) }
 
 func (x backend) Ready() bool { return x.b.Ready() }
 
