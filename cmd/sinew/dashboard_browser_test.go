@@ -28,22 +28,12 @@ const (
 // continuation byte.
 var binaryBody = []byte{0x00, 0xff, 0xfe, 'b', 'i', 'n', 0x80, 0x0a}
 
-// artifactsDir returns where the test's screenshots go: $SINEW_TEST_ARTIFACTS
-// when set, else a fresh directory under the system's temporary directory. It
-// is kept after the test, and its path is logged.
+// artifactsDir returns where the test's screenshots and the browser's log
+// go, and logs it: the test's artifact directory, kept under the output
+// directory with go test -artifacts (-outputdir chooses it), else temporary.
 func artifactsDir(t *testing.T) string {
 	t.Helper()
-	root := os.Getenv("SINEW_TEST_ARTIFACTS")
-	if root == "" {
-		root = filepath.Join(os.TempDir(), "sinew-test-artifacts")
-	}
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp(root, t.Name()+"-*")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := t.ArtifactDir()
 	t.Logf("screenshots and the browser's log: %s", dir)
 	return dir
 }

@@ -53,7 +53,7 @@ var Flags = []string{
 	"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
 	"--disable-background-networking", "--disable-component-update", "--disable-sync",
 	"--disable-extensions", "--disable-default-apps", "--mute-audio",
-	"--window-size=1280,1000", "--remote-debugging-pipe",
+	"--disable-dev-shm-usage", "--window-size=1280,1000", "--remote-debugging-pipe",
 }
 
 // Browser is a running Chromium under this package's control.
