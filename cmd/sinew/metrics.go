@@ -37,6 +37,7 @@ var statMetrics = []statMetric{
 	counter("sinew_frames_out_total", "Frames written to clients.", func(st *server.Stats) uint64 { return st.FramesOut }),
 	counter("sinew_publishes_total", "Publish requests received.", func(st *server.Stats) uint64 { return st.Publishes }),
 	counter("sinew_publish_errors_total", "Publishes answered with an error.", func(st *server.Stats) uint64 { return st.PublishErrors }),
+	counter("sinew_publish_confirms_total", "Publishes stored durably and confirmed (PUBLISH_OK sent, or due when the publish asked for no reply).", func(st *server.Stats) uint64 { return st.PublishConfirms }),
 	gauge("sinew_publishes_inflight", "Publishes awaiting their confirm.", func(st *server.Stats) float64 { return float64(st.PublishesInflight) }),
 	counter("sinew_settles_total", "Delivery tags settled by clients.", func(st *server.Stats) uint64 { return st.Settles }),
 	counter("sinew_request_errors_total", "Requests answered with an ERROR.", func(st *server.Stats) uint64 { return st.RequestErrors }),
@@ -44,6 +45,14 @@ var statMetrics = []statMetric{
 	counter("sinew_reader_pauses_total", "Times a connection reader paused for backpressure.", func(st *server.Stats) uint64 { return st.ReaderPauses }),
 	gauge("sinew_sessions", "Live sessions, attached or dormant.", func(st *server.Stats) float64 { return float64(st.Sessions.Sessions) }),
 	gauge("sinew_sessions_dormant", "Sessions waiting out their reconnect grace.", func(st *server.Stats) float64 { return float64(st.Sessions.Dormant) }),
+	{
+		name: "sinew_sessions_by_state", help: "Live sessions by state: attached (a connection serves it) or dormant (waiting out its reconnect grace).",
+		typ: prometheus.GaugeValue, labels: []string{"state"},
+		values: func(st *server.Stats) []labeled {
+			ss := &st.Sessions
+			return []labeled{{[]string{"attached"}, float64(ss.Sessions - ss.Dormant)}, {[]string{"dormant"}, float64(ss.Dormant)}}
+		},
+	},
 	counter("sinew_sessions_resumed_total", "Resumes accepted.", func(st *server.Stats) uint64 { return st.Sessions.Resumed }),
 	counter("sinew_sessions_resume_rejected_total", "Resumes refused.", func(st *server.Stats) uint64 { return st.Sessions.ResumeRejected }),
 	counter("sinew_sessions_grace_expired_total", "Sessions cleaned up when their grace ran out.", func(st *server.Stats) uint64 { return st.Sessions.GraceExpired }),
@@ -130,6 +139,7 @@ var queueGauges = []struct {
 	{"sinew_queue_delayed", "Messages waiting for their delay.", func(p *broker.PartitionStats) float64 { return float64(p.Delayed) }, prometheus.GaugeValue},
 	{"sinew_queue_inflight", "Messages leased to consumers.", func(p *broker.PartitionStats) float64 { return float64(p.Inflight) }, prometheus.GaugeValue},
 	{"sinew_queue_consumers", "Subscriptions attached.", func(p *broker.PartitionStats) float64 { return float64(p.Consumers) }, prometheus.GaugeValue},
+	{"sinew_queue_bytes_on_disk", "Bytes of the partition's log segments on disk.", func(p *broker.PartitionStats) float64 { return float64(p.BytesOnDisk) }, prometheus.GaugeValue},
 	{"sinew_queue_dedup_producers", "Producers whose sequences the partition's deduplication window remembers.",
 		func(p *broker.PartitionStats) float64 { return float64(p.DedupProducers) }, prometheus.GaugeValue},
 	{"sinew_queue_dedup_evicted_idle_total", "Producers the deduplication window forgot after their idle time, since the partition opened.",
@@ -142,18 +152,31 @@ var queueGauges = []struct {
 
 var queueLabels = []string{"topic", "group", "partition"}
 
-// statsCollector exports the broker's and server's counters at scrape time.
-type statsCollector struct {
-	b     *broker.Broker
-	srv   *server.Server // nil exports no server metrics
-	descs []*prometheus.Desc
-	qdesc []*prometheus.Desc
+// depthGauges are the queueGauges that metrics.queue_depth = off leaves out:
+// the per-partition depth, which costs one series per partition. The
+// deduplication counters stay, since no broker-wide family replaces them.
+var depthGauges = map[string]bool{
+	"sinew_queue_ready": true, "sinew_queue_delayed": true, "sinew_queue_inflight": true,
+	"sinew_queue_consumers": true, "sinew_queue_bytes_on_disk": true,
 }
 
-func newStatsCollector(b *broker.Broker, srv *server.Server) *statsCollector {
-	c := &statsCollector{b: b, srv: srv}
+// statsCollector exports the broker's and server's counters at scrape time.
+type statsCollector struct {
+	b          *broker.Broker
+	srv        *server.Server // nil exports no server metrics
+	queueDepth bool           // export depthGauges
+	descs      []*prometheus.Desc
+	bdesc      []*prometheus.Desc
+	qdesc      []*prometheus.Desc
+}
+
+func newStatsCollector(b *broker.Broker, srv *server.Server, queueDepth bool) *statsCollector {
+	c := &statsCollector{b: b, srv: srv, queueDepth: queueDepth}
 	for _, m := range statMetrics {
 		c.descs = append(c.descs, prometheus.NewDesc(m.name, m.help, m.labels, nil))
+	}
+	for _, m := range brokerMetrics {
+		c.bdesc = append(c.bdesc, prometheus.NewDesc(m.name, m.help, m.labels, nil))
 	}
 	for _, q := range queueGauges {
 		c.qdesc = append(c.qdesc, prometheus.NewDesc(q.name, q.help, queueLabels, nil))
@@ -166,8 +189,13 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.descs {
 		ch <- d
 	}
-	for _, d := range c.qdesc {
+	for _, d := range c.bdesc {
 		ch <- d
+	}
+	for i, d := range c.qdesc {
+		if c.queueDepth || !depthGauges[queueGauges[i].name] {
+			ch <- d
+		}
 	}
 }
 
@@ -182,21 +210,35 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	bs := c.b.Stats()
+	in := brokerInput{c: c.b.Counters(), stats: &bs}
+	for i, m := range brokerMetrics {
+		for _, s := range m.values(&in) {
+			ch <- prometheus.MustNewConstMetric(c.bdesc[i], m.typ, s.v, s.labels...)
+		}
+	}
 	for _, q := range bs.Queues {
 		for pi := range q.Partitions {
 			p := &q.Partitions[pi]
 			part := strconv.FormatUint(uint64(p.Partition), 10)
 			for i, g := range queueGauges {
+				if !c.queueDepth && depthGauges[g.name] {
+					continue
+				}
 				ch <- prometheus.MustNewConstMetric(c.qdesc[i], g.typ, g.v(p), q.Topic, q.Group, part)
 			}
 		}
 	}
 }
 
-// metricsRegistry is what /metrics serves: the broker's and server's counters,
-// and the Go runtime's and process's standard metrics.
-func metricsRegistry(b *broker.Broker, srv *server.Server) *prometheus.Registry {
+// metricsRegistry is what /metrics serves: the broker's and server's
+// counters, the fsync histograms (sm, nil for none), and the Go runtime's and
+// process's standard metrics. Each serve builds its own, so two brokers in
+// one process never share a series.
+func metricsRegistry(b *broker.Broker, srv *server.Server, sm *syncMetrics, queueDepth bool) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newStatsCollector(b, srv), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(newStatsCollector(b, srv, queueDepth), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if sm != nil {
+		reg.MustRegister(sm.batch, sm.latency)
+	}
 	return reg
 }

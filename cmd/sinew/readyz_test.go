@@ -7,7 +7,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/sinewmq/sinew/internal/admin"
 	"github.com/sinewmq/sinew/internal/broker"
@@ -19,7 +18,7 @@ func readyz(t *testing.T, b *broker.Broker) (int, string) {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	// /readyz reads only the broker; the server is not needed.
-	admin.Handler(adminConfig(b, nil, nil, "b-test", time.Time{})).ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	admin.Handler(adminConfig(b, nil, nil, adminWiring{owner: "b-test", queueDepth: true})).ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
 	body, _ := io.ReadAll(rec.Result().Body)
 	return rec.Code, string(body)
 }

@@ -65,7 +65,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writ
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
 		return fmt.Errorf("log_level: %w", err)
 	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	logger := newLogger(stderr, cfg.LogFormat, level)
 	return serve(ctx, cfg, logger)
 }
 
@@ -123,6 +123,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	quarantine := map[string]broker.QuarantinePolicy{"quarantine": broker.Quarantine, "refuse": broker.Refuse, "ignore": broker.Ignore}[cfg.Storage.Quarantine]
 	start := time.Now()
 	restartGrace := rt.Int(runtimesettings.KeyRestartGraceMs)
+	sm := newSyncMetrics()
 	held := lock
 	lock = nil // broker.Open owns it now, failed or not
 	b, err := broker.Open(broker.Config{
@@ -130,7 +131,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		DefaultPartitions: cfg.Queue.Partitions, DefaultLeaseMs: cfg.Queue.LeaseMs, DefaultMaxRetries: cfg.Queue.MaxRetries,
 		DeadLetterTopic: cfg.Queue.DeadLetterTopic,
 		DelayMsMax:      cfg.Queue.DelayMsMax, TTLMsMax: cfg.Queue.TTLMsMax, NackDelayMsMax: cfg.Queue.NackDelayMsMax,
-		Sync: sync, SyncIntervalMs: cfg.Storage.SyncIntervalMs,
+		Sync: sync, SyncIntervalMs: cfg.Storage.SyncIntervalMs, OnSync: sm.observe,
 		SegmentBytes: cfg.Storage.SegmentBytes, Quarantine: quarantine, InboxMax: cfg.Storage.InboxMax,
 		BodyBytesMax: cfg.Limits.BodyBytesMax, PrefetchMax: cfg.Limits.PrefetchMax,
 		CheckpointEveryRecords: cfg.Storage.CheckpointEveryRecords,
@@ -187,7 +188,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	adminAddr := ""
 	if aln != nil {
 		adminAddr = aln.Addr().String()
-		adminSrv = &http.Server{Handler: admin.Handler(adminConfig(b, srv, rt, owner, start)), ReadHeaderTimeout: 10 * time.Second}
+		adminSrv = &http.Server{Handler: admin.Handler(adminConfig(b, srv, rt, adminWiring{owner: owner, started: start, sync: sm, queueDepth: cfg.Metrics.QueueDepth == "on"})), ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			if err := adminSrv.Serve(aln); !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("admin: %w", err)
@@ -221,6 +222,15 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		return runErr
 	}
 	return nil
+}
+
+// newLogger builds serve's logger: text (key=value) or json lines on w.
+func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 // serveReadyHook, when set (by tests), is called once serve listens, with the
@@ -306,11 +316,20 @@ func loadOwnerID(dir string) (string, error) {
 	return id, nil
 }
 
+// adminWiring is what adminConfig needs besides the broker, the server and
+// the settings store.
+type adminWiring struct {
+	owner      string
+	started    time.Time
+	sync       *syncMetrics // nil: no fsync histograms
+	queueDepth bool         // metrics.queue_depth = on
+}
+
 // adminConfig exposes the broker, the server and their counters.
-func adminConfig(b *broker.Broker, srv *server.Server, rt *runtimesettings.Store, owner string, started time.Time) admin.Config {
+func adminConfig(b *broker.Broker, srv *server.Server, rt *runtimesettings.Store, w adminWiring) admin.Config {
 	return admin.Config{
 		Ready: b.Ready, Settings: rt,
-		Broker: b, Server: srv, Version: serverVersion, OwnerID: owner, StartedAt: started,
+		Broker: b, Server: srv, Version: serverVersion, OwnerID: w.owner, StartedAt: w.started,
 		Problems: func() []string {
 			var out []string
 			for _, p := range b.Problems() {
@@ -318,6 +337,6 @@ func adminConfig(b *broker.Broker, srv *server.Server, rt *runtimesettings.Store
 			}
 			return out
 		},
-		Metrics: metricsRegistry(b, srv),
+		Metrics: metricsRegistry(b, srv, w.sync, w.queueDepth),
 	}
 }

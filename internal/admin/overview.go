@@ -77,7 +77,7 @@ func (a *api) overview(w http.ResponseWriter, _ *http.Request) {
 			dead += n
 		}
 		for k, n := range map[string]uint64{
-			"confirms": c.Appended.Load(), "deliveries": c.Deliveries.Load(), "redeliveries": c.Redeliveries.Load(),
+			"appended": c.Appended.Load(), "deliveries": c.Deliveries.Load(), "redeliveries": c.Redeliveries.Load(),
 			"acks": c.Acks.Load(), "nacks": c.Nacks.Load(), "fails": c.Fails.Load(), "lease_expiries": c.LeaseExpiries.Load(),
 			"released": c.Released.Load(), "purged": c.Purged.Load(), "dead_lettered": dead,
 		} {
@@ -92,7 +92,7 @@ func (a *api) overview(w http.ResponseWriter, _ *http.Request) {
 		v.Totals.Sessions, v.Totals.SessionsDormant = ss.Sessions, ss.Dormant
 		v.Totals.SessionsAttached = ss.Sessions - ss.Dormant
 		for k, n := range map[string]uint64{
-			"publishes": st.Publishes, "publish_errors": st.PublishErrors, "settles": st.Settles,
+			"publishes": st.Publishes, "publish_errors": st.PublishErrors, "confirms": st.PublishConfirms, "settles": st.Settles,
 			"connections_accepted": st.ConnectionsAccepted, "connections_rejected": st.ConnectionsRejected,
 			"resumes_resumed": ss.Resumed, "resumes_not_found": ss.ResumeNotFound, "resumes_rejected": ss.ResumeRejected,
 			"grace_entered": ss.GraceEntered, "grace_expired": ss.GraceExpired, "grace_requeued": ss.GraceRequeued,

@@ -440,6 +440,7 @@ func (p *Partition) turn(batch []command) {
 				return
 			}
 			appended++
+			p.cfg.Counters.count(&evs[0])
 			p.dd.Record(m.ProducerID, m.ProducerSeq, lsn, m.PublishedAtMs)
 			p.cache.put(lsn, c.payload)
 			p.open.replies = append(p.open.replies, reply{published: c.published, offset: lsn, lsn: lsn})

@@ -446,6 +446,7 @@ func (c *conn) publish(reqID uint64, noReply bool, p *protocol.Publish) {
 			c.reply(session.Outbound{RequestID: reqID, Body: errorBody(err), AfterWrite: release, Dropped: release})
 			return
 		}
+		srv.stats.publishConfirms.Add(1)
 		if noReply {
 			release()
 			return

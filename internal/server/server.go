@@ -44,6 +44,7 @@ type counters struct {
 	connsAccepted, connsRejected, framesIn, framesOut, publishes, publishErrors atomic.Uint64
 	settles, requestErrors, fatalErrors, authFailures, readerPauses             atomic.Uint64
 	writerPauses, slowConsumers                                                 atomic.Uint64
+	publishConfirms                                                             atomic.Uint64
 }
 
 // New validates cfg and returns a server that is not yet serving.
@@ -298,6 +299,7 @@ type Stats struct {
 	FramesIn, FramesOut uint64
 	Publishes           uint64
 	PublishErrors       uint64
+	PublishConfirms     uint64 // publishes stored durably (answered PUBLISH_OK, or would have been)
 	PublishesInflight   int64
 	Settles             uint64
 	RequestErrors       uint64
@@ -318,7 +320,7 @@ func (s *Server) Stats() Stats {
 	return Stats{
 		ConnectionsOpen: open, ConnectionsAccepted: st.connsAccepted.Load(), ConnectionsRejected: st.connsRejected.Load(),
 		FramesIn: st.framesIn.Load(), FramesOut: st.framesOut.Load(), Publishes: st.publishes.Load(),
-		PublishErrors: st.publishErrors.Load(), PublishesInflight: s.inflight.Load(), Settles: st.settles.Load(),
+		PublishErrors: st.publishErrors.Load(), PublishConfirms: st.publishConfirms.Load(), PublishesInflight: s.inflight.Load(), Settles: st.settles.Load(),
 		RequestErrors: st.requestErrors.Load(), FatalErrors: st.fatalErrors.Load(), AuthFailures: st.authFailures.Load(),
 		ReaderPauses: st.readerPauses.Load(), WriterPauses: st.writerPauses.Load(), SlowConsumers: st.slowConsumers.Load(),
 		Sessions: s.reg.Stats(),

@@ -4,9 +4,10 @@ package settings
 // docs/configuration.md, which a test keeps in step with Keys.
 var help = map[string]string{
 	"listen":        "Address of the client protocol listener (host:port).",
-	"admin_listen":  "Address of the admin HTTP server (/healthz, /readyz, /metrics, /api/v1/queues, /api/v1/settings); empty disables it.",
+	"admin_listen":  "Address of the admin HTTP server (the dashboard at /, /healthz, /readyz, /metrics and the /api/v1/ API, see docs/operations.md); empty disables it. It has no authentication: keep it on a private address.",
 	"data_dir":      "Directory holding every queue's log, checkpoints and the broker's owner id. One broker at a time: serve locks it (flock on its LOCK file) before reading it, and a second serve on it exits naming the holder's pid.",
 	"log_level":     "debug, info, warn or error.",
+	"log_format":    "text (key=value lines) or json (one JSON object per line); both on stderr.",
 	"tls.cert_file": "PEM certificate chain (leaf first) for the client listener. Set together with tls.key_file to serve TLS 1.2+ only.",
 	"tls.key_file":  "PEM private key of tls.cert_file's leaf certificate.",
 	"auth.tokens":   "Shared secrets; when not empty, a HELLO must carry one of them as its credentials. Comma-separated in env and flags.",
@@ -49,6 +50,8 @@ var help = map[string]string{
 
 	"runtime_seed.connection.restart_grace_ms":   "Seed of the runtime setting connection.restart_grace_ms (how long after a restart the previous process's sessions stay resumable and keep their leases; 0 restores none), used only when the data directory has no runtime settings yet. Change it later with PUT /api/v1/settings.",
 	"runtime_seed.connection.reconnect_grace_ms": "Seed of the runtime setting connection.reconnect_grace_ms (how long a dropped session stays resumable; 0 cleans it up at once), used only when the data directory has no runtime settings yet. Change it later with PUT /api/v1/settings.",
+
+	"metrics.queue_depth": "on or off: whether /metrics serves the per-partition queue gauges (sinew_queue_*, labelled by topic, group and partition). Turn it off when many queues make scrapes large.",
 }
 
 // Describe returns the meaning of key, or "" for an unknown key.

@@ -27,6 +27,8 @@ type Config struct {
 	DataDir string `toml:"data_dir"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `toml:"log_level"`
+	// LogFormat is text or json.
+	LogFormat string `toml:"log_format"`
 
 	TLS        TLS        `toml:"tls"`
 	Auth       Auth       `toml:"auth"`
@@ -34,6 +36,7 @@ type Config struct {
 	Connection Connection `toml:"connection"`
 	Storage    Storage    `toml:"storage"`
 	Queue      Queue      `toml:"queue"`
+	Metrics    Metrics    `toml:"metrics"`
 
 	// RuntimeSeed seeds the runtime settings document of a data directory
 	// that has none yet; see RuntimeSeed.
@@ -137,6 +140,14 @@ type Storage struct {
 	InboxMax               int    `toml:"inbox_max"`
 }
 
+// Metrics shapes what /metrics serves.
+type Metrics struct {
+	// QueueDepth is on or off: whether the per-partition queue gauges
+	// (sinew_queue_*) are served. Off keeps a broker with many queues
+	// cheap to scrape.
+	QueueDepth string `toml:"queue_depth"`
+}
+
 // Queue holds the defaults of queues created on first use.
 type Queue struct {
 	Partitions      int    `toml:"partitions"`
@@ -159,7 +170,8 @@ const (
 // Default returns the built-in configuration.
 func Default() Config {
 	return Config{
-		Listen: "127.0.0.1:7654", AdminListen: "127.0.0.1:7655", DataDir: "./sinew-data", LogLevel: "info",
+		Listen: "127.0.0.1:7654", AdminListen: "127.0.0.1:7655", DataDir: "./sinew-data", LogLevel: "info", LogFormat: "text",
+		Metrics: Metrics{QueueDepth: "on"},
 		Limits: Limits{
 			FrameBytesMax: 1<<20 + 64<<10, BodyBytesMax: 1 << 20, PrefetchDefault: 100, PrefetchMax: 10_000,
 			SettleBatchMax: 4096, PublishInflightMax: 4096, SubscriptionsMax: 256, ConnectionsMax: 10_000,
@@ -411,6 +423,12 @@ func (c *Config) Validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		bad("log_level", "%q is not debug, info, warn or error", c.LogLevel)
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		bad("log_format", "%q is not text or json", c.LogFormat)
+	}
+	if c.Metrics.QueueDepth != "on" && c.Metrics.QueueDepth != "off" {
+		bad("metrics.queue_depth", "%q is not on or off", c.Metrics.QueueDepth)
 	}
 	for i, t := range c.Auth.Tokens {
 		if t == "" {
