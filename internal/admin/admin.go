@@ -140,7 +140,14 @@ func Handler(cfg Config) http.Handler {
 		}
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
 	})
-	return mux
+	// The dashboard makes this listener something browsers talk to; refuse
+	// state-changing requests another site's page makes (CSRF). Clients
+	// that send no Origin or Sec-Fetch-Site (the CLI, scripts) are unaffected.
+	csrf := http.NewCrossOriginProtection()
+	csrf.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, http.StatusForbidden, "forbidden", "cross-origin request refused: change the broker from its own dashboard, the CLI or a script")
+	}))
+	return csrf.Handler(mux)
 }
 
 // api holds the handler's configuration; it has no state of its own.

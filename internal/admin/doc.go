@@ -23,6 +23,9 @@
 //	POST   /api/v1/drain                      start the planned drain (501 when not wired)
 //
 // JSON names are snake_case; every JSON error is {"code": ..., "error": ...}.
+// A state-changing request a browser marks as cross-site, or whose Origin is
+// another host, is refused with 403 forbidden (http.CrossOriginProtection),
+// since the dashboard puts this listener in operators' browsers.
 //
 // The handler holds no state of its own; every request reads the broker, the
 // server or the runtime settings store given in Config. It starts no
