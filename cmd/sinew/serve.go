@@ -18,6 +18,7 @@ import (
 
 	"github.com/sinewmq/sinew/internal/admin"
 	"github.com/sinewmq/sinew/internal/broker"
+	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/runtimesettings"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/server"
@@ -135,7 +136,11 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		SegmentBytes: cfg.Storage.SegmentBytes, Quarantine: quarantine, InboxMax: cfg.Storage.InboxMax,
 		BodyBytesMax: cfg.Limits.BodyBytesMax, PrefetchMax: cfg.Limits.PrefetchMax,
 		CheckpointEveryRecords: cfg.Storage.CheckpointEveryRecords,
-		QueuesMax:              cfg.Limits.QueuesMax, QueuePartitionsMax: cfg.Limits.QueuePartitionsMax,
+		// A client may have publish_inflight_max publishes unconfirmed, all
+		// resent after a break: the window must reach back that far.
+		Dedup: dedup.Config{WindowSeqs: max(dedup.WindowSeqsDefault, cfg.Limits.PublishInflightMax),
+			EntriesMax: max(dedup.EntriesMaxDefault, cfg.Limits.PublishInflightMax)},
+		QueuesMax: cfg.Limits.QueuesMax, QueuePartitionsMax: cfg.Limits.QueuePartitionsMax,
 		PartitionsTotalMax: cfg.Limits.PartitionsTotalMax,
 		// Recovered leases wait as long as the sessions restored to take
 		// them back; the rest go to ready when the window ends.

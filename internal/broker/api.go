@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/partition"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
@@ -164,6 +165,11 @@ type Config struct {
 	// CheckpointEveryRecords is how many log records a partition appends
 	// between checkpoints (default 100000).
 	CheckpointEveryRecords int
+	// Dedup bounds each partition's producer deduplication window (see
+	// internal/dedup); zero fields take its defaults. WindowSeqs must be at
+	// least the most publishes a client may have unconfirmed, or a resend
+	// can fall below the window and be refused as sequence_too_old.
+	Dedup dedup.Config
 	// BodyCacheBytes bounds each partition's cache of recently published
 	// payloads, which spares the publish-then-consume path a log read
 	// (default 4 MiB; negative disables the cache).

@@ -4,7 +4,9 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sinewmq/sinew/internal/seglog"
@@ -59,6 +61,9 @@ func BenchmarkPublishVariants(b *testing.B) {
 		benchPublish(b, benchBroker(b), 4)
 	})
 	b.Run("window=1", benchPublishOne)
+	b.Run("idempotent", func(b *testing.B) {
+		benchPublishIdem(b, benchBroker(b), 1, true)
+	})
 }
 
 // benchPublishOne is one publisher waiting for each confirmation before
@@ -80,7 +85,12 @@ func benchPublishOne(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 }
 
-func benchPublish(b *testing.B, br *Broker, partitions uint32) {
+func benchPublish(b *testing.B, br *Broker, partitions uint32) { benchPublishIdem(b, br, partitions, false) }
+
+// benchPublishIdem is benchPublish where, with idem, every publisher is a
+// producer of its own numbering its publishes, so each one is checked
+// against and recorded in the partition's deduplication window.
+func benchPublishIdem(b *testing.B, br *Broker, partitions uint32, idem bool) {
 	if _, err := br.Declare(context.Background(), &protocol.DeclareQueue{Topic: "bench", Partitions: partitions, MaxRetries: -1}); err != nil {
 		b.Fatal(err)
 	}
@@ -88,10 +98,17 @@ func benchPublish(b *testing.B, br *Broker, partitions uint32) {
 	b.SetBytes(int64(len(body)))
 	b.SetParallelism(publishersPerProc)
 	b.ResetTimer()
+	var producers atomic.Int64
 	b.RunParallel(func(pb *testing.PB) {
 		p := &protocol.Publish{Topic: "bench", Partition: -1, Body: body}
+		if idem {
+			p.ProducerID = "bench-" + strconv.FormatInt(producers.Add(1), 10)
+		}
 		ch := make(chan error, 1)
 		for pb.Next() {
+			if idem {
+				p.ProducerSeq++
+			}
 			for {
 				br.Publish(p, func(_ protocol.PublishOK, err error) { ch <- err })
 				err := <-ch

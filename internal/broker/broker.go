@@ -262,6 +262,7 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 			Preallocate: b.cfg.Preallocate,
 			InboxMax:    b.cfg.InboxMax, CheckpointEveryRecords: b.cfg.CheckpointEveryRecords,
 			BodyCacheBytes:        b.cfg.BodyCacheBytes,
+			Dedup:                 b.cfg.Dedup,
 			RecoveredLeaseGraceMs: b.cfg.RecoveredLeaseGraceMs,
 			DeadLetter:            b.deadLetter,
 			Counters:              b.counters, OnSync: b.cfg.OnSync,

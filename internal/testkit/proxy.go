@@ -27,9 +27,9 @@ type Proxy struct {
 	// closed when it ends.
 	downStalled bool
 	undown      chan struct{}
-	closed  bool
-	accepts int
-	wg      sync.WaitGroup
+	closed      bool
+	accepts     int
+	wg          sync.WaitGroup
 }
 
 type pair struct{ client, server net.Conn }

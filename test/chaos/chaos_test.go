@@ -281,6 +281,12 @@ func runScenario(t *testing.T, sc scenario) {
 	if faultErr != nil {
 		t.Fatalf("%s: %v\nbroker stderr (tail):\n%s", sc.name, faultErr, b.StderrTail())
 	}
+	if rep.DedupMisses > 0 {
+		// Every workload publish carries a producer id and sequence and is
+		// resent with them, and the broker deduplicates them: a message
+		// stored at two positions is a broken promise, not at-least-once.
+		t.Fatalf("%s: %d messages stored twice (dedup misses)\nbroker stderr (tail):\n%s", sc.name, rep.DedupMisses, b.StderrTail())
+	}
 	if rep.Confirmed == 0 {
 		t.Fatalf("%s: nothing was confirmed; the scenario tested nothing\nbroker stderr (tail):\n%s", sc.name, b.StderrTail())
 	}
