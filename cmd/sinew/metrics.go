@@ -80,6 +80,12 @@ var statMetrics = []statMetric{
 	counter("sinew_sessions_grace_entered_total", "Disconnects that left the session dormant for its reconnect grace.", func(st *server.Stats) uint64 { return st.Sessions.GraceEntered }),
 	counter("sinew_sessions_grace_requeued_total", "Leases handed back to their queue because a session's grace ran out.", func(st *server.Stats) uint64 { return st.Sessions.GraceRequeued }),
 	counter("sinew_sessions_ended_total", "Sessions ended at once by their client (END_SESSION).", func(st *server.Stats) uint64 { return st.Sessions.SessionsEnded }),
+	counter("sinew_sessions_restored_total", "Sessions restored from the session store at startup, waiting for their clients for connection.restart_grace_ms.", func(st *server.Stats) uint64 { return st.Sessions.Restored }),
+	counter("sinew_sessions_resumed_after_restart_total", "Restored sessions resumed by their clients within the restart window.", func(st *server.Stats) uint64 { return st.Sessions.ResumedAfterRestart }),
+	counter("sinew_sessions_restart_expired_total", "Restored sessions cleaned up because the restart window ended before their clients came back.", func(st *server.Stats) uint64 { return st.Sessions.RestartExpired }),
+	counter("sinew_leases_reclaimed_total", "Leases found in the log at startup that restored sessions took back.", func(st *server.Stats) uint64 { return st.Sessions.LeasesReclaimed }),
+	counter("sinew_leases_restart_released_total", "Leases of restored sessions released when the restart window ended.", func(st *server.Stats) uint64 { return st.Sessions.RestartReleased }),
+	counter("sinew_session_store_errors_total", "Session store writes that failed; a restart may not restore those sessions as they were.", func(st *server.Stats) uint64 { return st.Sessions.StoreErrors }),
 	{
 		name: "sinew_reconcile_actions_total", help: "Subscription reconciliation decisions after a resume (RECONCILE_RESULT entries), by action.",
 		typ: prometheus.CounterValue, labels: []string{"action"},
