@@ -93,7 +93,11 @@
 // connection closes, makes the store durable and stops recording the ends
 // that shutdown itself causes: those sessions keep their subscriptions, and
 // their leases stay in the partition logs. Tags, buffers and settle tables
-// stay in memory. Without a store nothing is durable: a restart ends every
+// stay in memory. At startup the registry restores the stored sessions for
+// Config.RestartGraceMs (restore.go has the steps): dormant, with their
+// subscriptions under the same ids and lease owners, holding the leases
+// their partitions adopted; a resume within the window is resumed (counted
+// in Stats.ResumedAfterRestart), and the rest are cleaned up when it ends. Without a store nothing is durable: a restart ends every
 // session, and a client that resumes afterwards gets resume_not_found and
 // rebuilds its subscriptions (see Reconcile).
 package session
