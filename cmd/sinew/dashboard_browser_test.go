@@ -244,6 +244,36 @@ func TestDashboardInBrowser(t *testing.T) {
 		return !box.hidden && box.querySelector("pre.dl-body").textContent === %q && box.textContent.includes("Body (base64");
 	})()`, base64.StdEncoding.EncodeToString(binaryBody)))
 	shot("3b-deadletter-binary")
+	// Page by page, one dead letter a page: both are reachable, and back.
+	p2, err := b.NewPage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p2.Navigate(ctx, fmt.Sprintf("%s/?refresh=%d&dl_limit=1", base, dashRefreshMs)); err != nil {
+		t.Fatal(err)
+	}
+	pageShows := func(what, topic string) {
+		t.Helper()
+		cond := fmt.Sprintf(`document.querySelectorAll("tr.dl-row").length === 1 && document.querySelector('tr.dl-row[data-source-topic=%q]')`, topic)
+		if err := p2.WaitFor(ctx, what, cond, browserWaitMs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pageShows("page 1: dash-work's dead letter alone", "dash-work")
+	if err := p2.Eval(ctx, `document.querySelector("#dl-first").disabled && (document.querySelector("#dl-next").click(), true)`, nil); err != nil {
+		t.Fatal(err)
+	}
+	pageShows("page 2: dash-bin's dead letter alone", "dash-bin")
+	if err := p2.Eval(ctx, `document.querySelector("#dl-first").click()`, nil); err != nil {
+		t.Fatal(err)
+	}
+	pageShows("page 1 again", "dash-work")
+	for _, e := range p2.Errors() {
+		t.Errorf("paged page error: %v", e)
+	}
+	if err := p2.Navigate(ctx, "about:blank"); err != nil { // stop its polling
+		t.Fatal(err)
+	}
 	eval(dlRow+`.querySelector("button.dl-replay").click()`, nil)
 	waitFor("the replay's result", `document.querySelector("#dl-result").textContent.startsWith("Replayed 1")`)
 	waitFor("the replayed dead letter gone from the list", `!`+dlRow)

@@ -9,7 +9,8 @@
   const refreshMs = Math.min(60000, Math.max(250, Number(params.get("refresh")) || 2000));
   const historyMax = 90;        // samples kept per chart
   const requestTimeoutMs = 10000;
-  const dlLimit = 50;           // dead letters listed per page
+  // Dead letters listed per page (?dl_limit=n, 1 to 200, the API's bound).
+  const dlLimit = Math.min(200, Math.max(1, Number(params.get("dl_limit")) || 50));
 
   const state = {
     prev: null,                 // {uptime, started, counters} of the last overview
@@ -18,6 +19,7 @@
     openQueues: new Set(),      // queue keys whose partitions are shown
     sessions: [], sessionsAt: 0,
     dlTopic: "", deadLetters: [], selected: new Set(), inspected: null,
+    dlCursor: "", dlNext: "",   // the listed page's cursor ("" = first) and the next one's
     settings: null, settingsDirty: false,
     timer: 0, busy: false,
   };
@@ -317,7 +319,12 @@
   }
 
   async function loadDeadLetters() {
-    const r = await api("GET", "/api/v1/deadletters?limit=" + dlLimit);
+    const r = await api("GET", "/api/v1/deadletters?limit=" + dlLimit + (state.dlCursor ? "&cursor=" + encodeURIComponent(state.dlCursor) : ""));
+    if (r.status === 400 && state.dlCursor) {
+      // The page's cursor is no longer valid (say, after a purge): start over.
+      state.dlCursor = "";
+      return loadDeadLetters();
+    }
     if (!r.ok) {
       setMsg("deadletters-msg", "dead letters: " + errText(r), "error");
       return r.status !== 0;
@@ -328,7 +335,11 @@
     $("#dlq-topic").textContent = state.dlTopic ? "(" + state.dlTopic + ")" : "";
     const present = new Set(state.deadLetters.map(dlKey));
     for (const k of [...state.selected]) if (!present.has(k)) state.selected.delete(k);
-    setMsg("deadletters-msg", d.next_cursor ? "Showing the first " + state.deadLetters.length + "; more are in the queue." : "");
+    state.dlNext = d.next_cursor || "";
+    $("#dl-next").disabled = !state.dlNext;
+    $("#dl-first").disabled = !state.dlCursor;
+    setMsg("deadletters-msg", (state.dlCursor ? "A later page. " : "") +
+      (state.dlNext ? "Showing " + state.deadLetters.length + "; more follow." : ""));
     const tbody = $("#deadletters tbody");
     tbody.replaceChildren();
     for (const dl of state.deadLetters) {
@@ -505,6 +516,8 @@
     $("#settings-form").addEventListener("submit", saveSettings);
     $("#settings-reset").addEventListener("click", () => { state.settingsDirty = false; setMsg("settings-msg", ""); loadSettings(true); });
     $("#dl-replay-selected").addEventListener("click", () => replay(state.deadLetters.filter((d) => state.selected.has(dlKey(d)))));
+    $("#dl-next").addEventListener("click", () => { state.dlCursor = state.dlNext; state.selected.clear(); loadDeadLetters(); });
+    $("#dl-first").addEventListener("click", () => { state.dlCursor = ""; state.selected.clear(); loadDeadLetters(); });
     $("#dl-all").addEventListener("change", (e) => {
       state.selected = new Set(e.target.checked ? state.deadLetters.map(dlKey) : []);
       for (const cb of document.querySelectorAll("#deadletters .dl-select")) cb.checked = e.target.checked;
