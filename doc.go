@@ -93,8 +93,9 @@
 // out on it, and confirms and settle results still arrive. Once nothing is in
 // flight (no reply awaited, no settle queued, no delivery held unsettled by
 // the application), or at the broker's deadline, the client closes the
-// connection and reconnects, at once and then with the reconnect policy's
-// backoff capped at 500 ms, until the broker is back; then it restores its
+// connection and reconnects: at once, then every base delay of the reconnect
+// policy (jittered) for 30 attempts, then with the policy's backoff capped at
+// 500 ms, until the broker is back. Then it restores its
 // session as after any break and sends what it held. A publish that crossed
 // GOING_AWAY on the wire and was refused with shutting_down (the broker stored
 // nothing) is held the same way. The application sees a pause, not an error.

@@ -24,10 +24,14 @@ const goingAwayWaitMax = 30 * time.Second
 // at to see whether its work in flight has finished.
 const goingAwayPoll = 10 * time.Millisecond
 
-// goingAwayBackoffMax caps the reconnect delay after a planned stop: the
-// broker said it is restarting, so the client looks for it often rather than
-// backing off as far as it would from a failure.
-const goingAwayBackoffMax = 500 * time.Millisecond
+// After a planned stop the broker is expected back soon, so the client looks
+// for it often rather than backing off as far as it would from a failure: the
+// first goingAwayFastAttempts attempts wait only the policy's base delay
+// (jittered), and later ones at most goingAwayBackoffMax.
+const (
+	goingAwayFastAttempts = 30
+	goingAwayBackoffMax   = 500 * time.Millisecond
+)
 
 // pool holds one endpoint per broker address. Each endpoint keeps its own
 // connection, session and resume identity: an identity is only meaningful to
@@ -193,7 +197,9 @@ func (e *endpoint) supervise(c *conn) {
 		for c = nil; c == nil; {
 			if !immediate {
 				d := pol.Delay(failures, e.o.rand())
-				if planned {
+				if planned && failures < goingAwayFastAttempts {
+					d = pol.Delay(0, e.o.rand())
+				} else if planned {
 					d = min(d, goingAwayBackoffMax)
 				}
 				// Operations wait for this attempt rather than ask for an

@@ -12,8 +12,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sinewmq/sinew/internal/admin"
@@ -70,8 +73,15 @@ func runServe(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writ
 	return serve(ctx, cfg, logger)
 }
 
-// serve runs the broker until ctx ends, then drains: GOING_AWAY to every client,
-// in-flight confirms flushed, connections closed, broker checkpointed and closed.
+// serve runs the broker until ctx ends, SIGTERM/SIGINT arrives or the admin API
+// asks for a drain, then drains in two phases (see server.Shutdown): GOING_AWAY
+// to every client, nothing new leased or accepted, settles and confirms still
+// served until nothing is in flight or connection.drain_timeout_ms has passed;
+// then connections flushed and closed, the broker checkpointed and closed, and
+// serve returns nil (exit 0). A second SIGTERM/SIGINT during the drain exits
+// the process at once with status exitAbandonedDrain: nothing is lost, since
+// only what is durable was ever confirmed, and recovery at the next start
+// treats it like a crash.
 //
 // Startup order matters for the data: the data dir's lock comes first, so no
 // second broker reads or repairs a live broker's files; then both listeners are
@@ -152,9 +162,12 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	}
 	logger.Info("broker recovered", "data_dir", cfg.DataDir, "owner_id", owner, "took_ms", time.Since(start).Milliseconds())
 	defer func() {
+		// Close writes every partition's checkpoint: the last step of a drain.
 		if err := b.Close(); err != nil {
 			logger.Error("broker close", "err", err)
+			return
 		}
+		logger.Info("broker closed and checkpointed")
 	}()
 
 	store, err := sessionstore.Open(sessionstore.Options{Dir: filepath.Join(cfg.DataDir, sessionsDir), Logger: logger.With("component", "sessions")})
@@ -186,6 +199,10 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		closeListeners()
 		return err
 	}
+	drain := &drainer{timeout: time.Duration(cfg.Connection.DrainTimeoutMs) * time.Millisecond, started: make(chan struct{})}
+	stopSignals := watchSignals(drain, logger)
+	defer stopSignals()
+
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
 
@@ -193,7 +210,15 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	adminAddr := ""
 	if aln != nil {
 		adminAddr = aln.Addr().String()
-		adminSrv = &http.Server{Handler: admin.Handler(adminConfig(b, srv, rt, adminWiring{owner: owner, started: start, sync: sm, queueDepth: cfg.Metrics.QueueDepth == "on"})), ReadHeaderTimeout: 10 * time.Second}
+		acfg := adminConfig(b, srv, rt, adminWiring{owner: owner, started: start, sync: sm, queueDepth: cfg.Metrics.QueueDepth == "on"})
+		acfg.Ready = func() bool { return b.Ready() && !drain.begun() } // a draining broker takes no new clients
+		acfg.Drain = func(context.Context) error {
+			if _, already := drain.start(); !already {
+				logger.Info("drain requested through the admin API")
+			}
+			return nil
+		}
+		adminSrv = &http.Server{Handler: admin.Handler(acfg), ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			if err := adminSrv.Serve(aln); !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("admin: %w", err)
@@ -210,13 +235,15 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	select {
 	case <-ctx.Done():
 		logger.Info("signal received; draining")
+	case <-drain.started:
 	case runErr = <-errc:
 		logger.Error("serving stopped", "err", runErr)
 	}
-	dctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.Connection.DrainTimeoutMs)*time.Millisecond)
+	deadlineMs, _ := drain.start()
+	dctx, cancel := context.WithDeadline(context.Background(), time.UnixMilli(deadlineMs))
 	defer cancel()
 	if err := srv.Shutdown(dctx); err != nil {
-		logger.Warn("drain did not finish in time; connections closed", "err", err)
+		logger.Warn("drain deadline reached with work in flight; connections closed", "err", err)
 	}
 	if adminSrv != nil {
 		actx, acancel := context.WithTimeout(context.Background(), adminShutdownMs*time.Millisecond)
@@ -236,6 +263,77 @@ func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// exitAbandonedDrain is the exit status when a second SIGTERM/SIGINT ends a
+// drain early.
+const exitAbandonedDrain = 1
+
+// serveExit ends the process on a second signal; tests replace it.
+var serveExit = os.Exit
+
+// drainer starts the planned stop once, whoever asks first: a signal, the
+// end of serve's context, or the admin API.
+type drainer struct {
+	timeout  time.Duration
+	once     sync.Once
+	started  chan struct{} // closed when the drain begins
+	deadline int64         // Unix ms; written once, inside once
+}
+
+// start begins the drain if it has not begun, and returns the deadline of its
+// first phase and whether it had already begun.
+func (d *drainer) start() (deadlineMs int64, already bool) {
+	already = true
+	d.once.Do(func() {
+		already = false
+		d.deadline = time.Now().Add(d.timeout).UnixMilli()
+		close(d.started)
+	})
+	return d.deadline, already
+}
+
+// begun reports whether the drain has begun.
+func (d *drainer) begun() bool {
+	select {
+	case <-d.started:
+		return true
+	default:
+		return false
+	}
+}
+
+// watchSignals turns the first SIGTERM/SIGINT into a drain and the second into
+// an exit at once. It returns a function that stops watching.
+func watchSignals(d *drainer, logger *slog.Logger) (stop func()) {
+	sigc := make(chan os.Signal, 2)
+	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for n := 0; ; {
+			select {
+			case sig := <-sigc:
+				n++
+				if n == 1 {
+					d.start()
+					continue
+				}
+				// Everything confirmed is already durable, so leaving now
+				// loses nothing; the next start recovers as after a crash.
+				logger.Warn("second signal during the drain: exiting now", "signal", sig.String(), "exit_status", exitAbandonedDrain)
+				serveExit(exitAbandonedDrain)
+			case <-quit:
+				return
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(sigc)
+		close(quit)
+		<-done
+	}
 }
 
 // serveReadyHook, when set (by tests), is called once serve listens, with the

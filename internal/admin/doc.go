@@ -20,7 +20,7 @@
 //	GET    /api/v1/sessions                   sessions, attached and dormant, with grace left
 //	GET    /api/v1/settings                   runtime settings and their version
 //	PUT    /api/v1/settings                   change runtime settings (409 on a version race)
-//	POST   /api/v1/drain                      start the planned drain (501 when not wired)
+//	POST   /api/v1/drain                      start the planned drain, as SIGTERM does (202; 501 when not wired)
 //
 // JSON names are snake_case; every JSON error is {"code": ..., "error": ...}.
 // A state-changing request a browser marks as cross-site, or whose Origin is
