@@ -51,13 +51,13 @@ func run() error {
 		fmt.Printf("order %d -> partition %d offset %d\n", i, res.Partition, res.Offset)
 	}
 
-	// Pipelined: many publishes in flight, confirms collected afterwards. A
-	// producer id and sequence make each publish safe to resend, so the SDK
-	// resends them itself if the connection breaks before the confirm.
+	// Pipelined: many publishes in flight, confirms collected afterwards. The
+	// Client stamps each with its producer id and a sequence, so it resends
+	// them itself if the connection breaks before the confirm, and the
+	// broker stores each one once.
 	futures := make([]*sinew.PublishFuture, 100)
 	for i := range futures {
-		futures[i] = c.PublishAsync(ctx, "orders", fmt.Appendf(nil, "bulk %d", i),
-			sinew.WithProducerSequence("example-publish", uint64(i)))
+		futures[i] = c.PublishAsync(ctx, "orders", fmt.Appendf(nil, "bulk %d", i))
 	}
 	for i, f := range futures {
 		if _, err := f.Wait(ctx); err != nil {
