@@ -74,3 +74,27 @@ func TestIdempotentPublishAcrossRestart(t *testing.T) {
 		}
 	})
 }
+
+// TestSequenceBelowWindowIsRefused: a resend of a sequence that left the
+// producer's window is refused with sequence_too_old, never stored again.
+func TestSequenceBelowWindowIsRefused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(vfs.NewMem())
+		cfg.Dedup = dedup.Config{WindowSeqs: 2}
+		b := mustOpen(t, cfg)
+		defer b.Close()
+		for seq := uint64(1); seq <= 3; seq++ {
+			mustPublish(t, b, idem("w", "m", "prod", seq))
+		}
+		_, err := publish(t, b, idem("w", "m again", "prod", 1))
+		if protocol.CodeOf(err) != protocol.CodeSequenceTooOld || protocol.CodeOf(err).Retryable() {
+			t.Fatalf("resend below the window: %v, want a non-retryable sequence_too_old", err)
+		}
+		if got := mustPublish(t, b, idem("w", "m again", "prod", 2)); !got.Duplicate {
+			t.Fatalf("resend inside the window: %+v, want duplicate", got)
+		}
+		if ready := b.Stats().Queues[0].Partitions[0].Ready; ready != 3 {
+			t.Fatalf("%d messages stored, want 3", ready)
+		}
+	})
+}
