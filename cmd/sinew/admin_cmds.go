@@ -284,7 +284,7 @@ func addDeclareFlags(fs *flag.FlagSet, withPartitions bool) declareFlags {
 		maxRetries: fs.Int64("max-retries", 0, "failed deliveries before a message is dead-lettered"),
 		ttlMs:      fs.Int64("default-ttl-ms", 0, "dead-letter messages not delivered within this many ms (0 = never)"),
 		leaseMs:    fs.Int64("lease-ms", 0, "how long a delivery is leased to its consumer, in ms"),
-		dlMode:     fs.String("dead-letter-mode", "", "where dead letters go: default, discard or queue"),
+		dlMode:     fs.String("dead-letter-mode", "", "where dead letters go: default, discard, global or queue"),
 		dlTarget:   fs.String("dead-letter-target", "", "the dead-letter topic, with --dead-letter-mode queue"),
 	}
 	if withPartitions {
@@ -436,8 +436,16 @@ func adminSessions(ctx context.Context, name string, args []string, stdout, stde
 		var subs []string
 		for _, sub := range s.Subscriptions {
 			// Names are escaped here, so the joined cell is not escaped again.
-			subs = append(subs, fmt.Sprintf("%s/%s(prefetch %d, inflight %d)", displayBytes([]byte(sub.Topic)),
-				displayBytes([]byte(groupCell(sub.Group))), sub.Prefetch, sub.Inflight))
+			part := ""
+			if sub.Partition != nil && *sub.Partition >= 0 {
+				part = fmt.Sprintf("[partition %d]", *sub.Partition)
+			}
+			mode := ""
+			if sub.AutoAck {
+				mode = ", auto-ack"
+			}
+			subs = append(subs, fmt.Sprintf("%s/%s%s(prefetch %d, inflight %d%s)", displayBytes([]byte(sub.Topic)),
+				displayBytes([]byte(groupCell(sub.Group))), part, sub.Prefetch, sub.Inflight, mode))
 		}
 		t.row(s.ClientID, s.State, conn, grace, strconv.FormatInt(s.Inflight, 10), strconv.FormatInt(s.Pending, 10), shown(strings.Join(subs, ", ")))
 	}
@@ -458,9 +466,11 @@ func adminConnections(ctx context.Context, name string, args []string, stdout, s
 	if render, err := adminGet(ctx, c, f, "/api/v1/connections", nil, stdout, &cs); !render {
 		return err
 	}
-	t := newTable(stdout, "CONN", "REMOTE", "CLIENT", "CONNECTED", "SUBSCRIPTIONS")
+	t := newTable(stdout, "CONN", "REMOTE", "CLIENT", "CONNECTED", "ESTABLISHED", "SUBSCRIPTIONS")
 	for _, cn := range cs.Connections {
-		t.row(strconv.FormatUint(cn.ConnID, 10), cn.RemoteAddr, cn.ClientID, msTime(cn.ConnectedAtMs), strconv.FormatInt(cn.Subscriptions, 10))
+		// Not established: the handshake has not finished, so there is no session yet.
+		t.row(strconv.FormatUint(cn.ConnID, 10), cn.RemoteAddr, cn.ClientID, msTime(cn.ConnectedAtMs),
+			strconv.FormatBool(cn.Established), strconv.FormatInt(cn.Subscriptions, 10))
 	}
 	if len(cs.Connections) == 0 {
 		fmt.Fprintln(stderr, "no connections")
@@ -596,6 +606,10 @@ func writeMessageBlock(b *strings.Builder, m apiMessage, bodyFormat, title strin
 			v = b64Display(h.ValueB64, "auto")
 		}
 		fmt.Fprintf(b, "header %s: %s\n", displayBytes([]byte(h.Key)), v)
+	}
+	if m.Error != "" {
+		fmt.Fprintf(b, "body (%s): could not be read: %s\n", nBytes(m.BodyBytes), displayBytes([]byte(m.Error)))
+		return
 	}
 	body := b64Display(m.BodyB64, bodyFormat)
 	shown, _ := base64.StdEncoding.DecodeString(m.BodyB64)

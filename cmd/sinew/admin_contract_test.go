@@ -137,7 +137,9 @@ func TestAdminMessagesPeekContract(t *testing.T) {
 		return `{"topic": "or ders", "group": "", "partition": ` + jsonNum(uint64(p)) + `, "from": 0, "next": 43, "next_offset": 120,
  "messages": [{"offset": 42, "state": "inflight", "attempt": 2, "published_at_ms": 1790000000000, "content_type": "application/octet-stream",
   "key_b64": "` + b64("k\x01") + `", "headers": [{"key": "a", "value": "b"}, {"key": "bin", "value_b64": "` + b64("\xfe") + `"}],
-  "body_bytes": 5000, "body_b64": "` + b64(body) + `", "body_truncated": true}]}`
+  "body_bytes": 5000, "body_b64": "` + b64(body) + `", "body_truncated": true},
+  {"offset": 44, "state": "ready", "attempt": 0, "published_at_ms": 1790000000000, "headers": [], "body_bytes": 9,
+   "body_b64": "", "body_truncated": true, "error": "segment 3: checksum mismatch"}]}`
 	}
 	cs := newContractServer(t, map[string]route{
 		"GET /api/v1/queues/or%20ders":          {200, contractQueue},
@@ -151,6 +153,7 @@ func TestAdminMessagesPeekContract(t *testing.T) {
 		"--- offset 42  state inflight  attempt 2  published 2026-09-21T",
 		`key: "k\x01"`, "content-type: application/octet-stream", "header a: b", `header bin: "\xfe"`,
 		`body (5000 bytes, first 10 shown): "\x00\xffpay\nload"`, "(more: --partition 0 --from 43)",
+		"--- offset 44  state ready  attempt 0", "body (9 bytes): could not be read: segment 3: checksum mismatch\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("peek output lacks %q:\n%s", want, out)
@@ -213,8 +216,9 @@ func TestAdminSessionsOverviewDrainContract(t *testing.T) {
 	cs := newContractServer(t, map[string]route{
 		"GET /api/v1/sessions": {200, `{"sessions": [
   {"client_id": "c-1", "state": "attached", "conn_id": 17, "grace_left_ms": null, "inflight": 2, "pending": 0,
-   "subscriptions": [{"sub_id": 1, "topic": "orders", "group": "", "prefetch": 256, "inflight": 2}]},
-  {"client_id": "c-2", "state": "dormant", "conn_id": 0, "grace_left_ms": 4200, "inflight": 1, "pending": 3, "subscriptions": []}]}`},
+   "subscriptions": [{"sub_id": 1, "topic": "orders", "group": "", "partition": -1, "prefetch": 256, "inflight": 2}]},
+  {"client_id": "c-2", "state": "dormant", "conn_id": 0, "grace_left_ms": 4200, "inflight": 1, "pending": 3,
+   "subscriptions": [{"sub_id": 2, "topic": "t", "group": "g", "partition": 3, "prefetch": 8, "auto_ack": true, "inflight": 0}]}]}`},
 		"GET /api/v1/connections": {200, `{"connections": [{"conn_id": 17, "remote_addr": "127.0.0.1:53122", "client_id": "c-1", "connected_at_ms": 1790000000000, "subscriptions": 1}]}`},
 		"GET /api/v1/overview": {200, `{"version": "sinew/0.1", "api": "v1", "owner_id": "b-1", "generation": 4, "started_at_ms": 1790000000000,
   "uptime_ms": 3723000, "ready": false, "problems": ["orders/0: quarantined"], "draining": false, "queues": 3, "partitions": 12,
@@ -225,7 +229,7 @@ func TestAdminSessionsOverviewDrainContract(t *testing.T) {
 	code, out, errOut := cs.run("admin", "sessions")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if code != 0 || len(lines) != 3 || strings.Join(strings.Fields(lines[1]), " ") != "c-1 attached 17 - 2 0 orders/(default)(prefetch 256, inflight 2)" ||
-		strings.Join(strings.Fields(lines[2]), " ") != "c-2 dormant - 4.2s 1 3 -" {
+		strings.Join(strings.Fields(lines[2]), " ") != "c-2 dormant - 4.2s 1 3 t/g[partition 3](prefetch 8, inflight 0, auto-ack)" {
 		t.Fatalf("sessions: exit %d, %q\n%s", code, errOut, out)
 	}
 	code, out, _ = cs.run("admin", "connections")

@@ -96,6 +96,7 @@ type apiMessage struct {
 	BodyBytes     int64       `json:"body_bytes"`
 	BodyB64       string      `json:"body_b64"`
 	BodyTruncated bool        `json:"body_truncated"`
+	Error         string      `json:"error"`
 }
 
 type apiMessages struct {
@@ -155,11 +156,13 @@ type apiReplayResults struct {
 }
 
 type apiSubscription struct {
-	SubID    uint64 `json:"sub_id"`
-	Topic    string `json:"topic"`
-	Group    string `json:"group"`
-	Prefetch int64  `json:"prefetch"`
-	Inflight int64  `json:"inflight"`
+	SubID     uint64 `json:"sub_id"`
+	Topic     string `json:"topic"`
+	Group     string `json:"group"`
+	Partition *int64 `json:"partition"` // -1: every partition; absent from older brokers
+	Prefetch  int64  `json:"prefetch"`
+	AutoAck   bool   `json:"auto_ack"`
+	Inflight  int64  `json:"inflight"`
 }
 
 type apiSession struct {
@@ -181,6 +184,7 @@ type apiConnection struct {
 	RemoteAddr    string `json:"remote_addr"`
 	ClientID      string `json:"client_id"`
 	ConnectedAtMs int64  `json:"connected_at_ms"`
+	Established   bool   `json:"established"`
 	Subscriptions int64  `json:"subscriptions"`
 }
 
