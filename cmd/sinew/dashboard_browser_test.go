@@ -18,9 +18,12 @@ import (
 )
 
 // browserWaitMs bounds each wait for something to show on the page; the page
-// polls every dashRefreshMs, so a few polls suffice.
+// polls every dashRefreshMs, so a few polls suffice on an idle machine, and
+// the bound leaves room for a loaded one. browserTestMs bounds the whole
+// test (it takes about 10 s). Reaching either is a failure.
 const (
-	browserWaitMs = 15_000
+	browserWaitMs = 30_000
+	browserTestMs = 120_000
 	dashRefreshMs = 300
 )
 
@@ -43,7 +46,7 @@ func artifactsDir(t *testing.T) string {
 // what an operator would: the page loads without console errors, shows a
 // queue just published to with its depth, shows a session as dormant once its
 // client's socket is cut, replays a dead letter from the page back onto its
-// source queue, and applies a setting changed in the form (and shows a
+// source queue (and another, binary, keeping its copy), and applies a setting changed in the form (and shows a
 // concurrent change as a conflict rather than overwriting it).
 func TestDashboardInBrowser(t *testing.T) {
 	chromium, err := cdp.Find()
@@ -59,7 +62,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	addr, adminAddr, _ := runServeAdmin(t, cfg)
 	base := "http://" + adminAddr
 
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), browserTestMs*time.Millisecond)
 	defer cancel()
 
 	// A queue with a dead letter in it: declare, publish, take it and fail it.
@@ -296,6 +299,36 @@ func TestDashboardInBrowser(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("the replayed message did not come back on dash-work")
+	}
+
+	// Replay keeping the dead-letter copy: the binary one goes back to
+	// dash-bin byte for byte, and stays listed.
+	eval(`document.querySelector("#dl-keep").click()`, nil)
+	eval(binRow+`.querySelector("button.dl-replay").click()`, nil)
+	waitFor("the replay's result, copy kept", `(() => {
+		const r = document.querySelector("#dl-result").textContent;
+		return r.startsWith("Replayed 1") && r.includes("dash-bin") && r.includes("(copy kept)");
+	})()`)
+	waitFor("the kept copy still listed after a refresh", `(() => {
+		const n = Number(document.body.dataset.refreshes);
+		window.__keptAt = window.__keptAt || n;
+		return n > window.__keptAt + 1 && `+binRow+`;
+	})()`)
+	shot("4b-deadletter-kept")
+	bsub, err = c.Subscribe(ctx, "dash-bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-bsub.Messages():
+		if string(m.Body) != string(binaryBody) {
+			t.Fatalf("replayed binary body %x, want %x", m.Body, binaryBody)
+		}
+		if err := m.Complete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the replayed binary message did not come back on dash-bin")
 	}
 
 	// A setting changed in the form takes effect: the next HELLO_OK reports it.
