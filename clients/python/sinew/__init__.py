@@ -1,0 +1,55 @@
+"""Sinew client for Python: asyncio, standard library only.
+
+::
+
+    async with await sinew.connect("127.0.0.1:7654") as client:
+        await client.publish("orders", b"hello")
+        sub = await client.subscribe("orders", prefetch=16)
+        async for msg in sub:
+            await msg.complete()
+"""
+
+from .client import (
+    CLIENT_VERSION,
+    DEAD_LETTER_DEFAULT,
+    DEAD_LETTER_DISCARD,
+    DEAD_LETTER_GLOBAL,
+    DEAD_LETTER_QUEUE,
+    RECONCILE_CONSERVATIVE,
+    RECONCILE_RESTORE,
+    Client,
+    DeclareResult,
+    Message,
+    PublishResult,
+    ReconnectPolicy,
+    Subscription,
+    connect,
+)
+from .errors import (
+    AlreadySettledError,
+    BrokerError,
+    ClientClosedError,
+    ConnectionLostError,
+    DisconnectedError,
+    HeartbeatTimeoutError,
+    ProtocolError,
+    ReconciledClosedError,
+    RecreateFailedError,
+    SettleError,
+    SinewError,
+    StaleDeliveryError,
+    SubscriptionEnded,
+    UnknownTagError,
+    UnsubscribedError,
+    is_retryable,
+)
+
+__all__ = [
+    "CLIENT_VERSION", "DEAD_LETTER_DEFAULT", "DEAD_LETTER_DISCARD", "DEAD_LETTER_GLOBAL", "DEAD_LETTER_QUEUE",
+    "RECONCILE_CONSERVATIVE", "RECONCILE_RESTORE", "Client", "DeclareResult", "Message", "PublishResult",
+    "ReconnectPolicy", "Subscription", "connect",
+    "AlreadySettledError", "BrokerError", "ClientClosedError", "ConnectionLostError", "DisconnectedError",
+    "HeartbeatTimeoutError", "ProtocolError", "ReconciledClosedError", "RecreateFailedError", "SettleError",
+    "SinewError", "StaleDeliveryError", "SubscriptionEnded", "UnknownTagError", "UnsubscribedError",
+    "is_retryable",
+]

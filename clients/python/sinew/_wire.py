@@ -1,0 +1,680 @@
+"""Encoder and decoder for the Sinew wire protocol, version 1 (docs/protocol.md).
+
+Every body is a fixed sequence of fields. Each message class lists its fields
+in wire order in ``_FIELDS``; ``_APPENDED`` is the index of the first field
+that was appended to the op after it shipped, which a decoder must accept as
+absent. Bytes after the known fields are ignored (protocol section 2, "Body
+evolution").
+
+Frame layout (big-endian)::
+
+     0               4       5       6               8                      16
+    +---------------+-------+-------+---------------+-----------------------+------
+    | length  (u32) | ver   | op    | flags  (u16)  | request id  (u64)     | body
+    +---------------+-------+-------+---------------+-----------------------+------
+
+``length`` counts the 12 header bytes after it plus the body.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from .errors import ProtocolError
+
+VERSION = 1
+HEADER_BYTES = 12  # bytes after the length prefix, before the body
+FRAME_BYTES_DEFAULT = 1 << 20  # bound before HELLO_OK announces frame_bytes_max
+FLAG_NO_REPLY = 0x0001
+LIST_ITEMS_MAX = 1 << 20  # a decoded list never claims more items than this
+
+# Operation codes (protocol section 4).
+HELLO, HELLO_OK, PING, PONG, ERROR, OK = 0x01, 0x02, 0x03, 0x04, 0x05, 0x06
+DECLARE_QUEUE, DECLARE_OK, PUBLISH, PUBLISH_OK = 0x10, 0x11, 0x12, 0x13
+DELETE_QUEUE, PURGE_QUEUE, PURGE_OK = 0x14, 0x15, 0x16
+SUBSCRIBE, SUBSCRIBE_OK, UNSUBSCRIBE, SUB_CLOSED, DELIVER = 0x20, 0x21, 0x22, 0x23, 0x24
+ACK, NACK, FAIL, SETTLE_RESULT = 0x30, 0x31, 0x32, 0x33
+GOING_AWAY, RECONCILE, RECONCILE_RESULT, END_SESSION, INFLIGHT, INFLIGHT_RESULT = (
+    0x40, 0x41, 0x42, 0x43, 0x44, 0x45)
+
+U32_MAX = 0xFFFFFFFF
+U64_MAX = 0xFFFFFFFFFFFFFFFF
+
+
+# --- primitive encoders ---------------------------------------------------
+
+def put_uvarint(out: bytearray, v: int) -> None:
+    if v < 0 or v > U64_MAX:
+        raise ValueError(f"uvarint out of range: {v}")
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
+def put_varint(out: bytearray, v: int) -> None:
+    if v < -(1 << 63) or v >= (1 << 63):
+        raise ValueError(f"varint out of range: {v}")
+    put_uvarint(out, ((v << 1) ^ (v >> 63)) & U64_MAX)
+
+
+def put_bytes(out: bytearray, b: bytes) -> None:
+    put_uvarint(out, len(b))
+    out += b
+
+
+def put_str(out: bytearray, s: str) -> None:
+    put_bytes(out, s.encode("utf-8"))
+
+
+class Reader:
+    """Reads primitive fields from one body; every failure is a ProtocolError."""
+
+    __slots__ = ("buf", "pos", "field")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.field = ""
+
+    def fail(self, why: str) -> ProtocolError:
+        return ProtocolError(f"bad frame: field {self.field}: {why}")
+
+    def at_end(self) -> bool:
+        return self.pos >= len(self.buf)
+
+    def uvarint(self) -> int:
+        v = 0
+        shift = 0
+        for i in range(10):
+            if self.pos >= len(self.buf):
+                raise self.fail("truncated")
+            b = self.buf[self.pos]
+            self.pos += 1
+            if i == 9 and b > 1:
+                raise self.fail("uvarint overflows 64 bits")
+            v |= (b & 0x7F) << shift
+            if b < 0x80:
+                return v
+            shift += 7
+        raise self.fail("uvarint overflows 64 bits")
+
+    def varint(self) -> int:
+        u = self.uvarint()
+        return (u >> 1) ^ -(u & 1)
+
+    def u8(self) -> int:
+        if self.pos >= len(self.buf):
+            raise self.fail("truncated")
+        b = self.buf[self.pos]
+        self.pos += 1
+        return b
+
+    def boolean(self) -> bool:
+        b = self.u8()
+        if b > 1:
+            raise self.fail("bool is not 0 or 1")
+        return b == 1
+
+    def u32(self) -> int:
+        v = self.uvarint()
+        if v > U32_MAX:
+            raise self.fail("out of range")
+        return v
+
+    def u16(self) -> int:
+        v = self.uvarint()
+        if v > 0xFFFF:
+            raise self.fail("out of range")
+        return v
+
+    def i32(self) -> int:
+        v = self.varint()
+        if v < -(1 << 31) or v >= (1 << 31):
+            raise self.fail("out of range")
+        return v
+
+    def raw(self) -> bytes:
+        n = self.uvarint()
+        if n > len(self.buf) - self.pos:
+            raise self.fail("length beyond the body")
+        b = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return b
+
+    def str(self) -> str:
+        try:
+            return self.raw().decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail("invalid UTF-8") from None
+
+    def count(self, item_bytes_min: int) -> int:
+        n = self.uvarint()
+        # Each item takes at least item_bytes_min bytes, so a count the body
+        # cannot hold is malformed before anything is allocated.
+        if n > LIST_ITEMS_MAX or n * item_bytes_min > len(self.buf) - self.pos:
+            raise self.fail("list longer than the body")
+        return n
+
+
+# --- field types ------------------------------------------------------------
+# A field type is a string naming a primitive, a message class (a struct
+# embedded field by field), or ("list", type).
+
+_ITEM_MIN = {"uvarint": 1, "varint": 1, "u8": 1, "bool": 1, "u32": 1, "u16": 1, "i32": 1,
+             "bytes": 1, "str": 1, "header": 2}
+
+
+def _enc(out: bytearray, typ: Any, v: Any) -> None:
+    if isinstance(typ, tuple):
+        put_uvarint(out, len(v))
+        for x in v:
+            _enc(out, typ[1], x)
+    elif isinstance(typ, type):
+        v._encode_into(out)
+    elif typ in ("uvarint", "u32", "u16"):
+        if typ == "u32" and v > U32_MAX or typ == "u16" and v > 0xFFFF:
+            raise ValueError(f"{typ} out of range: {v}")
+        put_uvarint(out, v)
+    elif typ in ("varint", "i32"):
+        if typ == "i32" and not -(1 << 31) <= v < (1 << 31):
+            raise ValueError(f"i32 out of range: {v}")
+        put_varint(out, v)
+    elif typ == "u8":
+        if not 0 <= v <= 255:
+            raise ValueError(f"u8 out of range: {v}")
+        out.append(v)
+    elif typ == "bool":
+        out.append(1 if v else 0)
+    elif typ == "bytes":
+        put_bytes(out, bytes(v))
+    elif typ == "str":
+        put_str(out, v)
+    elif typ == "header":
+        put_str(out, v[0])
+        put_str(out, v[1])
+    else:  # pragma: no cover - a broken field table
+        raise AssertionError(typ)
+
+
+def _dec(r: Reader, typ: Any) -> Any:
+    if isinstance(typ, tuple):
+        item = typ[1]
+        n = r.count(item._bytes_min() if isinstance(item, type) else _ITEM_MIN[item])
+        return [_dec(r, item) for _ in range(n)]
+    if isinstance(typ, type):
+        return typ._decode_from(r)
+    if typ == "header":
+        return (r.str(), r.str())
+    return getattr(r, "raw" if typ == "bytes" else "boolean" if typ == "bool" else typ)()
+
+
+class Body:
+    """A message body: a dataclass whose fields are listed in wire order."""
+
+    OP: ClassVar[int] = 0
+    _FIELDS: ClassVar[tuple[tuple[str, Any], ...]] = ()
+    _APPENDED: ClassVar[int | None] = None  # index of the first appended field
+
+    def _encode_into(self, out: bytearray) -> None:
+        for name, typ in self._FIELDS:
+            _enc(out, typ, getattr(self, name))
+
+    def encode(self) -> bytes:
+        out = bytearray()
+        self._encode_into(out)
+        return bytes(out)
+
+    @classmethod
+    def _decode_from(cls, r: Reader) -> Any:
+        vals: dict[str, Any] = {}
+        for i, (name, typ) in enumerate(cls._FIELDS):
+            if cls._APPENDED is not None and i == cls._APPENDED and r.at_end():
+                break  # an older peer: appended fields keep their defaults
+            r.field = name
+            vals[name] = _dec(r, typ)
+        return cls(**vals)
+
+    @classmethod
+    def _bytes_min(cls) -> int:
+        return sum(_ITEM_MIN.get(t, 1) if isinstance(t, str) else 1 for _, t in cls._FIELDS)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Any:
+        return cls._decode_from(Reader(body))
+
+
+def _body(op: int, fields: str, appended: int | None = None) -> Any:
+    """Class decorator: attaches the op code and the wire field table.
+
+    ``fields`` is "name:type name:type ..." in wire order; struct types are
+    resolved by name from this module at first use.
+    """
+
+    def wrap(cls: Any) -> Any:
+        cls.OP = op
+        cls._FIELD_SPEC = fields
+        cls._APPENDED = appended
+        return cls
+
+    return wrap
+
+
+def _resolve() -> None:
+    g = globals()
+    for cls in list(g.values()):
+        if isinstance(cls, type) and issubclass(cls, Body) and hasattr(cls, "_FIELD_SPEC"):
+            out = []
+            for part in cls._FIELD_SPEC.split():
+                name, typ = part.split(":")
+                if typ.startswith("list<"):
+                    inner = typ[5:-1]
+                    out.append((name, ("list", g.get(inner, inner))))
+                else:
+                    out.append((name, g.get(typ, typ)))
+            cls._FIELDS = tuple(out)
+
+
+# --- structs embedded in bodies ---------------------------------------------
+
+@_body(0, "client_id:str owner_id:str token:bytes")
+@dataclass
+class ResumeIdentity(Body):
+    """The session identity a client presents on reconnect (section 3)."""
+    client_id: str = ""
+    owner_id: str = ""
+    token: bytes = b""
+
+
+@_body(0, "frame_bytes_max:u32 body_bytes_max:u32 prefetch_max:u32 settle_batch_max:u32 "
+          "publish_inflight_max:u32 subscriptions_max:u32")
+@dataclass
+class Limits(Body):
+    """Limits the broker announces in HELLO_OK."""
+    frame_bytes_max: int = 0
+    body_bytes_max: int = 0
+    prefetch_max: int = 0
+    settle_batch_max: int = 0
+    publish_inflight_max: int = 0
+    subscriptions_max: int = 0
+
+
+@_body(0, "sub_id:uvarint partition:u32 offset:uvarint lease_id:uvarint epoch:uvarint")
+@dataclass
+class LeaseRef(Body):
+    """Names exactly one lease of one message (section 5.8)."""
+    sub_id: int = 0
+    partition: int = 0
+    offset: int = 0
+    lease_id: int = 0
+    epoch: int = 0
+
+
+@_body(0, "sub_id:uvarint topic:str group:str partition:i32 ack_mode:u8 prefetch:u32")
+@dataclass
+class SubView(Body):
+    """A subscription as RECONCILE describes it."""
+    sub_id: int = 0
+    topic: str = ""
+    group: str = ""
+    partition: int = 0
+    ack_mode: int = 0
+    prefetch: int = 0
+
+
+@_body(0, "action:u8 client_sub_id:uvarint server_sub_id:uvarint client:SubView server:SubView reason:str")
+@dataclass
+class ReconcileEntry(Body):
+    """One decision of RECONCILE_RESULT."""
+    action: int = 0
+    client_sub_id: int = 0
+    server_sub_id: int = 0
+    client: SubView = field(default_factory=SubView)
+    server: SubView = field(default_factory=SubView)
+    reason: str = ""
+
+
+@_body(0, "tag:uvarint lease:LeaseRef")
+@dataclass
+class InflightEntry(Body):
+    """A delivery the client still holds, as INFLIGHT reports it."""
+    tag: int = 0
+    lease: LeaseRef = field(default_factory=LeaseRef)
+
+
+# --- op bodies ----------------------------------------------------------------
+
+@_body(HELLO, "protocol_version:u16 client_name:str client_version:str credentials:str resume:ResumeIdentity")
+@dataclass
+class Hello(Body):
+    """HELLO (0x01)."""
+    protocol_version: int = VERSION
+    client_name: str = ""
+    client_version: str = ""
+    credentials: str = ""
+    resume: ResumeIdentity = field(default_factory=ResumeIdentity)
+
+
+@_body(HELLO_OK, "protocol_version:u16 server_version:str resume:ResumeIdentity outcome:u8 "
+                 "server_generation:uvarint heartbeat_ms:u32 reconnect_grace_ms:u32 limits:Limits")
+@dataclass
+class HelloOK(Body):
+    """HELLO_OK (0x02)."""
+    protocol_version: int = VERSION
+    server_version: str = ""
+    resume: ResumeIdentity = field(default_factory=ResumeIdentity)
+    outcome: int = 0
+    server_generation: int = 0
+    heartbeat_ms: int = 0
+    reconnect_grace_ms: int = 0
+    limits: Limits = field(default_factory=Limits)
+
+
+@_body(PING, "")
+@dataclass
+class Ping(Body):
+    """PING (0x03)."""
+
+
+@_body(PONG, "")
+@dataclass
+class Pong(Body):
+    """PONG (0x04)."""
+
+
+@_body(ERROR, "code:u16 message:str fatal:bool")
+@dataclass
+class ErrorBody(Body):
+    """ERROR (0x05)."""
+    code: int = 0
+    message: str = ""
+    fatal: bool = False
+
+
+@_body(OK, "")
+@dataclass
+class Ok(Body):
+    """OK (0x06)."""
+
+
+@_body(DECLARE_QUEUE, "topic:str group:str partitions:u32 dead_letter_mode:u8 dead_letter_target:str "
+                      "max_retries:i32 default_ttl_ms:varint lease_ms:varint")
+@dataclass
+class DeclareQueue(Body):
+    """DECLARE_QUEUE (0x10)."""
+    topic: str = ""
+    group: str = ""
+    partitions: int = 0
+    dead_letter_mode: int = 0
+    dead_letter_target: str = ""
+    max_retries: int = -1
+    default_ttl_ms: int = 0
+    lease_ms: int = 0
+
+
+@_body(DECLARE_OK, "partitions:u32 created:bool")
+@dataclass
+class DeclareOK(Body):
+    """DECLARE_OK (0x11)."""
+    partitions: int = 0
+    created: bool = False
+
+
+@_body(PUBLISH, "topic:str group:str partition:i32 key:bytes headers:list<header> content_type:str "
+                "delay_ms:varint not_before_ms:varint ttl_ms:varint producer_id:str producer_seq:uvarint body:bytes")
+@dataclass
+class Publish(Body):
+    """PUBLISH (0x12)."""
+    topic: str = ""
+    group: str = ""
+    partition: int = -1
+    key: bytes = b""
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    content_type: str = ""
+    delay_ms: int = 0
+    not_before_ms: int = 0
+    ttl_ms: int = 0
+    producer_id: str = ""
+    producer_seq: int = 0
+    body: bytes = b""
+
+
+@_body(PUBLISH_OK, "partition:u32 offset:uvarint duplicate:bool")
+@dataclass
+class PublishOK(Body):
+    """PUBLISH_OK (0x13)."""
+    partition: int = 0
+    offset: int = 0
+    duplicate: bool = False
+
+
+@_body(DELETE_QUEUE, "topic:str group:str")
+@dataclass
+class DeleteQueue(Body):
+    """DELETE_QUEUE (0x14)."""
+    topic: str = ""
+    group: str = ""
+
+
+@_body(PURGE_QUEUE, "topic:str group:str")
+@dataclass
+class PurgeQueue(Body):
+    """PURGE_QUEUE (0x15)."""
+    topic: str = ""
+    group: str = ""
+
+
+@_body(PURGE_OK, "purged:uvarint")
+@dataclass
+class PurgeOK(Body):
+    """PURGE_OK (0x16)."""
+    purged: int = 0
+
+
+@_body(SUBSCRIBE, "topic:str group:str partition:i32 ack_mode:u8 prefetch:u32")
+@dataclass
+class Subscribe(Body):
+    """SUBSCRIBE (0x20)."""
+    topic: str = ""
+    group: str = ""
+    partition: int = -1
+    ack_mode: int = 0
+    prefetch: int = 0
+
+
+@_body(SUBSCRIBE_OK, "sub_id:uvarint partitions:list<u32> prefetch:u32")
+@dataclass
+class SubscribeOK(Body):
+    """SUBSCRIBE_OK (0x21)."""
+    sub_id: int = 0
+    partitions: list[int] = field(default_factory=list)
+    prefetch: int = 0
+
+
+@_body(UNSUBSCRIBE, "sub_id:uvarint")
+@dataclass
+class Unsubscribe(Body):
+    """UNSUBSCRIBE (0x22)."""
+    sub_id: int = 0
+
+
+@_body(SUB_CLOSED, "sub_id:uvarint reason:u8 code:u16 message:str")
+@dataclass
+class SubClosed(Body):
+    """SUB_CLOSED (0x23)."""
+    sub_id: int = 0
+    reason: int = 0
+    code: int = 0
+    message: str = ""
+
+
+@_body(DELIVER, "sub_id:uvarint tag:uvarint partition:u32 offset:uvarint attempt:u32 published_at_ms:varint "
+                "key:bytes headers:list<header> content_type:str body:bytes topic:str group:str "
+                "lease_id:uvarint epoch:uvarint", appended=12)
+@dataclass
+class Deliver(Body):
+    """DELIVER (0x24)."""
+    sub_id: int = 0
+    tag: int = 0
+    partition: int = 0
+    offset: int = 0
+    attempt: int = 0
+    published_at_ms: int = 0
+    key: bytes = b""
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    content_type: str = ""
+    body: bytes = b""
+    topic: str = ""
+    group: str = ""
+    lease_id: int = 0
+    epoch: int = 0
+
+
+@_body(ACK, "tags:list<uvarint> delay_ms:varint leases:list<LeaseRef>", appended=2)
+@dataclass
+class Settle(Body):
+    """ACK (0x30), NACK (0x31) and FAIL (0x32) share this body; ``kind`` is the op."""
+    tags: list[int] = field(default_factory=list)
+    delay_ms: int = 0
+    leases: list[LeaseRef] = field(default_factory=list)
+    kind: int = ACK
+
+
+@_body(SETTLE_RESULT, "codes:list<u16>")
+@dataclass
+class SettleResult(Body):
+    """SETTLE_RESULT (0x33)."""
+    codes: list[int] = field(default_factory=list)
+
+
+@_body(GOING_AWAY, "deadline_ms:varint grace_ms:u32 reason:str redirect:str")
+@dataclass
+class GoingAway(Body):
+    """GOING_AWAY (0x40)."""
+    deadline_ms: int = 0
+    grace_ms: int = 0
+    reason: str = ""
+    redirect: str = ""
+
+
+@_body(RECONCILE, "policy:u8 subs:list<SubView> inflight_follows:bool", appended=2)
+@dataclass
+class Reconcile(Body):
+    """RECONCILE (0x41)."""
+    policy: int = 0
+    subs: list[SubView] = field(default_factory=list)
+    inflight_follows: bool = False
+
+
+@_body(RECONCILE_RESULT, "entries:list<ReconcileEntry>")
+@dataclass
+class ReconcileResult(Body):
+    """RECONCILE_RESULT (0x42)."""
+    entries: list[ReconcileEntry] = field(default_factory=list)
+
+
+@_body(END_SESSION, "")
+@dataclass
+class EndSession(Body):
+    """END_SESSION (0x43)."""
+
+
+@_body(INFLIGHT, "entries:list<InflightEntry>")
+@dataclass
+class Inflight(Body):
+    """INFLIGHT (0x44)."""
+    entries: list[InflightEntry] = field(default_factory=list)
+
+
+@_body(INFLIGHT_RESULT, "stale:list<uvarint> resent:uvarint kept:uvarint")
+@dataclass
+class InflightResult(Body):
+    """INFLIGHT_RESULT (0x45)."""
+    stale: list[int] = field(default_factory=list)
+    resent: int = 0
+    kept: int = 0
+
+
+_resolve()
+
+BODIES: dict[int, type[Body]] = {
+    c.OP: c for c in (Hello, HelloOK, Ping, Pong, ErrorBody, Ok, DeclareQueue, DeclareOK, Publish, PublishOK,
+                      DeleteQueue, PurgeQueue, PurgeOK, Subscribe, SubscribeOK, Unsubscribe, SubClosed, Deliver,
+                      SettleResult, GoingAway, Reconcile, ReconcileResult, EndSession, Inflight, InflightResult)
+}
+BODIES[ACK] = Settle
+BODIES[NACK] = Settle
+BODIES[FAIL] = Settle
+
+OP_NAMES = {
+    HELLO: "HELLO", HELLO_OK: "HELLO_OK", PING: "PING", PONG: "PONG", ERROR: "ERROR", OK: "OK",
+    DECLARE_QUEUE: "DECLARE_QUEUE", DECLARE_OK: "DECLARE_OK", PUBLISH: "PUBLISH", PUBLISH_OK: "PUBLISH_OK",
+    DELETE_QUEUE: "DELETE_QUEUE", PURGE_QUEUE: "PURGE_QUEUE", PURGE_OK: "PURGE_OK", SUBSCRIBE: "SUBSCRIBE",
+    SUBSCRIBE_OK: "SUBSCRIBE_OK", UNSUBSCRIBE: "UNSUBSCRIBE", SUB_CLOSED: "SUB_CLOSED", DELIVER: "DELIVER",
+    ACK: "ACK", NACK: "NACK", FAIL: "FAIL", SETTLE_RESULT: "SETTLE_RESULT", GOING_AWAY: "GOING_AWAY",
+    RECONCILE: "RECONCILE", RECONCILE_RESULT: "RECONCILE_RESULT", END_SESSION: "END_SESSION",
+    INFLIGHT: "INFLIGHT", INFLIGHT_RESULT: "INFLIGHT_RESULT",
+}
+
+
+def op_of(body: Body) -> int:
+    """The op code a body is sent with (settles carry theirs in ``kind``)."""
+    return body.kind if isinstance(body, Settle) else body.OP
+
+
+def encode_frame(body: Body, req_id: int, flags: int = 0) -> bytes:
+    """One whole frame, length prefix included."""
+    payload = body.encode()
+    head = struct.pack(">IBBHQ", HEADER_BYTES + len(payload), VERSION, op_of(body), flags, req_id)
+    return head + payload
+
+
+@dataclass
+class Frame:
+    """A frame as read off the wire, body still encoded."""
+    op: int
+    flags: int
+    req_id: int
+    body: bytes
+    ver: int = VERSION
+
+
+def parse_header(head: bytes, frame_bytes_max: int) -> tuple[int, int, int, int, int]:
+    """Checks a frame's 16 header bytes; returns (body_len, ver, op, flags, req_id)."""
+    length, ver, op, flags, req_id = struct.unpack(">IBBHQ", head)
+    if length < HEADER_BYTES:
+        raise ProtocolError(f"bad frame: length {length} below the header size")
+    if length + 4 > frame_bytes_max:
+        raise ProtocolError(f"frame of {length + 4} bytes exceeds the limit of {frame_bytes_max}")
+    if ver != VERSION:
+        raise ProtocolError(f"bad frame: protocol version {ver}")
+    return length - HEADER_BYTES, ver, op, flags, req_id
+
+
+def split_frame(data: bytes, frame_bytes_max: int = FRAME_BYTES_DEFAULT) -> Frame:
+    """Parses one whole frame held in ``data`` (used by tests and the vectors)."""
+    if len(data) < 4 + HEADER_BYTES:
+        raise ProtocolError("bad frame: shorter than its header")
+    n, ver, op, flags, req_id = parse_header(data[:16], frame_bytes_max)
+    if len(data) != 16 + n:
+        raise ProtocolError("bad frame: length prefix does not match the data")
+    return Frame(op, flags, req_id, bytes(data[16:]), ver)
+
+
+def decode_body(op: int, body: bytes) -> Body:
+    """Decodes the body of an op; an unknown op or bad body is a ProtocolError."""
+    cls = BODIES.get(op)
+    if cls is None:
+        raise ProtocolError(f"unknown op 0x{op:02x}")
+    msg = cls.decode(body)
+    if isinstance(msg, Settle):
+        msg.kind = op
+    return msg
+
+
+def as_dict(body: Body) -> dict[str, Any]:
+    """The body's fields as plain data (for tests and logs)."""
+    return dataclasses.asdict(body)

@@ -1,0 +1,1036 @@
+"""The asyncio client: one logical connection to one broker address.
+
+A :class:`Client` owns a session (its resume identity, subscriptions and
+delivery tags) that outlives any one socket. A supervisor task watches the
+current connection; when it breaks, it reconnects with backoff, resumes the
+session (or starts a fresh one), reconciles subscriptions and in-flight
+deliveries, resends settles and publishes that were cut off, and only then
+lets new operations use the connection.
+
+Everything runs on one event loop, so state needs no locks: the connection's
+reader task applies each frame to the client's state before reading the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import ssl as _ssl
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import _wire as w
+from .errors import (
+    CODE_INTERNAL,
+    CODE_NOT_FOUND,
+    CODE_SHUTTING_DOWN,
+    CODE_STALE_LEASE,
+    CODE_UNKNOWN_TAG,
+    AlreadySettledError,
+    BrokerError,
+    ClientClosedError,
+    ConnectionLostError,
+    DisconnectedError,
+    HeartbeatTimeoutError,
+    ProtocolError,
+    ReconciledClosedError,
+    RecreateFailedError,
+    SinewError,
+    StaleDeliveryError,
+    UnknownTagError,
+    UnsubscribedError,
+    is_retryable,
+)
+
+CLIENT_VERSION = "0.1.0"
+"""The library version sent in HELLO."""
+
+log = logging.getLogger("sinew")
+
+RECONCILE_CONSERVATIVE = 0
+"""On resume, close client-held subscriptions the broker no longer has."""
+RECONCILE_RESTORE = 1
+"""On resume, ask the broker to recreate them (the default)."""
+
+DEAD_LETTER_DEFAULT, DEAD_LETTER_DISCARD, DEAD_LETTER_GLOBAL, DEAD_LETTER_QUEUE = 0, 1, 2, 3
+
+# Limits of the client itself.
+DIAL_TIMEOUT_S = 10.0  # one TCP (and TLS) connect
+HANDSHAKE_TIMEOUT_S = 10.0  # the wait for HELLO_OK
+CONNECT_TIMEOUT_S = 30.0  # connect(): every attempt and backoff sleep together
+DRAIN_TIMEOUT_S = 5.0  # close(): the wait for pending confirms and settles
+END_SESSION_TIMEOUT_S = 2.0  # close(): the wait for END_SESSION's OK
+PUBLISH_INFLIGHT_DEFAULT = 1024  # publish window when the broker announces none
+PUBLISH_INFLIGHT_BYTES_MAX = 64 << 20  # body bytes of unconfirmed publishes, kept for resending
+DELIVERY_BUFFER_MAX = 4096  # messages buffered per subscription before the reader waits
+GOING_AWAY_WAIT_MAX_S = 30.0  # how long a draining connection is kept for work in flight
+GOING_AWAY_POLL_S = 0.01  # how often a draining connection is checked for idleness
+GOING_AWAY_BACKOFF_MAX_S = 0.5  # reconnect delay cap after a planned stop
+
+
+@dataclass(frozen=True)
+class ReconnectPolicy:
+    """Shapes automatic reconnection. The delay before attempt n (from 0) is
+    ``min(base_delay_s * factor**n, max_delay_s) * (1 ± jitter)``, and n goes
+    back to 0 once a connection has stayed up for ``reset_after_s``."""
+
+    base_delay_s: float = 0.1
+    factor: float = 2.0
+    max_delay_s: float = 30.0
+    jitter: float = 0.1
+    reset_after_s: float = 10.0
+    max_attempts: int = 0
+    """0: reconnect forever; otherwise give up (DisconnectedError) after this
+    many failures in a row."""
+
+    def delay(self, n: int, r: float) -> float:
+        """The wait in seconds before attempt ``n``; ``r`` in [0, 1) places the jitter."""
+        d = self.base_delay_s
+        for _ in range(n):
+            if d >= self.max_delay_s:
+                break
+            d *= self.factor
+        d = min(d, self.max_delay_s)
+        return d * (1 + self.jitter * (2 * r - 1))
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """Where a confirmed message was stored."""
+
+    partition: int
+    offset: int
+    duplicate: bool
+    """The broker had already stored this publish (a resend); offset is the original's."""
+
+
+@dataclass(frozen=True)
+class DeclareResult:
+    """The answer to declare_queue."""
+
+    partitions: int
+    created: bool
+
+
+class _ConnClosed(Exception):
+    """The connection closed before the request could be written."""
+
+
+class _Call:
+    """One request awaiting its reply. ``kind`` decides what happens to it
+    when its connection breaks: publishes are sent again on the next
+    connection, settles are held for the resumed session, the rest fail."""
+
+    __slots__ = ("body", "fut", "kind", "hook", "nbytes", "flags")
+
+    def __init__(self, body: w.Body, kind: str = "", hook: Callable[[Any], None] | None = None,
+                 nbytes: int = 0) -> None:
+        self.body = body
+        self.fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.kind = kind
+        self.hook = hook
+        self.nbytes = nbytes
+        self.flags = 0
+
+    def resolve(self, value: Any) -> None:
+        if not self.fut.done():
+            self.fut.set_result(value)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.fut.done():
+            self.fut.set_exception(exc)
+
+
+class _Window:
+    """Bounds unconfirmed publishes, in count and in body bytes."""
+
+    def __init__(self, n: int) -> None:
+        self.max = n
+        self.n = 0
+        self.bytes = 0
+        self.cond = asyncio.Condition()
+
+    async def acquire(self, nbytes: int) -> None:
+        async with self.cond:
+            # A single publish larger than the byte bound still goes, alone.
+            await self.cond.wait_for(lambda: self.n < self.max and (
+                self.n == 0 or self.bytes + nbytes <= PUBLISH_INFLIGHT_BYTES_MAX))
+            self.n += 1
+            self.bytes += nbytes
+
+    async def release(self, nbytes: int) -> None:
+        async with self.cond:
+            self.n -= 1
+            self.bytes -= nbytes
+            self.cond.notify_all()
+
+    async def set_max(self, n: int) -> None:
+        async with self.cond:
+            self.max = n if n > 0 else PUBLISH_INFLIGHT_DEFAULT
+            self.cond.notify_all()
+
+
+class Message:
+    """A delivery. Manual-ack messages must be settled once, with
+    :meth:`complete`, :meth:`retry`, :meth:`retry_after` or :meth:`fail`."""
+
+    def __init__(self, sub: Subscription, d: w.Deliver, epoch: int) -> None:
+        self.topic = d.topic
+        self.group = d.group
+        self.partition = d.partition
+        self.offset = d.offset
+        self.attempt = d.attempt
+        self.published_at_ms = d.published_at_ms
+        self.key = d.key
+        self.headers: list[tuple[str, str]] = d.headers
+        self.content_type = d.content_type
+        self.body = d.body
+        self.tag = d.tag
+        self.lease = w.LeaseRef(d.sub_id, d.partition, d.offset, d.lease_id, d.epoch)
+        self._sub = sub
+        self._epoch = epoch
+        self._settled = sub.auto_ack
+        self._stale = False
+
+    @property
+    def text(self) -> str:
+        """The body decoded as UTF-8."""
+        return self.body.decode("utf-8")
+
+    def header(self, name: str, default: str | None = None) -> str | None:
+        """The first value of header ``name``."""
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return default
+
+    async def complete(self) -> None:
+        """ACK: the message is done and will not be delivered again."""
+        await self._sub._client._settle(self, w.ACK, 0)
+
+    async def retry(self) -> None:
+        """NACK: deliver the message again (uses one of the queue's retries)."""
+        await self._sub._client._settle(self, w.NACK, 0)
+
+    async def retry_after(self, delay_ms: int) -> None:
+        """NACK with a delay: deliver again no earlier than ``delay_ms`` from now."""
+        await self._sub._client._settle(self, w.NACK, delay_ms)
+
+    async def fail(self) -> None:
+        """FAIL: a terminal failure; the broker dead-letters the message."""
+        await self._sub._client._settle(self, w.FAIL, 0)
+
+
+_END = object()
+
+
+class Subscription:
+    """Messages of one queue, in arrival order: ``async for msg in sub``.
+
+    Iteration stops when the subscription ends. It ends cleanly (iteration
+    just stops) after :meth:`unsubscribe` or the client's close; for any other
+    reason iteration raises the reason, which :attr:`end_reason` also holds:
+    :class:`ReconciledClosedError`, :class:`RecreateFailedError`, a
+    :class:`BrokerError` (``not_found`` when the queue was deleted),
+    :class:`DisconnectedError` or a fatal error of the client.
+    """
+
+    def __init__(self, client: Client, topic: str, group: str, partition: int, prefetch: int,
+                 auto_ack: bool) -> None:
+        self._client = client
+        self.topic = topic
+        self.group = group
+        self.partition = partition
+        self.prefetch = prefetch
+        self.auto_ack = auto_ack
+        self._server_id = 0
+        self._recreating = False
+        self._buf: asyncio.Queue[Any] = asyncio.Queue(DELIVERY_BUFFER_MAX)
+        self._held: dict[int, Message] = {}  # manual-ack deliveries of the current epoch, unsettled
+        self._end: BaseException | None = None
+
+    @property
+    def end_reason(self) -> BaseException | None:
+        """Why the subscription ended, or None while it runs."""
+        return self._end
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Message:
+        item = await self._buf.get()
+        if item is _END:
+            self._buf.put_nowait(_END)  # later calls stop too
+            if isinstance(self._end, (UnsubscribedError, ClientClosedError)):
+                raise StopAsyncIteration
+            assert self._end is not None
+            raise self._end
+        return item  # type: ignore[no-any-return]
+
+    async def unsubscribe(self) -> None:
+        """Ends the subscription; its unsettled deliveries go back to the queue."""
+        await self._client._unsubscribe(self)
+
+    def _view(self) -> w.SubView:
+        return w.SubView(self._server_id, self.topic, self.group, self.partition, 1 if self.auto_ack else 0,
+                         self.prefetch)
+
+    async def _deliver(self, d: w.Deliver, epoch: int) -> None:
+        if self._end is not None:
+            return
+        if not self.auto_ack:
+            if d.tag in self._held:
+                return  # a re-send of a delivery the application already has
+            m = Message(self, d, epoch)
+            self._held[d.tag] = m
+        else:
+            m = Message(self, d, epoch)
+        await self._buf.put(m)
+
+    def _purge(self) -> None:
+        """Drops buffered deliveries and held leases of a session that is gone."""
+        while not self._buf.empty():
+            self._buf.get_nowait()
+        self._held.clear()
+
+    def _finish(self, reason: BaseException) -> None:
+        if self._end is not None:
+            return
+        self._end = reason
+        self._purge()
+        self._buf.put_nowait(_END)
+        self._client._subs.discard(self)
+
+
+class _Conn:
+    """One socket: its reader, heartbeat and requests in flight."""
+
+    def __init__(self, client: Client, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 hello: w.HelloOK, epoch: int, subs: dict[int, Subscription]) -> None:
+        self.client = client
+        self.reader = reader
+        self.writer = writer
+        self.hello = hello
+        self.epoch = epoch
+        self.subs = subs
+        self.pending: dict[int, _Call] = {}
+        self.next_id = 2  # HELLO was 1
+        self.closed = False
+        self.close_exc: BaseException | None = None
+        self.done = asyncio.Event()
+        self.going_away = asyncio.Event()
+        self.draining = False
+        self.away_deadline_ms = 0
+        self.frame_max = hello.limits.frame_bytes_max or w.FRAME_BYTES_DEFAULT
+        self.last_read = time.monotonic()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def run(self) -> None:
+        self.tasks.append(asyncio.create_task(self._read_loop()))
+        hb = self.hello.heartbeat_ms / 1000
+        if self.client._heartbeat_s:
+            hb = min(hb, self.client._heartbeat_s) if hb else self.client._heartbeat_s
+        if hb > 0:
+            self.tasks.append(asyncio.create_task(self._heartbeat(hb)))
+
+    def start(self, call: _Call) -> None:
+        """Writes the request; raises _ConnClosed if the socket is gone."""
+        if self.closed:
+            raise _ConnClosed
+        rid = self.next_id
+        self.next_id += 1
+        self.pending[rid] = call
+        self.writer.write(w.encode_frame(call.body, rid, call.flags))
+
+    async def drain(self) -> None:
+        # The transport's buffer bounds what waits to be written: past its
+        # high-water mark the writer waits here.
+        try:
+            await self.writer.drain()
+        except (ConnectionError, OSError):
+            pass  # the reader sees the break and closes the connection
+
+    def close(self, exc: BaseException) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.close_exc = exc
+        self.writer.transport.abort()
+        pending = list(self.pending.values())
+        self.pending.clear()
+        self.client._orphaned(self, pending)
+        for t in self.tasks:
+            if t is not asyncio.current_task():
+                t.cancel()
+        self.done.set()
+
+    async def wait_closed(self) -> None:
+        await self.done.wait()
+        for t in self.tasks:
+            if t is not asyncio.current_task():
+                try:
+                    await t
+                except (asyncio.CancelledError, Exception):
+                    pass
+
+    async def _heartbeat(self, hb: float) -> None:
+        while not self.closed:
+            await asyncio.sleep(hb)
+            if time.monotonic() - self.last_read > 3 * hb:
+                self.close(HeartbeatTimeoutError("sinew: nothing heard from the broker for three heartbeats"))
+                return
+            if not self.closed:
+                rid = self.next_id
+                self.next_id += 1
+                self.writer.write(w.encode_frame(w.Ping(), rid))
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                head = await self.reader.readexactly(16)
+                n, _, op, _, rid = w.parse_header(head, self.frame_max)
+                body = await self.reader.readexactly(n)
+                self.last_read = time.monotonic()
+                await self._dispatch(op, rid, body)
+        except asyncio.CancelledError:
+            raise
+        except SinewError as e:
+            self.close(e)
+        except (EOFError, OSError) as e:
+            self.close(ConnectionLostError(f"sinew: connection lost: {e!r}"))
+        except Exception as e:  # a bug in dispatch must not leave the socket half-alive
+            self.close(ProtocolError(f"sinew: cannot process frame: {e!r}"))
+
+    async def _dispatch(self, op: int, rid: int, raw: bytes) -> None:
+        if op == w.PING:
+            self.writer.write(w.encode_frame(w.Pong(), rid))
+            return
+        if op == w.PONG:
+            return
+        body = w.decode_body(op, raw)
+        if isinstance(body, w.Deliver):
+            sub = self.subs.get(body.sub_id)
+            if sub is not None:
+                await sub._deliver(body, self.epoch)
+            return
+        if isinstance(body, w.SubClosed):
+            self.client._sub_closed(self, body)
+            return
+        if isinstance(body, w.GoingAway):
+            self.draining = True
+            self.away_deadline_ms = body.deadline_ms
+            self.going_away.set()
+            return
+        if isinstance(body, w.ErrorBody):
+            err = BrokerError(body.code, body.message)
+            call = self.pending.pop(rid, None) if rid else None
+            if call is not None:
+                if call.kind == "publish" and not body.fatal and body.code == CODE_SHUTTING_DOWN:
+                    # Nothing was stored; the publish goes again on the next
+                    # connection, under the same producer sequence.
+                    self.client._replay.append(call)
+                else:
+                    call.fail(err)
+            if body.fatal:
+                self.close(err)
+            return
+        if op in (w.HELLO, w.DECLARE_QUEUE, w.PUBLISH, w.SUBSCRIBE, w.ACK, w.NACK, w.FAIL,
+                  w.RECONCILE, w.INFLIGHT, w.END_SESSION, w.DELETE_QUEUE, w.PURGE_QUEUE, w.UNSUBSCRIBE):
+            raise ProtocolError(f"sinew: broker sent client op {w.OP_NAMES[op]}")
+        call = self.pending.pop(rid, None)
+        if call is None:
+            return  # a reply to a request that was given up (timed out)
+        if call.hook is not None:
+            call.hook(body)
+        call.resolve(body)
+
+
+class Client:
+    """A connection to one Sinew broker. Make one with :func:`connect`."""
+
+    def __init__(self, addr: str, *, client_name: str, credentials: str, reconnect: ReconnectPolicy,
+                 reconcile: int, ssl: _ssl.SSLContext | None, heartbeat_s: float,
+                 dial_timeout_s: float, handshake_timeout_s: float, drain_timeout_s: float,
+                 sleep: Callable[[float], Awaitable[None]], monotonic: Callable[[], float],
+                 rand: Callable[[], float]) -> None:
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"sinew: address {addr!r} is not host:port")
+        self.addr = addr
+        self._host, self._port = host.strip("[]"), int(port)
+        self._name = client_name
+        self._credentials = credentials
+        self._policy = reconnect
+        self._reconcile_policy = reconcile
+        self._ssl = ssl
+        self._heartbeat_s = heartbeat_s
+        self._dial_timeout = dial_timeout_s
+        self._handshake_timeout = handshake_timeout_s
+        self._drain_timeout = drain_timeout_s
+        self._sleep = sleep
+        self._monotonic = monotonic
+        self._rand = rand
+        self._identity = w.ResumeIdentity()
+        self._epoch = 0
+        self._subs: set[Subscription] = set()
+        self._replay: list[_Call] = []  # publishes cut off from their connection
+        self._held: list[_Call] = []  # settles cut off from their connection
+        self._conn: _Conn | None = None  # the connection being restored or in use
+        self._live: _Conn | None = None  # the connection operations may use
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._fatal: BaseException | None = None
+        self._gave_up: BaseException | None = None
+        self._kick = asyncio.Event()
+        self._supervisor: asyncio.Task[None] | None = None
+        self._window = _Window(PUBLISH_INFLIGHT_DEFAULT)
+        self._settling = 0
+        self._producer_id = "py-" + os.urandom(8).hex()
+        self._producer_seq = 0
+        self.server_generation = 0
+        """The broker process's generation at the last handshake."""
+        self.last_outcome = 0
+        """The resume outcome of the last handshake (0 new, 1 resumed, 2 not found, 3 rejected)."""
+
+    # --- lifecycle -----------------------------------------------------------
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _notify(self) -> None:
+        self._wake.set()
+        self._wake = asyncio.Event()
+
+    async def _open(self, connect_timeout_s: float) -> None:
+        pol = self._policy
+        failures = 0
+        deadline = self._monotonic() + connect_timeout_s
+        while True:
+            try:
+                await self._attempt()
+                break
+            except Exception as e:
+                if not is_retryable(e):
+                    log.warning("sinew: connect %s failed, not retryable: %s", self.addr, e)
+                    raise
+                failures += 1
+                if pol.max_attempts and failures >= pol.max_attempts:
+                    raise DisconnectedError(f"sinew: connect {self.addr}: {failures} attempts: {e}") from e
+                d = pol.delay(failures - 1, self._rand())
+                if self._monotonic() + d > deadline:
+                    raise DisconnectedError(f"sinew: connect {self.addr}: out of time after "
+                                            f"{failures} attempts: {e}") from e
+                log.warning("sinew: connect %s failed, retrying in %.3fs: %s", self.addr, d, e)
+                await self._sleep(d)
+        self._supervisor = asyncio.create_task(self._supervise())
+
+    async def _attempt(self) -> None:
+        try:
+            conn = await self._connect()
+        except BaseException:
+            self._notify()
+            raise
+        self._gave_up = None
+        self._live = conn
+        self._kick.clear()
+        self._notify()
+
+    async def _connect(self) -> _Conn:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(self._host, self._port, ssl=self._ssl,
+                                    server_hostname=self._host if self._ssl else None),
+            self._dial_timeout)
+        ident = self._identity
+        try:
+            hello = await asyncio.wait_for(self._handshake(reader, writer, ident), self._handshake_timeout)
+        except BaseException:
+            writer.transport.abort()
+            raise
+        resumed = hello.outcome == 1 and ident.client_id != ""
+        self._identity = hello.resume
+        self.server_generation = hello.server_generation
+        self.last_outcome = hello.outcome
+        stale: list[_Call] = []
+        if not resumed:
+            self._epoch += 1
+            stale, self._held = self._held, []  # their leases ended with the old session
+            for s in self._subs:
+                s._server_id = 0
+                s._purge()
+            if ident.client_id:
+                log.warning("sinew: session not resumed (outcome %d); starting a fresh one", hello.outcome)
+        subs = {s._server_id: s for s in self._subs if s._server_id}
+        await self._window.set_max(hello.limits.publish_inflight_max)
+        for c in stale:
+            c.fail(StaleDeliveryError("sinew: session was not resumed; the lease is gone"))
+        conn = _Conn(self, reader, writer, hello, self._epoch, subs)
+        self._conn = conn
+        conn.run()
+        try:
+            await self._restore(conn, resumed)
+        except BaseException as e:
+            conn.close(e if isinstance(e, SinewError) else ConnectionLostError(repr(e)))
+            await conn.wait_closed()
+            if self._conn is conn:
+                self._conn = None
+            raise
+        return conn
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         ident: w.ResumeIdentity) -> w.HelloOK:
+        hello = w.Hello(w.VERSION, self._name, CLIENT_VERSION, self._credentials, ident)
+        writer.write(w.encode_frame(hello, 1))
+        await writer.drain()
+        head = await reader.readexactly(16)
+        n, _, op, _, _ = w.parse_header(head, w.FRAME_BYTES_DEFAULT)
+        body = w.decode_body(op, await reader.readexactly(n))
+        if isinstance(body, w.HelloOK):
+            if body.protocol_version != w.VERSION:
+                raise ProtocolError(f"sinew: broker chose protocol version {body.protocol_version}")
+            return body
+        if isinstance(body, w.ErrorBody):
+            raise BrokerError(body.code, body.message)
+        raise ProtocolError(f"sinew: {w.OP_NAMES.get(op, op)} in answer to HELLO")
+
+    async def _round_trip(self, conn: _Conn, body: w.Body, hook: Callable[[Any], None] | None = None) -> Any:
+        call = _Call(body, hook=hook)
+        try:
+            conn.start(call)
+        except _ConnClosed:
+            raise ConnectionLostError(f"sinew: connection lost: {conn.close_exc}") from None
+        return await call.fut
+
+    async def _restore(self, conn: _Conn, resumed: bool) -> None:
+        if resumed:
+            manual = [s for s in self._subs if not s.auto_ack]
+            await self._reconcile(conn)
+            await self._reconcile_inflight(conn, manual)
+        for s in [s for s in self._subs if s._server_id == 0]:
+            try:
+                await self._subscribe_on(conn, s)
+            except BrokerError as e:
+                if s._recreating:
+                    err: BaseException = RecreateFailedError(f"sinew: could not recreate subscription: {e}")
+                    err.__cause__ = e
+                else:
+                    err = e
+                s._finish(err)
+        held, self._held = self._held, []
+        for i, c in enumerate(held):
+            try:
+                conn.start(c)
+            except _ConnClosed:
+                self._held = held[i:] + self._held
+                raise ConnectionLostError("sinew: connection lost while restoring") from None
+        replay, self._replay = self._replay, []
+        for i, c in enumerate(replay):
+            try:
+                conn.start(c)
+            except _ConnClosed:
+                self._replay = replay[i:] + self._replay
+                raise ConnectionLostError("sinew: connection lost while restoring") from None
+        await conn.drain()
+
+    async def _reconcile(self, conn: _Conn) -> None:
+        by_id = {s._server_id: s for s in self._subs if s._server_id}
+        views = [s._view() for s in by_id.values()]
+
+        # Applied by the reader as soon as the result arrives, before any
+        # DELIVER that follows it, so re-sends reach the right subscription.
+        def hook(rr: Any) -> None:
+            if not isinstance(rr, w.ReconcileResult):
+                return
+            for x in rr.entries:
+                s = by_id.get(x.client_sub_id)
+                if s is None or x.client_sub_id == 0:
+                    continue
+                if x.action == 1:  # keep
+                    if x.server_sub_id and x.server_sub_id != s._server_id:
+                        conn.subs.pop(s._server_id, None)
+                        s._server_id = x.server_sub_id
+                        conn.subs[s._server_id] = s
+                elif x.action == 2:  # close client side
+                    conn.subs.pop(s._server_id, None)
+                    s._server_id = 0
+                    s._finish(ReconciledClosedError(f"sinew: subscription closed by reconciliation: {x.reason}"))
+                elif x.action == 4:  # recreate
+                    conn.subs.pop(s._server_id, None)
+                    if x.server_sub_id:
+                        s._server_id = x.server_sub_id
+                        conn.subs[s._server_id] = s
+                    else:
+                        s._server_id = 0
+                        s._recreating = True
+
+        reply = await self._round_trip(conn, w.Reconcile(self._reconcile_policy, views, True), hook)
+        if not isinstance(reply, w.ReconcileResult):
+            raise ProtocolError("sinew: unexpected answer to RECONCILE")
+
+    async def _reconcile_inflight(self, conn: _Conn, subs: list[Subscription]) -> None:
+        entries = [w.InflightEntry(m.tag, m.lease) for s in subs for m in s._held.values()
+                   if m._epoch == conn.epoch]
+        try:
+            reply = await self._round_trip(conn, w.Inflight(entries))
+        except BrokerError as e:
+            # A broker without INFLIGHT re-sends every unsettled delivery
+            # instead; the subscriptions drop the ones they hold by tag.
+            log.info("sinew: broker did not reconcile in-flight deliveries: %s", e)
+            return
+        if not isinstance(reply, w.InflightResult):
+            raise ProtocolError("sinew: unexpected answer to INFLIGHT")
+        stale = set(reply.stale)
+        for s in subs:
+            for tag in [t for t in s._held if t in stale]:
+                s._held.pop(tag)._stale = True
+
+    async def _supervise(self) -> None:
+        pol = self._policy
+        failures = 0
+        while True:
+            conn = self._live
+            assert conn is not None
+            connected_at = self._monotonic()
+            planned = await self._watch(conn)
+            if self._closing:
+                return
+            exc = conn.close_exc
+            if self._live is conn:
+                self._live = None
+            if self._conn is conn:
+                self._conn = None
+            await conn.wait_closed()
+            if exc is not None and not is_retryable(exc):
+                self._fail_fatal(exc)
+                return
+            if self._monotonic() - connected_at >= pol.reset_after_s:
+                failures = 0
+            log.info("sinew: connection to %s lost (%s); reconnecting", self.addr, exc)
+            immediate = planned
+            while True:
+                if not immediate:
+                    d = pol.delay(failures, self._rand())
+                    if planned:
+                        d = min(d, GOING_AWAY_BACKOFF_MAX_S)
+                    await self._sleep(d)
+                    if self._closing:
+                        return
+                immediate = False
+                try:
+                    await self._attempt()
+                    log.info("sinew: reconnected to %s", self.addr)
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    if self._closing:
+                        return
+                    if not is_retryable(e):
+                        self._fail_fatal(e)
+                        return
+                    failures += 1
+                    log.info("sinew: reconnect attempt %d to %s failed: %s", failures, self.addr, e)
+                    if pol.max_attempts and failures >= pol.max_attempts:
+                        self._give_up(DisconnectedError(
+                            f"sinew: {self.addr}: gave up after {failures} attempts: {e}"))
+                        await self._kick.wait()  # an operation asks for one fresh attempt
+                        self._kick.clear()
+                        immediate = True
+
+    async def _watch(self, conn: _Conn) -> bool:
+        """Waits until conn is finished. After GOING_AWAY, new operations wait
+        for the next connection while work in flight finishes here; then the
+        client closes conn itself. Returns whether that was a planned stop."""
+        done = asyncio.create_task(conn.done.wait())
+        away = asyncio.create_task(conn.going_away.wait())
+        try:
+            await asyncio.wait({done, away}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            done.cancel()
+            away.cancel()
+        if conn.closed and not conn.going_away.is_set():
+            return False
+        wait_s = max(0.0, min(conn.away_deadline_ms / 1000 - time.time(), GOING_AWAY_WAIT_MAX_S))
+        until = time.monotonic() + wait_s
+        going = BrokerError(CODE_SHUTTING_DOWN, "broker going away")
+        while not conn.closed:
+            if self._away_idle(conn) or time.monotonic() >= until:
+                conn.close(going)
+                break
+            await asyncio.sleep(GOING_AWAY_POLL_S)
+        return True
+
+    def _away_idle(self, conn: _Conn) -> bool:
+        if conn.pending or self._settling:
+            return False
+        return not any(m._epoch == conn.epoch for s in self._subs for m in s._held.values())
+
+    def _orphaned(self, conn: _Conn, calls: list[_Call]) -> None:
+        """Takes the requests of a connection that closed: publishes wait for
+        the next connection, settles for the resumed session, the rest fail."""
+        for c in calls:
+            if c.fut.done():
+                continue
+            if self._closing or self._fatal is not None:
+                c.fail(self._fatal or ClientClosedError("sinew: client closed"))
+            elif c.kind == "publish":
+                self._replay.append(c)
+            elif c.kind == "settle":
+                self._held.append(c)
+            else:
+                c.fail(ConnectionLostError(f"sinew: connection lost: {conn.close_exc}"))
+
+    def _fail_fatal(self, exc: BaseException) -> None:
+        log.error("sinew: fatal error, not reconnecting: %s", exc)
+        self._fatal = exc
+        self._live = None
+        self._end_all(exc)
+        self._notify()
+
+    def _give_up(self, exc: BaseException) -> None:
+        log.warning("sinew: %s", exc)
+        self._gave_up = exc
+        self._end_all(exc)
+        self._notify()
+
+    def _end_all(self, exc: BaseException) -> None:
+        for s in list(self._subs):
+            s._finish(exc)
+        calls = self._replay + self._held
+        self._replay, self._held = [], []
+        for c in calls:
+            c.fail(exc)
+
+    async def _acquire(self, for_settle: bool = False) -> _Conn:
+        """The connection for a new operation, waiting while the client reconnects."""
+        kicked = False
+        while True:
+            if self._closing:
+                raise ClientClosedError("sinew: client closed")
+            if self._fatal is not None:
+                raise self._fatal
+            c = self._live
+            if c is not None and not c.closed and (for_settle or not c.draining):
+                return c
+            wake = self._wake
+            if self._gave_up is not None:
+                if kicked:
+                    raise self._gave_up
+                kicked = True
+                self._kick.set()
+            await wake.wait()
+
+    # --- operations ------------------------------------------------------------
+
+    async def publish(self, topic: str, body: bytes | str, *, group: str = "", partition: int = -1,
+                      key: bytes = b"", headers: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+                      content_type: str = "", delay_ms: int = 0, not_before_ms: int = 0,
+                      ttl_ms: int = 0) -> PublishResult:
+        """Publishes one message and returns once the broker has it on disk.
+
+        Each publish carries this client's producer id and a new sequence, so
+        one resent after a reconnect is stored once: a resend that finds the
+        original answers with its position and ``duplicate=True``. Cut-off
+        publishes are resent automatically; this call does not fail because a
+        connection broke.
+        """
+        data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+        hs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+        await self._window.acquire(len(data))
+        try:
+            self._producer_seq += 1
+            msg = w.Publish(topic, group, partition, key, hs, content_type, delay_ms, not_before_ms, ttl_ms,
+                            self._producer_id, self._producer_seq, data)
+            call = _Call(msg, kind="publish", nbytes=len(data))
+            while True:
+                conn = await self._acquire()
+                try:
+                    conn.start(call)
+                    break
+                except _ConnClosed:
+                    continue
+            await conn.drain()
+            ok = await call.fut
+        finally:
+            await self._window.release(len(data))
+        return PublishResult(ok.partition, ok.offset, ok.duplicate)
+
+    async def _request(self, body: w.Body) -> Any:
+        conn = await self._acquire()
+        return await self._round_trip(conn, body)
+
+    async def declare_queue(self, topic: str, *, group: str = "", partitions: int = 0,
+                            dead_letter_mode: int = DEAD_LETTER_DEFAULT, dead_letter_target: str = "",
+                            max_retries: int = -1, default_ttl_ms: int = 0, lease_ms: int = 0) -> DeclareResult:
+        """Creates a queue or changes its settings (section 5.5 of the protocol).
+        A connection lost meanwhile raises ConnectionLostError (retryable)."""
+        ok = await self._request(w.DeclareQueue(topic, group, partitions, dead_letter_mode, dead_letter_target,
+                                                max_retries, default_ttl_ms, lease_ms))
+        return DeclareResult(ok.partitions, ok.created)
+
+    async def delete_queue(self, topic: str, *, group: str = "") -> None:
+        """Deletes a queue and everything in it; its subscriptions end with not_found."""
+        await self._request(w.DeleteQueue(topic, group))
+
+    async def purge_queue(self, topic: str, *, group: str = "") -> int:
+        """Discards the queue's queued messages; returns how many."""
+        ok = await self._request(w.PurgeQueue(topic, group))
+        return int(ok.purged)
+
+    async def subscribe(self, topic: str, *, group: str = "", partition: int = -1, prefetch: int = 0,
+                        auto_ack: bool = False) -> Subscription:
+        """Subscribes to a queue. The subscription survives reconnects: it is
+        kept on a resumed session and made again on a fresh one."""
+        s = Subscription(self, topic, group, partition, prefetch, auto_ack)
+        while True:
+            conn = await self._acquire()
+            try:
+                await self._subscribe_on(conn, s)
+                return s
+            except ConnectionLostError:
+                # The reply was lost with the socket; if the broker made the
+                # subscription, reconciliation on resume drops it.
+                continue
+
+    async def _subscribe_on(self, conn: _Conn, s: Subscription) -> None:
+        body = w.Subscribe(s.topic, s.group, s.partition, 1 if s.auto_ack else 0, s.prefetch)
+
+        def hook(ok: Any) -> None:  # registered before the first DELIVER is read
+            if isinstance(ok, w.SubscribeOK):
+                s._server_id = ok.sub_id
+                s.prefetch = ok.prefetch
+                s._recreating = False
+                conn.subs[ok.sub_id] = s
+                self._subs.add(s)
+
+        await self._round_trip(conn, body, hook)
+
+    async def _unsubscribe(self, s: Subscription) -> None:
+        if s._end is not None:
+            return
+        conn = self._live
+        if conn is not None and s._server_id and not conn.closed:
+            try:
+                await self._round_trip(conn, w.Unsubscribe(s._server_id))
+            except ConnectionLostError:
+                pass  # a resumed session drops it in reconciliation
+            conn.subs.pop(s._server_id, None)
+        s._server_id = 0
+        s._finish(UnsubscribedError("sinew: unsubscribed"))
+
+    def _sub_closed(self, conn: _Conn, b: w.SubClosed) -> None:
+        s = conn.subs.pop(b.sub_id, None)
+        if s is None:
+            return
+        s._server_id = 0
+        if b.reason == 5:
+            return  # broker shutdown: made again on the next connection
+        if b.reason == 1:
+            s._finish(UnsubscribedError("sinew: unsubscribed"))
+        elif b.reason == 2:
+            s._finish(ReconciledClosedError(f"sinew: subscription closed by reconciliation: {b.message}"))
+        elif b.reason == 3:
+            s._finish(BrokerError(CODE_NOT_FOUND, "queue deleted: " + b.message))
+        else:
+            s._finish(BrokerError(b.code or CODE_INTERNAL, b.message))
+
+    async def _settle(self, m: Message, kind: int, delay_ms: int) -> None:
+        if m._settled:
+            raise AlreadySettledError("sinew: message already settled" +
+                                      (" (auto-ack subscription)" if m._sub.auto_ack else ""))
+        if m._stale or m._epoch != self._epoch:
+            raise StaleDeliveryError("sinew: the delivery's lease is no longer held")
+        m._settled = True
+        self._settling += 1
+        try:
+            call = _Call(w.Settle([m.tag], delay_ms, [m.lease], kind), kind="settle")
+            while True:
+                conn = await self._acquire(for_settle=True)
+                if m._epoch != self._epoch:
+                    raise StaleDeliveryError("sinew: session was not resumed; the lease is gone")
+                try:
+                    conn.start(call)
+                    break
+                except _ConnClosed:
+                    continue
+            await conn.drain()
+            res = await call.fut
+        except StaleDeliveryError:
+            m._sub._held.pop(m.tag, None)
+            raise
+        except BaseException:
+            m._settled = False
+            raise
+        finally:
+            self._settling -= 1
+        code = res.codes[0] if res.codes else CODE_INTERNAL
+        if code == 0:
+            m._sub._held.pop(m.tag, None)
+            return
+        if code == CODE_STALE_LEASE:
+            m._sub._held.pop(m.tag, None)
+            raise StaleDeliveryError("sinew: broker: stale_lease")
+        if code == CODE_UNKNOWN_TAG:
+            m._sub._held.pop(m.tag, None)
+            raise UnknownTagError("sinew: broker: unknown_tag")
+        m._settled = False  # e.g. a NACK delay above the cap: the lease is still held
+        raise BrokerError(code, "settle refused")
+
+    async def close(self) -> None:
+        """Waits (bounded) for pending confirms and settles, ends the session
+        with END_SESSION so unsettled deliveries go back at once, and closes."""
+        if self._closing:
+            return
+        until = time.monotonic() + self._drain_timeout
+        while (self._window.n or self._settling) and time.monotonic() < until and self._fatal is None:
+            await asyncio.sleep(GOING_AWAY_POLL_S)
+        self._closing = True
+        self._notify()
+        conn = self._live
+        if conn is not None and not conn.closed:
+            try:
+                await asyncio.wait_for(self._round_trip(conn, w.EndSession()), END_SESSION_TIMEOUT_S)
+            except (SinewError, asyncio.TimeoutError, OSError):
+                pass
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            try:
+                await self._supervisor
+            except (asyncio.CancelledError, Exception):
+                pass
+        for c in (self._live, self._conn):
+            if c is not None:
+                c.close(ClientClosedError("sinew: client closed"))
+                await c.wait_closed()
+        self._live = self._conn = None
+        self._end_all(ClientClosedError("sinew: client closed"))
+
+
+async def connect(addr: str, *, client_name: str = "sinew-python", credentials: str = "",
+                  reconnect: ReconnectPolicy | None = None, reconcile: int = RECONCILE_RESTORE,
+                  ssl: _ssl.SSLContext | None = None, heartbeat_s: float = 0.0,
+                  connect_timeout_s: float = CONNECT_TIMEOUT_S, dial_timeout_s: float = DIAL_TIMEOUT_S,
+                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S, drain_timeout_s: float = DRAIN_TIMEOUT_S,
+                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                  monotonic: Callable[[], float] = time.monotonic,
+                  rand: Callable[[], float] = random.random) -> Client:
+    """Connects to the broker at ``addr`` ("host:port") and returns a Client.
+
+    Retryable failures (refused, reset, ``shutting_down`` ...) are retried with
+    the reconnect policy's backoff for up to ``connect_timeout_s``; a fatal one
+    (``auth_failed``, a protocol violation) raises at once. ``sleep``,
+    ``monotonic`` and ``rand`` drive the backoff and exist so tests need not
+    wait real seconds. Use it as ``async with await sinew.connect(addr) as c``.
+    """
+    c = Client(addr, client_name=client_name, credentials=credentials, reconnect=reconnect or ReconnectPolicy(),
+               reconcile=reconcile, ssl=ssl, heartbeat_s=heartbeat_s, dial_timeout_s=dial_timeout_s,
+               handshake_timeout_s=handshake_timeout_s, drain_timeout_s=drain_timeout_s, sleep=sleep,
+               monotonic=monotonic, rand=rand)
+    await c._open(connect_timeout_s)
+    return c
