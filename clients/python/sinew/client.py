@@ -50,6 +50,7 @@ CLIENT_VERSION = "0.1.0"
 """The library version sent in HELLO."""
 
 log = logging.getLogger("sinew")
+log.addHandler(logging.NullHandler())  # the application decides what is shown
 
 RECONCILE_CONSERVATIVE = 0
 """On resume, close client-held subscriptions the broker no longer has."""
