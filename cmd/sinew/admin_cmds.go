@@ -40,7 +40,7 @@ func init() {
 		"get": {summary: "the runtime settings, their version and ranges", run: adminSettingsGet},
 		"set": {summary: "change runtime settings: set key=value... [--version N]", run: adminSettingsSet},
 	}}
-	adminCommands["drain"] = adminCommand{summary: "start the broker's planned drain", run: adminDrain}
+	adminCommands["drain"] = adminCommand{summary: "start the broker's planned drain, as SIGTERM does; the broker exits when it ends", run: adminDrain}
 }
 
 // adminGet fetches path and prints it raw with --json; otherwise it decodes

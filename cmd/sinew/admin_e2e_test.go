@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -269,4 +270,45 @@ func countState(ss apiSessions, state string) int {
 		}
 	}
 	return n
+}
+
+// TestAdminDrainAgainstBroker: sinew admin drain starts the broker's planned
+// drain; while a client holds an unsettled delivery the broker stays up and
+// says it is draining; once the client acks, its connection is closed and
+// serve ends without error.
+func TestAdminDrainAgainstBroker(t *testing.T) {
+	cfg := testServeConfig(t)
+	cfg.Connection.DrainTimeoutMs = 10 * safetyTimeoutMs // far beyond any wait below
+	client, admin, stop := runServeAdmin(t, cfg)
+	nc, _ := hello(t, client, protocol.ResumeIdentity{})
+	c := &rawConn{t: t, nc: nc, br: bufio.NewReader(nc)}
+	c.send(&protocol.Publish{Topic: "drained", Partition: -1, Body: []byte("held")})
+	rawNext[*protocol.PublishOK](c)
+	c.send(&protocol.Subscribe{Topic: "drained", Partition: -1, Prefetch: 1})
+	rawNext[*protocol.SubscribeOK](c)
+	d := rawNext[*protocol.Deliver](c)
+
+	if out := adminText(t, admin, "drain"); out != "drain started on the broker at "+admin+"\n" {
+		t.Fatalf("drain: %q", out)
+	}
+	rawNext[*protocol.GoingAway](c)
+	var again struct {
+		Draining bool `json:"draining"`
+	}
+	adminJSON(t, admin, &again, "drain") // already under way: accepted again
+	var ov apiOverview
+	adminJSON(t, admin, &ov, "overview")
+	if !again.Draining || !ov.Draining {
+		t.Fatalf("second drain %+v, overview draining %v", again, ov.Draining)
+	}
+	c.send(&protocol.Settle{Kind: protocol.OpAck, Tags: []uint64{d.Tag}})
+	if r := rawNext[*protocol.SettleResult](c); len(r.Codes) != 1 || r.Codes[0] != protocol.CodeOK {
+		t.Fatalf("ack while draining: %+v", r)
+	}
+	if b, err := c.next(); err == nil {
+		t.Fatalf("got %s after the drain, want the connection closed", b.Op())
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("serve after the drain: %v", err)
+	}
 }
