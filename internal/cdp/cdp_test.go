@@ -116,6 +116,47 @@ setTimeout(() => { throw new Error("uncaught-thing"); }, 0);
 	}
 }
 
+// A resource the page's Content-Security-Policy refuses (here an inline
+// script and an image from another origin) is reported as an error, so a
+// test that asserts no errors also catches a page that breaks its own CSP.
+func TestPageReportsCSPViolations(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Security-Policy", "default-src 'self'")
+		w.Header().Set("Content-Type", "text/html")
+		io.WriteString(w, `<!doctype html><html><head><link rel="icon" href="data:,"></head><body>
+<script>document.title = "inline ran";</script>
+<img src="http://127.0.0.2:1/x.png"></body></html>`)
+	}))
+	defer srv.Close()
+	b := launch(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := b.NewPage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Navigate(ctx, srv.URL+"/"); err != nil {
+		t.Fatal(err)
+	}
+	var title string
+	if err := p.Eval(ctx, `document.title`, &title); err != nil {
+		t.Fatal(err)
+	}
+	if title == "inline ran" {
+		t.Fatal("the inline script ran despite the CSP")
+	}
+	var all []string
+	for _, e := range p.Errors() {
+		all = append(all, e.String())
+	}
+	joined := strings.Join(all, "\n")
+	for _, want := range []string{"inline script", "127.0.0.2"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("errors do not mention %q:\n%s", want, joined)
+		}
+	}
+}
+
 // TestCloseEndsBrowser checks Close returns and later calls fail clearly.
 func TestCloseEndsBrowser(t *testing.T) {
 	b := launch(t)
