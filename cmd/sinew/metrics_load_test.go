@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -173,7 +175,7 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 		"sinew_acks_total":                                      loadMessages - loadMessages/10,
 		"sinew_nacks_total":                                     loadMessages / 10, // the NACK on exhaust dead-letters instead
 		"sinew_fails_total":                                     loadMessages / 10,
-		"sinew_redeliveries_total":                              loadMessages/10 + 1,
+		"sinew_redeliveries_total":                              loadMessages / 10,
 		"sinew_deliveries_total":                                loadMessages + loadMessages/10 + 2,
 		`sinew_dead_lettered_total{reason="failed"}`:            loadMessages / 10,
 		`sinew_dead_lettered_total{reason="retries_exhausted"}`: 1,
@@ -200,4 +202,48 @@ func moved(before, after map[string]float64, name string) bool {
 		}
 	}
 	return false
+}
+
+// metrics.queue_depth = off leaves out the per-partition depth gauges and
+// keeps the rest, the per-partition deduplication counters included.
+func TestMetricsQueueDepthOff(t *testing.T) {
+	cfg := testServeConfig(t)
+	cfg.Metrics.QueueDepth = "off"
+	addr, adminAddr, _ := runServeAdmin(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), safetyTimeoutMs*time.Millisecond)
+	defer cancel()
+	c, err := sinew.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.PublishText(ctx, "depth", "x"); err != nil {
+		t.Fatal(err)
+	}
+	_, types := scrape(t, adminAddr)
+	for name := range depthGauges {
+		if types[name] != "" {
+			t.Errorf("%s served with metrics.queue_depth = off", name)
+		}
+	}
+	for _, name := range []string{"sinew_queue_dedup_producers", "sinew_acks_total", "sinew_bytes_on_disk", "sinew_fsync_duration_seconds"} {
+		if types[name] == "" {
+			t.Errorf("%s missing with metrics.queue_depth = off", name)
+		}
+	}
+}
+
+// log_format = json writes one JSON object per record.
+func TestLogFormatJSON(t *testing.T) {
+	var b strings.Builder
+	newLogger(&b, "json", slog.LevelInfo).Info("session entered grace", "client_id", "c-1", "conn_id", 7)
+	var rec map[string]any
+	if err := json.Unmarshal([]byte(b.String()), &rec); err != nil || rec["msg"] != "session entered grace" || rec["client_id"] != "c-1" || rec["conn_id"] != float64(7) {
+		t.Fatalf("json log line %q: %v %v", b.String(), rec, err)
+	}
+	b.Reset()
+	newLogger(&b, "text", slog.LevelInfo).Info("x", "client_id", "c-1")
+	if !strings.Contains(b.String(), `msg=x client_id=c-1`) {
+		t.Fatalf("text log line %q", b.String())
+	}
 }
