@@ -10,6 +10,7 @@ import (
 	"testing"
 	"testing/synctest"
 
+	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
@@ -26,6 +27,32 @@ type crashModel struct {
 	// the disk, like any unconfirmed write, so such an offset may be
 	// settled or not. An offset nobody tried to ack must never be settled.
 	ackTried map[uint64]bool
+	// Producer sequences: seqBody is every sequence published under
+	// crashProducer with its body; seqOff the offset its first confirmed
+	// answer (stored or duplicate) named, which every later answer and
+	// every recovery must repeat.
+	seqBody map[uint64]string
+	seqOff  map[uint64]uint64
+	seqs    []uint64 // keys of seqBody, for random resends
+	// seqErr collects answers that contradict seqOff.
+	seqErr []string
+	dups   int // duplicate answers
+}
+
+const crashProducer = "prod"
+
+// answered records a confirmed answer for seq at off.
+func (m *crashModel) answered(seq, off uint64, dup bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if was, ok := m.seqOff[seq]; ok && was != off {
+		m.seqErr = append(m.seqErr, fmt.Sprintf("seq %d answered at offset %d (duplicate %v), earlier at %d", seq, off, dup, was))
+		return
+	}
+	m.seqOff[seq] = off
+	if dup {
+		m.dups++
+	}
 }
 
 // inspect runs fn on the actor goroutine and waits for it.
@@ -43,6 +70,9 @@ func inspect(p *Partition, fn func()) {
 // with its bytes, no confirmed ack comes back, nothing appears that was never
 // published, nothing is settled that nobody tried to ack, and (with
 // retention off) checkpoint + replay equals a replay of the whole log.
+// Half the publishes carry a producer sequence and some are resent: every
+// confirmed sequence must be remembered at its one offset after recovery,
+// and none stored twice.
 //
 // Some messages are delayed far beyond the run, so they pin old segments
 // and the actor relocates their bodies (with a low live fraction in some
@@ -54,19 +84,27 @@ func TestCrashRecovery(t *testing.T) {
 		seeds = 15
 	}
 	var relocated uint64
+	dups := 0
 	for seed := range uint64(seeds) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) { relocated += crashRun(t, seed) })
+			synctest.Test(t, func(t *testing.T) {
+				r, d := crashRun(t, seed)
+				relocated += r
+				dups += d
+			})
 		})
 	}
-	t.Logf("%d bodies relocated over %d seeds", relocated, seeds)
+	t.Logf("%d bodies relocated and %d resends answered as duplicates over %d seeds", relocated, dups, seeds)
 	if relocated == 0 {
 		t.Error("no body was relocated: the test no longer exercises relocation")
+	}
+	if dups == 0 {
+		t.Error("no resend was answered as a duplicate: the test no longer exercises deduplication")
 	}
 }
 
 // crashRun runs one seed and returns how many bodies were relocated.
-func crashRun(t *testing.T, seed uint64) uint64 {
+func crashRun(t *testing.T, seed uint64) (relocated uint64, dups int) {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	fs := vfs.NewMem()
 	cfg := testConfig(fs)
@@ -77,8 +115,8 @@ func crashRun(t *testing.T, seed uint64) uint64 {
 	cfg.BodyCacheBytes = []int{-1, 1 << 10, 1 << 20}[rng.IntN(3)]
 	cfg.noRetention = seed%2 == 0
 	cfg.relocateLiveFraction = []int{0, 1, 2}[rng.IntN(3)]
-	var relocated uint64
-	model := &crashModel{attempted: map[string]bool{}, confirmed: map[uint64]string{}, acked: map[uint64]bool{}, ackTried: map[uint64]bool{}}
+	model := &crashModel{attempted: map[string]bool{}, confirmed: map[uint64]string{}, acked: map[uint64]bool{}, ackTried: map[uint64]bool{},
+		seqBody: map[uint64]string{}, seqOff: map[uint64]uint64{}}
 	next := 0
 	for round := range 3 {
 		p, err := Open(cfg)
@@ -96,7 +134,7 @@ func crashRun(t *testing.T, seed uint64) uint64 {
 			if step == crashAt {
 				break
 			}
-			switch rng.IntN(5) {
+			switch rng.IntN(6) {
 			case 0, 1:
 				for range 1 + rng.IntN(5) {
 					body := fmt.Sprintf("r%d-m%d-%s", round, next, bytes.Repeat([]byte{'x'}, rng.IntN(300)))
@@ -108,13 +146,52 @@ func crashRun(t *testing.T, seed uint64) uint64 {
 					if rng.IntN(6) == 0 { // delayed past the run: it pins its segment
 						m.NotBeforeMs = p.nowMs() + 24*3600*1000
 					}
+					var seq uint64
+					if rng.IntN(2) == 0 { // under a producer sequence
+						seq = uint64(next)
+						m.ProducerID, m.ProducerSeq = crashProducer, seq
+						model.mu.Lock()
+						model.seqBody[seq] = body
+						model.seqs = append(model.seqs, seq)
+						model.mu.Unlock()
+					}
 					wg.Add(1)
-					p.Publish(m, func(off uint64, err error) {
+					p.PublishOnce(m, func(off uint64, dup bool, err error) {
 						defer wg.Done()
 						if err == nil {
 							model.mu.Lock()
 							model.confirmed[off] = body
 							model.mu.Unlock()
+							if seq != 0 {
+								model.answered(seq, off, dup)
+							}
+						}
+					})
+				}
+			case 3:
+				// Resend earlier sequences, as a producer does after a
+				// lost confirm or a restart.
+				model.mu.Lock()
+				var seqs []uint64
+				for range 1 + rng.IntN(4) {
+					if len(model.seqs) > 0 {
+						seqs = append(seqs, model.seqs[rng.IntN(len(model.seqs))])
+					}
+				}
+				model.mu.Unlock()
+				for _, seq := range seqs {
+					model.mu.Lock()
+					body := model.seqBody[seq]
+					model.mu.Unlock()
+					wg.Add(1)
+					m := &queue.Message{Body: []byte(body), ProducerID: crashProducer, ProducerSeq: seq}
+					p.PublishOnce(m, func(off uint64, dup bool, err error) {
+						defer wg.Done()
+						if err == nil {
+							model.mu.Lock()
+							model.confirmed[off] = body
+							model.mu.Unlock()
+							model.answered(seq, off, dup)
 						}
 					})
 				}
@@ -165,20 +242,32 @@ func crashRun(t *testing.T, seed uint64) uint64 {
 		t.Fatalf("final reopen: %v", err)
 	}
 	verify(t, p, cfg, model)
-	t.Logf("confirmed %d publishes and %d acks over 3 crashes; checkpoint every %d records; retention %v",
-		len(model.confirmed), len(model.acked), cfg.CheckpointEveryRecords, !cfg.noRetention)
+	t.Logf("confirmed %d publishes, %d acks and %d duplicate answers over 3 crashes; checkpoint every %d records; retention %v",
+		len(model.confirmed), len(model.acked), model.dups, cfg.CheckpointEveryRecords, !cfg.noRetention)
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	return relocated
+	return relocated, model.dups
 }
 
 func verify(t *testing.T, p *Partition, cfg Config, model *crashModel) {
 	t.Helper()
 	model.mu.Lock()
 	defer model.mu.Unlock()
+	for _, e := range model.seqErr {
+		t.Error(e)
+	}
+	model.seqErr = nil
 	inspect(p, func() {
 		now := p.nowMs()
+		// Every confirmed sequence is remembered at the offset it was
+		// confirmed at; a store that never became durable may be
+		// forgotten, never remembered elsewhere.
+		for seq, off := range model.seqOff {
+			if v, got := p.dd.Check(crashProducer, seq, now); v != dedup.Duplicate || got != off {
+				t.Errorf("confirmed seq %d (offset %d) after recovery: %v at %d", seq, off, v, got)
+			}
+		}
 		for off, body := range model.confirmed {
 			in, ok := p.st.Lookup(off, now)
 			if !ok {
@@ -204,7 +293,9 @@ func verify(t *testing.T, p *Partition, cfg Config, model *crashModel) {
 				t.Errorf("offset %d: body %q, want %q", off, m.Body, body)
 			}
 		}
-		// Nothing unsettled that nobody published.
+		// Nothing unsettled that nobody published, and no sequence
+		// stored twice.
+		stored := map[uint64]uint64{}
 		err := p.log.Scan(p.log.FirstLSN(), func(r seglog.Record) error {
 			if k := queue.Kind(r.Type); k != queue.KindEnqueue && k != queue.KindRelocate {
 				return nil
@@ -216,6 +307,12 @@ func verify(t *testing.T, p *Partition, cfg Config, model *crashModel) {
 			if !model.attempted[string(ev.Msg.Body)] {
 				return fmt.Errorf("lsn %d holds a body nobody published: %q", r.LSN, ev.Msg.Body)
 			}
+			if k := queue.Kind(r.Type); k == queue.KindEnqueue && ev.Msg.ProducerID != "" {
+				if first, ok := stored[ev.Msg.ProducerSeq]; ok {
+					return fmt.Errorf("seq %d stored twice, at lsn %d and %d", ev.Msg.ProducerSeq, first, r.LSN)
+				}
+				stored[ev.Msg.ProducerSeq] = r.LSN
+			}
 			return nil
 		})
 		if err != nil {
@@ -225,16 +322,24 @@ func verify(t *testing.T, p *Partition, cfg Config, model *crashModel) {
 			return
 		}
 		full := queue.New(cfg.Queue)
+		fullDD := dedup.New(cfg.Dedup)
 		err = p.log.Scan(1, func(r seglog.Record) error {
 			ev, err := queue.DecodeEvent(r.Type, r.Payload)
 			if err != nil {
 				return err
+			}
+			if ev.Kind == queue.KindEnqueue {
+				fullDD.Record(ev.Msg.ProducerID, ev.Msg.ProducerSeq, r.LSN, ev.Msg.PublishedAtMs)
 			}
 			return full.Apply(r.LSN, ev)
 		})
 		if err != nil {
 			t.Errorf("full replay: %v", err)
 			return
+		}
+		if a, b := p.dd.Snapshot(nil), fullDD.Snapshot(nil); !bytes.Equal(a, b) {
+			t.Errorf("checkpoint+replay dedup window differs from full replay (ckpt lsn %d): %+v vs %+v",
+				p.ckptLSN, p.dd.Stats(), fullDD.Stats())
 		}
 		if a, b := p.st.Snapshot(nil), full.Snapshot(nil); !bytes.Equal(a, b) {
 			t.Errorf("checkpoint+replay state differs from full replay (ckpt lsn %d): %+v vs %+v",
