@@ -85,7 +85,9 @@ func benchPublishOne(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 }
 
-func benchPublish(b *testing.B, br *Broker, partitions uint32) { benchPublishIdem(b, br, partitions, false) }
+func benchPublish(b *testing.B, br *Broker, partitions uint32) {
+	benchPublishIdem(b, br, partitions, false)
+}
 
 // benchPublishIdem is benchPublish where, with idem, every publisher is a
 // producer of its own numbering its publishes, so each one is checked
