@@ -95,10 +95,20 @@
 // the application), or at the broker's deadline, the client closes the
 // connection and reconnects: at once, then every base delay of the reconnect
 // policy (jittered) for 30 attempts, then with the policy's backoff capped at
-// 500 ms, until the broker is back. Then it restores its
-// session as after any break and sends what it held. A publish that crossed
-// GOING_AWAY on the wire and was refused with shutting_down (the broker stored
-// nothing) is held the same way. The application sees a pause, not an error.
+// 500 ms, until the broker is back. Then it restores its session as after any
+// break and sends what it held. A publish that crossed GOING_AWAY on the wire
+// and was refused with shutting_down (the broker stored nothing) is held the
+// same way. The application sees a pause, not an error.
+//
+// The client tells a broker restart (planned or not) from a network break by
+// the server generation in HELLO_OK, which changes with every broker process.
+// After a restart it sends again only what is safe: held publishes with a
+// producer id (every publish, unless WithProducerSequence gave it an empty
+// id), which the broker deduplicates; held settles, when the session was
+// resumed (they fail with ErrStaleDelivery otherwise); and its subscriptions,
+// through reconciliation or a new SUBSCRIBE. A held publish without a producer
+// id fails with ErrConnectionLost instead: the broker process that is gone may
+// have stored it, and the new one could not recognise a resend.
 //
 // Close ends the broker's session with END_SESSION, so its unsettled messages
 // go to other consumers at once instead of after the reconnect grace.

@@ -92,6 +92,7 @@ type endpoint struct {
 	conn        *conn
 	identity    protocol.ResumeIdentity
 	epoch       uint64
+	generation  uint64 // the broker process's, from the last HELLO_OK; 0 before the first
 	subs        map[*Subscription]struct{}
 	replay      []*call
 	held        []*settleReq // settles cut off from their connection, for the resumed session
@@ -385,6 +386,13 @@ func (e *endpoint) connect(ctx context.Context) (*conn, error) {
 	e.mu.Lock()
 	resumed := hello.Outcome == protocol.ResumeResumed && ident.ClientID != ""
 	e.identity = hello.Resume
+	prevGen := e.generation
+	restarted := prevGen != 0 && hello.ServerGeneration != prevGen
+	e.generation = hello.ServerGeneration
+	var unsafe []*call
+	if restarted {
+		e.replay, unsafe = splitIdempotent(e.replay)
+	}
 	var stale []*settleReq
 	if !resumed {
 		e.epoch++
@@ -422,6 +430,19 @@ func (e *endpoint) connect(ctx context.Context) (*conn, error) {
 	}
 	for _, r := range stale {
 		r.fin(ErrStaleDelivery)
+	}
+	if restarted {
+		e.o.logger.Info("sinew: broker restarted (new server generation)", "addr", e.addr,
+			"old_generation", prevGen, "generation", hello.ServerGeneration, "outcome", hello.Outcome,
+			"publishes_not_resent", len(unsafe))
+	}
+	for _, cl := range unsafe {
+		// It may have been stored by the broker process that is gone, and
+		// the new one cannot recognise a resend of it: its outcome is
+		// unknown, which the application is told (ErrConnectionLost is
+		// retryable) rather than have it stored twice behind its back.
+		cl.done(nil, fmt.Errorf("%w: the broker restarted (generation %d) before confirming a publish without a producer id; it may or may not be stored, and is not sent again",
+			ErrConnectionLost, hello.ServerGeneration))
 	}
 
 	c := newConn(e, nc, hello, epoch, subs)
@@ -489,8 +510,9 @@ func ctxOr(ctx context.Context, err error) error {
 }
 
 // restore brings a new connection up to the client's state: reconcile after a
-// resume, resubscribe whatever the broker does not hold, resend in-flight
-// idempotent publishes.
+// resume, resubscribe whatever the broker does not hold, resend held settles
+// and in-flight publishes (after a broker restart, connect has already failed
+// those that are not idempotent).
 func (e *endpoint) restore(ctx context.Context, c *conn, resumed bool) error {
 	if resumed {
 		// Listed before RECONCILE: the deliveries of a subscription that
@@ -554,6 +576,20 @@ func (e *endpoint) restore(ctx context.Context, c *conn, resumed bool) error {
 		}
 	}
 	return nil
+}
+
+// splitIdempotent splits held calls into those safe to send to a restarted
+// broker (publishes with a producer id, which it deduplicates, and anything
+// that is not a publish) and publishes without one.
+func splitIdempotent(calls []*call) (safe, unsafe []*call) {
+	for _, cl := range calls {
+		if p, ok := cl.body.(*protocol.Publish); ok && p.ProducerID == "" {
+			unsafe = append(unsafe, cl)
+			continue
+		}
+		safe = append(safe, cl)
+	}
+	return safe, unsafe
 }
 
 func isBrokerErr(err error) bool {

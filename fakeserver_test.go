@@ -32,7 +32,11 @@ type fakeBroker struct {
 	hellos     []protocol.Hello
 	recreate   bool            // answer missing subscriptions with "recreate client side"
 	refuseSubs map[string]bool // topics whose SUBSCRIBE fails with unavailable
-	wg         sync.WaitGroup
+	// holdPublishes leaves publishes unanswered and unstored (counted in
+	// heldPublishes), as if the broker died before they were durable.
+	holdPublishes bool
+	heldPublishes []protocol.Publish
+	wg            sync.WaitGroup
 }
 
 type fSession struct {
@@ -224,6 +228,10 @@ func (b *fakeBroker) handle(c *fConn, f protocol.Frame, body protocol.Body) bool
 		b.queue(m.Topic)
 		c.write(0, id, &protocol.DeclareOK{Partitions: 1, Created: !existed})
 	case *protocol.Publish:
+		if b.holdPublishes {
+			b.heldPublishes = append(b.heldPublishes, *m)
+			return true
+		}
 		q := b.queue(m.Topic)
 		msg := &fMsg{offset: q.next, pub: *m}
 		msg.pub.Body = append([]byte(nil), m.Body...)

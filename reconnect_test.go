@@ -726,3 +726,72 @@ func TestRealCloseDuringACutSendsHeldSettles(t *testing.T) {
 		t.Fatalf("after Close the queue held %q (attempt %d): the ack was lost", got.Text(), got.Attempt)
 	}
 }
+
+// restartFake simulates a broker process restart on the fake: a new server
+// generation, no session survives, every connection dropped, publishes
+// answered again.
+func restartFake(b *fakeBroker, gen uint64) {
+	b.mu.Lock()
+	b.generation = gen
+	b.holdPublishes = false
+	b.sessions = map[string]*fSession{}
+	for c := range b.conns {
+		_ = c.nc.Close()
+	}
+	b.mu.Unlock()
+}
+
+// After a restart (a new generation in HELLO_OK) the client resends the held
+// publishes the broker can deduplicate (those with a producer id, the
+// default) and fails, as ErrConnectionLost, the one without a producer id,
+// whose outcome the new broker process cannot settle. After a mere break
+// (same generation) both are resent.
+func TestGenerationChangeResendsOnlyIdempotentPublishes(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		gen       uint64
+		plainSent bool
+	}{{"restart", 2, false}, {"break", 1, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newFakeBroker(t)
+			c := dialT(t, b.addr())
+			ctx := testCtx(t)
+			b.mu.Lock()
+			b.holdPublishes = true
+			b.mu.Unlock()
+			idem := c.PublishAsync(ctx, "gen", []byte("idempotent"))
+			plain := c.PublishAsync(ctx, "gen", []byte("plain"), WithProducerSequence("", 0))
+			until(t, "both publishes reached the broker", func() bool {
+				b.mu.Lock()
+				defer b.mu.Unlock()
+				return len(b.heldPublishes) == 2
+			})
+			restartFake(b, tc.gen)
+
+			if r, err := idem.Wait(ctx); err != nil || r.Duplicate {
+				t.Fatalf("idempotent publish after %s: %+v %v", tc.name, r, err)
+			}
+			_, err := plain.Wait(ctx)
+			if tc.plainSent && err != nil {
+				t.Fatalf("publish without producer id after a break: %v", err)
+			}
+			if !tc.plainSent && (!errors.Is(err, ErrConnectionLost) || !IsRetryable(err)) {
+				t.Fatalf("publish without producer id after a restart: %v, want a retryable ErrConnectionLost", err)
+			}
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			q := b.queues["gen"]
+			var stored []string
+			for _, m := range q.ready {
+				stored = append(stored, string(m.pub.Body))
+			}
+			want := []string{"idempotent"}
+			if tc.plainSent {
+				want = append(want, "plain")
+			}
+			if !slices.Equal(stored, want) {
+				t.Fatalf("stored %q, want %q", stored, want)
+			}
+		})
+	}
+}
