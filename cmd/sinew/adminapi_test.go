@@ -115,6 +115,12 @@ func TestAdminAPI(t *testing.T) {
 		}
 	}
 	m0, m1 := msgs.Messages[0], msgs.Messages[1]
+	// An offset range [from, to) holds only the first.
+	var ranged admin.MessagesView
+	if code := httpJSON(t, "GET", api+"/queues/orders/messages?partition=0&from="+itoa(m0.Offset)+"&to="+itoa(m1.Offset), "", &ranged); code != 200 ||
+		len(ranged.Messages) != 1 || ranged.Messages[0].Offset != m0.Offset || ranged.Next != m1.Offset {
+		t.Fatalf("range [%d, %d): %d %+v", m0.Offset, m1.Offset, code, ranged)
+	}
 	if got, _ := base64.StdEncoding.DecodeString(m0.BodyB64); string(got) != string(binary) || m0.BodyText != nil || m0.BodyBytes != 4 || m0.BodyTruncated {
 		t.Errorf("binary message: %+v", m0)
 	}

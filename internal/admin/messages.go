@@ -131,13 +131,19 @@ func (a *api) messages(w http.ResponseWriter, r *http.Request) {
 	}
 	part, err := intParam(r, "partition", 0, 0, 1<<32-1)
 	from, err2 := intParam(r, "from", 0, 0, 1<<63-1)
+	// to (exclusive) ends the offset range; absent: no end.
+	to, err5 := intParam(r, "to", 1<<63-1, 0, 1<<63-1)
 	limit, err3 := intParam(r, "limit", peekLimitDefault, 1, peekLimitMax)
 	preview, err4 := intParam(r, "preview_bytes", previewBytesDefault, 0, previewBytesMax)
-	for _, e := range []error{err, err2, err3, err4} {
+	for _, e := range []error{err, err2, err3, err4, err5} {
 		if e != nil {
 			writeError(w, http.StatusBadRequest, "bad_request", e.Error())
 			return
 		}
+	}
+	if to < from {
+		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("to=%d is below from=%d", to, from))
+		return
 	}
 	ctx, cancel := requestContext(r)
 	defer cancel()
@@ -146,9 +152,12 @@ func (a *api) messages(w http.ResponseWriter, r *http.Request) {
 		writeBrokerError(w, err)
 		return
 	}
-	out := MessagesView{Topic: topic, Group: group, Partition: uint32(part), From: from, Next: res.Next, NextOffset: res.NextLSN,
+	out := MessagesView{Topic: topic, Group: group, Partition: uint32(part), From: from, Next: min(res.Next, to), NextOffset: res.NextLSN,
 		Messages: make([]MessageView, 0, len(res.Messages))}
 	for i := range res.Messages {
+		if res.Messages[i].Info.Offset >= to {
+			break
+		}
 		out.Messages = append(out.Messages, messageView(&res.Messages[i], int(preview)))
 	}
 	writeJSON(w, http.StatusOK, out)

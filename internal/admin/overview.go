@@ -102,7 +102,10 @@ func (a *api) overview(w http.ResponseWriter, _ *http.Request) {
 			"inflight_resent": ss.InflightResent, "inflight_stale": ss.InflightStale, "inflight_kept": ss.InflightKept,
 			"late_settles_accepted": ss.LateSettleAccepted, "late_settles_stale_lease": ss.LateSettleStale,
 			"late_settles_unknown_tag": ss.LateSettleUnknownTag, "late_settles_other": ss.LateSettleOther,
-			"settles_repeated": ss.SettleRepeated,
+			"settles_repeated":  ss.SettleRepeated,
+			"sessions_restored": ss.Restored, "resumed_after_restart": ss.ResumedAfterRestart,
+			"restart_expired": ss.RestartExpired, "leases_reclaimed": ss.LeasesReclaimed,
+			"leases_restart_released": ss.RestartReleased, "session_store_errors": ss.StoreErrors,
 		} {
 			v.Counters[k] = n
 		}
