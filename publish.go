@@ -64,8 +64,8 @@ func WithPartition(n int) PublishOption { return func(p *protocol.Publish) { p.P
 // partition stores nothing and answers with the original partition and
 // offset and PublishResult.Duplicate set. The broker remembers each
 // producer's highest 4,096 sequences per partition (more when the broker's
-// limits.publish_inflight_max is larger), for a day after the
-// producer's last publish; a sequence below that window fails with
+// limits.publish_inflight_max is larger), for a day (limits.dedup_idle_ms)
+// after the producer's last publish; a sequence below that window fails with
 // sequence_too_old instead of being stored again. The same (id, seq) must
 // always be sent with the same body, key and partition choice. An empty id
 // turns deduplication off for this publish. PublishNoConfirm ignores it.

@@ -149,7 +149,8 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		// A client may have publish_inflight_max publishes unconfirmed, all
 		// resent after a break: the window must reach back that far.
 		Dedup: dedup.Config{WindowSeqs: max(dedup.WindowSeqsDefault, cfg.Limits.PublishInflightMax),
-			EntriesMax: max(dedup.EntriesMaxDefault, cfg.Limits.PublishInflightMax)},
+			EntriesMax:   max(dedup.EntriesMaxDefault, cfg.Limits.PublishInflightMax),
+			ProducersMax: cfg.Limits.DedupProducersMax, IdleMs: cfg.Limits.DedupIdleMs},
 		QueuesMax: cfg.Limits.QueuesMax, QueuePartitionsMax: cfg.Limits.QueuePartitionsMax,
 		PartitionsTotalMax: cfg.Limits.PartitionsTotalMax,
 		// Recovered leases wait as long as the sessions restored to take

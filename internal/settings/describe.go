@@ -26,6 +26,8 @@ var help = map[string]string{
 	"limits.outbound_bytes_max":   "Bytes queued for one connection's socket (message payloads plus 128 per frame). At the cap the connection's deliveries pause until it has read half; it also caps the pushes a dormant session buffers.",
 	"limits.resend_bytes_max":     "Bytes of unsettled deliveries a session keeps to re-send after a resume; deliveries beyond it come back by lease expiry instead.",
 	"limits.dormant_sessions_max": "Sessions waiting out their reconnect grace; a disconnect beyond it ends the session at once (a later resume gets resume_not_found).",
+	"limits.dedup_producers_max":  "Producers each partition's deduplication window remembers (at most 1,048,576); past it the least recently seen is forgotten, counted in sinew_queue_dedup_evicted_limit_total, and its resends are stored again.",
+	"limits.dedup_idle_ms":        "A producer with no publish to a partition for this long is forgotten by its deduplication window (at most a year); its later resends are stored again.",
 
 	"connection.handshake_timeout_ms":     "HELLO (and the TLS handshake) must arrive within this many milliseconds.",
 	"connection.heartbeat_ms":             "Idle interval before the server sends PING; three intervals of silence close a connection. 0 disables heartbeats.",

@@ -113,6 +113,11 @@ type Limits struct {
 	ResendBytesMax int64 `toml:"resend_bytes_max"`
 	// DormantSessionsMax caps the sessions waiting out their reconnect grace.
 	DormantSessionsMax int `toml:"dormant_sessions_max"`
+	// DedupProducersMax and DedupIdleMs bound each partition's producer
+	// deduplication window: producers remembered, and how long one is
+	// remembered after its last publish.
+	DedupProducersMax int   `toml:"dedup_producers_max"`
+	DedupIdleMs       int64 `toml:"dedup_idle_ms"`
 }
 
 // Connection configures timeouts and the session grace.
@@ -177,6 +182,7 @@ func Default() Config {
 			SettleBatchMax: 4096, PublishInflightMax: 4096, SubscriptionsMax: 256, ConnectionsMax: 10_000,
 			QueuesMax: 1000, QueuePartitionsMax: 64, PartitionsTotalMax: 4096,
 			OutboundBytesMax: 1 << 20, ResendBytesMax: 1 << 20, DormantSessionsMax: 10_000,
+			DedupProducersMax: 1024, DedupIdleMs: 24 * 3600 * 1000,
 		},
 		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000, DrainTimeoutMs: 10_000,
 			SlowConsumerTimeoutMs: 30_000},
@@ -452,6 +458,8 @@ func (c *Config) Validate() error {
 	positive("limits.outbound_bytes_max", l.OutboundBytesMax)
 	positive("limits.resend_bytes_max", l.ResendBytesMax)
 	positive("limits.dormant_sessions_max", int64(l.DormantSessionsMax))
+	positive("limits.dedup_producers_max", int64(l.DedupProducersMax))
+	positive("limits.dedup_idle_ms", l.DedupIdleMs)
 	if l.FrameBytesMax > 0 && l.FrameBytesMax < 64<<10 {
 		bad("limits.frame_bytes_max", "%d is below the protocol minimum %d", l.FrameBytesMax, 64<<10)
 	}
@@ -512,6 +520,8 @@ func (c *Config) Validate() error {
 		{"queue.max_retries", int64(c.Queue.MaxRetries), queue.MaxRetriesMax},
 		{"limits.publish_inflight_max", int64(l.PublishInflightMax), 1 << 20},
 		{"limits.subscriptions_max", int64(l.SubscriptionsMax), 1 << 20},
+		{"limits.dedup_producers_max", int64(l.DedupProducersMax), 1 << 20},
+		{"limits.dedup_idle_ms", l.DedupIdleMs, 365 * 24 * 3600 * 1000},
 	} {
 		if b.v > b.hi {
 			bad(b.key, "%d is above %d", b.v, b.hi)
