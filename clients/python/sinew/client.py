@@ -67,7 +67,9 @@ DRAIN_TIMEOUT_S = 5.0  # close(): the wait for pending confirms and settles
 END_SESSION_TIMEOUT_S = 2.0  # close(): the wait for END_SESSION's OK
 PUBLISH_INFLIGHT_DEFAULT = 1024  # publish window when the broker announces none
 PUBLISH_INFLIGHT_BYTES_MAX = 64 << 20  # body bytes of unconfirmed publishes, kept for resending
-DELIVERY_BUFFER_MAX = 4096  # messages buffered per subscription before the reader waits
+SETTLE_BATCH_DEFAULT = 256  # tags per settle frame when the broker announces no limit
+DELIVERY_BUFFER_MAX = 4096
+WRITE_COALESCE_BYTES_MAX = 64 << 10  # frames gathered for one socket write before it is made  # messages buffered per subscription before the reader waits
 GOING_AWAY_WAIT_MAX_S = 30.0  # how long a draining connection is kept for work in flight
 GOING_AWAY_POLL_S = 0.01  # how often a draining connection is checked for idleness
 GOING_AWAY_BACKOFF_MAX_S = 0.5  # reconnect delay cap after a planned stop
@@ -173,6 +175,25 @@ class _Window:
         async with self.cond:
             self.max = n if n > 0 else PUBLISH_INFLIGHT_DEFAULT
             self.cond.notify_all()
+
+
+def _fan_out(futs: list[asyncio.Future[int]]) -> Callable[[asyncio.Future[Any]], None]:
+    """Hands each settle of a batch its own code from the batch's result."""
+
+    def done(call: asyncio.Future[Any]) -> None:
+        exc = None if call.cancelled() else call.exception()
+        codes: list[int] = [] if exc is not None or call.cancelled() else call.result().codes
+        for i, f in enumerate(futs):
+            if f.done():
+                continue
+            if call.cancelled():
+                f.cancel()
+            elif exc is not None:
+                f.set_exception(exc)
+            else:
+                f.set_result(codes[i] if i < len(codes) else CODE_INTERNAL)
+
+    return done
 
 
 class Message:
@@ -329,6 +350,8 @@ class _Conn:
         self.frame_max = hello.limits.frame_bytes_max or w.FRAME_BYTES_DEFAULT
         self.last_read = time.monotonic()
         self.tasks: list[asyncio.Task[None]] = []
+        self.out = bytearray()  # frames written this turn of the loop, sent together
+        self.flush_scheduled = False
 
     def run(self) -> None:
         self.tasks.append(asyncio.create_task(self._read_loop()))
@@ -345,11 +368,30 @@ class _Conn:
         rid = self.next_id
         self.next_id += 1
         self.pending[rid] = call
-        self.writer.write(w.encode_frame(call.body, rid, call.flags))
+        self.write(w.encode_frame(call.body, rid, call.flags))
+
+    def write(self, frame: bytes) -> None:
+        """Queues a frame. The frames of one turn of the event loop go out in
+        one socket write, which is what lets a window of publishes or a burst
+        of settles cost one syscall instead of one each."""
+        self.out += frame
+        if len(self.out) >= WRITE_COALESCE_BYTES_MAX:
+            self.flush()
+        elif not self.flush_scheduled:
+            self.flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        if self.out and not self.closed:
+            self.writer.write(bytes(self.out))
+        self.out.clear()
 
     async def drain(self) -> None:
         # The transport's buffer bounds what waits to be written: past its
         # high-water mark the writer waits here.
+        if len(self.out) >= WRITE_COALESCE_BYTES_MAX // 2:
+            self.flush()
         try:
             await self.writer.drain()
         except (ConnectionError, OSError):
@@ -387,7 +429,7 @@ class _Conn:
             if not self.closed:
                 rid = self.next_id
                 self.next_id += 1
-                self.writer.write(w.encode_frame(w.Ping(), rid))
+                self.write(w.encode_frame(w.Ping(), rid))
 
     async def _read_loop(self) -> None:
         try:
@@ -408,7 +450,7 @@ class _Conn:
 
     async def _dispatch(self, op: int, rid: int, raw: bytes) -> None:
         if op == w.PING:
-            self.writer.write(w.encode_frame(w.Pong(), rid))
+            self.write(w.encode_frame(w.Pong(), rid))
             return
         if op == w.PONG:
             return
@@ -489,7 +531,9 @@ class Client:
         self._kick = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
         self._window = _Window(PUBLISH_INFLIGHT_DEFAULT)
-        self._settling = 0
+        self._settling = 0  # settles the application awaits
+        self._settle_q: list[tuple[Message, int, int, asyncio.Future[int]]] = []
+        self._settle_task: asyncio.Task[None] | None = None
         self._producer_id = "py-" + os.urandom(8).hex()
         self._producer_seq = 0
         self.server_generation = 0
@@ -948,20 +992,13 @@ class Client:
         if m._stale or m._epoch != self._epoch:
             raise StaleDeliveryError("sinew: the delivery's lease is no longer held")
         m._settled = True
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._settle_q.append((m, kind, delay_ms, fut))
+        if self._settle_task is None:
+            self._settle_task = asyncio.create_task(self._flush_settles())
         self._settling += 1
         try:
-            call = _Call(w.Settle([m.tag], delay_ms, [m.lease], kind), kind="settle")
-            while True:
-                conn = await self._acquire(for_settle=True)
-                if m._epoch != self._epoch:
-                    raise StaleDeliveryError("sinew: session was not resumed; the lease is gone")
-                try:
-                    conn.start(call)
-                    break
-                except _ConnClosed:
-                    continue
-            await conn.drain()
-            res = await call.fut
+            code = await fut
         except StaleDeliveryError:
             m._sub._held.pop(m.tag, None)
             raise
@@ -970,7 +1007,6 @@ class Client:
             raise
         finally:
             self._settling -= 1
-        code = res.codes[0] if res.codes else CODE_INTERNAL
         if code == 0:
             m._sub._held.pop(m.tag, None)
             return
@@ -982,6 +1018,43 @@ class Client:
             raise UnknownTagError("sinew: broker: unknown_tag")
         m._settled = False  # e.g. a NACK delay above the cap: the lease is still held
         raise BrokerError(code, "settle refused")
+
+    async def _flush_settles(self) -> None:
+        """Sends the queued settles, as few frames as possible: settles made
+        in the same turn of the event loop with the same op and delay share
+        one frame of up to the broker's settle_batch_max tags."""
+        await asyncio.sleep(0)  # let the settles of this turn join
+        try:
+            while self._settle_q:
+                try:
+                    conn = await self._acquire(for_settle=True)
+                except BaseException as e:
+                    items, self._settle_q = self._settle_q, []
+                    for *_, f in items:
+                        if not f.done():
+                            f.set_exception(e)
+                    continue
+                items, self._settle_q = self._settle_q, []
+                batch_max = conn.hello.limits.settle_batch_max or SETTLE_BATCH_DEFAULT
+                groups: dict[tuple[int, int], list[tuple[Message, asyncio.Future[int]]]] = {}
+                for m, kind, delay, f in items:
+                    if m._epoch != self._epoch:
+                        f.set_exception(StaleDeliveryError("sinew: session was not resumed; the lease is gone"))
+                        continue
+                    groups.setdefault((kind, delay), []).append((m, f))
+                for (kind, delay), group in groups.items():
+                    for i in range(0, len(group), batch_max):
+                        chunk = group[i:i + batch_max]
+                        body = w.Settle([m.tag for m, _ in chunk], delay, [m.lease for m, _ in chunk], kind)
+                        call = _Call(body, kind="settle")
+                        call.fut.add_done_callback(_fan_out([f for _, f in chunk]))
+                        try:
+                            conn.start(call)
+                        except _ConnClosed:
+                            self._orphaned(conn, [call])  # held for the resumed session
+                await conn.drain()
+        finally:
+            self._settle_task = None
 
     async def close(self) -> None:
         """Waits (bounded) for pending confirms and settles, ends the session
