@@ -69,7 +69,8 @@ PUBLISH_INFLIGHT_DEFAULT = 1024  # publish window when the broker announces none
 PUBLISH_INFLIGHT_BYTES_MAX = 64 << 20  # body bytes of unconfirmed publishes, kept for resending
 SETTLE_BATCH_DEFAULT = 256  # tags per settle frame when the broker announces no limit
 DELIVERY_BUFFER_MAX = 4096
-WRITE_COALESCE_BYTES_MAX = 64 << 10  # frames gathered for one socket write before it is made  # messages buffered per subscription before the reader waits
+WRITE_COALESCE_BYTES_MAX = 64 << 10
+READ_CHUNK_BYTES = 256 << 10  # most bytes taken from the socket per read  # frames gathered for one socket write before it is made  # messages buffered per subscription before the reader waits
 GOING_AWAY_WAIT_MAX_S = 30.0  # how long a draining connection is kept for work in flight
 GOING_AWAY_POLL_S = 0.01  # how often a draining connection is checked for idleness
 GOING_AWAY_BACKOFF_MAX_S = 0.5  # reconnect delay cap after a planned stop
@@ -433,12 +434,24 @@ class _Conn:
 
     async def _read_loop(self) -> None:
         try:
+            buf = b""
             while True:
-                head = await self.reader.readexactly(16)
-                n, _, op, _, rid = w.parse_header(head, self.frame_max)
-                body = await self.reader.readexactly(n)
+                # Read what is there (up to READ_CHUNK_BYTES) and dispatch
+                # every whole frame in it; a frame's length is checked against
+                # the limit before its body is awaited.
+                chunk = await self.reader.read(READ_CHUNK_BYTES)
+                if not chunk:
+                    raise EOFError("connection closed by the broker")
+                buf = buf + chunk if buf else chunk
                 self.last_read = time.monotonic()
-                await self._dispatch(op, rid, body)
+                pos = 0
+                while len(buf) - pos >= 16:
+                    n, _, op, _, rid = w.parse_header(buf[pos:pos + 16], self.frame_max)
+                    if len(buf) - pos - 16 < n:
+                        break
+                    await self._dispatch(op, rid, buf[pos + 16:pos + 16 + n])
+                    pos += 16 + n
+                buf = buf[pos:]
         except asyncio.CancelledError:
             raise
         except SinewError as e:
