@@ -178,6 +178,20 @@ func TestDashboardInBrowser(t *testing.T) {
 		const li = document.querySelector('tr.queue-row[data-topic="dash-orders"] details[open] li.partition');
 		return n > window.__opened && li && li.textContent.includes("ready 3");
 	})()`)
+	// Peek at its partition: the three messages with their bodies; the
+	// depth stays 3 (peeking settles nothing).
+	eval(`document.querySelector('tr.queue-row[data-topic="dash-orders"] li.partition button.peek').click()`, nil)
+	waitFor("the peeked messages", `(() => {
+		const rows = document.querySelectorAll("#peek tr.peek-row");
+		return rows.length === 3 && [...rows].map((r) => r.querySelector(".preview").textContent).join("|") === "order 0|order 1|order 2" &&
+			!document.querySelector("#peek").textContent.includes("null");
+	})()`)
+	waitFor("dash-orders still at depth 3 after the peek, two refreshes on", `(() => {
+		const n = Number(document.body.dataset.refreshes);
+		window.__peekedAt = window.__peekedAt || n;
+		return n > window.__peekedAt + 1 &&
+			document.querySelector('tr.queue-row[data-topic="dash-orders"] td.depth').dataset.depth === "3";
+	})()`)
 	shot("1-queues")
 
 	// Live rates: traffic while the page watches shows as publish, deliver

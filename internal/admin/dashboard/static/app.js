@@ -9,6 +9,7 @@
   const refreshMs = Math.min(60000, Math.max(250, Number(params.get("refresh")) || 2000));
   const historyMax = 90;        // samples kept per chart
   const requestTimeoutMs = 10000;
+  const peekLimit = 20;         // messages per peek page
   // Dead letters listed per page (?dl_limit=n, 1 to 200, the API's bound).
   const dlLimit = Math.min(200, Math.max(1, Number(params.get("dl_limit")) || 50));
 
@@ -264,12 +265,47 @@
       (p.reason ? " " + p.reason : "") +
       " · ready " + fmtInt(p.ready) + " · delayed " + fmtInt(p.delayed) + " · inflight " + fmtInt(p.inflight) +
       " · dead-lettering " + fmtInt(p.dead_lettering) + " · settled below " + fmtInt(p.settled_frontier) +
-      " of " + fmtInt(p.next_offset) + " · " + fmtBytes(p.bytes_on_disk)));
+      " of " + fmtInt(p.next_offset) + " · " + fmtBytes(p.bytes_on_disk) + " ",
+      h("button", { type: "button", class: "peek", text: "Peek", title: "show its unsettled messages; settles nothing",
+        onclick: () => peek(q.topic, q.group || "", p.partition, 0) })));
     const d = h("details", { open: state.openQueues.has(key),
       ontoggle: (e) => { e.target.open ? state.openQueues.add(key) : state.openQueues.delete(key); } },
       h("summary", {}, h("strong", { text: queueName(q.topic, q.group) })),
       h("ul", { class: "partitions" }, lines));
     return d;
+  }
+
+  // peek shows a page of a partition's unsettled messages with their key,
+  // headers and body. The API reads the log: nothing is leased or settled.
+  async function peek(topic, group, partition, from) {
+    const box = $("#peek");
+    const path = "/api/v1/queues/" + encodeURIComponent(topic) + "/messages?partition=" + partition +
+      "&from=" + from + "&limit=" + peekLimit + (group ? "&group=" + encodeURIComponent(group) : "");
+    const r = await api("GET", path);
+    const title = h("div", { class: "toolbar" },
+      h("strong", { text: queueName(topic, group) + ", partition " + partition + ", from offset " + from }),
+      h("button", { type: "button", text: "Close", onclick: () => { box.hidden = true; box.replaceChildren(); } }));
+    if (!r.ok) {
+      box.replaceChildren(title, h("p", { class: "msg error", text: "messages: " + errText(r) }));
+      box.hidden = false;
+      return;
+    }
+    const d = r.data || {};
+    const rows = (d.messages || []).map((m) => h("tr", { class: "peek-row", "data-offset": m.offset },
+      h("td", { class: "num", text: String(m.offset) }),
+      h("td", {}, h("span", { class: "badge", text: m.state })),
+      h("td", { class: "num", text: fmtInt(m.attempt) }),
+      h("td", { text: fmtTime(m.published_at_ms) }),
+      h("td", { text: typeof m.key_text === "string" ? m.key_text : (m.key_b64 ? "base64: " + m.key_b64 : "–") }),
+      h("td", { text: (m.headers || []).map((x) => x.key + "=" + (typeof x.value === "string" ? x.value : "base64:" + (x.value_b64 || ""))).join(", ") || "–" }),
+      h("td", { class: "preview", text: m.error ? "unreadable: " + m.error : preview(m), title: preview(m) })));
+    const more = d.next < d.next_offset ? [h("button", { type: "button", text: "More", onclick: () => peek(topic, group, partition, d.next) })] : [];
+    box.replaceChildren(title,
+      h("table", {},
+        h("thead", {}, h("tr", {}, ["offset", "state", "attempt", "published", "key", "headers", "body"].map((x) => h("th", { text: x })))),
+        h("tbody", {}, rows.length ? rows : h("tr", { class: "empty" }, h("td", { colSpan: 7, text: "no unsettled messages from this offset" })))),
+      ...more);
+    box.hidden = false;
   }
 
   // ---- sessions ----
