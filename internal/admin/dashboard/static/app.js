@@ -159,7 +159,11 @@
       return r.status !== 0;
     }
     const o = r.data;
-    setMsg("overview-msg", o.draining ? "The broker is draining." : "", o.draining ? "error" : "");
+    setMsg("overview-msg", o.draining ? "The broker is draining: it takes no new work and will stop." : "", o.draining ? "error" : "");
+    if (o.draining) {
+      health.textContent = "draining";
+      health.className = "badge draining";
+    }
     $("#ident").textContent = [o.version, "owner " + (o.owner_id || "?"), "generation " + String(o.generation),
       "up " + fmtDuration(o.uptime_ms)].join(" · ");
     const c = o.counters || {};
