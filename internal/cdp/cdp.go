@@ -301,6 +301,7 @@ type ConsoleEntry struct {
 	Text string
 }
 
+// String is the entry as a test prints it: source, level and text.
 func (c ConsoleEntry) String() string { return c.Source + " " + c.Level + ": " + c.Text }
 
 // Page is one browser tab attached in flat session mode.
