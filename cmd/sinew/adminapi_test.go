@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"encoding/base64"
+	"io"
+	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -260,3 +263,37 @@ func TestAdminAPI(t *testing.T) {
 }
 
 func itoa[T ~uint32 | ~uint64](v T) string { return strconv.FormatUint(uint64(v), 10) }
+
+// While the broker recovers, the admin listener already answers: alive,
+// not ready, and the API says why; once serving, /readyz is 200.
+func TestAdminAnswersWhileRecovering(t *testing.T) {
+	probed := make(chan struct{})
+	serveRecoveringHook = func(adminAddr string) {
+		defer close(probed)
+		get := func(path string) (int, string) {
+			resp, err := (&http.Client{Timeout: safetyTimeoutMs * time.Millisecond}).Get("http://" + adminAddr + path)
+			if err != nil {
+				t.Errorf("GET %s during recovery: %v", path, err)
+				return 0, ""
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(body)
+		}
+		if code, body := get("/healthz"); code != 200 || body != "ok\n" {
+			t.Errorf("/healthz during recovery: %d %q", code, body)
+		}
+		if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "recovering") {
+			t.Errorf("/readyz during recovery: %d %q", code, body)
+		}
+		if code, body := get("/api/v1/queues"); code != 503 || !strings.Contains(body, `"code": "unavailable"`) {
+			t.Errorf("/api/v1/queues during recovery: %d %q", code, body)
+		}
+	}
+	t.Cleanup(func() { serveRecoveringHook = nil })
+	_, adminAddr, _ := runServeAdmin(t, testServeConfig(t))
+	<-probed
+	if code := httpJSON(t, "GET", "http://"+adminAddr+"/readyz", "", nil); code != 200 {
+		t.Fatalf("/readyz once serving: %d", code)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -86,7 +87,8 @@ func runServe(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writ
 // Startup order matters for the data: the data dir's lock comes first, so no
 // second broker reads or repairs a live broker's files; then both listeners are
 // bound, so a taken port fails the command before recovery touches the log; only
-// then does the broker open (recovery) and serve on the bound listeners.
+// then does the broker open (recovery) and serve on the bound listeners. The
+// admin listener answers during recovery already: /healthz 200, /readyz 503.
 func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error {
 	lock, err := broker.LockDataDir(nil, cfg.DataDir)
 	if err != nil {
@@ -125,6 +127,30 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		if aln != nil {
 			aln.Close()
 		}
+	}
+
+	// The admin listener answers from the start: /healthz 200 and /readyz 503
+	// while the broker recovers, so probes see a live, unready process rather
+	// than a connection that hangs. The full handler replaces it once the
+	// broker and the server exist.
+	errc := make(chan error, 2)
+	var adminSrv *http.Server
+	var adminHandler atomic.Pointer[http.Handler]
+	adminAddr := ""
+	if aln != nil {
+		adminAddr = aln.Addr().String()
+		recovering := admin.Recovering()
+		adminHandler.Store(&recovering)
+		adminSrv = &http.Server{ReadHeaderTimeout: 10 * time.Second,
+			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*adminHandler.Load()).ServeHTTP(w, r) })}
+		go func() {
+			if err := adminSrv.Serve(aln); !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("admin: %w", err)
+			}
+		}()
+	}
+	if serveRecoveringHook != nil {
+		serveRecoveringHook(adminAddr)
 	}
 
 	sync := seglog.SyncAlways
@@ -204,13 +230,9 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	stopSignals := watchSignals(drain, logger)
 	defer stopSignals()
 
-	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
 
-	var adminSrv *http.Server
-	adminAddr := ""
 	if aln != nil {
-		adminAddr = aln.Addr().String()
 		acfg := adminConfig(b, srv, rt, adminWiring{owner: owner, started: start, sync: sm, queueDepth: cfg.Metrics.QueueDepth == "on"})
 		acfg.Ready = func() bool { return b.Ready() && !drain.begun() } // a draining broker takes no new clients
 		acfg.Drain = func(context.Context) error {
@@ -219,12 +241,8 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 			}
 			return nil
 		}
-		adminSrv = &http.Server{Handler: admin.Handler(acfg), ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			if err := adminSrv.Serve(aln); !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("admin: %w", err)
-			}
-		}()
+		full := admin.Handler(acfg)
+		adminHandler.Store(&full)
 	}
 	logger.Info("serving", "listen", ln.Addr().String(), "tls", cfg.TLS.Enabled(), "admin_listen", adminAddr,
 		"generation", srv.Generation(), "sync", cfg.Storage.Sync, "reconnect_grace_ms", rt.Int(runtimesettings.KeyReconnectGraceMs), "runtime_settings_version", rt.Snapshot().Version)
@@ -336,6 +354,10 @@ func watchSignals(d *drainer, logger *slog.Logger) (stop func()) {
 		<-done
 	}
 }
+
+// serveRecoveringHook, when set (by tests), is called with the admin address
+// once the admin listener serves and before the broker starts recovering.
+var serveRecoveringHook func(adminAddr string)
 
 // serveReadyHook, when set (by tests), is called once serve listens, with the
 // client and admin addresses.

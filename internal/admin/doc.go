@@ -27,6 +27,9 @@
 // another host, is refused with 403 forbidden (http.CrossOriginProtection),
 // since the dashboard puts this listener in operators' browsers.
 //
+// Recovering is the handler to serve before the broker exists: /healthz 200,
+// /readyz 503, the API 503, so probes get an answer during recovery.
+//
 // The handler holds no state of its own; every request reads the broker, the
 // server or the runtime settings store given in Config. It starts no
 // goroutines (the caller runs the http.Server). Every wait for the broker is
