@@ -59,7 +59,7 @@ func TestDashboardInBrowser(t *testing.T) {
 
 	cfg := testServeConfig(t)
 	cfg.RuntimeSeed.Connection.ReconnectGraceMs = 120_000 // a cut session stays dormant for the whole test
-	addr, adminAddr, _ := runServeAdmin(t, cfg)
+	addr, adminAddr, stop := runServeAdmin(t, cfg)
 	base := "http://" + adminAddr
 
 	ctx, cancel := context.WithTimeout(context.Background(), browserTestMs*time.Millisecond)
@@ -384,4 +384,13 @@ func TestDashboardInBrowser(t *testing.T) {
 	if refreshes < 4 {
 		t.Errorf("only %d refreshes", refreshes)
 	}
+
+	// With the broker gone the page says so and keeps the last data it had.
+	c.Close()
+	if err := stop(); err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	waitFor("the unreachable banner, with the queues still shown", `!document.querySelector("#banner").hidden &&
+		document.querySelector('tr.queue-row[data-topic="dash-orders"]') !== null`)
+	shot("7-broker-gone")
 }
