@@ -278,7 +278,7 @@ func countState(ss apiSessions, state string) int {
 // serve ends without error.
 func TestAdminDrainAgainstBroker(t *testing.T) {
 	cfg := testServeConfig(t)
-	cfg.Connection.DrainTimeoutMs = 10 * safetyTimeoutMs // far beyond any wait below
+	cfg.RuntimeSeed.Connection.DrainTimeoutMs = 10 * safetyTimeoutMs // far beyond any wait below
 	client, admin, stop := runServeAdmin(t, cfg)
 	nc, _ := hello(t, client, protocol.ResumeIdentity{})
 	c := &rawConn{t: t, nc: nc, br: bufio.NewReader(nc)}

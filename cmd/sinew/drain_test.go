@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -65,11 +66,12 @@ func rawNext[T protocol.Body](c *rawConn) T {
 // POST /api/v1/drain starts the same two-phase drain as SIGTERM: /readyz turns
 // 503, the client gets GOING_AWAY, the ack of the delivery it holds is still
 // taken, and once nothing is in flight serve returns nil on its own (exit 0)
-// with the ack durable, long before the drain's deadline.
+// with the ack durable, long before the drain's deadline, which follows the
+// runtime setting connection.drain_timeout_ms as it is when the drain starts.
 func TestAdminDrain(t *testing.T) {
 	cfg := testServeConfig(t)
 	cfg.AdminListen = "127.0.0.1:0"
-	cfg.Connection.DrainTimeoutMs = 10 * safetyTimeoutMs // far beyond any wait below
+	cfg.RuntimeSeed.Connection.DrainTimeoutMs = 10 * safetyTimeoutMs // far beyond any wait below
 	type addrs struct{ client, admin string }
 	ready := make(chan addrs, 1)
 	serveReadyHook = func(c, a string) { ready <- addrs{c, a} }
@@ -96,13 +98,23 @@ func TestAdminDrain(t *testing.T) {
 	d := rawNext[*protocol.Deliver](c)
 
 	url := "http://" + a.admin
+	// The drain timeout is a runtime setting, read when the drain starts:
+	// raise it to an hour, and the deadline follows.
+	var cur admin.SettingsDoc
+	if code := httpJSON(t, http.MethodGet, url+"/api/v1/settings", "", &cur); code != http.StatusOK {
+		t.Fatalf("GET settings: %d", code)
+	}
+	put := fmt.Sprintf(`{"version": %d, "values": {"connection.drain_timeout_ms": 3600000}}`, cur.Version)
+	if code := httpJSON(t, http.MethodPut, url+"/api/v1/settings", put, nil); code != http.StatusOK {
+		t.Fatalf("PUT settings: %d", code)
+	}
 	var doc admin.DrainView
 	if code := httpJSON(t, http.MethodPost, url+"/api/v1/drain", "", &doc); code != http.StatusAccepted || !doc.Draining {
 		t.Fatalf("POST /api/v1/drain: %d %+v", code, doc)
 	}
 	away := rawNext[*protocol.GoingAway](c)
-	if away.DeadlineMs <= time.Now().UnixMilli() {
-		t.Fatalf("GOING_AWAY deadline %d is not in the future", away.DeadlineMs)
+	if left := time.Until(time.UnixMilli(away.DeadlineMs)); left < 30*time.Minute || left > time.Hour {
+		t.Fatalf("GOING_AWAY deadline %v away, want the hour set just before", left)
 	}
 	// A second request finds the drain under way and changes nothing.
 	var again admin.DrainView

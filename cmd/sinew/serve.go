@@ -77,7 +77,8 @@ func runServe(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writ
 // serve runs the broker until ctx ends, SIGTERM/SIGINT arrives or the admin API
 // asks for a drain, then drains in two phases (see server.Shutdown): GOING_AWAY
 // to every client, nothing new leased or accepted, settles and confirms still
-// served until nothing is in flight or connection.drain_timeout_ms has passed;
+// served until nothing is in flight or connection.drain_timeout_ms (a runtime
+// setting, read when the drain starts) has passed;
 // then connections flushed and closed, the broker checkpointed and closed, and
 // serve returns nil (exit 0). A second SIGTERM/SIGINT during the drain exits
 // the process at once with status exitAbandonedDrain: nothing is lost, since
@@ -226,7 +227,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		closeListeners()
 		return err
 	}
-	drain := &drainer{timeout: time.Duration(cfg.Connection.DrainTimeoutMs) * time.Millisecond, started: make(chan struct{})}
+	drain := &drainer{timeoutMs: func() int64 { return rt.Int(runtimesettings.KeyDrainTimeoutMs) }, started: make(chan struct{})}
 	stopSignals := watchSignals(drain, logger)
 	defer stopSignals()
 
@@ -294,10 +295,10 @@ var serveExit = os.Exit
 // drainer starts the planned stop once, whoever asks first: a signal, the
 // end of serve's context, or the admin API.
 type drainer struct {
-	timeout  time.Duration
-	once     sync.Once
-	started  chan struct{} // closed when the drain begins
-	deadline int64         // Unix ms; written once, inside once
+	timeoutMs func() int64 // the runtime setting, read when the drain starts
+	once      sync.Once
+	started   chan struct{} // closed when the drain begins
+	deadline  int64         // Unix ms; written once, inside once
 }
 
 // start begins the drain if it has not begun, and returns the deadline of its
@@ -306,7 +307,7 @@ func (d *drainer) start() (deadlineMs int64, already bool) {
 	already = true
 	d.once.Do(func() {
 		already = false
-		d.deadline = time.Now().Add(d.timeout).UnixMilli()
+		d.deadline = time.Now().Add(time.Duration(d.timeoutMs()) * time.Millisecond).UnixMilli()
 		close(d.started)
 	})
 	return d.deadline, already

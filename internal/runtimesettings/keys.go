@@ -14,6 +14,10 @@ const (
 	// from the data directory wait for their clients, and leases recovered
 	// from the log for their owners, in milliseconds; 0 restores none.
 	KeyRestartGraceMs = "connection.restart_grace_ms"
+	// KeyDrainTimeoutMs bounds the first phase of a planned drain, in
+	// milliseconds: how long work in flight may take to finish before the
+	// broker closes the connections left.
+	KeyDrainTimeoutMs = "connection.drain_timeout_ms"
 )
 
 // Key describes one runtime setting: its range and its value when neither the
@@ -36,6 +40,10 @@ var keys = []Key{
 	{
 		Name: KeyRestartGraceMs, Min: 0, Max: 1 << 31, Default: 30_000,
 		Help: "How long after a restart the sessions of the previous process stay resumable and keep their leases, in milliseconds. Leases nobody takes back go to ready when it ends. 0 restores no session: every lease found in the log goes back to ready at startup. Read at startup.",
+	},
+	{
+		Name: KeyDrainTimeoutMs, Min: 1, Max: 1 << 31, Default: 10_000,
+		Help: "How long the first phase of a planned drain (SIGTERM, POST /api/v1/drain) lets work in flight finish, in milliseconds: confirms, and settles of what consumers hold. It ends earlier once nothing is in flight; then connections close. Read when a drain starts.",
 	},
 }
 

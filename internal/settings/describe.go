@@ -32,7 +32,6 @@ var help = map[string]string{
 	"connection.handshake_timeout_ms":     "HELLO (and the TLS handshake) must arrive within this many milliseconds.",
 	"connection.heartbeat_ms":             "Idle interval before the server sends PING; three intervals of silence close a connection. 0 disables heartbeats.",
 	"connection.write_timeout_ms":         "A write to a client that makes no progress for this long closes the connection.",
-	"connection.drain_timeout_ms":         "On SIGTERM/SIGINT, how long the first phase of the drain lets work in flight finish (confirms, settles of what consumers hold) before connections are closed; it ends earlier once nothing is in flight.",
 	"connection.slow_consumer_timeout_ms": "A connection whose queue stays at limits.outbound_bytes_max this long (its client is not reading) is closed with slow_consumer; its unsettled deliveries go back as for any disconnect.",
 
 	"storage.sync":                     "always: confirm a publish only after its record is fsynced. interval: confirm once written to the OS page cache, fsync every storage.sync_interval_ms.",
@@ -51,6 +50,7 @@ var help = map[string]string{
 	"queue.nack_delay_ms_max": "Longest delay a NACK (retry after) may ask for; beyond it the NACK is refused with bad_request and the lease stays held.",
 
 	"runtime_seed.connection.restart_grace_ms":   "Seed of the runtime setting connection.restart_grace_ms (how long after a restart the previous process's sessions stay resumable and keep their leases; 0 restores none), used only when the data directory has no runtime settings yet. Change it later with PUT /api/v1/settings.",
+	"runtime_seed.connection.drain_timeout_ms":   "Seed of the runtime setting connection.drain_timeout_ms (how long the first phase of a planned drain lets work in flight finish before connections close; it ends earlier once nothing is in flight), used only when the data directory has no runtime settings yet. Change it later with PUT /api/v1/settings.",
 	"runtime_seed.connection.reconnect_grace_ms": "Seed of the runtime setting connection.reconnect_grace_ms (how long a dropped session stays resumable; 0 cleans it up at once), used only when the data directory has no runtime settings yet. Change it later with PUT /api/v1/settings.",
 
 	"metrics.queue_depth": "on or off: whether /metrics serves the per-partition queue gauges (sinew_queue_*, labelled by topic, group and partition). Turn it off when many queues make scrapes large.",

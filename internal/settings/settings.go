@@ -56,6 +56,7 @@ type RuntimeSeed struct {
 type RuntimeSeedConnection struct {
 	ReconnectGraceMs int64 `toml:"reconnect_grace_ms"`
 	RestartGraceMs   int64 `toml:"restart_grace_ms"`
+	DrainTimeoutMs   int64 `toml:"drain_timeout_ms"`
 }
 
 // runtimeSeedPrefix starts every key of the runtime_seed section.
@@ -127,7 +128,6 @@ type Connection struct {
 	// silence close a connection. 0 disables heartbeats.
 	HeartbeatMs    int64 `toml:"heartbeat_ms"`
 	WriteTimeoutMs int64 `toml:"write_timeout_ms"`
-	DrainTimeoutMs int64 `toml:"drain_timeout_ms"`
 	// SlowConsumerTimeoutMs is how long a connection may stay at
 	// limits.outbound_bytes_max before it is closed with slow_consumer.
 	SlowConsumerTimeoutMs int64 `toml:"slow_consumer_timeout_ms"`
@@ -184,14 +184,14 @@ func Default() Config {
 			OutboundBytesMax: 1 << 20, ResendBytesMax: 1 << 20, DormantSessionsMax: 10_000,
 			DedupProducersMax: 1024, DedupIdleMs: 24 * 3600 * 1000,
 		},
-		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000, DrainTimeoutMs: 10_000,
+		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000,
 			SlowConsumerTimeoutMs: 30_000},
 		Storage: Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096},
 		Queue: Queue{Partitions: 1, LeaseMs: 30_000, MaxRetries: 5, DeadLetterTopic: "sinew.dead-letter",
 			DelayMsMax: thirtyDaysMs, TTLMsMax: thirtyDaysMs, NackDelayMsMax: thirtyDaysMs},
 		// sinew serve keeps dropped sessions resumable for 5 s by default;
 		// the broker library's own default stays 0.
-		RuntimeSeed: RuntimeSeed{Connection: RuntimeSeedConnection{ReconnectGraceMs: 5000, RestartGraceMs: 30_000}},
+		RuntimeSeed: RuntimeSeed{Connection: RuntimeSeedConnection{ReconnectGraceMs: 5000, RestartGraceMs: 30_000, DrainTimeoutMs: 10_000}},
 	}
 }
 
@@ -200,6 +200,7 @@ func Default() Config {
 // bare "unknown key" (or, for an environment variable, nothing at all).
 var movedKeys = map[string]string{
 	"connection.reconnect_grace_ms": "runtime_seed.connection.reconnect_grace_ms",
+	"connection.drain_timeout_ms":   "runtime_seed.connection.drain_timeout_ms",
 }
 
 func movedKeyError(key string) error {
@@ -490,7 +491,6 @@ func (c *Config) Validate() error {
 	cn := c.Connection
 	positive("connection.handshake_timeout_ms", cn.HandshakeTimeoutMs)
 	positive("connection.write_timeout_ms", cn.WriteTimeoutMs)
-	positive("connection.drain_timeout_ms", cn.DrainTimeoutMs)
 	positive("connection.slow_consumer_timeout_ms", cn.SlowConsumerTimeoutMs)
 	if cn.HeartbeatMs < 0 || cn.HeartbeatMs > 1<<31 {
 		bad("connection.heartbeat_ms", "%d is out of range 0..%d", cn.HeartbeatMs, int64(1)<<31)
@@ -511,7 +511,6 @@ func (c *Config) Validate() error {
 	}{
 		{"connection.handshake_timeout_ms", cn.HandshakeTimeoutMs, 1 << 31},
 		{"connection.write_timeout_ms", cn.WriteTimeoutMs, 1 << 31},
-		{"connection.drain_timeout_ms", cn.DrainTimeoutMs, 1 << 31},
 		{"storage.sync_interval_ms", int64(c.Storage.SyncIntervalMs), 1 << 31},
 		{"queue.lease_ms", c.Queue.LeaseMs, 1 << 31},
 		{"connection.slow_consumer_timeout_ms", cn.SlowConsumerTimeoutMs, 1 << 31},

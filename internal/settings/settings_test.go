@@ -119,7 +119,8 @@ func TestBadValues(t *testing.T) {
 		{map[string]string{"SINEW_QUEUE_PARTITIONS": "0"}, "queue.partitions"},
 		{map[string]string{"SINEW_LOG_LEVEL": "loud"}, "log_level"},
 		// Values that parse but would wrap where they are used.
-		{map[string]string{"SINEW_CONNECTION_DRAIN_TIMEOUT_MS": "9223372036854775807"}, "connection.drain_timeout_ms: 9223372036854775807 is above 2147483648"},
+		{map[string]string{"SINEW_RUNTIME_SEED_CONNECTION_DRAIN_TIMEOUT_MS": "9223372036854775807"}, "runtime_seed.connection.drain_timeout_ms: 9223372036854775807 is out of range 1..2147483648"},
+		{map[string]string{"SINEW_RUNTIME_SEED_CONNECTION_DRAIN_TIMEOUT_MS": "0"}, "runtime_seed.connection.drain_timeout_ms: 0 is out of range 1..2147483648"},
 		{map[string]string{"SINEW_LIMITS_PUBLISH_INFLIGHT_MAX": "4294967297"}, "limits.publish_inflight_max: 4294967297 is above 1048576"},
 		{map[string]string{"SINEW_LIMITS_SUBSCRIPTIONS_MAX": "4294967297"}, "limits.subscriptions_max"},
 		{map[string]string{"SINEW_QUEUE_LEASE_MS": "4294967297000"}, "queue.lease_ms"},
@@ -224,5 +225,20 @@ func TestRuntimeSeedMatchesRuntimeKeys(t *testing.T) {
 	}
 	if seed[runtimesettings.KeyReconnectGraceMs] != 5000 {
 		t.Errorf("sinew serve's grace seed %d, want 5000", seed[runtimesettings.KeyReconnectGraceMs])
+	}
+}
+
+// connection.drain_timeout_ms became a runtime setting too.
+func TestMovedDrainTimeoutIsAClearError(t *testing.T) {
+	want := "connection.drain_timeout_ms is now a runtime setting: set runtime_seed.connection.drain_timeout_ms"
+	if _, err := Load(Sources{File: write(t, "[connection]\ndrain_timeout_ms = 3000\n")}); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("file: %v", err)
+	}
+	if _, err := Load(Sources{Env: env(map[string]string{"SINEW_CONNECTION_DRAIN_TIMEOUT_MS": "3000"})}); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("env: %v", err)
+	}
+	c, err := Load(Sources{File: write(t, "[runtime_seed.connection]\ndrain_timeout_ms = 3000\n")})
+	if err != nil || c.Seed()[runtimesettings.KeyDrainTimeoutMs] != 3000 {
+		t.Errorf("seed: %v %v", err, c.Seed())
 	}
 }

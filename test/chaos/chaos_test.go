@@ -51,7 +51,7 @@ const (
 var serveArgs = []string{
 	"--connection-heartbeat-ms", "1000",
 	"--runtime-seed-connection-reconnect-grace-ms", "5000",
-	"--connection-drain-timeout-ms", "5000",
+	"--runtime-seed-connection-drain-timeout-ms", "5000",
 	"--storage-segment-bytes", "1048576",
 	"--log-level", "debug",
 }

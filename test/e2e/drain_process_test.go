@@ -74,7 +74,7 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 	restarts, between := rollingSettings()
 	bin := buildSinew(t)
 	dir := t.TempDir()
-	srv := startChildArgs(t, bin, dir, "--connection-drain-timeout-ms", "10000")
+	srv := startChildArgs(t, bin, dir, "--runtime-seed-connection-drain-timeout-ms", "10000")
 	addr := srv.addr
 
 	c := sdkDial(t, addr, sinew.WithLogger(slog.New(slog.DiscardHandler)))
@@ -226,7 +226,7 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 		}
 		drains = append(drains, took)
 		start := time.Now()
-		srv = startChildArgs(t, bin, dir, "--connection-drain-timeout-ms", "10000", "--listen", addr)
+		srv = startChildArgs(t, bin, dir, "--runtime-seed-connection-drain-timeout-ms", "10000", "--listen", addr)
 		recoveries = append(recoveries, time.Since(start))
 	}
 	pace()
@@ -275,7 +275,7 @@ func TestSecondSigtermExitsAtOnce(t *testing.T) {
 	const total = 50
 	bin := buildSinew(t)
 	dir := t.TempDir()
-	srv := startChildArgs(t, bin, dir, "--connection-drain-timeout-ms", "120000")
+	srv := startChildArgs(t, bin, dir, "--runtime-seed-connection-drain-timeout-ms", "120000")
 	c := dial(t, srv.addr)
 	for i := range total {
 		c.publish(&protocol.Publish{Topic: "sigterm2", Partition: -1, Body: body(fmt.Sprint(i))})

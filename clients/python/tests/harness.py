@@ -62,7 +62,7 @@ class Broker:
             broker_binary(), "serve", "--listen", self.addr, "--admin-listen", "",
             "--data-dir", self.data.name,
             "--runtime-seed-connection-reconnect-grace-ms", str(self.grace_ms),
-            "--connection-drain-timeout-ms", str(self.drain_timeout_ms), *self.extra,
+            "--runtime-seed-connection-drain-timeout-ms", str(self.drain_timeout_ms), *self.extra,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         assert self.proc.stderr is not None
         stderr = self.proc.stderr
