@@ -297,3 +297,69 @@ func TestAdminAnswersWhileRecovering(t *testing.T) {
 		t.Fatalf("/readyz once serving: %d", code)
 	}
 }
+
+// A dead-letter listing walks page by page with its cursor, over every
+// partition of the dead-letter queue, each dead letter once.
+func TestAdminDeadLetterPages(t *testing.T) {
+	cfg := testServeConfig(t)
+	cfg.Queue.Partitions = 2 // the global dead-letter queue is created with them
+	addr, adminAddr, _ := runServeAdmin(t, cfg)
+	api := "http://" + adminAddr + "/api/v1"
+	ctx, cancel := context.WithTimeout(context.Background(), safetyTimeoutMs*time.Millisecond)
+	defer cancel()
+	c, err := sinew.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.DeclareQueue(ctx, "pages", sinew.QueueConfig{MaxRetries: sinew.RetriesNone}); err != nil {
+		t.Fatal(err)
+	}
+	const total = 5
+	for i := range total {
+		if _, err := c.PublishText(ctx, "pages", "p", sinew.WithKey([]byte{byte('a' + i)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub, err := c.Subscribe(ctx, "pages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range total {
+		if err := (<-sub.Messages()).Fail(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var dl admin.DeadLettersView
+	apiPoll(t, "every dead letter listed", func() bool {
+		return httpJSON(t, "GET", api+"/deadletters?limit=200", "", &dl) == 200 && len(dl.DeadLetters) == total
+	})
+	var dlq admin.QueueView
+	if code := httpJSON(t, "GET", api+"/queues/"+dl.Topic, "", &dlq); code != 200 || dlq.PartitionCount != 2 || !dlq.DeadLetterQueue {
+		t.Fatalf("dead-letter queue: %d %+v", code, dlq)
+	}
+	seen := map[string]bool{}
+	cursor := ""
+	for page := 0; ; page++ {
+		if page > 2*total {
+			t.Fatalf("the cursor does not end: %q", cursor)
+		}
+		if code := httpJSON(t, "GET", api+"/deadletters?limit=2&cursor="+cursor, "", &dl); code != 200 || len(dl.DeadLetters) > 2 {
+			t.Fatalf("page %d: %d %+v", page, code, dl)
+		}
+		for _, d := range dl.DeadLetters {
+			k := itoa(d.Partition) + ":" + itoa(d.Offset)
+			if seen[k] || d.SourceTopic != "pages" || d.Reason != "failed" {
+				t.Fatalf("page %d: %+v (seen %v)", page, d, seen)
+			}
+			seen[k] = true
+		}
+		if dl.NextCursor == "" {
+			break
+		}
+		cursor = dl.NextCursor
+	}
+	if len(seen) != total {
+		t.Fatalf("pages held %d dead letters, want %d", len(seen), total)
+	}
+}

@@ -22,6 +22,10 @@ const (
 	deadLetterLimitDefault = 50
 	deadLetterLimitMax     = 200
 	replayItemsMax         = 100
+	// deadLetterPeeksMax bounds the partition walks of one dead-letter
+	// listing (each walks at most partition.PeekScanMax offsets); a listing
+	// that reaches it returns a cursor even if it found fewer than limit.
+	deadLetterPeeksMax = 64
 )
 
 // MessagesView is the JSON of GET /api/v1/queues/{topic}/messages.
@@ -229,8 +233,14 @@ func (a *api) deadLetters(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := requestContext(r)
 	defer cancel()
 	n := uint32(len(qs.Partitions))
+	peeks := 0
+walk:
 	for ; part < n; part, off = part+1, 0 {
 		for len(out.DeadLetters) < int(limit) {
+			if peeks == deadLetterPeeksMax {
+				break walk // the cursor says where to go on
+			}
+			peeks++
 			res, err := b.Peek(ctx, topic, "", part, off, int(limit)-len(out.DeadLetters))
 			if err != nil {
 				writeBrokerError(w, err)

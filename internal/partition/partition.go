@@ -292,7 +292,7 @@ const (
 	ctlSetConfig
 	ctlClaim
 	ctlAdopt
-	ctlInspect // tests: run fn on the actor goroutine
+	ctlInspect // run fn on the actor goroutine between turns (Peek, tests)
 )
 
 // control is a message that must not be refused for lack of inbox room.
