@@ -174,11 +174,50 @@ class Restart(BrokerCase):
         await self.broker.start()
         r2 = await within(later)
         self.assertNotEqual(c.server_generation, gen)
+        self.assertEqual(c.last_outcome, 1)  # the session was kept across the planned restart
         self.assertGreater(r2.offset, r1.offset)
-        m2 = await recv(sub)  # resubscribed on the fresh session
+        m2 = await recv(sub)  # the subscription carried over the restart
         self.assertEqual((m2.body, m2.attempt), (b"two", 1))
         await m2.complete()
         self.assertTrue(all(d <= 0.5 * 1.1 for d in fast.delays), fast.delays)
+        self.assertIsNone(sub.end_reason)
+
+
+    async def test_kill_9_restart_resumes_the_session(self) -> None:
+        c = await self.client(self.broker.addr, sleep=Recorder())
+        sub = await c.subscribe("crash", prefetch=4)
+        await c.publish("crash", b"held")
+        m1 = await recv(sub)
+        await self.broker.kill()  # kill -9: no GOING_AWAY
+        await self.broker.start()  # sessions are restored from the data directory
+        await within(c.publish("crash", b"marker"))
+        self.assertEqual(c.last_outcome, 1)  # resumed
+        await m1.complete()  # the lease survived the crash
+        nxt = await recv(sub)
+        self.assertEqual((nxt.body, nxt.attempt), (b"marker", 1), "the held message came back")
+        await nxt.complete()
+        self.assertIsNone(sub.end_reason)
+
+
+class LostSession(BrokerCase):
+    # A broker that restores no session after a restart.
+    broker_args = ("--runtime-seed-connection-restart-grace-ms", "0")
+
+    async def test_lost_session_fails_settles_stale_and_messages_return(self) -> None:
+        c = await self.client(self.broker.addr, sleep=Recorder())
+        sub = await c.subscribe("lost", prefetch=4)
+        await c.publish("lost", b"held")
+        m1 = await recv(sub)
+        await self.broker.kill()
+        await self.broker.start()
+        # The client finds its session gone (resume_not_found), subscribes
+        # again, and the message it had not settled comes back.
+        m1b = await recv(sub)
+        self.assertEqual((m1b.body, m1b.attempt), (b"held", 2))
+        self.assertEqual(c.last_outcome, 2)
+        with self.assertRaises(sinew.StaleDeliveryError):
+            await m1.complete()
+        await m1b.complete()
         self.assertIsNone(sub.end_reason)
 
 

@@ -1,0 +1,114 @@
+"""Client behaviour on input the real broker never sends: a scripted peer on
+loopback writes exact bytes (frames split across reads, an oversized frame).
+Everything the real broker can do is tested against it in test_broker.py."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import unittest
+from collections.abc import Awaitable, Callable
+
+import sinew
+from sinew import _wire as w
+
+WAIT_S = 10.0
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def read_frame(r: asyncio.StreamReader) -> tuple[int, int, w.Body]:
+    head = await r.readexactly(16)
+    n, _, op, _, rid = w.parse_header(head, w.FRAME_BYTES_DEFAULT)
+    return op, rid, w.decode_body(op, await r.readexactly(n))
+
+
+async def handshake(r: asyncio.StreamReader, wr: asyncio.StreamWriter, frame_bytes_max: int = 65536) -> None:
+    op, rid, _ = await read_frame(r)
+    assert op == w.HELLO
+    ok = w.HelloOK(1, "scripted", w.ResumeIdentity("c-1", "o-1", b"t"), 0, 1, 0, 0,
+                   w.Limits(frame_bytes_max, 1 << 20, 1000, 256, 64, 16))
+    wr.write(w.encode_frame(ok, rid))
+
+
+class Scripted(unittest.IsolatedAsyncioTestCase):
+    async def serve(self, script: Script) -> str:
+        self.accepted = 0
+
+        async def handle(r: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
+            self.accepted += 1
+            try:
+                await script(r, wr)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                wr.transport.abort()
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.addCleanup(self.server.close)
+        return "127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
+
+    async def test_frames_split_and_coalesced_are_all_read(self) -> None:
+        async def script(r: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
+            await handshake(r, wr)
+            op, rid, _ = await read_frame(r)
+            assert op == w.SUBSCRIBE
+            out = w.encode_frame(w.SubscribeOK(9, [0], 10), rid)
+            for tag in (1, 2, 3):  # three deliveries in one write with the reply
+                out += w.encode_frame(w.Deliver(9, tag, 0, tag, 1, 0, b"", [], "", b"m%d" % tag, "t", "", tag), 0)
+            wr.write(out)
+            last = w.encode_frame(w.Deliver(9, 4, 0, 4, 1, 0, b"", [("h", "v")], "", b"x" * 3000, "t", "", 4), 0)
+            for i in range(len(last)):  # and one a byte at a time
+                wr.write(last[i:i + 1])
+                await wr.drain()
+                await asyncio.sleep(0)
+            while True:  # until the client ends its session
+                op, rid, _ = await read_frame(r)
+                if op == w.END_SESSION:
+                    wr.write(w.encode_frame(w.Ok(), rid))
+                    await wr.drain()
+                    return
+
+        c = await sinew.connect(await self.serve(script))
+        self.addAsyncCleanup(c.close)
+        sub = await c.subscribe("t")
+        got = [await asyncio.wait_for(sub.__anext__(), WAIT_S) for _ in range(4)]
+        self.assertEqual([m.body for m in got], [b"m1", b"m2", b"m3", b"x" * 3000])
+        self.assertEqual(got[3].header("h"), "v")
+
+    async def test_oversized_frame_is_fatal_and_not_reconnected(self) -> None:
+        async def script(r: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
+            await handshake(r, wr, frame_bytes_max=65536)
+            op, rid, _ = await read_frame(r)
+            wr.write(w.encode_frame(w.SubscribeOK(9, [0], 10), rid))
+            # A header announcing a body beyond the limit; the body never comes.
+            wr.write(struct.pack(">IBBHQ", 1 << 20, 1, w.DELIVER, 0, 0))
+            await r.read()
+
+        sleeps: list[float] = []
+
+        async def sleep(d: float) -> None:
+            sleeps.append(d)
+
+        c = await sinew.connect(await self.serve(script), sleep=sleep)
+        self.addAsyncCleanup(c.close)
+        sub = await c.subscribe("t")
+        with self.assertRaises(sinew.ProtocolError):
+            await asyncio.wait_for(sub.__anext__(), WAIT_S)
+        with self.assertRaises(sinew.ProtocolError):
+            await c.publish("t", b"x")
+        self.assertEqual((self.accepted, sleeps), (1, []))
+
+    async def test_unsupported_version_in_hello_ok_is_fatal(self) -> None:
+        async def script(r: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
+            _, rid, _ = await read_frame(r)
+            wr.write(w.encode_frame(w.HelloOK(protocol_version=2), rid))
+            await r.read()
+
+        with self.assertRaises(sinew.ProtocolError):
+            await sinew.connect(await self.serve(script))
+        self.assertEqual(self.accepted, 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
