@@ -344,9 +344,10 @@ func (s *Subscription) forget(k leaseKey) (held, carried bool) {
 }
 
 // settleCode maps a partition's answer to a settle. A message already
-// settled is stale_lease whatever the op: the queue cannot tell whether this
-// lease settled it or a later one did, and the session, which remembers its
-// own recent settles, answers a repeated one ok before it gets here. A lease
+// settled is stale_lease, except an ACK by the lease that ACKed it, which
+// the partition answers ok itself from its bounded memory of recent ACKs
+// (a repeat whose answer was lost, even across a crash); the session also
+// answers its own recent repeats ok before they get here. A lease
 // that ended without a settle, the message queued again, is ok for a NACK
 // (the queue applies an ACK or FAIL of it).
 func settleCode(kind protocol.Op, err error) protocol.Code {

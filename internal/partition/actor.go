@@ -457,6 +457,11 @@ func (p *Partition) turn(batch []command) {
 			default:
 				err = fmt.Errorf("partition: unknown settle op %d", c.op)
 			}
+			if c.op == Ack && errors.Is(err, queue.ErrAlreadySettled) && p.acked.by(c.offset, c.leaseID) {
+				// The same ACK again: it took effect already.
+				err = nil
+				evs = evs[:0]
+			}
 			if err == nil {
 				h, held := p.holders[c.offset]
 				held = held && c.by != nil && h.c == c.by && h.leaseID == c.leaseID
@@ -678,13 +683,16 @@ func (p *Partition) appendAll(evs []queue.Event, c Consumer) (int, error) {
 		}
 		p.cfg.Counters.count(ev)
 		switch ev.Kind {
+		case queue.KindAck:
+			p.acked.put(ev.Offset, ev.LeaseID)
+			p.leaseEnded(ev.Offset, ev.LeaseID)
 		case queue.KindLease:
 			if c == nil {
 				panic("partition: lease event without a consumer")
 			}
 			p.holders[ev.Offset] = holder{c: c, leaseID: ev.LeaseID}
 			p.open.deliveries = append(p.open.deliveries, pending{c: c, offset: ev.Offset, leaseID: ev.LeaseID, attempt: ev.Attempt})
-		case queue.KindAck, queue.KindRequeue:
+		case queue.KindRequeue:
 			p.leaseEnded(ev.Offset, ev.LeaseID)
 		case queue.KindDeadLetter:
 			if ev.LeaseID != 0 {

@@ -1,10 +1,12 @@
 package partition
 
 import (
+	"errors"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/vfs"
 )
 
@@ -124,6 +126,43 @@ func TestAdoptSkipsExpiredLeases(t *testing.T) {
 		synctest.Wait()
 		if st := p.Stats(); st.Inflight != 0 || st.Ready != 1 {
 			t.Fatalf("stats %+v, want the expired lease ready", st)
+		}
+	})
+}
+
+// TestRepeatedAckAfterCrash: an ACK whose answer was lost (here: in a power
+// cut right after it was durable) is sent again after the restart; the
+// partition remembers which lease ACKed the offset and answers ok, applying
+// nothing. An ACK naming another lease of that offset is still refused.
+func TestRepeatedAckAfterCrash(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := vfs.NewMem()
+		cfg := testConfig(fs)
+		p := mustOpen(t, cfg)
+		mustPublish(t, p, "x", nil)
+		c := &tconsumer{owner: "o", credit: 1}
+		p.Attach(c)
+		synctest.Wait()
+		d := c.deliveries()[0]
+		if err := settle(p, Ack, d, 0); err != nil {
+			t.Fatal(err)
+		}
+		img := fs.Crash(nil, false)
+		p.Close()
+
+		cfg.FS = img
+		p = mustOpen(t, cfg)
+		defer p.Close()
+		if err := settle(p, Ack, d, 0); err != nil {
+			t.Fatalf("the same ACK after the crash: %v, want ok", err)
+		}
+		other := d
+		other.LeaseID++
+		if err := settle(p, Ack, other, 0); !errors.Is(err, queue.ErrAlreadySettled) {
+			t.Fatalf("an ACK of another lease: %v, want already settled", err)
+		}
+		if st := p.Stats(); st.Ready != 0 || st.Inflight != 0 {
+			t.Fatalf("stats %+v: nothing may come back", st)
 		}
 	})
 }

@@ -222,6 +222,9 @@ func (p *Partition) recover() error {
 			if err := st.Apply(r.LSN, ev); err != nil {
 				return err
 			}
+			if ev.Kind == queue.KindAck {
+				p.acked.put(ev.Offset, ev.LeaseID)
+			}
 			if ev.Kind == queue.KindEnqueue {
 				// Only a durable record is replayed, so only a durable
 				// store is remembered as seen.

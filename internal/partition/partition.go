@@ -358,7 +358,13 @@ type Partition struct {
 	// consumer to that lease, so the consumer is told when the lease
 	// ends (Consumer.LeaseEnded). Bounded by the consumers' prefetch.
 	holders map[uint64]holder
-	loaded  map[uint64][]byte // payloads readAhead found, for one deliver call
+	// acked remembers the lease that ACKed each recently settled offset,
+	// bounded by ackMemoryMax, so that the same ACK sent again (its answer
+	// lost, say in a crash) is answered ok rather than stale_lease. It is
+	// filled by ACKs appended and by those replayed at Open (the records
+	// after the checkpoint).
+	acked  ackMemory
+	loaded map[uint64][]byte // payloads readAhead found, for one deliver call
 	// The pipeline (see doc.go): open collects what the current turns
 	// produce; syncing waits for the sync under way (syncBusy). syncReq
 	// and synced connect the actor with its syncer goroutine; each holds
@@ -519,6 +525,7 @@ func newPartition(cfg Config) *Partition {
 		stopped:     make(chan struct{}),
 		deadLetters: make(map[uint64]*deadLetter),
 		holders:     make(map[uint64]holder),
+		acked:       ackMemory{m: make(map[uint64]uint64)},
 		loaded:      make(map[uint64][]byte),
 		cache:       newBodyCache(cfg.BodyCacheBytes),
 	}
@@ -812,4 +819,32 @@ func (p *Partition) publishStats() {
 
 func (p *Partition) String() string {
 	return fmt.Sprintf("%s/%s/p%d", p.cfg.Topic, p.cfg.Group, p.cfg.Index)
+}
+
+// ackMemoryMax bounds the ACKs a partition remembers by lease (Partition.acked).
+const ackMemoryMax = 1 << 16
+
+// ackMemory maps offsets to the lease that ACKed them, oldest forgotten
+// first past ackMemoryMax. Actor only (and Open's replay, before the actor
+// starts).
+type ackMemory struct {
+	m     map[uint64]uint64
+	order []uint64
+}
+
+func (a *ackMemory) put(offset, leaseID uint64) {
+	if _, ok := a.m[offset]; !ok {
+		if len(a.order) >= ackMemoryMax {
+			delete(a.m, a.order[0])
+			a.order = a.order[1:]
+		}
+		a.order = append(a.order, offset)
+	}
+	a.m[offset] = leaseID
+}
+
+// by reports whether leaseID is the lease that ACKed offset.
+func (a *ackMemory) by(offset, leaseID uint64) bool {
+	l, ok := a.m[offset]
+	return ok && leaseID != 0 && l == leaseID
 }

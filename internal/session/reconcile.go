@@ -193,8 +193,13 @@ func (s *Session) Inflight(sink Sink, reqID uint64, req *protocol.Inflight) erro
 				continue
 			}
 		}
+		if s.fromRestart && ref != nil {
+			// Judged by its lease when the client settles it (restore.go).
+			continue
+		}
 		stale = append(stale, x.Tag)
 	}
+	s.fromRestart = false
 	resent := 0
 	for _, tag := range s.resendTags {
 		e, ok := s.tags[tag]

@@ -27,6 +27,11 @@ import (
 //	   reference), so the client's tags stay valid and nothing reaches the
 //	   application twice; adopted leases the client does not report are
 //	   re-sent under their fresh tags;
+//	   A reported delivery the session neither holds nor adopted is not
+//	   reported stale in that first INFLIGHT: its ACK may have been applied
+//	   just before the old process died, and the client's repeat of it is
+//	   answered ok by the partition, which remembers which lease ACKed an
+//	   offset (any other settle of it is judged by its lease as usual);
 //	5. when the window ends, sessions not resumed are cleaned up as at a
 //	   grace expiry: their leases go back to ready as releases (no retry
 //	   used), and the store forgets them.
@@ -68,7 +73,7 @@ func (r *Registry) restore() {
 			continue
 		}
 		s := newSession(r, x.ClientID, nil)
-		s.tokenHash, s.restored, s.restoring = x.TokenHash, true, true
+		s.tokenHash, s.restored, s.restoring, s.fromRestart = x.TokenHash, true, true, true
 		s.lastTag = st.Boot() << tagShift
 		s.detached.Store(true) // no new deliveries until the client is back
 		s.inGrace = true

@@ -71,6 +71,11 @@ type Session struct {
 	// the deliveries of adopted leases are then noted for re-send, never
 	// buffered, since the client may hold them already (see restore.go).
 	restoring bool
+	// fromRestart is set (under mu) from a restore until the first
+	// INFLIGHT: a reported delivery the session does not hold is then not
+	// called stale, since its lease may have been settled by the client's
+	// own ACK whose answer died with the old process (restore.go).
+	fromRestart bool
 	// detached is set while no sink is attached (dormant): the session's
 	// subscriptions then take no new deliveries, so a live consumer of the
 	// same queue gets them instead. Read without mu by roomBytes.
