@@ -165,8 +165,16 @@ func TestPublishLeaseAck(t *testing.T) {
 		if err := settle(p, Ack, got[0], 0); err != nil {
 			t.Fatalf("ack: %v", err)
 		}
-		if err := settle(p, Ack, got[0], 0); !errors.Is(err, queue.ErrAlreadySettled) {
-			t.Fatalf("second ack: %v, want ErrAlreadySettled", err)
+		// The same ACK again is ok (the partition remembers the lease that
+		// ACKed the offset); an ACK of another lease of it, or a FAIL, is not.
+		if err := settle(p, Ack, got[0], 0); err != nil {
+			t.Fatalf("second ack of the same lease: %v, want ok", err)
+		}
+		if err := settle(p, Ack, Delivery{Offset: got[0].Offset, LeaseID: got[0].LeaseID + 1}, 0); !errors.Is(err, queue.ErrAlreadySettled) {
+			t.Fatalf("ack of another lease: %v, want ErrAlreadySettled", err)
+		}
+		if err := settle(p, Fail, got[0], 0); !errors.Is(err, queue.ErrAlreadySettled) {
+			t.Fatalf("fail after the ack: %v, want ErrAlreadySettled", err)
 		}
 		if err := settle(p, Ack, Delivery{Offset: got[1].Offset, LeaseID: got[1].LeaseID + 100}, 0); !errors.Is(err, queue.ErrStaleLease) {
 			t.Fatalf("ack with wrong lease: %v, want ErrStaleLease", err)
