@@ -9,7 +9,11 @@
 // (publish or subscribe) with the broker's defaults, within a budget
 // (Config.QueuesMax, QueuePartitionsMax, PartitionsTotalMax: beyond it,
 // CodeLimitExceeded naming the limit). Delete removes a queue and Purge
-// discards its queued messages.
+// discards its queued messages. For operators (inspect.go), Config returns
+// a queue's stored declaration, Peek reads a partition's unsettled messages
+// without leasing them, Discard removes one queued message (a dead letter
+// once it was replayed), and Counters are the event counts all partitions
+// share.
 //
 // # Goroutines
 //

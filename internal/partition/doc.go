@@ -153,4 +153,15 @@
 // The table is written in the checkpoint beside the queue snapshot, so a
 // sequence stays remembered after its message was acked and retention
 // dropped its segment.
+//
+// # Inspection and counters
+//
+// Peek runs on the actor between two turns (a control message), walks at
+// most PeekScanMax offsets from the settled frontier or the offset asked,
+// and returns the unsettled messages with their state; it appends nothing
+// and leases nothing. Discard removes one queued message with the record
+// a purge writes for it, answered once that record is durable. Every
+// applied event is counted in Config.Counters (atomics, shared by all the
+// partitions of a broker), and the syncer reports each sync that made a
+// stage durable to Config.OnSync: the operator's metrics read these.
 package partition

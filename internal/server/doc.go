@@ -43,4 +43,8 @@
 //
 // Durability: the server stores nothing. A PUBLISH_OK is sent only from the broker's
 // completion callback, which runs after the message is durable.
+//
+// For operators, Connections lists the open connections under the server's
+// lock, Draining says whether Shutdown began, and Stats reads the counters
+// (atomics) without locks on the hot paths.
 package server

@@ -100,4 +100,10 @@
 // in Stats.ResumedAfterRestart), and the rest are cleaned up when it ends. Without a store nothing is durable: a restart ends every
 // session, and a client that resumes afterwards gets resume_not_found and
 // rebuilds its subscriptions (see Reconcile).
+//
+// Registry.Sessions gives operators a snapshot of every live session,
+// attached or dormant with the grace it has left (Config.Now reads the
+// clock for that; the grace itself is ended by AfterFunc), its
+// subscriptions and unsettled deliveries. It takes the registry's lock,
+// then each session's lock in turn, never two sessions' at once.
 package session
