@@ -157,6 +157,26 @@ class CutSocket(BrokerCase):
             self.proxy.cut_all()
 
 
+class QueueDeletedWhileCut(BrokerCase):
+    async def test_subscription_ends_not_found_after_resume(self) -> None:
+        admin = await self.client(self.broker.addr)
+        await admin.declare_queue("gone")
+        c = await self.client(sleep=Recorder())
+        sub = await c.subscribe("gone")
+        await self.proxy.refuse(True)
+        self.proxy.cut_all()
+        await admin.delete_queue("gone")
+        await self.proxy.refuse(False)
+        # The deletion reaches the dormant session; the resumed client hears
+        # of it and the subscription ends with a typed reason, not silently.
+        with self.assertRaises(sinew.BrokerError) as cm:
+            await recv(sub)
+        self.assertEqual(cm.exception.name, "not_found")
+        self.assertIsInstance(sub.end_reason, sinew.BrokerError)
+        await within(c.publish("gone", b"x"))  # the client itself carries on
+        self.assertEqual(c.last_outcome, 1)
+
+
 class Restart(BrokerCase):
     async def test_restart_with_drain(self) -> None:
         fast = Recorder()
