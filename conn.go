@@ -237,6 +237,15 @@ func (c *conn) sendFrame(frame []byte) {
 	}
 }
 
+// goAway marks c as draining: new operations wait for the next connection and
+// the endpoint's watch closes c once its work is done, or at deadlineMs (Unix
+// ms).
+func (c *conn) goAway(deadlineMs int64) {
+	c.awayDeadline.Store(deadlineMs)
+	c.draining.Store(true)
+	c.awayOnce.Do(func() { close(c.goingAway) })
+}
+
 // refuse keeps cl, a replayable call the broker refused while draining, for
 // close to requeue. It reports false when c is already closed (the caller
 // fails cl then; close has requeued everything else).
@@ -308,9 +317,7 @@ func (c *conn) dispatch(f protocol.Frame) error {
 	case *protocol.SubClosed:
 		c.ep.subClosed(c, b)
 	case *protocol.GoingAway:
-		c.awayDeadline.Store(b.DeadlineMs)
-		c.draining.Store(true)
-		c.awayOnce.Do(func() { close(c.goingAway) })
+		c.goAway(b.DeadlineMs)
 		c.ep.o.logger.Info("sinew: broker going away", "addr", c.ep.addr, "reason", b.Reason, "grace_ms", b.GraceMs)
 	case *protocol.ErrorBody:
 		be := brokerErr(b.Err())
@@ -321,7 +328,10 @@ func (c *conn) dispatch(f protocol.Frame) error {
 		if cl != nil && cl.replay && !b.Fatal && b.Code == protocol.CodeShuttingDown && c.refuse(cl) {
 			// A publish that crossed GOING_AWAY on the wire: the broker
 			// refused it before storing anything, so it waits for the next
-			// connection instead of failing.
+			// connection instead of failing. The broker is draining even if
+			// its GOING_AWAY is still on the way: leave once the work in
+			// flight is done, within goingAwayWaitMax until it says more.
+			c.goAway(c.ep.o.clock.Now().Add(goingAwayWaitMax).UnixMilli())
 			break
 		}
 		if cl != nil {

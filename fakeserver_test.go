@@ -36,6 +36,9 @@ type fakeBroker struct {
 	// heldPublishes), as if the broker died before they were durable.
 	holdPublishes bool
 	heldPublishes []protocol.Publish
+	// refusePublishes answers that many publishes shutting_down (not
+	// fatal), as a draining broker answers one that crossed its GOING_AWAY.
+	refusePublishes int
 	wg            sync.WaitGroup
 }
 
@@ -228,6 +231,11 @@ func (b *fakeBroker) handle(c *fConn, f protocol.Frame, body protocol.Body) bool
 		b.queue(m.Topic)
 		c.write(0, id, &protocol.DeclareOK{Partitions: 1, Created: !existed})
 	case *protocol.Publish:
+		if b.refusePublishes > 0 {
+			b.refusePublishes--
+			c.write(0, id, &protocol.ErrorBody{Code: protocol.CodeShuttingDown, Message: "broker is draining"})
+			return true
+		}
 		if b.holdPublishes {
 			b.heldPublishes = append(b.heldPublishes, *m)
 			return true

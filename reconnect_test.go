@@ -795,3 +795,29 @@ func TestGenerationChangeResendsOnlyIdempotentPublishes(t *testing.T) {
 		})
 	}
 }
+
+// A publish the broker refuses with shutting_down (it crossed GOING_AWAY on
+// the wire; nothing was stored) is not an application error: the client
+// leaves the draining connection, and the publish is sent again, once, on
+// the next one.
+func TestShuttingDownPublishIsHeldForTheNextConnection(t *testing.T) {
+	b := newFakeBroker(t)
+	c := dialT(t, b.addr())
+	ctx := testCtx(t)
+	b.mu.Lock()
+	b.refusePublishes = 1
+	b.mu.Unlock()
+	r, err := c.Publish(ctx, "drain", []byte("crossed"))
+	if err != nil {
+		t.Fatalf("publish refused while draining surfaced %v", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	q := b.queues["drain"]
+	if q == nil || len(q.ready) != 1 || string(q.ready[0].pub.Body) != "crossed" || r.Offset != q.ready[0].offset {
+		t.Fatalf("stored %+v, result %+v; want the publish once", q, r)
+	}
+	if len(b.hellos) != 2 {
+		t.Fatalf("%d handshakes, want 2: the client leaves the draining connection", len(b.hellos))
+	}
+}

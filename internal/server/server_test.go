@@ -493,3 +493,25 @@ func TestShutdownDeadlineWithUnsettled(t *testing.T) {
 		t.Fatalf("shutdown: %v, want context.Canceled", err)
 	}
 }
+
+// TestShutdownEndsWhenTheClientLeaves: a client that leaves during the drain
+// (as the SDK does once its own work is done) takes its session's deliveries
+// with it, so the drain ends then, not at its deadline.
+func TestShutdownEndsWhenTheClientLeaves(t *testing.T) {
+	fx := start(t, nil)
+	c := fx.dial()
+	c.hello(protocol.Hello{})
+	c.publish("q", "m1")
+	c.subscribe(protocol.Subscribe{Topic: "q", Prefetch: 1})
+	expect[*protocol.Deliver](c)
+
+	ctx, cancel := context.WithTimeout(context.Background(), safetyTimeout)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- fx.srv.Shutdown(ctx) }()
+	expect[*protocol.GoingAway](c)
+	c.nc.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("shutdown: %v, want nil (the drain ended when the client left)", err)
+	}
+}
