@@ -39,7 +39,7 @@ type fakeBroker struct {
 	// refusePublishes answers that many publishes shutting_down (not
 	// fatal), as a draining broker answers one that crossed its GOING_AWAY.
 	refusePublishes int
-	wg            sync.WaitGroup
+	wg              sync.WaitGroup
 }
 
 type fSession struct {
