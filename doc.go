@@ -110,6 +110,13 @@
 // id fails with ErrConnectionLost instead: the broker process that is gone may
 // have stored it, and the new one could not recognise a resend.
 //
+// sinew serve keeps sessions across its own restarts, planned or kill -9, for
+// connection.restart_grace_ms (30 s by default): a client back within it
+// resumes its session, and the deliveries its application holds unsettled
+// stay its own (same leases, nobody else gets them), so their settles are
+// accepted. After the window the session is gone (resume_not_found) and
+// those deliveries went back to the queue.
+//
 // Close ends the broker's session with END_SESSION, so its unsettled messages
 // go to other consumers at once instead of after the reconnect grace.
 //

@@ -78,7 +78,10 @@
 // Broker methods (Subscribe, Settle, Close) are always called without Session.mu
 // held, because a broker may call back into the session from its own goroutines.
 //
-// Observability: the registry's Stats counts resume outcomes, grace entered and
+// Observability: the registry's Stats counts sessions restored after a
+// restart, leases they reclaimed, resumes after a restart, sessions and
+// leases released when the restart window ended, store write failures,
+// resume outcomes, grace entered and
 // expired, leases requeued at grace expiry, reconcile and inflight decisions by
 // action, late settles accepted and rejected by code, and repeated settles. Each
 // of these events is also logged with the client id, the connection id and
