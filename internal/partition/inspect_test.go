@@ -28,6 +28,7 @@ func TestPeekAndDiscard(t *testing.T) {
 		counters := new(Counters)
 		cfg.Counters = counters
 		p := mustOpen(t, cfg)
+		defer func() { p.Close() }()
 		a := mustPublish(t, p, "a", nil)
 		b := mustPublish(t, p, "b", func(m *queue.Message) { m.Key = []byte{0xff, 0} })
 		c := mustPublish(t, p, "c", nil)
@@ -50,8 +51,10 @@ func TestPeekAndDiscard(t *testing.T) {
 		if r, err := p.Peek(ctx, b, 1); err != nil || len(r.Messages) != 1 || r.Messages[0].Info.Offset != b || r.Next != b+1 {
 			t.Fatalf("peek from %d limit 1: %+v %v", b, r, err)
 		}
-		if after := p.Stats(); after != before {
-			t.Fatalf("peek changed the partition: %+v, was %+v", after, before)
+		// The queue's state and its log are as they were (the size on
+		// disk is left out: a stats snapshot may predate the last write).
+		if after := p.Stats(); after.Stats != before.Stats {
+			t.Fatalf("peek changed the partition: %+v, was %+v", after.Stats, before.Stats)
 		}
 
 		// Lease a; then discard b (queued: ok) and a (leased: refused).
@@ -88,7 +91,6 @@ func TestPeekAndDiscard(t *testing.T) {
 		p.Close()
 		cfg.FS = img
 		p = mustOpen(t, cfg)
-		defer p.Close()
 		r, err := p.Peek(ctx, 0, 10)
 		if err != nil {
 			t.Fatal(err)
