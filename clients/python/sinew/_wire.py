@@ -206,11 +206,12 @@ def _enc(out: bytearray, typ: Any, v: Any) -> None:
 
 def _dec(r: Reader, typ: Any) -> Any:
     if isinstance(typ, tuple):
-        item = typ[1]
-        n = r.count(item._bytes_min() if isinstance(item, type) else _ITEM_MIN[item])
+        item: Any = typ[1]
+        n = r.count(_ITEM_MIN[item] if isinstance(item, str) else item._bytes_min())
         return [_dec(r, item) for _ in range(n)]
     if isinstance(typ, type):
-        return typ._decode_from(r)
+        struct_type: Any = typ
+        return struct_type._decode_from(r)
     if typ == "header":
         return (r.str(), r.str())
     return getattr(r, "raw" if typ == "bytes" else "boolean" if typ == "bool" else typ)()
@@ -641,11 +642,11 @@ class InflightResult(Body):
 
 _resolve()
 
-BODIES: dict[int, type[Body]] = {
-    c.OP: c for c in (Hello, HelloOK, Ping, Pong, ErrorBody, Ok, DeclareQueue, DeclareOK, Publish, PublishOK,
-                      DeleteQueue, PurgeQueue, PurgeOK, Subscribe, SubscribeOK, Unsubscribe, SubClosed, Deliver,
-                      SettleResult, GoingAway, Reconcile, ReconcileResult, EndSession, Inflight, InflightResult)
-}
+_OP_BODIES: tuple[type[Body], ...] = (
+    Hello, HelloOK, Ping, Pong, ErrorBody, Ok, DeclareQueue, DeclareOK, Publish, PublishOK, DeleteQueue, PurgeQueue,
+    PurgeOK, Subscribe, SubscribeOK, Unsubscribe, SubClosed, Deliver, SettleResult, GoingAway, Reconcile,
+    ReconcileResult, EndSession, Inflight, InflightResult)
+BODIES: dict[int, type[Body]] = {c.OP: c for c in _OP_BODIES}
 BODIES[ACK] = Settle
 BODIES[NACK] = Settle
 BODIES[FAIL] = Settle
@@ -710,7 +711,7 @@ def decode_body(op: int, body: bytes) -> Body:
     cls = BODIES.get(op)
     if cls is None:
         raise ProtocolError(f"unknown op 0x{op:02x}")
-    msg = cls.decode(body)
+    msg: Body = cls.decode(body)
     if isinstance(msg, Settle):
         msg.kind = op
     return msg

@@ -144,7 +144,7 @@ class Bodies(unittest.TestCase):
 def from_json(typ: Any, v: Any) -> Any:
     if isinstance(typ, tuple):
         return [from_json(typ[1], x) for x in v]
-    if isinstance(typ, type):
+    if isinstance(typ, type) and issubclass(typ, w.Body):
         return typ(**{n: from_json(t, v[n]) for n, t in typ._FIELDS})
     if typ in ("uvarint", "varint"):
         return int(v)
@@ -158,7 +158,7 @@ def from_json(typ: Any, v: Any) -> Any:
 def to_json(typ: Any, v: Any) -> Any:
     if isinstance(typ, tuple):
         return [to_json(typ[1], x) for x in v]
-    if isinstance(typ, type):
+    if isinstance(typ, type) and issubclass(typ, w.Body):
         return {n: to_json(t, getattr(v, n)) for n, t in typ._FIELDS}
     if typ in ("uvarint", "varint"):
         return str(v)
