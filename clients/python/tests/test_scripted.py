@@ -110,5 +110,83 @@ class Scripted(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(self.accepted, 1)
 
 
+    async def test_publish_cut_before_confirm_is_resent_with_the_same_sequence(self) -> None:
+        seen: list[tuple[str, int, bytes]] = []
+
+        async def script(r: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
+            await handshake(r, wr)
+            while True:
+                op, rid, b = await read_frame(r)
+                if isinstance(b, w.Publish):
+                    seen.append((b.producer_id, b.producer_seq, b.body))
+                    if len(seen) == 1:
+                        return  # the socket drops before the confirm
+                    wr.write(w.encode_frame(w.PublishOK(0, 41, True), rid))
+                elif op == w.END_SESSION:
+                    wr.write(w.encode_frame(w.Ok(), rid))
+                    await wr.drain()
+                    return
+
+        c = await sinew.connect(await self.serve(script), sleep=no_sleep)
+        self.addAsyncCleanup(c.close)
+        r = await asyncio.wait_for(c.publish("t", b"once"), WAIT_S)
+        self.assertEqual((r.offset, r.duplicate), (41, True))
+        self.assertEqual(len(seen), 2)
+        self.assertEqual(seen[0], seen[1])
+        self.assertTrue(seen[0][0].startswith("py-") and seen[0][1] == 1)
+
+    async def test_shutting_down_publish_goes_to_the_next_connection(self) -> None:
+        conns: list[int] = []
+
+        async def script(r: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
+            conns.append(1)
+            await handshake(r, wr)
+            if len(conns) == 1:
+                wr.write(w.encode_frame(w.GoingAway(2**62, 30_000, "shutdown", ""), 0))
+            while True:
+                op, rid, b = await read_frame(r)
+                if isinstance(b, w.Publish) and len(conns) == 1:
+                    wr.write(w.encode_frame(w.ErrorBody(16, "draining", False), rid))
+                elif isinstance(b, w.Publish):
+                    wr.write(w.encode_frame(w.PublishOK(0, 7, False), rid))
+                elif op == w.END_SESSION:
+                    wr.write(w.encode_frame(w.Ok(), rid))
+                    await wr.drain()
+                    return
+
+        c = await sinew.connect(await self.serve(script), sleep=no_sleep)
+        self.addAsyncCleanup(c.close)
+        # Sent before GOING_AWAY is read: refused with shutting_down, kept,
+        # and sent again once the client has left the draining connection.
+        r = await asyncio.wait_for(c.publish("t", b"x"), WAIT_S)
+        self.assertEqual(r.offset, 7)
+        self.assertEqual(len(conns), 2)
+
+    async def test_silent_peer_is_left_after_three_heartbeats(self) -> None:
+        async def script(r: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
+            await handshake(r, wr)
+            if self.accepted == 1:
+                await r.read()  # says nothing, answers no PING, until the client leaves
+                return
+            while True:
+                op, rid, _ = await read_frame(r)
+                if op == w.PUBLISH:
+                    wr.write(w.encode_frame(w.PublishOK(0, 1, False), rid))
+                elif op == w.END_SESSION:
+                    wr.write(w.encode_frame(w.Ok(), rid))
+                    await wr.drain()
+                    return
+
+        c = await sinew.connect(await self.serve(script), heartbeat_s=0.02, sleep=no_sleep)
+        self.addAsyncCleanup(c.close)
+        await asyncio.wait_for(c.publish("t", b"x"), WAIT_S)  # answered on the second connection
+        self.assertEqual(self.accepted, 2)
+
+
+async def no_sleep(d: float) -> None:
+    """An injected backoff sleep that waits no real time."""
+    await asyncio.sleep(0)
+
+
 if __name__ == "__main__":
     unittest.main()
