@@ -96,9 +96,10 @@
 // connection and reconnects: at once, then every base delay of the reconnect
 // policy (jittered) for 30 attempts, then with the policy's backoff capped at
 // 500 ms, until the broker is back. Then it restores its session as after any
-// break and sends what it held. A publish that crossed GOING_AWAY on the wire
-// and was refused with shutting_down (the broker stored nothing) is held the
-// same way. The application sees a pause, not an error.
+// break and sends what it held. A publish or a Subscribe that crossed
+// GOING_AWAY on the wire and was refused with shutting_down (the broker made
+// nothing) is held the same way, and the refusal makes the client leave that
+// connection as GOING_AWAY would. The application sees a pause, not an error.
 //
 // The client tells a broker restart (planned or not) from a network break by
 // the server generation in HELLO_OK, which changes with every broker process.

@@ -538,8 +538,10 @@ func (e *endpoint) restore(ctx context.Context, c *conn, resumed bool) error {
 		if err == nil {
 			continue
 		}
-		if IsRetryable(err) && !isBrokerErr(err) {
-			return err // the new connection failed too
+		if IsRetryable(err) && !isBrokerErr(err) || errors.Is(err, errShuttingDown) {
+			// The new connection failed too, or the broker began a drain
+			// right after the handshake: restore on the next one.
+			return err
 		}
 		e.mu.Lock()
 		if s.recreating {
@@ -591,6 +593,9 @@ func splitIdempotent(calls []*call) (safe, unsafe []*call) {
 	}
 	return safe, unsafe
 }
+
+// errShuttingDown matches a broker's shutting_down refusal (errors.Is).
+var errShuttingDown = &BrokerError{Code: protocol.CodeShuttingDown}
 
 func isBrokerErr(err error) bool {
 	var be *BrokerError

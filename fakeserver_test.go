@@ -39,7 +39,9 @@ type fakeBroker struct {
 	// refusePublishes answers that many publishes shutting_down (not
 	// fatal), as a draining broker answers one that crossed its GOING_AWAY.
 	refusePublishes int
-	wg              sync.WaitGroup
+	// refuseSubscribes does the same for that many SUBSCRIBEs.
+	refuseSubscribes int
+	wg               sync.WaitGroup
 }
 
 type fSession struct {
@@ -253,6 +255,11 @@ func (b *fakeBroker) handle(c *fConn, f protocol.Frame, body protocol.Body) bool
 	case *protocol.Subscribe:
 		if m.Topic == "" {
 			c.write(0, id, &protocol.ErrorBody{Code: protocol.CodeBadRequest, Message: "empty topic"})
+			return true
+		}
+		if b.refuseSubscribes > 0 {
+			b.refuseSubscribes--
+			c.write(0, id, &protocol.ErrorBody{Code: protocol.CodeShuttingDown, Message: "broker is draining"})
 			return true
 		}
 		if b.refuseSubs[m.Topic] {

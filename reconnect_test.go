@@ -821,3 +821,30 @@ func TestShuttingDownPublishIsHeldForTheNextConnection(t *testing.T) {
 		t.Fatalf("%d handshakes, want 2: the client leaves the draining connection", len(b.hellos))
 	}
 }
+
+// A SUBSCRIBE the broker refuses with shutting_down made nothing: Subscribe
+// leaves the draining connection and subscribes on the next one, and the
+// application gets a working subscription, not an error.
+func TestShuttingDownSubscribeWaitsForTheNextConnection(t *testing.T) {
+	b := newFakeBroker(t)
+	c := dialT(t, b.addr())
+	ctx := testCtx(t)
+	b.mu.Lock()
+	b.refuseSubscribes = 1
+	b.mu.Unlock()
+	sub, err := c.Subscribe(ctx, "drain-sub")
+	if err != nil {
+		t.Fatalf("subscribe refused while draining surfaced %v", err)
+	}
+	if _, err := c.Publish(ctx, "drain-sub", []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	if m := recv(t, sub); m.Text() != "after" {
+		t.Fatalf("got %q", m.Text())
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.hellos) != 2 {
+		t.Fatalf("%d handshakes, want 2: the client leaves the draining connection", len(b.hellos))
+	}
+}

@@ -190,6 +190,12 @@ func (c *Client) Subscribe(ctx context.Context, topic string, opts ...SubscribeO
 				// does not list when it reconciles, so the broker drops it.
 				continue
 			}
+			if !registered && ctx.Err() == nil && errors.Is(err, errShuttingDown) {
+				// It crossed GOING_AWAY: the broker made nothing. Leave the
+				// draining connection and subscribe on the next one.
+				conn.goAway(e.o.clock.Now().Add(goingAwayWaitMax).UnixMilli())
+				continue
+			}
 			// The broker may have accepted it (the reply raced ctx or the
 			// connection): take it back rather than leave it consuming.
 			if registered {
