@@ -41,6 +41,13 @@
 // (unknown op, message too large, not found ...) answer that request and the
 // connection carries on. No peer input makes the server panic.
 //
+// Drain: Shutdown is the planned stop, in two phases. First GOING_AWAY goes to
+// every connection, and the server leases nothing new and takes no new
+// publishes, subscriptions or connections, while settles, confirms and
+// settle results go on until nothing is in flight or the deadline passes.
+// Then queued frames are flushed and the sockets closed; never the other way
+// round.
+//
 // Durability: the server stores nothing. A PUBLISH_OK is sent only from the broker's
 // completion callback, which runs after the message is durable.
 //

@@ -13,7 +13,8 @@
 // bytes is the attached sink's (Throttle: what is left of the server writer's
 // outbound cap, none while it is full), or none at all with no sink (a dormant
 // session takes no new deliveries, so a live consumer of the same queue gets
-// them), and, while a subscription is not yet
+// them) or once the registry drains (Drain: a planned stop leases nothing
+// new), and, while a subscription is not yet
 // announced, no more than what is left of DormantBytesMax for its early
 // deliveries. A backend that honours it leases only what fits and nothing at
 // all without room; the sink's drain callback, a resume and an announcement wake
