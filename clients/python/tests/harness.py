@@ -58,8 +58,9 @@ class Broker:
 
     async def start(self) -> str:
         """Starts (or restarts, on the same port and data) the broker."""
+        binary = await asyncio.to_thread(broker_binary)  # a build must not stall the event loop
         self.proc = await asyncio.create_subprocess_exec(
-            broker_binary(), "serve", "--listen", self.addr, "--admin-listen", "",
+            binary, "serve", "--listen", self.addr, "--admin-listen", "",
             "--data-dir", self.data.name,
             "--runtime-seed-connection-reconnect-grace-ms", str(self.grace_ms),
             "--runtime-seed-connection-drain-timeout-ms", str(self.drain_timeout_ms), *self.extra,
