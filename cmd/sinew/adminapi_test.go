@@ -363,3 +363,54 @@ func TestAdminDeadLetterPages(t *testing.T) {
 		t.Fatalf("pages held %d dead letters, want %d", len(seen), total)
 	}
 }
+
+// A replay with keep leaves the dead-letter copy in place, and the
+// replayed message has its headers without the reserved sinew.* ones.
+func TestAdminReplayKeep(t *testing.T) {
+	cfg := testServeConfig(t)
+	addr, adminAddr, _ := runServeAdmin(t, cfg)
+	api := "http://" + adminAddr + "/api/v1"
+	ctx, cancel := context.WithTimeout(context.Background(), safetyTimeoutMs*time.Millisecond)
+	defer cancel()
+	c, err := sinew.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.DeclareQueue(ctx, "keep", sinew.QueueConfig{MaxRetries: sinew.RetriesNone}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PublishText(ctx, "keep", "k", sinew.WithHeader("trace", "t-1")); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := c.Subscribe(ctx, "keep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (<-sub.Messages()).Fail(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var dl admin.DeadLettersView
+	apiPoll(t, "dead letter listed", func() bool {
+		return httpJSON(t, "GET", api+"/deadletters", "", &dl) == 200 && len(dl.DeadLetters) == 1
+	})
+	d := dl.DeadLetters[0]
+	var rep admin.ReplayView
+	body := `{"keep": true, "items": [{"partition": ` + itoa(d.Partition) + `, "offset": ` + itoa(d.Offset) + `}]}`
+	if code := httpJSON(t, "POST", api+"/deadletters/replay", body, &rep); code != 200 || len(rep.Results) != 1 ||
+		rep.Results[0].Status != "replayed" || rep.Results[0].Removed || rep.Results[0].TargetTopic != "keep" {
+		t.Fatalf("replay keep: %d %+v", code, rep)
+	}
+	if code := httpJSON(t, "GET", api+"/deadletters", "", &dl); code != 200 || len(dl.DeadLetters) != 1 || dl.DeadLetters[0].Offset != d.Offset {
+		t.Fatalf("dead letters after a replay with keep: %d %+v", code, dl)
+	}
+	again := <-sub.Messages()
+	if v, _ := again.Header("trace"); v != "t-1" || string(again.Body) != "k" {
+		t.Fatalf("replayed message: %q %q", v, again.Body)
+	}
+	for _, h := range again.Headers {
+		if strings.HasPrefix(h.Key, "sinew.") {
+			t.Fatalf("replayed message carries the reserved header %s", h.Key)
+		}
+	}
+}
