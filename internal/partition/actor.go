@@ -590,7 +590,7 @@ func (p *Partition) persist() (uint64, error) {
 // is skipped.
 func (p *Partition) releaseRecovered(now int64) (int, error) {
 	k := min(len(p.recovered), recoveredReleasePerTurnMax)
-	appended := 0
+	appended, released := 0, 0
 	for _, in := range p.recovered[:k] {
 		evs, err := p.st.Release(p.evs[:0], in.Offset, in.LeaseID, now)
 		if err != nil {
@@ -601,6 +601,11 @@ func (p *Partition) releaseRecovered(now int64) (int, error) {
 		if err != nil {
 			return appended, err
 		}
+		released++
+	}
+	if released > 0 {
+		// Leases no restored session took back within the grace.
+		p.logger.Info("recovered leases released", "released", released, "grace_ms", p.cfg.RecoveredLeaseGraceMs)
 	}
 	p.recovered = p.recovered[k:]
 	if len(p.recovered) > 0 {
