@@ -10,7 +10,12 @@ Backoff sleeps are injected, so no test sleeps for real seconds.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import shutil
+import ssl
+import subprocess
+import tempfile
 import unittest
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -350,6 +355,31 @@ class Handshake(BrokerCase):
         self.assertEqual(rec.delays, [])
         c = await self.client(credentials="s3cret")
         await c.publish("auth", b"ok")
+
+
+class TLS(unittest.IsolatedAsyncioTestCase):
+    async def test_tls_listener(self) -> None:
+        d = tempfile.TemporaryDirectory(prefix="sinew-pytest-tls-")
+        self.addCleanup(d.cleanup)
+        go = shutil.which("go") or "/usr/local/go/bin/go"
+        goroot = subprocess.run([go, "env", "GOROOT"], capture_output=True, text=True, check=True).stdout.strip()
+        await asyncio.to_thread(subprocess.run, [go, "run", os.path.join(goroot, "src/crypto/tls/generate_cert.go"),
+                                                 "--host", "127.0.0.1"], cwd=d.name, check=True,
+                                capture_output=True)
+        cert, key = os.path.join(d.name, "cert.pem"), os.path.join(d.name, "key.pem")
+        b = Broker("--tls-cert-file", cert, "--tls-key-file", key)
+        await b.start()
+        self.addAsyncCleanup(b.close)
+        ctx = ssl.create_default_context(cafile=cert)
+        async with await sinew.connect(b.addr, ssl=ctx) as c:
+            await c.publish("tls", b"sealed")
+            m = await recv(await c.subscribe("tls"))
+            self.assertEqual(m.body, b"sealed")
+            await m.complete()
+        # A client that does not trust the certificate fails at once, not retryable.
+        with self.assertRaises(ssl.SSLCertVerificationError) as cm:
+            await sinew.connect(b.addr, ssl=ssl.create_default_context(), sleep=Recorder())
+        self.assertFalse(sinew.is_retryable(cm.exception))
 
 
 class SubscriptionEnds(BrokerCase):
