@@ -182,6 +182,76 @@ class Scripted(unittest.IsolatedAsyncioTestCase):
         await asyncio.wait_for(c.publish("t", b"x"), WAIT_S)  # answered on the second connection
         self.assertEqual(self.accepted, 2)
 
+    async def test_reconcile_decisions_and_stale_inflight(self) -> None:
+        # Decisions the real broker makes only in rare states (a subscription
+        # lost while its session was kept): close client side, recreate
+        # (which succeeds for one and fails for another), keep, and an
+        # in-flight delivery the broker no longer holds.
+        seen: dict[str, object] = {}
+
+        async def script(r: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
+            op, rid, hello = await read_frame(r)
+            assert isinstance(hello, w.Hello)
+            limits = w.Limits(65536, 1 << 20, 1000, 256, 64, 16)
+            ident = w.ResumeIdentity("c-1", "o-1", b"t")
+            if self.accepted == 1:
+                wr.write(w.encode_frame(w.HelloOK(1, "s", ident, 0, 1, 0, 30_000, limits), rid))
+                for sub_id in (1, 2, 3, 4):
+                    op, rid, _ = await read_frame(r)
+                    assert op == w.SUBSCRIBE
+                    wr.write(w.encode_frame(w.SubscribeOK(sub_id, [0], 10), rid))
+                wr.write(w.encode_frame(w.Deliver(3, 77, 0, 5, 1, 0, b"", [], "", b"held", "t3", "", 9), 0))
+                await wr.drain()
+                await r.read(1)  # the client reads the delivery, then the test cuts
+                return
+            seen["resume"] = hello.resume
+            wr.write(w.encode_frame(w.HelloOK(1, "s", ident, 1, 1, 0, 30_000, limits), rid))
+            op, rid, rec = await read_frame(r)
+            assert isinstance(rec, w.Reconcile)
+            seen["reconcile"] = sorted(v.sub_id for v in rec.subs)
+            entries = [w.ReconcileEntry(2, 1, 0, reason="mismatched"), w.ReconcileEntry(4, 2, 0, reason="missing"),
+                       w.ReconcileEntry(1, 3, 3, reason="matched"), w.ReconcileEntry(4, 4, 0, reason="missing")]
+            wr.write(w.encode_frame(w.ReconcileResult(entries), rid))
+            op, rid, inf = await read_frame(r)
+            assert isinstance(inf, w.Inflight)
+            seen["inflight"] = [e.tag for e in inf.entries]
+            wr.write(w.encode_frame(w.InflightResult([77], 0, 0), rid))
+            while True:
+                op, rid, b = await read_frame(r)
+                if isinstance(b, w.Subscribe) and b.topic == "t2":
+                    wr.write(w.encode_frame(w.SubscribeOK(8, [0], 10), rid))
+                elif isinstance(b, w.Subscribe):
+                    wr.write(w.encode_frame(w.ErrorBody(20, "prefetch above the limit", False), rid))
+                elif isinstance(b, w.Publish):
+                    wr.write(w.encode_frame(w.PublishOK(0, 1, False), rid))
+                    wr.write(w.encode_frame(w.Deliver(8, 78, 0, 1, 1, 0, b"", [], "", b"new", "t2", "", 1), 0))
+                elif op == w.END_SESSION:
+                    wr.write(w.encode_frame(w.Ok(), rid))
+                    await wr.drain()
+                    return
+
+        addr = await self.serve(script)
+        c = await sinew.connect(addr, sleep=no_sleep)
+        self.addAsyncCleanup(c.close)
+        subs = [await c.subscribe(f"t{i}") for i in (1, 2, 3, 4)]
+        held = await asyncio.wait_for(subs[2].__anext__(), WAIT_S)
+        assert c._live is not None
+        c._live.close(sinew.ConnectionLostError("cut by the test"))
+        with self.assertRaises(sinew.ReconciledClosedError):
+            await asyncio.wait_for(subs[0].__anext__(), WAIT_S)
+        with self.assertRaises(sinew.RecreateFailedError) as cm:
+            await asyncio.wait_for(subs[3].__anext__(), WAIT_S)
+        self.assertIsInstance(cm.exception.__cause__, sinew.BrokerError)
+        await asyncio.wait_for(c.publish("t2", b"new"), WAIT_S)
+        m = await asyncio.wait_for(subs[1].__anext__(), WAIT_S)  # recreated under its new id
+        self.assertEqual(m.body, b"new")
+        with self.assertRaises(sinew.StaleDeliveryError):
+            await held.complete()  # the broker said it no longer holds it
+        self.assertIsNone(subs[2].end_reason)  # kept
+        self.assertEqual(seen["resume"], w.ResumeIdentity("c-1", "o-1", b"t"))
+        self.assertEqual(seen["reconcile"], [1, 2, 3, 4])
+        self.assertEqual(seen["inflight"], [77])
+
 
 async def no_sleep(d: float) -> None:
     """An injected backoff sleep that waits no real time."""
