@@ -538,7 +538,8 @@ class Client:
         self._conn: _Conn | None = None  # the connection being restored or in use
         self._live: _Conn | None = None  # the connection operations may use
         self._wake = asyncio.Event()
-        self._closing = False
+        self._closing = False  # new operations are refused
+        self._close_started = False  # close() has begun (it drains before refusing)
         self._fatal: BaseException | None = None
         self._gave_up: BaseException | None = None
         self._kick = asyncio.Event()
@@ -1072,8 +1073,9 @@ class Client:
     async def close(self) -> None:
         """Waits (bounded) for pending confirms and settles, ends the session
         with END_SESSION so unsettled deliveries go back at once, and closes."""
-        if self._closing:
+        if self._close_started:
             return
+        self._close_started = True
         until = time.monotonic() + self._drain_timeout
         while (self._window.n or self._settling) and time.monotonic() < until and self._fatal is None:
             await asyncio.sleep(GOING_AWAY_POLL_S)
