@@ -540,6 +540,7 @@ class Client:
         self._wake = asyncio.Event()
         self._closing = False  # new operations are refused
         self._close_started = False  # close() has begun (it drains before refusing)
+        self._closed = asyncio.Event()  # close() has finished
         self._fatal: BaseException | None = None
         self._gave_up: BaseException | None = None
         self._kick = asyncio.Event()
@@ -1074,8 +1075,15 @@ class Client:
         """Waits (bounded) for pending confirms and settles, ends the session
         with END_SESSION so unsettled deliveries go back at once, and closes."""
         if self._close_started:
+            await self._closed.wait()  # the first call finishes the job
             return
         self._close_started = True
+        try:
+            await self._close()
+        finally:
+            self._closed.set()
+
+    async def _close(self) -> None:
         until = time.monotonic() + self._drain_timeout
         while (self._window.n or self._settling) and time.monotonic() < until and self._fatal is None:
             await asyncio.sleep(GOING_AWAY_POLL_S)

@@ -405,6 +405,14 @@ class SubscriptionEnds(BrokerCase):
         with self.assertRaises(sinew.ClientClosedError):
             await c.publish("ends-d", b"x")
 
+    async def test_concurrent_closes_both_wait_for_the_end(self) -> None:
+        c = await self.client()
+        sub = await c.subscribe("cc")
+        await within(asyncio.gather(c.close(), c.close()))
+        self.assertIsInstance(sub.end_reason, sinew.ClientClosedError)
+        with self.assertRaises(sinew.ClientClosedError):
+            await c.publish("cc", b"x")
+
     async def test_close_ends_session_and_releases_leases(self) -> None:
         c1 = await self.client()
         await c1.publish("rel", b"m")
