@@ -320,6 +320,23 @@ class Backoff(BrokerCase):
         self.assertEqual([round(d, 6) for d in rec.delays], [0.09])
         self.assertEqual([(await recv(sub)).text for _ in range(3)], ["x", "y", "z"])
 
+    async def test_long_outage_is_ridden_out_by_default(self) -> None:
+        # 40 refused attempts: over 15 minutes of backoff on the injected
+        # clock. The default policy never gives up, and the subscription is
+        # still there afterwards.
+        async def reopen() -> None:
+            await self.proxy.refuse(False)
+        rec = Recorder(at=40, hook=reopen)
+        c = await self.client(sleep=rec, rand=lambda: 0.5)
+        sub = await c.subscribe("long")
+        await self.proxy.refuse(True)
+        self.proxy.cut_all()
+        await within(c.publish("long", b"still here"))
+        self.assertEqual(len(rec.delays), 40)
+        self.assertEqual(max(rec.delays), 30.0)
+        self.assertGreater(sum(rec.delays), 15 * 60)
+        self.assertEqual((await recv(sub)).body, b"still here")
+
     def test_policy_delays(self) -> None:
         p = sinew.ReconnectPolicy()
         self.assertEqual([round(p.delay(n, 0.5), 6) for n in range(10)],
