@@ -62,7 +62,7 @@ DEAD_LETTER_DEFAULT, DEAD_LETTER_DISCARD, DEAD_LETTER_GLOBAL, DEAD_LETTER_QUEUE 
 # Limits of the client itself.
 DIAL_TIMEOUT_S = 10.0  # one TCP (and TLS) connect
 HANDSHAKE_TIMEOUT_S = 10.0  # the wait for HELLO_OK
-CONNECT_TIMEOUT_S = 30.0  # connect(): every attempt and backoff sleep together
+CONNECT_TIMEOUT_S = 30.0  # connect(): no backoff sleep starts that would end past it
 DRAIN_TIMEOUT_S = 5.0  # close(): the wait for pending confirms and settles
 END_SESSION_TIMEOUT_S = 2.0  # close(): the wait for END_SESSION's OK
 PUBLISH_INFLIGHT_DEFAULT = 1024  # publish window when the broker announces none
@@ -1120,7 +1120,10 @@ async def connect(addr: str, *, client_name: str = "sinew-python", credentials: 
     """Connects to the broker at ``addr`` ("host:port") and returns a Client.
 
     Retryable failures (refused, reset, ``shutting_down`` ...) are retried with
-    the reconnect policy's backoff for up to ``connect_timeout_s``; a fatal one
+    the reconnect policy's backoff; once the next sleep would end more than
+    ``connect_timeout_s`` after the call began, connect raises
+    DisconnectedError instead (each attempt is bounded by the dial and
+    handshake timeouts on top of that). A fatal one
     (``auth_failed``, a protocol violation) raises at once. ``sleep``,
     ``monotonic`` and ``rand`` drive the backoff and exist so tests need not
     wait real seconds. Use it as ``async with await sinew.connect(addr) as c``.

@@ -320,6 +320,21 @@ class Backoff(BrokerCase):
         self.assertEqual([round(d, 6) for d in rec.delays], [0.09])
         self.assertEqual([(await recv(sub)).text for _ in range(3)], ["x", "y", "z"])
 
+    async def test_connect_gives_up_at_its_timeout(self) -> None:
+        await self.proxy.refuse(True)
+        now = [0.0]
+        delays: list[float] = []
+
+        async def sleep(d: float) -> None:
+            delays.append(d)
+            now[0] += d
+
+        with self.assertRaises(sinew.DisconnectedError) as cm:
+            await sinew.connect(self.proxy.addr, sleep=sleep, monotonic=lambda: now[0], rand=lambda: 0.5,
+                                connect_timeout_s=2.0)
+        self.assertTrue(cm.exception.retryable)
+        self.assertEqual(delays, [0.1, 0.2, 0.4, 0.8])  # the next, 1.6 s, would end at 3.1 s
+
     async def test_long_outage_is_ridden_out_by_default(self) -> None:
         # 40 refused attempts: over 15 minutes of backoff on the injected
         # clock. The default policy never gives up, and the subscription is
