@@ -285,7 +285,10 @@ class Subscription:
         return self
 
     async def __anext__(self) -> Message:
-        item = await self._buf.get()
+        try:
+            item = self._buf.get_nowait()  # the common case under load: no suspension
+        except asyncio.QueueEmpty:
+            item = await self._buf.get()
         if item is _END:
             self._buf.put_nowait(_END)  # later calls stop too
             if isinstance(self._end, (UnsubscribedError, ClientClosedError)):
@@ -312,7 +315,10 @@ class Subscription:
             self._held[d.tag] = m
         else:
             m = Message(self, d, epoch)
-        await self._buf.put(m)
+        try:
+            self._buf.put_nowait(m)
+        except asyncio.QueueFull:
+            await self._buf.put(m)  # the reader waits: backpressure on the broker
 
     def _purge(self) -> None:
         """Drops buffered deliveries and held leases of a session that is gone."""
