@@ -1,0 +1,1436 @@
+// The client: one logical connection (a broker session) to one broker address.
+//
+// Node runs this on one thread, so there are no locks: every state change
+// happens in one callback. A Conn is one socket; the Client outlives sockets.
+// When a socket breaks the Client reconnects with backoff, offers its resume
+// identity, reconciles subscriptions and in-flight deliveries, and sends again
+// what was in flight (unconfirmed publishes, settles) before any new request.
+
+import * as net from "node:net";
+import { randomUUID } from "node:crypto";
+import {
+  FLAG_NO_REPLY,
+  FRAME_BYTES_DEFAULT,
+  FrameSplitter,
+  Op,
+  PROTOCOL_VERSION,
+  decodeBody,
+  encodeFrame,
+  opName,
+  type Body,
+  type Frame,
+} from "./codec.js";
+import { backoffDelay, reconnectPolicy, type ReconnectPolicy } from "./backoff.js";
+import {
+  AlreadySettledError,
+  BrokerError,
+  ClientClosedError,
+  Code,
+  ConnectionLostError,
+  DisconnectedError,
+  ProtocolError,
+  SinewError,
+  StaleDeliveryError,
+  SubscriptionEndedError,
+  isRetryable,
+  type SubscriptionEndReason,
+} from "./errors.js";
+
+/** Version of this package, sent in HELLO. */
+export const CLIENT_VERSION = "0.1.0";
+
+// Bounds of the client itself.
+/** Publish window when neither the option nor the broker sets one. */
+const PUBLISH_WINDOW_DEFAULT = 1024;
+/** Body bytes of unconfirmed publishes kept for resending. */
+const PUBLISH_INFLIGHT_BYTES_MAX = 64 << 20;
+/** Messages buffered per subscription before the socket stops being read. */
+const DELIVERY_BUFFER_MAX = 4096;
+/** Settle tags per frame when the broker announces no limit. */
+const SETTLE_BATCH_DEFAULT = 256;
+/** How long a connection that got GOING_AWAY waits for work in flight at most. */
+const GOING_AWAY_WAIT_MAX_MS = 30_000;
+/** How often such a connection checks whether its work in flight finished. */
+const GOING_AWAY_POLL_MS = 10;
+/** Reconnect delay cap after a planned stop: the broker is restarting. */
+const GOING_AWAY_BACKOFF_MAX_MS = 500;
+
+/** Options of connect. */
+export interface ConnectOptions {
+  /** Aborts the first connect (all attempts and backoff sleeps). */
+  signal?: AbortSignal;
+  /** Name the broker logs for this client (default "sinew-ts"). */
+  clientName?: string;
+  /** Auth token sent in HELLO. */
+  credentials?: string;
+  /** Reconnect backoff; unset fields take the defaults (100 ms → 30 s, ×2, ±10 %, reset after 10 s, unlimited). */
+  reconnect?: Partial<ReconnectPolicy>;
+  /** What the broker does on resume with subscriptions it no longer holds:
+   * "restore" recreates them (default), "conservative" ends them. */
+  reconcilePolicy?: "restore" | "conservative";
+  /** Producer id stamped on publishes for deduplication (default: random per client). */
+  producerId?: string;
+  /** Most unconfirmed publishes at once (default 1024, never above the broker's limit). */
+  publishWindow?: number;
+  /** Bounds the first connect, attempts and sleeps together (default 30 000 ms). */
+  connectTimeoutMs?: number;
+  /** Bounds one TCP connect (default 10 000 ms). */
+  dialTimeoutMs?: number;
+  /** Bounds the wait for HELLO_OK (default 10 000 ms). */
+  handshakeTimeoutMs?: number;
+  /** Bounds how long close() waits for confirms and settles (default 5000 ms). */
+  drainTimeoutMs?: number;
+  /** Idle interval before the client pings (default: the broker's). */
+  heartbeatMs?: number;
+  /** Test seam: waits ms milliseconds (backoff). */
+  sleep?: (ms: number, signal?: AbortSignal) => Promise<void>;
+  /** Test seam: a uniform random number in [0, 1) for jitter. */
+  random?: () => number;
+  /** Test seam: the current time in ms. */
+  now?: () => number;
+  /** Receives connection events (attempts, losses, resumes); payloads never. */
+  log?: (event: string, detail: Record<string, unknown>) => void;
+}
+
+/** Options of one publish. */
+export interface PublishOptions {
+  /** Queue group (default ""). */
+  group?: string;
+  /** Partition; -1 (default) lets the broker choose. */
+  partition?: number;
+  /** Partition key. */
+  key?: Uint8Array | string;
+  /** Message headers; keys starting with "sinew." are reserved. */
+  headers?: Record<string, string>;
+  /** Content type. */
+  contentType?: string;
+  /** Deliver no earlier than now + delayMs. */
+  delayMs?: number;
+  /** Time to live; 0 = the queue's default. */
+  ttlMs?: number;
+}
+
+/** Where a confirmed message is stored. */
+export interface PublishResult {
+  partition: number;
+  offset: bigint;
+  /** The broker had stored this publish already (a resend); offset is the original's. */
+  duplicate: boolean;
+}
+
+/** Options of subscribe. */
+export interface SubscribeOptions {
+  group?: string;
+  /** One partition, or -1 (default) for all. */
+  partition?: number;
+  /** Most unsettled deliveries at once; 0 = the broker's default. Clamped to the broker's maximum. */
+  prefetch?: number;
+  /** The broker settles each delivery when it sends it. */
+  autoAck?: boolean;
+}
+
+/** Settings of declareQueue; unset means the broker's default. */
+export interface QueueOptions {
+  group?: string;
+  partitions?: number;
+  /** "default", "discard", "global" or "queue" (then deadLetterTarget names it). */
+  deadLetter?: "default" | "discard" | "global" | "queue";
+  deadLetterTarget?: string;
+  maxRetries?: number;
+  defaultTtlMs?: number;
+  leaseMs?: number;
+}
+
+type Resume = { client_id: string; owner_id: string; token: Uint8Array };
+
+interface PendingPublish {
+  body: Body;
+  bytes: number;
+  resolve(r: PublishResult): void;
+  reject(e: unknown): void;
+}
+
+interface SettleReq {
+  op: number;
+  msg: Message;
+  delayMs: number;
+  resolve(): void;
+  reject(e: unknown): void;
+}
+
+interface PendingCall {
+  op: number;
+  resolve(f: { op: number; body: Body }): void;
+  reject(e: unknown): void;
+  /** Decides what happens when the connection breaks first. */
+  lost(err: unknown): void;
+  /** Runs with the reply before any later frame is handled (a promise's
+   * continuation would run only after the rest of the chunk). */
+  hook?: (op: number, body: Body) => void;
+}
+
+const utf8 = new TextEncoder();
+const utf8dec = new TextDecoder();
+
+function toBytes(v: Uint8Array | string | undefined): Uint8Array {
+  if (v === undefined) return new Uint8Array(0);
+  return typeof v === "string" ? utf8.encode(v) : v;
+}
+
+function defaultSleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const t = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(t);
+      reject(signal!.reason);
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
+/** A promise with its resolvers, for waiters. */
+function deferred<T>(): { promise: Promise<T>; resolve(v: T): void; reject(e: unknown): void } {
+  let resolve!: (v: T) => void;
+  let reject!: (e: unknown) => void;
+  const promise = new Promise<T>((a, b) => {
+    resolve = a;
+    reject = b;
+  });
+  return { promise, resolve, reject };
+}
+
+/** One socket and the requests in flight on it. */
+class Conn {
+  readonly splitter: FrameSplitter;
+  readonly pending = new Map<bigint, PendingCall>();
+  readonly subs = new Map<bigint, Subscription>();
+  hello!: Body;
+  nextId = 1n;
+  closed = false;
+  closeErr: unknown = null;
+  draining = false;
+  awayDeadline = 0;
+  lastRead = 0;
+  lastWrite = 0;
+  private corked = false;
+  private heartbeat: NodeJS.Timeout | null = null;
+  private settleQueue: SettleReq[] = [];
+  private settleScheduled = false;
+  readonly done = deferred<void>();
+  pausedBy = new Set<Subscription>();
+
+  constructor(
+    readonly client: Client,
+    readonly sock: net.Socket,
+    readonly epoch: number,
+  ) {
+    this.splitter = new FrameSplitter(FRAME_BYTES_DEFAULT);
+    sock.on("data", (chunk: Buffer) => this.onData(chunk));
+    sock.on("error", (err) => this.close(err));
+    sock.on("close", () => this.close(new ConnectionLostError("connection closed by the peer")));
+  }
+
+  write(frame: Uint8Array): void {
+    if (this.closed) return;
+    // Frames written in one turn of the event loop go out in one write.
+    if (!this.corked) {
+      this.corked = true;
+      this.sock.cork();
+      process.nextTick(() => {
+        this.corked = false;
+        this.sock.uncork();
+      });
+    }
+    this.lastWrite = this.client.now();
+    this.sock.write(frame);
+  }
+
+  /** Sends a request; the promise settles with its reply. */
+  call(
+    op: number,
+    body: Body,
+    lost?: (err: unknown) => void,
+    hook?: (op: number, body: Body) => void,
+  ): Promise<{ op: number; body: Body }> {
+    const d = deferred<{ op: number; body: Body }>();
+    if (this.closed) {
+      (lost ?? d.reject)(this.lostError());
+      return d.promise;
+    }
+    const id = this.nextId++;
+    this.pending.set(id, { op, resolve: d.resolve, reject: d.reject, lost: lost ?? ((e) => d.reject(e)), hook });
+    this.write(encodeFrame(op, id, body));
+    return d.promise;
+  }
+
+  lostError(): ConnectionLostError {
+    return new ConnectionLostError(`connection lost: ${String((this.closeErr as Error)?.message ?? this.closeErr)}`, this.closeErr);
+  }
+
+  /** Queues a settle; settles of one turn go out batched by op and delay. */
+  settle(r: SettleReq): void {
+    this.settleQueue.push(r);
+    if (!this.settleScheduled) {
+      this.settleScheduled = true;
+      setImmediate(() => this.flushSettles());
+    }
+  }
+
+  settlesQueued(): number {
+    return this.settleQueue.length;
+  }
+
+  private flushSettles(): void {
+    this.settleScheduled = false;
+    const q = this.settleQueue;
+    this.settleQueue = [];
+    if (this.closed) {
+      this.client.holdSettles(q);
+      return;
+    }
+    const max = (this.hello.limits.settle_batch_max as number) || SETTLE_BATCH_DEFAULT;
+    const groups = new Map<string, SettleReq[]>();
+    for (const r of q) {
+      const k = `${r.op}/${r.delayMs}`;
+      const g = groups.get(k);
+      if (g) g.push(r);
+      else groups.set(k, [r]);
+    }
+    for (const g of groups.values()) {
+      for (let i = 0; i < g.length; i += max) this.sendSettles(g.slice(i, i + max));
+    }
+  }
+
+  private sendSettles(batch: SettleReq[]): void {
+    const body = {
+      tags: batch.map((r) => r.msg.tag),
+      delay_ms: BigInt(batch[0]!.delayMs),
+      leases: batch.map((r) => r.msg.lease),
+    };
+    this.call(batch[0]!.op, body, () => this.client.holdSettles(batch)).then(
+      (reply) => {
+        if (reply.op !== Op.SETTLE_RESULT || reply.body.codes.length !== batch.length) {
+          this.close(new ProtocolError(`${opName(reply.op)} in answer to a settle`));
+          for (const r of batch) r.reject(new ProtocolError("bad settle result"));
+          return;
+        }
+        batch.forEach((r, i) => this.client.settled(r, reply.body.codes[i] as number));
+      },
+      (err) => {
+        for (const r of batch) this.client.settleFailed(r, err);
+      },
+    );
+  }
+
+  startHeartbeat(brokerMs: number, ownMs: number | undefined): void {
+    let every = brokerMs;
+    if (ownMs && ownMs > 0 && (every === 0 || ownMs < every)) every = ownMs;
+    if (every <= 0) return;
+    this.heartbeat = setInterval(() => {
+      const now = this.client.now();
+      if (now - this.lastRead >= 3 * every) {
+        this.close(new SinewError("heartbeat timeout: nothing arrived for three intervals", true));
+        return;
+      }
+      if (now - this.lastWrite >= every) this.call(Op.PING, {}, () => {}).catch(() => {});
+    }, every);
+    this.heartbeat.unref();
+  }
+
+  private onData(chunk: Buffer): void {
+    this.lastRead = this.client.now();
+    let frames: Frame[];
+    try {
+      frames = this.splitter.push(new Uint8Array(chunk.buffer, chunk.byteOffset, chunk.byteLength));
+    } catch (e) {
+      this.close(new ProtocolError(`bad frame from the broker: ${(e as Error).message}`, e));
+      return;
+    }
+    for (const f of frames) {
+      if (this.closed) return;
+      let body: Body;
+      try {
+        body = decodeBody(f.op, f.body);
+      } catch (e) {
+        this.close(new ProtocolError(`bad ${opName(f.op)} from the broker: ${(e as Error).message}`, e));
+        return;
+      }
+      this.onFrame(f, body);
+    }
+  }
+
+  private onFrame(f: Frame, body: Body): void {
+    switch (f.op) {
+      case Op.DELIVER:
+        this.subs.get(body.sub_id as bigint)?.deliver(this, body);
+        return;
+      case Op.SUB_CLOSED:
+        this.client.subClosed(this, body);
+        return;
+      case Op.GOING_AWAY:
+        this.client.goingAway(this, body);
+        return;
+      case Op.PING:
+        this.write(encodeFrame(Op.PONG, f.requestId, {}));
+        return;
+    }
+    if (f.op === Op.ERROR && f.requestId === 0n) {
+      this.close(new BrokerError(body.code, body.message));
+      return;
+    }
+    const p = this.pending.get(f.requestId);
+    if (!p) return; // a reply to a request given up on (a PING, say)
+    this.pending.delete(f.requestId);
+    if (f.op === Op.ERROR) {
+      const err = new BrokerError(body.code, body.message);
+      p.reject(err);
+      if (body.fatal) this.close(err);
+      return;
+    }
+    p.hook?.(f.op, body);
+    p.resolve({ op: f.op, body });
+  }
+
+  /** Ends the connection; requests in flight go to their lost handlers. */
+  close(err: unknown): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.closeErr = err;
+    if (this.heartbeat) clearInterval(this.heartbeat);
+    this.sock.destroy();
+    const pending = [...this.pending.values()];
+    this.pending.clear();
+    for (const p of pending) p.lost(err);
+    const q = this.settleQueue;
+    this.settleQueue = [];
+    if (q.length) this.client.holdSettles(q);
+    this.done.resolve();
+    this.client.connClosed(this, err);
+  }
+}
+
+/**
+ * A Sinew client. Create one with connect(). It keeps one broker session
+ * across socket breaks; see the package README for what it guarantees.
+ */
+export class Client {
+  readonly addr: string;
+  readonly producerId: string;
+  private readonly o: ConnectOptions;
+  private readonly policy: ReconnectPolicy;
+  private readonly sleep: (ms: number, signal?: AbortSignal) => Promise<void>;
+  private readonly random: () => number;
+  readonly now: () => number;
+  private readonly log: (event: string, detail: Record<string, unknown>) => void;
+
+  private conn: Conn | null = null;
+  private identity: Resume = { client_id: "", owner_id: "", token: new Uint8Array(0) };
+  epoch = 0;
+  private seq = 0n;
+  readonly subs = new Set<Subscription>();
+  private replay: PendingPublish[] = [];
+  private held: SettleReq[] = [];
+  private inflight = new Set<PendingPublish>();
+  private inflightBytes = 0;
+  private windowMax: number;
+  private windowWaiters: Array<() => void> = [];
+  private connWaiters: Array<{ resolve(c: Conn): void; reject(e: unknown): void }> = [];
+  private closing = false;
+  private closed = false;
+  private fatal: unknown = null;
+  private gaveUp: unknown = null;
+  private reconnecting = false;
+  private readonly stop = new AbortController();
+
+  /** @internal Use connect(). */
+  constructor(addr: string, o: ConnectOptions) {
+    this.addr = addr;
+    this.o = o;
+    this.policy = reconnectPolicy(o.reconnect);
+    this.sleep = o.sleep ?? defaultSleep;
+    this.random = o.random ?? Math.random;
+    this.now = o.now ?? Date.now;
+    this.log = o.log ?? (() => {});
+    this.producerId = o.producerId ?? `ts-${randomUUID()}`;
+    this.windowMax = o.publishWindow && o.publishWindow > 0 ? o.publishWindow : PUBLISH_WINDOW_DEFAULT;
+  }
+
+  /** @internal First connect: retry retryable failures with backoff. */
+  async open(): Promise<void> {
+    const limit = AbortSignal.timeout(this.o.connectTimeoutMs ?? 30_000);
+    const signal = this.o.signal ? AbortSignal.any([this.o.signal, limit]) : limit;
+    for (let failures = 0; ; ) {
+      try {
+        await this.attempt(signal);
+        return;
+      } catch (err) {
+        if (signal.aborted) {
+          this.shutdownNow(new ClientClosedError());
+          throw signal.reason instanceof Error && this.o.signal?.aborted
+            ? signal.reason
+            : new DisconnectedError(`connect ${this.addr}: timed out after ${failures + 1} attempts`, err);
+        }
+        if (!isRetryable(err)) {
+          this.log("connect_failed_fatal", { addr: this.addr, err: String(err) });
+          this.shutdownNow(err);
+          throw err;
+        }
+        failures++;
+        if (this.policy.maxAttempts > 0 && failures >= this.policy.maxAttempts) {
+          this.shutdownNow(new ClientClosedError());
+          throw new DisconnectedError(`connect ${this.addr}: ${failures} attempts failed`, err);
+        }
+        const d = backoffDelay(this.policy, failures - 1, this.random());
+        this.log("connect_failed", { addr: this.addr, attempt: failures, delayMs: d, err: String(err) });
+        try {
+          await this.sleep(d, signal);
+        } catch {
+          this.shutdownNow(new ClientClosedError());
+          throw this.o.signal?.aborted ? this.o.signal.reason : new DisconnectedError(`connect ${this.addr}: timed out`, err);
+        }
+      }
+    }
+  }
+
+  /** One connect attempt: dial, handshake, restore the session. */
+  private async attempt(signal?: AbortSignal): Promise<Conn> {
+    const [host, port] = splitAddr(this.addr);
+    const sock = await dial(host, port, this.o.dialTimeoutMs ?? 10_000, signal);
+    const c = new Conn(this, sock, this.epoch);
+    const hello = await this.handshake(c);
+    const offered = this.identity.client_id !== "";
+    const resumed = hello.outcome === 1 && offered;
+    this.identity = hello.resume as Resume;
+    if (!resumed) {
+      this.epoch++;
+      const stale = this.held;
+      this.held = [];
+      for (const r of stale) r.reject(new StaleDeliveryError("session not resumed: the broker will deliver the message again"));
+      for (const s of this.subs) s.resetForFreshSession();
+    }
+    (c as { epoch: number }).epoch = this.epoch;
+    this.log(offered ? (resumed ? "session_resumed" : "session_not_resumed") : "session_started", {
+      addr: this.addr,
+      clientId: this.identity.client_id,
+      outcome: hello.outcome,
+    });
+    if (hello.limits.publish_inflight_max > 0) {
+      this.windowMax = Math.min(this.o.publishWindow || PUBLISH_WINDOW_DEFAULT, hello.limits.publish_inflight_max);
+    }
+    c.splitter.frameBytesMax = hello.limits.frame_bytes_max || FRAME_BYTES_DEFAULT;
+    c.startHeartbeat(hello.heartbeat_ms, this.o.heartbeatMs);
+    try {
+      await this.restore(c, resumed);
+    } catch (e) {
+      c.close(e);
+      throw e;
+    }
+    if (this.closed) {
+      c.close(new ClientClosedError());
+      throw new ClientClosedError();
+    }
+    if (c.closed) throw c.closeErr;
+    this.conn = c;
+    this.gaveUp = null;
+    // Settles and publishes made between restore's last step and now.
+    this.flushHeld(c);
+    const w = this.connWaiters;
+    this.connWaiters = [];
+    for (const x of w) x.resolve(c);
+    return c;
+  }
+
+  private handshake(c: Conn): Promise<Body> {
+    const timeoutMs = this.o.handshakeTimeoutMs ?? 10_000;
+    return new Promise<Body>((resolve, reject) => {
+      const t = setTimeout(() => c.close(new SinewError(`no HELLO_OK within ${timeoutMs} ms`, true)), timeoutMs);
+      c.call(Op.HELLO, {
+        protocol_version: PROTOCOL_VERSION,
+        client_name: this.o.clientName ?? "sinew-ts",
+        client_version: CLIENT_VERSION,
+        credentials: this.o.credentials ?? "",
+        resume: this.identity,
+      }).then(
+        (r) => {
+          clearTimeout(t);
+          if (r.op !== Op.HELLO_OK) {
+            const err = new ProtocolError(`${opName(r.op)} in answer to HELLO`);
+            c.close(err);
+            return reject(err);
+          }
+          if (r.body.protocol_version !== PROTOCOL_VERSION) {
+            const err = new ProtocolError(`broker chose protocol version ${r.body.protocol_version}`);
+            c.close(err);
+            return reject(err);
+          }
+          c.hello = r.body;
+          resolve(r.body);
+        },
+        (e) => {
+          clearTimeout(t);
+          c.close(e);
+          reject(e instanceof ConnectionLostError && e.cause ? e.cause : e);
+        },
+      );
+    });
+  }
+
+  /** Brings a new connection up to the client's state, before any new request. */
+  private async restore(c: Conn, resumed: boolean): Promise<void> {
+    if (resumed) {
+      const manual = [...this.subs].filter((s) => !s.autoAck && s.serverId !== null);
+      for (const s of this.subs) if (s.serverId !== null) c.subs.set(s.serverId, s);
+      await this.reconcile(c);
+      await this.reconcileInflight(c, manual);
+    }
+    for (const s of [...this.subs]) {
+      if (s.serverId !== null || s.ended) continue;
+      try {
+        await this.subscribeOn(c, s);
+      } catch (e) {
+        if (e instanceof BrokerError) s.end(s.recreating ? "recreate_failed" : "broker_error", e);
+        else throw e;
+      }
+    }
+    this.flushHeld(c);
+  }
+
+  /** Sends what waited for a connection: settles first, then publishes in sequence order. */
+  private flushHeld(c: Conn): void {
+    const held = this.held;
+    this.held = [];
+    for (const r of held) this.routeSettle(r, c);
+    const replay = this.replay;
+    this.replay = [];
+    for (const p of replay) this.sendPublish(p, c);
+  }
+
+  private async reconcile(c: Conn): Promise<void> {
+    const byId = new Map<bigint, Subscription>();
+    const subs = [];
+    for (const s of this.subs) {
+      if (s.serverId === null) continue;
+      byId.set(s.serverId, s);
+      subs.push(s.view());
+    }
+    const policy = this.o.reconcilePolicy === "conservative" ? 0 : 1;
+    // Applied in the hook: deliveries of a recreated subscription follow the result.
+    const hook = (op: number, b: Body) => {
+      if (op === Op.RECONCILE_RESULT) this.applyReconcile(c, byId, b.entries as Body[]);
+    };
+    const r = await c.call(Op.RECONCILE, { policy, subs, inflight_follows: true }, undefined, hook);
+    if (r.op !== Op.RECONCILE_RESULT) throw new ProtocolError(`${opName(r.op)} in answer to RECONCILE`);
+  }
+
+  private applyReconcile(c: Conn, byId: Map<bigint, Subscription>, entries: Body[]): void {
+    for (const x of entries) {
+      const s = byId.get(x.client_sub_id);
+      if (!s || x.client_sub_id === 0n) continue;
+      switch (x.action) {
+        case 1: // keep, perhaps under a new id
+          if (x.server_sub_id !== 0n && x.server_sub_id !== s.serverId) {
+            c.subs.delete(s.serverId!);
+            s.serverId = x.server_sub_id;
+            c.subs.set(s.serverId!, s);
+          }
+          break;
+        case 2: // close client side
+          c.subs.delete(s.serverId!);
+          s.serverId = null;
+          s.end("reconciled_closed", new SinewError(`closed by reconciliation: ${x.reason}`, false));
+          break;
+        case 4: // recreate client side
+          c.subs.delete(s.serverId!);
+          if (x.server_sub_id !== 0n) {
+            s.serverId = x.server_sub_id;
+            c.subs.set(s.serverId!, s);
+          } else {
+            s.serverId = null;
+            s.recreating = true;
+          }
+          break;
+      }
+    }
+  }
+
+  private async reconcileInflight(c: Conn, manual: Subscription[]): Promise<void> {
+    const entries = manual.flatMap((s) => s.inflightEntries(c.epoch));
+    let r;
+    try {
+      r = await c.call(Op.INFLIGHT, { entries });
+    } catch (e) {
+      if (e instanceof BrokerError) return; // a broker without INFLIGHT re-sends everything; the tag check drops copies
+      throw e;
+    }
+    if (r.op !== Op.INFLIGHT_RESULT) throw new ProtocolError(`${opName(r.op)} in answer to INFLIGHT`);
+    const stale = new Set<bigint>(r.body.stale as bigint[]);
+    if (stale.size) for (const s of manual) s.markStale(c.epoch, stale);
+    this.log("inflight_reconciled", { reported: entries.length, stale: stale.size, resent: r.body.resent, kept: r.body.kept });
+  }
+
+  /** The connection for new requests, or null while (re)connecting or draining. */
+  private usable(): Conn | null {
+    const c = this.conn;
+    return c && !c.closed && !c.draining ? c : null;
+  }
+
+  /** Waits for a usable connection. */
+  private ready(): Promise<Conn> {
+    const err = this.stateError();
+    if (err) return Promise.reject(err);
+    const c = this.usable();
+    if (c) return Promise.resolve(c);
+    if (this.gaveUp) this.kick();
+    const d = deferred<Conn>();
+    this.connWaiters.push(d);
+    return d.promise;
+  }
+
+  private stateError(): unknown {
+    if (this.closing || this.closed) return new ClientClosedError();
+    if (this.fatal) return this.fatal;
+    return null;
+  }
+
+  // ----- publishing -----
+
+  /**
+   * Publishes one message and resolves once the broker has made it durable.
+   * Across a reconnect the publish is held and sent again with the same
+   * producer id and sequence, so the broker stores it once.
+   */
+  async publish(topic: string, body: Uint8Array | string, opts: PublishOptions = {}): Promise<PublishResult> {
+    const err = this.stateError();
+    if (err) throw err;
+    const payload = toBytes(body);
+    await this.windowAcquire(payload.length);
+    const err2 = this.stateError();
+    if (err2) {
+      this.windowRelease(payload.length);
+      throw err2;
+    }
+    this.seq++;
+    const d = deferred<PublishResult>();
+    const p: PendingPublish = {
+      bytes: payload.length,
+      resolve: d.resolve,
+      reject: d.reject,
+      body: {
+        topic,
+        group: opts.group ?? "",
+        partition: opts.partition ?? -1,
+        key: toBytes(opts.key),
+        headers: Object.entries(opts.headers ?? {}).map(([key, value]) => ({ key, value })),
+        content_type: opts.contentType ?? "",
+        delay_ms: BigInt(opts.delayMs ?? 0),
+        not_before_ms: 0n,
+        ttl_ms: BigInt(opts.ttlMs ?? 0),
+        producer_id: this.producerId,
+        producer_seq: this.seq,
+        body: payload,
+      },
+    };
+    this.inflight.add(p);
+    const c = this.usable();
+    if (c) this.sendPublish(p, c);
+    else {
+      this.replay.push(p);
+      if (this.gaveUp) this.kick();
+    }
+    return d.promise;
+  }
+
+  private sendPublish(p: PendingPublish, c: Conn): void {
+    const finish = () => {
+      this.inflight.delete(p);
+      this.windowRelease(p.bytes);
+    };
+    c.call(Op.PUBLISH, p.body, () => this.holdPublish(p)).then(
+      (r) => {
+        if (r.op !== Op.PUBLISH_OK) {
+          finish();
+          p.reject(new ProtocolError(`${opName(r.op)} in answer to PUBLISH`));
+          return;
+        }
+        finish();
+        p.resolve({ partition: r.body.partition, offset: r.body.offset, duplicate: r.body.duplicate });
+      },
+      (e) => {
+        if (e instanceof BrokerError && e.code === Code.SHUTTING_DOWN && !this.closing) {
+          // Refused by a draining broker: nothing was stored. Send it on the next connection.
+          this.holdPublish(p);
+          return;
+        }
+        finish();
+        p.reject(e);
+      },
+    );
+  }
+
+  /** Keeps a publish cut off from its connection for the next one, in sequence order. */
+  private holdPublish(p: PendingPublish): void {
+    const err = this.closed ? new ClientClosedError() : this.fatal;
+    if (err) {
+      this.inflight.delete(p);
+      this.windowRelease(p.bytes);
+      p.reject(err);
+      return;
+    }
+    let i = this.replay.length;
+    while (i > 0 && (this.replay[i - 1]!.body.producer_seq as bigint) > (p.body.producer_seq as bigint)) i--;
+    this.replay.splice(i, 0, p);
+  }
+
+  private windowAcquire(bytes: number): Promise<void> {
+    if (this.windowWaiters.length === 0 && this.fits(bytes)) {
+      this.inflightBytes += bytes;
+      this.windowCount++;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      this.windowWaiters.push(() => {
+        this.inflightBytes += bytes;
+        this.windowCount++;
+        resolve();
+      });
+      (this.windowWaiters[this.windowWaiters.length - 1] as { bytes?: number }).bytes = bytes;
+    });
+  }
+  private windowCount = 0;
+  private fits(bytes: number): boolean {
+    return this.windowCount < this.windowMax && (this.inflightBytes + bytes <= PUBLISH_INFLIGHT_BYTES_MAX || this.windowCount === 0);
+  }
+  private windowRelease(bytes: number): void {
+    this.windowCount--;
+    this.inflightBytes -= bytes;
+    while (this.windowWaiters.length) {
+      const w = this.windowWaiters[0]! as (() => void) & { bytes?: number };
+      if (!this.fits(w.bytes ?? 0)) break;
+      this.windowWaiters.shift();
+      w();
+    }
+  }
+
+  // ----- queues -----
+
+  /** Creates a queue or checks an existing one. Resolves with its partition count and whether it was created. */
+  async declareQueue(topic: string, opts: QueueOptions = {}): Promise<{ partitions: number; created: boolean }> {
+    const modes = { default: 0, discard: 1, global: 2, queue: 3 } as const;
+    const r = await this.request(Op.DECLARE_QUEUE, {
+      topic,
+      group: opts.group ?? "",
+      partitions: opts.partitions ?? 0,
+      dead_letter_mode: modes[opts.deadLetter ?? "default"],
+      dead_letter_target: opts.deadLetterTarget ?? "",
+      max_retries: opts.maxRetries ?? -1,
+      default_ttl_ms: BigInt(opts.defaultTtlMs ?? 0),
+      lease_ms: BigInt(opts.leaseMs ?? 0),
+    });
+    return { partitions: r.partitions, created: r.created };
+  }
+
+  /** Deletes a queue with all its messages; its subscriptions end with reason "queue_deleted". */
+  async deleteQueue(topic: string, group = ""): Promise<void> {
+    await this.request(Op.DELETE_QUEUE, { topic, group });
+  }
+
+  /** Discards a queue's ready and delayed messages; resolves with how many. */
+  async purgeQueue(topic: string, group = ""): Promise<bigint> {
+    return (await this.request(Op.PURGE_QUEUE, { topic, group })).purged;
+  }
+
+  /** A request that is not sent again after a cut (ConnectionLostError). */
+  private async request(op: number, body: Body): Promise<Body> {
+    const c = await this.ready();
+    return (await c.call(op, body)).body;
+  }
+
+  // ----- subscriptions -----
+
+  /** Attaches a consumer to a queue. Resolves once the broker accepted it. */
+  async subscribe(topic: string, opts: SubscribeOptions = {}): Promise<Subscription> {
+    const s = new Subscription(this, topic, opts);
+    this.subs.add(s);
+    for (;;) {
+      let c: Conn;
+      try {
+        c = await this.ready();
+      } catch (e) {
+        this.subs.delete(s);
+        throw e;
+      }
+      try {
+        await this.subscribeOn(c, s);
+        return s;
+      } catch (e) {
+        if (e instanceof ConnectionLostError) {
+          if (s.serverId !== null) return s; // a reconnect restored it meanwhile
+          continue;
+        }
+        this.subs.delete(s);
+        throw e;
+      }
+    }
+  }
+
+  private async subscribeOn(c: Conn, s: Subscription): Promise<void> {
+    // Registered in the hook: the broker's first deliveries may follow
+    // SUBSCRIBE_OK in the same chunk.
+    const hook = (op: number, b: Body) => {
+      if (op !== Op.SUBSCRIBE_OK) return;
+      s.serverId = b.sub_id;
+      s.prefetch = b.prefetch;
+      s.partitions = b.partitions;
+      s.recreating = false;
+      c.subs.set(b.sub_id, s);
+    };
+    const body = { topic: s.topic, group: s.group, partition: s.partition, ack_mode: s.autoAck ? 1 : 0, prefetch: s.prefetchAsked };
+    const r = await c.call(Op.SUBSCRIBE, body, undefined, hook);
+    if (r.op !== Op.SUBSCRIBE_OK) throw new ProtocolError(`${opName(r.op)} in answer to SUBSCRIBE`);
+  }
+
+  /** @internal */
+  async unsubscribe(s: Subscription): Promise<void> {
+    this.subs.delete(s);
+    const c = this.usable() ?? (this.conn && !this.conn.closed ? this.conn : null);
+    const id = s.serverId;
+    s.end("unsubscribed", null);
+    if (!c || id === null) return; // reconciliation drops it on the next connection
+    try {
+      await c.call(Op.UNSUBSCRIBE, { sub_id: id });
+    } catch (e) {
+      if (!(e instanceof ConnectionLostError)) throw e;
+    } finally {
+      c.subs.delete(id);
+    }
+  }
+
+  /** @internal The broker ended a subscription. */
+  subClosed(c: Conn, b: Body): void {
+    const s = c.subs.get(b.sub_id);
+    c.subs.delete(b.sub_id);
+    if (!s) return;
+    s.serverId = null;
+    switch (b.reason) {
+      case 5: // broker stopping: restored on the next connection
+        return;
+      case 1:
+        s.end("unsubscribed", null);
+        return;
+      case 2:
+        s.end("reconciled_closed", new SinewError(b.message, false));
+        return;
+      case 3:
+        s.end("queue_deleted", new BrokerError(Code.NOT_FOUND, `queue deleted: ${b.message}`));
+        return;
+      default:
+        s.end("broker_error", new BrokerError(b.code || Code.INTERNAL, b.message));
+    }
+  }
+
+  // ----- settling -----
+
+  /** @internal */
+  settle(msg: Message, op: number, delayMs: number): Promise<void> {
+    if (msg.settledBy) return Promise.reject(new AlreadySettledError());
+    msg.settledBy = op;
+    if (msg.sub.autoAck) return Promise.resolve();
+    if (msg.stale || msg.epoch !== this.epoch) {
+      msg.sub.release(msg);
+      return Promise.reject(new StaleDeliveryError());
+    }
+    const d = deferred<void>();
+    const r: SettleReq = { op, msg, delayMs, resolve: d.resolve, reject: d.reject };
+    const c = this.conn && !this.conn.closed ? this.conn : null; // a draining connection still takes settles
+    if (c) c.settle(r);
+    else this.held.push(r);
+    return d.promise;
+  }
+
+  private routeSettle(r: SettleReq, c: Conn): void {
+    if (r.msg.epoch !== this.epoch) {
+      r.msg.sub.release(r.msg);
+      r.reject(new StaleDeliveryError("session not resumed: the broker will deliver the message again"));
+      return;
+    }
+    c.settle(r);
+  }
+
+  /** @internal Settles cut off from their connection wait for the resumed session. */
+  holdSettles(rs: SettleReq[]): void {
+    const err = this.closed ? new ClientClosedError() : this.fatal ?? this.gaveUp;
+    for (const r of rs) {
+      if (err) r.reject(err);
+      else this.held.push(r);
+    }
+  }
+
+  /** @internal */
+  settled(r: SettleReq, code: number): void {
+    r.msg.sub.release(r.msg);
+    if (code === Code.OK) r.resolve();
+    else if (code === Code.STALE_LEASE) r.reject(new StaleDeliveryError("the broker judged the lease stale"));
+    else r.reject(new BrokerError(code, "settle refused"));
+  }
+
+  /** @internal */
+  settleFailed(r: SettleReq, err: unknown): void {
+    r.msg.sub.release(r.msg);
+    r.reject(err);
+  }
+
+  // ----- connection lifecycle -----
+
+  /** @internal */
+  goingAway(c: Conn, b: Body): void {
+    if (c.draining) return;
+    c.draining = true;
+    c.awayDeadline = Number(b.deadline_ms);
+    this.log("going_away", { addr: this.addr, reason: b.reason });
+    const wait = Math.max(0, Math.min(c.awayDeadline - this.now(), GOING_AWAY_WAIT_MAX_MS));
+    const deadline = setTimeout(() => c.close(new BrokerError(Code.SHUTTING_DOWN, "broker going away")), wait);
+    const poll = setInterval(() => {
+      if (c.closed) {
+        clearInterval(poll);
+        clearTimeout(deadline);
+        return;
+      }
+      if (c.pending.size === 0 && c.settlesQueued() === 0 && this.unsettled(c.epoch) === 0) {
+        clearInterval(poll);
+        clearTimeout(deadline);
+        c.close(new BrokerError(Code.SHUTTING_DOWN, "broker going away"));
+      }
+    }, GOING_AWAY_POLL_MS);
+  }
+
+  private unsettled(epoch: number): number {
+    let n = 0;
+    for (const s of this.subs) n += s.heldCount(epoch);
+    return n;
+  }
+
+  /** @internal A connection ended. */
+  connClosed(c: Conn, err: unknown): void {
+    for (const s of c.pausedBy) s.unpause();
+    if (this.conn !== c) return;
+    this.conn = null;
+    if (this.closed || this.closing) return;
+    if (!isRetryable(err)) {
+      this.failFatal(err);
+      return;
+    }
+    this.log("connection_lost", { addr: this.addr, err: String((err as Error)?.message ?? err) });
+    void this.reconnect(c.draining, this.now() - c.lastWrite);
+  }
+
+  private connectedAt = 0;
+  private failures = 0;
+
+  /** Reconnects with backoff until it succeeds, a fatal error, close, or maxAttempts. */
+  private async reconnect(planned: boolean, _idle: number): Promise<void> {
+    if (this.reconnecting) return;
+    this.reconnecting = true;
+    try {
+      if (this.now() - this.connectedAt >= this.policy.resetAfterMs) this.failures = 0;
+      let immediate = planned;
+      for (;;) {
+        if (!immediate) {
+          let d = backoffDelay(this.policy, this.failures, this.random());
+          if (planned) d = Math.min(d, GOING_AWAY_BACKOFF_MAX_MS);
+          try {
+            await this.sleep(d, this.stop.signal);
+          } catch {
+            return;
+          }
+        }
+        immediate = false;
+        if (this.closed) return;
+        try {
+          await this.attempt(this.stop.signal);
+          this.connectedAt = this.now();
+          this.log("reconnected", { addr: this.addr });
+          return;
+        } catch (err) {
+          if (this.closed) return;
+          if (!isRetryable(err)) {
+            this.failFatal(err);
+            return;
+          }
+          this.failures++;
+          this.log("reconnect_failed", { addr: this.addr, attempt: this.failures, err: String((err as Error)?.message ?? err) });
+          if (this.policy.maxAttempts > 0 && this.failures >= this.policy.maxAttempts) {
+            this.giveUp(new DisconnectedError(`${this.addr}: ${this.failures} attempts failed`, err));
+            return;
+          }
+        }
+      }
+    } finally {
+      this.reconnecting = false;
+    }
+  }
+
+  /** After giving up, an operation asks for a fresh round of attempts. */
+  private kick(): void {
+    if (this.reconnecting || this.closed || this.fatal) return;
+    this.gaveUp = null;
+    this.failures = 0;
+    void this.reconnect(false, 0);
+  }
+
+  private giveUp(err: DisconnectedError): void {
+    this.log("gave_up", { addr: this.addr, err: err.message });
+    this.gaveUp = err;
+    this.failAll(err, "disconnected");
+  }
+
+  private failFatal(err: unknown): void {
+    this.log("fatal", { addr: this.addr, err: String((err as Error)?.message ?? err) });
+    this.fatal = err;
+    this.failAll(err, "fatal");
+  }
+
+  private failAll(err: unknown, reason: SubscriptionEndReason): void {
+    const w = this.connWaiters;
+    this.connWaiters = [];
+    for (const x of w) x.reject(err);
+    const replay = this.replay;
+    this.replay = [];
+    for (const p of replay) {
+      this.inflight.delete(p);
+      this.windowRelease(p.bytes);
+      p.reject(err);
+    }
+    const held = this.held;
+    this.held = [];
+    for (const r of held) r.reject(err);
+    for (const s of [...this.subs]) s.end(reason, err);
+    if (reason !== "disconnected") this.subs.clear();
+  }
+
+  private shutdownNow(err: unknown): void {
+    this.closed = true;
+    this.stop.abort();
+    this.conn?.close(err);
+    this.failAll(err, err instanceof ClientClosedError ? "client_closed" : "fatal");
+  }
+
+  /**
+   * Closes the client: waits (up to drainTimeoutMs) for unconfirmed publishes
+   * and settles in flight, ends the broker session with END_SESSION so its
+   * unsettled messages go to other consumers at once, and ends every
+   * subscription with reason "client_closed".
+   */
+  async close(): Promise<void> {
+    if (this.closing || this.closed) return;
+    this.closing = true;
+    const limit = this.now() + (this.o.drainTimeoutMs ?? 5000);
+    while ((this.inflight.size > 0 || this.held.length > 0 || (this.conn?.pending.size ?? 0) > 0) && this.now() < limit) {
+      if (!this.conn || this.conn.closed) break;
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    const c = this.conn;
+    if (c && !c.closed) {
+      const t = setTimeout(() => c.close(new ClientClosedError()), Math.max(0, limit - this.now()) + 1000);
+      try {
+        await c.call(Op.END_SESSION, {});
+        await c.done.promise;
+      } catch {
+        // The session ends at the broker when its grace runs out instead.
+      } finally {
+        clearTimeout(t);
+      }
+    }
+    this.shutdownNow(new ClientClosedError());
+  }
+}
+
+/**
+ * A consumer attached to one queue. Iterate it with `for await`; the loop
+ * ends when the subscription ends: normally after unsubscribe() or close(),
+ * by throwing a SubscriptionEndedError for every other reason.
+ * It survives reconnects: the client restores it on the next connection.
+ */
+export class Subscription implements AsyncIterable<Message> {
+  readonly topic: string;
+  readonly group: string;
+  readonly partition: number;
+  readonly autoAck: boolean;
+  readonly prefetchAsked: number;
+  /** The prefetch in force, after the broker's default and clamp. */
+  prefetch = 0;
+  /** The partitions the broker assigned. */
+  partitions: number[] = [];
+  /** @internal */ serverId: bigint | null = null;
+  /** @internal */ recreating = false;
+  /** Set once the subscription ended: why. */
+  endReason: SubscriptionEndedError | null = null;
+  private buf: Message[] = [];
+  private waiter: { resolve(r: IteratorResult<Message>): void; reject(e: unknown): void } | null = null;
+  private held = new Map<bigint, Message>();
+  private pausedConn: Conn | null = null;
+
+  /** @internal */
+  constructor(
+    private readonly client: Client,
+    topic: string,
+    o: SubscribeOptions,
+  ) {
+    this.topic = topic;
+    this.group = o.group ?? "";
+    this.partition = o.partition ?? -1;
+    this.autoAck = o.autoAck ?? false;
+    this.prefetchAsked = o.prefetch ?? 0;
+  }
+
+  /** Whether the subscription has ended. */
+  get ended(): boolean {
+    return this.endReason !== null;
+  }
+
+  /** @internal */
+  view(): Body {
+    return {
+      sub_id: this.serverId,
+      topic: this.topic,
+      group: this.group,
+      partition: this.partition,
+      ack_mode: this.autoAck ? 1 : 0,
+      prefetch: this.prefetchAsked,
+    };
+  }
+
+  /** @internal A DELIVER for this subscription. */
+  deliver(c: Conn, d: Body): void {
+    if (this.ended) return;
+    if (!this.autoAck && this.held.has(d.tag)) return; // a re-send of a delivery already held
+    const m = new Message(this, c.epoch, d);
+    if (!this.autoAck) this.held.set(d.tag, m);
+    if (this.waiter) {
+      const w = this.waiter;
+      this.waiter = null;
+      w.resolve({ value: m, done: false });
+      return;
+    }
+    this.buf.push(m);
+    if (this.buf.length >= DELIVERY_BUFFER_MAX && !this.pausedConn) {
+      // Push back on the broker through TCP until the application catches up.
+      this.pausedConn = c;
+      c.pausedBy.add(this);
+      c.sock.pause();
+    }
+  }
+
+  /** @internal */
+  unpause(): void {
+    const c = this.pausedConn;
+    if (!c) return;
+    this.pausedConn = null;
+    c.pausedBy.delete(this);
+    if (c.pausedBy.size === 0 && !c.closed) c.sock.resume();
+  }
+
+  /** @internal */
+  heldCount(epoch: number): number {
+    let n = 0;
+    for (const m of this.held.values()) if (m.epoch === epoch && !m.settledBy) n++;
+    return n;
+  }
+
+  /** @internal */
+  release(m: Message): void {
+    if (this.held.get(m.tag) === m) this.held.delete(m.tag);
+  }
+
+  /** @internal Unsettled deliveries of the epoch, for INFLIGHT. */
+  inflightEntries(epoch: number): Body[] {
+    const out: Body[] = [];
+    for (const m of this.held.values()) if (m.epoch === epoch) out.push({ tag: m.tag, lease: m.lease });
+    return out;
+  }
+
+  /** @internal The broker no longer holds these for the session. */
+  markStale(epoch: number, stale: Set<bigint>): void {
+    for (const m of this.held.values()) {
+      if (m.epoch === epoch && stale.has(m.tag)) {
+        m.stale = true;
+        this.held.delete(m.tag);
+      }
+    }
+    this.buf = this.buf.filter((m) => !m.stale);
+  }
+
+  /** @internal A fresh session: the old deliveries are gone, subscribe again. */
+  resetForFreshSession(): void {
+    this.serverId = null;
+    this.held.clear();
+    this.buf = []; // not yet seen by the application: the broker delivers them again
+    this.unpause();
+  }
+
+  /** @internal */
+  end(reason: SubscriptionEndReason, cause: unknown): void {
+    if (this.endReason) return;
+    const msg = (cause as Error | null)?.message ?? reason;
+    this.endReason = new SubscriptionEndedError(reason, msg, cause ?? undefined);
+    this.client.subs.delete(this);
+    this.unpause();
+    if (this.waiter) {
+      const w = this.waiter;
+      this.waiter = null;
+      if (reason === "unsubscribed" || reason === "client_closed") w.resolve({ value: undefined, done: true });
+      else w.reject(this.endReason);
+    }
+  }
+
+  /** The next message; done once the subscription ended. */
+  next(): Promise<IteratorResult<Message>> {
+    const m = this.buf.shift();
+    if (m) {
+      if (this.buf.length <= DELIVERY_BUFFER_MAX / 2) this.unpause();
+      return Promise.resolve({ value: m, done: false });
+    }
+    if (this.endReason) {
+      const r = this.endReason.reason;
+      if (r === "unsubscribed" || r === "client_closed") return Promise.resolve({ value: undefined, done: true });
+      return Promise.reject(this.endReason);
+    }
+    if (this.waiter) return Promise.reject(new Error("sinew: a subscription has one reader at a time"));
+    return new Promise((resolve, reject) => {
+      this.waiter = { resolve, reject };
+    });
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<Message> {
+    return { next: () => this.next() };
+  }
+
+  /** Ends the subscription; the broker returns its unsettled messages to the queue. */
+  unsubscribe(): Promise<void> {
+    if (this.ended) return Promise.resolve();
+    return this.client.unsubscribe(this);
+  }
+}
+
+/** One delivered message. Settle it once with complete, retry, retryAfter or fail. */
+export class Message {
+  readonly topic: string;
+  readonly group: string;
+  readonly partition: number;
+  readonly offset: bigint;
+  /** 1 on first delivery, +1 on each redelivery. */
+  readonly attempt: number;
+  readonly publishedAtMs: number;
+  readonly key: Uint8Array;
+  readonly headers: Record<string, string>;
+  readonly contentType: string;
+  readonly body: Uint8Array;
+  /** @internal */ readonly tag: bigint;
+  /** @internal */ readonly lease: Body;
+  /** @internal */ readonly epoch: number;
+  /** @internal */ settledBy = 0;
+  /** @internal */ stale = false;
+
+  /** @internal */
+  constructor(
+    readonly sub: Subscription,
+    epoch: number,
+    d: Body,
+  ) {
+    this.epoch = epoch;
+    this.tag = d.tag;
+    this.lease = { sub_id: d.sub_id, partition: d.partition, offset: d.offset, lease_id: d.lease_id, epoch: d.epoch };
+    this.topic = d.topic;
+    this.group = d.group;
+    this.partition = d.partition;
+    this.offset = d.offset;
+    this.attempt = d.attempt;
+    this.publishedAtMs = Number(d.published_at_ms);
+    this.key = d.key;
+    this.headers = {};
+    for (const h of d.headers as Array<{ key: string; value: string }>) if (!(h.key in this.headers)) this.headers[h.key] = h.value;
+    this.contentType = d.content_type;
+    this.body = d.body;
+  }
+
+  /** The body as UTF-8 text. */
+  text(): string {
+    return utf8dec.decode(this.body);
+  }
+
+  /** The body parsed as JSON. */
+  json<T = unknown>(): T {
+    return JSON.parse(this.text()) as T;
+  }
+
+  /** Done (ACK). Resolves once the broker made the settle durable. */
+  complete(): Promise<void> {
+    return this.sub["client"].settle(this, Op.ACK, 0);
+  }
+
+  /** Back to the queue for another attempt (NACK); counts against the queue's max retries. */
+  retry(): Promise<void> {
+    return this.sub["client"].settle(this, Op.NACK, 0);
+  }
+
+  /** Like retry, delivered again no earlier than ms milliseconds from now. */
+  retryAfter(ms: number): Promise<void> {
+    return this.sub["client"].settle(this, Op.NACK, Math.max(0, Math.floor(ms)));
+  }
+
+  /** Terminal failure (FAIL): the broker dead-letters the message. */
+  fail(): Promise<void> {
+    return this.sub["client"].settle(this, Op.FAIL, 0);
+  }
+}
+
+function splitAddr(addr: string): [string, number] {
+  const i = addr.lastIndexOf(":");
+  if (i < 0) throw new SinewError(`address ${addr}: want host:port`, false);
+  let host = addr.slice(0, i);
+  if (host.startsWith("[") && host.endsWith("]")) host = host.slice(1, -1);
+  const port = Number(addr.slice(i + 1));
+  if (!Number.isInteger(port) || port <= 0 || port > 65535) throw new SinewError(`address ${addr}: bad port`, false);
+  return [host || "127.0.0.1", port];
+}
+
+function dial(host: string, port: number, timeoutMs: number, signal?: AbortSignal): Promise<net.Socket> {
+  return new Promise((resolve, reject) => {
+    const sock = net.connect({ host, port, noDelay: true });
+    const fail = (e: unknown) => {
+      cleanup();
+      sock.destroy();
+      reject(e);
+    };
+    const t = setTimeout(() => fail(Object.assign(new Error(`connect ${host}:${port}: timed out`), { code: "ETIMEDOUT" })), timeoutMs);
+    const onAbort = () => fail(signal!.reason);
+    const onErr = (e: Error) => fail(e);
+    const cleanup = () => {
+      clearTimeout(t);
+      sock.off("error", onErr);
+      signal?.removeEventListener("abort", onAbort);
+    };
+    sock.once("error", onErr);
+    signal?.addEventListener("abort", onAbort, { once: true });
+    sock.once("connect", () => {
+      cleanup();
+      resolve(sock);
+    });
+  });
+}
+
+/**
+ * Connects to a broker at addr ("host:port"). Retryable failures (refused,
+ * reset, timed out) are retried with the reconnect backoff until
+ * opts.signal aborts, connectTimeoutMs passes or reconnect.maxAttempts
+ * attempts failed; a rejected handshake (auth_failed, unsupported_version)
+ * fails at once with a BrokerError.
+ */
+export async function connect(addr: string, opts: ConnectOptions = {}): Promise<Client> {
+  const c = new Client(addr, opts);
+  await c.open();
+  return c;
+}

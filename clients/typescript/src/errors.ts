@@ -1,0 +1,183 @@
+// Typed errors. Every error the client throws or rejects with is a SinewError;
+// `retryable` says whether the same operation may succeed later.
+
+/** Error codes of the protocol (docs/protocol.md section 6): name and whether
+ * the same request may succeed if sent again later. */
+export const CODES: ReadonlyArray<readonly [code: number, name: string, retryable: boolean]> = [
+  [0, "ok", false],
+  [1, "bad_frame", false],
+  [2, "frame_too_large", false],
+  [3, "unsupported_version", false],
+  [4, "unknown_op", false],
+  [5, "handshake_required", false],
+  [6, "handshake_timeout", true],
+  [7, "auth_failed", false],
+  [8, "bad_request", false],
+  [9, "not_found", false],
+  [10, "message_too_large", false],
+  [11, "too_many_connections", true],
+  [12, "stale_lease", false],
+  [13, "unknown_tag", false],
+  [14, "internal", true],
+  [15, "unavailable", true],
+  [16, "shutting_down", true],
+  [17, "heartbeat_timeout", true],
+  [18, "resource_exhausted", true],
+  [19, "conflict", false],
+  [20, "limit_exceeded", false],
+  [21, "slow_consumer", true],
+  [22, "sequence_too_old", false],
+];
+
+/** Named error codes used by the client. */
+export const Code = {
+  OK: 0,
+  BAD_FRAME: 1,
+  UNSUPPORTED_VERSION: 3,
+  AUTH_FAILED: 7,
+  BAD_REQUEST: 8,
+  NOT_FOUND: 9,
+  STALE_LEASE: 12,
+  UNKNOWN_TAG: 13,
+  INTERNAL: 14,
+  SHUTTING_DOWN: 16,
+} as const;
+
+/** Name of an error code, e.g. "stale_lease". */
+export function codeName(code: number): string {
+  return CODES.find((c) => c[0] === code)?.[1] ?? `code_${code}`;
+}
+
+/** Whether a request refused with this code may succeed if sent again later. */
+export function codeRetryable(code: number): boolean {
+  return CODES.find((c) => c[0] === code)?.[2] ?? false;
+}
+
+/** Base class of every error of this package. */
+export class SinewError extends Error {
+  override name = "SinewError";
+  /** Whether the operation (or a reconnect) may succeed later. */
+  readonly retryable: boolean;
+  constructor(message: string, retryable: boolean, options?: { cause?: unknown }) {
+    super(message, options);
+    this.retryable = retryable;
+  }
+}
+
+/** An error the broker reported: an ERROR frame, a settle result code or a
+ * subscription it ended. */
+export class BrokerError extends SinewError {
+  override name = "BrokerError";
+  /** The protocol error code. */
+  readonly code: number;
+  /** The code's name, e.g. "auth_failed". */
+  readonly codeName: string;
+  constructor(code: number, message: string) {
+    super(message ? `broker: ${codeName(code)}: ${message}` : `broker: ${codeName(code)}`, codeRetryable(code));
+    this.code = code;
+    this.codeName = codeName(code);
+  }
+}
+
+/** Operations after close, and the end of subscriptions that close ended. */
+export class ClientClosedError extends SinewError {
+  override name = "ClientClosedError";
+  constructor() {
+    super("client closed", false);
+  }
+}
+
+/** The client gave up reconnecting after `reconnect.maxAttempts` failures in a
+ * row. Wraps the last attempt's error as `cause`. */
+export class DisconnectedError extends SinewError {
+  override name = "DisconnectedError";
+  constructor(message: string, cause?: unknown) {
+    super(message, true, { cause });
+  }
+}
+
+/** A request that was in flight when the connection broke and that the client
+ * does not send again (declare, purge, delete). It may or may not have taken
+ * effect. Publishes, settles and subscribes are sent again instead. */
+export class ConnectionLostError extends SinewError {
+  override name = "ConnectionLostError";
+  constructor(message: string, cause?: unknown) {
+    super(message, true, { cause });
+  }
+}
+
+/** The broker broke the protocol (a malformed or unexpected frame). Fatal: the
+ * client does not reconnect. */
+export class ProtocolError extends SinewError {
+  override name = "ProtocolError";
+  constructor(message: string, cause?: unknown) {
+    super(message, false, { cause });
+  }
+}
+
+/** Settling a message whose lease the client no longer holds: the session was
+ * not resumed after a cut, the broker no longer holds the delivery for this
+ * session, or it answered stale_lease. The broker delivers (or delivered) the
+ * message again. */
+export class StaleDeliveryError extends SinewError {
+  override name = "StaleDeliveryError";
+  constructor(message = "delivery is stale: its lease is no longer held") {
+    super(message, false);
+  }
+}
+
+/** A second settle of the same message. */
+export class AlreadySettledError extends SinewError {
+  override name = "AlreadySettledError";
+  constructor() {
+    super("message already settled", false);
+  }
+}
+
+/** Why a subscription ended. */
+export type SubscriptionEndReason =
+  | "unsubscribed"
+  | "client_closed"
+  | "reconciled_closed"
+  | "recreate_failed"
+  | "queue_deleted"
+  | "broker_error"
+  | "disconnected"
+  | "fatal";
+
+/** The end of a subscription: `reason` says why, `cause` carries the
+ * underlying error when there is one. `for await` over a subscription ends
+ * normally for "unsubscribed" and "client_closed" and throws this error for
+ * every other reason. */
+export class SubscriptionEndedError extends SinewError {
+  override name = "SubscriptionEndedError";
+  readonly reason: SubscriptionEndReason;
+  constructor(reason: SubscriptionEndReason, message: string, cause?: unknown) {
+    super(`subscription ended (${reason}): ${message}`, false, { cause });
+    this.reason = reason;
+  }
+}
+
+/** Whether err is transient: the operation, or a reconnect, may succeed later.
+ * Network failures (refused, reset, timed out, DNS) and retryable broker codes
+ * are; rejected handshakes, protocol violations and a closed client are not. */
+export function isRetryable(err: unknown): boolean {
+  if (err instanceof SinewError) return err.retryable;
+  const code = (err as { code?: unknown } | null)?.code;
+  if (typeof code === "string") {
+    return [
+      "ECONNREFUSED",
+      "ECONNRESET",
+      "ECONNABORTED",
+      "EPIPE",
+      "ETIMEDOUT",
+      "EHOSTUNREACH",
+      "ENETUNREACH",
+      "ENETDOWN",
+      "EAI_AGAIN",
+      "ENOTFOUND",
+      "EADDRNOTAVAIL",
+    ].includes(code);
+  }
+  return false;
+}

@@ -1,0 +1,21 @@
+// Sinew client for TypeScript and JavaScript (Node 20+), no runtime dependencies.
+export { connect, Client, Subscription, Message, CLIENT_VERSION } from "./client.js";
+export type { ConnectOptions, PublishOptions, PublishResult, SubscribeOptions, QueueOptions } from "./client.js";
+export { backoffDelay, reconnectPolicy, RECONNECT_DEFAULTS } from "./backoff.js";
+export type { ReconnectPolicy } from "./backoff.js";
+export {
+  SinewError,
+  BrokerError,
+  ClientClosedError,
+  DisconnectedError,
+  ConnectionLostError,
+  ProtocolError,
+  StaleDeliveryError,
+  AlreadySettledError,
+  SubscriptionEndedError,
+  isRetryable,
+  codeName,
+  CODES,
+} from "./errors.js";
+export type { SubscriptionEndReason } from "./errors.js";
+export { DecodeError, UnknownOpError } from "./codec.js";
