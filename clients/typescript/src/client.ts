@@ -536,6 +536,7 @@ export class Client {
     if (c.closed) throw c.closeErr;
     this.conn = c;
     this.gaveUp = null;
+    this.connectedAt = this.now();
     // Settles and publishes made between restore's last step and now.
     this.flushHeld(c);
     const w = this.connWaiters;
@@ -1024,17 +1025,18 @@ export class Client {
       return;
     }
     this.log("connection_lost", { addr: this.addr, err: String((err as Error)?.message ?? err) });
-    void this.reconnect(c.draining, this.now() - c.lastWrite);
+    void this.reconnect(c.draining);
   }
 
   private connectedAt = 0;
   private failures = 0;
 
   /** Reconnects with backoff until it succeeds, a fatal error, close, or maxAttempts. */
-  private async reconnect(planned: boolean, _idle: number): Promise<void> {
+  private async reconnect(planned: boolean): Promise<void> {
     if (this.reconnecting) return;
     this.reconnecting = true;
     try {
+      // The attempt count starts again only after a connection that stayed healthy.
       if (this.now() - this.connectedAt >= this.policy.resetAfterMs) this.failures = 0;
       let immediate = planned;
       for (;;) {
@@ -1051,7 +1053,6 @@ export class Client {
         if (this.closed) return;
         try {
           await this.attempt(this.stop.signal);
-          this.connectedAt = this.now();
           this.log("reconnected", { addr: this.addr });
           return;
         } catch (err) {
@@ -1078,7 +1079,7 @@ export class Client {
     if (this.reconnecting || this.closed || this.fatal) return;
     this.gaveUp = null;
     this.failures = 0;
-    void this.reconnect(false, 0);
+    void this.reconnect(false);
   }
 
   private giveUp(err: DisconnectedError): void {

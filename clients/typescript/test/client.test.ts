@@ -302,3 +302,66 @@ test("a session the broker lost: held settles fail as stale, the subscription co
     await b.destroy();
   }
 });
+
+test("backoff grows across short-lived connections and resets after 10 s healthy", T, async () => {
+  const proxy = new FaultProxy({ host: "127.0.0.1", port: broker.port });
+  await proxy.start();
+  const ev = events();
+  let now = 0;
+  let slept: number[] = [];
+  let reopenAfter = 0;
+  const c = await connect(proxy.addr, {
+    log: ev.log,
+    now: () => now,
+    random: () => 0.5,
+    sleep: async (ms) => {
+      slept.push(ms);
+      if (slept.length === reopenAfter) await proxy.refuse(false);
+    },
+  });
+  const breakFor = async (sleeps: number) => {
+    slept = [];
+    reopenAfter = sleeps;
+    const back = ev.next("reconnected");
+    await proxy.refuse(true);
+    proxy.cut();
+    await back;
+    return slept;
+  };
+  try {
+    now = 1_000;
+    assert.deepEqual(await breakFor(3), [100, 200, 400]);
+    // Two attempts failed. The new connection lived 1 s: the count goes on from 2.
+    now = 2_000;
+    assert.deepEqual(await breakFor(1), [400]);
+    now = 12_000; // 10 s healthy: the count starts again
+    assert.deepEqual(await breakFor(1), [100]);
+    await c.publish("ts-backoff", "still works");
+  } finally {
+    await c.close();
+    await proxy.close();
+  }
+});
+
+test("connect's AbortSignal stops the first connect", T, async () => {
+  const proxy = new FaultProxy({ host: "127.0.0.1", port: broker.port });
+  await proxy.start();
+  await proxy.refuse(true);
+  try {
+    const ac = new AbortController();
+    const reason = new Error("caller gave up");
+    let attempts = 0;
+    await assert.rejects(
+      connect(proxy.addr, {
+        signal: ac.signal,
+        sleep: async () => {
+          if (++attempts === 2) ac.abort(reason);
+        },
+      }),
+      (e: unknown) => e === reason,
+    );
+    assert.equal(attempts, 2);
+  } finally {
+    await proxy.close();
+  }
+});

@@ -56,9 +56,10 @@ export class FaultProxy {
   /** refuse(true) closes the listening port, so connects are refused; refuse(false) opens it again. */
   async refuse(on: boolean): Promise<void> {
     if (on && this.server) {
-      const s = this.server;
+      // close() stops listening at once; its callback would also wait for the
+      // proxied connections to end, which cut() does.
+      this.server.close();
       this.server = null;
-      await new Promise<void>((r) => s.close(() => r()));
     } else if (!on && !this.server) {
       await this.start(this.port);
     }
