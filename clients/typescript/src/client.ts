@@ -245,7 +245,7 @@ class Conn {
         this.sock.uncork();
       });
     }
-    this.lastWrite = this.client.now();
+    this.lastWrite = Date.now();
     this.sock.write(frame);
   }
 
@@ -330,8 +330,10 @@ class Conn {
     let every = brokerMs;
     if (ownMs && ownMs > 0 && (every === 0 || ownMs < every)) every = ownMs;
     if (every <= 0) return;
+    // Heartbeats run on real timers, so they measure real time too (the
+    // injectable clock is for backoff and drain decisions).
     this.heartbeat = setInterval(() => {
-      const now = this.client.now();
+      const now = Date.now();
       if (now - this.lastRead >= 3 * every) {
         this.close(new SinewError("heartbeat timeout: nothing arrived for three intervals", true));
         return;
@@ -342,7 +344,7 @@ class Conn {
   }
 
   private onData(chunk: Buffer): void {
-    this.lastRead = this.client.now();
+    this.lastRead = Date.now();
     let frames: Frame[];
     try {
       frames = this.splitter.push(new Uint8Array(chunk.buffer, chunk.byteOffset, chunk.byteLength));
