@@ -180,6 +180,7 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 		defer idleTimer.Stop()
 		idle = idleTimer.C
 	}
+	staleWarned := false
 	for n := 0; *count == 0 || n < *count; n++ {
 		var m *sinew.Message
 		select {
@@ -221,6 +222,19 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 		if err := m.Complete(ctx); err != nil {
 			if ctx.Err() != nil {
 				return nil
+			}
+			if errors.Is(err, sinew.ErrStaleDelivery) {
+				// The lease moved on (a restart or a lease timeout): the
+				// broker delivers the message again, so at-least-once holds
+				// and the consumer carries on.
+				if !staleWarned {
+					staleWarned = true
+					fmt.Fprintf(stderr, "sinew consume: warning: ack of partition %d offset %d was stale; the message will be delivered again (further stale acks not reported)\n", m.Partition, m.Offset)
+				}
+				if idleTimer != nil {
+					idleTimer.Reset(*idleExit)
+				}
+				continue
 			}
 			return fmt.Errorf("ack of partition %d offset %d: %w", m.Partition, m.Offset, describeClientErr(*cf.addr, err))
 		}
