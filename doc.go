@@ -55,7 +55,7 @@
 // returns at once, see below); they never make a connect attempt of their own,
 // so a blip costs one reconnect at the backoff's pace. They fail only when the client is closed
 // (ErrClientClosed), a fatal error stops it, or ReconnectPolicy.MaxAttempts
-// attempts failed in a row (ErrDisconnected; after that, an operation asks for
+// attempts failed in a row or failed for ReconnectPolicy.MaxOutage (ErrDisconnected; after that, an operation asks for
 // one fresh attempt and reports its failure as ErrNotConnected).
 //
 // What was in flight on the broken socket is held and sent again on the next
@@ -135,7 +135,7 @@
 //
 // Network timeouts, refused or reset connections and DNS failures are retried
 // with the ReconnectPolicy (base 100 ms, factor 2, cap 30 s, ±10 % jitter,
-// reset after 10 s of health; unlimited attempts unless MaxAttempts is set).
+// reset after 10 s of health; unlimited attempts unless MaxAttempts or MaxOutage is set).
 // Dial's first connect is also bounded by ConnectTimeoutDefault (or
 // WithConnectTimeout) and logs each failed attempt with its reason. A
 // rejected handshake (auth_failed, unsupported_version), a protocol violation

@@ -104,7 +104,7 @@ type endpoint struct {
 	attemptDone chan struct{} // closed and replaced after every connect attempt
 	attemptErr  error
 	attempts    uint64        // connect attempts finished
-	gaveUp      error         // set while the supervisor has given up (MaxAttempts), until a connect succeeds
+	gaveUp      error         // set while the supervisor has given up (MaxAttempts, MaxOutage), until a connect succeeds
 	kick        chan struct{} // asks the supervisor for an attempt now
 }
 
@@ -195,6 +195,7 @@ func (e *endpoint) supervise(c *conn) {
 			failures = 0
 		}
 		e.o.logger.Info("sinew: connection lost, reconnecting", "addr", e.addr, "err", err)
+		outageFrom := e.o.clock.Now()
 		for c = nil; c == nil; {
 			if !immediate {
 				d := pol.Delay(failures, e.o.rand())
@@ -227,12 +228,14 @@ func (e *endpoint) supervise(c *conn) {
 			}
 			failures++
 			e.o.logger.Info("sinew: reconnect attempt failed", "addr", e.addr, "attempt", failures, "err", err)
-			if pol.MaxAttempts > 0 && failures >= pol.MaxAttempts {
-				e.giveUp(fmt.Errorf("%w: %s: %d attempts: %w", ErrDisconnected, e.addr, failures, err))
+			outage := e.o.clock.Now().Sub(outageFrom)
+			if (pol.MaxAttempts > 0 && failures >= pol.MaxAttempts) || (pol.MaxOutage > 0 && outage >= pol.MaxOutage) {
+				e.giveUp(fmt.Errorf("%w: %s: %d attempts in %v: %w", ErrDisconnected, e.addr, failures, outage.Round(time.Millisecond), err))
 				// Stay idle until an operation asks for a connection.
 				select {
 				case <-e.kick:
 					immediate = true
+					outageFrom = e.o.clock.Now()
 				case <-e.quit:
 					return
 				}

@@ -56,6 +56,11 @@ type ReconnectPolicy struct {
 	Jitter      float64       // 0.1, a fraction of the delay, both ways
 	ResetAfter  time.Duration // 10 s
 	MaxAttempts int           // 0 = unlimited; otherwise give up (ErrDisconnected) after this many failures in a row
+	// MaxOutage bounds a reconnect by time: 0 = unlimited; otherwise give up
+	// (ErrDisconnected) once attempts have failed in a row for this long. A
+	// count alone suits a steady backoff badly: after GOING_AWAY attempts come
+	// every BaseDelay, so a count is spent long before a restart completes.
+	MaxOutage time.Duration
 }
 
 // Defaults of ReconnectPolicy.

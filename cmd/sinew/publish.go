@@ -27,12 +27,12 @@ const (
 	// clientConnectTimeoutDefault bounds the first connect (all attempts
 	// together), so an unreachable address fails instead of retrying forever.
 	clientConnectTimeoutDefault = 5 * time.Second
-	// clientReconnectAttemptsMax caps connect attempts in a row, at the first
-	// connect and after a cut: with the SDK's backoff (100 ms doubling to a
-	// 30 s cap) they span about two minutes, so a broker restart or a network
-	// blip is ridden through while a broker gone for good still ends the
-	// command.
-	clientReconnectAttemptsMax = 12
+	// clientReconnectOutageMax bounds a reconnect after a cut by time, not
+	// by a count: after GOING_AWAY the SDK retries every 100 ms, so a count
+	// would be spent within a drain. Two minutes ride through a drain (10 s
+	// by default) plus a restart, while a broker gone for good still ends
+	// the command.
+	clientReconnectOutageMax = 2 * time.Minute
 	// publishBodyBytesMax bounds one message body, from a stdin line or
 	// generated with --size: the broker's default limits.body_bytes_max.
 	publishBodyBytesMax = 1 << 20
@@ -84,7 +84,7 @@ func addClientFlags(fs *flag.FlagSet) clientFlags {
 	return clientFlags{
 		addr:    fs.String("addr", addr, "broker address `host:port` (env SINEW_ADDR)"),
 		token:   fs.String("token", os.Getenv("SINEW_TOKEN"), "auth token (env SINEW_TOKEN)"),
-		timeout: fs.Duration("connect-timeout", clientConnectTimeoutDefault, "give up the first connect after this long (and after 12 attempts)"),
+		timeout: fs.Duration("connect-timeout", clientConnectTimeoutDefault, "give up the first connect after this long"),
 	}
 }
 
@@ -98,7 +98,7 @@ func (f clientFlags) dial(ctx context.Context, name string, stderr io.Writer) (*
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	c, err := sinew.Dial(ctx, *f.addr, sinew.WithClientName(name), sinew.WithCredentials(*f.token),
 		sinew.WithConnectTimeout(*f.timeout), sinew.WithLogger(logger),
-		sinew.WithReconnect(sinew.ReconnectPolicy{MaxAttempts: clientReconnectAttemptsMax}))
+		sinew.WithReconnect(sinew.ReconnectPolicy{MaxOutage: clientReconnectOutageMax}))
 	if err != nil {
 		return nil, describeClientErr(*f.addr, err)
 	}
