@@ -661,3 +661,36 @@ func TestHeartbeatSilenceClosesAndReconnects(t *testing.T) {
 		t.Fatal("reconnect did not offer the resume identity")
 	}
 }
+
+// TestReconnectGiveUpByOutage: with MaxOutage and no count, the client gives
+// up once attempts have failed for that long: 90+180+360 ms (630 ms) is not
+// enough for a 1 s bound, the fourth failure at 1350 ms is.
+func TestReconnectGiveUpByOutage(t *testing.T) {
+	b := newFakeBroker(t)
+	p := proxyT(t, b.addr())
+	clk := testkit.NewClock(time.Unix(1_700_000_000, 0))
+	c := dialT(t, p.Addr(), WithClock(clk), WithRand(func() float64 { return 0 }),
+		WithReconnect(ReconnectPolicy{MaxOutage: time.Second}))
+	ctx := testCtx(t)
+	sub, err := c.Subscribe(ctx, "gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := len(clk.Waits())
+	p.SetRefuse(true)
+	p.CutAll()
+	for i, w := range []time.Duration{90, 180, 360, 720} {
+		if _, err := clk.WaitForWaits(ctx, mark+i+1); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-sub.Done():
+			t.Fatalf("gave up after %d attempts, before the outage bound", i)
+		default:
+		}
+		clk.Advance(w * time.Millisecond)
+	}
+	if err := waitDone(t, sub); !errors.Is(err, ErrDisconnected) {
+		t.Fatalf("subscription ended with %v, want ErrDisconnected", err)
+	}
+}
