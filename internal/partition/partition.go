@@ -828,19 +828,29 @@ const ackMemoryMax = 1 << 16
 // first past ackMemoryMax. Actor only (and Open's replay, before the actor
 // starts).
 type ackMemory struct {
-	m     map[uint64]uint64
+	m map[uint64]uint64
+	// order holds the remembered offsets oldest first from head on, as a
+	// ring once it reaches ackMemoryMax: re-slicing a plain queue copied
+	// the whole backlog on every growth, on the hot ACK path.
 	order []uint64
+	head  int
 }
 
 func (a *ackMemory) put(offset, leaseID uint64) {
-	if _, ok := a.m[offset]; !ok {
-		if len(a.order) >= ackMemoryMax {
-			delete(a.m, a.order[0])
-			a.order = a.order[1:]
-		}
-		a.order = append(a.order, offset)
-	}
+	// One map write tells whether offset is new (the length grows), which
+	// spares a separate lookup per ACK.
+	n := len(a.m)
 	a.m[offset] = leaseID
+	if len(a.m) == n {
+		return
+	}
+	if len(a.order) < ackMemoryMax {
+		a.order = append(a.order, offset)
+		return
+	}
+	delete(a.m, a.order[a.head])
+	a.order[a.head] = offset
+	a.head = (a.head + 1) % ackMemoryMax
 }
 
 // by reports whether leaseID is the lease that ACKed offset.
