@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"io/fs"
-	"os"
 	"strconv"
 
 	"github.com/sinewmq/sinew/internal/partition"
@@ -91,17 +89,9 @@ func decodeMeta(b []byte) (*queueMeta, error) {
 }
 
 func readMeta(fsys vfs.FS, name string) (*queueMeta, error) {
-	f, err := fsys.OpenFile(name, os.O_RDONLY, 0)
+	b, err := vfs.ReadFileMax(fsys, name, metaBytesMax)
 	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, metaBytesMax+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > metaBytesMax {
-		return nil, fmt.Errorf("%s: larger than %d bytes", name, metaBytesMax)
 	}
 	m, err := decodeMeta(b)
 	if err != nil {

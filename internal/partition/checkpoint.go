@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"io/fs"
-	"os"
 	"path/filepath"
 
 	"github.com/sinewmq/sinew/internal/dedup"
@@ -93,26 +91,11 @@ func decodeCheckpoint(b []byte) (uint64, []byte, []byte, error) {
 
 // readFile returns the whole file, or (nil, nil) if it does not exist.
 func readFile(fsys vfs.FS, name string) ([]byte, error) {
-	f, err := fsys.OpenFile(name, os.O_RDONLY, 0)
+	b, err := vfs.ReadFileMax(fsys, name, ckptBytesMax)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if fi.Size() > ckptBytesMax {
-		return nil, fmt.Errorf("%s: %d bytes exceeds %d", name, fi.Size(), ckptBytesMax)
-	}
-	b := make([]byte, fi.Size())
-	if _, err := io.ReadFull(f, b); err != nil {
-		return nil, err
-	}
-	return b, nil
+	return b, err
 }
 
 // WriteFileAtomic replaces name with data durably; see vfs.WriteFileAtomic.

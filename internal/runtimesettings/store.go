@@ -252,19 +252,11 @@ func strictUnmarshal(data []byte, v any) error {
 }
 
 func readFile(fsys vfs.FS, name string) ([]byte, error) {
-	f, err := fsys.OpenFile(name, os.O_RDONLY, 0)
-	if err != nil {
-		return nil, err
+	data, err := vfs.ReadFileMax(fsys, name, docBytesMax)
+	if errors.Is(err, vfs.ErrTooLarge) {
+		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, docBytesMax+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > docBytesMax {
-		return nil, fmt.Errorf("%s: %w: larger than %d bytes", name, ErrCorrupt, docBytesMax)
-	}
-	return data, nil
+	return data, err
 }
 
 func u64(v uint64) string { return strconv.FormatUint(v, 10) }

@@ -3,10 +3,8 @@ package sessionstore
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -137,20 +135,12 @@ func cloneSession(x *Session) Session {
 }
 
 func readCheckpoint(fsys vfs.FS, name string) (*state, uint64, error) {
-	f, err := fsys.OpenFile(name, os.O_RDONLY, 0)
+	b, err := vfs.ReadFileMax(fsys, name, ckptBytesMax)
 	if errors.Is(err, fs.ErrNotExist) {
 		return newState(), 0, nil
 	}
 	if err != nil {
 		return nil, 0, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, ckptBytesMax+1))
-	if err != nil {
-		return nil, 0, err
-	}
-	if len(b) > ckptBytesMax {
-		return nil, 0, fmt.Errorf("%s is larger than %d bytes", name, ckptBytesMax)
 	}
 	st, covers, err := decodeCheckpoint(b)
 	if err != nil {

@@ -1,6 +1,9 @@
 package vfs
 
 import (
+	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 )
@@ -30,4 +33,49 @@ func WriteFileAtomic(fsys FS, name string, data []byte) error {
 		return err
 	}
 	return fsys.SyncDir(filepath.Dir(name))
+}
+
+// ErrTooLarge is wrapped by ReadFileMax when a file holds more than the
+// caller's bound.
+var ErrTooLarge = errors.New("file larger than its bound")
+
+// ReadFileMax returns the whole of name, reading at most max+1 bytes: a file
+// larger than max is an error wrapping ErrTooLarge, so a damaged or hostile
+// file never makes the caller allocate more than its bound. A missing file is
+// the FS's not-exist error.
+func ReadFileMax(fsys FS, name string, max int) ([]byte, error) {
+	f, err := fsys.OpenFile(name, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	// Size the buffer from Stat so a large checkpoint is read in place, not
+	// through repeated growth; the limited read still bounds a file that
+	// grows meanwhile.
+	size := 512
+	if fi, err := f.Stat(); err == nil {
+		if fi.Size() > int64(max) {
+			return nil, fmt.Errorf("%s: %w (%d bytes)", name, ErrTooLarge, max)
+		}
+		size = int(fi.Size()) + 1
+	}
+	data := make([]byte, 0, size)
+	r := io.LimitReader(f, int64(max)+1)
+	for {
+		if len(data) == cap(data) {
+			data = append(data, 0)[:len(data)]
+		}
+		n, err := r.Read(data[len(data):cap(data)])
+		data = data[:len(data)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if len(data) > max {
+		return nil, fmt.Errorf("%s: %w (%d bytes)", name, ErrTooLarge, max)
+	}
+	return data, nil
 }
