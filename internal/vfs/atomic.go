@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -13,8 +14,23 @@ import (
 // crash, name holds either its old contents or data, never a mix; a leftover
 // temporary file is overwritten by the next call.
 func WriteFileAtomic(fsys FS, name string, data []byte) error {
+	return writeFileAtomic(fsys, name, data, 0o644)
+}
+
+// WriteFilePrivate is WriteFileAtomic for secrets (such as password hashes):
+// the file is created readable and writable by its owner only (0600). A
+// leftover temporary file is removed first, because reopening it would keep
+// whatever mode it had.
+func WriteFilePrivate(fsys FS, name string, data []byte) error {
+	if err := fsys.Remove(name + ".tmp"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return writeFileAtomic(fsys, name, data, 0o600)
+}
+
+func writeFileAtomic(fsys FS, name string, data []byte, perm os.FileMode) error {
 	tmp := name + ".tmp"
-	f, err := fsys.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := fsys.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, perm)
 	if err != nil {
 		return err
 	}

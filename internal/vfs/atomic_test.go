@@ -21,3 +21,25 @@ func TestReadFileMax(t *testing.T) {
 		t.Fatalf("missing: %v, want not-exist", err)
 	}
 }
+
+func TestWriteFilePrivate(t *testing.T) {
+	dir := t.TempDir()
+	name := dir + "/secret"
+	// A leftover temporary file with a wide mode must not pass it on.
+	if err := WriteFileAtomic(OS(), name+".tmp", []byte("old")); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFilePrivate(OS(), name, []byte("hash")); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := OS().Stat(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v, want 0600", fi.Mode().Perm())
+	}
+	if b, err := ReadFileMax(OS(), name, 16); err != nil || string(b) != "hash" {
+		t.Fatalf("read back %q, %v", b, err)
+	}
+}
