@@ -32,7 +32,21 @@ func one(v float64) []labeled { return []labeled{{v: v}} }
 var statMetrics = []statMetric{
 	gauge("sinew_connections_open", "Open client connections.", func(st *server.Stats) float64 { return float64(st.ConnectionsOpen) }),
 	counter("sinew_connections_accepted_total", "Client connections accepted.", func(st *server.Stats) uint64 { return st.ConnectionsAccepted }),
-	counter("sinew_connections_rejected_total", "Connections refused at the connection limit.", func(st *server.Stats) uint64 { return st.ConnectionsRejected }),
+	counter("sinew_connections_rejected_total", "Connections refused at a connection limit (total, per source address or handshakes in progress).", func(st *server.Stats) uint64 { return st.ConnectionsRejected }),
+	{
+		name: "sinew_limit_refusals_total", help: "Requests and connections a limit refused, by limit: connections_max, connections_per_address_max, handshakes_max (refused with too_many_connections), handshake_timeout_ms (closed with handshake_timeout), subscriptions_max (refused with limit_exceeded).",
+		typ: prometheus.CounterValue, labels: []string{"limit"},
+		values: func(st *server.Stats) []labeled {
+			r := &st.Refused
+			return []labeled{
+				{[]string{"connections_max"}, float64(r.Connections)},
+				{[]string{"connections_per_address_max"}, float64(r.ConnectionsPerAddress)},
+				{[]string{"handshakes_max"}, float64(r.Handshakes)},
+				{[]string{"handshake_timeout_ms"}, float64(r.HandshakeTimeouts)},
+				{[]string{"subscriptions_max"}, float64(st.Sessions.SubscriptionsRefused)},
+			}
+		},
+	},
 	counter("sinew_frames_in_total", "Frames read from clients.", func(st *server.Stats) uint64 { return st.FramesIn }),
 	counter("sinew_frames_out_total", "Frames written to clients.", func(st *server.Stats) uint64 { return st.FramesOut }),
 	counter("sinew_publishes_total", "Publish requests received.", func(st *server.Stats) uint64 { return st.Publishes }),

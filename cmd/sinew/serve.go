@@ -217,6 +217,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		PrefetchDefault: uint32(cfg.Limits.PrefetchDefault), PrefetchMax: uint32(cfg.Limits.PrefetchMax),
 		SettleBatchMax: cfg.Limits.SettleBatchMax, PublishInflightMax: cfg.Limits.PublishInflightMax,
 		SubscriptionsMax: cfg.Limits.SubscriptionsMax, ConnectionsMax: cfg.Limits.ConnectionsMax,
+		ConnectionsPerAddressMax: cfg.Limits.ConnectionsPerAddressMax, HandshakesMax: cfg.Limits.HandshakesMax,
 		HandshakeTimeoutMs: cfg.Connection.HandshakeTimeoutMs, HeartbeatMs: heartbeat(cfg.Connection.HeartbeatMs),
 		WriteTimeoutMs:       cfg.Connection.WriteTimeoutMs,
 		ReconnectGraceMsLive: func() int64 { return rt.Int(runtimesettings.KeyReconnectGraceMs) },

@@ -18,6 +18,13 @@ const (
 	SettleBatchMaxDefault     = 4096
 	PublishInflightMaxDefault = 4096
 	ConnectionsMaxDefault     = 10_000
+	// ConnectionsPerAddressMaxDefault bounds the connections from one source
+	// IP, so one host cannot take every slot of ConnectionsMax.
+	ConnectionsPerAddressMaxDefault = 1000
+	// HandshakesMaxDefault bounds the connections that have not finished
+	// their HELLO, so peers that connect and stall (or guess credentials)
+	// cannot crowd out the handshakes of well-behaved clients.
+	HandshakesMaxDefault      = 1000
 	HandshakeTimeoutMsDefault = 10_000
 	HeartbeatMsDefault        = 10_000
 	WriteTimeoutMsDefault     = 30_000
@@ -88,6 +95,15 @@ type Config struct {
 	PublishInflightMax int    // unconfirmed publishes per connection before the reader pauses
 	SubscriptionsMax   int    // subscriptions per session
 	ConnectionsMax     int    // open connections; more get too_many_connections
+	// ConnectionsPerAddressMax bounds the open connections from one source
+	// IP address (TCP and TLS connections; a connection whose remote address
+	// is not an IP, such as a net.Pipe, is not counted per address). More
+	// get too_many_connections.
+	ConnectionsPerAddressMax int
+	// HandshakesMax bounds the connections accepted whose HELLO has not
+	// succeeded yet; each is also bounded in time by HandshakeTimeoutMs. One
+	// more gets too_many_connections and is closed at once.
+	HandshakesMax int
 	// OutboundBytesMax bounds, in session.Outbound.Bytes, the frames queued
 	// for one connection's socket; at the bound its deliveries pause. It also
 	// bounds a dormant session's buffer.
@@ -145,6 +161,8 @@ func (c *Config) fill() error {
 	def(&c.PublishInflightMax, PublishInflightMaxDefault)
 	def(&c.SubscriptionsMax, session.SubscriptionsMaxDefault)
 	def(&c.ConnectionsMax, ConnectionsMaxDefault)
+	def(&c.ConnectionsPerAddressMax, ConnectionsPerAddressMaxDefault)
+	def(&c.HandshakesMax, HandshakesMaxDefault)
 	def64(&c.HandshakeTimeoutMs, HandshakeTimeoutMsDefault)
 	def64(&c.HeartbeatMs, HeartbeatMsDefault)
 	def64(&c.WriteTimeoutMs, WriteTimeoutMsDefault)

@@ -27,6 +27,7 @@ type conn struct {
 	sess *session.Session // set by the reader at HELLO; read by teardown after the reader exits
 
 	established     atomic.Bool // HELLO_OK was queued
+	handshaking     bool        // counted in Server.handshakes; reader goroutine only, changed under Server.mu
 	resendDue       bool        // reader only: resumed, and no request handled since
 	inflightDue     bool        // reader only: a RECONCILE said INFLIGHT follows; re-sends wait for it
 	publishInflight atomic.Int64
@@ -167,6 +168,7 @@ func (c *conn) readLoop() error {
 				return fatal(pe.Code, "%s", pe.Message)
 			case errors.Is(err, os.ErrDeadlineExceeded):
 				if c.sess == nil {
+					c.srv.stats.handshakeTimeouts.Add(1)
 					return fatal(protocol.CodeHandshakeTimeout, "no HELLO within %d ms", cfg.HandshakeTimeoutMs)
 				}
 				return fatal(protocol.CodeHeartbeatTimeout, "nothing received for %d ms", heartbeatMissesMax*cfg.HeartbeatMs)
@@ -181,6 +183,9 @@ func (c *conn) readLoop() error {
 		}
 		if err := c.handle(f); err != nil {
 			return err
+		}
+		if c.handshaking && c.sess != nil {
+			c.srv.handshakeDone(c)
 		}
 	}
 }

@@ -34,6 +34,15 @@
 // Lock order: session.Session.mu -> writer.mu. Nothing is called while holding
 // writer.mu.
 //
+// Connection limits: ServeConn admits a connection only while the server
+// has fewer than ConnectionsMax open, fewer than ConnectionsPerAddressMax
+// from its source IP, and fewer than HandshakesMax whose HELLO has not
+// succeeded; otherwise it writes a fatal too_many_connections naming the
+// limit (bounded by rejectWriteTimeoutMs) and closes it before reading
+// anything. The three counts live under Server.mu. A connection leaves the
+// handshake count when its HELLO succeeds, or when it closes; the handshake
+// timeout bounds how long it can stay. Stats.Refused counts refusals by limit.
+//
 // Errors: every bad input gets a typed ERROR frame with a code from the protocol
 // table. Conditions after which the byte stream cannot be trusted or the peer must go
 // (bad frame, oversized frame, handshake and heartbeat timeouts, auth failure) are

@@ -24,11 +24,13 @@ type Server struct {
 	reg        *session.Registry
 	generation uint64
 
-	mu        sync.Mutex
-	conns     map[*conn]struct{}
-	listeners map[net.Listener]struct{}
-	draining  bool
-	connWG    sync.WaitGroup
+	mu         sync.Mutex
+	conns      map[*conn]struct{}
+	perAddr    map[string]int // open connections by source IP (connKey)
+	handshakes int            // connections in conns whose HELLO has not succeeded
+	listeners  map[net.Listener]struct{}
+	draining   bool
+	connWG     sync.WaitGroup
 
 	nextConnID atomic.Uint64
 	inflight   atomic.Int64  // unconfirmed publishes over every connection
@@ -45,6 +47,9 @@ type counters struct {
 	settles, requestErrors, fatalErrors, authFailures, readerPauses             atomic.Uint64
 	writerPauses, slowConsumers                                                 atomic.Uint64
 	publishConfirms                                                             atomic.Uint64
+	// Connections refused, by the limit that refused them.
+	refusedConns, refusedPerAddr, refusedHandshakes atomic.Uint64
+	handshakeTimeouts                               atomic.Uint64
 }
 
 // New validates cfg and returns a server that is not yet serving.
@@ -72,7 +77,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	return &Server{
 		cfg: cfg, reg: reg, generation: gen,
-		conns: make(map[*conn]struct{}), listeners: make(map[net.Listener]struct{}),
+		conns: make(map[*conn]struct{}), perAddr: make(map[string]int), listeners: make(map[net.Listener]struct{}),
 		drainWake: make(chan struct{}, 1),
 	}, nil
 }
@@ -131,29 +136,91 @@ func (s *Server) ServeConn(nc net.Conn) {
 	c.log = s.cfg.Logger.With("conn_id", id, "remote", remoteAddr(nc))
 	c.w = newWriter(c)
 
+	key := connKey(nc)
 	s.mu.Lock()
 	if s.draining {
 		s.mu.Unlock()
 		s.reject(nc, protocol.CodeShuttingDown, "broker is draining")
 		return
 	}
-	if len(s.conns) >= s.cfg.ConnectionsMax {
+	if msg := s.admitLocked(key); msg != "" {
 		s.mu.Unlock()
 		s.stats.connsRejected.Add(1)
-		s.reject(nc, protocol.CodeTooManyConns, fmt.Sprintf("connection limit %d reached", s.cfg.ConnectionsMax))
+		c.log.Debug("connection refused", "reason", msg)
+		s.reject(nc, protocol.CodeTooManyConns, msg)
 		return
 	}
 	s.conns[c] = struct{}{}
+	if key != "" {
+		s.perAddr[key]++
+	}
+	s.handshakes++
+	c.handshaking = true
 	s.connWG.Add(1)
 	s.mu.Unlock()
 	s.stats.connsAccepted.Add(1)
 	defer func() {
 		s.mu.Lock()
 		delete(s.conns, c)
+		if key != "" {
+			if s.perAddr[key]--; s.perAddr[key] <= 0 {
+				delete(s.perAddr, key)
+			}
+		}
+		if c.handshaking {
+			s.handshakes--
+		}
 		s.mu.Unlock()
 		s.connWG.Done()
 	}()
 	c.serve()
+}
+
+// admitLocked checks the connection limits for one more connection from
+// key, counts a refusal by its limit, and returns why it is refused ("" to
+// admit). The total comes first, so a full broker says so whoever asks.
+func (s *Server) admitLocked(key string) string {
+	switch {
+	case len(s.conns) >= s.cfg.ConnectionsMax:
+		s.stats.refusedConns.Add(1)
+		return fmt.Sprintf("connection limit %d reached (limits.connections_max)", s.cfg.ConnectionsMax)
+	case key != "" && s.perAddr[key] >= s.cfg.ConnectionsPerAddressMax:
+		s.stats.refusedPerAddr.Add(1)
+		return fmt.Sprintf("connection limit %d per source address reached (limits.connections_per_address_max)", s.cfg.ConnectionsPerAddressMax)
+	case s.handshakes >= s.cfg.HandshakesMax:
+		s.stats.refusedHandshakes.Add(1)
+		return fmt.Sprintf("%d handshakes already in progress (limits.handshakes_max)", s.cfg.HandshakesMax)
+	}
+	return ""
+}
+
+// handshakeDone takes c out of the handshakes in progress once its HELLO
+// succeeded. The reader calls it; teardown covers a handshake that failed.
+func (s *Server) handshakeDone(c *conn) {
+	s.mu.Lock()
+	if c.handshaking {
+		c.handshaking = false
+		s.handshakes--
+	}
+	s.mu.Unlock()
+}
+
+// connKey is the source IP of nc, the key of the per-address limit, or ""
+// when its remote address is not an IP (a net.Pipe in tests): such
+// connections count only towards the total.
+func connKey(nc net.Conn) string {
+	a := nc.RemoteAddr()
+	if a == nil {
+		return ""
+	}
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return ta.IP.String()
+	}
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil || net.ParseIP(host) == nil {
+		return ""
+	}
+	return host
 }
 
 func remoteAddr(nc net.Conn) string {
@@ -295,7 +362,8 @@ func (s *Server) quiescent() bool {
 type Stats struct {
 	ConnectionsOpen     int
 	ConnectionsAccepted uint64
-	ConnectionsRejected uint64
+	ConnectionsRejected uint64 // refused by any connection limit; Refused says which
+	Refused             Refusals
 	FramesIn, FramesOut uint64
 	Publishes           uint64
 	PublishErrors       uint64
@@ -324,5 +392,18 @@ func (s *Server) Stats() Stats {
 		RequestErrors: st.requestErrors.Load(), FatalErrors: st.fatalErrors.Load(), AuthFailures: st.authFailures.Load(),
 		ReaderPauses: st.readerPauses.Load(), WriterPauses: st.writerPauses.Load(), SlowConsumers: st.slowConsumers.Load(),
 		Sessions: s.reg.Stats(),
+		Refused: Refusals{
+			Connections: st.refusedConns.Load(), ConnectionsPerAddress: st.refusedPerAddr.Load(),
+			Handshakes: st.refusedHandshakes.Load(), HandshakeTimeouts: st.handshakeTimeouts.Load(),
+		},
 	}
+}
+
+// Refusals count the connections a limit refused or closed, by limit.
+// Subscriptions refused at SubscriptionsMax are in Stats.Sessions.
+type Refusals struct {
+	Connections           uint64 // at ConnectionsMax
+	ConnectionsPerAddress uint64 // at ConnectionsPerAddressMax
+	Handshakes            uint64 // at HandshakesMax
+	HandshakeTimeouts     uint64 // closed with handshake_timeout: no HELLO within HandshakeTimeoutMs
 }

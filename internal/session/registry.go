@@ -138,6 +138,9 @@ type Stats struct {
 	DormantCapped  uint64 // disconnects cleaned up at once because DormantSessionsMax sessions were dormant
 	DormantPaused  uint64 // times a dormant session's buffer reached DormantBytesMax and paused its subscriptions
 	ResendUnkept   uint64 // deliveries not kept for re-send because ResendBytesMax was reached
+	// SubscriptionsRefused counts SUBSCRIBEs refused with limit_exceeded
+	// because the session had SubscriptionsMax subscriptions.
+	SubscriptionsRefused uint64
 
 	GraceEntered  uint64 // disconnects that left the session dormant for its grace
 	GraceRequeued uint64 // leases given back because a session's grace expired
@@ -215,6 +218,7 @@ type Registry struct {
 	restored, reclaimed, resumedAfterRestart        atomic.Uint64
 	restartExpired, restartReleased                 atomic.Uint64
 	inflightResent, inflightStale, inflightKept     atomic.Uint64
+	subsRefused                                     atomic.Uint64
 }
 
 // NewRegistry returns an empty registry.
@@ -290,7 +294,8 @@ func (r *Registry) Stats() Stats {
 	return Stats{
 		Sessions: n, Dormant: int(r.dormant.Load()),
 		Issued: r.issued.Load(), Resumed: r.resumed.Load(), ResumeRejected: r.rejected.Load(),
-		ResumeNotFound: r.notFound.Load(), GraceExpired: r.graceFired.Load(), Requeued: r.requeued.Load(),
+		SubscriptionsRefused: r.subsRefused.Load(),
+		ResumeNotFound:       r.notFound.Load(), GraceExpired: r.graceFired.Load(), Requeued: r.requeued.Load(),
 		PendingDropped: r.pendingDropped.Load(), Resent: r.resent.Load(),
 		DormantCapped: r.dormantCapped.Load(), DormantPaused: r.dormantPaused.Load(), ResendUnkept: r.resendUnkept.Load(),
 		GraceEntered: r.graceEntered.Load(), GraceRequeued: r.graceRequeued.Load(), SessionsEnded: r.ended.Load(),

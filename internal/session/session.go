@@ -725,6 +725,7 @@ func (s *Session) openSub(req protocol.Subscribe) (*subState, error) {
 	}
 	if len(s.subs)+s.subsOpen >= cfg.SubscriptionsMax {
 		s.mu.Unlock()
+		s.reg.subsRefused.Add(1)
 		return nil, protocol.Errorf(protocol.CodeLimitExceeded, "session already has %d subscriptions", cfg.SubscriptionsMax)
 	}
 	s.subsOpen++

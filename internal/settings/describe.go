@@ -29,6 +29,10 @@ var help = map[string]string{
 	"limits.dedup_producers_max":  "Producers each partition's deduplication window remembers (at most 1,048,576); past it the least recently seen is forgotten, counted in sinew_queue_dedup_evicted_limit_total, and its resends are stored again.",
 	"limits.dedup_idle_ms":        "A producer with no publish to a partition for this long is forgotten by its deduplication window (at most a year); its later resends are stored again.",
 
+	// Limits a hostile peer meets first, before its HELLO.
+	"limits.connections_per_address_max": "Open client connections from one source IP address; more from that address are refused with too_many_connections while other addresses still connect.",
+	"limits.handshakes_max":              "Client connections that have not finished their HELLO (each also bounded by connection.handshake_timeout_ms); one more is refused with too_many_connections and closed at once.",
+
 	"connection.handshake_timeout_ms":     "HELLO (and the TLS handshake) must arrive within this many milliseconds.",
 	"connection.heartbeat_ms":             "Idle interval before the server sends PING; three intervals of silence close a connection. 0 disables heartbeats.",
 	"connection.write_timeout_ms":         "A write to a client that makes no progress for this long closes the connection.",

@@ -101,6 +101,11 @@ type Limits struct {
 	PublishInflightMax int `toml:"publish_inflight_max"`
 	SubscriptionsMax   int `toml:"subscriptions_max"`
 	ConnectionsMax     int `toml:"connections_max"`
+	// ConnectionsPerAddressMax caps the open connections from one source
+	// IP address; HandshakesMax caps the connections that have not finished
+	// their HELLO.
+	ConnectionsPerAddressMax int `toml:"connections_per_address_max"`
+	HandshakesMax            int `toml:"handshakes_max"`
 	// QueuesMax, QueuePartitionsMax and PartitionsTotalMax bound queue
 	// creation, declared or on first use.
 	QueuesMax          int `toml:"queues_max"`
@@ -180,6 +185,7 @@ func Default() Config {
 		Limits: Limits{
 			FrameBytesMax: 1<<20 + 64<<10, BodyBytesMax: 1 << 20, PrefetchDefault: 100, PrefetchMax: 10_000,
 			SettleBatchMax: 4096, PublishInflightMax: 4096, SubscriptionsMax: 256, ConnectionsMax: 10_000,
+			ConnectionsPerAddressMax: 1000, HandshakesMax: 1000,
 			QueuesMax: 1000, QueuePartitionsMax: 64, PartitionsTotalMax: 4096,
 			OutboundBytesMax: 1 << 20, ResendBytesMax: 1 << 20, DormantSessionsMax: 10_000,
 			DedupProducersMax: 1024, DedupIdleMs: 24 * 3600 * 1000,
@@ -456,6 +462,8 @@ func (c *Config) Validate() error {
 	positive("limits.publish_inflight_max", int64(l.PublishInflightMax))
 	positive("limits.subscriptions_max", int64(l.SubscriptionsMax))
 	positive("limits.connections_max", int64(l.ConnectionsMax))
+	positive("limits.connections_per_address_max", int64(l.ConnectionsPerAddressMax))
+	positive("limits.handshakes_max", int64(l.HandshakesMax))
 	positive("limits.outbound_bytes_max", l.OutboundBytesMax)
 	positive("limits.resend_bytes_max", l.ResendBytesMax)
 	positive("limits.dormant_sessions_max", int64(l.DormantSessionsMax))
