@@ -466,3 +466,71 @@ func TestRoomBoundsLeasesInTransit(t *testing.T) {
 		}
 	})
 }
+
+// pausingObserver acks every delivery (Subscription.Settle, which carries
+// the freed credit) and pauses itself, as a session does when its broker
+// starts draining, just before it acks delivery number pauseAt.
+type pausingObserver struct {
+	observer
+	pauseAt   int
+	delivered atomic.Int64
+	paused    atomic.Bool
+}
+
+func (o *pausingObserver) RoomBytes() int64 {
+	if o.paused.Load() {
+		return 0
+	}
+	return 1 << 30
+}
+
+func (o *pausingObserver) Deliver(s *Subscription, d Delivery) {
+	if o.delivered.Add(1) == int64(o.pauseAt) {
+		o.paused.Store(true)
+	}
+	o.observer.Deliver(s, d)
+}
+
+// A consumer that pauses (its broker drains) while it settles steadily is
+// leased nothing new: the credit its settles free is not carried past the
+// room check, so the drain finds it idle once it has settled what it held.
+func TestPausedConsumerCarriesNoCredit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const prefetch, messages, pauseAt = 4, 40, 10
+		b := mustOpen(t, testConfig(vfs.NewMem()))
+		defer b.Close()
+		for i := range messages {
+			mustPublish(t, b, msg("d", strconv.Itoa(i)))
+		}
+		synctest.Wait()
+		o := &pausingObserver{observer: observer{t: t, prefetch: prefetch, held: map[leaseKey]bool{}}, pauseAt: pauseAt}
+		s, err := b.Subscribe(&protocol.Subscribe{Topic: "d", Partition: -1, Prefetch: prefetch}, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		// Leases decided before the pause may still arrive (at most a
+		// prefetch more); nothing after them, however long it stays paused.
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		o.mu.Lock()
+		acked, held := o.acked, len(o.held)
+		o.mu.Unlock()
+		if held != 0 {
+			t.Fatalf("%d deliveries still held after their acks were answered", held)
+		}
+		if acked < pauseAt || acked > pauseAt+prefetch {
+			t.Fatalf("%d delivered while pausing at delivery %d with prefetch %d, want %d..%d",
+				acked, pauseAt, prefetch, pauseAt, pauseAt+prefetch)
+		}
+		o.paused.Store(false)
+		s.Wake()
+		synctest.Wait()
+		o.mu.Lock()
+		acked = o.acked
+		o.mu.Unlock()
+		if acked != messages {
+			t.Fatalf("acked %d of %d after the pause ended", acked, messages)
+		}
+	})
+}

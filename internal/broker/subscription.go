@@ -574,9 +574,19 @@ func (a *attachment) LeaseEnded(offset, leaseID uint64) {
 // spend the delivery's credit on the next lease of the same stage, whose
 // delivery comes after the settle's answer. The delivery stays outstanding
 // until that answer; marked carried, its removal returns no credit.
+//
+// A consumer with no room (paused, at its outbound byte cap, or on a broker
+// that is draining) carries nothing: carried credit skips the room check
+// that every other lease passes, so a consumer settling steadily would
+// otherwise keep being leased new messages while the broker drains, and the
+// drain could never find it idle. Its credit comes back the usual way and
+// waits for room.
 func (a *attachment) CarryCredit(offset, leaseID uint64) bool {
 	s := a.s
 	if s.closed.Load() {
+		return false
+	}
+	if s.pause != nil && s.pause.RoomBytes() <= 0 {
 		return false
 	}
 	k := leaseKey{a.idx, offset, leaseID}
