@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -92,7 +93,8 @@ func adminUsage(w io.Writer, prefix string, cmds map[string]adminCommand) {
 		fmt.Fprintf(&b, "  %-12s %s\n", n, cmds[n].summary)
 	}
 	fmt.Fprintf(&b, "\nEvery command takes --admin-addr host:port (env SINEW_ADMIN_ADDR, default %s),\n"+
-		"--timeout and --json; run a command with --help for its own flags.\n", adminAddrDefault)
+		"--timeout, --json, and --user (password in SINEW_PASSWORD) or --token (env SINEW_TOKEN) for a broker\n"+
+		"that asks for credentials; run a command with --help for its own flags.\n", adminAddrDefault)
 	io.WriteString(w, b.String())
 }
 
@@ -101,6 +103,8 @@ type adminFlags struct {
 	addr    *string
 	timeout *time.Duration
 	json    *bool
+	user    *string // basic auth user; the password comes from SINEW_PASSWORD
+	token   *string // bearer token
 }
 
 func addAdminFlags(fs *flag.FlagSet) adminFlags {
@@ -112,7 +116,29 @@ func addAdminFlags(fs *flag.FlagSet) adminFlags {
 		addr:    fs.String("admin-addr", addr, "admin API address `host:port` or http(s) URL (env SINEW_ADMIN_ADDR)"),
 		timeout: fs.Duration("timeout", adminTimeoutDefault, "give up one request after this long"),
 		json:    fs.Bool("json", false, "print the API's JSON instead of a table"),
+		user:    fs.String("user", os.Getenv("SINEW_USER"), "authenticate as this user, with the password in the environment variable SINEW_PASSWORD (env SINEW_USER)"),
+		token:   fs.String("token", os.Getenv("SINEW_TOKEN"), "authenticate with this bearer token, one of the broker's auth.tokens (env SINEW_TOKEN)"),
 	}
+}
+
+// authorization returns the Authorization header the flags ask for ("" for
+// none). The password is read only from the environment, so it stays out of
+// the process list and shell history.
+func (f adminFlags) authorization() (string, error) {
+	user, token := *f.user, *f.token
+	switch {
+	case user != "" && token != "":
+		return "", fmt.Errorf("%w: give --user or --token, not both", errUsage)
+	case user != "":
+		password, ok := os.LookupEnv("SINEW_PASSWORD")
+		if !ok || password == "" {
+			return "", fmt.Errorf("%w: --user %s needs the password in the environment variable SINEW_PASSWORD", errUsage, user)
+		}
+		return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+password)), nil
+	case token != "":
+		return "Bearer " + token, nil
+	}
+	return "", nil
 }
 
 // client checks the flags and returns a client for the admin API.
@@ -128,7 +154,11 @@ func (f adminFlags) client() (*adminClient, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
 		return nil, fmt.Errorf("%w: --admin-addr %q is not host:port or http(s)://host:port", errUsage, *f.addr)
 	}
-	return &adminClient{base: base, addr: *f.addr, http: &http.Client{Timeout: *f.timeout}}, nil
+	authz, err := f.authorization()
+	if err != nil {
+		return nil, err
+	}
+	return &adminClient{base: base, addr: *f.addr, authz: authz, http: &http.Client{Timeout: *f.timeout}}, nil
 }
 
 // parseArgs parses flags that may come before, between or after the
@@ -170,9 +200,10 @@ func noArgs(fs *flag.FlagSet, args []string) error {
 
 // adminClient makes requests to the admin API.
 type adminClient struct {
-	base string // scheme://host:port
-	addr string // as the user gave it, for messages
-	http *http.Client
+	base  string // scheme://host:port
+	addr  string // as the user gave it, for messages
+	authz string // Authorization header; "" sends none
+	http  *http.Client
 }
 
 // apiError is a non-2xx answer of the admin API. Body is the error body as
@@ -192,6 +223,9 @@ func (e *apiError) Error() string {
 		code = strings.ToLower(strings.ReplaceAll(http.StatusText(e.status), " ", "_"))
 	}
 	msg := e.message
+	if e.status == http.StatusUnauthorized {
+		msg += " (pass --user with the password in SINEW_PASSWORD, or --token / SINEW_TOKEN)"
+	}
 	if e.status == http.StatusNotFound && e.code == "" {
 		// net/http's own 404: the path is not served at all.
 		msg += " (this broker's admin API has no such endpoint; is it older than this sinew?)"
@@ -223,6 +257,9 @@ func (c *adminClient) do(ctx context.Context, method, path string, query url.Val
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept", "application/json")
+	if c.authz != "" {
+		req.Header.Set("Authorization", c.authz)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return 0, c.describeTransportErr(err)

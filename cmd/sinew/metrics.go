@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/sinewmq/sinew/internal/admin"
 	"github.com/sinewmq/sinew/internal/broker"
 	"github.com/sinewmq/sinew/internal/server"
 )
@@ -254,11 +255,39 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 // counters, the fsync histograms (sm, nil for none), and the Go runtime's and
 // process's standard metrics. Each serve builds its own, so two brokers in
 // one process never share a series.
-func metricsRegistry(b *broker.Broker, srv *server.Server, sm *syncMetrics, queueDepth bool) *prometheus.Registry {
+func metricsRegistry(b *broker.Broker, srv *server.Server, sm *syncMetrics, queueDepth bool, gate *admin.Gate) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newStatsCollector(b, srv, queueDepth), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if gate != nil {
+		reg.MustRegister(gateCollector{gate})
+	}
 	if sm != nil {
 		reg.MustRegister(sm.batch, sm.latency)
 	}
 	return reg
+}
+
+// The admin listener's authentication refusals.
+const (
+	adminAuthName = "sinew_admin_auth_refusals_total"
+	adminAuthHelp = "Admin HTTP requests the authentication gate refused, by reason: missing (no credentials, 401), failed (wrong credentials, 401 after the fixed delay), denied (a user who may not administer, 403), busy (too many credential checks at once, 429)."
+)
+
+var adminAuthDesc = prometheus.NewDesc(adminAuthName, adminAuthHelp, []string{"reason"}, nil)
+
+// gateCollector exports the admin gate's counters at scrape time.
+type gateCollector struct{ g *admin.Gate }
+
+// Describe implements prometheus.Collector.
+func (c gateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- adminAuthDesc }
+
+// Collect implements prometheus.Collector.
+func (c gateCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.g.Stats()
+	for _, s := range []struct {
+		reason string
+		v      uint64
+	}{{"missing", st.Missing}, {"failed", st.Failed}, {"denied", st.Denied}, {"busy", st.Busy}} {
+		ch <- prometheus.MustNewConstMetric(adminAuthDesc, prometheus.CounterValue, float64(s.v), s.reason)
+	}
 }

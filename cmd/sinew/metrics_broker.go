@@ -122,5 +122,6 @@ func sinewFamilies() []struct{ name, help string } {
 	}
 	add(syncBatchName, syncBatchHelp)
 	add(syncLatencyName, syncLatencyHelp)
+	add(adminAuthName, adminAuthHelp)
 	return out
 }

@@ -117,7 +117,12 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		return err
 	}
 	var aln net.Listener
+	var gate *admin.Gate
 	if cfg.AdminListen != "" {
+		if gate, err = adminGate(cfg, logger); err != nil {
+			ln.Close()
+			return err
+		}
 		if aln, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 			ln.Close()
 			return fmt.Errorf("admin listen: %w", err)
@@ -140,7 +145,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	adminAddr := ""
 	if aln != nil {
 		adminAddr = aln.Addr().String()
-		recovering := admin.Recovering()
+		recovering := gate.Wrap(admin.Recovering())
 		adminHandler.Store(&recovering)
 		adminSrv = &http.Server{ReadHeaderTimeout: 10 * time.Second,
 			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*adminHandler.Load()).ServeHTTP(w, r) })}
@@ -235,7 +240,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	go func() { errc <- srv.Serve(ln) }()
 
 	if aln != nil {
-		acfg := adminConfig(b, srv, rt, adminWiring{owner: owner, started: start, sync: sm, queueDepth: cfg.Metrics.QueueDepth == "on"})
+		acfg := adminConfig(b, srv, rt, adminWiring{owner: owner, started: start, sync: sm, queueDepth: cfg.Metrics.QueueDepth == "on", gate: gate})
 		acfg.Ready = func() bool { return b.Ready() && !drain.begun() } // a draining broker takes no new clients
 		acfg.Drain = func(context.Context) error {
 			if _, already := drain.start(); !already {
@@ -243,7 +248,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 			}
 			return nil
 		}
-		full := admin.Handler(acfg)
+		full := gate.Wrap(admin.Handler(acfg))
 		adminHandler.Store(&full)
 	}
 	logger.Info("serving", "listen", ln.Addr().String(), "tls", cfg.TLS.Enabled(), "admin_listen", adminAddr,
@@ -451,6 +456,7 @@ type adminWiring struct {
 	started    time.Time
 	sync       *syncMetrics // nil: no fsync histograms
 	queueDepth bool         // metrics.queue_depth = on
+	gate       *admin.Gate  // nil: no admin authentication metrics
 }
 
 // adminConfig exposes the broker, the server and their counters.
@@ -465,6 +471,42 @@ func adminConfig(b *broker.Broker, srv *server.Server, rt *runtimesettings.Store
 			}
 			return out
 		},
-		Metrics: metricsRegistry(b, srv, w.sync, w.queueDepth),
+		Metrics: metricsRegistry(b, srv, w.sync, w.queueDepth, w.gate),
 	}
+}
+
+// adminGate applies the startup rule to the admin listener and returns the
+// gate its requests pass: a listener that is not loopback-only needs
+// authentication configured (auth.tokens), else serve refuses to start.
+// Anonymous requests are served only on a loopback admin listener of a
+// broker with no authentication configured.
+func adminGate(cfg settings.Config, logger *slog.Logger) (*admin.Gate, error) {
+	loopback := loopbackListen(cfg.AdminListen)
+	tokens := cfg.Auth.Tokens
+	configured := func() bool { return len(tokens) > 0 }
+	if !loopback && !configured() {
+		return nil, fmt.Errorf("refusing to start: admin_listen = %q is not a loopback address and no authentication is configured; "+
+			"set auth.tokens or put admin_listen on 127.0.0.1", cfg.AdminListen)
+	}
+	return &admin.Gate{
+		Anonymous: func() bool { return loopback && !configured() },
+		Tokens:    tokens,
+		Logger:    logger.With("component", "admin"),
+	}, nil
+}
+
+// loopbackListen reports whether the listen address addr binds loopback
+// addresses only: "localhost" or a loopback IP. An empty host, the
+// unspecified addresses and any other name bind (or may bind) other
+// interfaces.
+func loopbackListen(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -27,6 +27,13 @@
 // another host, is refused with 403 forbidden (http.CrossOriginProtection),
 // since the dashboard puts this listener in operators' browsers.
 //
+// Authentication is a Gate wrapped around the handler (auth.go): basic auth
+// against the users store or a bearer token from auth.tokens, required
+// unless the caller's rule (sinew serve: a loopback listener of a broker
+// with no auth configured) admits anonymous requests. /healthz and /readyz
+// are always served. Failures wait a fixed delay, are counted and logged
+// without the credential; at most authCheckingMax checks run at once.
+//
 // Recovering is the handler to serve before the broker exists: /healthz 200,
 // /readyz 503, the API 503, so probes get an answer during recovery.
 //

@@ -4,7 +4,7 @@ package settings
 // docs/configuration.md, which a test keeps in step with Keys.
 var help = map[string]string{
 	"listen":        "Address of the client protocol listener (host:port).",
-	"admin_listen":  "Address of the admin HTTP server (the dashboard at /, /healthz, /readyz, /metrics and the /api/v1/ API, see docs/operations.md); empty disables it. It has no authentication: keep it on a private address.",
+	"admin_listen":  "Address of the admin HTTP server (the dashboard at /, /healthz, /readyz, /metrics and the /api/v1/ API, see docs/operations.md); empty disables it. Open on a loopback address with no auth configured; otherwise requests need HTTP basic auth or a bearer token (auth.tokens), and a non-loopback address without auth configured refuses to start (docs/security.md).",
 	"data_dir":      "Directory holding every queue's log, checkpoints and the broker's owner id. One broker at a time: serve locks it (flock on its LOCK file) before reading it, and a second serve on it exits naming the holder's pid.",
 	"log_level":     "debug, info, warn or error.",
 	"log_format":    "text (key=value lines) or json (one JSON object per line); both on stderr.",

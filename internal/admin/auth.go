@@ -1,0 +1,242 @@
+package admin
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/base64"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/auth"
+)
+
+// Bounds of admin authentication.
+const (
+	// AuthFailureDelayMsDefault is how long a request with wrong
+	// credentials waits before its 401, the same for every reason, so that
+	// guessing costs a second per try and per connection.
+	AuthFailureDelayMsDefault = 1000
+	// authCheckingMax bounds the requests with credentials being checked
+	// or waiting out their failure delay at once. One more is answered 429
+	// at once, before its credentials are looked at, so a flood of guesses
+	// holds a bounded number of goroutines and hashes.
+	authCheckingMax = 64
+	// authHeaderBytesMax bounds the Authorization header looked at.
+	authHeaderBytesMax = 4096
+	// logUserBytesMax bounds a peer-chosen user name in a log record.
+	logUserBytesMax = 64
+)
+
+// Realm is the realm of the admin listener's WWW-Authenticate challenges.
+const Realm = "sinew admin"
+
+// Gate authenticates the requests of the admin listener: HTTP basic auth
+// against the users store, or a bearer token from auth.tokens. /healthz and
+// /readyz are always served (probes carry no credentials); when anonymous
+// access is not allowed, /readyz leaves out its problem lines, which name
+// queues.
+//
+// A request is served when it carries valid credentials of an administrator
+// (a static token, or a user allowed to manage every topic: "*" in its
+// manage permissions), or carries none while Anonymous reports true. A wrong
+// credential waits FailureDelayMs, is counted and logged (remote address,
+// user name, reason; never the password or token), and gets 401 with
+// WWW-Authenticate; a missing one gets the 401 at once. A valid user who is
+// not an administrator gets 403.
+type Gate struct {
+	// Anonymous reports whether a request without credentials is served.
+	// It is asked per request, since users may be added while the broker
+	// runs (sinew serve passes auth.AnonymousAllowed for the admin
+	// listener). Nil means never.
+	Anonymous func() bool
+	// Users checks basic auth; nil refuses every user name.
+	Users *auth.Users
+	// Tokens are the bearer tokens accepted (auth.tokens).
+	Tokens []string
+	// FailureDelayMs is the wait before a 401 for wrong credentials; 0
+	// means AuthFailureDelayMsDefault, <0 none.
+	FailureDelayMs int64
+	// Logger receives one warning per failed authentication.
+	Logger *slog.Logger
+	// Sleep waits d or until ctx ends; nil uses a timer. Tests replace it.
+	Sleep func(ctx context.Context, d time.Duration)
+
+	checking atomic.Int64
+	missing  atomic.Uint64 // 401: no credentials where they are required
+	failed   atomic.Uint64 // 401: wrong credentials
+	denied   atomic.Uint64 // 403: valid, but not an administrator
+	busy     atomic.Uint64 // 429: authCheckingMax requests were being checked
+}
+
+// GateStats count the requests the gate refused, by reason.
+type GateStats struct {
+	Missing uint64 // no credentials where they are required (401)
+	Failed  uint64 // wrong or malformed credentials (401, after the delay)
+	Denied  uint64 // valid credentials of a user who may not administer (403)
+	Busy    uint64 // too many credential checks at once (429)
+}
+
+// Stats returns the gate's counters.
+func (g *Gate) Stats() GateStats {
+	return GateStats{Missing: g.missing.Load(), Failed: g.failed.Load(), Denied: g.denied.Load(), Busy: g.busy.Load()}
+}
+
+type principalKey struct{}
+
+// PrincipalFrom returns who an admin request authenticated as, and false
+// when the request did not pass a Gate.
+func PrincipalFrom(ctx context.Context) (auth.Principal, bool) {
+	p, ok := ctx.Value(principalKey{}).(auth.Principal)
+	return p, ok
+}
+
+type hideProblemsKey struct{}
+
+// problemsHidden reports whether /readyz should leave out its problem lines.
+func problemsHidden(ctx context.Context) bool {
+	hide, _ := ctx.Value(hideProblemsKey{}).(bool)
+	return hide
+}
+
+// IsAdmin reports whether p may use the admin API: a principal with every
+// permission (a static token, or anonymous where that is allowed), or a
+// user who may manage every topic.
+func IsAdmin(p auth.Principal) bool {
+	return p.All || slices.Contains(p.Perms.Manage, "*")
+}
+
+func (g *Gate) anonymous() bool { return g.Anonymous != nil && g.Anonymous() }
+
+// Wrap returns h behind the gate.
+func (g *Gate) Wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+			if !g.anonymous() {
+				r = r.WithContext(context.WithValue(r.Context(), hideProblemsKey{}, true))
+			}
+			h.ServeHTTP(w, r)
+			return
+		}
+		hdr := r.Header.Get("Authorization")
+		if hdr == "" {
+			if g.anonymous() {
+				h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, auth.Anonymous())))
+				return
+			}
+			g.missing.Add(1)
+			g.challenge(w, "credentials required: HTTP basic auth (a user) or a bearer token (auth.tokens)")
+			return
+		}
+		if g.checking.Add(1) > authCheckingMax {
+			g.checking.Add(-1)
+			g.busy.Add(1)
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusTooManyRequests, "too_many_requests", "too many authentications in progress; retry later")
+			return
+		}
+		p, user, reason := g.verify(hdr)
+		if reason != "" {
+			g.failed.Add(1)
+			g.logger().Warn("admin authentication failed", "remote", r.RemoteAddr, "user", user, "reason", reason,
+				"method", r.Method, "path", r.URL.Path)
+			g.sleep(r.Context())
+			g.checking.Add(-1)
+			g.challenge(w, "authentication failed")
+			return
+		}
+		g.checking.Add(-1)
+		if !IsAdmin(p) {
+			g.denied.Add(1)
+			g.logger().Warn("admin request denied", "remote", r.RemoteAddr, "user", p.Name, "method", r.Method, "path", r.URL.Path)
+			writeError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("user %q may not administer the broker: it needs manage permission on \"*\"", p.Name))
+			return
+		}
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+	})
+}
+
+// verify checks an Authorization header. It returns the principal, or the
+// user name offered (bounded, for the log) and why it was refused.
+func (g *Gate) verify(hdr string) (p auth.Principal, user, reason string) {
+	if len(hdr) > authHeaderBytesMax {
+		return p, "", "authorization header too long"
+	}
+	scheme, cred, _ := strings.Cut(hdr, " ")
+	cred = strings.TrimSpace(cred)
+	switch {
+	case strings.EqualFold(scheme, "Basic"):
+		raw, err := base64.StdEncoding.DecodeString(cred)
+		if err != nil {
+			return p, "", "basic credentials are not base64"
+		}
+		name, password, ok := strings.Cut(string(raw), ":")
+		user = name
+		if len(user) > logUserBytesMax {
+			user = user[:logUserBytesMax]
+		}
+		if !ok {
+			return p, user, "basic credentials without a colon"
+		}
+		if g.Users == nil {
+			return p, user, "no users configured"
+		}
+		up, err := g.Users.Verify(name, password)
+		if err != nil {
+			return p, user, "unknown user or wrong password"
+		}
+		return up, user, ""
+	case strings.EqualFold(scheme, "Bearer"):
+		match := -1
+		for i, t := range g.Tokens {
+			// Every token is compared, so the time taken does not say which
+			// one matched.
+			if subtle.ConstantTimeCompare([]byte(cred), []byte(t)) == 1 {
+				match = i
+			}
+		}
+		if match < 0 {
+			return p, "", "token matches none of auth.tokens"
+		}
+		return auth.TokenPrincipal(match), "", ""
+	}
+	return p, "", "unsupported authorization scheme"
+}
+
+func (g *Gate) challenge(w http.ResponseWriter, msg string) {
+	w.Header().Add("WWW-Authenticate", `Basic realm="`+Realm+`", charset="UTF-8"`)
+	w.Header().Add("WWW-Authenticate", `Bearer realm="`+Realm+`"`)
+	writeError(w, http.StatusUnauthorized, "unauthorized", msg)
+}
+
+func (g *Gate) sleep(ctx context.Context) {
+	ms := g.FailureDelayMs
+	if ms == 0 {
+		ms = AuthFailureDelayMsDefault
+	}
+	if ms < 0 {
+		return
+	}
+	d := time.Duration(ms) * time.Millisecond
+	if g.Sleep != nil {
+		g.Sleep(ctx, d)
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+func (g *Gate) logger() *slog.Logger {
+	if g.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return g.Logger
+}

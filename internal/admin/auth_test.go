@@ -1,0 +1,253 @@
+package admin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/auth"
+	"github.com/sinewmq/sinew/internal/vfs"
+)
+
+const (
+	rootPassword   = "root-password-1"
+	readerPassword = "reader-password-1"
+	adminToken     = "admin-token-0123456789abcdef"
+)
+
+// gateFixture is the real admin handler behind a Gate with a real users
+// store (cheap hash parameters) and a recording Sleep.
+type gateFixture struct {
+	t      *testing.T
+	gate   *Gate
+	h      http.Handler
+	log    *bytes.Buffer
+	mu     sync.Mutex
+	sleeps []time.Duration
+	anon   bool
+}
+
+func newGateFixture(t *testing.T, problems []string) *gateFixture {
+	t.Helper()
+	users, err := auth.OpenUsersParams(vfs.NewMem(), "/data/meta/users", auth.HashParams{TimeCost: 1, MemoryKiB: 64, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := users.Add("root", rootPassword, auth.Permissions{Manage: []string{"*"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := users.Add("reader", readerPassword, auth.Permissions{Consume: []string{"*"}, Manage: []string{"orders.*"}}); err != nil {
+		t.Fatal(err)
+	}
+	fx := &gateFixture{t: t, log: &bytes.Buffer{}}
+	fx.gate = &Gate{
+		Anonymous: func() bool { return fx.anon },
+		Users:     users, Tokens: []string{"other-token-xxxxxxxxxxxx", adminToken},
+		Logger: slog.New(slog.NewTextHandler(fx.log, nil)),
+		Sleep: func(_ context.Context, d time.Duration) {
+			fx.mu.Lock()
+			fx.sleeps = append(fx.sleeps, d)
+			fx.mu.Unlock()
+		},
+	}
+	fx.h = fx.gate.Wrap(Handler(Config{
+		Ready: func() bool { return true }, Problems: func() []string { return problems },
+		Metrics: testRegistry(), Version: "test",
+	}))
+	return fx
+}
+
+// do sends a GET of path with the Authorization header authz ("" for none).
+func (fx *gateFixture) do(path, authz string) *http.Response {
+	fx.t.Helper()
+	req := httptest.NewRequest("GET", path, nil)
+	if authz != "" {
+		req.Header.Set("Authorization", authz)
+	}
+	rec := httptest.NewRecorder()
+	fx.h.ServeHTTP(rec, req)
+	return rec.Result()
+}
+
+func (fx *gateFixture) sleepCount() int {
+	fx.mu.Lock()
+	defer fx.mu.Unlock()
+	return len(fx.sleeps)
+}
+
+func basic(user, password string) string {
+	req, _ := http.NewRequest("GET", "/", nil)
+	req.SetBasicAuth(user, password)
+	return req.Header.Get("Authorization")
+}
+
+func errorCode(t *testing.T, res *http.Response) string {
+	t.Helper()
+	var e ErrorBody
+	body, _ := io.ReadAll(res.Body)
+	if err := json.Unmarshal(body, &e); err != nil {
+		t.Fatalf("body %q is not the JSON error: %v", body, err)
+	}
+	return e.Code
+}
+
+// On a broker where anonymous access is not allowed: a missing or wrong
+// credential is 401 with WWW-Authenticate, the right one 200, and a user
+// who may not manage every topic 403.
+func TestGateRequiresCredentials(t *testing.T) {
+	fx := newGateFixture(t, nil)
+	for _, path := range []string{"/api/v1/version", "/metrics", "/", "/api/v1/queues"} {
+		res := fx.do(path, "")
+		if res.StatusCode != http.StatusUnauthorized || errorCode(t, res) != "unauthorized" {
+			t.Fatalf("%s without credentials: %d", path, res.StatusCode)
+		}
+		ch := res.Header.Values("WWW-Authenticate")
+		if len(ch) != 2 || !strings.HasPrefix(ch[0], `Basic realm="sinew admin"`) || !strings.HasPrefix(ch[1], "Bearer ") {
+			t.Fatalf("%s: WWW-Authenticate %q", path, ch)
+		}
+	}
+	if n := fx.sleepCount(); n != 0 {
+		t.Fatalf("a missing credential waited (%d sleeps); only wrong ones do", n)
+	}
+
+	wrong := []struct{ name, authz string }{
+		{"wrong password", basic("root", "not-the-password")},
+		{"unknown user", basic("mallory", rootPassword)},
+		{"wrong token", "Bearer not-a-token-at-all"},
+		{"token as password", basic("root", adminToken)},
+		{"bad base64", "Basic !!!"},
+		{"unknown scheme", "Digest username=root"},
+	}
+	for i, c := range wrong {
+		res := fx.do("/api/v1/version", c.authz)
+		if res.StatusCode != http.StatusUnauthorized || len(res.Header.Values("WWW-Authenticate")) != 2 {
+			t.Fatalf("%s: %d %v", c.name, res.StatusCode, res.Header)
+		}
+		if n := fx.sleepCount(); n != i+1 || fx.sleeps[i] != AuthFailureDelayMsDefault*time.Millisecond {
+			t.Fatalf("%s: sleeps %v, want one more of %d ms", c.name, fx.sleeps, AuthFailureDelayMsDefault)
+		}
+	}
+	logged := fx.log.String()
+	if strings.Count(logged, "admin authentication failed") != len(wrong) || !strings.Contains(logged, "user=mallory") {
+		t.Fatalf("log:\n%s", logged)
+	}
+	for _, secret := range []string{"not-the-password", rootPassword, "not-a-token-at-all", adminToken} {
+		if strings.Contains(logged, secret) {
+			t.Fatalf("the log holds a credential %q:\n%s", secret, logged)
+		}
+	}
+
+	for _, c := range []struct{ name, authz string }{
+		{"basic", basic("root", rootPassword)},
+		{"bearer", "Bearer " + adminToken},
+		{"bearer lower case", "bearer " + adminToken},
+	} {
+		res := fx.do("/api/v1/version", c.authz)
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d", c.name, res.StatusCode)
+		}
+		if res := fx.do("/metrics", c.authz); res.StatusCode != http.StatusOK {
+			t.Fatalf("%s /metrics: %d", c.name, res.StatusCode)
+		}
+	}
+	res := fx.do("/api/v1/version", basic("reader", readerPassword))
+	if res.StatusCode != http.StatusForbidden || errorCode(t, res) != "forbidden" {
+		t.Fatalf("reader: %d", res.StatusCode)
+	}
+	st := fx.gate.Stats()
+	if st.Missing != 4 || st.Failed != uint64(len(wrong)) || st.Denied != 1 || st.Busy != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// Probes stay open; /readyz then leaves out the problem lines, which name
+// queues, unless anonymous access is allowed.
+func TestGateProbesOpen(t *testing.T) {
+	problem := `queue "secret-orders" group "" partition 0 quarantined: bad crc`
+	fx := newGateFixture(t, []string{problem})
+	if res := fx.do("/healthz", ""); res.StatusCode != http.StatusOK {
+		t.Fatalf("healthz: %d", res.StatusCode)
+	}
+	res := fx.do("/readyz", "")
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusServiceUnavailable || string(body) != "not ready: 1 problem(s)\n" {
+		t.Fatalf("readyz: %d %q", res.StatusCode, body)
+	}
+	fx.anon = true
+	res = fx.do("/readyz", "")
+	body, _ = io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), problem) {
+		t.Fatalf("readyz with anonymous access: %d %q", res.StatusCode, body)
+	}
+}
+
+// Where anonymous access is allowed (loopback, no auth configured), a
+// request without credentials is served, but a credential presented is
+// still checked.
+func TestGateAnonymousAllowed(t *testing.T) {
+	fx := newGateFixture(t, nil)
+	fx.anon = true
+	if res := fx.do("/api/v1/version", ""); res.StatusCode != http.StatusOK {
+		t.Fatalf("anonymous: %d", res.StatusCode)
+	}
+	if res := fx.do("/api/v1/version", basic("root", "wrong-password")); res.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("wrong password with anonymous allowed: %d", res.StatusCode)
+	}
+	if res := fx.do("/api/v1/version", basic("root", rootPassword)); res.StatusCode != http.StatusOK {
+		t.Fatalf("root: %d", res.StatusCode)
+	}
+}
+
+// At most authCheckingMax failed authentications wait out their delay at
+// once; one more is answered 429 before its credentials are checked.
+func TestGateBoundsConcurrentFailures(t *testing.T) {
+	fx := newGateFixture(t, nil)
+	entered := make(chan struct{}, authCheckingMax)
+	release := make(chan struct{})
+	fx.gate.Sleep = func(context.Context, time.Duration) {
+		entered <- struct{}{}
+		<-release
+	}
+	var wg sync.WaitGroup
+	codes := make(chan int, authCheckingMax)
+	for range authCheckingMax {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := httptest.NewRequest("GET", "/api/v1/version", nil)
+			req.Header.Set("Authorization", "Bearer wrong")
+			rec := httptest.NewRecorder()
+			fx.h.ServeHTTP(rec, req)
+			codes <- rec.Code
+		}()
+	}
+	for range authCheckingMax {
+		<-entered
+	}
+	res := fx.do("/api/v1/version", "Bearer "+adminToken)
+	if res.StatusCode != http.StatusTooManyRequests || res.Header.Get("Retry-After") == "" {
+		t.Fatalf("with %d failures waiting: %d", authCheckingMax, res.StatusCode)
+	}
+	close(release)
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		if c != http.StatusUnauthorized {
+			t.Fatalf("a waiting failure answered %d", c)
+		}
+	}
+	if res := fx.do("/api/v1/version", "Bearer "+adminToken); res.StatusCode != http.StatusOK {
+		t.Fatalf("after the flood: %d", res.StatusCode)
+	}
+	if st := fx.gate.Stats(); st.Busy != 1 || st.Failed != authCheckingMax {
+		t.Fatalf("stats %+v", st)
+	}
+}
