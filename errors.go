@@ -65,6 +65,12 @@ var (
 	// ErrHeartbeatTimeout closes a connection on which nothing arrived for three
 	// heartbeat intervals. Retryable.
 	ErrHeartbeatTimeout = errors.New("sinew: heartbeat timeout")
+	// ErrPermissionDenied matches (with errors.Is) a request the broker
+	// refused because the connection's user lacks the publish, consume or
+	// manage permission on the request's topic: a *BrokerError with code
+	// permission_denied. Only that request failed; the connection, the
+	// session and its other subscriptions carry on. Not retryable.
+	ErrPermissionDenied = errors.New("sinew: permission denied")
 )
 
 // BrokerError is an error reported by the broker: an ERROR frame, a failed
@@ -86,8 +92,12 @@ func (e *BrokerError) Error() string {
 func (e *BrokerError) Unwrap() error { return &protocol.Error{Code: e.Code, Message: e.Message} }
 
 // Is matches another *BrokerError with the same code (and, when the target has
-// one, the same message), so errors.Is(err, &BrokerError{Code: c}) works.
+// one, the same message), so errors.Is(err, &BrokerError{Code: c}) works. A
+// permission_denied error also matches ErrPermissionDenied.
 func (e *BrokerError) Is(target error) bool {
+	if target == ErrPermissionDenied {
+		return e.Code == protocol.CodePermissionDenied
+	}
 	t, ok := target.(*BrokerError)
 	return ok && t.Code == e.Code && (t.Message == "" || t.Message == e.Message)
 }

@@ -36,6 +36,7 @@ const (
 	CodeLimitExceeded     Code = 20 // a requested value is above the announced limit
 	CodeSlowConsumer      Code = 21 // the connection did not read what it was sent in time
 	CodeSequenceTooOld    Code = 22 // the producer sequence is below the broker's deduplication window
+	CodePermissionDenied  Code = 23 // the connection's principal may not do this to this topic
 )
 
 type codeInfo struct {
@@ -67,6 +68,7 @@ var codeTable = map[Code]codeInfo{
 	CodeLimitExceeded:     {"limit_exceeded", false},
 	CodeSlowConsumer:      {"slow_consumer", true},
 	CodeSequenceTooOld:    {"sequence_too_old", false},
+	CodePermissionDenied:  {"permission_denied", false},
 }
 
 // Codes returns every defined code in ascending order.

@@ -48,6 +48,7 @@ CODES: dict[int, tuple[str, bool]] = {
     20: ("limit_exceeded", False),
     21: ("slow_consumer", True),
     22: ("sequence_too_old", False),
+    23: ("permission_denied", False),
 }
 
 CODE_OK = 0
@@ -57,6 +58,7 @@ CODE_STALE_LEASE = 12
 CODE_UNKNOWN_TAG = 13
 CODE_INTERNAL = 14
 CODE_SHUTTING_DOWN = 16
+CODE_PERMISSION_DENIED = 23
 
 
 def code_name(code: int) -> str:

@@ -27,6 +27,7 @@ export const CODES: ReadonlyArray<readonly [code: number, name: string, retryabl
   [20, "limit_exceeded", false],
   [21, "slow_consumer", true],
   [22, "sequence_too_old", false],
+  [23, "permission_denied", false],
 ];
 
 /** Named error codes used by the client. */
@@ -41,6 +42,7 @@ export const Code = {
   UNKNOWN_TAG: 13,
   INTERNAL: 14,
   SHUTTING_DOWN: 16,
+  PERMISSION_DENIED: 23,
 } as const;
 
 /** Name of an error code, e.g. "stale_lease". */
