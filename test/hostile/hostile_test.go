@@ -56,7 +56,7 @@ func TestMain(m *testing.M) {
 }
 
 // sinewBinary builds cmd/sinew once per test binary.
-func sinewBinary(t *testing.T) string {
+func sinewBinary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		if p := os.Getenv(envBinary); p != "" {
@@ -102,6 +102,13 @@ const (
 	// gcFactor: the Go heap may grow to twice the live data before a
 	// collection (GOGC=100), and RSS follows the heap.
 	gcFactor = 2
+	// boundedFrameBytes is limits.frame_bytes_max of the bounded run (the
+	// default, given explicitly): a connection that sends whole frames of
+	// that size holds a read buffer of that size.
+	boundedFrameBytes = 1<<20 + 64<<10
+	// boundedToken is the run's auth.tokens: the peers that mean to get past
+	// HELLO send it, the wrongauth ones send anything else.
+	boundedToken = "hostile-bounded-token-0123456789"
 	// runtimeSlackBytes covers what is neither per connection nor in the
 	// stored backlog: partition read-ahead of leased messages, log buffers,
 	// the runtime's own growth.
@@ -115,17 +122,22 @@ var boundedArgs = []string{
 	"--connection-handshake-timeout-ms", "2000",
 	"--connection-heartbeat-ms", "1000",
 	"--connection-write-timeout-ms", "10000",
+	"--limits-frame-bytes-max", strconv.Itoa(boundedFrameBytes),
+	"--auth-tokens", boundedToken,
 }
 
-// TestHostileBounded runs 140 hostile peers against a broker with a backlog
-// and asserts that its resident memory stays under what the per-connection
-// caps allow:
+// TestHostileBounded runs 170 hostile peers against a broker with a backlog
+// and auth.tokens set (the 140 of mix140, 20 sending wrong credentials in a
+// loop and 10 sending frames over the body or frame limit) and asserts that
+// its resident memory stays under what the per-connection caps allow:
 //
 //	gcFactor x (RSS after the backlog was stored + the large messages' bytes
-//	            + connections x per-connection bytes) + slack
+//	            + connections x per-connection bytes
+//	            + oversized peers x limits.frame_bytes_max) + slack
 //
 // where the per-connection bytes are the outbound and re-send caps plus the
-// fixed buffers, and gcFactor is the heap growth the garbage collector allows
+// fixed buffers, the oversized peers' connections each hold up to one frame
+// of the frame limit, and gcFactor is the heap growth the garbage collector allows
 // before it collects. Without the caps the non-readers hold the whole backlog
 // several times over and the run exceeds the ceiling (see
 // docs/reliability.md for both figures). It also checks that the non-reader
@@ -138,16 +150,20 @@ func TestHostileBounded(t *testing.T) {
 	args := append(slices.Clone(boundedArgs), strings.Fields(os.Getenv(envArgs))...)
 	m := mix140
 	m.nonreader, m.bigNonreader = 59, 1
+	m.wrongauth, m.oversized = 20, 10
+	credentials = boundedToken
+	t.Cleanup(func() { credentials = "" })
 	r := run(t, args, boundedBacklog, m, 10_000, boundedPhase)
 	if t.Failed() || os.Getenv("SINEW_HOSTILE_KEEP_LOG") != "" {
 		os.WriteFile(filepath.Join(os.TempDir(), "sinew-hostile-bounded.log"), []byte(r.stderr), 0o644)
 	}
 	perConn := int64(boundedOutboundBytes + boundedResendBytes + connFixedBytes)
 	bigKiB := int64(bigBacklog * bigBodyBytes >> 10)
-	ceilingKiB := gcFactor*(r.afterBacklog+bigKiB+int64(m.total())*perConn>>10) + runtimeSlackBytes>>10
-	t.Logf("hostile: ceiling %.1f MiB = %d x (after backlog %.1f MiB + %s %d MiB + %d conns x %d KiB) + %d MiB; slow consumers logged %d",
-		mib(ceilingKiB), gcFactor, mib(r.afterBacklog), bigTopic, bigKiB>>10, m.total(), perConn>>10, runtimeSlackBytes>>20,
-		strings.Count(r.stderr, "slow consumer disconnected"))
+	framesKiB := int64(m.oversized) * boundedFrameBytes >> 10
+	ceilingKiB := gcFactor*(r.afterBacklog+bigKiB+int64(m.total())*perConn>>10+framesKiB) + runtimeSlackBytes>>10
+	t.Logf("hostile: ceiling %.1f MiB = %d x (after backlog %.1f MiB + %s %d MiB + %d conns x %d KiB + %d oversized x %d KiB) + %d MiB; slow consumers logged %d",
+		mib(ceilingKiB), gcFactor, mib(r.afterBacklog), bigTopic, bigKiB>>10, m.total(), perConn>>10, m.oversized, boundedFrameBytes>>10,
+		runtimeSlackBytes>>20, strings.Count(r.stderr, "slow consumer disconnected"))
 	if peak := max(r.peak, r.hwm); peak > ceilingKiB {
 		t.Errorf("peak RSS %.1f MiB is above the ceiling %.1f MiB derived from the caps", mib(peak), mib(ceilingKiB))
 	}
@@ -159,7 +175,13 @@ func TestHostileBounded(t *testing.T) {
 	if n := strings.Count(r.stderr, "slow consumer disconnected"); n < m.bigNonreader {
 		t.Errorf("the broker logged %d slow-consumer disconnects, want at least %d", n, m.bigNonreader)
 	}
-	if err := harness.Probe(r.addr, 5*time.Second); err != nil {
+	// The new kinds did what they are for: not a run where they never got
+	// an answer.
+	if r.st.authFailed.Load() == 0 || r.st.tooLarge.Load() == 0 {
+		t.Errorf("wrong credentials refused %d times, oversized frames refused %d times; want both above 0",
+			r.st.authFailed.Load(), r.st.tooLarge.Load())
+	}
+	if err := harness.ProbeCredentials(r.addr, credentials, 5*time.Second); err != nil {
 		t.Errorf("broker does not serve after the run: %v", err)
 	}
 }
@@ -169,7 +191,7 @@ func TestHostileBounded(t *testing.T) {
 func run(t *testing.T, args []string, backlog int, m mix, prefetch uint32, phase time.Duration) result {
 	t.Helper()
 	dir := t.TempDir()
-	b, err := harness.New(harness.Config{Binary: sinewBinary(t), DataDir: filepath.Join(dir, "data"), ExtraArgs: args})
+	b, err := harness.New(harness.Config{Binary: sinewBinary(t), DataDir: filepath.Join(dir, "data"), ExtraArgs: args, Credentials: credentials})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,8 +231,9 @@ func run(t *testing.T, args []string, backlog int, m mix, prefetch uint32, phase
 	if data, err := os.ReadFile(b.StderrPath()); err == nil {
 		r.stderr = string(data)
 	}
-	t.Logf("hostile: backlog=%d x %d B, peers=%d (garbage %d, hugelen %d, slowloris %d, halfopen %d, nonreader %d), phase=%v, dials=%d",
-		backlog, bodyBytes, m.total(), m.garbage, m.hugelen, m.slowloris, m.halfopen, m.nonreader, phase, r.st.dials.Load())
+	t.Logf("hostile: backlog=%d x %d B, peers=%d (garbage %d, hugelen %d, slowloris %d, halfopen %d, nonreader %d, wrongauth %d, oversized %d), phase=%v, dials=%d",
+		backlog, bodyBytes, m.total(), m.garbage, m.hugelen, m.slowloris, m.halfopen, m.nonreader, m.wrongauth, m.oversized, phase, r.st.dials.Load())
+	t.Logf("hostile: wrong credentials refused %d, oversized frames refused %d", r.st.authFailed.Load(), r.st.tooLarge.Load())
 	t.Logf("hostile: RSS baseline %.1f MiB, after backlog %.1f MiB, peak sampled %.1f MiB, VmHWM %.1f MiB, after peers left %.1f MiB",
 		mib(r.baseline), mib(r.afterBacklog), mib(r.peak), mib(r.hwm), mib(r.end))
 	t.Logf("hostile: non-readers subscribed %d, closed by the broker %d (on %s: %d of %d), final ERROR codes %s",

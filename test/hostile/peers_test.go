@@ -33,22 +33,43 @@ const (
 	// endReadTimeout bounds the final read that tells whether the broker closed
 	// a non-reading consumer.
 	endReadTimeout = 2 * time.Second
+	// oversizedBodyBytes is over the default limits.body_bytes_max (1 MiB)
+	// and under the default frame limit: a whole frame that is read, then
+	// refused. oversizedFrameBytes is over the default frame limit.
+	oversizedBodyBytes  = 1<<20 + 1024
+	oversizedFrameBytes = 2 << 20
+	// oversizedPauseMs spaces an oversized peer's frames: each is a
+	// megabyte, and the machine is shared.
+	oversizedPauseMs = 250
 )
 
 // mix says how many peers of each kind a run opens.
 type mix struct {
 	garbage, hugelen, slowloris, halfopen, nonreader int
+	// wrongauth send HELLOs with wrong credentials in a loop; oversized
+	// send frames above the body or frame limit in a loop.
+	wrongauth, oversized int
 	// bigNonreader are non-readers on the queue of large messages (bigTopic),
 	// more than the kernel's socket buffers can absorb.
 	bigNonreader int
 }
 
 func (m mix) total() int {
-	return m.garbage + m.hugelen + m.slowloris + m.halfopen + m.nonreader + m.bigNonreader
+	return m.garbage + m.hugelen + m.slowloris + m.halfopen + m.nonreader + m.bigNonreader + m.wrongauth + m.oversized
 }
 
 // mix140 is the 140-peer mix of the measurement and the bounded test.
 var mix140 = mix{garbage: 20, hugelen: 20, slowloris: 20, halfopen: 20, nonreader: 60}
+
+// credentials go in the HELLO of every peer that means to get past it (the
+// backlog publisher, the non-readers, the half-open and slowloris peers);
+// a run against a broker with auth.tokens sets it.
+var credentials string
+
+// hello is the HELLO a peer named name sends, with the run's credentials.
+func hello(name string) *protocol.Hello {
+	return &protocol.Hello{ProtocolVersion: protocol.Version, ClientName: name, Credentials: credentials}
+}
 
 // status reads VmRSS and VmHWM (KiB) of pid from /proc.
 func status(pid int) (rssKiB, hwmKiB int64, err error) {
@@ -122,7 +143,7 @@ func handshake(addr, name string) (net.Conn, *bufio.Reader, error) {
 		return nil, nil, err
 	}
 	c.SetDeadline(time.Now().Add(replyTimeout))
-	if _, err := c.Write(protocol.AppendFrame(nil, 0, 1, &protocol.Hello{ProtocolVersion: protocol.Version, ClientName: name})); err != nil {
+	if _, err := c.Write(protocol.AppendFrame(nil, 0, 1, hello(name))); err != nil {
 		c.Close()
 		return nil, nil, err
 	}
@@ -200,6 +221,8 @@ type peerStats struct {
 	nonreaderClosed  atomic.Int64 // non-readers the broker closed before the end
 	bigClosed        atomic.Int64 // of those, non-readers on bigTopic
 	nonreaderErrCode sync.Map     // protocol.Code -> *atomic.Int64, from a final ERROR
+	authFailed       atomic.Int64 // wrong-credential HELLOs answered auth_failed
+	tooLarge         atomic.Int64 // oversized frames answered message_too_large or frame_too_large
 }
 
 // runPeers runs m's peers against addr until ctx ends, then closes them all
@@ -219,6 +242,8 @@ func runPeers(ctx context.Context, addr, topic string, m mix, prefetch uint32) *
 	spawn(m.halfopen, halfopenPeer(addr))
 	spawn(m.nonreader, nonreaderPeer(addr, topic, prefetch, nil))
 	spawn(m.bigNonreader, nonreaderPeer(addr, bigTopic, prefetch, &st.bigClosed))
+	spawn(m.wrongauth, wrongauthPeer(addr))
+	spawn(m.oversized, oversizedPeer(addr))
 	wg.Wait()
 	return st
 }
@@ -274,11 +299,11 @@ func garbagePeer(addr string) func(context.Context, int, *peerStats) {
 // limit and then sends nothing more (odd i).
 func hugelenPeer(addr string) func(context.Context, int, *peerStats) {
 	return func(ctx context.Context, i int, st *peerStats) {
-		hello := protocol.AppendFrame(nil, 0, 1, &protocol.Hello{ProtocolVersion: protocol.Version, ClientName: "hugelen"})
+		helloFrame := protocol.AppendFrame(nil, 0, 1, hello("hugelen"))
 		for ctx.Err() == nil {
 			c, done, err := dialCtx(ctx, addr, st)
 			if err == nil {
-				f := append([]byte(nil), hello...)
+				f := append([]byte(nil), helloFrame...)
 				if i%2 == 0 {
 					binary.BigEndian.PutUint32(f, 0xFFFF_FFF0)
 				} else {
@@ -298,11 +323,11 @@ func hugelenPeer(addr string) func(context.Context, int, *peerStats) {
 // slowlorisPeer sends a HELLO one byte at a time.
 func slowlorisPeer(addr string) func(context.Context, int, *peerStats) {
 	return func(ctx context.Context, i int, st *peerStats) {
-		hello := protocol.AppendFrame(nil, 0, 1, &protocol.Hello{ProtocolVersion: protocol.Version, ClientName: "slowloris"})
+		helloFrame := protocol.AppendFrame(nil, 0, 1, hello("slowloris"))
 		for ctx.Err() == nil {
 			c, done, err := dialCtx(ctx, addr, st)
 			if err == nil {
-				for _, b := range hello[:len(hello)-1] {
+				for _, b := range helloFrame[:len(helloFrame)-1] {
 					if _, err := c.Write([]byte{b}); err != nil || !pause(ctx, slowlorisByteMs*time.Millisecond) {
 						break
 					}
@@ -324,7 +349,7 @@ func halfopenPeer(addr string) func(context.Context, int, *peerStats) {
 			c, done, err := dialCtx(ctx, addr, st)
 			if err == nil {
 				if i%2 == 1 {
-					c.Write(protocol.AppendFrame(nil, 0, 1, &protocol.Hello{ProtocolVersion: protocol.Version, ClientName: "halfopen"}))
+					c.Write(protocol.AppendFrame(nil, 0, 1, hello("halfopen")))
 				}
 				untilClosed(c)
 				done()
@@ -352,7 +377,7 @@ func nonreaderPeer(addr, topic string, prefetch uint32, closed *atomic.Int64) fu
 		if tc, ok := c.(*net.TCPConn); ok {
 			tc.SetReadBuffer(16 << 10)
 		}
-		out := protocol.AppendFrame(nil, 0, 1, &protocol.Hello{ProtocolVersion: protocol.Version, ClientName: "nonreader"})
+		out := protocol.AppendFrame(nil, 0, 1, hello("nonreader"))
 		out = protocol.AppendFrame(out, 0, 2, &protocol.Subscribe{Topic: topic, Partition: -1, AckMode: protocol.AckManual, Prefetch: prefetch})
 		if _, err := c.Write(out); err != nil {
 			return
@@ -411,4 +436,105 @@ func (st *peerStats) errCodes() string {
 		return "none"
 	}
 	return strings.Join(parts, ",")
+}
+
+// wrongauthPeer sends a HELLO with a wrong credential, reads the answer
+// until the broker closes the connection, and does it again.
+func wrongauthPeer(addr string) func(context.Context, int, *peerStats) {
+	return func(ctx context.Context, i int, st *peerStats) {
+		for n := 0; ctx.Err() == nil; n++ {
+			c, done, err := dialCtx(ctx, addr, st)
+			if err == nil {
+				h := hello("wrongauth")
+				h.Credentials = fmt.Sprintf("wrong-%d-%d", i, n)
+				c.Write(protocol.AppendFrame(nil, 0, 1, h))
+				if code, ok := readError(c); ok && code == protocol.CodeAuthFailed {
+					st.authFailed.Add(1)
+				}
+				untilClosed(c)
+				done()
+			}
+			if !pause(ctx, peerPauseMs*time.Millisecond) {
+				return
+			}
+		}
+	}
+}
+
+// oversizedPeer completes HELLO, then sends whole PUBLISH frames whose body
+// is over the body limit (even i: each is refused, the connection stays) or
+// one whole frame over the frame limit (odd i: the connection is cut, and
+// it reconnects).
+func oversizedPeer(addr string) func(context.Context, int, *peerStats) {
+	return func(ctx context.Context, i int, st *peerStats) {
+		helloFrame := protocol.AppendFrame(nil, 0, 1, hello("oversized"))
+		body := make([]byte, oversizedBodyBytes)
+		if i%2 == 1 {
+			body = make([]byte, oversizedFrameBytes)
+		}
+		publish := protocol.AppendFrame(nil, 0, 2, &protocol.Publish{Topic: "oversized", Partition: -1, Body: body})
+		for ctx.Err() == nil {
+			c, done, err := dialCtx(ctx, addr, st)
+			if err != nil {
+				if !pause(ctx, peerPauseMs*time.Millisecond) {
+					return
+				}
+				continue
+			}
+			br := bufio.NewReaderSize(c, 64<<10)
+			c.Write(helloFrame)
+			if f, _, err := protocol.ReadFrame(br, protocol.FrameBytesDefault, nil); err != nil || f.Op != protocol.OpHelloOK {
+				done()
+				if !pause(ctx, peerPauseMs*time.Millisecond) {
+					return
+				}
+				continue
+			}
+			for ctx.Err() == nil {
+				if _, err := c.Write(publish); err != nil {
+					break
+				}
+				code, ok := readError(br)
+				if !ok {
+					break
+				}
+				if code == protocol.CodeMessageTooLarge || code == protocol.CodeFrameTooLarge {
+					st.tooLarge.Add(1)
+				}
+				if code == protocol.CodeFrameTooLarge || !pause(ctx, oversizedPauseMs*time.Millisecond) {
+					break
+				}
+			}
+			done()
+			if !pause(ctx, oversizedPauseMs*time.Millisecond) {
+				return
+			}
+		}
+	}
+}
+
+// readError reads frames from r (answering nothing) until an ERROR, and
+// returns its code; false when the connection ends first.
+func readError(r io.Reader) (protocol.Code, bool) {
+	br, ok := r.(*bufio.Reader)
+	if !ok {
+		br = bufio.NewReader(r)
+	}
+	var buf []byte
+	for {
+		var f protocol.Frame
+		var err error
+		f, buf, err = protocol.ReadFrame(br, protocol.FrameBytesDefault, buf)
+		if err != nil {
+			return 0, false
+		}
+		if f.Op != protocol.OpError {
+			continue
+		}
+		b, err := protocol.Decode(f)
+		if err != nil {
+			return 0, false
+		}
+		return b.(*protocol.ErrorBody).Code, true
+	}
 }

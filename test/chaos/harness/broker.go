@@ -58,6 +58,9 @@ type Config struct {
 	ExtraArgs []string
 	// Env is added to the child's environment.
 	Env []string
+	// Credentials go in the HELLO of the readiness probe, for a broker with
+	// authentication configured; empty sends none.
+	Credentials string
 	// ReadyTimeout bounds the wait for the first HELLO_OK after a start.
 	ReadyTimeout time.Duration
 	// ExitTimeout bounds the wait for the process to exit after SIGTERM or SIGKILL.
@@ -222,7 +225,7 @@ func (b *Broker) WaitReady(timeout time.Duration) error {
 			return fmt.Errorf("%w: process exited (%v) before it answered HELLO", ErrNotReady, b.ExitErr())
 		default:
 		}
-		if last = Probe(b.cfg.Addr, probeTimeout); last == nil {
+		if last = ProbeCredentials(b.cfg.Addr, b.cfg.Credentials, probeTimeout); last == nil {
 			return nil
 		}
 		select {
@@ -234,7 +237,10 @@ func (b *Broker) WaitReady(timeout time.Duration) error {
 }
 
 // Probe dials addr and completes a HELLO handshake within timeout.
-func Probe(addr string, timeout time.Duration) error {
+func Probe(addr string, timeout time.Duration) error { return ProbeCredentials(addr, "", timeout) }
+
+// ProbeCredentials is Probe with credentials in the HELLO.
+func ProbeCredentials(addr, credentials string, timeout time.Duration) error {
 	c, err := net.DialTimeout("tcp", addr, timeout)
 	if err != nil {
 		return err
@@ -243,7 +249,7 @@ func Probe(addr string, timeout time.Duration) error {
 	if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
 		return err
 	}
-	hello := protocol.AppendFrame(nil, 0, 1, &protocol.Hello{ProtocolVersion: protocol.Version, ClientName: "chaos-probe"})
+	hello := protocol.AppendFrame(nil, 0, 1, &protocol.Hello{ProtocolVersion: protocol.Version, ClientName: "chaos-probe", Credentials: credentials})
 	if _, err := c.Write(hello); err != nil {
 		return err
 	}
