@@ -476,6 +476,7 @@ func handshake(ctx context.Context, nc net.Conn, o *options, ident protocol.Resu
 		ClientVersion:   ClientVersion,
 		Credentials:     o.credentials,
 		Resume:          ident,
+		User:            o.user,
 	}
 	if _, err := nc.Write(protocol.AppendFrame(nil, 0, 1, hello)); err != nil {
 		return protocol.HelloOK{}, ctxOr(ctx, err)

@@ -144,6 +144,7 @@ const (
 
 type options struct {
 	clientName       string
+	user             string
 	credentials      string
 	tls              *tls.Config
 	reconnect        ReconnectPolicy
@@ -184,8 +185,20 @@ func defaultOptions() options {
 // WithClientName sets the name the broker shows for this client in logs.
 func WithClientName(name string) Option { return func(o *options) { o.clientName = name } }
 
-// WithCredentials sets the auth token sent in HELLO.
-func WithCredentials(token string) Option { return func(o *options) { o.credentials = token } }
+// WithCredentials sets the static token (one of the broker's auth.tokens)
+// sent in HELLO. It replaces a WithUser given earlier.
+func WithCredentials(token string) Option {
+	return func(o *options) { o.user, o.credentials = "", token }
+}
+
+// WithUser authenticates as a named user with a password. The password is
+// sent in HELLO on every connect, so use WithTLS unless the broker is on
+// loopback. It replaces a WithCredentials given earlier. A wrong name or
+// password fails Dial with a non-retryable auth_failed (the broker waits a
+// second before it answers).
+func WithUser(name, password string) Option {
+	return func(o *options) { o.user, o.credentials = name, password }
+}
 
 // WithTLS connects with TLS using cfg. When cfg.ServerName is empty, the host
 // part of the address is used.

@@ -3,6 +3,7 @@ package sinew
 import (
 	"errors"
 	"fmt"
+	"github.com/sinewmq/sinew/internal/auth"
 	"strings"
 	"testing"
 	"time"
@@ -135,6 +136,36 @@ func TestRealWrongTokenIsFatal(t *testing.T) {
 	}
 	c := dialT(t, p.Addr(), WithCredentials("secret"))
 	publishRetrying(t, c, "auth", "ok")
+}
+
+// TestRealUserPassword: against the real server, WithUser logs in with the
+// right password; a wrong password, an unknown user and no credentials at all
+// (a user exists, so loopback needs them too) fail Dial with a non-retryable
+// auth_failed after one attempt each; a static token still works beside users.
+func TestRealUserPassword(t *testing.T) {
+	rb := startRealBroker(t, func(c *server.Config) { c.AuthTokens, c.AuthFailureDelayMs = []string{"machine"}, -1 })
+	if err := rb.Broker.Users().Add("alice", "correct horse", auth.Permissions{Publish: []string{"*"}}); err != nil {
+		t.Fatal(err)
+	}
+	p := proxyT(t, rb.Addr)
+	for i, opts := range [][]Option{
+		{WithUser("alice", "wrong horse")},
+		{WithUser("mallory", "correct horse")},
+		{},
+		{WithUser("alice", "correct horse"), WithCredentials("not-a-token")}, // the later option wins
+	} {
+		_, err := Dial(testCtx(t), p.Addr(), opts...)
+		if !errors.Is(err, &BrokerError{Code: protocol.CodeAuthFailed}) || IsRetryable(err) {
+			t.Fatalf("case %d: Dial = %v, want a non-retryable auth_failed", i, err)
+		}
+		if n := p.Accepted(); n != i+1 {
+			t.Fatalf("case %d: %d connections, want %d (no retry)", i, n, i+1)
+		}
+	}
+	c := dialT(t, p.Addr(), WithCredentials("not-a-token"), WithUser("alice", "correct horse"))
+	publishRetrying(t, c, "auth", "as alice")
+	m := dialT(t, p.Addr(), WithCredentials("machine"))
+	publishRetrying(t, m, "auth", "as a token")
 }
 
 func TestRealAsyncPublishPipeline(t *testing.T) {

@@ -103,8 +103,14 @@ type Hello struct {
 	ProtocolVersion uint16
 	ClientName      string
 	ClientVersion   string
-	Credentials     string         // opaque token; empty when the broker needs none
-	Resume          ResumeIdentity // zero when connecting fresh
+	// Credentials is the password when User is set, otherwise a static
+	// token; empty to connect anonymously where the broker allows that.
+	Credentials string
+	Resume      ResumeIdentity // zero when connecting fresh
+	// User is the user name to authenticate as; empty for a token or
+	// anonymous. Appended to the body after it first shipped: an older
+	// client's HELLO decodes with User empty.
+	User string
 }
 
 // Limits are the bounds the server enforces, announced in HELLO_OK.
@@ -400,6 +406,7 @@ func (m *Hello) AppendBody(b []byte) []byte {
 	e.str(m.ClientVersion)
 	e.str(m.Credentials)
 	e.resume(m.Resume)
+	e.str(m.User)
 	return e.b
 }
 func (m *Hello) decode(d *dec) {
@@ -412,6 +419,9 @@ func (m *Hello) decode(d *dec) {
 	m.ClientVersion = d.at("client_version").str()
 	m.Credentials = d.at("credentials").str()
 	m.Resume = d.at("resume").resume()
+	if d.optional() {
+		m.User = d.at("user").str()
+	}
 }
 
 func (e *enc) resume(r ResumeIdentity) { e.str(r.ClientID); e.str(r.OwnerID); e.bytes(r.Token) }

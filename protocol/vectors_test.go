@@ -79,6 +79,8 @@ func vectorCases() []vectorCase {
 		{name: "hello/resume", requestID: 1, body: &Hello{ProtocolVersion: 1, ClientName: uni, ClientVersion: "1", Credentials: "secret",
 			Resume: ResumeIdentity{ClientID: "c-1", OwnerID: "o-1", Token: allBytes[:32]}}},
 		{name: "hello/edge", requestID: u64max, body: &Hello{ProtocolVersion: math.MaxUint16, ClientName: long}},
+		{name: "hello/user", requestID: 1, body: &Hello{ProtocolVersion: 1, ClientName: "billing-worker", ClientVersion: "0.1.0",
+			Credentials: "correct horse", User: "alice", Resume: ResumeIdentity{ClientID: "c-1", OwnerID: "o-1", Token: allBytes[:16]}}},
 		{name: "hello_ok/new", requestID: 1, body: &HelloOK{ProtocolVersion: 1, ServerVersion: "0.1.0",
 			Resume: ResumeIdentity{ClientID: "c-1", OwnerID: "o-1", Token: []byte{0xde, 0xad, 0xbe, 0xef}}, Outcome: ResumeNew,
 			ServerGeneration: 0x1234_5678_9abc_def0, HeartbeatMs: 5000, ReconnectGraceMs: 5000,
@@ -151,6 +153,7 @@ func vectorCases() []vectorCase {
 		legacy("deliver/without_lease", &Deliver{SubID: 5, Tag: 9, Partition: 1, Offset: 77, Attempt: 1, Topic: "orders"}, 2),
 		legacy("ack/without_leases", &Settle{Kind: OpAck, Tags: []uint64{1, 2}}, 1),
 		legacy("reconcile/without_inflight_follows", &Reconcile{Policy: ReconcileRestore, Subs: []SubView{sv}}, 1),
+		legacy("hello/without_user", &Hello{ProtocolVersion: 1, ClientName: "old-client", Credentials: "token-1"}, 1),
 	)
 	// A frame a newer encoder writes: bytes after the known fields are ignored.
 	newer := (&PublishOK{Partition: 1, Offset: 2}).AppendBody(nil)

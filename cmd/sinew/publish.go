@@ -8,6 +8,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/sinewmq/sinew/internal/auth"
+	"github.com/sinewmq/sinew/internal/vfs"
 	"io"
 	"log/slog"
 	"math"
@@ -71,9 +73,11 @@ func init() {
 
 // clientFlags are the connection flags of the client commands.
 type clientFlags struct {
-	addr    *string
-	token   *string
-	timeout *time.Duration
+	addr         *string
+	token        *string
+	user         *string
+	passwordFile *string
+	timeout      *time.Duration
 }
 
 func addClientFlags(fs *flag.FlagSet) clientFlags {
@@ -82,9 +86,12 @@ func addClientFlags(fs *flag.FlagSet) clientFlags {
 		addr = clientAddrDefault
 	}
 	return clientFlags{
-		addr:    fs.String("addr", addr, "broker address `host:port` (env SINEW_ADDR)"),
-		token:   fs.String("token", os.Getenv("SINEW_TOKEN"), "auth token (env SINEW_TOKEN)"),
-		timeout: fs.Duration("connect-timeout", clientConnectTimeoutDefault, "give up the first connect after this long"),
+		addr:  fs.String("addr", addr, "broker address `host:port` (env SINEW_ADDR)"),
+		token: fs.String("token", os.Getenv("SINEW_TOKEN"), "auth token (env SINEW_TOKEN)"),
+		user: fs.String("user", os.Getenv("SINEW_USER"),
+			"log in as this user (env SINEW_USER); the password comes from env SINEW_PASSWORD or --password-file, never from the command line"),
+		passwordFile: fs.String("password-file", "", "read the --user password from the first line of this `file`"),
+		timeout:      fs.Duration("connect-timeout", clientConnectTimeoutDefault, "give up the first connect after this long"),
 	}
 }
 
@@ -95,8 +102,12 @@ func (f clientFlags) dial(ctx context.Context, name string, stderr io.Writer) (*
 	if *f.timeout <= 0 {
 		return nil, fmt.Errorf("%w: --connect-timeout must be positive", errUsage)
 	}
+	cred, err := f.credentials()
+	if err != nil {
+		return nil, err
+	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c, err := sinew.Dial(ctx, *f.addr, sinew.WithClientName(name), sinew.WithCredentials(*f.token),
+	c, err := sinew.Dial(ctx, *f.addr, sinew.WithClientName(name), cred,
 		sinew.WithConnectTimeout(*f.timeout), sinew.WithLogger(logger),
 		sinew.WithReconnect(sinew.ReconnectPolicy{MaxOutage: clientReconnectOutageMax}))
 	if err != nil {
@@ -105,11 +116,44 @@ func (f clientFlags) dial(ctx context.Context, name string, stderr io.Writer) (*
 	return c, nil
 }
 
+// passwordFileBytesMax bounds what --password-file reads: a password is at
+// most auth.PasswordBytesMax bytes, plus its line ending.
+const passwordFileBytesMax = auth.PasswordBytesMax + 2
+
+// credentials picks the HELLO credentials: --user with its password, or
+// --token. The password is never a flag value, because the command line of
+// a running process is visible to every local user (ps, /proc/PID/cmdline)
+// and often lands in shell history.
+func (f clientFlags) credentials() (sinew.Option, error) {
+	if *f.user == "" {
+		if *f.passwordFile != "" {
+			return nil, fmt.Errorf("%w: --password-file needs --user", errUsage)
+		}
+		return sinew.WithCredentials(*f.token), nil
+	}
+	if *f.token != "" {
+		return nil, fmt.Errorf("%w: give --user or --token (SINEW_TOKEN), not both", errUsage)
+	}
+	password, fromFile := os.Getenv("SINEW_PASSWORD"), *f.passwordFile
+	if fromFile != "" {
+		b, err := vfs.ReadFileMax(vfs.OS(), fromFile, passwordFileBytesMax)
+		if err != nil {
+			return nil, fmt.Errorf("--password-file: %w", err)
+		}
+		line, _, _ := strings.Cut(string(b), "\n")
+		password = strings.TrimSuffix(line, "\r")
+	}
+	if password == "" {
+		return nil, fmt.Errorf("%w: --user %s needs a password: set SINEW_PASSWORD or give --password-file", errUsage, *f.user)
+	}
+	return sinew.WithUser(*f.user, password), nil
+}
+
 func describeClientErr(addr string, err error) error {
 	var be *sinew.BrokerError
 	switch {
 	case errors.As(err, &be) && be.Code == protocol.CodeAuthFailed:
-		return fmt.Errorf("broker at %s rejected the credentials (check --token): %w", addr, err)
+		return fmt.Errorf("broker at %s rejected the credentials (check --user and its password, or --token): %w", addr, err)
 	case errors.As(err, &be):
 		return fmt.Errorf("broker at %s: %w", addr, err)
 	case errors.Is(err, context.Canceled):

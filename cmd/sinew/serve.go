@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/sinewmq/sinew/internal/auth"
 	"io"
 	"log/slog"
 	"net"
@@ -106,6 +107,16 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	if err != nil {
 		return err
 	}
+	// The users store is read before anything listens: the startup rule
+	// needs to know whether authentication is configured, and a damaged
+	// store stops startup rather than open the broker to anyone.
+	users, err := auth.OpenUsers(vfs.OS(), broker.UsersPath(cfg.DataDir))
+	if err != nil {
+		return err
+	}
+	if err := checkListenAuth(cfg, users, logger); err != nil {
+		return err
+	}
 	// Runtime settings are read (or seeded) before anything listens, so a
 	// corrupt document stops startup before a client can connect.
 	rt, err := runtimesettings.Open(vfs.OS(), cfg.DataDir, cfg.Seed(), logger.With("component", "settings"))
@@ -170,7 +181,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	held := lock
 	lock = nil // broker.Open owns it now, failed or not
 	b, err := broker.Open(broker.Config{
-		DataDir: cfg.DataDir, Lock: held, Now: time.Now, Logger: logger.With("component", "broker"),
+		DataDir: cfg.DataDir, Lock: held, Now: time.Now, Logger: logger.With("component", "broker"), Users: users,
 		DefaultPartitions: cfg.Queue.Partitions, DefaultLeaseMs: cfg.Queue.LeaseMs, DefaultMaxRetries: cfg.Queue.MaxRetries,
 		DeadLetterTopic: cfg.Queue.DeadLetterTopic,
 		DelayMsMax:      cfg.Queue.DelayMsMax, TTLMsMax: cfg.Queue.TTLMsMax, NackDelayMsMax: cfg.Queue.NackDelayMsMax,
@@ -217,7 +228,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	srv, err := server.New(server.Config{
 		SessionStore: store, RestartGraceMs: restartGrace,
 		Backend: bridge.New(b), OwnerID: owner, Rand: rand.Reader, ServerVersion: serverVersion,
-		Logger: logger.With("component", "server"), AuthTokens: cfg.Auth.Tokens,
+		Logger: logger.With("component", "server"), AuthTokens: cfg.Auth.Tokens, Users: users, AllowAnonymous: cfg.Auth.AllowAnonymous,
 		FrameBytesMax: cfg.Limits.FrameBytesMax, BodyBytesMax: cfg.Limits.BodyBytesMax,
 		PrefetchDefault: uint32(cfg.Limits.PrefetchDefault), PrefetchMax: uint32(cfg.Limits.PrefetchMax),
 		SettleBatchMax: cfg.Limits.SettleBatchMax, PublishInflightMax: cfg.Limits.PublishInflightMax,
@@ -402,6 +413,28 @@ func heartbeat(ms int64) int64 {
 		return -1
 	}
 	return ms
+}
+
+// checkListenAuth applies the startup rule to the client listener (see
+// auth.StartupCheck): an address that is not loopback-only needs users or
+// auth.tokens, or auth.allow_anonymous, which is then warned about.
+func checkListenAuth(cfg settings.Config, users *auth.Users, logger *slog.Logger) error {
+	loopback, err := auth.LoopbackListen(cfg.Listen, nil)
+	if err != nil {
+		// A name that does not resolve is treated as public: the rule
+		// fails closed, and the message says why.
+		logger.Warn("listen address not resolved; treating it as not loopback", "listen", cfg.Listen, "err", err)
+	}
+	configured := users.Len() > 0 || len(cfg.Auth.Tokens) > 0
+	warn, err := auth.StartupCheck("listen", cfg.Listen, loopback, configured, cfg.Auth.AllowAnonymous)
+	if err != nil {
+		return err
+	}
+	if warn {
+		logger.Warn("auth.allow_anonymous is set and the client listener is not loopback-only: anyone who can reach it can publish, consume and delete queues",
+			"listen", cfg.Listen)
+	}
+	return nil
 }
 
 // loadOwnerID reads the broker's identity from the data directory, creating it on

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"github.com/sinewmq/sinew/internal/auth"
 	"log/slog"
 	"strconv"
 	"time"
@@ -76,6 +77,14 @@ const (
 type Config struct {
 	// DataDir is the root of everything the broker stores.
 	DataDir string
+	// Users, when set, is the users store the broker serves (sinew serve
+	// opens it first, to apply the startup rule before recovery); nil opens
+	// DataDir/meta/users with UserHashParams.
+	Users *auth.Users
+	// UserHashParams are the argon2id parameters of new password hashes
+	// when the broker opens the users store; zero means
+	// auth.DefaultHashParams.
+	UserHashParams auth.HashParams
 	// FS is the file system; default vfs.OS().
 	FS vfs.FS
 	// Now is the clock; default time.Now.

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/sinewmq/sinew/internal/auth"
 	"hash/fnv"
 	"log/slog"
 	"path/filepath"
@@ -44,6 +45,7 @@ var (
 type Broker struct {
 	cfg    Config
 	logger *slog.Logger
+	users  *auth.Users
 	// owner prefixes lease owners so that a subscription id reused after a
 	// restart never names the leases of its predecessor.
 	owner string
@@ -168,6 +170,15 @@ func Open(cfg Config) (b *Broker, err error) {
 		subs:     make(map[uint64]*Subscription),
 		counters: new(partition.Counters),
 	}
+	if b.users = cfg.Users; b.users == nil {
+		params := cfg.UserHashParams
+		if params == (auth.HashParams{}) {
+			params = auth.DefaultHashParams
+		}
+		if b.users, err = auth.OpenUsersParams(cfg.FS, UsersPath(cfg.DataDir), params); err != nil {
+			return nil, fmt.Errorf("broker: %w", err)
+		}
+	}
 	root := filepath.Join(cfg.DataDir, queuesDir)
 	if err := cfg.FS.MkdirAll(root, 0o755); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
@@ -187,6 +198,14 @@ func Open(cfg Config) (b *Broker, err error) {
 	}
 	return b, nil
 }
+
+// UsersPath is where the users store of the broker at dataDir lives.
+func UsersPath(dataDir string) string { return filepath.Join(dataDir, "meta", "users") }
+
+// Users returns the broker's users store, for the wire server (HELLO
+// authentication) and the admin API. It is safe for concurrent use and
+// stays usable after Close (it holds no open files).
+func (b *Broker) Users() *auth.Users { return b.users }
 
 func syncDirs(fsys vfs.FS, dirs ...string) error {
 	for _, d := range dirs {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 
+	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/internal/session"
 	"github.com/sinewmq/sinew/internal/sessionstore"
 	"github.com/sinewmq/sinew/protocol"
@@ -30,6 +31,9 @@ const (
 	WriteTimeoutMsDefault     = 30_000
 	DrainTimeoutMsDefault     = 10_000
 	DeclareTimeoutMsDefault   = 10_000
+	// AuthFailureDelayMsDefault slows password guessing to one try per
+	// second per connection.
+	AuthFailureDelayMsDefault = 1000
 	// OutboundBytesMaxDefault bounds what one connection has queued for
 	// writing; it also bounds a dormant session's buffer.
 	OutboundBytesMaxDefault = 1 << 20
@@ -77,8 +81,22 @@ type Config struct {
 	ServerVersion string
 	// Logger receives connection and session records; default discards.
 	Logger *slog.Logger
-	// AuthTokens, when not empty, are the credentials a HELLO must carry one of.
+	// AuthTokens are the static tokens a HELLO may carry as its credentials
+	// (each gives every permission). Any token or user makes
+	// authentication required (see AllowAnonymous).
 	AuthTokens []string
+	// Users is the users store a HELLO with a user name is checked against;
+	// nil means no users.
+	Users *auth.Users
+	// AllowAnonymous accepts a HELLO without credentials on every listener,
+	// even when users or tokens exist. Without it, such a HELLO is accepted
+	// only on a loopback listener of a broker with no users and no tokens
+	// (auth.AnonymousAllowed).
+	AllowAnonymous bool
+	// AuthFailureDelayMs is how long a refused HELLO waits before its
+	// auth_failed, the same for every reason; 0 means
+	// AuthFailureDelayMsDefault, <0 none.
+	AuthFailureDelayMs int64
 	// SessionStore, when set, records sessions for a restart (see
 	// session.Config.Store); Shutdown persists them before it closes any
 	// connection.
@@ -167,6 +185,7 @@ func (c *Config) fill() error {
 	def64(&c.HeartbeatMs, HeartbeatMsDefault)
 	def64(&c.WriteTimeoutMs, WriteTimeoutMsDefault)
 	def64(&c.DeclareTimeoutMs, DeclareTimeoutMsDefault)
+	def64(&c.AuthFailureDelayMs, AuthFailureDelayMsDefault)
 	def64(&c.SlowConsumerTimeoutMs, SlowConsumerTimeoutMsDefault)
 	def64(&c.OutboundBytesMax, OutboundBytesMaxDefault)
 	if c.PrefetchMax == 0 {

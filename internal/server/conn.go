@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/internal/session"
 	"github.com/sinewmq/sinew/protocol"
 )
@@ -35,6 +36,10 @@ type conn struct {
 	readerWake      chan struct{} // cap 1: a resource the reader may wait for was released
 	closeReason     atomic.Value  // string
 	opened          time.Time     // when accepted; for Server.Connections
+	loopback        bool          // accepted on a loopback-only listener
+	// principal is who the peer authenticated as; set by the reader at
+	// HELLO, before any request is handled, and never changed.
+	principal auth.Principal
 }
 
 func (c *conn) signalReader() {
@@ -326,16 +331,11 @@ func (c *conn) hello(f protocol.Frame) error {
 	if h.ProtocolVersion != protocol.Version {
 		return fatal(protocol.CodeUnsupportedVer, "protocol version %d, this server speaks %d", h.ProtocolVersion, protocol.Version)
 	}
-	if len(cfg.AuthTokens) > 0 {
-		ok := 0
-		for _, t := range cfg.AuthTokens {
-			ok |= subtle.ConstantTimeCompare([]byte(h.Credentials), []byte(t))
-		}
-		if ok != 1 {
-			c.srv.stats.authFailures.Add(1)
-			return fatal(protocol.CodeAuthFailed, "credentials rejected")
-		}
+	p, err := c.authenticate(h)
+	if err != nil {
+		return err
 	}
+	c.principal = p
 	if c.srv.isDraining() {
 		return fatal(protocol.CodeShuttingDown, "broker is draining")
 	}
@@ -358,11 +358,73 @@ func (c *conn) hello(f protocol.Frame) error {
 	c.resendDue = outcome == protocol.ResumeResumed
 	c.established.Store(true)
 	c.log = c.log.With("client_id", sess.ClientID())
-	c.log.Debug("handshake done", "client_name", h.ClientName, "client_version", h.ClientVersion, "outcome", outcome.String())
+	c.log.Debug("handshake done", "client_name", h.ClientName, "client_version", h.ClientVersion, "outcome", outcome.String(),
+		"principal", c.principal.Name, "principal_kind", c.principal.Kind.String())
 	if cfg.HeartbeatMs <= 0 {
 		c.nc.SetReadDeadline(time.Time{})
 	}
 	return nil
+}
+
+// logNameBytesMax bounds a peer-chosen user name in a log record.
+const logNameBytesMax = 64
+
+// authenticate decides who the HELLO's sender is (docs/protocol.md 5.1).
+// Every refusal waits AuthFailureDelayMs and then gives the same fatal
+// auth_failed; the log records the remote address (on c.log), the user name
+// and the reason, never the credential.
+func (c *conn) authenticate(h *protocol.Hello) (auth.Principal, error) {
+	cfg := &c.srv.cfg
+	var reason string
+	switch {
+	case h.User != "":
+		if cfg.Users == nil {
+			reason = "no users configured"
+			break
+		}
+		p, err := cfg.Users.Verify(h.User, h.Credentials)
+		if err == nil {
+			return p, nil
+		}
+		reason = "unknown user or wrong password"
+	case h.Credentials != "":
+		match := -1
+		for i, t := range cfg.AuthTokens {
+			// Every token is compared, so the time taken does not say
+			// which one matched.
+			if subtle.ConstantTimeCompare([]byte(h.Credentials), []byte(t)) == 1 {
+				match = i
+			}
+		}
+		if match >= 0 {
+			return auth.TokenPrincipal(match), nil
+		}
+		reason = "token matches none of auth.tokens"
+	default:
+		configured := len(cfg.AuthTokens) > 0 || (cfg.Users != nil && cfg.Users.Len() > 0)
+		if auth.AnonymousAllowed(cfg.AllowAnonymous, c.loopback, configured) {
+			return auth.Anonymous(), nil
+		}
+		reason = "no credentials"
+	}
+	c.srv.stats.authFailures.Add(1)
+	c.log.Warn("authentication failed", "user", truncate(h.User, logNameBytesMax), "reason", reason, "client_name", truncate(h.ClientName, logNameBytesMax))
+	if d := cfg.AuthFailureDelayMs; d > 0 {
+		t := time.NewTimer(time.Duration(d) * time.Millisecond)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-c.w.done: // the server closed the connection meanwhile
+		}
+	}
+	return auth.Principal{}, fatal(protocol.CodeAuthFailed, "authentication failed")
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
 }
 
 func (c *conn) declare(reqID uint64, d *protocol.DeclareQueue) {

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/internal/session"
 	"github.com/sinewmq/sinew/protocol"
 )
@@ -105,6 +106,10 @@ func (s *Server) Serve(ln net.Listener) error {
 		s.mu.Unlock()
 		ln.Close()
 	}()
+	// Whether anonymous peers may connect depends on the listener, not on
+	// the address a peer reached: a loopback connection through a
+	// listener bound to every interface is still on a public listener.
+	loopback := auth.LoopbackAddr(ln.Addr())
 	var backoff time.Duration
 	for {
 		nc, err := ln.Accept()
@@ -123,16 +128,22 @@ func (s *Server) Serve(ln net.Listener) error {
 			return err
 		}
 		backoff = 0
-		go s.ServeConn(nc)
+		go s.serveConn(nc, loopback)
 	}
 }
 
 // ServeConn runs the protocol on nc until it closes, and returns after the
 // connection is fully torn down. Serve calls it for every accepted connection;
-// tests call it directly with one end of a net.Pipe.
+// tests call it directly with one end of a net.Pipe. For the anonymous-access
+// rule the connection counts as on a loopback listener when its local
+// address is loopback or not an IP address (auth.LoopbackAddr).
 func (s *Server) ServeConn(nc net.Conn) {
+	s.serveConn(nc, auth.LoopbackAddr(nc.LocalAddr()))
+}
+
+func (s *Server) serveConn(nc net.Conn, loopback bool) {
 	id := s.nextConnID.Add(1)
-	c := &conn{srv: s, id: id, nc: nc, readerWake: make(chan struct{}, 1), opened: time.Now()}
+	c := &conn{srv: s, id: id, nc: nc, readerWake: make(chan struct{}, 1), opened: time.Now(), loopback: loopback}
 	c.log = s.cfg.Logger.With("conn_id", id, "remote", remoteAddr(nc))
 	c.w = newWriter(c)
 

@@ -165,7 +165,7 @@ func rawFrame(version uint8, op uint8, reqID uint64, body []byte) []byte {
 // connection and checks the typed fatal ERROR, the close, and that a bystander
 // connected all along keeps working.
 func TestBadInputIsFatalAndIsolated(t *testing.T) {
-	fx := start(t, func(c *Config) { c.AuthTokens = []string{"secret", "other"} })
+	fx := start(t, func(c *Config) { c.AuthTokens, c.AuthFailureDelayMs = []string{"secret", "other"}, -1 })
 	bystander := fx.dial()
 	bystander.hello(protocol.Hello{Credentials: "other"})
 	bystander.publish("q", "before")

@@ -3,14 +3,15 @@ package settings
 // help is the one-line meaning of every key. It feeds flag usage and the table in
 // docs/configuration.md, which a test keeps in step with Keys.
 var help = map[string]string{
-	"listen":        "Address of the client protocol listener (host:port).",
-	"admin_listen":  "Address of the admin HTTP server (the dashboard at /, /healthz, /readyz, /metrics and the /api/v1/ API, see docs/operations.md); empty disables it. Open on a loopback address with no auth configured; otherwise requests need HTTP basic auth or a bearer token (auth.tokens), and a non-loopback address without auth configured refuses to start (docs/security.md).",
-	"data_dir":      "Directory holding every queue's log, checkpoints and the broker's owner id. One broker at a time: serve locks it (flock on its LOCK file) before reading it, and a second serve on it exits naming the holder's pid.",
-	"log_level":     "debug, info, warn or error.",
-	"log_format":    "text (key=value lines) or json (one JSON object per line); both on stderr.",
-	"tls.cert_file": "PEM certificate chain (leaf first) for the client listener. Set together with tls.key_file to serve TLS 1.2+ only.",
-	"tls.key_file":  "PEM private key of tls.cert_file's leaf certificate.",
-	"auth.tokens":   "Shared secrets; when not empty, a HELLO must carry one of them as its credentials. Comma-separated in env and flags.",
+	"listen":               "Address of the client protocol listener (host:port).",
+	"admin_listen":         "Address of the admin HTTP server (the dashboard at /, /healthz, /readyz, /metrics and the /api/v1/ API, see docs/operations.md); empty disables it. Open on a loopback address with no auth configured; otherwise requests need HTTP basic auth or a bearer token (auth.tokens), and a non-loopback address without auth configured refuses to start (docs/security.md).",
+	"data_dir":             "Directory holding every queue's log, checkpoints and the broker's owner id. One broker at a time: serve locks it (flock on its LOCK file) before reading it, and a second serve on it exits naming the holder's pid.",
+	"log_level":            "debug, info, warn or error.",
+	"log_format":           "text (key=value lines) or json (one JSON object per line); both on stderr.",
+	"tls.cert_file":        "PEM certificate chain (leaf first) for the client listener. Set together with tls.key_file to serve TLS 1.2+ only.",
+	"tls.key_file":         "PEM private key of tls.cert_file's leaf certificate.",
+	"auth.tokens":          "Static shared secrets a client may send as its credentials instead of a user name and password; each gives every permission. Any token (or any user) makes credentials required on every listener, loopback included. Comma-separated in env and flags.",
+	"auth.allow_anonymous": "Accept clients without credentials on every listener, even when users or tokens exist. Without it, only a loopback-only listener of a broker with no users and no tokens accepts them, and a non-loopback listener with no users and no tokens refuses to start. With it, a non-loopback listener logs a warning at startup.",
 
 	"limits.frame_bytes_max":      "Largest frame either side may send, in bytes (at least 65536, at most 1 GiB).",
 	"limits.body_bytes_max":       "Largest message body, in bytes; must be below limits.frame_bytes_max.",

@@ -87,8 +87,14 @@ func (t TLS) Enabled() bool { return t.CertFile != "" && t.KeyFile != "" }
 
 // Auth configures client authentication.
 type Auth struct {
-	// Tokens, when not empty, are the shared secrets a HELLO must carry one of.
+	// Tokens are static shared secrets a HELLO may carry instead of a user
+	// name and password; each gives every permission.
 	Tokens []string `toml:"tokens"`
+	// AllowAnonymous accepts clients without credentials on any listener,
+	// even when users or tokens exist. Without it, only a loopback-only
+	// listener with no authentication configured accepts them, and a
+	// non-loopback listener without authentication refuses to start.
+	AllowAnonymous bool `toml:"allow_anonymous"`
 }
 
 // Limits bound what one client can ask of the broker.
@@ -271,6 +277,12 @@ func set(f field, s string) error {
 			return fmt.Errorf("%s: %q is not an integer", f.key, s)
 		}
 		f.v.SetInt(n)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return fmt.Errorf("%s: %q is not true or false", f.key, s)
+		}
+		f.v.SetBool(b)
 	case reflect.Slice:
 		var items []string
 		for p := range strings.SplitSeq(s, ",") {
@@ -315,7 +327,14 @@ const (
 func RegisterFlags(fs *flag.FlagSet) {
 	d := Default()
 	for _, f := range fields(&d) {
-		fs.String(FlagName(f.key), get(f), flagUsagePrefix+f.key+" (env "+EnvName(f.key)+"): "+Describe(f.key))
+		usage := flagUsagePrefix + f.key + " (env " + EnvName(f.key) + "): " + Describe(f.key)
+		if f.v.Kind() == reflect.Bool {
+			// A boolean flag works bare (--auth-allow-anonymous) as
+			// well as with a value.
+			fs.Bool(FlagName(f.key), f.v.Bool(), usage)
+			continue
+		}
+		fs.String(FlagName(f.key), get(f), usage)
 	}
 	for old, now := range movedKeys {
 		fs.String(FlagName(old), "", movedUsagePrefix+old+": replaced by --"+FlagName(now)+" and the admin API")

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/internal/broker"
 	"github.com/sinewmq/sinew/internal/server"
 	"github.com/sinewmq/sinew/internal/session"
@@ -18,6 +19,12 @@ import (
 // shutdownTimeoutMs bounds the server drain in a StartBroker cleanup, so a
 // stuck connection fails the test instead of hanging it.
 const shutdownTimeoutMs = 10_000
+
+// UserHashParams are the argon2id parameters of the passwords tests add to a
+// StartBroker broker's users store: far cheaper than the defaults, so tests
+// that log in many times stay fast under the race detector. Each hash
+// records its parameters, so verification works the same as in production.
+var UserHashParams = auth.HashParams{TimeCost: 1, MemoryKiB: 64, Threads: 1}
 
 // Broker is an in-process Sinew broker behind the real wire server, listening
 // on loopback. StartBroker returns it; the test's cleanup stops it.
@@ -89,6 +96,7 @@ func StartBroker(tb testing.TB, opts ...BrokerOption) *Broker {
 		if o.dataDir != "" {
 			bcfg = broker.Config{DataDir: o.dataDir}
 		}
+		bcfg.UserHashParams = UserHashParams
 		var err error
 		if b, err = broker.Open(bcfg); err != nil {
 			tb.Fatal(err)
@@ -96,6 +104,9 @@ func StartBroker(tb testing.TB, opts ...BrokerOption) *Broker {
 		backend = bridge.New(b)
 	}
 	cfg := server.Config{Backend: backend, OwnerID: "owner-test", Rand: &countingRand{}, ServerVersion: "test"}
+	if b != nil {
+		cfg.Users = b.Users()
+	}
 	for _, tune := range o.tunes {
 		tune(&cfg)
 	}

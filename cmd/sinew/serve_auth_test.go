@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sinewmq/sinew/internal/auth"
+	"github.com/sinewmq/sinew/internal/broker"
+	"github.com/sinewmq/sinew/internal/testkit"
+	"github.com/sinewmq/sinew/internal/vfs"
+)
+
+// TestServeRefusesPublicListenerWithoutAuth: serve on an address that is not
+// loopback, with no users, no tokens and no auth.allow_anonymous, refuses to
+// start and names the fixes; tokens, a user, or allow_anonymous (with a
+// warning) satisfy the rule. Only the refusal runs serve itself: the others
+// check the rule without binding a public address.
+func TestServeRefusesPublicListenerWithoutAuth(t *testing.T) {
+	cfg := testServeConfig(t)
+	cfg.Listen = "0.0.0.0:0"
+	err := serve(t.Context(), cfg, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "refusing to start") || !strings.Contains(err.Error(), "auth.allow_anonymous = true") ||
+		!strings.Contains(err.Error(), `"0.0.0.0:0"`) {
+		t.Fatalf("serve on 0.0.0.0 without auth = %v, want a refusal naming the fixes", err)
+	}
+
+	empty := openTestUsers(t, cfg.DataDir)
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	withTokens := cfg
+	withTokens.Auth.Tokens = []string{"t"}
+	if err := checkListenAuth(withTokens, empty, logger); err != nil {
+		t.Fatalf("tokens set: %v", err)
+	}
+	anon := cfg
+	anon.Auth.AllowAnonymous = true
+	if err := checkListenAuth(anon, empty, logger); err != nil {
+		t.Fatalf("allow_anonymous: %v", err)
+	}
+	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "auth.allow_anonymous") {
+		t.Fatalf("allow_anonymous on a public address did not warn:\n%s", logs.String())
+	}
+	if err := empty.Add("alice", "password1", auth.Permissions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkListenAuth(cfg, empty, logger); err != nil {
+		t.Fatalf("a user exists: %v", err)
+	}
+	// Loopback needs nothing and warns about nothing.
+	logs.Reset()
+	lo := testServeConfig(t)
+	if err := checkListenAuth(lo, openTestUsers(t, lo.DataDir), logger); err != nil || logs.Len() != 0 {
+		t.Fatalf("loopback: %v, log %q", err, logs.String())
+	}
+}
+
+func openTestUsers(t *testing.T, dataDir string) *auth.Users {
+	t.Helper()
+	u, err := auth.OpenUsersParams(vfs.OS(), broker.UsersPath(dataDir), testkit.UserHashParams)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// TestServeUserLoginAndCLI: a user in the data dir's store makes the real
+// serve require credentials on loopback; the CLI logs in with --user and
+// SINEW_PASSWORD or --password-file, never a password flag; refusals are
+// counted in sinew_auth_failures_total.
+func TestServeUserLoginAndCLI(t *testing.T) {
+	cfg := testServeConfig(t)
+	if err := openTestUsers(t, cfg.DataDir).Add("alice", "correct horse", auth.Permissions{Publish: []string{"*"}, Consume: []string{"*"}}); err != nil {
+		t.Fatal(err)
+	}
+	addr, adminAddr, _ := runServeAdmin(t, cfg)
+
+	code, _, errOut := runCmd(t, "x\n", "publish", "--addr", addr, "--topic", "t")
+	if code == 0 || !strings.Contains(errOut, "rejected the credentials") {
+		t.Fatalf("no credentials: exit %d, %s", code, errOut)
+	}
+	t.Setenv("SINEW_PASSWORD", "wrong horse")
+	code, _, errOut = runCmd(t, "x\n", "publish", "--addr", addr, "--topic", "t", "--user", "alice")
+	if code == 0 || !strings.Contains(errOut, "auth_failed") || strings.Contains(errOut, "wrong horse") {
+		t.Fatalf("wrong password: exit %d, %s", code, errOut)
+	}
+	t.Setenv("SINEW_PASSWORD", "correct horse")
+	if code, _, errOut = runCmd(t, "via env\n", "publish", "--addr", addr, "--topic", "t", "--user", "alice"); code != 0 {
+		t.Fatalf("SINEW_PASSWORD: exit %d, %s", code, errOut)
+	}
+	t.Setenv("SINEW_PASSWORD", "")
+	pwFile := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pwFile, []byte("correct horse\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut = runCmd(t, "via file\n", "publish", "--addr", addr, "--topic", "t", "--user", "alice", "--password-file", pwFile); code != 0 {
+		t.Fatalf("--password-file: exit %d, %s", code, errOut)
+	}
+	code, out, errOut := runCmd(t, "", "consume", "--addr", addr, "--topic", "t", "--count", "2", "--user", "alice", "--password-file", pwFile)
+	if code != 0 || !strings.Contains(out, "via env") || !strings.Contains(out, "via file") {
+		t.Fatalf("consume: exit %d, %q, %s", code, out, errOut)
+	}
+	for _, args := range [][]string{
+		{"--user", "alice"}, // no password anywhere
+		{"--user", "alice", "--token", "t", "--password-file", pwFile},
+		{"--password-file", pwFile},
+		{"--password", "correct horse"}, // there is no such flag
+	} {
+		code, _, errOut := runCmd(t, "x\n", append([]string{"publish", "--addr", addr, "--topic", "t"}, args...)...)
+		if code == 0 || strings.Contains(errOut, "correct horse") {
+			t.Fatalf("%v: exit %d, %s", args, code, errOut)
+		}
+	}
+	samples, _ := scrape(t, adminAddr)
+	if got := samples["sinew_auth_failures_total"]; got != 2 {
+		t.Fatalf("sinew_auth_failures_total = %v, want 2", got)
+	}
+}
