@@ -352,15 +352,18 @@ class InflightEntry(Body):
 
 # --- op bodies ----------------------------------------------------------------
 
-@_body(HELLO, "protocol_version:u16 client_name:str client_version:str credentials:str resume:ResumeIdentity")
+@_body(HELLO, "protocol_version:u16 client_name:str client_version:str credentials:str resume:ResumeIdentity "
+             "user:str", appended=5)
 @dataclass
 class Hello(Body):
-    """HELLO (0x01)."""
+    """HELLO (0x01). ``credentials`` is the password when ``user`` is set,
+    otherwise a static token."""
     protocol_version: int = VERSION
     client_name: str = ""
     client_version: str = ""
     credentials: str = ""
     resume: ResumeIdentity = field(default_factory=ResumeIdentity)
+    user: str = ""
 
 
 @_body(HELLO_OK, "protocol_version:u16 server_version:str resume:ResumeIdentity outcome:u8 "

@@ -123,6 +123,7 @@ export const schemas: Record<number, Schema> = {
     ["client_version", "string"],
     ["credentials", "string"],
     ["resume", { record: resume }],
+    ["user", "string", "opt"],
   ],
   [Op.HELLO_OK]: [
     ["protocol_version", "u16"],
