@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -197,4 +198,66 @@ func benchDrain(b *testing.B, prefetch uint32) {
 		n += drainBatch
 	}
 	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// fsyncTableInFlight is the number of confirmed publishes in flight in
+// total in BenchmarkPublishPartitions, whatever the partition count.
+const fsyncTableInFlight = 256
+
+// BenchmarkPublishPartitions measures aggregate confirmed (fsynced) 1 KiB
+// publish throughput into one queue of 1, 4, 16 and 64 partitions with
+// fsyncTableInFlight publishes in flight in total. Publisher i publishes to
+// partition i mod partitions, so every partition has the same share of the
+// 256 in flight and every partition's log runs its own fsync stream. The
+// table tells whether separate per-partition fsync streams on one disk add
+// up or collapse (docs/benchmarks.md, "fsync across partitions").
+func BenchmarkPublishPartitions(b *testing.B) {
+	for _, parts := range []uint32{1, 4, 16, 64} {
+		b.Run("partitions="+strconv.Itoa(int(parts)), func(b *testing.B) {
+			benchPublishSpread(b, benchBroker(b), parts, fsyncTableInFlight)
+		})
+	}
+}
+
+// benchPublishSpread runs inFlight publishers, each waiting for its
+// confirmation before the next publish, publisher i pinned to partition
+// i mod partitions.
+func benchPublishSpread(b *testing.B, br *Broker, partitions uint32, inFlight int) {
+	if _, err := br.Declare(context.Background(), &protocol.DeclareQueue{Topic: "bench", Partitions: partitions, MaxRetries: -1}); err != nil {
+		b.Fatal(err)
+	}
+	body := make([]byte, 1024)
+	b.SetBytes(int64(len(body)))
+	// RunParallel starts SetParallelism x GOMAXPROCS goroutines; round up so
+	// at least inFlight run, then let only the first inFlight publish.
+	procs := runtime.GOMAXPROCS(0)
+	b.SetParallelism((inFlight + procs - 1) / procs)
+	var next atomic.Int64
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := next.Add(1) - 1
+		if i >= int64(inFlight) {
+			// A surplus goroutine would take a share of b.N while
+			// adding no publish in flight; refuse rather than mismeasure.
+			b.Error("inFlight must be a multiple of GOMAXPROCS")
+			return
+		}
+		p := &protocol.Publish{Topic: "bench", Partition: int32(i % int64(partitions)), Body: body}
+		ch := make(chan error, 1)
+		for pb.Next() {
+			for {
+				br.Publish(p, func(_ protocol.PublishOK, err error) { ch <- err })
+				err := <-ch
+				if protocol.CodeOf(err) == protocol.CodeResourceExhausted {
+					continue
+				}
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				break
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 }
