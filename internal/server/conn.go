@@ -285,6 +285,8 @@ func (c *conn) handle(f protocol.Frame) error {
 	case *protocol.Subscribe:
 		if c.srv.isDraining() {
 			c.replyErr(f.RequestID, errDraining)
+		} else if err := c.permit(auth.ActionConsume, b.Topic); err != nil {
+			c.replyErr(f.RequestID, err)
 		} else if err := c.sess.Subscribe(c.w, f.RequestID, *b); err != nil {
 			c.logInternal(f.Op, f.RequestID, err, "topic", b.Topic, "group", b.Group)
 			c.replyErr(f.RequestID, err)
@@ -298,7 +300,8 @@ func (c *conn) handle(f protocol.Frame) error {
 	case *protocol.Settle:
 		c.settle(f.RequestID, noReply, b)
 	case *protocol.Reconcile:
-		if err := c.sess.Reconcile(c.w, f.RequestID, b); err != nil {
+		allow := func(topic string) error { return c.permit(auth.ActionConsume, topic) }
+		if err := c.sess.ReconcileWith(c.w, f.RequestID, b, allow); err != nil {
 			c.replyErr(f.RequestID, err)
 		} else {
 			c.inflightDue = b.InflightFollows
@@ -432,6 +435,10 @@ func (c *conn) declare(reqID uint64, d *protocol.DeclareQueue) {
 		c.replyErr(reqID, errDraining)
 		return
 	}
+	if err := c.permitDeclare(d); err != nil {
+		c.replyErr(reqID, err)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(c.srv.cfg.DeclareTimeoutMs)*time.Millisecond)
 	defer cancel()
 	ok, err := c.srv.cfg.Backend.Declare(ctx, d)
@@ -450,6 +457,10 @@ func (c *conn) deleteQueue(reqID uint64, d *protocol.DeleteQueue) {
 		c.replyErr(reqID, errDraining)
 		return
 	}
+	if err := c.permit(auth.ActionManage, d.Topic); err != nil {
+		c.replyErr(reqID, err)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(c.srv.cfg.DeclareTimeoutMs)*time.Millisecond)
 	defer cancel()
 	if err := c.srv.cfg.Backend.DeleteQueue(ctx, d); err != nil {
@@ -466,6 +477,10 @@ func (c *conn) deleteQueue(reqID uint64, d *protocol.DeleteQueue) {
 func (c *conn) purgeQueue(reqID uint64, pq *protocol.PurgeQueue) {
 	if c.srv.isDraining() {
 		c.replyErr(reqID, errDraining)
+		return
+	}
+	if err := c.permit(auth.ActionManage, pq.Topic); err != nil {
+		c.replyErr(reqID, err)
 		return
 	}
 	c.settleInflight.Add(1)
@@ -488,6 +503,11 @@ func (c *conn) publish(reqID uint64, noReply bool, p *protocol.Publish) {
 	srv := c.srv
 	if srv.isDraining() {
 		c.replyErr(reqID, errDraining)
+		return
+	}
+	if err := c.permit(auth.ActionPublish, p.Topic); err != nil {
+		// Even with NO_REPLY: failures still produce ERROR (protocol 5.6).
+		c.replyErr(reqID, err)
 		return
 	}
 	if len(p.Body) > srv.cfg.BodyBytesMax {

@@ -48,6 +48,7 @@ type counters struct {
 	settles, requestErrors, fatalErrors, authFailures, readerPauses             atomic.Uint64
 	writerPauses, slowConsumers                                                 atomic.Uint64
 	publishConfirms                                                             atomic.Uint64
+	permissionDenials                                                           atomic.Uint64
 	// Connections refused, by the limit that refused them.
 	refusedConns, refusedPerAddr, refusedHandshakes atomic.Uint64
 	handshakeTimeouts                               atomic.Uint64
@@ -387,6 +388,7 @@ type Stats struct {
 	ReaderPauses        uint64
 	WriterPauses        uint64 // times a connection's outbound queue reached OutboundBytesMax
 	SlowConsumers       uint64 // connections closed with slow_consumer
+	PermissionDenials   uint64 // requests answered permission_denied
 	Sessions            session.Stats
 }
 
@@ -402,7 +404,8 @@ func (s *Server) Stats() Stats {
 		PublishErrors: st.publishErrors.Load(), PublishConfirms: st.publishConfirms.Load(), PublishesInflight: s.inflight.Load(), Settles: st.settles.Load(),
 		RequestErrors: st.requestErrors.Load(), FatalErrors: st.fatalErrors.Load(), AuthFailures: st.authFailures.Load(),
 		ReaderPauses: st.readerPauses.Load(), WriterPauses: st.writerPauses.Load(), SlowConsumers: st.slowConsumers.Load(),
-		Sessions: s.reg.Stats(),
+		PermissionDenials: st.permissionDenials.Load(),
+		Sessions:          s.reg.Stats(),
 		Refused: Refusals{
 			Connections: st.refusedConns.Load(), ConnectionsPerAddress: st.refusedPerAddr.Load(),
 			Handshakes: st.refusedHandshakes.Load(), HandshakeTimeouts: st.handshakeTimeouts.Load(),

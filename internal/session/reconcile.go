@@ -28,6 +28,15 @@ import (
 // unless req.InflightFollows: then Inflight re-sends only those the client
 // lacks.
 func (s *Session) Reconcile(sink Sink, reqID uint64, req *protocol.Reconcile) error {
+	return s.ReconcileWith(sink, reqID, req, nil)
+}
+
+// ReconcileWith is Reconcile with a check on every subscription it would
+// recreate: allow(topic) returning an error leaves that subscription closed,
+// with the error as its entry's reason, as for any recreate that fails. The
+// server passes the connection's consume permission, so the restore policy
+// cannot open what SUBSCRIBE would refuse. A nil allow permits everything.
+func (s *Session) ReconcileWith(sink Sink, reqID uint64, req *protocol.Reconcile, allow func(topic string) error) error {
 	if req.Policy != protocol.ReconcileConservative && req.Policy != protocol.ReconcileRestore {
 		return protocol.Errorf(protocol.CodeBadRequest, "reconcile policy %d", req.Policy)
 	}
@@ -104,6 +113,12 @@ func (s *Session) Reconcile(sink Sink, reqID uint64, req *protocol.Reconcile) er
 	for _, i := range recreate {
 		e := &entries[i]
 		c := e.Client
+		if allow != nil {
+			if err := allow(c.Topic); err != nil {
+				e.Reason = "recreate failed: " + err.Error()
+				continue
+			}
+		}
 		nst, err := s.openSub(protocol.Subscribe{Topic: c.Topic, Group: c.Group, Partition: c.Partition, AckMode: c.AckMode, Prefetch: c.Prefetch})
 		if err != nil {
 			e.Reason = "recreate failed: " + err.Error()

@@ -738,3 +738,43 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// TestReconcileWithRefusesRecreate: the restore policy recreates only the
+// subscriptions allow accepts; a refused one is left closed with the error
+// as its reason, and the others are recreated as usual.
+func TestReconcileWithRefusesRecreate(t *testing.T) {
+	fx := newFixture(t, 5000)
+	k := &sink{}
+	s, _ := fx.open(protocol.ResumeIdentity{}, k)
+	denied := protocol.Errorf(protocol.CodePermissionDenied, "may not consume topic %q", "secret")
+	allow := func(topic string) error {
+		if topic == "secret" {
+			return denied
+		}
+		return nil
+	}
+	err := s.ReconcileWith(k, 9, &protocol.Reconcile{Policy: protocol.ReconcileRestore, Subs: []protocol.SubView{
+		{SubID: 1, Topic: "a", Prefetch: 4},
+		{SubID: 2, Topic: "secret", Prefetch: 4},
+	}}, allow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := k.take()
+	if len(got) == 0 || got[0].Body.Op() != protocol.OpReconcileResult {
+		t.Fatalf("frames %v, want RECONCILE_RESULT", ops(got))
+	}
+	entries := got[0].Body.(*protocol.ReconcileResult).Entries
+	if len(entries) != 2 {
+		t.Fatalf("entries %+v", entries)
+	}
+	if e := entries[0]; e.Action != protocol.ActionRecreateClient || e.Client.Topic != "a" {
+		t.Fatalf("allowed entry %+v, want recreated", e)
+	}
+	if e := entries[1]; e.Action != protocol.ActionCloseClientSide || !strings.Contains(e.Reason, "permission_denied") {
+		t.Fatalf("refused entry %+v, want close_client_side with the denial as reason", e)
+	}
+	if n := s.Info().Subscriptions; n != 1 {
+		t.Fatalf("%d subscriptions after reconcile, want 1", n)
+	}
+}
