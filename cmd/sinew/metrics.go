@@ -58,6 +58,7 @@ var statMetrics = []statMetric{
 	counter("sinew_request_errors_total", "Requests answered with an ERROR.", func(st *server.Stats) uint64 { return st.RequestErrors }),
 	counter("sinew_fatal_errors_total", "Connections closed for a protocol violation or timeout.", func(st *server.Stats) uint64 { return st.FatalErrors }),
 	counter("sinew_auth_failures_total", "HELLOs refused with auth_failed.", func(st *server.Stats) uint64 { return st.AuthFailures }),
+	counter("sinew_permission_denials_total", "Requests refused with permission_denied.", func(st *server.Stats) uint64 { return st.PermissionDenials }),
 	counter("sinew_reader_pauses_total", "Times a connection reader paused for backpressure.", func(st *server.Stats) uint64 { return st.ReaderPauses }),
 	gauge("sinew_sessions", "Live sessions, attached or dormant.", func(st *server.Stats) float64 { return float64(st.Sessions.Sessions) }),
 	gauge("sinew_sessions_dormant", "Sessions waiting out their reconnect grace.", func(st *server.Stats) float64 { return float64(st.Sessions.Dormant) }),

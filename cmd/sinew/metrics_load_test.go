@@ -132,6 +132,7 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 		"sinew_publish_errors_total":                 "needs a refused publish",
 		"sinew_fatal_errors_total":                   "needs a protocol violation",
 		"sinew_auth_failures_total":                  "needs a refused HELLO (TestServeUserLoginAndCLI)",
+		"sinew_permission_denials_total":             "needs a user without a permission (TestAdminUserLifecycle)",
 		"sinew_request_errors_total":                 "needs a refused request",
 		"sinew_reader_pauses_total":                  "needs limits.publish_inflight_max reached",
 		"sinew_writer_pauses_total":                  "needs limits.outbound_bytes_max reached",

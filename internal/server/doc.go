@@ -43,6 +43,11 @@
 // handshake count when its HELLO succeeds, or when it closes; the handshake
 // timeout bounds how long it can stay. Stats.Refused counts refusals by limit.
 //
+// Permissions: every request that names a topic is checked against the
+// connection's auth.Principal (set at HELLO) on the reader before it reaches
+// the broker; perm.go has the table of request to action. A denial answers
+// that request with permission_denied and the connection carries on.
+//
 // Errors: every bad input gets a typed ERROR frame with a code from the protocol
 // table. Conditions after which the byte stream cannot be trusted or the peer must go
 // (bad frame, oversized frame, handshake and heartbeat timeouts, auth failure) are
