@@ -50,14 +50,34 @@ func (s *State) Lease(dst []Event, owner string, max int, nowMs int64) []Event {
 	s.promote(nowMs)
 	popped := s.scratch[:0]
 	leased, expired := 0, 0
+	// Two sources, merged by offset: ready entries in their index, and
+	// plain messages in the bitmap (ready, attempt 0, no TTL).
+	plainOff, plainOK := uint64(0), false
+	if s.nPlain > 0 {
+		plainOff, plainOK = s.bits.next(0, true)
+	}
 	for leased < max && expired < leaseExpiredScanMax {
 		it, e, ok := s.top(&s.ready, phaseReady)
+		if plainOK && (!ok || plainOff < it.off) {
+			leased++
+			dst = append(dst, Event{
+				Kind:       KindLease,
+				Offset:     plainOff,
+				LeaseID:    s.leaseSeq + uint64(leased),
+				Owner:      owner,
+				DeadlineMs: nowMs + s.cfg.LeaseMs,
+				Attempt:    nextAttempt(0),
+				AtMs:       nowMs,
+			})
+			plainOff, plainOK = s.bits.next(plainOff+1, true)
+			continue
+		}
 		if !ok {
 			break
 		}
 		// Take the item out so the next one surfaces; it goes back below.
 		popped = append(popped, s.ready.pop())
-		off := s.offs[it.pos]
+		off := it.off
 		if s.expired(e, nowMs) {
 			expired++
 			dst = append(dst, s.deadLetter(off, 0, ReasonExpired, nowMs))
@@ -226,7 +246,7 @@ func (s *State) Tick(dst []Event, nowMs int64) []Event {
 			break
 		}
 		popped = append(popped, s.leases.pop())
-		dst = s.requeue(dst, s.offs[it.pos], e, ReasonLeaseExpired, 0, nowMs)
+		dst = s.requeue(dst, it.off, e, ReasonLeaseExpired, 0, nowMs)
 		n++
 	}
 	for _, it := range popped {
@@ -239,7 +259,7 @@ func (s *State) Tick(dst []Event, nowMs int64) []Event {
 			break
 		}
 		popped = append(popped, s.ttl.pop())
-		dst = append(dst, s.deadLetter(s.offs[it.pos], 0, ReasonExpired, nowMs))
+		dst = append(dst, s.deadLetter(it.off, 0, ReasonExpired, nowMs))
 		n++
 	}
 	for _, it := range popped {
@@ -277,12 +297,11 @@ func (s *State) DeadLettered(dst []Event, offset uint64, nowMs int64) ([]Event, 
 // leases.
 func (s *State) Purge(dst []Event, below uint64, max int, nowMs int64) []Event {
 	n := 0
-	for i := s.head; i < len(s.offs) && n < max; i++ {
-		off := s.offs[i]
-		if off >= below {
+	for off := range s.bits.from(0, anyLive) {
+		if off >= below || n >= max {
 			break
 		}
-		if !s.slab[i].queued() {
+		if _, e, _ := s.get(off); !e.queued() {
 			continue
 		}
 		dst = append(dst, Event{Kind: KindDeadLetter, Offset: off, Reason: ReasonPurged, AtMs: nowMs})

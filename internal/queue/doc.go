@@ -35,14 +35,28 @@
 // lowest LSN holding a live body, is how far retention may go. Relocations
 // are applied, replayed and snapshotted like any event.
 //
-// Only unsettled messages are held in memory: 72 bytes of scheduling
-// metadata each, in arrays sorted by offset (enqueues append, since offsets
-// are LSNs) plus four heaps that order them by offset, not-before, lease
-// deadline and TTL. Heap entries are deleted lazily and everything is
-// compacted once garbage outweighs live data, so each command costs
-// O(log n) amortized and memory follows the unsettled count. Keys, headers
-// and bodies are never retained: delivery reads them back from the log by
-// offset.
+// Only unsettled messages are held in memory, and most of them as two
+// bits. A plain message (enqueued without a not-before or a TTL, and not
+// leased since) is nothing but its bit in a chunked bitmap of the
+// unsettled LSNs: it is ready with attempt 0 and needs no record, so a
+// backlog nobody consumes costs about half a byte per message, whatever
+// other events (leases, acks, raft no-ops) took LSNs between its messages.
+// The first event that gives a message state of its own (a lease, mostly)
+// gives it an 80-byte entry in a slab, found through its bitmap chunk,
+// which lists its messages' slab positions in offset order; so does an
+// enqueue with a delay or a TTL. Four heaps order the entries by offset
+// (ready ones), not-before, lease deadline and TTL, and each owner's
+// leases are linked through their entries, so Inflight(owner), which a
+// detaching consumer needs, walks that owner's leases only. Heap entries
+// are deleted lazily and everything is compacted once garbage outweighs
+// live data, so each command costs O(log n) amortized and memory follows
+// the messages with state, not the backlog. Keys, headers and bodies are
+// never retained: delivery reads them back from the log by offset.
+//
+// LSNs that hold no queue event (other record types, a raft leader's
+// no-op or configuration change) are settled gaps: Apply of a later LSN
+// skips them, and ApplyGap settles one that no event follows yet. They
+// cost nothing once their bitmap chunk holds no unsettled message.
 //
 // # Ownership and durability
 //

@@ -24,6 +24,18 @@ type harness struct {
 	nextLSN uint64
 }
 
+// gapKind marks a record that is not a queue event (a raft no-op): the
+// harness applies it with ApplyGap.
+const gapKind = 0xff
+
+// gap appends a record that is not a queue event and applies it.
+func (h *harness) gap() (uint64, error) {
+	lsn := h.nextLSN
+	h.nextLSN++
+	h.log = append(h.log, record{lsn: lsn, kind: gapKind})
+	return lsn, h.s.ApplyGap(lsn)
+}
+
 // apply appends and applies evs in order and returns the LSNs they got.
 func (h *harness) apply(evs []Event) ([]uint64, error) {
 	lsns := make([]uint64, 0, len(evs))
@@ -54,6 +66,12 @@ func (h *harness) apply(evs []Event) ([]uint64, error) {
 // replay applies every record of log to s.
 func replay(s *State, log []record) error {
 	for _, r := range log {
+		if r.kind == gapKind {
+			if err := s.ApplyGap(r.lsn); err != nil {
+				return err
+			}
+			continue
+		}
 		ev, err := DecodeEvent(r.kind, r.payload)
 		if err != nil {
 			return err
@@ -134,7 +152,7 @@ func dump(s *State, nowMs int64) string {
 	}
 	// Walk the unsettled offsets only: a restored state may span a huge LSN
 	// range. The model test checks Lookup of every single offset instead.
-	for _, off := range s.offs[s.head:] {
+	for off := range s.bits.from(0, anyLive) {
 		in, ok := s.Lookup(off, nowMs)
 		if !ok || in.State == StateSettled {
 			continue
@@ -173,4 +191,17 @@ func formatInfo(in Info) string {
 		fmt.Fprintf(&b, " expires=%d", in.ExpiresAtMs)
 	}
 	return b.String()
+}
+
+// entryOf returns the entry of the unsettled message at off, moving a plain
+// message into the slab first, so a test can set fields that no short
+// command sequence reaches.
+func entryOf(s *State, off uint64) *entry {
+	pos, e, _ := s.get(off)
+	if pos < 0 {
+		pos, e = s.materialize(off)
+		s.counts[phaseReady]--
+		s.enterQueued(pos, e, 0, 0)
+	}
+	return e
 }

@@ -1,12 +1,14 @@
 package queue
 
-// item is one entry of an index heap: a message's slab position ordered by
-// key, then position (which orders like the offset). gen is the entry generation the item was pushed for; a state change
+// item is one entry of an index heap: a message's slab position, ordered by
+// key, then offset, so ties go to the lowest offset however the slab is
+// laid out. gen is the entry generation the item was pushed for; a state change
 // bumps the entry's generation, which turns every item pushed before it into
 // garbage that is dropped when it surfaces (lazy deletion). That keeps every
 // transition O(log n) without searching a heap for the item to remove.
 type item struct {
 	key int64
+	off uint64
 	pos uint32
 	gen uint32
 }
@@ -15,7 +17,7 @@ func (a item) less(b item) bool {
 	if a.key != b.key {
 		return a.key < b.key
 	}
-	return a.pos < b.pos
+	return a.off < b.off
 }
 
 // minHeap is a binary min-heap of items. Hand-rolled rather than

@@ -10,7 +10,7 @@ func (s *State) Leases() []Info {
 	var out []Info
 	for _, it := range s.leases.a {
 		if e, ok := s.live(it, phaseInflight); ok {
-			out = append(out, s.info(s.offs[it.pos], e))
+			out = append(out, s.info(it.off, e))
 		}
 	}
 	slices.SortFunc(out, func(a, b Info) int { return cmpU64(a.Offset, b.Offset) })

@@ -85,9 +85,9 @@ func (m *model) enqueue(msg *Message, now int64) Event {
 
 func (m *model) lease(owner string, max int, now int64) []Event {
 	var out []Event
-	leased := 0
+	leased, expired := 0, 0
 	for _, off := range m.sortedOffsets() {
-		if leased == max {
+		if leased == max || expired == leaseExpiredScanMax {
 			break
 		}
 		x := m.msgs[off]
@@ -95,6 +95,7 @@ func (m *model) lease(owner string, max int, now int64) []Event {
 			continue
 		}
 		if m.expired(x, now) {
+			expired++
 			out = append(out, m.deadLetter(off, 0, ReasonExpired, now))
 			continue
 		}
@@ -291,6 +292,7 @@ func TestModel(t *testing.T) {
 		slack := rapid.SampledFrom([]int{0, 1, 3, garbageSlack}).Draw(t, "slack")
 		s := New(cfg)
 		s.slack = slack
+		s.bits.slack = slack
 		h := &harness{s: s, nextLSN: rapid.Uint64Range(0, 3).Draw(t, "firstLSN")}
 		m := &model{cfg: s.Config(), msgs: map[uint64]*mmsg{}, body: map[uint64]uint64{}}
 		now := int64(1_000_000)
@@ -377,7 +379,7 @@ func TestModel(t *testing.T) {
 			},
 			"lease": func(t *rapid.T) {
 				owner := rapid.SampledFrom(owners).Draw(t, "owner")
-				max := rapid.IntRange(0, 3).Draw(t, "max")
+				max := rapid.SampledFrom([]int{0, 1, 2, 3, 3, chunkLSNs + 5}).Draw(t, "max")
 				run(t, s.Lease(nil, owner, max, now), m.lease(owner, max, now), nil, nil)
 			},
 			"ack": func(t *rapid.T) {
@@ -453,7 +455,7 @@ func TestModel(t *testing.T) {
 				// Queued messages below the bound, lowest first, at most
 				// max, discarded whatever the dead-letter policy.
 				below := rapid.Uint64Range(0, m.next+1).Draw(t, "below")
-				max := rapid.IntRange(0, 4).Draw(t, "purgeMax")
+				max := rapid.SampledFrom([]int{0, 1, 2, 4, chunkLSNs}).Draw(t, "purgeMax")
 				var want []Event
 				for _, off := range m.sortedOffsets() {
 					if len(want) == max || off >= below {
@@ -540,8 +542,35 @@ func TestModel(t *testing.T) {
 				m.cfg = s.Config()
 			},
 			"gap": func(t *rapid.T) {
-				// Records of other types take LSNs the queue never sees.
-				h.nextLSN += rapid.Uint64Range(1, 3).Draw(t, "gap")
+				// Records of other types take LSNs the queue never sees;
+				// sometimes enough to start a new bitmap chunk or skip some.
+				h.nextLSN += rapid.SampledFrom([]uint64{1, 2, 3, 1, chunkLSNs - 1, chunkLSNs, 3 * chunkLSNs}).Draw(t, "gap")
+			},
+			"noop": func(t *rapid.T) {
+				// A raft leader's no-op: an LSN applied as a settled gap.
+				lsn, err := h.gap()
+				if err != nil {
+					t.Fatal(err)
+				}
+				m.next = lsn + 1
+			},
+			"enqueueMany": func(t *rapid.T) {
+				// A backlog of plain messages, sometimes interleaved with
+				// no-ops, crossing bitmap chunk boundaries.
+				n := rapid.IntRange(1, chunkLSNs+10).Draw(t, "many")
+				every := rapid.SampledFrom([]int{0, 0, 1, 7}).Draw(t, "noopEvery")
+				for i := 0; i < n; i++ {
+					if every > 0 && i%every == 0 {
+						lsn, err := h.gap()
+						if err != nil {
+							t.Fatal(err)
+						}
+						m.next = lsn + 1
+					}
+					msg := &Message{Body: []byte("b")}
+					got, err := s.Enqueue(nil, msg, now)
+					run(t, got, []Event{m.enqueue(msg, now)}, err, nil)
+				}
 			},
 			"checkpoint": func(t *rapid.T) {
 				checkpoints = append(checkpoints, checkpoint{snap: s.Snapshot(nil), logLen: len(h.log)})
@@ -557,6 +586,7 @@ func TestModel(t *testing.T) {
 				}
 				r.SetConfig(s.Config())
 				r.slack = slack
+				r.bits.slack = slack
 				if err := replay(r, h.log); err != nil {
 					t.Fatal(err)
 				}

@@ -27,7 +27,7 @@ func (s *State) Relocate(dst []Event, offset uint64) ([]Event, error) {
 	if offset >= s.nextLSN {
 		return dst, fmt.Errorf("%w: relocate offset %d, next lsn %d", ErrUnknownOffset, offset, s.nextLSN)
 	}
-	if _, _, ok := s.get(offset); !ok {
+	if !s.bits.isLive(offset) {
 		return dst, fmt.Errorf("%w: relocate offset %d", ErrAlreadySettled, offset)
 	}
 	return append(dst, Event{Kind: KindRelocate, Offset: offset}), nil
@@ -48,8 +48,8 @@ func (s *State) BodyLSN(offset uint64) uint64 {
 // deliver anything. It costs O(relocated messages) at most.
 func (s *State) BodyFloor() uint64 {
 	floor := s.nextLSN
-	if i := s.nextUnmoved(s.head); i < len(s.offs) {
-		floor = s.offs[i]
+	if off, ok := s.nextUnmoved(0); ok {
+		floor = off
 	}
 	if j := s.nextMoved(s.movedHead); j < len(s.movedLog) {
 		s.movedHead = j // everything before j is stale for good
@@ -62,14 +62,15 @@ func (s *State) BodyFloor() uint64 {
 // body lives below the LSN below, lowest body LSN first, at most max of
 // them.
 func (s *State) OldestBodies(dst []BodyLoc, below uint64, max int) []BodyLoc {
-	i, j := s.nextUnmoved(s.head), s.nextMoved(s.movedHead)
+	off, inPlace := s.nextUnmoved(0)
+	j := s.nextMoved(s.movedHead)
 	for n := 0; n < max; n++ {
-		inPlace := i < len(s.offs) && s.offs[i] < below
+		in := inPlace && off < below
 		moved := j < len(s.movedLog) && s.movedLog[j].LSN < below
 		switch {
-		case inPlace && (!moved || s.offs[i] < s.movedLog[j].LSN):
-			dst = append(dst, BodyLoc{Offset: s.offs[i], LSN: s.offs[i]})
-			i = s.nextUnmoved(i + 1)
+		case in && (!moved || off < s.movedLog[j].LSN):
+			dst = append(dst, BodyLoc{Offset: off, LSN: off})
+			off, inPlace = s.nextUnmoved(off + 1)
 		case moved:
 			dst = append(dst, s.movedLog[j])
 			j = s.nextMoved(j + 1)
@@ -80,18 +81,19 @@ func (s *State) OldestBodies(dst []BodyLoc, below uint64, max int) []BodyLoc {
 	return dst
 }
 
-// nextUnmoved returns the first slab position at or after i holding an
-// unsettled message whose body was not relocated, or len(s.offs).
-func (s *State) nextUnmoved(i int) int {
-	for ; i < len(s.offs); i++ {
-		if s.slab[i].phase == 0 {
-			continue
+// nextUnmoved returns the lowest unsettled offset at or after from whose
+// body was not relocated.
+func (s *State) nextUnmoved(from uint64) (uint64, bool) {
+	for {
+		off, ok := s.bits.next(from, false)
+		if !ok {
+			return 0, false
 		}
-		if _, ok := s.moved[s.offs[i]]; !ok {
-			return i
+		if _, moved := s.moved[off]; !moved {
+			return off, true
 		}
+		from = off + 1
 	}
-	return i
 }
 
 // nextMoved returns the first movedLog index at or after j that is still

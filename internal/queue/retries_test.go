@@ -87,7 +87,7 @@ func TestReleasesUncountedMax(t *testing.T) {
 	enqueueN(t, h, 1, 0)
 	// Stand in for ReleasesUncountedMax-1 earlier releases (and as many
 	// leases) without running a million commands.
-	_, e, _ := h.s.get(1)
+	e := entryOf(h.s, 1)
 	e.attempt, e.released = ReleasesUncountedMax-1, ReleasesUncountedMax-1
 
 	cycle := func(release bool) Event {
@@ -133,7 +133,7 @@ func TestReleasesUncountedMax(t *testing.T) {
 func TestAttemptSaturates(t *testing.T) {
 	h := &harness{s: New(Config{UnlimitedRetries: true, LeaseMs: 1000}), nextLSN: 1}
 	enqueueN(t, h, 1, 0)
-	_, e, _ := h.s.get(1)
+	e := entryOf(h.s, 1)
 	e.attempt = attemptMax - 1
 	snap := h.s.Snapshot(nil)
 	logStart := len(h.log)

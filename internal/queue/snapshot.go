@@ -8,19 +8,20 @@ import (
 	"slices"
 )
 
-// Snapshot layout (version 4). uv = unsigned varint, v = signed varint,
+// Snapshot layout (version 5). uv = unsigned varint, v = signed varint,
 // str = uv length + bytes. Settled LSNs are not listed: every LSN below
-// nextLSN that is not an entry is settled, so the snapshot is as large as the
-// unsettled set, however long the history.
+// nextLSN that is neither an entry nor in a plain run is settled, so the
+// snapshot is as large as the unsettled set, however long the history, and
+// a backlog of plain messages takes a few bytes per run of them.
 //
-//	+--------+-----+---------+----------+-------+-------------+----------+---------+--------+-------+--------+
-//	| "SNWQ" | ver | nextLSN | leaseSeq | nStrs | str * nStrs | nEntries | entries | nMoved | moved | crc32c |
-//	| 4 B    | u8  | uv      | uv       | uv    |             | uv       |         | uv     |       | u32 LE |
-//	+--------+-----+---------+----------+-------+-------------+----------+---------+--------+-------+--------+
+//	+--------+-----+---------+----------+-------+-------------+----------+---------+-------+------+--------+-------+--------+
+//	| "SNWQ" | ver | nextLSN | leaseSeq | nStrs | str * nStrs | nEntries | entries | nRuns | runs | nMoved | moved | crc32c |
+//	| 4 B    | u8  | uv      | uv       | uv    |             | uv       |         | uv    |      | uv     |       | u32 LE |
+//	+--------+-----+---------+----------+-------+-------------+----------+---------+-------+------+--------+-------+--------+
 //	crc32c (Castagnoli) covers every byte before it. nMoved and moved are in
-//	version >= 3 only.
+//	version >= 3 only, nRuns and runs in version >= 5 only.
 //
-//	entry, in ascending offset order:
+//	entry, one per message with state of its own, in ascending offset order:
 //	  offDelta uv      offset - previous offset (first: offset itself); > 0 after the first
 //	  phase    u8      1 queued | 3 inflight | 4 dead-lettering
 //	  attempt  uv
@@ -30,6 +31,11 @@ import (
 //	  queued only:          endedLease uv   version >= 4 only (older: 0); see entry.leaseID
 //	  inflight only:        leaseID uv | owner strIdx uv | deadline v
 //	  dead-lettering only:  reason u8  | target strIdx uv | at v
+//
+//	run, one per maximal run of consecutive plain messages (ready,
+//	attempt 0, no not-before, no TTL, no ended lease), in ascending order:
+//	  gap uv           first offset - end of the previous run (first: first offset); > 0 after the first
+//	  len uv           messages in the run; > 0
 //
 //	moved, one per relocated body, in ascending offset order:
 //	  offDelta uv      offset - previous offset (first: offset itself); an entry's offset
@@ -42,11 +48,13 @@ import (
 // messages start with no uncounted releases. 2 added released. 3 added
 // moved; versions 1 and 2 restore with every body at its offset. 4 added
 // endedLease to queued entries; older versions restore with none, so a late
-// ack of a lease that ended before the checkpoint is stale. Snapshot always
-// writes the current version.
+// ack of a lease that ended before the checkpoint is stale. 5 moved plain
+// messages from entries to runs; an older snapshot's queued entry that is
+// plain restores as a plain message, which nothing can tell apart. Snapshot
+// always writes the current version.
 const (
 	snapshotMagic   = "SNWQ"
-	snapshotVersion = 4
+	snapshotVersion = 5
 	// snapshotVersionMin is the oldest version Restore reads.
 	snapshotVersionMin = 1
 	snapQueued         = 1
@@ -80,7 +88,7 @@ func (s *State) Snapshot(dst []byte) []byte {
 		}
 		return i
 	}
-	for i := s.head; i < len(s.slab); i++ {
+	for i := range s.slab {
 		if e := &s.slab[i]; e.phase == phaseInflight || e.phase == phaseDeadLettering {
 			intern(e.owner)
 		}
@@ -90,13 +98,10 @@ func (s *State) Snapshot(dst []byte) []byte {
 		dst = appendStr(dst, v)
 	}
 
-	dst = binary.AppendUvarint(dst, uint64(s.nLive))
+	dst = binary.AppendUvarint(dst, uint64(s.nLive-s.nPlain))
 	var prev uint64
-	for i := s.head; i < len(s.slab); i++ {
-		e, off := &s.slab[i], s.offs[i]
-		if e.phase == 0 {
-			continue
-		}
+	for off, pos := range s.bits.states() {
+		e := &s.slab[pos]
 		dst = binary.AppendUvarint(dst, off-prev)
 		prev = off
 		switch e.phase {
@@ -124,6 +129,33 @@ func (s *State) Snapshot(dst []byte) []byte {
 			dst = binary.AppendVarint(dst, e.deadlineMs)
 		}
 	}
+
+	// Plain runs. Their count is known only at the end, so they are
+	// collected first: one pair per run, few for a backlog.
+	var runs []uint64
+	var runStart, runEnd uint64
+	inRun := false
+	for off := range s.bits.from(0, onlyPlain) {
+		if inRun && off == runEnd {
+			runEnd++
+			continue
+		}
+		if inRun {
+			runs = append(runs, runStart, runEnd)
+		}
+		runStart, runEnd, inRun = off, off+1, true
+	}
+	if inRun {
+		runs = append(runs, runStart, runEnd)
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(runs)/2))
+	prev = 0
+	for i := 0; i < len(runs); i += 2 {
+		dst = binary.AppendUvarint(dst, runs[i]-prev)
+		dst = binary.AppendUvarint(dst, runs[i+1]-runs[i])
+		prev = runs[i+1]
+	}
+
 	dst = binary.AppendUvarint(dst, uint64(len(s.moved)))
 	if len(s.moved) > 0 {
 		moved := make([]BodyLoc, 0, len(s.moved))
@@ -197,12 +229,13 @@ func Restore(cfg Config, b []byte) (*State, error) {
 	if d.err != nil {
 		return nil, fmt.Errorf("restore: %w", d.err)
 	}
-	s.slab = make([]entry, n)
-	s.offs = make([]uint64, n)
-	s.nLive = int(n)
+	// Entries are read into a slab in offset order; the ones an older
+	// version wrote for plain messages are only noted, as plain.
+	ents := make([]entry, 0, n)
+	var plainOld []uint64
 
 	var off uint64
-	for i := range s.slab {
+	for i := uint64(0); i < n; i++ {
 		delta := d.uvarint()
 		if d.err == nil && (i > 0 && delta == 0 || delta > math.MaxUint64-off) {
 			d.fail("offset delta %d after %d", delta, off)
@@ -211,7 +244,7 @@ func Restore(cfg Config, b []byte) (*State, error) {
 		if d.err == nil && off >= s.nextLSN {
 			d.fail("offset %d at or above next lsn %d", off, s.nextLSN)
 		}
-		e := &s.slab[i]
+		e := entry{off: off, ownPrev: noPos, ownNext: noPos}
 		ph := d.byte()
 		a := d.uvarint()
 		if a > attemptMax {
@@ -266,16 +299,92 @@ func Restore(cfg Config, b []byte) (*State, error) {
 		if d.err != nil {
 			return nil, fmt.Errorf("restore: %w", d.err)
 		}
-		s.offs[i] = off
+		if ver < 5 && e.phase == phaseReady && e == (entry{off: off, phase: phaseReady, ownPrev: noPos, ownNext: noPos}) {
+			plainOld = append(plainOld, off)
+			continue
+		}
+		ents = append(ents, e)
+	}
+
+	// Plain runs (version 5), as [start, end) pairs.
+	var runs []uint64
+	if ver >= 5 {
+		nRuns := d.uvarint()
+		if nRuns > uint64(d.remaining()/2) {
+			d.fail("run count %d exceeds snapshot", nRuns)
+		}
+		var end uint64
+		for i := uint64(0); i < nRuns && d.err == nil; i++ {
+			gap, length := d.uvarint(), d.uvarint()
+			if d.err != nil {
+				break
+			}
+			if i > 0 && gap == 0 || length == 0 || gap > s.nextLSN-end || length > s.nextLSN-end-gap {
+				d.fail("plain run %d+%d after %d (next lsn %d)", gap, length, end, s.nextLSN)
+				break
+			}
+			runs = append(runs, end+gap, end+gap+length)
+			end += gap + length
+		}
+	} else {
+		for _, o := range plainOld {
+			if k := len(runs); k > 0 && runs[k-1] == o {
+				runs[k-1]++
+			} else {
+				runs = append(runs, o, o+1)
+			}
+		}
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("restore: %w", d.err)
+	}
+
+	// Set the bits in offset order, merging entries and runs; an offset in
+	// both is corrupt.
+	s.slab = ents
+	ri := 0
+	addRuns := func(below uint64) bool {
+		for ; ri < len(runs) && runs[ri] < below; ri += 2 {
+			if runs[ri+1] > below {
+				d.fail("plain run [%d, %d) holds entry %d", runs[ri], runs[ri+1], below)
+				return false
+			}
+			for o := runs[ri]; o < runs[ri+1]; o++ {
+				s.bits.add(o, true, 0)
+			}
+			n := int(runs[ri+1] - runs[ri])
+			s.nPlain += n
+			s.nLive += n
+			s.counts[phaseReady] += n
+		}
+		return true
+	}
+	for i := range s.slab {
+		e := &s.slab[i]
+		if !addRuns(e.off) {
+			break
+		}
+		if ri < len(runs) && runs[ri] == e.off {
+			d.fail("plain run at entry %d", e.off)
+			break
+		}
+		s.bits.add(e.off, false, uint32(i))
+		s.nLive++
 		s.counts[e.phase]++
 		switch e.phase {
 		case phaseDeadLettering:
-			s.deadLetters[off] = struct{}{}
+			s.deadLetters[e.off] = struct{}{}
 		case phaseReady, phaseDelayed:
 			if e.expiresAtMs > 0 {
 				s.ttlLive++
 			}
 		}
+	}
+	if d.err == nil {
+		addRuns(math.MaxUint64)
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("restore: %w", d.err)
 	}
 	if ver >= 3 {
 		restoreMoved(s, &d)
@@ -287,12 +396,13 @@ func Restore(cfg Config, b []byte) (*State, error) {
 		return nil, fmt.Errorf("restore: %w", d.err)
 	}
 	s.rebuildMovedLog()
+	s.relink()
 	s.reindex()
 
 	// Count the settled runs: the gaps between unsettled offsets, and the
 	// tail between the last one and nextLSN.
 	var next uint64 // lowest LSN not yet accounted for
-	for _, o := range s.offs {
+	for o := range s.bits.from(0, anyLive) {
 		if o > next {
 			s.settledRanges++
 		}
@@ -309,7 +419,7 @@ func Restore(cfg Config, b []byte) (*State, error) {
 // it and below NextLSN.
 func restoreMoved(s *State, d *decoder) {
 	n := d.uvarint()
-	if n > uint64(d.remaining()/2) || n > uint64(len(s.offs)) {
+	if n > uint64(d.remaining()/2) || n > uint64(s.nLive) {
 		d.fail("moved count %d exceeds snapshot", n)
 	}
 	var off uint64

@@ -123,9 +123,10 @@ const (
 	phaseCount
 )
 
-// entry is the metadata of one unsettled message; 64 bytes, no payload (its
-// offset lives in the parallel offs array).
+// entry is the metadata of one message with state of its own (see State);
+// 80 bytes, no payload.
 type entry struct {
+	off         uint64
 	notBeforeMs int64
 	expiresAtMs int64
 	deadlineMs  int64 // inflight: lease deadline; dead-lettering: when
@@ -136,14 +137,22 @@ type entry struct {
 	leaseID uint64
 	owner   string // inflight: lease owner; dead-lettering: target
 	attempt uint32
-	gen     uint32 // bumped on every transition; see item
-	phase   phase
-	reason  Reason // dead-lettering only
+	// gen is bumped on every transition and survives the slot's reuse, so
+	// an index item pushed for an earlier transition or an earlier
+	// occupant never matches; see item.
+	gen    uint32
+	phase  phase
+	reason Reason // dead-lettering only
 	// released counts the deliveries that ended in a Release and did not
-	// count towards MaxRetries (at most ReleasesUncountedMax). It fits the
-	// padding after reason, so the entry stays 64 bytes.
+	// count towards MaxRetries (at most ReleasesUncountedMax).
 	released uint32
+	// ownPrev and ownNext link the inflight entries of one owner (noPos
+	// ends the list), so detaching a consumer walks its own leases only.
+	ownPrev, ownNext uint32
 }
+
+// noPos is the null slab position.
+const noPos = math.MaxUint32
 
 // countedAttempts is the number of deliveries that count towards
 // MaxRetries, the current one included when inflight.
@@ -161,28 +170,37 @@ type State struct {
 	nextLSN  uint64
 	leaseSeq uint64 // highest lease id applied
 
-	// Unsettled messages, in ascending offset order: offs[i] is the offset
-	// of slab[i]. Offsets are LSNs, so enqueues only ever append. Settling
-	// marks an entry dead (phase 0) in place; head is the first live one,
-	// the frontier. Once dead entries outnumber live ones, compact drops them
-	// and rebuilds the indexes, so memory follows the unsettled count.
-	// Sorted arrays rather than a hash map: restore fills them sequentially,
-	// the hot path touches their tail, and nothing is hashed. Settled history
-	// needs no record: every LSN below nextLSN without a live entry is
-	// settled.
-	offs  []uint64
-	slab  []entry
-	head  int
-	nLive int // live entries
+	// Unsettled messages. Every one has its live bit in bits. A plain one
+	// (enqueued without a not-before or a TTL and never leased since) is
+	// nothing more than its plain bit: it is ready, attempt 0, and leased
+	// lowest offset first like any other. The first event that gives a
+	// message state of its own (a lease, mostly) moves it to the slab, and
+	// so does an enqueue with a delay or TTL. A backlog nobody consumes thus
+	// costs a few bits per message, and the per-message records follow
+	// what consumers hold, not what waits. Settled history needs no record:
+	// every LSN below nextLSN without a live bit is settled.
+	bits   bitmap
+	nLive  int // unsettled messages
+	nPlain int // of them plain
+
+	// Messages with state: bits maps the offset to the slab position. Free
+	// positions are reused; once they outnumber the used ones (plus slack)
+	// compact packs the slab and rebuilds the indexes, so memory follows
+	// the number of messages with state.
+	slab []entry
+	free []uint32
+
+	// owners maps a lease owner to the first entry of its inflight list.
+	owners map[string]uint32
 
 	// Time- and offset-ordered indexes over slab positions.
-	ready   minHeap // phaseReady by offset (key 0)
+	ready   minHeap // phaseReady entries by offset (key 0)
 	delayed minHeap // phaseDelayed by not-before
 	leases  minHeap // phaseInflight by lease deadline
 	ttl     minHeap // queued with a TTL, by expiry
 
-	counts        [phaseCount]int
-	ttlLive       int // queued entries with expiresAtMs > 0
+	counts        [phaseCount]int // phaseReady includes the plain messages
+	ttlLive       int             // queued entries with expiresAtMs > 0
 	settledRanges int
 	deadLetters   map[uint64]struct{} // offsets in phaseDeadLettering
 
@@ -202,6 +220,7 @@ type State struct {
 	promotedMs int64
 
 	scratch []item
+	plainE  entry // what get returns for a plain message; never stored
 
 	// slack is garbageSlack; tests lower it to make compaction frequent.
 	slack int
@@ -210,7 +229,9 @@ type State struct {
 // New returns an empty queue whose first event may have any LSN.
 func New(cfg Config) *State {
 	return &State{
+		bits:        bitmap{slack: bitmapSlack},
 		cfg:         cfg.normalized(),
+		owners:      make(map[string]uint32),
 		deadLetters: make(map[uint64]struct{}),
 		moved:       make(map[uint64]uint64),
 		promotedMs:  math.MinInt64,
@@ -233,33 +254,30 @@ func (s *State) NextLSN() uint64 { return s.nextLSN }
 // Everything below it is settled, so the log below it is only history. It
 // never decreases.
 func (s *State) Frontier() uint64 {
-	if s.head < len(s.offs) {
-		return s.offs[s.head]
+	if off, ok := s.bits.first(); ok {
+		return off
 	}
 	return s.nextLSN
 }
 
-// get finds the live entry for off by binary search.
+// get finds the unsettled message at off. A message with state returns its
+// slab position and entry; a plain one returns position -1 and an entry
+// that describes it (ready, attempt 0), which must not be modified: Apply
+// materializes it first.
 func (s *State) get(off uint64) (int, *entry, bool) {
-	i, found := slices.BinarySearch(s.offs[s.head:], off)
-	if !found {
-		return 0, nil, false
+	switch pos, kind := s.bits.lookup(off); kind {
+	case withState:
+		return int(pos), &s.slab[pos], true
+	case onlyPlain:
+		s.plainE = entry{off: off, phase: phaseReady, ownPrev: noPos, ownNext: noPos}
+		return -1, &s.plainE, true
 	}
-	pos := s.head + i
-	e := &s.slab[pos]
-	return pos, e, e.phase != 0
+	return 0, nil, false
 }
 
-// isSettledAt reports whether x is a settled LSN; pos is where an entry for
-// x would be if it had one (offsets are unique and sorted).
-func (s *State) isSettledAt(x uint64, pos int) bool {
-	if x >= s.nextLSN {
-		return false
-	}
-	if pos < 0 || pos >= len(s.offs) || s.offs[pos] != x {
-		return true
-	}
-	return s.slab[pos].phase == 0
+// isSettled reports whether x is a settled LSN.
+func (s *State) isSettled(x uint64) bool {
+	return x < s.nextLSN && !s.bits.isLive(x)
 }
 
 // Apply folds the event ev, appended to the log at lsn, into the state. LSNs
@@ -293,6 +311,19 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		return fmt.Errorf("%w: lsn %d: %v of offset %d: %s", ErrCorrupt, lsn, ev.Kind, ev.Offset, why)
 	}
 	s.advance(lsn, true)
+	if pos < 0 {
+		switch {
+		case ev.Kind == KindRelocate:
+			// Where the body lives is kept beside the message, not in it.
+		case ev.Kind == KindDeadLetter && ev.Target == "":
+			// Discarded while plain (a purge): nothing to materialize.
+			s.counts[phaseReady]--
+			s.settle(-1, ev.Offset)
+			return nil
+		default:
+			pos, e = s.materialize(ev.Offset)
+		}
+	}
 	switch ev.Kind {
 	case KindLease:
 		s.leaveQueued(pos, e)
@@ -304,16 +335,17 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		e.notBeforeMs = 0
 		s.counts[phaseInflight]++
 		s.leaseSeq = ev.LeaseID
-		s.pushIndex(&s.leases, item{key: e.deadlineMs, pos: uint32(pos), gen: e.gen}, phaseInflight)
+		s.link(pos, e)
+		s.pushIndex(&s.leases, item{key: e.deadlineMs, off: e.off, pos: uint32(pos), gen: e.gen}, phaseInflight)
 	case KindAck:
 		if e.phase == phaseInflight {
-			s.leaveInflight(e)
+			s.leaveInflight(pos, e)
 		} else {
 			s.leaveQueued(pos, e) // a late ack of the lease that ended
 		}
-		s.settle(pos)
+		s.settle(pos, ev.Offset)
 	case KindRequeue:
-		s.leaveInflight(e)
+		s.leaveInflight(pos, e)
 		if ev.Reason == ReasonReleased && e.released < ReleasesUncountedMax {
 			// The holder went away: this delivery does not count towards
 			// MaxRetries. Counted here, from the event, so a replay agrees.
@@ -322,12 +354,12 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		s.enterQueued(pos, e, ev.NotBeforeMs, endedLease(ev))
 	case KindDeadLetter:
 		if e.phase == phaseInflight {
-			s.leaveInflight(e)
+			s.leaveInflight(pos, e)
 		} else {
 			s.leaveQueued(pos, e)
 		}
 		if ev.Target == "" {
-			s.settle(pos)
+			s.settle(pos, ev.Offset)
 			break
 		}
 		e.phase = phaseDeadLettering
@@ -340,10 +372,26 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 	case KindDeadLetterDone:
 		s.counts[phaseDeadLettering]--
 		delete(s.deadLetters, ev.Offset)
-		s.settle(pos)
+		s.settle(pos, ev.Offset)
 	case KindRelocate:
 		s.moveBody(ev.Offset, lsn)
 	}
+	return nil
+}
+
+// ApplyGap records that lsn holds no queue event (a raft leader's no-op, a
+// configuration change, another record type): it is settled at once and
+// costs nothing. Apply of a later LSN settles skipped LSNs the same way;
+// ApplyGap lets the caller move NextLSN past a gap that no event follows
+// yet. LSNs below NextLSN are ignored, as in Apply.
+func (s *State) ApplyGap(lsn uint64) error {
+	if lsn < s.nextLSN {
+		return nil
+	}
+	if lsn == math.MaxUint64 {
+		return fmt.Errorf("%w: lsn %d out of range", ErrCorrupt, lsn)
+	}
+	s.advance(lsn, true)
 	return nil
 }
 
@@ -437,21 +485,58 @@ func (s *State) advance(lsn uint64, settled bool) {
 
 // appendSettled marks [nextLSN, end) settled and moves NextLSN to end.
 func (s *State) appendSettled(end uint64) {
-	if s.nextLSN == 0 || !s.isSettledAt(s.nextLSN-1, len(s.offs)-1) {
+	if s.nextLSN == 0 || !s.isSettled(s.nextLSN-1) {
 		s.settledRanges++
 	}
 	s.nextLSN = end
 }
 
+// insert adds the message enqueued at off: a plain bit when it has neither
+// a not-before nor a TTL, an entry otherwise.
 func (s *State) insert(off uint64, notBeforeMs, expiresAtMs int64) {
-	if len(s.offs) >= math.MaxUint32 {
-		panic("queue: more than 2^32 indexed messages")
-	}
-	pos := len(s.offs)
-	s.offs = append(s.offs, off)
-	s.slab = append(s.slab, entry{expiresAtMs: expiresAtMs})
 	s.nLive++
-	s.enterQueued(pos, &s.slab[pos], notBeforeMs, 0)
+	if notBeforeMs <= 0 && expiresAtMs <= 0 {
+		s.bits.add(off, true, 0)
+		s.nPlain++
+		s.counts[phaseReady]++
+		return
+	}
+	pos, e := s.alloc(off)
+	s.bits.add(off, false, uint32(pos))
+	e.expiresAtMs = max(expiresAtMs, 0)
+	s.enterQueued(pos, e, notBeforeMs, 0)
+}
+
+// alloc gives off a fresh entry in the slab, reusing a free position; the
+// caller records the position in bits.
+func (s *State) alloc(off uint64) (int, *entry) {
+	var pos int
+	var gen uint32
+	if n := len(s.free); n > 0 {
+		pos = int(s.free[n-1])
+		s.free = s.free[:n-1]
+		gen = s.slab[pos].gen + 1
+	} else {
+		if len(s.slab) >= noPos {
+			panic("queue: more than 2^32-1 messages with state")
+		}
+		pos = len(s.slab)
+		s.slab = append(s.slab, entry{})
+	}
+	e := &s.slab[pos]
+	*e = entry{off: off, gen: gen, ownPrev: noPos, ownNext: noPos}
+	return pos, e
+}
+
+// materialize moves the plain message at off into the slab, as a ready
+// entry that is in no index yet; the caller changes its phase at once. Its
+// ready count stays.
+func (s *State) materialize(off uint64) (int, *entry) {
+	pos, e := s.alloc(off)
+	s.bits.unplain(off, uint32(pos))
+	s.nPlain--
+	e.phase = phaseReady
+	return pos, e
 }
 
 // enterQueued puts e into the ready or delayed index. Where it goes depends
@@ -466,15 +551,15 @@ func (s *State) enterQueued(pos int, e *entry, notBeforeMs int64, ended uint64) 
 	if e.notBeforeMs > s.promotedMs && e.notBeforeMs > 0 {
 		e.phase = phaseDelayed
 		s.counts[phaseDelayed]++
-		s.pushIndex(&s.delayed, item{key: e.notBeforeMs, pos: p, gen: e.gen}, phaseDelayed)
+		s.pushIndex(&s.delayed, item{key: e.notBeforeMs, off: e.off, pos: p, gen: e.gen}, phaseDelayed)
 	} else {
 		e.phase = phaseReady
 		s.counts[phaseReady]++
-		s.pushIndex(&s.ready, item{pos: p, gen: e.gen}, phaseReady)
+		s.pushIndex(&s.ready, item{off: e.off, pos: p, gen: e.gen}, phaseReady)
 	}
 	if e.expiresAtMs > 0 {
 		s.ttlLive++
-		s.pushIndex(&s.ttl, item{key: e.expiresAtMs, pos: p, gen: e.gen}, 0)
+		s.pushIndex(&s.ttl, item{key: e.expiresAtMs, off: e.off, pos: p, gen: e.gen}, 0)
 	}
 }
 
@@ -495,24 +580,60 @@ func (s *State) leaveQueued(pos int, e *entry) {
 	e.gen++
 }
 
-func (s *State) leaveInflight(e *entry) {
+func (s *State) leaveInflight(pos int, e *entry) {
 	s.counts[phaseInflight]--
+	s.unlink(pos, e)
 	e.gen++
 }
 
-// settle forgets the message at pos, whose phase counts were already
-// released.
-func (s *State) settle(pos int) {
-	off := s.offs[pos]
-	s.slab[pos] = entry{}
+// link puts the inflight entry at pos at the head of its owner's list.
+func (s *State) link(pos int, e *entry) {
+	head, ok := s.owners[e.owner]
+	if !ok {
+		head = noPos
+	}
+	e.ownPrev, e.ownNext = noPos, head
+	if head != noPos {
+		s.slab[head].ownPrev = uint32(pos)
+	}
+	s.owners[e.owner] = uint32(pos)
+}
+
+// unlink takes the entry at pos out of its owner's list.
+func (s *State) unlink(pos int, e *entry) {
+	if e.ownPrev != noPos {
+		s.slab[e.ownPrev].ownNext = e.ownNext
+	} else if e.ownNext != noPos {
+		s.owners[e.owner] = e.ownNext
+	} else {
+		delete(s.owners, e.owner)
+	}
+	if e.ownNext != noPos {
+		s.slab[e.ownNext].ownPrev = e.ownPrev
+	}
+	e.ownPrev, e.ownNext = noPos, noPos
+	_ = pos
+}
+
+// settle forgets the message at off (slab position pos, or -1 when plain),
+// whose phase counts were already released.
+func (s *State) settle(pos int, off uint64) {
+	if pos >= 0 {
+		gen := s.slab[pos].gen
+		s.slab[pos] = entry{gen: gen}
+		s.free = append(s.free, uint32(pos))
+	} else {
+		s.nPlain--
+	}
+	s.bits.remove(off)
 	s.nLive--
 	if len(s.moved) > 0 {
 		delete(s.moved, off)
 	}
 
 	// Settling off joins the settled runs on either side of it.
-	left := off > 0 && s.isSettledAt(off-1, pos-1)
-	right := s.isSettledAt(off+1, pos+1)
+	left := off > 0 && s.isSettled(off-1)
+	right := s.isSettled(off + 1)
 	switch {
 	case left && right:
 		s.settledRanges--
@@ -520,37 +641,46 @@ func (s *State) settle(pos int) {
 		s.settledRanges++
 	}
 
-	for s.head < len(s.offs) && s.slab[s.head].phase == 0 {
-		s.head++
-	}
-	if len(s.offs)-s.nLive > s.nLive+s.slack {
+	if used := len(s.slab) - len(s.free); len(s.free) > used+s.slack {
 		s.compact()
 	}
 }
 
-// compact drops dead entries and rebuilds every index over the new
-// positions. It runs once dead entries outnumber live ones (plus slack), so
-// its O(live) cost is paid for by the settles that made them dead.
+// compact packs the entries with state into a fresh slab, in offset order,
+// and rebuilds every index over the new positions. It runs once free
+// positions outnumber used ones (plus slack), so its O(entries) cost is paid
+// for by the settles that freed them.
 func (s *State) compact() {
-	n := 0
-	for i := s.head; i < len(s.offs); i++ {
-		if s.slab[i].phase != 0 {
-			s.offs[n], s.slab[n] = s.offs[i], s.slab[i]
-			n++
+	slab := make([]entry, 0, len(s.slab)-len(s.free))
+	for off, pos := range s.bits.states() {
+		e := s.slab[pos]
+		e.gen = 0
+		slab = append(slab, e)
+		s.bits.setPos(off, uint32(len(slab)-1))
+	}
+	s.slab, s.free = slab, s.free[:0]
+	if cap(s.free) > 4*garbageSlack {
+		s.free = nil
+	}
+	s.relink()
+	s.reindex()
+}
+
+// relink rebuilds the owners' inflight lists.
+func (s *State) relink() {
+	clear(s.owners)
+	for i := range s.slab {
+		e := &s.slab[i]
+		e.ownPrev, e.ownNext = noPos, noPos
+		if e.phase == phaseInflight {
+			s.link(i, e)
 		}
 	}
-	clear(s.slab[n:])
-	s.offs, s.slab, s.head = s.offs[:n], s.slab[:n], 0
-	if n*4 < cap(s.offs) && cap(s.offs) > 4*garbageSlack {
-		// Give memory back after a large backlog drained.
-		s.offs = slices.Clone(s.offs)
-		s.slab = slices.Clone(s.slab)
-	}
-	s.reindex()
 }
 
 // reindex rebuilds the four heaps from the entries, dropping all garbage.
 func (s *State) reindex() {
+	ready := s.counts[phaseReady] - s.nPlain
 	reset := func(h *minHeap, n int) {
 		// Exact size for a restore; shrink after a large backlog drained.
 		if cap(h.a) < n || cap(h.a) > 4*n+garbageSlack {
@@ -558,7 +688,7 @@ func (s *State) reindex() {
 		}
 		h.a = h.a[:0]
 	}
-	reset(&s.ready, s.counts[phaseReady])
+	reset(&s.ready, ready)
 	reset(&s.delayed, s.counts[phaseDelayed])
 	reset(&s.leases, s.counts[phaseInflight])
 	reset(&s.ttl, s.ttlLive)
@@ -567,17 +697,17 @@ func (s *State) reindex() {
 		p := uint32(i)
 		switch e.phase {
 		case phaseReady:
-			// Positions ascend, so appending keeps this heap ordered.
-			s.ready.a = append(s.ready.a, item{pos: p, gen: e.gen})
+			s.ready.a = append(s.ready.a, item{off: e.off, pos: p, gen: e.gen})
 		case phaseDelayed:
-			s.delayed.a = append(s.delayed.a, item{key: e.notBeforeMs, pos: p, gen: e.gen})
+			s.delayed.a = append(s.delayed.a, item{key: e.notBeforeMs, off: e.off, pos: p, gen: e.gen})
 		case phaseInflight:
-			s.leases.a = append(s.leases.a, item{key: e.deadlineMs, pos: p, gen: e.gen})
+			s.leases.a = append(s.leases.a, item{key: e.deadlineMs, off: e.off, pos: p, gen: e.gen})
 		}
 		if e.queued() && e.expiresAtMs > 0 {
-			s.ttl.a = append(s.ttl.a, item{key: e.expiresAtMs, pos: p, gen: e.gen})
+			s.ttl.a = append(s.ttl.a, item{key: e.expiresAtMs, off: e.off, pos: p, gen: e.gen})
 		}
 	}
+	s.ready.init()
 	s.delayed.init()
 	s.leases.init()
 	s.ttl.init()
@@ -587,7 +717,7 @@ func (s *State) reindex() {
 // queued phase, for the ttl index).
 func (s *State) live(it item, p phase) (*entry, bool) {
 	e := &s.slab[it.pos]
-	if e.gen != it.gen || e.phase == 0 {
+	if e.gen != it.gen || e.phase == 0 || e.off != it.off {
 		return nil, false
 	}
 	if p == 0 {
@@ -600,7 +730,9 @@ func (s *State) live(it item, p phase) (*entry, bool) {
 func (s *State) pushIndex(h *minHeap, it item, p phase) {
 	h.push(it)
 	liveN := s.ttlLive
-	if p != 0 {
+	if p == phaseReady {
+		liveN = s.counts[p] - s.nPlain
+	} else if p != 0 {
 		liveN = s.counts[p]
 	}
 	if h.len() > 2*liveN+s.slack {
@@ -633,7 +765,7 @@ func (s *State) promote(nowMs int64) {
 		s.counts[phaseDelayed]--
 		e.phase = phaseReady
 		s.counts[phaseReady]++
-		s.pushIndex(&s.ready, item{pos: it.pos, gen: e.gen}, phaseReady)
+		s.pushIndex(&s.ready, item{off: e.off, pos: it.pos, gen: e.gen}, phaseReady)
 	}
 }
 
@@ -685,15 +817,17 @@ func (s *State) Stats(nowMs int64) Stats {
 	}
 }
 
-// Inflight lists the leases held by owner, by offset. It walks the lease
-// index, so it costs O(inflight messages); the partition calls it when a
-// consumer goes away or resumes, not per delivery.
+// Inflight lists the leases held by owner, by offset. It walks the owner's
+// own list, so it costs O(k log k) for the k leases owner holds, whatever
+// the rest of the partition holds; the partition calls it when a consumer
+// goes away or resumes, not per delivery.
 func (s *State) Inflight(owner string) []Info {
 	var out []Info
-	for _, it := range s.leases.a {
-		if e, ok := s.live(it, phaseInflight); ok && e.owner == owner {
-			out = append(out, s.info(s.offs[it.pos], e))
-		}
+	pos, ok := s.owners[owner]
+	for ok && pos != noPos {
+		e := &s.slab[pos]
+		out = append(out, s.info(e.off, e))
+		pos = e.ownNext
 	}
 	slices.SortFunc(out, func(a, b Info) int { return cmpU64(a.Offset, b.Offset) })
 	return out

@@ -160,7 +160,7 @@ func TestMemoryFollowsUnsettled(t *testing.T) {
 	}
 	limit := 2 + 2*garbageSlack
 	for name, n := range map[string]int{
-		"offsets": len(s.offs), "ready": s.ready.len(), "leases": s.leases.len(),
+		"chunks": len(s.bits.chunks), "ready": s.ready.len(), "leases": s.leases.len(),
 		"delayed": s.delayed.len(), "ttl": s.ttl.len(), "slab": len(s.slab),
 	} {
 		if n > limit {
