@@ -26,9 +26,18 @@ func (p *Partition) run() {
 	defer close(p.stopped)
 	syncerDone := make(chan struct{})
 	go p.syncer(syncerDone)
+	ckptDone := make(chan struct{})
+	go p.checkpointer(ckptDone)
 	defer func() {
 		close(p.syncReq)
 		<-syncerDone
+		// Close writes the last checkpoint itself: the one under way
+		// is awaited first.
+		if p.ckptBusy {
+			p.checkpointed(<-p.ckptDone)
+		}
+		close(p.ckptReq)
+		<-ckptDone
 	}()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -53,6 +62,8 @@ func (p *Partition) run() {
 			// waiting a whole sync for the one after it (measured in
 			// docs/benchmarks.md).
 			runtime.Gosched()
+		case res := <-p.ckptDone:
+			p.checkpointed(res)
 		case <-p.wake:
 		case <-timer.C:
 		case <-p.stop:
@@ -187,8 +198,8 @@ func (p *Partition) afterTurn() {
 	}
 	now := p.nowMs()
 	p.startDeadLetters(now)
-	if p.checkpointDue(now) && now >= p.ckptRetryAtMs {
-		p.periodicCheckpoint(now)
+	if !p.ckptBusy && p.checkpointDue(now) && now >= p.ckptRetryAtMs {
+		p.periodicCheckpoint()
 	}
 	p.publishStats()
 }
@@ -201,17 +212,31 @@ func (p *Partition) checkpointDue(now int64) bool {
 		p.sinceCkpt > 0 && now-p.lastBusyMs >= idleCheckpointMs
 }
 
-// periodicCheckpoint checkpoints and, on failure, backs off: the wait
-// doubles with each consecutive failure from checkpointRetryMinMs up to
-// checkpointRetryMaxMs. Each failure is counted (Stats.CheckpointFailures)
-// and logged once, with the wait before the next attempt.
-func (p *Partition) periodicCheckpoint(now int64) {
+// periodicCheckpoint relocates the live bodies of sparse old segments,
+// takes a checkpoint and hands it to the checkpointer goroutine, which
+// writes it while the actor goes on (at most one is under way).
+func (p *Partition) periodicCheckpoint() {
 	if _, err := p.relocate(); err != nil {
 		p.fail(err, nil)
 		return
 	}
-	err := p.checkpoint()
-	if err == nil {
+	j, ok := p.takeCheckpoint()
+	if !ok {
+		return
+	}
+	p.ckptBusy = true
+	p.ckptReq <- j
+}
+
+// checkpointed handles the checkpointer's answer. A failure backs off: the
+// wait doubles with each consecutive failure from checkpointRetryMinMs up
+// to checkpointRetryMaxMs. Each failure is counted
+// (Stats.CheckpointFailures) and logged once, with the wait before the next
+// attempt.
+func (p *Partition) checkpointed(res ckptResult) {
+	p.ckptBusy = false
+	if res.err == nil {
+		p.checkpointWritten(res.job)
 		if p.ckptStreak > 0 {
 			p.logger.Info("checkpoint succeeded after failures", "failures", p.ckptStreak)
 		}
@@ -224,8 +249,8 @@ func (p *Partition) periodicCheckpoint(now int64) {
 	if p.ckptStreak <= 20 { // beyond that the shift would pass the cap anyway
 		wait = min(int64(checkpointRetryMinMs)<<(p.ckptStreak-1), checkpointRetryMaxMs)
 	}
-	p.ckptRetryAtMs = now + wait
-	p.logger.Error("checkpoint failed; retrying after a backoff", "err", err,
+	p.ckptRetryAtMs = p.nowMs() + wait
+	p.logger.Error("checkpoint failed; retrying after a backoff", "err", res.err,
 		"consecutive_failures", p.ckptStreak, "retry_in_ms", wait)
 }
 
@@ -296,7 +321,9 @@ func (p *Partition) arm(timer *time.Timer) {
 	if len(p.recovered) > 0 && (!ok || p.recoveredDueMs < at) {
 		at, ok = p.recoveredDueMs, true
 	}
-	if p.sinceCkpt > 0 { // the idle checkpoint, or its retry after a failure
+	// The idle checkpoint, or its retry after a failure. While one is
+	// under way its answer wakes the actor instead.
+	if p.sinceCkpt > 0 && !p.ckptBusy {
 		idle := max(p.lastBusyMs+idleCheckpointMs, p.ckptRetryAtMs)
 		if !ok || idle < at {
 			at, ok = idle, true

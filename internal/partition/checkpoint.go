@@ -103,30 +103,67 @@ func WriteFileAtomic(fsys vfs.FS, name string, data []byte) error {
 	return vfs.WriteFileAtomic(fsys, name, data)
 }
 
-// checkpoint writes the queue snapshot and then drops log segments that
-// neither recovery (below the checkpoint) nor delivery (below every live
-// message's body, see relocate.go) can need. Called from the actor goroutine, or from Close after it stopped.
-func (p *Partition) checkpoint() error {
-	// Everything applied must be durable before a checkpoint claims it;
-	// under SyncAlways it already is, under SyncInterval this forces it.
-	if _, err := p.log.Sync(); err != nil {
-		return fmt.Errorf("checkpoint: sync log: %w", err)
-	}
+// ckptJob is one checkpoint taken on the actor goroutine and written by
+// the checkpointer goroutine (or by Close once the actor has stopped).
+type ckptJob struct {
+	covers  uint64 // the queue's NextLSN when the snapshots were taken
+	data    []byte // the framed checkpoint (encodeCheckpoint)
+	floor   uint64 // retentionFloor(covers) at that moment
+	records int    // sinceCkpt at that moment: what a success accounts for
+}
+
+// ckptResult is the checkpointer's answer for one job.
+type ckptResult struct {
+	job ckptJob
+	err error
+}
+
+// takeCheckpoint snapshots what a checkpoint needs on the actor goroutine:
+// the queue and dedup snapshots (in-memory encodings of the live state, no
+// I/O) and the retention floor. ok is false when the last checkpoint
+// already covers everything. Actor only, or Close once the actor stopped.
+func (p *Partition) takeCheckpoint() (ckptJob, bool) {
 	covers := p.st.NextLSN()
 	if covers == p.ckptLSN && p.sinceCkpt == 0 {
-		return nil
+		return ckptJob{}, false
 	}
-	data := encodeCheckpoint(covers, p.st.Snapshot(nil), p.dd.Snapshot(nil))
-	if err := WriteFileAtomic(p.cfg.FS, p.ckptPath(), data); err != nil {
+	return ckptJob{
+		covers:  covers,
+		data:    encodeCheckpoint(covers, p.st.Snapshot(nil), p.dd.Snapshot(nil)),
+		floor:   p.retentionFloor(covers),
+		records: p.sinceCkpt,
+	}, true
+}
+
+// writeCheckpoint makes the log durable through j.covers, writes j's
+// checkpoint atomically and then drops the log segments that neither
+// recovery (below the checkpoint) nor delivery (below every live message's
+// body when j was taken, see relocate.go) can need. It touches only the log
+// (safe from any goroutine) and the file system, so it runs on the
+// checkpointer goroutine while the actor goes on. A floor taken at j stays
+// safe later: bodies only move forward (relocation) and later messages get
+// LSNs at or above j.covers.
+func (p *Partition) writeCheckpoint(j ckptJob) error {
+	// Everything the snapshot reflects must be durable before the
+	// checkpoint claims it; under SyncAlways it mostly is already, under
+	// SyncInterval this forces it.
+	lsn, err := p.log.Sync()
+	if err != nil {
+		return fmt.Errorf("checkpoint: sync log: %w", err)
+	}
+	if j.covers > 0 && lsn < j.covers-1 {
+		// The snapshot reflects records the log does not hold. The actor
+		// appends before it applies, so this is a broken invariant; it is
+		// refused rather than written.
+		return fmt.Errorf("checkpoint: covers lsn %d but the log is durable only to %d", j.covers, lsn)
+	}
+	if err := WriteFileAtomic(p.cfg.FS, p.ckptPath(), j.data); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
-	p.ckptLSN = covers
-	p.sinceCkpt = 0
 	if p.cfg.noRetention {
 		return nil
 	}
-	floor := p.retentionFloor(covers)
-	if segs := p.log.Segments(); floor == covers && covers == p.log.NextLSN() &&
+	if segs := p.log.Segments(); j.floor == j.covers && j.covers == p.log.NextLSN() &&
 		segs[len(segs)-1].Bytes >= rotateBytesMin {
 		// Nothing in the log is needed any more, the active segment
 		// included: start an empty one so that this one can go too.
@@ -134,10 +171,42 @@ func (p *Partition) checkpoint() error {
 			return fmt.Errorf("checkpoint: rotate: %w", err)
 		}
 	}
-	if _, err := p.log.DropBefore(floor); err != nil {
+	if _, err := p.log.DropBefore(j.floor); err != nil {
 		return fmt.Errorf("checkpoint: retention: %w", err)
 	}
 	return nil
+}
+
+// checkpoint takes and writes a checkpoint on the calling goroutine. Only
+// Close uses it, once the actor has stopped and no checkpoint is under way.
+func (p *Partition) checkpoint() error {
+	j, ok := p.takeCheckpoint()
+	if !ok {
+		return nil
+	}
+	if err := p.writeCheckpoint(j); err != nil {
+		return err
+	}
+	p.checkpointWritten(j)
+	return nil
+}
+
+// checkpointWritten notes that j is the checkpoint on disk now: the
+// records appended since j was taken still count towards the next one.
+func (p *Partition) checkpointWritten(j ckptJob) {
+	p.ckptLSN = j.covers
+	p.sinceCkpt = max(p.sinceCkpt-j.records, 0)
+}
+
+// checkpointer writes the checkpoints the actor takes, one at a time, so
+// that the file write, its fsyncs and the segment deletions of retention
+// never run on the actor goroutine. It owns nothing: each job carries its
+// bytes, and the answer goes back to the actor (ckptDone).
+func (p *Partition) checkpointer(done chan<- struct{}) {
+	defer close(done)
+	for j := range p.ckptReq {
+		p.ckptDone <- ckptResult{job: j, err: p.writeCheckpoint(j)}
+	}
 }
 
 // recover restores the checkpoint (if any) and replays the log after it.

@@ -80,8 +80,10 @@ func TestCheckpointFailureBacksOff(t *testing.T) {
 			before := ffs.attempts.Load()
 			for range n {
 				mustPublish(t, p, "m", nil)
+				// The checkpoint runs beside the actor: let the one
+				// this turn started finish before the next turn.
+				synctest.Wait()
 			}
-			synctest.Wait()
 			return ffs.attempts.Load() - before
 		}
 		if got := step(10); got != 1 {
@@ -125,6 +127,67 @@ func TestCheckpointFailureBacksOff(t *testing.T) {
 		inspect(p, func() { covers = p.ckptLSN })
 		if covers != p.Stats().NextLSN {
 			t.Fatalf("checkpoint covers %d, want %d", covers, p.Stats().NextLSN)
+		}
+	})
+}
+
+// ckptGateFS holds the checkpoint's temporary file open until gate is
+// closed, as a slow disk would.
+type ckptGateFS struct {
+	*vfs.MemFS
+	gate    chan struct{}
+	entered chan struct{}
+}
+
+func (f *ckptGateFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
+	if strings.HasSuffix(name, checkpointFile+".tmp") {
+		select {
+		case f.entered <- struct{}{}:
+		default:
+		}
+		<-f.gate
+	}
+	return f.MemFS.OpenFile(name, flag, perm)
+}
+
+// TestCheckpointOffActor: while a checkpoint's file write is stuck, the
+// partition keeps confirming publishes (the write runs on the checkpointer
+// goroutine, not the actor), starts no second checkpoint, and once the
+// write finishes the checkpoint covers what it snapshotted and the next one
+// picks up the records appended meanwhile.
+func TestCheckpointOffActor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gfs := &ckptGateFS{MemFS: vfs.NewMem(), gate: make(chan struct{}), entered: make(chan struct{}, 4)}
+		cfg := testConfig(gfs)
+		cfg.CheckpointEveryRecords = 3
+		p := mustOpen(t, cfg)
+		defer p.Close()
+		for range 3 {
+			mustPublish(t, p, "before", nil)
+		}
+		<-gfs.entered // the checkpoint of the first 3 records is being written
+		var covers uint64
+		inspect(p, func() { covers = p.ckptLSN })
+		if covers != 0 {
+			t.Fatalf("checkpoint covers %d before its write finished, want 0", covers)
+		}
+		for range 10 { // well past CheckpointEveryRecords again
+			mustPublish(t, p, "during", nil)
+		}
+		synctest.Wait()
+		if n := len(gfs.entered); n != 0 {
+			t.Fatalf("%d more checkpoints started while one was under way, want 0", n)
+		}
+		close(gfs.gate)
+		synctest.Wait()
+		var since int
+		inspect(p, func() { covers, since = p.ckptLSN, p.sinceCkpt })
+		if covers < 4 || covers > p.Stats().NextLSN {
+			t.Fatalf("checkpoint covers %d, want 4..%d", covers, p.Stats().NextLSN)
+		}
+		// The second checkpoint was due as soon as the first finished.
+		if want := p.Stats().NextLSN; covers != want || since != 0 {
+			t.Fatalf("after the stuck write: covers %d with %d records since, want %d and 0", covers, since, want)
 		}
 	})
 }

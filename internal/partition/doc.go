@@ -5,9 +5,11 @@
 // Open starts ONE actor goroutine per partition. It alone owns the
 // partition's queue.State, appends to its seglog.Log, keeps its timers, its
 // consumer list, its cache of recent payloads and its dead-letter
-// bookkeeping. Beside it runs a syncer goroutine that owns nothing: on
-// request it makes the log durable (persist) and reports back, so the actor
-// can work while the disk syncs. Other goroutines reach the actor through:
+// bookkeeping. Beside it run two goroutines that own nothing: a syncer,
+// which on request makes the log durable (persist) and reports back, so the
+// actor can work while the disk syncs; and a checkpointer, which writes the
+// checkpoints the actor takes (see Durability). Other goroutines reach the
+// actor through:
 //
 //   - the inbox, a bounded channel of publishes, settles and purges. A full inbox is
 //     answered at once with ErrInboxFull (CodeResourceExhausted); it never
@@ -97,7 +99,13 @@
 // and at Close the queue snapshot is written to Dir/checkpoint atomically
 // (after a log.Sync, so it never claims a record that is not durable); log
 // segments wholly below both the checkpoint and every live message's body
-// are then deleted. Just before, the bodies of the few live messages left
+// are then deleted. The actor only takes the checkpoint: it encodes the
+// queue and dedup snapshots in memory and notes the retention floor. The
+// checkpointer goroutine then syncs the log, writes the file (write, fsync,
+// rename, directory fsync) and drops the segments, while the actor keeps
+// serving; at most one checkpoint is under way, and records appended
+// meanwhile count towards the next one. Close awaits the one under way and
+// writes the last itself. Just before, the bodies of the few live messages left
 // in sparse old segments are copied to the log's tail (queue Relocate
 // records, see relocate.go), so one long-delayed or stuck message does not
 // pin every segment after it. A failed checkpoint is counted

@@ -384,6 +384,12 @@ type Partition struct {
 	ckptFailures  uint64
 	ckptStreak    int
 	ckptRetryAtMs int64
+	// ckptBusy: a checkpoint is with the checkpointer goroutine. ckptReq
+	// and ckptDone connect the two; each holds at most one job, since at
+	// most one is under way.
+	ckptBusy bool
+	ckptReq  chan ckptJob
+	ckptDone chan ckptResult
 	// lastBusyMs is when the actor last took a command or appended a
 	// record (see idleCheckpointMs).
 	lastBusyMs int64
@@ -521,6 +527,8 @@ func newPartition(cfg Config) *Partition {
 		wake:        make(chan struct{}, 1),
 		syncReq:     make(chan struct{}, 1),
 		synced:      make(chan syncResult, 1),
+		ckptReq:     make(chan ckptJob, 1),
+		ckptDone:    make(chan ckptResult, 1),
 		stop:        make(chan struct{}),
 		stopped:     make(chan struct{}),
 		deadLetters: make(map[uint64]*deadLetter),
