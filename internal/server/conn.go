@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -141,10 +142,22 @@ func (c *conn) serve() {
 	c.log.Debug("connection closed", "reason", reason, "unsent", len(unsent))
 }
 
+// readerPool recycles the readers' 64 KiB buffers: peers that connect and
+// are cut at once (garbage, wrong credentials, a reconnect loop) would
+// otherwise allocate one per connection and make the collector run for them.
+var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readBufferBytes) }}
+
 // readLoop reads and handles frames until the peer goes or a fatal error.
 func (c *conn) readLoop() error {
 	cfg := &c.srv.cfg
-	br := bufio.NewReaderSize(c.nc, readBufferBytes)
+	br := readerPool.Get().(*bufio.Reader)
+	br.Reset(c.nc)
+	defer func() {
+		// Nothing keeps a reference into br once the loop ends: frames are
+		// copied out of it into buf.
+		br.Reset(nil)
+		readerPool.Put(br)
+	}()
 	var buf []byte
 	if cfg.HandshakeTimeoutMs > 0 {
 		c.nc.SetReadDeadline(time.Now().Add(time.Duration(cfg.HandshakeTimeoutMs) * time.Millisecond))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sinewmq/sinew/internal/broker"
 	"github.com/sinewmq/sinew/internal/session/bridge"
+	"github.com/sinewmq/sinew/internal/session/sessiontest"
 	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/protocol"
 )
@@ -223,5 +224,31 @@ func TestLimitSubscriptionsPerConnection(t *testing.T) {
 	hostile.ping()
 	if n := fx.srv.Stats().Sessions.SubscriptionsRefused; n != 3 {
 		t.Fatalf("subscriptions refused %d, want 3", n)
+	}
+}
+
+// BenchmarkConnChurn is one connection that sends a bad first frame and is
+// cut, as a garbage or wrong-credential peer in a reconnect loop does: its
+// B/op is what each such connection costs the collector.
+func BenchmarkConnChurn(b *testing.B) {
+	srv, err := New(Config{Backend: sessiontest.New(), OwnerID: "owner-bench", Rand: &seq{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	junk := protocol.AppendFrame(nil, 0, 1, &protocol.Ping{}) // not HELLO: handshake_required
+	reply := make([]byte, 4<<10)
+	b.ReportAllocs()
+	for b.Loop() {
+		a, c := net.Pipe()
+		done := make(chan struct{})
+		go func() { srv.ServeConn(c); close(done) }()
+		a.Write(junk)
+		for {
+			if _, err := a.Read(reply); err != nil {
+				break
+			}
+		}
+		a.Close()
+		<-done
 	}
 }
