@@ -366,7 +366,7 @@ func (c *conn) hello(f protocol.Frame) error {
 			Limits: cfg.limits(),
 		}}
 	}
-	sess, outcome, err := c.srv.reg.Open(h.Resume, c.w, c.id, helloOK)
+	sess, outcome, err := c.srv.reg.Open(h.Resume, c.principal.Owner(), c.w, c.id, helloOK)
 	if err != nil {
 		return fatal(protocol.CodeOf(err), "%v", err)
 	}

@@ -98,7 +98,7 @@ func (k *throttledSink) SetOnDrain(f func()) { k.onDrain = f }
 func TestEarlyDeliveriesPauseAtByteBound(t *testing.T) {
 	fx := newBoundedFixture(t, 0, func(c *session.Config) { c.DormantBytesMax = 3 * frameBytes })
 	k := &throttledSink{}
-	s, _, err := fx.reg.Open(protocol.ResumeIdentity{}, k, 1, hello)
+	s, _, err := fx.reg.Open(protocol.ResumeIdentity{}, "anonymous:", k, 1, hello)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func TestDormantSessionsCapped(t *testing.T) {
 	if ready, inflight, _, _ := fx.fake.Counts("q", ""); ready != 1 || inflight != 0 {
 		t.Fatalf("ready %d inflight %d: the capped session's lease should be back", ready, inflight)
 	}
-	if _, out, err := fx.reg.Open(ss[2].Identity(), &sink{}, 9, hello); err != nil || out != protocol.ResumeNotFound {
+	if _, out, err := fx.reg.Open(ss[2].Identity(), "anonymous:", &sink{}, 9, hello); err != nil || out != protocol.ResumeNotFound {
 		t.Fatalf("resume of the capped session: %v %v, want resume_not_found", out, err)
 	}
 }

@@ -22,9 +22,12 @@
 // connection that asked and are dropped with it.
 //
 // Identity and resume: the Registry issues identities and looks them up by client id
-// when a HELLO offers one. The owner id must be this broker's, and the token is
-// compared in constant time; anything else yields a fresh session with the outcome
-// resume_not_found or resume_rejected.
+// when a HELLO offers one. The owner id must be this broker's, the token is
+// compared in constant time, and the connection's principal (who it
+// authenticated as) must be the one that opened the session; anything else
+// yields a fresh session with the outcome resume_not_found or resume_rejected.
+// Tokens are 32 bytes from Config.Rand (crypto/rand in production), stored
+// only as SHA-256 hashes and never logged.
 //
 //	resume identity, as issued in HELLO_OK and offered in HELLO
 //	+----------------------+-------------------------+--------------------------+
@@ -91,7 +94,7 @@
 // Durability: with Config.Store set, the registry records in the session
 // store (package sessionstore) what a restart needs and nothing per
 // delivery: a session when it is created (client id, a SHA-256 of its
-// resume token, the owner id), each subscription when it opens (durable
+// resume token, the owner id, the owning principal), each subscription when it opens (durable
 // before SUBSCRIBE_OK or RECONCILE_RESULT names it) and closes, and the
 // session when it ends. PersistForRestart, which shutdown calls before any
 // connection closes, makes the store durable and stops recording the ends

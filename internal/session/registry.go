@@ -318,10 +318,13 @@ type Hello func(id protocol.ResumeIdentity, outcome protocol.ResumeOutcome) Outb
 // ErrDraining is returned by Open while the registry is draining.
 var ErrDraining = protocol.Errorf(protocol.CodeShuttingDown, "broker is draining")
 
-// Open attaches sink to a session: the one named by offer when offer is valid and
-// that session is still alive, a fresh one otherwise. hello builds the HELLO_OK that
-// is sent first. connID only labels log records.
-func (r *Registry) Open(offer protocol.ResumeIdentity, sink Sink, connID uint64, hello Hello) (*Session, protocol.ResumeOutcome, error) {
+// Open attaches sink to a session: the one named by offer when offer is valid,
+// that session is still alive and principal owns it, a fresh one owned by
+// principal otherwise. principal is the connection's authenticated identity
+// (auth.Principal.Owner); a resume by a different one is resume_rejected, so a
+// stolen resume token is useless without its owner's credentials. hello builds
+// the HELLO_OK that is sent first. connID only labels log records.
+func (r *Registry) Open(offer protocol.ResumeIdentity, principal string, sink Sink, connID uint64, hello Hello) (*Session, protocol.ResumeOutcome, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.draining.Load() {
@@ -340,6 +343,10 @@ func (r *Registry) Open(offer protocol.ResumeIdentity, sink Sink, connID uint64,
 			outcome, reason = protocol.ResumeRejected, "token mismatch"
 		case !s.restored && subtle.ConstantTimeCompare(offer.Token, s.token) != 1:
 			outcome, reason = protocol.ResumeRejected, "token mismatch"
+		case s.principal != "" && s.principal != principal:
+			// The token is right but the peer is not the session's
+			// owner: it stays the owner's, and this peer gets its own.
+			outcome, reason = protocol.ResumeRejected, "another principal's session"
 		default:
 			restored := s.restored
 			if restored {
@@ -366,7 +373,7 @@ func (r *Registry) Open(offer protocol.ResumeIdentity, sink Sink, connID uint64,
 			r.log.Info("resume not found", "client_id", offer.ClientID, "conn_id", connID, "reason", reason)
 		}
 	}
-	s, err := r.newSessionLocked()
+	s, err := r.newSessionLocked(principal)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -376,8 +383,9 @@ func (r *Registry) Open(offer protocol.ResumeIdentity, sink Sink, connID uint64,
 	return s, outcome, nil
 }
 
-// newSessionLocked draws a fresh identity and registers it.
-func (r *Registry) newSessionLocked() (*Session, error) {
+// newSessionLocked draws a fresh identity, owned by principal, and registers
+// it.
+func (r *Registry) newSessionLocked(principal string) (*Session, error) {
 	for range idAttemptsMax {
 		var raw [clientIDBytes + tokenBytes]byte
 		if _, err := io.ReadFull(r.cfg.Rand, raw[:]); err != nil {
@@ -388,9 +396,12 @@ func (r *Registry) newSessionLocked() (*Session, error) {
 			continue
 		}
 		s := newSession(r, id, append([]byte(nil), raw[clientIDBytes:]...))
+		s.principal = principal
 		r.sessions[id] = s
 		if st := r.cfg.Store; st != nil {
-			r.storeErr(st.Create(id, r.cfg.OwnerID, sha256.Sum256(s.token)), "create", id)
+			// Only the token's hash is stored: the file never holds
+			// what a resume needs to present.
+			r.storeErr(st.Create(id, r.cfg.OwnerID, principal, sha256.Sum256(s.token)), "create", id)
 		}
 		return s, nil
 	}

@@ -74,6 +74,7 @@ func (r *Registry) restore() {
 		}
 		s := newSession(r, x.ClientID, nil)
 		s.tokenHash, s.restored, s.restoring, s.fromRestart = x.TokenHash, true, true, true
+		s.principal = x.Principal
 		s.lastTag = st.Boot() << tagShift
 		s.detached.Store(true) // no new deliveries until the client is back
 		s.inGrace = true

@@ -30,6 +30,12 @@ type Session struct {
 	// (restored is then cleared and token set). Both under Registry.mu.
 	tokenHash [32]byte
 	restored  bool
+	// principal owns the session (auth.Principal.Owner of the connection
+	// that opened it): a resume presented by any other principal is
+	// rejected. "" only for a session restored from a store written before
+	// sessions recorded it, which any principal holding the token may
+	// resume. Set at creation or restore, then read-only.
+	principal string
 
 	mu        sync.Mutex
 	state     state

@@ -142,7 +142,7 @@ func hello(id protocol.ResumeIdentity, outcome protocol.ResumeOutcome) session.O
 
 func (fx *fixture) open(offer protocol.ResumeIdentity, k *sink) (*session.Session, protocol.ResumeOutcome) {
 	fx.t.Helper()
-	s, out, err := fx.reg.Open(offer, k, 1, hello)
+	s, out, err := fx.reg.Open(offer, "anonymous:", k, 1, hello)
 	if err != nil {
 		fx.t.Fatal(err)
 	}
@@ -557,7 +557,7 @@ func TestDrainCleansDormantAndRefusesOpen(t *testing.T) {
 	if !s.Info().Closed {
 		t.Fatal("dormant session survived drain")
 	}
-	if _, _, err := fx.reg.Open(protocol.ResumeIdentity{}, &sink{}, 2, hello); !errors.Is(err, session.ErrDraining) {
+	if _, _, err := fx.reg.Open(protocol.ResumeIdentity{}, "anonymous:", &sink{}, 2, hello); !errors.Is(err, session.ErrDraining) {
 		t.Fatalf("open while draining: %v", err)
 	}
 }

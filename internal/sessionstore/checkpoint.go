@@ -16,15 +16,20 @@ import (
 //	| "SNSS" | ver | covers | boot   | next_sub_id | sessions | session | crc32c |
 //	| 4 B    | u8  | u64 LE | u64 LE | u64 LE      | uvarint  | ...     | u32 LE |
 //	+--------+-----+--------+--------+-------------+----------+=========+--------+
-//	session: client_id str | owner_id str | token_hash 32 B | subs uvarint | sub ...
+//	session: client_id str | owner_id str | token_hash 32 B | principal str |
+//	         subs uvarint | sub ...
 //	sub: as in a subscribe record after the client id (record.go)
+//	ver 1 (still read) has no principal: its sessions get principal "".
 //	crc32c (Castagnoli) covers every byte before it.
 //
 // covers is the log's NextLSN when the checkpoint was taken: it reflects
 // every record below it, and Open replays the log from there.
 const (
 	ckptMagic   = "SNSS"
-	ckptVersion = 1
+	ckptVersion = 2
+	// ckptVersionNoPrincipal is the version before sessions recorded their
+	// principal; Open still reads it.
+	ckptVersionNoPrincipal = 1
 	ckptHeader  = 4 + 1 + 8 + 8 + 8
 	// ckptBytesMax bounds what Open reads, so a damaged file cannot make
 	// it allocate without limit.
@@ -49,6 +54,7 @@ func encodeCheckpoint(st *state, covers uint64) []byte {
 		b = appendStr(b, s.ClientID)
 		b = appendStr(b, s.OwnerID)
 		b = append(b, s.TokenHash[:]...)
+		b = appendStr(b, s.Principal)
 		b = binary.AppendUvarint(b, uint64(len(s.Subs)))
 		for _, sub := range s.Subs {
 			b = appendSub(b, sub)
@@ -61,8 +67,9 @@ func decodeCheckpoint(b []byte) (*state, uint64, error) {
 	if len(b) < ckptHeader+1+4 || string(b[:4]) != ckptMagic {
 		return nil, 0, errors.New("not a session checkpoint")
 	}
-	if b[4] != ckptVersion {
-		return nil, 0, fmt.Errorf("session checkpoint version %d, want %d", b[4], ckptVersion)
+	ver := b[4]
+	if ver != ckptVersion && ver != ckptVersionNoPrincipal {
+		return nil, 0, fmt.Errorf("session checkpoint version %d, want %d or %d", ver, ckptVersionNoPrincipal, ckptVersion)
 	}
 	body := b[:len(b)-4]
 	if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(b[len(b)-4:]) {
@@ -77,6 +84,9 @@ func decodeCheckpoint(b []byte) (*state, uint64, error) {
 	for i := uint64(0); i < n && r.err == nil; i++ {
 		s := &Session{ClientID: r.str(), OwnerID: r.str()}
 		copy(s.TokenHash[:], r.bytes(TokenHashBytes))
+		if ver != ckptVersionNoPrincipal {
+			s.Principal = r.str()
+		}
 		k := r.uvarint()
 		if r.err == nil && k > subsPerSessionMax {
 			r.err = fmt.Errorf("session %q has %d subscriptions", s.ClientID, k)

@@ -1,6 +1,8 @@
 // Package sessionstore keeps the little that a broker restart needs to know
 // about sessions: for each live session its client id, a hash of its resume
-// token, the owner id that issued it, and each subscription's stable
+// token, the owner id that issued it, the principal that owns it (the
+// authenticated identity of the connection that opened it), and each
+// subscription's stable
 // identity (id, topic, group, partition, ack mode, prefetch). It also keeps
 // the highest subscription id ever handed out, so ids are never reused
 // across restarts, and a boot counter.

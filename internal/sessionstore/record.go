@@ -8,7 +8,9 @@ import (
 
 // Record types in the log. Every payload starts with the client id.
 //
-//	create:      client_id str | owner_id str | token_hash 32 B
+//	create:      client_id str | owner_id str | token_hash 32 B   (written
+//	             before sessions had a principal; still read: principal "")
+//	create_owned: client_id str | owner_id str | token_hash 32 B | principal str
 //	subscribe:   client_id str | sub_id uvarint | topic str | group str |
 //	             partition varint | ack_mode u8 | prefetch uvarint
 //	unsubscribe: client_id str | sub_id uvarint
@@ -21,6 +23,7 @@ const (
 	recSubscribe   uint8 = 2
 	recUnsubscribe uint8 = 3
 	recEnd         uint8 = 4
+	recCreateOwned uint8 = 5
 )
 
 // stringBytesMax bounds a decoded string: names are at most 255 bytes and
@@ -42,8 +45,12 @@ type Sub struct {
 
 // Session is what the store keeps of one session.
 type Session struct {
-	ClientID  string
-	OwnerID   string
+	ClientID string
+	OwnerID  string
+	// Principal is the owner of the session (auth.Principal.Owner of the
+	// connection that opened it); "" for a session recorded before
+	// sessions had one.
+	Principal string
 	TokenHash [TokenHashBytes]byte
 	Subs      []Sub // ordered by ID
 }
@@ -163,9 +170,12 @@ func (st *state) apply(typ uint8, payload []byte) error {
 	r := &reader{b: payload}
 	id := r.str()
 	switch typ {
-	case recCreate:
+	case recCreate, recCreateOwned:
 		s := &Session{ClientID: id, OwnerID: r.str()}
 		copy(s.TokenHash[:], r.bytes(TokenHashBytes))
+		if typ == recCreateOwned {
+			s.Principal = r.str()
+		}
 		if r.err == nil {
 			st.sessions[id] = s
 		}

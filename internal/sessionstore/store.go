@@ -170,15 +170,18 @@ func (s *Store) Len() int {
 	return len(s.st.sessions)
 }
 
-// Create records a new session. The record reaches the OS before Create
-// returns, and the disk with the next sync.
-func (s *Store) Create(clientID, ownerID string, tokenHash [TokenHashBytes]byte) error {
+// Create records a new session: its broker's owner id, the principal that
+// opened it (auth.Principal.Owner; a resume by anyone else is rejected) and
+// its token's hash. The record reaches the OS before Create returns, and the
+// disk with the next sync.
+func (s *Store) Create(clientID, ownerID, principal string, tokenHash [TokenHashBytes]byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := appendStr(s.buf[:0], clientID)
 	b = appendStr(b, ownerID)
 	b = append(b, tokenHash[:]...)
-	return s.appendLocked(recCreate, b)
+	b = appendStr(b, principal)
+	return s.appendLocked(recCreateOwned, b)
 }
 
 // Subscribe records a subscription of clientID, durably: it returns once

@@ -1,7 +1,9 @@
 package sessionstore
 
 import (
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"maps"
 	"math/rand/v2"
 	"reflect"
@@ -43,23 +45,23 @@ func TestRoundTripAndBoot(t *testing.T) {
 	if s.Boot() != 1 || s.NextSubID() != 1 || len(s.Restored()) != 0 {
 		t.Fatalf("fresh store: boot %d next %d restored %d", s.Boot(), s.NextSubID(), len(s.Restored()))
 	}
-	must(t, s.Create("c-1", "own", hashOf(1)))
-	must(t, s.Create("c-2", "own", hashOf(2)))
+	must(t, s.Create("c-1", "own", "user:alice", hashOf(1)))
+	must(t, s.Create("c-2", "own", "token:token#1", hashOf(2)))
 	must(t, s.Subscribe("c-1", Sub{ID: 7, Topic: "t", Group: "g", Partition: -1, AckMode: 0, Prefetch: 10}))
 	must(t, s.Subscribe("c-1", Sub{ID: 3, Topic: "t2", Group: "", Partition: 2, AckMode: 1, Prefetch: 1}))
 	must(t, s.Subscribe("c-2", Sub{ID: 9, Topic: "t", Group: "g", Partition: 0, Prefetch: 5}))
 	must(t, s.Unsubscribe("c-2", 9))
-	must(t, s.Create("c-3", "own", hashOf(3)))
+	must(t, s.Create("c-3", "own", "user:alice", hashOf(3)))
 	must(t, s.End("c-3"))
 	must(t, s.Close())
 
 	s = openMem(t, fsys, 0)
 	defer s.Close()
 	want := map[string]Session{
-		"c-1": {ClientID: "c-1", OwnerID: "own", TokenHash: hashOf(1), Subs: []Sub{
+		"c-1": {ClientID: "c-1", OwnerID: "own", Principal: "user:alice", TokenHash: hashOf(1), Subs: []Sub{
 			{ID: 3, Topic: "t2", Partition: 2, AckMode: 1, Prefetch: 1},
 			{ID: 7, Topic: "t", Group: "g", Partition: -1, Prefetch: 10}}},
-		"c-2": {ClientID: "c-2", OwnerID: "own", TokenHash: hashOf(2)},
+		"c-2": {ClientID: "c-2", OwnerID: "own", Principal: "token:token#1", TokenHash: hashOf(2)},
 	}
 	if got := asMap(s.Restored()); !reflect.DeepEqual(got, want) {
 		t.Fatalf("restored\n got %+v\nwant %+v", got, want)
@@ -78,7 +80,7 @@ func TestCheckpointCompactsLog(t *testing.T) {
 	s := openMem(t, fsys, 8)
 	for i := range 100 {
 		id := fmt.Sprintf("c-%d", i)
-		must(t, s.Create(id, "own", hashOf(i)))
+		must(t, s.Create(id, "own", "user:alice", hashOf(i)))
 		must(t, s.Subscribe(id, Sub{ID: uint64(i + 1), Topic: "t", Partition: -1, Prefetch: 1}))
 		if i%2 == 0 {
 			must(t, s.End(id))
@@ -101,7 +103,7 @@ func TestCheckpointCompactsLog(t *testing.T) {
 func TestDamagedCheckpointFailsOpen(t *testing.T) {
 	fsys := vfs.NewMem()
 	s := openMem(t, fsys, 0)
-	must(t, s.Create("c-1", "own", hashOf(1)))
+	must(t, s.Create("c-1", "own", "user:alice", hashOf(1)))
 	must(t, s.Persist())
 	must(t, s.Close())
 	if err := fsys.FlipBit("/data/sessions/checkpoint", 30, 1); err != nil {
@@ -115,7 +117,7 @@ func TestDamagedCheckpointFailsOpen(t *testing.T) {
 func TestClosedRefusesWrites(t *testing.T) {
 	s := openMem(t, vfs.NewMem(), 0)
 	must(t, s.Close())
-	if err := s.Create("c-1", "own", hashOf(1)); err != ErrClosed {
+	if err := s.Create("c-1", "own", "user:alice", hashOf(1)); err != ErrClosed {
 		t.Fatalf("Create after Close: %v, want ErrClosed", err)
 	}
 }
@@ -156,7 +158,7 @@ func crashRun(t *testing.T, seed uint64) {
 		case k < 3 || len(ids) == 0:
 			id := fmt.Sprintf("c-%d", len(ops))
 			o := op{typ: recCreate, id: id, hash: hashOf(len(ops))}
-			must(t, s.Create(id, "own", o.hash))
+			must(t, s.Create(id, "own", "user:alice", o.hash))
 			ops = append(ops, o)
 			live[id] = nil
 		case k < 7:
@@ -209,7 +211,7 @@ func model(ops []op) map[string]Session {
 	for _, o := range ops {
 		switch o.typ {
 		case recCreate:
-			st.sessions[o.id] = &Session{ClientID: o.id, OwnerID: "own", TokenHash: o.hash}
+			st.sessions[o.id] = &Session{ClientID: o.id, OwnerID: "own", Principal: "user:alice", TokenHash: o.hash}
 		case recSubscribe:
 			if x := st.sessions[o.id]; x != nil {
 				x.Subs = insertSub(x.Subs, o.sub)
@@ -243,5 +245,55 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReadsFormatWithoutPrincipal: a store written before sessions recorded
+// their principal (create records of type 1, checkpoints of version 1) still
+// opens, its sessions with principal "", beside new ones that have it.
+func TestReadsFormatWithoutPrincipal(t *testing.T) {
+	// A version-1 checkpoint, laid out as that version wrote it.
+	fsys := vfs.NewMem()
+	must(t, fsys.MkdirAll("/data/sessions", 0o755))
+	var b []byte
+	b = append(b, ckptMagic...)
+	b = append(b, ckptVersionNoPrincipal)
+	b = binary.LittleEndian.AppendUint64(b, 0) // covers
+	b = binary.LittleEndian.AppendUint64(b, 4) // boot
+	b = binary.LittleEndian.AppendUint64(b, 9) // next_sub_id
+	b = binary.AppendUvarint(b, 1)
+	b = appendStr(b, "c-old")
+	b = appendStr(b, "own")
+	h := hashOf(7)
+	b = append(b, h[:]...)
+	b = binary.AppendUvarint(b, 1)
+	b = appendSub(b, Sub{ID: 8, Topic: "t", Partition: -1, Prefetch: 3})
+	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	must(t, vfs.WriteFileAtomic(fsys, "/data/sessions/"+ckptFile, b))
+
+	s := openMem(t, fsys, 0)
+	// A create record as the old version wrote it, then a new one.
+	old := appendStr(nil, "c-log")
+	old = appendStr(old, "own")
+	h2 := hashOf(8)
+	old = append(old, h2[:]...)
+	s.mu.Lock()
+	must(t, s.appendLocked(recCreate, old))
+	s.mu.Unlock()
+	must(t, s.Create("c-new", "own", "user:bob", hashOf(9)))
+	must(t, s.Close())
+
+	s = openMem(t, fsys, 0)
+	defer s.Close()
+	want := map[string]Session{
+		"c-old": {ClientID: "c-old", OwnerID: "own", TokenHash: hashOf(7), Subs: []Sub{{ID: 8, Topic: "t", Partition: -1, Prefetch: 3}}},
+		"c-log": {ClientID: "c-log", OwnerID: "own", TokenHash: hashOf(8)},
+		"c-new": {ClientID: "c-new", OwnerID: "own", Principal: "user:bob", TokenHash: hashOf(9)},
+	}
+	if got := asMap(s.Restored()); !reflect.DeepEqual(got, want) {
+		t.Fatalf("restored\n got %+v\nwant %+v", got, want)
+	}
+	if s.Boot() != 6 || s.NextSubID() != 9 {
+		t.Fatalf("boot %d next %d, want 6 and 9", s.Boot(), s.NextSubID())
 	}
 }
