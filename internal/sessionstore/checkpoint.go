@@ -30,7 +30,7 @@ const (
 	// ckptVersionNoPrincipal is the version before sessions recorded their
 	// principal; Open still reads it.
 	ckptVersionNoPrincipal = 1
-	ckptHeader  = 4 + 1 + 8 + 8 + 8
+	ckptHeader             = 4 + 1 + 8 + 8 + 8
 	// ckptBytesMax bounds what Open reads, so a damaged file cannot make
 	// it allocate without limit.
 	ckptBytesMax = 1 << 30
