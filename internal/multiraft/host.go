@@ -1,0 +1,398 @@
+package multiraft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// Group is one replica of one raft group, driven by a Host.
+type Group interface {
+	// Step hands the replica one inbound raft message. It is called on the
+	// host's loop and must not block on I/O: a replica with its own
+	// goroutine queues the message (bounded, dropping when full, as raft
+	// tolerates loss).
+	Step(m *raftpb.Message) error
+	// Tick advances the replica's raft clock by one tick.
+	Tick()
+}
+
+// Quieter is a Group that can say it needs no tick now: a group of one
+// (it is its own quorum, so it never holds an election or sends a
+// heartbeat), or a group with nothing to do. For a quiet group a host tick
+// costs one Quiet call.
+type Quieter interface {
+	Quiet() bool
+}
+
+// Clock is the time source of Run: After returns a channel that receives
+// once d has passed. internal/testkit's fake clock implements it.
+type Clock interface {
+	After(d time.Duration) <-chan time.Time
+}
+
+type realClock struct{}
+
+func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// Default limits of a Config left at zero.
+const (
+	// InboxMsgsMaxDefault bounds one group's inbound messages waiting for
+	// the host loop.
+	InboxMsgsMaxDefault = 1024
+	// OutboxMsgsMaxDefault bounds the messages waiting for one peer node
+	// between two flushes.
+	OutboxMsgsMaxDefault = 16384
+	// TickMsDefault is Run's tick interval.
+	TickMsDefault = 100
+)
+
+// Config configures a Host.
+type Config struct {
+	// NodeID is this node's id; a group's replica on this node has this
+	// raft id.
+	NodeID uint64
+	// Transport carries outbound batches to peer nodes.
+	Transport Transport
+	// InboxMsgsMax bounds each group's inbound messages between two
+	// Process calls; beyond it messages are dropped and counted.
+	InboxMsgsMax int
+	// OutboxMsgsMax bounds the messages queued for one peer node between
+	// two Flush calls; beyond it messages are dropped and counted.
+	OutboxMsgsMax int
+	// TickMs is the interval between two ticks in Run.
+	TickMs int
+	// Clock drives Run's ticks; nil means the real clock.
+	Clock Clock
+}
+
+// HostStats counts what a Host did. Read it with Host.Stats.
+type HostStats struct {
+	// Groups is the number of groups hosted.
+	Groups int
+	// Ticks is host ticks; GroupTicks is Tick calls made to groups, and
+	// QuietSkips is groups skipped because they were quiet.
+	Ticks, GroupTicks, QuietSkips uint64
+	// Received is inbound messages routed to a group's inbox.
+	Received uint64
+	// InboxDropped is inbound messages dropped because the group's inbox
+	// was full; UnknownGroup is those for a group not hosted here.
+	InboxDropped, UnknownGroup uint64
+	// StepErrors is Step calls that returned an error.
+	StepErrors uint64
+	// Sent is outbound messages handed to the transport, in Batches calls
+	// of Transport.Send; OutboxDropped is those dropped because a peer's
+	// outbox was full.
+	Sent, Batches, OutboxDropped uint64
+}
+
+// ErrGroupExists is returned by AddGroup for a group id already hosted.
+var ErrGroupExists = errors.New("multiraft: group already hosted")
+
+type slot struct {
+	id      uint64
+	g       Group
+	quiet   Quieter // nil when g cannot be quiet
+	inbox   []*raftpb.Message
+	busy    []*raftpb.Message // the batch Process is stepping, outside mu
+	queued  bool              // in h.ready
+	removed bool
+}
+
+// Host drives every raft group replica on one node: one tick for all
+// groups, inbound messages routed by group id into bounded inboxes, and
+// outbound messages of all groups batched per peer node, one
+// Transport.Send per peer per flush.
+//
+// Goroutines: Tick, Process and Flush are the host loop and must be called
+// from one goroutine at a time (Run does that; a deterministic test calls
+// them itself). Deliver, the functions returned by Sender, AddGroup,
+// RemoveGroup and Stats are safe from any goroutine. Group methods are
+// only called from the host loop, never with h.mu held.
+type Host struct {
+	cfg  Config
+	wake chan struct{}
+
+	mu         sync.Mutex
+	slots      map[uint64]*slot
+	order      []*slot // tick order by group id; replaced, never edited in place
+	ready      []*slot // groups with inbound messages since the last Process
+	readySpare []*slot
+	outbox     map[uint64][]Envelope
+	peers      []uint64 // peers with a non-empty outbox, in first-send order
+
+	ticks, groupTicks, quietSkips         atomic.Uint64
+	received, inboxDropped, unknownGroup  atomic.Uint64
+	stepErrors, sent, batches, outDropped atomic.Uint64
+}
+
+// NewHost returns a host for cfg.
+func NewHost(cfg Config) (*Host, error) {
+	if cfg.NodeID == 0 {
+		return nil, errors.New("multiraft: Config.NodeID must not be 0")
+	}
+	if cfg.Transport == nil {
+		return nil, errors.New("multiraft: Config.Transport is nil")
+	}
+	if cfg.InboxMsgsMax <= 0 {
+		cfg.InboxMsgsMax = InboxMsgsMaxDefault
+	}
+	if cfg.OutboxMsgsMax <= 0 {
+		cfg.OutboxMsgsMax = OutboxMsgsMaxDefault
+	}
+	if cfg.TickMs <= 0 {
+		cfg.TickMs = TickMsDefault
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = realClock{}
+	}
+	return &Host{
+		cfg:    cfg,
+		wake:   make(chan struct{}, 1),
+		slots:  make(map[uint64]*slot),
+		outbox: make(map[uint64][]Envelope),
+	}, nil
+}
+
+// NodeID returns the host's node id.
+func (h *Host) NodeID() uint64 { return h.cfg.NodeID }
+
+// AddGroup hosts g as group id. Messages for id received before AddGroup
+// were dropped (counted as UnknownGroup); raft resends them.
+func (h *Host) AddGroup(id uint64, g Group) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.slots[id]; ok {
+		return fmt.Errorf("%w: %d", ErrGroupExists, id)
+	}
+	s := &slot{id: id, g: g}
+	s.quiet, _ = g.(Quieter)
+	h.slots[id] = s
+	i, _ := slices.BinarySearchFunc(h.order, id, func(s *slot, id uint64) int {
+		switch {
+		case s.id < id:
+			return -1
+		case s.id > id:
+			return 1
+		}
+		return 0
+	})
+	h.order = slices.Insert(slices.Clone(h.order), i, s)
+	return nil
+}
+
+// RemoveGroup stops hosting group id; its queued inbound messages are
+// discarded. It reports whether the group was hosted.
+func (h *Host) RemoveGroup(id uint64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, ok := h.slots[id]
+	if !ok {
+		return false
+	}
+	s.removed = true
+	s.inbox = nil
+	delete(h.slots, id)
+	h.order = slices.DeleteFunc(slices.Clone(h.order), func(x *slot) bool { return x == s })
+	return true
+}
+
+// Deliver routes an inbound batch from peer node from to each envelope's
+// group inbox. It never blocks: a message for a group not hosted here, or
+// for a group whose inbox is full, is dropped and counted.
+func (h *Host) Deliver(from uint64, batch []Envelope) {
+	h.mu.Lock()
+	for _, env := range batch {
+		h.routeLocked(env)
+	}
+	h.mu.Unlock()
+	h.signal()
+}
+
+func (h *Host) routeLocked(env Envelope) {
+	s, ok := h.slots[env.Group]
+	if !ok || env.Msg == nil {
+		h.unknownGroup.Add(1)
+		return
+	}
+	if len(s.inbox) >= h.cfg.InboxMsgsMax {
+		h.inboxDropped.Add(1)
+		return
+	}
+	s.inbox = append(s.inbox, env.Msg)
+	h.received.Add(1)
+	if !s.queued {
+		s.queued = true
+		h.ready = append(h.ready, s)
+	}
+}
+
+func (h *Host) signal() {
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Sender returns the function group id's replica sends its outbound
+// messages with (for a partition, its Config.Send). Messages are queued
+// per peer node until the next Flush; a message to this node itself is
+// routed to the group's inbox. It never blocks: beyond OutboxMsgsMax a
+// message is dropped and counted.
+func (h *Host) Sender(id uint64) func([]*raftpb.Message) {
+	return func(msgs []*raftpb.Message) {
+		h.mu.Lock()
+		for _, m := range msgs {
+			to := m.GetTo()
+			env := Envelope{Group: id, Msg: m}
+			if to == h.cfg.NodeID {
+				h.routeLocked(env)
+				continue
+			}
+			q := h.outbox[to]
+			if len(q) >= h.cfg.OutboxMsgsMax {
+				h.outDropped.Add(1)
+				continue
+			}
+			if len(q) == 0 {
+				h.peers = append(h.peers, to)
+			}
+			h.outbox[to] = append(q, env)
+		}
+		h.mu.Unlock()
+		h.signal()
+	}
+}
+
+// Tick gives every hosted group one raft tick, skipping quiet ones (host
+// loop only).
+func (h *Host) Tick() {
+	h.mu.Lock()
+	order := h.order
+	h.mu.Unlock()
+	h.ticks.Add(1)
+	var ticked, skipped uint64
+	for _, s := range order {
+		if s.quiet != nil && s.quiet.Quiet() {
+			skipped++
+			continue
+		}
+		s.g.Tick()
+		ticked++
+	}
+	h.groupTicks.Add(ticked)
+	h.quietSkips.Add(skipped)
+}
+
+// Process steps every queued inbound message into its group, in arrival
+// order per group (host loop only). It returns the number of messages
+// stepped.
+func (h *Host) Process() int {
+	h.mu.Lock()
+	ready := h.ready
+	h.ready, h.readySpare = h.readySpare[:0], nil
+	for _, s := range ready {
+		s.queued = false
+		if s.removed {
+			s.busy = s.busy[:0]
+			continue
+		}
+		s.busy, s.inbox = s.inbox, s.busy[:0]
+	}
+	h.mu.Unlock()
+	n := 0
+	for _, s := range ready {
+		for _, m := range s.busy {
+			if err := s.g.Step(m); err != nil {
+				h.stepErrors.Add(1)
+			}
+		}
+		n += len(s.busy)
+		clear(s.busy)
+	}
+	clear(ready)
+	h.mu.Lock()
+	if h.readySpare == nil {
+		h.readySpare = ready[:0]
+	}
+	h.mu.Unlock()
+	return n
+}
+
+// Flush hands each peer node's queued messages to the transport in one
+// Send (host loop only). It returns the number of messages sent.
+func (h *Host) Flush() int {
+	h.mu.Lock()
+	peers := h.peers
+	h.peers = nil
+	batches := make([][]Envelope, len(peers))
+	for i, p := range peers {
+		batches[i] = h.outbox[p]
+		delete(h.outbox, p)
+	}
+	h.mu.Unlock()
+	n := 0
+	for i, p := range peers {
+		h.cfg.Transport.Send(p, batches[i])
+		n += len(batches[i])
+	}
+	h.sent.Add(uint64(n))
+	h.batches.Add(uint64(len(peers)))
+	return n
+}
+
+// runRoundsMax bounds the process/flush rounds Run makes per wake-up.
+const runRoundsMax = 64
+
+// Run is the host loop: every TickMs it ticks all groups, and whenever
+// messages arrive or are sent it processes and flushes. It returns when
+// ctx ends.
+func (h *Host) Run(ctx context.Context) error {
+	every := time.Duration(h.cfg.TickMs) * time.Millisecond
+	tick := h.cfg.Clock.After(every)
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick:
+			h.Tick()
+			tick = h.cfg.Clock.After(every)
+		case <-h.wake:
+		}
+		// Processing queues outbound messages and a flush to this node
+		// queues inbound ones; go round until both are empty, a bounded
+		// number of times so a busy node still ticks (the wake channel
+		// brings the loop back for what is left).
+		for range runRoundsMax {
+			if h.Process()+h.Flush() == 0 {
+				break
+			}
+		}
+	}
+}
+
+// Stats returns the host's counters.
+func (h *Host) Stats() HostStats {
+	h.mu.Lock()
+	groups := len(h.slots)
+	h.mu.Unlock()
+	return HostStats{
+		Groups:        groups,
+		Ticks:         h.ticks.Load(),
+		GroupTicks:    h.groupTicks.Load(),
+		QuietSkips:    h.quietSkips.Load(),
+		Received:      h.received.Load(),
+		InboxDropped:  h.inboxDropped.Load(),
+		UnknownGroup:  h.unknownGroup.Load(),
+		StepErrors:    h.stepErrors.Load(),
+		Sent:          h.sent.Load(),
+		Batches:       h.batches.Load(),
+		OutboxDropped: h.outDropped.Load(),
+	}
+}
