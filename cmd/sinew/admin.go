@@ -56,7 +56,11 @@ type adminCommand struct {
 // adminCommands is filled in by init in admin_cmds.go.
 var adminCommands = map[string]adminCommand{}
 
-func runAdmin(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+func runAdmin(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "user" {
+		// The user verbs read a new password from standard input.
+		return dispatchAdmin(ctx, "admin user", userCommands(stdin), args[1:], stdout, stderr)
+	}
 	return dispatchAdmin(ctx, "admin", adminCommands, args, stdout, stderr)
 }
 

@@ -256,3 +256,53 @@ func TestAdminSessionsOverviewDrainContract(t *testing.T) {
 		t.Fatalf("missing endpoint: exit %d, %q", code, errOut)
 	}
 }
+
+// TestAdminUsersContract: the user commands send what docs/operations.md
+// says, the password only in a request body, and show the documented
+// answers; a user name that needs escaping is path-escaped.
+func TestAdminUsersContract(t *testing.T) {
+	const alice = `{"name": "a.b@c", "permissions": {"publish": ["orders.*"], "consume": [], "manage": []}}`
+	cs := newContractServer(t, map[string]route{
+		"GET /api/v1/users":                   {200, `{"users": [` + alice + `]}`},
+		"GET /api/v1/users/a.b@c":             {200, alice},
+		"POST /api/v1/users":                  {201, alice},
+		"PUT /api/v1/users/a.b@c/password":    {200, alice},
+		"PUT /api/v1/users/a.b@c/permissions": {200, `{"name": "a.b@c", "permissions": {"publish": ["orders.*", "x y"], "consume": [], "manage": []}}`},
+		"DELETE /api/v1/users/a.b@c":          {200, `{"removed": true}`},
+		"GET /api/v1/users/nobody%2Fx":        {404, `{"code": "not_found", "error": "auth: user not found: \"nobody/x\""}`},
+	})
+	code, out, errOut := cs.run("admin", "user", "list")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || len(lines) != 2 ||
+		strings.Join(strings.Fields(lines[1]), " ") != "a.b@c orders.* - -" {
+		t.Fatalf("list: exit %d, %q\n%s", code, errOut, out)
+	}
+	t.Setenv("SINEW_NEW_PASSWORD", "")
+	code, out, errOut = runCmd(t, "pass word 1\n", "admin", "user", "add", "a.b@c", "--publish", "orders.*", "--password-stdin", "--admin-addr", cs.addr)
+	r := cs.last()
+	if code != 0 || r.method != "POST" || r.path != "/api/v1/users" || r.query != "" ||
+		r.body != `{"name":"a.b@c","password":"pass word 1","permissions":{"publish":["orders.*"],"consume":[],"manage":[]}}` ||
+		strings.Contains(out+errOut, "pass word") {
+		t.Fatalf("add: exit %d, %+v, %q %q", code, r, out, errOut)
+	}
+	t.Setenv("SINEW_NEW_PASSWORD", "pass word 2")
+	code, out, _ = cs.run("admin", "user", "passwd", "a.b@c")
+	if r := cs.last(); code != 0 || r.method != "PUT" || r.path != "/api/v1/users/a.b@c/password" || r.body != `{"password":"pass word 2"}` ||
+		strings.Contains(out, "pass word") {
+		t.Fatalf("passwd: exit %d, %+v, %q", code, r, out)
+	}
+	t.Setenv("SINEW_NEW_PASSWORD", "")
+	// grant reads the user, then replaces its permissions with the union.
+	code, out, _ = cs.run("admin", "user", "grant", "a.b@c", "--publish", "x y")
+	if r := cs.last(); code != 0 || r.method != "PUT" || r.path != "/api/v1/users/a.b@c/permissions" ||
+		r.body != `{"publish":["orders.*","x y"],"consume":[],"manage":[]}` || !strings.Contains(out, "publish orders.* x y;") {
+		t.Fatalf("grant: exit %d, %+v, %q", code, r, out)
+	}
+	code, out, _ = cs.run("admin", "user", "remove", "a.b@c")
+	if r := cs.last(); code != 0 || r.method != "DELETE" || r.path != "/api/v1/users/a.b@c" || !strings.Contains(out, "removed user a.b@c") {
+		t.Fatalf("remove: exit %d, %+v, %q", code, r, out)
+	}
+	code, _, errOut = cs.run("admin", "user", "revoke", "nobody/x", "--consume", "t")
+	if r := cs.last(); code != 1 || r.path != "/api/v1/users/nobody%2Fx" || !strings.Contains(errOut, "not_found (HTTP 404): auth: user not found") {
+		t.Fatalf("revoke unknown: exit %d, %q", code, errOut)
+	}
+}

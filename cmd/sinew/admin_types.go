@@ -1,5 +1,7 @@
 package main
 
+import "github.com/sinewmq/sinew/internal/auth"
+
 // The admin API's JSON, as docs/operations.md describes it. The CLI decodes
 // only what it shows and ignores fields it does not know, so a newer broker
 // that adds fields still works with it; --json prints the answer unchanged.
@@ -208,4 +210,46 @@ type apiSettings struct {
 type apiSettingsPut struct {
 	Version uint64           `json:"version"`
 	Values  map[string]int64 `json:"values"`
+}
+
+// apiPermissions are a user's topic patterns per action.
+type apiPermissions struct {
+	Publish []string `json:"publish"`
+	Consume []string `json:"consume"`
+	Manage  []string `json:"manage"`
+}
+
+func apiPermissionsOf(p auth.Permissions) apiPermissions {
+	orEmpty := func(s []string) []string {
+		if s == nil {
+			return []string{}
+		}
+		return s
+	}
+	return apiPermissions{Publish: orEmpty(p.Publish), Consume: orEmpty(p.Consume), Manage: orEmpty(p.Manage)}
+}
+
+func (p apiPermissions) perms() auth.Permissions {
+	return auth.Permissions{Publish: p.Publish, Consume: p.Consume, Manage: p.Manage}
+}
+
+type apiUser struct {
+	Name        string         `json:"name"`
+	Permissions apiPermissions `json:"permissions"`
+}
+
+type apiUsersList struct {
+	Users []apiUser `json:"users"`
+}
+
+// apiUserAdd is the body of POST /api/v1/users; the password travels only
+// in a body.
+type apiUserAdd struct {
+	Name        string         `json:"name"`
+	Password    string         `json:"password"`
+	Permissions apiPermissions `json:"permissions"`
+}
+
+type apiUserPassword struct {
+	Password string `json:"password"`
 }

@@ -119,6 +119,12 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("GET /api/v1/connections", a.connections)
 	mux.HandleFunc("GET /api/v1/sessions", a.sessions)
 	mux.HandleFunc("POST /api/v1/drain", a.drain)
+	mux.HandleFunc("GET /api/v1/users", a.needBroker(a.listUsers))
+	mux.HandleFunc("POST /api/v1/users", a.needBroker(a.addUser))
+	mux.HandleFunc("GET /api/v1/users/{name}", a.needBroker(a.getUser))
+	mux.HandleFunc("DELETE /api/v1/users/{name}", a.needBroker(a.removeUser))
+	mux.HandleFunc("PUT /api/v1/users/{name}/password", a.needBroker(a.setPassword))
+	mux.HandleFunc("PUT /api/v1/users/{name}/permissions", a.needBroker(a.setPermissions))
 	if cfg.Settings != nil {
 		mux.HandleFunc("GET /api/v1/settings", func(w http.ResponseWriter, _ *http.Request) {
 			writeJSON(w, http.StatusOK, settingsView(cfg.Settings.Snapshot()))

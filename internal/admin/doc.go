@@ -21,6 +21,12 @@
 //	GET    /api/v1/settings                   runtime settings and their version
 //	PUT    /api/v1/settings                   change runtime settings (409 on a version race)
 //	POST   /api/v1/drain                      start the planned drain, as SIGTERM does (202; 501 when not wired)
+//	GET    /api/v1/users                      every user with its permissions (never a password or hash)
+//	POST   /api/v1/users                      add a user (the password only in the body)
+//	GET    /api/v1/users/{name}               one user
+//	PUT    /api/v1/users/{name}/password      set its password
+//	PUT    /api/v1/users/{name}/permissions   replace its permissions
+//	DELETE /api/v1/users/{name}               remove it
 //
 // JSON names are snake_case; every JSON error is {"code": ..., "error": ...}.
 // A state-changing request a browser marks as cross-site, or whose Origin is

@@ -88,6 +88,6 @@ func StartupCheck(what, addr string, loopback, authConfigured, allowAnonymous bo
 		return true, nil
 	}
 	return false, fmt.Errorf("refusing to start: %s = %q is not a loopback address and no authentication is configured; "+
-		"add a user (while listening on loopback), set auth.tokens, "+
+		"add a user offline (sinew admin user add NAME --manage '*' --password-stdin --data-dir DIR), set auth.tokens, "+
 		"listen on 127.0.0.1 only, or set auth.allow_anonymous = true to accept anyone", what, addr)
 }
