@@ -130,7 +130,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	var aln net.Listener
 	var gate *admin.Gate
 	if cfg.AdminListen != "" {
-		if gate, err = adminGate(cfg, logger); err != nil {
+		if gate, err = adminGate(cfg, users, logger); err != nil {
 			ln.Close()
 			return err
 		}
@@ -508,38 +508,31 @@ func adminConfig(b *broker.Broker, srv *server.Server, rt *runtimesettings.Store
 	}
 }
 
-// adminGate applies the startup rule to the admin listener and returns the
-// gate its requests pass: a listener that is not loopback-only needs
-// authentication configured (auth.tokens), else serve refuses to start.
-// Anonymous requests are served only on a loopback admin listener of a
-// broker with no authentication configured.
-func adminGate(cfg settings.Config, logger *slog.Logger) (*admin.Gate, error) {
-	loopback := loopbackListen(cfg.AdminListen)
+// adminGate applies the startup rule to the admin listener (as
+// checkListenAuth does to the client listener) and returns the gate its
+// requests pass: a listener that is not loopback-only needs users or
+// auth.tokens, or auth.allow_anonymous, which is then warned about.
+// Requests without credentials are served only where auth.AnonymousAllowed
+// says so, asked per request since users can be added while the broker runs.
+func adminGate(cfg settings.Config, users *auth.Users, logger *slog.Logger) (*admin.Gate, error) {
+	loopback, err := auth.LoopbackListen(cfg.AdminListen, nil)
+	if err != nil {
+		logger.Warn("admin_listen address not resolved; treating it as not loopback", "admin_listen", cfg.AdminListen, "err", err)
+	}
 	tokens := cfg.Auth.Tokens
-	configured := func() bool { return len(tokens) > 0 }
-	if !loopback && !configured() {
-		return nil, fmt.Errorf("refusing to start: admin_listen = %q is not a loopback address and no authentication is configured; "+
-			"set auth.tokens or put admin_listen on 127.0.0.1", cfg.AdminListen)
+	configured := func() bool { return users.Len() > 0 || len(tokens) > 0 }
+	warn, err := auth.StartupCheck("admin_listen", cfg.AdminListen, loopback, configured(), cfg.Auth.AllowAnonymous)
+	if err != nil {
+		return nil, err
+	}
+	if warn {
+		logger.Warn("auth.allow_anonymous is set and the admin listener is not loopback-only: anyone who can reach it can read every message, change settings and drain the broker",
+			"admin_listen", cfg.AdminListen)
 	}
 	return &admin.Gate{
-		Anonymous: func() bool { return loopback && !configured() },
+		Anonymous: func() bool { return auth.AnonymousAllowed(cfg.Auth.AllowAnonymous, loopback, configured()) },
+		Users:     users,
 		Tokens:    tokens,
 		Logger:    logger.With("component", "admin"),
 	}, nil
-}
-
-// loopbackListen reports whether the listen address addr binds loopback
-// addresses only: "localhost" or a loopback IP. An empty host, the
-// unspecified addresses and any other name bind (or may bind) other
-// interfaces.
-func loopbackListen(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

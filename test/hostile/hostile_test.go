@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/test/chaos/harness"
 )
 
@@ -39,6 +40,12 @@ const (
 	// before the closing sample.
 	settleAfter = 2 * time.Second
 )
+
+// authHashKiB is what the password checks of wrong-credential peers may
+// hold at once: the users store runs at most 2 argon2id hashes concurrently
+// (verifyConcurrencyMax in internal/auth), each taking the memory parameter
+// of the default hash.
+var authHashKiB = 2 * int64(auth.DefaultHashParams.MemoryKiB)
 
 var (
 	buildOnce sync.Once
@@ -133,7 +140,8 @@ var boundedArgs = []string{
 //
 //	gcFactor x (RSS after the backlog was stored + the large messages' bytes
 //	            + connections x per-connection bytes
-//	            + oversized peers x limits.frame_bytes_max) + slack
+//	            + oversized peers x limits.frame_bytes_max
+//	            + 2 concurrent argon2id hashes x their memory) + slack
 //
 // where the per-connection bytes are the outbound and re-send caps plus the
 // fixed buffers, the oversized peers' connections each hold up to one frame
@@ -160,10 +168,10 @@ func TestHostileBounded(t *testing.T) {
 	perConn := int64(boundedOutboundBytes + boundedResendBytes + connFixedBytes)
 	bigKiB := int64(bigBacklog * bigBodyBytes >> 10)
 	framesKiB := int64(m.oversized) * boundedFrameBytes >> 10
-	ceilingKiB := gcFactor*(r.afterBacklog+bigKiB+int64(m.total())*perConn>>10+framesKiB) + runtimeSlackBytes>>10
-	t.Logf("hostile: ceiling %.1f MiB = %d x (after backlog %.1f MiB + %s %d MiB + %d conns x %d KiB + %d oversized x %d KiB) + %d MiB; slow consumers logged %d",
+	ceilingKiB := gcFactor*(r.afterBacklog+bigKiB+int64(m.total())*perConn>>10+framesKiB+authHashKiB) + runtimeSlackBytes>>10
+	t.Logf("hostile: ceiling %.1f MiB = %d x (after backlog %.1f MiB + %s %d MiB + %d conns x %d KiB + %d oversized x %d KiB + hashes %d MiB) + %d MiB; slow consumers logged %d",
 		mib(ceilingKiB), gcFactor, mib(r.afterBacklog), bigTopic, bigKiB>>10, m.total(), perConn>>10, m.oversized, boundedFrameBytes>>10,
-		runtimeSlackBytes>>20, strings.Count(r.stderr, "slow consumer disconnected"))
+		authHashKiB>>10, runtimeSlackBytes>>20, strings.Count(r.stderr, "slow consumer disconnected"))
 	if peak := max(r.peak, r.hwm); peak > ceilingKiB {
 		t.Errorf("peak RSS %.1f MiB is above the ceiling %.1f MiB derived from the caps", mib(peak), mib(ceilingKiB))
 	}

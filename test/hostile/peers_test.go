@@ -438,8 +438,9 @@ func (st *peerStats) errCodes() string {
 	return strings.Join(parts, ",")
 }
 
-// wrongauthPeer sends a HELLO with a wrong credential, reads the answer
-// until the broker closes the connection, and does it again.
+// wrongauthPeer sends a HELLO with a wrong credential (a wrong token, or a
+// user name with a wrong password, in turn), reads the answer until the
+// broker closes the connection, and does it again.
 func wrongauthPeer(addr string) func(context.Context, int, *peerStats) {
 	return func(ctx context.Context, i int, st *peerStats) {
 		for n := 0; ctx.Err() == nil; n++ {
@@ -447,6 +448,11 @@ func wrongauthPeer(addr string) func(context.Context, int, *peerStats) {
 			if err == nil {
 				h := hello("wrongauth")
 				h.Credentials = fmt.Sprintf("wrong-%d-%d", i, n)
+				if n%2 == 1 {
+					// A user name makes the broker check the password
+					// against its users store: an argon2id hash.
+					h.User = fmt.Sprintf("hostile-%d", i)
+				}
 				c.Write(protocol.AppendFrame(nil, 0, 1, h))
 				if code, ok := readError(c); ok && code == protocol.CodeAuthFailed {
 					st.authFailed.Add(1)
