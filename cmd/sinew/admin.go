@@ -97,7 +97,7 @@ func adminUsage(w io.Writer, prefix string, cmds map[string]adminCommand) {
 		fmt.Fprintf(&b, "  %-12s %s\n", n, cmds[n].summary)
 	}
 	fmt.Fprintf(&b, "\nEvery command takes --admin-addr host:port (env SINEW_ADMIN_ADDR, default %s),\n"+
-		"--timeout, --json, and --user (password in SINEW_PASSWORD) or --token (env SINEW_TOKEN) for a broker\n"+
+		"--timeout, --json, and --user (password in SINEW_PASSWORD or --password-file) or --token (env SINEW_TOKEN)\nfor a broker "+
 		"that asks for credentials; run a command with --help for its own flags.\n", adminAddrDefault)
 	io.WriteString(w, b.String())
 }
@@ -107,8 +107,10 @@ type adminFlags struct {
 	addr    *string
 	timeout *time.Duration
 	json    *bool
-	user    *string // basic auth user; the password comes from SINEW_PASSWORD
+	user    *string // basic auth user; the password comes from SINEW_PASSWORD or passwordFile
 	token   *string // bearer token
+	// passwordFile holds the user's password on its first line.
+	passwordFile *string
 }
 
 func addAdminFlags(fs *flag.FlagSet) adminFlags {
@@ -120,25 +122,29 @@ func addAdminFlags(fs *flag.FlagSet) adminFlags {
 		addr:    fs.String("admin-addr", addr, "admin API address `host:port` or http(s) URL (env SINEW_ADMIN_ADDR)"),
 		timeout: fs.Duration("timeout", adminTimeoutDefault, "give up one request after this long"),
 		json:    fs.Bool("json", false, "print the API's JSON instead of a table"),
-		user:    fs.String("user", os.Getenv("SINEW_USER"), "authenticate as this user, with the password in the environment variable SINEW_PASSWORD (env SINEW_USER)"),
-		token:   fs.String("token", os.Getenv("SINEW_TOKEN"), "authenticate with this bearer token, one of the broker's auth.tokens (env SINEW_TOKEN)"),
+		user: fs.String("user", os.Getenv("SINEW_USER"),
+			"authenticate as this user (env SINEW_USER); the password comes from env SINEW_PASSWORD or --password-file, never from the command line"),
+		passwordFile: fs.String("password-file", "", "read the --user password from the first line of this `file`"),
+		token:        fs.String("token", os.Getenv("SINEW_TOKEN"), "authenticate with this bearer token, one of the broker's auth.tokens (env SINEW_TOKEN)"),
 	}
 }
 
 // authorization returns the Authorization header the flags ask for ("" for
-// none). The password is read only from the environment, so it stays out of
-// the process list and shell history.
+// none). The password is read from the environment or a file, never a flag,
+// so it stays out of the process list and shell history.
 func (f adminFlags) authorization() (string, error) {
 	user, token := *f.user, *f.token
 	switch {
 	case user != "" && token != "":
 		return "", fmt.Errorf("%w: give --user or --token, not both", errUsage)
 	case user != "":
-		password, ok := os.LookupEnv("SINEW_PASSWORD")
-		if !ok || password == "" {
-			return "", fmt.Errorf("%w: --user %s needs the password in the environment variable SINEW_PASSWORD", errUsage, user)
+		password, err := userPassword(user, *f.passwordFile)
+		if err != nil {
+			return "", err
 		}
 		return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+password)), nil
+	case *f.passwordFile != "":
+		return "", fmt.Errorf("%w: --password-file needs --user", errUsage)
 	case token != "":
 		return "Bearer " + token, nil
 	}
@@ -228,7 +234,7 @@ func (e *apiError) Error() string {
 	}
 	msg := e.message
 	if e.status == http.StatusUnauthorized {
-		msg += " (pass --user with the password in SINEW_PASSWORD, or --token / SINEW_TOKEN)"
+		msg += " (pass --user with the password in SINEW_PASSWORD or --password-file, or --token / SINEW_TOKEN)"
 	}
 	if e.status == http.StatusNotFound && e.code == "" {
 		// net/http's own 404: the path is not served at all.

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -165,5 +166,15 @@ func TestServeAdminAuthUsers(t *testing.T) {
 	t.Setenv("SINEW_PASSWORD", "wrong-password")
 	if code, _, errOut := runCmd(t, "", "admin", "queues", "--admin-addr", adminAddr, "--user", "root"); code == 0 || !strings.Contains(errOut, "HTTP 401") {
 		t.Fatalf("--user root, wrong password: exit %d, %q", code, errOut)
+	}
+	pwFile := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pwFile, []byte("root-password-1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := runCmd(t, "", "admin", "queues", "--admin-addr", adminAddr, "--user", "root", "--password-file", pwFile); code != 0 {
+		t.Fatalf("--password-file: exit %d, %q", code, errOut)
+	}
+	if code, _, errOut := runCmd(t, "", "admin", "queues", "--admin-addr", adminAddr, "--password-file", pwFile); code == 0 || !strings.Contains(errOut, "needs --user") {
+		t.Fatalf("--password-file without --user: exit %d, %q", code, errOut)
 	}
 }

@@ -16,7 +16,21 @@ import (
 // ("name" or "name{labels}") and the TYPE of each family.
 func scrape(t *testing.T, adminAddr string) (samples map[string]float64, types map[string]string) {
 	t.Helper()
-	resp, err := (&http.Client{Timeout: safetyTimeoutMs * time.Millisecond}).Get("http://" + adminAddr + "/metrics")
+	return scrapeAs(t, adminAddr, "")
+}
+
+// scrapeAs is scrape with an Authorization header ("" sends none), for an
+// admin listener that asks for credentials.
+func scrapeAs(t *testing.T, adminAddr, authz string) (samples map[string]float64, types map[string]string) {
+	t.Helper()
+	req, err := http.NewRequest("GET", "http://"+adminAddr+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if authz != "" {
+		req.Header.Set("Authorization", authz)
+	}
+	resp, err := (&http.Client{Timeout: safetyTimeoutMs * time.Millisecond}).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

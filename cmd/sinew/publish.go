@@ -134,19 +134,30 @@ func (f clientFlags) credentials() (sinew.Option, error) {
 	if *f.token != "" {
 		return nil, fmt.Errorf("%w: give --user or --token (SINEW_TOKEN), not both", errUsage)
 	}
-	password, fromFile := os.Getenv("SINEW_PASSWORD"), *f.passwordFile
-	if fromFile != "" {
-		b, err := vfs.ReadFileMax(vfs.OS(), fromFile, passwordFileBytesMax)
+	password, err := userPassword(*f.user, *f.passwordFile)
+	if err != nil {
+		return nil, err
+	}
+	return sinew.WithUser(*f.user, password), nil
+}
+
+// userPassword returns the password of user: the first line of
+// passwordFile when it is given, else SINEW_PASSWORD. The client commands
+// and sinew admin share it.
+func userPassword(user, passwordFile string) (string, error) {
+	password := os.Getenv("SINEW_PASSWORD")
+	if passwordFile != "" {
+		b, err := vfs.ReadFileMax(vfs.OS(), passwordFile, passwordFileBytesMax)
 		if err != nil {
-			return nil, fmt.Errorf("--password-file: %w", err)
+			return "", fmt.Errorf("--password-file: %w", err)
 		}
 		line, _, _ := strings.Cut(string(b), "\n")
 		password = strings.TrimSuffix(line, "\r")
 	}
 	if password == "" {
-		return nil, fmt.Errorf("%w: --user %s needs a password: set SINEW_PASSWORD or give --password-file", errUsage, *f.user)
+		return "", fmt.Errorf("%w: --user %s needs a password: set SINEW_PASSWORD or give --password-file", errUsage, user)
 	}
-	return sinew.WithUser(*f.user, password), nil
+	return password, nil
 }
 
 func describeClientErr(addr string, err error) error {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,7 +74,12 @@ func openTestUsers(t *testing.T, dataDir string) *auth.Users {
 // counted in sinew_auth_failures_total.
 func TestServeUserLoginAndCLI(t *testing.T) {
 	cfg := testServeConfig(t)
-	if err := openTestUsers(t, cfg.DataDir).Add("alice", "correct horse", auth.Permissions{Publish: []string{"*"}, Consume: []string{"*"}}); err != nil {
+	users := openTestUsers(t, cfg.DataDir)
+	if err := users.Add("alice", "correct horse", auth.Permissions{Publish: []string{"*"}, Consume: []string{"*"}}); err != nil {
+		t.Fatal(err)
+	}
+	// The admin listener asks for credentials too once a user exists.
+	if err := users.Add("root", "root password", auth.Permissions{Manage: []string{"*"}}); err != nil {
 		t.Fatal(err)
 	}
 	addr, adminAddr, _ := runServeAdmin(t, cfg)
@@ -114,7 +120,9 @@ func TestServeUserLoginAndCLI(t *testing.T) {
 			t.Fatalf("%v: exit %d, %s", args, code, errOut)
 		}
 	}
-	samples, _ := scrape(t, adminAddr)
+	req, _ := http.NewRequest("GET", "/", nil)
+	req.SetBasicAuth("root", "root password")
+	samples, _ := scrapeAs(t, adminAddr, req.Header.Get("Authorization"))
 	if got := samples["sinew_auth_failures_total"]; got != 2 {
 		t.Fatalf("sinew_auth_failures_total = %v, want 2", got)
 	}
