@@ -17,12 +17,13 @@ import (
 // message.
 //
 //	chunks (ascending base, each base a multiple of chunkLSNs):
-//	  +------+----------------+-----------------+-------+--------+----------------+
-//	  | base | live [4]uint64 | plain [4]uint64 | nLive | nPlain | pos []uint32   |
-//	  +------+----------------+-----------------+-------+--------+----------------+
+//	  +------+----------------+-----------------+-----------------+-------+--------+--------+--------------+
+//	  | base | live [4]uint64 | plain [4]uint64 | fresh [4]uint64 | nLive | nPlain | nFresh | pos []uint32 |
+//	  +------+----------------+-----------------+-----------------+-------+--------+--------+--------------+
 //	  bit i of word w describes LSN base + 64*w + i. pos[k] is the slab
 //	  position of the k-th message with state (live and not plain) in the
-//	  chunk.
+//	  chunk. fresh marks the messages with state that are still as
+//	  enqueued, ready and never leased, but have a TTL (see State).
 //
 // Bits are only ever set at the top (an enqueue takes the next LSN, above
 // every unsettled one), so chunks are created by appending. A chunk whose
@@ -30,7 +31,7 @@ import (
 // outnumber the others; the chunks before head are all empty and the one
 // at head, if any, is not. Empty chunks are therefore bounded by the live
 // ones plus the slack, and memory by the number of distinct chunks that
-// hold an unsettled message: at most one 104-byte chunk (plus 4 bytes per
+// hold an unsettled message: at most one 144-byte chunk (plus 4 bytes per
 // message with state) per unsettled message, however sparse, and about
 // half a byte per message for a dense run.
 
@@ -44,10 +45,36 @@ const (
 )
 
 type chunk struct {
-	base          uint64
-	live, plain   [chunkWords]uint64
-	nLive, nPlain uint32
-	pos           []uint32
+	base                  uint64
+	live, plain, fresh    [chunkWords]uint64
+	nLive, nPlain, nFresh uint32
+	pos                   []uint32
+}
+
+// word returns word w of the bits of the kind asked.
+func (c *chunk) word(w, kind int) uint64 {
+	switch kind {
+	case anyLive:
+		return c.live[w]
+	case onlyPlain:
+		return c.plain[w]
+	case waiting:
+		return c.plain[w] | c.fresh[w]
+	}
+	return c.live[w] &^ c.plain[w]
+}
+
+// has reports whether c may hold a bit of the kind asked.
+func (c *chunk) has(kind int) bool {
+	switch kind {
+	case onlyPlain:
+		return c.nPlain > 0
+	case waiting:
+		return c.nPlain+c.nFresh > 0
+	case withState:
+		return c.nLive > c.nPlain
+	}
+	return c.nLive > 0
 }
 
 // rank is the number of messages with state in c below bit m of word w.
@@ -62,9 +89,9 @@ func (c *chunk) rank(w int, m uint64) int {
 type bitmap struct {
 	chunks []chunk
 	head   int // chunks[:head] are empty; chunks[head] is not (if any)
-	// plainHead: no chunk in [head, plainHead) holds a plain bit. Valid
-	// because the lowest plain offset never goes down: plain bits are
-	// cleared anywhere but set only at the top.
+	// plainHead: no chunk in [head, plainHead) holds a plain or fresh
+	// bit. Valid because the lowest such offset never goes down: those
+	// bits are cleared anywhere but set only at the top, by an enqueue.
 	plainHead int
 	empty     int // empty chunks in chunks[head:]
 	slack     int // bitmapSlack; tests lower it to make compaction frequent
@@ -142,6 +169,23 @@ func (b *bitmap) lookup(off uint64) (uint32, int) {
 	return 0, anyLive
 }
 
+// setFresh and clearFresh set and clear the fresh bit of off, which has
+// state.
+func (b *bitmap) setFresh(off uint64) {
+	c := &b.chunks[b.find(off)]
+	w, m := wordBit(off)
+	c.fresh[w] |= m
+	c.nFresh++
+}
+
+func (b *bitmap) clearFresh(off uint64) {
+	c := &b.chunks[b.find(off)]
+	w, m := wordBit(off)
+	c.fresh[w] &^= m
+	c.nFresh--
+	b.skipPlain()
+}
+
 // setPos changes the slab position recorded for off, which has state.
 func (b *bitmap) setPos(off uint64, pos uint32) {
 	c := &b.chunks[b.find(off)]
@@ -181,6 +225,10 @@ func (b *bitmap) remove(off uint64) {
 		c.nPlain--
 	} else {
 		c.pos = slices.Delete(c.pos, c.rank(w, m), c.rank(w, m)+1)
+		if c.fresh[w]&m != 0 {
+			c.fresh[w] &^= m
+			c.nFresh--
+		}
 	}
 	c.live[w] &^= m
 	c.nLive--
@@ -207,10 +255,10 @@ func (b *bitmap) remove(off uint64) {
 	b.skipPlain()
 }
 
-// skipPlain moves plainHead past chunks without plain bits. The last chunk
-// is never skipped: the next enqueue may add a plain bit to it.
+// skipPlain moves plainHead past chunks without plain or fresh bits. The
+// last chunk is never skipped: the next enqueue may add a bit to it.
 func (b *bitmap) skipPlain() {
-	for b.plainHead < len(b.chunks)-1 && b.chunks[b.plainHead].nPlain == 0 {
+	for b.plainHead < len(b.chunks)-1 && !b.chunks[b.plainHead].has(waiting) {
 		b.plainHead++
 	}
 }
@@ -239,6 +287,7 @@ const (
 	anyLive   = iota // live
 	onlyPlain        // plain
 	withState        // live and not plain
+	waiting          // plain or fresh: never leased, ready, no not-before
 )
 
 // next returns the lowest offset >= from whose bit is set in live (or in
@@ -254,7 +303,7 @@ func (b *bitmap) next(from uint64, plain bool) (uint64, bool) {
 // when there is none.
 func (b *bitmap) nextOf(from uint64, kind int) (uint64, bool) {
 	start := b.head
-	if kind == onlyPlain {
+	if kind == onlyPlain || kind == waiting {
 		start = b.plainHead
 	}
 	if start >= len(b.chunks) {
@@ -268,7 +317,7 @@ func (b *bitmap) nextOf(from uint64, kind int) (uint64, bool) {
 	}
 	for ; i < len(b.chunks); i++ {
 		c := &b.chunks[i]
-		if c.nLive == 0 || kind == onlyPlain && c.nPlain == 0 || kind == withState && c.nPlain == c.nLive {
+		if !c.has(kind) {
 			continue
 		}
 		w, sh := 0, uint(0)
@@ -277,16 +326,7 @@ func (b *bitmap) nextOf(from uint64, kind int) (uint64, bool) {
 			w, sh = int(d/64), uint(d%64)
 		}
 		for ; w < chunkWords; w, sh = w+1, 0 {
-			var x uint64
-			switch kind {
-			case anyLive:
-				x = c.live[w]
-			case onlyPlain:
-				x = c.plain[w]
-			default:
-				x = c.live[w] &^ c.plain[w]
-			}
-			if x = x >> sh << sh; x != 0 {
+			if x := c.word(w, kind) >> sh << sh; x != 0 {
 				return c.base + uint64(w)*64 + uint64(bits.TrailingZeros64(x)), true
 			}
 		}
@@ -306,19 +346,11 @@ func (b *bitmap) from(start uint64, kind int) iter.Seq[uint64] {
 		i := b.find(first)
 		for ; i < len(b.chunks); i++ {
 			c := &b.chunks[i]
-			if c.nLive == 0 || kind == onlyPlain && c.nPlain == 0 || kind == withState && c.nPlain == c.nLive {
+			if !c.has(kind) {
 				continue
 			}
 			for w := range chunkWords {
-				var x uint64
-				switch kind {
-				case anyLive:
-					x = c.live[w]
-				case onlyPlain:
-					x = c.plain[w]
-				default:
-					x = c.live[w] &^ c.plain[w]
-				}
+				x := c.word(w, kind)
 				base := c.base + uint64(w)*64
 				if base+63 < first {
 					continue

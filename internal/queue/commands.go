@@ -51,25 +51,33 @@ func (s *State) Lease(dst []Event, owner string, max int, nowMs int64) []Event {
 	popped := s.scratch[:0]
 	leased, expired := 0, 0
 	// Two sources, merged by offset: ready entries in their index, and
-	// plain messages in the bitmap (ready, attempt 0, no TTL).
-	plainOff, plainOK := uint64(0), false
-	if s.nPlain > 0 {
-		plainOff, plainOK = s.bits.next(0, true)
+	// waiting messages in the bitmap: plain ones (ready, attempt 0, no
+	// TTL) and fresh entries (the same with a TTL).
+	waitOff, waitOK := uint64(0), false
+	if s.nPlain+s.nFresh > 0 {
+		waitOff, waitOK = s.bits.nextOf(0, waiting)
 	}
 	for leased < max && expired < leaseExpiredScanMax {
 		it, e, ok := s.top(&s.ready, phaseReady)
-		if plainOK && (!ok || plainOff < it.off) {
+		if waitOK && (!ok || waitOff < it.off) {
+			off := waitOff
+			waitOff, waitOK = s.bits.nextOf(off+1, waiting)
+			_, w, _ := s.get(off)
+			if s.expired(w, nowMs) {
+				expired++
+				dst = append(dst, s.deadLetter(off, 0, ReasonExpired, nowMs))
+				continue
+			}
 			leased++
 			dst = append(dst, Event{
 				Kind:       KindLease,
-				Offset:     plainOff,
+				Offset:     off,
 				LeaseID:    s.leaseSeq + uint64(leased),
 				Owner:      owner,
 				DeadlineMs: nowMs + s.cfg.LeaseMs,
-				Attempt:    nextAttempt(0),
+				Attempt:    nextAttempt(w.attempt),
 				AtMs:       nowMs,
 			})
-			plainOff, plainOK = s.bits.next(plainOff+1, true)
 			continue
 		}
 		if !ok {

@@ -45,7 +45,9 @@
 // gives it an 80-byte entry in a slab, found through its bitmap chunk,
 // which lists its messages' slab positions in offset order; so does an
 // enqueue with a delay or a TTL. Four heaps order the entries by offset
-// (ready ones), not-before, lease deadline and TTL, and each owner's
+// (ready ones), not-before, lease deadline and TTL; an entry that only has
+// a TTL and was never leased is found by a bit like a plain message and
+// needs no item in the first. Each owner's
 // leases are linked through their entries, so Inflight(owner), which a
 // detaching consumer needs, walks that owner's leases only. Heap entries
 // are deleted lazily and everything is compacted once garbage outweighs

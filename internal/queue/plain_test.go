@@ -3,6 +3,7 @@ package queue
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"runtime"
 	"testing"
@@ -72,6 +73,38 @@ func TestPlainBacklogCostsBits(t *testing.T) {
 	}
 	if r.nLive-r.nPlain != 0 || r.nPlain != n-300 {
 		t.Fatalf("restored: %d entries, %d plain", r.nLive-r.nPlain, r.nPlain)
+	}
+}
+
+// TestTTLBacklogNeedsNoReadyIndex: messages that only have a TTL get an
+// entry and a TTL item, but no ready item; they are leased in offset order
+// with plain ones, and the expired ones among them are dead-lettered on
+// the way.
+func TestTTLBacklogNeedsNoReadyIndex(t *testing.T) {
+	h := &harness{s: New(Config{LeaseMs: 1000})}
+	var evs []Event
+	for i := range 6 {
+		m := &Message{Body: []byte("x"), PublishedAtMs: 1}
+		if i%2 == 1 {
+			m.ExpiresAtMs = 100 * int64(i) // 100, 300, 500
+		}
+		evs, _ = h.s.Enqueue(evs[:0], m, 1)
+		mustApply(t, h, evs)
+	}
+	if h.s.ready.len() != 0 || h.s.ttl.len() != 3 || h.s.nFresh != 3 || h.s.nPlain != 3 {
+		t.Fatalf("ready items %d, ttl items %d, fresh %d, plain %d", h.s.ready.len(), h.s.ttl.len(), h.s.nFresh, h.s.nPlain)
+	}
+	evs = h.s.Lease(evs[:0], "c", 3, 300)
+	var got []string
+	for _, ev := range evs {
+		got = append(got, fmt.Sprintf("%v %d", ev.Kind, ev.Offset))
+	}
+	if want := "[lease 0 dead_letter 1 lease 2 dead_letter 3 lease 4]"; fmt.Sprint(got) != want {
+		t.Fatalf("lease at 300: %v, want %s", got, want)
+	}
+	mustApply(t, h, evs)
+	if h.s.nFresh != 1 || len(h.s.Inflight("c")) != 3 {
+		t.Fatalf("fresh %d, inflight %v", h.s.nFresh, h.s.Inflight("c"))
 	}
 }
 
@@ -169,24 +202,28 @@ func TestApplyGap(t *testing.T) {
 }
 
 // BenchmarkBacklogHeap measures the heap a queue holds per waiting message:
-// one million published, none consumed.
+// one million published, none consumed; plain, or each with a TTL (as on
+// a queue with a default TTL).
 func BenchmarkBacklogHeap(b *testing.B) {
-	const n = 1_000_000
-	m := &Message{PublishedAtMs: 1}
-	var evs []Event
-	var ms0, ms1 runtime.MemStats
-	for b.Loop() {
-		runtime.GC()
-		runtime.ReadMemStats(&ms0)
-		s := New(Config{})
-		for range n {
-			evs, _ = s.Enqueue(evs[:0], m, 1)
-			applyAll(b, s, evs)
-		}
-		runtime.GC()
-		runtime.ReadMemStats(&ms1)
-		b.ReportMetric(float64(ms1.HeapAlloc-ms0.HeapAlloc)/n, "heapB/msg")
-		runtime.KeepAlive(s)
+	for _, ttl := range []int64{0, 3_600_000} {
+		b.Run(fmt.Sprintf("ttl=%d", ttl), func(b *testing.B) {
+			const n = 1_000_000
+			var evs []Event
+			var ms0, ms1 runtime.MemStats
+			for b.Loop() {
+				runtime.GC()
+				runtime.ReadMemStats(&ms0)
+				s := New(Config{DefaultTTLMs: ttl})
+				for range n {
+					evs, _ = s.Enqueue(evs[:0], &Message{PublishedAtMs: 1}, 1)
+					applyAll(b, s, evs)
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&ms1)
+				b.ReportMetric(float64(ms1.HeapAlloc-ms0.HeapAlloc)/n, "heapB/msg")
+				runtime.KeepAlive(s)
+			}
+		})
 	}
 }
 
@@ -218,7 +255,7 @@ func TestRecordSizes(t *testing.T) {
 	if n := unsafe.Sizeof(entry{}); n != 80 {
 		t.Errorf("entry is %d bytes, doc says 80", n)
 	}
-	if n := unsafe.Sizeof(chunk{}); n != 104 {
-		t.Errorf("chunk is %d bytes, doc says 104", n)
+	if n := unsafe.Sizeof(chunk{}); n != 144 {
+		t.Errorf("chunk is %d bytes, doc says 144", n)
 	}
 }

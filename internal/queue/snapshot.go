@@ -371,6 +371,12 @@ func Restore(cfg Config, b []byte) (*State, error) {
 		s.bits.add(e.off, false, uint32(i))
 		s.nLive++
 		s.counts[e.phase]++
+		if e.phase == phaseReady && e.attempt == 0 && e.leaseID == 0 && e.notBeforeMs == 0 {
+			// As enqueued, with a TTL: fresh (see entry.fresh).
+			e.fresh = true
+			s.bits.setFresh(e.off)
+			s.nFresh++
+		}
 		switch e.phase {
 		case phaseDeadLettering:
 			s.deadLetters[e.off] = struct{}{}

@@ -143,6 +143,10 @@ type entry struct {
 	gen    uint32
 	phase  phase
 	reason Reason // dead-lettering only
+	// fresh: ready, never leased, no not-before, only a TTL. Lease finds
+	// it by its fresh bit, in offset order with the plain messages, so it
+	// needs no item in the ready index.
+	fresh bool
 	// released counts the deliveries that ended in a Release and did not
 	// count towards MaxRetries (at most ReleasesUncountedMax).
 	released uint32
@@ -182,6 +186,7 @@ type State struct {
 	bits   bitmap
 	nLive  int // unsettled messages
 	nPlain int // of them plain
+	nFresh int // entries that are fresh (see entry.fresh)
 
 	// Messages with state: bits maps the offset to the slab position. Free
 	// positions are reused; once they outnumber the used ones (plus slack)
@@ -504,7 +509,25 @@ func (s *State) insert(off uint64, notBeforeMs, expiresAtMs int64) {
 	pos, e := s.alloc(off)
 	s.bits.add(off, false, uint32(pos))
 	e.expiresAtMs = max(expiresAtMs, 0)
+	if notBeforeMs <= 0 {
+		s.enterFresh(pos, e)
+		return
+	}
 	s.enterQueued(pos, e, notBeforeMs, 0)
+}
+
+// enterFresh makes the new entry at pos, which has a TTL and nothing else,
+// a fresh one: ready, ordered for Lease by its bit like a plain message
+// instead of by an item in the ready index, and in the TTL index.
+func (s *State) enterFresh(pos int, e *entry) {
+	e.gen++
+	e.phase = phaseReady
+	e.fresh = true
+	s.bits.setFresh(e.off)
+	s.nFresh++
+	s.counts[phaseReady]++
+	s.ttlLive++
+	s.pushIndex(&s.ttl, item{key: e.expiresAtMs, off: e.off, pos: uint32(pos), gen: e.gen}, 0)
 }
 
 // alloc gives off a fresh entry in the slab, reusing a free position; the
@@ -568,7 +591,11 @@ func (s *State) enterQueued(pos int, e *entry, notBeforeMs int64, ended uint64) 
 // lease of the lowest ready offset, finds its item on top and drops it at
 // once instead of leaving garbage.
 func (s *State) leaveQueued(pos int, e *entry) {
-	if e.phase == phaseReady && s.ready.len() > 0 {
+	if e.fresh {
+		e.fresh = false
+		s.bits.clearFresh(e.off)
+		s.nFresh--
+	} else if e.phase == phaseReady && s.ready.len() > 0 {
 		if top := s.ready.peek(); int(top.pos) == pos && top.gen == e.gen {
 			s.ready.pop()
 		}
@@ -680,7 +707,7 @@ func (s *State) relink() {
 
 // reindex rebuilds the four heaps from the entries, dropping all garbage.
 func (s *State) reindex() {
-	ready := s.counts[phaseReady] - s.nPlain
+	ready := s.counts[phaseReady] - s.nPlain - s.nFresh
 	reset := func(h *minHeap, n int) {
 		// Exact size for a restore; shrink after a large backlog drained.
 		if cap(h.a) < n || cap(h.a) > 4*n+garbageSlack {
@@ -697,7 +724,9 @@ func (s *State) reindex() {
 		p := uint32(i)
 		switch e.phase {
 		case phaseReady:
-			s.ready.a = append(s.ready.a, item{off: e.off, pos: p, gen: e.gen})
+			if !e.fresh {
+				s.ready.a = append(s.ready.a, item{off: e.off, pos: p, gen: e.gen})
+			}
 		case phaseDelayed:
 			s.delayed.a = append(s.delayed.a, item{key: e.notBeforeMs, off: e.off, pos: p, gen: e.gen})
 		case phaseInflight:
@@ -731,7 +760,7 @@ func (s *State) pushIndex(h *minHeap, it item, p phase) {
 	h.push(it)
 	liveN := s.ttlLive
 	if p == phaseReady {
-		liveN = s.counts[p] - s.nPlain
+		liveN = s.counts[p] - s.nPlain - s.nFresh
 	} else if p != 0 {
 		liveN = s.counts[p]
 	}
