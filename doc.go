@@ -131,6 +131,12 @@
 // under ReconcileConservative), ErrRecreated, ErrDisconnected or a
 // *BrokerError.
 //
+// A request the connection's user lacks the permission for (publish to,
+// subscribe to, or declare, purge or delete a topic outside its patterns)
+// fails with a *BrokerError that matches ErrPermissionDenied and is not
+// retryable; only that request fails, and the client, its session and its
+// other subscriptions carry on.
+//
 // # Reconnect classification
 //
 // Network timeouts, refused or reset connections and DNS failures are retried
