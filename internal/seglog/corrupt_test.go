@@ -11,8 +11,9 @@ import (
 
 const (
 	cPayload = 100
-	cRecord  = headerBytes + cPayload // 117 bytes
-	cPerSeg  = 4096 / cRecord         // 35 records per 4 KiB segment
+	cRecord  = headerBytes + cPayload // 125 bytes
+	cH       = segHeaderBytes         // records start after the segment header
+	cPerSeg  = (4096 - cH) / cRecord  // 32 records per 4 KiB segment
 )
 
 // cPayloadFor never ends in a zero byte, so a damaged last record is never
@@ -96,28 +97,28 @@ func expectCorruption(t *testing.T, fs *vfs.MemFS, o Options, seg string, off in
 
 func TestCorruptionFlippedBitInMiddleRecord(t *testing.T) {
 	fs, o := buildLog(t, 20, false)
-	// Record 8 starts at 7*cRecord; flip a payload bit.
-	if err := fs.FlipBit(segPath(1), 7*cRecord+headerBytes+10, 2); err != nil {
+	// Record 8 starts at cH+7*cRecord; flip a payload bit.
+	if err := fs.FlipBit(segPath(1), cH+7*cRecord+headerBytes+10, 2); err != nil {
 		t.Fatal(err)
 	}
-	expectCorruption(t, fs, o, SegmentName(1), 7*cRecord, 7)
+	expectCorruption(t, fs, o, SegmentName(1), cH+7*cRecord, 7)
 }
 
 func TestCorruptionFlippedBitInLastRecordIsNotTorn(t *testing.T) {
 	fs, o := buildLog(t, 20, false)
 	// A complete last record with a bad CRC is damage, not a torn write.
-	if err := fs.FlipBit(segPath(1), 19*cRecord+headerBytes+50, 0); err != nil {
+	if err := fs.FlipBit(segPath(1), cH+19*cRecord+headerBytes+50, 0); err != nil {
 		t.Fatal(err)
 	}
-	expectCorruption(t, fs, o, SegmentName(1), 19*cRecord, 19)
+	expectCorruption(t, fs, o, SegmentName(1), cH+19*cRecord, 19)
 }
 
 func TestCorruptionFlippedBitInNonLastSegment(t *testing.T) {
 	fs, o := buildLog(t, 3*cPerSeg+5, false)
-	if err := fs.FlipBit(segPath(cPerSeg+1), 4*cRecord+3, 6); err != nil { // header byte of lsn 40
+	if err := fs.FlipBit(segPath(cPerSeg+1), cH+4*cRecord+3, 6); err != nil { // header byte of lsn cPerSeg+5
 		t.Fatal(err)
 	}
-	expectCorruption(t, fs, o, SegmentName(cPerSeg+1), 4*cRecord, cPerSeg+4)
+	expectCorruption(t, fs, o, SegmentName(cPerSeg+1), cH+4*cRecord, cPerSeg+4)
 	names, _ := fs.ReadDir("log")
 	if len(names) != 2 {
 		t.Fatalf("after cut, segments %v; want the later ones deleted", names)
@@ -128,37 +129,37 @@ func TestCorruptionTruncatedNonLastSegment(t *testing.T) {
 	fs, o := buildLog(t, 3*cPerSeg+5, false)
 	// Cut segment 1 on a record boundary: every remaining record is fine,
 	// but segment 2 no longer continues where segment 1 ends.
-	if err := fs.TruncateFile(segPath(1), 30*cRecord); err != nil {
+	if err := fs.TruncateFile(segPath(1), cH+30*cRecord); err != nil {
 		t.Fatal(err)
 	}
-	expectCorruption(t, fs, o, SegmentName(1), 30*cRecord, 30)
+	expectCorruption(t, fs, o, SegmentName(1), cH+30*cRecord, 30)
 }
 
 func TestCorruptionTruncatedNonLastSegmentMidRecord(t *testing.T) {
 	fs, o := buildLog(t, 3*cPerSeg+5, false)
 	// Mid-record in a non-last segment is never a torn tail.
-	if err := fs.TruncateFile(segPath(cPerSeg+1), 10*cRecord+40); err != nil {
+	if err := fs.TruncateFile(segPath(cPerSeg+1), cH+10*cRecord+40); err != nil {
 		t.Fatal(err)
 	}
-	expectCorruption(t, fs, o, SegmentName(cPerSeg+1), 10*cRecord, cPerSeg+10)
+	expectCorruption(t, fs, o, SegmentName(cPerSeg+1), cH+10*cRecord, cPerSeg+10)
 }
 
 func TestCorruptionLengthFlipHidingValidRecords(t *testing.T) {
 	fs, o := buildLog(t, 20, false)
 	// Grow record 10's length so it seems to run past EOF: a torn-looking
 	// tail, but valid records follow the bad one, so it is corruption.
-	if err := fs.FlipBit(segPath(1), 9*cRecord+4+2, 3); err != nil { // +512 KiB
+	if err := fs.FlipBit(segPath(1), cH+9*cRecord+4+2, 3); err != nil { // +512 KiB
 		t.Fatal(err)
 	}
-	expectCorruption(t, fs, o, SegmentName(1), 9*cRecord, 9)
+	expectCorruption(t, fs, o, SegmentName(1), cH+9*cRecord, 9)
 }
 
 func TestCorruptionZeroedMiddleIsNotATail(t *testing.T) {
 	fs, o := buildLog(t, 20, true)
-	if err := fs.ZeroRange(segPath(1), 5*cRecord, cRecord); err != nil {
+	if err := fs.ZeroRange(segPath(1), cH+5*cRecord, cRecord); err != nil {
 		t.Fatal(err)
 	}
-	expectCorruption(t, fs, o, SegmentName(1), 5*cRecord, 5)
+	expectCorruption(t, fs, o, SegmentName(1), cH+5*cRecord, 5)
 }
 
 func TestTornTailIsRepaired(t *testing.T) {
@@ -167,13 +168,13 @@ func TestTornTailIsRepaired(t *testing.T) {
 		prealloc bool
 		damage   func(fs *vfs.MemFS) error
 	}{
-		{"cut mid-payload", false, func(fs *vfs.MemFS) error { return fs.TruncateFile(segPath(1), 19*cRecord+60) }},
-		{"cut mid-header", false, func(fs *vfs.MemFS) error { return fs.TruncateFile(segPath(1), 19*cRecord+9) }},
+		{"cut mid-payload", false, func(fs *vfs.MemFS) error { return fs.TruncateFile(segPath(1), cH+19*cRecord+60) }},
+		{"cut mid-header", false, func(fs *vfs.MemFS) error { return fs.TruncateFile(segPath(1), cH+19*cRecord+9) }},
 		{"preallocated, record tail zero", true, func(fs *vfs.MemFS) error {
 			if err := fs.TruncateFile(segPath(1), 4096); err != nil {
 				return err
 			}
-			return fs.ZeroRange(segPath(1), 19*cRecord+60, 4096)
+			return fs.ZeroRange(segPath(1), cH+19*cRecord+60, 4096)
 		}},
 	}
 	for _, tc := range cases {
@@ -205,7 +206,7 @@ func TestTornTailIsRepaired(t *testing.T) {
 
 func TestZeroTailIsCleanEnd(t *testing.T) {
 	fs, o := buildLog(t, 20, false)
-	if err := fs.TruncateFile(segPath(1), 20*cRecord+3000); err != nil { // zero-extend
+	if err := fs.TruncateFile(segPath(1), cH+20*cRecord+3000); err != nil { // zero-extend
 		t.Fatal(err)
 	}
 	l, err := Open(o)
@@ -225,14 +226,14 @@ func TestReadDetectsCorruptionAfterOpen(t *testing.T) {
 	fs, o := buildLog(t, 20, false)
 	l := openT(t, o)
 	defer l.Close()
-	if err := fs.FlipBit(segPath(1), 12*cRecord+headerBytes+1, 1); err != nil {
+	if err := fs.FlipBit(segPath(1), cH+12*cRecord+headerBytes+1, 1); err != nil {
 		t.Fatal(err)
 	}
 	var ce *CorruptionError
 	if _, err := l.Read(13); !errors.As(err, &ce) || ce.LSN != 13 {
 		t.Fatalf("Read(13): %v", err)
 	}
-	if err := l.Scan(0, func(Record) error { return nil }); !errors.As(err, &ce) || ce.FileOffset != 12*cRecord {
+	if err := l.Scan(0, func(Record) error { return nil }); !errors.As(err, &ce) || ce.FileOffset != cH+12*cRecord {
 		t.Fatalf("Scan: %v", err)
 	}
 	if _, err := l.Read(12); err != nil {

@@ -198,7 +198,13 @@ type mark struct {
 	lsn    uint64 // LSN of the record at pos
 	off    int64  // offset of that record in its segment file
 	newSeg bool   // the record at pos is the first of a new segment
+	// prevTerm is the term of the record before pos (newSeg marks only):
+	// the new segment's header carries it.
+	prevTerm uint64
 }
+
+// termRun says that records from first on have term, up to the next run.
+type termRun struct{ first, term uint64 }
 
 // Log is a segmented, checksummed, append-only log.
 //
@@ -233,6 +239,16 @@ type Log struct {
 	// rotating asks the committer to seal the active segment and start an
 	// empty one once everything appended is written (Rotate).
 	rotating bool
+	// op is a TruncateAfter or ResetTo waiting for the committer; appends
+	// wait while one is pending.
+	op *logOp
+	// terms maps LSNs to terms: terms[0].first is FirstLSN-1 (the record
+	// or snapshot the log starts after); later runs start where the term
+	// changes. Terms change rarely, so this is a handful of entries.
+	terms []termRun
+	// lastTerm is the term of record nextLSN-1 (of the start point when the
+	// log is empty); old-API appends take it (at least 1).
+	lastTerm uint64
 
 	kick chan struct{} // cap 1: "there may be work"
 	done chan struct{} // closed when the committer returns
@@ -252,6 +268,8 @@ type Log struct {
 	activeFile int64 // active file's current size on disk (>= active.size when preallocated)
 
 	report RecoveryReport
+
+	hs hardStateFile // guarded by its own mutex; see hardstate.go
 }
 
 // Open opens (or creates) the log in opts.Dir, verifies every record of every
@@ -273,6 +291,11 @@ func Open(opts Options) (*Log, error) {
 		return nil, err
 	}
 	if err := l.recover(); err != nil {
+		l.discardPrepared()
+		l.closeFiles()
+		return nil, err
+	}
+	if err := l.hs.open(l.fs, l.dir); err != nil {
 		l.discardPrepared()
 		l.closeFiles()
 		return nil, err
@@ -345,7 +368,7 @@ func (l *Log) Append(typ uint8, payload []byte) (uint64, error) {
 	pc := payloadCRC(payload) // outside the lock: it is the per-byte cost
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.appendLocked(typ, payload, pc)
+	return l.appendLocked(0, typ, payload, pc)
 }
 
 // Commit appends a record and waits until it is durable (SyncAlways) or
@@ -357,7 +380,7 @@ func (l *Log) Commit(typ uint8, payload []byte) (uint64, error) {
 	pc := payloadCRC(payload)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	lsn, err := l.appendLocked(typ, payload, pc)
+	lsn, err := l.appendLocked(0, typ, payload, pc)
 	if err != nil {
 		return 0, err
 	}
@@ -392,33 +415,49 @@ func (l *Log) Flush() (uint64, error) {
 	return l.writtenLSN, nil
 }
 
-func (l *Log) appendLocked(typ uint8, payload []byte, pc uint32) (uint64, error) {
+// waitAppendable waits until an append may go into the buffer.
+func (l *Log) waitAppendable() error {
 	for {
 		if l.err != nil {
-			return 0, l.err
+			return l.err
 		}
 		if l.closing {
-			return 0, ErrClosed
+			return ErrClosed
 		}
-		if len(l.buf) < l.opts.BufferBytes {
-			break
+		if len(l.buf) < l.opts.BufferBytes && l.op == nil {
+			return nil
 		}
 		l.kickCommitter()
 		l.cond.Wait()
 	}
+}
+
+// appendLocked appends one record with the given term (0: the current term,
+// lastTerm or 1). Caller holds mu.
+func (l *Log) appendLocked(term uint64, typ uint8, payload []byte, pc uint32) (uint64, error) {
+	if err := l.waitAppendable(); err != nil {
+		return 0, err
+	}
+	if term == 0 {
+		term = max(l.lastTerm, 1)
+	}
 	lsn := l.nextLSN
 	recBytes := int64(headerBytes + len(payload))
 	switch {
-	case l.tailOff > 0 && l.tailOff+recBytes > l.opts.SegmentBytes:
-		l.marks = append(l.marks, mark{pos: len(l.buf), lsn: lsn, off: 0, newSeg: true})
-		l.tailOff, l.lastIdxOff = 0, 0
-	case l.tailOff == 0 || l.tailOff-l.lastIdxOff >= int64(l.opts.IndexIntervalBytes):
+	case l.tailOff > segHeaderBytes && l.tailOff+recBytes > l.opts.SegmentBytes:
+		l.marks = append(l.marks, mark{pos: len(l.buf), lsn: lsn, off: segHeaderBytes, newSeg: true, prevTerm: l.lastTerm})
+		l.tailOff, l.lastIdxOff = segHeaderBytes, segHeaderBytes
+	case l.tailOff == segHeaderBytes || l.tailOff-l.lastIdxOff >= int64(l.opts.IndexIntervalBytes):
 		l.marks = append(l.marks, mark{pos: len(l.buf), lsn: lsn, off: l.tailOff})
 		l.lastIdxOff = l.tailOff
 	}
-	l.buf = appendRecord(l.buf, lsn, typ, payload, pc)
+	l.buf = appendRecord(l.buf, lsn, term, typ, payload, pc)
 	l.tailOff += recBytes
 	l.nextLSN++
+	if term != l.lastTerm {
+		l.terms = append(l.terms, termRun{first: lsn, term: term})
+		l.lastTerm = term
+	}
 	if len(l.buf) >= l.opts.BufferBytes/2 {
 		l.kickCommitter() // start writing early so appenders rarely block
 	}
@@ -487,6 +526,7 @@ func (l *Log) run() {
 			runtime.Gosched()
 		}
 		l.rotateIfAsked()
+		l.runOp()
 		l.mu.Lock()
 		if l.closing {
 			l.exited = true
@@ -563,7 +603,7 @@ func (l *Log) writeBatch(batch []byte, marks []mark, first, last uint64) error {
 	pos := 0
 	for pos < len(batch) {
 		if len(marks) > 0 && marks[0].newSeg && marks[0].pos == pos {
-			if err := l.roll(marks[0].lsn); err != nil {
+			if err := l.roll(marks[0].lsn, marks[0].prevTerm); err != nil {
 				return err
 			}
 		}
@@ -610,7 +650,11 @@ func (l *Log) reserve(need int64) error {
 	}
 	target := l.activeFile
 	for target < need && target < l.opts.SegmentBytes {
-		target += min(max(target, l.opts.reserveStepMin), reserveStepMaxBytes)
+		if target < l.opts.reserveStepMin {
+			target = l.opts.reserveStepMin // a new segment holds just its header
+		} else {
+			target += min(target, reserveStepMaxBytes)
+		}
 	}
 	target = max(min(target, l.opts.SegmentBytes), need) // need > SegmentBytes: one huge record
 	if err := vfs.Allocate(l.active.f, target); err != nil {
@@ -633,7 +677,7 @@ func (l *Log) Rotate() error {
 	if err := l.waitLocked(l.nextLSN-1, true); err != nil {
 		return err
 	}
-	if l.tailOff == 0 {
+	if l.tailOff == segHeaderBytes {
 		return nil // the active segment is empty already
 	}
 	l.rotating = true
@@ -666,15 +710,16 @@ func (l *Log) rotateIfAsked() {
 		l.mu.Unlock()
 		return
 	}
-	base := l.nextLSN
-	empty := l.tailOff == 0
-	l.tailOff, l.lastIdxOff = 0, 0
+	base, prevTerm := l.nextLSN, l.lastTerm
+	empty := l.tailOff == segHeaderBytes
+	l.tailOff, l.lastIdxOff = segHeaderBytes, segHeaderBytes
 	l.mu.Unlock()
 	var err error
 	if !empty {
-		// Appends arriving now see tailOff 0 and are written after the
-		// roll, into the new segment, whose base is their LSN.
-		err = l.roll(base)
+		// Appends arriving now see an empty active segment and are
+		// written after the roll, into the new segment, whose base is
+		// their LSN.
+		err = l.roll(base, prevTerm)
 	}
 	l.mu.Lock()
 	l.rotating = false
@@ -690,10 +735,10 @@ func (l *Log) rotateIfAsked() {
 }
 
 // roll seals the active segment and starts a new one whose first record is
-// base. Order matters for crash safety: the old segment's data is synced
+// base and whose header records prevTerm. Order matters for crash safety: the old segment's data is synced
 // (and trimmed to its records) before the new file's name becomes durable,
 // so recovery never sees a newer segment after an incomplete older one.
-func (l *Log) roll(base uint64) error {
+func (l *Log) roll(base, prevTerm uint64) error {
 	old := l.active
 	if err := old.f.Sync(); err != nil {
 		return failed("fdatasync "+old.name, err)
@@ -706,7 +751,7 @@ func (l *Log) roll(base uint64) error {
 			return failed("fdatasync "+old.name, err)
 		}
 	}
-	s, err := l.createSegment(base)
+	s, err := l.createSegment(base, prevTerm)
 	if err != nil {
 		return err
 	}
@@ -719,10 +764,12 @@ func (l *Log) roll(base uint64) error {
 	return nil
 }
 
-// createSegment creates an empty segment file whose first record is base,
-// lays out its space per Preallocate and makes its name durable.
-func (l *Log) createSegment(base uint64) (*segment, error) {
+// createSegment creates an empty version-2 segment file whose first record
+// is base, writes and syncs its header, lays out its space per Preallocate
+// and makes its name durable.
+func (l *Log) createSegment(base, prevTerm uint64) (*segment, error) {
 	name := filepath.Join(l.dir, SegmentName(base))
+	hdr := encodeSegHeader(base, prevTerm)
 	var f vfs.File
 	l.activeFile = 0
 	if l.prepared != nil { // PreallocZero after Open: take the prepared file
@@ -730,6 +777,15 @@ func (l *Log) createSegment(base uint64) (*segment, error) {
 		l.prepared = nil
 		if p.err != nil {
 			return nil, failed("prepare "+preparedName, p.err)
+		}
+		// The header is durable before the name is.
+		if _, err := p.f.WriteAt(hdr, 0); err != nil {
+			_ = p.f.Close()
+			return nil, failed("write header "+preparedName, err)
+		}
+		if err := p.f.Sync(); err != nil {
+			_ = p.f.Close()
+			return nil, failed("fdatasync "+preparedName, err)
 		}
 		if err := l.fs.Rename(filepath.Join(l.dir, preparedName), name); err != nil {
 			_ = p.f.Close()
@@ -742,15 +798,25 @@ func (l *Log) createSegment(base uint64) (*segment, error) {
 		if err != nil {
 			return nil, failed("create "+name, err)
 		}
+		if _, err := f.WriteAt(hdr, 0); err != nil {
+			_ = f.Close()
+			return nil, failed("write header "+name, err)
+		}
+		if err := f.Sync(); err != nil {
+			_ = f.Close()
+			return nil, failed("fdatasync "+name, err)
+		}
+		l.activeFile = segHeaderBytes
 		// PreallocReserve reserves lazily, as writes arrive (reserve):
-		// an empty segment holds no blocks.
+		// an empty segment holds only its header.
 	}
 	if err := l.fs.SyncDir(l.dir); err != nil {
 		_ = f.Close()
 		return nil, failed("sync dir "+l.dir, err)
 	}
 	l.startPreparing()
-	return &segment{base: base, name: name, f: f, last: base - 1}, nil
+	return &segment{base: base, name: name, f: f, last: base - 1, v2: true, data: segHeaderBytes,
+		prevTerm: prevTerm, size: segHeaderBytes}, nil
 }
 
 // preparedFile is the result of a preparer goroutine.
@@ -821,6 +887,9 @@ func (l *Log) Close() error {
 		if terr := l.active.f.Truncate(l.active.size); terr == nil {
 			_ = l.active.f.Sync()
 		}
+	}
+	if herr := l.hs.close(); err == nil && herr != nil {
+		err = herr
 	}
 	l.discardPrepared()
 	if cerr := l.closeFiles(); err == nil && cerr != nil {

@@ -368,3 +368,7 @@ func TestOpenEmptyCreatesDirDurably(t *testing.T) {
 		t.Fatalf("committed record lost with the new directory: next=%d", l.NextLSN())
 	}
 }
+
+func putU32(b []byte, v uint32) {
+	b[0], b[1], b[2], b[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+}

@@ -28,7 +28,7 @@ func (l *Log) Segments() []SegmentInfo {
 	defer l.segMu.RUnlock()
 	out := make([]SegmentInfo, len(l.segs))
 	for i, s := range l.segs {
-		out[i] = SegmentInfo{Base: s.base, Last: s.last, Bytes: s.size}
+		out[i] = SegmentInfo{Base: s.base, Last: s.last, Bytes: s.size - s.data}
 	}
 	return out
 }
@@ -84,29 +84,31 @@ func (l *Log) Read(lsn uint64) (Record, error) {
 		return Record{}, ErrNotFound
 	}
 	defer s.release()
-	var h [headerBytes]byte
+	var hbuf [headerBytes]byte
+	hb := s.hdr()
+	h := hbuf[:hb]
 	off, cur := e.off, e.lsn
 	for {
-		if off+headerBytes > limit {
+		if off+int64(hb) > limit {
 			return Record{}, l.readCorrupt(s, off, cur, "index points past the written data")
 		}
-		if _, err := s.f.ReadAt(h[:], off); err != nil {
+		if _, err := s.f.ReadAt(h, off); err != nil {
 			return Record{}, fmt.Errorf("seglog: read %s: %w", s.name, err)
 		}
-		n := headerLength(h[:])
-		if n > PayloadBytesMax || off+headerBytes+int64(n) > limit {
+		n := headerLength(h)
+		if n > PayloadBytesMax || off+int64(hb)+int64(n) > limit {
 			return Record{}, l.readCorrupt(s, off, cur, fmt.Sprintf("length %d out of range", n))
 		}
 		if cur < lsn {
-			off += headerBytes + int64(n)
+			off += int64(hb) + int64(n)
 			cur++
 			continue
 		}
-		b := make([]byte, headerBytes+int(n))
+		b := make([]byte, hb+int(n))
 		if _, err := s.f.ReadAt(b, off); err != nil {
 			return Record{}, fmt.Errorf("seglog: read %s: %w", s.name, err)
 		}
-		rec, _, err := DecodeRecord(b)
+		rec, _, err := s.decode(b)
 		if err != nil {
 			return Record{}, l.readCorrupt(s, off, cur, err.Error())
 		}
@@ -190,23 +192,24 @@ func (l *Log) scan(from, upto uint64, fn func(Record) error) error {
 	for _, p := range segs {
 		r.reset(p.s.f, p.size)
 		off, lsn := p.start.off, p.start.lsn
+		hb := p.s.hdr()
 		for off < p.size && lsn <= upto {
-			h, err := r.window(off, headerBytes)
+			h, err := r.window(off, hb)
 			if err != nil {
 				return fmt.Errorf("seglog: read %s: %w", p.s.name, err)
 			}
-			if len(h) < headerBytes {
+			if len(h) < hb {
 				return l.readCorrupt(p.s, off, lsn, "header runs past written data")
 			}
 			n := headerLength(h)
 			if n > PayloadBytesMax {
 				return l.readCorrupt(p.s, off, lsn, fmt.Sprintf("length %d out of range", n))
 			}
-			b, err := r.window(off, headerBytes+int(n))
+			b, err := r.window(off, hb+int(n))
 			if err != nil {
 				return fmt.Errorf("seglog: read %s: %w", p.s.name, err)
 			}
-			rec, size, err := DecodeRecord(b)
+			rec, size, err := p.s.decode(b)
 			if err != nil {
 				return l.readCorrupt(p.s, off, lsn, err.Error())
 			}
@@ -248,7 +251,13 @@ func (l *Log) DropBefore(lsn uint64) (int, error) {
 	for _, v := range victims {
 		v.dropped.Store(true)
 	}
+	newFirst, startTerm := l.segs[0].base, l.segs[0].prevTerm
 	l.segMu.Unlock()
+	if len(victims) > 0 {
+		l.mu.Lock()
+		l.trimTermsBefore(newFirst-1, startTerm)
+		l.mu.Unlock()
+	}
 	for i, v := range victims {
 		if v.refs.Load() == 0 {
 			_ = v.closeOnce() // read-only; nothing durable depends on it

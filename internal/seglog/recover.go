@@ -10,11 +10,25 @@ import (
 	"path/filepath"
 )
 
-// Recovery. Open reads every retained segment front to back and verifies
-// every record: length in range, CRC32C, and the LSN it carries equals the
-// next LSN expected (so segments must continue exactly where the previous one
-// ended). On the first record that fails it decides between a torn tail and
-// corruption:
+// Recovery. Open first finishes an interrupted ResetTo (resetName present
+// with a valid header: the reset was decided, so it is completed; otherwise
+// the partial file is deleted and the old log stands). Then it reads the
+// header of every retained segment:
+//
+//	segment header                               segment   verdict
+//	------------------------------------------   -------   ---------------------------
+//	valid version-2 header for the file's base   any       version 2
+//	file shorter than a header, all zero or a    last      creation cut short: the
+//	  prefix of the magic; or all zero                       header is rewritten
+//	magic with a bad CRC, wrong base or an       any       corruption
+//	  unknown version
+//	anything else                                any       version 1 (records from 0)
+//
+// and then every record: length in range, CRC32C, the LSN it carries equals
+// the next LSN expected (so segments must continue exactly where the previous
+// one ended) and its term is not below the term before it (a segment's
+// header term counts as the term before its first record). On the first
+// record that fails it decides between a torn tail and corruption:
 //
 //	bytes from the bad record to EOF        segment   verdict
 //	-------------------------------------   -------   -------------------------
@@ -58,6 +72,16 @@ func (l *Log) recover() error {
 	}
 	var bases []uint64
 	for _, n := range names {
+		if n == resetName {
+			done, err := l.finishReset()
+			if err != nil {
+				return err
+			}
+			if done {
+				return l.recover() // the directory changed: list it again
+			}
+			continue
+		}
 		if b, ok := parseSegmentName(n); ok {
 			bases = append(bases, b)
 		}
@@ -69,23 +93,23 @@ func (l *Log) recover() error {
 	}
 	rep := &l.report
 	if len(bases) == 0 {
-		s, err := l.createSegment(1)
+		s, err := l.createSegment(1, 0)
 		if err != nil {
 			return err
 		}
 		l.segs = []*segment{s}
 		l.active = s
 		l.nextLSN = 1
+		l.terms = []termRun{{first: 0, term: 0}}
+		l.tailOff, l.lastIdxOff = s.size, s.size
 		*rep = RecoveryReport{Segments: 1, FirstLSN: 1, LastLSN: 0}
 		return nil
 	}
-	for i, b := range bases {
-		flag := os.O_RDONLY
-		if i == len(bases)-1 {
-			flag = os.O_RDWR
-		}
+	for _, b := range bases {
+		// Every segment is opened for writing: TruncateAfter may cut a
+		// sealed one and make it active again.
 		name := filepath.Join(l.dir, SegmentName(b))
-		f, err := l.fs.OpenFile(name, flag, 0)
+		f, err := l.fs.OpenFile(name, os.O_RDWR, 0)
 		if err != nil {
 			return fmt.Errorf("seglog: open %s: %w", name, err)
 		}
@@ -95,6 +119,35 @@ func (l *Log) recover() error {
 	r := &reader{buf: make([]byte, readChunkBytes)}
 	for i, s := range l.segs {
 		last := i == len(l.segs)-1
+		// The term before this segment: known from the previous one, or
+		// (for the first) from its header; a version-1 log has term 1
+		// throughout, and 0 before lsn 1.
+		prevTerm := uint64(1)
+		if i > 0 {
+			prevTerm = l.lastTerm
+		} else if s.base == 1 {
+			prevTerm = 0
+		}
+		if cerr, err := l.readSegHeader(s, last, prevTerm); err != nil {
+			return err
+		} else if cerr != nil {
+			if i == 0 {
+				return l.cutAll(cerr)
+			}
+			return l.cut(i-1, l.segs[i-1].size, cerr)
+		}
+		if i == 0 {
+			l.terms = []termRun{{first: s.base - 1, term: s.prevTerm}}
+			l.lastTerm = s.prevTerm
+		} else if s.v2 && s.prevTerm != l.lastTerm {
+			prev := l.segs[i-1]
+			cerr := &CorruptionError{
+				Segment: filepath.Base(s.name), FileOffset: 0, LSN: s.base,
+				Reason: fmt.Sprintf("segment header says the term before lsn %d is %d, but the previous segment ends in term %d",
+					s.base, s.prevTerm, l.lastTerm),
+			}
+			return l.cut(i-1, prev.size, cerr)
+		}
 		if i > 0 {
 			prev := l.segs[i-1]
 			if s.base != prev.last+1 {
@@ -143,14 +196,6 @@ func (l *Log) cut(i int, off int64, cerr *CorruptionError) error {
 	rep.Corruption = cerr
 	rep.Truncated = true
 	s := l.segs[i]
-	if i != len(l.segs)-1 { // it becomes the active segment: reopen for writing
-		_ = s.f.Close()
-		f, err := l.fs.OpenFile(s.name, os.O_RDWR, 0)
-		if err != nil {
-			return fmt.Errorf("seglog: reopen %s: %w", s.name, err)
-		}
-		s.f = f
-	}
 	// Cut the damaged segment first, then delete later ones newest first, so
 	// an interrupted cut leaves a log that a second Open cuts the same way.
 	if err := l.truncateSegment(s, off); err != nil {
@@ -174,6 +219,134 @@ func (l *Log) cut(i int, off int64, cerr *CorruptionError) error {
 	return l.finishRecovery()
 }
 
+// cutAll handles damage in the first segment's header: under
+// CorruptionTruncate the whole log is cut, leaving an empty log that starts
+// where the first segment did.
+func (l *Log) cutAll(cerr *CorruptionError) error {
+	s := l.segs[0]
+	s.v2, s.data, s.size, s.last, s.index = false, 0, 0, s.base-1, nil
+	s.prevTerm = 1
+	if s.base == 1 {
+		s.prevTerm = 0
+	}
+	l.terms = []termRun{{first: s.base - 1, term: s.prevTerm}}
+	l.lastTerm = s.prevTerm
+	return l.cut(0, 0, cerr) // finishRecovery rewrites the empty segment as version 2
+}
+
+// readSegHeader classifies segment s by its first bytes (see the table at
+// the top of this file) and sets s.v2, s.data, s.prevTerm and s.size.
+// prevTerm is the term before the segment as far as recovery knows, used for
+// version-1 segments and for rewriting a header whose creation was cut
+// short. Damage comes back as a *CorruptionError; I/O errors as err.
+func (l *Log) readSegHeader(s *segment, last bool, prevTerm uint64) (*CorruptionError, error) {
+	fi, err := s.f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("seglog: stat %s: %w", s.name, err)
+	}
+	size := fi.Size()
+	b := make([]byte, min(size, segHeaderBytes))
+	if k, err := s.f.ReadAt(b, 0); err != nil && !(errors.Is(err, io.EOF) && k == len(b)) {
+		return nil, fmt.Errorf("seglog: read %s: %w", s.name, err)
+	}
+	corrupt := func(reason string) *CorruptionError {
+		return &CorruptionError{Segment: filepath.Base(s.name), FileOffset: 0, LSN: s.base, Reason: reason}
+	}
+	hasMagic := len(b) >= len(segMagic) && [8]byte(b[:8]) == segMagic
+	if hasMagic && len(b) == segHeaderBytes {
+		base, pt, err := DecodeSegmentHeader(b)
+		if err != nil {
+			return corrupt("bad segment header: " + err.Error()), nil
+		}
+		if base != s.base {
+			return corrupt(fmt.Sprintf("segment header says base %d", base)), nil
+		}
+		s.v2, s.data, s.prevTerm, s.size = true, segHeaderBytes, pt, segHeaderBytes
+		return nil, nil
+	}
+	fresh := false
+	if last {
+		z, err := nonZeroEnd(s.f, 0, size)
+		if err != nil {
+			return nil, fmt.Errorf("seglog: read %s: %w", s.name, err)
+		}
+		_, _, v1err := DecodeRecordV1(b)
+		fresh = z == 0 || (size < segHeaderBytes && v1err != nil &&
+			bytes.HasPrefix(segMagic[:], b[:min(len(b), len(segMagic))]))
+	}
+	switch {
+	case fresh:
+		// A new segment whose header never became durable (or an empty,
+		// possibly preallocated, version-1 active segment): it holds no
+		// record, so it is rewritten as an empty version-2 segment.
+		l.log.Warn("seglog: rewriting the header of an empty last segment", "segment", filepath.Base(s.name), "bytes", size)
+		if err := s.f.Truncate(0); err != nil {
+			return nil, fmt.Errorf("seglog: truncate %s: %w", s.name, err)
+		}
+		if _, err := s.f.WriteAt(encodeSegHeader(s.base, prevTerm), 0); err != nil {
+			return nil, fmt.Errorf("seglog: write header %s: %w", s.name, err)
+		}
+		if err := s.f.Sync(); err != nil {
+			return nil, fmt.Errorf("seglog: fdatasync %s: %w", s.name, err)
+		}
+		s.v2, s.data, s.prevTerm, s.size = true, segHeaderBytes, prevTerm, segHeaderBytes
+	case hasMagic:
+		return corrupt("segment header runs past end of file"), nil
+	default:
+		s.v2, s.data, s.prevTerm, s.size = false, 0, prevTerm, 0
+	}
+	return nil, nil
+}
+
+// finishReset completes or discards an interrupted ResetTo (see log.go) and
+// reports whether it completed one.
+func (l *Log) finishReset() (bool, error) {
+	tmp := filepath.Join(l.dir, resetName)
+	f, err := l.fs.OpenFile(tmp, os.O_RDONLY, 0)
+	if err != nil {
+		return false, fmt.Errorf("seglog: open %s: %w", tmp, err)
+	}
+	b := make([]byte, segHeaderBytes)
+	k, rerr := f.ReadAt(b, 0)
+	_ = f.Close()
+	base, _, herr := DecodeSegmentHeader(b[:k])
+	if rerr != nil && !errors.Is(rerr, io.EOF) {
+		return false, fmt.Errorf("seglog: read %s: %w", tmp, rerr)
+	}
+	if herr != nil {
+		// The reset never became durable, so no old segment was removed.
+		if err := l.fs.Remove(tmp); err != nil {
+			return false, fmt.Errorf("seglog: remove %s: %w", tmp, err)
+		}
+		return false, nil
+	}
+	l.log.Warn("seglog: completing an interrupted reset", "base", base)
+	return true, l.replaceAllSegments(tmp, base)
+}
+
+// replaceAllSegments removes every segment file, newest first, and renames
+// tmp (a synced, empty version-2 segment) to the segment name of base.
+func (l *Log) replaceAllSegments(tmp string, base uint64) error {
+	names, err := l.fs.ReadDir(l.dir)
+	if err != nil {
+		return fmt.Errorf("seglog: read dir %s: %w", l.dir, err)
+	}
+	for i := len(names) - 1; i >= 0; i-- {
+		if _, ok := parseSegmentName(names[i]); ok {
+			if err := l.fs.Remove(filepath.Join(l.dir, names[i])); err != nil {
+				return fmt.Errorf("seglog: remove %s: %w", names[i], err)
+			}
+		}
+	}
+	if err := l.fs.Rename(tmp, filepath.Join(l.dir, SegmentName(base))); err != nil {
+		return fmt.Errorf("seglog: rename %s: %w", tmp, err)
+	}
+	if err := l.fs.SyncDir(l.dir); err != nil {
+		return fmt.Errorf("seglog: sync dir %s: %w", l.dir, err)
+	}
+	return nil
+}
+
 // truncateSegment cuts s's file at off durably.
 func (l *Log) truncateSegment(s *segment, off int64) error {
 	if err := s.f.Truncate(off); err != nil {
@@ -185,7 +358,10 @@ func (l *Log) truncateSegment(s *segment, off int64) error {
 	return nil
 }
 
-// finishRecovery sets up the append state from the verified segments.
+// finishRecovery sets up the append state from the verified segments. A
+// version-1 active segment is replaced: rewritten in place as version 2 if
+// it holds no record, else sealed and followed by a new version-2 segment,
+// so that every record appended from now on is version 2.
 func (l *Log) finishRecovery() error {
 	s := l.segs[len(l.segs)-1]
 	l.active = s
@@ -194,6 +370,24 @@ func (l *Log) finishRecovery() error {
 		return fmt.Errorf("seglog: stat %s: %w", s.name, err)
 	}
 	l.activeFile = fi.Size()
+	if !s.v2 && s.last < s.base {
+		if err := s.f.Truncate(0); err != nil {
+			return fmt.Errorf("seglog: truncate %s: %w", s.name, err)
+		}
+		if _, err := s.f.WriteAt(encodeSegHeader(s.base, s.prevTerm), 0); err != nil {
+			return fmt.Errorf("seglog: write header %s: %w", s.name, err)
+		}
+		if err := s.f.Sync(); err != nil {
+			return fmt.Errorf("seglog: fdatasync %s: %w", s.name, err)
+		}
+		s.v2, s.data, s.size, s.index = true, segHeaderBytes, segHeaderBytes, nil
+		l.activeFile = segHeaderBytes
+	} else if !s.v2 {
+		if err := l.roll(s.last+1, l.lastTerm); err != nil {
+			return err
+		}
+		s = l.active
+	}
 	// PreallocReserve reserves as writes arrive (reserve), so a restart of
 	// an idle log allocates nothing.
 	if l.opts.Preallocate == PreallocZero && s.size < l.opts.SegmentBytes {
@@ -206,6 +400,7 @@ func (l *Log) finishRecovery() error {
 	l.nextLSN = s.last + 1
 	l.writtenLSN, l.durableLSN = s.last, s.last
 	l.tailOff = s.size
+	l.lastIdxOff = s.data
 	if n := len(s.index); n > 0 {
 		l.lastIdxOff = s.index[n-1].off
 	}
@@ -226,19 +421,20 @@ func (l *Log) verifySegment(s *segment, last bool, r *reader) (segResult, error)
 	}
 	size := fi.Size()
 	r.reset(s.f, size)
-	off, lsn := int64(0), s.base
-	lastIdx := int64(0)
+	off, lsn := s.data, s.base
+	lastIdx := s.data
 	interval := int64(l.opts.IndexIntervalBytes)
+	hb := s.hdr()
 	var bad *badSpot
 	for {
-		h, err := r.window(off, headerBytes)
+		h, err := r.window(off, hb)
 		if err != nil {
 			return segResult{}, fmt.Errorf("seglog: read %s: %w", s.name, err)
 		}
 		if len(h) == 0 {
 			break
 		}
-		if len(h) < headerBytes {
+		if len(h) < hb {
 			bad = &badSpot{off: off, lsn: lsn, reason: "header runs past end of file", pastEOF: true, recEnd: -1}
 			break
 		}
@@ -247,16 +443,16 @@ func (l *Log) verifySegment(s *segment, last bool, r *reader) (segResult, error)
 			bad = &badSpot{off: off, lsn: lsn, reason: fmt.Sprintf("length %d out of range", n), recEnd: -1}
 			break
 		}
-		recEnd := off + headerBytes + int64(n)
-		b, err := r.window(off, headerBytes+int(n))
+		recEnd := off + int64(hb) + int64(n)
+		b, err := r.window(off, hb+int(n))
 		if err != nil {
 			return segResult{}, fmt.Errorf("seglog: read %s: %w", s.name, err)
 		}
-		if len(b) < headerBytes+int(n) {
+		if len(b) < hb+int(n) {
 			bad = &badSpot{off: off, lsn: lsn, reason: "record runs past end of file", pastEOF: true, recEnd: recEnd}
 			break
 		}
-		rec, _, err := DecodeRecord(b)
+		rec, _, err := s.decode(b)
 		if err != nil {
 			bad = &badSpot{off: off, lsn: lsn, reason: "checksum mismatch", recEnd: recEnd}
 			break
@@ -265,7 +461,15 @@ func (l *Log) verifySegment(s *segment, last bool, r *reader) (segResult, error)
 			bad = &badSpot{off: off, lsn: lsn, reason: fmt.Sprintf("record carries lsn %d", rec.LSN), recEnd: recEnd}
 			break
 		}
-		if off == 0 || off-lastIdx >= interval {
+		if rec.Term < l.lastTerm {
+			bad = &badSpot{off: off, lsn: lsn, reason: fmt.Sprintf("record term %d below the previous term %d", rec.Term, l.lastTerm), recEnd: recEnd}
+			break
+		}
+		if rec.Term != l.lastTerm {
+			l.terms = append(l.terms, termRun{first: lsn, term: rec.Term})
+			l.lastTerm = rec.Term
+		}
+		if off == s.data || off-lastIdx >= interval {
 			s.index = append(s.index, indexEntry{lsn: lsn, off: off})
 			lastIdx = off
 		}
@@ -297,7 +501,7 @@ func (l *Log) verifySegment(s *segment, last bool, r *reader) (segResult, error)
 	torn := bad.pastEOF || (bad.recEnd >= 0 && z < bad.recEnd)
 	if torn {
 		// Beyond z there are only zeros, which never form a record.
-		followed, err := validRecordAfter(s.f, off+1, z, lsn+1)
+		followed, err := validRecordAfter(s.f, off+1, z, lsn+1, s.v2)
 		if err != nil {
 			return segResult{}, fmt.Errorf("seglog: read %s: %w", s.name, err)
 		}
@@ -348,8 +552,8 @@ func nonZeroEnd(f interface {
 // header's LSN position and checks candidates, so it reads the range once.
 func validRecordAfter(f interface {
 	ReadAt([]byte, int64) (int, error)
-}, from, size int64, lsn uint64) (bool, error) {
-	if size-from < headerBytes {
+}, from, size int64, lsn uint64, v2 bool) (bool, error) {
+	if size-from < int64(recHeaderBytes(v2)) {
 		return false, nil
 	}
 	data := make([]byte, size-from)
@@ -364,7 +568,7 @@ func validRecordAfter(f interface {
 			return false, nil
 		}
 		start := i + j - 8
-		if rec, _, err := DecodeRecord(data[start:]); err == nil && rec.LSN == lsn {
+		if rec, _, err := decodeRecord(data[start:], v2); err == nil && rec.LSN == lsn {
 			return true, nil
 		}
 		i += j + 1

@@ -27,10 +27,10 @@ func TestReserveGrowsInSteps(t *testing.T) {
 	fs := vfs.NewMem()
 	o := Options{FS: fs, Dir: "log", SegmentBytes: 1 << 20}
 	l := openT(t, o)
-	if got := fileSize(t, fs, "log", 1); got != 0 {
-		t.Fatalf("empty segment is %d bytes, want 0", got)
+	if got := fileSize(t, fs, "log", 1); got != segHeaderBytes {
+		t.Fatalf("empty segment is %d bytes, want its header's %d", got, segHeaderBytes)
 	}
-	payload := make([]byte, 1024-headerBytes) // 1 KiB records
+	payload := make([]byte, 1024-headerBytes) // 1 KiB records after the header
 	if _, err := l.Commit(1, payload); err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func TestReserveGrowsInSteps(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	data := int64(665 << 10)
+	data := int64(segHeaderBytes + 665<<10)
 	if got := fileSize(t, fs, "log", 1); got != data {
 		t.Fatalf("after Close: %d bytes, want the records' %d", got, data)
 	}
