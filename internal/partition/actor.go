@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
 )
@@ -339,6 +338,11 @@ func (p *Partition) arm(timer *time.Timer) {
 	timer.Reset(time.Duration(at-now) * time.Millisecond)
 }
 
+// turn runs one turn: the decider decides on the control messages, the
+// batch and the clock, and the driver appends what it decided (flush). The
+// control messages that need the log (adoption, inspection) run in their
+// place in the control list, after the records decided before them are
+// appended.
 func (p *Partition) turn(batch []command) {
 	if p.failed != nil {
 		refuseControl(p.takeControl(), ErrUnavailable)
@@ -348,246 +352,82 @@ func (p *Partition) turn(batch []command) {
 		return
 	}
 	now := p.nowMs()
-	p.evs = p.evs[:0]
-	p.turnReplies = len(p.open.replies)
-	appended := 0
-
+	before := p.nextLSN
 	for _, m := range p.takeControl() {
 		switch m.kind {
-		case ctlAttach:
-			if !slices.Contains(p.consumers, m.c) {
-				p.consumers = append(p.consumers, m.c)
-			}
-		case ctlDetach:
-			if i := slices.Index(p.consumers, m.c); i >= 0 {
-				p.consumers = slices.Delete(p.consumers, i, i+1)
-			}
-			for _, in := range p.st.Inflight(m.c.Owner()) {
-				evs, err := p.st.Release(p.evs[:0], in.Offset, in.LeaseID, now)
-				if err != nil {
-					continue
-				}
-				n, err := p.appendAll(evs, nil)
-				appended += n
-				if err != nil {
-					p.fail(err, batch)
-					return
-				}
-			}
 		case ctlDeadLettered:
-			d, ok := p.deadLetters[m.offset]
-			if !ok {
-				break
+			if p.deadLetterDone(m, now) {
+				p.deadLetterSettled(m.offset, now)
 			}
-			d.inflight = false
-			p.dlInflight--
-			if m.err != nil {
-				d.retryAtMs = now + deadLetterRetryMs
-				p.logger.Warn("dead-letter copy failed; will retry", "offset", m.offset, "err", m.err)
-				break
-			}
-			delete(p.deadLetters, m.offset)
-			evs, err := p.st.DeadLettered(p.evs[:0], m.offset, now)
-			if err != nil {
-				break // settled by an earlier confirmation
-			}
-			n, err := p.appendAll(evs, nil)
-			appended += n
-			if err != nil {
+		case ctlAdopt, ctlInspect:
+			if err := p.flush(); err != nil {
 				p.fail(err, batch)
 				return
 			}
-		case ctlSetConfig:
-			p.st.SetConfig(m.cfg)
-		case ctlClaim:
-			var mine []queue.Info
-			p.recovered = slices.DeleteFunc(p.recovered, func(in queue.Info) bool {
-				if in.Owner != m.owner {
-					return false
-				}
-				mine = append(mine, in)
-				return true
-			})
-			m.claimed(mine)
-		case ctlAdopt:
-			m.adopted(p.adopt(m.c, now))
-		case ctlInspect:
-			m.fn()
+			if m.kind == ctlAdopt {
+				m.adopted(p.adopt(m.c, now))
+			} else {
+				m.fn()
+			}
+		default:
+			p.onControl(m, now)
 		}
 	}
-
-	if len(p.recovered) > 0 && now >= p.recoveredDueMs {
-		n, err := p.releaseRecovered(now)
-		appended += n
-		if err != nil {
-			p.fail(err, batch)
-			return
-		}
-	}
-
-	for i := range batch {
-		c := &batch[i]
-		switch c.kind {
-		case cmdPublish:
-			m := c.msg
-			if m.ProducerID != "" {
-				// Answered like any other reply of this stage, so never
-				// before the original's record (lsn = its offset) is
-				// durable; a failed sync fails the partition first.
-				switch v, off := p.dd.Check(m.ProducerID, m.ProducerSeq, now); v {
-				case dedup.Duplicate:
-					p.duplicates++
-					p.open.replies = append(p.open.replies, reply{published: c.published, offset: off,
-						duplicate: true, lsn: off})
-					continue
-				case dedup.TooOld:
-					p.open.replies = append(p.open.replies, reply{published: c.published, lsn: p.lastLSN,
-						err: fmt.Errorf("%w: producer %q sequence %d", ErrSequenceTooOld, m.ProducerID, m.ProducerSeq)})
-					continue
-				}
-			}
-			evs, err := p.st.Enqueue(p.evs[:0], &m, now)
-			if err != nil {
-				p.open.replies = append(p.open.replies, reply{published: c.published, err: err, lsn: p.lastLSN})
-				continue
-			}
-			if len(evs) != 1 || evs[0].Msg != &m {
-				// The queue filled in a default the caller did not: the
-				// pre-encoded payload no longer matches. Publish fills
-				// every default first, so this is a broken invariant.
-				panic("partition: Enqueue changed a fully defaulted message")
-			}
-			lsn, err := p.log.Append(uint8(queue.KindEnqueue), c.payload)
-			if err == nil {
-				p.lastLSN = lsn
-				err = p.st.Apply(lsn, evs[0])
-			}
-			if err != nil {
-				p.fail(err, batch)
-				return
-			}
-			appended++
-			p.cfg.Counters.count(&evs[0])
-			p.dd.Record(m.ProducerID, m.ProducerSeq, lsn, m.PublishedAtMs)
-			p.cache.put(lsn, c.payload)
-			p.open.replies = append(p.open.replies, reply{published: c.published, offset: lsn, lsn: lsn})
-		case cmdSettle:
-			var evs []queue.Event
-			var err error
-			switch c.op {
-			case Ack:
-				evs, err = p.st.Ack(p.evs[:0], c.offset, c.leaseID)
-			case Nack:
-				evs, err = p.st.Nack(p.evs[:0], c.offset, c.leaseID, c.notBeforeMs, now)
-			case Fail:
-				evs, err = p.st.Fail(p.evs[:0], c.offset, c.leaseID, now)
-			default:
-				err = fmt.Errorf("partition: unknown settle op %d", c.op)
-			}
-			if c.op == Ack && errors.Is(err, queue.ErrAlreadySettled) && p.acked.by(c.offset, c.leaseID) {
-				// The same ACK again: it took effect already.
-				err = nil
-				evs = evs[:0]
-			}
-			if err == nil {
-				h, held := p.holders[c.offset]
-				held = held && c.by != nil && h.c == c.by && h.leaseID == c.leaseID
-				var n int
-				n, err = p.appendAll(evs, nil)
-				appended += n
-				if err != nil {
-					p.fail(err, batch)
-					return
-				}
-				if _, still := p.holders[c.offset]; held && !still {
-					p.carryCredit(h.c, c.offset, c.leaseID)
-				}
-			}
-			p.open.replies = append(p.open.replies, reply{settled: c.settled, err: err, lsn: p.lastLSN})
-		case cmdPurge:
-			p.purges = append(p.purges, purgeJob{below: p.st.NextLSN(), done: c.published})
-		case cmdDiscard:
-			evs, err := p.discard(c.offset, now)
-			if err == nil {
-				var n int
-				n, err = p.appendAll(evs, nil)
-				appended += n
-				if err != nil {
-					p.fail(err, batch)
-					return
-				}
-			}
-			p.open.replies = append(p.open.replies, reply{settled: c.settled, err: err, lsn: p.lastLSN})
-		}
-	}
-
-	if len(p.purges) > 0 {
-		n, err := p.purgeStep(now)
-		appended += n
-		if err != nil {
-			p.fail(err, batch)
-			return
-		}
-	}
-
-	// Timers: lease expiry, delays, TTL.
-	evs := p.st.Tick(p.evs[:0], now)
-	if len(evs) == queue.TickEventsMax {
-		p.more = true
-	}
-	n, err := p.appendAll(evs, nil)
-	appended += n
-	if err != nil {
-		p.fail(err, batch)
+	p.decide(batch, now)
+	if err := p.flush(); err != nil {
+		p.fail(err, nil)
 		return
 	}
-
-	n, err = p.dispatch(now)
-	appended += n
-	if err != nil {
-		p.fail(err, batch)
-		return
-	}
-
-	p.open.records += appended
-	p.sinceCkpt += appended
-	if len(batch) > 0 || appended > 0 {
+	if len(batch) > 0 || p.nextLSN > before {
 		p.lastBusyMs = now
 	}
 }
 
-// purgeStep carries the purges under way forward by at most
-// purgePerTurnMax messages. A purge that found fewer than its budget is
-// complete: its answer joins the open stage, given once its discards are
-// durable. Otherwise another turn is scheduled at once.
-func (p *Partition) purgeStep(now int64) (int, error) {
-	appended := 0
-	for len(p.purges) > 0 {
-		budget := purgePerTurnMax - appended
-		if budget <= 0 {
-			p.more = true
-			break
+// flush appends the records the decider decided, in order, and checks the
+// log numbers each as decided. An append error fails the partition (the
+// caller's business): the state already reflects those records.
+func (p *Partition) flush() error {
+	n := 0
+	for i := range p.out {
+		r := &p.out[i]
+		payload := p.payloadOf(r)
+		lsn, err := p.log.Append(r.typ, payload)
+		if err == nil && lsn != r.lsn {
+			err = fmt.Errorf("the log numbered lsn %d the record decided as %d", lsn, r.lsn)
 		}
-		j := &p.purges[0]
-		evs := p.st.Purge(p.evs[:0], j.below, budget, now)
-		n, err := p.appendAll(evs, nil)
-		appended += n
-		j.n += uint64(n)
 		if err != nil {
-			return appended, err
+			p.taken()
+			p.open.records += n
+			return fmt.Errorf("append %v: %w", queue.Kind(r.typ), err)
 		}
-		if n == budget {
-			p.more = true
-			break
+		if r.payload != nil {
+			p.cache.put(lsn, payload)
 		}
-		p.open.replies = append(p.open.replies, reply{published: j.done, offset: j.n, lsn: p.lastLSN})
-		p.purges[0] = purgeJob{}
-		p.purges = p.purges[1:]
+		n++
 	}
-	if len(p.purges) == 0 {
-		p.purges = nil
+	p.taken()
+	p.open.records += n
+	p.sinceCkpt += n
+	return nil
+}
+
+// deadLetterDone books the confirmation of a dead-letter copy and reports
+// whether the copy is durable, so its message is settled; a failed copy is
+// retried after deadLetterRetryMs.
+func (p *Partition) deadLetterDone(m control, now int64) bool {
+	d, ok := p.deadLetters[m.offset]
+	if !ok {
+		return false
 	}
-	return appended, nil
+	d.inflight = false
+	p.dlInflight--
+	if m.err != nil {
+		d.retryAtMs = now + deadLetterRetryMs
+		p.logger.Warn("dead-letter copy failed; will retry", "offset", m.offset, "err", m.err)
+		return false
+	}
+	delete(p.deadLetters, m.offset)
+	return true
 }
 
 // persist makes the records appended so far as safe as the sync policy
@@ -611,59 +451,12 @@ func (p *Partition) persist() (uint64, error) {
 	return lsn, nil
 }
 
-// releaseRecovered hands recovered leases back to the queue once their
-// grace has ended, at most recoveredReleasePerTurnMax per turn. A lease
-// that was settled, expired or released meanwhile is no longer current and
-// is skipped.
-func (p *Partition) releaseRecovered(now int64) (int, error) {
-	k := min(len(p.recovered), recoveredReleasePerTurnMax)
-	appended, released := 0, 0
-	for _, in := range p.recovered[:k] {
-		evs, err := p.st.Release(p.evs[:0], in.Offset, in.LeaseID, now)
-		if err != nil {
-			continue
-		}
-		n, err := p.appendAll(evs, nil)
-		appended += n
-		if err != nil {
-			return appended, err
-		}
-		released++
-	}
-	if released > 0 {
-		// Leases no restored session took back within the grace.
-		p.logger.Info("recovered leases released", "released", released, "grace_ms", p.cfg.RecoveredLeaseGraceMs)
-	}
-	p.recovered = p.recovered[k:]
-	if len(p.recovered) > 0 {
-		p.more = true
-	} else {
-		p.recovered = nil
-	}
-	return appended, nil
-}
-
 // adopt makes c the holder of its recovered leases and delivers them (see
 // Partition.Adopt). It appends nothing: the leases are in the log already.
 func (p *Partition) adopt(c Consumer, now int64) int {
-	if !slices.Contains(p.consumers, c) {
-		return 0
-	}
-	var mine []queue.Info
-	for _, in := range p.st.Inflight(c.Owner()) {
-		if _, held := p.holders[in.Offset]; held || in.DeadlineMs <= now {
-			continue
-		}
-		mine = append(mine, in)
-	}
+	mine := p.adoptable(c, now)
 	if len(mine) == 0 {
 		return 0
-	}
-	p.recovered = slices.DeleteFunc(p.recovered, func(in queue.Info) bool {
-		return slices.ContainsFunc(mine, func(x queue.Info) bool { return x.Offset == in.Offset })
-	})
-	if len(p.recovered) == 0 {
-		p.recovered = nil
 	}
 	if a, ok := c.(Adopter); ok {
 		a.AdoptCredit(len(mine))
@@ -695,116 +488,6 @@ func (p *Partition) takeControl() []control {
 	p.ctl = nil
 	p.ctlMu.Unlock()
 	return m
-}
-
-// appendAll appends and applies evs in order. Lease events are recorded as
-// deliveries to c (which must be non-nil if evs holds any); DeadLetter events
-// with a target are remembered so the copy starts once they are durable.
-func (p *Partition) appendAll(evs []queue.Event, c Consumer) (int, error) {
-	for i := range evs {
-		ev := &evs[i]
-		p.buf = ev.Marshal(p.buf[:0])
-		lsn, err := p.log.Append(uint8(ev.Kind), p.buf)
-		if err != nil {
-			return i, fmt.Errorf("append %v: %w", ev.Kind, err)
-		}
-		p.lastLSN = lsn
-		if err := p.st.Apply(lsn, *ev); err != nil {
-			// The queue rejected an event it just produced.
-			panic(fmt.Sprintf("partition %s: apply of own %v event at lsn %d: %v", p, ev.Kind, lsn, err))
-		}
-		p.cfg.Counters.count(ev)
-		switch ev.Kind {
-		case queue.KindAck:
-			p.acked.put(ev.Offset, ev.LeaseID)
-			p.leaseEnded(ev.Offset, ev.LeaseID)
-		case queue.KindLease:
-			if c == nil {
-				panic("partition: lease event without a consumer")
-			}
-			p.holders[ev.Offset] = holder{c: c, leaseID: ev.LeaseID}
-			p.open.deliveries = append(p.open.deliveries, pending{c: c, offset: ev.Offset, leaseID: ev.LeaseID, attempt: ev.Attempt})
-		case queue.KindRequeue:
-			p.leaseEnded(ev.Offset, ev.LeaseID)
-		case queue.KindDeadLetter:
-			if ev.LeaseID != 0 {
-				p.leaseEnded(ev.Offset, ev.LeaseID)
-			}
-			if ev.Target != "" {
-				p.open.newDead = append(p.open.newDead, ev.Offset)
-			}
-		}
-	}
-	p.evs = evs[:0] // keep the grown buffer for the next command
-	return len(evs), nil
-}
-
-// leaseEnded notes that the lease leaseID on offset ended. Its holder, if
-// an attached consumer holds it, is told once the ending record is durable
-// (after the stage's deliveries, so never before the Deliver it ends).
-// Leases found by recovery have no holder.
-func (p *Partition) leaseEnded(offset, leaseID uint64) {
-	h, ok := p.holders[offset]
-	if !ok || h.leaseID != leaseID {
-		return
-	}
-	delete(p.holders, offset)
-	p.open.ended = append(p.open.ended, pending{c: h.c, offset: offset, leaseID: leaseID})
-}
-
-// dispatch leases ready messages to consumers with credit, round-robin in
-// chunks of at most fairChunkMax so competing consumers share the queue.
-func (p *Partition) dispatch(now int64) (int, error) {
-	appended, leased := 0, 0
-	for leased < dispatchPerTurnMax && len(p.consumers) > 0 {
-		progress := false
-		for range len(p.consumers) {
-			p.rr = (p.rr + 1) % len(p.consumers)
-			c := p.consumers[p.rr]
-			want := min(fairChunkMax, dispatchPerTurnMax-leased)
-			// Credit carried by this stage's settles first: it is
-			// spent only on this stage's leases.
-			carried := p.takeCarried(c, want)
-			got := carried
-			if got < want {
-				got += c.TakeCredit(want - got)
-			}
-			if got == 0 {
-				continue
-			}
-			before := len(p.open.deliveries)
-			evs := p.st.Lease(p.evs[:0], c.Owner(), got, now)
-			n, err := p.appendAll(evs, c)
-			appended += n
-			k := len(p.open.deliveries) - before
-			if k < got {
-				// Unspent carried credit stays with the stage; the
-				// rest goes back to the consumer now.
-				back := min(carried, got-k)
-				if back > 0 {
-					p.addCarried(c, back)
-				}
-				if got-k-back > 0 {
-					c.RefundCredit(got - k - back)
-				}
-			}
-			if err != nil {
-				return appended, err
-			}
-			leased += k
-			if len(evs) > 0 {
-				progress = true
-			}
-			if leased >= dispatchPerTurnMax {
-				p.more = true
-				break
-			}
-		}
-		if !progress {
-			break
-		}
-	}
-	return appended, nil
 }
 
 // deliver hands durable leases to their consumers, reading each payload
@@ -1022,41 +705,6 @@ func (p *Partition) failStage(st *stage, safe uint64) {
 	st.records = 0
 }
 
-// carryCredit asks c, whose lease on offset a settle it sent just ended in
-// the open stage, for that lease's credit (CreditCarrier); the stage's
-// dispatch may spend it.
-func (p *Partition) carryCredit(c Consumer, offset, leaseID uint64) {
-	cc, ok := c.(CreditCarrier)
-	if !ok || !cc.CarryCredit(offset, leaseID) {
-		return
-	}
-	p.addCarried(c, 1)
-}
-
-// addCarried adds n to the credit the open stage carries for c.
-func (p *Partition) addCarried(c Consumer, n int) {
-	for i := range p.open.carried {
-		if p.open.carried[i].c == c {
-			p.open.carried[i].n += n
-			return
-		}
-	}
-	p.open.carried = append(p.open.carried, carry{c: c, n: n})
-}
-
-// takeCarried removes up to want credit carried for c in the open stage
-// and returns it.
-func (p *Partition) takeCarried(c Consumer, want int) int {
-	for i := range p.open.carried {
-		if cr := &p.open.carried[i]; cr.c == c {
-			n := min(cr.n, want)
-			cr.n -= n
-			return n
-		}
-	}
-	return 0
-}
-
 // refundCarried gives the credit st carried but did not spend back to its
 // consumers. It runs after st's replies, so the settles that freed it are
 // answered before it can pay for a delivery elsewhere.
@@ -1072,25 +720,21 @@ func refundCarried(st *stage) {
 
 // fail stops the partition after an I/O error: its in-memory state may be
 // ahead of the disk, so it must not answer from it again. Everything waiting
-// (both pipeline stages and the rest of the turn's batch) is refused and
-// consumers are told. batch is the turn's batch, nil outside a turn.
+// (both pipeline stages and the turn's batch, when the decider had not yet
+// taken it) is refused and consumers are told. batch is nil once the
+// decider has taken it: its commands have their replies in the open stage.
 func (p *Partition) fail(err error, batch []command) {
 	p.failed = err
 	p.down.Store(&err)
 	p.logger.Error("partition failed; it serves nothing until restarted", "err", err)
-	// Each command of this turn before len(open.replies) has a reply; the
-	// rest of the batch was never looked at.
 	// The syncing stage keeps waiting for its own sync's outcome (synced1).
-	looked := len(p.open.replies) - p.turnReplies
 	safe := p.log.DurableLSN()
 	p.failStage(&p.open, safe)
 	if !p.syncBusy {
 		p.failStage(&p.syncing, safe)
 	}
-	if batch != nil {
-		for _, c := range batch[min(looked, len(batch)):] {
-			refuse(c, ErrUnavailable)
-		}
+	for _, c := range batch {
+		refuse(c, ErrUnavailable)
 	}
 	p.refusePurges(ErrUnavailable)
 	for _, c := range p.consumers {

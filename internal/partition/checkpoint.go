@@ -310,6 +310,8 @@ func (p *Partition) recover() error {
 			"corruption", rep.Corruption, "dropped_segments", rep.DroppedSegments)
 	}
 	p.log, p.st, p.dd, p.ckptLSN = log, st, dd, covers
+	p.nextLSN = next
+	p.lastLSN = next - 1
 	for _, in := range st.PendingDeadLetters() {
 		p.deadLetters[in.Offset] = &deadLetter{}
 	}

@@ -22,12 +22,21 @@
 //
 // # A turn
 //
+// A turn has a deterministic half and an I/O half (decider.go). The
+// decider decides: control messages, commands and the clock go in; queue
+// events applied to the state, records numbered with their LSNs, and the
+// stage's replies, deliveries and dead letters come out. It does no I/O and
+// reads no clock, and datadriven scenarios (testdata/decider) test it
+// alone. The driver around it (actor.go) takes the inbox, appends the
+// decided records to the log, syncs, reads bodies and checkpoints.
+//
 // The actor takes a batch of commands (at most batchMax) and then:
 //
 //  1. applies control messages (a detached consumer's leases are released);
 //  2. releases recovered leases whose grace has ended;
-//  3. turns every command into queue events, appends each to the log and
-//     applies it to the state;
+//  3. turns every command into queue events and applies each to the state
+//     (the records are appended to the log at the end of the turn, before
+//     anything reads them);
 //  4. carries purges under way forward, at most purgePerTurnMax messages
 //     per turn (a purge of a larger backlog continues in the next turns and
 //     is answered with its count once its last discards are durable);

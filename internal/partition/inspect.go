@@ -92,13 +92,3 @@ func (p *Partition) Discard(offset uint64, done func(error)) {
 	}
 	p.send(command{kind: cmdDiscard, offset: offset, settled: done}, done)
 }
-
-// discard is Discard on the actor goroutine: the events to append, or
-// ErrNotQueued.
-func (p *Partition) discard(offset uint64, now int64) ([]queue.Event, error) {
-	info, ok := p.st.Lookup(offset, now)
-	if !ok || (info.State != queue.StateReady && info.State != queue.StateDelayed) {
-		return nil, ErrNotQueued
-	}
-	return append(p.evs[:0], queue.Event{Kind: queue.KindDeadLetter, Offset: offset, Reason: queue.ReasonPurged, AtMs: now}), nil
-}

@@ -319,10 +319,11 @@ type control struct {
 // wake channel. Lock order: sendMu before ctlMu; neither is held while
 // calling out.
 type Partition struct {
+	// decider is the deterministic half of the actor (decider.go): the
+	// queue state, the dedup table, consumers, leases and the open stage.
+	decider
 	cfg    Config
 	log    *seglog.Log
-	st     *queue.State
-	dd     *dedup.Table // actor-owned, like st
 	logger *slog.Logger
 	parked error // non-nil: quarantined, no goroutine runs
 	// down is set (once) when the actor fails, for Unavailable.
@@ -344,41 +345,21 @@ type Partition struct {
 
 	// Actor-owned.
 	failed      error
-	consumers   []Consumer
-	rr          int
 	sinceCkpt   int
 	cache       bodyCache
 	deadLetters map[uint64]*deadLetter
 	dlInflight  int
-	evs         []queue.Event
-	buf         []byte
-	more        bool
-	missing     []uint64 // readAhead's scratch
-	// holders maps the offset of every message leased to an attached
-	// consumer to that lease, so the consumer is told when the lease
-	// ends (Consumer.LeaseEnded). Bounded by the consumers' prefetch.
-	holders map[uint64]holder
-	// acked remembers the lease that ACKed each recently settled offset,
-	// bounded by ackMemoryMax, so that the same ACK sent again (its answer
-	// lost, say in a crash) is answered ok rather than stale_lease. It is
-	// filled by ACKs appended and by those replayed at Open (the records
-	// after the checkpoint).
-	acked  ackMemory
-	loaded map[uint64][]byte // payloads readAhead found, for one deliver call
-	// The pipeline (see doc.go): open collects what the current turns
-	// produce; syncing waits for the sync under way (syncBusy). syncReq
+	missing     []uint64          // readAhead's scratch
+	loaded      map[uint64][]byte // payloads readAhead found, for one deliver call
+	// The pipeline (see doc.go): the decider's open stage collects what
+	// the current turns produce; syncing waits for the sync under way
+	// (syncBusy). syncReq
 	// and synced connect the actor with its syncer goroutine; each holds
 	// at most one message, since at most one sync is outstanding.
-	open, syncing stage
-	syncBusy      bool
-	syncReq       chan struct{}
-	synced        chan syncResult
-	lastLSN       uint64 // the last LSN the actor appended
-	turnReplies   int    // len(open.replies) when the current turn began
-	// recovered lists the leases found by recovery that are still waiting
-	// for the grace to end, by offset; recoveredDueMs is when it ends.
-	recovered      []queue.Info
-	recoveredDueMs int64
+	syncing  stage
+	syncBusy bool
+	syncReq  chan struct{}
+	synced   chan syncResult
 	// ckptFailures counts failed checkpoints since Open, ckptStreak the
 	// consecutive ones; no checkpoint is tried before ckptRetryAtMs.
 	ckptFailures  uint64
@@ -393,13 +374,9 @@ type Partition struct {
 	// lastBusyMs is when the actor last took a command or appended a
 	// record (see idleCheckpointMs).
 	lastBusyMs int64
-	// purges are the purges under way, oldest first (see purgeStep).
-	purges []purgeJob
 	// relocs is relocate's scratch; relocated counts its copies.
 	relocs    []queue.BodyLoc
 	relocated uint64
-	// duplicates counts publishes answered from the dedup window.
-	duplicates uint64
 }
 
 // purgeJob is one Purge being carried out over one or more turns.
@@ -532,10 +509,15 @@ func newPartition(cfg Config) *Partition {
 		stop:        make(chan struct{}),
 		stopped:     make(chan struct{}),
 		deadLetters: make(map[uint64]*deadLetter),
-		holders:     make(map[uint64]holder),
-		acked:       ackMemory{m: make(map[uint64]uint64)},
 		loaded:      make(map[uint64][]byte),
 		cache:       newBodyCache(cfg.BodyCacheBytes),
+	}
+	p.decider = decider{
+		counters: cfg.Counters,
+		logger:   p.logger,
+		graceMs:  cfg.RecoveredLeaseGraceMs,
+		holders:  make(map[uint64]holder),
+		acked:    ackMemory{m: make(map[uint64]uint64)},
 	}
 	q := cfg.Queue
 	p.qcfg.Store(&q)

@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/sinewmq/sinew/internal/queue"
@@ -91,18 +92,19 @@ func (p *Partition) relocate() (int, error) {
 		}
 		evs, err := p.st.Relocate(p.evs[:0], loc.Offset)
 		if err != nil {
+			if ferr := p.flush(); ferr != nil {
+				err = errors.Join(err, ferr)
+			}
 			return appended, fmt.Errorf("relocate offset %d: %w", loc.Offset, err)
 		}
 		evs[0].Msg = m
-		k, err := p.appendAll(evs, nil)
-		appended += k
-		if err != nil {
-			return appended, err
-		}
+		appended += p.emit(evs, nil)
 		copied += size
 	}
 	p.relocated += uint64(appended)
-	p.open.records += appended
+	if err := p.flush(); err != nil {
+		return appended, err
+	}
 	return appended, nil
 }
 
