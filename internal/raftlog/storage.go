@@ -1,0 +1,427 @@
+package raftlog
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sinewmq/sinew/internal/seglog"
+)
+
+// Record types reserved for raft entries that are not queue events.
+const (
+	TypeNoop         uint8 = 0xF0 // an empty EntryNormal: a new leader's no-op
+	TypeConfChange   uint8 = 0xF1 // EntryConfChange
+	TypeConfChangeV2 uint8 = 0xF2 // EntryConfChangeV2
+	typeReservedMin  uint8 = 0xF0 // types from here up belong to raftlog
+)
+
+// CacheBytesMaxDefault is the default Options.CacheBytesMax.
+const CacheBytesMaxDefault = 16 << 20
+
+// ErrReservedType is returned by Append for a normal entry whose first data
+// byte is a record type reserved by this package.
+var ErrReservedType = errors.New("raftlog: entry uses a reserved record type")
+
+// ErrBadEntry is returned (wrapped) by Append for entries that are not a
+// contiguous run continuing the log.
+var ErrBadEntry = errors.New("raftlog: entries out of order")
+
+// Options configure New.
+type Options struct {
+	// CacheBytesMax bounds the payload bytes of un-applied entries kept in
+	// memory. Default CacheBytesMaxDefault.
+	CacheBytesMax int
+	// Snapshot, if set, supplies a snapshot (metadata and data) when raft
+	// asks for one; it may return raft.ErrSnapshotTemporarilyUnavailable.
+	Snapshot func() (*raftpb.Snapshot, error)
+}
+
+// Storage is raft's Storage over a seglog.Log, plus the write side raft's
+// Ready loop needs. See the package documentation.
+type Storage struct {
+	log  *seglog.Log
+	opts Options
+
+	mu sync.Mutex
+	// cache holds the entries from cache[0].Index to the last index, in
+	// order, when not empty; cacheBytes is the sum of their Data lengths.
+	cache      []*raftpb.Entry
+	cacheBytes int
+	// snap is the last snapshot applied or created, nil if none.
+	snap *raftpb.Snapshot
+	// diskReads and memReads count Entries calls that had to read
+	// segment files and those served from the cache alone (tests and
+	// benchmarks check the hot path stays in memory).
+	diskReads, memReads uint64
+}
+
+var _ raft.Storage = (*Storage)(nil)
+
+// New returns a Storage over log. The log's records are taken as raft
+// entries; the cache starts empty, so entries written before the restart are
+// read from the files once.
+func New(log *seglog.Log, opts Options) *Storage {
+	if opts.CacheBytesMax <= 0 {
+		opts.CacheBytesMax = CacheBytesMaxDefault
+	}
+	return &Storage{log: log, opts: opts}
+}
+
+// InitialState returns the persisted HardState and ConfState. It refuses a
+// HardState whose commit index is past the last entry, which raft could not
+// start from.
+func (s *Storage) InitialState() (*raftpb.HardState, *raftpb.ConfState, error) {
+	hs := s.log.HardState()
+	cs, err := s.log.ConfState()
+	if err != nil {
+		return nil, nil, err
+	}
+	if last := s.log.NextLSN() - 1; hs.GetCommit() > last {
+		return nil, nil, fmt.Errorf("raftlog: stored commit index %d is past the last entry %d", hs.GetCommit(), last)
+	}
+	return hs, cs, nil
+}
+
+// FirstIndex returns the first index whose entry is available.
+func (s *Storage) FirstIndex() (uint64, error) { return s.log.FirstLSN(), nil }
+
+// LastIndex returns the index of the last entry (FirstIndex-1 when empty).
+func (s *Storage) LastIndex() (uint64, error) { return s.log.NextLSN() - 1, nil }
+
+// Term returns the term of entry i, for i in [FirstIndex-1, LastIndex].
+func (s *Storage) Term(i uint64) (uint64, error) {
+	t, err := s.log.Term(i)
+	switch {
+	case err == nil:
+		return t, nil
+	case errors.Is(err, seglog.ErrCompacted):
+		return 0, raft.ErrCompacted
+	case errors.Is(err, seglog.ErrNotFound):
+		return 0, raft.ErrUnavailable
+	}
+	return 0, err
+}
+
+// Entries returns entries [lo, hi), at most maxSize bytes of them (by their
+// encoded size, as raft counts) but at least one. Entries still in the cache
+// come from memory; older ones are read from the segment files.
+func (s *Storage) Entries(lo, hi, maxSize uint64) ([]*raftpb.Entry, error) {
+	first, next := s.log.FirstLSN(), s.log.NextLSN()
+	if lo < first {
+		return nil, raft.ErrCompacted
+	}
+	if hi > next || lo >= hi {
+		if lo == hi && hi <= next {
+			return nil, nil
+		}
+		return nil, raft.ErrUnavailable
+	}
+	s.mu.Lock()
+	cacheFirst := next
+	if n := len(s.cache); n > 0 && s.cache[0].GetIndex()+uint64(n) == next {
+		cacheFirst = s.cache[0].GetIndex() // the cache ends at the last index, as it should
+	}
+	if lo >= cacheFirst {
+		ents := s.cache[lo-cacheFirst : hi-cacheFirst]
+		s.memReads++
+		s.mu.Unlock()
+		ents = limitSize(ents, maxSize)
+		return ents[:len(ents):len(ents)], nil
+	}
+	s.diskReads++
+	// The cache may be replaced while the files are read; take the part
+	// of it needed now.
+	var tail []*raftpb.Entry
+	if hi > cacheFirst {
+		tail = s.cache[: hi-cacheFirst : hi-cacheFirst]
+	}
+	s.mu.Unlock()
+
+	var out []*raftpb.Entry
+	var size uint64
+	stop := errors.New("stop")
+	err := s.log.ScanRange(lo, min(hi, cacheFirst)-1, func(r seglog.Record) error {
+		e := recordToEntry(r)
+		n := uint64(proto.Size(e))
+		if len(out) > 0 && size+n > maxSize {
+			return stop
+		}
+		out = append(out, e)
+		size += n
+		return nil
+	})
+	switch {
+	case errors.Is(err, stop):
+		return out, nil
+	case errors.Is(err, seglog.ErrNotFound):
+		return nil, raft.ErrCompacted // dropped while we read
+	case err != nil:
+		return nil, err
+	}
+	if uint64(len(out)) != min(hi, cacheFirst)-lo {
+		return nil, raft.ErrUnavailable // truncated while we read
+	}
+	for _, e := range tail {
+		n := uint64(proto.Size(e))
+		if size+n > maxSize {
+			break
+		}
+		out = append(out, e)
+		size += n
+	}
+	return out, nil
+}
+
+// limitSize returns the longest prefix of ents within maxSize encoded bytes,
+// and at least one entry.
+func limitSize(ents []*raftpb.Entry, maxSize uint64) []*raftpb.Entry {
+	if len(ents) == 0 || maxSize == noLimit {
+		return ents
+	}
+	size := uint64(proto.Size(ents[0]))
+	for i := 1; i < len(ents); i++ {
+		size += uint64(proto.Size(ents[i]))
+		if size > maxSize {
+			return ents[:i]
+		}
+	}
+	return ents
+}
+
+// noLimit is raft's "no size limit" (math.MaxUint64).
+const noLimit = ^uint64(0)
+
+// Snapshot returns the most recent snapshot: the one from Options.Snapshot
+// if set, else the last one applied or created, else (for a log that still
+// starts at index 1) an empty one. A log that starts later without a
+// snapshot source has no data to send: raft.ErrSnapshotTemporarilyUnavailable.
+func (s *Storage) Snapshot() (*raftpb.Snapshot, error) {
+	if s.opts.Snapshot != nil {
+		return s.opts.Snapshot()
+	}
+	s.mu.Lock()
+	snap := s.snap
+	s.mu.Unlock()
+	if snap != nil {
+		return proto.Clone(snap).(*raftpb.Snapshot), nil
+	}
+	if s.log.FirstLSN() == 1 {
+		cs, err := s.log.ConfState()
+		if err != nil {
+			return nil, err
+		}
+		return &raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{Index: new(uint64(0)), Term: new(uint64(0)), ConfState: cs}}, nil
+	}
+	return nil, raft.ErrSnapshotTemporarilyUnavailable
+}
+
+// Append writes entries to the log (buffered: durable after Sync). The run
+// must be contiguous and start at or before LastIndex+1; entries from its
+// first index on replace what the log holds there (a follower's conflicting
+// suffix). Entries at or before FirstIndex-1 are skipped, as raft may resend
+// a prefix the log has compacted.
+func (s *Storage) Append(ents []*raftpb.Entry) error {
+	if len(ents) == 0 {
+		return nil
+	}
+	first := s.log.FirstLSN()
+	if ents[len(ents)-1].GetIndex() < first {
+		return nil
+	}
+	if k := ents[0].GetIndex(); k < first {
+		ents = ents[first-k:]
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, e := range ents {
+		if i > 0 && e.GetIndex() != ents[i-1].GetIndex()+1 {
+			return fmt.Errorf("%w: index %d after %d", ErrBadEntry, e.GetIndex(), ents[i-1].GetIndex())
+		}
+		typ, payload, err := entryToRecord(e)
+		if err != nil {
+			return err
+		}
+		if err := s.log.AppendAt(e.GetIndex(), e.GetTerm(), typ, payload); err != nil {
+			if errors.Is(err, seglog.ErrBadIndex) {
+				return fmt.Errorf("%w: %w", ErrBadEntry, err)
+			}
+			return err
+		}
+		s.cachePut(e)
+	}
+	return nil
+}
+
+// cachePut adds e (just appended at its index) to the cache, dropping any
+// cached entries at or after its index first. Caller holds mu.
+func (s *Storage) cachePut(e *raftpb.Entry) {
+	idx := e.GetIndex()
+	if n := len(s.cache); n > 0 {
+		c0 := s.cache[0].GetIndex()
+		switch {
+		case idx < c0:
+			s.cache, s.cacheBytes = nil, 0
+		case idx <= c0+uint64(n)-1:
+			for _, d := range s.cache[idx-c0:] {
+				s.cacheBytes -= len(d.Data)
+			}
+			// A fresh array: entries handed out by Entries must not change.
+			s.cache = append([]*raftpb.Entry(nil), s.cache[:idx-c0]...)
+		case idx > c0+uint64(n):
+			s.cache, s.cacheBytes = nil, 0 // cannot happen for a contiguous log
+		}
+	}
+	s.cache = append(s.cache, e)
+	s.cacheBytes += len(e.Data)
+	for s.cacheBytes > s.opts.CacheBytesMax && len(s.cache) > 1 {
+		s.cacheBytes -= len(s.cache[0].Data)
+		s.cache[0] = nil
+		s.cache = s.cache[1:]
+	}
+}
+
+// Sync makes every appended entry durable.
+func (s *Storage) Sync() error {
+	_, err := s.log.Sync()
+	return err
+}
+
+// SetHardState stores hs; see the package documentation for when it is
+// durable.
+func (s *Storage) SetHardState(hs *raftpb.HardState) error { return s.log.SetHardState(hs) }
+
+// SetConfState stores the group's configuration durably (after a
+// configuration change is applied, or to bootstrap a new group's voters).
+func (s *Storage) SetConfState(cs *raftpb.ConfState) error { return s.log.SetConfState(cs) }
+
+// SetApplied tells the Storage that entries up to index are applied: they
+// leave the in-memory cache.
+func (s *Storage) SetApplied(index uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.cache) == 0 {
+		return
+	}
+	c0 := s.cache[0].GetIndex()
+	if index < c0 {
+		return
+	}
+	k := min(index-c0+1, uint64(len(s.cache)))
+	for i := range k {
+		s.cacheBytes -= len(s.cache[i].Data)
+		s.cache[i] = nil
+	}
+	s.cache = s.cache[k:]
+	if len(s.cache) == 0 {
+		s.cache = nil // let the array go
+	}
+}
+
+// ApplySnapshot replaces the log with an empty one that continues after the
+// snapshot, durably, and stores its ConfState. A snapshot not newer than the
+// current start point returns raft.ErrSnapOutOfDate.
+func (s *Storage) ApplySnapshot(snap *raftpb.Snapshot) error {
+	md := snap.GetMetadata()
+	if first := s.log.FirstLSN(); md.GetIndex() < first-1 || (md.GetIndex() == first-1 && first > 1) {
+		return raft.ErrSnapOutOfDate
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.log.ResetTo(md.GetIndex(), md.GetTerm()); err != nil {
+		return err
+	}
+	if err := s.log.SetConfState(raftpb.EnsureConfState(md.GetConfState())); err != nil {
+		return err
+	}
+	s.cache, s.cacheBytes = nil, 0
+	s.snap = proto.Clone(snap).(*raftpb.Snapshot)
+	return nil
+}
+
+// CreateSnapshot records a snapshot the application made at index i (which
+// must be in the log) with configuration cs and data, for Snapshot to
+// return. The log itself is not compacted; retention calls Compact.
+func (s *Storage) CreateSnapshot(i uint64, cs *raftpb.ConfState, data []byte) (*raftpb.Snapshot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.snap != nil && i <= s.snap.GetMetadata().GetIndex() {
+		return nil, raft.ErrSnapOutOfDate
+	}
+	term, err := s.Term(i)
+	if err != nil {
+		return nil, err
+	}
+	s.snap = &raftpb.Snapshot{
+		Data:     data,
+		Metadata: &raftpb.SnapshotMetadata{Index: new(i), Term: new(term), ConfState: proto.Clone(raftpb.EnsureConfState(cs)).(*raftpb.ConfState)},
+	}
+	return proto.Clone(s.snap).(*raftpb.Snapshot), nil
+}
+
+// Compact lets the log drop whole segments whose entries are all before
+// index (seglog.DropBefore); FirstIndex moves to the first kept entry.
+// The application must have a snapshot covering what is dropped.
+func (s *Storage) Compact(index uint64) error {
+	_, err := s.log.DropBefore(index)
+	return err
+}
+
+// DiskReads returns how many Entries calls read segment files.
+func (s *Storage) DiskReads() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.diskReads
+}
+
+// MemReads returns how many Entries calls were served from memory alone.
+func (s *Storage) MemReads() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.memReads
+}
+
+// entryToRecord maps a raft entry to a record type and payload.
+func entryToRecord(e *raftpb.Entry) (uint8, []byte, error) {
+	switch e.GetType() {
+	case raftpb.EntryNormal:
+		if len(e.Data) == 0 {
+			return TypeNoop, nil, nil
+		}
+		if e.Data[0] >= typeReservedMin {
+			return 0, nil, fmt.Errorf("%w: 0x%02x at index %d", ErrReservedType, e.Data[0], e.GetIndex())
+		}
+		return e.Data[0], e.Data[1:], nil
+	case raftpb.EntryConfChange:
+		return TypeConfChange, e.Data, nil
+	case raftpb.EntryConfChangeV2:
+		return TypeConfChangeV2, e.Data, nil
+	}
+	return 0, nil, fmt.Errorf("%w: entry type %v at index %d", ErrBadEntry, e.GetType(), e.GetIndex())
+}
+
+// recordToEntry maps a record back to the raft entry it was written from.
+// The record's payload is copied: Scan lends it only for the callback.
+func recordToEntry(r seglog.Record) *raftpb.Entry {
+	e := &raftpb.Entry{Index: new(r.LSN), Term: new(r.Term)}
+	switch r.Type {
+	case TypeNoop:
+		e.Type = new(raftpb.EntryNormal)
+	case TypeConfChange:
+		e.Type = new(raftpb.EntryConfChange)
+		e.Data = append([]byte(nil), r.Payload...)
+	case TypeConfChangeV2:
+		e.Type = new(raftpb.EntryConfChangeV2)
+		e.Data = append([]byte(nil), r.Payload...)
+	default:
+		e.Type = new(raftpb.EntryNormal)
+		e.Data = make([]byte, 1+len(r.Payload))
+		e.Data[0] = r.Type
+		copy(e.Data[1:], r.Payload)
+	}
+	return e
+}
