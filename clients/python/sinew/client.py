@@ -514,7 +514,7 @@ class _Conn:
 class Client:
     """A connection to one Sinew broker. Make one with :func:`connect`."""
 
-    def __init__(self, addr: str, *, client_name: str, credentials: str, reconnect: ReconnectPolicy,
+    def __init__(self, addr: str, *, client_name: str, credentials: str, user: str, reconnect: ReconnectPolicy,
                  reconcile: int, ssl: _ssl.SSLContext | None, heartbeat_s: float,
                  dial_timeout_s: float, handshake_timeout_s: float, drain_timeout_s: float,
                  sleep: Callable[[float], Awaitable[None]], monotonic: Callable[[], float],
@@ -526,6 +526,7 @@ class Client:
         self._host, self._port = host.strip("[]"), int(port)
         self._name = client_name
         self._credentials = credentials
+        self._user = user
         self._policy = reconnect
         self._reconcile_policy = reconcile
         self._ssl = ssl
@@ -651,7 +652,7 @@ class Client:
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          ident: w.ResumeIdentity) -> w.HelloOK:
-        hello = w.Hello(w.VERSION, self._name, CLIENT_VERSION, self._credentials, ident)
+        hello = w.Hello(w.VERSION, self._name, CLIENT_VERSION, self._credentials, ident, self._user)
         writer.write(w.encode_frame(hello, 1))
         await writer.drain()
         head = await reader.readexactly(16)
@@ -1115,7 +1116,7 @@ class Client:
         self._end_all(ClientClosedError("sinew: client closed"))
 
 
-async def connect(addr: str, *, client_name: str = "sinew-python", credentials: str = "",
+async def connect(addr: str, *, client_name: str = "sinew-python", credentials: str = "", user: str = "",
                   reconnect: ReconnectPolicy | None = None, reconcile: int = RECONCILE_RESTORE,
                   ssl: _ssl.SSLContext | None = None, heartbeat_s: float = 0.0,
                   connect_timeout_s: float = CONNECT_TIMEOUT_S, dial_timeout_s: float = DIAL_TIMEOUT_S,
@@ -1133,8 +1134,13 @@ async def connect(addr: str, *, client_name: str = "sinew-python", credentials: 
     (``auth_failed``, a protocol violation) raises at once. ``sleep``,
     ``monotonic`` and ``rand`` drive the backoff and exist so tests need not
     wait real seconds. Use it as ``async with await sinew.connect(addr) as c``.
+
+    ``credentials`` is a static token (``auth.tokens`` on the broker), or, with
+    ``user`` set, that user's password. A wrong one raises ``auth_failed``
+    (after the broker's one-second delay) and is not retried.
     """
-    c = Client(addr, client_name=client_name, credentials=credentials, reconnect=reconnect or ReconnectPolicy(),
+    c = Client(addr, client_name=client_name, credentials=credentials, user=user,
+               reconnect=reconnect or ReconnectPolicy(),
                reconcile=reconcile, ssl=ssl, heartbeat_s=heartbeat_s, dial_timeout_s=dial_timeout_s,
                handshake_timeout_s=handshake_timeout_s, drain_timeout_s=drain_timeout_s, sleep=sleep,
                monotonic=monotonic, rand=rand)

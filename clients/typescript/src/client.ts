@@ -61,8 +61,12 @@ export interface ConnectOptions {
   signal?: AbortSignal;
   /** Name the broker logs for this client (default "sinew-ts"). */
   clientName?: string;
-  /** Auth token sent in HELLO. */
+  /** Auth token sent in HELLO (one of the broker's auth.tokens), or the
+   * password when `user` is set. */
   credentials?: string;
+  /** Log in as this user, with `credentials` as its password. Use TLS
+   * unless the broker is on loopback: the password travels in HELLO. */
+  user?: string;
   /** Reconnect backoff; unset fields take the defaults (100 ms → 30 s, ×2, ±10 %, reset after 10 s, unlimited). */
   reconnect?: Partial<ReconnectPolicy>;
   /** What the broker does on resume with subscriptions it no longer holds:
@@ -557,6 +561,7 @@ export class Client {
         client_version: CLIENT_VERSION,
         credentials: this.o.credentials ?? "",
         resume: this.identity,
+        user: this.o.user ?? "",
       }).then(
         (r) => {
           clearTimeout(t);
