@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import sinew
 from sinew import _wire as w
 
-from harness import Broker, FaultProxy
+from harness import Broker, FaultProxy, broker_binary
 
 WAIT_S = 15.0  # bound on any single wait in these tests
 T = TypeVar("T")
@@ -387,6 +387,34 @@ class Handshake(BrokerCase):
         self.assertEqual(rec.delays, [])
         c = await self.client(credentials="s3cret")
         await c.publish("auth", b"ok")
+
+
+class UserLogin(unittest.IsolatedAsyncioTestCase):
+    """A user created in the data dir with `sinew admin user add --data-dir`
+    (the offline bootstrap) makes the loopback broker require credentials;
+    the client logs in with user= and the password in credentials."""
+
+    async def test_user_and_password(self) -> None:
+        b = Broker()
+        self.addAsyncCleanup(b.close)
+        binary = await asyncio.to_thread(broker_binary)
+        await asyncio.to_thread(
+            subprocess.run, [binary, "admin", "user", "add", "alice", "--data-dir", b.data.name,
+                             "--publish", "*", "--consume", "*", "--password-stdin"],
+            input=b"correct horse\n", check=True, capture_output=True)
+        addr = await b.start()
+        for kw in ({"user": "alice", "credentials": "wrong horse"}, {"user": "mallory", "credentials": "correct horse"}, {}):
+            rec = Recorder()
+            with self.assertRaises(sinew.BrokerError) as cm:
+                await within(sinew.connect(addr, sleep=rec, **kw))
+            self.assertEqual(cm.exception.name, "auth_failed")
+            self.assertFalse(cm.exception.retryable)
+            self.assertEqual(rec.delays, [])  # not retried
+        c = await within(sinew.connect(addr, user="alice", credentials="correct horse"))
+        try:
+            await within(c.publish("auth", b"as alice"))
+        finally:
+            await c.close()
 
 
 class TLS(unittest.IsolatedAsyncioTestCase):

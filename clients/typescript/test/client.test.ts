@@ -2,7 +2,8 @@
 // scenarios as the Go SDK's fault tests.
 import { test, before, after } from "node:test";
 import { strict as assert } from "node:assert";
-import { Broker } from "./broker.js";
+import { Broker, sinewBin } from "./broker.js";
+import { execFileSync } from "node:child_process";
 import { FaultProxy } from "./faultproxy.js";
 import {
   connect,
@@ -205,6 +206,32 @@ test("a fatal handshake error fails at once, without retrying", T, async () => {
     assert.deepEqual(slept, []);
     const ok = await connect(b.addr, { credentials: "secret" });
     await ok.close();
+  } finally {
+    await b.destroy();
+  }
+});
+
+test("a user created offline logs in with user and password", T, async () => {
+  const b = new Broker();
+  // The offline bootstrap: a user in the data dir makes the loopback
+  // broker require credentials.
+  execFileSync(sinewBin(), ["admin", "user", "add", "alice", "--data-dir", b.dataDir, "--publish", "*", "--password-stdin"], {
+    input: "correct horse\n",
+    stdio: ["pipe", "ignore", "pipe"],
+  });
+  await b.start();
+  try {
+    for (const o of [{ user: "alice", credentials: "wrong horse" }, { user: "mallory", credentials: "correct horse" }, {}]) {
+      const slept: number[] = [];
+      await assert.rejects(
+        connect(b.addr, { ...o, sleep: async (ms) => void slept.push(ms) }),
+        (e: unknown) => e instanceof BrokerError && e.codeName === "auth_failed" && !e.retryable,
+      );
+      assert.deepEqual(slept, []);
+    }
+    const c = await connect(b.addr, { user: "alice", credentials: "correct horse" });
+    await c.publish("auth", "as alice");
+    await c.close();
   } finally {
     await b.destroy();
   }
