@@ -104,24 +104,38 @@ func wordBit(off uint64) (int, uint64) {
 	return int(i / 64), 1 << (i % 64)
 }
 
-// find returns the index of the chunk holding off, or -1. The ends are
-// checked first: enqueues touch the last chunk, settles mostly the first.
+// find returns the index of the chunk holding off, or -1.
 func (b *bitmap) find(off uint64) int {
+	i := b.search(chunkBase(off))
+	if i < len(b.chunks) && b.chunks[i].base == chunkBase(off) {
+		return i
+	}
+	return -1
+}
+
+// search returns the index of the first chunk in chunks[head:] whose base
+// is >= base. Chunks are mostly contiguous (a backlog fills every chunk),
+// so the index is guessed from the distance to the head chunk first, and
+// the ends are checked (enqueues touch the last chunk, settles mostly the
+// first); a binary search is the fallback.
+func (b *bitmap) search(base uint64) int {
 	n := len(b.chunks)
 	if b.head >= n {
-		return -1
+		return n
 	}
-	base := chunkBase(off)
-	if b.chunks[n-1].base == base {
-		return n - 1
-	}
-	if b.chunks[b.head].base == base {
+	h := &b.chunks[b.head]
+	if base <= h.base {
 		return b.head
 	}
-	i, ok := slices.BinarySearchFunc(b.chunks[b.head:], base, func(c chunk, base uint64) int { return cmpU64(c.base, base) })
-	if !ok {
-		return -1
+	if base > b.chunks[n-1].base {
+		return n
 	}
+	if d := (base - h.base) / chunkLSNs; d < uint64(n-b.head) {
+		if i := b.head + int(d); b.chunks[i].base == base {
+			return i
+		}
+	}
+	i, _ := slices.BinarySearchFunc(b.chunks[b.head:], base, func(c chunk, base uint64) int { return cmpU64(c.base, base) })
 	return b.head + i
 }
 
@@ -311,9 +325,8 @@ func (b *bitmap) nextOf(from uint64, kind int) (uint64, bool) {
 	}
 	i := start
 	if b.chunks[i].base+chunkLSNs <= from {
-		// First chunk ending after from.
-		j, _ := slices.BinarySearchFunc(b.chunks[start:], chunkBase(from), func(c chunk, base uint64) int { return cmpU64(c.base, base) })
-		i = start + j
+		// The first chunk ending after from.
+		i = max(b.search(chunkBase(from)), start)
 	}
 	for ; i < len(b.chunks); i++ {
 		c := &b.chunks[i]
