@@ -373,6 +373,12 @@ func (e *endpoint) connect(ctx context.Context) (*conn, error) {
 		tc := tls.Client(nc, cfg)
 		if err := tc.HandshakeContext(dctx); err != nil {
 			_ = nc.Close()
+			// A plaintext broker answers a ClientHello with a Sinew
+			// ERROR frame, which is no TLS record.
+			var rh tls.RecordHeaderError
+			if errors.As(err, &rh) {
+				return nil, fmt.Errorf("%w: %w", ErrServerNotTLS, err)
+			}
 			return nil, err
 		}
 		nc = tc

@@ -62,6 +62,10 @@ var (
 	ErrUnknownTag = errors.New("sinew: delivery tag unknown to the broker's session")
 	// ErrAlreadySettled is returned by a second settle of the same message.
 	ErrAlreadySettled = errors.New("sinew: message already settled")
+	// ErrServerNotTLS means the client connected with TLS (WithTLS) and the
+	// broker answered in plaintext: the port does not speak TLS. It wraps
+	// the TLS error and is fatal: no retry changes what the port speaks.
+	ErrServerNotTLS = errors.New("sinew: server did not speak TLS (is the port plaintext?)")
 	// ErrHeartbeatTimeout closes a connection on which nothing arrived for three
 	// heartbeat intervals. Retryable.
 	ErrHeartbeatTimeout = errors.New("sinew: heartbeat timeout")
@@ -112,13 +116,14 @@ func brokerErr(pe *protocol.Error) *BrokerError {
 // IsRetryable reports whether err is transient: the operation (or a reconnect)
 // may succeed later. Network failures (timeouts, resets, refusals, DNS
 // failures), lost connections and broker codes marked retryable are; rejected
-// handshakes, protocol violations, bad requests, TLS certificate failures and
+// handshakes, protocol violations, bad requests, TLS certificate failures (ours
+// or an alert from the broker refusing our certificate) and
 // a closed client are not.
 func IsRetryable(err error) bool {
 	switch {
 	case err == nil:
 		return false
-	case errors.Is(err, ErrClientClosed), errors.Is(err, ErrProtocol),
+	case errors.Is(err, ErrClientClosed), errors.Is(err, ErrProtocol), errors.Is(err, ErrServerNotTLS),
 		errors.Is(err, ErrStaleDelivery), errors.Is(err, ErrAlreadySettled), errors.Is(err, ErrUnknownTag):
 		return false
 	case errors.Is(err, ErrConnectionLost), errors.Is(err, ErrNotConnected),
@@ -144,7 +149,7 @@ func IsRetryable(err error) bool {
 		invalidErr x509.CertificateInvalidError
 	)
 	if errors.As(err, &certErr) || errors.As(err, &unknownCA) || errors.As(err, &hostErr) ||
-		errors.As(err, &recordErr) || errors.As(err, &alertErr) || errors.As(err, &invalidErr) {
+		errors.As(err, &recordErr) || errors.As(err, &alertErr) || errors.As(err, &invalidErr) || isRemoteTLSAlert(err) {
 		return false
 	}
 	var dnsErr *net.DNSError
@@ -161,4 +166,15 @@ func IsRetryable(err error) bool {
 		return true
 	}
 	return false
+}
+
+// isRemoteTLSAlert reports an alert the broker sent during or right after the
+// TLS handshake, such as "certificate required" or "bad certificate" when it
+// refuses the client certificate. crypto/tls reports it as a *net.OpError
+// with Op "remote error" (its alert type is unexported); under TLS 1.3 it
+// arrives at the first read after the handshake, so it reaches the client
+// while reading HELLO_OK.
+func isRemoteTLSAlert(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "remote error"
 }

@@ -257,9 +257,10 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 // counters, the fsync histograms (sm, nil for none), and the Go runtime's and
 // process's standard metrics. Each serve builds its own, so two brokers in
 // one process never share a series.
-func metricsRegistry(b *broker.Broker, srv *server.Server, sm *syncMetrics, queueDepth bool, gate *admin.Gate) *prometheus.Registry {
+func metricsRegistry(b *broker.Broker, srv *server.Server, sm *syncMetrics, queueDepth bool, gate *admin.Gate, tlsr tlsReloaders) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newStatsCollector(b, srv, queueDepth), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(newStatsCollector(b, srv, queueDepth), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		tlsCollector{tlsr})
 	if gate != nil {
 		reg.MustRegister(gateCollector{gate})
 	}

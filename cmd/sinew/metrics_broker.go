@@ -123,5 +123,6 @@ func sinewFamilies() []struct{ name, help string } {
 	add(syncBatchName, syncBatchHelp)
 	add(syncLatencyName, syncLatencyHelp)
 	add(adminAuthName, adminAuthHelp)
+	add(tlsReloadsName, tlsReloadsHelp)
 	return out
 }

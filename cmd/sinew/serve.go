@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -123,7 +122,9 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	ln, err := clientListener(cfg)
+	var tlsr tlsReloaders
+	var ln net.Listener
+	ln, tlsr.client, err = clientListener(cfg, logger)
 	if err != nil {
 		return err
 	}
@@ -134,11 +135,15 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 			ln.Close()
 			return err
 		}
-		if aln, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+		if aln, tlsr.admin, err = adminListener(cfg, logger); err != nil {
 			ln.Close()
-			return fmt.Errorf("admin listen: %w", err)
+			return err
 		}
 	}
+	// Certificates reload from here on, recovery included: a rotation
+	// during a long recovery is not missed.
+	stopReload := watchTLSReload(tlsr, cfg.TLS.ReloadPollMs, logger.With("component", "tls"))
+	defer stopReload()
 	closeListeners := func() {
 		ln.Close()
 		if aln != nil {
@@ -251,7 +256,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	go func() { errc <- srv.Serve(ln) }()
 
 	if aln != nil {
-		acfg := adminConfig(b, srv, rt, adminWiring{owner: owner, started: start, sync: sm, queueDepth: cfg.Metrics.QueueDepth == "on", gate: gate})
+		acfg := adminConfig(b, srv, rt, adminWiring{owner: owner, started: start, sync: sm, queueDepth: cfg.Metrics.QueueDepth == "on", gate: gate, tls: tlsr})
 		acfg.Ready = func() bool { return b.Ready() && !drain.begun() } // a draining broker takes no new clients
 		acfg.Drain = func(context.Context) error {
 			if _, already := drain.start(); !already {
@@ -262,7 +267,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		full := gate.Wrap(admin.Handler(acfg))
 		adminHandler.Store(&full)
 	}
-	logger.Info("serving", "listen", ln.Addr().String(), "tls", cfg.TLS.Enabled(), "admin_listen", adminAddr,
+	logger.Info("serving", "listen", ln.Addr().String(), "tls", cfg.TLS.Enabled(), "admin_listen", adminAddr, "admin_tls", cfg.AdminTLS.Enabled(),
 		"generation", srv.Generation(), "sync", cfg.Storage.Sync, "reconnect_grace_ms", rt.Int(runtimesettings.KeyReconnectGraceMs), "runtime_settings_version", rt.Snapshot().Version)
 	if serveReadyHook != nil {
 		serveReadyHook(ln.Addr().String(), adminAddr)
@@ -385,28 +390,6 @@ var serveReadyHook func(clientAddr, adminAddr string)
 // of the process clock.
 var serveAfterFunc session.AfterFunc
 
-// clientListener listens on cfg.Listen, with TLS when tls.cert_file and
-// tls.key_file are set. The TLS handshake runs on the connection's reader
-// goroutine at its first read, so the handshake timeout covers it.
-func clientListener(cfg settings.Config) (net.Listener, error) {
-	var tcfg *tls.Config
-	if cfg.TLS.Enabled() {
-		cert, err := tls.LoadX509KeyPair(cfg.TLS.CertFile, cfg.TLS.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("tls: load tls.cert_file %s and tls.key_file %s: %w", cfg.TLS.CertFile, cfg.TLS.KeyFile, err)
-		}
-		tcfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("listen: %w", err)
-	}
-	if tcfg != nil {
-		ln = tls.NewListener(ln, tcfg)
-	}
-	return ln, nil
-}
-
 // heartbeat maps the setting (0 = off) onto the server's (negative = off).
 func heartbeat(ms int64) int64 {
 	if ms == 0 {
@@ -490,6 +473,7 @@ type adminWiring struct {
 	sync       *syncMetrics // nil: no fsync histograms
 	queueDepth bool         // metrics.queue_depth = on
 	gate       *admin.Gate  // nil: no admin authentication metrics
+	tls        tlsReloaders // certificate reload counters
 }
 
 // adminConfig exposes the broker, the server and their counters.
@@ -504,7 +488,7 @@ func adminConfig(b *broker.Broker, srv *server.Server, rt *runtimesettings.Store
 			}
 			return out
 		},
-		Metrics: metricsRegistry(b, srv, w.sync, w.queueDepth, w.gate),
+		Metrics: metricsRegistry(b, srv, w.sync, w.queueDepth, w.gate, w.tls),
 	}
 }
 

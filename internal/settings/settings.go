@@ -31,6 +31,7 @@ type Config struct {
 	LogFormat string `toml:"log_format"`
 
 	TLS        TLS        `toml:"tls"`
+	AdminTLS   AdminTLS   `toml:"admin_tls"`
 	Auth       Auth       `toml:"auth"`
 	Limits     Limits     `toml:"limits"`
 	Connection Connection `toml:"connection"`
@@ -80,10 +81,33 @@ type TLS struct {
 	CertFile string `toml:"cert_file"`
 	// KeyFile is the PEM private key of the leaf certificate.
 	KeyFile string `toml:"key_file"`
+	// ClientCAFile, when set, turns on mutual TLS: client certificates
+	// must chain to one of its CAs. ClientAuth is "require" (the default
+	// with a CA) or "verify_if_given".
+	ClientCAFile string `toml:"client_ca_file"`
+	ClientAuth   string `toml:"client_auth"`
+	// ClientCertUser names the connection's user after its verified
+	// client certificate: "cn", "san", or "" (off).
+	ClientCertUser string `toml:"client_cert_user"`
+	// ReloadPollMs is how often both listeners' files are checked for a
+	// change (0: only on SIGHUP).
+	ReloadPollMs int64 `toml:"reload_poll_ms"`
 }
 
 // Enabled reports whether the client listener uses TLS.
 func (t TLS) Enabled() bool { return t.CertFile != "" && t.KeyFile != "" }
+
+// AdminTLS configures the admin listener's TLS (HTTPS), independently of
+// the client listener's: the same files may be named in both.
+type AdminTLS struct {
+	CertFile     string `toml:"cert_file"`
+	KeyFile      string `toml:"key_file"`
+	ClientCAFile string `toml:"client_ca_file"`
+	ClientAuth   string `toml:"client_auth"`
+}
+
+// Enabled reports whether the admin listener uses TLS.
+func (t AdminTLS) Enabled() bool { return t.CertFile != "" && t.KeyFile != "" }
 
 // Auth configures client authentication.
 type Auth struct {
@@ -188,6 +212,7 @@ func Default() Config {
 	return Config{
 		Listen: "127.0.0.1:7654", AdminListen: "127.0.0.1:7655", DataDir: "./sinew-data", LogLevel: "info", LogFormat: "text",
 		Metrics: Metrics{QueueDepth: "on"},
+		TLS:     TLS{ReloadPollMs: 5000},
 		Limits: Limits{
 			FrameBytesMax: 1<<20 + 64<<10, BodyBytesMax: 1 << 20, PrefetchDefault: 100, PrefetchMax: 10_000,
 			SettleBatchMax: 4096, PublishInflightMax: 4096, SubscriptionsMax: 256, ConnectionsMax: 10_000,
@@ -423,6 +448,50 @@ func decodeFile(c *Config, data []byte) error {
 	return err
 }
 
+// validateTLS checks both listeners' TLS keys: files in pairs, mutual TLS
+// only with TLS on and a client CA, and known policy names.
+func (c *Config) validateTLS(bad func(key, format string, args ...any)) {
+	type section struct {
+		name                          string
+		cert, key, ca, auth, certUser string
+	}
+	for _, t := range []section{
+		{"tls", c.TLS.CertFile, c.TLS.KeyFile, c.TLS.ClientCAFile, c.TLS.ClientAuth, c.TLS.ClientCertUser},
+		{"admin_tls", c.AdminTLS.CertFile, c.AdminTLS.KeyFile, c.AdminTLS.ClientCAFile, c.AdminTLS.ClientAuth, ""},
+	} {
+		switch {
+		case t.cert != "" && t.key == "":
+			bad(t.name+".key_file", "must be set together with %s.cert_file", t.name)
+		case t.cert == "" && t.key != "":
+			bad(t.name+".cert_file", "must be set together with %s.key_file", t.name)
+		}
+		if t.ca != "" && t.cert == "" {
+			bad(t.name+".client_ca_file", "needs %s.cert_file and %s.key_file: mutual TLS is TLS", t.name, t.name)
+		}
+		switch t.auth {
+		case "":
+		case "require", "verify_if_given":
+			if t.ca == "" {
+				bad(t.name+".client_auth", "needs %s.client_ca_file", t.name)
+			}
+		default:
+			bad(t.name+".client_auth", "%q is not require or verify_if_given", t.auth)
+		}
+		switch t.certUser {
+		case "":
+		case "cn", "san":
+			if t.ca == "" {
+				bad(t.name+".client_cert_user", "needs %s.client_ca_file", t.name)
+			}
+		default:
+			bad(t.name+".client_cert_user", "%q is not cn or san", t.certUser)
+		}
+	}
+	if p := c.TLS.ReloadPollMs; p != 0 && (p < 100 || p > 24*3600*1000) {
+		bad("tls.reload_poll_ms", "%d: want 0 (off) or 100 to 86400000", p)
+	}
+}
+
 // Validate reports every invalid value, each naming its key.
 func (c *Config) Validate() error {
 	var errs []error
@@ -445,12 +514,7 @@ func (c *Config) Validate() error {
 	if c.DataDir == "" {
 		bad("data_dir", "must not be empty")
 	}
-	switch {
-	case c.TLS.CertFile != "" && c.TLS.KeyFile == "":
-		bad("tls.key_file", "must be set together with tls.cert_file")
-	case c.TLS.CertFile == "" && c.TLS.KeyFile != "":
-		bad("tls.cert_file", "must be set together with tls.key_file")
-	}
+	c.validateTLS(bad)
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:

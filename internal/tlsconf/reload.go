@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -56,7 +55,8 @@ type Files struct {
 
 // Options are a Reloader's collaborators.
 type Options struct {
-	// Name labels log records: the settings section, "tls" or "admin_tls".
+	// Name is the settings section, "tls" (the default) or "admin_tls":
+	// errors and log records name keys with it.
 	Name string
 	// Logger receives reload outcomes; nil discards them.
 	Logger *slog.Logger
@@ -100,11 +100,14 @@ type Stats struct {
 // NewReloader loads f once; an error names the file at fault, and no
 // Reloader is returned, so a broker with broken files does not start.
 func NewReloader(f Files, o Options) (*Reloader, error) {
+	if o.Name == "" {
+		o.Name = "tls"
+	}
 	if f.CertFile == "" || f.KeyFile == "" {
-		return nil, errors.New("tls: cert_file and key_file must both be set")
+		return nil, fmt.Errorf("%s.cert_file and %s.key_file must both be set", o.Name, o.Name)
 	}
 	if f.ClientAuth != ClientAuthNone && f.ClientCAFile == "" {
-		return nil, fmt.Errorf("tls: client_auth %q needs client_ca_file", f.ClientAuth)
+		return nil, fmt.Errorf("%s.client_auth %q needs %s.client_ca_file", o.Name, f.ClientAuth, o.Name)
 	}
 	if f.ClientCAFile != "" && f.ClientAuth == ClientAuthNone {
 		f.ClientAuth = ClientAuthRequire
@@ -114,9 +117,6 @@ func NewReloader(f Files, o Options) (*Reloader, error) {
 	}
 	if o.FS == nil {
 		o.FS = vfs.OS()
-	}
-	if o.Name == "" {
-		o.Name = "tls"
 	}
 	r := &Reloader{files: f, o: o}
 	m, err := r.load()
@@ -200,14 +200,19 @@ func (r *Reloader) Watch(ctx context.Context, tick <-chan time.Time) {
 	}
 }
 
-// paths lists the files in a fixed order for hashing.
-func (r *Reloader) paths() []string {
-	p := []string{r.files.CertFile, r.files.KeyFile}
+// paths lists the files in a fixed order for hashing, with their keys.
+func (r *Reloader) paths() (paths, keys []string) {
+	paths = []string{r.files.CertFile, r.files.KeyFile}
+	keys = []string{"cert_file", "key_file"}
 	if r.files.ClientCAFile != "" {
-		p = append(p, r.files.ClientCAFile)
+		paths = append(paths, r.files.ClientCAFile)
+		keys = append(keys, "client_ca_file")
 	}
-	return p
+	return paths, keys
 }
+
+// key names one setting of this listener's section, e.g. tls.cert_file.
+func (r *Reloader) key(k string) string { return r.o.Name + "." + k }
 
 // readAll reads every file and returns the contents and their hash. The
 // hash covers the contents alone: a touch without a change reloads nothing,
@@ -215,10 +220,11 @@ func (r *Reloader) paths() []string {
 func (r *Reloader) readAll() ([][]byte, [sha256.Size]byte, error) {
 	h := sha256.New()
 	var out [][]byte
-	for _, p := range r.paths() {
+	paths, keys := r.paths()
+	for i, p := range paths {
 		b, err := vfs.ReadFileMax(r.o.FS, p, pemFileBytesMax)
 		if err != nil {
-			return nil, [sha256.Size]byte{}, fmt.Errorf("read %s: %w", p, err)
+			return nil, [sha256.Size]byte{}, fmt.Errorf("%s %s: %w", r.key(keys[i]), p, err)
 		}
 		fmt.Fprintf(h, "%d:", len(b))
 		h.Write(b)
@@ -240,14 +246,12 @@ func (r *Reloader) hashFiles() ([sha256.Size]byte, error) {
 func (r *Reloader) load() (*material, error) {
 	data, sum, err := r.readAll()
 	if err != nil {
-		return nil, fmt.Errorf("tls (%s): %w", r.o.Name, err)
+		return nil, err
 	}
-	fail := func(err error) (*material, error) {
-		return &material{hash: sum}, fmt.Errorf("tls (%s): %w", r.o.Name, err)
-	}
+	fail := func(err error) (*material, error) { return &material{hash: sum}, err }
 	cert, err := tls.X509KeyPair(data[0], data[1])
 	if err != nil {
-		return fail(fmt.Errorf("%s with %s: %w", r.files.CertFile, r.files.KeyFile, err))
+		return fail(fmt.Errorf("%s %s with %s %s: %w", r.key("cert_file"), r.files.CertFile, r.key("key_file"), r.files.KeyFile, err))
 	}
 	cfg := &tls.Config{
 		MinVersion:   tls.VersionTLS12,
@@ -257,7 +261,7 @@ func (r *Reloader) load() (*material, error) {
 	if r.files.ClientCAFile != "" {
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(data[2]) {
-			return fail(fmt.Errorf("%s: no PEM certificate found", r.files.ClientCAFile))
+			return fail(fmt.Errorf("%s %s: no PEM certificate found", r.key("client_ca_file"), r.files.ClientCAFile))
 		}
 		cfg.ClientCAs = pool
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert
