@@ -111,6 +111,7 @@ type adminFlags struct {
 	token   *string // bearer token
 	// passwordFile holds the user's password on its first line.
 	passwordFile *string
+	tls          tlsFlags
 }
 
 func addAdminFlags(fs *flag.FlagSet) adminFlags {
@@ -126,6 +127,7 @@ func addAdminFlags(fs *flag.FlagSet) adminFlags {
 			"authenticate as this user (env SINEW_USER); the password comes from env SINEW_PASSWORD or --password-file, never from the command line"),
 		passwordFile: fs.String("password-file", "", "read the --user password from the first line of this `file`"),
 		token:        fs.String("token", os.Getenv("SINEW_TOKEN"), "authenticate with this bearer token, one of the broker's auth.tokens (env SINEW_TOKEN)"),
+		tls:          addTLSFlags(fs),
 	}
 }
 
@@ -159,16 +161,34 @@ func (f adminFlags) client() (*adminClient, error) {
 	base := strings.TrimSuffix(*f.addr, "/")
 	if !strings.Contains(base, "://") {
 		base = "http://" + base
+		if f.tls.enabled() {
+			base = "https://" + strings.TrimPrefix(base, "http://")
+		}
 	}
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
 		return nil, fmt.Errorf("%w: --admin-addr %q is not host:port or http(s)://host:port", errUsage, *f.addr)
 	}
+	if u.Scheme == "http" && f.tls.enabled() {
+		return nil, fmt.Errorf("%w: --admin-addr %q is http:// but TLS flags are set: use https:// or a bare host:port", errUsage, *f.addr)
+	}
 	authz, err := f.authorization()
 	if err != nil {
 		return nil, err
 	}
-	return &adminClient{base: base, addr: *f.addr, authz: authz, http: &http.Client{Timeout: *f.timeout}}, nil
+	hc := &http.Client{Timeout: *f.timeout}
+	if u.Scheme == "https" {
+		// Without TLS flags an https:// address verifies against the
+		// system roots, as any HTTPS client does.
+		tcfg, err := f.tls.config()
+		if err != nil {
+			return nil, err
+		}
+		if tcfg != nil {
+			hc.Transport = &http.Transport{TLSClientConfig: tcfg, TLSHandshakeTimeout: *f.timeout}
+		}
+	}
+	return &adminClient{base: base, addr: *f.addr, authz: authz, http: hc}, nil
 }
 
 // parseArgs parses flags that may come before, between or after the

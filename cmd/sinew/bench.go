@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sinewmq/sinew"
 	"github.com/sinewmq/sinew/internal/benchkit"
 	"github.com/sinewmq/sinew/internal/benchkit/sinewadapter"
 )
@@ -26,7 +27,9 @@ func init() {
 
 // newBenchBroker builds the broker under test; tests replace it with an
 // in-memory one.
-var newBenchBroker = func(addr string) benchkit.Broker { return sinewadapter.New("sinew", addr) }
+var newBenchBroker = func(addr string, opts ...sinew.Option) benchkit.Broker {
+	return sinewadapter.New("sinew", addr, opts...)
+}
 
 const benchUsage = `usage: sinew bench <publish|drain|mixed> [flags]
 
@@ -66,6 +69,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	pid := fs.Int("pid", 0, "broker process id: report its RSS and CPU from /proc (0 = do not)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	tf := addTLSFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, benchUsage+"\nflags:\n")
 		fs.PrintDefaults()
@@ -87,7 +91,15 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if !*quiet {
 		cfg.Progress = stderr
 	}
-	res, err := benchkit.Run(ctx, newBenchBroker(*addr), cfg)
+	tcfg, err := tf.config()
+	if err != nil {
+		return err
+	}
+	var opts []sinew.Option
+	if tcfg != nil {
+		opts = append(opts, sinew.WithTLS(tcfg))
+	}
+	res, err := benchkit.Run(ctx, newBenchBroker(*addr, opts...), cfg)
 	if errors.Is(err, benchkit.ErrConfig) {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/sinewmq/sinew"
 	"github.com/sinewmq/sinew/internal/benchkit"
 )
 
@@ -83,7 +84,7 @@ func (s *fakeBenchSub) Stop() error { close(s.stop); <-s.done; return nil }
 
 func withFakeBroker(t *testing.T) {
 	old := newBenchBroker
-	newBenchBroker = func(string) benchkit.Broker { return &fakeBenchBroker{} }
+	newBenchBroker = func(string, ...sinew.Option) benchkit.Broker { return &fakeBenchBroker{} }
 	t.Cleanup(func() { newBenchBroker = old })
 }
 

@@ -78,6 +78,7 @@ type clientFlags struct {
 	user         *string
 	passwordFile *string
 	timeout      *time.Duration
+	tls          tlsFlags
 }
 
 func addClientFlags(fs *flag.FlagSet) clientFlags {
@@ -92,6 +93,7 @@ func addClientFlags(fs *flag.FlagSet) clientFlags {
 			"log in as this user (env SINEW_USER); the password comes from env SINEW_PASSWORD or --password-file, never from the command line"),
 		passwordFile: fs.String("password-file", "", "read the --user password from the first line of this `file`"),
 		timeout:      fs.Duration("connect-timeout", clientConnectTimeoutDefault, "give up the first connect after this long"),
+		tls:          addTLSFlags(fs),
 	}
 }
 
@@ -106,10 +108,18 @@ func (f clientFlags) dial(ctx context.Context, name string, stderr io.Writer) (*
 	if err != nil {
 		return nil, err
 	}
+	tcfg, err := f.tls.config()
+	if err != nil {
+		return nil, err
+	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c, err := sinew.Dial(ctx, *f.addr, sinew.WithClientName(name), cred,
+	opts := []sinew.Option{sinew.WithClientName(name), cred,
 		sinew.WithConnectTimeout(*f.timeout), sinew.WithLogger(logger),
-		sinew.WithReconnect(sinew.ReconnectPolicy{MaxOutage: clientReconnectOutageMax}))
+		sinew.WithReconnect(sinew.ReconnectPolicy{MaxOutage: clientReconnectOutageMax})}
+	if tcfg != nil {
+		opts = append(opts, sinew.WithTLS(tcfg))
+	}
+	c, err := sinew.Dial(ctx, *f.addr, opts...)
 	if err != nil {
 		return nil, describeClientErr(*f.addr, err)
 	}

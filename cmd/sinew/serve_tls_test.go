@@ -8,12 +8,14 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sinewmq/sinew"
+	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/internal/settings"
 	"github.com/sinewmq/sinew/internal/tlsconf"
 	"github.com/sinewmq/sinew/protocol"
@@ -241,5 +243,132 @@ func TestServeTLSClientOnPlaintextPort(t *testing.T) {
 	}
 	if ctx.Err() != nil {
 		t.Fatal("the error came only at the deadline")
+	}
+}
+
+// tls.client_cert_user = cn: a client that presents the generated client
+// certificate (CN sinew-client) and no credentials is the user sinew-client,
+// with that user's permissions; a certificate naming no user is refused
+// with auth_failed; a HELLO's own credentials still win over the certificate.
+func TestServeCertificateAsUser(t *testing.T) {
+	g := genCerts(t, t.TempDir(), false)
+	cfg := tlsServeConfig(t, g)
+	cfg.TLS.ClientCAFile, cfg.TLS.ClientAuth, cfg.TLS.ClientCertUser = g.CA, "verify_if_given", "cn"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	users := openTestUsers(t, cfg.DataDir)
+	if err := users.Add("sinew-client", "unused password", auth.Permissions{Publish: []string{"certs.*"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := users.Add("alice", "correct horse", auth.Permissions{Publish: []string{"*"}}); err != nil {
+		t.Fatal(err)
+	}
+	addr, _, stop := runServeAdmin(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), safetyTimeoutMs*time.Millisecond)
+	defer cancel()
+
+	c, err := dialOnce(ctx, addr, sinew.WithTLS(clientTLS(t, g.CA, g.ClientCert, g.ClientKey)))
+	if err != nil {
+		t.Fatalf("certificate user: %v", err)
+	}
+	publishOne(t, c, "certs.a")
+	_, err = c.PublishText(ctx, "other", "m")
+	var be *sinew.BrokerError
+	if !errors.As(err, &be) || be.Code != protocol.CodePermissionDenied {
+		t.Fatalf("certificate user publishing outside its permissions: %v, want permission_denied", err)
+	}
+	c.Close()
+
+	// The same certificate with alice's credentials is alice.
+	a, err := dialOnce(ctx, addr, sinew.WithTLS(clientTLS(t, g.CA, g.ClientCert, g.ClientKey)), sinew.WithUser("alice", "correct horse"))
+	if err != nil {
+		t.Fatalf("credentials over a client certificate: %v", err)
+	}
+	publishOne(t, a, "other")
+	a.Close()
+
+	// Without a certificate (verify_if_given) and without credentials: the
+	// broker has users, so anonymous is refused as usual.
+	if _, err := dialOnce(ctx, addr, sinew.WithTLS(clientTLS(t, g.CA, "", ""))); !errors.As(err, &be) || be.Code != protocol.CodeAuthFailed {
+		t.Fatalf("no certificate, no credentials: %v, want auth_failed", err)
+	}
+	// A certificate whose name is no user.
+	if err := users.Remove("sinew-client"); err != nil {
+		t.Fatal(err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	addr, _, _ = runServeAdmin(t, cfg)
+	if _, err := dialOnce(ctx, addr, sinew.WithTLS(clientTLS(t, g.CA, g.ClientCert, g.ClientKey))); !errors.As(err, &be) || be.Code != protocol.CodeAuthFailed {
+		t.Fatalf("certificate naming no user: %v, want auth_failed", err)
+	}
+}
+
+// The CLI end to end: sinew cert generate writes 0600 files, refuses to
+// overwrite them, and prints configuration that serve takes as it is
+// (mutual TLS on the client listener, HTTPS on the admin one); publish,
+// consume, queue and admin then connect with --tls-ca, --tls-cert and
+// --tls-key, and fail with a clear message without them.
+func TestCLICertGenerateAndTLSFlags(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "certs")
+	code, out, errOut := runCmd(t, "", "cert", "generate", "--dir", dir, "--hosts", "broker.test,10.1.2.3", "--days", "2")
+	if code != 0 {
+		t.Fatalf("cert generate exit %d: %s", code, errOut)
+	}
+	for _, name := range []string{tlsconf.CAFile, tlsconf.ServerCertFile, tlsconf.ServerKeyFile, tlsconf.ClientCertFile, tlsconf.ClientKeyFile} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v mode %v, want 0600", name, err, fi.Mode().Perm())
+		}
+	}
+	if code, _, errOut := runCmd(t, "", "cert", "generate", "--dir", dir); code == 0 || !strings.Contains(errOut, "--force") {
+		t.Fatalf("second generate: exit %d %q, want a refusal naming --force", code, errOut)
+	}
+
+	// The printed [tls] and [admin_tls] lines are a configuration serve
+	// accepts.
+	toml := filepath.Join(t.TempDir(), "sinew.toml")
+	if err := os.WriteFile(toml, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := settings.Load(settings.Sources{File: toml})
+	if err != nil {
+		t.Fatalf("printed configuration does not load: %v\n%s", err, out)
+	}
+	cfg.Listen, cfg.DataDir = "127.0.0.1:0", t.TempDir()
+	if cfg.TLS.ClientCAFile == "" || !cfg.AdminTLS.Enabled() {
+		t.Fatalf("printed configuration lacks mTLS or admin TLS: %+v %+v", cfg.TLS, cfg.AdminTLS)
+	}
+	addr, adminAddr, _ := runServeAdmin(t, cfg)
+	tlsArgs := []string{"--tls-ca", filepath.Join(dir, tlsconf.CAFile), "--tls-cert", filepath.Join(dir, tlsconf.ClientCertFile),
+		"--tls-key", filepath.Join(dir, tlsconf.ClientKeyFile)}
+
+	if code, _, errOut := runCmd(t, "one\ntwo\n", append([]string{"publish", "--addr", addr, "--topic", "secure"}, tlsArgs...)...); code != 0 {
+		t.Fatalf("publish over mTLS: exit %d %s", code, errOut)
+	}
+	code, out, errOut = runCmd(t, "", append([]string{"consume", "--addr", addr, "--topic", "secure", "--count", "2"}, tlsArgs...)...)
+	if code != 0 || out != "one\ntwo\n" {
+		t.Fatalf("consume over mTLS: exit %d %q %s", code, out, errOut)
+	}
+	if code, _, errOut := runCmd(t, "", append([]string{"queue", "purge", "--addr", addr, "--topic", "secure"}, tlsArgs...)...); code != 0 {
+		t.Fatalf("queue purge over mTLS: exit %d %s", code, errOut)
+	}
+	code, out, errOut = runCmd(t, "", append([]string{"admin", "queues", "--admin-addr", adminAddr, "--json"}, tlsArgs[:2]...)...)
+	if code != 0 || !strings.Contains(out, "secure") {
+		t.Fatalf("admin queues over HTTPS: exit %d %q %s", code, out, errOut)
+	}
+
+	// Without TLS flags: the broker's clear refusal, not a hang.
+	code, _, errOut = runCmd(t, "x\n", "publish", "--addr", addr, "--topic", "secure", "--connect-timeout", "20s")
+	if code == 0 || !strings.Contains(errOut, "requires TLS") {
+		t.Fatalf("plaintext publish to a TLS port: exit %d %q", code, errOut)
+	}
+	// TLS flags against a plaintext port: the SDK says so.
+	plain, _ := runServeT(t, testServeConfig(t))
+	code, _, errOut = runCmd(t, "x\n", append([]string{"publish", "--addr", plain, "--topic", "p", "--connect-timeout", "20s"}, tlsArgs...)...)
+	if code == 0 || !strings.Contains(errOut, "did not speak TLS") {
+		t.Fatalf("TLS publish to a plaintext port: exit %d %q", code, errOut)
 	}
 }

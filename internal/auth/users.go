@@ -449,6 +449,21 @@ func (u *Users) Len() int {
 	return len(u.users)
 }
 
+// Certificate returns the principal of a peer whose verified client
+// certificate names user name (tls.client_cert_user): kind certificate, with
+// that user's permissions. The TLS handshake already proved the peer holds
+// the certificate, so no password is checked. A name that is no user gives
+// ErrAuthFailed: permissions live in the users store only.
+func (u *Users) Certificate(name string) (Principal, error) {
+	u.mu.RLock()
+	r, ok := u.users[name]
+	u.mu.RUnlock()
+	if !ok {
+		return Principal{}, ErrAuthFailed
+	}
+	return Principal{Name: r.Name, Kind: KindCertificate, Perms: clonePerms(r.Perms)}, nil
+}
+
 // Verify checks a user name and password and returns the user's Principal.
 // Every failure is ErrAuthFailed, and an unknown name costs the same hash
 // as a known one; the comparison is constant-time.

@@ -38,6 +38,9 @@ type conn struct {
 	closeReason     atomic.Value  // string
 	opened          time.Time     // when accepted; for Server.Connections
 	loopback        bool          // accepted on a loopback-only listener
+	// peerCertName is the user name the verified client certificate
+	// carries (tls.client_cert_user), "" without one; read at HELLO.
+	peerCertName string
 	// principal is who the peer authenticated as; set by the reader at
 	// HELLO, before any request is handled, and never changed.
 	principal auth.Principal
@@ -347,6 +350,7 @@ func (c *conn) hello(f protocol.Frame) error {
 	if h.ProtocolVersion != protocol.Version {
 		return fatal(protocol.CodeUnsupportedVer, "protocol version %d, this server speaks %d", h.ProtocolVersion, protocol.Version)
 	}
+	c.peerCertName = peerCertName(c.nc)
 	p, err := c.authenticate(h)
 	if err != nil {
 		return err
@@ -416,6 +420,15 @@ func (c *conn) authenticate(h *protocol.Hello) (auth.Principal, error) {
 			return auth.TokenPrincipal(match), nil
 		}
 		reason = "token matches none of auth.tokens"
+	case c.peerCertName != "":
+		// The certificate speaks for the peer only when HELLO names no
+		// user or token: explicit credentials win.
+		if cfg.Users != nil {
+			if p, err := cfg.Users.Certificate(c.peerCertName); err == nil {
+				return p, nil
+			}
+		}
+		reason = "client certificate names no user: " + truncate(c.peerCertName, logNameBytesMax)
 	default:
 		configured := len(cfg.AuthTokens) > 0 || (cfg.Users != nil && cfg.Users.Len() > 0)
 		if auth.AnonymousAllowed(cfg.AllowAnonymous, c.loopback, configured) {
@@ -434,6 +447,19 @@ func (c *conn) authenticate(h *protocol.Hello) (auth.Principal, error) {
 		}
 	}
 	return auth.Principal{}, fatal(protocol.CodeAuthFailed, "authentication failed")
+}
+
+// certNamer is implemented by connections from a TLS listener that can name
+// the user of a verified client certificate (tlsconf.Conn).
+type certNamer interface{ PeerCertName() string }
+
+// peerCertName is nc's client certificate user, "" for any other connection.
+// The TLS handshake ran at the first read, before HELLO was decoded.
+func peerCertName(nc net.Conn) string {
+	if cn, ok := nc.(certNamer); ok {
+		return cn.PeerCertName()
+	}
+	return ""
 }
 
 func truncate(s string, n int) string {
