@@ -398,7 +398,8 @@ func TestPartitionedLeaderIsReplacedAndHeals(t *testing.T) {
 }
 
 // seeds returns the seeds a randomised test runs: MULTIRAFT_SEED picks one
-// (to replay a failure), else n seeds from 1 (fewer with -short).
+// (to replay a failure), MULTIRAFT_SEEDS sets how many, else n seeds from 1
+// (a fifth of them with -short).
 func seeds(t *testing.T, n int) []uint64 {
 	if v := os.Getenv("MULTIRAFT_SEED"); v != "" {
 		s, err := strconv.ParseUint(v, 10, 64)
@@ -407,7 +408,13 @@ func seeds(t *testing.T, n int) []uint64 {
 		}
 		return []uint64{s}
 	}
-	if testing.Short() {
+	if v := os.Getenv("MULTIRAFT_SEEDS"); v != "" {
+		k, err := strconv.Atoi(v)
+		if err != nil || k < 1 {
+			t.Fatalf("MULTIRAFT_SEEDS=%q", v)
+		}
+		n = k
+	} else if testing.Short() {
 		n = max(n/5, 1)
 	}
 	out := make([]uint64, n)
@@ -424,7 +431,7 @@ func seeds(t *testing.T, n int) []uint64 {
 // applies at an index something other than the others applied there, and
 // at the end every replica must hold the group's whole history.
 func TestRandomizedFaults(t *testing.T) {
-	for _, seed := range seeds(t, 40) {
+	for _, seed := range seeds(t, 20) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { randomizedRun(t, seed) })
 	}
 }
