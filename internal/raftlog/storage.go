@@ -279,8 +279,8 @@ func (s *Storage) cachePut(e *raftpb.Entry) {
 	s.cache = append(s.cache, e)
 	s.cacheBytes += len(e.Data)
 	for s.cacheBytes > s.opts.CacheBytesMax && len(s.cache) > 1 {
+		// No s.cache[0] = nil: see SetApplied.
 		s.cacheBytes -= len(s.cache[0].Data)
-		s.cache[0] = nil
 		s.cache = s.cache[1:]
 	}
 }
@@ -314,8 +314,12 @@ func (s *Storage) SetApplied(index uint64) {
 	k := min(index-c0+1, uint64(len(s.cache)))
 	for i := range k {
 		s.cacheBytes -= len(s.cache[i].Data)
-		s.cache[i] = nil
 	}
+	// The dropped slots are not cleared: Entries hands out sub-slices of
+	// this array, and raft keeps them (in its log and in messages still on
+	// their way to a follower), so a slot must never change once handed
+	// out. The dead prefix is released with the array at the cache's next
+	// reallocation, which append makes once the remaining capacity is used.
 	s.cache = s.cache[k:]
 	if len(s.cache) == 0 {
 		s.cache = nil // let the array go

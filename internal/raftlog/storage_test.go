@@ -377,3 +377,38 @@ func TestStorageInitialState(t *testing.T) {
 		t.Fatal("a commit index past the log was accepted")
 	}
 }
+
+// Entries handed to raft stay as they were when the cache later drops them
+// (SetApplied, or the size bound): raft keeps those slices in its log and in
+// messages still in flight to followers.
+func TestStorageEntriesUnchangedAfterCacheDrops(t *testing.T) {
+	f := newFixture(t, 0, 0)
+	f.s = New(f.l, Options{CacheBytesMax: 200})
+	terms := make([]uint64, 10)
+	for i := range terms {
+		terms[i] = 1
+	}
+	if err := f.s.Append(run(1, terms...)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.s.Entries(1, 11, noLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := run(1, terms...)
+	equalEntries(t, got, want)
+	f.s.SetApplied(6)
+	more := make([]uint64, 40)
+	for i := range more {
+		more[i] = 1
+	}
+	if err := f.s.Append(run(11, more...)); err != nil { // evicts by size too
+		t.Fatal(err)
+	}
+	for i, e := range got {
+		if e == nil {
+			t.Fatalf("entry %d of a slice Entries returned was cleared", i+1)
+		}
+	}
+	equalEntries(t, got, want)
+}
