@@ -121,6 +121,9 @@ func (r *qReplica) apply(e *raftpb.Entry) {
 		r.c.fail("node %d group %d: applied %d after %d", r.node, r.group, idx, r.applied)
 	}
 	r.applied = idx
+	if a, ok := r.store.(interface{ SetApplied(uint64) }); ok {
+		a.SetApplied(idx)
+	}
 	r.c.hist[r.group].observe(r.node, e)
 	data := e.GetData()
 	if e.GetType() != raftpb.EntryNormal || len(data) == 0 {
@@ -475,13 +478,14 @@ func (c *qCluster) work(rng *rand.Rand, g uint64) {
 func (c *qCluster) settleAll(limit time.Duration) {
 	c.net.Heal()
 	c.net.SetFaults(Faults{})
-	for _, id := range c.nodeIDs {
-		if c.nodes[id].down {
-			c.restart(id)
-		}
-	}
 	deadline := c.now.Add(limit)
 	for c.now.Before(deadline) {
+		// A save armed to crash may still fire here: bring the node back.
+		for _, id := range c.nodeIDs {
+			if c.nodes[id].down {
+				c.restart(id)
+			}
+		}
 		c.run(50 * time.Millisecond)
 		if c.allSettled() {
 			return
@@ -497,7 +501,8 @@ func (c *qCluster) allSettled() bool {
 			return false
 		}
 		for _, v := range voters {
-			if c.nodes[v].reps[g].applied != c.hist[g].last {
+			r, ok := c.nodes[v].reps[g]
+			if c.nodes[v].down || !ok || r.dead || r.applied != c.hist[g].last {
 				return false
 			}
 		}

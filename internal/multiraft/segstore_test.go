@@ -9,29 +9,22 @@ import (
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/protobuf/proto"
 
+	"github.com/sinewmq/sinew/internal/raftlog"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
-)
-
-// Record types for raft entries that hold no queue event. They are outside
-// the queue's event kinds, so the queue treats their indexes as settled gaps.
-const (
-	recRaftEmpty      = 0xF0 // a leader's empty entry
-	recRaftConfChange = 0xF1 // a configuration change; payload is the entry data
 )
 
 // errCrashed is what a segStore's save returns when the test crashes the
 // node in the middle of it.
 var errCrashed = errors.New("node crashed during save")
 
-// segStore is raft.Storage over a seglog v2 log on a node's crashable
-// MemFS: entries are records (index = LSN, with their term), HardState and
-// ConfState live in the log's HardState file. save appends, syncs, then
-// stores the HardState, so everything a Ready's messages rely on is durable
-// before they are sent.
+// segStore is the partition's raft storage, raftlog.Storage over a seglog
+// v2 log, on a node's crashable MemFS. save appends, syncs, then stores the
+// HardState, so everything a Ready's messages rely on is durable before
+// they are sent.
 type segStore struct {
+	*raftlog.Storage
 	log *seglog.Log
 	// crashBeforeSync, when set, makes the next save append its entries
 	// and return errCrashed without syncing them: the test then crashes
@@ -45,124 +38,34 @@ func openSegStore(fs vfs.FS, dir string) (*segStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &segStore{log: l}, nil
+	return &segStore{Storage: raftlog.New(l, raftlog.Options{CacheBytesMax: 16 << 10}), log: l}, nil
 }
 
-// bootstrap makes a new log start after the group's initial membership
-// snapshot at index 1, term 1.
+// bootstrap gives a new, empty log the group's voters.
 func (s *segStore) bootstrap(voters []uint64) error {
-	if err := s.log.ResetTo(1, 1); err != nil {
-		return err
-	}
-	return s.log.SetConfState(&raftpb.ConfState{Voters: voters})
-}
-
-func (s *segStore) InitialState() (*raftpb.HardState, *raftpb.ConfState, error) {
-	cs, err := s.log.ConfState()
-	if err != nil {
-		return nil, nil, err
-	}
-	return s.log.HardState(), cs, nil
-}
-
-func (s *segStore) Entries(lo, hi, maxSize uint64) ([]*raftpb.Entry, error) {
-	if lo < s.log.FirstLSN() {
-		return nil, raft.ErrCompacted
-	}
-	if hi > s.log.NextLSN() {
-		return nil, fmt.Errorf("entries [%d, %d) past the log's end %d", lo, hi, s.log.NextLSN())
-	}
-	var out []*raftpb.Entry
-	var size uint64
-	errFull := errors.New("full")
-	err := s.log.ScanRange(lo, hi-1, func(r seglog.Record) error {
-		e := recordEntry(r)
-		size += uint64(proto.Size(e))
-		if len(out) > 0 && size > maxSize {
-			return errFull
-		}
-		out = append(out, e)
-		return nil
-	})
-	if err != nil && !errors.Is(err, errFull) {
-		return nil, err
-	}
-	return out, nil
-}
-
-func recordEntry(r seglog.Record) *raftpb.Entry {
-	idx, term := r.LSN, r.Term
-	e := &raftpb.Entry{Index: &idx, Term: &term}
-	switch r.Type {
-	case recRaftEmpty:
-		t := raftpb.EntryNormal
-		e.Type = &t
-	case recRaftConfChange:
-		t := raftpb.EntryConfChange
-		e.Type = &t
-		e.Data = append([]byte(nil), r.Payload...)
-	default:
-		t := raftpb.EntryNormal
-		e.Type = &t
-		e.Data = append([]byte{r.Type}, r.Payload...)
-	}
-	return e
-}
-
-func (s *segStore) Term(i uint64) (uint64, error) {
-	t, err := s.log.Term(i)
-	switch {
-	case errors.Is(err, seglog.ErrCompacted):
-		return 0, raft.ErrCompacted
-	case errors.Is(err, seglog.ErrNotFound):
-		return 0, raft.ErrUnavailable
-	}
-	return t, err
-}
-
-func (s *segStore) LastIndex() (uint64, error)  { return s.log.NextLSN() - 1, nil }
-func (s *segStore) FirstIndex() (uint64, error) { return s.log.FirstLSN(), nil }
-
-func (s *segStore) Snapshot() (*raftpb.Snapshot, error) {
-	idx := s.log.FirstLSN() - 1
-	term, err := s.log.Term(idx)
-	if err != nil {
-		return nil, err
-	}
-	cs, err := s.log.ConfState()
-	if err != nil {
-		return nil, err
-	}
-	return &raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{Index: &idx, Term: &term, ConfState: cs}}, nil
+	return s.SetConfState(&raftpb.ConfState{Voters: voters})
 }
 
 func (s *segStore) save(rd *raft.Ready) error {
 	if !raft.IsEmptySnap(rd.Snapshot) {
-		return errors.New("segStore: snapshots are not used by these tests")
-	}
-	for _, e := range rd.Entries {
-		typ, payload := uint8(recRaftEmpty), []byte(nil)
-		switch {
-		case e.GetType() == raftpb.EntryConfChange:
-			typ, payload = recRaftConfChange, e.GetData()
-		case len(e.GetData()) > 0:
-			typ, payload = e.GetData()[0], e.GetData()[1:]
-		}
-		if err := s.log.AppendAt(e.GetIndex(), e.GetTerm(), typ, payload); err != nil {
+		if err := s.ApplySnapshot(rd.Snapshot); err != nil {
 			return err
 		}
+	}
+	if err := s.Append(rd.Entries); err != nil {
+		return err
 	}
 	if s.crashBeforeSync {
 		s.crashBeforeSync = false
 		return errCrashed
 	}
 	if len(rd.Entries) > 0 {
-		if _, err := s.log.Sync(); err != nil {
+		if err := s.Sync(); err != nil {
 			return err
 		}
 	}
 	if !raft.IsEmptyHardState(rd.HardState) {
-		return s.log.SetHardState(rd.HardState)
+		return s.SetHardState(rd.HardState)
 	}
 	return nil
 }
