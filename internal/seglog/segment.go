@@ -85,6 +85,9 @@ func DecodeSegmentHeader(b []byte) (base, prevTerm uint64, err error) {
 	if v := binary.LittleEndian.Uint32(b[8:12]); v != FormatVersion {
 		return 0, 0, fmt.Errorf("seglog: segment format version %d; this build reads versions 1 and %d", v, FormatVersion)
 	}
+	if binary.LittleEndian.Uint32(b[12:16]) != 0 || binary.LittleEndian.Uint32(b[36:40]) != 0 {
+		return 0, 0, errors.New("seglog: segment header has unknown flags")
+	}
 	base = binary.LittleEndian.Uint64(b[16:24])
 	if base == 0 {
 		return 0, 0, errors.New("seglog: segment base 0")
