@@ -52,7 +52,9 @@ func TestCrashRecovery(t *testing.T) {
 		}
 	}
 	t.Logf("%d seeds: %d recoveries repaired a torn tail", seeds, torn)
-	if torn == 0 {
+	// About one seed in fifteen ends in a torn tail, depending on how the
+	// committers are scheduled; 40 short-mode seeds can miss it by chance.
+	if torn == 0 && !testing.Short() {
 		t.Error("no recovery repaired a torn tail: the test no longer exercises tearing")
 	}
 }
