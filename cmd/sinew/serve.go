@@ -164,7 +164,11 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		recovering := gate.Wrap(admin.Recovering())
 		adminHandler.Store(&recovering)
 		adminSrv = &http.Server{ReadHeaderTimeout: 10 * time.Second,
-			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*adminHandler.Load()).ServeHTTP(w, r) })}
+			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*adminHandler.Load()).ServeHTTP(w, r) }),
+			// net/http reports every failed TLS handshake and bad request
+			// here; any peer can cause one, so they go to the broker's log
+			// at debug, not to stderr where a flood would drown the rest.
+			ErrorLog: slog.NewLogLogger(logger.With("component", "admin_http").Handler(), slog.LevelDebug)}
 		go func() {
 			if err := adminSrv.Serve(aln); !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("admin: %w", err)

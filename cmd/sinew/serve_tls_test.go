@@ -6,9 +6,11 @@ import (
 	"crypto/x509"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -157,7 +159,11 @@ func tlsReloadCount(t *testing.T, adminAddr string, cfg *tls.Config, listener, r
 	want := `sinew_tls_reloads_total{listener="` + listener + `",result="` + result + `"} `
 	for _, line := range strings.Split(body, "\n") {
 		if v, ok := strings.CutPrefix(line, want); ok {
-			return map[string]float64{"0": 0, "1": 1, "2": 2}[v]
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s%s: %v", want, v, err)
+			}
+			return f
 		}
 	}
 	t.Fatalf("/metrics has no %s", want)
@@ -370,5 +376,60 @@ func TestCLICertGenerateAndTLSFlags(t *testing.T) {
 	code, _, errOut = runCmd(t, "x\n", append([]string{"publish", "--addr", plain, "--topic", "p", "--connect-timeout", "20s"}, tlsArgs...)...)
 	if code == 0 || !strings.Contains(errOut, "did not speak TLS") {
 		t.Fatalf("TLS publish to a plaintext port: exit %d %q", code, errOut)
+	}
+}
+
+// tls.reload_poll_ms: new files are picked up without a signal, on both
+// listeners, and an unchanged file is not reloaded again.
+func TestServeTLSReloadByPolling(t *testing.T) {
+	dir := t.TempDir()
+	g := genCerts(t, dir, false)
+	oldCA, _ := os.ReadFile(g.CA)
+	cfg := tlsServeConfig(t, g)
+	cfg.TLS.ReloadPollMs = 100
+	addr, adminAddr, stop := runServeAdmin(t, cfg)
+	genCerts(t, dir, true)
+	bothCAs := clientTLS(t, g.CA, "", "")
+	bothCAs.RootCAs.AppendCertsFromPEM(oldCA)
+	apiPoll(t, "both listeners reloaded by polling", func() bool {
+		return tlsReloadCount(t, adminAddr, bothCAs, "client", "ok") >= 1 && tlsReloadCount(t, adminAddr, bothCAs, "admin", "ok") >= 1
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), safetyTimeoutMs*time.Millisecond)
+	defer cancel()
+	c, err := dialOnce(ctx, addr, sinew.WithTLS(clientTLS(t, g.CA, "", "")))
+	if err != nil {
+		t.Fatalf("new CA after a polled reload: %v", err)
+	}
+	publishOne(t, c, "polled")
+	c.Close()
+	if n := tlsReloadCount(t, adminAddr, bothCAs, "client", "ok"); n != 1 {
+		t.Fatalf("client listener reloaded %v times for one change", n)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A peer that starts a TLS handshake on the TLS port and stalls is closed by
+// the handshake timeout, like one that never sends its HELLO.
+func TestServeTLSStalledHandshakeTimesOut(t *testing.T) {
+	g := genCerts(t, t.TempDir(), false)
+	cfg := tlsServeConfig(t, g)
+	cfg.Connection.HandshakeTimeoutMs = 200
+	addr, _, _ := runServeAdmin(t, cfg)
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	// The first bytes of a TLS record header, and nothing more.
+	if _, err := nc.Write([]byte{0x16, 0x03, 0x01}); err != nil {
+		t.Fatal(err)
+	}
+	nc.SetReadDeadline(time.Now().Add(safetyTimeoutMs * time.Millisecond))
+	_, err = io.Copy(io.Discard, nc)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("the broker kept a stalled TLS handshake open past the safety timeout")
 	}
 }

@@ -125,7 +125,25 @@ func NewReloader(f Files, o Options) (*Reloader, error) {
 	}
 	r.cur.Store(m)
 	r.lastSeen = m.hash
+	r.warnValidity(m)
 	return r, nil
+}
+
+// warnValidity logs a certificate that clients will refuse as it is: one
+// already expired or not yet valid. It is served anyway, so that fixing
+// the files and reloading is all it takes.
+func (r *Reloader) warnValidity(m *material) {
+	now := time.Now()
+	if r.o.Time != nil {
+		now = r.o.Time()
+	}
+	leaf := m.cfg.Certificates[0].Leaf
+	switch {
+	case now.After(leaf.NotAfter):
+		r.o.Logger.Warn("tls certificate has expired; clients will refuse it", "section", r.o.Name, "not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
+	case now.Before(leaf.NotBefore):
+		r.o.Logger.Warn("tls certificate is not valid yet; clients will refuse it", "section", r.o.Name, "not_before", leaf.NotBefore.UTC().Format(time.RFC3339))
+	}
 }
 
 // ServerConfig returns the listener's tls.Config. It picks the current
@@ -166,6 +184,7 @@ func (r *Reloader) reloadLocked() error {
 	r.cur.Store(m)
 	r.reloads.Add(1)
 	r.o.Logger.Info("tls certificate reloaded", "section", r.o.Name, "not_after", m.notAfter.UTC().Format(time.RFC3339))
+	r.warnValidity(m)
 	return nil
 }
 

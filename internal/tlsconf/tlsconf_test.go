@@ -7,9 +7,11 @@ import (
 	"crypto/x509"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -253,7 +255,12 @@ func TestExpiredCertificatesFail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := startEcho(t, newReloader(t, Files{CertFile: write("old.pem", cp), KeyFile: write("old-key.pem", kp)}, Options{}), ListenerOptions{})
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	srv := startEcho(t, newReloader(t, Files{CertFile: write("old.pem", cp), KeyFile: write("old-key.pem", kp)}, Options{Logger: logger}), ListenerOptions{})
+	if !strings.Contains(logs.String(), "tls certificate has expired") {
+		t.Fatalf("loading an expired certificate logged %q, want a warning", logs.String())
+	}
 	_, err = roundTrip(t, srv.addr(), &tls.Config{RootCAs: pool, ServerName: "localhost"})
 	var invalid x509.CertificateInvalidError
 	if !errors.As(err, &invalid) || invalid.Reason != x509.Expired {
