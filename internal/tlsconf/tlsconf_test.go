@@ -305,7 +305,9 @@ func TestExpiredCertificatesFail(t *testing.T) {
 }
 
 // leafSerial is the serial of the certificate the server presented.
-func leafSerial(c *tls.Conn) string { return c.ConnectionState().PeerCertificates[0].SerialNumber.String() }
+func leafSerial(c *tls.Conn) string {
+	return c.ConnectionState().PeerCertificates[0].SerialNumber.String()
+}
 
 func TestReloadKeepsConnectionsAndServesNewCertificate(t *testing.T) {
 	dir := t.TempDir()
