@@ -263,13 +263,13 @@ func TestAdminSessionsOverviewDrainContract(t *testing.T) {
 func TestAdminUsersContract(t *testing.T) {
 	const alice = `{"name": "a.b@c", "permissions": {"publish": ["orders.*"], "consume": [], "manage": []}}`
 	cs := newContractServer(t, map[string]route{
-		"GET /api/v1/users":                   {200, `{"users": [` + alice + `]}`},
-		"GET /api/v1/users/a.b@c":             {200, alice},
-		"POST /api/v1/users":                  {201, alice},
-		"PUT /api/v1/users/a.b@c/password":    {200, alice},
-		"PUT /api/v1/users/a.b@c/permissions": {200, `{"name": "a.b@c", "permissions": {"publish": ["orders.*", "x y"], "consume": [], "manage": []}}`},
-		"DELETE /api/v1/users/a.b@c":          {200, `{"removed": true}`},
-		"GET /api/v1/users/nobody%2Fx":        {404, `{"code": "not_found", "error": "auth: user not found: \"nobody/x\""}`},
+		"GET /api/v1/users":                          {200, `{"users": [` + alice + `]}`},
+		"GET /api/v1/users/a.b@c":                    {200, alice},
+		"POST /api/v1/users":                         {201, alice},
+		"PUT /api/v1/users/a.b@c/password":           {200, alice},
+		"PATCH /api/v1/users/a.b@c/permissions":      {200, `{"name": "a.b@c", "permissions": {"publish": ["orders.*", "x y"], "consume": [], "manage": []}}`},
+		"DELETE /api/v1/users/a.b@c":                 {200, `{"removed": true}`},
+		"PATCH /api/v1/users/nobody%2Fx/permissions": {404, `{"code": "not_found", "error": "auth: user not found: \"nobody/x\""}`},
 	})
 	code, out, errOut := cs.run("admin", "user", "list")
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || len(lines) != 2 ||
@@ -291,10 +291,11 @@ func TestAdminUsersContract(t *testing.T) {
 		t.Fatalf("passwd: exit %d, %+v, %q", code, r, out)
 	}
 	t.Setenv("SINEW_NEW_PASSWORD", "")
-	// grant reads the user, then replaces its permissions with the union.
+	// grant is one PATCH: the broker adds the patterns atomically.
 	code, out, _ = cs.run("admin", "user", "grant", "a.b@c", "--publish", "x y")
-	if r := cs.last(); code != 0 || r.method != "PUT" || r.path != "/api/v1/users/a.b@c/permissions" ||
-		r.body != `{"publish":["orders.*","x y"],"consume":[],"manage":[]}` || !strings.Contains(out, "publish orders.* x y;") {
+	if r := cs.last(); code != 0 || r.method != "PATCH" || r.path != "/api/v1/users/a.b@c/permissions" ||
+		r.body != `{"grant":{"publish":["x y"],"consume":[],"manage":[]},"revoke":{"publish":[],"consume":[],"manage":[]}}` ||
+		!strings.Contains(out, "publish orders.* x y;") {
 		t.Fatalf("grant: exit %d, %+v, %q", code, r, out)
 	}
 	code, out, _ = cs.run("admin", "user", "remove", "a.b@c")
@@ -302,7 +303,7 @@ func TestAdminUsersContract(t *testing.T) {
 		t.Fatalf("remove: exit %d, %+v, %q", code, r, out)
 	}
 	code, _, errOut = cs.run("admin", "user", "revoke", "nobody/x", "--consume", "t")
-	if r := cs.last(); code != 1 || r.path != "/api/v1/users/nobody%2Fx" || !strings.Contains(errOut, "not_found (HTTP 404): auth: user not found") {
+	if r := cs.last(); code != 1 || r.path != "/api/v1/users/nobody%2Fx/permissions" || r.body != `{"grant":{"publish":[],"consume":[],"manage":[]},"revoke":{"publish":[],"consume":["t"],"manage":[]}}` || !strings.Contains(errOut, "not_found (HTTP 404): auth: user not found") {
 		t.Fatalf("revoke unknown: exit %d, %q", code, errOut)
 	}
 }

@@ -250,6 +250,12 @@ type apiUserAdd struct {
 	Permissions apiPermissions `json:"permissions"`
 }
 
+// apiPermissionsPatch is the body of PATCH /api/v1/users/{name}/permissions.
+type apiPermissionsPatch struct {
+	Grant  apiPermissions `json:"grant"`
+	Revoke apiPermissions `json:"revoke"`
+}
+
 type apiUserPassword struct {
 	Password string `json:"password"`
 }

@@ -127,7 +127,7 @@ type userStore interface {
 	list(ctx context.Context) ([]apiUser, json.RawMessage, error)
 	add(ctx context.Context, name, password string, p auth.Permissions) (apiUser, json.RawMessage, error)
 	setPassword(ctx context.Context, name, password string) (apiUser, json.RawMessage, error)
-	setPermissions(ctx context.Context, name string, p auth.Permissions) (apiUser, json.RawMessage, error)
+	patchPermissions(ctx context.Context, name string, grant, revoke auth.Permissions) (apiUser, json.RawMessage, error)
 	remove(ctx context.Context, name string) (json.RawMessage, error)
 	where() string
 	close()
@@ -203,8 +203,8 @@ func (s *apiUsers) setPassword(ctx context.Context, name, password string) (apiU
 	return s.one(ctx, http.MethodPut, userPath(name, "password"), apiUserPassword{Password: password})
 }
 
-func (s *apiUsers) setPermissions(ctx context.Context, name string, p auth.Permissions) (apiUser, json.RawMessage, error) {
-	return s.one(ctx, http.MethodPut, userPath(name, "permissions"), apiPermissionsOf(p))
+func (s *apiUsers) patchPermissions(ctx context.Context, name string, grant, revoke auth.Permissions) (apiUser, json.RawMessage, error) {
+	return s.one(ctx, http.MethodPatch, userPath(name, "permissions"), apiPermissionsPatch{Grant: apiPermissionsOf(grant), Revoke: apiPermissionsOf(revoke)})
 }
 
 func (s *apiUsers) remove(ctx context.Context, name string) (json.RawMessage, error) {
@@ -275,8 +275,14 @@ func (s *localUsers) setPassword(_ context.Context, name, password string) (apiU
 	return s.view(name)
 }
 
-func (s *localUsers) setPermissions(_ context.Context, name string, p auth.Permissions) (apiUser, json.RawMessage, error) {
-	if err := s.u.SetPermissions(name, p); err != nil {
+// patchPermissions reads, changes and writes under the data dir's lock, so
+// nothing else changes the store in between.
+func (s *localUsers) patchPermissions(_ context.Context, name string, grant, revoke auth.Permissions) (apiUser, json.RawMessage, error) {
+	cur, _, err := s.view(name)
+	if err != nil {
+		return apiUser{}, nil, err
+	}
+	if err := s.u.SetPermissions(name, cur.Permissions.perms().Grant(grant).Revoke(revoke)); err != nil {
 		return apiUser{}, nil, err
 	}
 	return s.view(name)
@@ -411,11 +417,9 @@ func adminUserPasswd(ctx context.Context, name string, args []string, stdin io.R
 	return err
 }
 
-// adminUserChange reads a user's permissions, applies change and writes
-// them back (grant and revoke). Two administrators changing the same user
-// at once may lose one change: the later write wins.
-func adminUserChange(ctx context.Context, name string, args []string, stdout, stderr io.Writer, verb string,
-	change func(have, given auth.Permissions) auth.Permissions) error {
+// adminUserChange grants or revokes the patterns the flags give, in one
+// step on the broker (PATCH) or under the data dir's lock.
+func adminUserChange(ctx context.Context, name string, args []string, stdout, stderr io.Writer, revoke bool) error {
 	fs := newFlagSet(name, stderr)
 	f := addUserFlags(fs, true, false)
 	user, s, err := openUserStore(fs, f, args, true)
@@ -427,11 +431,14 @@ func adminUserChange(ctx context.Context, name string, args []string, stdout, st
 	if given.IsZero() {
 		return fmt.Errorf("%w: give at least one --publish, --consume or --manage pattern", errUsage)
 	}
-	cur, _, err := userOf(ctx, s, user)
-	if err != nil {
-		return err
+	var grant, take auth.Permissions
+	verb := "granted; now"
+	if revoke {
+		take, verb = given, "revoked; now"
+	} else {
+		grant = given
 	}
-	u, raw, err := s.setPermissions(ctx, user, change(cur.Permissions.perms(), given))
+	u, raw, err := s.patchPermissions(ctx, user, grant, take)
 	if err != nil {
 		return err
 	}
@@ -439,11 +446,11 @@ func adminUserChange(ctx context.Context, name string, args []string, stdout, st
 }
 
 func adminUserGrant(ctx context.Context, name string, args []string, _ io.Reader, stdout, stderr io.Writer) error {
-	return adminUserChange(ctx, name, args, stdout, stderr, "granted; now", auth.Permissions.Grant)
+	return adminUserChange(ctx, name, args, stdout, stderr, false)
 }
 
 func adminUserRevoke(ctx context.Context, name string, args []string, _ io.Reader, stdout, stderr io.Writer) error {
-	return adminUserChange(ctx, name, args, stdout, stderr, "revoked; now", auth.Permissions.Revoke)
+	return adminUserChange(ctx, name, args, stdout, stderr, true)
 }
 
 func adminUserRemove(ctx context.Context, name string, args []string, _ io.Reader, stdout, stderr io.Writer) error {

@@ -2,9 +2,11 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -130,6 +132,33 @@ func TestAdminUserLifecycle(t *testing.T) {
 			t.Errorf("%s %s %s: %d %+v, want %d %s", c.method, c.path, c.body, res.StatusCode, eb, c.status, c.code)
 		}
 	}
+	// Concurrent grants through PATCH lose nothing: each is one atomic
+	// read-change-write on the broker.
+	const grants = 16
+	var wg sync.WaitGroup
+	statuses := make([]int, grants)
+	for i := range grants {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := fmt.Sprintf(`{"grant":{"consume":["c%d.*"]}}`, i)
+			req, _ := http.NewRequest("PATCH", "http://"+admin+"/api/v1/users/alice/permissions", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+usersTestToken)
+			if res, err := http.DefaultClient.Do(req); err == nil {
+				statuses[i] = res.StatusCode
+				res.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	code, out, errOut = adminUser(t, admin, "", "show", "alice", "--json")
+	var shown struct {
+		Permissions struct{ Consume []string } `json:"permissions"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &shown) != nil || len(shown.Permissions.Consume) != grants+1 {
+		t.Fatalf("after %d concurrent grants (statuses %v): exit %d, %s %s", grants, statuses, code, out, errOut)
+	}
+
 	// Without the admin's credentials, nothing.
 	if code, _, errOut := runCmd(t, "", "admin", "user", "list", "--admin-addr", admin); code == 0 || !strings.Contains(errOut, "unauthorized") {
 		t.Fatalf("list without credentials: exit %d, %s", code, errOut)

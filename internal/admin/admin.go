@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -125,6 +126,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("DELETE /api/v1/users/{name}", a.needBroker(a.removeUser))
 	mux.HandleFunc("PUT /api/v1/users/{name}/password", a.needBroker(a.setPassword))
 	mux.HandleFunc("PUT /api/v1/users/{name}/permissions", a.needBroker(a.setPermissions))
+	mux.HandleFunc("PATCH /api/v1/users/{name}/permissions", a.needBroker(a.patchPermissions))
 	if cfg.Settings != nil {
 		mux.HandleFunc("GET /api/v1/settings", func(w http.ResponseWriter, _ *http.Request) {
 			writeJSON(w, http.StatusOK, settingsView(cfg.Settings.Snapshot()))
@@ -161,8 +163,13 @@ func Handler(cfg Config) http.Handler {
 	return csrf.Handler(mux)
 }
 
-// api holds the handler's configuration; it has no state of its own.
-type api struct{ cfg Config }
+// api holds the handler's configuration. Its only state is permsMu, which
+// makes each PATCH of a user's permissions (read, change, write) atomic
+// against the others.
+type api struct {
+	cfg     Config
+	permsMu sync.Mutex
+}
 
 func (a *api) problems() []string {
 	if a.cfg.Problems == nil {

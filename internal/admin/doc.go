@@ -26,6 +26,7 @@
 //	GET    /api/v1/users/{name}               one user
 //	PUT    /api/v1/users/{name}/password      set its password
 //	PUT    /api/v1/users/{name}/permissions   replace its permissions
+//	PATCH  /api/v1/users/{name}/permissions   grant and revoke patterns, atomically
 //	DELETE /api/v1/users/{name}               remove it
 //
 // JSON names are snake_case; every JSON error is {"code": ..., "error": ...}.

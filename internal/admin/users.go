@@ -69,6 +69,14 @@ type UserPassword struct {
 	Password string `json:"password"`
 }
 
+// PermissionsPatch is the body of PATCH /api/v1/users/{name}/permissions:
+// patterns to add (those already held are not repeated), then patterns to
+// remove as written (removing "orders.eu" leaves "orders.*").
+type PermissionsPatch struct {
+	Grant  PermissionsView `json:"grant"`
+	Revoke PermissionsView `json:"revoke"`
+}
+
 // UserRemoved is the JSON of DELETE /api/v1/users/{name}.
 type UserRemoved struct {
 	Removed bool `json:"removed"`
@@ -173,6 +181,51 @@ func (a *api) setPermissions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := u.SetPermissions(name, body.perms()); err != nil {
+		writeUsersError(w, err)
+		return
+	}
+	a.writeUser(w, u, name)
+}
+
+// patchPermissions grants and revokes patterns in one step. The read and
+// the write happen under permsMu, so two PATCHes never lose each other's
+// change. (A PUT replaces the whole set and does not take the lock: it does
+// not depend on what was there.)
+func (a *api) patchPermissions(w http.ResponseWriter, r *http.Request) {
+	u, ok := a.users(w)
+	if !ok {
+		return
+	}
+	var body PermissionsPatch
+	if !decodeBody(w, r, &body, false) {
+		return
+	}
+	grant, revoke := body.Grant.perms(), body.Revoke.perms()
+	if grant.IsZero() && revoke.IsZero() {
+		writeError(w, http.StatusBadRequest, "bad_request", "nothing to grant or revoke")
+		return
+	}
+	for _, p := range []auth.Permissions{grant, revoke} {
+		if err := checkPerms(p); err != nil {
+			writeUsersError(w, err)
+			return
+		}
+	}
+	name := r.PathValue("name")
+	a.permsMu.Lock()
+	cur, ok := findUser(u, name)
+	if !ok {
+		a.permsMu.Unlock()
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no user %q", name))
+		return
+	}
+	next := cur.Permissions.perms().Grant(grant).Revoke(revoke)
+	err := checkPerms(next)
+	if err == nil {
+		err = u.SetPermissions(name, next)
+	}
+	a.permsMu.Unlock()
+	if err != nil {
 		writeUsersError(w, err)
 		return
 	}
