@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -30,7 +31,23 @@ const (
 	authHeaderBytesMax = 4096
 	// logUserBytesMax bounds a peer-chosen user name in a log record.
 	logUserBytesMax = 64
+	// laneWaitMs bounds how long a basic-auth request waits for the other
+	// checks from its address (429 after).
+	laneWaitMs = 10_000
 )
+
+func isBasic(hdr string) bool {
+	scheme, _, _ := strings.Cut(hdr, " ")
+	return strings.EqualFold(scheme, "Basic")
+}
+
+// remoteIP is the address part of an http.Request's RemoteAddr.
+func remoteIP(addr string) string {
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
+}
 
 // Realm is the realm of the admin listener's WWW-Authenticate challenges.
 const Realm = "sinew admin"
@@ -47,7 +64,9 @@ const Realm = "sinew admin"
 // credential waits FailureDelayMs, is counted and logged (remote address,
 // user name, reason; never the password or token), and gets 401 with
 // WWW-Authenticate; a missing one gets the 401 at once. A valid user who is
-// not an administrator gets 403.
+// not an administrator gets 403. Basic-auth checks (an argon2id hash each)
+// run one at a time per client address (auth.Lanes), a failed one holding
+// the address through its delay.
 type Gate struct {
 	// Anonymous reports whether a request without credentials is served.
 	// It is asked per request, since users may be added while the broker
@@ -67,6 +86,7 @@ type Gate struct {
 	Sleep func(ctx context.Context, d time.Duration)
 
 	checking atomic.Int64
+	lanes    auth.Lanes    // basic-auth checks, one at a time per client address
 	missing  atomic.Uint64 // 401: no credentials where they are required
 	failed   atomic.Uint64 // 401: wrong credentials
 	denied   atomic.Uint64 // 403: valid, but not an administrator
@@ -131,6 +151,21 @@ func (g *Gate) Wrap(h http.Handler) http.Handler {
 			g.missing.Add(1)
 			g.challenge(w, "credentials required: HTTP basic auth (a user) or a bearer token (auth.tokens)")
 			return
+		}
+		// A password check costs an argon2id hash: one at a time per client
+		// address, held through the failure delay, so one address guesses
+		// at most once per delay.
+		if isBasic(hdr) {
+			ctx, cancel := context.WithTimeout(r.Context(), laneWaitMs*time.Millisecond)
+			release, err := g.lanes.Acquire(ctx, remoteIP(r.RemoteAddr))
+			cancel()
+			if err != nil {
+				g.busy.Add(1)
+				w.Header().Set("Retry-After", "1")
+				writeError(w, http.StatusTooManyRequests, "too_many_requests", "too many authentications from this address in progress; retry later")
+				return
+			}
+			defer release()
 		}
 		if g.checking.Add(1) > authCheckingMax {
 			g.checking.Add(-1)

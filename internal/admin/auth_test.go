@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sinewmq/sinew/internal/auth"
@@ -251,3 +252,57 @@ func TestGateBoundsConcurrentFailures(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// Basic-auth checks from one client address run one at a time, a failed one
+// holding the address through its delay; another address is not held up.
+func TestGateOneLoginPerAddress(t *testing.T) {
+	synctest.Test(t, testGateOneLoginPerAddress)
+}
+
+func testGateOneLoginPerAddress(t *testing.T) {
+	fx := newGateFixture(t, nil)
+	entered := make(chan string, 4)
+	release := make(chan struct{})
+	fx.gate.Sleep = func(ctx context.Context, _ time.Duration) {
+		entered <- ctx.Value(remoteKey{}).(string)
+		<-release
+	}
+	send := func(remote string, done chan<- int) {
+		req := httptest.NewRequest("GET", "/api/v1/version", nil)
+		req.RemoteAddr = remote
+		req.Header.Set("Authorization", basic("root", "wrong-password"))
+		req = req.WithContext(context.WithValue(req.Context(), remoteKey{}, remote))
+		rec := httptest.NewRecorder()
+		fx.h.ServeHTTP(rec, req)
+		done <- rec.Code
+	}
+	done := make(chan int, 3)
+	go send("10.0.0.9:1000", done)
+	if got := <-entered; got != "10.0.0.9:1000" {
+		t.Fatalf("first in its delay: %s", got)
+	}
+	go send("10.0.0.9:1001", done) // same address: waits for the first
+	go send("10.0.0.3:1000", done) // another address: its own lane
+	if got := <-entered; got != "10.0.0.3:1000" {
+		t.Fatalf("second in a delay: %s, want the other address", got)
+	}
+	synctest.Wait()
+	select {
+	case got := <-entered:
+		t.Fatalf("%s checked while its address's first failure was in its delay", got)
+	default:
+	}
+	release <- struct{}{}
+	release <- struct{}{}
+	if got := <-entered; got != "10.0.0.9:1001" {
+		t.Fatalf("third in a delay: %s", got)
+	}
+	close(release)
+	for range 3 {
+		if code := <-done; code != http.StatusUnauthorized {
+			t.Fatalf("answer %d", code)
+		}
+	}
+}
+
+type remoteKey struct{}

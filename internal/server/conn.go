@@ -30,6 +30,7 @@ type conn struct {
 
 	established     atomic.Bool // HELLO_OK was queued
 	handshaking     bool        // counted in Server.handshakes; reader goroutine only, changed under Server.mu
+	addrKey         string      // source IP (connKey); "" when the remote address is not an IP
 	resendDue       bool        // reader only: resumed, and no request handled since
 	inflightDue     bool        // reader only: a RECONCILE said INFLIGHT follows; re-sends wait for it
 	publishInflight atomic.Int64
@@ -402,6 +403,12 @@ func (c *conn) authenticate(h *protocol.Hello) (auth.Principal, error) {
 			reason = "no users configured"
 			break
 		}
+		release, err := c.loginLane()
+		if err != nil {
+			return auth.Principal{}, err
+		}
+		// Held through the failure delay below when the check fails.
+		defer release()
 		p, err := cfg.Users.Verify(h.User, h.Credentials)
 		if err == nil {
 			return p, nil
@@ -460,6 +467,24 @@ func peerCertName(nc net.Conn) string {
 		return cn.PeerCertName()
 	}
 	return ""
+}
+
+// loginLane waits for this connection's source address to have no other
+// password check in progress (auth.Lanes), at most until the handshake
+// timeout, and returns the function that lets the next one go.
+func (c *conn) loginLane() (func(), error) {
+	if c.addrKey == "" {
+		return func() {}, nil
+	}
+	deadline := c.opened.Add(time.Duration(c.srv.cfg.HandshakeTimeoutMs) * time.Millisecond)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	release, err := c.srv.logins.Acquire(ctx, c.addrKey)
+	if err != nil {
+		c.srv.stats.handshakeTimeouts.Add(1)
+		return nil, fatal(protocol.CodeHandshakeTimeout, "login still waiting behind other logins from this address after %d ms", c.srv.cfg.HandshakeTimeoutMs)
+	}
+	return release, nil
 }
 
 func truncate(s string, n int) string {

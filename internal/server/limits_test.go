@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/sinewmq/sinew/internal/broker"
 	"github.com/sinewmq/sinew/internal/session/bridge"
@@ -251,4 +253,58 @@ func BenchmarkConnChurn(b *testing.B) {
 		a.Close()
 		<-done
 	}
+}
+
+// Password checks from one source address run one at a time, and a failed
+// one holds its address's lane through the failure delay: a second wrong
+// password from the same address is answered a delay later, while one from
+// another address and a right one after the first failure are not held up
+// by other addresses (fake clock).
+func TestLoginLanePerAddress(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		users := newUsers(t, "alice", "correct horse")
+		p := newPipeServer(t, func(c *Config) {
+			c.Users, c.AuthFailureDelayMs, c.HandshakeTimeoutMs = users, 1000, 5000
+		})
+		wrong := protocol.Hello{ProtocolVersion: protocol.Version, User: "alice", Credentials: "wrong"}
+		var mu sync.Mutex
+		answeredAt := map[string]time.Duration{}
+		start := time.Now()
+		watch := func(name string, c *client) {
+			go func() {
+				if _, b, err := c.tryRead(); err == nil {
+					if e, ok := b.(*protocol.ErrorBody); ok && e.Code == protocol.CodeAuthFailed {
+						mu.Lock()
+						answeredAt[name] = time.Since(start)
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		for _, n := range []struct{ name, ip string }{{"first", "10.0.0.9"}, {"second", "10.0.0.9"}, {"other", "10.0.0.3"}} {
+			c := p.dialFrom(n.ip)
+			c.send(0, &wrong)
+			watch(n.name, c)
+			synctest.Wait()
+		}
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		mu.Lock()
+		got := map[string]time.Duration{}
+		for k, v := range answeredAt {
+			got[k] = v
+		}
+		mu.Unlock()
+		want := map[string]time.Duration{"first": time.Second, "other": time.Second, "second": 2 * time.Second}
+		for k, v := range want {
+			if got[k] != v {
+				t.Fatalf("auth_failed at %v (fake time), want %v", got, want)
+			}
+		}
+		p.dialFrom("10.0.0.9").hello(protocol.Hello{User: "alice", Credentials: "correct horse"})
+		if n := p.srv.logins.Len(); n != 0 {
+			t.Fatalf("%d login lanes left", n)
+		}
+		p.shutdown()
+	})
 }

@@ -29,9 +29,11 @@ type Server struct {
 	conns      map[*conn]struct{}
 	perAddr    map[string]int // open connections by source IP (connKey)
 	handshakes int            // connections in conns whose HELLO has not succeeded
-	listeners  map[net.Listener]struct{}
-	draining   bool
-	connWG     sync.WaitGroup
+	// logins serialises password checks per source address.
+	logins    auth.Lanes
+	listeners map[net.Listener]struct{}
+	draining  bool
+	connWG    sync.WaitGroup
 
 	nextConnID atomic.Uint64
 	inflight   atomic.Int64  // unconfirmed publishes over every connection
@@ -149,6 +151,7 @@ func (s *Server) serveConn(nc net.Conn, loopback bool) {
 	c.w = newWriter(c)
 
 	key := connKey(nc)
+	c.addrKey = key
 	s.mu.Lock()
 	if s.draining {
 		s.mu.Unlock()
