@@ -28,6 +28,7 @@ import (
 //	dead-lettered offset=X [now=T]
 //	purge below=X max=N [now=T]
 //	gap n=N                 LSNs taken by other record types
+//	noop [n=N]              N records that are not queue events (raft no-ops), applied with ApplyGap
 //	checkpoint              take a snapshot
 //	restart                 restore the last checkpoint, replay the log, compare
 //	state [now=T]           canonical dump
@@ -133,6 +134,18 @@ func TestScenarios(t *testing.T) {
 				d.ScanArgs(t, "n", &n)
 				h.nextLSN += n
 				return fmt.Sprintf("next record lsn %d\n", h.nextLSN)
+			case "noop":
+				n := 1
+				d.MaybeScanArgs(t, "n", &n)
+				var b strings.Builder
+				for range n {
+					lsn, err := h.gap()
+					if err != nil {
+						d.Fatalf(t, "apply gap: %v", err)
+					}
+					fmt.Fprintf(&b, "%d: noop\n", lsn)
+				}
+				return b.String()
 			case "checkpoint":
 				snap = s.Snapshot(nil)
 				return fmt.Sprintf("checkpoint covers lsn < %d (%d bytes)\n", s.NextLSN(), len(snap))
