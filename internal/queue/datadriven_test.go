@@ -42,6 +42,9 @@ func TestScenarios(t *testing.T) {
 			snap []byte
 		)
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			if err := h.s.verify(); err != nil {
+				d.Fatalf(t, "before %s: %v", d.Cmd, err)
+			}
 			if d.HasArg("now") {
 				var at int64
 				d.ScanArgs(t, "now", &at)

@@ -600,6 +600,9 @@ func TestModel(t *testing.T) {
 				h.s = r
 			},
 			"": func(t *rapid.T) {
+				if err := s.verify(); err != nil {
+					t.Fatal(err)
+				}
 				if s.NextLSN() != m.next {
 					t.Fatalf("next lsn %d, model %d", s.NextLSN(), m.next)
 				}

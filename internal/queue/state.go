@@ -344,13 +344,13 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		s.pushIndex(&s.leases, item{key: e.deadlineMs, off: e.off, pos: uint32(pos), gen: e.gen}, phaseInflight)
 	case KindAck:
 		if e.phase == phaseInflight {
-			s.leaveInflight(pos, e)
+			s.leaveInflight(e)
 		} else {
 			s.leaveQueued(pos, e) // a late ack of the lease that ended
 		}
 		s.settle(pos, ev.Offset)
 	case KindRequeue:
-		s.leaveInflight(pos, e)
+		s.leaveInflight(e)
 		if ev.Reason == ReasonReleased && e.released < ReleasesUncountedMax {
 			// The holder went away: this delivery does not count towards
 			// MaxRetries. Counted here, from the event, so a replay agrees.
@@ -359,7 +359,7 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		s.enterQueued(pos, e, ev.NotBeforeMs, endedLease(ev))
 	case KindDeadLetter:
 		if e.phase == phaseInflight {
-			s.leaveInflight(pos, e)
+			s.leaveInflight(e)
 		} else {
 			s.leaveQueued(pos, e)
 		}
@@ -607,9 +607,9 @@ func (s *State) leaveQueued(pos int, e *entry) {
 	e.gen++
 }
 
-func (s *State) leaveInflight(pos int, e *entry) {
+func (s *State) leaveInflight(e *entry) {
 	s.counts[phaseInflight]--
-	s.unlink(pos, e)
+	s.unlink(e)
 	e.gen++
 }
 
@@ -626,8 +626,8 @@ func (s *State) link(pos int, e *entry) {
 	s.owners[e.owner] = uint32(pos)
 }
 
-// unlink takes the entry at pos out of its owner's list.
-func (s *State) unlink(pos int, e *entry) {
+// unlink takes e out of its owner's list.
+func (s *State) unlink(e *entry) {
 	if e.ownPrev != noPos {
 		s.slab[e.ownPrev].ownNext = e.ownNext
 	} else if e.ownNext != noPos {
@@ -639,7 +639,6 @@ func (s *State) unlink(pos int, e *entry) {
 		s.slab[e.ownNext].ownPrev = e.ownPrev
 	}
 	e.ownPrev, e.ownNext = noPos, noPos
-	_ = pos
 }
 
 // settle forgets the message at off (slab position pos, or -1 when plain),
