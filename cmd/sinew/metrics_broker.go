@@ -124,5 +124,6 @@ func sinewFamilies() []struct{ name, help string } {
 	add(syncLatencyName, syncLatencyHelp)
 	add(adminAuthName, adminAuthHelp)
 	add(tlsReloadsName, tlsReloadsHelp)
+	add(tlsFailuresName, tlsFailuresHelp)
 	return out
 }

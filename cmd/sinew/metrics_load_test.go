@@ -129,6 +129,7 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 		"sinew_connections_rejected_total":           "needs limits.connections_max reached",
 		"sinew_admin_auth_refusals_total":            "needs an admin request without valid credentials (TestServeAdminAuthTokens)",
 		"sinew_tls_reloads_total":                    "needs TLS and a certificate reload (TestServeTLSReloadKeepsConnections)",
+		"sinew_tls_handshake_failures_total":         "needs TLS and a refused handshake (TestServeMutualTLSBothListeners)",
 		"sinew_limit_refusals_total":                 "needs a connection or subscription limit reached (internal/server TestLimit*)",
 		"sinew_publish_errors_total":                 "needs a refused publish",
 		"sinew_fatal_errors_total":                   "needs a protocol violation",

@@ -30,6 +30,7 @@ import (
 	"github.com/sinewmq/sinew/internal/session/bridge"
 	"github.com/sinewmq/sinew/internal/sessionstore"
 	"github.com/sinewmq/sinew/internal/settings"
+	"github.com/sinewmq/sinew/internal/tlsconf"
 	"github.com/sinewmq/sinew/internal/vfs"
 )
 
@@ -128,6 +129,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	if err != nil {
 		return err
 	}
+	tlsr.clientLn, _ = ln.(*tlsconf.Listener)
 	var aln net.Listener
 	var gate *admin.Gate
 	if cfg.AdminListen != "" {

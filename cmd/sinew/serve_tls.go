@@ -21,6 +21,7 @@ import (
 // speaks plaintext.
 type tlsReloaders struct {
 	client, admin *tlsconf.Reloader
+	clientLn      *tlsconf.Listener // the client listener with TLS; counts refused handshakes
 }
 
 // list returns the reloaders that exist.
@@ -146,11 +147,22 @@ const (
 
 var tlsReloadsDesc = prometheus.NewDesc(tlsReloadsName, tlsReloadsHelp, []string{"listener", "result"}, nil)
 
+// The client listener's refused TLS connections.
+const (
+	tlsFailuresName = "sinew_tls_handshake_failures_total"
+	tlsFailuresHelp = "Connections to the TLS client listener refused before HELLO, by reason: plaintext (the peer spoke without TLS and got ERROR bad_request) or handshake (a TLS handshake that failed: untrusted, expired or missing client certificate, no common version, a timeout or a cut). log_level = debug logs each with its cause. Zero without TLS."
+)
+
+var tlsFailuresDesc = prometheus.NewDesc(tlsFailuresName, tlsFailuresHelp, []string{"reason"}, nil)
+
 // tlsCollector exports the reloaders' counters at scrape time.
 type tlsCollector struct{ rs tlsReloaders }
 
 // Describe implements prometheus.Collector.
-func (c tlsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- tlsReloadsDesc }
+func (c tlsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- tlsReloadsDesc
+	ch <- tlsFailuresDesc
+}
 
 // Collect implements prometheus.Collector.
 func (c tlsCollector) Collect(ch chan<- prometheus.Metric) {
@@ -165,4 +177,10 @@ func (c tlsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(tlsReloadsDesc, prometheus.CounterValue, float64(st.Reloads), l.name, "ok")
 		ch <- prometheus.MustNewConstMetric(tlsReloadsDesc, prometheus.CounterValue, float64(st.Failures), l.name, "failed")
 	}
+	var ls tlsconf.ListenerStats
+	if c.rs.clientLn != nil {
+		ls = c.rs.clientLn.Stats()
+	}
+	ch <- prometheus.MustNewConstMetric(tlsFailuresDesc, prometheus.CounterValue, float64(ls.Plaintext), "plaintext")
+	ch <- prometheus.MustNewConstMetric(tlsFailuresDesc, prometheus.CounterValue, float64(ls.Failed), "handshake")
 }

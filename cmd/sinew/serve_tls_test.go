@@ -127,10 +127,18 @@ func TestServeMutualTLSBothListeners(t *testing.T) {
 	}
 
 	// The admin API over HTTPS.
-	code, body, err := httpsGet(t, "https://"+adminAddr+"/healthz", clientTLS(t, g.CA, g.ClientCert, g.ClientKey))
+	withCert := clientTLS(t, g.CA, g.ClientCert, g.ClientKey)
+	code, body, err := httpsGet(t, "https://"+adminAddr+"/healthz", withCert)
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("admin over HTTPS: %d %q %v", code, body, err)
 	}
+	// Three handshakes failed (no certificate, untrusted broker, untrusted
+	// client) and one peer spoke plaintext. The server may count the last
+	// one a moment after the client gave up, hence the poll.
+	apiPoll(t, "3 failed handshakes and 1 plaintext peer counted", func() bool {
+		return httpsSample(t, adminAddr, withCert, `sinew_tls_handshake_failures_total{reason="handshake"}`) == 3 &&
+			httpsSample(t, adminAddr, withCert, `sinew_tls_handshake_failures_total{reason="plaintext"}`) == 1
+	})
 	if _, _, err := httpsGet(t, "https://"+adminAddr+"/healthz", clientTLS(t, g.CA, "", "")); err == nil {
 		t.Fatal("admin accepted a client without a certificate under admin_tls.client_auth=require")
 	}
@@ -152,11 +160,17 @@ func TestServeMutualTLSBothListeners(t *testing.T) {
 // sinew_tls_reloads_total for listener and result.
 func tlsReloadCount(t *testing.T, adminAddr string, cfg *tls.Config, listener, result string) float64 {
 	t.Helper()
+	return httpsSample(t, adminAddr, cfg, `sinew_tls_reloads_total{listener="`+listener+`",result="`+result+`"}`)
+}
+
+// httpsSample scrapes the admin API over HTTPS and returns one sample.
+func httpsSample(t *testing.T, adminAddr string, cfg *tls.Config, sample string) float64 {
+	t.Helper()
 	code, body, err := httpsGet(t, "https://"+adminAddr+"/metrics", cfg)
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("/metrics over HTTPS: %d %v", code, err)
 	}
-	want := `sinew_tls_reloads_total{listener="` + listener + `",result="` + result + `"} `
+	want := sample + " "
 	for _, line := range strings.Split(body, "\n") {
 		if v, ok := strings.CutPrefix(line, want); ok {
 			f, err := strconv.ParseFloat(v, 64)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sinewmq/sinew/protocol"
@@ -71,6 +72,25 @@ type Listener struct {
 	net.Listener
 	cfg *tls.Config
 	o   ListenerOptions
+
+	plaintext, failed atomic.Uint64
+}
+
+// ListenerStats counts the connections a Listener did not let through.
+type ListenerStats struct {
+	// Plaintext counts peers whose first byte was not a TLS handshake
+	// record; they got the plaintext error.
+	Plaintext uint64
+	// Failed counts TLS handshakes that began and failed: an untrusted,
+	// expired or missing client certificate, no common version or cipher,
+	// a timeout or a cut in the middle. A peer that closes before sending
+	// a byte (a TCP probe) counts in neither.
+	Failed uint64
+}
+
+// Stats returns the counters.
+func (l *Listener) Stats() ListenerStats {
+	return ListenerStats{Plaintext: l.plaintext.Load(), Failed: l.failed.Load()}
 }
 
 // NewListener wraps inner; cfg is usually a Reloader's ServerConfig.
@@ -85,7 +105,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Conn{raw: nc, cfg: l.cfg, o: l.o}, nil
+	return &Conn{raw: nc, cfg: l.cfg, o: l.o, ln: l}, nil
 }
 
 // Conn is a server-side TLS connection from Listener.
@@ -93,6 +113,7 @@ type Conn struct {
 	raw net.Conn
 	cfg *tls.Config
 	o   ListenerOptions
+	ln  *Listener // counts failures; nil outside a Listener
 
 	hsMu   sync.Mutex // held for the whole sniff and handshake
 	hsDone bool
@@ -118,11 +139,17 @@ func (c *Conn) handshake() error {
 		return err
 	}
 	if first[0] != recordTypeHandshake {
+		if c.ln != nil {
+			c.ln.plaintext.Add(1)
+		}
 		c.replyPlaintext(first[0])
 		return ErrPlaintext
 	}
 	tc := tls.Server(&prefixConn{Conn: c.raw, prefix: first[:]}, c.cfg)
 	if err := tc.Handshake(); err != nil {
+		if c.ln != nil {
+			c.ln.failed.Add(1)
+		}
 		return err
 	}
 	c.tc = tc

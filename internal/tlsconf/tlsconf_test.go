@@ -227,6 +227,18 @@ func TestWrongCAFailsBothWays(t *testing.T) {
 	if serr := <-srv.errs; !errors.As(serr, &unknown) {
 		t.Fatalf("server error %v, want x509.UnknownAuthorityError", serr)
 	}
+	// Both refusals were counted; a peer that closes without a byte is not.
+	probe, err := net.Dial("tcp", srv.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe.Close()
+	if err := <-srv.errs; !errors.Is(err, io.EOF) {
+		t.Fatalf("probe: %v, want EOF", err)
+	}
+	if st := srv.ln.Stats(); st.Failed != 2 || st.Plaintext != 0 {
+		t.Fatalf("listener stats %+v, want 2 failed handshakes", st)
+	}
 }
 
 func TestExpiredCertificatesFail(t *testing.T) {
@@ -428,6 +440,9 @@ func TestPlaintextSinewClientGetsClearError(t *testing.T) {
 	}
 	if err := <-srv.errs; !errors.Is(err, ErrPlaintext) {
 		t.Fatalf("server side: %v, want ErrPlaintext", err)
+	}
+	if st := srv.ln.Stats(); st.Plaintext != 1 || st.Failed != 0 {
+		t.Fatalf("listener stats %+v, want 1 plaintext", st)
 	}
 	// Then the server closes.
 	if _, err := c.Read(make([]byte, 1)); err == nil {
