@@ -8,11 +8,14 @@
 // goroutine that calls into groups:
 //
 //   - Tick: one host tick gives every group one raft tick, in one pass over
-//     the groups. A group that implements Quieter and reports Quiet (a
-//     group of one is its own quorum and never needs a tick) costs that
-//     one call and nothing else. Groups of more than one replica tick on
-//     every host tick: there is no quiescence of idle replicated groups
-//     yet.
+//     the groups. A group that implements Quieter and reports Quiet costs
+//     that one call and nothing else: a group of one is its own quorum and
+//     never needs a tick, and a larger group is quiet while Quiescence
+//     finds it idle (everything committed and applied everywhere, leader
+//     on a live node). The same tick queues one node heartbeat per known
+//     peer node, whatever the number of groups; Live reports a peer heard
+//     from within PeerLiveTicks ticks, which is how a quiet follower
+//     notices that its leader's node is gone.
 //   - Process: inbound messages wait in a bounded inbox per group
 //     (Config.InboxMsgsMax); Process steps them into their group in arrival
 //     order. A full inbox drops and counts (HostStats.InboxDropped): raft
@@ -27,6 +30,18 @@
 // Deliver (called by a transport's reader), Sender's functions, AddGroup,
 // RemoveGroup and Stats are safe from any goroutine; they take Host.mu,
 // which is never held while a group or the transport is called.
+//
+// # Quiescence
+//
+// Quiescence is the policy a replica on a raft.RawNode uses for Quiet: an
+// idle leader keeps heartbeating for IdleTicks ticks (so every follower
+// learns the final commit index), then leader and followers stop ticking.
+// Any message other than a heartbeat, or a proposal, wakes a replica. A
+// follower whose leader's node stops being Live ticks again, so its
+// election timer runs; a leader that restarts campaigns, and its vote
+// requests wake the others. Ticks only pace raft; they never decide what
+// is committed, so quiescence cannot cost safety, only liveness if Live
+// were wrong.
 //
 // # Transport
 //

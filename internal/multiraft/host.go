@@ -51,6 +51,8 @@ const (
 	OutboxMsgsMaxDefault = 16384
 	// TickMsDefault is Run's tick interval.
 	TickMsDefault = 100
+	// PeerLiveTicksDefault is Config.PeerLiveTicks when left zero.
+	PeerLiveTicksDefault = 10
 )
 
 // Config configures a Host.
@@ -68,6 +70,10 @@ type Config struct {
 	OutboxMsgsMax int
 	// TickMs is the interval between two ticks in Run.
 	TickMs int
+	// PeerLiveTicks is how many host ticks a peer node stays live after
+	// the host last heard from it (Live). Every tick the host sends each
+	// known peer one node heartbeat, whatever the number of groups.
+	PeerLiveTicks int
 	// Clock drives Run's ticks; nil means the real clock.
 	Clock Clock
 }
@@ -90,10 +96,20 @@ type HostStats struct {
 	// of Transport.Send; OutboxDropped is those dropped because a peer's
 	// outbox was full.
 	Sent, Batches, OutboxDropped uint64
+	// NodeHeartbeats is node heartbeats queued (one per known peer per
+	// tick); they are part of Sent.
+	NodeHeartbeats uint64
 }
 
 // ErrGroupExists is returned by AddGroup for a group id already hosted.
 var ErrGroupExists = errors.New("multiraft: group already hosted")
+
+// ErrGroupZero is returned by AddGroup for group id 0, which carries the
+// host's own node heartbeats.
+var ErrGroupZero = errors.New("multiraft: group id 0 is reserved")
+
+// nodeGroup is the envelope group id of host-to-host node heartbeats.
+const nodeGroup = 0
 
 type slot struct {
 	id      uint64
@@ -125,11 +141,15 @@ type Host struct {
 	ready      []*slot // groups with inbound messages since the last Process
 	readySpare []*slot
 	outbox     map[uint64][]Envelope
-	peers      []uint64 // peers with a non-empty outbox, in first-send order
+	peers      []uint64          // peers with a non-empty outbox, in first-send order
+	known      []uint64          // every peer node sent to or heard from, in first-seen order
+	lastHeard  map[uint64]uint64 // peer node -> host tick it was last heard from
+	tickN      uint64            // host ticks so far
 
 	ticks, groupTicks, quietSkips         atomic.Uint64
 	received, inboxDropped, unknownGroup  atomic.Uint64
 	stepErrors, sent, batches, outDropped atomic.Uint64
+	nodeBeats                             atomic.Uint64
 }
 
 // NewHost returns a host for cfg.
@@ -149,14 +169,18 @@ func NewHost(cfg Config) (*Host, error) {
 	if cfg.TickMs <= 0 {
 		cfg.TickMs = TickMsDefault
 	}
+	if cfg.PeerLiveTicks <= 0 {
+		cfg.PeerLiveTicks = PeerLiveTicksDefault
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = realClock{}
 	}
 	return &Host{
-		cfg:    cfg,
-		wake:   make(chan struct{}, 1),
-		slots:  make(map[uint64]*slot),
-		outbox: make(map[uint64][]Envelope),
+		cfg:       cfg,
+		wake:      make(chan struct{}, 1),
+		slots:     make(map[uint64]*slot),
+		outbox:    make(map[uint64][]Envelope),
+		lastHeard: make(map[uint64]uint64),
 	}, nil
 }
 
@@ -166,6 +190,9 @@ func (h *Host) NodeID() uint64 { return h.cfg.NodeID }
 // AddGroup hosts g as group id. Messages for id received before AddGroup
 // were dropped (counted as UnknownGroup); raft resends them.
 func (h *Host) AddGroup(id uint64, g Group) error {
+	if id == nodeGroup {
+		return ErrGroupZero
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if _, ok := h.slots[id]; ok {
@@ -208,11 +235,43 @@ func (h *Host) RemoveGroup(id uint64) bool {
 // for a group whose inbox is full, is dropped and counted.
 func (h *Host) Deliver(from uint64, batch []Envelope) {
 	h.mu.Lock()
+	// Anything from a node, a node heartbeat or a group's message, shows
+	// it is up.
+	h.heardLocked(from)
 	for _, env := range batch {
+		if env.Group == nodeGroup {
+			continue
+		}
 		h.routeLocked(env)
 	}
 	h.mu.Unlock()
 	h.signal()
+}
+
+func (h *Host) heardLocked(node uint64) {
+	if _, ok := h.lastHeard[node]; !ok {
+		h.knowLocked(node)
+	}
+	h.lastHeard[node] = h.tickN
+}
+
+func (h *Host) knowLocked(node uint64) {
+	if node != h.cfg.NodeID && !slices.Contains(h.known, node) {
+		h.known = append(h.known, node)
+	}
+}
+
+// Live reports whether node was heard from (any message) within the last
+// PeerLiveTicks host ticks. This node is always live. Groups use it to
+// decide whether they may be quiet (Quiescence).
+func (h *Host) Live(node uint64) bool {
+	if node == h.cfg.NodeID {
+		return true
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t, ok := h.lastHeard[node]
+	return ok && h.tickN-t <= uint64(h.cfg.PeerLiveTicks)
 }
 
 func (h *Host) routeLocked(env Envelope) {
@@ -255,26 +314,41 @@ func (h *Host) Sender(id uint64) func([]*raftpb.Message) {
 				h.routeLocked(env)
 				continue
 			}
-			q := h.outbox[to]
-			if len(q) >= h.cfg.OutboxMsgsMax {
-				h.outDropped.Add(1)
-				continue
-			}
-			if len(q) == 0 {
-				h.peers = append(h.peers, to)
-			}
-			h.outbox[to] = append(q, env)
+			h.knowLocked(to)
+			h.queueLocked(to, env)
 		}
 		h.mu.Unlock()
 		h.signal()
 	}
 }
 
-// Tick gives every hosted group one raft tick, skipping quiet ones (host
-// loop only).
+func (h *Host) queueLocked(to uint64, env Envelope) bool {
+	q := h.outbox[to]
+	if len(q) >= h.cfg.OutboxMsgsMax {
+		h.outDropped.Add(1)
+		return false
+	}
+	if len(q) == 0 {
+		h.peers = append(h.peers, to)
+	}
+	h.outbox[to] = append(q, env)
+	return true
+}
+
+// Tick queues one node heartbeat for every known peer node and gives every
+// hosted group one raft tick, skipping quiet ones (host loop only).
 func (h *Host) Tick() {
 	h.mu.Lock()
+	h.tickN++
 	order := h.order
+	from := h.cfg.NodeID
+	typ := raftpb.MsgHeartbeat
+	for _, p := range h.known {
+		to := p
+		if h.queueLocked(p, Envelope{Group: nodeGroup, Msg: &raftpb.Message{Type: &typ, From: &from, To: &to}}) {
+			h.nodeBeats.Add(1)
+		}
+	}
 	h.mu.Unlock()
 	h.ticks.Add(1)
 	var ticked, skipped uint64
@@ -383,16 +457,17 @@ func (h *Host) Stats() HostStats {
 	groups := len(h.slots)
 	h.mu.Unlock()
 	return HostStats{
-		Groups:        groups,
-		Ticks:         h.ticks.Load(),
-		GroupTicks:    h.groupTicks.Load(),
-		QuietSkips:    h.quietSkips.Load(),
-		Received:      h.received.Load(),
-		InboxDropped:  h.inboxDropped.Load(),
-		UnknownGroup:  h.unknownGroup.Load(),
-		StepErrors:    h.stepErrors.Load(),
-		Sent:          h.sent.Load(),
-		Batches:       h.batches.Load(),
-		OutboxDropped: h.outDropped.Load(),
+		Groups:         groups,
+		Ticks:          h.ticks.Load(),
+		GroupTicks:     h.groupTicks.Load(),
+		QuietSkips:     h.quietSkips.Load(),
+		Received:       h.received.Load(),
+		InboxDropped:   h.inboxDropped.Load(),
+		UnknownGroup:   h.unknownGroup.Load(),
+		StepErrors:     h.stepErrors.Load(),
+		Sent:           h.sent.Load(),
+		Batches:        h.batches.Load(),
+		OutboxDropped:  h.outDropped.Load(),
+		NodeHeartbeats: h.nodeBeats.Load(),
 	}
 }

@@ -24,6 +24,8 @@ type memReplica struct {
 	applied   uint64   // index of the last applied entry
 	values    []string // applied non-empty normal entries, in order
 	ticks     int
+	quiesce   Quiescence
+	live      func(node uint64) bool // the host's Live
 }
 
 var quietLogger = &raft.DefaultLogger{Logger: log.New(io.Discard, "", 0)}
@@ -63,12 +65,12 @@ func bootstrapStorage(voters []uint64) *raft.MemoryStorage {
 
 // newMemReplica starts (or, on an existing storage, restarts) replica id of
 // group over st. A group of one campaigns at once.
-func newMemReplica(id, group uint64, voters int, st *raft.MemoryStorage, send func([]*raftpb.Message), hist *history) (*memReplica, error) {
+func newMemReplica(id, group uint64, voters int, st *raft.MemoryStorage, send func([]*raftpb.Message), live func(uint64) bool, hist *history) (*memReplica, error) {
 	rn, err := raft.NewRawNode(raftConfig(id, st, voters))
 	if err != nil {
 		return nil, err
 	}
-	r := &memReplica{id: id, group: group, single: voters == 1, st: st, rn: rn, send: send, hist: hist}
+	r := &memReplica{id: id, group: group, single: voters == 1, st: st, rn: rn, send: send, live: live, hist: hist}
 	r.applied, _ = st.FirstIndex()
 	r.applied-- // the snapshot is applied state
 	if r.single {
@@ -82,6 +84,7 @@ func newMemReplica(id, group uint64, voters int, st *raft.MemoryStorage, send fu
 
 // Step implements Group.
 func (r *memReplica) Step(m *raftpb.Message) error {
+	r.quiesce.Observe(m, r.rn.BasicStatus().Lead)
 	err := r.rn.Step(m)
 	r.handleReady()
 	return err
@@ -95,10 +98,17 @@ func (r *memReplica) Tick() {
 }
 
 // Quiet implements Quieter: a group of one is its own quorum and never
-// needs a tick. A group of three always ticks (no quiescence yet).
-func (r *memReplica) Quiet() bool { return r.single }
+// needs a tick; a larger group is quiet when Quiescence says it is idle.
+func (r *memReplica) Quiet() bool {
+	if r.single {
+		return true
+	}
+	last, _ := r.st.LastIndex()
+	return r.quiesce.Quiet(r.rn, last, r.live)
+}
 
 func (r *memReplica) propose(v string) error {
+	r.quiesce.Wake()
 	err := r.rn.Propose([]byte(v))
 	r.handleReady()
 	return err

@@ -64,6 +64,8 @@ type qReplica struct {
 	myAcks   map[uint64]bool // offsets this replica proposed an ack for, until applied
 	rejected int             // committed events the state refused (applied as gaps)
 	dead     bool            // crashed in the middle of a save; ignores everything
+	quiesce  Quiescence
+	live     func(node uint64) bool // the host's Live
 }
 
 func qRaftConfig(id uint64, st raft.Storage, voters int) *raft.Config {
@@ -78,6 +80,7 @@ func (r *qReplica) Step(m *raftpb.Message) error {
 	if r.dead {
 		return errCrashed
 	}
+	r.quiesce.Observe(m, r.rn.BasicStatus().Lead)
 	err := r.rn.Step(m)
 	r.handleReady()
 	return err
@@ -89,6 +92,18 @@ func (r *qReplica) Tick() {
 	}
 	r.rn.Tick()
 	r.handleReady()
+}
+
+// Quiet implements Quieter.
+func (r *qReplica) Quiet() bool {
+	if r.dead {
+		return true
+	}
+	if len(r.c.groups[r.group]) == 1 {
+		return true
+	}
+	last, _ := r.store.LastIndex()
+	return r.quiesce.Quiet(r.rn, last, r.live)
 }
 
 func (r *qReplica) handleReady() {
@@ -174,6 +189,7 @@ func (r *qReplica) caughtUp() bool {
 
 func (r *qReplica) proposeEvent(ev queue.Event) error {
 	data := ev.Marshal([]byte{uint8(ev.Kind)})
+	r.quiesce.Wake()
 	err := r.rn.Propose(data)
 	r.handleReady()
 	return err
@@ -328,6 +344,7 @@ func (c *qCluster) startReplica(n *qNode, g uint64) {
 		q:       queue.New(queue.Config{MaxRetries: -1}),
 		applied: first - 1,
 		send:    n.host.Sender(g),
+		live:    n.host.Live,
 		mine:    make(map[string]bool),
 		myAcks:  make(map[uint64]bool),
 	}

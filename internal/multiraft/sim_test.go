@@ -90,7 +90,7 @@ func (s *sim) addGroup(id uint64, voters []uint64) {
 }
 
 func (s *sim) startReplica(n *simNode, group uint64, voters int) {
-	r, err := newMemReplica(n.id, group, voters, n.storages[group], n.host.Sender(group), s.hist[group])
+	r, err := newMemReplica(n.id, group, voters, n.storages[group], n.host.Sender(group), n.host.Live, s.hist[group])
 	if err != nil {
 		s.t.Fatal(err)
 	}

@@ -1,0 +1,106 @@
+package multiraft
+
+import (
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
+)
+
+// IdleTicksDefault is Quiescence.IdleTicks when left zero.
+const IdleTicksDefault = 10
+
+// Quiescence decides when a replica of a group of more than one, driven by
+// a raft.RawNode, may skip its ticks: a Group's Quiet method asks it once
+// per host tick. A quiet group sends no heartbeats and runs no election
+// timer, so an idle group costs the host one check per tick.
+//
+// The rules (after CockroachDB's quiescence, with the host's per-node
+// liveness in place of its node liveness):
+//
+//   - A leader is idle when its whole log is committed and applied, no
+//     leadership transfer is running, and every follower has matched the
+//     last index, has been heard from recently (RecentActive) and sits on
+//     a live node (Host.Live).
+//   - A follower is idle when it knows a leader on a live node and has
+//     applied everything it knows committed.
+//   - A replica goes quiet after IdleTicks idle checks in a row, so an
+//     idle leader keeps heartbeating (each heartbeat carries the commit
+//     index) for IdleTicks ticks before it falls silent.
+//   - Anything but a heartbeat (or its response) wakes it: a proposal
+//     (Wake), an append, a vote request. So does a heartbeat from a
+//     replica other than the leader it knows. A follower whose leader's
+//     node stops being live is no longer idle and ticks, so its election
+//     timer runs and the group elects a new leader; a restarted leader's
+//     replica campaigns, and its vote requests wake the others.
+//
+// Quiescence only changes when ticks happen, never what raft decides, so
+// safety does not depend on it; liveness depends on Host.Live noticing a
+// dead node. Zero value ready to use; one per replica, used from the host
+// loop only.
+type Quiescence struct {
+	// IdleTicks is how many idle checks in a row make the replica quiet;
+	// 0 means IdleTicksDefault.
+	IdleTicks int
+	idle      int
+}
+
+// Wake makes the replica tick again until it is idle for IdleTicks checks:
+// call it on every proposal.
+func (q *Quiescence) Wake() { q.idle = 0 }
+
+// Observe looks at an inbound message before it is stepped; lead is the
+// leader the replica knows (BasicStatus().Lead).
+func (q *Quiescence) Observe(m *raftpb.Message, lead uint64) {
+	switch m.GetType() {
+	case raftpb.MsgHeartbeatResp:
+		return // the leader's own heartbeats coming back
+	case raftpb.MsgHeartbeat:
+		if m.GetFrom() == lead {
+			return
+		}
+	}
+	q.idle = 0
+}
+
+// Quiet reports whether the replica may skip this tick. lastIndex is the
+// last index in the replica's log (its Storage's LastIndex); live reports
+// whether a node is up (Host.Live).
+func (q *Quiescence) Quiet(rn *raft.RawNode, lastIndex uint64, live func(node uint64) bool) bool {
+	if !idle(rn, lastIndex, live) {
+		q.idle = 0
+		return false
+	}
+	n := q.IdleTicks
+	if n <= 0 {
+		n = IdleTicksDefault
+	}
+	if q.idle < n {
+		q.idle++
+		return false
+	}
+	return true
+}
+
+func idle(rn *raft.RawNode, lastIndex uint64, live func(uint64) bool) bool {
+	st := rn.BasicStatus()
+	commit := st.HardState.GetCommit()
+	if st.Applied < commit {
+		return false
+	}
+	switch st.RaftState {
+	case raft.StateFollower:
+		return st.Lead != raft.None && live(st.Lead)
+	case raft.StateLeader:
+		if st.LeadTransferee != raft.None || commit != lastIndex {
+			return false
+		}
+		ok := true
+		rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+			if id != st.ID && (pr.Match != lastIndex || !pr.RecentActive || !live(id)) {
+				ok = false
+			}
+		})
+		return ok
+	}
+	return false // candidates and pre-candidates need their timers
+}

@@ -1,0 +1,140 @@
+package multiraft
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+func sumStats(s *sim) (groupTicks, sent, beats uint64) {
+	for _, id := range s.nodeIDs {
+		if n := s.nodes[id]; !n.down {
+			st := n.host.Stats()
+			groupTicks += st.GroupTicks
+			sent += st.Sent
+			beats += st.NodeHeartbeats
+		}
+	}
+	return
+}
+
+// Idle groups of three go quiet: no group ticks and no raft messages, only
+// one node heartbeat per peer per tick. A proposal wakes its group; a
+// crashed leader's groups elect new leaders; a leader that restarts at
+// once (inside the liveness window) is not left leading a silent group.
+func TestIdleReplicatedGroupsGoQuiet(t *testing.T) {
+	s := newSim(t, 11, 3, Faults{DelayMinMs: 1, DelayMaxMs: 3})
+	const groups = 60
+	for g := uint64(1); g <= groups; g++ {
+		s.addGroup(g, []uint64{1, 2, 3})
+	}
+	rng := rand.New(rand.NewPCG(11, 11))
+	for g := uint64(1); g <= groups; g++ {
+		s.run(10 * time.Millisecond)
+		s.propose(rng, g, fmt.Sprintf("g%d-a", g))
+	}
+	s.settle(10 * time.Second)
+	s.run(30 * tickEvery) // IdleTicks and then some
+
+	ticks0, sent0, beats0 := sumStats(s)
+	s.run(20 * tickEvery)
+	ticks1, sent1, beats1 := sumStats(s)
+	if ticks1 != ticks0 {
+		t.Fatalf("idle groups ticked %d times in 20 ticks", ticks1-ticks0)
+	}
+	if beats1-beats0 != 3*2*20 || sent1-sent0 != beats1-beats0 {
+		t.Fatalf("in 20 idle ticks: %d sent, %d of them node heartbeats (want 120 and only those)", sent1-sent0, beats1-beats0)
+	}
+
+	// A proposal wakes its group and commits everywhere.
+	s.nodes[s.leader(7)].reps[7].propose("g7-b")
+	s.settle(5 * time.Second)
+	for _, id := range s.nodeIDs {
+		if v := s.values(id, 7); len(v) == 0 || v[len(v)-1] != "g7-b" {
+			t.Fatalf("node %d group 7: %v", id, v)
+		}
+	}
+
+	// Crash the node leading the most groups: its groups must elect new
+	// leaders although they were quiet.
+	led := map[uint64]int{}
+	for g := uint64(1); g <= groups; g++ {
+		led[s.leader(g)]++
+	}
+	victim := uint64(1)
+	for id, n := range led {
+		if n > led[victim] {
+			victim = id
+		}
+	}
+	s.crash(victim)
+	s.run(3 * time.Second)
+	for g := uint64(1); g <= groups; g++ {
+		if l := s.leader(g); l == 0 || l == victim {
+			t.Fatalf("group %d has leader %d after node %d crashed", g, l, victim)
+		}
+		s.propose(rng, g, fmt.Sprintf("g%d-c", g))
+	}
+	s.run(time.Second)
+	// A restart inside the liveness window: the restarted replicas must
+	// not leave any group stuck.
+	s.restart(victim)
+	cur := s.leader(1)
+	s.crash(cur)
+	s.run(2 * tickEvery)
+	s.restart(cur)
+	for g := uint64(1); g <= groups; g++ {
+		s.propose(rng, g, fmt.Sprintf("g%d-d", g))
+	}
+	s.settle(20 * time.Second)
+	s.checkLogsAgree()
+	for g := uint64(1); g <= groups; g++ {
+		want := s.values(1, g)
+		for _, id := range s.nodeIDs[1:] {
+			if got := s.values(id, g); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("group %d: node %d %v, node 1 %v", g, id, got, want)
+			}
+		}
+	}
+}
+
+// A peer is live for PeerLiveTicks host ticks after anything arrives from
+// it; every tick the host queues one node heartbeat per known peer.
+func TestHostLivenessAndNodeHeartbeats(t *testing.T) {
+	tr := &recordTransport{}
+	h, _ := NewHost(Config{NodeID: 1, Transport: tr, PeerLiveTicks: 3})
+	if err := h.AddGroup(0, &stepGroup{}); err != ErrGroupZero {
+		t.Fatalf("AddGroup(0): %v", err)
+	}
+	if !h.Live(1) || h.Live(2) {
+		t.Fatal("self must be live, an unknown peer not")
+	}
+	h.Deliver(2, []Envelope{{Group: nodeGroup, Msg: msg(2, 1, 0)}})
+	if h.Process() != 0 || !h.Live(2) {
+		t.Fatal("a node heartbeat is not routed to a group, and makes the peer live")
+	}
+	for i := range 3 {
+		h.Tick()
+		if !h.Live(2) {
+			t.Fatalf("peer not live %d ticks after it was heard", i+1)
+		}
+	}
+	h.Tick()
+	if h.Live(2) {
+		t.Fatal("peer still live after PeerLiveTicks")
+	}
+	h.Flush()
+	beats := 0
+	for _, s := range tr.sends {
+		for _, e := range s.batch {
+			if s.to != 2 || e.Group != nodeGroup {
+				t.Fatalf("unexpected envelope to %d group %d", s.to, e.Group)
+			}
+			beats++
+		}
+	}
+	if beats != 4 || h.Stats().NodeHeartbeats != 4 || len(tr.sends) != 1 {
+		t.Fatalf("%d heartbeats in %d sends, stats %+v; want 4 in one batch", beats, len(tr.sends), h.Stats())
+	}
+}
