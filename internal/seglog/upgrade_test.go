@@ -2,6 +2,7 @@ package seglog
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
@@ -143,5 +144,54 @@ func TestUpgradeV1Log(t *testing.T) {
 			}
 			_ = l.Close()
 		})
+	}
+}
+
+// TestUpgradeCrashDuringFirstOpen crashes at each file-system operation of
+// the first Open of a version-1 log (which seals the version-1 active
+// segment and creates a version-2 one), with torn writes: every version-1
+// record survives, and the next Open finishes the upgrade.
+func TestUpgradeCrashDuringFirstOpen(t *testing.T) {
+	crashed := 0
+	for crashAt := int64(1); crashAt <= 12; crashAt++ {
+		cfs := &crashFS{MemFS: loadFixture(t, "v1log")}
+		for _, d := range []string{".", "log"} { // the fixture's names are durable
+			if err := cfs.SyncDir(d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		img := cfs.MemFS
+		fired := false
+		cfs.arm(crashAt, func() { fired = true; img = cfs.Crash(rand.New(rand.NewPCG(uint64(crashAt), 3)), true) })
+		o := Options{FS: cfs, Dir: "log", SegmentBytes: 4096}
+		if l, err := Open(o); err == nil {
+			_ = l.Close()
+		}
+		if !fired {
+			continue
+		}
+		crashed++
+		o.FS = img
+		l := openT(t, o)
+		if l.FirstLSN() != 1 || l.NextLSN() != 61 {
+			t.Fatalf("crash at op %d: log [%d, %d)", crashAt, l.FirstLSN(), l.NextLSN())
+		}
+		for i := uint64(1); i <= 60; i++ {
+			if r, err := l.Read(i); err != nil || r.Term != 1 || !bytes.Equal(r.Payload, v1FixturePayload(i)) {
+				t.Fatalf("crash at op %d: record %d: %v", crashAt, i, err)
+			}
+		}
+		if lsn, err := l.Commit(1, []byte("after")); err != nil || lsn != 61 {
+			t.Fatalf("crash at op %d: Commit = %d, %v", crashAt, lsn, err)
+		}
+		segs := l.Segments()
+		_ = l.Close()
+		b, _ := img.ReadFile(filepath.Join("log", SegmentName(segs[len(segs)-1].Base)))
+		if !bytes.HasPrefix(b, segMagic[:]) {
+			t.Fatalf("crash at op %d: the active segment is not version 2", crashAt)
+		}
+	}
+	if crashed < 5 {
+		t.Fatalf("only %d crash points fell inside Open", crashed)
 	}
 }
