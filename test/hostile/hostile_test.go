@@ -2,6 +2,8 @@ package hostile_test
 
 import (
 	"context"
+	"io"
+	"net/http"
 
 	"os"
 	"path/filepath"
@@ -91,7 +93,37 @@ type result struct {
 	baseline, afterBacklog, peak, hwm, end int64
 	st                                     *peerStats
 	stderr                                 string // the broker's log
-	addr                                   string
+	addr, adminAddr                        string
+}
+
+// scrapeMetric reads one sample from the broker's /metrics with token as
+// a bearer token ("" for none); -1 when /metrics does not answer 200, and 0
+// when the sample is absent.
+func scrapeMetric(t *testing.T, adminAddr, token, sample string) float64 {
+	t.Helper()
+	req, err := http.NewRequest("GET", "http://"+adminAddr+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	res, err := (&http.Client{Timeout: replyTimeout}).Do(req)
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return -1
+	}
+	body, _ := io.ReadAll(io.LimitReader(res.Body, 16<<20))
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
 }
 
 // Settings of the bounded run: small caps and short timeouts, so the bound is
@@ -192,6 +224,18 @@ func TestHostileBounded(t *testing.T) {
 	if err := harness.ProbeCredentials(r.addr, credentials, 5*time.Second); err != nil {
 		t.Errorf("broker does not serve after the run: %v", err)
 	}
+	// The refusals are counted where operators look: the slowloris and
+	// half-open peers were cut by the handshake timeout, and the admin
+	// listener asks for the token.
+	if got := scrapeMetric(t, r.adminAddr, "", `sinew_limit_refusals_total{limit="handshake_timeout_ms"}`); got != -1 {
+		t.Errorf("/metrics without the token answered (%v); want 401", got)
+	}
+	if got := scrapeMetric(t, r.adminAddr, boundedToken, `sinew_limit_refusals_total{limit="handshake_timeout_ms"}`); got <= 0 {
+		t.Errorf("sinew_limit_refusals_total{limit=\"handshake_timeout_ms\"} = %v after the run, want > 0", got)
+	}
+	if got := scrapeMetric(t, r.adminAddr, boundedToken, "sinew_auth_failures_total"); got <= 0 {
+		t.Errorf("sinew_auth_failures_total = %v after the run, want > 0", got)
+	}
 }
 
 // run starts a broker with args, publishes backlog messages, runs the peers
@@ -235,7 +279,7 @@ func run(t *testing.T, args []string, backlog int, m mix, prefetch uint32, phase
 	if !b.Running() {
 		t.Fatalf("broker exited during the run: %v\n%s", b.ExitErr(), b.StderrTail())
 	}
-	r.addr = b.Addr()
+	r.addr, r.adminAddr = b.Addr(), b.AdminAddr()
 	if data, err := os.ReadFile(b.StderrPath()); err == nil {
 		r.stderr = string(data)
 	}
