@@ -3,6 +3,7 @@ package raftlog
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 
 	"go.etcd.io/raft/v3"
@@ -147,7 +148,7 @@ func (s *Storage) Entries(lo, hi, maxSize uint64) ([]*raftpb.Entry, error) {
 	stop := errors.New("stop")
 	err := s.log.ScanRange(lo, min(hi, cacheFirst)-1, func(r seglog.Record) error {
 		e := recordToEntry(r)
-		n := uint64(proto.Size(e))
+		n := entrySize(e)
 		if len(out) > 0 && size+n > maxSize {
 			return stop
 		}
@@ -167,7 +168,7 @@ func (s *Storage) Entries(lo, hi, maxSize uint64) ([]*raftpb.Entry, error) {
 		return nil, raft.ErrUnavailable // truncated while we read
 	}
 	for _, e := range tail {
-		n := uint64(proto.Size(e))
+		n := entrySize(e)
 		if size+n > maxSize {
 			break
 		}
@@ -183,15 +184,39 @@ func limitSize(ents []*raftpb.Entry, maxSize uint64) []*raftpb.Entry {
 	if len(ents) == 0 || maxSize == noLimit {
 		return ents
 	}
-	size := uint64(proto.Size(ents[0]))
+	size := entrySize(ents[0])
 	for i := 1; i < len(ents); i++ {
-		size += uint64(proto.Size(ents[i]))
+		size += entrySize(ents[i])
 		if size > maxSize {
 			return ents[:i]
 		}
 	}
 	return ents
 }
+
+// entrySize is proto.Size(e), the size raft counts against its limits,
+// computed from the fields an Entry has instead of by reflection: Entries
+// runs it for every entry it returns. Unknown fields are not counted; raft's
+// entries carry none.
+func entrySize(e *raftpb.Entry) uint64 {
+	var n uint64
+	if e.Term != nil {
+		n += 1 + varintBytes(*e.Term)
+	}
+	if e.Index != nil {
+		n += 1 + varintBytes(*e.Index)
+	}
+	if e.Type != nil {
+		n += 1 + varintBytes(uint64(int64(*e.Type))) // an enum is an int32 varint
+	}
+	if e.Data != nil {
+		n += 1 + varintBytes(uint64(len(e.Data))) + uint64(len(e.Data))
+	}
+	return n
+}
+
+// varintBytes is the size of v as a protobuf varint.
+func varintBytes(v uint64) uint64 { return uint64(bits.Len64(v|1)+6) / 7 }
 
 // noLimit is raft's "no size limit" (math.MaxUint64).
 const noLimit = ^uint64(0)

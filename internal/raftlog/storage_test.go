@@ -412,3 +412,20 @@ func TestStorageEntriesUnchangedAfterCacheDrops(t *testing.T) {
 	}
 	equalEntries(t, got, want)
 }
+
+// TestEntrySize: the size Entries counts is the encoded size raft counts.
+func TestEntrySize(t *testing.T) {
+	ents := []*raftpb.Entry{
+		{},
+		{Index: new(uint64(1)), Term: new(uint64(1))},
+		{Index: new(uint64(1) << 40), Term: new(uint64(300)), Type: new(raftpb.EntryConfChangeV2), Data: []byte{}},
+		{Index: new(^uint64(0)), Term: new(uint64(127)), Type: new(raftpb.EntryNormal), Data: make([]byte, 200)},
+		{Index: new(uint64(128)), Term: new(uint64(16384)), Data: make([]byte, 1<<20)},
+		ent(5, 7),
+	}
+	for i, e := range ents {
+		if got, want := entrySize(e), uint64(proto.Size(e)); got != want {
+			t.Errorf("entry %d: entrySize %d, proto.Size %d", i, got, want)
+		}
+	}
+}
