@@ -1,7 +1,9 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/rand"
 	"errors"
 	"net"
@@ -24,7 +26,7 @@ type ownedBroker struct {
 	stop func()
 }
 
-func startOwnedBroker(t *testing.T, fsys vfs.FS, users *auth.Users) *ownedBroker {
+func startOwnedBroker(t *testing.T, fsys *vfs.MemFS, users *auth.Users) *ownedBroker {
 	t.Helper()
 	b, err := broker.Open(broker.Config{DataDir: "/data", FS: fsys, Users: users})
 	if err != nil {
@@ -136,8 +138,47 @@ func TestResumeBelongsToItsPrincipal(t *testing.T) {
 	check("live", "a token", token, protocol.ResumeRejected)
 	check("live", "alice", alice, protocol.ResumeResumed)
 
+	// The token is 256 bits (crypto/rand in production; Rand here too),
+	// and the session store holds only its SHA-256.
+	if len(id.Token) < 16 {
+		t.Fatalf("resume token of %d bytes, want at least 128 bits", len(id.Token))
+	}
 	ob.stop()
+	hash := sha256.Sum256(id.Token)
+	var raw, hashed bool
+	walkFiles(t, fsys, "/data/sessions", func(b []byte) {
+		raw = raw || bytes.Contains(b, id.Token)
+		hashed = hashed || bytes.Contains(b, hash[:])
+	})
+	if raw || !hashed {
+		t.Fatalf("session store: raw token present %v, token hash present %v; want only the hash", raw, hashed)
+	}
 	ob = startOwnedBroker(t, fsys, users)
 	check("after restart", "bob", bob, protocol.ResumeRejected)
 	check("after restart", "alice", alice, protocol.ResumeResumed)
+}
+
+// walkFiles calls fn with the contents of every file under dir.
+func walkFiles(t *testing.T, fsys *vfs.MemFS, dir string, fn func([]byte)) {
+	t.Helper()
+	names, err := fsys.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		p := dir + "/" + n
+		fi, err := fsys.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.IsDir() {
+			walkFiles(t, fsys, p, fn)
+			continue
+		}
+		b, err := fsys.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn(b)
+	}
 }
