@@ -22,10 +22,11 @@
 // raft reads committed entries back through Entries after they are
 // persisted, to hand them to the application. Storage keeps the entries it
 // appended in memory (the un-applied tail) until the application reports
-// them applied (SetApplied), bounded by Options.CacheBytesMax: when the tail
-// outgrows it, the oldest entries leave the cache and are read from the
-// segment files if asked for again. Term, LastIndex and FirstIndex are
-// answered from memory by seglog itself.
+// them applied (SetApplied), bounded by Options.CacheBytesMax (data bytes
+// plus a fixed cost per entry): when the tail outgrows it, the oldest
+// entries leave the cache and are read from the segment files if asked for
+// again. Term, LastIndex and FirstIndex are answered from memory by seglog
+// itself.
 //
 // # Goroutines and durability
 //

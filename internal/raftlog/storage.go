@@ -34,8 +34,9 @@ var ErrBadEntry = errors.New("raftlog: entries out of order")
 
 // Options configure New.
 type Options struct {
-	// CacheBytesMax bounds the payload bytes of un-applied entries kept in
-	// memory. Default CacheBytesMaxDefault.
+	// CacheBytesMax bounds the memory of un-applied entries kept in the
+	// cache: their data bytes plus cacheEntryBytes each. Default
+	// CacheBytesMaxDefault.
 	CacheBytesMax int
 	// Snapshot, if set, supplies a snapshot (metadata and data) when raft
 	// asks for one; it may return raft.ErrSnapshotTemporarilyUnavailable.
@@ -50,7 +51,7 @@ type Storage struct {
 
 	mu sync.Mutex
 	// cache holds the entries from cache[0].Index to the last index, in
-	// order, when not empty; cacheBytes is the sum of their Data lengths.
+	// order, when not empty; cacheBytes is their cost (cost).
 	cache      []*raftpb.Entry
 	cacheBytes int
 	// snap is the last snapshot applied or created, nil if none.
@@ -282,6 +283,14 @@ func (s *Storage) Append(ents []*raftpb.Entry) error {
 	return nil
 }
 
+// cacheEntryBytes is what one cached entry costs besides its data: the
+// Entry message, its three boxed fields and the slice slot. Counting it keeps
+// a tail of tiny entries (acks) within CacheBytesMax too.
+const cacheEntryBytes = 160
+
+// cost is an entry's share of CacheBytesMax.
+func cost(e *raftpb.Entry) int { return cacheEntryBytes + len(e.Data) }
+
 // cachePut adds e (just appended at its index) to the cache, dropping any
 // cached entries at or after its index first. Caller holds mu.
 func (s *Storage) cachePut(e *raftpb.Entry) {
@@ -293,7 +302,7 @@ func (s *Storage) cachePut(e *raftpb.Entry) {
 			s.cache, s.cacheBytes = nil, 0
 		case idx <= c0+uint64(n)-1:
 			for _, d := range s.cache[idx-c0:] {
-				s.cacheBytes -= len(d.Data)
+				s.cacheBytes -= cost(d)
 			}
 			// A fresh array: entries handed out by Entries must not change.
 			s.cache = append([]*raftpb.Entry(nil), s.cache[:idx-c0]...)
@@ -302,10 +311,10 @@ func (s *Storage) cachePut(e *raftpb.Entry) {
 		}
 	}
 	s.cache = append(s.cache, e)
-	s.cacheBytes += len(e.Data)
+	s.cacheBytes += cost(e)
 	for s.cacheBytes > s.opts.CacheBytesMax && len(s.cache) > 1 {
 		// No s.cache[0] = nil: see SetApplied.
-		s.cacheBytes -= len(s.cache[0].Data)
+		s.cacheBytes -= cost(s.cache[0])
 		s.cache = s.cache[1:]
 	}
 }
@@ -338,7 +347,7 @@ func (s *Storage) SetApplied(index uint64) {
 	}
 	k := min(index-c0+1, uint64(len(s.cache)))
 	for i := range k {
-		s.cacheBytes -= len(s.cache[i].Data)
+		s.cacheBytes -= cost(s.cache[i])
 	}
 	// The dropped slots are not cleared: Entries hands out sub-slices of
 	// this array, and raft keeps them (in its log and in messages still on

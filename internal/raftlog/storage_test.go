@@ -429,3 +429,23 @@ func TestEntrySize(t *testing.T) {
 		}
 	}
 }
+
+// TestStorageCacheBoundCountsEntries: a tail of tiny entries stays within
+// CacheBytesMax too, because every entry costs its fixed overhead.
+func TestStorageCacheBoundCountsEntries(t *testing.T) {
+	f := newFixture(t, 0, 0)
+	f.s = New(f.l, Options{CacheBytesMax: 10_000})
+	for i := uint64(1); i <= 1000; i++ {
+		e := ent(i, 1)
+		e.Data = []byte{1, byte(i)}
+		if err := f.s.Append([]*raftpb.Entry{e}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(f.s.cache); n*cacheEntryBytes > 10_000 || f.s.cacheBytes > 10_000 || n == 0 {
+		t.Fatalf("%d entries cached, %d bytes counted, for a 10,000-byte bound", n, f.s.cacheBytes)
+	}
+	if got, err := f.s.Entries(1, 1001, noLimit); err != nil || len(got) != 1000 || got[999].Data[1] != byte(1000%256) {
+		t.Fatalf("Entries: %d, %v", len(got), err)
+	}
+}
