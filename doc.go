@@ -131,6 +131,17 @@
 // under ReconcileConservative), ErrRecreated, ErrDisconnected or a
 // *BrokerError.
 //
+// # Authentication
+//
+// WithUser logs in as a named user with its password; WithCredentials sends
+// a static token (one of the broker's auth.tokens). With neither, the client
+// connects anonymously, which a broker accepts only on a loopback listener
+// with no users and no tokens, or with auth.allow_anonymous. The credentials
+// are sent again on every reconnect, and a resumed session must be presented
+// by the user (or token) that opened it: another one gets a fresh session
+// (resume_rejected). Use WithTLS unless the broker is on loopback: the
+// password travels in the handshake.
+//
 // A request the connection's user lacks the permission for (publish to,
 // subscribe to, or declare, purge or delete a topic outside its patterns)
 // fails with a *BrokerError that matches ErrPermissionDenied and is not
