@@ -227,12 +227,12 @@ const noLimit = ^uint64(0)
 // starts at index 1) an empty one. A log that starts later without a
 // snapshot source has no data to send: raft.ErrSnapshotTemporarilyUnavailable.
 func (s *Storage) Snapshot() (*raftpb.Snapshot, error) {
-	if s.opts.Snapshot != nil {
-		return s.opts.Snapshot()
-	}
 	s.mu.Lock()
-	snap := s.snap
+	snap, src := s.snap, s.opts.Snapshot
 	s.mu.Unlock()
+	if src != nil {
+		return src()
+	}
 	if snap != nil {
 		return proto.Clone(snap).(*raftpb.Snapshot), nil
 	}
@@ -244,6 +244,15 @@ func (s *Storage) Snapshot() (*raftpb.Snapshot, error) {
 		return &raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{Index: new(uint64(0)), Term: new(uint64(0)), ConfState: cs}}, nil
 	}
 	return nil, raft.ErrSnapshotTemporarilyUnavailable
+}
+
+// SetSnapshotSource sets (or, with nil, clears) the hook Snapshot calls, as
+// Options.Snapshot does, for a partition that can make snapshots only once
+// it is running.
+func (s *Storage) SetSnapshotSource(fn func() (*raftpb.Snapshot, error)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.opts.Snapshot = fn
 }
 
 // Append writes entries to the log (buffered: durable after Sync). The run

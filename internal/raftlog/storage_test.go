@@ -246,6 +246,16 @@ func TestStorageCreateSnapshot(t *testing.T) {
 	if _, err := f.s.CreateSnapshot(4, cs, nil); err != raft.ErrSnapOutOfDate {
 		t.Fatalf("older snapshot: %v", err)
 	}
+	// A snapshot source takes over, and can be cleared again.
+	src := &raftpb.Snapshot{Data: []byte("from the partition"), Metadata: &raftpb.SnapshotMetadata{Index: new(uint64(5)), Term: new(uint64(5))}}
+	f.s.SetSnapshotSource(func() (*raftpb.Snapshot, error) { return src, nil })
+	if got, err := f.s.Snapshot(); err != nil || got != src {
+		t.Fatalf("Snapshot() with a source = %v, %v", got, err)
+	}
+	f.s.SetSnapshotSource(nil)
+	if got, err := f.s.Snapshot(); err != nil || !proto.Equal(got, snap) {
+		t.Fatalf("Snapshot() after clearing the source = %v, %v", got, err)
+	}
 }
 
 func TestStorageAppend(t *testing.T) {

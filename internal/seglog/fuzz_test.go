@@ -145,15 +145,15 @@ func encodeV1(lsn uint64, typ uint8, payload []byte) []byte {
 // panics and yields either a state that some valid slot holds or the empty
 // state; a slot that verifies re-encodes to the same bytes.
 func FuzzHardStateFile(f *testing.F) {
-	f.Add(EncodeHardStateSlot(1, 2, 3, 4, []byte{8, 1}))
-	f.Add(append(make([]byte, hsSlotBytes), EncodeHardStateSlot(7, 1, 1, 1, nil)...))
+	f.Add(encodeHSSlot(1, 2, 3, 4, []byte{8, 1}))
+	f.Add(append(make([]byte, hsSlotBytes), encodeHSSlot(7, 1, 1, 1, nil)...))
 	f.Add([]byte("garbage"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) > 2*hsSlotBytes {
 			return
 		}
 		if seq, st, ok := decodeHSSlot(data); ok {
-			if again := EncodeHardStateSlot(seq, st.term, st.vote, st.commit, st.conf); !bytes.Equal(again, data[:len(again)]) {
+			if again := encodeHSSlot(seq, st.term, st.vote, st.commit, st.conf); !bytes.Equal(again, data[:len(again)]) {
 				t.Fatalf("re-encoding differs")
 			}
 		}

@@ -142,9 +142,9 @@ func decodeHSSlot(b []byte) (seq uint64, st hsState, ok bool) {
 	return seq, st, true
 }
 
-// EncodeHardStateSlot encodes one HardState file slot (exported for the
-// fuzz test and tools). conf is the encoded ConfState.
-func EncodeHardStateSlot(seq, term, vote, commit uint64, conf []byte) []byte {
+// encodeHSSlot encodes one HardState file slot; conf is the encoded
+// ConfState.
+func encodeHSSlot(seq, term, vote, commit uint64, conf []byte) []byte {
 	b := make([]byte, hsFixedBytes+len(conf))
 	binary.LittleEndian.PutUint32(b[4:8], uint32(len(b)-8))
 	binary.LittleEndian.PutUint64(b[8:16], seq)
@@ -171,7 +171,7 @@ func (h *hardStateFile) write(st hsState, sync bool) error {
 		h.f = f
 	}
 	slot := 1 - h.durSlot
-	b := EncodeHardStateSlot(h.seq+1, st.term, st.vote, st.commit, st.conf)
+	b := encodeHSSlot(h.seq+1, st.term, st.vote, st.commit, st.conf)
 	if _, err := h.f.WriteAt(b, int64(slot*hsSlotBytes)); err != nil {
 		return fmt.Errorf("%w: write hardstate: %w", ErrFailed, err)
 	}
