@@ -304,15 +304,6 @@ const (
 	waiting          // plain or fresh: never leased, ready, no not-before
 )
 
-// next returns the lowest offset >= from whose bit is set in live (or in
-// plain, with plain), and false when there is none.
-func (b *bitmap) next(from uint64, plain bool) (uint64, bool) {
-	if plain {
-		return b.nextOf(from, onlyPlain)
-	}
-	return b.nextOf(from, anyLive)
-}
-
 // nextOf returns the lowest offset >= from of the kind asked, and false
 // when there is none.
 func (b *bitmap) nextOf(from uint64, kind int) (uint64, bool) {
@@ -408,5 +399,5 @@ func (b *bitmap) first() (uint64, bool) {
 	if b.head >= len(b.chunks) {
 		return 0, false
 	}
-	return b.next(b.chunks[b.head].base, false)
+	return b.nextOf(b.chunks[b.head].base, anyLive)
 }

@@ -85,7 +85,7 @@ func (s *State) OldestBodies(dst []BodyLoc, below uint64, max int) []BodyLoc {
 // body was not relocated.
 func (s *State) nextUnmoved(from uint64) (uint64, bool) {
 	for {
-		off, ok := s.bits.next(from, false)
+		off, ok := s.bits.nextOf(from, anyLive)
 		if !ok {
 			return 0, false
 		}
