@@ -66,6 +66,13 @@ func (p Principal) Allows(a Action, topic string) bool {
 }
 
 // Owner is the identity a session records as its owner and compares on
-// resume: the kind and the name, so a user and a certificate subject with the
-// same text are different owners. Anonymous is "anonymous:".
-func (p Principal) Owner() string { return p.Kind.String() + ":" + p.Name }
+// resume. A client certificate names a user of the store (Users.Certificate),
+// so a user is one owner however it logged in, "user:NAME"; a token is
+// "token:token#N" and anonymous "anonymous:", so neither can pass for a
+// user.
+func (p Principal) Owner() string {
+	if p.Kind == KindCertificate {
+		return KindUser.String() + ":" + p.Name
+	}
+	return p.Kind.String() + ":" + p.Name
+}

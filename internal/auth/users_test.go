@@ -315,9 +315,12 @@ func TestPrincipal(t *testing.T) {
 	if TokenPrincipal(1).Name != "token#2" {
 		t.Errorf("token label %q", TokenPrincipal(1).Name)
 	}
+	// A user is one session owner whether it logged in with its password
+	// or its client certificate; a token of the same text is another.
 	user := Principal{Name: "x", Kind: KindUser}
 	cert := Principal{Name: "x", Kind: KindCertificate}
-	if user.Owner() == cert.Owner() || Anonymous().Owner() != "anonymous:" {
-		t.Errorf("owners: %q %q %q", user.Owner(), cert.Owner(), Anonymous().Owner())
+	token := Principal{Name: "x", Kind: KindToken}
+	if user.Owner() != cert.Owner() || user.Owner() == token.Owner() || Anonymous().Owner() != "anonymous:" {
+		t.Errorf("owners: user %q cert %q token %q anonymous %q", user.Owner(), cert.Owner(), token.Owner(), Anonymous().Owner())
 	}
 }
