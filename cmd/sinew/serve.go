@@ -49,6 +49,13 @@ const sessionsDir = "sessions"
 // adminShutdownMs bounds the admin HTTP server's shutdown.
 const adminShutdownMs = 2000
 
+// adminIdleTimeoutMs and adminHeaderBytesMax bound an admin HTTP peer's idle
+// keep-alive connection and its request headers.
+const (
+	adminIdleTimeoutMs  = 60_000
+	adminHeaderBytesMax = 64 << 10
+)
+
 func init() {
 	commands["serve"] = command{
 		summary: "run the broker (client protocol, admin HTTP) until SIGINT/SIGTERM",
@@ -166,6 +173,10 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		recovering := gate.Wrap(admin.Recovering())
 		adminHandler.Store(&recovering)
 		adminSrv = &http.Server{ReadHeaderTimeout: 10 * time.Second,
+			// Bounds on what one HTTP peer can hold: an idle keep-alive
+			// connection is closed after a minute, a request's headers are
+			// at most 64 KiB; admin.LimitListener bounds the connections.
+			IdleTimeout: adminIdleTimeoutMs * time.Millisecond, MaxHeaderBytes: adminHeaderBytesMax,
 			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*adminHandler.Load()).ServeHTTP(w, r) }),
 			// net/http reports every failed TLS handshake and bad request
 			// here; any peer can cause one, so they go to the broker's log

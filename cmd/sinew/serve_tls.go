@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sinewmq/sinew/internal/admin"
 	"github.com/sinewmq/sinew/internal/settings"
 	"github.com/sinewmq/sinew/internal/tlsconf"
 )
@@ -87,6 +88,8 @@ func adminListener(cfg settings.Config, logger *slog.Logger) (net.Listener, *tls
 	if err != nil {
 		return nil, nil, fmt.Errorf("admin listen: %w", err)
 	}
+	// Under TLS, so net/http still sees the *tls.Conn it needs.
+	ln = admin.LimitListener(ln, admin.ConnectionsMax)
 	if r != nil {
 		return tls.NewListener(ln, r.ServerConfig()), r, nil
 	}
