@@ -263,3 +263,20 @@ func TestReplayFrom(t *testing.T) {
 		t.Fatalf("Open with failing replay: %v", err)
 	}
 }
+
+func TestCorruptionInSegmentHeader(t *testing.T) {
+	// The first segment's header (its base field): the whole log is cut
+	// under CorruptionTruncate, leaving an empty log that starts at 1.
+	fs, o := buildLog(t, 3*cPerSeg+5, false)
+	if err := fs.FlipBit(segPath(1), 20, 1); err != nil {
+		t.Fatal(err)
+	}
+	expectCorruption(t, fs, o, SegmentName(1), 0, 0)
+
+	// A later segment's header: the log is cut where that segment starts.
+	fs, o = buildLog(t, 3*cPerSeg+5, false)
+	if err := fs.FlipBit(segPath(cPerSeg+1), 3, 0); err != nil { // the magic
+		t.Fatal(err)
+	}
+	expectCorruption(t, fs, o, SegmentName(cPerSeg+1), 0, cPerSeg)
+}
