@@ -244,7 +244,10 @@ type Log struct {
 	op *logOp
 	// terms maps LSNs to terms: terms[0].first is FirstLSN-1 (the record
 	// or snapshot the log starts after); later runs start where the term
-	// changes. Terms change rarely, so this is a handful of entries.
+	// changes. It holds one entry per term change in the retained log
+	// (each new leader's term starts with its no-op), trimmed by
+	// DropBefore, TruncateAfter and ResetTo: a few entries in practice,
+	// at most one per record.
 	terms []termRun
 	// lastTerm is the term of record nextLSN-1 (of the start point when the
 	// log is empty); old-API appends take it (at least 1).

@@ -164,7 +164,7 @@ func (l *Log) recover() error {
 			return err
 		}
 		rep.Records += s.last - s.base + 1
-		rep.Bytes += s.size
+		rep.Bytes += s.size - s.data
 		if res.bad == nil {
 			continue
 		}
