@@ -155,9 +155,13 @@ func (g *Gate) Wrap(h http.Handler) http.Handler {
 		// A password check costs an argon2id hash: one at a time per client
 		// address, held through the failure delay, so one address guesses
 		// at most once per delay.
+		// The lane is let go once the check is done (after the delay when it
+		// failed), not when the request is: a slow request does not hold up
+		// the next login from its address.
+		release := func() {}
 		if isBasic(hdr) {
 			ctx, cancel := context.WithTimeout(r.Context(), laneWaitMs*time.Millisecond)
-			release, err := g.lanes.Acquire(ctx, remoteIP(r.RemoteAddr))
+			rel, err := g.lanes.Acquire(ctx, remoteIP(r.RemoteAddr))
 			cancel()
 			if err != nil {
 				g.busy.Add(1)
@@ -165,9 +169,10 @@ func (g *Gate) Wrap(h http.Handler) http.Handler {
 				writeError(w, http.StatusTooManyRequests, "too_many_requests", "too many authentications from this address in progress; retry later")
 				return
 			}
-			defer release()
+			release = rel
 		}
 		if g.checking.Add(1) > authCheckingMax {
+			release()
 			g.checking.Add(-1)
 			g.busy.Add(1)
 			w.Header().Set("Retry-After", "1")
@@ -181,10 +186,12 @@ func (g *Gate) Wrap(h http.Handler) http.Handler {
 				"method", r.Method, "path", r.URL.Path)
 			g.sleep(r.Context())
 			g.checking.Add(-1)
+			release()
 			g.challenge(w, "authentication failed")
 			return
 		}
 		g.checking.Add(-1)
+		release()
 		if !IsAdmin(p) {
 			g.denied.Add(1)
 			g.logger().Warn("admin request denied", "remote", r.RemoteAddr, "user", p.Name, "method", r.Method, "path", r.URL.Path)

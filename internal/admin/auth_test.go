@@ -306,3 +306,35 @@ func testGateOneLoginPerAddress(t *testing.T) {
 }
 
 type remoteKey struct{}
+
+// A successful basic-auth request lets its address's lane go once the
+// check is done: a request still being served does not hold up the next
+// login from the same address.
+func TestGateLaneFreedAfterCheck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fx := newGateFixture(t, nil)
+		inHandler := make(chan struct{})
+		finish := make(chan struct{})
+		slow := fx.gate.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			inHandler <- struct{}{}
+			<-finish
+		}))
+		go func() {
+			req := httptest.NewRequest("GET", "/api/v1/version", nil)
+			req.RemoteAddr = "10.0.0.9:1000"
+			req.Header.Set("Authorization", basic("root", rootPassword))
+			slow.ServeHTTP(httptest.NewRecorder(), req)
+		}()
+		<-inHandler
+		req := httptest.NewRequest("GET", "/api/v1/version", nil)
+		req.RemoteAddr = "10.0.0.9:1001"
+		req.Header.Set("Authorization", basic("root", rootPassword))
+		rec := httptest.NewRecorder()
+		fx.h.ServeHTTP(rec, req) // would wait its 10 s and answer 429 if the lane were still held
+		if rec.Code != http.StatusOK {
+			t.Fatalf("second login from the address while the first request runs: %d", rec.Code)
+		}
+		close(finish)
+		synctest.Wait()
+	})
+}
