@@ -29,7 +29,7 @@ type certSet struct {
 	pool *x509.CertPool
 }
 
-func generate(t *testing.T, dir string, force bool) certSet {
+func generate(t testing.TB, dir string, force bool) certSet {
 	t.Helper()
 	g, err := Generate(GenerateOptions{Dir: dir, Days: 1, Now: time.Now(), Force: force})
 	if err != nil {
@@ -43,7 +43,7 @@ func generate(t *testing.T, dir string, force bool) certSet {
 	return certSet{gen: g, pool: pool}
 }
 
-func (s certSet) clientCert(t *testing.T) tls.Certificate {
+func (s certSet) clientCert(t testing.TB) tls.Certificate {
 	t.Helper()
 	c, err := tls.LoadX509KeyPair(s.gen.ClientCert, s.gen.ClientKey)
 	if err != nil {
