@@ -178,3 +178,45 @@ func TestServeAdminAuthUsers(t *testing.T) {
 		t.Fatalf("--password-file without --user: exit %d, %q", code, errOut)
 	}
 }
+
+// The admin listener's rule on a non-loopback address, without binding it:
+// no auth refuses; a token or a user makes the gate ask for credentials;
+// auth.allow_anonymous admits anonymous requests and warns. On loopback the
+// gate is open until the first user is added.
+func TestAdminGateRule(t *testing.T) {
+	var logs strings.Builder
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	cfg := testServeConfig(t)
+	cfg.AdminListen = "0.0.0.0:7655"
+	users := openTestUsers(t, cfg.DataDir)
+	if _, err := adminGate(cfg, users, logger); err == nil || !strings.Contains(err.Error(), "admin_listen") {
+		t.Fatalf("no auth: %v", err)
+	}
+	withToken := cfg
+	withToken.Auth.Tokens = []string{"tok-0123456789"}
+	g, err := adminGate(withToken, users, logger)
+	if err != nil || g.Anonymous() {
+		t.Fatalf("token: %v, anonymous %v", err, g != nil && g.Anonymous())
+	}
+	anon := cfg
+	anon.Auth.AllowAnonymous = true
+	g, err = adminGate(anon, users, logger)
+	if err != nil || !g.Anonymous() || !strings.Contains(logs.String(), "admin listener is not loopback-only") {
+		t.Fatalf("allow_anonymous: %v, anonymous %v, log %q", err, g != nil && g.Anonymous(), logs.String())
+	}
+	lo := cfg
+	lo.AdminListen = "127.0.0.1:7655"
+	g, err = adminGate(lo, users, logger)
+	if err != nil || !g.Anonymous() {
+		t.Fatalf("loopback, no auth: %v", err)
+	}
+	if err := users.Add("root", "root-password-1", auth.Permissions{Manage: []string{"*"}}); err != nil {
+		t.Fatal(err)
+	}
+	if g.Anonymous() {
+		t.Fatal("loopback gate still open after the first user was added")
+	}
+	if _, err := adminGate(cfg, users, logger); err != nil {
+		t.Fatalf("non-loopback with a user: %v", err)
+	}
+}
