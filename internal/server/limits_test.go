@@ -308,3 +308,42 @@ func TestLoginLanePerAddress(t *testing.T) {
 		p.shutdown()
 	})
 }
+
+// sniffConn reads before its first write, as a TLS server connection does
+// (its handshake runs on the first Read or Write).
+type sniffConn struct {
+	net.Conn
+	once sync.Once
+}
+
+func (c *sniffConn) Write(b []byte) (int, error) {
+	var err error
+	c.once.Do(func() { _, err = c.Conn.Read(make([]byte, 1)) })
+	if err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(b)
+}
+
+// A refused connection whose write must first read (a TLS handshake) from a
+// peer that sends nothing is closed within the reject timeout: refused
+// connections are in no count, so none may hold a goroutine.
+func TestRefusalBoundedWhenWriteReads(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := realPipeServer(t, func(c *Config) { c.ConnectionsMax = 1 })
+		good := newGoodClient(p.dialFrom("10.0.0.1"), "good")
+		a, b := net.Pipe()
+		defer a.Close()
+		done := make(chan struct{})
+		go func() { p.srv.ServeConn(&sniffConn{Conn: b}); close(done) }()
+		time.Sleep(rejectWriteTimeoutMs * time.Millisecond)
+		synctest.Wait()
+		select {
+		case <-done:
+		default:
+			t.Fatal("the refused connection is still held after the reject timeout")
+		}
+		good.roundTrip(t)
+		p.shutdown()
+	})
+}

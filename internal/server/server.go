@@ -248,7 +248,10 @@ func remoteAddr(nc net.Conn) string {
 // reject writes one fatal ERROR (bounded in time) and closes nc.
 func (s *Server) reject(nc net.Conn, code protocol.Code, msg string) {
 	defer nc.Close()
-	nc.SetWriteDeadline(time.Now().Add(rejectWriteTimeoutMs * time.Millisecond))
+	// Both directions: on a TLS listener the write first runs the handshake,
+	// which reads, and a refused peer that sends nothing must not hold the
+	// goroutine (refused connections are in no count).
+	nc.SetDeadline(time.Now().Add(rejectWriteTimeoutMs * time.Millisecond))
 	nc.Write(protocol.AppendFrame(nil, 0, 0, &protocol.ErrorBody{Code: code, Message: msg, Fatal: true}))
 }
 
