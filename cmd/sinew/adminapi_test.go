@@ -252,6 +252,16 @@ func TestAdminAPI(t *testing.T) {
 	}
 
 	// The drain is wired in sinew serve (TestAdminDrain follows it through).
+	// A delivery held unsettled keeps its first phase going (with nothing
+	// in flight the drain would end, and serve exit, before the next GET).
+	if _, err := c.PublishText(ctx, "hold", "held through the drain"); err != nil {
+		t.Fatal(err)
+	}
+	holdSub, err := c.Subscribe(ctx, "hold", sinew.WithPrefetch(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := <-holdSub.Messages()
 	var dv admin.DrainView
 	if code := httpJSON(t, "POST", api+"/drain", "", &dv); code != 202 || !dv.Draining {
 		t.Fatalf("drain: %d %+v", code, dv)
@@ -259,6 +269,10 @@ func TestAdminAPI(t *testing.T) {
 	var after admin.OverviewView
 	if code := httpJSON(t, "GET", api+"/overview", "", &after); code != 200 || !after.Draining {
 		t.Fatalf("overview after the drain began: %d draining=%v", code, after.Draining)
+	}
+	// Settling it is still taken while draining, and lets the drain end.
+	if err := held.Complete(ctx); err != nil {
+		t.Fatalf("settle while draining: %v", err)
 	}
 }
 

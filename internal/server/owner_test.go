@@ -3,8 +3,8 @@ package server
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"net"
 	"testing"
