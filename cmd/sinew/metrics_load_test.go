@@ -66,7 +66,7 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	for settled := 0; settled < loadMessages; {
-		m := <-sub.Messages()
+		m := nextMessage(t, sub)
 		var n int
 		fmt.Sscanf(string(m.Body), "m%d", &n)
 		switch {
@@ -91,18 +91,19 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := (<-ex.Messages()).Retry(ctx); err != nil {
+	if err := nextMessage(t, ex).Retry(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// A lease of 1 ms expires; the redelivery is acked.
 	if _, err := c.PublishText(ctx, "lease", "x"); err != nil {
 		t.Fatal(err)
 	}
-	ls, err := c.Subscribe(ctx, "lease", sinew.WithPrefetch(1))
-	if err != nil {
+	// Not waited for: a 1 ms lease can expire before its delivery is
+	// released (then it is not sent), and again on every redelivery while
+	// fsyncs take longer than that; either way the expiry is counted.
+	if _, err := c.Subscribe(ctx, "lease", sinew.WithPrefetch(1)); err != nil {
 		t.Fatal(err)
 	}
-	<-ls.Messages()
 	// A message with a 1 ms TTL and no consumer expires.
 	if _, err := c.PublishText(ctx, "ttl", "x", sinew.WithTTL(time.Millisecond)); err != nil {
 		t.Fatal(err)
@@ -251,5 +252,21 @@ func TestLogFormatJSON(t *testing.T) {
 	newLogger(&b, "text", slog.LevelInfo).Info("x", "client_id", "c-1")
 	if !strings.Contains(b.String(), `msg=x client_id=c-1`) {
 		t.Fatalf("text log line %q", b.String())
+	}
+}
+
+// nextMessage is the subscription's next delivery, failing the test rather
+// than hanging when none comes within the safety timeout.
+func nextMessage(t *testing.T, sub *sinew.Subscription) *sinew.Message {
+	t.Helper()
+	select {
+	case m, ok := <-sub.Messages():
+		if !ok {
+			t.Fatalf("subscription closed: %v", sub.Err())
+		}
+		return m
+	case <-time.After(safetyTimeoutMs * time.Millisecond):
+		t.Fatal("no delivery within the safety timeout")
+		return nil
 	}
 }
