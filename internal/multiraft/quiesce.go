@@ -42,11 +42,16 @@ type Quiescence struct {
 	// 0 means IdleTicksDefault.
 	IdleTicks int
 	idle      int
+	// quiet is set once the replica went quiet; until something wakes it,
+	// Quiet only checks that the nodes in watch (the leader, or the
+	// followers) are still live, and asks raft nothing.
+	quiet bool
+	watch []uint64
 }
 
 // Wake makes the replica tick again until it is idle for IdleTicks checks:
 // call it on every proposal.
-func (q *Quiescence) Wake() { q.idle = 0 }
+func (q *Quiescence) Wake() { q.idle, q.quiet = 0, false }
 
 // Observe looks at an inbound message before it is stepped; lead is the
 // leader the replica knows (BasicStatus().Lead).
@@ -59,14 +64,23 @@ func (q *Quiescence) Observe(m *raftpb.Message, lead uint64) {
 			return
 		}
 	}
-	q.idle = 0
+	q.Wake()
 }
 
 // Quiet reports whether the replica may skip this tick. lastIndex is the
 // last index in the replica's log (its Storage's LastIndex); live reports
 // whether a node is up (Host.Live).
 func (q *Quiescence) Quiet(rn *raft.RawNode, lastIndex uint64, live func(node uint64) bool) bool {
-	if !idle(rn, lastIndex, live) {
+	if q.quiet {
+		for _, n := range q.watch {
+			if !live(n) {
+				q.Wake()
+				return false
+			}
+		}
+		return true
+	}
+	if !q.idleNow(rn, lastIndex, live) {
 		q.idle = 0
 		return false
 	}
@@ -78,10 +92,14 @@ func (q *Quiescence) Quiet(rn *raft.RawNode, lastIndex uint64, live func(node ui
 		q.idle++
 		return false
 	}
+	q.quiet = true
 	return true
 }
 
-func idle(rn *raft.RawNode, lastIndex uint64, live func(uint64) bool) bool {
+// idleNow applies the idle rules and leaves in q.watch the nodes whose
+// liveness keeps the replica idle.
+func (q *Quiescence) idleNow(rn *raft.RawNode, lastIndex uint64, live func(uint64) bool) bool {
+	q.watch = q.watch[:0]
 	st := rn.BasicStatus()
 	commit := st.HardState.GetCommit()
 	if st.Applied < commit {
@@ -89,6 +107,7 @@ func idle(rn *raft.RawNode, lastIndex uint64, live func(uint64) bool) bool {
 	}
 	switch st.RaftState {
 	case raft.StateFollower:
+		q.watch = append(q.watch, st.Lead)
 		return st.Lead != raft.None && live(st.Lead)
 	case raft.StateLeader:
 		if st.LeadTransferee != raft.None || commit != lastIndex {
@@ -96,7 +115,11 @@ func idle(rn *raft.RawNode, lastIndex uint64, live func(uint64) bool) bool {
 		}
 		ok := true
 		rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
-			if id != st.ID && (pr.Match != lastIndex || !pr.RecentActive || !live(id)) {
+			if id == st.ID {
+				return
+			}
+			q.watch = append(q.watch, id)
+			if pr.Match != lastIndex || !pr.RecentActive || !live(id) {
 				ok = false
 			}
 		})

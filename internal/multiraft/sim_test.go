@@ -28,6 +28,8 @@ type sim struct {
 	groups   []simGroup
 	hist     map[uint64]*history
 	failed   bool
+	// noQuiesce keeps every replicated group ticking (benchmarks compare).
+	noQuiesce bool
 }
 
 type simGroup struct {
@@ -93,6 +95,9 @@ func (s *sim) startReplica(n *simNode, group uint64, voters int) {
 	r, err := newMemReplica(n.id, group, voters, n.storages[group], n.host.Sender(group), n.host.Live, s.hist[group])
 	if err != nil {
 		s.t.Fatal(err)
+	}
+	if s.noQuiesce {
+		r.quiesce.IdleTicks = 1 << 30
 	}
 	n.reps[group] = r
 	if err := n.host.AddGroup(group, r); err != nil {
