@@ -165,6 +165,8 @@ func TestRestoreRejectsBadRuns(t *testing.T) {
 	if s, err := Restore(Config{}, build(2, 1, 2, 2, 3)); err != nil || s.nPlain != 5 {
 		t.Fatalf("good runs [1,3) [5,8): %v", err)
 	}
+	defer func(n uint64) { restorePlainMax = n }(restorePlainMax)
+	restorePlainMax = 1
 	for name, runs := range map[string][]byte{
 		"over entry":      {1, 1, 5},
 		"at entry":        {1, 4, 1},
@@ -172,6 +174,7 @@ func TestRestoreRejectsBadRuns(t *testing.T) {
 		"empty":           {1, 1, 0},
 		"adjacent":        {2, 1, 2, 0, 1},
 		"count too large": {9, 1, 1},
+		"beyond the cap":  {1, 0, 2},
 	} {
 		if _, err := Restore(Config{}, build(runs...)); !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s: err %v", name, err)

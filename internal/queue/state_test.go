@@ -223,6 +223,12 @@ func FuzzRestore(f *testing.F) {
 	evs, _ := h.s.Enqueue(nil, m, 100)
 	mustApply(f, h, evs)
 	f.Add(h.s.Snapshot(nil))
+	enqueueN(f, h, 300, 100) // plain runs across a chunk boundary
+	mustApply(f, h, h.s.Lease(nil, "c", 2, 100))
+	f.Add(h.s.Snapshot(nil))
+	// Keep restores of claimed backlogs small enough to fuzz quickly.
+	defer func(n uint64) { restorePlainMax = n }(restorePlainMax)
+	restorePlainMax = 1 << 16
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, in := range [][]byte{b, withCRC(b)} {
 			s, err := Restore(Config{LeaseMs: 100}, in)
