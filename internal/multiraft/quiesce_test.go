@@ -1,9 +1,12 @@
 package multiraft
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -137,4 +140,65 @@ func TestHostLivenessAndNodeHeartbeats(t *testing.T) {
 	if beats != 4 || h.Stats().NodeHeartbeats != 4 || len(tr.sends) != 1 {
 		t.Fatalf("%d heartbeats in %d sends, stats %+v; want 4 in one batch", beats, len(tr.sends), h.Stats())
 	}
+}
+
+// Three hosts each on their own Run loop (goroutines, the real driver) over
+// the Network, pumped by a goroutine, in a synctest bubble: every group of
+// three elects a leader and then goes quiet.
+func TestHostsRunElectAndQuiesce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		net := NewNetwork(5, time.Now, Faults{DelayMinMs: 1, DelayMaxMs: 4})
+		const groups = 5
+		voters := []uint64{1, 2, 3}
+		hosts := map[uint64]*Host{}
+		reps := map[uint64][]*memReplica{}
+		for _, id := range voters {
+			h, err := NewHost(Config{NodeID: id, Transport: net.Endpoint(id), TickMs: 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			hosts[id] = h
+			net.Attach(id, h)
+			for g := uint64(1); g <= groups; g++ {
+				r, err := newMemReplica(id, g, 3, bootstrapStorage(voters), h.Sender(g), h.Live, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				reps[id] = append(reps[id], r)
+				h.AddGroup(g, r)
+			}
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		for _, h := range hosts {
+			wg.Go(func() { h.Run(ctx) })
+		}
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				time.Sleep(time.Millisecond)
+				net.DeliverDue(time.Now())
+			}
+		})
+		time.Sleep(5 * time.Second)
+		before := hosts[1].Stats()
+		time.Sleep(time.Second)
+		after := hosts[1].Stats()
+		cancel()
+		wg.Wait()
+		for g := range groups {
+			leaders := 0
+			for _, id := range voters {
+				if reps[id][g].leader() {
+					leaders++
+				}
+			}
+			if leaders != 1 {
+				t.Fatalf("group %d has %d leaders", g+1, leaders)
+			}
+		}
+		if after.GroupTicks != before.GroupTicks || after.Sent-before.Sent != after.NodeHeartbeats-before.NodeHeartbeats {
+			t.Fatalf("idle second: %d group ticks, %d sent, %d node heartbeats",
+				after.GroupTicks-before.GroupTicks, after.Sent-before.Sent, after.NodeHeartbeats-before.NodeHeartbeats)
+		}
+	})
 }
