@@ -70,6 +70,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	tf := addTLSFlags(fs)
+	cf := addCredFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, benchUsage+"\nflags:\n")
 		fs.PrintDefaults()
@@ -91,11 +92,15 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if !*quiet {
 		cfg.Progress = stderr
 	}
+	cred, err := cf.credentials()
+	if err != nil {
+		return err
+	}
 	tcfg, err := tf.config()
 	if err != nil {
 		return err
 	}
-	var opts []sinew.Option
+	opts := []sinew.Option{cred}
 	if tcfg != nil {
 		opts = append(opts, sinew.WithTLS(tcfg))
 	}

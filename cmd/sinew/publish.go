@@ -73,12 +73,26 @@ func init() {
 
 // clientFlags are the connection flags of the client commands.
 type clientFlags struct {
-	addr         *string
+	credFlags
+	addr    *string
+	timeout *time.Duration
+	tls     tlsFlags
+}
+
+// credFlags are the login flags of every command that connects to a broker.
+type credFlags struct {
 	token        *string
 	user         *string
 	passwordFile *string
-	timeout      *time.Duration
-	tls          tlsFlags
+}
+
+func addCredFlags(fs *flag.FlagSet) credFlags {
+	return credFlags{
+		token: fs.String("token", os.Getenv("SINEW_TOKEN"), "auth token (env SINEW_TOKEN)"),
+		user: fs.String("user", os.Getenv("SINEW_USER"),
+			"log in as this user (env SINEW_USER); the password comes from env SINEW_PASSWORD or --password-file, never from the command line"),
+		passwordFile: fs.String("password-file", "", "read the --user password from the first line of this `file`"),
+	}
 }
 
 func addClientFlags(fs *flag.FlagSet) clientFlags {
@@ -87,13 +101,10 @@ func addClientFlags(fs *flag.FlagSet) clientFlags {
 		addr = clientAddrDefault
 	}
 	return clientFlags{
-		addr:  fs.String("addr", addr, "broker address `host:port` (env SINEW_ADDR)"),
-		token: fs.String("token", os.Getenv("SINEW_TOKEN"), "auth token (env SINEW_TOKEN)"),
-		user: fs.String("user", os.Getenv("SINEW_USER"),
-			"log in as this user (env SINEW_USER); the password comes from env SINEW_PASSWORD or --password-file, never from the command line"),
-		passwordFile: fs.String("password-file", "", "read the --user password from the first line of this `file`"),
-		timeout:      fs.Duration("connect-timeout", clientConnectTimeoutDefault, "give up the first connect after this long"),
-		tls:          addTLSFlags(fs),
+		addr:      fs.String("addr", addr, "broker address `host:port` (env SINEW_ADDR)"),
+		credFlags: addCredFlags(fs),
+		timeout:   fs.Duration("connect-timeout", clientConnectTimeoutDefault, "give up the first connect after this long"),
+		tls:       addTLSFlags(fs),
 	}
 }
 
@@ -134,7 +145,7 @@ const passwordFileBytesMax = auth.PasswordBytesMax + 2
 // --token. The password is never a flag value, because the command line of
 // a running process is visible to every local user (ps, /proc/PID/cmdline)
 // and often lands in shell history.
-func (f clientFlags) credentials() (sinew.Option, error) {
+func (f credFlags) credentials() (sinew.Option, error) {
 	if *f.user == "" {
 		if *f.passwordFile != "" {
 			return nil, fmt.Errorf("%w: --password-file needs --user", errUsage)

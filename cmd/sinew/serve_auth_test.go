@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"log/slog"
 	"net/http"
 	"os"
@@ -125,5 +126,54 @@ func TestServeUserLoginAndCLI(t *testing.T) {
 	samples, _ := scrapeAs(t, adminAddr, req.Header.Get("Authorization"))
 	if got := samples["sinew_auth_failures_total"]; got != 2 {
 		t.Fatalf("sinew_auth_failures_total = %v, want 2", got)
+	}
+}
+
+// TestBenchLogsIn: sinew bench logs in like the other client commands, with
+// --user and SINEW_PASSWORD or --password-file, or --token; without
+// credentials, or with a wrong password, the broker refuses it.
+func TestBenchLogsIn(t *testing.T) {
+	cfg := testServeConfig(t)
+	cfg.Auth.Tokens = []string{"bench-token-0123456789"}
+	users := openTestUsers(t, cfg.DataDir)
+	// bench declares its queue: it needs manage on its topics.
+	if err := users.Add("bencher", "bench password", auth.Permissions{Publish: []string{"bench-*"}, Consume: []string{"bench-*"}, Manage: []string{"bench-*"}}); err != nil {
+		t.Fatal(err)
+	}
+	addr, _, _ := runServeAdmin(t, cfg)
+	bench := func(args ...string) (int, string, string) {
+		t.Helper()
+		return runCmd(t, "", append([]string{"bench", "publish", "--addr", addr, "--duration", "200ms", "--warmup", "0s", "--quiet", "--json"}, args...)...)
+	}
+	benched := func(what string, code int, out, errOut string) {
+		t.Helper()
+		var res struct{ Messages int64 }
+		if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Messages == 0 {
+			t.Fatalf("%s: exit %d, out %q, stderr %s", what, code, out, errOut)
+		}
+	}
+
+	if code, _, errOut := bench(); code == 0 || !strings.Contains(errOut, "auth_failed") {
+		t.Fatalf("no credentials: exit %d, %s", code, errOut)
+	}
+	t.Setenv("SINEW_PASSWORD", "wrong password")
+	if code, _, errOut := bench("--user", "bencher"); code == 0 || !strings.Contains(errOut, "auth_failed") || strings.Contains(errOut, "wrong password") {
+		t.Fatalf("wrong password: exit %d, %s", code, errOut)
+	}
+	t.Setenv("SINEW_PASSWORD", "bench password")
+	code, out, errOut := bench("--user", "bencher")
+	benched("SINEW_PASSWORD", code, out, errOut)
+	t.Setenv("SINEW_PASSWORD", "")
+
+	pwFile := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pwFile, []byte("bench password\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = bench("--user", "bencher", "--password-file", pwFile)
+	benched("--password-file", code, out, errOut)
+	code, out, errOut = bench("--token", "bench-token-0123456789")
+	benched("--token", code, out, errOut)
+	if code, _, errOut := bench("--user", "bencher", "--token", "bench-token-0123456789", "--password-file", pwFile); code == 0 || !strings.Contains(errOut, "not both") {
+		t.Fatalf("--user and --token: exit %d, %s", code, errOut)
 	}
 }
