@@ -7,6 +7,7 @@
 // what was in flight (unconfirmed publishes, settles) before any new request.
 
 import * as net from "node:net";
+import * as tls from "node:tls";
 import { randomUUID } from "node:crypto";
 import {
   FLAG_NO_REPLY,
@@ -30,6 +31,7 @@ import {
   DisconnectedError,
   ProtocolError,
   SinewError,
+  TLSError,
   StaleDeliveryError,
   SubscriptionEndedError,
   isRetryable,
@@ -67,6 +69,10 @@ export interface ConnectOptions {
   /** Log in as this user, with `credentials` as its password. Use TLS
    * unless the broker is on loopback: the password travels in HELLO. */
   user?: string;
+  /** Connect with TLS (1.2 or later): `true` verifies the broker against
+   * Node's default CAs; an object sets a private CA, a client certificate
+   * (mutual TLS) and the name to verify. Unset: plaintext. */
+  tls?: TLSOptions | true;
   /** Reconnect backoff; unset fields take the defaults (100 ms → 30 s, ×2, ±10 %, reset after 10 s, unlimited). */
   reconnect?: Partial<ReconnectPolicy>;
   /** What the broker does on resume with subscriptions it no longer holds:
@@ -94,6 +100,22 @@ export interface ConnectOptions {
   now?: () => number;
   /** Receives connection events (attempts, losses, resumes); payloads never. */
   log?: (event: string, detail: Record<string, unknown>) => void;
+}
+
+/** TLS settings of connect. Certificates and keys are PEM contents, not
+ * file names: read them with `fs.readFileSync`. */
+export interface TLSOptions {
+  /** The CA certificate(s) that signed the broker's certificate, in place of
+   * Node's default CAs (for example `ca.pem` of `sinew cert generate`). */
+  ca?: string | Buffer | Array<string | Buffer>;
+  /** The client certificate chain, for a broker with `tls.client_ca_file`
+   * (mutual TLS). Goes with `key`. */
+  cert?: string | Buffer;
+  /** The private key of `cert`. */
+  key?: string | Buffer;
+  /** The name the broker's certificate must carry (default: the host of the
+   * address). Sent as SNI when it is a DNS name. */
+  servername?: string;
 }
 
 /** Options of one publish. */
@@ -505,7 +527,8 @@ export class Client {
   /** One connect attempt: dial, handshake, restore the session. */
   private async attempt(signal?: AbortSignal): Promise<Conn> {
     const [host, port] = splitAddr(this.addr);
-    const sock = await dial(host, port, this.o.dialTimeoutMs ?? 10_000, signal);
+    const tlsOpts = this.o.tls === true ? {} : this.o.tls;
+    const sock = await dial(host, port, this.o.dialTimeoutMs ?? 10_000, signal, tlsOpts);
     const c = new Conn(this, sock, this.epoch);
     const hello = await this.handshake(c);
     const offered = this.identity.client_id !== "";
@@ -581,7 +604,8 @@ export class Client {
         (e) => {
           clearTimeout(t);
           c.close(e);
-          reject(e instanceof ConnectionLostError && e.cause ? e.cause : e);
+          const cause = e instanceof ConnectionLostError && e.cause ? e.cause : e;
+          reject(this.o.tls && isTLSFailure(cause) ? tlsError(this.addr, cause) : cause);
         },
       );
     });
@@ -1405,29 +1429,80 @@ function splitAddr(addr: string): [string, number] {
   return [host || "127.0.0.1", port];
 }
 
-function dial(host: string, port: number, timeoutMs: number, signal?: AbortSignal): Promise<net.Socket> {
+/**
+ * Opens a TCP connection, and with t a TLS session over it; resolves once
+ * the TLS handshake is done. TLS failures become a TLSError; plain network
+ * errors keep their code so that isRetryable can judge them.
+ */
+function dial(host: string, port: number, timeoutMs: number, signal?: AbortSignal, t?: TLSOptions): Promise<net.Socket> {
   return new Promise((resolve, reject) => {
-    const sock = net.connect({ host, port, noDelay: true });
+    let sock: net.Socket;
+    if (t) {
+      if (!t.cert !== !t.key) {
+        reject(new TLSError(`connect ${host}:${port}: tls.cert and tls.key go together`));
+        return;
+      }
+      const name = t.servername || host;
+      const o: tls.ConnectionOptions = {
+        host,
+        port,
+        minVersion: "TLSv1.2",
+        // Checked against name rather than host, so that servername works for an IP address too.
+        checkServerIdentity: (_h, cert) => tls.checkServerIdentity(name, cert),
+      };
+      if (net.isIP(name) === 0) o.servername = name; // SNI carries DNS names only
+      if (t.ca !== undefined) o.ca = t.ca;
+      if (t.cert !== undefined) o.cert = t.cert;
+      if (t.key !== undefined) o.key = t.key;
+      sock = tls.connect(o);
+    } else {
+      sock = net.connect({ host, port, noDelay: true });
+    }
     const fail = (e: unknown) => {
       cleanup();
       sock.destroy();
-      reject(e);
+      // A network error stays retryable: a broker restarting mid-handshake
+      // is no reason to give up.
+      reject(t && isTLSFailure(e) ? tlsError(`${host}:${port}`, e) : e);
     };
-    const t = setTimeout(() => fail(Object.assign(new Error(`connect ${host}:${port}: timed out`), { code: "ETIMEDOUT" })), timeoutMs);
+    const timer = setTimeout(() => fail(Object.assign(new Error(`connect ${host}:${port}: timed out`), { code: "ETIMEDOUT" })), timeoutMs);
     const onAbort = () => fail(signal!.reason);
     const onErr = (e: Error) => fail(e);
+    const onClose = () => fail(Object.assign(new Error("the connection closed during the TLS handshake"), { code: "ECONNRESET" }));
     const cleanup = () => {
-      clearTimeout(t);
+      clearTimeout(timer);
       sock.off("error", onErr);
+      sock.off("close", onClose);
       signal?.removeEventListener("abort", onAbort);
     };
     sock.once("error", onErr);
+    if (t) sock.once("close", onClose);
     signal?.addEventListener("abort", onAbort, { once: true });
-    sock.once("connect", () => {
+    sock.once(t ? "secureConnect" : "connect", () => {
       cleanup();
+      if (t) sock.setNoDelay(true);
       resolve(sock);
     });
   });
+}
+
+/** Whether err comes from TLS (OpenSSL or certificate verification), not
+ * from the network. */
+function isTLSFailure(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code;
+  if (typeof code !== "string") return false;
+  return code.startsWith("ERR_SSL_") || code.startsWith("ERR_TLS_") || /CERT|SELF_SIGNED|UNABLE_TO_/.test(code);
+}
+
+/** The TLSError for a failed handshake with addr, naming the likely cause. */
+function tlsError(addr: string, err: unknown): TLSError {
+  const e = err as { code?: unknown; reason?: unknown; message?: unknown } | null;
+  if (e?.code === "ERR_SSL_WRONG_VERSION_NUMBER" || e?.code === "ERR_SSL_PACKET_LENGTH_TOO_LONG") {
+    return new TLSError(`connect ${addr}: the broker did not speak TLS (is it a plaintext port?)`, err);
+  }
+  // OpenSSL's own message carries its source file and line; its reason reads better.
+  const why = typeof e?.reason === "string" ? e.reason : String(e?.message ?? err);
+  return new TLSError(`connect ${addr}: TLS handshake failed: ${why} (${String(e?.code)})`, err);
 }
 
 /**

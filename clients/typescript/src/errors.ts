@@ -108,6 +108,19 @@ export class ConnectionLostError extends SinewError {
   }
 }
 
+/** The TLS handshake failed: the broker's certificate did not verify
+ * (another CA, expired, a name other than the one dialled), the broker
+ * refused the client's certificate or asked for one the client did not give,
+ * or the port does not speak TLS. Fatal: trying again would fail the same
+ * way. `cause` is Node's error, whose `code` names the reason (for example
+ * `UNABLE_TO_VERIFY_LEAF_SIGNATURE`, `CERT_HAS_EXPIRED`). */
+export class TLSError extends SinewError {
+  override name = "TLSError";
+  constructor(message: string, cause?: unknown) {
+    super(message, false, { cause });
+  }
+}
+
 /** The broker broke the protocol (a malformed or unexpected frame). Fatal: the
  * client does not reconnect. */
 export class ProtocolError extends SinewError {

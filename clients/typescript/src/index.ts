@@ -1,6 +1,6 @@
 // Sinew client for TypeScript and JavaScript (Node 20+), no runtime dependencies.
 export { connect, Client, Subscription, Message, CLIENT_VERSION } from "./client.js";
-export type { ConnectOptions, PublishOptions, PublishResult, SubscribeOptions, QueueOptions } from "./client.js";
+export type { ConnectOptions, TLSOptions, PublishOptions, PublishResult, SubscribeOptions, QueueOptions } from "./client.js";
 export { backoffDelay, reconnectPolicy, RECONNECT_DEFAULTS } from "./backoff.js";
 export type { ReconnectPolicy } from "./backoff.js";
 export {
@@ -10,6 +10,7 @@ export {
   DisconnectedError,
   ConnectionLostError,
   ProtocolError,
+  TLSError,
   StaleDeliveryError,
   AlreadySettledError,
   SubscriptionEndedError,
