@@ -38,6 +38,7 @@ from .errors import (
     SettleError,
     SinewError,
     StaleDeliveryError,
+    TLSError,
     SubscriptionEnded,
     UnknownTagError,
     UnsubscribedError,
@@ -50,6 +51,6 @@ __all__ = [
     "ReconnectPolicy", "Subscription", "connect",
     "AlreadySettledError", "BrokerError", "ClientClosedError", "ConnectionLostError", "DisconnectedError",
     "HeartbeatTimeoutError", "ProtocolError", "ReconciledClosedError", "RecreateFailedError", "SettleError",
-    "SinewError", "StaleDeliveryError", "SubscriptionEnded", "UnknownTagError", "UnsubscribedError",
+    "SinewError", "StaleDeliveryError", "TLSError", "SubscriptionEnded", "UnknownTagError", "UnsubscribedError",
     "is_retryable",
 ]

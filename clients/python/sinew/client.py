@@ -41,6 +41,7 @@ from .errors import (
     RecreateFailedError,
     SinewError,
     StaleDeliveryError,
+    TLSError,
     UnknownTagError,
     UnsubscribedError,
     is_retryable,
@@ -610,13 +611,25 @@ class Client:
         self._notify()
 
     async def _connect(self) -> _Conn:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(self._host, self._port, ssl=self._ssl,
-                                    server_hostname=self._host if self._ssl else None),
-            self._dial_timeout)
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self._host, self._port, ssl=self._ssl,
+                                        server_hostname=self._host if self._ssl else None),
+                self._dial_timeout)
+        except _ssl.SSLError as e:
+            if is_retryable(e):
+                raise
+            raise self._tls_error(e) from e
         ident = self._identity
         try:
             hello = await asyncio.wait_for(self._handshake(reader, writer, ident), self._handshake_timeout)
+        except _ssl.SSLError as e:
+            # TLS 1.3 sends the verdict on the client's certificate after the
+            # handshake, so it arrives while waiting for HELLO_OK.
+            writer.transport.abort()
+            if is_retryable(e):
+                raise
+            raise self._tls_error(e) from e
         except BaseException:
             writer.transport.abort()
             raise
@@ -649,6 +662,13 @@ class Client:
                 self._conn = None
             raise
         return conn
+
+    def _tls_error(self, e: _ssl.SSLError) -> TLSError:
+        """The TLSError for a handshake that failed with e, naming the likely cause."""
+        where = f"sinew: connect {self._host}:{self._port}"
+        if getattr(e, "reason", "") in ("WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE"):
+            return TLSError(f"{where}: the broker did not speak TLS (is it a plaintext port?): {e}")
+        return TLSError(f"{where}: TLS handshake failed: {e}")
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          ident: w.ResumeIdentity) -> w.HelloOK:

@@ -110,6 +110,14 @@ class ProtocolError(SinewError):
     """The broker sent a malformed or unexpected frame. The client stops."""
 
 
+class TLSError(SinewError):
+    """The TLS handshake failed: the broker's certificate did not verify
+    (another CA, expired, another name), the broker refused the client's
+    certificate or asked for one it did not get, or the port does not speak
+    TLS. Not retryable: trying again fails the same way. ``__cause__`` is the
+    :class:`ssl.SSLError`."""
+
+
 class ClientClosedError(SinewError):
     """The client was closed; also the end reason of its subscriptions."""
 
@@ -155,12 +163,15 @@ def is_retryable(exc: BaseException) -> bool:
     """Whether ``exc`` is transient: the operation or a reconnect may succeed
     later. Network failures (refused, reset, timed out, closed early) are;
     rejected handshakes, protocol violations, bad requests, certificate
-    failures and a closed client are not."""
+    failures, other TLS failures and a closed client are not."""
     import ssl
 
     if isinstance(exc, SinewError):
         return exc.retryable
-    if isinstance(exc, ssl.SSLCertVerificationError):
+    # A TLS session cut short (EOF, a socket error) is the network's doing; any
+    # other SSLError is a verdict (a certificate, an alert, bytes that are not
+    # TLS) that a retry would meet again.
+    if isinstance(exc, ssl.SSLError) and not isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)):
         return False
     if isinstance(exc, (ConnectionError, TimeoutError, EOFError, OSError)):
         return True

@@ -438,9 +438,97 @@ class TLS(unittest.IsolatedAsyncioTestCase):
             self.assertEqual(m.body, b"sealed")
             await m.complete()
         # A client that does not trust the certificate fails at once, not retryable.
-        with self.assertRaises(ssl.SSLCertVerificationError) as cm:
-            await sinew.connect(b.addr, ssl=ssl.create_default_context(), sleep=Recorder())
+        rec = Recorder()
+        with self.assertRaises(sinew.TLSError) as cm:
+            await sinew.connect(b.addr, ssl=ssl.create_default_context(), sleep=rec)
+        self.assertIsInstance(cm.exception.__cause__, ssl.SSLCertVerificationError)
         self.assertFalse(sinew.is_retryable(cm.exception))
+        self.assertEqual(rec.delays, [])
+
+
+class MutualTLS(unittest.IsolatedAsyncioTestCase):
+    """Certificates from `sinew cert generate`; a broker that requires a
+    client certificate and has a user, one with TLS only, and a plaintext
+    one."""
+
+    async def asyncSetUp(self) -> None:
+        d = tempfile.TemporaryDirectory(prefix="sinew-pytest-mtls-")
+        self.addCleanup(d.cleanup)
+        binary = await asyncio.to_thread(broker_binary)
+        for sub in ("ca", "other"):
+            await asyncio.to_thread(subprocess.run, [binary, "cert", "generate", "--dir", os.path.join(d.name, sub)],
+                                    check=True, capture_output=True)
+        self.ca, self.other = os.path.join(d.name, "ca"), os.path.join(d.name, "other")
+        server = ("--tls-cert-file", os.path.join(self.ca, "server.pem"),
+                  "--tls-key-file", os.path.join(self.ca, "server-key.pem"))
+        self.mtls = Broker(*server, "--tls-client-ca-file", os.path.join(self.ca, "ca.pem"), "--tls-client-auth", "require")
+        self.addAsyncCleanup(self.mtls.close)
+        await asyncio.to_thread(
+            subprocess.run, [binary, "admin", "user", "add", "alice", "--data-dir", self.mtls.data.name,
+                             "--publish", "*", "--consume", "*", "--password-stdin"],
+            input=b"correct horse\n", check=True, capture_output=True)
+        self.plain = Broker()
+        self.addAsyncCleanup(self.plain.close)
+        await self.mtls.start()
+        await self.plain.start()
+
+    def ctx(self, client_from: str | None) -> ssl.SSLContext:
+        c = ssl.create_default_context(cafile=os.path.join(self.ca, "ca.pem"))
+        if client_from:
+            c.load_cert_chain(os.path.join(client_from, "client.pem"), os.path.join(client_from, "client-key.pem"))
+        return c
+
+    async def test_client_certificate_and_user_login(self) -> None:
+        async with await within(sinew.connect(self.mtls.addr, ssl=self.ctx(self.ca), user="alice",
+                                              credentials="correct horse")) as c:
+            await within(c.publish("mtls", b"sealed"))
+            m = await recv(await c.subscribe("mtls"))
+            self.assertEqual(m.body, b"sealed")
+            await m.complete()
+        # The right certificate does not stand in for the password.
+        for kw in ({"user": "alice", "credentials": "wrong horse"}, {}):
+            rec = Recorder()
+            with self.assertRaises(sinew.BrokerError) as cm:
+                await within(sinew.connect(self.mtls.addr, ssl=self.ctx(self.ca), sleep=rec, **kw))
+            self.assertEqual(cm.exception.name, "auth_failed")
+            self.assertEqual(rec.delays, [])
+
+    async def test_missing_or_foreign_client_certificate(self) -> None:
+        # Under TLS 1.2 the broker's verdict on the client certificate is part
+        # of the handshake: a TLSError at once.
+        for client_from in (None, self.other):
+            ctx = self.ctx(client_from)
+            ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+            rec = Recorder()
+            with self.assertRaises(sinew.TLSError) as cm:
+                await within(sinew.connect(self.mtls.addr, ssl=ctx, user="alice",
+                                           credentials="correct horse", sleep=rec))
+            self.assertIn("TLS handshake failed", str(cm.exception))
+            self.assertIsInstance(cm.exception.__cause__, ssl.SSLError)
+            self.assertEqual(rec.delays, [], "not retried")
+        # Under TLS 1.3 the verdict follows the handshake, and the broker's
+        # close can reset the connection before the client reads it: then the
+        # attempt looks like a network failure and is retried. Either way the
+        # client never gets in.
+        for client_from in (None, self.other):
+            with self.assertRaises((sinew.TLSError, sinew.DisconnectedError)):
+                await within(sinew.connect(self.mtls.addr, ssl=self.ctx(client_from), user="alice",
+                                           credentials="correct horse", sleep=Recorder()))
+
+    async def test_tls_client_on_plaintext_port(self) -> None:
+        rec = Recorder()
+        with self.assertRaises(sinew.TLSError) as cm:
+            await within(sinew.connect(self.plain.addr, ssl=self.ctx(None), sleep=rec))
+        self.assertIn("did not speak TLS", str(cm.exception))
+        self.assertEqual(rec.delays, [], "not retried until the connect timeout")
+
+    async def test_plaintext_client_on_tls_port(self) -> None:
+        rec = Recorder()
+        with self.assertRaises(sinew.BrokerError) as cm:
+            await within(sinew.connect(self.mtls.addr, sleep=rec))
+        self.assertEqual(cm.exception.name, "bad_request")
+        self.assertIn("this port requires TLS", str(cm.exception))
+        self.assertEqual(rec.delays, [])
 
 
 class SubscriptionEnds(BrokerCase):
