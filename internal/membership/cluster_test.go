@@ -1,0 +1,313 @@
+package membership
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// errCut is what a cut link returns.
+var errCut = errors.New("link cut by test")
+
+// filterTransport is memberlist's own UDP and TCP transport with links the
+// test can cut: a packet to a blocked address is dropped and a dial to it
+// fails. Cutting both directions (each side blocks the other) is a
+// network partition.
+type filterTransport struct {
+	*memberlist.NetTransport
+	mu      sync.Mutex
+	blocked map[string]bool
+}
+
+func (f *filterTransport) cut(addr string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.blocked[addr]
+}
+
+func (f *filterTransport) setBlocked(addrs ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.blocked = map[string]bool{}
+	for _, a := range addrs {
+		f.blocked[a] = true
+	}
+}
+
+func (f *filterTransport) WriteTo(b []byte, addr string) (time.Time, error) {
+	if f.cut(addr) {
+		return time.Now(), nil // lost in the network, as UDP is
+	}
+	return f.NetTransport.WriteTo(b, addr)
+}
+
+func (f *filterTransport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
+	return f.WriteTo(b, a.Addr)
+}
+
+func (f *filterTransport) DialTimeout(addr string, d time.Duration) (net.Conn, error) {
+	if f.cut(addr) {
+		return nil, errCut
+	}
+	return f.NetTransport.DialTimeout(addr, d)
+}
+
+func (f *filterTransport) DialAddressTimeout(a memberlist.Address, d time.Duration) (net.Conn, error) {
+	return f.DialTimeout(a.Addr, d)
+}
+
+func testLogger(t *testing.T, id string) *log.Logger {
+	if !testing.Verbose() {
+		return nil
+	}
+	return log.New(os.Stderr, id+" ", log.Lmicroseconds)
+}
+
+type node struct {
+	m  *Membership
+	tr *filterTransport
+}
+
+// startCluster starts n nodes on loopback with OS-chosen ports and the LAN
+// profile, each joining the first, and waits until every node sees every
+// other alive.
+func startCluster(t *testing.T, n int) []*node {
+	t.Helper()
+	nodes := make([]*node, n)
+	for i := range n {
+		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{"127.0.0.1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := &filterTransport{NetTransport: nt}
+		var seeds []string
+		if i > 0 {
+			seeds = []string{nodes[0].m.Addr()}
+		}
+		id := fmt.Sprintf("n%d", i)
+		m, err := New(Config{
+			Meta:      Meta{NodeID: id, ClientAddr: id + ":client", PeerAddr: id + ":peer"},
+			Profile:   LANProfile(),
+			Seeds:     seeds,
+			Transport: tr,
+			Logger:    testLogger(t, id),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[i] = &node{m: m, tr: tr}
+		t.Cleanup(func() { _ = m.Close() })
+	}
+	for i, nd := range nodes {
+		awaitView(t, nd, fmt.Sprintf("n%d sees everyone alive", i), func() bool {
+			alive := 0
+			for _, p := range nd.m.Members() {
+				if p.State == StateAlive {
+					alive++
+				}
+			}
+			return alive == n-1
+		})
+	}
+	return nodes
+}
+
+// waitMax bounds every wait. It is far above the LAN profile's detection
+// time (1.5 s plus a probe round) so that a loaded machine does not fail
+// the test; it is a bound, not an expectation.
+const waitMax = 30 * time.Second
+
+// awaitEvent reads nd's events until one matches, failing after waitMax.
+func awaitEvent(t *testing.T, nd *node, what string, match func(Event) bool) Event {
+	t.Helper()
+	deadline := time.After(waitMax)
+	for {
+		select {
+		case ev, ok := <-nd.m.Events():
+			if !ok {
+				t.Fatalf("%s: events closed", what)
+			}
+			if match(ev) {
+				return ev
+			}
+		case <-deadline:
+			t.Fatalf("%s: not within %v; members %+v", what, waitMax, nd.m.Members())
+		}
+	}
+}
+
+// awaitView reads nd's events until cond holds of its view (checked at
+// start and after each event), failing after waitMax.
+func awaitView(t *testing.T, nd *node, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(waitMax)
+	for !cond() {
+		select {
+		case _, ok := <-nd.m.Events():
+			if !ok {
+				t.Fatalf("%s: events closed", what)
+			}
+		case <-deadline:
+			t.Fatalf("%s: not within %v; members %+v", what, waitMax, nd.m.Members())
+		}
+	}
+}
+
+func stateOf(nd *node, name string) State {
+	for _, p := range nd.m.Members() {
+		if p.Name == name {
+			return p.State
+		}
+	}
+	return 0
+}
+
+func TestMetaSpreads(t *testing.T) {
+	nodes := startCluster(t, 3)
+	for _, p := range nodes[2].m.Members() {
+		want := Meta{NodeID: p.Name, ClientAddr: p.Name + ":client", PeerAddr: p.Name + ":peer"}
+		if p.Meta != want || p.MetaErr != nil {
+			t.Errorf("n2 sees %s with meta %+v (%v), want %+v", p.Name, p.Meta, p.MetaErr, want)
+		}
+	}
+}
+
+func TestCrashIsDead(t *testing.T) {
+	nodes := startCluster(t, 3)
+	killed := time.Now()
+	if err := nodes[2].m.Close(); err != nil { // no Leave: a crash to the others
+		t.Fatal(err)
+	}
+	for i, nd := range nodes[:2] {
+		ev := awaitEvent(t, nd, fmt.Sprintf("n%d sees n2 dead", i), func(ev Event) bool {
+			return ev.Node == "n2" && ev.Kind == EventDead
+		})
+		if ev.Meta.PeerAddr != "n2:peer" {
+			t.Errorf("dead event meta %+v", ev.Meta)
+		}
+		t.Logf("n%d saw n2 dead %v after the crash (LAN worst case %v after the first failed probe)",
+			i, time.Since(killed).Round(time.Millisecond), LANProfile().WorstCaseDetection(3))
+		// One of two peers gone is not a majority.
+		if nd.m.Fenced() {
+			t.Errorf("n%d fenced with one of two peers dead", i)
+		}
+	}
+}
+
+func TestLeaveIsLeft(t *testing.T) {
+	nodes := startCluster(t, 3)
+	if err := nodes[2].m.Leave(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := nodes[2].m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i, nd := range nodes[:2] {
+		awaitEvent(t, nd, fmt.Sprintf("n%d sees n2 leave", i), func(ev Event) bool {
+			if ev.Node == "n2" && ev.Kind == EventDead {
+				t.Errorf("n%d saw n2 dead, not left", i)
+			}
+			return ev.Node == "n2" && ev.Kind == EventLeave
+		})
+		if nd.m.Fenced() {
+			t.Errorf("n%d fenced after a leave", i)
+		}
+	}
+}
+
+func TestPartitionFencesMinority(t *testing.T) {
+	nodes := startCluster(t, 5)
+	iso := nodes[4]
+	var others []string
+	for _, nd := range nodes[:4] {
+		others = append(others, nd.m.Addr())
+		nd.tr.setBlocked(iso.m.Addr())
+	}
+	iso.tr.setBlocked(others...)
+
+	awaitEvent(t, iso, "n4 fences", func(ev Event) bool { return ev.Kind == EventFenced && ev.Node == "n4" })
+	if !iso.m.Fenced() {
+		t.Fatal("Fenced() false after EventFenced")
+	}
+	for i, nd := range nodes[:4] {
+		awaitEvent(t, nd, fmt.Sprintf("n%d sees n4 dead", i), func(ev Event) bool {
+			if ev.Kind == EventFenced {
+				t.Errorf("n%d of the majority fenced", i)
+			}
+			return ev.Node == "n4" && ev.Kind == EventDead
+		})
+		if nd.m.Fenced() {
+			t.Errorf("n%d of the majority is fenced", i)
+		}
+	}
+
+	for _, nd := range nodes {
+		nd.tr.setBlocked()
+	}
+	awaitEvent(t, iso, "n4 unfences on heal", func(ev Event) bool { return ev.Kind == EventUnfenced })
+	for i, nd := range nodes[:4] {
+		awaitView(t, nd, fmt.Sprintf("n%d sees n4 alive again", i), func() bool { return stateOf(nd, "n4") == StateAlive })
+	}
+	awaitView(t, iso, "n4 sees everyone alive", func() bool {
+		for _, p := range iso.m.Members() {
+			if p.State != StateAlive {
+				return false
+			}
+		}
+		return true
+	})
+	if iso.m.Stats().ReconnectAttempts == 0 {
+		t.Error("healed without a reconnect attempt; the reconnect loop is untested")
+	}
+}
+
+// TestEventsCoalesce: a reader that does not read loses no node's latest
+// state; transitions of one node fold into one pending event.
+func TestEventsCoalesce(t *testing.T) {
+	m := &Membership{self: "me", pending: map[string]*Event{}, table: map[string]*Member{}, kick: make(chan struct{}, 1)}
+	set := func(name string, s State) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.setLocked(name, s, name+":7946", Meta{NodeID: name}, nil)
+		m.fenceLocked()
+	}
+	set("a", StateAlive)
+	set("b", StateAlive)
+	set("c", StateAlive)
+	set("a", StateDead)
+	set("a", StateAlive)
+	set("a", StateDead)
+	if len(m.order) != 3 {
+		t.Fatalf("pending %v, want a, b and c", m.order)
+	}
+	if ev := *m.pending["a"]; ev.Kind != EventDead || ev.Coalesced != 3 {
+		t.Errorf("a: %+v, want dead with 3 coalesced", ev)
+	}
+	if ev := *m.pending["b"]; ev.Kind != EventJoin || ev.Coalesced != 0 {
+		t.Errorf("b: %+v, want join", ev)
+	}
+	if m.fenced {
+		t.Error("fenced with one of three peers dead")
+	}
+	set("b", StateDead)
+	if !m.fenced || m.pending["me"] == nil || m.pending["me"].Kind != EventFenced {
+		t.Errorf("two of three peers dead: fenced %v, pending %+v", m.fenced, m.pending["me"])
+	}
+	set("b", StateLeft)
+	if m.fenced {
+		t.Error("fenced with one of two remaining peers dead (b left)")
+	}
+	if ev := m.pending["me"]; ev == nil || ev.Kind != EventUnfenced || ev.Coalesced != 1 {
+		t.Errorf("fence event %+v, want unfenced with 1 coalesced", ev)
+	}
+}

@@ -1,0 +1,564 @@
+package membership
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Errors returned by this package.
+var (
+	// ErrBadConfig reports a Config or Profile that cannot run.
+	ErrBadConfig = errors.New("membership: bad config")
+	// ErrBadMeta reports node metadata a peer sent that does not decode.
+	ErrBadMeta = errors.New("membership: bad node metadata")
+)
+
+// reconnectPeersMax bounds the peers one reconnect round tries to join, so
+// a round costs at most this many dial timeouts.
+const reconnectPeersMax = 8
+
+// Config configures a Membership.
+type Config struct {
+	// Meta is this node's metadata; Meta.NodeID is also its memberlist
+	// name and must be unique in the cluster.
+	Meta Meta
+	// BindAddr and BindPort are the gossip address (UDP and TCP, same
+	// port). Port 0 lets the operating system choose. Unused when
+	// Transport is set.
+	BindAddr string
+	BindPort int
+	// Profile is the failure detector's timing; zero means SeedProfile.
+	Profile Profile
+	// Seeds are the gossip addresses ("host:port") of nodes to join at
+	// start and to rejoin while fenced.
+	Seeds []string
+	// Transport replaces memberlist's UDP and TCP transport (tests wrap
+	// it to cut links). Nil means memberlist's own, bound to BindAddr.
+	Transport memberlist.Transport
+	// Logger receives memberlist's log lines; nil discards them.
+	Logger *log.Logger
+}
+
+// State is a peer's state in this node's view.
+type State uint8
+
+// Peer states.
+const (
+	// StateAlive: memberlist lists the peer (alive or suspect: memberlist
+	// does not say which, see the package doc).
+	StateAlive State = iota + 1
+	// StateDead: the suspicion timed out.
+	StateDead
+	// StateLeft: the peer said it was leaving.
+	StateLeft
+)
+
+func (s State) String() string {
+	switch s {
+	case StateAlive:
+		return "alive"
+	case StateDead:
+		return "dead"
+	case StateLeft:
+		return "left"
+	}
+	return "unknown(" + strconv.Itoa(int(s)) + ")"
+}
+
+// EventKind says what changed.
+type EventKind uint8
+
+// Event kinds.
+const (
+	// EventJoin: a peer appeared, or came back after dead or left.
+	EventJoin EventKind = iota + 1
+	// EventDead: a peer was declared dead.
+	EventDead
+	// EventLeave: a peer left.
+	EventLeave
+	// EventFenced: this node sees a majority of its peers dead.
+	EventFenced
+	// EventUnfenced: this node sees a majority of its peers again.
+	EventUnfenced
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventJoin:
+		return "join"
+	case EventDead:
+		return "dead"
+	case EventLeave:
+		return "leave"
+	case EventFenced:
+		return "fenced"
+	case EventUnfenced:
+		return "unfenced"
+	}
+	return "unknown(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Event is the latest transition of one node not yet read from Events.
+// Fenced and Unfenced events name this node.
+type Event struct {
+	Kind EventKind
+	// Node is the peer's memberlist name (its node id).
+	Node string
+	// Meta is the peer's metadata; MetaErr is set if it did not decode.
+	Meta    Meta
+	MetaErr error
+	// Coalesced counts earlier transitions of the same node that this
+	// event replaced because the reader had not taken them yet.
+	Coalesced int
+}
+
+// Member is one peer in the view.
+type Member struct {
+	Name    string
+	Addr    string
+	State   State
+	Meta    Meta
+	MetaErr error
+}
+
+// Stats counts what the view did.
+type Stats struct {
+	// Transitions is the number of peer state changes seen.
+	Transitions uint64
+	// Coalesced is the number of events replaced by a later one for the
+	// same node before they were read.
+	Coalesced uint64
+	// ReconnectAttempts is the number of peers a reconnect round tried.
+	ReconnectAttempts uint64
+}
+
+// Membership is one node's view of the cluster. See the package doc.
+type Membership struct {
+	ml       *memberlist.Memberlist
+	self     string
+	selfMeta Meta
+	meta     *metaDelegate
+	profile  Profile
+	seeds    []string
+
+	kick chan struct{} // cap 1: an event is pending
+	out  chan Event
+	stop chan struct{}
+	wg   sync.WaitGroup
+
+	closeOnce sync.Once
+
+	// mu guards everything below. It is never held while calling into
+	// memberlist, and memberlist's delegates take only mu.
+	mu      sync.Mutex
+	table   map[string]*Member
+	leaving map[string]bool // peers that sent msgLeaving; only names in table
+	fenced  bool
+	pending map[string]*Event
+	order   []string // pending keys, oldest first
+	stats   Stats
+	rrNext  int
+}
+
+// New starts a node's membership and joins cfg.Seeds (failing to reach any
+// seed is not an error: the reconnect loop keeps trying while fenced).
+func New(cfg Config) (*Membership, error) {
+	if cfg.Profile == (Profile{}) {
+		cfg.Profile = SeedProfile()
+	}
+	if err := cfg.Profile.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Meta.NodeID == "" {
+		return nil, fmt.Errorf("%w: empty node id", ErrBadConfig)
+	}
+	meta, err := cfg.Meta.encode()
+	if err != nil {
+		return nil, err
+	}
+	m := &Membership{
+		self:     cfg.Meta.NodeID,
+		selfMeta: cfg.Meta,
+		profile:  cfg.Profile,
+		seeds:    append([]string(nil), cfg.Seeds...),
+		kick:     make(chan struct{}, 1),
+		out:      make(chan Event),
+		stop:     make(chan struct{}),
+		table:    map[string]*Member{},
+		leaving:  map[string]bool{},
+		pending:  map[string]*Event{},
+	}
+	m.meta = newMetaDelegate(meta)
+	mc := cfg.memberlistConfig(m.meta, m)
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("membership: start memberlist: %w", err)
+	}
+	m.ml = ml
+	if len(m.seeds) > 0 {
+		// Best effort: a node may start before its seeds.
+		_, _ = ml.Join(m.seeds)
+	}
+	m.wg.Add(2)
+	go m.pump()
+	go m.reconnect()
+	return m, nil
+}
+
+// memberlistConfig maps cfg (with a validated Profile) onto memberlist's
+// configuration.
+func (cfg Config) memberlistConfig(md *metaDelegate, m *Membership) *memberlist.Config {
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = cfg.Meta.NodeID
+	mc.BindAddr = cfg.BindAddr
+	if mc.BindAddr == "" {
+		mc.BindAddr = "127.0.0.1"
+	}
+	mc.BindPort = cfg.BindPort
+	mc.AdvertisePort = cfg.BindPort
+	mc.Transport = cfg.Transport
+	p := cfg.Profile
+	mc.ProbeTimeout = p.ProbeTimeout
+	mc.ProbeInterval = p.ProbeInterval
+	mc.IndirectChecks = p.IndirectChecks
+	mc.SuspicionMult = p.SuspicionMult
+	mc.SuspicionMaxTimeoutMult = 1
+	// Lifeguard's awareness stretches the probe interval of a node that
+	// thinks itself slow. It is off so that WorstCaseDetection holds.
+	mc.AwarenessMaxMultiplier = 1
+	mc.TCPTimeout = max(2*p.ProbeInterval, time.Second)
+	mc.Delegate = &delegate{meta: md, m: m}
+	mc.Events = (*events)(m)
+	if cfg.Logger != nil {
+		mc.Logger = cfg.Logger
+	} else {
+		mc.LogOutput = io.Discard
+	}
+	return mc
+}
+
+// Addr is this node's gossip address, for other nodes' seeds.
+func (m *Membership) Addr() string {
+	n := m.ml.LocalNode()
+	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+}
+
+// Events delivers transitions, the latest per node (see Event.Coalesced).
+// It is closed after Close.
+func (m *Membership) Events() <-chan Event { return m.out }
+
+// Fenced reports whether this node sees a majority of its peers dead.
+func (m *Membership) Fenced() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.fenced
+}
+
+// Members returns the peers in the view (not this node), dead and left
+// ones included.
+func (m *Membership) Members() []Member {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Member, 0, len(m.table))
+	for _, p := range m.table {
+		out = append(out, *p)
+	}
+	return out
+}
+
+// Stats returns the view's counters.
+func (m *Membership) Stats() Stats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.stats
+}
+
+// Leave tells the other nodes this one is leaving, waiting at most
+// timeout for the message to spread; they see EventLeave, not EventDead.
+// Close afterwards.
+func (m *Membership) Leave(timeout time.Duration) error {
+	leaving := m.selfMeta
+	leaving.Leaving = true
+	b, err := leaving.encode()
+	if err != nil {
+		return err
+	}
+	m.meta.b.Store(&b)
+	// Spread the Leaving flag before the leave itself, so that peers
+	// record EventLeave rather than EventDead: in the metadata, by gossip,
+	// and to every member directly over TCP, because gossip may bring the
+	// leave before the metadata.
+	if err := m.ml.UpdateNode(timeout); err != nil {
+		return fmt.Errorf("membership: announce leaving: %w", err)
+	}
+	notice := append([]byte{msgLeaving}, m.self...)
+	for _, p := range m.Members() {
+		if p.State != StateAlive {
+			continue
+		}
+		host, port, err := net.SplitHostPort(p.Addr)
+		pn, perr := strconv.ParseUint(port, 10, 16)
+		if err != nil || perr != nil {
+			continue
+		}
+		to := &memberlist.Node{Name: p.Name, Addr: net.ParseIP(host), Port: uint16(pn)}
+		_ = m.ml.SendReliable(to, notice) // a peer that misses it sees a crash
+	}
+	return m.ml.Leave(timeout)
+}
+
+// Close stops gossip without a leave message (to the others it is a
+// crash, unless Leave came first), stops the view's goroutines and closes
+// Events.
+func (m *Membership) Close() error {
+	var err error
+	m.closeOnce.Do(func() {
+		close(m.stop)
+		err = m.ml.Shutdown()
+		m.wg.Wait()
+	})
+	return err
+}
+
+// setLocked records a peer's state and queues the transition, if any.
+func (m *Membership) setLocked(name string, s State, addr string, meta Meta, merr error) {
+	p, ok := m.table[name]
+	if !ok {
+		p = &Member{Name: name}
+		m.table[name] = p
+	}
+	old := p.State
+	p.State, p.Addr, p.Meta, p.MetaErr = s, addr, meta, merr
+	if old == s {
+		return
+	}
+	var k EventKind
+	switch s {
+	case StateDead:
+		k = EventDead
+	case StateLeft:
+		k = EventLeave
+	default: // new, or back from dead or left
+		k = EventJoin
+	}
+	m.stats.Transitions++
+	m.queueLocked(Event{Kind: k, Node: name, Meta: meta, MetaErr: merr})
+}
+
+// fenceLocked applies the seed's rule: fenced while more than half of the
+// peers that have not left are unreachable, here: dead.
+func (m *Membership) fenceLocked() {
+	peers, bad := 0, 0
+	for _, p := range m.table {
+		switch p.State {
+		case StateLeft:
+			continue
+		case StateDead:
+			bad++
+		}
+		peers++
+	}
+	f := bad*2 > peers
+	if f == m.fenced {
+		return
+	}
+	m.fenced = f
+	k := EventUnfenced
+	if f {
+		k = EventFenced
+	}
+	m.queueLocked(Event{Kind: k, Node: m.self})
+}
+
+// queueLocked makes ev the pending event of its node. At most one event
+// per node (and one for this node's fence) waits, so memory is bounded by
+// the cluster size and no node's latest state is ever dropped.
+func (m *Membership) queueLocked(ev Event) {
+	if p, ok := m.pending[ev.Node]; ok {
+		ev.Coalesced = p.Coalesced + 1
+		*p = ev
+		m.stats.Coalesced++
+		return
+	}
+	m.pending[ev.Node] = &ev
+	m.order = append(m.order, ev.Node)
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// pump hands pending events to the reader, oldest node first.
+func (m *Membership) pump() {
+	defer m.wg.Done()
+	defer close(m.out)
+	for {
+		m.mu.Lock()
+		var ev Event
+		have := len(m.order) > 0
+		if have {
+			key := m.order[0]
+			m.order = m.order[1:]
+			ev = *m.pending[key]
+			delete(m.pending, key)
+		}
+		m.mu.Unlock()
+		if !have {
+			select {
+			case <-m.stop:
+				return
+			case <-m.kick:
+				continue
+			}
+		}
+		select {
+		case <-m.stop:
+			return
+		case m.out <- ev:
+		}
+	}
+}
+
+// reconnect rejoins peers held dead, and the seeds while fenced. memberlist
+// stops probing a dead node, so after a partition heals each side would
+// otherwise go on holding the other dead; a join exchanges full state, and
+// each side then refutes the other's verdict on itself.
+func (m *Membership) reconnect() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.profile.ReconnectInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		addrs := m.reconnectTargets()
+		if len(addrs) == 0 {
+			continue
+		}
+		m.mu.Lock()
+		m.stats.ReconnectAttempts += uint64(len(addrs))
+		m.mu.Unlock()
+		_, _ = m.ml.Join(addrs) // failures are expected while the peers are gone
+	}
+}
+
+func (m *Membership) reconnectTargets() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var dead []string
+	for _, p := range m.table {
+		if p.State == StateDead && p.Addr != "" {
+			dead = append(dead, p.Addr)
+		}
+	}
+	if m.fenced {
+		dead = append(dead, m.seeds...)
+	}
+	if len(dead) <= reconnectPeersMax {
+		return dead
+	}
+	// Rotate through a long list, a bounded slice per round.
+	out := make([]string, 0, reconnectPeersMax)
+	for i := range reconnectPeersMax {
+		out = append(out, dead[(m.rrNext+i)%len(dead)])
+	}
+	m.rrNext = (m.rrNext + reconnectPeersMax) % len(dead)
+	return out
+}
+
+// events is the memberlist.EventDelegate. memberlist calls it with its own
+// node lock held, which is also the only time a *memberlist.Node may be
+// read (memberlist updates them in place under that lock), so the view is
+// updated here, under mu, without calling back into memberlist.
+type events Membership
+
+func (e *events) NotifyJoin(n *memberlist.Node) { (*Membership)(e).observe(n, StateAlive) }
+
+func (e *events) NotifyUpdate(n *memberlist.Node) { (*Membership)(e).observe(n, StateAlive) }
+
+func (e *events) NotifyLeave(n *memberlist.Node) {
+	m := (*Membership)(e)
+	// memberlist reports a leave and a crash alike (Node.State is not
+	// kept up to date); a node that leaves through Leave says so first.
+	s := StateDead
+	if meta, err := decodeMeta(n.Meta); err == nil && meta.Leaving {
+		s = StateLeft
+	}
+	m.mu.Lock()
+	if m.leaving[n.Name] {
+		s = StateLeft
+	}
+	m.mu.Unlock()
+	m.observe(n, s)
+}
+
+func (m *Membership) observe(n *memberlist.Node, s State) {
+	if n.Name == m.self {
+		return
+	}
+	meta, merr := decodeMeta(n.Meta)
+	addr := n.Address()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.leaving, n.Name)
+	m.setLocked(n.Name, s, addr, meta, merr)
+	m.fenceLocked()
+}
+
+// metaDelegate serves this node's metadata and nothing else.
+type metaDelegate struct{ b atomic.Pointer[[]byte] }
+
+func newMetaDelegate(b []byte) *metaDelegate {
+	d := &metaDelegate{}
+	d.b.Store(&b)
+	return d
+}
+
+func (d *metaDelegate) NodeMeta(limit int) []byte {
+	b := *d.b.Load()
+	if len(b) > limit {
+		return nil // encode checked metaBytesMax; memberlist's limit is the same
+	}
+	return b
+}
+
+// msgLeaving starts the user message a node sends each peer from Leave;
+// the rest is its name.
+const msgLeaving = 'L'
+
+// delegate is the memberlist.Delegate: it serves this node's metadata and
+// takes leave notices. Any other user message is ignored.
+type delegate struct {
+	meta *metaDelegate
+	m    *Membership
+}
+
+func (d *delegate) NodeMeta(limit int) []byte { return d.meta.NodeMeta(limit) }
+
+func (d *delegate) NotifyMsg(b []byte) {
+	if len(b) < 2 || b[0] != msgLeaving {
+		return
+	}
+	name := string(b[1:])
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	// Only names already in the view, so a peer cannot grow the map.
+	if _, ok := d.m.table[name]; ok {
+		d.m.leaving[name] = true
+	}
+}
+
+func (*delegate) GetBroadcasts(int, int) [][]byte { return nil }
+func (*delegate) LocalState(bool) []byte          { return nil }
+func (*delegate) MergeRemoteState([]byte, bool)   {}
