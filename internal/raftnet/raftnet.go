@@ -1,0 +1,541 @@
+// Package raftnet is a TCP implementation of multiraft.Transport between
+// peer nodes. It is not yet used by sinew serve.
+//
+// # Connections
+//
+// A node dials one connection to each peer it sends to and writes every
+// group's messages over it; it reads the connections its peers dialed to
+// it. So two nodes that talk both ways hold two connections, one per
+// direction, each carrying all groups.
+//
+// # Wire format
+//
+// Every frame, the handshake included:
+//
+//	+----------------+-------------------+-------------------+
+//	| length u32 BE  | CRC-32C u32 BE    | payload (length)  |
+//	+----------------+-------------------+-------------------+
+//
+// The checksum covers the payload; length is at most Config.FrameBytesMax.
+// The first frame on a connection is the dialer's hello:
+//
+//	"SNRN" version=1 u8 | node id uvarint | cluster id len uvarint | cluster id
+//
+// The acceptor answers with its own hello and then only reads. A hello
+// naming another cluster, or a bad first frame, closes the connection and
+// logs why. Every later frame is a batch:
+//
+//	count uvarint | count × (group uvarint | msg len uvarint | raftpb.Message)
+//
+// # Loss, bounds and goroutines
+//
+// Send never blocks: each peer has a bounded queue (Config.SendQueueMax
+// batches); a full queue drops the batch and counts it, and a write error
+// loses the batch being written; raft retransmits both. One writer
+// goroutine per peer dials, with a doubling backoff bounded by
+// Config.BackoffMax, and writes; one reader goroutine per accepted
+// connection decodes and calls Receiver.Deliver, which must not block. A
+// peer's bad input closes that connection, never panics. Close stops all
+// of them.
+package raftnet
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sinewmq/sinew/internal/multiraft"
+)
+
+// Errors a connection ends with.
+var (
+	// ErrFrame reports a frame that is too large, truncated or fails its
+	// checksum, or a batch that does not decode.
+	ErrFrame = errors.New("raftnet: bad frame")
+	// ErrHandshake reports a first frame that is not a valid hello.
+	ErrHandshake = errors.New("raftnet: bad handshake")
+	// ErrOtherCluster reports a peer of another cluster.
+	ErrOtherCluster = errors.New("raftnet: peer belongs to another cluster")
+)
+
+const (
+	helloMagic   = "SNRN"
+	helloVersion = 1
+	clusterIDMax = 128
+	headerBytes  = 8
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Config configures a Transport.
+type Config struct {
+	// ClusterID names the cluster; a peer with another is refused.
+	ClusterID string
+	// NodeID is this node's id, as raft's replica ids name it.
+	NodeID uint64
+	// Listener accepts peer connections (the caller binds it).
+	Listener net.Listener
+	// Receiver gets every batch read from a peer.
+	Receiver multiraft.Receiver
+	// FrameBytesMax bounds one frame; a larger outgoing batch is split, a
+	// larger incoming frame closes the connection. Default 4 MiB.
+	FrameBytesMax int
+	// SendQueueMax bounds the batches waiting per peer. Default 256.
+	SendQueueMax int
+	// DialTimeoutMs bounds a dial and its handshake. Default 2000.
+	DialTimeoutMs int
+	// WriteTimeoutMs bounds one frame's write. Default 2000.
+	WriteTimeoutMs int
+	// BackoffMinMs and BackoffMaxMs bound the wait between failed dials.
+	// Defaults 50 and 2000.
+	BackoffMinMs, BackoffMaxMs int
+	// Logger receives refused peers and lost connections; nil discards.
+	Logger *slog.Logger
+}
+
+// Stats counts what a Transport did.
+type Stats struct {
+	QueueDropped uint64 // batches dropped on a full send queue or unknown peer
+	WriteLost    uint64 // batches lost with a failed write
+	Dials        uint64 // dial attempts
+	Refused      uint64 // inbound connections closed at the handshake
+	BadFrames    uint64 // inbound connections closed on a bad frame
+	Delivered    uint64 // batches handed to the Receiver
+}
+
+// Transport is a multiraft.Transport over TCP.
+type Transport struct {
+	cfg  Config
+	log  *slog.Logger
+	stop chan struct{}
+	wg   sync.WaitGroup
+
+	mu    sync.Mutex
+	peers map[uint64]*peer
+	conns map[net.Conn]struct{} // accepted, to close on Close
+
+	queueDropped, writeLost, dials, refused, badFrames, delivered atomic.Uint64
+	closeOnce                                                     sync.Once
+}
+
+type peer struct {
+	id   uint64
+	addr string
+	q    chan []multiraft.Envelope
+}
+
+// New starts accepting on cfg.Listener.
+func New(cfg Config) (*Transport, error) {
+	if cfg.Listener == nil || cfg.Receiver == nil || cfg.NodeID == 0 {
+		return nil, errors.New("raftnet: config needs a listener, a receiver and a non-zero node id")
+	}
+	if cfg.ClusterID == "" || len(cfg.ClusterID) > clusterIDMax {
+		return nil, fmt.Errorf("raftnet: cluster id must be 1 to %d bytes", clusterIDMax)
+	}
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&cfg.FrameBytesMax, 4<<20)
+	def(&cfg.SendQueueMax, 256)
+	def(&cfg.DialTimeoutMs, 2000)
+	def(&cfg.WriteTimeoutMs, 2000)
+	def(&cfg.BackoffMinMs, 50)
+	def(&cfg.BackoffMaxMs, 2000)
+	t := &Transport{
+		cfg:   cfg,
+		log:   cfg.Logger,
+		stop:  make(chan struct{}),
+		peers: map[uint64]*peer{},
+		conns: map[net.Conn]struct{}{},
+	}
+	if t.log == nil {
+		t.log = slog.New(slog.DiscardHandler)
+	}
+	t.wg.Add(1)
+	go t.accept()
+	return t, nil
+}
+
+// AddPeer names the address of peer node id and starts its writer.
+// Adding a known peer again does nothing.
+func (t *Transport) AddPeer(id uint64, addr string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.peers[id]; ok || id == t.cfg.NodeID {
+		return
+	}
+	select {
+	case <-t.stop:
+		return
+	default:
+	}
+	p := &peer{id: id, addr: addr, q: make(chan []multiraft.Envelope, t.cfg.SendQueueMax)}
+	t.peers[id] = p
+	t.wg.Add(1)
+	go t.write(p)
+}
+
+// Send queues batch for peer node to; see the package doc.
+func (t *Transport) Send(to uint64, batch []multiraft.Envelope) {
+	t.mu.Lock()
+	p := t.peers[to]
+	t.mu.Unlock()
+	if p == nil {
+		t.queueDropped.Add(1)
+		return
+	}
+	select {
+	case p.q <- batch:
+	default:
+		t.queueDropped.Add(1)
+	}
+}
+
+// Stats returns the counters.
+func (t *Transport) Stats() Stats {
+	return Stats{
+		QueueDropped: t.queueDropped.Load(), WriteLost: t.writeLost.Load(), Dials: t.dials.Load(),
+		Refused: t.refused.Load(), BadFrames: t.badFrames.Load(), Delivered: t.delivered.Load(),
+	}
+}
+
+// Close stops accepting, closes every connection and waits for the
+// transport's goroutines.
+func (t *Transport) Close() error {
+	t.closeOnce.Do(func() {
+		close(t.stop)
+		t.cfg.Listener.Close()
+		t.mu.Lock()
+		for c := range t.conns {
+			c.Close()
+		}
+		t.mu.Unlock()
+	})
+	t.wg.Wait()
+	return nil
+}
+
+// CutConnections closes every open connection, inbound and outbound, as a
+// network fault would; writers reconnect. For tests and operators alike.
+func (t *Transport) CutConnections() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for c := range t.conns {
+		c.Close()
+	}
+}
+
+func (t *Transport) track(c net.Conn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	select {
+	case <-t.stop:
+		c.Close()
+		return false
+	default:
+	}
+	t.conns[c] = struct{}{}
+	return true
+}
+
+func (t *Transport) untrack(c net.Conn) {
+	c.Close()
+	t.mu.Lock()
+	delete(t.conns, c)
+	t.mu.Unlock()
+}
+
+func (t *Transport) accept() {
+	defer t.wg.Done()
+	for {
+		c, err := t.cfg.Listener.Accept()
+		if err != nil {
+			select {
+			case <-t.stop:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			t.log.Warn("raftnet: accept failed", "err", err)
+			return
+		}
+		if !t.track(c) {
+			return
+		}
+		t.wg.Add(1)
+		go t.read(c)
+	}
+}
+
+// read serves one inbound connection: hello, then batches.
+func (t *Transport) read(c net.Conn) {
+	defer t.wg.Done()
+	defer t.untrack(c)
+	br := bufio.NewReader(c)
+	c.SetReadDeadline(time.Now().Add(time.Duration(t.cfg.DialTimeoutMs) * time.Millisecond))
+	payload, err := readFrame(br, clusterIDMax+32, nil)
+	if err != nil {
+		t.refused.Add(1)
+		t.log.Warn("raftnet: refused peer connection", "remote", c.RemoteAddr().String(), "err", err)
+		return
+	}
+	from, cluster, err := parseHello(payload)
+	if err == nil && cluster != t.cfg.ClusterID {
+		err = fmt.Errorf("%w: %q, this node is in %q", ErrOtherCluster, cluster, t.cfg.ClusterID)
+	}
+	if err != nil {
+		t.refused.Add(1)
+		t.log.Warn("raftnet: refused peer connection", "remote", c.RemoteAddr().String(), "err", err)
+		return
+	}
+	c.SetWriteDeadline(time.Now().Add(time.Duration(t.cfg.WriteTimeoutMs) * time.Millisecond))
+	if _, err := c.Write(frame(hello(t.cfg.NodeID, t.cfg.ClusterID))); err != nil {
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	for {
+		payload, err := readFrame(br, t.cfg.FrameBytesMax, nil)
+		if err != nil {
+			if errors.Is(err, ErrFrame) {
+				t.badFrames.Add(1)
+				t.log.Warn("raftnet: closed peer connection", "peer", from, "err", err)
+			}
+			return
+		}
+		batch, err := decodeBatch(payload)
+		if err != nil {
+			t.badFrames.Add(1)
+			t.log.Warn("raftnet: closed peer connection", "peer", from, "err", err)
+			return
+		}
+		t.delivered.Add(1)
+		t.cfg.Receiver.Deliver(from, batch)
+	}
+}
+
+// write is peer p's writer: it dials, says hello and writes batches.
+func (t *Transport) write(p *peer) {
+	defer t.wg.Done()
+	backoff := time.Duration(t.cfg.BackoffMinMs) * time.Millisecond
+	var c net.Conn
+	defer func() {
+		if c != nil {
+			t.untrack(c)
+		}
+	}()
+	for {
+		var batch []multiraft.Envelope
+		select {
+		case <-t.stop:
+			return
+		case batch = <-p.q:
+		}
+		for c == nil {
+			var err error
+			c, err = t.dial(p)
+			if err == nil {
+				backoff = time.Duration(t.cfg.BackoffMinMs) * time.Millisecond
+				break
+			}
+			t.log.Debug("raftnet: dial failed", "peer", p.id, "addr", p.addr, "err", err)
+			select {
+			case <-t.stop:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, time.Duration(t.cfg.BackoffMaxMs)*time.Millisecond)
+		}
+		for _, payload := range encodeBatch(batch, t.cfg.FrameBytesMax) {
+			c.SetWriteDeadline(time.Now().Add(time.Duration(t.cfg.WriteTimeoutMs) * time.Millisecond))
+			if _, err := c.Write(frame(payload)); err != nil {
+				t.writeLost.Add(1)
+				t.untrack(c)
+				c = nil
+				break
+			}
+		}
+	}
+}
+
+func (t *Transport) dial(p *peer) (net.Conn, error) {
+	t.dials.Add(1)
+	d := time.Duration(t.cfg.DialTimeoutMs) * time.Millisecond
+	c, err := net.DialTimeout("tcp", p.addr, d)
+	if err != nil {
+		return nil, err
+	}
+	if !t.track(c) {
+		return nil, net.ErrClosed
+	}
+	c.SetDeadline(time.Now().Add(d))
+	if _, err := c.Write(frame(hello(t.cfg.NodeID, t.cfg.ClusterID))); err != nil {
+		t.untrack(c)
+		return nil, err
+	}
+	payload, err := readFrame(c, clusterIDMax+32, nil)
+	if err != nil {
+		t.untrack(c)
+		return nil, fmt.Errorf("peer %d refused or closed the handshake: %w", p.id, err)
+	}
+	id, cluster, err := parseHello(payload)
+	if err == nil && cluster != t.cfg.ClusterID {
+		err = fmt.Errorf("%w: %q", ErrOtherCluster, cluster)
+	}
+	if err == nil && id != p.id {
+		err = fmt.Errorf("%w: %s is node %d, want %d", ErrHandshake, p.addr, id, p.id)
+	}
+	if err != nil {
+		t.untrack(c)
+		t.log.Warn("raftnet: refusing peer", "peer", p.id, "addr", p.addr, "err", err)
+		return nil, err
+	}
+	c.SetDeadline(time.Time{})
+	// The acceptor never writes again; a read that returns means the
+	// connection is gone, so close it and let the next write redial.
+	t.wg.Add(1)
+	go func(c net.Conn) {
+		defer t.wg.Done()
+		_, _ = io.Copy(io.Discard, c)
+		c.Close()
+	}(c)
+	return c, nil
+}
+
+func frame(payload []byte) []byte {
+	b := make([]byte, headerBytes, headerBytes+len(payload))
+	binary.BigEndian.PutUint32(b[0:4], uint32(len(payload)))
+	binary.BigEndian.PutUint32(b[4:8], crc32.Checksum(payload, castagnoli))
+	return append(b, payload...)
+}
+
+// readFrame reads one frame into buf's storage, bounded by max bytes.
+func readFrame(r io.Reader, max int, buf []byte) ([]byte, error) {
+	var h [headerBytes]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(h[0:4])
+	if int64(n) > int64(max) {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d", ErrFrame, n, max)
+	}
+	if cap(buf) < int(n) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return nil, fmt.Errorf("%w: truncated: %w", ErrFrame, err)
+	}
+	if crc32.Checksum(buf, castagnoli) != binary.BigEndian.Uint32(h[4:8]) {
+		return nil, fmt.Errorf("%w: checksum mismatch", ErrFrame)
+	}
+	return buf, nil
+}
+
+func hello(id uint64, cluster string) []byte {
+	b := append([]byte(helloMagic), helloVersion)
+	b = binary.AppendUvarint(b, id)
+	b = binary.AppendUvarint(b, uint64(len(cluster)))
+	return append(b, cluster...)
+}
+
+func parseHello(b []byte) (uint64, string, error) {
+	if len(b) < len(helloMagic)+1 || string(b[:len(helloMagic)]) != helloMagic {
+		return 0, "", fmt.Errorf("%w: not a raftnet hello", ErrHandshake)
+	}
+	if b[len(helloMagic)] != helloVersion {
+		return 0, "", fmt.Errorf("%w: version %d", ErrHandshake, b[len(helloMagic)])
+	}
+	b = b[len(helloMagic)+1:]
+	id, k := binary.Uvarint(b)
+	if k <= 0 || id == 0 {
+		return 0, "", fmt.Errorf("%w: node id", ErrHandshake)
+	}
+	b = b[k:]
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > clusterIDMax || n != uint64(len(b)-k) {
+		return 0, "", fmt.Errorf("%w: cluster id", ErrHandshake)
+	}
+	return id, string(b[k:]), nil
+}
+
+// encodeBatch encodes batch into payloads of at most frameMax bytes. A
+// single message larger than a frame is dropped (raft will send it again,
+// and a snapshot-sized message needs a larger FrameBytesMax).
+func encodeBatch(batch []multiraft.Envelope, frameMax int) [][]byte {
+	var out [][]byte
+	var cur []byte
+	var count uint64
+	flush := func() {
+		if count > 0 {
+			out = append(out, append(binary.AppendUvarint(nil, count), cur...))
+		}
+		cur, count = nil, 0
+	}
+	for _, e := range batch {
+		m, err := proto.Marshal(e.Msg)
+		if err != nil {
+			continue
+		}
+		var rec []byte
+		rec = binary.AppendUvarint(rec, e.Group)
+		rec = binary.AppendUvarint(rec, uint64(len(m)))
+		rec = append(rec, m...)
+		if len(rec)+binary.MaxVarintLen64 > frameMax {
+			continue
+		}
+		if len(cur)+len(rec)+binary.MaxVarintLen64 > frameMax {
+			flush()
+		}
+		cur = append(cur, rec...)
+		count++
+	}
+	flush()
+	return out
+}
+
+func decodeBatch(b []byte) ([]multiraft.Envelope, error) {
+	count, k := binary.Uvarint(b)
+	if k <= 0 || count > uint64(len(b)) {
+		return nil, fmt.Errorf("%w: batch count", ErrFrame)
+	}
+	b = b[k:]
+	out := make([]multiraft.Envelope, 0, count)
+	for range count {
+		g, k := binary.Uvarint(b)
+		if k <= 0 {
+			return nil, fmt.Errorf("%w: group id", ErrFrame)
+		}
+		b = b[k:]
+		n, k := binary.Uvarint(b)
+		if k <= 0 || n > uint64(len(b)-k) {
+			return nil, fmt.Errorf("%w: message length", ErrFrame)
+		}
+		b = b[k:]
+		m := new(raftpb.Message)
+		if err := proto.Unmarshal(b[:n], m); err != nil {
+			return nil, fmt.Errorf("%w: message: %w", ErrFrame, err)
+		}
+		b = b[n:]
+		out = append(out, multiraft.Envelope{Group: g, Msg: m})
+	}
+	if len(b) != 0 {
+		return nil, fmt.Errorf("%w: %d trailing bytes", ErrFrame, len(b))
+	}
+	return out, nil
+}

@@ -1,0 +1,285 @@
+package raftnet
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+	"go.uber.org/goleak"
+
+	"github.com/sinewmq/sinew/internal/multiraft"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type got struct {
+	from  uint64
+	batch []multiraft.Envelope
+}
+
+// recorder is a Receiver that never blocks: the test reads ch.
+type recorder struct{ ch chan got }
+
+func (r *recorder) Deliver(from uint64, batch []multiraft.Envelope) {
+	select {
+	case r.ch <- got{from, batch}:
+	default:
+	}
+}
+
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+type tnode struct {
+	t   *Transport
+	rec *recorder
+	log *lockedBuf
+}
+
+func start(t *testing.T, id uint64, cluster string) *tnode {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{ch: make(chan got, 1024)}
+	lb := &lockedBuf{}
+	tr, err := New(Config{
+		ClusterID: cluster, NodeID: id, Listener: ln, Receiver: rec,
+		BackoffMinMs: 5, BackoffMaxMs: 50,
+		Logger: slog.New(slog.NewTextHandler(lb, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return &tnode{t: tr, rec: rec, log: lb}
+}
+
+func (n *tnode) addr() string { return n.t.cfg.Listener.Addr().String() }
+
+const waitMax = 20 * time.Second
+
+func msg(group, from, to, index uint64) multiraft.Envelope {
+	typ, term, next := raftpb.MsgApp, uint64(3), index+1
+	return multiraft.Envelope{Group: group, Msg: &raftpb.Message{
+		Type: &typ, From: &from, To: &to, Term: &term, Index: &index,
+		Entries: []*raftpb.Entry{{Term: &term, Index: &next, Data: []byte("payload")}},
+	}}
+}
+
+// await reads n's deliveries until one matches, resending with send (if
+// not nil) on each poll tick, since the transport may lose a batch while
+// it (re)connects.
+func await(t *testing.T, n *tnode, what string, send func(), match func(got) bool) got {
+	t.Helper()
+	deadline := time.After(waitMax)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	if send != nil {
+		send()
+	}
+	for {
+		select {
+		case g := <-n.rec.ch:
+			if match(g) {
+				return g
+			}
+		case <-tick.C:
+			if send != nil {
+				send()
+			}
+		case <-deadline:
+			t.Fatalf("%s: not within %v", what, waitMax)
+		}
+	}
+}
+
+func TestDeliverBetweenThree(t *testing.T) {
+	nodes := []*tnode{start(t, 1, "c"), start(t, 2, "c"), start(t, 3, "c")}
+	for i, a := range nodes {
+		for j, b := range nodes {
+			if i != j {
+				a.t.AddPeer(uint64(j+1), b.addr())
+			}
+		}
+	}
+	for i, a := range nodes {
+		for j, b := range nodes {
+			if i == j {
+				continue
+			}
+			from, to := uint64(i+1), uint64(j+1)
+			batch := []multiraft.Envelope{msg(7, from, to, 10), msg(8, from, to, 20)}
+			g := await(t, b, "delivery", func() { a.t.Send(to, batch) }, func(g got) bool { return g.from == from })
+			if len(g.batch) != 2 || g.batch[0].Group != 7 || g.batch[1].Group != 8 ||
+				g.batch[1].Msg.GetIndex() != 20 || string(g.batch[1].Msg.Entries[0].Data) != "payload" ||
+				g.batch[0].Msg.GetFrom() != from || g.batch[0].Msg.GetTo() != to {
+				t.Fatalf("%d->%d delivered %+v", from, to, g.batch)
+			}
+		}
+	}
+}
+
+func TestCutConnectionReconnects(t *testing.T) {
+	a, b := start(t, 1, "c"), start(t, 2, "c")
+	a.t.AddPeer(2, b.addr())
+	await(t, b, "first delivery", func() { a.t.Send(2, []multiraft.Envelope{msg(1, 1, 2, 1)}) }, func(got) bool { return true })
+	dials := a.t.Stats().Dials
+	a.t.CutConnections()
+	b.t.CutConnections()
+	await(t, b, "delivery after the cut", func() { a.t.Send(2, []multiraft.Envelope{msg(1, 1, 2, 99)}) },
+		func(g got) bool { return g.batch[0].Msg.GetIndex() == 99 })
+	if a.t.Stats().Dials <= dials {
+		t.Errorf("delivered after a cut without a new dial (%d dials before, %d after)", dials, a.t.Stats().Dials)
+	}
+}
+
+func TestOtherClusterRefused(t *testing.T) {
+	a, b := start(t, 1, "alpha"), start(t, 2, "beta")
+	a.t.AddPeer(2, b.addr())
+	deadline := time.After(waitMax)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for b.t.Stats().Refused < 2 {
+		a.t.Send(2, []multiraft.Envelope{msg(1, 1, 2, 1)})
+		select {
+		case g := <-b.rec.ch:
+			t.Fatalf("a node of another cluster delivered %+v", g)
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("no refusal within %v; stats %+v", waitMax, b.t.Stats())
+		}
+	}
+	if !bytes.Contains([]byte(b.log.String()), []byte("another cluster")) {
+		t.Errorf("refusal log does not say why: %s", b.log.String())
+	}
+	if b.t.Stats().Delivered != 0 {
+		t.Errorf("delivered %d batches from another cluster", b.t.Stats().Delivered)
+	}
+}
+
+// TestGarbageNeverPanics: random bytes, a hello then random frames, and
+// frames with a bad checksum or length close the connection; the node
+// keeps serving a good peer afterwards.
+func TestGarbageNeverPanics(t *testing.T) {
+	b := start(t, 2, "c")
+	rng := rand.New(rand.NewPCG(1, 2))
+	raw := func(data []byte) {
+		c, err := net.Dial("tcp", b.addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Write(data)
+		c.(*net.TCPConn).CloseWrite()
+		c.SetReadDeadline(time.Now().Add(waitMax))
+		var sink [256]byte
+		for {
+			if _, err := c.Read(sink[:]); err != nil {
+				return // the node closed it, or answered a good hello and then closed on garbage
+			}
+		}
+	}
+	good := frame(hello(9, "c"))
+	for range 50 {
+		junk := make([]byte, rng.IntN(300))
+		for i := range junk {
+			junk[i] = byte(rng.Uint32())
+		}
+		raw(junk)
+		raw(append(bytes.Clone(good), frame(junk)...))
+		bad := frame(junk)
+		if len(bad) > headerBytes {
+			bad[rng.IntN(len(bad))] ^= 1 << rng.IntN(8)
+		}
+		raw(append(bytes.Clone(good), bad...))
+	}
+	huge := frame(nil)
+	huge[0] = 0xff
+	raw(append(bytes.Clone(good), huge...))
+	if s := b.t.Stats(); s.BadFrames == 0 || s.Refused == 0 {
+		t.Errorf("garbage was not counted: %+v", s)
+	}
+	a := start(t, 1, "c")
+	a.t.AddPeer(2, b.addr())
+	await(t, b, "good peer after garbage", func() { a.t.Send(2, []multiraft.Envelope{msg(1, 1, 2, 5)}) }, func(got) bool { return true })
+}
+
+func TestSendNeverBlocks(t *testing.T) {
+	a := start(t, 1, "c")
+	// A peer that does not exist: the writer keeps failing to dial, the
+	// queue fills, and Send drops and counts instead of blocking.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	a.t.AddPeer(2, dead)
+	for range a.t.cfg.SendQueueMax + 100 {
+		a.t.Send(2, []multiraft.Envelope{msg(1, 1, 2, 1)})
+	}
+	a.t.Send(42, []multiraft.Envelope{msg(1, 1, 42, 1)}) // unknown peer
+	if s := a.t.Stats(); s.QueueDropped < 100 {
+		t.Errorf("dropped %d, want at least 100 (queue %d)", s.QueueDropped, a.t.cfg.SendQueueMax)
+	}
+}
+
+func TestBatchSplitAndDecode(t *testing.T) {
+	var batch []multiraft.Envelope
+	for i := range uint64(100) {
+		batch = append(batch, msg(i, 1, 2, i))
+	}
+	frames := encodeBatch(batch, 1024)
+	if len(frames) < 2 {
+		t.Fatalf("100 messages in %d frames of 1 KiB", len(frames))
+	}
+	var all []multiraft.Envelope
+	for _, f := range frames {
+		if len(f) > 1024 {
+			t.Fatalf("frame of %d bytes over 1024", len(f))
+		}
+		got, err := decodeBatch(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, got...)
+	}
+	if len(all) != 100 || all[99].Group != 99 || all[99].Msg.GetIndex() != 99 {
+		t.Fatalf("decoded %d envelopes", len(all))
+	}
+	if _, err := decodeBatch([]byte{5, 1}); !errors.Is(err, ErrFrame) {
+		t.Errorf("truncated batch: %v", err)
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add(encodeBatch([]multiraft.Envelope{msg(1, 1, 2, 3)}, 1<<20)[0])
+	f.Add(hello(1, "c"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = decodeBatch(b)
+		_, _, _ = parseHello(b)
+		_, _ = readFrame(bytes.NewReader(b), 1<<16, nil)
+	})
+}
