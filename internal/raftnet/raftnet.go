@@ -31,9 +31,13 @@
 //
 // Send never blocks: each peer has a bounded queue (Config.SendQueueMax
 // batches); a full queue drops the batch and counts it, and a write error
-// loses the batch being written; raft retransmits both. One writer
-// goroutine per peer dials, with a doubling backoff bounded by
-// Config.BackoffMax, and writes; one reader goroutine per accepted
+// loses the batch being written; raft retransmits both. At most
+// Config.InboundConnsMax accepted connections are open at once, and a
+// connection that has not said hello within Config.DialTimeoutMs is
+// closed.
+//
+// One writer goroutine per peer dials, with a doubling backoff bounded by
+// Config.BackoffMaxMs, and writes; one reader goroutine per accepted
 // connection decodes and calls Receiver.Deliver, which must not block. A
 // peer's bad input closes that connection, never panics. Close stops all
 // of them.
@@ -93,6 +97,9 @@ type Config struct {
 	FrameBytesMax int
 	// SendQueueMax bounds the batches waiting per peer. Default 256.
 	SendQueueMax int
+	// InboundConnsMax bounds the accepted connections open at once; one
+	// more is closed at once and counted as refused. Default 64.
+	InboundConnsMax int
 	// DialTimeoutMs bounds a dial and its handshake. Default 2000.
 	DialTimeoutMs int
 	// WriteTimeoutMs bounds one frame's write. Default 2000.
@@ -121,9 +128,10 @@ type Transport struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 
-	mu    sync.Mutex
-	peers map[uint64]*peer
-	conns map[net.Conn]struct{} // accepted, to close on Close
+	mu      sync.Mutex
+	peers   map[uint64]*peer
+	conns   map[net.Conn]struct{} // open connections, both ways, to close on Close
+	inbound int                   // accepted connections open
 
 	queueDropped, writeLost, dials, refused, badFrames, delivered atomic.Uint64
 	closeOnce                                                     sync.Once
@@ -150,6 +158,7 @@ func New(cfg Config) (*Transport, error) {
 	}
 	def(&cfg.FrameBytesMax, 4<<20)
 	def(&cfg.SendQueueMax, 256)
+	def(&cfg.InboundConnsMax, 64)
 	def(&cfg.DialTimeoutMs, 2000)
 	def(&cfg.WriteTimeoutMs, 2000)
 	def(&cfg.BackoffMinMs, 50)
@@ -275,7 +284,22 @@ func (t *Transport) accept() {
 			t.log.Warn("raftnet: accept failed", "err", err)
 			return
 		}
+		t.mu.Lock()
+		full := t.inbound >= t.cfg.InboundConnsMax
+		if !full {
+			t.inbound++
+		}
+		t.mu.Unlock()
+		if full {
+			t.refused.Add(1)
+			t.log.Warn("raftnet: refused peer connection", "remote", c.RemoteAddr().String(), "err", "too many inbound connections")
+			c.Close()
+			continue
+		}
 		if !t.track(c) {
+			t.mu.Lock()
+			t.inbound--
+			t.mu.Unlock()
 			return
 		}
 		t.wg.Add(1)
@@ -286,7 +310,12 @@ func (t *Transport) accept() {
 // read serves one inbound connection: hello, then batches.
 func (t *Transport) read(c net.Conn) {
 	defer t.wg.Done()
-	defer t.untrack(c)
+	defer func() {
+		t.untrack(c)
+		t.mu.Lock()
+		t.inbound--
+		t.mu.Unlock()
+	}()
 	br := bufio.NewReader(c)
 	c.SetReadDeadline(time.Now().Add(time.Duration(t.cfg.DialTimeoutMs) * time.Millisecond))
 	payload, err := readFrame(br, clusterIDMax+32, nil)

@@ -3,6 +3,7 @@ package raftnet
 import (
 	"bytes"
 	"errors"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -56,7 +57,7 @@ type tnode struct {
 	log *lockedBuf
 }
 
-func start(t *testing.T, id uint64, cluster string) *tnode {
+func start(t *testing.T, id uint64, cluster string, opts ...func(*Config)) *tnode {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -64,11 +65,15 @@ func start(t *testing.T, id uint64, cluster string) *tnode {
 	}
 	rec := &recorder{ch: make(chan got, 1024)}
 	lb := &lockedBuf{}
-	tr, err := New(Config{
+	cfg := Config{
 		ClusterID: cluster, NodeID: id, Listener: ln, Receiver: rec,
 		BackoffMinMs: 5, BackoffMaxMs: 50,
 		Logger: slog.New(slog.NewTextHandler(lb, nil)),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	tr, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,6 +229,48 @@ func TestGarbageNeverPanics(t *testing.T) {
 	a := start(t, 1, "c")
 	a.t.AddPeer(2, b.addr())
 	await(t, b, "good peer after garbage", func() { a.t.Send(2, []multiraft.Envelope{msg(1, 1, 2, 5)}) }, func(got) bool { return true })
+}
+
+// TestInboundConnsBounded: past InboundConnsMax, an accepted connection is
+// closed at once; when one closes, a new one is served again.
+func TestInboundConnsBounded(t *testing.T) {
+	// The hello deadline is far beyond waitMax, so only the bound can
+	// close the extra connection within the wait.
+	b := start(t, 2, "c", func(c *Config) { c.InboundConnsMax, c.DialTimeoutMs = 2, 60_000 })
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for range 2 {
+		c, err := net.Dial("tcp", b.addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		c.Write(frame(hello(9, "c"))) // say hello, so the handshake deadline does not close it
+		c.SetReadDeadline(time.Now().Add(waitMax))
+		var h [headerBytes]byte
+		if _, err := io.ReadFull(c, h[:]); err != nil {
+			t.Fatalf("held connection got no hello back: %v", err)
+		}
+	}
+	extra, err := net.Dial("tcp", b.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	extra.SetReadDeadline(time.Now().Add(waitMax))
+	var one [1]byte
+	if _, err := extra.Read(one[:]); err == nil {
+		t.Fatal("a connection over the bound was served")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("a connection over the bound was left open: %v", err)
+	}
+	if b.t.Stats().Refused == 0 {
+		t.Error("the refusal was not counted")
+	}
 }
 
 func TestSendNeverBlocks(t *testing.T) {
