@@ -49,6 +49,9 @@ func TestIdempotentPublishAcrossRestart(t *testing.T) {
 					t.Fatalf("%s: resend of %d = %+v, want %+v duplicate", when, i+1, got, first[i])
 				}
 			}
+			// The partitions publish their stats after the turn that
+			// answered: wait for every turn to end before reading them.
+			synctest.Wait()
 			total, dups := 0, uint64(0)
 			for _, q := range b.Stats().Queues {
 				for _, p := range q.Partitions {

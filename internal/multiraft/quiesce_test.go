@@ -179,9 +179,14 @@ func TestHostsRunElectAndQuiesce(t *testing.T) {
 				net.DeliverDue(time.Now())
 			}
 		})
+		// Each read waits for the goroutines that woke at the same instant
+		// (host loops mid-flush) to block again, so counters that move
+		// together are read together.
 		time.Sleep(5 * time.Second)
+		synctest.Wait()
 		before := hosts[1].Stats()
 		time.Sleep(time.Second)
+		synctest.Wait()
 		after := hosts[1].Stats()
 		cancel()
 		wg.Wait()
