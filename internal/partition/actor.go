@@ -2,6 +2,9 @@ package partition
 
 import (
 	"bytes"
+
+	"go.etcd.io/raft/v3"
+
 	"errors"
 	"fmt"
 	"runtime"
@@ -105,28 +108,74 @@ func (p *Partition) syncer(done chan<- struct{}) {
 	}
 }
 
-// startSync hands the open stage to the syncer when no sync is under way.
-// A stage without records needs no sync: it only had to wait for the stages
-// before it, so it is released at once.
+// startSync proposes what the decider decided since the last sync, takes
+// raft's Ready and hands its entries to the syncer with the open stage,
+// when no sync is under way. A stage without records needs no sync: it
+// only had to wait for the stages before it, so it is released at once.
 func (p *Partition) startSync() {
 	if p.syncBusy || p.failed != nil {
 		return
 	}
-	if p.open.records == 0 {
+	if p.open.records == 0 && len(p.out) == 0 && !p.rn.HasReady() {
 		p.releaseStage(&p.open)
 		return
 	}
+	if err := p.flush(); err != nil {
+		p.fail(err, nil)
+		return
+	}
+	if err := p.proposeOut(); err != nil {
+		p.fail(err, nil)
+		return
+	}
+	rd, err := p.takeReady()
+	if err != nil {
+		p.fail(err, nil)
+		return
+	}
+	if len(rd.Entries) == 0 {
+		p.rn.Advance(rd)
+		if err := p.pumpReady(); err != nil {
+			p.fail(err, nil)
+			return
+		}
+		if p.open.records == 0 {
+			p.releaseStage(&p.open)
+		}
+		return
+	}
+	p.open.last = rd.Entries[len(rd.Entries)-1].GetIndex()
 	p.open, p.syncing = p.syncing, p.open
+	p.rd = rd
 	p.syncBusy = true
 	p.syncReq <- struct{}{}
 }
 
-// synced1 handles the syncer's answer for the syncing stage. Its outcome
-// is the stage's own even when the partition failed meanwhile, and answers
-// whose records reached the disk before a failure are given truthfully
-// (deliveries are dropped, since a failed partition has no consumers).
+// synced1 handles the syncer's answer for the syncing stage: raft is told
+// its entries are durable, and the stage is released once they are
+// committed (at once in a group of one). Its outcome is the stage's own
+// even when the partition failed meanwhile, and answers whose records
+// reached the disk before a failure are given truthfully (deliveries are
+// dropped, since a failed partition has no consumers).
 func (p *Partition) synced1(res syncResult) {
 	p.syncBusy = false
+	rd := p.rd
+	p.rd = raft.Ready{}
+	if res.err == nil && p.failed == nil {
+		p.syncWaits = true
+		p.rn.Advance(rd)
+		err := p.pumpReady()
+		if err == nil && p.syncWaits {
+			err = fmt.Errorf("raft did not commit index %d once durable", p.syncing.last)
+		}
+		if err == nil {
+			return
+		}
+		p.syncWaits = false
+		p.fail(err, nil)
+		p.failStage(&p.syncing, max(res.lsn, p.log.DurableLSN()))
+		return
+	}
 	if res.err == nil {
 		p.releaseStage(&p.syncing)
 		return
@@ -138,22 +187,22 @@ func (p *Partition) synced1(res syncResult) {
 }
 
 // finishStages completes the pipeline at Close: the sync under way is
-// awaited and the open stage is made durable, so that every command the
-// actor took gets its true answer.
+// awaited and the rest is proposed and made durable, so that every command
+// the actor took gets its true answer.
 func (p *Partition) finishStages() {
-	if p.syncBusy {
-		p.synced1(<-p.synced)
-	}
-	if p.failed != nil {
-		return
-	}
-	if p.open.records > 0 {
-		if _, err := p.persist(); err != nil {
-			p.fail(err, nil)
+	for {
+		if p.syncBusy {
+			p.synced1(<-p.synced)
+		}
+		if p.failed != nil {
 			return
 		}
+		if p.open.records == 0 && len(p.out) == 0 && !p.rn.HasReady() {
+			p.releaseStage(&p.open)
+			return
+		}
+		p.startSync()
 	}
-	p.releaseStage(&p.open)
 }
 
 // releaseStage answers the stage's commands and hands its deliveries over:
@@ -215,10 +264,24 @@ func (p *Partition) checkpointDue(now int64) bool {
 // takes a checkpoint and hands it to the checkpointer goroutine, which
 // writes it while the actor goes on (at most one is under way).
 func (p *Partition) periodicCheckpoint() {
-	if _, err := p.relocate(); err != nil {
-		p.fail(err, nil)
+	if !p.relocPending {
+		n, err := p.relocate()
+		if err != nil {
+			p.fail(err, nil)
+			return
+		}
+		p.relocPending = n > 0
+	}
+	if len(p.out) > 0 {
+		p.startSync() // propose them, if no sync is under way
+	}
+	if len(p.out) > 0 {
+		// Decided records not yet in the log (a sync is under way):
+		// the snapshot would claim them. The checkpoint stays due, and
+		// the relocation done is not repeated.
 		return
 	}
+	p.relocPending = false
 	j, ok := p.takeCheckpoint()
 	if !ok {
 		return
@@ -383,29 +446,18 @@ func (p *Partition) turn(batch []command) {
 	}
 }
 
-// flush appends the records the decider decided, in order, and checks the
-// log numbers each as decided. An append error fails the partition (the
-// caller's business): the state already reflects those records.
+// flush makes the records decided since the last flush readable before
+// they are proposed (a publish's payload goes into the body cache) and
+// counts them in the open stage. They reach raft, and the log, when the
+// next sync starts (startSync).
 func (p *Partition) flush() error {
-	n := 0
-	for i := range p.out {
-		r := &p.out[i]
-		payload := p.payloadOf(r)
-		lsn, err := p.log.Append(r.typ, payload)
-		if err == nil && lsn != r.lsn {
-			err = fmt.Errorf("the log numbered lsn %d the record decided as %d", lsn, r.lsn)
+	n := len(p.out) - p.flushed
+	for i := p.flushed; i < len(p.out); i++ {
+		if r := &p.out[i]; r.payload != nil {
+			p.cache.put(r.lsn, r.payload)
 		}
-		if err != nil {
-			p.taken()
-			p.open.records += n
-			return fmt.Errorf("append %v: %w", queue.Kind(r.typ), err)
-		}
-		if r.payload != nil {
-			p.cache.put(lsn, payload)
-		}
-		n++
 	}
-	p.taken()
+	p.flushed = len(p.out)
 	p.open.records += n
 	p.sinceCkpt += n
 	return nil

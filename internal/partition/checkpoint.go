@@ -128,9 +128,11 @@ func (p *Partition) takeCheckpoint() (ckptJob, bool) {
 		return ckptJob{}, false
 	}
 	return ckptJob{
-		covers:  covers,
-		data:    encodeCheckpoint(covers, p.st.Snapshot(nil), p.dd.Snapshot(nil)),
-		floor:   p.retentionFloor(covers),
+		covers: covers,
+		data:   encodeCheckpoint(covers, p.st.Snapshot(nil), p.dd.Snapshot(nil)),
+		// raft still hands out entries above the last one it reported
+		// committed: none of those may be dropped.
+		floor:   min(p.retentionFloor(covers), p.committed+1),
 		records: p.sinceCkpt,
 	}, true
 }
@@ -263,9 +265,10 @@ func (p *Partition) recover() error {
 		ReplayFrom:     covers,
 		Replay: func(r seglog.Record) error {
 			if !queue.IsEventType(r.Type) {
-				// Not a queue event: records of later features occupy
-				// LSNs the queue counts as settled.
-				return nil
+				// Not a queue event (a raft leader's no-op, a
+				// configuration entry): the queue counts its LSN as
+				// settled.
+				return st.ApplyGap(r.LSN)
 			}
 			ev, err := queue.DecodeEvent(r.Type, r.Payload)
 			if err != nil {
@@ -310,8 +313,10 @@ func (p *Partition) recover() error {
 			"corruption", rep.Corruption, "dropped_segments", rep.DroppedSegments)
 	}
 	p.log, p.st, p.dd, p.ckptLSN = log, st, dd, covers
-	p.nextLSN = next
-	p.lastLSN = next - 1
+	if err := p.startRaft(); err != nil {
+		log.Close()
+		return err
+	}
 	for _, in := range st.PendingDeadLetters() {
 		p.deadLetters[in.Offset] = &deadLetter{}
 	}

@@ -2,6 +2,9 @@ package partition
 
 import (
 	"errors"
+
+	"go.etcd.io/raft/v3"
+
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -11,6 +14,7 @@ import (
 
 	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/queue"
+	"github.com/sinewmq/sinew/internal/raftlog"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/protocol"
@@ -157,6 +161,12 @@ type Config struct {
 	Counters *Counters
 	// OnSync, when set, is told of every sync that made a stage durable.
 	OnSync SyncObserver
+
+	// RaftID is this replica's id in the partition's raft group; 0 means
+	// 1. RaftPeers are the group's voters when it is created; empty means
+	// {RaftID}, a group of one. Only groups of one are supported so far.
+	RaftID    uint64
+	RaftPeers []uint64
 
 	// noRetention keeps every log segment (tests compare checkpoint plus
 	// replay with a replay of the whole log).
@@ -356,10 +366,24 @@ type Partition struct {
 	// (syncBusy). syncReq
 	// and synced connect the actor with its syncer goroutine; each holds
 	// at most one message, since at most one sync is outstanding.
-	syncing  stage
-	syncBusy bool
-	syncReq  chan struct{}
-	synced   chan syncResult
+	syncing stage
+	// rd is the raft Ready whose entries the syncer is making durable;
+	// syncWaits: the syncing stage waits for its entries to commit.
+	rd        raft.Ready
+	syncWaits bool
+	// rn drives the partition's raft group over rs; committed is the
+	// highest index raft reported committed. flushed counts the records
+	// of the decider's out list that flush has seen.
+	rn        *raft.RawNode
+	rs        *raftlog.Storage
+	committed uint64
+	flushed   int
+	// relocPending: a relocation pass decided records that wait for the
+	// log before the checkpoint after it can be taken.
+	relocPending bool
+	syncBusy     bool
+	syncReq      chan struct{}
+	synced       chan syncResult
 	// ckptFailures counts failed checkpoints since Open, ckptStreak the
 	// consecutive ones; no checkpoint is tried before ckptRetryAtMs.
 	ckptFailures  uint64
@@ -390,7 +414,8 @@ type purgeJob struct {
 // durable: its replies, deliveries and new dead letters are released only
 // after that sync returns, and stages are released in order.
 type stage struct {
-	records    int // log records appended by the stage's turns
+	records    int    // log records decided by the stage's turns
+	last       uint64 // the last raft index of the stage's entries
 	replies    []reply
 	deliveries []pending
 	ended      []pending // leases that ended, told to their holders after deliveries
@@ -771,6 +796,8 @@ func (p *Partition) Close() error {
 	var errs []error
 	if p.failed == nil {
 		if _, err := p.relocate(); err != nil {
+			errs = append(errs, err)
+		} else if err := p.drainInline(); err != nil {
 			errs = append(errs, err)
 		} else if err := p.checkpoint(); err != nil {
 			errs = append(errs, err)
