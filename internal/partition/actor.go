@@ -2,9 +2,6 @@ package partition
 
 import (
 	"bytes"
-
-	"go.etcd.io/raft/v3"
-
 	"errors"
 	"fmt"
 	"runtime"
@@ -47,9 +44,10 @@ func (p *Partition) run() {
 	for {
 		batch = batch[:0]
 		inbox := p.inbox
-		if len(p.open.replies) >= stageCommandsMax {
+		if len(p.open.replies) >= stageCommandsMax || len(p.committing) >= committingStagesMax {
 			// Backpressure: the open stage is full until the sync under
-			// way returns; the bounded inbox absorbs the rest.
+			// way returns, or too many stages wait for a quorum; the
+			// bounded inbox absorbs the rest.
 			inbox = nil
 		}
 		select {
@@ -108,72 +106,49 @@ func (p *Partition) syncer(done chan<- struct{}) {
 	}
 }
 
-// startSync proposes what the decider decided since the last sync, takes
-// raft's Ready and hands its entries to the syncer with the open stage,
-// when no sync is under way. A stage without records needs no sync: it
-// only had to wait for the stages before it, so it is released at once.
+// startSync hands the open stage to the syncer when no sync is under way.
+// A stage that appended no entries needs no sync: it only has to wait for
+// the stages before it, so it joins the committing ones at once (its
+// storage responses, a commit index or a vote already written, are
+// delivered now).
 func (p *Partition) startSync() {
 	if p.syncBusy || p.failed != nil {
 		return
 	}
-	if p.open.records == 0 && len(p.out) == 0 && !p.rn.HasReady() {
-		p.releaseStage(&p.open)
-		return
-	}
-	if err := p.flush(); err != nil {
-		p.fail(err, nil)
-		return
-	}
-	if err := p.proposeOut(); err != nil {
-		p.fail(err, nil)
-		return
-	}
-	rd, err := p.takeReady()
-	if err != nil {
-		p.fail(err, nil)
-		return
-	}
-	if len(rd.Entries) == 0 {
-		p.rn.Advance(rd)
-		if err := p.pumpReady(); err != nil {
+	if p.open.entries == 0 {
+		st := p.takeOpen()
+		resps := st.resps
+		st.resps = nil
+		p.committing = append(p.committing, st)
+		if err := p.stepResponses(resps); err != nil {
 			p.fail(err, nil)
 			return
 		}
-		if p.open.records == 0 {
-			p.releaseStage(&p.open)
-		}
+		p.releaseCommitted()
 		return
 	}
-	p.open.last = rd.Entries[len(rd.Entries)-1].GetIndex()
-	p.open, p.syncing = p.syncing, p.open
-	p.rd = rd
+	p.syncing = p.takeOpen()
 	p.syncBusy = true
 	p.syncReq <- struct{}{}
 }
 
-// synced1 handles the syncer's answer for the syncing stage: raft is told
-// its entries are durable, and the stage is released once they are
-// committed (at once in a group of one). Its outcome is the stage's own
-// even when the partition failed meanwhile, and answers whose records
-// reached the disk before a failure are given truthfully (deliveries are
-// dropped, since a failed partition has no consumers).
+// synced1 handles the syncer's answer for the syncing stage: its storage
+// responses are delivered to raft, and it joins the stages waiting for
+// their entries to be committed (at once, in a group of one). Its outcome
+// is the stage's own even when the partition failed meanwhile, and answers
+// whose records reached the disk before a failure are given truthfully
+// (deliveries are dropped, since a failed partition has no consumers).
 func (p *Partition) synced1(res syncResult) {
 	p.syncBusy = false
-	rd := p.rd
-	p.rd = raft.Ready{}
 	if res.err == nil && p.failed == nil {
-		p.syncWaits = true
-		p.rn.Advance(rd)
-		err := p.pumpReady()
-		if err == nil && p.syncWaits {
-			err = fmt.Errorf("raft did not commit index %d once durable", p.syncing.last)
+		st := p.syncing
+		p.syncing = stage{}
+		resps := st.resps
+		st.resps = nil
+		p.committing = append(p.committing, st)
+		if err := p.stepResponses(resps); err != nil {
+			p.fail(err, nil)
 		}
-		if err == nil {
-			return
-		}
-		p.syncWaits = false
-		p.fail(err, nil)
-		p.failStage(&p.syncing, max(res.lsn, p.log.DurableLSN()))
 		return
 	}
 	if res.err == nil {
@@ -183,26 +158,32 @@ func (p *Partition) synced1(res syncResult) {
 	if p.failed == nil {
 		p.fail(res.err, nil)
 	}
-	p.failStage(&p.syncing, max(res.lsn, p.log.DurableLSN()))
+	p.failStage(&p.syncing, max(res.lsn, p.log.DurableLSN()), ErrUnavailable)
 }
 
 // finishStages completes the pipeline at Close: the sync under way is
-// awaited and the rest is proposed and made durable, so that every command
-// the actor took gets its true answer.
+// awaited and the leader's last records are made durable and committed, so
+// that every command the actor took gets its true answer. What a larger
+// group could not commit meanwhile is answered ErrClosed: its outcome is
+// unknown.
 func (p *Partition) finishStages() {
-	for {
-		if p.syncBusy {
-			p.synced1(<-p.synced)
-		}
-		if p.failed != nil {
-			return
-		}
-		if p.open.records == 0 && len(p.out) == 0 && !p.rn.HasReady() {
-			p.releaseStage(&p.open)
-			return
-		}
-		p.startSync()
+	if p.syncBusy {
+		p.synced1(<-p.synced)
 	}
+	if p.failed != nil {
+		return
+	}
+	if p.leads {
+		if err := p.settleInline(); err != nil {
+			p.fail(err, nil)
+			return
+		}
+	}
+	for i := range p.committing {
+		p.failStage(&p.committing[i], 0, ErrClosed)
+	}
+	p.committing = p.committing[:0]
+	p.failStage(&p.open, 0, ErrClosed)
 }
 
 // releaseStage answers the stage's commands and hands its deliveries over:
@@ -228,6 +209,7 @@ func (p *Partition) releaseStage(st *stage) {
 	}
 	clear(st.ended)
 	st.ended = st.ended[:0]
+	st.entries = 0
 	if len(st.newDead) > 0 {
 		now := p.nowMs()
 		for _, off := range st.newDead {
@@ -264,24 +246,10 @@ func (p *Partition) checkpointDue(now int64) bool {
 // takes a checkpoint and hands it to the checkpointer goroutine, which
 // writes it while the actor goes on (at most one is under way).
 func (p *Partition) periodicCheckpoint() {
-	if !p.relocPending {
-		n, err := p.relocate()
-		if err != nil {
-			p.fail(err, nil)
-			return
-		}
-		p.relocPending = n > 0
-	}
-	if len(p.out) > 0 {
-		p.startSync() // propose them, if no sync is under way
-	}
-	if len(p.out) > 0 {
-		// Decided records not yet in the log (a sync is under way):
-		// the snapshot would claim them. The checkpoint stays due, and
-		// the relocation done is not repeated.
+	if _, err := p.relocate(); err != nil {
+		p.fail(err, nil)
 		return
 	}
-	p.relocPending = false
 	j, ok := p.takeCheckpoint()
 	if !ok {
 		return
@@ -414,6 +382,14 @@ func (p *Partition) turn(batch []command) {
 		}
 		return
 	}
+	if err := p.raftTurn(); err != nil {
+		p.fail(err, batch)
+		return
+	}
+	if !p.leads {
+		p.followerTurn(batch)
+		return
+	}
 	now := p.nowMs()
 	before := p.nextLSN
 	for _, m := range p.takeControl() {
@@ -446,21 +422,43 @@ func (p *Partition) turn(batch []command) {
 	}
 }
 
-// flush makes the records decided since the last flush readable before
-// they are proposed (a publish's payload goes into the body cache) and
-// counts them in the open stage. They reach raft, and the log, when the
-// next sync starts (startSync).
+// flush hands the records the decider decided to raft, which appends them
+// to the log (propose). A failure fails the partition (the caller's
+// business): the state already reflects those records.
 func (p *Partition) flush() error {
-	n := len(p.out) - p.flushed
-	for i := p.flushed; i < len(p.out); i++ {
-		if r := &p.out[i]; r.payload != nil {
-			p.cache.put(r.lsn, r.payload)
+	if len(p.out) > 0 && p.out[0].lsn != p.log.NextLSN() {
+		return fmt.Errorf("the decider numbered lsn %d, the log continues at %d", p.out[0].lsn, p.log.NextLSN())
+	}
+	return p.propose()
+}
+
+// followerTurn is a turn of a replica that does not lead: it decides
+// nothing. Commands are refused with ErrNotLeader; consumers may attach
+// and detach (they are served once this replica leads); inspection runs.
+func (p *Partition) followerTurn(batch []command) {
+	for _, m := range p.takeControl() {
+		switch m.kind {
+		case ctlAttach:
+			if !slices.Contains(p.consumers, m.c) {
+				p.consumers = append(p.consumers, m.c)
+			}
+		case ctlDetach:
+			if i := slices.Index(p.consumers, m.c); i >= 0 {
+				p.consumers = slices.Delete(p.consumers, i, i+1)
+			}
+		case ctlSetConfig:
+			p.st.SetConfig(m.cfg)
+		case ctlClaim:
+			m.claimed(nil)
+		case ctlAdopt:
+			m.adopted(0)
+		case ctlInspect:
+			m.fn()
 		}
 	}
-	p.flushed = len(p.out)
-	p.open.records += n
-	p.sinceCkpt += n
-	return nil
+	for _, c := range batch {
+		refuse(c, ErrNotLeader)
+	}
 }
 
 // deadLetterDone books the confirmation of a dead-letter copy and reports
@@ -731,9 +729,8 @@ func (p *Partition) deadLetterCopy(m *queue.Message, info queue.Info) *queue.Mes
 
 // failStage answers the commands of st after a failure: those whose
 // records (and the records before them) are durable up to safe get their
-// true answer, the rest ErrUnavailable. Deliveries and dead letters are
-// dropped.
-func (p *Partition) failStage(st *stage, safe uint64) {
+// true answer, the rest err. Deliveries and dead letters are dropped.
+func (p *Partition) failStage(st *stage, safe uint64, err error) {
 	for _, r := range st.replies {
 		switch {
 		case r.lsn <= safe && r.published != nil:
@@ -741,9 +738,9 @@ func (p *Partition) failStage(st *stage, safe uint64) {
 		case r.lsn <= safe:
 			r.settled(r.err)
 		case r.published != nil:
-			r.published(0, false, ErrUnavailable)
+			r.published(0, false, err)
 		default:
-			r.settled(ErrUnavailable)
+			r.settled(err)
 		}
 	}
 	clear(st.replies)
@@ -754,7 +751,9 @@ func (p *Partition) failStage(st *stage, safe uint64) {
 	clear(st.ended)
 	st.ended = st.ended[:0]
 	st.newDead = st.newDead[:0]
-	st.records = 0
+	st.records, st.entries = 0, 0
+	clear(st.resps)
+	st.resps = st.resps[:0]
 }
 
 // refundCarried gives the credit st carried but did not spend back to its
@@ -780,10 +779,14 @@ func (p *Partition) fail(err error, batch []command) {
 	p.down.Store(&err)
 	p.logger.Error("partition failed; it serves nothing until restarted", "err", err)
 	// The syncing stage keeps waiting for its own sync's outcome (synced1).
-	safe := p.log.DurableLSN()
-	p.failStage(&p.open, safe)
+	safe := min(p.log.DurableLSN(), p.committed)
+	for i := range p.committing {
+		p.failStage(&p.committing[i], safe, ErrUnavailable)
+	}
+	p.committing = p.committing[:0]
+	p.failStage(&p.open, safe, ErrUnavailable)
 	if !p.syncBusy {
-		p.failStage(&p.syncing, safe)
+		p.failStage(&p.syncing, safe, ErrUnavailable)
 	}
 	for _, c := range batch {
 		refuse(c, ErrUnavailable)

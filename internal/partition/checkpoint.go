@@ -127,6 +127,12 @@ func (p *Partition) takeCheckpoint() (ckptJob, bool) {
 	if covers == p.ckptLSN && p.sinceCkpt == 0 {
 		return ckptJob{}, false
 	}
+	if !p.single && covers > p.committed+1 {
+		// A leader's state holds entries a quorum may not have yet; a
+		// checkpoint claiming them could outlive their replacement by
+		// another leader. It waits for a moment with nothing pending.
+		return ckptJob{}, false
+	}
 	return ckptJob{
 		covers: covers,
 		data:   encodeCheckpoint(covers, p.st.Snapshot(nil), p.dd.Snapshot(nil)),
@@ -211,7 +217,80 @@ func (p *Partition) checkpointer(done chan<- struct{}) {
 	}
 }
 
-// recover restores the checkpoint (if any) and replays the log after it.
+// loadCheckpoint reads the checkpoint (if any) into a fresh queue state
+// and dedup table; covers is the LSN it covers (0: no checkpoint).
+func (p *Partition) loadCheckpoint() (st *queue.State, dd *dedup.Table, covers uint64, found bool, err error) {
+	cfg := &p.cfg
+	raw, err := readFile(cfg.FS, p.ckptPath())
+	if err != nil {
+		return nil, nil, 0, false, fmt.Errorf("partition %s: read checkpoint: %w", p, err)
+	}
+	st = queue.New(cfg.Queue)
+	dd = dedup.New(cfg.Dedup)
+	if raw == nil {
+		return st, dd, 0, false, nil
+	}
+	c, snap, ddSnap, err := decodeCheckpoint(raw)
+	if err != nil {
+		return nil, nil, 0, true, p.damaged("checkpoint: %w", err)
+	}
+	st, err = queue.Restore(cfg.Queue, snap)
+	if err != nil {
+		return nil, nil, 0, true, p.damaged("checkpoint: %w", err)
+	}
+	if ddSnap != nil {
+		if dd, err = dedup.Restore(cfg.Dedup, ddSnap); err != nil {
+			return nil, nil, 0, true, p.damaged("checkpoint: %w", err)
+		}
+	}
+	if st.NextLSN() != c {
+		return nil, nil, 0, true, p.damaged("checkpoint covers lsn %d but its snapshot ends at %d", c, st.NextLSN())
+	}
+	return st, dd, c, true, nil
+}
+
+func (p *Partition) damaged(format string, args ...any) error {
+	return fmt.Errorf("%w: partition %s: %w", ErrDamaged, p, fmt.Errorf(format, args...))
+}
+
+// replayRecord applies one log record to st and what the partition keeps
+// beside it (the ACK memory, dd). A record that is not a queue event (a raft
+// leader's empty entry, a configuration change) is a settled gap.
+func (p *Partition) replayRecord(st *queue.State, dd *dedup.Table, r seglog.Record) error {
+	if !queue.IsEventType(r.Type) {
+		return st.ApplyGap(r.LSN)
+	}
+	ev, err := queue.DecodeEvent(r.Type, r.Payload)
+	if err != nil {
+		return fmt.Errorf("lsn %d: %w", r.LSN, err)
+	}
+	if err := st.Apply(r.LSN, ev); err != nil {
+		return err
+	}
+	if ev.Kind == queue.KindAck {
+		p.acked.put(ev.Offset, ev.LeaseID)
+	}
+	if ev.Kind == queue.KindEnqueue {
+		// Only a committed record is replayed, so only a committed
+		// store is remembered as seen.
+		dd.Record(ev.Msg.ProducerID, ev.Msg.ProducerSeq, r.LSN, ev.Msg.PublishedAtMs)
+	}
+	return nil
+}
+
+// singleReplica reports whether the partition's raft group is this replica
+// alone.
+func (p *Partition) singleReplica() bool {
+	id := max(p.cfg.RaftID, 1)
+	return len(p.cfg.RaftPeers) == 0 || len(p.cfg.RaftPeers) == 1 && p.cfg.RaftPeers[0] == id
+}
+
+// recover restores the checkpoint (if any) and replays the log after it up
+// to the raft commit index, then starts raft. In a group of one every
+// record the log holds is committed: its only voter has it, and it is the
+// only replica that could have appended it. A larger group replays to the
+// commit index stored in its HardState; the entries after it wait for the
+// leader to commit them or replace them.
 func (p *Partition) recover() error {
 	cfg := &p.cfg
 	if err := cfg.FS.MkdirAll(p.logPath(), 0o755); err != nil {
@@ -224,36 +303,12 @@ func (p *Partition) recover() error {
 			return fmt.Errorf("partition %s: %w", p, err)
 		}
 	}
-	damaged := func(format string, args ...any) error {
-		return fmt.Errorf("%w: partition %s: %w", ErrDamaged, p, fmt.Errorf(format, args...))
-	}
-	raw, err := readFile(cfg.FS, p.ckptPath())
+	st, dd, covers, found, err := p.loadCheckpoint()
 	if err != nil {
-		return fmt.Errorf("partition %s: read checkpoint: %w", p, err)
+		return err
 	}
-	st := queue.New(cfg.Queue)
-	dd := dedup.New(cfg.Dedup)
-	var covers uint64
-	if raw != nil {
-		c, snap, ddSnap, err := decodeCheckpoint(raw)
-		if err != nil {
-			return damaged("checkpoint: %w", err)
-		}
-		st, err = queue.Restore(cfg.Queue, snap)
-		if err != nil {
-			return damaged("checkpoint: %w", err)
-		}
-		if ddSnap != nil {
-			if dd, err = dedup.Restore(cfg.Dedup, ddSnap); err != nil {
-				return damaged("checkpoint: %w", err)
-			}
-		}
-		if st.NextLSN() != c {
-			return damaged("checkpoint covers lsn %d but its snapshot ends at %d", c, st.NextLSN())
-		}
-		covers = c
-	}
-	log, err := seglog.Open(seglog.Options{
+	single := p.singleReplica()
+	opts := seglog.Options{
 		FS:             cfg.FS,
 		Dir:            p.logPath(),
 		SegmentBytes:   cfg.SegmentBytes,
@@ -262,47 +317,29 @@ func (p *Partition) recover() error {
 		Corruption:     cfg.Corruption,
 		Preallocate:    cfg.Preallocate,
 		Logger:         p.logger,
-		ReplayFrom:     covers,
-		Replay: func(r seglog.Record) error {
-			if !queue.IsEventType(r.Type) {
-				// Not a queue event (a raft leader's no-op, a
-				// configuration entry): the queue counts its LSN as
-				// settled.
-				return st.ApplyGap(r.LSN)
-			}
-			ev, err := queue.DecodeEvent(r.Type, r.Payload)
-			if err != nil {
-				return fmt.Errorf("lsn %d: %w", r.LSN, err)
-			}
-			if err := st.Apply(r.LSN, ev); err != nil {
-				return err
-			}
-			if ev.Kind == queue.KindAck {
-				p.acked.put(ev.Offset, ev.LeaseID)
-			}
-			if ev.Kind == queue.KindEnqueue {
-				// Only a durable record is replayed, so only a durable
-				// store is remembered as seen.
-				dd.Record(ev.Msg.ProducerID, ev.Msg.ProducerSeq, r.LSN, ev.Msg.PublishedAtMs)
-			}
-			return nil
-		},
-	})
+	}
+	if single {
+		// Everything is committed: replay during Open's verification
+		// scan, which reads each record once.
+		opts.ReplayFrom = covers
+		opts.Replay = func(r seglog.Record) error { return p.replayRecord(st, dd, r) }
+	}
+	log, err := seglog.Open(opts)
 	if err != nil {
 		var ce *seglog.CorruptionError
 		if errors.As(err, &ce) || errors.Is(err, queue.ErrCorrupt) {
-			return damaged("%w", err)
+			return p.damaged("%w", err)
 		}
 		return fmt.Errorf("partition %s: open log: %w", p, err)
 	}
 	first, next := log.FirstLSN(), log.NextLSN()
 	switch {
-	case raw == nil && first > 1:
-		err = damaged("no checkpoint, and the log starts at lsn %d", first)
-	case raw != nil && first > max(covers, 1):
-		err = damaged("checkpoint covers lsn %d, but the log starts at %d", covers, first)
-	case raw != nil && next < covers:
-		err = damaged("checkpoint covers lsn %d, but the log ends before %d", covers, next)
+	case !found && first > 1:
+		err = p.damaged("no checkpoint, and the log starts at lsn %d", first)
+	case found && first > max(covers, 1):
+		err = p.damaged("checkpoint covers lsn %d, but the log starts at %d", covers, first)
+	case found && next < covers:
+		err = p.damaged("checkpoint covers lsn %d, but the log ends before %d", covers, next)
 	}
 	if err != nil {
 		log.Close()
@@ -312,14 +349,55 @@ func (p *Partition) recover() error {
 		p.logger.Warn("partition log repaired at open", "torn_bytes", rep.TornBytes,
 			"corruption", rep.Corruption, "dropped_segments", rep.DroppedSegments)
 	}
+	commit := next - 1
+	if !single {
+		commit = log.HardState().GetCommit()
+		if commit > next-1 {
+			if log.Report().Corruption == nil {
+				log.Close()
+				return p.damaged("raft commit index %d is past the end of the log (%d)", commit, next-1)
+			}
+			p.logger.Warn("log truncated below the raft commit index", "commit", commit, "last", next-1)
+			commit = next - 1
+		}
+		commit = max(commit, covers-min(covers, 1))
+		if covers < commit+1 {
+			err := log.ScanRange(max(covers, first), commit, func(r seglog.Record) error { return p.replayRecord(st, dd, r) })
+			if err != nil {
+				log.Close()
+				return p.damaged("replay to the commit index: %w", err)
+			}
+		}
+	}
 	p.log, p.st, p.dd, p.ckptLSN = log, st, dd, covers
-	if err := p.startRaft(); err != nil {
+	if err := p.startRaft(commit); err != nil {
 		log.Close()
 		return err
 	}
-	for _, in := range st.PendingDeadLetters() {
-		p.deadLetters[in.Offset] = &deadLetter{}
+	if single {
+		for _, in := range st.PendingDeadLetters() {
+			p.deadLetters[in.Offset] = &deadLetter{}
+		}
+		p.recovered = st.Leases()
 	}
-	p.recovered = st.Leases()
+	return nil
+}
+
+// rebuild replaces the queue state with the committed one: the checkpoint
+// plus the log replayed up to commit. A leader that stops leading uses it to
+// drop what it decided and did not see committed.
+func (p *Partition) rebuild(commit uint64) error {
+	st, dd, covers, _, err := p.loadCheckpoint()
+	if err != nil {
+		return err
+	}
+	p.acked = ackMemory{m: make(map[uint64]uint64)}
+	if covers < commit+1 {
+		err := p.log.ScanRange(max(covers, p.log.FirstLSN()), commit, func(r seglog.Record) error { return p.replayRecord(st, dd, r) })
+		if err != nil {
+			return fmt.Errorf("partition %s: rebuild to the commit index %d: %w", p, commit, err)
+		}
+	}
+	p.st, p.dd = st, dd
 	return nil
 }

@@ -2,9 +2,6 @@ package partition
 
 import (
 	"errors"
-
-	"go.etcd.io/raft/v3"
-
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -12,9 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/raft/v3/raftpb"
+
 	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/queue"
-	"github.com/sinewmq/sinew/internal/raftlog"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/protocol"
@@ -164,9 +162,12 @@ type Config struct {
 
 	// RaftID is this replica's id in the partition's raft group; 0 means
 	// 1. RaftPeers are the group's voters when it is created; empty means
-	// {RaftID}, a group of one. Only groups of one are supported so far.
+	// {RaftID}, a group of one, which is how a single node runs every
+	// partition. Send carries raft messages to the other replicas (nil
+	// for a group of one).
 	RaftID    uint64
 	RaftPeers []uint64
+	Send      func([]*raftpb.Message)
 
 	// noRetention keeps every log segment (tests compare checkpoint plus
 	// replay with a replay of the whole log).
@@ -366,24 +367,14 @@ type Partition struct {
 	// (syncBusy). syncReq
 	// and synced connect the actor with its syncer goroutine; each holds
 	// at most one message, since at most one sync is outstanding.
-	syncing stage
-	// rd is the raft Ready whose entries the syncer is making durable;
-	// syncWaits: the syncing stage waits for its entries to commit.
-	rd        raft.Ready
-	syncWaits bool
-	// rn drives the partition's raft group over rs; committed is the
-	// highest index raft reported committed. flushed counts the records
-	// of the decider's out list that flush has seen.
-	rn        *raft.RawNode
-	rs        *raftlog.Storage
-	committed uint64
-	flushed   int
-	// relocPending: a relocation pass decided records that wait for the
-	// log before the checkpoint after it can be taken.
-	relocPending bool
-	syncBusy     bool
-	syncReq      chan struct{}
-	synced       chan syncResult
+	syncing  stage
+	syncBusy bool
+	// spare is a released stage kept for its slices' capacity.
+	spare stage
+	// raftDriver is the partition's raft node (raft.go).
+	raftDriver
+	syncReq chan struct{}
+	synced  chan syncResult
 	// ckptFailures counts failed checkpoints since Open, ckptStreak the
 	// consecutive ones; no checkpoint is tried before ckptRetryAtMs.
 	ckptFailures  uint64
@@ -414,8 +405,16 @@ type purgeJob struct {
 // durable: its replies, deliveries and new dead letters are released only
 // after that sync returns, and stages are released in order.
 type stage struct {
-	records    int    // log records decided by the stage's turns
-	last       uint64 // the last raft index of the stage's entries
+	records int // log records decided by the stage's turns
+	// entries counts the raft entries appended to the log during the
+	// stage (the records above, and a follower's entries from its
+	// leader): the stage needs a sync when there are any. last is the
+	// log's last index when the stage was closed: it is released once
+	// raft has committed that index. resps are the responses of the
+	// stage's storage appends, delivered once its sync is done.
+	entries    int
+	last       uint64
+	resps      []*raftpb.Message
 	replies    []reply
 	deliveries []pending
 	ended      []pending // leases that ended, told to their holders after deliveries
@@ -794,12 +793,17 @@ func (p *Partition) Close() error {
 	close(p.stop)
 	<-p.stopped
 	var errs []error
-	if p.failed == nil {
+	if p.failed == nil && p.leads {
+		// The leader moves the last live bodies of sparse segments and
+		// sees its last records committed before the checkpoint.
 		if _, err := p.relocate(); err != nil {
 			errs = append(errs, err)
-		} else if err := p.drainInline(); err != nil {
+		} else if err := p.settleInline(); err != nil {
 			errs = append(errs, err)
-		} else if err := p.checkpoint(); err != nil {
+		}
+	}
+	if p.failed == nil && len(errs) == 0 {
+		if err := p.checkpoint(); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -1,93 +1,130 @@
 package partition
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log"
+	"slices"
+	"sync/atomic"
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/raftlog"
+	"github.com/sinewmq/sinew/protocol"
 )
 
 // The partition's log is a raft log (internal/raftlog over seglog v2): one
-// queue event per entry, offset = raft index. A single node runs each
-// partition as a raft group of one, which campaigns at Open and needs no
-// ticks.
-//
-// The leader decides on a state that includes what it has proposed and not
-// yet seen committed (the decider applies as it decides), so it never
-// leases or settles the same message twice. Proposals wait in the decider's
-// out list until no sync is under way; then they go to raft together, and
-// the Ready that carries them is appended and handed to the syncer. When
-// the sync returns the driver advances raft, which commits them (a group
-// of one commits what its own log holds), and the stage that decided them
-// is released: replies, confirms and deliveries leave at commit.
+// queue event per entry, so an offset is a raft index. See "Raft" in doc.go
+// for how the actor drives its raft.RawNode.
+
+// ErrNotLeader answers a publish or a settle sent to a replica that does not
+// lead its partition's raft group, and the requests a leader was still
+// waiting on when it lost the lead: their entries may yet be committed by
+// the next leader, or not. Retryable.
+var ErrNotLeader = &protocol.Error{Code: protocol.CodeUnavailable, Message: "this replica does not lead the partition"}
 
 // raftLogger keeps etcd raft's own log lines out of the broker's log.
 var raftLogger = &raft.DefaultLogger{Logger: log.New(io.Discard, "", 0)}
 
-// Raft limits.
+// Raft limits and timing.
 const (
-	raftMsgBytesMax            = 1 << 20
-	raftInflightMsgsMax        = 256
-	raftUncommittedBytesMax    = 64 << 20
+	// raftMsgBytesMax bounds one append message to a follower.
+	raftMsgBytesMax = 1 << 20
+	// raftInflightMsgsMax bounds the append messages in flight to one
+	// follower.
+	raftInflightMsgsMax = 256
+	// raftCommittedPerReadyBytes bounds the committed entries handed to
+	// the actor at once.
 	raftCommittedPerReadyBytes = 16 << 20
+	// raftInboundMax bounds the messages from other replicas waiting for
+	// the actor; beyond it they are dropped, as raft tolerates loss.
+	raftInboundMax = 1024
+	// raftTicksPerTurnMax bounds the ticks one turn catches up on.
+	raftTicksPerTurnMax = 16
+	// raftElectionTicks and raftHeartbeatTicks are raft's timing in host
+	// ticks.
+	raftElectionTicks  = 10
+	raftHeartbeatTicks = 1
+	// committingStagesMax bounds the synced stages waiting for their
+	// entries to be committed by a quorum; beyond it the actor takes no
+	// new commands until one is released.
+	committingStagesMax = 8
 )
 
-// startRaft starts the partition's raft node over its recovered log and
-// elects it: a group of one campaigns at once. Everything the recovered
-// log holds is applied to the state already (recover); in a group of one it
-// is all committed, since no other replica can have a different suffix, so
-// the commit index is raised to the end of the log before raft starts.
-func (p *Partition) startRaft() error {
+// raftDriver is the partition's raft node and what the actor keeps about
+// it. Actor-owned, except the atomics and inbound.
+type raftDriver struct {
+	rn *raft.RawNode
+	rs *raftlog.Storage
+	// raftID is this replica's id.
+	raftID uint64
+	// single: a group of one, which elects itself at Open and needs no
+	// ticks.
+	single bool
+	// leads: this replica leads and decides. Its queue state then runs
+	// ahead of the commit index by its own proposals (the overlay).
+	leads bool
+	// committed is the highest index raft has committed, as far as it
+	// was applied; applied is the highest index applied to the queue
+	// state (past committed on a leader, by its own proposals).
+	committed uint64
+	applied   uint64
+	// committing holds the synced stages that wait for a quorum to commit
+	// their entries, oldest first.
+	committing []stage
+	// inbound holds messages from other replicas (Step); ticks counts
+	// host ticks not yet taken (Tick).
+	inbound chan *raftpb.Message
+	ticks   atomic.Int32
+	// lead and term are what Leader reports.
+	lead, term atomic.Uint64
+	// dropped counts inbound messages dropped for lack of room.
+	dropped atomic.Uint64
+}
+
+// startRaft starts the partition's raft node over its recovered log. A
+// group of one elects itself at once, on the calling goroutine, so Open
+// returns a leader; a larger group waits for ticks and its peers.
+func (p *Partition) startRaft(commit uint64) error {
 	id := max(p.cfg.RaftID, 1)
 	peers := p.cfg.RaftPeers
 	if len(peers) == 0 {
 		peers = []uint64{id}
 	}
-	if len(peers) > 1 {
-		return fmt.Errorf("partition %s: raft groups of %d replicas are not supported yet", p, len(peers))
-	}
 	s := raftlog.New(p.log, raftlog.Options{})
-	last := p.log.NextLSN() - 1
-	if hs := p.log.HardState(); hs.GetCommit() > last {
-		// Committed entries are gone: only CorruptionTruncate cuts
-		// records, at the operator's request; anything else is damage.
-		if p.log.Report().Corruption == nil {
-			return fmt.Errorf("%w: partition %s: raft commit index %d is past the end of the log (%d)", ErrDamaged, p, hs.GetCommit(), last)
-		}
-		p.logger.Warn("log truncated below the raft commit index", "commit", hs.GetCommit(), "last", last)
-		if err := s.SetHardState(&raftpb.HardState{Term: new(hs.GetTerm()), Vote: new(hs.GetVote()), Commit: new(last)}); err != nil {
-			return fmt.Errorf("partition %s: raft state: %w", p, err)
-		}
-	}
-	hs, cs, err := s.InitialState()
+	cs, err := p.log.ConfState()
 	if err != nil {
-		return fmt.Errorf("partition %s: raft state: %w", p, err)
+		return fmt.Errorf("partition %s: raft configuration: %w", p, err)
 	}
 	if len(cs.GetVoters()) == 0 {
 		if err := s.SetConfState(&raftpb.ConfState{Voters: peers}); err != nil {
 			return fmt.Errorf("partition %s: raft configuration: %w", p, err)
 		}
 	}
-	if hs.GetCommit() < last {
+	hs := p.log.HardState()
+	if hs.GetCommit() != commit {
 		term := max(hs.GetTerm(), p.log.LastTerm())
-		if err := s.SetHardState(&raftpb.HardState{Term: new(term), Vote: new(hs.GetVote()), Commit: new(last)}); err != nil {
+		if err := s.SetHardState(&raftpb.HardState{Term: new(term), Vote: new(hs.GetVote()), Commit: new(commit)}); err != nil {
 			return fmt.Errorf("partition %s: raft state: %w", p, err)
 		}
 	}
 	rn, err := raft.NewRawNode(&raft.Config{
-		ID:                        id,
-		ElectionTick:              10,
-		HeartbeatTick:             1,
-		Storage:                   s,
-		Applied:                   last,
-		MaxSizePerMsg:             raftMsgBytesMax,
-		MaxInflightMsgs:           raftInflightMsgsMax,
-		MaxUncommittedEntriesSize: raftUncommittedBytesMax,
+		ID:                 id,
+		ElectionTick:       raftElectionTicks,
+		HeartbeatTick:      raftHeartbeatTicks,
+		Storage:            s,
+		Applied:            commit,
+		AsyncStorageWrites: true,
+		MaxSizePerMsg:      raftMsgBytesMax,
+		MaxInflightMsgs:    raftInflightMsgsMax,
+		// No limit here: the pipeline bounds what is uncommitted
+		// (stageCommandsMax per stage, committingStagesMax stages), and a
+		// proposal raft dropped would have to be undone.
+		MaxUncommittedEntriesSize: 0,
 		MaxCommittedSizePerReady:  raftCommittedPerReadyBytes,
 		PreVote:                   true,
 		CheckQuorum:               len(peers) > 1,
@@ -96,148 +133,447 @@ func (p *Partition) startRaft() error {
 	if err != nil {
 		return fmt.Errorf("partition %s: raft: %w", p, err)
 	}
-	p.rn, p.rs = rn, s
-	p.nextLSN, p.lastLSN = last+1, last
+	p.rn, p.rs, p.raftID = rn, s, id
+	p.single = len(peers) == 1 && peers[0] == id
+	p.committed, p.applied = commit, commit
+	p.inbound = make(chan *raftpb.Message, raftInboundMax)
+	p.nextLSN, p.lastLSN = commit+1, commit
+	if !p.single {
+		return nil
+	}
 	if err := rn.Campaign(); err != nil {
 		return fmt.Errorf("partition %s: campaign: %w", p, err)
 	}
-	return p.drainInline()
+	if err := p.settleInline(); err != nil {
+		return err
+	}
+	if !p.leads {
+		return fmt.Errorf("partition %s: a group of one did not elect itself", p)
+	}
+	return nil
 }
 
-// proposeOut hands the decided records to raft, in order. raft numbers
-// each at its last index plus one, which is the LSN the decider gave it:
-// nothing else is proposed on this node.
-func (p *Partition) proposeOut() error {
+// settleInline runs raft on the calling goroutine until it has nothing left
+// to do, syncing inline, and releases every stage: Open uses it for a group
+// of one's election, Close for the last records.
+func (p *Partition) settleInline() error {
+	for range 64 {
+		if err := p.propose(); err != nil {
+			return err
+		}
+		if err := p.pump(); err != nil {
+			return err
+		}
+		if p.open.entries == 0 && len(p.open.resps) == 0 && !p.rn.HasReady() {
+			p.releaseOpenInline()
+			return nil
+		}
+		if p.open.entries > 0 {
+			if _, err := p.persist(); err != nil {
+				return err
+			}
+		}
+		st := p.takeOpen()
+		resps := st.resps
+		st.resps = nil
+		p.committing = append(p.committing, st)
+		if err := p.stepResponses(resps); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("partition %s: raft did not settle", p)
+}
+
+// releaseOpenInline releases the committing stages and then the open one,
+// which has no entries, once raft has nothing more to do.
+func (p *Partition) releaseOpenInline() {
+	p.releaseCommitted()
+	if len(p.committing) == 0 {
+		p.releaseStage(&p.open)
+	}
+}
+
+// takeOpen closes the open stage at the log's current end and returns it;
+// a fresh open stage reuses a spare one.
+func (p *Partition) takeOpen() stage {
+	st := p.open
+	st.last = p.log.NextLSN() - 1
+	p.open = p.spare
+	p.spare = stage{}
+	return st
+}
+
+// propose hands the records the decider decided to raft in one proposal
+// and takes the Ready that holds them, which appends them to the log. Each
+// must get the index the decider gave it: the leader proposes nothing else.
+// A proposal raft refuses (this replica lost the lead meanwhile) leaves the
+// state ahead of any log: it is rebuilt (stepDown).
+func (p *Partition) propose() error {
+	if len(p.out) == 0 {
+		return nil
+	}
+	first := p.out[0].lsn
+	ents := make([]*raftpb.Entry, len(p.out))
 	for i := range p.out {
 		r := &p.out[i]
 		payload := p.payloadOf(r)
 		data := make([]byte, 1+len(payload))
 		data[0] = r.typ
 		copy(data[1:], payload)
-		if err := p.rn.Propose(data); err != nil {
-			p.taken()
-			p.flushed = 0
-			return fmt.Errorf("propose lsn %d: %w", r.lsn, err)
+		ents[i] = &raftpb.Entry{Data: data}
+		if r.payload != nil {
+			p.cache.put(r.lsn, r.payload)
 		}
 	}
+	n := len(p.out)
 	p.taken()
-	p.flushed = 0
+	p.open.records += n
+	p.sinceCkpt += n
+	err := p.rn.Step(&raftpb.Message{Type: raftpb.MsgProp.Enum(), From: new(p.raftID), Entries: ents})
+	if err != nil {
+		if errors.Is(err, raft.ErrProposalDropped) {
+			return p.stepDown(fmt.Errorf("raft dropped the proposal of lsn %d..%d", first, first+uint64(n)-1))
+		}
+		return fmt.Errorf("propose lsn %d: %w", first, err)
+	}
+	return p.pump()
+}
+
+// pump handles every Ready raft has: messages to peers are sent, entries
+// are appended to the log (their acknowledgements wait for the open stage's
+// sync), committed entries are applied and the stages they complete are
+// released.
+func (p *Partition) pump() error {
+	for range 1024 {
+		if !p.rn.HasReady() {
+			return nil
+		}
+		rd := p.rn.Ready()
+		if rd.SoftState != nil {
+			p.lead.Store(rd.SoftState.Lead)
+			leads := rd.SoftState.RaftState == raft.StateLeader
+			if leads && !p.leads {
+				if err := p.becomeLeader(); err != nil {
+					return err
+				}
+			} else if !leads && p.leads {
+				if err := p.stepDown(ErrNotLeader); err != nil {
+					return err
+				}
+			}
+		}
+		if rd.HardState != nil && rd.GetTerm() != 0 {
+			p.term.Store(rd.GetTerm())
+		}
+		var out []*raftpb.Message
+		for _, m := range rd.Messages {
+			switch m.GetTo() {
+			case raft.LocalAppendThread:
+				if err := p.storageAppend(m); err != nil {
+					return err
+				}
+			case raft.LocalApplyThread:
+				if err := p.storageApply(m); err != nil {
+					return err
+				}
+			default:
+				out = append(out, m)
+			}
+		}
+		p.sendRaft(out)
+	}
+	return fmt.Errorf("partition %s: raft kept producing work", p)
+}
+
+// send hands messages to other replicas. A group of one has none.
+func (p *Partition) sendRaft(ms []*raftpb.Message) {
+	if len(ms) > 0 && p.cfg.Send != nil {
+		p.cfg.Send(ms)
+	}
+}
+
+// storageAppend writes what a MsgStorageAppend carries: entries (buffered;
+// durable with the open stage's sync), a snapshot, and the HardState (a new
+// term or vote is durable on return, a commit index need not be). Its
+// responses are delivered when the open stage is synced, in order.
+func (p *Partition) storageAppend(m *raftpb.Message) error {
+	if snap := m.GetSnapshot(); snap != nil && !raft.IsEmptySnap(snap) {
+		if err := p.installSnapshot(snap); err != nil {
+			return err
+		}
+	}
+	if ents := m.GetEntries(); len(ents) > 0 {
+		if err := p.rs.Append(ents); err != nil {
+			return fmt.Errorf("raft append: %w", err)
+		}
+		p.open.entries += len(ents)
+		if p.leads {
+			// The leader's state covers its whole log: its own
+			// proposals are applied already, anything else (a new
+			// term's empty entry) is applied now.
+			for _, e := range ents {
+				if e.GetIndex() > p.applied {
+					if err := p.applyEntry(e); err != nil {
+						return err
+					}
+				}
+			}
+			p.nextLSN, p.lastLSN = p.applied+1, p.applied
+		}
+	}
+	if m.Term != nil || m.Vote != nil || m.Commit != nil {
+		hs := &raftpb.HardState{Term: new(m.GetTerm()), Vote: new(m.GetVote()), Commit: new(m.GetCommit())}
+		if err := p.rs.SetHardState(hs); err != nil {
+			return fmt.Errorf("raft hard state: %w", err)
+		}
+	}
+	p.open.resps = append(p.open.resps, m.GetResponses()...)
 	return nil
 }
 
-// takeReady takes raft's Ready, appends its entries and stores its
-// HardState (a new term or vote is durable on return; entries after the
-// next sync), applies its committed entries and returns it. The caller
-// syncs if it holds entries, then calls rn.Advance.
-func (p *Partition) takeReady() (raft.Ready, error) {
-	rd := p.rn.Ready()
-	if err := p.rs.Append(rd.Entries); err != nil {
-		return rd, fmt.Errorf("raft append: %w", err)
+// storageApply applies committed entries: those the leader decided are in
+// its state already; any other is applied now. Stages whose entries are
+// all committed are released.
+func (p *Partition) storageApply(m *raftpb.Message) error {
+	for _, e := range m.GetEntries() {
+		idx := e.GetIndex()
+		if idx > p.applied {
+			if err := p.applyEntry(e); err != nil {
+				return err
+			}
+		}
+		if e.GetType() == raftpb.EntryConfChange || e.GetType() == raftpb.EntryConfChangeV2 {
+			if err := p.applyConfChange(e); err != nil {
+				return err
+			}
+		}
+		p.committed = max(p.committed, idx)
 	}
-	if rd.HardState != nil && !raft.IsEmptyHardState(rd.HardState) {
-		if err := p.rs.SetHardState(rd.HardState); err != nil {
-			return rd, fmt.Errorf("raft hard state: %w", err)
+	if n := len(m.GetEntries()); n > 0 {
+		p.rs.SetApplied(p.committed)
+		if p.leads {
+			p.nextLSN, p.lastLSN = p.applied+1, p.applied
 		}
 	}
-	if n := len(rd.Entries); n > 0 {
-		last := rd.Entries[n-1].GetIndex()
-		if want := p.nextLSN - 1; last != want && rd.Entries[0].GetIndex() <= want {
-			// A proposal was numbered other than decided: the state
-			// would disagree with the log.
-			return rd, fmt.Errorf("raft appended up to index %d, the decider decided up to %d", last, want)
-		}
-	}
-	p.applyCommitted(rd.CommittedEntries)
-	return rd, nil
+	p.releaseCommitted()
+	return p.stepResponses(m.GetResponses())
 }
 
-// applyCommitted takes note of committed entries. Those this node decided
-// are in the state already (the decider applied them); any other entry (a
-// leader's no-op, an entry of a former leader) is applied now: a queue event
-// with Apply, anything else as a settled gap. Stages whose records are all
-// committed are released.
-func (p *Partition) applyCommitted(ents []*raftpb.Entry) {
-	for _, e := range ents {
-		idx := e.GetIndex()
-		p.committed = idx
-		if idx < p.nextLSN {
-			continue
+// applyConfChange hands a committed configuration change to raft and
+// stores the configuration it yields.
+func (p *Partition) applyConfChange(e *raftpb.Entry) error {
+	var cc raftpb.ConfChangeI
+	if e.GetType() == raftpb.EntryConfChange {
+		var c raftpb.ConfChange
+		if err := proto.Unmarshal(e.GetData(), &c); err != nil {
+			return fmt.Errorf("%w: partition %s: conf change at %d: %w", ErrDamaged, p, e.GetIndex(), err)
 		}
-		data := e.GetData()
-		if e.GetType() == raftpb.EntryNormal && len(data) > 0 && queue.IsEventType(data[0]) {
-			ev, err := queue.DecodeEvent(data[0], data[1:])
-			if err == nil {
-				err = p.st.Apply(idx, ev)
-			}
-			if err != nil {
-				panic(fmt.Sprintf("partition %s: committed entry %d: %v", p, idx, err))
-			}
-			p.replayed(idx, &ev)
-		} else if err := p.st.ApplyGap(idx); err != nil {
-			panic(fmt.Sprintf("partition %s: committed gap %d: %v", p, idx, err))
+		cc = &c
+	} else {
+		var c raftpb.ConfChangeV2
+		if err := proto.Unmarshal(e.GetData(), &c); err != nil {
+			return fmt.Errorf("%w: partition %s: conf change at %d: %w", ErrDamaged, p, e.GetIndex(), err)
 		}
-		p.nextLSN, p.lastLSN = idx+1, idx
+		cc = &c
 	}
-	if len(ents) > 0 {
-		p.rs.SetApplied(p.committed)
+	cs := p.rn.ApplyConfChange(cc)
+	return p.rs.SetConfState(cs)
+}
+
+// applyEntry applies one raft entry at the state's next index: a queue
+// event, or, for anything else (an empty entry, a configuration change), a
+// settled gap. What the partition keeps beside the state (ACK memory,
+// dedup window) follows.
+func (p *Partition) applyEntry(e *raftpb.Entry) error {
+	idx := e.GetIndex()
+	if idx != p.applied+1 {
+		return fmt.Errorf("partition %s: entry %d applied after %d", p, idx, p.applied)
 	}
-	if p.syncWaits && p.committed >= p.syncing.last {
-		p.syncWaits = false
-		p.releaseStage(&p.syncing)
+	p.applied = idx
+	data := e.GetData()
+	if e.GetType() != raftpb.EntryNormal || len(data) == 0 || !queue.IsEventType(data[0]) {
+		return p.st.ApplyGap(idx)
 	}
+	ev, err := queue.DecodeEvent(data[0], data[1:])
+	if err != nil {
+		return fmt.Errorf("%w: partition %s: entry %d: %w", ErrDamaged, p, idx, err)
+	}
+	if err := p.st.Apply(idx, ev); err != nil {
+		return fmt.Errorf("partition %s: entry %d: %w", p, idx, err)
+	}
+	p.replayed(idx, &ev)
+	return nil
 }
 
 // replayed updates what the actor keeps beside the queue state for an
-// event it did not decide itself (recovery, or an entry of another
-// leader): the ACK memory and the dedup window.
+// event it did not decide itself (recovery, or another leader's entry): the
+// ACK memory and the dedup window.
 func (p *Partition) replayed(lsn uint64, ev *queue.Event) {
 	switch ev.Kind {
 	case queue.KindAck:
 		p.acked.put(ev.Offset, ev.LeaseID)
 	case queue.KindEnqueue:
-		// Only a durable record is replayed, so only a durable store is
-		// remembered as seen.
+		// Only a committed record is replayed, so only a committed store
+		// is remembered as seen.
 		p.dd.Record(ev.Msg.ProducerID, ev.Msg.ProducerSeq, lsn, ev.Msg.PublishedAtMs)
 	}
 }
 
-// drainInline proposes what the decider decided and runs raft's Ready loop
-// on the calling goroutine, syncing inline, until raft has nothing more to
-// do. Open uses it for the election, Close for its last records.
-func (p *Partition) drainInline() error {
-	if err := p.proposeOut(); err != nil {
-		return err
+// stepResponses delivers the responses of storage messages whose writes
+// are done: those for this replica are stepped, the others sent.
+func (p *Partition) stepResponses(ms []*raftpb.Message) error {
+	var out []*raftpb.Message
+	for _, m := range ms {
+		if m.GetTo() != p.raftID {
+			out = append(out, m)
+			continue
+		}
+		if err := p.rn.Step(m); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) {
+			return fmt.Errorf("raft step: %w", err)
+		}
 	}
-	for p.rn.HasReady() {
-		rd, err := p.takeReady()
+	p.sendRaft(out)
+	return p.pump()
+}
+
+// releaseCommitted releases, in order, the synced stages whose entries are
+// all committed.
+func (p *Partition) releaseCommitted() {
+	n := 0
+	for n < len(p.committing) && p.committing[n].last <= p.committed {
+		p.releaseStage(&p.committing[n])
+		n++
+	}
+	if n > 0 {
+		p.committing = slices.Delete(p.committing, 0, n)
+	}
+}
+
+// becomeLeader makes this replica the deciding one: its state, which holds
+// the committed entries, takes in the rest of its log (entries of earlier
+// terms that the new leader's first entry will commit), and the leases in
+// it are treated as recovered ones.
+func (p *Partition) becomeLeader() error {
+	for next := p.applied + 1; next < p.log.NextLSN(); next = p.applied + 1 {
+		r, err := p.log.Read(next)
 		if err != nil {
+			return fmt.Errorf("partition %s: read lsn %d as a new leader: %w", p, next, err)
+		}
+		e := &raftpb.Entry{Index: new(next), Term: new(r.Term), Type: new(raftpb.EntryNormal)}
+		if queue.IsEventType(r.Type) {
+			e.Data = append([]byte{r.Type}, r.Payload...)
+		}
+		if err := p.applyEntry(e); err != nil {
 			return err
 		}
-		if len(rd.Entries) > 0 {
-			if _, err := p.log.Sync(); err != nil {
-				return fmt.Errorf("sync: %w", err)
-			}
+	}
+	p.leads = true
+	p.nextLSN, p.lastLSN = p.applied+1, p.applied
+	if !p.single {
+		p.recovered = p.st.Leases()
+		p.recoveredDueMs = p.nowMs() + max(p.cfg.RecoveredLeaseGraceMs, 0)
+		for _, in := range p.st.PendingDeadLetters() {
+			p.deadLetters[in.Offset] = &deadLetter{}
 		}
-		p.rn.Advance(rd)
+		p.logger.Info("partition replica leads", "term", p.term.Load(), "last", p.lastLSN)
 	}
 	return nil
 }
 
-// pumpReady handles the Readies that follow an Advance: committed entries
-// and commit-index changes. A Ready with entries (an election's no-op) is
-// synced inline.
-func (p *Partition) pumpReady() error {
-	for p.rn.HasReady() {
-		rd, err := p.takeReady()
-		if err != nil {
-			return err
-		}
-		if len(rd.Entries) > 0 {
-			if _, err := p.persist(); err != nil {
-				return err
-			}
-		}
-		p.rn.Advance(rd)
+// stepDown gives up deciding: what was proposed and not committed may be
+// replaced by the next leader, so the state is rebuilt from the checkpoint
+// and the log up to the commit index, every request still waiting is
+// answered with why (ErrNotLeader: its outcome is unknown), and the
+// consumers are detached.
+func (p *Partition) stepDown(why error) error {
+	p.leads = false
+	for i := range p.committing {
+		p.failStage(&p.committing[i], 0, why)
 	}
+	p.committing = p.committing[:0]
+	p.failStage(&p.open, 0, why)
+	p.taken()
+	p.refusePurges(why)
+	for _, c := range p.consumers {
+		c.Detached(why)
+	}
+	p.consumers = nil
+	clear(p.holders)
+	p.recovered = nil
+	clear(p.deadLetters)
+	p.dlInflight = 0
+	if err := p.rebuild(p.committed); err != nil {
+		return err
+	}
+	p.applied = p.committed
+	p.nextLSN, p.lastLSN = p.applied+1, p.applied
+	p.logger.Info("partition replica no longer leads", "why", why, "committed", p.committed)
 	return nil
+}
+
+// installSnapshot replaces the log and the state with a snapshot sent by
+// the leader.
+func (p *Partition) installSnapshot(snap *raftpb.Snapshot) error {
+	return fmt.Errorf("partition %s: raft snapshots are not supported yet (index %d)", p, snap.GetMetadata().GetIndex())
+}
+
+// Step hands the partition one raft message from another replica. It never
+// blocks: when the bounded inbound queue is full the message is dropped
+// (raft tolerates loss) and counted.
+func (p *Partition) Step(m *raftpb.Message) error {
+	if p.rn == nil {
+		return ErrUnavailable
+	}
+	select {
+	case p.inbound <- m:
+		p.Poke()
+		return nil
+	default:
+		p.dropped.Add(1)
+		return ErrInboxFull
+	}
+}
+
+// Tick advances the partition's raft clock by one tick, on its next turn.
+func (p *Partition) Tick() {
+	if p.rn == nil || p.single {
+		return
+	}
+	if p.ticks.Add(1) == 1 {
+		p.Poke()
+	}
+}
+
+// Quiet reports whether the partition needs no ticks: a group of one
+// elects itself and never needs them.
+func (p *Partition) Quiet() bool { return p.single }
+
+// Leader returns the raft id of the replica this one believes leads the
+// group (0: none known) and the current term.
+func (p *Partition) Leader() (id, term uint64) { return p.lead.Load(), p.term.Load() }
+
+// raftTurn takes the messages other replicas sent and the ticks the host
+// gave since the last turn.
+func (p *Partition) raftTurn() error {
+	if p.single {
+		return nil
+	}
+	for range raftInboundMax {
+		select {
+		case m := <-p.inbound:
+			if err := p.rn.Step(m); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) &&
+				!errors.Is(err, raft.ErrStepLocalMsg) && !errors.Is(err, raft.ErrProposalDropped) {
+				p.logger.Debug("raft message refused", "err", err)
+			}
+			continue
+		default:
+		}
+		break
+	}
+	if n := p.ticks.Swap(0); n > 0 {
+		for range min(n, raftTicksPerTurnMax) {
+			p.rn.Tick()
+		}
+	}
+	return p.pump()
 }
