@@ -38,8 +38,11 @@ type record struct {
 	lsn uint64
 	typ uint8
 	// payload is a publish's pre-encoded payload (kept as is, and put in
-	// the body cache once appended); nil means arena[start:end].
+	// the body cache once appended); nil means arena[start:end]. framed
+	// is the record as a raft entry's data: its type byte, then the
+	// payload (the publish's buffer, or arena[start-1:end]).
 	payload    []byte
+	framed     []byte
 	start, end int
 }
 
@@ -194,6 +197,7 @@ func (d *decider) command(c *command, now int64) {
 			panic("partition: Enqueue changed a fully defaulted message")
 		}
 		lsn := d.take(uint8(queue.KindEnqueue), c.payload)
+		d.out[len(d.out)-1].framed = c.framed
 		d.apply(lsn, &evs[0])
 		d.dd.Record(m.ProducerID, m.ProducerSeq, lsn, m.PublishedAtMs)
 		d.open.replies = append(d.open.replies, reply{published: c.published, offset: lsn, lsn: lsn})
@@ -355,6 +359,7 @@ func (d *decider) apply(lsn uint64, ev *queue.Event) {
 func (d *decider) emit(evs []queue.Event, c Consumer) int {
 	for i := range evs {
 		ev := &evs[i]
+		d.arena = append(d.arena, uint8(ev.Kind))
 		start := len(d.arena)
 		d.arena = ev.Marshal(d.arena)
 		lsn := d.take(uint8(ev.Kind), nil)
@@ -392,6 +397,21 @@ func (d *decider) payloadOf(r *record) []byte {
 		return r.payload
 	}
 	return d.arena[r.start:r.end]
+}
+
+// framedOf returns a record in out as a raft entry's data: its type byte,
+// then its payload.
+func (d *decider) framedOf(r *record) []byte {
+	if r.framed != nil {
+		return r.framed
+	}
+	if r.payload == nil {
+		return d.arena[r.start-1 : r.end]
+	}
+	b := make([]byte, 1+len(r.payload))
+	b[0] = r.typ
+	copy(b[1:], r.payload)
+	return b
 }
 
 // taken forgets the records in out once the driver appended them.

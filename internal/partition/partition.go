@@ -284,6 +284,7 @@ type command struct {
 	// publish
 	msg       queue.Message // times only; the payload is pre-encoded
 	payload   []byte
+	framed    []byte // payload behind its record type byte
 	published func(offset uint64, duplicate bool, err error)
 	// settle
 	op          SettleOp
@@ -613,8 +614,10 @@ func (p *Partition) PublishOnce(m *queue.Message, done func(offset uint64, dupli
 	full := *m
 	full.PublishedAtMs, full.ExpiresAtMs = c.PublishedAtMs, c.ExpiresAtMs
 	ev := queue.Event{Kind: queue.KindEnqueue, Msg: &full}
-	payload := ev.Marshal(make([]byte, 0, 64+len(m.Body)+len(m.Key)))
-	p.send(command{kind: cmdPublish, msg: c, payload: payload, published: done}, func(err error) { done(0, false, err) })
+	// Encoded behind the record type byte, as the raft entry carries it,
+	// so that the actor proposes it without a copy.
+	framed := ev.Marshal(append(make([]byte, 0, 65+len(m.Body)+len(m.Key)), uint8(queue.KindEnqueue)))
+	p.send(command{kind: cmdPublish, msg: c, payload: framed[1:], framed: framed, published: done}, func(err error) { done(0, false, err) })
 }
 
 // Settle settles the lease leaseID on offset. notBeforeMs applies to Nack

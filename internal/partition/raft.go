@@ -126,6 +126,9 @@ func (p *Partition) startRaft(commit uint64) error {
 		// proposal raft dropped would have to be undone.
 		MaxUncommittedEntriesSize: 0,
 		MaxCommittedSizePerReady:  raftCommittedPerReadyBytes,
+		// A replica that lost the lead refuses proposals instead of
+		// forwarding them: it decided them on a state it must rebuild.
+		DisableProposalForwarding: true,
 		PreVote:                   true,
 		CheckQuorum:               len(peers) > 1,
 		Logger:                    raftLogger,
@@ -216,11 +219,8 @@ func (p *Partition) propose() error {
 	ents := make([]*raftpb.Entry, len(p.out))
 	for i := range p.out {
 		r := &p.out[i]
-		payload := p.payloadOf(r)
-		data := make([]byte, 1+len(payload))
-		data[0] = r.typ
-		copy(data[1:], payload)
-		ents[i] = &raftpb.Entry{Data: data}
+		// raft copies each entry it appends, so data may be the arena.
+		ents[i] = &raftpb.Entry{Data: p.framedOf(r)}
 		if r.payload != nil {
 			p.cache.put(r.lsn, r.payload)
 		}
