@@ -250,6 +250,10 @@ func (p *Partition) periodicCheckpoint() {
 		p.fail(err, nil)
 		return
 	}
+	if err := p.flushHardState(); err != nil {
+		p.fail(err, nil)
+		return
+	}
 	j, ok := p.takeCheckpoint()
 	if !ok {
 		return

@@ -806,7 +806,9 @@ func (p *Partition) Close() error {
 		}
 	}
 	if p.failed == nil && len(errs) == 0 {
-		if err := p.checkpoint(); err != nil {
+		if err := p.flushHardState(); err != nil {
+			errs = append(errs, err)
+		} else if err := p.checkpoint(); err != nil {
 			errs = append(errs, err)
 		}
 	}

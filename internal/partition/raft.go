@@ -68,6 +68,9 @@ type raftDriver struct {
 	// leads: this replica leads and decides. Its queue state then runs
 	// ahead of the commit index by its own proposals (the overlay).
 	leads bool
+	// hsCommit is the commit index raft last asked to store; the
+	// HardState on disk may hold an older one (storeHardState).
+	hsCommit uint64
 	// committed is the highest index raft has committed, as far as it
 	// was applied; applied is the highest index applied to the queue
 	// state (past committed on a leader, by its own proposals).
@@ -226,6 +229,9 @@ func (p *Partition) propose() error {
 		}
 	}
 	n := len(p.out)
+	// The decider applied these already: the entries raft hands back
+	// for them are not applied again.
+	p.applied = p.lastLSN
 	p.taken()
 	p.open.records += n
 	p.sinceCkpt += n
@@ -322,12 +328,46 @@ func (p *Partition) storageAppend(m *raftpb.Message) error {
 		}
 	}
 	if m.Term != nil || m.Vote != nil || m.Commit != nil {
-		hs := &raftpb.HardState{Term: new(m.GetTerm()), Vote: new(m.GetVote()), Commit: new(m.GetCommit())}
-		if err := p.rs.SetHardState(hs); err != nil {
-			return fmt.Errorf("raft hard state: %w", err)
+		if err := p.storeHardState(m.GetTerm(), m.GetVote(), m.GetCommit()); err != nil {
+			return err
 		}
 	}
 	p.open.resps = append(p.open.resps, m.GetResponses()...)
+	return nil
+}
+
+// storeHardState stores raft's HardState. A new term or vote is written
+// and synced at once (raft's rule). A commit index alone is only noted, and
+// written with the next term or vote, at each checkpoint and at Close: a
+// commit index that rolls back in a crash costs nothing but replay, since
+// raft learns it again from the leader (a group of one recovers to the end
+// of its log), and writing it after every stage cost the pipeline a file
+// write per sync.
+func (p *Partition) storeHardState(term, vote, commit uint64) error {
+	cur := p.log.HardState()
+	if term == cur.GetTerm() && vote == cur.GetVote() {
+		p.hsCommit = commit
+		return nil
+	}
+	p.hsCommit = commit
+	hs := &raftpb.HardState{Term: new(term), Vote: new(vote), Commit: new(commit)}
+	if err := p.rs.SetHardState(hs); err != nil {
+		return fmt.Errorf("raft hard state: %w", err)
+	}
+	return nil
+}
+
+// flushHardState writes the commit index noted by storeHardState, when it
+// moved since the HardState was last written.
+func (p *Partition) flushHardState() error {
+	cur := p.log.HardState()
+	if p.rs == nil || p.hsCommit <= cur.GetCommit() {
+		return nil
+	}
+	hs := &raftpb.HardState{Term: new(cur.GetTerm()), Vote: new(cur.GetVote()), Commit: new(p.hsCommit)}
+	if err := p.rs.SetHardState(hs); err != nil {
+		return fmt.Errorf("raft hard state: %w", err)
+	}
 	return nil
 }
 
