@@ -220,10 +220,12 @@ func (p *Partition) propose() error {
 	}
 	first := p.out[0].lsn
 	ents := make([]*raftpb.Entry, len(p.out))
+	slab := make([]raftpb.Entry, len(p.out)) // one allocation for the turn
 	for i := range p.out {
 		r := &p.out[i]
 		// raft copies each entry it appends, so data may be the arena.
-		ents[i] = &raftpb.Entry{Data: p.framedOf(r)}
+		slab[i].Data = p.framedOf(r)
+		ents[i] = &slab[i]
 		if r.payload != nil {
 			p.cache.put(r.lsn, r.payload)
 		}
