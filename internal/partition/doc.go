@@ -3,7 +3,8 @@
 // # Goroutines and ownership
 //
 // Open starts ONE actor goroutine per partition. It alone owns the
-// partition's queue.State, appends to its seglog.Log, keeps its timers, its
+// partition's queue.State and its raft node (see Raft), appends to its
+// seglog.Log, keeps its timers, its
 // consumer list, its cache of recent payloads and its dead-letter
 // bookkeeping. Beside it run two goroutines that own nothing: a syncer,
 // which on request makes the log durable (persist) and reports back, so the
@@ -27,8 +28,9 @@
 // events applied to the state, records numbered with their LSNs, and the
 // stage's replies, deliveries and dead letters come out. It does no I/O and
 // reads no clock, and datadriven scenarios (testdata/decider) test it
-// alone. The driver around it (actor.go) takes the inbox, appends the
-// decided records to the log, syncs, reads bodies and checkpoints.
+// alone. The driver around it (actor.go, raft.go) takes the inbox, proposes
+// the decided records to raft, which appends them to the log, syncs, reads
+// bodies and checkpoints.
 //
 // The actor takes a batch of commands (at most batchMax) and then:
 //
@@ -61,7 +63,10 @@
 // keeps taking batches: it decides, appends and applies them into the open
 // stage, which holds at most stageCommandsMax commands (then the actor
 // waits for the sync and the inbox absorbs the rest). When the sync
-// returns, the syncing stage is released: its publishers and settlers are
+// returns, raft is told its entries are durable and the stage waits for
+// raft to commit them (at once in a group of one; on a quorum's
+// acknowledgement in a larger group, with at most committingStagesMax
+// stages waiting). Once committed the stage is released: its publishers and settlers are
 // answered, its leases delivered (payloads from the body cache, or read in
 // runs of nearby offsets with one seglog.ScanRange), the holders of leases
 // that ended told (Consumer.LeaseEnded), its dead-letter copies started.
@@ -74,6 +79,44 @@
 // on. A failed append or sync fails the partition: the open stage is
 // refused, and the syncing stage gets the outcome of its own sync (records
 // that reached the disk before the failure are confirmed truthfully).
+//
+// # Raft
+//
+// The log is the partition's raft log (internal/raftlog over seglog v2):
+// every queue event is one raft entry, so an offset is a raft index, and a
+// new leader's empty entry or a configuration change is an index the queue
+// counts as a settled gap. A single node runs every partition as a raft
+// group of one (Config.RaftPeers empty), which elects itself during Open;
+// a larger group is driven by a multiraft host through Step, Tick, Quiet
+// and Leader, and sends through Config.Send.
+//
+// The raft.RawNode runs with asynchronous storage writes. At the end of a
+// turn the leader proposes the turn's records in one message, and raft's
+// Ready hands them back as a MsgStorageAppend, whose entries are appended
+// to the log (buffered) and counted in the open stage; its responses wait
+// for that stage's sync and are then stepped back, which in a group of one
+// commits the entries. The MsgStorageApply that follows carries the
+// committed entries: the stages they complete are released. A HardState
+// with a new term or vote is synced before raft hears of it; a commit index
+// alone is written at checkpoints and at Close, since a commit index that
+// rolls back costs only replay.
+//
+// Only committed entries are applied on a follower. The leader decides on
+// a state that also holds its own proposals not yet committed (the
+// overlay), so it never leases or settles a message twice; nothing of
+// them leaves the partition before they commit. When it loses the lead (or
+// raft refuses a proposal), it drops the overlay: the state is rebuilt
+// from the checkpoint and the log up to the commit index, every request
+// still waiting is answered ErrNotLeader (its entry may yet commit under
+// the next leader, or be replaced), and its consumers are detached. A
+// replica that becomes leader first applies the rest of its log (entries
+// of earlier terms that its first entry will commit) and treats the leases
+// in it as recovered ones. A follower refuses publishes and settles with
+// ErrNotLeader. Recovery replays to the commit index stored in the
+// HardState; in a group of one every record in the log is committed, since
+// its one voter holds it, so it replays to the end. A larger group's
+// leader checkpoints only when nothing it decided is uncommitted, so a
+// checkpoint never claims an entry that another leader could replace.
 //
 // # Carried credit
 //
