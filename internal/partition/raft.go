@@ -140,6 +140,9 @@ func (p *Partition) startRaft(commit uint64) error {
 		return fmt.Errorf("partition %s: raft: %w", p, err)
 	}
 	p.rn, p.rs, p.raftID = rn, s, id
+	if len(peers) > 1 {
+		s.SetSnapshotSource(p.makeSnapshot)
+	}
 	p.single = len(peers) == 1 && peers[0] == id
 	p.committed, p.applied = commit, commit
 	p.inbound = make(chan *raftpb.Message, raftInboundMax)
@@ -295,8 +298,17 @@ func (p *Partition) pump() error {
 
 // send hands messages to other replicas. A group of one has none.
 func (p *Partition) sendRaft(ms []*raftpb.Message) {
-	if len(ms) > 0 && p.cfg.Send != nil {
-		p.cfg.Send(ms)
+	if len(ms) == 0 || p.cfg.Send == nil {
+		return
+	}
+	p.cfg.Send(ms)
+	for _, m := range ms {
+		if m.GetType() == raftpb.MsgSnap {
+			// The transport does not say whether a message arrived:
+			// the leader goes back to probing the follower, which
+			// asks again if the snapshot was lost.
+			p.rn.ReportSnapshot(m.GetTo(), raft.SnapshotFinish)
+		}
 	}
 }
 
@@ -306,7 +318,12 @@ func (p *Partition) sendRaft(ms []*raftpb.Message) {
 // responses are delivered when the open stage is synced, in order.
 func (p *Partition) storageAppend(m *raftpb.Message) error {
 	if snap := m.GetSnapshot(); snap != nil && !raft.IsEmptySnap(snap) {
+		// With asynchronous storage writes the append side both stores
+		// and applies a snapshot.
 		if err := p.installSnapshot(snap); err != nil {
+			return err
+		}
+		if err := p.applySnapshot(snap); err != nil {
 			return err
 		}
 	}
@@ -551,12 +568,6 @@ func (p *Partition) stepDown(why error) error {
 	p.nextLSN, p.lastLSN = p.applied+1, p.applied
 	p.logger.Info("partition replica no longer leads", "why", why, "committed", p.committed)
 	return nil
-}
-
-// installSnapshot replaces the log and the state with a snapshot sent by
-// the leader.
-func (p *Partition) installSnapshot(snap *raftpb.Snapshot) error {
-	return fmt.Errorf("partition %s: raft snapshots are not supported yet (index %d)", p, snap.GetMetadata().GetIndex())
 }
 
 // Step hands the partition one raft message from another replica. It never

@@ -390,6 +390,25 @@ func (s *Storage) ApplySnapshot(snap *raftpb.Snapshot) error {
 	return nil
 }
 
+// InstallSnapshot records snap as installed when the caller has itself
+// made the log continue after snap's index: the log may keep entries at and
+// below that index (committed ones, identical to the leader's), which raft
+// may still read. The cache is dropped and the ConfState stored.
+func (s *Storage) InstallSnapshot(snap *raftpb.Snapshot) error {
+	md := snap.GetMetadata()
+	if next := s.log.NextLSN(); next != md.GetIndex()+1 {
+		return fmt.Errorf("%w: log continues at %d, snapshot is at %d", ErrBadEntry, next, md.GetIndex())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.log.SetConfState(raftpb.EnsureConfState(md.GetConfState())); err != nil {
+		return err
+	}
+	s.cache, s.cacheBytes = nil, 0
+	s.snap = proto.Clone(snap).(*raftpb.Snapshot)
+	return nil
+}
+
 // CreateSnapshot records a snapshot the application made at index i (which
 // must be in the log) with configuration cs and data, for Snapshot to
 // return. The log itself is not compacted; retention calls Compact.

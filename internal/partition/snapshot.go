@@ -1,0 +1,227 @@
+package partition
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/sinewmq/sinew/internal/queue"
+	"github.com/sinewmq/sinew/internal/seglog"
+)
+
+// Raft snapshots. A replica that lags behind what its leader's log still
+// holds is caught up with a snapshot: the leader's last checkpoint (queue
+// state and dedup window, covering every index below covers) plus the log
+// records from the checkpoint's body floor to covers-1, which hold the
+// bodies of the messages still live in that state. Retention never drops
+// those (its floor is at or below the body floor when the checkpoint was
+// taken), so the leader reads them from its own log. The receiving replica
+// writes the checkpoint as its own, restarts its log at the body floor with
+// those records (committed entries, identical to the leader's), and
+// continues after the snapshot's index, covers-1.
+//
+// Encoding (little endian):
+//
+//	"SNSP" | version u8 | floor u64 | term of floor-1 u64 | checkpoint length u32 | checkpoint
+//	| records u32 | { index u64 | term u64 | type u8 | length u32 | payload } ... | crc32c u32
+//
+// The checksum covers everything before it.
+const (
+	snapMagic   = "SNSP"
+	snapVersion = 1
+	// raftSnapshotBytesMax bounds a snapshot. A leader whose snapshot
+	// would be larger reports it unavailable (raft retries later); its
+	// relocation pass keeps moving the live bodies of old segments
+	// forward, which shrinks the next one.
+	raftSnapshotBytesMax = 256 << 20
+)
+
+var snapCRC = crc32.MakeTable(crc32.Castagnoli)
+
+// snapRecord is one log record a snapshot carries.
+type snapRecord struct {
+	index, term uint64
+	typ         uint8
+	payload     []byte
+}
+
+// makeSnapshot builds a snapshot from the last checkpoint on disk and the
+// log records holding its live bodies. raft calls it (through the raft
+// Storage) on the actor goroutine when a follower needs entries the log no
+// longer holds.
+func (p *Partition) makeSnapshot() (*raftpb.Snapshot, error) {
+	raw, err := readFile(p.cfg.FS, p.ckptPath())
+	if err != nil || raw == nil {
+		return nil, raft.ErrSnapshotTemporarilyUnavailable
+	}
+	covers, snap, _, err := decodeCheckpoint(raw)
+	if err != nil || covers == 0 {
+		return nil, raft.ErrSnapshotTemporarilyUnavailable
+	}
+	st, err := queue.Restore(p.cfg.Queue, snap)
+	if err != nil {
+		return nil, raft.ErrSnapshotTemporarilyUnavailable
+	}
+	floor := max(min(covers, st.BodyFloor()), 1)
+	index := covers - 1
+	term, err := p.log.Term(index)
+	if err != nil {
+		return nil, raft.ErrSnapshotTemporarilyUnavailable
+	}
+	var prevTerm uint64
+	if floor > 1 {
+		if prevTerm, err = p.log.Term(floor - 1); err != nil {
+			return nil, raft.ErrSnapshotTemporarilyUnavailable
+		}
+	}
+	b := append([]byte(snapMagic), snapVersion)
+	b = binary.LittleEndian.AppendUint64(b, floor)
+	b = binary.LittleEndian.AppendUint64(b, prevTerm)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(raw)))
+	b = append(b, raw...)
+	countAt := len(b)
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	n := 0
+	if floor < covers {
+		err = p.log.ScanRange(floor, index, func(r seglog.Record) error {
+			if len(b) > raftSnapshotBytesMax {
+				return errSnapshotTooLarge
+			}
+			b = binary.LittleEndian.AppendUint64(b, r.LSN)
+			b = binary.LittleEndian.AppendUint64(b, r.Term)
+			b = append(b, r.Type)
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(r.Payload)))
+			b = append(b, r.Payload...)
+			n++
+			return nil
+		})
+		if err != nil {
+			p.logger.Warn("raft snapshot unavailable", "index", index, "floor", floor, "err", err)
+			return nil, raft.ErrSnapshotTemporarilyUnavailable
+		}
+	}
+	binary.LittleEndian.PutUint32(b[countAt:], uint32(n))
+	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, snapCRC))
+	cs, err := p.log.ConfState()
+	if err != nil {
+		return nil, raft.ErrSnapshotTemporarilyUnavailable
+	}
+	return &raftpb.Snapshot{Data: b, Metadata: &raftpb.SnapshotMetadata{Index: new(index), Term: new(term), ConfState: cs}}, nil
+}
+
+var errSnapshotTooLarge = fmt.Errorf("snapshot larger than %d bytes", raftSnapshotBytesMax)
+
+// decodeSnapshot checks and splits a snapshot's data.
+func decodeSnapshot(b []byte) (floor, prevTerm uint64, ckpt []byte, recs []snapRecord, err error) {
+	bad := func(why string) error { return fmt.Errorf("%w: raft snapshot: %s", ErrDamaged, why) }
+	if len(b) < len(snapMagic)+1+8+8+4+4+4 || string(b[:4]) != snapMagic {
+		return 0, 0, nil, nil, bad("not a snapshot")
+	}
+	if b[4] != snapVersion {
+		return 0, 0, nil, nil, bad(fmt.Sprintf("version %d", b[4]))
+	}
+	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
+	if crc32.Checksum(body, snapCRC) != sum {
+		return 0, 0, nil, nil, bad("checksum mismatch")
+	}
+	r := body[5:]
+	floor, prevTerm = binary.LittleEndian.Uint64(r), binary.LittleEndian.Uint64(r[8:])
+	n := binary.LittleEndian.Uint32(r[16:])
+	r = r[20:]
+	if uint64(n) > uint64(len(r)) {
+		return 0, 0, nil, nil, bad("checkpoint length")
+	}
+	ckpt, r = r[:n], r[n:]
+	if len(r) < 4 {
+		return 0, 0, nil, nil, bad("short")
+	}
+	count := binary.LittleEndian.Uint32(r)
+	r = r[4:]
+	for range count {
+		if len(r) < 21 {
+			return 0, 0, nil, nil, bad("short record")
+		}
+		rec := snapRecord{index: binary.LittleEndian.Uint64(r), term: binary.LittleEndian.Uint64(r[8:]), typ: r[16]}
+		l := binary.LittleEndian.Uint32(r[17:])
+		r = r[21:]
+		if uint64(l) > uint64(len(r)) {
+			return 0, 0, nil, nil, bad("record length")
+		}
+		rec.payload, r = r[:l], r[l:]
+		if len(recs) > 0 && rec.index != recs[len(recs)-1].index+1 || len(recs) == 0 && rec.index != floor {
+			return 0, 0, nil, nil, bad("records out of order")
+		}
+		recs = append(recs, rec)
+	}
+	if len(r) != 0 {
+		return 0, 0, nil, nil, bad("trailing bytes")
+	}
+	return floor, prevTerm, ckpt, recs, nil
+}
+
+// installSnapshot makes a snapshot from the leader this replica's durable
+// state: its checkpoint is written as this replica's, and the log restarts
+// at the snapshot's body floor with the records it carries, synced. The
+// queue state is loaded from it by applySnapshot, right after.
+func (p *Partition) installSnapshot(snap *raftpb.Snapshot) error {
+	md := snap.GetMetadata()
+	floor, prevTerm, ckpt, recs, err := decodeSnapshot(snap.GetData())
+	if err != nil {
+		return err
+	}
+	covers, _, _, err := decodeCheckpoint(ckpt)
+	if err != nil {
+		return fmt.Errorf("%w: raft snapshot: checkpoint: %w", ErrDamaged, err)
+	}
+	if covers != md.GetIndex()+1 || floor > covers {
+		return fmt.Errorf("%w: raft snapshot at %d holds a checkpoint covering %d from %d", ErrDamaged, md.GetIndex(), covers, floor)
+	}
+	if p.ckptBusy {
+		// The checkpointer must not write an older checkpoint after
+		// this one.
+		p.checkpointed(<-p.ckptDone)
+	}
+	if err := WriteFileAtomic(p.cfg.FS, p.ckptPath(), ckpt); err != nil {
+		return fmt.Errorf("raft snapshot: %w", err)
+	}
+	if err := p.log.ResetTo(floor-1, prevTerm); err != nil {
+		return fmt.Errorf("raft snapshot: reset log: %w", err)
+	}
+	for _, r := range recs {
+		if err := p.log.AppendAt(r.index, r.term, r.typ, r.payload); err != nil {
+			return fmt.Errorf("raft snapshot: append %d: %w", r.index, err)
+		}
+	}
+	if _, err := p.log.Sync(); err != nil {
+		return fmt.Errorf("raft snapshot: sync: %w", err)
+	}
+	if err := p.rs.InstallSnapshot(snap); err != nil {
+		return fmt.Errorf("raft snapshot: %w", err)
+	}
+	p.ckptLSN, p.sinceCkpt = covers, 0
+	p.cache = newBodyCache(p.cfg.BodyCacheBytes)
+	p.logger.Info("raft snapshot installed", "index", md.GetIndex(), "floor", floor, "records", len(recs))
+	return nil
+}
+
+// applySnapshot loads the queue state of an installed snapshot.
+func (p *Partition) applySnapshot(snap *raftpb.Snapshot) error {
+	index := snap.GetMetadata().GetIndex()
+	if index <= p.applied {
+		return nil
+	}
+	if p.leads {
+		return errors.New("a leader was sent a snapshot")
+	}
+	if err := p.rebuild(index); err != nil {
+		return err
+	}
+	p.applied, p.committed = index, max(p.committed, index)
+	p.nextLSN, p.lastLSN = index+1, index
+	p.rs.SetApplied(index)
+	return nil
+}
