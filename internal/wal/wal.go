@@ -1,0 +1,666 @@
+package wal
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/sinewmq/sinew/internal/vfs"
+)
+
+// Defaults for Options.
+const (
+	// SegmentBytesDefault is the default Options.SegmentBytes.
+	SegmentBytesDefault = 64 << 20
+	// PendingBytesMaxDefault is the default Options.PendingBytesMax.
+	PendingBytesMaxDefault = 16 << 20
+	// CommittersMaxDefault is the default Options.CommittersMax.
+	CommittersMaxDefault = 4096
+	// reserveStepBytes is how far ahead the active segment is allocated.
+	reserveStepBytes = 4 << 20
+)
+
+// Options configure Open. FS and Dir are required.
+type Options struct {
+	FS  vfs.FS
+	Dir string
+	// SegmentBytes is the size past which the writer starts a new segment
+	// before its next batch. Default 64 MiB.
+	SegmentBytes int64
+	// PendingBytesMax bounds the encoded bytes queued for the writer; a
+	// Commit that would pass it waits (a batch alone may exceed it).
+	// Default 16 MiB.
+	PendingBytesMax int64
+	// CommittersMax bounds the Commit calls queued at once. Default 4096.
+	CommittersMax int
+	// PressureSegments: when the oldest segment kept is this many segments
+	// behind the active one, OnPressure is called for the groups pinning
+	// it. Default 4.
+	PressureSegments uint64
+	// OnPressure asks a group to make its own files durable up to index and
+	// then Release it. Called on its own goroutine. Nil: no pressure calls.
+	OnPressure func(group string, index uint64)
+}
+
+// Entry is one raft entry of a group.
+type Entry struct {
+	Index, Term uint64
+	Type        uint8
+	Payload     []byte
+}
+
+// HardState is raft's durable state of a group.
+type HardState struct{ Term, Vote, Commit uint64 }
+
+// Batch is what one Commit makes durable for one group.
+type Batch struct {
+	Entries []Entry
+	// HardState, if not nil, is written with the entries.
+	HardState *HardState
+}
+
+// Group is what replay found for one group.
+type Group struct {
+	// Entries are the group's entries still in the WAL, dense in index.
+	Entries []Entry
+	// HardState is the last one found; valid if HasHardState.
+	HardState    HardState
+	HasHardState bool
+}
+
+// segInfo is what the WAL knows of one segment file.
+type segInfo struct {
+	seq  uint64
+	size int64
+	// maxIndex is the highest entry index per group in the segment.
+	maxIndex map[string]uint64
+	// declared maps group name -> id, for the active segment only.
+	declared map[string]uint32
+}
+
+type waiter struct {
+	group string
+	buf   []byte
+	max   uint64 // highest index in the batch (0 if none)
+	hs    *HardState
+	gen   uint64
+}
+
+// WAL is a per-node write-ahead log; see the package doc.
+type WAL struct {
+	opts Options
+
+	mu   sync.Mutex
+	cond *sync.Cond
+	// queue holds the batches waiting for the writer; queued their bytes.
+	queue  []*waiter
+	queued int64
+	// gen counts batches handed out; done the last written and synced.
+	gen, done uint64
+	err       error // sticky
+	closed    bool
+	kick      bool
+	// ids maps group name -> id used in records (process-wide).
+	ids      map[string]uint32
+	nextID   uint32
+	hs       map[string]HardState // latest durable HardState per group
+	released map[string]uint64
+	segs     []*segInfo // oldest first; the last is active
+	pressed  uint64     // seq of the oldest segment already reported
+	replayed map[string]*Group
+
+	// writer-owned
+	active   vfs.File
+	reserved int64
+
+	writerDone chan struct{}
+	pressWG    sync.WaitGroup
+}
+
+func segName(seq uint64) string { return fmt.Sprintf("wal-%016x.log", seq) }
+
+func parseSegName(n string) (uint64, bool) {
+	if !strings.HasPrefix(n, "wal-") || !strings.HasSuffix(n, ".log") || len(n) != 4+16+4 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(n[4:20], 16, 64)
+	return v, err == nil
+}
+
+// Open opens (creating if needed) the WAL in opts.Dir, replays it, truncates
+// a torn tail, starts a new segment and the writer goroutine. Replayed data is
+// available through Take.
+func Open(opts Options) (*WAL, error) {
+	if opts.FS == nil || opts.Dir == "" {
+		return nil, fmt.Errorf("%w: FS and Dir are required", ErrInvalid)
+	}
+	if opts.SegmentBytes <= 0 {
+		opts.SegmentBytes = SegmentBytesDefault
+	}
+	if opts.PendingBytesMax <= 0 {
+		opts.PendingBytesMax = PendingBytesMaxDefault
+	}
+	if opts.CommittersMax <= 0 {
+		opts.CommittersMax = CommittersMaxDefault
+	}
+	if opts.PressureSegments == 0 {
+		opts.PressureSegments = 4
+	}
+	w := &WAL{
+		opts:       opts,
+		ids:        map[string]uint32{},
+		hs:         map[string]HardState{},
+		released:   map[string]uint64{},
+		replayed:   map[string]*Group{},
+		writerDone: make(chan struct{}),
+	}
+	w.cond = sync.NewCond(&w.mu)
+	fs := opts.FS
+	if err := fs.MkdirAll(opts.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := fs.SyncDir(opts.Dir); err != nil {
+		return nil, err
+	}
+	if err := fs.SyncDir(filepath.Dir(opts.Dir)); err != nil {
+		return nil, err
+	}
+	names, err := fs.ReadDir(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	var seqs []uint64
+	for _, n := range names {
+		if s, ok := parseSegName(n); ok {
+			seqs = append(seqs, s)
+		}
+	}
+	slices.Sort(seqs)
+	next := uint64(1)
+	for i, s := range seqs {
+		last := i == len(seqs)-1
+		info, err := w.replaySegment(s, last)
+		if err != nil {
+			return nil, err
+		}
+		if info != nil {
+			w.segs = append(w.segs, info)
+		}
+		next = s + 1
+	}
+	if err := w.roll(next); err != nil {
+		return nil, err
+	}
+	go w.run()
+	return w, nil
+}
+
+// replaySegment reads one segment into w.replayed. It returns nil info if
+// the segment was a torn creation that it removed.
+func (w *WAL) replaySegment(seq uint64, last bool) (*segInfo, error) {
+	fs, name := w.opts.FS, segName(seq)
+	path := filepath.Join(w.opts.Dir, name)
+	f, err := fs.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	data := make([]byte, fi.Size())
+	if _, err := f.ReadAt(data, 0); err != nil && err != io.EOF {
+		return nil, err
+	}
+	damaged := func(off int64, reason string) error {
+		return &DamagedError{Segment: name, Offset: off, Reason: reason}
+	}
+	hseq, why := checkSegHeader(data)
+	if why != "" {
+		// A new segment's header is synced before its name; a last segment
+		// without a good header was being created when the crash came.
+		if last && (len(data) < segHeaderBytes || allZero(data)) {
+			if err := fs.Remove(path); err != nil {
+				return nil, err
+			}
+			return nil, fs.SyncDir(w.opts.Dir)
+		}
+		return nil, damaged(0, why)
+	}
+	if hseq != seq {
+		return nil, damaged(0, fmt.Sprintf("header seq %d does not match name", hseq))
+	}
+	info := &segInfo{seq: seq, maxIndex: map[string]uint64{}}
+	local := map[uint32]string{}
+	off := segHeaderBytes
+	for off < len(data) {
+		r, err := decodeRec(data[off:])
+		if err != nil {
+			if allZero(data[off:]) {
+				break // reserved tail or clean end
+			}
+			// Torn: the record runs past the end, or nothing but the
+			// reserved zeros follows the extent its length claims.
+			torn := err == errShort
+			if !torn && len(data)-off >= recHeaderBytes {
+				end := off + recHeaderBytes + int(binary.LittleEndian.Uint32(data[off+4:off+8]))
+				torn = end <= len(data) && allZero(data[end:])
+			}
+			if !last || !torn {
+				return nil, damaged(int64(off), err.Error())
+			}
+			if err := f.Truncate(int64(off)); err != nil {
+				return nil, err
+			}
+			if err := f.Sync(); err != nil {
+				return nil, err
+			}
+			break
+		}
+		switch r.kind {
+		case kindDeclare:
+			local[r.gid] = string(r.payload)
+		case kindEntry, kindHardState:
+			g, ok := local[r.gid]
+			if !ok {
+				return nil, damaged(int64(off), fmt.Sprintf("group id %d not declared in this segment", r.gid))
+			}
+			grp := w.replayed[g]
+			if grp == nil {
+				grp = &Group{}
+				w.replayed[g] = grp
+			}
+			if r.kind == kindHardState {
+				grp.HardState = HardState{Term: r.term, Vote: binary.LittleEndian.Uint64(r.payload), Commit: r.index}
+				grp.HasHardState = true
+				w.hs[g] = grp.HardState
+				break
+			}
+			e := Entry{Index: r.index, Term: r.term, Type: r.typ, Payload: slices.Clone(r.payload)}
+			if n := len(grp.Entries); n > 0 {
+				first, lastIdx := grp.Entries[0].Index, grp.Entries[n-1].Index
+				switch {
+				case e.Index > lastIdx+1 || e.Index < first:
+					grp.Entries = grp.Entries[:0]
+				case e.Index <= lastIdx:
+					grp.Entries = grp.Entries[:e.Index-first]
+				}
+			}
+			grp.Entries = append(grp.Entries, e)
+			info.maxIndex[g] = max(info.maxIndex[g], e.Index)
+		}
+		off += r.size
+	}
+	info.size = int64(off)
+	return info, nil
+}
+
+// Take returns and forgets what replay found for group (ok false if
+// nothing). The entries are owned by the caller.
+func (w *WAL) Take(group string) (Group, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	g, ok := w.replayed[group]
+	if !ok {
+		return Group{}, false
+	}
+	delete(w.replayed, group)
+	return *g, true
+}
+
+// Replayed returns the names of the groups whose replayed data was not
+// taken yet, sorted.
+func (w *WAL) Replayed() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for k := range w.replayed {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// roll creates segment seq with the header and every known group's latest
+// HardState, syncs it and the directory, and makes it active. Called by Open
+// and by the writer.
+func (w *WAL) roll(seq uint64) error {
+	buf := encodeSegHeader(seq)
+	info := &segInfo{seq: seq, maxIndex: map[string]uint64{}, declared: map[string]uint32{}}
+	w.mu.Lock()
+	groups := make([]string, 0, len(w.hs))
+	for g := range w.hs {
+		groups = append(groups, g)
+	}
+	slices.Sort(groups)
+	for _, g := range groups {
+		buf = w.declareLocked(buf, info, g)
+		buf = appendHardState(buf, w.ids[g], w.hs[g])
+	}
+	w.mu.Unlock()
+	path := filepath.Join(w.opts.Dir, segName(seq))
+	f, err := w.opts.FS.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+	if err != nil {
+		return err
+	}
+	reserved := max(int64(len(buf)), reserveStepBytes)
+	if err := vfs.Allocate(f, reserved); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.WriteAt(buf, 0); err == nil {
+		err = f.Sync()
+	}
+	if err == nil {
+		err = w.opts.FS.SyncDir(w.opts.Dir)
+	}
+	if err != nil {
+		f.Close()
+		return err
+	}
+	if w.active != nil {
+		if err := w.active.Close(); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	w.active, w.reserved = f, reserved
+	info.size = int64(len(buf))
+	w.mu.Lock()
+	w.segs = append(w.segs, info)
+	w.mu.Unlock()
+	return nil
+}
+
+// declareLocked appends a declare record for g if the segment lacks one.
+func (w *WAL) declareLocked(buf []byte, info *segInfo, g string) []byte {
+	if _, ok := info.declared[g]; ok {
+		return buf
+	}
+	id, ok := w.ids[g]
+	if !ok {
+		w.nextID++
+		id = w.nextID
+		w.ids[g] = id
+	}
+	info.declared[g] = id
+	return appendRec(buf, kindDeclare, id, 0, 0, 0, []byte(g))
+}
+
+// Commit makes b durable for group: when it returns nil, the entries and the
+// HardState are fsynced and will be replayed after a crash until released.
+func (w *WAL) Commit(group string, b Batch) error {
+	if group == "" {
+		return fmt.Errorf("%w: empty group name", ErrInvalid)
+	}
+	if len(b.Entries) == 0 && b.HardState == nil {
+		return nil
+	}
+	w.mu.Lock()
+	id, ok := w.ids[group]
+	if !ok {
+		w.nextID++
+		id = w.nextID
+		w.ids[group] = id
+	}
+	w.mu.Unlock()
+	size := 0
+	var maxIdx uint64
+	for _, e := range b.Entries {
+		if len(e.Payload) > PayloadBytesMax {
+			return ErrRecordTooLarge
+		}
+		if e.Index == 0 {
+			return fmt.Errorf("%w: entry index 0", ErrInvalid)
+		}
+		size += recHeaderBytes + len(e.Payload)
+		maxIdx = max(maxIdx, e.Index)
+	}
+	buf := make([]byte, 0, size+recHeaderBytes+8)
+	for _, e := range b.Entries {
+		buf = appendRec(buf, kindEntry, id, e.Index, e.Term, e.Type, e.Payload)
+	}
+	var hs *HardState
+	if b.HardState != nil {
+		h := *b.HardState
+		hs = &h
+		buf = appendHardState(buf, id, h)
+	}
+	wt := &waiter{group: group, buf: buf, max: maxIdx, hs: hs}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for w.err == nil && !w.closed && len(w.queue) > 0 &&
+		(w.queued+int64(len(buf)) > w.opts.PendingBytesMax || len(w.queue) >= w.opts.CommittersMax) {
+		w.cond.Wait()
+	}
+	if w.err != nil {
+		return w.err
+	}
+	if w.closed {
+		return ErrClosed
+	}
+	w.gen++
+	wt.gen = w.gen
+	w.queue = append(w.queue, wt)
+	w.queued += int64(len(buf))
+	w.cond.Broadcast()
+	for w.done < wt.gen && w.err == nil {
+		w.cond.Wait()
+	}
+	if w.done >= wt.gen {
+		return nil
+	}
+	return w.err
+}
+
+// Release says group's own files hold its entries up to index durably; WAL
+// segments holding nothing else unreleased are deleted by the writer.
+func (w *WAL) Release(group string, index uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if index > w.released[group] {
+		w.released[group] = index
+		w.kick = true
+		w.cond.Broadcast()
+	}
+}
+
+// Forget drops group: its entries are released and its HardState is no
+// longer carried into new segments.
+func (w *WAL) Forget(group string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.released[group] = ^uint64(0)
+	delete(w.hs, group)
+	delete(w.replayed, group)
+	w.kick = true
+	w.cond.Broadcast()
+}
+
+// Segments returns the number of segment files and their total bytes
+// written (excluding the reserved tail).
+func (w *WAL) Segments() (n int, bytes int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, s := range w.segs {
+		bytes += s.size
+	}
+	return len(w.segs), bytes
+}
+
+func (w *WAL) fail(op string, err error) {
+	w.mu.Lock()
+	if w.err == nil {
+		w.err = fmt.Errorf("%w: %s: %w", ErrFailed, op, err)
+	}
+	w.cond.Broadcast()
+	w.mu.Unlock()
+}
+
+// run is the writer goroutine.
+func (w *WAL) run() {
+	defer close(w.writerDone)
+	var buf []byte
+	for {
+		w.mu.Lock()
+		for len(w.queue) == 0 && !w.kick && !w.closed && w.err == nil {
+			w.cond.Wait()
+		}
+		if w.err != nil || (w.closed && len(w.queue) == 0) {
+			w.mu.Unlock()
+			return
+		}
+		batch := w.queue
+		w.queue = nil
+		w.queued = 0
+		w.kick = false
+		w.cond.Broadcast() // room in the queue
+		w.mu.Unlock()
+
+		if len(batch) > 0 {
+			if err := w.write(batch, &buf); err != nil {
+				w.fail("write", err)
+				return
+			}
+		}
+		if err := w.trim(); err != nil {
+			w.fail("trim", err)
+			return
+		}
+	}
+}
+
+func (w *WAL) write(batch []*waiter, bufp *[]byte) error {
+	w.mu.Lock()
+	act := w.segs[len(w.segs)-1]
+	full := act.size >= w.opts.SegmentBytes
+	w.mu.Unlock()
+	if full {
+		if err := w.roll(act.seq + 1); err != nil {
+			return err
+		}
+	}
+	w.mu.Lock()
+	act = w.segs[len(w.segs)-1]
+	buf := (*bufp)[:0]
+	for _, wt := range batch {
+		buf = w.declareLocked(buf, act, wt.group)
+		buf = append(buf, wt.buf...)
+	}
+	w.mu.Unlock()
+	*bufp = buf
+	off := act.size
+	if need := off + int64(len(buf)); need > w.reserved {
+		r := max(need, w.reserved+reserveStepBytes)
+		if err := vfs.Allocate(w.active, r); err != nil {
+			return err
+		}
+		w.reserved = r
+	}
+	if _, err := w.active.WriteAt(buf, off); err != nil {
+		return err
+	}
+	if err := w.active.Sync(); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	act.size += int64(len(buf))
+	for _, wt := range batch {
+		if wt.max > 0 {
+			act.maxIndex[wt.group] = max(act.maxIndex[wt.group], wt.max)
+		}
+		if wt.hs != nil {
+			w.hs[wt.group] = *wt.hs
+		}
+		w.done = max(w.done, wt.gen)
+	}
+	w.cond.Broadcast()
+	w.mu.Unlock()
+	return nil
+}
+
+// trim deletes released segments and, under pressure, asks the groups
+// pinning the oldest segment to release it.
+func (w *WAL) trim() error {
+	w.mu.Lock()
+	var drop []uint64
+	keep := w.segs[:0:0]
+	for i, s := range w.segs {
+		if i < len(w.segs)-1 && w.releasedLocked(s) {
+			drop = append(drop, s.seq)
+			continue
+		}
+		keep = append(keep, s)
+	}
+	w.segs = keep
+	var ask map[string]uint64
+	lag := w.segs[len(w.segs)-1].seq - w.segs[0].seq
+	if lag >= w.opts.PressureSegments && w.opts.OnPressure != nil && w.segs[0].seq != w.pressed {
+		old := w.segs[0]
+		w.pressed = old.seq
+		ask = map[string]uint64{}
+		for g, idx := range old.maxIndex {
+			if idx > w.released[g] {
+				ask[g] = idx
+			}
+		}
+	}
+	w.mu.Unlock()
+	for g, idx := range ask {
+		w.pressWG.Add(1)
+		go func() {
+			defer w.pressWG.Done()
+			w.opts.OnPressure(g, idx)
+		}()
+	}
+	for _, s := range drop {
+		if err := w.opts.FS.Remove(filepath.Join(w.opts.Dir, segName(s))); err != nil {
+			return err
+		}
+	}
+	if len(drop) > 0 {
+		return w.opts.FS.SyncDir(w.opts.Dir)
+	}
+	return nil
+}
+
+func (w *WAL) releasedLocked(s *segInfo) bool {
+	for g, idx := range s.maxIndex {
+		if idx > w.released[g] {
+			return false
+		}
+	}
+	return true
+}
+
+// Close waits for queued commits, stops the writer and closes the active
+// segment. It returns the sticky error, if any.
+func (w *WAL) Close() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return ErrClosed
+	}
+	w.closed = true
+	w.cond.Broadcast()
+	w.mu.Unlock()
+	<-w.writerDone
+	w.pressWG.Wait()
+	var err error
+	if w.active != nil {
+		err = w.active.Close()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err != nil {
+		return w.err
+	}
+	return err
+}

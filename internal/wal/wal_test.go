@@ -1,0 +1,352 @@
+package wal
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/sinewmq/sinew/internal/vfs"
+)
+
+func open(t *testing.T, fs vfs.FS, o Options) *WAL {
+	t.Helper()
+	o.FS, o.Dir = fs, "data/wal"
+	mkData(t, fs)
+	w, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// mkData makes "data" durable, as a DATA_DIR is before the WAL opens in it.
+func mkData(t *testing.T, fs vfs.FS) {
+	t.Helper()
+	if err := fs.MkdirAll("data", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.SyncDir("."); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func payload(g string, idx, term uint64) []byte {
+	return []byte(fmt.Sprintf("%s/%d/%d", g, idx, term))
+}
+
+func entries(g string, from, to, term uint64) []Entry {
+	var es []Entry
+	for i := from; i <= to; i++ {
+		es = append(es, Entry{Index: i, Term: term, Type: 1, Payload: payload(g, i, term)})
+	}
+	return es
+}
+
+func TestReplayAfterClose(t *testing.T) {
+	fs := vfs.NewMem()
+	w := open(t, fs, Options{})
+	if err := w.Commit("queues/a/g/p0", Batch{Entries: entries("a", 1, 5, 1), HardState: &HardState{Term: 1, Vote: 1, Commit: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit("queues/b/g/p1", Batch{Entries: entries("b", 1, 2, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	// A leader overwrites a's suffix from index 3 in term 2.
+	if err := w.Commit("queues/a/g/p0", Batch{Entries: entries("a", 3, 4, 2), HardState: &HardState{Term: 2, Vote: 1, Commit: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	w = open(t, fs, Options{})
+	defer w.Close()
+	if got := w.Replayed(); len(got) != 2 {
+		t.Fatalf("replayed groups %v", got)
+	}
+	a, ok := w.Take("queues/a/g/p0")
+	if !ok || !a.HasHardState || a.HardState != (HardState{Term: 2, Vote: 1, Commit: 4}) {
+		t.Fatalf("a: %+v %v", a.HardState, ok)
+	}
+	want := append(entries("a", 1, 2, 1), entries("a", 3, 4, 2)...)
+	if len(a.Entries) != len(want) {
+		t.Fatalf("a has %d entries, want %d", len(a.Entries), len(want))
+	}
+	for i, e := range a.Entries {
+		if e.Index != want[i].Index || e.Term != want[i].Term || !bytes.Equal(e.Payload, want[i].Payload) {
+			t.Fatalf("a entry %d = %+v, want %+v", i, e, want[i])
+		}
+	}
+	b, _ := w.Take("queues/b/g/p1")
+	if len(b.Entries) != 2 || b.HasHardState {
+		t.Fatalf("b: %+v", b)
+	}
+	if _, ok := w.Take("queues/b/g/p1"); ok {
+		t.Fatal("Take twice returned data")
+	}
+}
+
+func TestInvalid(t *testing.T) {
+	if _, err := Open(Options{}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Open without FS: %v", err)
+	}
+	w := open(t, vfs.NewMem(), Options{})
+	defer w.Close()
+	if err := w.Commit("", Batch{Entries: entries("x", 1, 1, 1)}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("empty group: %v", err)
+	}
+	if err := w.Commit("g", Batch{Entries: []Entry{{Index: 1, Payload: make([]byte, PayloadBytesMax+1)}}}); !errors.Is(err, ErrRecordTooLarge) {
+		t.Fatalf("large: %v", err)
+	}
+}
+
+func TestStickyFailure(t *testing.T) {
+	fs := vfs.NewMem()
+	w := open(t, fs, Options{})
+	boom := errors.New("boom")
+	fs.SetSyncError(boom)
+	if err := w.Commit("g", Batch{Entries: entries("g", 1, 1, 1)}); !errors.Is(err, ErrFailed) || !errors.Is(err, boom) {
+		t.Fatalf("commit with failing sync: %v", err)
+	}
+	fs.SetSyncError(nil)
+	if err := w.Commit("g", Batch{Entries: entries("g", 2, 2, 1)}); !errors.Is(err, ErrFailed) {
+		t.Fatalf("commit after failure: %v", err)
+	}
+	if err := w.Close(); !errors.Is(err, ErrFailed) {
+		t.Fatalf("close: %v", err)
+	}
+}
+
+func TestDamageInOlderSegmentRefused(t *testing.T) {
+	fs := vfs.NewMem()
+	w := open(t, fs, Options{SegmentBytes: 4 << 10})
+	for i := uint64(1); i <= 1000; i++ {
+		if err := w.Commit("g", Batch{Entries: entries("g", i, i, 1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	names, _ := fs.ReadDir("data/wal")
+	if len(names) < 3 {
+		t.Fatalf("want several segments, have %v", names)
+	}
+	if err := fs.FlipBit(filepath.Join("data/wal", names[0]), segHeaderBytes+100, 3); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Open(Options{FS: fs, Dir: "data/wal"})
+	var de *DamagedError
+	if !errors.Is(err, ErrDamaged) || !errors.As(err, &de) || de.Segment != names[0] {
+		t.Fatalf("open over damage: %v", err)
+	}
+}
+
+func TestDamageMidLastSegmentRefused(t *testing.T) {
+	fs := vfs.NewMem()
+	w := open(t, fs, Options{})
+	for i := uint64(1); i <= 20; i++ {
+		if err := w.Commit("g", Batch{Entries: entries("g", i, i, 1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Close()
+	names, _ := fs.ReadDir("data/wal")
+	last := filepath.Join("data/wal", names[len(names)-1])
+	// A bit in the first entry's payload: more records follow it.
+	if err := fs.FlipBit(last, segHeaderBytes+60+recHeaderBytes+2, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(Options{FS: fs, Dir: "data/wal"}); !errors.Is(err, ErrDamaged) {
+		t.Fatalf("open over mid-segment damage: %v", err)
+	}
+}
+
+func TestTrimAndPressure(t *testing.T) {
+	fs := vfs.NewMem()
+	var mu sync.Mutex
+	asked := map[string]uint64{}
+	var w *WAL
+	w = open(t, fs, Options{SegmentBytes: 4 << 10, PressureSegments: 4, OnPressure: func(g string, idx uint64) {
+		mu.Lock()
+		asked[g] = max(asked[g], idx)
+		mu.Unlock()
+	}})
+	// "idle" commits a little and never releases; "busy" releases as it goes.
+	if err := w.Commit("idle", Batch{Entries: entries("idle", 1, 3, 1), HardState: &HardState{Term: 1, Commit: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(1); i <= 1000; i++ {
+		if err := w.Commit("busy", Batch{Entries: entries("busy", i, i, 1)}); err != nil {
+			t.Fatal(err)
+		}
+		w.Release("busy", i)
+	}
+	w.Close() // waits for pressure callbacks
+	mu.Lock()
+	if asked["idle"] != 3 {
+		t.Fatalf("pressure asked %v, want idle up to 3", asked)
+	}
+	mu.Unlock()
+	n, _ := fs.ReadDir("data/wal")
+	if len(n) != 2 {
+		t.Fatalf("idle group should pin its segment besides the active one, have %v", n)
+	}
+	// After idle releases, everything but the active segment goes.
+	w = open(t, fs, Options{SegmentBytes: 4 << 10})
+	g, _ := w.Take("idle")
+	if len(g.Entries) != 3 || g.HardState.Commit != 3 {
+		t.Fatalf("idle replay %+v", g)
+	}
+	w.Release("idle", 3)
+	w.Release("busy", 1000)
+	if err := w.Commit("busy", Batch{Entries: entries("busy", 1001, 1001, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	n, _ = fs.ReadDir("data/wal")
+	if len(n) != 1 {
+		t.Fatalf("after release: %v", n)
+	}
+	// The HardState survives in the one remaining segment.
+	w = open(t, fs, Options{})
+	defer w.Close()
+	g, _ = w.Take("idle")
+	if !g.HasHardState || g.HardState.Commit != 3 || len(g.Entries) != 0 {
+		t.Fatalf("idle after trim: %+v", g)
+	}
+}
+
+// TestCrash: concurrent groups commit (some releasing, with small segments so
+// rolls and trims happen), the machine crashes at a random moment with torn
+// unsynced writes, and every Commit that returned nil must be replayed unless
+// its group had released it; the HardState replayed is at least the last
+// acknowledged one.
+func TestCrash(t *testing.T) {
+	seeds := 300
+	if testing.Short() {
+		seeds = 50
+	}
+	for seed := range seeds {
+		crashOnce(t, uint64(seed))
+	}
+}
+
+type ack struct {
+	mu       sync.Mutex
+	last     map[string]uint64 // highest acked index per group
+	term     map[string]uint64 // term of acked HardState
+	released map[string]uint64
+}
+
+func crashOnce(t *testing.T, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	fs := vfs.NewMem()
+	mkData(t, fs)
+	w, err := Open(Options{FS: fs, Dir: "data/wal", SegmentBytes: int64(1+rng.IntN(8)) << 10, PendingBytesMax: 2 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &ack{last: map[string]uint64{}, term: map[string]uint64{}, released: map[string]uint64{}}
+	groups := 1 + rng.IntN(6)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for gi := range groups {
+		g := fmt.Sprintf("queues/t/g/p%d", gi)
+		release := gi%2 == 1
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := uint64(1); ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := w.Commit(g, Batch{Entries: entries(g, i, i, i), HardState: &HardState{Term: i, Commit: i}}); err != nil {
+					return
+				}
+				a.mu.Lock()
+				a.last[g], a.term[g] = i, i
+				a.mu.Unlock()
+				if release && i%5 == 0 {
+					// The group's own files would now hold up to i-3.
+					a.mu.Lock()
+					a.released[g] = i - 3
+					a.mu.Unlock()
+					w.Release(g, i-3)
+				}
+			}
+		}()
+	}
+	// Let some commits through, then crash.
+	target := uint64(5 + rng.IntN(200))
+	for {
+		a.mu.Lock()
+		var n uint64
+		for _, v := range a.last {
+			n += v
+		}
+		a.mu.Unlock()
+		if n >= target {
+			break
+		}
+		runtimeGosched()
+	}
+	a.mu.Lock()
+	img := fs.Crash(rng, true)
+	snap := map[string][3]uint64{}
+	for g, v := range a.last {
+		snap[g] = [3]uint64{v, a.term[g], a.released[g]}
+	}
+	a.mu.Unlock()
+	close(stop)
+	wg.Wait()
+	w.Close()
+
+	w2, err := Open(Options{FS: img, Dir: "data/wal"})
+	if err != nil {
+		t.Fatalf("seed %d: reopen: %v", seed, err)
+	}
+	for g, s := range snap {
+		last, term, rel := s[0], s[1], s[2]
+		got, _ := w2.Take(g)
+		if !got.HasHardState || got.HardState.Term < term {
+			t.Fatalf("seed %d: %s hardstate %+v, acked term %d", seed, g, got.HardState, term)
+		}
+		have := map[uint64]Entry{}
+		for _, e := range got.Entries {
+			have[e.Index] = e
+		}
+		for i := rel + 1; i <= last; i++ {
+			e, ok := have[i]
+			if !ok {
+				t.Fatalf("seed %d: %s lost acked index %d (acked up to %d, released %d)", seed, g, i, last, rel)
+			}
+			if !bytes.Equal(e.Payload, payload(g, i, i)) || e.Term != i {
+				t.Fatalf("seed %d: %s index %d wrong: %+v", seed, g, i, e)
+			}
+		}
+	}
+	// The reopened WAL keeps working and a second open is clean.
+	if err := w2.Commit("after", Batch{Entries: entries("after", 1, 1, 1)}); err != nil {
+		t.Fatalf("seed %d: commit after recovery: %v", seed, err)
+	}
+	if err := w2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	w3, err := Open(Options{FS: img, Dir: "data/wal"})
+	if err != nil {
+		t.Fatalf("seed %d: third open: %v", seed, err)
+	}
+	w3.Close()
+}
+
+var _ = os.O_RDONLY
+
+func runtimeGosched() { runtime.Gosched() }
