@@ -12,6 +12,7 @@ import (
 
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
+	"github.com/sinewmq/sinew/internal/wal"
 )
 
 // run is the actor loop. Each turn takes a batch from the inbox, applies
@@ -98,7 +99,7 @@ func (p *Partition) syncer(done chan<- struct{}) {
 		// The actor does not touch the syncing stage until it has the
 		// answer, so reading its size here is safe.
 		records, start := p.syncing.records, time.Now()
-		lsn, err := p.persist()
+		lsn, err := p.persist(&p.syncing)
 		if err == nil {
 			p.observeSync(records, start)
 		}
@@ -140,6 +141,9 @@ func (p *Partition) startSync() {
 // (deliveries are dropped, since a failed partition has no consumers).
 func (p *Partition) synced1(res syncResult) {
 	p.syncBusy = false
+	if res.err == nil && p.cfg.WAL != nil {
+		p.walDurable = max(p.walDurable, res.lsn)
+	}
 	if res.err == nil && p.failed == nil {
 		st := p.syncing
 		p.syncing = stage{}
@@ -158,7 +162,7 @@ func (p *Partition) synced1(res syncResult) {
 	if p.failed == nil {
 		p.fail(res.err, nil)
 	}
-	p.failStage(&p.syncing, max(res.lsn, p.log.DurableLSN()), ErrUnavailable)
+	p.failStage(&p.syncing, max(res.lsn, p.durableLSN()), ErrUnavailable)
 }
 
 // finishStages completes the pipeline at Close: the sync under way is
@@ -487,10 +491,26 @@ func (p *Partition) deadLetterDone(m control, now int64) bool {
 // persist makes the records appended so far as safe as the sync policy
 // promises before anything is confirmed: fdatasync'd under SyncAlways,
 // written to the OS (surviving a process crash, durable within the
-// interval) under SyncInterval.
+// interval) under SyncInterval. With Config.WAL, st's entries are written
+// to the OS through the log and made durable by one WAL commit.
 //
 // It returns the LSN up to which that promise holds (also on error).
-func (p *Partition) persist() (uint64, error) {
+func (p *Partition) persist(st *stage) (uint64, error) {
+	if p.cfg.WAL != nil {
+		// The log gets the entries for reads; the WAL makes them durable
+		// with other partitions' in one fdatasync.
+		if _, err := p.log.Flush(); err != nil {
+			return 0, fmt.Errorf("flush: %w", err)
+		}
+		ents := st.wal
+		if err := p.cfg.WAL.Commit(p.cfg.WALGroup, wal.Batch{Entries: ents}); err != nil {
+			return 0, fmt.Errorf("wal: %w", err)
+		}
+		if len(ents) == 0 {
+			return 0, nil
+		}
+		return ents[len(ents)-1].Index, nil
+	}
 	if p.cfg.Sync == seglog.SyncInterval {
 		lsn, err := p.log.Flush()
 		if err != nil {
@@ -503,6 +523,12 @@ func (p *Partition) persist() (uint64, error) {
 		return lsn, fmt.Errorf("sync: %w", err)
 	}
 	return lsn, nil
+}
+
+// durableLSN is the last index known durable, in the log's own files or in
+// the WAL.
+func (p *Partition) durableLSN() uint64 {
+	return max(p.log.DurableLSN(), p.walDurable)
 }
 
 // adopt makes c the holder of its recovered leases and delivers them (see
@@ -783,7 +809,7 @@ func (p *Partition) fail(err error, batch []command) {
 	p.down.Store(&err)
 	p.logger.Error("partition failed; it serves nothing until restarted", "err", err)
 	// The syncing stage keeps waiting for its own sync's outcome (synced1).
-	safe := min(p.log.DurableLSN(), p.committed)
+	safe := min(p.durableLSN(), p.committed)
 	for i := range p.committing {
 		p.failStage(&p.committing[i], safe, ErrUnavailable)
 	}

@@ -165,6 +165,10 @@ func (p *Partition) writeCheckpoint(j ckptJob) error {
 		// refused rather than written.
 		return fmt.Errorf("checkpoint: covers lsn %d but the log is durable only to %d", j.covers, lsn)
 	}
+	if p.cfg.WAL != nil {
+		// The log's own files now hold what the WAL held for it.
+		p.cfg.WAL.Release(p.cfg.WALGroup, lsn)
+	}
 	if err := WriteFileAtomic(p.cfg.FS, p.ckptPath(), j.data); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
@@ -318,6 +322,12 @@ func (p *Partition) recover() error {
 		Preallocate:    cfg.Preallocate,
 		Logger:         p.logger,
 	}
+	if cfg.WAL != nil {
+		// The WAL makes entries durable; the log's own fdatasync would
+		// only double the cost. It still syncs in the background, at
+		// checkpoints (which then release the WAL) and at Close.
+		opts.Sync, opts.SyncIntervalMs = seglog.SyncInterval, walLogSyncIntervalMs
+	}
 	if single {
 		// Everything is committed: replay during Open's verification
 		// scan, which reads each record once.
@@ -331,6 +341,10 @@ func (p *Partition) recover() error {
 			return p.damaged("%w", err)
 		}
 		return fmt.Errorf("partition %s: open log: %w", p, err)
+	}
+	if err := p.mergeWAL(log, single, st, dd, covers); err != nil {
+		log.Close()
+		return err
 	}
 	first, next := log.FirstLSN(), log.NextLSN()
 	switch {
@@ -380,6 +394,59 @@ func (p *Partition) recover() error {
 		}
 		p.recovered = st.Leases()
 	}
+	return nil
+}
+
+// walLogSyncIntervalMs is how often a partition's own log is fsynced in
+// the background when a WAL makes its entries durable.
+const walLogSyncIntervalMs = 1000
+
+// mergeWAL copies into log the entries the node's WAL replayed for this
+// partition and the log lacks (appended to the OS but not fsynced before a
+// crash), syncs the log and releases the WAL for them. A group of one
+// replays them into the state as well, since its log replay during Open
+// has run already. An entry the log holds with another term replaces the
+// log's suffix from there (a deposed leader's entries); a group of one has
+// no other leader, so there it is damage, as is a WAL entry past a gap.
+func (p *Partition) mergeWAL(log *seglog.Log, single bool, st *queue.State, dd *dedup.Table, covers uint64) error {
+	g := p.cfg.WALReplay
+	if p.cfg.WAL == nil || g == nil || len(g.Entries) == 0 {
+		return nil
+	}
+	var last uint64
+	for _, e := range g.Entries {
+		last = e.Index
+		if e.Index < log.FirstLSN() {
+			continue
+		}
+		if next := log.NextLSN(); e.Index < next {
+			t, err := log.Term(e.Index)
+			if err != nil {
+				return fmt.Errorf("partition %s: wal merge: %w", p, err)
+			}
+			if t == e.Term {
+				continue
+			}
+			if single {
+				return p.damaged("wal entry %d has term %d, the log has term %d", e.Index, e.Term, t)
+			}
+		} else if e.Index > next {
+			return p.damaged("wal entry %d is past the end of the log (%d)", e.Index, next-1)
+		}
+		if err := log.AppendAt(e.Index, e.Term, e.Type, e.Payload); err != nil {
+			return fmt.Errorf("partition %s: wal merge: %w", p, err)
+		}
+		if single && e.Index >= covers {
+			r := seglog.Record{LSN: e.Index, Term: e.Term, Type: e.Type, Payload: e.Payload}
+			if err := p.replayRecord(st, dd, r); err != nil {
+				return p.damaged("wal replay: %w", err)
+			}
+		}
+	}
+	if _, err := log.Sync(); err != nil {
+		return fmt.Errorf("partition %s: wal merge: sync: %w", p, err)
+	}
+	p.cfg.WAL.Release(p.cfg.WALGroup, last)
 	return nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
+	"github.com/sinewmq/sinew/internal/wal"
 )
 
 // crashModel is what the test knows was confirmed before a crash.
@@ -88,7 +89,7 @@ func TestCrashRecovery(t *testing.T) {
 	for seed := range uint64(seeds) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				r, d := crashRun(t, seed)
+				r, d := crashRun(t, seed, false)
 				relocated += r
 				dups += d
 			})
@@ -103,8 +104,44 @@ func TestCrashRecovery(t *testing.T) {
 	}
 }
 
-// crashRun runs one seed and returns how many bodies were relocated.
-func crashRun(t *testing.T, seed uint64) (relocated uint64, dups int) {
+// TestCrashRecoveryWAL is TestCrashRecovery with the partition's entries
+// made durable through a node WAL (Config.WAL) on the same crashable file
+// system: a confirm then means the WAL's fdatasync, the partition's own log
+// only got the entries to the OS, and recovery must take what the log lost
+// from the WAL.
+func TestCrashRecoveryWAL(t *testing.T) {
+	seeds := 40
+	if testing.Short() {
+		seeds = 10
+	}
+	for seed := range uint64(seeds) {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				_, _ = crashRun(t, seed, true)
+			})
+		})
+	}
+}
+
+// openWAL opens the node WAL on fs and points cfg at it, with what it
+// replayed for the partition.
+func openWAL(t *testing.T, fs vfs.FS, cfg *Config) *wal.WAL {
+	t.Helper()
+	w, err := wal.Open(wal.Options{FS: fs, Dir: "wal", SegmentBytes: 8 << 10})
+	if err != nil {
+		t.Fatalf("open wal: %v", err)
+	}
+	t.Cleanup(func() { _ = w.Close() })
+	cfg.WAL, cfg.WALGroup, cfg.WALReplay = w, "queues/t/g/p0", nil
+	if g, ok := w.Take(cfg.WALGroup); ok {
+		cfg.WALReplay = &g
+	}
+	return w
+}
+
+// crashRun runs one seed and returns how many bodies were relocated. With
+// withWAL the partition commits through a node WAL.
+func crashRun(t *testing.T, seed uint64, withWAL bool) (relocated uint64, dups int) {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	fs := vfs.NewMem()
 	cfg := testConfig(fs)
@@ -118,7 +155,11 @@ func crashRun(t *testing.T, seed uint64) (relocated uint64, dups int) {
 	model := &crashModel{attempted: map[string]bool{}, confirmed: map[uint64]string{}, acked: map[uint64]bool{}, ackTried: map[uint64]bool{},
 		seqBody: map[uint64]string{}, seqOff: map[uint64]uint64{}}
 	next := 0
+	var w *wal.WAL
 	for round := range 3 {
+		if withWAL {
+			w = openWAL(t, fs, &cfg)
+		}
 		p, err := Open(cfg)
 		if err != nil {
 			t.Fatalf("round %d: reopen after crash: %v", round, err)
@@ -234,8 +275,15 @@ func crashRun(t *testing.T, seed uint64) (relocated uint64, dups int) {
 		crashed := fs.Crash(rng, true)
 		p.Close() // fails: the old machine's disk is gone
 		wg.Wait()
+		if w != nil {
+			w.Close() // fails too
+		}
 		fs = crashed
 		cfg.FS = fs
+	}
+	if withWAL {
+		w = openWAL(t, fs, &cfg)
+		defer w.Close()
 	}
 	p, err := Open(cfg)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
+	"github.com/sinewmq/sinew/internal/wal"
 	"github.com/sinewmq/sinew/protocol"
 )
 
@@ -102,6 +103,14 @@ var (
 	ErrDamaged = errors.New("partition: damaged log or checkpoint")
 )
 
+// WAL is the part of a per-node write-ahead log (*wal.WAL) a partition
+// uses: Commit makes a batch of its entries durable, Release says its own
+// log holds entries up to index durably.
+type WAL interface {
+	Commit(group string, b wal.Batch) error
+	Release(group string, index uint64)
+}
+
 // Config configures one partition.
 type Config struct {
 	// Topic, Group and Index identify the partition in logs and in
@@ -126,8 +135,19 @@ type Config struct {
 
 	Sync           seglog.SyncPolicy
 	SyncIntervalMs int
-	SegmentBytes   int64
-	Corruption     seglog.CorruptionPolicy
+	// WAL, when not nil, is the node's shared write-ahead log: each stage's
+	// entries are handed to the OS through the partition's own log (no
+	// fsync) and made durable by one WAL.Commit, so many partitions share
+	// one fdatasync (Sync and SyncIntervalMs are then ignored for entries).
+	// WALGroup names the partition in it (its directory, stable across
+	// restarts) and WALReplay is what the WAL replayed for it at open;
+	// recovery copies the entries the log lacks into the log, syncs it and
+	// releases the WAL. Nil: the partition fsyncs its own log.
+	WAL          WAL
+	WALGroup     string
+	WALReplay    *wal.Group
+	SegmentBytes int64
+	Corruption   seglog.CorruptionPolicy
 	// Preallocate picks how log segments get their space (see
 	// seglog.PreallocMode); the zero value is seglog's default.
 	Preallocate seglog.PreallocMode
@@ -372,6 +392,8 @@ type Partition struct {
 	syncBusy bool
 	// spare is a released stage kept for its slices' capacity.
 	spare stage
+	// walDurable is the last index a WAL commit made durable (actor).
+	walDurable uint64
 	// raftDriver is the partition's raft node (raft.go).
 	raftDriver
 	syncReq chan struct{}
@@ -413,8 +435,10 @@ type stage struct {
 	// log's last index when the stage was closed: it is released once
 	// raft has committed that index. resps are the responses of the
 	// stage's storage appends, delivered once its sync is done.
-	entries    int
-	last       uint64
+	entries int
+	last    uint64
+	// wal holds the stage's entries for Config.WAL (nil without one).
+	wal        []wal.Entry
 	resps      []*raftpb.Message
 	replies    []reply
 	deliveries []pending

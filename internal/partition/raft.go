@@ -14,6 +14,7 @@ import (
 
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/raftlog"
+	"github.com/sinewmq/sinew/internal/wal"
 	"github.com/sinewmq/sinew/protocol"
 )
 
@@ -178,8 +179,12 @@ func (p *Partition) settleInline() error {
 			return nil
 		}
 		if p.open.entries > 0 {
-			if _, err := p.persist(); err != nil {
+			lsn, err := p.persist(&p.open)
+			if err != nil {
 				return err
+			}
+			if p.cfg.WAL != nil {
+				p.walDurable = max(p.walDurable, lsn)
 			}
 		}
 		st := p.takeOpen()
@@ -332,6 +337,11 @@ func (p *Partition) storageAppend(m *raftpb.Message) error {
 			return fmt.Errorf("raft append: %w", err)
 		}
 		p.open.entries += len(ents)
+		if p.cfg.WAL != nil {
+			for _, e := range ents {
+				p.open.wal = append(p.open.wal, walEntry(e))
+			}
+		}
 		if p.leads {
 			// The leader's state covers its whole log: its own
 			// proposals are applied already, anything else (a new
@@ -353,6 +363,26 @@ func (p *Partition) storageAppend(m *raftpb.Message) error {
 	}
 	p.open.resps = append(p.open.resps, m.GetResponses()...)
 	return nil
+}
+
+// walEntry maps a raft entry to a WAL entry the way raftlog maps it to a
+// log record, so recovery can append it to the log as it is. Its data is
+// not copied: raft does not change an entry once it is handed out.
+func walEntry(e *raftpb.Entry) wal.Entry {
+	we := wal.Entry{Index: e.GetIndex(), Term: e.GetTerm()}
+	switch e.GetType() {
+	case raftpb.EntryConfChange:
+		we.Type, we.Payload = raftlog.TypeConfChange, e.Data
+	case raftpb.EntryConfChangeV2:
+		we.Type, we.Payload = raftlog.TypeConfChangeV2, e.Data
+	default:
+		if len(e.Data) == 0 {
+			we.Type = raftlog.TypeNoop
+		} else {
+			we.Type, we.Payload = e.Data[0], e.Data[1:]
+		}
+	}
+	return we
 }
 
 // storeHardState stores raft's HardState. A new term or vote is written

@@ -196,8 +196,12 @@ func (p *Partition) installSnapshot(snap *raftpb.Snapshot) error {
 			return fmt.Errorf("raft snapshot: append %d: %w", r.index, err)
 		}
 	}
-	if _, err := p.log.Sync(); err != nil {
+	lsn, err := p.log.Sync()
+	if err != nil {
 		return fmt.Errorf("raft snapshot: sync: %w", err)
+	}
+	if p.cfg.WAL != nil {
+		p.cfg.WAL.Release(p.cfg.WALGroup, lsn)
 	}
 	if err := p.rs.InstallSnapshot(snap); err != nil {
 		return fmt.Errorf("raft snapshot: %w", err)
