@@ -192,6 +192,11 @@ type Config struct {
 	// subscription restored within the grace with SubscribeOptions.Adopt
 	// keeps its leases (partition.Partition.Adopt).
 	RecoveredLeaseGraceMs int64
+
+	// useWAL makes every partition commit through one node WAL in
+	// DataDir/wal (internal/wal). Off by default: see "fsync across
+	// partitions" in docs/benchmarks.md. Set by benchmarks and tests.
+	useWAL bool
 }
 
 // Consumer receives a subscription's deliveries.

@@ -219,6 +219,16 @@ func BenchmarkPublishPartitions(b *testing.B) {
 	}
 }
 
+// BenchmarkPublishPartitionsWAL is BenchmarkPublishPartitions with every
+// partition committing through one node WAL (Config.useWAL).
+func BenchmarkPublishPartitionsWAL(b *testing.B) {
+	for _, parts := range []uint32{1, 4, 16, 64} {
+		b.Run("partitions="+strconv.Itoa(int(parts)), func(b *testing.B) {
+			benchPublishSpread(b, benchBrokerCfg(b, Config{useWAL: true}), parts, fsyncTableInFlight)
+		})
+	}
+}
+
 // benchPublishSpread runs inFlight publishers, each waiting for its
 // confirmation before the next publish, publisher i pinned to partition
 // i mod partitions.

@@ -22,6 +22,7 @@ import (
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
+	"github.com/sinewmq/sinew/internal/wal"
 	"github.com/sinewmq/sinew/protocol"
 )
 
@@ -67,6 +68,11 @@ type Broker struct {
 	closed atomic.Bool
 	// lock is DataDir's exclusive lock, held from Open to Close.
 	lock *DataDirLock
+	// wal is the node WAL when Config.useWAL (nil otherwise); walParts
+	// maps its group names to partitions, for pressure calls.
+	wal      *wal.WAL
+	walMu    sync.Mutex
+	walParts map[string]*partition.Partition
 	// counters is shared by every partition (inspect.go).
 	counters *partition.Counters
 }
@@ -186,9 +192,25 @@ func Open(cfg Config) (b *Broker, err error) {
 	if err := syncDirs(cfg.FS, root, cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
+	if cfg.useWAL {
+		b.walParts = map[string]*partition.Partition{}
+		b.wal, err = wal.Open(wal.Options{FS: cfg.FS, Dir: filepath.Join(cfg.DataDir, "wal"), OnPressure: b.walPressure})
+		if err != nil {
+			return nil, fmt.Errorf("broker: %w", err)
+		}
+	}
 	if err := b.recover(root); err != nil {
 		b.closePartitions()
+		if b.wal != nil {
+			b.wal.Close()
+		}
 		return nil, err
+	}
+	if b.wal != nil {
+		// Groups no queue claimed belong to deleted queues.
+		for _, g := range b.wal.Replayed() {
+			b.wal.Forget(g)
+		}
 	}
 	b.ready.Store(true)
 	for _, q := range b.queues {
@@ -197,6 +219,28 @@ func Open(cfg Config) (b *Broker, err error) {
 		}
 	}
 	return b, nil
+}
+
+// walPressure is the WAL's OnPressure: the partition named group syncs its
+// own log and releases the WAL, so an idle partition does not keep old WAL
+// segments. A group no open partition has belongs to a deleted queue.
+func (b *Broker) walPressure(group string, _ uint64) {
+	b.walMu.Lock()
+	p := b.walParts[group]
+	b.walMu.Unlock()
+	if p == nil {
+		b.wal.Forget(group)
+		return
+	}
+	if err := p.ReleaseWAL(); errors.Is(err, seglog.ErrClosed) {
+		// Closed since: its queue was deleted, or the broker is closing
+		// (a restart replays the group and asks again).
+		if !b.closed.Load() {
+			b.wal.Forget(group)
+		}
+	} else if err != nil {
+		b.logger.Warn("partition could not release the node WAL", "group", group, "err", err)
+	}
 }
 
 // UsersPath is where the users store of the broker at dataDir lives.
@@ -286,7 +330,22 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 			DeadLetter:            b.deadLetter,
 			Counters:              b.counters, OnSync: b.cfg.OnSync,
 		}
+		if b.wal != nil {
+			group, rerr := filepath.Rel(b.cfg.DataDir, pc.Dir)
+			if rerr != nil {
+				return nil, fmt.Errorf("broker: %w", rerr)
+			}
+			pc.WAL, pc.WALGroup = b.wal, filepath.ToSlash(group)
+			if g, ok := b.wal.Take(pc.WALGroup); ok {
+				pc.WALReplay = &g
+			}
+		}
 		p, err := partition.Open(pc)
+		if err == nil && b.wal != nil {
+			b.walMu.Lock()
+			b.walParts[pc.WALGroup] = p
+			b.walMu.Unlock()
+		}
 		if err != nil && errors.Is(err, partition.ErrDamaged) {
 			p, err = b.damaged(pc, err)
 		}
@@ -424,6 +483,9 @@ func (b *Broker) Close() error {
 	b.createMu.Unlock()
 	b.deletes.Wait()
 	err := b.closePartitions()
+	if b.wal != nil {
+		err = errors.Join(err, b.wal.Close())
+	}
 	// Released only once every partition has closed its files.
 	return errors.Join(err, b.lock.Release())
 }

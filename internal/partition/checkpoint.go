@@ -397,6 +397,21 @@ func (p *Partition) recover() error {
 	return nil
 }
 
+// ReleaseWAL syncs the partition's own log and releases the node WAL (see
+// Config.WAL) up to what it synced. Safe from any goroutine; the broker
+// calls it when the WAL asks (wal.Options.OnPressure).
+func (p *Partition) ReleaseWAL() error {
+	if p.cfg.WAL == nil || p.log == nil {
+		return nil
+	}
+	lsn, err := p.log.Sync()
+	if err != nil {
+		return fmt.Errorf("partition %s: release wal: %w", p, err)
+	}
+	p.cfg.WAL.Release(p.cfg.WALGroup, lsn)
+	return nil
+}
+
 // walLogSyncIntervalMs is how often a partition's own log is fsynced in
 // the background when a WAL makes its entries durable.
 const walLogSyncIntervalMs = 1000

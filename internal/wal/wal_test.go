@@ -228,9 +228,9 @@ func TestTrimAndPressure(t *testing.T) {
 // its group had released it; the HardState replayed is at least the last
 // acknowledged one.
 func TestCrash(t *testing.T) {
-	seeds := 300
+	seeds := 150
 	if testing.Short() {
-		seeds = 50
+		seeds = 30
 	}
 	for seed := range seeds {
 		crashOnce(t, uint64(seed))
