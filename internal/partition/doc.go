@@ -167,6 +167,18 @@
 // waits for the sync under way, makes the open stage durable and releases
 // both.
 //
+// With a node WAL (Config.WAL, internal/wal) the syncer calls log.Flush and
+// then commits the stage's entries to the WAL, whose one fdatasync is shared
+// with every other partition on the node; a confirm then means the WAL's
+// fsync. The log is opened with seglog.SyncInterval (walLogSyncIntervalMs) so
+// it does not fsync each stage as well. Each checkpoint's log.Sync, each raft
+// snapshot install and Partition.ReleaseWAL (the WAL's pressure call) then
+// release the WAL up to what the log holds durably. Recovery first copies the
+// entries the WAL holds and the log lost (AppendAt), syncs the log and
+// releases the WAL, then proceeds as without one. A term or vote change is
+// still written to the log's own HardState file and synced at once, not
+// through the WAL: it happens once per election, not per stage.
+//
 // # Recovered leases
 //
 // Leases found in the log at Open were granted to sessions of the previous

@@ -7,8 +7,9 @@
 //
 // # Files
 //
-// The WAL lives in a directory of its own (one per node, e.g. DATA_DIR/wal;
-// the broker and partitions do not use it yet) of segment files named
+// The WAL lives in a directory of its own (one per node: the broker's is
+// DataDir/wal when it runs with one, which is not the default; see
+// partition.Config.WAL for how a partition uses it) of segment files named
 // wal-<seq>.log, seq a 16-digit hex number that grows by one per segment.
 // Each segment starts with a header and holds records (format drawn in
 // format.go). Segments are written append-only; the active one is reserved in
