@@ -945,3 +945,44 @@ func TestReplicaGroupFollowerRestartsWithLeases(t *testing.T) {
 		g.checkAgree(l)
 	})
 }
+
+// A lease that expires is expired by the leader; a follower holding the
+// same lease deadline must not busy-wait for it. Deterministic reproducer
+// of the follower spin skipped in TestReplicaGroupRandomised: without the
+// fix the bubble's clock stops at the deadline and the test hangs until
+// go test's -timeout.
+func TestReplicaGroupLeaseExpiresWithFollowers(t *testing.T) {
+	if !replDefects {
+		t.Skip("defect: a follower's actor spins at a lease deadline (arm: st.NextDeadlineMs() <= now " +
+			"on a replica that does not lead) and grows p.committing; this test hangs; run with " +
+			"SINEW_REPL_DEFECTS=1 and -timeout")
+	}
+	synctest.Test(t, func(t *testing.T) {
+		g := newRGroup(t, 6, multiraft.Faults{}, func(c *Config) { c.Queue.LeaseMs = 1_000 })
+		defer g.closeAll()
+		l := g.awaitLeader()
+		if r, ok := awaitRes(g, g.hist.publish(l.p, "m"), time.Second); !ok || r.err != nil {
+			t.Fatalf("publish: %v (answered %v)", r.err, ok)
+		}
+		c := &rconsumer{tconsumer: tconsumer{owner: "c", credit: 1}, h: g.hist}
+		if err := l.p.Attach(c); err != nil {
+			t.Fatal(err)
+		}
+		g.run(10 * replTick)
+		if n := len(c.deliveries()); n != 1 {
+			t.Fatalf("%d deliveries, want 1", n)
+		}
+		for step := range 300 { // 3s: past the lease deadline
+			g.run(replTick)
+			g.checkBounded(step)
+		}
+		g.settleReplicas()
+		g.checkAgree(l)
+		c.addCredit(1)
+		l.p.Poke()
+		g.run(10 * replTick)
+		if n := len(c.deliveries()); n != 2 {
+			t.Errorf("%d deliveries after the lease expired, want 2 (the redelivery)", n)
+		}
+	})
+}
