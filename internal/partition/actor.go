@@ -120,7 +120,9 @@ func (p *Partition) startSync() {
 		st := p.takeOpen()
 		resps := st.resps
 		st.resps = nil
-		p.committing = append(p.committing, st)
+		if !st.idle() {
+			p.committing = append(p.committing, st)
+		}
 		if err := p.stepResponses(resps); err != nil {
 			p.fail(err, nil)
 			return
@@ -177,7 +179,7 @@ func (p *Partition) finishStages() {
 	if p.failed != nil {
 		return
 	}
-	if p.leads {
+	if p.leads && p.single {
 		if err := p.settleInline(); err != nil {
 			p.fail(err, nil)
 			return
@@ -250,7 +252,10 @@ func (p *Partition) checkpointDue(now int64) bool {
 // takes a checkpoint and hands it to the checkpointer goroutine, which
 // writes it while the actor goes on (at most one is under way).
 func (p *Partition) periodicCheckpoint() {
-	if _, err := p.relocate(); err != nil {
+	if !p.leads {
+		// Only the leader decides records; a follower's checkpoints
+		// follow what it applied.
+	} else if _, err := p.relocate(); err != nil {
 		p.fail(err, nil)
 		return
 	}
@@ -350,14 +355,19 @@ func (p *Partition) arm(timer *time.Timer) {
 		return
 	}
 	now := p.nowMs()
-	at, ok := p.st.NextDeadlineMs()
-	for _, d := range p.deadLetters {
-		if !d.inflight && (!ok || d.retryAtMs < at) {
-			at, ok = d.retryAtMs, true
+	var at int64
+	ok := false
+	if p.leads {
+		// A follower acts on no queue deadline: it decides nothing.
+		at, ok = p.st.NextDeadlineMs()
+		for _, d := range p.deadLetters {
+			if !d.inflight && (!ok || d.retryAtMs < at) {
+				at, ok = d.retryAtMs, true
+			}
 		}
-	}
-	if len(p.recovered) > 0 && (!ok || p.recoveredDueMs < at) {
-		at, ok = p.recoveredDueMs, true
+		if len(p.recovered) > 0 && (!ok || p.recoveredDueMs < at) {
+			at, ok = p.recoveredDueMs, true
+		}
 	}
 	// The idle checkpoint, or its retry after a failure. While one is
 	// under way its answer wakes the actor instead.

@@ -481,5 +481,9 @@ func (p *Partition) rebuild(commit uint64) error {
 		}
 	}
 	p.st, p.dd = st, dd
+	// Cached bodies may belong to entries past commit, which another
+	// leader may have replaced.
+	p.cache = newBodyCache(p.cfg.BodyCacheBytes)
+	clear(p.loaded)
 	return nil
 }

@@ -450,6 +450,13 @@ type stage struct {
 	carried []carry
 }
 
+// idle reports whether st holds nothing to release: no answer, delivery,
+// lease end, dead letter or credit. Such a stage need not wait in line.
+func (st *stage) idle() bool {
+	return len(st.replies) == 0 && len(st.deliveries) == 0 && len(st.ended) == 0 &&
+		len(st.newDead) == 0 && len(st.carried) == 0
+}
+
 // carry is credit a consumer's settles in a stage freed for that stage's
 // dispatch.
 type carry struct {
@@ -820,9 +827,11 @@ func (p *Partition) Close() error {
 	close(p.stop)
 	<-p.stopped
 	var errs []error
-	if p.failed == nil && p.leads {
-		// The leader moves the last live bodies of sparse segments and
-		// sees its last records committed before the checkpoint.
+	if p.failed == nil && p.leads && p.single {
+		// A group of one moves the last live bodies of sparse segments
+		// and sees its last records committed before the checkpoint. A
+		// larger group cannot count on its peers now: what they did not
+		// commit stays in the log, for the next leader to decide on.
 		if _, err := p.relocate(); err != nil {
 			errs = append(errs, err)
 		} else if err := p.settleInline(); err != nil {

@@ -576,11 +576,19 @@ func (p *Partition) becomeLeader() error {
 // consumers are detached.
 func (p *Partition) stepDown(why error) error {
 	p.leads = false
+	// The committing stages' storage responses were delivered already;
+	// once answered they hold nothing to release. The syncing and the
+	// open stage keep their entries and storage responses: raft learns
+	// that those entries are durable when their sync returns, as a
+	// follower's.
 	for i := range p.committing {
-		p.failStage(&p.committing[i], 0, why)
+		p.failOutcome(&p.committing[i], why)
 	}
 	p.committing = p.committing[:0]
-	p.failStage(&p.open, 0, why)
+	if p.syncBusy {
+		p.failOutcome(&p.syncing, why)
+	}
+	p.failOutcome(&p.open, why)
 	p.taken()
 	p.refusePurges(why)
 	for _, c := range p.consumers {
@@ -598,6 +606,27 @@ func (p *Partition) stepDown(why error) error {
 	p.nextLSN, p.lastLSN = p.applied+1, p.applied
 	p.logger.Info("partition replica no longer leads", "why", why, "committed", p.committed)
 	return nil
+}
+
+// failOutcome answers every command of st with err and drops what st
+// would have handed to consumers, but keeps what raft is owed: its
+// entries, their sync and the storage responses that follow it.
+func (p *Partition) failOutcome(st *stage, err error) {
+	for _, r := range st.replies {
+		if r.published != nil {
+			r.published(0, false, err)
+		} else {
+			r.settled(err)
+		}
+	}
+	clear(st.replies)
+	st.replies = st.replies[:0]
+	refundCarried(st)
+	clear(st.deliveries)
+	st.deliveries = st.deliveries[:0]
+	clear(st.ended)
+	st.ended = st.ended[:0]
+	st.newDead = st.newDead[:0]
 }
 
 // Step hands the partition one raft message from another replica. It never

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -22,10 +21,6 @@ import (
 // clock is the fake clock of the partitions, the hosts' ticks and the
 // network's delays, and the test goroutine drives hosts and network by
 // hand, so nothing waits on real time.
-
-// replDefects runs the tests skipped for known partition defects
-// (SINEW_REPL_DEFECTS=1).
-var replDefects = os.Getenv("SINEW_REPL_DEFECTS") != ""
 
 const (
 	replGroupID = 7                     // the raft group id of the partition
@@ -604,11 +599,6 @@ func TestReplicaGroupSurvivesLeaderCrash(t *testing.T) {
 // answered ErrNotLeader and its uncommitted suffix is replaced by the new
 // leader's entries.
 func TestReplicaGroupTruncatesDeposedLeaderSuffix(t *testing.T) {
-	if !replDefects {
-		t.Skip("defect: stepDown rebuilds the state to the commit index but keeps the body cache " +
-			"(and loaded payloads) of the uncommitted suffix, so the deposed leader serves its own lost " +
-			"bodies at offsets now holding the new leader's entries; run with SINEW_REPL_DEFECTS=1")
-	}
 	synctest.Test(t, func(t *testing.T) {
 		g := newRGroup(t, 4, multiraft.Faults{}, nil)
 		defer g.closeAll()
@@ -722,14 +712,6 @@ type rstats struct {
 //
 // Reproduce one seed with -run 'TestReplicaGroupRandomised/seed=N$'.
 func TestReplicaGroupRandomised(t *testing.T) {
-	if !replDefects {
-		t.Skip("defect: a follower's actor spins when a lease deadline it holds is reached: " +
-			"arm sees st.NextDeadlineMs() <= now, which only a leader's queue tick moves, and Pokes " +
-			"itself every turn; each idle turn appends an empty stage to p.committing (startSync), " +
-			"so memory grows until the process dies, and in the bubble the clock stops. Runs also " +
-			"hit the body-cache defect of TestReplicaGroupTruncatesDeposedLeaderSuffix (one offset " +
-			"delivered with two bodies). Run with SINEW_REPL_DEFECTS=1")
-	}
 	seeds := 16
 	if testing.Short() {
 		seeds = 4
@@ -763,9 +745,16 @@ func replRandomRun(t *testing.T, seed uint64) rstats {
 		Reorder:      rng.IntN(2) == 0,
 	}
 	ckpt := 5 + rng.IntN(40)
+	// Odd seeds run with leases short enough to expire during the run,
+	// so redeliveries by expiry meet crashes and changes of leader.
+	leaseMs := int64(3_600_000)
+	if seed%2 == 1 {
+		leaseMs = int64(300 + rng.IntN(1500))
+	}
 	g := newRGroup(t, seed, faults, func(c *Config) {
 		c.CheckpointEveryRecords = ckpt
 		c.SegmentBytes = 4096
+		c.Queue.LeaseMs = leaseMs
 	})
 	defer g.closeAll()
 	var st rstats
@@ -952,11 +941,6 @@ func TestReplicaGroupFollowerRestartsWithLeases(t *testing.T) {
 // fix the bubble's clock stops at the deadline and the test hangs until
 // go test's -timeout.
 func TestReplicaGroupLeaseExpiresWithFollowers(t *testing.T) {
-	if !replDefects {
-		t.Skip("defect: a follower's actor spins at a lease deadline (arm: st.NextDeadlineMs() <= now " +
-			"on a replica that does not lead) and grows p.committing; this test hangs; run with " +
-			"SINEW_REPL_DEFECTS=1 and -timeout")
-	}
 	synctest.Test(t, func(t *testing.T) {
 		g := newRGroup(t, 6, multiraft.Faults{}, func(c *Config) { c.Queue.LeaseMs = 1_000 })
 		defer g.closeAll()
