@@ -16,12 +16,31 @@ import (
 // read line by line.
 type cliProc struct {
 	cmd    *exec.Cmd
-	stderr bytes.Buffer
+	stderr lockedBuffer
 	mu     sync.Mutex
 	lines  []string
 	seen   chan int // the line count, sent (without blocking) after each line
 	done   chan struct{}
 	status int
+}
+
+// lockedBuffer is a bytes.Buffer that a child's stderr copier and the test
+// may use at once (a failing test reads it while the child still runs).
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func startCLI(t *testing.T, bin string, args ...string) *cliProc {
