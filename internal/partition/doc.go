@@ -117,6 +117,9 @@
 // its one voter holds it, so it replays to the end. A larger group's
 // leader checkpoints only when nothing it decided is uncommitted, so a
 // checkpoint never claims an entry that another leader could replace.
+// etcd raft panics when its storage fails (a read error); every call into it
+// recovers that panic as the partition's failure, so one failing disk read
+// stops one partition and not the broker.
 //
 // # Carried credit
 //

@@ -195,6 +195,9 @@ type Config struct {
 	// relocateLiveFraction overrides relocateLiveFraction (tests: 1
 	// relocates every live body of the sealed segments, -1 none).
 	relocateLiveFraction int
+	// raftCacheBytes overrides the raft log's entry cache bound (tests:
+	// 1 makes raft read committed entries back from the log).
+	raftCacheBytes int
 }
 
 // SettleOp is how a consumer settles a lease.

@@ -28,6 +28,22 @@ import (
 // the next leader, or not. Retryable.
 var ErrNotLeader = &protocol.Error{Code: protocol.CodeUnavailable, Message: "this replica does not lead the partition"}
 
+// errRaftPanicked marks a panic of etcd raft turned into an error (raftSafe).
+var errRaftPanicked = errors.New("raft stopped")
+
+// raftSafe runs f, which calls into etcd raft. raft panics when its storage
+// fails (a read error from the disk, say); that must fail this partition,
+// which then serves nothing until restarted, and not stop the process with
+// every other partition in it.
+func (p *Partition) raftSafe(f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: partition %s: %v", errRaftPanicked, p, r)
+		}
+	}()
+	return f()
+}
+
 // raftLogger keeps etcd raft's own log lines out of the broker's log.
 var raftLogger = &raft.DefaultLogger{Logger: log.New(io.Discard, "", 0)}
 
@@ -99,7 +115,7 @@ func (p *Partition) startRaft(commit uint64) error {
 	if len(peers) == 0 {
 		peers = []uint64{id}
 	}
-	s := raftlog.New(p.log, raftlog.Options{})
+	s := raftlog.New(p.log, raftlog.Options{CacheBytesMax: p.cfg.raftCacheBytes})
 	cs, err := p.log.ConfState()
 	if err != nil {
 		return fmt.Errorf("partition %s: raft configuration: %w", p, err)
@@ -245,7 +261,9 @@ func (p *Partition) propose() error {
 	p.taken()
 	p.open.records += n
 	p.sinceCkpt += n
-	err := p.rn.Step(&raftpb.Message{Type: raftpb.MsgProp.Enum(), From: new(p.raftID), Entries: ents})
+	err := p.raftSafe(func() error {
+		return p.rn.Step(&raftpb.Message{Type: raftpb.MsgProp.Enum(), From: new(p.raftID), Entries: ents})
+	})
 	if err != nil {
 		if errors.Is(err, raft.ErrProposalDropped) {
 			return p.stepDown(fmt.Errorf("raft dropped the proposal of lsn %d..%d", first, first+uint64(n)-1))
@@ -264,7 +282,10 @@ func (p *Partition) pump() error {
 		if !p.rn.HasReady() {
 			return nil
 		}
-		rd := p.rn.Ready()
+		var rd raft.Ready
+		if err := p.raftSafe(func() error { rd = p.rn.Ready(); return nil }); err != nil {
+			return err
+		}
 		if rd.SoftState != nil {
 			p.lead.Store(rd.SoftState.Lead)
 			leads := rd.SoftState.RaftState == raft.StateLeader
@@ -517,7 +538,7 @@ func (p *Partition) stepResponses(ms []*raftpb.Message) error {
 			out = append(out, m)
 			continue
 		}
-		if err := p.rn.Step(m); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) {
+		if err := p.raftSafe(func() error { return p.rn.Step(m) }); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) {
 			return fmt.Errorf("raft step: %w", err)
 		}
 	}
@@ -673,7 +694,11 @@ func (p *Partition) raftTurn() error {
 	for range raftInboundMax {
 		select {
 		case m := <-p.inbound:
-			if err := p.rn.Step(m); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) &&
+			err := p.raftSafe(func() error { return p.rn.Step(m) })
+			if errors.Is(err, errRaftPanicked) {
+				return err
+			}
+			if err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) &&
 				!errors.Is(err, raft.ErrStepLocalMsg) && !errors.Is(err, raft.ErrProposalDropped) {
 				p.logger.Debug("raft message refused", "err", err)
 			}
@@ -684,7 +709,9 @@ func (p *Partition) raftTurn() error {
 	}
 	if n := p.ticks.Swap(0); n > 0 {
 		for range min(n, raftTicksPerTurnMax) {
-			p.rn.Tick()
+			if err := p.raftSafe(func() error { p.rn.Tick(); return nil }); err != nil {
+				return err
+			}
 		}
 	}
 	return p.pump()

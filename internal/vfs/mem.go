@@ -34,6 +34,7 @@ type MemFS struct {
 	crashed  bool
 	writeErr error
 	syncErr  error
+	readErr  error
 	// locks holds the cleaned names locked by Lock and not yet released.
 	locks map[string]bool
 }
@@ -339,6 +340,14 @@ func (m *MemFS) SetWriteError(err error) {
 	m.mu.Unlock()
 }
 
+// SetReadError makes every later Read and ReadAt fail with err, as a
+// failing disk would. nil clears the fault.
+func (m *MemFS) SetReadError(err error) {
+	m.mu.Lock()
+	m.readErr = err
+	m.mu.Unlock()
+}
+
 // SetSyncError makes every later File.Sync and SyncDir fail with err and
 // persist nothing. nil clears the fault.
 func (m *MemFS) SetSyncError(err error) {
@@ -564,6 +573,9 @@ func (f *memFile) Read(p []byte) (int, error) {
 	if err := f.check("read", false); err != nil {
 		return 0, err
 	}
+	if f.fs.readErr != nil {
+		return 0, perr("read", f.name, f.fs.readErr)
+	}
 	k, err := f.readAt(p, f.off)
 	f.off += int64(k)
 	if k > 0 && err == io.EOF {
@@ -577,6 +589,9 @@ func (f *memFile) ReadAt(p []byte, off int64) (int, error) {
 	defer f.fs.mu.Unlock()
 	if err := f.check("read", false); err != nil {
 		return 0, err
+	}
+	if f.fs.readErr != nil {
+		return 0, perr("read", f.name, f.fs.readErr)
 	}
 	if off < 0 {
 		return 0, perr("read", f.name, errors.New("negative offset"))
