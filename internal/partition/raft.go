@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -82,6 +83,11 @@ type raftDriver struct {
 	// single: a group of one, which elects itself at Open and needs no
 	// ticks.
 	single bool
+	// byRef: proposals carry no data (a group of one without a WAL); refs
+	// holds the data of the one in flight, from index refFirst.
+	byRef    bool
+	refs     [][]byte
+	refFirst uint64
 	// leads: this replica leads and decides. Its queue state then runs
 	// ahead of the commit index by its own proposals (the overlay).
 	leads bool
@@ -115,6 +121,11 @@ func (p *Partition) startRaft(commit uint64) error {
 	if len(peers) == 0 {
 		peers = []uint64{id}
 	}
+	single := len(peers) == 1 && peers[0] == id
+	// A group of one proposes its entries by reference (propose). With a
+	// WAL the entries' data must outlive the turn (walEntry): they are
+	// proposed with it.
+	byRef := single && p.cfg.WAL == nil
 	s := raftlog.New(p.log, raftlog.Options{CacheBytesMax: p.cfg.raftCacheBytes})
 	cs, err := p.log.ConfState()
 	if err != nil {
@@ -160,7 +171,7 @@ func (p *Partition) startRaft(commit uint64) error {
 	if len(peers) > 1 {
 		s.SetSnapshotSource(p.makeSnapshot)
 	}
-	p.single = len(peers) == 1 && peers[0] == id
+	p.single, p.byRef = single, byRef
 	p.committed, p.applied = commit, commit
 	p.inbound = make(chan *raftpb.Message, raftInboundMax)
 	p.nextLSN, p.lastLSN = commit+1, commit
@@ -245,15 +256,32 @@ func (p *Partition) propose() error {
 	first := p.out[0].lsn
 	ents := make([]*raftpb.Entry, len(p.out))
 	slab := make([]raftpb.Entry, len(p.out)) // one allocation for the turn
+	p.refs = p.refs[:0]
 	for i := range p.out {
 		r := &p.out[i]
-		// raft copies each entry it appends, so data may be the arena.
-		slab[i].Data = p.framedOf(r)
+		if p.byRef {
+			// No peer ever reads these entries from raft: it keeps
+			// them without data, and storageAppend writes the data
+			// from refs, in this call's pump, sparing raft's copy of
+			// each. The log's entry cache keeps what it is given: a
+			// publish's own buffer, which nothing changes, or a copy
+			// of a decided record, which is small.
+			d := p.framedOf(r)
+			if r.framed == nil && r.payload == nil {
+				d = bytes.Clone(d)
+			}
+			p.refs = append(p.refs, d)
+		} else {
+			// raft copies each entry it appends, so data may be the
+			// arena.
+			slab[i].Data = p.framedOf(r)
+		}
 		ents[i] = &slab[i]
 		if r.payload != nil {
 			p.cache.put(r.lsn, r.payload)
 		}
 	}
+	p.refFirst = first
 	n := len(p.out)
 	// The decider applied these already: the entries raft hands back
 	// for them are not applied again.
@@ -270,7 +298,41 @@ func (p *Partition) propose() error {
 		}
 		return fmt.Errorf("propose lsn %d: %w", first, err)
 	}
-	return p.pump()
+	if err := p.pump(); err != nil {
+		return err
+	}
+	if len(p.refs) > 0 {
+		return fmt.Errorf("partition %s: raft did not append lsn %d..%d at once", p, first, first+uint64(n)-1)
+	}
+	return nil
+}
+
+// withRefs returns ents with the data of the entries proposed by reference
+// (propose) filled in from p.refs, which it then empties. Each must be at
+// the index the decider gave it.
+func (p *Partition) withRefs(ents []*raftpb.Entry) ([]*raftpb.Entry, error) {
+	out := make([]*raftpb.Entry, len(ents))
+	slab := make([]raftpb.Entry, len(ents))
+	n := 0
+	for i, e := range ents {
+		idx := e.GetIndex()
+		if idx < p.refFirst || idx >= p.refFirst+uint64(len(p.refs)) {
+			out[i] = e
+			continue
+		}
+		if len(e.GetData()) != 0 || e.GetType() != raftpb.EntryNormal {
+			return nil, fmt.Errorf("partition %s: entry %d is not the one proposed there", p, idx)
+		}
+		slab[i] = raftpb.Entry{Index: e.Index, Term: e.Term, Type: e.Type, Data: p.refs[idx-p.refFirst]}
+		out[i] = &slab[i]
+		n++
+	}
+	if n != len(p.refs) {
+		return nil, fmt.Errorf("partition %s: raft appended %d of the %d entries proposed at %d", p, n, len(p.refs), p.refFirst)
+	}
+	clear(p.refs)
+	p.refs = p.refs[:0]
+	return out, nil
 }
 
 // pump handles every Ready raft has: messages to peers are sent, entries
@@ -354,6 +416,12 @@ func (p *Partition) storageAppend(m *raftpb.Message) error {
 		}
 	}
 	if ents := m.GetEntries(); len(ents) > 0 {
+		if len(p.refs) > 0 {
+			var err error
+			if ents, err = p.withRefs(ents); err != nil {
+				return err
+			}
+		}
 		if err := p.rs.Append(ents); err != nil {
 			return fmt.Errorf("raft append: %w", err)
 		}
