@@ -151,7 +151,11 @@ func (p *Partition) synced1(res syncResult) {
 		p.syncing = stage{}
 		resps := st.resps
 		st.resps = nil
-		p.committing = append(p.committing, st)
+		if !st.idle() {
+			// A follower's stages, and a leader's with nothing to
+			// answer, need not wait in line.
+			p.committing = append(p.committing, st)
+		}
 		if err := p.stepResponses(resps); err != nil {
 			p.fail(err, nil)
 		}
