@@ -39,11 +39,13 @@ import (
 //	cut A B / isolate node=N / heal   network partitions
 //	crash node=N              power loss: unsynced bytes vanish
 //	restart node=N            reopen N from its disk
-//	publish node=N body=B     publish; prints the outcome once it is known
+//	publish node=N body=B [size=S]  publish (B padded with '-' to S bytes);
+//	                          prints the outcome once it is known
 //	consume node=N n=K        give N's consumer K more credit; prints deliveries
 //	ack node=N offset=O       ack the consumer's latest lease on O
 //	status                    per replica: raft role, term, leader, commit,
-//	                          applied, log first..last with the term of each run
+//	                          applied, the index its checkpoint covers up to
+//	                          (exclusive), log first..last with the terms
 //	messages node=N           N's unsettled messages: offset, state, body
 //
 // Every command ends by printing the client requests answered during it,
@@ -194,7 +196,14 @@ func (h *ddGroup) run(td *datadriven.TestData, b *strings.Builder) {
 		n := h.upNode(td)
 		var body string
 		td.ScanArgs(h.t, "body", &body)
-		h.ops = append(h.ops, &ddOp{what: "publish " + body, pub: publish(n.p, body, nil)})
+		size := 0
+		td.MaybeScanArgs(h.t, "size", &size)
+		what := "publish " + body
+		if size > len(body) {
+			body += strings.Repeat("-", size-len(body))
+			what += fmt.Sprintf(" (%d bytes)", size)
+		}
+		h.ops = append(h.ops, &ddOp{what: what, pub: publish(n.p, body, nil)})
 		g.pump()
 	case "consume":
 		n := h.upNode(td)
@@ -263,7 +272,7 @@ func (h *ddGroup) deliveries(b *strings.Builder) {
 		}
 		ds := dc.c.deliveries()
 		for _, d := range ds[dc.seen:] {
-			fmt.Fprintf(b, "deliver node=%d offset=%d attempt=%d body=%s\n", id, d.Offset, d.Attempt, d.Body)
+			fmt.Fprintf(b, "deliver node=%d offset=%d attempt=%d body=%s\n", id, d.Offset, d.Attempt, showBody(d.Body))
 		}
 		dc.seen = len(ds)
 	}
@@ -339,8 +348,8 @@ func (h *ddGroup) status(n *rnode) string {
 	h.g.look(n, func() {
 		st := n.p.rn.Status()
 		role := strings.ToLower(strings.TrimPrefix(st.RaftState.String(), "State"))
-		fmt.Fprintf(&s, "%d: %s term=%d lead=%d commit=%d applied=%d log=%s\n",
-			n.id, role, st.GetTerm(), st.Lead, st.GetCommit(), n.p.applied, logTerms(n.p))
+		fmt.Fprintf(&s, "%d: %s term=%d lead=%d commit=%d applied=%d ckpt=%d log=%s\n",
+			n.id, role, st.GetTerm(), st.Lead, st.GetCommit(), n.p.applied, n.p.ckptLSN, logTerms(n.p))
 	})
 	return s.String()
 }
@@ -385,7 +394,7 @@ func (h *ddGroup) messages(n *rnode, b *strings.Builder) {
 		for _, m := range r.Messages {
 			body := "<unreadable: " + fmt.Sprint(m.Err) + ">"
 			if m.Err == nil {
-				body = string(m.Msg.Body)
+				body = showBody(m.Msg.Body)
 			}
 			lines = append(lines, fmt.Sprintf("%d %s body=%s", m.Info.Offset, stateOf(m.Info), body))
 		}
@@ -393,6 +402,15 @@ func (h *ddGroup) messages(n *rnode, b *strings.Builder) {
 	for _, l := range lines {
 		b.WriteString(l + "\n")
 	}
+}
+
+// showBody prints a body padded by publish size= as its name and length.
+func showBody(b []byte) string {
+	name, pad, _ := strings.Cut(string(b), "-")
+	if pad == "" {
+		return string(b)
+	}
+	return fmt.Sprintf("%s (%d bytes)", name, len(b))
 }
 
 func stateOf(in queue.Info) string {
