@@ -154,7 +154,9 @@
 // so a process crash loses nothing confirmed, and fdatasync runs every
 // SyncIntervalMs, so a power loss can lose up to one interval of confirmed
 // records (the risk that policy names). Every CheckpointEveryRecords records
-// and at Close the queue snapshot is written to Dir/checkpoint atomically
+// (a leader counts those it proposes, a follower those it appends; a
+// follower's checkpoint covers what it applied, which is committed) and at
+// Close the queue snapshot is written to Dir/checkpoint atomically
 // (after a log.Sync, so it never claims a record that is not durable); log
 // segments wholly below both the checkpoint and every live message's body
 // are then deleted. The actor only takes the checkpoint: it encodes the

@@ -443,6 +443,13 @@ func (p *Partition) storageAppend(m *raftpb.Message) error {
 				}
 			}
 			p.nextLSN, p.lastLSN = p.applied+1, p.applied
+		} else {
+			// A follower proposes nothing, so propose never counts its
+			// records: it counts those it appends, or it would never
+			// checkpoint, never store its commit index and never drop
+			// a segment.
+			p.sinceCkpt += len(ents)
+			p.lastBusyMs = p.nowMs()
 		}
 	}
 	if m.Term != nil || m.Vote != nil || m.Commit != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -968,5 +969,60 @@ func TestReplicaGroupLeaseExpiresWithFollowers(t *testing.T) {
 		if n := len(c.deliveries()); n != 2 {
 			t.Errorf("%d deliveries after the lease expired, want 2 (the redelivery)", n)
 		}
+	})
+}
+
+// Followers checkpoint too: they count the records they append, so they
+// write checkpoints every CheckpointEveryRecords records, store their
+// commit index with them and drop the segments below them. Before, only
+// the leader counted (its proposals), so a follower's log grew without
+// bound and a restarted follower recovered nothing until its leader spoke.
+func TestReplicaGroupFollowersCheckpoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newRGroup(t, 8, multiraft.Faults{}, func(c *Config) {
+			c.CheckpointEveryRecords = 4
+			c.SegmentBytes = 4096
+		})
+		defer g.closeAll()
+		l := g.awaitLeader()
+		pad := strings.Repeat("-", 1500) // a few records fill a segment
+		for i := range 12 {
+			if r, ok := awaitRes(g, g.hist.publish(l.p, fmt.Sprint("m", i, pad)), time.Second); !ok || r.err != nil {
+				t.Fatalf("publish: %v (answered %v)", r.err, ok)
+			}
+		}
+		c := &rconsumer{tconsumer: tconsumer{owner: "c", credit: -1}, h: g.hist}
+		if err := l.p.Attach(c); err != nil {
+			t.Fatal(err)
+		}
+		g.run(10 * replTick)
+		for _, d := range c.deliveries() {
+			if err, ok := awaitRes(g, g.hist.ack(l.p, d), time.Second); !ok || err != nil {
+				t.Fatalf("ack %d: %v (answered %v)", d.Offset, err, ok)
+			}
+		}
+		g.settleReplicas()
+		var f *rnode
+		for _, n := range g.up() {
+			if n == l {
+				continue
+			}
+			f = n
+			var ckpt, first, applied uint64
+			g.look(n, func() { ckpt, first, applied = n.p.ckptLSN, n.p.log.FirstLSN(), n.p.applied })
+			if ckpt <= 12 || first <= 1 {
+				t.Errorf("follower %d (applied %d): checkpoint covers %d, log starts at %d; want a checkpoint past the 12 publishes and a compacted log",
+					n.id, applied, ckpt, first)
+			}
+		}
+		// A follower that loses power recovers to its checkpoint's commit
+		// index on its own.
+		g.crash(f.id)
+		g.restart(f.id)
+		if applied, _ := commitIndex(f.p); applied <= 12 {
+			t.Errorf("restarted follower %d applied %d at open, want past the 12 publishes", f.id, applied)
+		}
+		g.settleReplicas()
+		g.checkAgree(l)
 	})
 }
