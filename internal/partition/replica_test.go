@@ -475,6 +475,23 @@ func (g *rgroup) drain(l *rnode) {
 	l.p.Detach(c)
 }
 
+// ackAll attaches a consumer with the given prefetch (-1: no limit) to the
+// leader l, lets it take what it may and acks every delivery, failing the
+// test on an ack that is not confirmed.
+func (g *rgroup) ackAll(l *rnode, credit int) {
+	g.t.Helper()
+	c := &rconsumer{tconsumer: tconsumer{owner: "c", credit: credit}, h: g.hist}
+	if err := l.p.Attach(c); err != nil {
+		g.fatalf("attach: %v", err)
+	}
+	g.run(10 * replTick)
+	for _, d := range c.deliveries() {
+		if err, ok := awaitRes(g, g.hist.ack(l.p, d), time.Second); !ok || err != nil {
+			g.fatalf("ack %d: %v (answered %v)", d.Offset, err, ok)
+		}
+	}
+}
+
 // A group of three elects one leader that every replica follows, and the
 // followers refuse publishes and settles with ErrNotLeader.
 func TestReplicaGroupElectsLeader(t *testing.T) {
@@ -562,16 +579,7 @@ func TestReplicaGroupSurvivesLeaderCrash(t *testing.T) {
 				t.Fatalf("publish %s: %v (answered %v)", body, r.err, ok)
 			}
 		}
-		c := &rconsumer{tconsumer: tconsumer{owner: "c", credit: 10}, h: g.hist}
-		if err := l.p.Attach(c); err != nil {
-			t.Fatal(err)
-		}
-		g.run(10 * replTick)
-		for _, d := range c.deliveries() {
-			if err, ok := awaitRes(g, g.hist.ack(l.p, d), time.Second); !ok || err != nil {
-				t.Fatalf("ack %d: %v (answered %v)", d.Offset, err, ok)
-			}
-		}
+		g.ackAll(l, 10)
 		// Work in flight at the crash: its outcome is unknown.
 		for i := range 5 {
 			g.hist.publish(l.p, fmt.Sprint("inflight", i))
@@ -991,16 +999,7 @@ func TestReplicaGroupFollowersCheckpoint(t *testing.T) {
 				t.Fatalf("publish: %v (answered %v)", r.err, ok)
 			}
 		}
-		c := &rconsumer{tconsumer: tconsumer{owner: "c", credit: -1}, h: g.hist}
-		if err := l.p.Attach(c); err != nil {
-			t.Fatal(err)
-		}
-		g.run(10 * replTick)
-		for _, d := range c.deliveries() {
-			if err, ok := awaitRes(g, g.hist.ack(l.p, d), time.Second); !ok || err != nil {
-				t.Fatalf("ack %d: %v (answered %v)", d.Offset, err, ok)
-			}
-		}
+		g.ackAll(l, -1)
 		g.settleReplicas()
 		var f *rnode
 		for _, n := range g.up() {
