@@ -124,6 +124,14 @@
 // recovers that panic as the partition's failure, so one failing disk read
 // stops one partition and not the broker.
 //
+// The datadriven scenarios in testdata/replica run a group of three real
+// partitions on the in-process fault-injecting network (multiraft.Network)
+// and print, step by step, each replica's raft role, term, commit index,
+// applied index, checkpoint and log terms, its queue, and what clients were
+// answered: an election, replication and quorum confirmation, a leader's
+// power loss, the truncation of a deposed leader's suffix, and a replica
+// caught up by snapshot.
+//
 // # Carried credit
 //
 // A consumer at its prefetch gets credit back only when its settle is
