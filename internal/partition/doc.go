@@ -99,7 +99,10 @@
 // committed entries: the stages they complete are released. A HardState
 // with a new term or vote is synced before raft hears of it; a commit index
 // alone is written at checkpoints and at Close, since a commit index that
-// rolls back costs only replay. raft copies every entry proposed to it; a
+// rolls back costs only replay. The commit index written is never past what
+// the replica applied: a follower hears of a commit index together with
+// entries it has not synced yet, and a HardState that outlived them would
+// claim more than the log holds. raft copies every entry proposed to it; a
 // group of one, whose entries no peer reads, proposes them without their
 // data and writes each record from the turn's own buffers when the
 // MsgStorageAppend comes back, in the same call.

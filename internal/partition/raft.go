@@ -487,7 +487,10 @@ func walEntry(e *raftpb.Entry) wal.Entry {
 // commit index that rolls back in a crash costs nothing but replay, since
 // raft learns it again from the leader (a group of one recovers to the end
 // of its log), and writing it after every stage cost the pipeline a file
-// write per sync.
+// write per sync. The commit index written is never past what this replica
+// applied (see flushHardState): a follower's first append of a new term
+// brings the term, entries and a commit index naming them together, and
+// the entries are synced only with their stage.
 func (p *Partition) storeHardState(term, vote, commit uint64) error {
 	cur := p.log.HardState()
 	if term == cur.GetTerm() && vote == cur.GetVote() {
@@ -495,7 +498,7 @@ func (p *Partition) storeHardState(term, vote, commit uint64) error {
 		return nil
 	}
 	p.hsCommit = commit
-	hs := &raftpb.HardState{Term: new(term), Vote: new(vote), Commit: new(commit)}
+	hs := &raftpb.HardState{Term: new(term), Vote: new(vote), Commit: new(min(commit, p.committed))}
 	if err := p.rs.SetHardState(hs); err != nil {
 		return fmt.Errorf("raft hard state: %w", err)
 	}
@@ -503,13 +506,18 @@ func (p *Partition) storeHardState(term, vote, commit uint64) error {
 }
 
 // flushHardState writes the commit index noted by storeHardState, when it
-// moved since the HardState was last written.
+// moved since the HardState was last written, but never past what this
+// replica applied. A follower's noted commit index can name entries that
+// came in the same append and are not synced yet; a HardState that outlived
+// them in a power loss would claim more than the log holds, and Open refuses
+// such a log. raft hands over for applying only entries that are durable.
 func (p *Partition) flushHardState() error {
 	cur := p.log.HardState()
-	if p.rs == nil || p.hsCommit <= cur.GetCommit() {
+	commit := min(p.hsCommit, p.committed)
+	if p.rs == nil || commit <= cur.GetCommit() {
 		return nil
 	}
-	hs := &raftpb.HardState{Term: new(cur.GetTerm()), Vote: new(cur.GetVote()), Commit: new(p.hsCommit)}
+	hs := &raftpb.HardState{Term: new(cur.GetTerm()), Vote: new(cur.GetVote()), Commit: new(commit)}
 	if err := p.rs.SetHardState(hs); err != nil {
 		return fmt.Errorf("raft hard state: %w", err)
 	}

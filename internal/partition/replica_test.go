@@ -1025,3 +1025,51 @@ func TestReplicaGroupFollowersCheckpoint(t *testing.T) {
 		g.checkAgree(l)
 	})
 }
+
+// A follower notes the commit index raft sends with entries it has not
+// synced yet. Had a checkpoint (flushHardState) or a new term
+// (storeHardState) written that index, a power loss before the entries'
+// sync would leave a HardState naming entries the log lost, and Open
+// refuses such a log. Neither stores a commit index past what the replica
+// applied, which raft hands over only once durable. (The window lies
+// between two syncs, where a synctest bubble never stops, so the test
+// hands each function a commit index ahead of the applied one itself.)
+func TestReplicaFlushHardStateStopsAtApplied(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newRGroup(t, 9, multiraft.Faults{}, nil)
+		defer g.closeAll()
+		l := g.awaitLeader()
+		for i := range 3 {
+			if r, ok := awaitRes(g, g.hist.publish(l.p, fmt.Sprint("m", i)), time.Second); !ok || r.err != nil {
+				t.Fatalf("publish: %v (answered %v)", r.err, ok)
+			}
+		}
+		g.settleReplicas()
+		for _, n := range g.up() {
+			if n == l {
+				continue
+			}
+			var err, err2 error
+			var stored, stored2, committed uint64
+			g.look(n, func() {
+				committed = n.p.committed
+				n.p.hsCommit = committed + 5 // entries noted, not yet synced
+				err = n.p.flushHardState()
+				stored = n.p.log.HardState().GetCommit()
+				hs := n.p.log.HardState()
+				err2 = n.p.storeHardState(hs.GetTerm()+1, 0, committed+5)
+				stored2 = n.p.log.HardState().GetCommit()
+			})
+			if err != nil || err2 != nil {
+				t.Fatalf("follower %d: flush: %v; store: %v", n.id, err, err2)
+			}
+			if stored != committed || stored2 != committed {
+				t.Errorf("follower %d stored commit index %d at a checkpoint and %d with a new term, want %d (what it applied)",
+					n.id, stored, stored2, committed)
+			}
+			// The group is done: the term written here is one raft
+			// never chose, so this replica goes no further.
+			break
+		}
+	})
+}
