@@ -820,6 +820,10 @@ func refundCarried(st *stage) {
 // decider has taken it: its commands have their replies in the open stage.
 func (p *Partition) fail(err error, batch []command) {
 	p.failed = err
+	// Stats report the failure before anyone can learn of it otherwise
+	// (a refused or failed request), so a caller that was refused and then
+	// reads Stats sees why.
+	p.publishStats()
 	p.down.Store(&err)
 	p.logger.Error("partition failed; it serves nothing until restarted", "err", err)
 	// The syncing stage keeps waiting for its own sync's outcome (synced1).
