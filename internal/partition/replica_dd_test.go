@@ -37,7 +37,9 @@ import (
 //	                          exchanging messages after each
 //	stabilize                 exchange messages until nothing moves
 //	cut A B / isolate node=N / heal   network partitions
-//	crash node=N              power loss: unsynced bytes vanish
+//	crash node=N              power loss on N's crashable MemFS: only synced
+//	                          bytes are sure to survive (unsynced tails are
+//	                          torn by the group's seeded rng)
 //	restart node=N            reopen N from its disk
 //	publish node=N body=B [size=S]  publish (B padded with '-' to S bytes);
 //	                          prints the outcome once it is known
