@@ -178,7 +178,7 @@ func (p *Partition) startRaft(commit uint64) error {
 	if !p.single {
 		return nil
 	}
-	if err := rn.Campaign(); err != nil {
+	if err := p.raftSafe(rn.Campaign); err != nil {
 		return fmt.Errorf("partition %s: campaign: %w", p, err)
 	}
 	if err := p.settleInline(); err != nil {
@@ -569,7 +569,12 @@ func (p *Partition) applyConfChange(e *raftpb.Entry) error {
 		}
 		cc = &c
 	}
-	cs := p.rn.ApplyConfChange(cc)
+	// raft panics on a configuration change it cannot apply; one that
+	// reached the log that way is damage, for this partition alone.
+	var cs *raftpb.ConfState
+	if err := p.raftSafe(func() error { cs = p.rn.ApplyConfChange(cc); return nil }); err != nil {
+		return fmt.Errorf("%w: conf change at %d: %w", ErrDamaged, e.GetIndex(), err)
+	}
 	return p.rs.SetConfState(cs)
 }
 
