@@ -193,10 +193,12 @@ type Config struct {
 	// keeps its leases (partition.Partition.Adopt).
 	RecoveredLeaseGraceMs int64
 
-	// useWAL makes every partition commit through one node WAL in
-	// DataDir/wal (internal/wal). Off by default: see "fsync across
-	// partitions" in docs/benchmarks.md. Set by benchmarks and tests.
-	useWAL bool
+	// NodeWAL makes every partition commit through one node WAL in
+	// DataDir/wal (internal/wal) instead of fsyncing its own log. Off by
+	// default: see "fsync across partitions" in docs/benchmarks.md. A data
+	// directory that has a node WAL is refused without it (ErrNodeWAL):
+	// records confirmed through the WAL may be nowhere else.
+	NodeWAL bool
 }
 
 // Consumer receives a subscription's deliveries.

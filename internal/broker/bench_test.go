@@ -220,11 +220,11 @@ func BenchmarkPublishPartitions(b *testing.B) {
 }
 
 // BenchmarkPublishPartitionsWAL is BenchmarkPublishPartitions with every
-// partition committing through one node WAL (Config.useWAL).
+// partition committing through one node WAL (Config.NodeWAL).
 func BenchmarkPublishPartitionsWAL(b *testing.B) {
 	for _, parts := range []uint32{1, 4, 16, 64} {
 		b.Run("partitions="+strconv.Itoa(int(parts)), func(b *testing.B) {
-			benchPublishSpread(b, benchBrokerCfg(b, Config{useWAL: true}), parts, fsyncTableInFlight)
+			benchPublishSpread(b, benchBrokerCfg(b, Config{NodeWAL: true}), parts, fsyncTableInFlight)
 		})
 	}
 }

@@ -68,7 +68,7 @@ type Broker struct {
 	closed atomic.Bool
 	// lock is DataDir's exclusive lock, held from Open to Close.
 	lock *DataDirLock
-	// wal is the node WAL when Config.useWAL (nil otherwise); walParts
+	// wal is the node WAL when Config.NodeWAL (nil otherwise); walParts
 	// maps its group names to partitions, for pressure calls.
 	wal      *wal.WAL
 	walMu    sync.Mutex
@@ -192,7 +192,12 @@ func Open(cfg Config) (b *Broker, err error) {
 	if err := syncDirs(cfg.FS, root, cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	if cfg.useWAL {
+	if !cfg.NodeWAL {
+		if err := refuseNodeWAL(cfg.FS, filepath.Join(cfg.DataDir, "wal")); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.NodeWAL {
 		b.walParts = map[string]*partition.Partition{}
 		b.wal, err = wal.Open(wal.Options{FS: cfg.FS, Dir: filepath.Join(cfg.DataDir, "wal"), OnPressure: b.walPressure})
 		if err != nil {
@@ -219,6 +224,21 @@ func Open(cfg Config) (b *Broker, err error) {
 		}
 	}
 	return b, nil
+}
+
+// ErrNodeWAL refuses to open a data directory that holds a node WAL without
+// Config.NodeWAL (storage.wal = off).
+var ErrNodeWAL = errors.New("broker: the data directory holds a node WAL")
+
+// refuseNodeWAL returns ErrNodeWAL when dir holds any file: entries
+// confirmed through a node WAL may not be in their partitions' own logs
+// yet, and a broker that ignored it would lose them.
+func refuseNodeWAL(fs vfs.FS, dir string) error {
+	names, err := fs.ReadDir(dir)
+	if err != nil || len(names) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w (%s): records confirmed through it may be nowhere else; start with storage.wal = on", ErrNodeWAL, dir)
 }
 
 // walPressure is the WAL's OnPressure: the partition named group syncs its

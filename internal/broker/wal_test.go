@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"strconv"
 	"testing"
@@ -29,7 +30,7 @@ func TestWALCrashKeepsConfirmed(t *testing.T) {
 				confirmed := 0
 				for round := range 3 {
 					cfg := testConfig(fs)
-					cfg.useWAL = true
+					cfg.NodeWAL = true
 					b := mustOpen(t, cfg)
 					if b.wal == nil {
 						t.Fatal("broker opened without its WAL")
@@ -61,7 +62,7 @@ func TestWALCrashKeepsConfirmed(t *testing.T) {
 					fs = crashed
 				}
 				cfg := testConfig(fs)
-				cfg.useWAL = true
+				cfg.NodeWAL = true
 				b := mustOpen(t, cfg)
 				defer b.Close()
 				if got := readyTotal(t, b, "jobs"); got != confirmed {
@@ -83,4 +84,38 @@ func readyTotal(t *testing.T, b *Broker, topic string) int {
 		n += int(p.Ready)
 	}
 	return n
+}
+
+// A data directory that has a node WAL is refused without Config.NodeWAL:
+// records confirmed through the WAL may be in no partition's own log yet.
+// With it, the same directory opens and holds every confirmed message.
+func TestNodeWALDirectoryNeedsNodeWAL(t *testing.T) {
+	fs := vfs.NewMem()
+	if err := fs.MkdirAll("data", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.SyncDir("."); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(fs)
+	cfg.NodeWAL = true
+	b := mustOpen(t, cfg)
+	for i := range 5 {
+		mustPublish(t, b, msg("jobs", strconv.Itoa(i)))
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	off := testConfig(fs)
+	if b, err := Open(off); !errors.Is(err, ErrNodeWAL) {
+		if err == nil {
+			b.Close()
+		}
+		t.Fatalf("open without the node WAL: %v, want ErrNodeWAL", err)
+	}
+	b = mustOpen(t, cfg)
+	defer b.Close()
+	if got := readyTotal(t, b, "jobs"); got != 5 {
+		t.Fatalf("%d ready after reopening with the WAL, want 5", got)
+	}
 }

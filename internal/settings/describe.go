@@ -53,6 +53,7 @@ var help = map[string]string{
 	"storage.quarantine":               "What startup does with a partition whose log or checkpoint fails verification: quarantine, refuse or ignore.",
 	"storage.checkpoint_every_records": "Log records a partition appends between checkpoints; fewer means faster recovery and more checkpoint writes.",
 	"storage.inbox_max":                "Commands waiting in each partition's inbox before producers wait.",
+	"storage.wal":                      "on or off: whether all partitions make their records durable through one node write-ahead log (DATA_DIR/wal, one fsync for every partition's records) instead of one fsync stream each. On pays off with 16 or more busy partitions and costs about a third at 1 to 4 (docs/benchmarks.md). A data directory that has a node WAL needs on.",
 
 	"queue.partitions":        "Partitions of a queue created on first use.",
 	"queue.lease_ms":          "How long a manual-ack delivery stays leased before it is delivered again (queues created on first use).",

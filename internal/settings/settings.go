@@ -178,6 +178,10 @@ type Storage struct {
 	Quarantine             string `toml:"quarantine"` // quarantine | refuse | ignore
 	CheckpointEveryRecords int    `toml:"checkpoint_every_records"`
 	InboxMax               int    `toml:"inbox_max"`
+	// WAL is on or off: whether every partition's entries are made durable
+	// through one node write-ahead log (DataDir/wal) instead of each
+	// partition's own fsync.
+	WAL string `toml:"wal"`
 }
 
 // Metrics shapes what /metrics serves.
@@ -223,7 +227,7 @@ func Default() Config {
 		},
 		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000,
 			SlowConsumerTimeoutMs: 30_000},
-		Storage: Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096},
+		Storage: Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096, WAL: "off"},
 		Queue: Queue{Partitions: 1, LeaseMs: 30_000, MaxRetries: 5, DeadLetterTopic: "sinew.dead-letter",
 			DelayMsMax: thirtyDaysMs, TTLMsMax: thirtyDaysMs, NackDelayMsMax: thirtyDaysMs},
 		// sinew serve keeps dropped sessions resumable for 5 s by default;
@@ -636,6 +640,9 @@ func (c *Config) Validate() error {
 	}
 	positive("storage.checkpoint_every_records", int64(s.CheckpointEveryRecords))
 	positive("storage.inbox_max", int64(s.InboxMax))
+	if s.WAL != "on" && s.WAL != "off" {
+		bad("storage.wal", "%q is not on or off", s.WAL)
+	}
 	q := c.Queue
 	if q.Partitions <= 0 || q.Partitions > 1024 {
 		bad("queue.partitions", "%d is out of range 1..1024", q.Partitions)
