@@ -161,14 +161,17 @@ func (p *Partition) synced1(res syncResult) {
 		}
 		return
 	}
-	if res.err == nil {
-		p.releaseStage(&p.syncing)
-		return
+	// The partition failed (or the sync did): what is durable here is
+	// true only as far as it is committed, which in a larger group takes
+	// a quorum this failed replica will not hear from again.
+	safe := max(res.lsn, p.durableLSN())
+	if !p.single {
+		safe = min(safe, p.committed)
 	}
-	if p.failed == nil {
+	if res.err != nil && p.failed == nil {
 		p.fail(res.err, nil)
 	}
-	p.failStage(&p.syncing, max(res.lsn, p.durableLSN()), ErrUnavailable)
+	p.failStage(&p.syncing, safe, ErrUnavailable)
 }
 
 // finishStages completes the pipeline at Close: the sync under way is
@@ -324,6 +327,8 @@ func refuseControl(ms []control, err error) {
 			m.claimed(nil)
 		case ctlAttach:
 			m.c.Detached(err)
+		case ctlAdopt:
+			m.adopted(0)
 		}
 	}
 }

@@ -474,6 +474,11 @@ func (p *Partition) rebuild(commit uint64) error {
 		return err
 	}
 	p.acked = ackMemory{m: make(map[uint64]uint64)}
+	// Without a checkpoint the log must start at its beginning; with one,
+	// no later than what it covers.
+	if covers < commit+1 && max(covers, 1) < p.log.FirstLSN() {
+		return fmt.Errorf("%w: partition %s: rebuild: the checkpoint covers up to %d but the log starts at %d", ErrDamaged, p, covers, p.log.FirstLSN())
+	}
 	if covers < commit+1 {
 		err := p.log.ScanRange(max(covers, p.log.FirstLSN()), commit, func(r seglog.Record) error { return p.replayRecord(st, dd, r) })
 		if err != nil {

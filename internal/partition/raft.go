@@ -498,11 +498,19 @@ func (p *Partition) storeHardState(term, vote, commit uint64) error {
 		return nil
 	}
 	p.hsCommit = commit
-	hs := &raftpb.HardState{Term: new(term), Vote: new(vote), Commit: new(min(commit, p.committed))}
+	hs := &raftpb.HardState{Term: new(term), Vote: new(vote), Commit: new(p.storableCommit(commit))}
 	if err := p.rs.SetHardState(hs); err != nil {
 		return fmt.Errorf("raft hard state: %w", err)
 	}
 	return nil
+}
+
+// storableCommit bounds a commit index to store by what this replica
+// applied and by what its log holds durably (under SyncInterval applied
+// entries may be only in the OS): a stored index past the durable log would
+// make Open refuse the log after a power loss.
+func (p *Partition) storableCommit(commit uint64) uint64 {
+	return min(commit, p.committed, p.durableLSN())
 }
 
 // flushHardState writes the commit index noted by storeHardState, when it
@@ -513,7 +521,7 @@ func (p *Partition) storeHardState(term, vote, commit uint64) error {
 // such a log. raft hands over for applying only entries that are durable.
 func (p *Partition) flushHardState() error {
 	cur := p.log.HardState()
-	commit := min(p.hsCommit, p.committed)
+	commit := p.storableCommit(p.hsCommit)
 	if p.rs == nil || commit <= cur.GetCommit() {
 		return nil
 	}
@@ -708,6 +716,11 @@ func (p *Partition) stepDown(why error) error {
 	p.recovered = nil
 	clear(p.deadLetters)
 	p.dlInflight = 0
+	if p.ckptBusy {
+		// The checkpointer may be dropping the segments a rebuild from
+		// the checkpoint on disk now would replay: let it finish.
+		p.checkpointed(<-p.ckptDone)
+	}
 	if err := p.rebuild(p.committed); err != nil {
 		return err
 	}
