@@ -679,8 +679,12 @@ func TestRealInflightReconciliation(t *testing.T) {
 	if !ok {
 		t.Fatal("no INFLIGHT_RESULT was logged")
 	}
-	if attrs["reported"] != "1" || attrs["kept"] != "1" || attrs["stale"] != "0" {
-		t.Fatalf("INFLIGHT_RESULT %v, want the one held delivery reported and kept", attrs)
+	// The held delivery is always reported. "lost" (when its DELIVER was
+	// still in the session's outbox) and "marker" can reach the
+	// application over the new connection before INFLIGHT is sent; then
+	// they are reported too. Whatever was reported, the broker keeps it all.
+	if attrs["reported"] == "0" || attrs["kept"] != attrs["reported"] || attrs["stale"] != "0" {
+		t.Fatalf("INFLIGHT_RESULT %v, want every reported delivery kept and none stale", attrs)
 	}
 }
 
