@@ -3,7 +3,9 @@ package broker
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"github.com/sinewmq/sinew/internal/auth"
@@ -68,8 +70,11 @@ type Broker struct {
 	closed atomic.Bool
 	// lock is DataDir's exclusive lock, held from Open to Close.
 	lock *DataDirLock
-	// wal is the node WAL when Config.NodeWAL (nil otherwise); walParts
-	// maps its group names to partitions, for pressure calls.
+	// wal is the node WAL when Config.NodeWAL (nil otherwise). walParts
+	// maps its group names to partitions, for pressure calls: a nil value
+	// is a partition still opening, or one quarantined (its WAL entries
+	// are kept until it is repaired). A group not in walParts after
+	// recovery belongs to a deleted queue.
 	wal      *wal.WAL
 	walMu    sync.Mutex
 	walParts map[string]*partition.Partition
@@ -86,7 +91,9 @@ type queueEntry struct {
 	dir   string
 	meta  atomic.Pointer[queueMeta]
 	parts []*partition.Partition
-	rr    atomic.Uint64
+	// walGroups names the partitions' node WAL groups (nil without one).
+	walGroups []string
+	rr        atomic.Uint64
 	// deleted is set when Delete takes the queue out of the map.
 	deleted atomic.Bool
 }
@@ -176,6 +183,11 @@ func Open(cfg Config) (b *Broker, err error) {
 		subs:     make(map[uint64]*Subscription),
 		counters: new(partition.Counters),
 	}
+	if !cfg.NodeWAL {
+		if err := refuseNodeWAL(cfg.FS, filepath.Join(cfg.DataDir, "wal")); err != nil {
+			return nil, err
+		}
+	}
 	if b.users = cfg.Users; b.users == nil {
 		params := cfg.UserHashParams
 		if params == (auth.HashParams{}) {
@@ -191,11 +203,6 @@ func Open(cfg Config) (b *Broker, err error) {
 	}
 	if err := syncDirs(cfg.FS, root, cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
-	}
-	if !cfg.NodeWAL {
-		if err := refuseNodeWAL(cfg.FS, filepath.Join(cfg.DataDir, "wal")); err != nil {
-			return nil, err
-		}
 	}
 	if cfg.NodeWAL {
 		b.walParts = map[string]*partition.Partition{}
@@ -230,12 +237,16 @@ func Open(cfg Config) (b *Broker, err error) {
 // Config.NodeWAL (storage.wal = off).
 var ErrNodeWAL = errors.New("broker: the data directory holds a node WAL")
 
-// refuseNodeWAL returns ErrNodeWAL when dir holds any file: entries
+// refuseNodeWAL returns ErrNodeWAL when dir holds a WAL segment: entries
 // confirmed through a node WAL may not be in their partitions' own logs
-// yet, and a broker that ignored it would lose them.
+// yet, and a broker that ignored it would lose them. A directory it cannot
+// read is refused too; only a missing one passes.
 func refuseNodeWAL(fs vfs.FS, dir string) error {
-	names, err := fs.ReadDir(dir)
-	if err != nil || len(names) == 0 {
+	has, err := wal.HasSegments(fs, dir)
+	if err != nil {
+		return fmt.Errorf("broker: checking for a node WAL: %w", err)
+	}
+	if !has {
 		return nil
 	}
 	return fmt.Errorf("%w (%s): records confirmed through it may be nowhere else; start with storage.wal = on", ErrNodeWAL, dir)
@@ -243,24 +254,47 @@ func refuseNodeWAL(fs vfs.FS, dir string) error {
 
 // walPressure is the WAL's OnPressure: the partition named group syncs its
 // own log and releases the WAL, so an idle partition does not keep old WAL
-// segments. A group no open partition has belongs to a deleted queue.
+// segments.
+//
+// Only a group that no queue can claim is forgotten here: one unknown
+// after recovery. During recovery an unknown group may belong to a queue
+// not opened yet, whose partition releases the WAL itself once it has
+// merged its entries; a partition opening or quarantined (nil in
+// walParts) keeps its entries; a deleted queue's groups are forgotten by
+// Delete once its files are durably gone; a closed partition's are kept
+// for the next start.
 func (b *Broker) walPressure(group string, _ uint64) {
 	b.walMu.Lock()
-	p := b.walParts[group]
+	p, known := b.walParts[group]
 	b.walMu.Unlock()
-	if p == nil {
-		b.wal.Forget(group)
-		return
-	}
-	if err := p.ReleaseWAL(); errors.Is(err, seglog.ErrClosed) {
-		// Closed since: its queue was deleted, or the broker is closing
-		// (a restart replays the group and asks again).
-		if !b.closed.Load() {
+	switch {
+	case !known:
+		if b.ready.Load() {
 			b.wal.Forget(group)
 		}
-	} else if err != nil {
+		return
+	case p == nil:
+		return
+	}
+	if err := p.ReleaseWAL(); err != nil && !errors.Is(err, seglog.ErrClosed) {
 		b.logger.Warn("partition could not release the node WAL", "group", group, "err", err)
 	}
+}
+
+// walGroup names the WAL group of the partition in dir (relative to the
+// data directory). A queue created with the node WAL carries an
+// incarnation in its metadata, so that a queue deleted and created again
+// under the same name never shares a group with its predecessor.
+func (b *Broker) walGroup(dir string, m *queueMeta) (string, error) {
+	group, err := filepath.Rel(b.cfg.DataDir, dir)
+	if err != nil {
+		return "", fmt.Errorf("broker: %w", err)
+	}
+	group = filepath.ToSlash(group)
+	if m.Incarnation != "" {
+		group += "@" + m.Incarnation
+	}
+	return group, nil
 }
 
 // UsersPath is where the users store of the broker at dataDir lives.
@@ -351,23 +385,29 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 			Counters:              b.counters, OnSync: b.cfg.OnSync,
 		}
 		if b.wal != nil {
-			group, rerr := filepath.Rel(b.cfg.DataDir, pc.Dir)
-			if rerr != nil {
-				return nil, fmt.Errorf("broker: %w", rerr)
+			group, gerr := b.walGroup(pc.Dir, m)
+			if gerr != nil {
+				return nil, gerr
 			}
-			pc.WAL, pc.WALGroup = b.wal, filepath.ToSlash(group)
+			pc.WAL, pc.WALGroup = b.wal, group
+			q.walGroups = append(q.walGroups, group)
+			// Known (nil: opening) before its entries leave the WAL's
+			// replay set, so that pressure never forgets them.
+			b.walMu.Lock()
+			b.walParts[group] = nil
+			b.walMu.Unlock()
 			if g, ok := b.wal.Take(pc.WALGroup); ok {
 				pc.WALReplay = &g
 			}
 		}
 		p, err := partition.Open(pc)
-		if err == nil && b.wal != nil {
+		if err != nil && errors.Is(err, partition.ErrDamaged) {
+			p, err = b.damaged(pc, err)
+		}
+		if err == nil && b.wal != nil && p.Quarantined() == nil {
 			b.walMu.Lock()
 			b.walParts[pc.WALGroup] = p
 			b.walMu.Unlock()
-		}
-		if err != nil && errors.Is(err, partition.ErrDamaged) {
-			p, err = b.damaged(pc, err)
 		}
 		if err != nil {
 			for _, p := range q.parts {
@@ -579,6 +619,7 @@ func (b *Broker) declareQueue(d *protocol.DeclareQueue, update, dlq bool) (*queu
 				"queue %q group %q has %d partitions, not %d", d.Topic, d.Group, cur.Partitions, d.Partitions)
 		}
 		want.Partitions = cur.Partitions
+		want.Incarnation = cur.Incarnation
 		// A dead-letter queue stays one whatever a declaration says.
 		want.DeadLetterQueue = want.DeadLetterQueue || cur.DeadLetterQueue
 		if *want == *cur {
@@ -597,6 +638,13 @@ func (b *Broker) declareQueue(d *protocol.DeclareQueue, update, dlq bool) (*queu
 
 	if err := b.checkBudget(k, want); err != nil {
 		return nil, false, err
+	}
+	if b.wal != nil {
+		inc, err := newIncarnation()
+		if err != nil {
+			return nil, false, b.internalError("create queue", k, err)
+		}
+		want.Incarnation = inc
 	}
 	root := filepath.Join(b.cfg.DataDir, queuesDir)
 	tdir := filepath.Join(root, dirName(d.Topic))
@@ -873,3 +921,13 @@ func statsOfQueue(q *queueEntry) QueueStats {
 
 // Ready reports whether the broker has recovered and is serving.
 func (b *Broker) Ready() bool { return b.ready.Load() }
+
+// newIncarnation returns a random name for a new queue's lifetime (see
+// walGroup).
+func newIncarnation() (string, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b[:]), nil
+}

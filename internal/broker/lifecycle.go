@@ -120,6 +120,17 @@ func (b *Broker) Delete(ctx context.Context, d *protocol.DeleteQueue) error {
 			"queue %q group %q stopped, but its files could not be removed and it returns after a restart; the broker log has the cause",
 			d.Topic, d.Group)
 	}
+	if b.wal != nil {
+		// Durably gone: the WAL need not keep the queue's entries.
+		b.walMu.Lock()
+		for _, g := range q.walGroups {
+			delete(b.walParts, g)
+		}
+		b.walMu.Unlock()
+		for _, g := range q.walGroups {
+			b.wal.Forget(g)
+		}
+	}
 	if err := b.removeAll(trash); err != nil {
 		// Durably gone already; Open finishes the removal.
 		b.logger.Warn("removing a deleted queue's files; the next start retries", "dir", trash, "err", err)

@@ -36,6 +36,10 @@ type queueMeta struct {
 	// DeadLetterQueue marks a queue created as a dead-letter target (or the
 	// global dead-letter queue): it keeps every message (deadletter.go).
 	DeadLetterQueue bool `json:"dead_letter_queue,omitempty"`
+	// Incarnation tells this queue from an earlier one of the same name:
+	// set at creation when the node WAL is on, it names the partitions'
+	// WAL groups (Broker.walGroup).
+	Incarnation string `json:"incarnation,omitempty"`
 }
 
 const (

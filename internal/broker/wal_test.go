@@ -1,13 +1,18 @@
 package broker
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"testing/synctest"
 
+	"github.com/sinewmq/sinew/internal/partition"
 	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/protocol"
 )
@@ -118,4 +123,183 @@ func TestNodeWALDirectoryNeedsNodeWAL(t *testing.T) {
 	if got := readyTotal(t, b, "jobs"); got != 5 {
 		t.Fatalf("%d ready after reopening with the WAL, want 5", got)
 	}
+}
+
+// walFS returns a MemFS with a durable data directory.
+func walFS(t *testing.T) *vfs.MemFS {
+	t.Helper()
+	fs := vfs.NewMem()
+	if err := fs.MkdirAll("data", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.SyncDir("."); err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+func walConfig(fs vfs.FS) Config {
+	cfg := testConfig(fs)
+	cfg.NodeWAL = true
+	return cfg
+}
+
+// publishUntil publishes messages of almost 1 MiB to topic until done.
+func publishUntil(t *testing.T, b *Broker, topic string, done func() bool) {
+	t.Helper()
+	body := bytes.Repeat([]byte("x"), 1<<20-4096)
+	for i := 0; !done(); i++ {
+		if i > 2000 {
+			t.Fatal("the condition never came")
+		}
+		p := msg(topic, "")
+		p.Body = body
+		mustPublish(t, b, p)
+	}
+}
+
+// The WAL asks for release while recovery has not opened every queue: a
+// group whose queue is not open yet keeps its entries (its partition
+// releases them once merged), and a record confirmed only in the WAL
+// survives a power loss.
+func TestWALPressureDuringRecoveryKeepsUnopenedGroups(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := walFS(t)
+		b := mustOpen(t, walConfig(fs))
+		mustPublish(t, b, msg("a", "warm")) // "a" opens first at recovery
+		mustPublish(t, b, msg("z", "confirmed"))
+		publishUntil(t, b, "a", func() bool { n, _ := b.wal.Segments(); return n >= 4 })
+		crashed := fs.Crash(rand.New(rand.NewPCG(5, 5)), false)
+		b.Close()
+		b = mustOpen(t, walConfig(crashed))
+		defer b.Close()
+		if got := readyTotal(t, b, "z"); got != 1 {
+			t.Fatalf("queue z has %d ready after a power loss, 1 confirmed", got)
+		}
+	})
+}
+
+// A queue deleted and created again under the same name gets WAL groups of
+// its own: the old queue's released indexes do not release the new one's
+// entries, whose only durable copy may be the WAL, and none of the old
+// queue's messages come back.
+func TestWALRecreatedQueueKeepsConfirmed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := walFS(t)
+		b := mustOpen(t, walConfig(fs))
+		ctx := context.Background()
+		for range 20 {
+			mustPublish(t, b, msg("jobs", "old"))
+		}
+		if err := b.Delete(ctx, &protocol.DeleteQueue{Topic: "jobs"}); err != nil {
+			t.Fatal(err)
+		}
+		mustPublish(t, b, msg("jobs", "new")) // created again on first use
+		first := "wal-0000000000000001.log"
+		publishUntil(t, b, "other", func() bool {
+			names, _ := fs.ReadDir("data/wal")
+			return !slices.Contains(names, first)
+		})
+		crashed := fs.Crash(rand.New(rand.NewPCG(7, 7)), false)
+		b.Close()
+		b = mustOpen(t, walConfig(crashed))
+		defer b.Close()
+		if got := readyTotal(t, b, "jobs"); got != 1 {
+			t.Fatalf("the queue created again has %d ready after a power loss, 1 confirmed", got)
+		}
+	})
+}
+
+// A queue deleted and declared again before a crash is empty after it: the
+// WAL's entries of the deleted queue are not merged into the new one.
+func TestWALDeletedQueueStaysDeleted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := walFS(t)
+		b := mustOpen(t, walConfig(fs))
+		ctx := context.Background()
+		for i := range 5 {
+			mustPublish(t, b, msg("jobs", "old"+strconv.Itoa(i)))
+		}
+		if err := b.Delete(ctx, &protocol.DeleteQueue{Topic: "jobs"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Declare(ctx, &protocol.DeclareQueue{Topic: "jobs", MaxRetries: -1}); err != nil {
+			t.Fatal(err)
+		}
+		crashed := fs.Crash(rand.New(rand.NewPCG(1, 2)), false)
+		b.Close()
+		b = mustOpen(t, walConfig(crashed))
+		defer b.Close()
+		if got := readyTotal(t, b, "jobs"); got != 0 {
+			t.Fatalf("the new queue holds %d messages of the deleted one after a crash", got)
+		}
+	})
+}
+
+// A quarantined partition keeps its WAL entries through pressure: once the
+// damage is repaired, the records confirmed only through the WAL are there.
+func TestWALQuarantinedPartitionKeepsItsEntries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := walFS(t)
+		b := mustOpen(t, walConfig(fs))
+		for i := range 3 {
+			mustPublish(t, b, msg("q", strconv.Itoa(i)))
+		}
+		crashed := fs.Crash(rand.New(rand.NewPCG(3, 3)), false)
+		b.Close()
+		fs = crashed
+
+		// Damage: a checkpoint that does not verify.
+		cp := filepath.Join("data", queuesDir, escapeName("q"), escapeName(""), "p0", "checkpoint")
+		saved, readErr := vfs.ReadFileMax(fs, cp, 1<<20)
+		if err := partition.WriteFileAtomic(fs, cp, []byte("not a checkpoint")); err != nil {
+			t.Fatal(err)
+		}
+		b = mustOpen(t, walConfig(fs))
+		if qs, ok := qstats(b, "q", ""); !ok || !qs.Partitions[0].Quarantined {
+			t.Fatalf("queue q is not quarantined: %+v", qs)
+		}
+		start := newestWALSegment(t, fs)
+		publishUntil(t, b, "other", func() bool { return newestWALSegment(t, fs) >= start+8 })
+		synctest.Wait() // pressure calls run on their own goroutines
+		// Its segments stay; the others' are still asked for and go.
+		if n, _ := b.wal.Segments(); n > 8 {
+			t.Errorf("%d WAL segments kept with one partition quarantined", n)
+		}
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+
+		// Repair: the checkpoint as it was (or none, if there was none).
+		if readErr == nil {
+			err := partition.WriteFileAtomic(fs, cp, saved)
+			if err != nil {
+				t.Fatal(err)
+			}
+		} else if err := fs.Remove(cp); err != nil {
+			t.Fatal(err)
+		}
+		b = mustOpen(t, walConfig(fs))
+		defer b.Close()
+		if got := readyTotal(t, b, "q"); got != 3 {
+			t.Fatalf("after the repair q has %d ready, 3 confirmed", got)
+		}
+	})
+}
+
+// newestWALSegment returns the sequence number of the newest WAL segment.
+func newestWALSegment(t *testing.T, fs vfs.FS) uint64 {
+	t.Helper()
+	names, err := fs.ReadDir("data/wal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var newest uint64
+	for _, n := range names {
+		var seq uint64
+		if _, err := fmt.Sscanf(n, "wal-%016x.log", &seq); err == nil {
+			newest = max(newest, seq)
+		}
+	}
+	return newest
 }

@@ -52,11 +52,13 @@
 // up to index durably (fsynced). A segment other than the active one is
 // deleted (then the directory synced) once every group's entries in it are
 // released. A group that never releases would pin its segments forever, so
-// the WAL watches its span: when the oldest segment kept is
+// the WAL watches its span: when a segment kept is
 // Options.PressureSegments behind the active one, it calls
-// Options.OnPressure(group, index), once per oldest segment and on a
-// goroutine of its own, for every group that pins that segment, asking it to
-// sync its files up to index and Release. With a handler that does so, the
+// Options.OnPressure(group, index), once per segment and on a goroutine of
+// its own, for every group that pins that segment, asking it to sync its
+// files up to index and Release. A group that cannot (a quarantined
+// partition keeps its entries until repaired) does not stop the others
+// from being asked about later segments. With a handler that does so, the
 // WAL holds about PressureSegments+1 segments whatever the groups do. Forget
 // drops a group altogether (its queue was deleted). Without an OnPressure
 // handler, a group that never releases keeps its oldest segment and every

@@ -2,8 +2,10 @@ package wal
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -39,8 +41,8 @@ type Options struct {
 	PendingBytesMax int64
 	// CommittersMax bounds the Commit calls queued at once. Default 4096.
 	CommittersMax int
-	// PressureSegments: when the oldest segment kept is this many segments
-	// behind the active one, OnPressure is called for the groups pinning
+	// PressureSegments: when a segment kept is this many segments behind
+	// the active one, OnPressure is called (once) for the groups pinning
 	// it. Default 4.
 	PressureSegments uint64
 	// OnPressure asks a group to make its own files durable up to index and
@@ -82,6 +84,8 @@ type segInfo struct {
 	maxIndex map[string]uint64
 	// declared maps group name -> id, for the active segment only.
 	declared map[string]uint32
+	// pressed: OnPressure was called for the groups pinning it.
+	pressed bool
 }
 
 type waiter struct {
@@ -112,7 +116,6 @@ type WAL struct {
 	hs       map[string]HardState // latest durable HardState per group
 	released map[string]uint64
 	segs     []*segInfo // oldest first; the last is active
-	pressed  uint64     // seq of the oldest segment already reported
 	replayed map[string]*Group
 
 	// writer-owned
@@ -413,6 +416,7 @@ func (w *WAL) Commit(group string, b Batch) error {
 	w.mu.Unlock()
 	size := 0
 	var maxIdx uint64
+	minIdx := ^uint64(0)
 	for _, e := range b.Entries {
 		if len(e.Payload) > PayloadBytesMax {
 			return ErrRecordTooLarge
@@ -422,6 +426,7 @@ func (w *WAL) Commit(group string, b Batch) error {
 		}
 		size += recHeaderBytes + len(e.Payload)
 		maxIdx = max(maxIdx, e.Index)
+		minIdx = min(minIdx, e.Index)
 	}
 	buf := make([]byte, 0, size+recHeaderBytes+8)
 	for _, e := range b.Entries {
@@ -436,6 +441,13 @@ func (w *WAL) Commit(group string, b Batch) error {
 	wt := &waiter{group: group, buf: buf, max: maxIdx, hs: hs}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if minIdx <= w.released[group] {
+		// Entries at released indexes replace what the group's own files
+		// hold (a follower's overwritten suffix, or a group name used
+		// again after Forget): they are not released until the group says
+		// so again.
+		w.released[group] = minIdx - 1
+	}
 	for w.err == nil && !w.closed && len(w.queue) > 0 &&
 		(w.queued+int64(len(buf)) > w.opts.PendingBytesMax || len(w.queue) >= w.opts.CommittersMax) {
 		w.cond.Wait()
@@ -482,6 +494,24 @@ func (w *WAL) Forget(group string) {
 	delete(w.replayed, group)
 	w.kick = true
 	w.cond.Broadcast()
+}
+
+// HasSegments reports whether dir holds a WAL segment. A missing dir holds
+// none; any other error reading it is returned.
+func HasSegments(fsys vfs.FS, dir string) (bool, error) {
+	names, err := fsys.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	for _, n := range names {
+		if _, ok := parseSegName(n); ok {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // Segments returns the number of segment files and their total bytes
@@ -600,15 +630,22 @@ func (w *WAL) trim() error {
 		keep = append(keep, s)
 	}
 	w.segs = keep
-	var ask map[string]uint64
-	lag := w.segs[len(w.segs)-1].seq - w.segs[0].seq
-	if lag >= w.opts.PressureSegments && w.opts.OnPressure != nil && w.segs[0].seq != w.pressed {
-		old := w.segs[0]
-		w.pressed = old.seq
-		ask = map[string]uint64{}
-		for g, idx := range old.maxIndex {
+	// Every segment PressureSegments behind the active one is asked for
+	// once, not only the oldest: a group that cannot release (a
+	// quarantined partition) must not stop the others from being asked.
+	ask := map[string]uint64{}
+	newest := w.segs[len(w.segs)-1].seq
+	for _, s := range w.segs {
+		if w.opts.OnPressure == nil || newest-s.seq < w.opts.PressureSegments {
+			break
+		}
+		if s.pressed {
+			continue
+		}
+		s.pressed = true
+		for g, idx := range s.maxIndex {
 			if idx > w.released[g] {
-				ask[g] = idx
+				ask[g] = max(ask[g], idx)
 			}
 		}
 	}
