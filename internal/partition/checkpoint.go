@@ -342,6 +342,24 @@ func (p *Partition) recover() error {
 		}
 		return fmt.Errorf("partition %s: open log: %w", p, err)
 	}
+	if pending, err := p.finishPendingSnapshot(log); err != nil {
+		log.Close()
+		return err
+	} else if pending {
+		// The state comes from the snapshot's checkpoint, not from the
+		// one the log was replayed against.
+		if st, dd, covers, found, err = p.loadCheckpoint(); err != nil {
+			log.Close()
+			return err
+		}
+		if single && covers < log.NextLSN() {
+			err := log.ScanRange(covers, log.NextLSN()-1, func(r seglog.Record) error { return p.replayRecord(st, dd, r) })
+			if err != nil {
+				log.Close()
+				return p.damaged("replay after a raft snapshot: %w", err)
+			}
+		}
+	}
 	if err := p.mergeWAL(log, single, st, dd, covers); err != nil {
 		log.Close()
 		return err
@@ -431,7 +449,10 @@ func (p *Partition) mergeWAL(log *seglog.Log, single bool, st *queue.State, dd *
 	var last uint64
 	for _, e := range g.Entries {
 		last = e.Index
-		if e.Index < log.FirstLSN() {
+		if e.Index < log.FirstLSN() || !single && e.Index < covers {
+			// Below covers every entry is committed, in the checkpoint
+			// and synced in the log before it was written; a WAL copy
+			// with another term is one a raft snapshot replaced.
 			continue
 		}
 		if next := log.NextLSN(); e.Index < next {

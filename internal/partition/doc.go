@@ -127,6 +127,14 @@
 // recovers that panic as the partition's failure, so one failing disk read
 // stops one partition and not the broker.
 //
+// A replica installs a raft snapshot in steps (the checkpoint, then a log
+// restarted at the snapshot's body floor, then a sync), none of which alone
+// leaves a consistent disk. The snapshot is first written whole to
+// Dir/snapshot.pending; recovery that finds it stores it again, and the
+// file goes once the log is synced. WAL entries below the checkpoint are
+// never merged over the log on recovery: they are committed, and a copy
+// with another term is one a snapshot replaced.
+//
 // The datadriven scenarios in testdata/replica run a group of three real
 // partitions on the in-process fault-injecting network (multiraft.Network)
 // and print, step by step, each replica's raft role, term, commit index,

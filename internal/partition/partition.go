@@ -198,6 +198,9 @@ type Config struct {
 	// raftCacheBytes overrides the raft log's entry cache bound (tests:
 	// 1 makes raft read committed entries back from the log).
 	raftCacheBytes int
+	// snapshotStep, when set, is called after each durable step of a raft
+	// snapshot install (tests: a power loss between two of them).
+	snapshotStep func(step string)
 }
 
 // SettleOp is how a consumer settles a lease.

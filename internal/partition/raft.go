@@ -168,6 +168,9 @@ func (p *Partition) startRaft(commit uint64) error {
 		return fmt.Errorf("partition %s: raft: %w", p, err)
 	}
 	p.rn, p.rs, p.raftID = rn, s, id
+	// Leader reports the stored term until raft moves to another one (a
+	// Ready carries a HardState only when it changes).
+	p.term.Store(rn.BasicStatus().GetTerm())
 	if len(peers) > 1 {
 		s.SetSnapshotSource(p.makeSnapshot)
 	}

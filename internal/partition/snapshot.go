@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io/fs"
+	"path/filepath"
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
+	"github.com/sinewmq/sinew/internal/vfs"
 )
 
 // Raft snapshots. A replica that lags behind what its leader's log still
@@ -169,47 +173,149 @@ func decodeSnapshot(b []byte) (floor, prevTerm uint64, ckpt []byte, recs []snapR
 // queue state is loaded from it by applySnapshot, right after.
 func (p *Partition) installSnapshot(snap *raftpb.Snapshot) error {
 	md := snap.GetMetadata()
-	floor, prevTerm, ckpt, recs, err := decodeSnapshot(snap.GetData())
-	if err != nil {
-		return err
-	}
-	covers, _, _, err := decodeCheckpoint(ckpt)
-	if err != nil {
-		return fmt.Errorf("%w: raft snapshot: checkpoint: %w", ErrDamaged, err)
-	}
-	if covers != md.GetIndex()+1 || floor > covers {
-		return fmt.Errorf("%w: raft snapshot at %d holds a checkpoint covering %d from %d", ErrDamaged, md.GetIndex(), covers, floor)
-	}
 	if p.ckptBusy {
 		// The checkpointer must not write an older checkpoint after
 		// this one.
 		p.checkpointed(<-p.ckptDone)
 	}
-	if err := WriteFileAtomic(p.cfg.FS, p.ckptPath(), ckpt); err != nil {
-		return fmt.Errorf("raft snapshot: %w", err)
-	}
-	if err := p.log.ResetTo(floor-1, prevTerm); err != nil {
-		return fmt.Errorf("raft snapshot: reset log: %w", err)
-	}
-	for _, r := range recs {
-		if err := p.log.AppendAt(r.index, r.term, r.typ, r.payload); err != nil {
-			return fmt.Errorf("raft snapshot: append %d: %w", r.index, err)
-		}
-	}
-	lsn, err := p.log.Sync()
+	covers, floor, nrec, err := p.storeSnapshot(p.log, snap)
 	if err != nil {
-		return fmt.Errorf("raft snapshot: sync: %w", err)
+		return err
 	}
 	if p.cfg.WAL != nil {
-		p.cfg.WAL.Release(p.cfg.WALGroup, lsn)
+		p.cfg.WAL.Release(p.cfg.WALGroup, p.log.NextLSN()-1)
 	}
 	if err := p.rs.InstallSnapshot(snap); err != nil {
 		return fmt.Errorf("raft snapshot: %w", err)
 	}
 	p.ckptLSN, p.sinceCkpt = covers, 0
 	p.cache = newBodyCache(p.cfg.BodyCacheBytes)
-	p.logger.Info("raft snapshot installed", "index", md.GetIndex(), "floor", floor, "records", len(recs))
+	p.logger.Info("raft snapshot installed", "index", md.GetIndex(), "floor", floor, "records", nrec)
 	return nil
+}
+
+// storeSnapshot makes snap the replica's durable state: its checkpoint, and
+// a log that restarts at its floor with its records. The steps are not
+// atomic, so the snapshot is first written whole to snapshotPendingFile:
+// recover finds it after a crash in between and stores it again, and it is
+// removed once the log is synced.
+func (p *Partition) storeSnapshot(log *seglog.Log, snap *raftpb.Snapshot) (covers, floor uint64, nrec int, err error) {
+	md := snap.GetMetadata()
+	floor, prevTerm, ckpt, recs, err := decodeSnapshot(snap.GetData())
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	covers, _, _, err = decodeCheckpoint(ckpt)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("%w: raft snapshot: checkpoint: %w", ErrDamaged, err)
+	}
+	if covers != md.GetIndex()+1 || floor > covers {
+		return 0, 0, 0, fmt.Errorf("%w: raft snapshot at %d holds a checkpoint covering %d from %d", ErrDamaged, md.GetIndex(), covers, floor)
+	}
+	pending, err := encodePendingSnapshot(snap)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	pendingPath := filepath.Join(p.cfg.Dir, snapshotPendingFile)
+	if err := WriteFileAtomic(p.cfg.FS, pendingPath, pending); err != nil {
+		return 0, 0, 0, fmt.Errorf("raft snapshot: %w", err)
+	}
+	p.snapshotStep("pending")
+	if err := WriteFileAtomic(p.cfg.FS, p.ckptPath(), ckpt); err != nil {
+		return 0, 0, 0, fmt.Errorf("raft snapshot: %w", err)
+	}
+	p.snapshotStep("checkpoint")
+	if err := log.ResetTo(floor-1, prevTerm); err != nil {
+		return 0, 0, 0, fmt.Errorf("raft snapshot: reset log: %w", err)
+	}
+	for _, r := range recs {
+		if err := log.AppendAt(r.index, r.term, r.typ, r.payload); err != nil {
+			return 0, 0, 0, fmt.Errorf("raft snapshot: append %d: %w", r.index, err)
+		}
+	}
+	p.snapshotStep("appended")
+	if _, err := log.Sync(); err != nil {
+		return 0, 0, 0, fmt.Errorf("raft snapshot: sync: %w", err)
+	}
+	p.snapshotStep("synced")
+	if err := log.SetConfState(raftpb.EnsureConfState(md.GetConfState())); err != nil {
+		return 0, 0, 0, fmt.Errorf("raft snapshot: %w", err)
+	}
+	if err := p.cfg.FS.Remove(pendingPath); err != nil {
+		return 0, 0, 0, fmt.Errorf("raft snapshot: %w", err)
+	}
+	if err := p.cfg.FS.SyncDir(p.cfg.Dir); err != nil {
+		return 0, 0, 0, fmt.Errorf("raft snapshot: %w", err)
+	}
+	return covers, floor, len(recs), nil
+}
+
+func (p *Partition) snapshotStep(step string) {
+	if p.cfg.snapshotStep != nil {
+		p.cfg.snapshotStep(step)
+	}
+}
+
+// snapshotPendingFile holds a raft snapshot while storeSnapshot installs it.
+const snapshotPendingFile = "snapshot.pending"
+
+// encodePendingSnapshot encodes snap for snapshotPendingFile:
+//
+//	"SNPD" | metadata length u32 | metadata (protobuf) | data | crc32c u32
+func encodePendingSnapshot(snap *raftpb.Snapshot) ([]byte, error) {
+	md, err := proto.Marshal(snap.GetMetadata())
+	if err != nil {
+		return nil, fmt.Errorf("raft snapshot: %w", err)
+	}
+	b := make([]byte, 0, 8+len(md)+len(snap.GetData())+4)
+	b = append(b, "SNPD"...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(md)))
+	b = append(b, md...)
+	b = append(b, snap.GetData()...)
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
+}
+
+func decodePendingSnapshot(b []byte) (*raftpb.Snapshot, error) {
+	if len(b) < 12 || string(b[:4]) != "SNPD" {
+		return nil, errors.New("pending raft snapshot: bad header")
+	}
+	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
+	if crc32.Checksum(body, castagnoli) != sum {
+		return nil, errors.New("pending raft snapshot: checksum mismatch")
+	}
+	n := uint64(binary.LittleEndian.Uint32(body[4:8]))
+	if n > uint64(len(body)-8) {
+		return nil, errors.New("pending raft snapshot: metadata past the end")
+	}
+	md := &raftpb.SnapshotMetadata{}
+	if err := proto.Unmarshal(body[8:8+n], md); err != nil {
+		return nil, fmt.Errorf("pending raft snapshot: metadata: %w", err)
+	}
+	return &raftpb.Snapshot{Metadata: md, Data: body[8+n:]}, nil
+}
+
+// finishPendingSnapshot stores again a snapshot whose install a crash
+// interrupted (see storeSnapshot). found reports whether there was one.
+func (p *Partition) finishPendingSnapshot(log *seglog.Log) (found bool, err error) {
+	raw, err := vfs.ReadFileMax(p.cfg.FS, filepath.Join(p.cfg.Dir, snapshotPendingFile), raftSnapshotBytesMax+(1<<20))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("partition %s: %w", p, err)
+	}
+	snap, err := decodePendingSnapshot(raw)
+	if err != nil {
+		return false, p.damaged("%w", err)
+	}
+	if _, _, _, err := p.storeSnapshot(log, snap); err != nil {
+		if errors.Is(err, ErrDamaged) {
+			return false, p.damaged("%w", err)
+		}
+		return false, fmt.Errorf("partition %s: %w", p, err)
+	}
+	p.logger.Warn("raft snapshot install finished after a crash", "index", snap.GetMetadata().GetIndex())
+	return true, nil
 }
 
 // applySnapshot loads the queue state of an installed snapshot.
