@@ -41,6 +41,10 @@ func init() {
 		"set": {summary: "change runtime settings: set key=value... [--version N]", run: adminSettingsSet},
 	}}
 	adminCommands["drain"] = adminCommand{summary: "start the broker's planned drain, as SIGTERM does; the broker exits when it ends", run: adminDrain}
+	adminCommands["nodes"] = adminCommand{summary: "the cluster's nodes as this broker sees them: alive, dead or left", run: adminNodes}
+	adminCommands["node"] = adminCommand{summary: "this node: leave", verbs: map[string]adminCommand{
+		"leave": {summary: "leave the cluster (the others see it left, not dead), then drain and exit", run: adminNodeLeave},
+	}}
 }
 
 // adminGet fetches path and prints it raw with --json; otherwise it decodes
@@ -877,5 +881,65 @@ func adminDrain(ctx context.Context, name string, args []string, stdout, stderr 
 		return printRaw(stdout, raw)
 	}
 	_, err = fmt.Fprintf(stdout, "drain started on the broker at %s\n", c.addr)
+	return err
+}
+
+// apiNodes is GET /api/v1/nodes (admin.NodesView).
+type apiNodes struct {
+	Cluster bool      `json:"cluster"`
+	Self    apiNode   `json:"self"`
+	Fenced  bool      `json:"fenced"`
+	Nodes   []apiNode `json:"nodes"`
+}
+
+type apiNode struct {
+	ID         string `json:"id"`
+	State      string `json:"state"`
+	GossipAddr string `json:"gossip_addr"`
+	ClientAddr string `json:"client_addr"`
+}
+
+func adminNodes(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet(name, stderr)
+	f := addAdminFlags(fs)
+	c, err := adminSetup(fs, f, args)
+	if err != nil {
+		return err
+	}
+	var v apiNodes
+	if render, err := adminGet(ctx, c, f, "/api/v1/nodes", nil, stdout, &v); !render {
+		return err
+	}
+	if !v.Cluster {
+		_, err := fmt.Fprintf(stdout, "the broker at %s runs alone (cluster.enabled = false)\n", c.addr)
+		return err
+	}
+	t := newTable(stdout, "NODE", "STATE", "GOSSIP", "CLIENT")
+	self := v.Self
+	if v.Fenced {
+		self.State = "self (fenced)"
+	}
+	t.row(self.ID, self.State, self.GossipAddr, self.ClientAddr)
+	for _, n := range v.Nodes {
+		t.row(n.ID, n.State, n.GossipAddr, n.ClientAddr)
+	}
+	return t.flush()
+}
+
+func adminNodeLeave(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet(name, stderr)
+	f := addAdminFlags(fs)
+	c, err := adminSetup(fs, f, args)
+	if err != nil {
+		return err
+	}
+	var raw json.RawMessage
+	if _, err := c.do(ctx, http.MethodPost, "/api/v1/nodes/self/leave", nil, nil, &raw); err != nil {
+		return err
+	}
+	if *f.json {
+		return printRaw(stdout, raw)
+	}
+	_, err = fmt.Fprintf(stdout, "the broker at %s left its cluster and is draining; it exits when the drain ends\n", c.addr)
 	return err
 }

@@ -67,12 +67,19 @@ func runServe(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writ
 	fs := newFlagSet("serve", stderr)
 	settings.RegisterFlags(fs)
 	configPath := fs.String("config", os.Getenv("SINEW_CONFIG"), "TOML configuration `file` (env SINEW_CONFIG)")
+	cluster := fs.Bool("cluster", false, "join a cluster: the same as --cluster-enabled (docs/cluster.md)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	cfg, err := settings.Load(settings.Sources{File: *configPath, Env: os.LookupEnv, Flags: fs})
 	if err != nil {
 		return err
+	}
+	if *cluster {
+		cfg.Cluster.Enabled = true
+		if err := cfg.Validate(); err != nil {
+			return err
+		}
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
@@ -158,6 +165,16 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		if aln != nil {
 			aln.Close()
 		}
+	}
+	// The gossip port is bound before recovery too, so that a taken port
+	// fails the command before the log is touched.
+	var cn *clusterNode
+	if cfg.Cluster.Enabled {
+		if cn, err = startCluster(cfg, ln.Addr().String(), logger.With("component", "cluster")); err != nil {
+			closeListeners()
+			return err
+		}
+		defer cn.close()
 	}
 
 	// The admin listener answers from the start: /healthz 200 and /readyz 503
@@ -282,6 +299,11 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 			}
 			return nil
 		}
+		clusterAdmin(&acfg, cn, func() {
+			if _, already := drain.start(); !already {
+				logger.Info("drain started by a cluster leave")
+			}
+		})
 		full := gate.Wrap(admin.Handler(acfg))
 		adminHandler.Store(&full)
 	}

@@ -60,6 +60,12 @@ type Config struct {
 	// Drain starts the planned drain; nil answers POST /api/v1/drain with
 	// 501 not_implemented.
 	Drain func(ctx context.Context) error
+	// Nodes reports the node's cluster membership for GET /api/v1/nodes;
+	// nil reports a node that runs alone.
+	Nodes func() NodesView
+	// LeaveCluster makes the node leave its cluster and then drain, for
+	// POST /api/v1/nodes/self/leave; nil answers 409 conflict.
+	LeaveCluster func(ctx context.Context) error
 }
 
 // Handler returns the admin HTTP handler.
@@ -120,6 +126,8 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("GET /api/v1/connections", a.connections)
 	mux.HandleFunc("GET /api/v1/sessions", a.sessions)
 	mux.HandleFunc("POST /api/v1/drain", a.drain)
+	mux.HandleFunc("GET /api/v1/nodes", a.nodes)
+	mux.HandleFunc("POST /api/v1/nodes/self/leave", a.leave)
 	mux.HandleFunc("GET /api/v1/users", a.needBroker(a.listUsers))
 	mux.HandleFunc("POST /api/v1/users", a.needBroker(a.addUser))
 	mux.HandleFunc("GET /api/v1/users/{name}", a.needBroker(a.getUser))

@@ -317,3 +317,42 @@ func TestEventsCoalesce(t *testing.T) {
 		t.Errorf("fence event %+v, want unfenced with 1 coalesced", ev)
 	}
 }
+
+// With a gossip key, nodes that share it see each other; a node with
+// another key is heard by neither, and a key of a wrong size is refused.
+func TestGossipKey(t *testing.T) {
+	start := func(id string, key []byte, seeds ...string) *Membership {
+		t.Helper()
+		m, err := New(Config{Meta: Meta{NodeID: id}, BindAddr: "127.0.0.1", Profile: LANProfile(), Seeds: seeds,
+			SecretKey: key, Logger: testLogger(t, id)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Close() })
+		return m
+	}
+	k1 := []byte("0123456789abcdef0123456789abcdef")
+	k2 := []byte("fedcba9876543210fedcba9876543210")
+	a := start("a", k1)
+	b := start("b", k1, a.Addr())
+	awaitView(t, &node{m: a}, "a sees b", func() bool { return len(a.Members()) == 1 && a.Members()[0].State == StateAlive })
+	if got := b.Members(); len(got) != 1 || got[0].Name != "a" {
+		t.Fatalf("b's view %+v, want a", got)
+	}
+	// Join is synchronous: a node with the other key has tried and failed
+	// by the time New returns.
+	c := start("c", k2, a.Addr())
+	if got := c.Members(); len(got) != 0 {
+		t.Fatalf("a node with another key joined: %+v", got)
+	}
+	for _, m := range []*Membership{a, b} {
+		for _, p := range m.Members() {
+			if p.Name == "c" {
+				t.Fatalf("%s hears the node with another key", m.self)
+			}
+		}
+	}
+	if _, err := New(Config{Meta: Meta{NodeID: "d"}, BindAddr: "127.0.0.1", SecretKey: []byte("short")}); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("a 5-byte key: %v, want ErrBadConfig", err)
+	}
+}

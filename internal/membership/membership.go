@@ -46,6 +46,10 @@ type Config struct {
 	Transport memberlist.Transport
 	// Logger receives memberlist's log lines; nil discards them.
 	Logger *log.Logger
+	// SecretKey, when set (16, 24 or 32 bytes), encrypts and authenticates
+	// every gossip message with memberlist's AES-GCM keyring; a node without
+	// the same key is not heard. Nil: gossip in the clear.
+	SecretKey []byte
 }
 
 // State is a peer's state in this node's view.
@@ -181,6 +185,9 @@ func New(cfg Config) (*Membership, error) {
 	if cfg.Meta.NodeID == "" {
 		return nil, fmt.Errorf("%w: empty node id", ErrBadConfig)
 	}
+	if n := len(cfg.SecretKey); n != 0 && n != 16 && n != 24 && n != 32 {
+		return nil, fmt.Errorf("%w: a gossip key of %d bytes, not 16, 24 or 32", ErrBadConfig, n)
+	}
 	meta, err := cfg.Meta.encode()
 	if err != nil {
 		return nil, err
@@ -236,6 +243,12 @@ func (cfg Config) memberlistConfig(md *metaDelegate, m *Membership) *memberlist.
 	// thinks itself slow. It is off so that WorstCaseDetection holds.
 	mc.AwarenessMaxMultiplier = 1
 	mc.TCPTimeout = max(2*p.ProbeInterval, time.Second)
+	mc.SecretKey = cfg.SecretKey
+	// A node's id belongs to its data directory, which may come back on
+	// another address (a restart on a new port, a directory moved to
+	// another host): a dead node's id may be taken by a new address one
+	// probe interval after it was declared dead. A live node's never is.
+	mc.DeadNodeReclaimTime = p.ProbeInterval
 	mc.Delegate = &delegate{meta: md, m: m}
 	mc.Events = (*events)(m)
 	if cfg.Logger != nil {

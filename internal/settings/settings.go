@@ -38,6 +38,7 @@ type Config struct {
 	Storage    Storage    `toml:"storage"`
 	Queue      Queue      `toml:"queue"`
 	Metrics    Metrics    `toml:"metrics"`
+	Cluster    Cluster    `toml:"cluster"`
 
 	// RuntimeSeed seeds the runtime settings document of a data directory
 	// that has none yet; see RuntimeSeed.
@@ -184,6 +185,27 @@ type Storage struct {
 	WAL string `toml:"wal"`
 }
 
+// Cluster configures the node's membership in a cluster (internal/membership).
+type Cluster struct {
+	// Enabled starts the node's membership: its stable node id, gossip on
+	// GossipListen, and a join through Seeds.
+	Enabled bool `toml:"enabled"`
+	// GossipListen is the gossip address (UDP and TCP on the same port); its
+	// host must be an IP address, and other nodes list it in their seeds.
+	GossipListen string `toml:"gossip_listen"`
+	// Seeds are other nodes' gossip addresses, joined at start and rejoined
+	// while this node is fenced.
+	Seeds []string `toml:"seeds"`
+	// Profile is the failure detector's timing: seed (the default, a crashed
+	// node is declared dead within about 16 s of its first failed probe) or
+	// lan (within about 1.5 s).
+	Profile string `toml:"profile"`
+	// GossipKeyFile holds the key that encrypts and authenticates gossip
+	// (16, 24 or 32 bytes, base64); required when GossipListen is not
+	// loopback.
+	GossipKeyFile string `toml:"gossip_key_file"`
+}
+
 // Metrics shapes what /metrics serves.
 type Metrics struct {
 	// QueueDepth is on or off: whether the per-partition queue gauges
@@ -227,6 +249,7 @@ func Default() Config {
 		},
 		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000,
 			SlowConsumerTimeoutMs: 30_000},
+		Cluster: Cluster{GossipListen: "127.0.0.1:7946", Profile: "seed"},
 		Storage: Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096, WAL: "off"},
 		Queue: Queue{Partitions: 1, LeaseMs: 30_000, MaxRetries: 5, DeadLetterTopic: "sinew.dead-letter",
 			DelayMsMax: thirtyDaysMs, TTLMsMax: thirtyDaysMs, NackDelayMsMax: thirtyDaysMs},
@@ -643,6 +666,7 @@ func (c *Config) Validate() error {
 	if s.WAL != "on" && s.WAL != "off" {
 		bad("storage.wal", "%q is not on or off", s.WAL)
 	}
+	c.validateCluster(bad)
 	q := c.Queue
 	if q.Partitions <= 0 || q.Partitions > 1024 {
 		bad("queue.partitions", "%d is out of range 1..1024", q.Partitions)
@@ -663,4 +687,26 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+func (c *Config) validateCluster(bad func(key, format string, args ...any)) {
+	cl := c.Cluster
+	host, _, err := net.SplitHostPort(cl.GossipListen)
+	ip := net.ParseIP(host)
+	switch {
+	case err != nil:
+		bad("cluster.gossip_listen", "%q is not host:port", cl.GossipListen)
+	case ip == nil:
+		bad("cluster.gossip_listen", "%q: the host must be an IP address", cl.GossipListen)
+	case cl.Enabled && !ip.IsLoopback() && cl.GossipKeyFile == "":
+		bad("cluster.gossip_key_file", "required when cluster.gossip_listen %q is not loopback: without a key anyone who reaches the port can join the cluster", cl.GossipListen)
+	}
+	for _, sd := range cl.Seeds {
+		if _, _, err := net.SplitHostPort(sd); err != nil {
+			bad("cluster.seeds", "%q is not host:port", sd)
+		}
+	}
+	if cl.Profile != "seed" && cl.Profile != "lan" {
+		bad("cluster.profile", "%q is not seed or lan", cl.Profile)
+	}
 }

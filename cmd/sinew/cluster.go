@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/admin"
+	"github.com/sinewmq/sinew/internal/membership"
+	"github.com/sinewmq/sinew/internal/nodeid"
+	"github.com/sinewmq/sinew/internal/settings"
+	"github.com/sinewmq/sinew/internal/vfs"
+)
+
+// clusterLeaveTimeoutMs bounds how long a leave waits for the news to
+// spread before the node goes on to drain.
+const clusterLeaveTimeoutMs = 5_000
+
+// gossipKeyBytesMax bounds the key file read (a base64 key of 32 bytes is
+// 44 characters).
+const gossipKeyBytesMax = 4 << 10
+
+// clusterNode is a node's membership in its cluster (cluster.enabled).
+// Queues are not replicated yet: the membership reports which nodes are
+// up, and nothing else depends on it.
+type clusterNode struct {
+	id     string
+	client string // this node's client address
+	m      *membership.Membership
+	logger *slog.Logger
+	done   chan struct{}
+
+	leaveOnce sync.Once
+	leaveErr  error
+}
+
+// startCluster gives the node its stable id (file node_id in the data
+// directory), starts gossip on cluster.gossip_listen and joins
+// cluster.seeds. A seed that cannot be reached is not an error: the node
+// keeps trying while it sees too few peers.
+func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (*clusterNode, error) {
+	c := cfg.Cluster
+	id, err := nodeid.Load(vfs.OS(), cfg.DataDir, rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: node id: %w", err)
+	}
+	host, port, err := net.SplitHostPort(c.GossipListen)
+	if err != nil {
+		return nil, fmt.Errorf("cluster.gossip_listen: %w", err)
+	}
+	pn, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return nil, fmt.Errorf("cluster.gossip_listen: port %q: %w", port, err)
+	}
+	var key []byte
+	if c.GossipKeyFile != "" {
+		if key, err = readGossipKey(c.GossipKeyFile); err != nil {
+			return nil, err
+		}
+	}
+	profile := membership.SeedProfile()
+	if c.Profile == "lan" {
+		profile = membership.LANProfile()
+	}
+	m, err := membership.New(membership.Config{
+		Meta:      membership.Meta{NodeID: id, ClientAddr: clientAddr},
+		BindAddr:  host,
+		BindPort:  int(pn),
+		Profile:   profile,
+		Seeds:     c.Seeds,
+		SecretKey: key,
+		Logger:    slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	n := &clusterNode{id: id, client: clientAddr, m: m, logger: logger, done: make(chan struct{})}
+	go n.watch()
+	logger.Info("cluster membership started", "node_id", id, "gossip_addr", m.Addr(), "seeds", strings.Join(c.Seeds, ","),
+		"profile", c.Profile, "encrypted", key != nil)
+	return n, nil
+}
+
+// readGossipKey reads a base64 key of 16, 24 or 32 bytes.
+func readGossipKey(path string) ([]byte, error) {
+	raw, err := vfs.ReadFileMax(vfs.OS(), path, gossipKeyBytesMax)
+	if err != nil {
+		return nil, fmt.Errorf("cluster.gossip_key_file: %w", err)
+	}
+	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(raw)))
+	if err != nil {
+		return nil, fmt.Errorf("cluster.gossip_key_file %s: not base64: %w", path, err)
+	}
+	if n := len(key); n != 16 && n != 24 && n != 32 {
+		return nil, fmt.Errorf("cluster.gossip_key_file %s: a key of %d bytes, not 16, 24 or 32", path, n)
+	}
+	return key, nil
+}
+
+// watch logs every membership event until the membership closes.
+func (n *clusterNode) watch() {
+	defer close(n.done)
+	for ev := range n.m.Events() {
+		attrs := []any{"node_id", ev.Node, "client_addr", ev.Meta.ClientAddr, "coalesced", ev.Coalesced}
+		if ev.MetaErr != nil {
+			attrs = append(attrs, "meta_err", ev.MetaErr)
+		}
+		switch ev.Kind {
+		case membership.EventDead:
+			n.logger.Warn("cluster node dead", attrs...)
+		case membership.EventFenced:
+			n.logger.Warn("cluster: this node sees a majority of its peers dead (fenced)", "node_id", n.id)
+		case membership.EventUnfenced:
+			n.logger.Info("cluster: this node sees a majority again (unfenced)", "node_id", n.id)
+		default:
+			n.logger.Info("cluster node "+ev.Kind.String(), attrs...)
+		}
+	}
+}
+
+// view is GET /api/v1/nodes.
+func (n *clusterNode) view() admin.NodesView {
+	v := admin.NodesView{Cluster: true, Fenced: n.m.Fenced(),
+		Self: admin.NodeView{ID: n.id, State: "self", GossipAddr: n.m.Addr(), ClientAddr: n.client}}
+	for _, p := range n.m.Members() {
+		v.Nodes = append(v.Nodes, admin.NodeView{ID: p.Name, State: p.State.String(), GossipAddr: p.Addr, ClientAddr: p.Meta.ClientAddr})
+	}
+	slices.SortFunc(v.Nodes, func(a, b admin.NodeView) int { return strings.Compare(a.ID, b.ID) })
+	return v
+}
+
+// leave tells the other nodes this one is leaving (they see it left, not
+// dead) and then starts the drain, after which serve exits. Asking again
+// returns the first answer.
+func (n *clusterNode) leave(drain func()) error {
+	n.leaveOnce.Do(func() {
+		n.logger.Info("cluster: leaving, then draining", "node_id", n.id)
+		if err := n.m.Leave(clusterLeaveTimeoutMs * time.Millisecond); err != nil {
+			n.leaveErr = fmt.Errorf("cluster: leave: %w", err)
+			n.logger.Warn("cluster: the leave did not reach every node; they will see this node dead", "err", err)
+		}
+		drain()
+	})
+	return n.leaveErr
+}
+
+// close stops gossip (without a leave, the others see a crash unless
+// leave came first) and waits for the event logger.
+func (n *clusterNode) close() {
+	if err := n.m.Close(); err != nil {
+		n.logger.Warn("cluster: stop gossip", "err", err)
+	}
+	<-n.done
+}
+
+// clusterAdmin wires n into the admin API (nil n: a node that runs alone).
+func clusterAdmin(acfg *admin.Config, n *clusterNode, drain func()) {
+	if n == nil {
+		return
+	}
+	acfg.Nodes = n.view
+	acfg.LeaveCluster = func(context.Context) error { return n.leave(drain) }
+}

@@ -1,0 +1,64 @@
+package admin
+
+import (
+	"errors"
+	"net/http"
+)
+
+// NodesView is the JSON of GET /api/v1/nodes: this node and the cluster
+// nodes it knows of, as its membership sees them.
+type NodesView struct {
+	// Cluster is false when the node runs alone (cluster.enabled = false);
+	// Self is then empty and Nodes lists nothing.
+	Cluster bool     `json:"cluster"`
+	Self    NodeView `json:"self"`
+	// Fenced: this node sees a majority of its peers dead.
+	Fenced bool       `json:"fenced"`
+	Nodes  []NodeView `json:"nodes"`
+}
+
+// NodeView is one node: its stable id, its state in this node's view
+// (self, alive, dead or left) and its addresses.
+type NodeView struct {
+	ID         string `json:"id"`
+	State      string `json:"state"`
+	GossipAddr string `json:"gossip_addr"`
+	ClientAddr string `json:"client_addr,omitempty"`
+}
+
+// ErrNotClustered is what Config.LeaveCluster returns on a node that is
+// not in a cluster.
+var ErrNotClustered = errors.New("this node is not in a cluster (cluster.enabled = false)")
+
+func (a *api) nodes(w http.ResponseWriter, _ *http.Request) {
+	v := NodesView{Nodes: []NodeView{}}
+	if a.cfg.Nodes != nil {
+		v = a.cfg.Nodes()
+		if v.Nodes == nil {
+			v.Nodes = []NodeView{}
+		}
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// LeaveView is the JSON of an accepted POST /api/v1/nodes/self/leave.
+type LeaveView struct {
+	Left     bool `json:"left"`
+	Draining bool `json:"draining"`
+}
+
+func (a *api) leave(w http.ResponseWriter, r *http.Request) {
+	if a.cfg.LeaveCluster == nil {
+		writeError(w, http.StatusConflict, "conflict", ErrNotClustered.Error())
+		return
+	}
+	if err := a.cfg.LeaveCluster(r.Context()); err != nil {
+		if errors.Is(err, ErrNotClustered) {
+			writeError(w, http.StatusConflict, "conflict", err.Error())
+			return
+		}
+		writeError(w, http.StatusInternalServerError, "internal", err.Error())
+		return
+	}
+	writeJSON(w, http.StatusAccepted, LeaveView{Left: true, Draining: true})
+}

@@ -1,0 +1,192 @@
+package e2e_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// clusterChild is a `sinew serve --cluster` process with its admin and
+// gossip addresses.
+type clusterChild struct {
+	*child
+	dir, admin, gossip string
+}
+
+// logField returns the value of key= in the first log line of c holding
+// msg, waiting for it (bounded).
+func logField(t *testing.T, c *child, msg, key string) string {
+	t.Helper()
+	deadline := time.Now().Add(safetyTimeout)
+	for time.Now().Before(deadline) {
+		for line := range strings.Lines(c.log()) {
+			if !strings.Contains(line, msg) {
+				continue
+			}
+			for f := range strings.FieldsSeq(line) {
+				if v, ok := strings.CutPrefix(f, key+"="); ok {
+					return v
+				}
+			}
+		}
+		time.Sleep(10 * time.Millisecond) // polling a real process's log
+	}
+	t.Fatalf("no %q with %s= in the log:\n%s", msg, key, c.log())
+	return ""
+}
+
+func startClusterChild(t *testing.T, bin, dir string, seeds ...string) *clusterChild {
+	t.Helper()
+	args := []string{"--cluster", "--cluster-profile", "lan", "--cluster-gossip-listen", "127.0.0.1:0",
+		"--admin-listen", "127.0.0.1:0"}
+	if len(seeds) > 0 {
+		args = append(args, "--cluster-seeds", strings.Join(seeds, ","))
+	}
+	c := startChildArgs(t, bin, dir, args...)
+	return &clusterChild{child: c, dir: dir,
+		admin:  logField(t, c, "msg=serving", "admin_listen"),
+		gossip: logField(t, c, "cluster membership started", "gossip_addr")}
+}
+
+type nodesView struct {
+	Cluster bool       `json:"cluster"`
+	Self    nodeView   `json:"self"`
+	Fenced  bool       `json:"fenced"`
+	Nodes   []nodeView `json:"nodes"`
+}
+
+type nodeView struct {
+	ID         string `json:"id"`
+	State      string `json:"state"`
+	GossipAddr string `json:"gossip_addr"`
+}
+
+func nodesOf(t *testing.T, admin string) nodesView {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/api/v1/nodes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v nodesView
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /api/v1/nodes: %s", resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func (v nodesView) state(id string) string {
+	for _, n := range v.Nodes {
+		if n.ID == id {
+			return n.State
+		}
+	}
+	return ""
+}
+
+// awaitNodes polls c's view until cond holds (bounded: far above the LAN
+// profile's detection time, so that a loaded machine does not fail it).
+func awaitNodes(t *testing.T, c *clusterChild, what string, cond func(nodesView) bool) nodesView {
+	t.Helper()
+	deadline := time.Now().Add(safetyTimeout)
+	for {
+		v := nodesOf(t, c.admin)
+		if cond(v) {
+			return v
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v; view %+v", what, safetyTimeout, v)
+		}
+		time.Sleep(50 * time.Millisecond) // polling real processes
+	}
+}
+
+// Three `sinew serve --cluster` processes on loopback find each other
+// through one seed. `sinew admin node leave` makes one leave (the others
+// see it left, it drains and exits 0); a kill -9 is seen dead and fences
+// the last node, which sees a majority of its peers dead; the killed node
+// restarts with the same node id and is alive again.
+func TestClusterNodesFindEachOtherLeaveAndDie(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sinew binary")
+	}
+	bin := buildSinew(t)
+	n1 := startClusterChild(t, bin, t.TempDir())
+	n2 := startClusterChild(t, bin, t.TempDir(), n1.gossip)
+	n3 := startClusterChild(t, bin, t.TempDir(), n1.gossip)
+	ids := map[*clusterChild]string{}
+	for _, c := range []*clusterChild{n1, n2, n3} {
+		v := awaitNodes(t, c, "every node sees the two others alive", func(v nodesView) bool {
+			alive := 0
+			for _, n := range v.Nodes {
+				if n.State == "alive" {
+					alive++
+				}
+			}
+			return v.Cluster && alive == 2
+		})
+		if len(v.Self.ID) != 32 || v.Self.State != "self" || v.Self.GossipAddr != c.gossip {
+			t.Fatalf("self %+v, want a 32-digit id at %s", v.Self, c.gossip)
+		}
+		ids[c] = v.Self.ID
+	}
+
+	out, err := exec.Command(bin, "admin", "node", "leave", "--admin-addr", n3.admin).CombinedOutput()
+	if err != nil {
+		t.Fatalf("sinew admin node leave: %v\n%s", err, out)
+	}
+	if status := waitChild(t, n3.child); status != 0 {
+		t.Fatalf("the node that left exited %d:\n%s", status, n3.log())
+	}
+	for _, c := range []*clusterChild{n1, n2} {
+		awaitNodes(t, c, "the node that left is seen left", func(v nodesView) bool { return v.state(ids[n3]) == "left" })
+	}
+
+	n2.cmd.Process.Kill()
+	n2.cmd.Wait()
+	v := awaitNodes(t, n1, "the killed node is seen dead", func(v nodesView) bool { return v.state(ids[n2]) == "dead" })
+	if v.state(ids[n3]) != "left" {
+		t.Fatalf("the node that left is %q after another died", v.state(ids[n3]))
+	}
+	awaitNodes(t, n1, "the last node, its only live peer dead, is fenced", func(v nodesView) bool { return v.Fenced })
+
+	n2b := startClusterChild(t, bin, n2.dir, n1.gossip)
+	if id := nodesOf(t, n2b.admin).Self.ID; id != ids[n2] {
+		t.Fatalf("the restarted node has id %s, was %s", id, ids[n2])
+	}
+	awaitNodes(t, n1, "the restarted node is alive and the fence lifted", func(v nodesView) bool {
+		return v.state(ids[n2]) == "alive" && !v.Fenced
+	})
+}
+
+// A node that runs alone (the default) reports no cluster, and refuses a
+// leave with 409.
+func TestNodesOfASingleNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sinew binary")
+	}
+	bin := buildSinew(t)
+	c := startChildArgs(t, bin, t.TempDir(), "--admin-listen", "127.0.0.1:0")
+	admin := logField(t, c, "msg=serving", "admin_listen")
+	if v := nodesOf(t, admin); v.Cluster || len(v.Nodes) != 0 {
+		t.Fatalf("a single node's view %+v", v)
+	}
+	resp, err := http.Post("http://"+admin+"/api/v1/nodes/self/leave", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict {
+		t.Fatalf("leave on a single node: %s, want 409", resp.Status)
+	}
+	out, err := exec.Command(bin, "admin", "node", "leave", "--admin-addr", admin).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "not in a cluster") {
+		t.Fatalf("sinew admin node leave on a single node: %v\n%s", err, out)
+	}
+}
