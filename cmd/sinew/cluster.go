@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sinewmq/sinew/internal/admin"
 	"github.com/sinewmq/sinew/internal/membership"
 	"github.com/sinewmq/sinew/internal/nodeid"
@@ -168,4 +170,45 @@ func clusterAdmin(acfg *admin.Config, n *clusterNode, drain func()) {
 	}
 	acfg.Nodes = n.view
 	acfg.LeaveCluster = func(context.Context) error { return n.leave(drain) }
+	if reg, ok := acfg.Metrics.(*prometheus.Registry); ok {
+		reg.MustRegister(clusterCollector{n})
+	}
+}
+
+// The cluster metrics, served when cluster.enabled.
+const (
+	clusterNodesName  = "sinew_cluster_nodes"
+	clusterNodesHelp  = "Other cluster nodes in this node's membership view, by state: alive, dead (stopped answering probes past the suspicion timeout), left (left with a leave). Served only with cluster.enabled."
+	clusterFencedName = "sinew_cluster_fenced"
+	clusterFencedHelp = "1 while this node sees a majority of its peers dead, else 0. Served only with cluster.enabled."
+)
+
+var (
+	clusterNodesDesc  = prometheus.NewDesc(clusterNodesName, clusterNodesHelp, []string{"state"}, nil)
+	clusterFencedDesc = prometheus.NewDesc(clusterFencedName, clusterFencedHelp, nil, nil)
+)
+
+// clusterCollector exports the membership view at scrape time.
+type clusterCollector struct{ n *clusterNode }
+
+// Describe implements prometheus.Collector.
+func (c clusterCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- clusterNodesDesc
+	ch <- clusterFencedDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
+	count := map[membership.State]int{}
+	for _, p := range c.n.m.Members() {
+		count[p.State]++
+	}
+	for _, s := range []membership.State{membership.StateAlive, membership.StateDead, membership.StateLeft} {
+		ch <- prometheus.MustNewConstMetric(clusterNodesDesc, prometheus.GaugeValue, float64(count[s]), s.String())
+	}
+	fenced := 0.0
+	if c.n.m.Fenced() {
+		fenced = 1
+	}
+	ch <- prometheus.MustNewConstMetric(clusterFencedDesc, prometheus.GaugeValue, fenced)
 }

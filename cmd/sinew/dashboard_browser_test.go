@@ -164,6 +164,12 @@ func TestDashboardInBrowser(t *testing.T) {
 	if !banner {
 		t.Errorf("the page shows its unreachable banner")
 	}
+	// A node that runs alone shows no nodes section.
+	var nodesHidden bool
+	eval(`document.querySelector("#nodes").hidden`, &nodesHidden)
+	if !nodesHidden {
+		t.Errorf("a node that runs alone shows a nodes section")
+	}
 
 	// The queue just published to, with its depth.
 	waitFor("dash-orders with depth 3", `(() => {
@@ -393,4 +399,51 @@ func TestDashboardInBrowser(t *testing.T) {
 	waitFor("the unreachable banner, with the queues still shown", `!document.querySelector("#banner").hidden &&
 		document.querySelector('tr.queue-row[data-topic="dash-orders"]') !== null`)
 	shot("7-broker-gone")
+}
+
+// TestDashboardShowsNodes: with cluster.enabled the page lists the node
+// itself (a cluster of one) in its nodes section.
+func TestDashboardShowsNodes(t *testing.T) {
+	chromium, err := cdp.Find()
+	if errors.Is(err, cdp.ErrNoBrowser) {
+		t.Skip("dashboard browser test skipped: " + err.Error())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testServeConfig(t)
+	cfg.Cluster.Enabled = true
+	cfg.Cluster.GossipListen = "127.0.0.1:0"
+	cfg.Cluster.Profile = "lan"
+	_, adminAddr, _ := runServeAdmin(t, cfg)
+
+	ctx, cancel := context.WithTimeout(context.Background(), browserTestMs*time.Millisecond)
+	defer cancel()
+	dir := artifactsDir(t)
+	logf, err := os.Create(filepath.Join(dir, "chromium.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	b, err := cdp.Launch(chromium, t.TempDir(), logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	p, err := b.NewPage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Navigate(ctx, fmt.Sprintf("http://%s/?refresh=%d", adminAddr, dashRefreshMs)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitFor(ctx, "the node itself in the nodes section", `(() => {
+		const sec = document.querySelector("#nodes");
+		const rows = document.querySelectorAll('#nodes tr.node-row[data-state="self"]');
+		return !sec.hidden && rows.length === 1 && rows[0].dataset.nodeId.length === 32 &&
+			document.querySelector("#nodes-fenced").hidden;
+	})()`, browserWaitMs); err != nil {
+		_ = p.Screenshot(ctx, filepath.Join(dir, "failed.png"))
+		t.Fatalf("%v\n(screenshots in %s)", err, dir)
+	}
 }

@@ -125,5 +125,7 @@ func sinewFamilies() []struct{ name, help string } {
 	add(adminAuthName, adminAuthHelp)
 	add(tlsReloadsName, tlsReloadsHelp)
 	add(tlsFailuresName, tlsFailuresHelp)
+	add(clusterNodesName, clusterNodesHelp)
+	add(clusterFencedName, clusterFencedHelp)
 	return out
 }

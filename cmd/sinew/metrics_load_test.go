@@ -28,7 +28,10 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 		return func() bool { return true }
 	}
 	t.Cleanup(func() { serveAfterFunc = nil })
-	addr, adminAddr, _ := runServeAdmin(t, testServeConfig(t))
+	// A cluster of one, so that the cluster families are served too.
+	cfg := testServeConfig(t)
+	cfg.Cluster.Enabled, cfg.Cluster.GossipListen = true, "127.0.0.1:0"
+	addr, adminAddr, _ := runServeAdmin(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), safetyTimeoutMs*time.Millisecond)
 	defer cancel()
 	before, _ := scrape(t, adminAddr)
@@ -168,6 +171,8 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 		"sinew_leases_reclaimed_total":               "needs a restart with leases held",
 		"sinew_leases_restart_released_total":        "needs a restart whose clients do not come back",
 		"sinew_session_store_errors_total":           "needs a failing session store",
+		"sinew_cluster_nodes":                        "needs other cluster nodes (test/e2e TestClusterNodesFindEachOtherLeaveAndDie)",
+		"sinew_cluster_fenced":                       "needs other cluster nodes, dead (test/e2e TestClusterNodesFindEachOtherLeaveAndDie)",
 	}
 	for _, f := range sinewFamilies() {
 		if _, ok := still[f.name]; ok {

@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"os/exec"
 	"strings"
@@ -155,6 +156,13 @@ func TestClusterNodesFindEachOtherLeaveAndDie(t *testing.T) {
 		t.Fatalf("the node that left is %q after another died", v.state(ids[n3]))
 	}
 	awaitNodes(t, n1, "the last node, its only live peer dead, is fenced", func(v nodesView) bool { return v.Fenced })
+	metrics := scrape(t, n1.admin)
+	for _, want := range []string{`sinew_cluster_nodes{state="dead"} 1`, `sinew_cluster_nodes{state="left"} 1`,
+		`sinew_cluster_nodes{state="alive"} 0`, "sinew_cluster_fenced 1"} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
 
 	n2b := startClusterChild(t, bin, n2.dir, n1.gossip)
 	if id := nodesOf(t, n2b.admin).Self.ID; id != ids[n2] {
@@ -189,4 +197,19 @@ func TestNodesOfASingleNode(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "not in a cluster") {
 		t.Fatalf("sinew admin node leave on a single node: %v\n%s", err, out)
 	}
+}
+
+// scrape returns the admin listener's /metrics text.
+func scrape(t *testing.T, admin string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

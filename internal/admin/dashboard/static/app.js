@@ -312,6 +312,32 @@
     box.hidden = false;
   }
 
+  // ---- nodes ----
+  // A node that runs alone (cluster false) hides the section.
+  async function loadNodes() {
+    const r = await api("GET", "/api/v1/nodes");
+    if (!r.ok) {
+      setMsg("nodes-msg", "nodes: " + errText(r), "error");
+      return r.status !== 0;
+    }
+    setMsg("nodes-msg", "");
+    const v = r.data || {};
+    $("#nodes").hidden = !v.cluster;
+    if (!v.cluster) return true;
+    $("#nodes-fenced").hidden = !v.fenced;
+    const tbody = $("#nodes tbody");
+    tbody.replaceChildren();
+    for (const n of [v.self, ...(v.nodes || [])]) {
+      if (!n) continue;
+      tbody.append(h("tr", { class: "node-row", "data-node-id": n.id, "data-state": n.state },
+        h("td", { text: n.id }),
+        h("td", {}, h("span", { class: "badge " + n.state, text: n.state })),
+        h("td", { text: n.gossip_addr || "–" }),
+        h("td", { text: n.client_addr || "–" })));
+    }
+    return true;
+  }
+
   // ---- sessions ----
   async function loadSessions() {
     const r = await api("GET", "/api/v1/sessions");
@@ -530,7 +556,7 @@
     if (state.busy) return;
     state.busy = true;
     try {
-      const results = await Promise.all([loadOverview(), loadQueues(), loadSessions(), loadDeadLetters(), loadSettings(false)]);
+      const results = await Promise.all([loadOverview(), loadQueues(), loadNodes(), loadSessions(), loadDeadLetters(), loadSettings(false)]);
       const banner = $("#banner");
       if (results.some((ok) => !ok)) {
         banner.textContent = "The broker's admin API is unreachable; showing the last data received.";
