@@ -249,7 +249,7 @@ func refuseNodeWAL(fs vfs.FS, dir string) error {
 	if !has {
 		return nil
 	}
-	return fmt.Errorf("%w (%s): records confirmed through it may be nowhere else; start with storage.wal = on", ErrNodeWAL, dir)
+	return fmt.Errorf("%w (%s): records confirmed through it may be nowhere else; start with storage.wal = on (a clean stop with it on retires the WAL once every partition holds its own records)", ErrNodeWAL, dir)
 }
 
 // walPressure is the WAL's OnPressure: the partition named group syncs its
@@ -544,7 +544,14 @@ func (b *Broker) Close() error {
 	b.deletes.Wait()
 	err := b.closePartitions()
 	if b.wal != nil {
-		err = errors.Join(err, b.wal.Close())
+		// Every partition that closed cleanly has released its entries;
+		// then the WAL is retired, and the directory may start without
+		// one (storage.wal = off).
+		retired, werr := b.wal.Retire()
+		err = errors.Join(err, werr)
+		if werr == nil && !retired {
+			b.logger.Info("node WAL kept: some partitions' records are only there (a quarantined or failed partition); the data directory still needs storage.wal = on")
+		}
 	}
 	// Released only once every partition has closed its files.
 	return errors.Join(err, b.lock.Release())

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sinewmq/sinew/internal/partition"
 	"github.com/sinewmq/sinew/internal/vfs"
+	"github.com/sinewmq/sinew/internal/wal"
 	"github.com/sinewmq/sinew/protocol"
 )
 
@@ -91,38 +92,68 @@ func readyTotal(t *testing.T, b *Broker, topic string) int {
 	return n
 }
 
-// A data directory that has a node WAL is refused without Config.NodeWAL:
-// records confirmed through the WAL may be in no partition's own log yet.
-// With it, the same directory opens and holds every confirmed message.
+// A data directory that has a node WAL is refused without Config.NodeWAL
+// after a power loss: records confirmed through the WAL may be in no
+// partition's own log yet. With it, the same directory opens and holds
+// every confirmed message; a clean stop then retires the WAL, and the
+// directory opens without it, every message still there.
 func TestNodeWALDirectoryNeedsNodeWAL(t *testing.T) {
-	fs := vfs.NewMem()
-	if err := fs.MkdirAll("data", 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := fs.SyncDir("."); err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig(fs)
-	cfg.NodeWAL = true
-	b := mustOpen(t, cfg)
-	for i := range 5 {
-		mustPublish(t, b, msg("jobs", strconv.Itoa(i)))
-	}
-	if err := b.Close(); err != nil {
-		t.Fatal(err)
-	}
-	off := testConfig(fs)
-	if b, err := Open(off); !errors.Is(err, ErrNodeWAL) {
-		if err == nil {
-			b.Close()
+	synctest.Test(t, func(t *testing.T) {
+		fs := walFS(t)
+		b := mustOpen(t, walConfig(fs))
+		for i := range 5 {
+			mustPublish(t, b, msg("jobs", strconv.Itoa(i)))
 		}
-		t.Fatalf("open without the node WAL: %v, want ErrNodeWAL", err)
-	}
-	b = mustOpen(t, cfg)
-	defer b.Close()
-	if got := readyTotal(t, b, "jobs"); got != 5 {
-		t.Fatalf("%d ready after reopening with the WAL, want 5", got)
-	}
+		crashed := fs.Crash(rand.New(rand.NewPCG(9, 9)), false)
+		b.Close()
+		if b, err := Open(testConfig(crashed)); !errors.Is(err, ErrNodeWAL) {
+			if err == nil {
+				b.Close()
+			}
+			t.Fatalf("open without the node WAL after a power loss: %v, want ErrNodeWAL", err)
+		}
+		b = mustOpen(t, walConfig(crashed))
+		if got := readyTotal(t, b, "jobs"); got != 5 {
+			t.Fatalf("%d ready after reopening with the WAL, want 5", got)
+		}
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if has, err := wal.HasSegments(crashed, "data/wal"); has || err != nil {
+			t.Fatalf("after a clean stop the WAL still has segments (%v, %v)", has, err)
+		}
+		b = mustOpen(t, testConfig(crashed))
+		defer b.Close()
+		if got := readyTotal(t, b, "jobs"); got != 5 {
+			t.Fatalf("%d ready after the WAL was retired, want 5", got)
+		}
+	})
+}
+
+// A clean stop does not retire a WAL that holds a quarantined partition's
+// records: the directory still needs the WAL.
+func TestNodeWALKeptForAQuarantinedPartition(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := walFS(t)
+		b := mustOpen(t, walConfig(fs))
+		mustPublish(t, b, msg("q", "x"))
+		crashed := fs.Crash(rand.New(rand.NewPCG(4, 4)), false)
+		b.Close()
+		cp := filepath.Join("data", queuesDir, escapeName("q"), escapeName(""), "p0", "checkpoint")
+		if err := partition.WriteFileAtomic(crashed, cp, []byte("not a checkpoint")); err != nil {
+			t.Fatal(err)
+		}
+		b = mustOpen(t, walConfig(crashed))
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := Open(testConfig(crashed)); !errors.Is(err, ErrNodeWAL) {
+			if err == nil {
+				b.Close()
+			}
+			t.Fatalf("open without the node WAL: %v, want ErrNodeWAL", err)
+		}
+	})
 }
 
 // walFS returns a MemFS with a durable data directory.

@@ -496,6 +496,37 @@ func (w *WAL) Forget(group string) {
 	w.cond.Broadcast()
 }
 
+// Retire closes the WAL and, when every entry it holds is released (each
+// group's own files hold it durably) and every replayed group was taken,
+// deletes its segments: the directory then holds no WAL, so a node may
+// start without one. Otherwise the segments stay and retired is false.
+// After a crash in the middle some released segments may remain; replay
+// finds nothing in them that the groups lack.
+func (w *WAL) Retire() (retired bool, err error) {
+	if err := w.Close(); err != nil {
+		return false, err
+	}
+	w.mu.Lock()
+	ok := len(w.replayed) == 0
+	for _, s := range w.segs {
+		ok = ok && w.releasedLocked(s)
+	}
+	segs := slices.Clone(w.segs)
+	w.mu.Unlock()
+	if !ok {
+		return false, nil
+	}
+	for _, s := range segs {
+		if err := w.opts.FS.Remove(filepath.Join(w.opts.Dir, segName(s.seq))); err != nil {
+			return false, err
+		}
+	}
+	if err := w.opts.FS.SyncDir(w.opts.Dir); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
 // HasSegments reports whether dir holds a WAL segment. A missing dir holds
 // none; any other error reading it is returned.
 func HasSegments(fsys vfs.FS, dir string) (bool, error) {

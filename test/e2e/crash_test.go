@@ -220,4 +220,15 @@ func crashKeepsConfirmed(t *testing.T, bin string, extra ...string) {
 	if !strings.Contains(srv2.log(), "drained") {
 		t.Fatalf("no drain on SIGINT:\n%s", srv2.log())
 	}
+	if len(extra) > 0 {
+		// The clean stop retired the WAL: the directory now starts
+		// without it.
+		srv3 := startChild(t, bin, dir)
+		if err := srv3.cmd.Process.Signal(os.Interrupt); err != nil {
+			t.Fatal(err)
+		}
+		if status := waitChild(t, srv3); status != 0 {
+			t.Fatalf("serve without the WAL after a clean stop exited %d:\n%s", status, srv3.log())
+		}
+	}
 }
