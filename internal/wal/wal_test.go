@@ -422,3 +422,40 @@ func TestHasSegments(t *testing.T) {
 		t.Fatal("a file read as a directory: no error")
 	}
 }
+
+// Retire deletes the segments only when every entry is released and every
+// replayed group was taken.
+func TestRetire(t *testing.T) {
+	fs := vfs.NewMem()
+	w := open(t, fs, Options{SegmentBytes: 4096})
+	g := "queues/a/_/p0"
+	if err := w.Commit(g, Batch{Entries: entries(g, 1, 40, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	w.Release(g, 39)
+	if retired, err := w.Retire(); retired || err != nil {
+		t.Fatalf("retire with entry 40 unreleased: %v %v", retired, err)
+	}
+	// Reopened, the group is replayed; untaken, it keeps the WAL.
+	w, err := Open(Options{FS: fs, Dir: "data/wal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if retired, err := w.Retire(); retired || err != nil {
+		t.Fatalf("retire with a replayed group not taken: %v %v", retired, err)
+	}
+	w, err = Open(Options{FS: fs, Dir: "data/wal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := w.Take(g); !ok {
+		t.Fatal("nothing replayed")
+	}
+	w.Release(g, 40)
+	if retired, err := w.Retire(); !retired || err != nil {
+		t.Fatalf("retire with everything released: %v %v", retired, err)
+	}
+	if has, err := HasSegments(fs, "data/wal"); has || err != nil {
+		t.Fatalf("segments left after retiring: %v %v", has, err)
+	}
+}
