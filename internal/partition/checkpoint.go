@@ -455,6 +455,15 @@ func (p *Partition) mergeWAL(log *seglog.Log, single bool, st *queue.State, dd *
 			// with another term is one a raft snapshot replaced.
 			continue
 		}
+		if !single && e.Index > 1 {
+			// A log's terms never go down: an entry of a lower term
+			// than the one before it, and every entry after it, belong
+			// to a suffix raft discarded (a raft snapshot restarted the
+			// log past it) and are not merged.
+			if pt, err := log.Term(e.Index - 1); err == nil && e.Term < pt {
+				break
+			}
+		}
 		if next := log.NextLSN(); e.Index < next {
 			t, err := log.Term(e.Index)
 			if err != nil {

@@ -115,8 +115,12 @@ type WAL struct {
 	nextID   uint32
 	hs       map[string]HardState // latest durable HardState per group
 	released map[string]uint64
-	segs     []*segInfo // oldest first; the last is active
-	replayed map[string]*Group
+	// forgotten holds the groups Forget dropped whose names are still
+	// tracked (ids, released); trim stops tracking one once no segment
+	// holds its entries, so churn of short-lived groups stays bounded.
+	forgotten map[string]bool
+	segs      []*segInfo // oldest first; the last is active
+	replayed  map[string]*Group
 
 	// writer-owned
 	active   vfs.File
@@ -160,6 +164,7 @@ func Open(opts Options) (*WAL, error) {
 		ids:        map[string]uint32{},
 		hs:         map[string]HardState{},
 		released:   map[string]uint64{},
+		forgotten:  map[string]bool{},
 		replayed:   map[string]*Group{},
 		writerDone: make(chan struct{}),
 	}
@@ -413,6 +418,8 @@ func (w *WAL) Commit(group string, b Batch) error {
 		id = w.nextID
 		w.ids[group] = id
 	}
+	// In use again: trim must not drop the id the records carry.
+	delete(w.forgotten, group)
 	w.mu.Unlock()
 	size := 0
 	var maxIdx uint64
@@ -490,6 +497,7 @@ func (w *WAL) Forget(group string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.released[group] = ^uint64(0)
+	w.forgotten[group] = true
 	delete(w.hs, group)
 	delete(w.replayed, group)
 	w.kick = true
@@ -661,6 +669,7 @@ func (w *WAL) trim() error {
 		keep = append(keep, s)
 	}
 	w.segs = keep
+	w.untrackForgottenLocked()
 	// Every segment PressureSegments behind the active one is asked for
 	// once, not only the oldest: a group that cannot release (a
 	// quarantined partition) must not stop the others from being asked.
@@ -697,6 +706,31 @@ func (w *WAL) trim() error {
 		return w.opts.FS.SyncDir(w.opts.Dir)
 	}
 	return nil
+}
+
+// untrackForgottenLocked stops tracking forgotten groups that no segment
+// holds entries of and no queued commit names. Called by the writer, so
+// no batch is being written meanwhile.
+func (w *WAL) untrackForgottenLocked() {
+	active := w.segs[len(w.segs)-1]
+next:
+	for g := range w.forgotten {
+		for _, s := range w.segs {
+			if _, ok := s.maxIndex[g]; ok {
+				continue next
+			}
+		}
+		for _, wt := range w.queue {
+			if wt.group == g {
+				continue next
+			}
+		}
+		delete(w.forgotten, g)
+		delete(w.released, g)
+		delete(w.ids, g)
+		// A later commit under the name declares its new id again.
+		delete(active.declared, g)
+	}
 }
 
 func (w *WAL) releasedLocked(s *segInfo) bool {

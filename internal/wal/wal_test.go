@@ -459,3 +459,39 @@ func TestRetire(t *testing.T) {
 		t.Fatalf("segments left after retiring: %v %v", has, err)
 	}
 }
+
+// Groups committed once and forgotten (queues created and deleted) stop
+// being tracked once no segment holds their entries, and a name forgotten
+// and then used again replays under its new id.
+func TestForgottenGroupsAreNotTrackedForever(t *testing.T) {
+	fs := vfs.NewMem()
+	w := open(t, fs, Options{SegmentBytes: 4096})
+	for i := range 2000 {
+		g := "queues/jobs/_/p0@" + fmt.Sprint(i)
+		if err := w.Commit(g, Batch{Entries: entries(g, 1, 1, 1)}); err != nil {
+			t.Fatal(err)
+		}
+		w.Forget(g)
+	}
+	w.mu.Lock()
+	nr, ni := len(w.released), len(w.ids)
+	w.mu.Unlock()
+	if nr > 100 || ni > 100 {
+		t.Fatalf("after 2000 groups committed and forgotten the WAL still tracks %d released and %d ids", nr, ni)
+	}
+	// A forgotten name used again: its entries replay.
+	g := "queues/jobs/_/p0@1999"
+	if err := w.Commit(g, Batch{Entries: entries(g, 1, 2, 2)}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	w2, err := Open(Options{FS: fs, Dir: "data/wal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Close()
+	got, _ := w2.Take(g)
+	if len(got.Entries) != 2 || got.Entries[0].Term != 2 {
+		t.Fatalf("the name used again replays %v", got.Entries)
+	}
+}
