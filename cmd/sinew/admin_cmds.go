@@ -42,8 +42,9 @@ func init() {
 	}}
 	adminCommands["drain"] = adminCommand{summary: "start the broker's planned drain, as SIGTERM does; the broker exits when it ends", run: adminDrain}
 	adminCommands["nodes"] = adminCommand{summary: "the cluster's nodes as this broker sees them: alive, dead or left", run: adminNodes}
-	adminCommands["node"] = adminCommand{summary: "this node: leave", verbs: map[string]adminCommand{
-		"leave": {summary: "leave the cluster (the others see it left, not dead), then drain and exit", run: adminNodeLeave},
+	adminCommands["node"] = adminCommand{summary: "cluster nodes: leave | forget", verbs: map[string]adminCommand{
+		"leave":  {summary: "leave the cluster (the others see it left, not dead), then drain and exit", run: adminNodeLeave},
+		"forget": {summary: "record a dead node as left, here and on every alive node: forget ID", run: adminNodeForget},
 	}}
 }
 
@@ -941,5 +942,31 @@ func adminNodeLeave(ctx context.Context, name string, args []string, stdout, std
 		return printRaw(stdout, raw)
 	}
 	_, err = fmt.Fprintf(stdout, "the broker at %s left its cluster and is draining; it exits when the drain ends\n", c.addr)
+	return err
+}
+
+func adminNodeForget(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet(name, stderr)
+	f := addAdminFlags(fs)
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("%w: name one dead node to forget by its id (see sinew admin nodes)", errUsage)
+	}
+	id := pos[0]
+	c, err := f.client()
+	if err != nil {
+		return err
+	}
+	var raw json.RawMessage
+	if _, err := c.do(ctx, http.MethodPost, "/api/v1/nodes/"+url.PathEscape(id)+"/forget", nil, nil, &raw); err != nil {
+		return err
+	}
+	if *f.json {
+		return printRaw(stdout, raw)
+	}
+	_, err = fmt.Fprintf(stdout, "node %s is recorded as left by the broker at %s and, through it, by every alive node\n", id, c.addr)
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"slices"
@@ -46,8 +47,8 @@ type clusterNode struct {
 
 // startCluster gives the node its stable id (file node_id in the data
 // directory), starts gossip on cluster.gossip_listen and joins
-// cluster.seeds. A seed that cannot be reached is not an error: the node
-// keeps trying while it sees too few peers.
+// cluster.seeds. A seed that cannot be reached is not an error: it is
+// logged, and the node keeps trying (see membership.Config.Seeds).
 func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (*clusterNode, error) {
 	c := cfg.Cluster
 	id, err := nodeid.Load(vfs.OS(), cfg.DataDir, rand.Reader)
@@ -79,16 +80,41 @@ func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (
 		Profile:   profile,
 		Seeds:     c.Seeds,
 		SecretKey: key,
-		Logger:    slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+		Logger:    log.New(memberlistLog{logger}, "", 0),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("cluster: %w", err)
+		return nil, fmt.Errorf("cluster.gossip_listen %s: %w", c.GossipListen, err)
 	}
 	n := &clusterNode{id: id, client: clientAddr, m: m, logger: logger, done: make(chan struct{})}
 	go n.watch()
 	logger.Info("cluster membership started", "node_id", id, "gossip_addr", m.Addr(), "seeds", strings.Join(c.Seeds, ","),
 		"profile", c.Profile, "encrypted", key != nil)
+	if err := m.JoinErr(); err != nil {
+		logger.Warn("cluster: no seed could be joined yet; retrying in the background (not started yet, unreachable, or another gossip key)",
+			"seeds", strings.Join(c.Seeds, ","), "err", err)
+	}
 	return n, nil
+}
+
+// memberlistLog turns memberlist's log lines into records of the broker
+// log: its errors and warnings (a message no key could decrypt, a
+// conflicting address) at WARN, the rest at DEBUG.
+type memberlistLog struct{ logger *slog.Logger }
+
+func (w memberlistLog) Write(b []byte) (int, error) {
+	line := strings.TrimSpace(string(b))
+	level := slog.LevelDebug
+	if tag, rest, ok := strings.Cut(line, "] "); ok && strings.HasPrefix(tag, "[") {
+		if tag == "[ERR" || tag == "[WARN" {
+			level = slog.LevelWarn
+		}
+		line = rest
+	}
+	if !strings.HasPrefix(line, "memberlist: ") {
+		line = "memberlist: " + line
+	}
+	w.logger.Log(context.Background(), level, line)
+	return len(b), nil
 }
 
 // readGossipKey reads a base64 key of 16, 24 or 32 bytes.
@@ -170,6 +196,13 @@ func clusterAdmin(acfg *admin.Config, n *clusterNode, drain func()) {
 	}
 	acfg.Nodes = n.view
 	acfg.LeaveCluster = func(context.Context) error { return n.leave(drain) }
+	acfg.ForgetNode = func(id string) error {
+		if err := n.m.Forget(id); err != nil {
+			return err
+		}
+		n.logger.Info("cluster: node forgotten: it counts as left", "node_id", id)
+		return nil
+	}
 	if reg, ok := acfg.Metrics.(*prometheus.Registry); ok {
 		reg.MustRegister(clusterCollector{n})
 	}

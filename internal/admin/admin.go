@@ -66,6 +66,10 @@ type Config struct {
 	// LeaveCluster makes the node leave its cluster and then drain, for
 	// POST /api/v1/nodes/self/leave; nil answers 409 conflict.
 	LeaveCluster func(ctx context.Context) error
+	// ForgetNode records a dead node as left, here and on every alive
+	// node, for POST /api/v1/nodes/{id}/forget; nil answers 409 conflict.
+	// An error wrapping membership.ErrNotDead is a 409 too.
+	ForgetNode func(id string) error
 }
 
 // Handler returns the admin HTTP handler.
@@ -128,6 +132,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("POST /api/v1/drain", a.drain)
 	mux.HandleFunc("GET /api/v1/nodes", a.nodes)
 	mux.HandleFunc("POST /api/v1/nodes/self/leave", a.leave)
+	mux.HandleFunc("POST /api/v1/nodes/{id}/forget", a.forget)
 	mux.HandleFunc("GET /api/v1/users", a.needBroker(a.listUsers))
 	mux.HandleFunc("POST /api/v1/users", a.needBroker(a.addUser))
 	mux.HandleFunc("GET /api/v1/users/{name}", a.needBroker(a.getUser))

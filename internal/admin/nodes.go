@@ -2,7 +2,10 @@ package admin
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
+
+	"github.com/sinewmq/sinew/internal/membership"
 )
 
 // NodesView is the JSON of GET /api/v1/nodes: this node and the cluster
@@ -61,4 +64,26 @@ func (a *api) leave(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusAccepted, LeaveView{Left: true, Draining: true})
+}
+
+// ForgetView is the JSON of an accepted POST /api/v1/nodes/{id}/forget.
+type ForgetView struct {
+	Forgotten string `json:"forgotten"`
+}
+
+func (a *api) forget(w http.ResponseWriter, r *http.Request) {
+	if a.cfg.ForgetNode == nil {
+		writeError(w, http.StatusConflict, "conflict", ErrNotClustered.Error())
+		return
+	}
+	id := r.PathValue("id")
+	if err := a.cfg.ForgetNode(id); err != nil {
+		if errors.Is(err, membership.ErrNotDead) {
+			writeError(w, http.StatusConflict, "conflict", fmt.Sprintf("node %q is not dead in this node's view: only a dead node can be forgotten", id))
+			return
+		}
+		writeError(w, http.StatusInternalServerError, "internal", err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, ForgetView{Forgotten: id})
 }

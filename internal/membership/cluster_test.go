@@ -356,3 +356,60 @@ func TestGossipKey(t *testing.T) {
 		t.Fatalf("a 5-byte key: %v, want ErrBadConfig", err)
 	}
 }
+
+// A node forgotten by one peer is left in every alive peer's view, and no
+// longer counts against their majority; an alive node cannot be forgotten.
+func TestForget(t *testing.T) {
+	nodes := startCluster(t, 3)
+	if err := nodes[0].m.Forget("n1"); !errors.Is(err, ErrNotDead) {
+		t.Fatalf("Forget of an alive node: %v, want ErrNotDead", err)
+	}
+	if err := nodes[2].m.Close(); err != nil { // a crash
+		t.Fatal(err)
+	}
+	for i, nd := range nodes[:2] {
+		awaitView(t, nd, fmt.Sprintf("n%d sees n2 dead", i), func() bool { return stateOf(nd, "n2") == StateDead })
+	}
+	if err := nodes[0].m.Forget("n2"); err != nil {
+		t.Fatal(err)
+	}
+	if s := stateOf(nodes[0], "n2"); s != StateLeft {
+		t.Fatalf("n0 holds the forgotten n2 %v", s)
+	}
+	awaitView(t, nodes[1], "n1 learns that n2 is forgotten", func() bool { return stateOf(nodes[1], "n2") == StateLeft })
+	// With n2 left, n1 dying leaves n0 with its only peer dead: fenced.
+	// Without the forget it would have been fenced by two dead of two.
+	if nodes[0].m.Fenced() {
+		t.Fatal("n0 fenced with its only remaining peer alive")
+	}
+	if err := nodes[0].m.Forget("nobody"); !errors.Is(err, ErrNotDead) {
+		t.Fatalf("Forget of an unknown node: %v, want ErrNotDead", err)
+	}
+}
+
+// A node whose seed is not up yet when it starts joins it once it is: it
+// keeps trying while it sees no peer alive.
+func TestSeedsRetriedWhileAlone(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := ln.Addr().(*net.TCPAddr)
+	ln.Close()
+	b, err := New(Config{Meta: Meta{NodeID: "b"}, BindAddr: "127.0.0.1", Profile: LANProfile(),
+		Seeds: []string{seed.String()}, Logger: testLogger(t, "b")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	if b.JoinErr() == nil {
+		t.Fatal("no join error with the seed down")
+	}
+	a, err := New(Config{Meta: Meta{NodeID: "a"}, BindAddr: "127.0.0.1", BindPort: seed.Port, Profile: LANProfile(),
+		Logger: testLogger(t, "a")})
+	if err != nil {
+		t.Skipf("the seed's port was taken meanwhile: %v", err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	awaitView(t, &node{m: b}, "b joins the seed that came up after it", func() bool { return stateOf(&node{m: b}, "a") == StateAlive })
+}

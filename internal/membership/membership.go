@@ -39,7 +39,8 @@ type Config struct {
 	// Profile is the failure detector's timing; zero means SeedProfile.
 	Profile Profile
 	// Seeds are the gossip addresses ("host:port") of nodes to join at
-	// start and to rejoin while fenced.
+	// start, and again each ReconnectInterval while this node sees no
+	// peer alive, while it is fenced, and for a while after start.
 	Seeds []string
 	// Transport replaces memberlist's UDP and TCP transport (tests wrap
 	// it to cut links). Nil means memberlist's own, bound to BindAddr.
@@ -154,6 +155,11 @@ type Membership struct {
 	profile  Profile
 	seeds    []string
 
+	// started is when New ran; joinErr is the first join's error (nil
+	// when a seed answered, or when there were no seeds).
+	started time.Time
+	joinErr error
+
 	kick chan struct{} // cap 1: an event is pending
 	out  chan Event
 	stop chan struct{}
@@ -174,7 +180,8 @@ type Membership struct {
 }
 
 // New starts a node's membership and joins cfg.Seeds (failing to reach any
-// seed is not an error: the reconnect loop keeps trying while fenced).
+// seed is not an error: JoinErr says why, and the reconnect loop keeps
+// trying, see Config.Seeds).
 func New(cfg Config) (*Membership, error) {
 	if cfg.Profile == (Profile{}) {
 		cfg.Profile = SeedProfile()
@@ -211,9 +218,14 @@ func New(cfg Config) (*Membership, error) {
 		return nil, fmt.Errorf("membership: start memberlist: %w", err)
 	}
 	m.ml = ml
+	m.started = time.Now()
 	if len(m.seeds) > 0 {
-		// Best effort: a node may start before its seeds.
-		_, _ = ml.Join(m.seeds)
+		// Best effort: a node may start before its seeds (the reconnect
+		// loop keeps trying). The error says why none answered: not
+		// there yet, or another gossip key.
+		if n, err := ml.Join(m.seeds); n == 0 {
+			m.joinErr = err
+		}
 	}
 	m.wg.Add(2)
 	go m.pump()
@@ -246,9 +258,12 @@ func (cfg Config) memberlistConfig(md *metaDelegate, m *Membership) *memberlist.
 	mc.SecretKey = cfg.SecretKey
 	// A node's id belongs to its data directory, which may come back on
 	// another address (a restart on a new port, a directory moved to
-	// another host): a dead node's id may be taken by a new address one
-	// probe interval after it was declared dead. A live node's never is.
-	mc.DeadNodeReclaimTime = p.ProbeInterval
+	// another host): a dead node's id may be taken by a new address as
+	// soon as it is declared dead (a live node's never is). A later
+	// reclaim time would refuse the restarted node's first alive
+	// messages, and nothing would repeat them before the next full state
+	// exchange (PushPullInterval, 30 s).
+	mc.DeadNodeReclaimTime = time.Nanosecond
 	mc.Delegate = &delegate{meta: md, m: m}
 	mc.Events = (*events)(m)
 	if cfg.Logger != nil {
@@ -264,6 +279,10 @@ func (m *Membership) Addr() string {
 	n := m.ml.LocalNode()
 	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
 }
+
+// JoinErr is why no seed could be joined at start (nil if one was, or if
+// there were no seeds). The node keeps trying in the background.
+func (m *Membership) JoinErr() error { return m.joinErr }
 
 // Events delivers transitions, the latest per node (see Event.Coalesced).
 // It is closed after Close.
@@ -327,6 +346,48 @@ func (m *Membership) Leave(timeout time.Duration) error {
 		_ = m.ml.SendReliable(to, notice) // a peer that misses it sees a crash
 	}
 	return m.ml.Leave(timeout)
+}
+
+// startRejoinFor is how long after start a node keeps joining its seeds
+// although it has peers: twice the time its peers may take to declare
+// its previous run dead (a probe round over reconnectPeersMax nodes, then
+// the worst-case detection).
+func (m *Membership) startRejoinFor() time.Duration {
+	p := m.profile
+	return 2 * (time.Duration(reconnectPeersMax)*p.ProbeInterval + p.WorstCaseDetection(reconnectPeersMax))
+}
+
+// ErrNotDead refuses Forget for a node that is not in the view as dead.
+var ErrNotDead = errors.New("membership: the node is not dead in this view")
+
+// Forget records a dead peer as left, here and, by a message to every
+// alive peer, in their views: a node that will not come back (a machine
+// retired without a leave) then no longer counts against the majority
+// that fencing needs. A forgotten node that comes back is alive again.
+func (m *Membership) Forget(name string) error {
+	m.mu.Lock()
+	p, ok := m.table[name]
+	if !ok || p.State == StateAlive {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: %q", ErrNotDead, name)
+	}
+	m.setLocked(name, StateLeft, p.Addr, p.Meta, p.MetaErr)
+	m.fenceLocked()
+	m.mu.Unlock()
+	notice := append([]byte{msgForget}, name...)
+	for _, q := range m.Members() {
+		if q.State != StateAlive {
+			continue
+		}
+		host, port, err := net.SplitHostPort(q.Addr)
+		pn, perr := strconv.ParseUint(port, 10, 16)
+		if err != nil || perr != nil {
+			continue
+		}
+		to := &memberlist.Node{Name: q.Name, Addr: net.ParseIP(host), Port: uint16(pn)}
+		_ = m.ml.SendReliable(to, notice) // best effort: a peer that misses it is told again by a later Forget
+	}
+	return nil
 }
 
 // Close stops gossip without a leave message (to the others it is a
@@ -475,7 +536,16 @@ func (m *Membership) reconnectTargets() []string {
 			dead = append(dead, p.Addr)
 		}
 	}
-	if m.fenced {
+	// The seeds too while fenced, while no peer is alive (the seeds were
+	// not up when this node started), and for a while after start: peers
+	// that still held this node's previous run as alive at another
+	// address refused its first messages, and take the new address once
+	// they have declared the old one dead and hear from it again.
+	alone := true
+	for _, p := range m.table {
+		alone = alone && p.State != StateAlive
+	}
+	if m.fenced || alone || time.Since(m.started) < m.startRejoinFor() {
 		dead = append(dead, m.seeds...)
 	}
 	if len(dead) <= reconnectPeersMax {
@@ -550,6 +620,10 @@ func (d *metaDelegate) NodeMeta(limit int) []byte {
 // the rest is its name.
 const msgLeaving = 'L'
 
+// msgForget starts the user message Forget sends each alive peer; the
+// forgotten node's name follows.
+const msgForget = 'F'
+
 // delegate is the memberlist.Delegate: it serves this node's metadata and
 // takes leave notices. Any other user message is ignored.
 type delegate struct {
@@ -560,15 +634,32 @@ type delegate struct {
 func (d *delegate) NodeMeta(limit int) []byte { return d.meta.NodeMeta(limit) }
 
 func (d *delegate) NotifyMsg(b []byte) {
-	if len(b) < 2 || b[0] != msgLeaving {
+	if len(b) < 2 {
 		return
 	}
 	name := string(b[1:])
 	d.m.mu.Lock()
 	defer d.m.mu.Unlock()
 	// Only names already in the view, so a peer cannot grow the map.
-	if _, ok := d.m.table[name]; ok {
+	p, ok := d.m.table[name]
+	if !ok {
+		return
+	}
+	switch b[0] {
+	case msgLeaving:
 		d.m.leaving[name] = true
+	case msgForget:
+		// A node this view holds dead is left from now on. One still
+		// alive here (this node has not noticed the death yet) will be
+		// recorded left, not dead, when it is declared gone, unless it
+		// is heard from again before.
+		switch p.State {
+		case StateDead:
+			d.m.setLocked(name, StateLeft, p.Addr, p.Meta, p.MetaErr)
+			d.m.fenceLocked()
+		case StateAlive:
+			d.m.leaving[name] = true
+		}
 	}
 }
 

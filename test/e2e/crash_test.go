@@ -18,7 +18,7 @@ import (
 )
 
 // buildSinew compiles the sinew binary into a temporary directory.
-func buildSinew(t *testing.T) string {
+func buildSinew(t testing.TB) string {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
@@ -43,13 +43,13 @@ type child struct {
 }
 
 // startChild runs `sinew serve` on dir and waits for its "serving" log line.
-func startChild(t *testing.T, bin, dir string) *child {
+func startChild(t testing.TB, bin, dir string) *child {
 	t.Helper()
 	return startChildArgs(t, bin, dir)
 }
 
 // startChildArgs is startChild with extra serve flags (later flags win).
-func startChildArgs(t *testing.T, bin, dir string, extra ...string) *child {
+func startChildArgs(t testing.TB, bin, dir string, extra ...string) *child {
 	t.Helper()
 	args := append([]string{"serve", "--data-dir", dir, "--listen", "127.0.0.1:0", "--admin-listen", ""}, extra...)
 	cmd := exec.Command(bin, args...)

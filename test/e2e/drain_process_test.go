@@ -31,7 +31,7 @@ func termChild(t *testing.T, c *child) (status int, took time.Duration) {
 
 // waitChild waits (bounded by safetyTimeout) for c to exit and returns its
 // exit status.
-func waitChild(t *testing.T, c *child) int {
+func waitChild(t testing.TB, c *child) int {
 	t.Helper()
 	select {
 	case <-c.done: // stderr read to its end: the process closed it on exit
