@@ -52,7 +52,15 @@ func startChild(t testing.TB, bin, dir string) *child {
 func startChildArgs(t testing.TB, bin, dir string, extra ...string) *child {
 	t.Helper()
 	args := append([]string{"serve", "--data-dir", dir, "--listen", "127.0.0.1:0", "--admin-listen", ""}, extra...)
-	cmd := exec.Command(bin, args...)
+	return startCommand(t, bin, args...)
+}
+
+// startCommand runs name with args, a command that ends up as `sinew
+// serve` (directly, or under ip netns exec), and waits for its "serving"
+// log line.
+func startCommand(t testing.TB, name string, args ...string) *child {
+	t.Helper()
+	cmd := exec.Command(name, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
