@@ -154,7 +154,12 @@ func (p *Partition) takeCheckpoint() (ckptJob, bool) {
 func (p *Partition) writeCheckpoint(j ckptJob) error {
 	// Everything the snapshot reflects must be durable before the
 	// checkpoint claims it; under SyncAlways it mostly is already, under
-	// SyncInterval this forces it.
+	// SyncInterval this forces it. The WAL mark is taken first: the
+	// actor may overwrite a replica's suffix while this syncs.
+	var mark uint64
+	if p.cfg.WAL != nil {
+		mark = p.cfg.WAL.Mark(p.cfg.WALGroup)
+	}
 	lsn, err := p.log.Sync()
 	if err != nil {
 		return fmt.Errorf("checkpoint: sync log: %w", err)
@@ -167,7 +172,7 @@ func (p *Partition) writeCheckpoint(j ckptJob) error {
 	}
 	if p.cfg.WAL != nil {
 		// The log's own files now hold what the WAL held for it.
-		p.cfg.WAL.Release(p.cfg.WALGroup, lsn)
+		p.cfg.WAL.ReleaseSince(p.cfg.WALGroup, lsn, mark)
 	}
 	if err := WriteFileAtomic(p.cfg.FS, p.ckptPath(), j.data); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
@@ -422,11 +427,12 @@ func (p *Partition) ReleaseWAL() error {
 	if p.cfg.WAL == nil || p.log == nil {
 		return nil
 	}
+	mark := p.cfg.WAL.Mark(p.cfg.WALGroup)
 	lsn, err := p.log.Sync()
 	if err != nil {
 		return fmt.Errorf("partition %s: release wal: %w", p, err)
 	}
-	p.cfg.WAL.Release(p.cfg.WALGroup, lsn)
+	p.cfg.WAL.ReleaseSince(p.cfg.WALGroup, lsn, mark)
 	return nil
 }
 

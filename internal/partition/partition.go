@@ -105,10 +105,14 @@ var (
 
 // WAL is the part of a per-node write-ahead log (*wal.WAL) a partition
 // uses: Commit makes a batch of its entries durable, Release says its own
-// log holds entries up to index durably.
+// log holds entries up to index durably; Mark and ReleaseSince do the same
+// from a goroutine other than the actor, where an overwrite may come
+// between the log's sync and the release.
 type WAL interface {
 	Commit(group string, b wal.Batch) error
 	Release(group string, index uint64)
+	Mark(group string) uint64
+	ReleaseSince(group string, index, mark uint64)
 }
 
 // Config configures one partition.

@@ -119,7 +119,10 @@ type WAL struct {
 	// tracked (ids, released); trim stops tracking one once no segment
 	// holds its entries, so churn of short-lived groups stays bounded.
 	forgotten map[string]bool
-	segs      []*segInfo // oldest first; the last is active
+	// lowered counts, per group, the commits that lowered its release
+	// mark (entries at indexes it had released): see Mark.
+	lowered map[string]uint64
+	segs    []*segInfo // oldest first; the last is active
 	replayed  map[string]*Group
 
 	// writer-owned
@@ -165,6 +168,7 @@ func Open(opts Options) (*WAL, error) {
 		hs:         map[string]HardState{},
 		released:   map[string]uint64{},
 		forgotten:  map[string]bool{},
+		lowered:    map[string]uint64{},
 		replayed:   map[string]*Group{},
 		writerDone: make(chan struct{}),
 	}
@@ -454,6 +458,7 @@ func (w *WAL) Commit(group string, b Batch) error {
 		// again after Forget): they are not released until the group says
 		// so again.
 		w.released[group] = minIdx - 1
+		w.lowered[group]++
 	}
 	for w.err == nil && !w.closed && len(w.queue) > 0 &&
 		(w.queued+int64(len(buf)) > w.opts.PendingBytesMax || len(w.queue) >= w.opts.CommittersMax) {
@@ -484,6 +489,31 @@ func (w *WAL) Commit(group string, b Batch) error {
 func (w *WAL) Release(group string, index uint64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if index > w.released[group] {
+		w.released[group] = index
+		w.kick = true
+		w.cond.Broadcast()
+	}
+}
+
+// Mark returns a token for ReleaseSince: take it before syncing the
+// group's own files when that runs beside the group's commits.
+func (w *WAL) Mark(group string) uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lowered[group]
+}
+
+// ReleaseSince is Release for a caller that synced the group's own files
+// while the group kept committing: it does nothing if a commit since mark
+// rewrote indexes the group had released (a replica overwriting its
+// suffix), since the sync may predate the rewrite.
+func (w *WAL) ReleaseSince(group string, index, mark uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.lowered[group] != mark {
+		return
+	}
 	if index > w.released[group] {
 		w.released[group] = index
 		w.kick = true
@@ -726,6 +756,7 @@ next:
 			}
 		}
 		delete(w.forgotten, g)
+		delete(w.lowered, g)
 		delete(w.released, g)
 		delete(w.ids, g)
 		// A later commit under the name declares its new id again.

@@ -495,3 +495,35 @@ func TestForgottenGroupsAreNotTrackedForever(t *testing.T) {
 		t.Fatalf("the name used again replays %v", got.Entries)
 	}
 }
+
+// A release based on a sync taken before a commit rewrote released
+// indexes is ignored; one taken after counts.
+func TestReleaseSinceIgnoresAStaleSync(t *testing.T) {
+	fs := vfs.NewMem()
+	w := open(t, fs, Options{})
+	defer w.Close()
+	g := "queues/r/_/p0"
+	if err := w.Commit(g, Batch{Entries: entries(g, 1, 10, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	w.Release(g, 10)
+	mark := w.Mark(g) // a sync of the group's own log starts here
+	// Meanwhile the group overwrites 6..10 with a new term.
+	if err := w.Commit(g, Batch{Entries: entries(g, 6, 10, 2)}); err != nil {
+		t.Fatal(err)
+	}
+	w.ReleaseSince(g, 10, mark) // the sync that may predate the overwrite
+	w.mu.Lock()
+	got := w.released[g]
+	w.mu.Unlock()
+	if got != 5 {
+		t.Fatalf("released %d after a stale release, want 5", got)
+	}
+	w.ReleaseSince(g, 10, w.Mark(g))
+	w.mu.Lock()
+	got = w.released[g]
+	w.mu.Unlock()
+	if got != 10 {
+		t.Fatalf("released %d after a fresh release, want 10", got)
+	}
+}
