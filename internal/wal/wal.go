@@ -121,9 +121,9 @@ type WAL struct {
 	forgotten map[string]bool
 	// lowered counts, per group, the commits that lowered its release
 	// mark (entries at indexes it had released): see Mark.
-	lowered map[string]uint64
-	segs    []*segInfo // oldest first; the last is active
-	replayed  map[string]*Group
+	lowered  map[string]uint64
+	segs     []*segInfo // oldest first; the last is active
+	replayed map[string]*Group
 
 	// writer-owned
 	active   vfs.File
