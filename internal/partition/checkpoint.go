@@ -453,6 +453,9 @@ func (p *Partition) mergeWAL(log *seglog.Log, single bool, st *queue.State, dd *
 		return nil
 	}
 	var last uint64
+	// stale: an entry at the log's end was skipped as older than the
+	// log's last entry; the WAL entries after it cannot be placed.
+	stale := false
 	for _, e := range g.Entries {
 		last = e.Index
 		if e.Index < log.FirstLSN() || !single && e.Index < covers {
@@ -461,16 +464,12 @@ func (p *Partition) mergeWAL(log *seglog.Log, single bool, st *queue.State, dd *
 			// with another term is one a raft snapshot replaced.
 			continue
 		}
-		if !single && e.Index > 1 {
-			// A log's terms never go down: an entry of a lower term
-			// than the one before it, and every entry after it, belong
-			// to a suffix raft discarded (a raft snapshot restarted the
-			// log past it) and are not merged.
-			if pt, err := log.Term(e.Index - 1); err == nil && e.Term < pt {
-				break
-			}
-		}
-		if next := log.NextLSN(); e.Index < next {
+		// On a replica, of two writes at one index the later has the
+		// higher term (a new leader's). The WAL's run for a group may
+		// join entries across a segment already deleted, so it can hold
+		// an older write than the log: that one is skipped.
+		next := log.NextLSN()
+		if e.Index < next {
 			t, err := log.Term(e.Index)
 			if err != nil {
 				return fmt.Errorf("partition %s: wal merge: %w", p, err)
@@ -481,8 +480,24 @@ func (p *Partition) mergeWAL(log *seglog.Log, single bool, st *queue.State, dd *
 			if single {
 				return p.damaged("wal entry %d has term %d, the log has term %d", e.Index, e.Term, t)
 			}
+			if e.Term < t {
+				continue // the log holds the later write
+			}
+			// The WAL holds the later write: it replaces the log's
+			// suffix from here.
 		} else if e.Index > next {
+			if stale {
+				break
+			}
 			return p.damaged("wal entry %d is past the end of the log (%d)", e.Index, next-1)
+		} else if !single && next > 1 {
+			// A log's terms never go down: an entry of a lower term
+			// than the log's last belongs to a suffix raft discarded (a
+			// raft snapshot restarted the log past it).
+			if pt, err := log.Term(next - 1); err == nil && e.Term < pt {
+				stale = true
+				continue
+			}
 		}
 		if err := log.AppendAt(e.Index, e.Term, e.Type, e.Payload); err != nil {
 			return fmt.Errorf("partition %s: wal merge: %w", p, err)

@@ -1,7 +1,10 @@
 package partition
 
 import (
+	"bytes"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/sinewmq/sinew/internal/seglog"
@@ -82,5 +85,112 @@ func TestMergeWALDropsASuffixASnapshotDiscarded(t *testing.T) {
 	if next := log2.NextLSN(); next != 10 {
 		t10, _ := log2.Term(10)
 		t.Fatalf("after the snapshot at 9 (term %d) recovery put back %d..%d, entry 10 of term %d: the log's terms go down", last, 10, next-1, t10)
+	}
+}
+
+// A follower's WAL segment S1 holds its entries 1..5 of term 1 (3..5
+// uncommitted, from a deposed leader) and stays, pinned by another group's
+// unreleased entry. A leader of term 2 overwrites 3..5 (segment S2); the
+// follower's own log makes 1..2@1, 3..5@2 durable and releases 5, so S2 is
+// deleted. The leader then sends 6@2, durable only in the WAL (S3). After a
+// power loss the WAL replays S1's stale 1..5@1 joined with S3's 6@2.
+// Recovery keeps the log's later writes 3..5@2 and appends 6@2, with the
+// checkpoint covering 1..3 or only 1..2.
+func TestMergeWALKeepsTheLaterWriteAndAnAckedEntry(t *testing.T) {
+	for _, covers := range []uint64{4, 3} {
+		t.Run(fmt.Sprintf("covers=%d", covers), func(t *testing.T) {
+			mergeAfterDeletedRewrite(t, covers)
+		})
+	}
+}
+
+func mergeAfterDeletedRewrite(t *testing.T, covers uint64) {
+	fs := vfs.NewMem()
+	for _, d := range []string{"data", "data/p0", "data/p0/log"} {
+		if err := fs.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = fs.SyncDir(".")
+	_ = fs.SyncDir("data")
+	_ = fs.SyncDir("data/p0")
+	group, other := "queues/t/g/p0", "queues/t/h/p0"
+	pay := func(n int) []byte { return bytes.Repeat([]byte("x"), n) }
+	// Segment sizes: S1 = header + g's 1..5 + h's 1 (then full), S2 = g's
+	// 3..5 (full on its own), S3 = g's 6.
+	w, err := wal.Open(wal.Options{FS: fs, Dir: "data/wal", SegmentBytes: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, err := seglog.Open(seglog.Options{FS: fs, Dir: "data/p0/log"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ents []wal.Entry
+	for i := uint64(1); i <= 5; i++ {
+		ents = append(ents, wal.Entry{Index: i, Term: 1, Payload: pay(20)})
+	}
+	if err := w.Commit(group, wal.Batch{Entries: ents}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit(other, wal.Batch{Entries: []wal.Entry{{Index: 1, Term: 1, Payload: pay(500)}}}); err != nil {
+		t.Fatal(err)
+	}
+	var over []wal.Entry
+	for i := uint64(3); i <= 5; i++ {
+		over = append(over, wal.Entry{Index: i, Term: 2, Payload: pay(300)})
+	}
+	if err := w.Commit(group, wal.Batch{Entries: over}); err != nil {
+		t.Fatal(err)
+	}
+	// The follower's own log after its checkpoint: 1..2@1, 3..5@2.
+	for i := uint64(1); i <= 5; i++ {
+		term := uint64(1)
+		if i >= 3 {
+			term = 2
+		}
+		if err := log.AppendAt(i, term, 0, pay(20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := log.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	w.Release(group, 5)
+	if err := w.Commit(group, wal.Batch{Entries: []wal.Entry{{Index: 6, Term: 2, Payload: []byte("acked")}}}); err != nil {
+		t.Fatal(err)
+	}
+	if names, _ := fs.ReadDir("data/wal"); slices.Contains(names, "wal-0000000000000002.log") {
+		t.Fatalf("the segment of the rewrite 3..5@2 was not deleted: %v", names)
+	}
+	crashed := fs.Crash(rand.New(rand.NewPCG(1, 1)), false)
+	log.Close()
+	w.Close()
+
+	w2, err := wal.Open(wal.Options{FS: crashed, Dir: "data/wal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Close()
+	log2, err := seglog.Open(seglog.Options{FS: crashed, Dir: "data/p0/log"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log2.Close()
+	g, ok := w2.Take(group)
+	if !ok {
+		t.Fatal("nothing replayed")
+	}
+	p := &Partition{cfg: Config{Topic: "t", Group: "g", WAL: w2, WALGroup: group, WALReplay: &g}}
+	if err := p.mergeWAL(log2, false, nil, nil, covers); err != nil {
+		t.Fatalf("mergeWAL: %v", err)
+	}
+	if next := log2.NextLSN(); next != 7 {
+		t.Fatalf("entry 6@2, fsynced through the WAL and acknowledged, is gone after recovery: the log ends at %d", next-1)
+	}
+	for i, want := range []uint64{1, 1, 2, 2, 2, 2} {
+		if got, _ := log2.Term(uint64(i + 1)); got != want {
+			t.Errorf("after recovery entry %d has term %d, want %d", i+1, got, want)
+		}
 	}
 }
