@@ -952,8 +952,8 @@ func adminNodeForget(ctx context.Context, name string, args []string, stdout, st
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return fmt.Errorf("%w: name one dead node to forget by its id (see sinew admin nodes)", errUsage)
+	if len(pos) != 1 || pos[0] == "" || len(pos[0]) > nodeIDBytesMax {
+		return fmt.Errorf("%w: name one dead node to forget by its id, at most %d characters (see sinew admin nodes)", errUsage, nodeIDBytesMax)
 	}
 	id := pos[0]
 	c, err := f.client()
@@ -967,6 +967,10 @@ func adminNodeForget(ctx context.Context, name string, args []string, stdout, st
 	if *f.json {
 		return printRaw(stdout, raw)
 	}
-	_, err = fmt.Fprintf(stdout, "node %s is recorded as left by the broker at %s and, through it, by every alive node\n", id, c.addr)
+	_, err = fmt.Fprintf(stdout, "node %s is recorded as left by the broker at %s, which tells every alive node it can reach\n", id, c.addr)
 	return err
 }
+
+// nodeIDBytesMax bounds the node id `node forget` sends (ids are 32 hex
+// digits; memberlist names are bounded too).
+const nodeIDBytesMax = 256

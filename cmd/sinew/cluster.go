@@ -80,7 +80,7 @@ func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (
 		Profile:   profile,
 		Seeds:     c.Seeds,
 		SecretKey: key,
-		Logger:    log.New(memberlistLog{logger}, "", 0),
+		Logger:    log.New(&memberlistLog{logger: logger, now: time.Now}, "", 0),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cluster.gossip_listen %s: %w", c.GossipListen, err)
@@ -96,12 +96,29 @@ func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (
 	return n, nil
 }
 
+// memberlistWarnsMax WARN lines from memberlist are logged per
+// memberlistWarnWindowMs; the rest of the window's go to DEBUG and are
+// counted in one WARN line when the next window opens. Anyone who can
+// reach the gossip port can make memberlist complain once per packet.
+const (
+	memberlistWarnsMax     = 10
+	memberlistWarnWindowMs = 10_000
+)
+
 // memberlistLog turns memberlist's log lines into records of the broker
 // log: its errors and warnings (a message no key could decrypt, a
-// conflicting address) at WARN, the rest at DEBUG.
-type memberlistLog struct{ logger *slog.Logger }
+// conflicting address) at WARN, bounded per window, the rest at DEBUG.
+type memberlistLog struct {
+	logger *slog.Logger
+	now    func() time.Time
 
-func (w memberlistLog) Write(b []byte) (int, error) {
+	mu         sync.Mutex
+	windowEnd  time.Time
+	warns      int
+	suppressed int
+}
+
+func (w *memberlistLog) Write(b []byte) (int, error) {
 	line := strings.TrimSpace(string(b))
 	level := slog.LevelDebug
 	if tag, rest, ok := strings.Cut(line, "] "); ok && strings.HasPrefix(tag, "[") {
@@ -113,8 +130,34 @@ func (w memberlistLog) Write(b []byte) (int, error) {
 	if !strings.HasPrefix(line, "memberlist: ") {
 		line = "memberlist: " + line
 	}
+	if level == slog.LevelWarn && !w.admitWarn() {
+		level = slog.LevelDebug
+	}
 	w.logger.Log(context.Background(), level, line)
 	return len(b), nil
+}
+
+// admitWarn reports whether one more WARN fits this window, and reports
+// what the last window suppressed when a new one opens.
+func (w *memberlistLog) admitWarn() bool {
+	w.mu.Lock()
+	now := w.now()
+	var suppressed int
+	if !now.Before(w.windowEnd) {
+		suppressed, w.suppressed, w.warns = w.suppressed, 0, 0
+		w.windowEnd = now.Add(memberlistWarnWindowMs * time.Millisecond)
+	}
+	ok := w.warns < memberlistWarnsMax
+	if ok {
+		w.warns++
+	} else {
+		w.suppressed++
+	}
+	w.mu.Unlock()
+	if suppressed > 0 {
+		w.logger.Warn("memberlist: more warnings were logged at DEBUG only", "suppressed", suppressed, "window_ms", memberlistWarnWindowMs)
+	}
+	return ok
 }
 
 // readGossipKey reads a base64 key of 16, 24 or 32 bytes.
@@ -148,6 +191,9 @@ func (n *clusterNode) watch() {
 			n.logger.Warn("cluster: this node sees a majority of its peers dead (fenced)", "node_id", n.id)
 		case membership.EventUnfenced:
 			n.logger.Info("cluster: this node sees a majority again (unfenced)", "node_id", n.id)
+		case membership.EventIDConflict:
+			n.logger.Error("cluster: another process announces this node's id from another address; each node needs its own data directory (was one copied?)",
+				"node_id", n.id, "other_gossip_addr", ev.Addr, "other_client_addr", ev.Meta.ClientAddr, "coalesced", ev.Coalesced)
 		default:
 			n.logger.Info("cluster node "+ev.Kind.String(), attrs...)
 		}

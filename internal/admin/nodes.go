@@ -78,8 +78,12 @@ func (a *api) forget(w http.ResponseWriter, r *http.Request) {
 	}
 	id := r.PathValue("id")
 	if err := a.cfg.ForgetNode(id); err != nil {
+		if errors.Is(err, membership.ErrUnknownNode) {
+			writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no node %q in this node's view (sinew admin nodes lists them)", id))
+			return
+		}
 		if errors.Is(err, membership.ErrNotDead) {
-			writeError(w, http.StatusConflict, "conflict", fmt.Sprintf("node %q is not dead in this node's view: only a dead node can be forgotten", id))
+			writeError(w, http.StatusConflict, "conflict", fmt.Sprintf("node %q is alive in this node's view: only a dead node can be forgotten", id))
 			return
 		}
 		writeError(w, http.StatusInternalServerError, "internal", err.Error())

@@ -382,8 +382,8 @@ func TestForget(t *testing.T) {
 	if nodes[0].m.Fenced() {
 		t.Fatal("n0 fenced with its only remaining peer alive")
 	}
-	if err := nodes[0].m.Forget("nobody"); !errors.Is(err, ErrNotDead) {
-		t.Fatalf("Forget of an unknown node: %v, want ErrNotDead", err)
+	if err := nodes[0].m.Forget("nobody"); !errors.Is(err, ErrUnknownNode) {
+		t.Fatalf("Forget of an unknown node: %v, want ErrUnknownNode", err)
 	}
 }
 
@@ -412,4 +412,61 @@ func TestSeedsRetriedWhileAlone(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = a.Close() })
 	awaitView(t, &node{m: b}, "b joins the seed that came up after it", func() bool { return stateOf(&node{m: b}, "a") == StateAlive })
+}
+
+// A forget that reaches a node which still holds the forgotten node alive
+// changes nothing there: when that node crashes later it is dead, not
+// left.
+func TestForgetOfANodeAliveHereIsIgnored(t *testing.T) {
+	nodes := startCluster(t, 3)
+	var to *memberlist.Node
+	for _, n := range nodes[0].m.ml.Members() {
+		if n.Name == "n1" {
+			to = n
+		}
+	}
+	if err := nodes[0].m.ml.SendReliable(to, append([]byte{msgForget}, "n2"...)); err != nil {
+		t.Fatal(err)
+	}
+	// SendReliable returns once the notice is written to n1's stream; n1
+	// handles it within milliseconds, long before n2's crash below could
+	// be detected (1.5 s at the earliest).
+	awaitView(t, nodes[1], "n1 holds n2 alive", func() bool { return stateOf(nodes[1], "n2") == StateAlive })
+	if err := nodes[2].m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	awaitView(t, nodes[1], "n1 sees n2 gone", func() bool { return stateOf(nodes[1], "n2") != StateAlive })
+	if s := stateOf(nodes[1], "n2"); s != StateDead {
+		t.Fatalf("n2, alive at n1 when the forget came, is %v at n1 after its crash, want dead", s)
+	}
+}
+
+// A second process started under a live node's id (a copied data
+// directory) hears, when it joins, that the id is already announced from
+// another address: an id conflict. (The cluster keeps the first.)
+func TestIDConflictIsReported(t *testing.T) {
+	a, err := New(Config{Meta: Meta{NodeID: "a", ClientAddr: "a:client"}, BindAddr: "127.0.0.1", Profile: LANProfile(), Logger: testLogger(t, "a")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	b, err := New(Config{Meta: Meta{NodeID: "b"}, BindAddr: "127.0.0.1", Profile: LANProfile(), Seeds: []string{a.Addr()},
+		Logger: testLogger(t, "b")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	copyOfA, err := New(Config{Meta: Meta{NodeID: "a", ClientAddr: "copy:client"}, BindAddr: "127.0.0.1", Profile: LANProfile(),
+		Seeds: []string{b.Addr()}, Logger: testLogger(t, "copy")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = copyOfA.Close() })
+	ev := awaitEvent(t, &node{m: copyOfA}, "the copy hears of the process that has its id", func(ev Event) bool { return ev.Kind == EventIDConflict })
+	if ev.Node != "a" || ev.Addr != a.Addr() || ev.Meta.ClientAddr != "a:client" {
+		t.Fatalf("conflict event %+v, want node a at %s", ev, a.Addr())
+	}
+	if got := b.Members(); len(got) != 1 || got[0].Addr != a.Addr() {
+		t.Fatalf("b's view %+v, want a at its first address", got)
+	}
 }

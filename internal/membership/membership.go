@@ -94,6 +94,10 @@ const (
 	EventFenced
 	// EventUnfenced: this node sees a majority of its peers again.
 	EventUnfenced
+	// EventIDConflict: another process announced this node's id from
+	// another address (Event.Addr), e.g. one started on a copy of the
+	// data directory.
+	EventIDConflict
 )
 
 func (k EventKind) String() string {
@@ -108,6 +112,8 @@ func (k EventKind) String() string {
 		return "fenced"
 	case EventUnfenced:
 		return "unfenced"
+	case EventIDConflict:
+		return "id_conflict"
 	}
 	return "unknown(" + strconv.Itoa(int(k)) + ")"
 }
@@ -124,6 +130,8 @@ type Event struct {
 	// Coalesced counts earlier transitions of the same node that this
 	// event replaced because the reader had not taken them yet.
 	Coalesced int
+	// Addr is the other address of an EventIDConflict.
+	Addr string
 }
 
 // Member is one peer in the view.
@@ -172,11 +180,15 @@ type Membership struct {
 	mu      sync.Mutex
 	table   map[string]*Member
 	leaving map[string]bool // peers that sent msgLeaving; only names in table
-	fenced  bool
-	pending map[string]*Event
-	order   []string // pending keys, oldest first
-	stats   Stats
-	rrNext  int
+	// resending: names whose forget notice is being sent again; closing:
+	// Close has begun.
+	resending map[string]bool
+	closing   bool
+	fenced    bool
+	pending   map[string]*Event
+	order     []string // pending keys, oldest first
+	stats     Stats
+	rrNext    int
 }
 
 // New starts a node's membership and joins cfg.Seeds (failing to reach any
@@ -200,16 +212,17 @@ func New(cfg Config) (*Membership, error) {
 		return nil, err
 	}
 	m := &Membership{
-		self:     cfg.Meta.NodeID,
-		selfMeta: cfg.Meta,
-		profile:  cfg.Profile,
-		seeds:    append([]string(nil), cfg.Seeds...),
-		kick:     make(chan struct{}, 1),
-		out:      make(chan Event),
-		stop:     make(chan struct{}),
-		table:    map[string]*Member{},
-		leaving:  map[string]bool{},
-		pending:  map[string]*Event{},
+		self:      cfg.Meta.NodeID,
+		selfMeta:  cfg.Meta,
+		profile:   cfg.Profile,
+		seeds:     append([]string(nil), cfg.Seeds...),
+		kick:      make(chan struct{}, 1),
+		out:       make(chan Event),
+		stop:      make(chan struct{}),
+		table:     map[string]*Member{},
+		leaving:   map[string]bool{},
+		resending: map[string]bool{},
+		pending:   map[string]*Event{},
 	}
 	m.meta = newMetaDelegate(meta)
 	mc := cfg.memberlistConfig(m.meta, m)
@@ -265,6 +278,7 @@ func (cfg Config) memberlistConfig(md *metaDelegate, m *Membership) *memberlist.
 	// exchange (PushPullInterval, 30 s).
 	mc.DeadNodeReclaimTime = time.Nanosecond
 	mc.Delegate = &delegate{meta: md, m: m}
+	mc.Conflict = (*conflicts)(m)
 	mc.Events = (*events)(m)
 	if cfg.Logger != nil {
 		mc.Logger = cfg.Logger
@@ -357,8 +371,12 @@ func (m *Membership) startRejoinFor() time.Duration {
 	return 2 * (time.Duration(reconnectPeersMax)*p.ProbeInterval + p.WorstCaseDetection(reconnectPeersMax))
 }
 
-// ErrNotDead refuses Forget for a node that is not in the view as dead.
-var ErrNotDead = errors.New("membership: the node is not dead in this view")
+// ErrNotDead refuses Forget for a node alive in the view; ErrUnknownNode
+// for a name the view does not hold.
+var (
+	ErrNotDead     = errors.New("membership: the node is alive in this view")
+	ErrUnknownNode = errors.New("membership: no such node in this view")
+)
 
 // Forget records a dead peer as left, here and, by a message to every
 // alive peer, in their views: a node that will not come back (a machine
@@ -367,14 +385,77 @@ var ErrNotDead = errors.New("membership: the node is not dead in this view")
 func (m *Membership) Forget(name string) error {
 	m.mu.Lock()
 	p, ok := m.table[name]
-	if !ok || p.State == StateAlive {
+	switch {
+	case !ok:
+		m.mu.Unlock()
+		return fmt.Errorf("%w: %q", ErrUnknownNode, name)
+	case p.State == StateAlive:
 		m.mu.Unlock()
 		return fmt.Errorf("%w: %q", ErrNotDead, name)
 	}
 	m.setLocked(name, StateLeft, p.Addr, p.Meta, p.MetaErr)
 	m.fenceLocked()
+	n := len(m.table) + 1
+	// One resender per name, none once closing.
+	resend := !m.closing && !m.resending[name]
+	if resend {
+		m.resending[name] = true
+		m.wg.Add(1)
+	}
 	m.mu.Unlock()
 	notice := append([]byte{msgForget}, name...)
+	m.sendAlive(notice)
+	if !resend {
+		return nil
+	}
+	// A peer that still holds the node alive ignores the notice; it is
+	// sent again each probe interval until every peer has had time to
+	// declare the node dead (bounded, and stopped by Close).
+	resendFor := 2 * (time.Duration(n)*m.profile.ProbeInterval + m.profile.WorstCaseDetection(n))
+	go func() {
+		defer m.wg.Done()
+		defer func() {
+			m.mu.Lock()
+			delete(m.resending, name)
+			m.mu.Unlock()
+		}()
+		t := time.NewTicker(m.profile.ProbeInterval)
+		defer t.Stop()
+		end := time.After(resendFor)
+		for {
+			select {
+			case <-m.stop:
+				return
+			case <-end:
+				return
+			case <-t.C:
+				m.sendAlive(notice)
+			}
+		}
+	}()
+	return nil
+}
+
+// conflicts is the memberlist.ConflictDelegate: it reports another
+// process announcing this node's own id (two processes on copies of one
+// data directory). Conflicts over other names are memberlist's to log.
+type conflicts Membership
+
+func (c *conflicts) NotifyConflict(existing, other *memberlist.Node) {
+	m := (*Membership)(c)
+	if existing.Name != m.self {
+		return
+	}
+	meta, merr := decodeMeta(other.Meta)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// Keyed apart from this node's fence events (a name never holds a
+	// NUL byte), one pending at a time.
+	m.queueKeyLocked(m.self+"\x00conflict", Event{Kind: EventIDConflict, Node: m.self, Meta: meta, MetaErr: merr, Addr: other.Address()})
+}
+
+// sendAlive sends msg to every peer alive in the view, best effort.
+func (m *Membership) sendAlive(msg []byte) {
 	for _, q := range m.Members() {
 		if q.State != StateAlive {
 			continue
@@ -385,9 +466,8 @@ func (m *Membership) Forget(name string) error {
 			continue
 		}
 		to := &memberlist.Node{Name: q.Name, Addr: net.ParseIP(host), Port: uint16(pn)}
-		_ = m.ml.SendReliable(to, notice) // best effort: a peer that misses it is told again by a later Forget
+		_ = m.ml.SendReliable(to, msg) // a peer that misses it gets the next one
 	}
-	return nil
 }
 
 // Close stops gossip without a leave message (to the others it is a
@@ -396,6 +476,9 @@ func (m *Membership) Forget(name string) error {
 func (m *Membership) Close() error {
 	var err error
 	m.closeOnce.Do(func() {
+		m.mu.Lock()
+		m.closing = true // no new goroutine joins wg after this
+		m.mu.Unlock()
 		close(m.stop)
 		err = m.ml.Shutdown()
 		m.wg.Wait()
@@ -456,15 +539,18 @@ func (m *Membership) fenceLocked() {
 // queueLocked makes ev the pending event of its node. At most one event
 // per node (and one for this node's fence) waits, so memory is bounded by
 // the cluster size and no node's latest state is ever dropped.
-func (m *Membership) queueLocked(ev Event) {
-	if p, ok := m.pending[ev.Node]; ok {
+func (m *Membership) queueLocked(ev Event) { m.queueKeyLocked(ev.Node, ev) }
+
+// queueKeyLocked is queueLocked with the pending slot named by key.
+func (m *Membership) queueKeyLocked(key string, ev Event) {
+	if p, ok := m.pending[key]; ok {
 		ev.Coalesced = p.Coalesced + 1
 		*p = ev
 		m.stats.Coalesced++
 		return
 	}
-	m.pending[ev.Node] = &ev
-	m.order = append(m.order, ev.Node)
+	m.pending[key] = &ev
+	m.order = append(m.order, key)
 	select {
 	case m.kick <- struct{}{}:
 	default:
@@ -649,16 +735,13 @@ func (d *delegate) NotifyMsg(b []byte) {
 	case msgLeaving:
 		d.m.leaving[name] = true
 	case msgForget:
-		// A node this view holds dead is left from now on. One still
-		// alive here (this node has not noticed the death yet) will be
-		// recorded left, not dead, when it is declared gone, unless it
-		// is heard from again before.
-		switch p.State {
-		case StateDead:
+		// Only a node this view holds dead: one alive here answers
+		// this node's probes, whatever the sender thinks of it. Forget
+		// sends again for a while, so a node that has not noticed the
+		// death yet applies it once it does.
+		if p.State == StateDead {
 			d.m.setLocked(name, StateLeft, p.Addr, p.Meta, p.MetaErr)
 			d.m.fenceLocked()
-		case StateAlive:
-			d.m.leaving[name] = true
 		}
 	}
 }

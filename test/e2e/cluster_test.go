@@ -324,7 +324,7 @@ func TestClusterNodeComesBackOnANewAddressAndIsForgotten(t *testing.T) {
 		}
 	}
 	out, err = exec.Command(bin, "admin", "node", "forget", id3, "--admin-addr", n1.admin).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "not dead") {
+	if err == nil || !strings.Contains(string(out), "is alive in this node's view") {
 		t.Fatalf("forget of an alive node: %v\n%s", err, out)
 	}
 }
