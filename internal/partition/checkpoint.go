@@ -464,10 +464,16 @@ func (p *Partition) mergeWAL(log *seglog.Log, single bool, st *queue.State, dd *
 			// with another term is one a raft snapshot replaced.
 			continue
 		}
-		// On a replica, of two writes at one index the later has the
-		// higher term (a new leader's). The WAL's run for a group may
-		// join entries across a segment already deleted, so it can hold
-		// an older write than the log: that one is skipped.
+		// On a replica the WAL's run for a group may join entries
+		// across a segment already deleted, so it can hold an older
+		// write than the log. Terms usually tell: a new leader's write
+		// at an index usually has the higher term, and the higher term
+		// is kept. Not always: a leader may overwrite a follower's entry
+		// with one of a lower term from an earlier leader (raft's
+		// "figure 8" case), and then this keeps the wrong one. Replicas
+		// do not run on a node WAL in production yet; they need the WAL
+		// to record which write came last (a release record before a
+		// segment is deleted) before they do.
 		next := log.NextLSN()
 		if e.Index < next {
 			t, err := log.Term(e.Index)
