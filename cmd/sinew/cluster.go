@@ -23,6 +23,10 @@ import (
 	"github.com/sinewmq/sinew/internal/vfs"
 )
 
+// idConflictLogEveryMs spaces the id-conflict error lines; the conflicts
+// in between are counted in the next one.
+const idConflictLogEveryMs = 60_000
+
 // clusterLeaveTimeoutMs bounds how long a leave waits for the news to
 // spread before the node goes on to drain.
 const clusterLeaveTimeoutMs = 5_000
@@ -179,6 +183,8 @@ func readGossipKey(path string) ([]byte, error) {
 // watch logs every membership event until the membership closes.
 func (n *clusterNode) watch() {
 	defer close(n.done)
+	var lastConflict time.Time
+	conflicts := 0
 	for ev := range n.m.Events() {
 		attrs := []any{"node_id", ev.Node, "client_addr", ev.Meta.ClientAddr, "coalesced", ev.Coalesced}
 		if ev.MetaErr != nil {
@@ -192,8 +198,14 @@ func (n *clusterNode) watch() {
 		case membership.EventUnfenced:
 			n.logger.Info("cluster: this node sees a majority again (unfenced)", "node_id", n.id)
 		case membership.EventIDConflict:
-			n.logger.Error("cluster: another process announces this node's id from another address; each node needs its own data directory (was one copied?)",
-				"node_id", n.id, "other_gossip_addr", ev.Addr, "other_client_addr", ev.Meta.ClientAddr, "coalesced", ev.Coalesced)
+			// At most one line per idConflictLogEveryMs: without a gossip
+			// key, anyone who reaches the port can announce this id.
+			conflicts += 1 + ev.Coalesced
+			if now := time.Now(); now.Sub(lastConflict) >= idConflictLogEveryMs*time.Millisecond {
+				n.logger.Error("cluster: another process announces this node's id from another address; each node needs its own data directory (was one copied?)",
+					"node_id", n.id, "other_gossip_addr", ev.Addr, "other_client_addr", ev.Meta.ClientAddr, "conflicts", conflicts)
+				lastConflict, conflicts = now, 0
+			}
 		default:
 			n.logger.Info("cluster node "+ev.Kind.String(), attrs...)
 		}
