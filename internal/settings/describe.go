@@ -58,7 +58,7 @@ var help = map[string]string{
 	"cluster.seeds":                    "Comma-separated gossip addresses of other nodes, joined at start and again while the node sees no peer alive, while it is fenced, and for a while after it starts.",
 	"cluster.profile":                  "Failure detection timing: seed (a crashed node is declared dead within about 16 s) or lan (within about 1.5 s).",
 	"cluster.gossip_key_file":          "File holding the gossip key (16, 24 or 32 bytes, base64), which encrypts and authenticates gossip; every node needs the same key. Required when cluster.gossip_listen is not loopback.",
-	"storage.wal":                      "on or off: whether all partitions make their records durable through one node write-ahead log (DATA_DIR/wal, one fsync for every partition's records) instead of one fsync stream each. On pays off with 16 or more busy partitions and costs about a third at 1 to 4 (docs/benchmarks.md). A data directory left with a node WAL by a crash needs on; a clean stop retires the WAL.",
+	"storage.wal":                      "on or off: whether all partitions make their records durable through one node write-ahead log (DATA_DIR/wal, one fsync for every partition's records) instead of one fsync stream each. Experimental (docs/operations.md). On pays off with 16 or more busy partitions and costs about a third at 1 to 4 (docs/benchmarks.md). A data directory left with a node WAL by a crash needs on; a clean stop retires the WAL.",
 
 	"queue.partitions":        "Partitions of a queue created on first use.",
 	"queue.lease_ms":          "How long a manual-ack delivery stays leased before it is delivered again (queues created on first use).",
