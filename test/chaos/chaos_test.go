@@ -29,6 +29,9 @@ const (
 	envSeconds = "SINEW_CHAOS_SECONDS"
 	// envSummary names a file that receives one tab-separated line per scenario.
 	envSummary = "SINEW_CHAOS_SUMMARY"
+	// envKeep names a directory under which each scenario's data dir and
+	// broker logs are kept after the run, for inspecting a failure.
+	envKeep = "SINEW_CHAOS_KEEP"
 )
 
 // Bounds of one scenario.
@@ -175,6 +178,13 @@ func runScenario(t *testing.T, sc scenario) {
 	}()
 	bin := binary(t)
 	base := t.TempDir()
+	if keep := os.Getenv(envKeep); keep != "" {
+		var err error
+		if base, err = os.MkdirTemp(keep, sc.name+"-"); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("data dir and logs kept in %s", base)
+	}
 	dataDir := filepath.Join(base, "data")
 	fsDir := base
 	if sc.tmpfsBytes > 0 {

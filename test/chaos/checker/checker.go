@@ -52,6 +52,37 @@ type msgState struct {
 	// redeliveredAfterSettle counts deliveries of a position recorded after
 	// that position's ack was confirmed.
 	redeliveredAfterSettle int
+	// redeliveredAt is the position of the first such delivery.
+	redeliveredAt Pos
+	// trace notes the first few deliveries and settles (time, attempt),
+	// printed for a message that breaks the contract.
+	trace []traceEv
+}
+
+// traceEv is a delivery (attempt > 0, or -1 when unknown) or a settle
+// (attempt 0) at atMs.
+type traceEv struct {
+	atMs    int64
+	attempt int64
+}
+
+func (e traceEv) String() string {
+	switch {
+	case e.attempt == 0:
+		return fmt.Sprintf("settled t=%dms", e.atMs)
+	case e.attempt < 0:
+		return fmt.Sprintf("delivered t=%dms", e.atMs)
+	}
+	return fmt.Sprintf("delivered t=%dms attempt=%d", e.atMs, e.attempt)
+}
+
+// traceMax bounds a message's trace.
+const traceMax = 6
+
+func (m *msgState) note(atMs, attempt int64) {
+	if len(m.trace) < traceMax {
+		m.trace = append(m.trace, traceEv{atMs, attempt})
+	}
 }
 
 // waiting reports whether a drain still waits for m: confirmed, not settled,
@@ -130,15 +161,29 @@ func (c *Checker) Confirmed(id ID) {
 // pos at atMs, a time the caller measured on any monotonic scale shared by the
 // whole run.
 func (c *Checker) Delivered(id ID, pos Pos, atMs int64) {
+	c.DeliveredAttempt(id, pos, atMs, 0)
+}
+
+// DeliveredAttempt is Delivered with the broker's attempt number of the
+// delivery (1 on the first), kept in the trace of an offending message.
+func (c *Checker) DeliveredAttempt(id ID, pos Pos, atMs int64, attempt uint32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.update(id, func(m *msgState) {
+		a := int64(attempt)
+		if attempt == 0 {
+			a = -1
+		}
+		m.note(atMs, a)
 		m.deliveries++
 		if m.positions == nil {
 			m.positions = make(map[Pos]bool, 1)
 		}
 		m.positions[pos] = true
 		if m.settledAt[pos] {
+			if m.redeliveredAfterSettle == 0 {
+				m.redeliveredAt = pos
+			}
 			m.redeliveredAfterSettle++
 		}
 	})
@@ -181,9 +226,16 @@ func (c *Checker) observe(atMs int64) {
 // Settled records that the broker answered an ACK of a delivery of id from
 // pos with ok: that position is settled and must never be delivered again.
 func (c *Checker) Settled(id ID, pos Pos) {
+	c.SettledAt(id, pos, -1)
+}
+
+// SettledAt is Settled with the time the ack's ok arrived, kept in the
+// trace of an offending message.
+func (c *Checker) SettledAt(id ID, pos Pos, atMs int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.update(id, func(m *msgState) {
+		m.note(atMs, 0)
 		m.settled = true
 		if m.settledAt == nil {
 			m.settledAt = make(map[Pos]bool, 1)
@@ -242,6 +294,11 @@ type Report struct {
 
 	Lost               []ID     // confirmed, never delivered
 	SettledRedelivered []ID     // delivered again from a position whose ack was confirmed
+	// RedeliveredAt maps each of SettledRedelivered to the position it
+	// came back from, for looking it up in the broker's log.
+	RedeliveredAt map[ID]Pos
+	// Traces maps each of SettledRedelivered to its deliveries and settles.
+	Traces map[ID][]string
 	Phantom            []ID     // delivered, never attempted
 	Corrupt            []string // bodies that did not verify
 
@@ -292,6 +349,16 @@ func (c *Checker) Report() Report {
 		}
 		if m.redeliveredAfterSettle > 0 {
 			r.SettledRedelivered = append(r.SettledRedelivered, id)
+			if r.RedeliveredAt == nil {
+				r.RedeliveredAt = map[ID]Pos{}
+			}
+			r.RedeliveredAt[id] = m.redeliveredAt
+			if r.Traces == nil {
+				r.Traces = map[ID][]string{}
+			}
+			for _, e := range m.trace {
+				r.Traces[id] = append(r.Traces[id], e.String())
+			}
 		}
 		if m.deliveries > 0 && !m.attempted {
 			r.Phantom = append(r.Phantom, id)
@@ -330,6 +397,14 @@ func (r Report) Err() error {
 	if len(r.SettledRedelivered) > 0 {
 		fmt.Fprintf(&b, "\n  settled-redelivered (delivered after a confirmed ack): %d: %s",
 			len(r.SettledRedelivered), FormatIDs(r.SettledRedelivered))
+		// Where the first few came back from (partition/offset).
+		for i, id := range r.SettledRedelivered[:min(len(r.SettledRedelivered), 8)] {
+			pos := r.RedeliveredAt[id]
+			if i == 0 {
+				b.WriteString("\n    positions:")
+			}
+			fmt.Fprintf(&b, "\n      %s@%d/%d: %s", id, pos.Partition, pos.Offset, strings.Join(r.Traces[id], ", "))
+		}
 	}
 	if len(r.Phantom) > 0 {
 		fmt.Fprintf(&b, "\n  phantom (delivered, never published): %d: %s", len(r.Phantom), FormatIDs(r.Phantom))

@@ -81,9 +81,9 @@ func TestSettledRedelivered(t *testing.T) {
 	c.Delivered(id("p", 1), at0, 1)
 	c.Delivered(id("p", 1), at0, 2) // redelivered before any ack: a duplicate, legal
 	c.Settled(id("p", 1), at0)
-	c.Delivered(id("p", 2), at0, 3)
-	c.Settled(id("p", 2), at0)
-	c.Delivered(id("p", 2), at0, 4) // after the confirmed ack: a violation
+	c.DeliveredAttempt(id("p", 2), at0, 3, 1)
+	c.SettledAt(id("p", 2), at0, 5)
+	c.DeliveredAttempt(id("p", 2), at0, 7, 2) // after the confirmed ack: a violation
 	r := c.Report()
 	if got := FormatIDs(r.SettledRedelivered); got != "p:[2]" {
 		t.Fatalf("settled-redelivered = %q, want p:[2]", got)
@@ -93,6 +93,11 @@ func TestSettledRedelivered(t *testing.T) {
 	}
 	if err := r.Err(); !errors.Is(err, ErrViolation) || !strings.Contains(err.Error(), "settled-redelivered") {
 		t.Fatalf("Err() = %v", err)
+	}
+	// The report says where and when, for finding it in the broker's logs.
+	want := "delivered t=3ms attempt=1, settled t=5ms, delivered t=7ms attempt=2"
+	if err := r.Err(); !strings.Contains(err.Error(), want) {
+		t.Fatalf("Err() = %v\nwant the trace %q", err, want)
 	}
 }
 

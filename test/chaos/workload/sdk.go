@@ -120,7 +120,7 @@ func (k *consumer) sdkRun(ctx context.Context) {
 				continue
 			}
 			pos := checker.Pos{Partition: msg.Partition, Offset: msg.Offset}
-			k.cfg.Checker.Delivered(id, pos, at)
+			k.cfg.Checker.DeliveredAttempt(id, pos, at, msg.Attempt)
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
@@ -132,7 +132,7 @@ func (k *consumer) sdkRun(ctx context.Context) {
 				k.stats.add(func(s *Counters) { s.Acks++ })
 				switch err := msg.Complete(ctx); {
 				case err == nil:
-					k.cfg.Checker.Settled(id, pos)
+					k.cfg.Checker.SettledAt(id, pos, k.cfg.sinceMs())
 				case errors.Is(err, sinew.ErrConnectionLost) || errors.Is(err, sinew.ErrClientClosed) || ctx.Err() != nil:
 					// Sent, result unknown: it may have been settled.
 					k.cfg.Checker.AckInDoubt(id)
