@@ -51,7 +51,9 @@ func WithSubscribePartition(p int) SubscribeOption {
 //
 // Messages are buffered per subscription (bounded); when the application falls
 // behind, the buffer fills and the connection stops reading, which pushes back
-// on the broker.
+// on the broker. A buffered message whose lease the broker reports ended for
+// good when the client resumes (another consumer got the message since, or it
+// was settled) is dropped before the application sees it.
 type Subscription struct {
 	e     *endpoint
 	topic string
@@ -307,6 +309,11 @@ func (s *Subscription) pump() {
 		case <-s.done:
 			return
 		case m := <-s.buf:
+			if m.stale.Load() {
+				// The broker said after a resume that it no longer holds
+				// the lease: the application never sees it.
+				continue
+			}
 			select {
 			case s.out <- m:
 			case <-s.done:
@@ -374,6 +381,9 @@ func (s *Subscription) All(ctx context.Context) iter.Seq2[*Message, error] {
 				if !ok {
 					yield(nil, s.Err())
 					return
+				}
+				if m.stale.Load() {
+					continue // see pump
 				}
 				if !yield(m, nil) {
 					return

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"sync"
@@ -331,6 +332,15 @@ func (s *Subscription) Settle(kind protocol.Op, partitionIdx uint32, offset, lea
 			s.returnCredit(1)
 		}
 	})
+}
+
+// LeaseCurrent reports whether a settle of offset in partitionIdx by
+// leaseID would still take effect (see partition.Partition.LeaseCurrent).
+func (s *Subscription) LeaseCurrent(ctx context.Context, partitionIdx uint32, offset, leaseID uint64) (bool, error) {
+	if int(partitionIdx) >= len(s.q.parts) {
+		return false, nil
+	}
+	return s.q.parts[partitionIdx].LeaseCurrent(ctx, offset, leaseID)
 }
 
 // forget removes k from the outstanding deliveries and says whether it was

@@ -92,3 +92,43 @@ func (p *Partition) Discard(offset uint64, done func(error)) {
 	}
 	p.send(command{kind: cmdDiscard, offset: offset, settled: done}, done)
 }
+
+// LeaseCurrent reports whether a settle of offset by leaseID would still
+// take effect: the lease is held, or it ended without a settle (expired,
+// released) and the message has not been leased since, or it was ACKed
+// and a repeat of that ACK is answered ok (the client may not have had
+// the answer). A session resumed
+// after a restart asks it about the deliveries its client still holds that
+// the broker did not give back, so that the client can drop the stale ones
+// before the application sees them. A replica that does not lead answers
+// ErrNotLeader: only the leader's state is current.
+func (p *Partition) LeaseCurrent(ctx context.Context, offset, leaseID uint64) (bool, error) {
+	if err := p.Unavailable(); err != nil {
+		return false, err
+	}
+	type answer struct {
+		current bool
+		err     error
+	}
+	ch := make(chan answer, 1)
+	err := p.control(control{kind: ctlInspect, fn: func() {
+		if !p.leads {
+			ch <- answer{err: ErrNotLeader}
+			return
+		}
+		in, ok := p.st.Lookup(offset, p.nowMs())
+		cur := ok && (in.State == queue.StateInflight && in.LeaseID == leaseID ||
+			(in.State == queue.StateReady || in.State == queue.StateDelayed) && in.EndedLeaseID == leaseID) ||
+			p.acked.by(offset, leaseID) // its ACK is answered ok again
+		ch <- answer{current: cur}
+	}})
+	if err != nil {
+		return false, err
+	}
+	select {
+	case a := <-ch:
+		return a.current, a.err
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}

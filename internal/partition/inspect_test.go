@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/vfs"
@@ -102,5 +103,58 @@ func TestPeekAndDiscard(t *testing.T) {
 		if len(offs) != 2 || offs[0] != a || offs[1] != c {
 			t.Fatalf("after the crash the partition holds %v, want [%d %d] (%d discarded)", offs, a, c, b)
 		}
+	})
+}
+
+// LeaseCurrent says whether a settle by a lease would still take effect:
+// yes while it is held, after it expired until the message is leased again,
+// and for the lease that ACKed it (a repeat is answered ok); no for any
+// other lease once the message was settled or went to a newer lease.
+func TestLeaseCurrent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := vfs.NewMem()
+		p := mustOpen(t, testConfig(fs)) // leases last 10s
+		defer func() { p.Close() }()
+		ctx := context.Background()
+		mustPublish(t, p, "a", nil)
+		mustPublish(t, p, "b", nil)
+		cons := &tconsumer{owner: "o", credit: 2}
+		p.Attach(cons)
+		synctest.Wait()
+		d := cons.deliveries()
+		if len(d) != 2 {
+			t.Fatalf("deliveries %+v", d)
+		}
+		a, b := d[0], d[1]
+		check := func(what string, d Delivery, want bool) {
+			t.Helper()
+			got, err := p.LeaseCurrent(ctx, d.Offset, d.LeaseID)
+			if err != nil || got != want {
+				t.Fatalf("%s: LeaseCurrent(%d, lease %d) = %v, %v; want %v", what, d.Offset, d.LeaseID, got, err, want)
+			}
+		}
+		check("held", a, true)
+		check("held, another lease id", Delivery{Offset: a.Offset, LeaseID: a.LeaseID + 100}, false)
+		if err := settle(p, Ack, a, 0); err != nil {
+			t.Fatal(err)
+		}
+		// Acked: a repeat of that ACK is answered ok, so the lease still
+		// counts; another lease of the same offset does not.
+		check("acked, by the lease that acked it", a, true)
+		check("acked, another lease", Delivery{Offset: a.Offset, LeaseID: a.LeaseID + 1}, false)
+		// b's lease expires: a settle by it still applies, until the
+		// message is leased again.
+		time.Sleep(11 * time.Second)
+		synctest.Wait()
+		check("expired, not leased again", b, true)
+		cons.RefundCredit(1)
+		p.Poke()
+		synctest.Wait()
+		d = cons.deliveries()
+		if len(d) != 3 || d[2].Offset != b.Offset {
+			t.Fatalf("after the expiry: deliveries %+v", d)
+		}
+		check("leased again: the old lease", b, false)
+		check("leased again: the new lease", d[2], true)
 	})
 }

@@ -70,6 +70,14 @@ type Subscription interface {
 	Close()
 }
 
+// LeaseChecker may be implemented by a Subscription: LeaseCurrent reports
+// whether a settle of offset in partition by leaseID would still take
+// effect. A session resumed after a restart uses it to tell its client
+// which of the deliveries it still holds are stale.
+type LeaseChecker interface {
+	LeaseCurrent(ctx context.Context, partition uint32, offset, leaseID uint64) (bool, error)
+}
+
 // Consumer receives a subscription's deliveries from backend goroutines. Neither
 // method may block.
 type Consumer interface {

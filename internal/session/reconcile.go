@@ -1,8 +1,10 @@
 package session
 
 import (
+	"context"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/sinewmq/sinew/protocol"
 )
@@ -181,6 +183,7 @@ func (s *Session) Inflight(sink Sink, reqID uint64, req *protocol.Inflight) erro
 	}
 	reported := make(map[uint64]bool, len(req.Entries))
 	var stale []uint64
+	var checks []leaseCheck
 	kept := 0
 	for i := range req.Entries {
 		x := &req.Entries[i]
@@ -209,10 +212,26 @@ func (s *Session) Inflight(sink Sink, reqID uint64, req *protocol.Inflight) erro
 			}
 		}
 		if s.fromRestart && ref != nil {
-			// Judged by its lease when the client settles it (restore.go).
+			// Judged by its lease: asked of its partition below, and
+			// otherwise when the client settles it (restore.go).
+			if lc, ok := s.reg.subFor(ref.SubID, s).(LeaseChecker); ok {
+				checks = append(checks, leaseCheck{tag: x.Tag, ref: *ref, lc: lc})
+			}
 			continue
 		}
 		stale = append(stale, x.Tag)
+	}
+	if len(checks) > 0 {
+		// A delivery the client held across the restart whose lease has
+		// ended for good (settled, or the message leased again) is stale:
+		// the client drops it instead of handing it to the application.
+		s.mu.Unlock()
+		stale = append(stale, staleLeases(checks)...)
+		s.mu.Lock()
+		if s.state == stateClosed {
+			s.mu.Unlock()
+			return ErrClosed
+		}
 	}
 	s.fromRestart = false
 	resent := 0
@@ -235,4 +254,32 @@ func (s *Session) Inflight(sink Sink, reqID uint64, req *protocol.Inflight) erro
 	s.reg.inflightKept.Add(uint64(kept))
 	s.logger().Info("inflight reconciled", "reported", len(req.Entries), "resent", resent, "stale", len(stale), "kept", kept)
 	return nil
+}
+
+// leaseCheck is a delivery a client reported after a restart, to be judged
+// by its lease.
+type leaseCheck struct {
+	tag uint64
+	ref protocol.LeaseRef
+	lc  LeaseChecker
+}
+
+// leaseCheckTimeout bounds the partition lookups of one INFLIGHT; a lease
+// not judged by then is judged when the client settles it.
+const leaseCheckTimeout = 2 * time.Second
+
+// staleLeases returns the tags of checks whose leases their partitions say
+// no settle can take effect by any more. A lookup that fails (partition
+// unavailable, time out) leaves its tag out.
+func staleLeases(checks []leaseCheck) []uint64 {
+	ctx, cancel := context.WithTimeout(context.Background(), leaseCheckTimeout)
+	defer cancel()
+	var stale []uint64
+	for _, c := range checks {
+		cur, err := c.lc.LeaseCurrent(ctx, c.ref.Partition, c.ref.Offset, c.ref.LeaseID)
+		if err == nil && !cur {
+			stale = append(stale, c.tag)
+		}
+	}
+	return stale
 }

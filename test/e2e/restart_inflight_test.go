@@ -118,3 +118,62 @@ func TestRestartInflightBindsTags(t *testing.T) {
 	c.nc.Close()
 	stopStoreNode(t, n, st)
 }
+
+// TestRestartInflightStaleLease: a client holds a delivery whose lease
+// expired and whose message went to a newer lease that was ACKed. After a
+// restart it resumes and reports that delivery with one it still holds. The
+// server asks the partition and lists the first as stale (a settle by its
+// lease cannot take effect; the SDK drops such a delivery before the
+// application sees it); the second is kept. (Which leases count is
+// partition.TestLeaseCurrent.)
+func TestRestartInflightStaleLease(t *testing.T) {
+	dir := t.TempDir()
+	n, st := storeNode(t, dir, "")
+	addr := n.addr
+	c, ok := helloAs(t, addr, protocol.ResumeIdentity{})
+	id := ok.Resume
+	c.declare(&protocol.DeclareQueue{Topic: "rs", LeaseMs: 1000, MaxRetries: -1})
+	so := c.subscribe(&protocol.Subscribe{Topic: "rs", Partition: -1, Prefetch: 1})
+	p := dial(t, addr)
+	p.publish(&protocol.Publish{Topic: "rs", Partition: -1, Body: []byte("one")})
+	p.publish(&protocol.Publish{Topic: "rs", Partition: -1, Body: []byte("two")})
+	d1 := c.next()
+	// d1's lease expires; the message comes back under a new lease, which
+	// is ACKed.
+	again := c.next()
+	if again.Offset != d1.Offset || again.LeaseID == d1.LeaseID {
+		t.Fatalf("after the expiry got %+v, want offset %d under a new lease", again, d1.Offset)
+	}
+	if codes := c.settle(protocol.OpAck, 0, again.Tag); codes[0] != protocol.CodeOK {
+		t.Fatalf("ack of the new lease: %v", codes)
+	}
+	// "two" is delivered now; its lease normally still runs at the
+	// restart, and the restored session takes it back.
+	d2 := c.next()
+	if string(d2.Body) != "two" {
+		t.Fatalf("second delivery %+v", d2)
+	}
+	c.nc.Close()
+	p.nc.Close()
+	stopStoreNode(t, n, st)
+
+	n, st = storeNode(t, dir, addr)
+	defer stopStoreNode(t, n, st)
+	c, ok = helloAs(t, addr, id)
+	if ok.Outcome != protocol.ResumeResumed {
+		t.Fatalf("resume after restart: %+v", ok)
+	}
+	view := protocol.SubView{SubID: so.SubID, Topic: "rs", Partition: -1, AckMode: protocol.AckManual, Prefetch: 1}
+	if rr, isRR := c.call(&protocol.Reconcile{Policy: protocol.ReconcileRestore, Subs: []protocol.SubView{view}, InflightFollows: true}).(*protocol.ReconcileResult); !isRR || len(rr.Entries) != 1 || rr.Entries[0].Action != protocol.ActionKeep {
+		t.Fatalf("reconcile after restart: %+v", rr)
+	}
+	ref := func(d *protocol.Deliver) protocol.LeaseRef {
+		return protocol.LeaseRef{SubID: d.SubID, Partition: d.Partition, Offset: d.Offset, LeaseID: d.LeaseID}
+	}
+	ir, isIR := c.call(&protocol.Inflight{Entries: []protocol.InflightEntry{{Tag: d1.Tag, Lease: ref(d1)}, {Tag: d2.Tag, Lease: ref(d2)}}}).(*protocol.InflightResult)
+	// Whether or not "two"'s lease outlived the restart, a settle by it
+	// can still take effect: it is not stale.
+	if !isIR || len(ir.Stale) != 1 || ir.Stale[0] != d1.Tag {
+		t.Fatalf("inflight after restart: %+v, want only tag %d (the expired, re-leased and ACKed lease) stale", ir, d1.Tag)
+	}
+}

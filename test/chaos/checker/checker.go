@@ -292,15 +292,15 @@ type Report struct {
 
 	SettleRefused int // acks answered with stale_lease, unknown_tag or unavailable
 
-	Lost               []ID     // confirmed, never delivered
-	SettledRedelivered []ID     // delivered again from a position whose ack was confirmed
+	Lost               []ID // confirmed, never delivered
+	SettledRedelivered []ID // delivered again from a position whose ack was confirmed
 	// RedeliveredAt maps each of SettledRedelivered to the position it
 	// came back from, for looking it up in the broker's log.
 	RedeliveredAt map[ID]Pos
 	// Traces maps each of SettledRedelivered to its deliveries and settles.
-	Traces map[ID][]string
-	Phantom            []ID     // delivered, never attempted
-	Corrupt            []string // bodies that did not verify
+	Traces  map[ID][]string
+	Phantom []ID     // delivered, never attempted
+	Corrupt []string // bodies that did not verify
 
 	LongestGapMs    int64 // longest stretch between two consecutive deliveries
 	LongestGapAtMs  int64 // when that stretch began, on the caller's scale
