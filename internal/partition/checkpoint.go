@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io/fs"
+	"math"
 	"path/filepath"
 
 	"github.com/sinewmq/sinew/internal/dedup"
@@ -407,6 +408,10 @@ func (p *Partition) recover() error {
 		}
 	}
 	p.log, p.st, p.dd, p.ckptLSN = log, st, dd, covers
+	// The records after the checkpoint count toward the next one: a
+	// partition that keeps crashing before CheckpointEveryRecords new
+	// records would otherwise replay an ever longer log at each open.
+	p.sinceCkpt = int(min(next-min(max(covers, first), next), uint64(math.MaxInt32)))
 	if err := p.startRaft(commit); err != nil {
 		log.Close()
 		return err

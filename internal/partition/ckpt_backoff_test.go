@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -188,6 +189,41 @@ func TestCheckpointOffActor(t *testing.T) {
 		// The second checkpoint was due as soon as the first finished.
 		if want := p.Stats().NextLSN; covers != want || since != 0 {
 			t.Fatalf("after the stuck write: covers %d with %d records since, want %d and 0", covers, since, want)
+		}
+	})
+}
+
+// TestCheckpointAfterLongReplay: a partition that crashed before it ever
+// checkpointed replays its whole log at the next open. Those records count
+// toward the next checkpoint, so a broker that keeps crashing sooner than
+// CheckpointEveryRecords new records still checkpoints after each long
+// replay and its recovery time stays bounded, instead of replaying an ever
+// longer log.
+func TestCheckpointAfterLongReplay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := vfs.NewMem()
+		cfg := testConfig(fs)
+		cfg.CheckpointEveryRecords = 1000
+		p := mustOpen(t, cfg)
+		for range 30 {
+			mustPublish(t, p, "x", nil)
+		}
+		img := fs.Crash(nil, false) // no checkpoint was written
+		p.Close()
+		if _, err := img.Stat(filepath.Join(cfg.Dir, checkpointFile)); err == nil {
+			t.Fatal("a checkpoint exists before the crash; the test needs none")
+		}
+
+		cfg.FS = img
+		cfg.CheckpointEveryRecords = 20 // fewer than the 30 replayed
+		p = mustOpen(t, cfg)
+		defer p.Close()
+		synctest.Wait()
+		if _, err := img.Stat(filepath.Join(cfg.Dir, checkpointFile)); err != nil {
+			t.Fatalf("no checkpoint after replaying 30 records with a checkpoint due every 20: %v", err)
+		}
+		if st := p.Stats(); st.Ready != 30 {
+			t.Fatalf("ready %d after recovery, want 30", st.Ready)
 		}
 	})
 }
