@@ -411,7 +411,9 @@ func (p *Partition) recover() error {
 	// The records after the checkpoint count toward the next one: a
 	// partition that keeps crashing before CheckpointEveryRecords new
 	// records would otherwise replay an ever longer log at each open.
-	p.sinceCkpt = int(min(next-min(max(covers, first), next), uint64(math.MaxInt32)))
+	if from := max(covers, first); next > from {
+		p.sinceCkpt = int(min(next-from, math.MaxInt32))
+	}
 	if err := p.startRaft(commit); err != nil {
 		log.Close()
 		return err

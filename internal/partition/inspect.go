@@ -95,13 +95,13 @@ func (p *Partition) Discard(offset uint64, done func(error)) {
 
 // LeaseCurrent reports whether a settle of offset by leaseID would still
 // take effect: the lease is held, or it ended without a settle (expired,
-// released) and the message has not been leased since, or it was ACKed
-// and a repeat of that ACK is answered ok (the client may not have had
-// the answer). A session resumed
-// after a restart asks it about the deliveries its client still holds that
-// the broker did not give back, so that the client can drop the stale ones
-// before the application sees them. A replica that does not lead answers
-// ErrNotLeader: only the leader's state is current.
+// released) and the message has not been leased since, or it ACKed the
+// message and a repeat of that ACK is answered ok (the client may not have
+// had the answer). A session resumed after a restart asks it about the
+// deliveries its client still holds that the broker did not give back, so
+// that the client can drop the stale ones before the application sees
+// them. A replica that does not lead answers ErrNotLeader: only the
+// leader's state is current.
 func (p *Partition) LeaseCurrent(ctx context.Context, offset, leaseID uint64) (bool, error) {
 	if err := p.Unavailable(); err != nil {
 		return false, err
