@@ -59,28 +59,7 @@ func TestMergeWALDropsASuffixASnapshotDiscarded(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Release(group, log.NextLSN()-1)
-	crashed := fs.Crash(rand.New(rand.NewPCG(1, 1)), false)
-	log.Close()
-	w.Close()
-
-	w2, err := wal.Open(wal.Options{FS: crashed, Dir: "data/wal"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w2.Close()
-	log2, err := seglog.Open(seglog.Options{FS: crashed, Dir: "data/p0/log"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log2.Close()
-	g, ok := w2.Take(group)
-	if !ok {
-		t.Fatal("nothing replayed")
-	}
-	p := &Partition{cfg: Config{Topic: "t", Group: "g", WAL: w2, WALGroup: group, WALReplay: &g}}
-	if err := p.mergeWAL(log2, false, nil, nil, 10); err != nil {
-		t.Fatalf("mergeWAL: %v", err)
-	}
+	log2 := crashAndMerge(t, fs, w, log, group, 10)
 	last, _ := log2.Term(9)
 	if next := log2.NextLSN(); next != 10 {
 		t10, _ := log2.Term(10)
@@ -168,28 +147,7 @@ func mergeAfterDeletedRewrite(t *testing.T, covers uint64) {
 	if names, _ := fs.ReadDir("data/wal"); slices.Contains(names, "wal-0000000000000002.log") {
 		t.Fatalf("the segment of the rewrite 3..5@2 was not deleted: %v", names)
 	}
-	crashed := fs.Crash(rand.New(rand.NewPCG(1, 1)), false)
-	log.Close()
-	w.Close()
-
-	w2, err := wal.Open(wal.Options{FS: crashed, Dir: "data/wal"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w2.Close()
-	log2, err := seglog.Open(seglog.Options{FS: crashed, Dir: "data/p0/log"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log2.Close()
-	g, ok := w2.Take(group)
-	if !ok {
-		t.Fatal("nothing replayed")
-	}
-	p := &Partition{cfg: Config{Topic: "t", Group: "g", WAL: w2, WALGroup: group, WALReplay: &g}}
-	if err := p.mergeWAL(log2, false, nil, nil, covers); err != nil {
-		t.Fatalf("mergeWAL: %v", err)
-	}
+	log2 := crashAndMerge(t, fs, w, log, group, covers)
 	if next := log2.NextLSN(); next != 7 {
 		t.Fatalf("entry 6@2, fsynced through the WAL and acknowledged, is gone after recovery: the log ends at %d", next-1)
 	}
@@ -198,4 +156,34 @@ func mergeAfterDeletedRewrite(t *testing.T, covers uint64) {
 			t.Errorf("after recovery entry %d has term %d, want %d", i+1, got, want)
 		}
 	}
+}
+
+// crashAndMerge cuts the power under w and log (a replica's WAL and log on
+// fs), reopens both and runs a replica's mergeWAL of group with a
+// checkpoint covering covers. The reopened log is returned, closed at the
+// end of the test.
+func crashAndMerge(t *testing.T, fs *vfs.MemFS, w *wal.WAL, log *seglog.Log, group string, covers uint64) *seglog.Log {
+	t.Helper()
+	crashed := fs.Crash(rand.New(rand.NewPCG(1, 1)), false)
+	log.Close()
+	w.Close()
+	w2, err := wal.Open(wal.Options{FS: crashed, Dir: "data/wal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w2.Close() })
+	log2, err := seglog.Open(seglog.Options{FS: crashed, Dir: "data/p0/log"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { log2.Close() })
+	g, ok := w2.Take(group)
+	if !ok {
+		t.Fatal("nothing replayed")
+	}
+	p := &Partition{cfg: Config{Topic: "t", Group: "g", WAL: w2, WALGroup: group, WALReplay: &g}}
+	if err := p.mergeWAL(log2, false, nil, nil, covers); err != nil {
+		t.Fatalf("mergeWAL: %v", err)
+	}
+	return log2
 }
