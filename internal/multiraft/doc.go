@@ -54,7 +54,7 @@
 // links symmetrically, one way, or by isolating a node, all decided by a
 // seeded random source and an injected clock. It starts no goroutine: the
 // test moves time and calls DeliverDue, so a run repeats from its seed.
-// One source of nondeterminism remains outside it: etcd raft v3.7.0 draws
+// One source of nondeterminism remains outside it: etcd raft (v3.6.0) draws
 // its randomized election timeout from crypto/rand, which cannot be
 // injected.
 //

@@ -308,7 +308,7 @@ func (h *Host) Sender(id uint64) func([]*raftpb.Message) {
 	return func(msgs []*raftpb.Message) {
 		h.mu.Lock()
 		for _, m := range msgs {
-			to := m.GetTo()
+			to := m.To
 			env := Envelope{Group: id, Msg: m}
 			if to == h.cfg.NodeID {
 				h.routeLocked(env)
@@ -344,8 +344,7 @@ func (h *Host) Tick() {
 	from := h.cfg.NodeID
 	typ := raftpb.MsgHeartbeat
 	for _, p := range h.known {
-		to := p
-		if h.queueLocked(p, Envelope{Group: nodeGroup, Msg: &raftpb.Message{Type: &typ, From: &from, To: &to}}) {
+		if h.queueLocked(p, Envelope{Group: nodeGroup, Msg: &raftpb.Message{Type: typ, From: from, To: p}}) {
 			h.nodeBeats.Add(1)
 		}
 	}

@@ -44,7 +44,7 @@ func (g *stepGroup) Tick()                        { g.ticks++ }
 func (g *stepGroup) Quiet() bool                  { return g.quiet }
 
 func msg(from, to uint64, typ raftpb.MessageType) *raftpb.Message {
-	return &raftpb.Message{From: &from, To: &to, Type: &typ}
+	return &raftpb.Message{From: from, To: to, Type: typ}
 }
 
 func TestHostBatchesPerPeerAndRoutesByGroup(t *testing.T) {
@@ -78,8 +78,8 @@ func TestHostBatchesPerPeerAndRoutesByGroup(t *testing.T) {
 			t.Fatalf("batch to %d has %d envelopes, want 3", s.to, len(s.batch))
 		}
 		for i, env := range s.batch {
-			if env.Group != uint64(10+i) || env.Msg.GetTo() != s.to {
-				t.Fatalf("batch to %d envelope %d: group %d to %d", s.to, i, env.Group, env.Msg.GetTo())
+			if env.Group != uint64(10+i) || env.Msg.To != s.to {
+				t.Fatalf("batch to %d envelope %d: group %d to %d", s.to, i, env.Group, env.Msg.To)
 			}
 		}
 	}
@@ -98,7 +98,7 @@ func TestHostBatchesPerPeerAndRoutesByGroup(t *testing.T) {
 	if n := h.Process(); n != 3 {
 		t.Fatalf("Process stepped %d, want 3", n)
 	}
-	if g := groups[11].steps; len(g) != 2 || g[0].GetType() != raftpb.MsgApp || g[1].GetType() != raftpb.MsgHeartbeat {
+	if g := groups[11].steps; len(g) != 2 || g[0].Type != raftpb.MsgApp || g[1].Type != raftpb.MsgHeartbeat {
 		t.Fatalf("group 11 got %v", g)
 	}
 	if len(groups[12].steps) != 1 || len(groups[10].steps) != 0 {
@@ -243,12 +243,12 @@ func TestNetworkFaultsAreSeededAndFIFO(t *testing.T) {
 		var got []uint64
 		n.Attach(2, receiverFunc(func(from uint64, b []Envelope) {
 			for _, e := range b {
-				got = append(got, e.Msg.GetIndex())
+				got = append(got, e.Msg.Index)
 			}
 		}))
 		for i := range uint64(200) {
 			idx := i
-			n.Endpoint(1).Send(2, []Envelope{{Group: 1, Msg: &raftpb.Message{Index: &idx}}})
+			n.Endpoint(1).Send(2, []Envelope{{Group: 1, Msg: &raftpb.Message{Index: idx}}})
 			now = now.Add(time.Millisecond)
 			n.DeliverDue(now)
 		}
@@ -281,13 +281,13 @@ func TestNetworkReorderAndCut(t *testing.T) {
 	var got []uint64
 	n.Attach(2, receiverFunc(func(from uint64, b []Envelope) {
 		for _, e := range b {
-			got = append(got, e.Msg.GetIndex())
+			got = append(got, e.Msg.Index)
 		}
 	}))
 	n.Attach(1, receiverFunc(func(uint64, []Envelope) { t.Fatal("delivery over a cut link") }))
 	for i := range uint64(100) {
 		idx := i
-		n.Endpoint(1).Send(2, []Envelope{{Msg: &raftpb.Message{Index: &idx}}})
+		n.Endpoint(1).Send(2, []Envelope{{Msg: &raftpb.Message{Index: idx}}})
 	}
 	n.DeliverDue(now.Add(time.Second))
 	reordered := false
@@ -299,15 +299,15 @@ func TestNetworkReorderAndCut(t *testing.T) {
 	}
 	// A cut drops what is sent and what is already in flight.
 	idx := uint64(1)
-	n.Endpoint(1).Send(2, []Envelope{{Msg: &raftpb.Message{Index: &idx}}})
+	n.Endpoint(1).Send(2, []Envelope{{Msg: &raftpb.Message{Index: idx}}})
 	n.Split([]uint64{1}, []uint64{2})
-	n.Endpoint(2).Send(1, []Envelope{{Msg: &raftpb.Message{Index: &idx}}})
+	n.Endpoint(2).Send(1, []Envelope{{Msg: &raftpb.Message{Index: idx}}})
 	n.DeliverDue(now.Add(2 * time.Second))
 	if st := n.Stats(); st.Cut != 2 || len(got) != 100 {
 		t.Fatalf("stats %+v, got %d", st, len(got))
 	}
 	n.Heal()
-	n.Endpoint(1).Send(2, []Envelope{{Msg: &raftpb.Message{Index: &idx}}})
+	n.Endpoint(1).Send(2, []Envelope{{Msg: &raftpb.Message{Index: idx}}})
 	n.DeliverDue(now.Add(3 * time.Second))
 	if len(got) != 101 {
 		t.Fatalf("after Heal got %d, want 101", len(got))

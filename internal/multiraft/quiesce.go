@@ -56,11 +56,11 @@ func (q *Quiescence) Wake() { q.idle, q.quiet = 0, false }
 // Observe looks at an inbound message before it is stepped; lead is the
 // leader the replica knows (BasicStatus().Lead).
 func (q *Quiescence) Observe(m *raftpb.Message, lead uint64) {
-	switch m.GetType() {
+	switch m.Type {
 	case raftpb.MsgHeartbeatResp:
 		return // the leader's own heartbeats coming back
 	case raftpb.MsgHeartbeat:
-		if m.GetFrom() == lead {
+		if m.From == lead {
 			return
 		}
 	}
@@ -101,7 +101,7 @@ func (q *Quiescence) Quiet(rn *raft.RawNode, lastIndex uint64, live func(node ui
 func (q *Quiescence) idleNow(rn *raft.RawNode, lastIndex uint64, live func(uint64) bool) bool {
 	q.watch = q.watch[:0]
 	st := rn.BasicStatus()
-	commit := st.HardState.GetCommit()
+	commit := st.HardState.Commit
 	if st.Applied < commit {
 		return false
 	}

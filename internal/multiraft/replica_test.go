@@ -54,9 +54,8 @@ func raftConfig(id uint64, st raft.Storage, voters int) *raft.Config {
 // group starts.
 func bootstrapStorage(voters []uint64) *raft.MemoryStorage {
 	st := raft.NewMemoryStorage()
-	one := uint64(1)
-	if err := st.ApplySnapshot(&raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{
-		Index: &one, Term: &one, ConfState: &raftpb.ConfState{Voters: slices.Clone(voters)},
+	if err := st.ApplySnapshot(raftpb.Snapshot{Metadata: raftpb.SnapshotMetadata{
+		Index: 1, Term: 1, ConfState: raftpb.ConfState{Voters: slices.Clone(voters)},
 	}}); err != nil {
 		panic(err)
 	}
@@ -85,7 +84,7 @@ func newMemReplica(id, group uint64, voters int, st *raft.MemoryStorage, send fu
 // Step implements Group.
 func (r *memReplica) Step(m *raftpb.Message) error {
 	r.quiesce.Observe(m, r.rn.BasicStatus().Lead)
-	err := r.rn.Step(m)
+	err := r.rn.Step(*m)
 	r.handleReady()
 	return err
 }
@@ -133,24 +132,34 @@ func (r *memReplica) handleReady() {
 			panic(err)
 		}
 		if len(rd.Messages) > 0 && r.send != nil {
-			r.send(rd.Messages)
+			r.send(msgPtrs(rd.Messages))
 		}
-		for _, e := range rd.CommittedEntries {
-			r.apply(e)
+		for i := range rd.CommittedEntries {
+			r.apply(&rd.CommittedEntries[i])
 		}
 		r.rn.Advance(rd)
 	}
 }
 
-func (r *memReplica) apply(e *raftpb.Entry) {
-	if e.GetIndex() != r.applied+1 && r.hist != nil {
-		r.hist.fail("group %d replica %d applied index %d after %d", r.group, r.id, e.GetIndex(), r.applied)
+// msgPtrs returns pointers to the messages of a Ready, for a Sender. Raft
+// does not reuse a Ready's Messages after it hands them out.
+func msgPtrs(msgs []raftpb.Message) []*raftpb.Message {
+	out := make([]*raftpb.Message, len(msgs))
+	for i := range msgs {
+		out[i] = &msgs[i]
 	}
-	r.applied = e.GetIndex()
+	return out
+}
+
+func (r *memReplica) apply(e *raftpb.Entry) {
+	if e.Index != r.applied+1 && r.hist != nil {
+		r.hist.fail("group %d replica %d applied index %d after %d", r.group, r.id, e.Index, r.applied)
+	}
+	r.applied = e.Index
 	// These tests make no configuration changes, so every entry is normal:
 	// a leader's empty entry or a proposal.
-	if e.GetType() == raftpb.EntryNormal && len(e.GetData()) > 0 {
-		r.values = append(r.values, string(e.GetData()))
+	if e.Type == raftpb.EntryNormal && len(e.Data) > 0 {
+		r.values = append(r.values, string(e.Data))
 	}
 	if r.hist != nil {
 		r.hist.observe(r.id, e)
@@ -178,21 +187,21 @@ func newHistory(group uint64, fail func(string, ...any)) *history {
 }
 
 func (h *history) observe(replica uint64, e *raftpb.Entry) {
-	id := entryID{e.GetTerm(), string(e.GetData())}
-	if got, ok := h.entries[e.GetIndex()]; ok {
+	id := entryID{e.Term, string(e.Data)}
+	if got, ok := h.entries[e.Index]; ok {
 		if got != id {
 			h.fail("group %d: replica %d applied %v at index %d, another replica applied %v",
-				h.group, replica, id, e.GetIndex(), got)
+				h.group, replica, id, e.Index, got)
 		}
 		return
 	}
 	// The first to apply an index extends the history by one: anything
 	// else means a committed entry was skipped.
-	if h.last != 0 && e.GetIndex() != h.last+1 {
-		h.fail("group %d: replica %d applied index %d, history ends at %d", h.group, replica, e.GetIndex(), h.last)
+	if h.last != 0 && e.Index != h.last+1 {
+		h.fail("group %d: replica %d applied index %d, history ends at %d", h.group, replica, e.Index, h.last)
 	}
-	h.entries[e.GetIndex()] = id
-	h.last = max(h.last, e.GetIndex())
+	h.entries[e.Index] = id
+	h.last = max(h.last, e.Index)
 }
 
 func (h *history) String() string { return fmt.Sprintf("group %d: %d entries", h.group, h.last) }

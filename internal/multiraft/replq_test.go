@@ -81,7 +81,7 @@ func (r *qReplica) Step(m *raftpb.Message) error {
 		return errCrashed
 	}
 	r.quiesce.Observe(m, r.rn.BasicStatus().Lead)
-	err := r.rn.Step(m)
+	err := r.rn.Step(*m)
 	r.handleReady()
 	return err
 }
@@ -119,10 +119,10 @@ func (r *qReplica) handleReady() {
 			r.c.fail("node %d group %d: save: %v", r.node, r.group, err)
 		}
 		if len(rd.Messages) > 0 {
-			r.send(rd.Messages)
+			r.send(msgPtrs(rd.Messages))
 		}
-		for _, e := range rd.CommittedEntries {
-			r.apply(e)
+		for i := range rd.CommittedEntries {
+			r.apply(&rd.CommittedEntries[i])
 		}
 		r.rn.Advance(rd)
 	}
@@ -131,7 +131,7 @@ func (r *qReplica) handleReady() {
 // apply folds one committed entry into the queue state: a leader's empty
 // entry is a settled gap, every other entry one event.
 func (r *qReplica) apply(e *raftpb.Entry) {
-	idx := e.GetIndex()
+	idx := e.Index
 	if idx != r.applied+1 {
 		r.c.fail("node %d group %d: applied %d after %d", r.node, r.group, idx, r.applied)
 	}
@@ -140,8 +140,8 @@ func (r *qReplica) apply(e *raftpb.Entry) {
 		a.SetApplied(idx)
 	}
 	r.c.hist[r.group].observe(r.node, e)
-	data := e.GetData()
-	if e.GetType() != raftpb.EntryNormal || len(data) == 0 {
+	data := e.Data
+	if e.Type != raftpb.EntryNormal || len(data) == 0 {
 		if err := r.q.ApplyGap(idx); err != nil {
 			r.c.fail("node %d group %d: gap %d: %v", r.node, r.group, idx, err)
 		}
@@ -422,7 +422,7 @@ func (c *qCluster) leaderOf(g uint64) *qReplica {
 			continue
 		}
 		if r, ok := n.reps[g]; ok && r.leader() {
-			if t := r.rn.BasicStatus().HardState.GetTerm(); t > term {
+			if t := r.rn.BasicStatus().HardState.Term; t > term {
 				best, term = r, t
 			}
 		}
@@ -578,7 +578,7 @@ func (c *qCluster) checkLogsAgree() {
 				a, b := c.nodes[voters[i]].stores[g], c.nodes[voters[j]].stores[g]
 				ha, _, _ := a.InitialState()
 				hb, _, _ := b.InitialState()
-				hi := min(ha.GetCommit(), hb.GetCommit())
+				hi := min(ha.Commit, hb.Commit)
 				fa, _ := a.FirstIndex()
 				fb, _ := b.FirstIndex()
 				lo := max(fa, fb)
@@ -591,8 +591,8 @@ func (c *qCluster) checkLogsAgree() {
 					c.fail("group %d: entries %d..%d: %v %v", g, lo, hi, err1, err2)
 				}
 				for k := range ea {
-					if ea[k].GetTerm() != eb[k].GetTerm() || string(ea[k].GetData()) != string(eb[k].GetData()) {
-						c.fail("group %d: nodes %d and %d differ at committed index %d", g, voters[i], voters[j], ea[k].GetIndex())
+					if ea[k].Term != eb[k].Term || string(ea[k].Data) != string(eb[k].Data) {
+						c.fail("group %d: nodes %d and %d differ at committed index %d", g, voters[i], voters[j], ea[k].Index)
 					}
 				}
 			}
@@ -743,12 +743,12 @@ func TestReplicatedQueueTruncatesDeposedLeaderSuffix(t *testing.T) {
 	}
 	oldTerm := c.hist[1].entries[base].term
 	for _, e := range ents {
-		if e.GetTerm() <= oldTerm {
-			t.Fatalf("index %d still holds term %d (deposed leader's term %d)", e.GetIndex(), e.GetTerm(), oldTerm)
+		if e.Term <= oldTerm {
+			t.Fatalf("index %d still holds term %d (deposed leader's term %d)", e.Index, e.Term, oldTerm)
 		}
-		if d := e.GetData(); len(d) > 0 {
+		if d := e.Data; len(d) > 0 {
 			if ev, err := queue.DecodeEvent(d[0], d[1:]); err == nil && ev.Kind == queue.KindEnqueue && strings.HasPrefix(string(ev.Msg.Body), "lost") {
-				t.Fatalf("index %d holds %s", e.GetIndex(), ev.Msg.Body)
+				t.Fatalf("index %d holds %s", e.Index, ev.Msg.Body)
 			}
 		}
 	}

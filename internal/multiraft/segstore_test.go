@@ -48,7 +48,7 @@ func (s *segStore) bootstrap(voters []uint64) error {
 
 func (s *segStore) save(rd *raft.Ready) error {
 	if !raft.IsEmptySnap(rd.Snapshot) {
-		if err := s.ApplySnapshot(rd.Snapshot); err != nil {
+		if err := s.ApplySnapshot(&rd.Snapshot); err != nil {
 			return err
 		}
 	}
@@ -65,7 +65,7 @@ func (s *segStore) save(rd *raft.Ready) error {
 		}
 	}
 	if !raft.IsEmptyHardState(rd.HardState) {
-		return s.SetHardState(rd.HardState)
+		return s.SetHardState(&rd.HardState)
 	}
 	return nil
 }

@@ -16,7 +16,7 @@ const tickEvery = 10 * time.Millisecond
 // sim is a cluster of hosts on one Network, all driven from the test
 // goroutine with simulated time: no goroutine, so a run is decided by the
 // Network's seed and the test's own random choices (except raft's election
-// jitter, which etcd raft v3.7.0 draws from crypto/rand).
+// jitter, which etcd raft v3.6.0 draws from crypto/rand).
 type sim struct {
 	t        testing.TB
 	seed     uint64
@@ -176,8 +176,8 @@ func (s *sim) leader(g uint64) uint64 {
 			continue
 		}
 		st := r.rn.BasicStatus()
-		if st.RaftState == raft.StateLeader && st.HardState.GetTerm() > term {
-			id, term = nid, st.HardState.GetTerm()
+		if st.RaftState == raft.StateLeader && st.HardState.Term > term {
+			id, term = nid, st.HardState.Term
 		}
 	}
 	return id
@@ -215,7 +215,7 @@ func (s *sim) checkLogsAgree() {
 		for _, v := range g.voters {
 			st := s.nodes[v].storages[g.id]
 			hs, _, _ := st.InitialState()
-			vs = append(vs, view{v, st, hs.GetCommit()})
+			vs = append(vs, view{v, st, hs.Commit})
 		}
 		for i := range vs {
 			for j := i + 1; j < len(vs); j++ {
@@ -229,8 +229,8 @@ func (s *sim) checkLogsAgree() {
 					s.fail("group %d: entries 2..%d: %v %v", g.id, hi, err1, err2)
 				}
 				for k := range a {
-					if a[k].GetTerm() != b[k].GetTerm() || string(a[k].GetData()) != string(b[k].GetData()) {
-						s.fail("group %d: nodes %d and %d disagree at committed index %d", g.id, vs[i].node, vs[j].node, a[k].GetIndex())
+					if a[k].Term != b[k].Term || string(a[k].Data) != string(b[k].Data) {
+						s.fail("group %d: nodes %d and %d disagree at committed index %d", g.id, vs[i].node, vs[j].node, a[k].Index)
 					}
 				}
 			}

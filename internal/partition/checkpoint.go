@@ -389,7 +389,7 @@ func (p *Partition) recover() error {
 	}
 	commit := next - 1
 	if !single {
-		commit = log.HardState().GetCommit()
+		commit = log.HardState().Commit
 		if commit > next-1 {
 			if log.Report().Corruption == nil {
 				log.Close()
@@ -537,7 +537,7 @@ func (p *Partition) rebuild(commit uint64) error {
 	if err != nil {
 		return err
 	}
-	p.acked = ackMemory{m: make(map[uint64]uint64)}
+	p.acked = newAckMemory()
 	// Without a checkpoint the log must start at its beginning; with one,
 	// no later than what it covers.
 	if covers < commit+1 && max(covers, 1) < p.log.FirstLSN() {

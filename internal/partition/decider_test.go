@@ -65,7 +65,7 @@ func newDeciderHarness(t *testing.T) *deciderHarness {
 
 func (h *deciderHarness) fresh(st *queue.State, dd *dedup.Table, next uint64) *decider {
 	return &decider{st: st, dd: dd, counters: new(Counters), logger: slog.New(slog.DiscardHandler),
-		holders: map[uint64]holder{}, acked: ackMemory{m: map[uint64]uint64{}},
+		holders: map[uint64]holder{}, acked: newAckMemory(),
 		nextLSN: next, lastLSN: next - 1}
 }
 

@@ -11,7 +11,6 @@ import (
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/raftlog"
@@ -83,11 +82,6 @@ type raftDriver struct {
 	// single: a group of one, which elects itself at Open and needs no
 	// ticks.
 	single bool
-	// byRef: proposals carry no data (a group of one without a WAL); refs
-	// holds the data of the one in flight, from index refFirst.
-	byRef    bool
-	refs     [][]byte
-	refFirst uint64
 	// leads: this replica leads and decides. Its queue state then runs
 	// ahead of the commit index by its own proposals (the overlay).
 	leads bool
@@ -122,24 +116,20 @@ func (p *Partition) startRaft(commit uint64) error {
 		peers = []uint64{id}
 	}
 	single := len(peers) == 1 && peers[0] == id
-	// A group of one proposes its entries by reference (propose). With a
-	// WAL the entries' data must outlive the turn (walEntry): they are
-	// proposed with it.
-	byRef := single && p.cfg.WAL == nil
 	s := raftlog.New(p.log, raftlog.Options{CacheBytesMax: p.cfg.raftCacheBytes})
 	cs, err := p.log.ConfState()
 	if err != nil {
 		return fmt.Errorf("partition %s: raft configuration: %w", p, err)
 	}
-	if len(cs.GetVoters()) == 0 {
+	if len(cs.Voters) == 0 {
 		if err := s.SetConfState(&raftpb.ConfState{Voters: peers}); err != nil {
 			return fmt.Errorf("partition %s: raft configuration: %w", p, err)
 		}
 	}
 	hs := p.log.HardState()
-	if hs.GetCommit() != commit {
-		term := max(hs.GetTerm(), p.log.LastTerm())
-		if err := s.SetHardState(&raftpb.HardState{Term: new(term), Vote: new(hs.GetVote()), Commit: new(commit)}); err != nil {
+	if hs.Commit != commit {
+		term := max(hs.Term, p.log.LastTerm())
+		if err := s.SetHardState(&raftpb.HardState{Term: term, Vote: hs.Vote, Commit: commit}); err != nil {
 			return fmt.Errorf("partition %s: raft state: %w", p, err)
 		}
 	}
@@ -170,11 +160,11 @@ func (p *Partition) startRaft(commit uint64) error {
 	p.rn, p.rs, p.raftID = rn, s, id
 	// Leader reports the stored term until raft moves to another one (a
 	// Ready carries a HardState only when it changes).
-	p.term.Store(rn.BasicStatus().GetTerm())
+	p.term.Store(rn.BasicStatus().Term)
 	if len(peers) > 1 {
 		s.SetSnapshotSource(p.makeSnapshot)
 	}
-	p.single, p.byRef = single, byRef
+	p.single = single
 	p.committed, p.applied = commit, commit
 	p.inbound = make(chan *raftpb.Message, raftInboundMax)
 	p.nextLSN, p.lastLSN = commit+1, commit
@@ -257,34 +247,23 @@ func (p *Partition) propose() error {
 		return nil
 	}
 	first := p.out[0].lsn
-	ents := make([]*raftpb.Entry, len(p.out))
-	slab := make([]raftpb.Entry, len(p.out)) // one allocation for the turn
-	p.refs = p.refs[:0]
+	ents := make([]raftpb.Entry, len(p.out)) // raft keeps this array
 	for i := range p.out {
 		r := &p.out[i]
-		if p.byRef {
-			// No peer ever reads these entries from raft: it keeps
-			// them without data, and storageAppend writes the data
-			// from refs, in this call's pump, sparing raft's copy of
-			// each. The log's entry cache keeps what it is given: a
-			// publish's own buffer, which nothing changes, or a copy
-			// of a decided record, which is small.
-			d := p.framedOf(r)
-			if r.framed == nil && r.payload == nil {
-				d = bytes.Clone(d)
-			}
-			p.refs = append(p.refs, d)
-		} else {
-			// raft copies each entry it appends, so data may be the
-			// arena.
-			slab[i].Data = p.framedOf(r)
+		// raft keeps the data it is given, without copying it (in its
+		// log, in the log's entry cache and in messages to followers),
+		// and the arena is reused after the turn: a record decided into
+		// the arena is copied; a publish's own buffer, which nothing
+		// changes, is not.
+		d := p.framedOf(r)
+		if r.framed == nil && r.payload == nil {
+			d = bytes.Clone(d)
 		}
-		ents[i] = &slab[i]
+		ents[i].Data = d
 		if r.payload != nil {
 			p.cache.put(r.lsn, r.payload)
 		}
 	}
-	p.refFirst = first
 	n := len(p.out)
 	// The decider applied these already: the entries raft hands back
 	// for them are not applied again.
@@ -293,7 +272,7 @@ func (p *Partition) propose() error {
 	p.open.records += n
 	p.sinceCkpt += n
 	err := p.raftSafe(func() error {
-		return p.rn.Step(&raftpb.Message{Type: raftpb.MsgProp.Enum(), From: new(p.raftID), Entries: ents})
+		return p.rn.Step(raftpb.Message{Type: raftpb.MsgProp, From: p.raftID, Entries: ents})
 	})
 	if err != nil {
 		if errors.Is(err, raft.ErrProposalDropped) {
@@ -304,38 +283,10 @@ func (p *Partition) propose() error {
 	if err := p.pump(); err != nil {
 		return err
 	}
-	if len(p.refs) > 0 {
-		return fmt.Errorf("partition %s: raft did not append lsn %d..%d at once", p, first, first+uint64(n)-1)
+	if next := p.log.NextLSN(); next != first+uint64(n) {
+		return fmt.Errorf("partition %s: raft appended up to %d, not lsn %d..%d at once", p, next-1, first, first+uint64(n)-1)
 	}
 	return nil
-}
-
-// withRefs returns ents with the data of the entries proposed by reference
-// (propose) filled in from p.refs, which it then empties. Each must be at
-// the index the decider gave it.
-func (p *Partition) withRefs(ents []*raftpb.Entry) ([]*raftpb.Entry, error) {
-	out := make([]*raftpb.Entry, len(ents))
-	slab := make([]raftpb.Entry, len(ents))
-	n := 0
-	for i, e := range ents {
-		idx := e.GetIndex()
-		if idx < p.refFirst || idx >= p.refFirst+uint64(len(p.refs)) {
-			out[i] = e
-			continue
-		}
-		if len(e.GetData()) != 0 || e.GetType() != raftpb.EntryNormal {
-			return nil, fmt.Errorf("partition %s: entry %d is not the one proposed there", p, idx)
-		}
-		slab[i] = raftpb.Entry{Index: e.Index, Term: e.Term, Type: e.Type, Data: p.refs[idx-p.refFirst]}
-		out[i] = &slab[i]
-		n++
-	}
-	if n != len(p.refs) {
-		return nil, fmt.Errorf("partition %s: raft appended %d of the %d entries proposed at %d", p, n, len(p.refs), p.refFirst)
-	}
-	clear(p.refs)
-	p.refs = p.refs[:0]
-	return out, nil
 }
 
 // pump handles every Ready raft has: messages to peers are sent, entries
@@ -364,12 +315,13 @@ func (p *Partition) pump() error {
 				}
 			}
 		}
-		if rd.HardState != nil && rd.GetTerm() != 0 {
-			p.term.Store(rd.GetTerm())
+		if !raft.IsEmptyHardState(rd.HardState) && rd.Term != 0 {
+			p.term.Store(rd.Term)
 		}
 		var out []*raftpb.Message
-		for _, m := range rd.Messages {
-			switch m.GetTo() {
+		for i := range rd.Messages {
+			m := &rd.Messages[i]
+			switch m.To {
 			case raft.LocalAppendThread:
 				if err := p.storageAppend(m); err != nil {
 					return err
@@ -394,11 +346,11 @@ func (p *Partition) sendRaft(ms []*raftpb.Message) {
 	}
 	p.cfg.Send(ms)
 	for _, m := range ms {
-		if m.GetType() == raftpb.MsgSnap {
+		if m.Type == raftpb.MsgSnap {
 			// The transport does not say whether a message arrived:
 			// the leader goes back to probing the follower, which
 			// asks again if the snapshot was lost.
-			p.rn.ReportSnapshot(m.GetTo(), raft.SnapshotFinish)
+			p.rn.ReportSnapshot(m.To, raft.SnapshotFinish)
 		}
 	}
 }
@@ -408,7 +360,7 @@ func (p *Partition) sendRaft(ms []*raftpb.Message) {
 // term or vote is durable on return, a commit index need not be). Its
 // responses are delivered when the open stage is synced, in order.
 func (p *Partition) storageAppend(m *raftpb.Message) error {
-	if snap := m.GetSnapshot(); snap != nil && !raft.IsEmptySnap(snap) {
+	if snap := m.Snapshot; snap != nil && !raft.IsEmptySnap(*snap) {
 		// With asynchronous storage writes the append side both stores
 		// and applies a snapshot.
 		if err := p.installSnapshot(snap); err != nil {
@@ -418,20 +370,14 @@ func (p *Partition) storageAppend(m *raftpb.Message) error {
 			return err
 		}
 	}
-	if ents := m.GetEntries(); len(ents) > 0 {
-		if len(p.refs) > 0 {
-			var err error
-			if ents, err = p.withRefs(ents); err != nil {
-				return err
-			}
-		}
+	if ents := m.Entries; len(ents) > 0 {
 		if err := p.rs.Append(ents); err != nil {
 			return fmt.Errorf("raft append: %w", err)
 		}
 		p.open.entries += len(ents)
 		if p.cfg.WAL != nil {
 			for _, e := range ents {
-				p.open.wal = append(p.open.wal, walEntry(e))
+				p.open.wal = append(p.open.wal, walEntry(&e))
 			}
 		}
 		if p.leads {
@@ -439,8 +385,8 @@ func (p *Partition) storageAppend(m *raftpb.Message) error {
 			// proposals are applied already, anything else (a new
 			// term's empty entry) is applied now.
 			for _, e := range ents {
-				if e.GetIndex() > p.applied {
-					if err := p.applyEntry(e); err != nil {
+				if e.Index > p.applied {
+					if err := p.applyEntry(&e); err != nil {
 						return err
 					}
 				}
@@ -455,12 +401,15 @@ func (p *Partition) storageAppend(m *raftpb.Message) error {
 			p.lastBusyMs = p.nowMs()
 		}
 	}
-	if m.Term != nil || m.Vote != nil || m.Commit != nil {
-		if err := p.storeHardState(m.GetTerm(), m.GetVote(), m.GetCommit()); err != nil {
+	// raft sets these only when the HardState changed.
+	if !raft.IsEmptyHardState(raftpb.HardState{Term: m.Term, Vote: m.Vote, Commit: m.Commit}) {
+		if err := p.storeHardState(m.Term, m.Vote, m.Commit); err != nil {
 			return err
 		}
 	}
-	p.open.resps = append(p.open.resps, m.GetResponses()...)
+	for i := range m.Responses {
+		p.open.resps = append(p.open.resps, &m.Responses[i])
+	}
 	return nil
 }
 
@@ -468,8 +417,8 @@ func (p *Partition) storageAppend(m *raftpb.Message) error {
 // log record, so recovery can append it to the log as it is. Its data is
 // not copied: raft does not change an entry once it is handed out.
 func walEntry(e *raftpb.Entry) wal.Entry {
-	we := wal.Entry{Index: e.GetIndex(), Term: e.GetTerm()}
-	switch e.GetType() {
+	we := wal.Entry{Index: e.Index, Term: e.Term}
+	switch e.Type {
 	case raftpb.EntryConfChange:
 		we.Type, we.Payload = raftlog.TypeConfChange, e.Data
 	case raftpb.EntryConfChangeV2:
@@ -496,12 +445,12 @@ func walEntry(e *raftpb.Entry) wal.Entry {
 // the entries are synced only with their stage.
 func (p *Partition) storeHardState(term, vote, commit uint64) error {
 	cur := p.log.HardState()
-	if term == cur.GetTerm() && vote == cur.GetVote() {
+	if term == cur.Term && vote == cur.Vote {
 		p.hsCommit = commit
 		return nil
 	}
 	p.hsCommit = commit
-	hs := &raftpb.HardState{Term: new(term), Vote: new(vote), Commit: new(p.storableCommit(commit))}
+	hs := &raftpb.HardState{Term: term, Vote: vote, Commit: p.storableCommit(commit)}
 	if err := p.rs.SetHardState(hs); err != nil {
 		return fmt.Errorf("raft hard state: %w", err)
 	}
@@ -525,10 +474,10 @@ func (p *Partition) storableCommit(commit uint64) uint64 {
 func (p *Partition) flushHardState() error {
 	cur := p.log.HardState()
 	commit := p.storableCommit(p.hsCommit)
-	if p.rs == nil || commit <= cur.GetCommit() {
+	if p.rs == nil || commit <= cur.Commit {
 		return nil
 	}
-	hs := &raftpb.HardState{Term: new(cur.GetTerm()), Vote: new(cur.GetVote()), Commit: new(commit)}
+	hs := &raftpb.HardState{Term: cur.Term, Vote: cur.Vote, Commit: commit}
 	if err := p.rs.SetHardState(hs); err != nil {
 		return fmt.Errorf("raft hard state: %w", err)
 	}
@@ -539,44 +488,49 @@ func (p *Partition) flushHardState() error {
 // its state already; any other is applied now. Stages whose entries are
 // all committed are released.
 func (p *Partition) storageApply(m *raftpb.Message) error {
-	for _, e := range m.GetEntries() {
-		idx := e.GetIndex()
+	for i := range m.Entries {
+		e := &m.Entries[i]
+		idx := e.Index
 		if idx > p.applied {
 			if err := p.applyEntry(e); err != nil {
 				return err
 			}
 		}
-		if e.GetType() == raftpb.EntryConfChange || e.GetType() == raftpb.EntryConfChangeV2 {
+		if e.Type == raftpb.EntryConfChange || e.Type == raftpb.EntryConfChangeV2 {
 			if err := p.applyConfChange(e); err != nil {
 				return err
 			}
 		}
 		p.committed = max(p.committed, idx)
 	}
-	if n := len(m.GetEntries()); n > 0 {
+	if n := len(m.Entries); n > 0 {
 		p.rs.SetApplied(p.committed)
 		if p.leads {
 			p.nextLSN, p.lastLSN = p.applied+1, p.applied
 		}
 	}
 	p.releaseCommitted()
-	return p.stepResponses(m.GetResponses())
+	resps := make([]*raftpb.Message, len(m.Responses))
+	for i := range m.Responses {
+		resps[i] = &m.Responses[i]
+	}
+	return p.stepResponses(resps)
 }
 
 // applyConfChange hands a committed configuration change to raft and
 // stores the configuration it yields.
 func (p *Partition) applyConfChange(e *raftpb.Entry) error {
 	var cc raftpb.ConfChangeI
-	if e.GetType() == raftpb.EntryConfChange {
+	if e.Type == raftpb.EntryConfChange {
 		var c raftpb.ConfChange
-		if err := proto.Unmarshal(e.GetData(), &c); err != nil {
-			return fmt.Errorf("%w: partition %s: conf change at %d: %w", ErrDamaged, p, e.GetIndex(), err)
+		if err := c.Unmarshal(e.Data); err != nil {
+			return fmt.Errorf("%w: partition %s: conf change at %d: %w", ErrDamaged, p, e.Index, err)
 		}
 		cc = &c
 	} else {
 		var c raftpb.ConfChangeV2
-		if err := proto.Unmarshal(e.GetData(), &c); err != nil {
-			return fmt.Errorf("%w: partition %s: conf change at %d: %w", ErrDamaged, p, e.GetIndex(), err)
+		if err := c.Unmarshal(e.Data); err != nil {
+			return fmt.Errorf("%w: partition %s: conf change at %d: %w", ErrDamaged, p, e.Index, err)
 		}
 		cc = &c
 	}
@@ -584,7 +538,7 @@ func (p *Partition) applyConfChange(e *raftpb.Entry) error {
 	// reached the log that way is damage, for this partition alone.
 	var cs *raftpb.ConfState
 	if err := p.raftSafe(func() error { cs = p.rn.ApplyConfChange(cc); return nil }); err != nil {
-		return fmt.Errorf("%w: conf change at %d: %w", ErrDamaged, e.GetIndex(), err)
+		return fmt.Errorf("%w: conf change at %d: %w", ErrDamaged, e.Index, err)
 	}
 	return p.rs.SetConfState(cs)
 }
@@ -594,13 +548,13 @@ func (p *Partition) applyConfChange(e *raftpb.Entry) error {
 // settled gap. What the partition keeps beside the state (ACK memory,
 // dedup window) follows.
 func (p *Partition) applyEntry(e *raftpb.Entry) error {
-	idx := e.GetIndex()
+	idx := e.Index
 	if idx != p.applied+1 {
 		return fmt.Errorf("partition %s: entry %d applied after %d", p, idx, p.applied)
 	}
 	p.applied = idx
-	data := e.GetData()
-	if e.GetType() != raftpb.EntryNormal || len(data) == 0 || !queue.IsEventType(data[0]) {
+	data := e.Data
+	if e.Type != raftpb.EntryNormal || len(data) == 0 || !queue.IsEventType(data[0]) {
 		return p.st.ApplyGap(idx)
 	}
 	ev, err := queue.DecodeEvent(data[0], data[1:])
@@ -633,11 +587,11 @@ func (p *Partition) replayed(lsn uint64, ev *queue.Event) {
 func (p *Partition) stepResponses(ms []*raftpb.Message) error {
 	var out []*raftpb.Message
 	for _, m := range ms {
-		if m.GetTo() != p.raftID {
+		if m.To != p.raftID {
 			out = append(out, m)
 			continue
 		}
-		if err := p.raftSafe(func() error { return p.rn.Step(m) }); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) {
+		if err := p.raftSafe(func() error { return p.rn.Step(*m) }); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) {
 			return fmt.Errorf("raft step: %w", err)
 		}
 	}
@@ -668,7 +622,7 @@ func (p *Partition) becomeLeader() error {
 		if err != nil {
 			return fmt.Errorf("partition %s: read lsn %d as a new leader: %w", p, next, err)
 		}
-		e := &raftpb.Entry{Index: new(next), Term: new(r.Term), Type: new(raftpb.EntryNormal)}
+		e := &raftpb.Entry{Index: next, Term: r.Term, Type: raftpb.EntryNormal}
 		if queue.IsEventType(r.Type) {
 			e.Data = append([]byte{r.Type}, r.Payload...)
 		}
@@ -798,7 +752,7 @@ func (p *Partition) raftTurn() error {
 	for range raftInboundMax {
 		select {
 		case m := <-p.inbound:
-			err := p.raftSafe(func() error { return p.rn.Step(m) })
+			err := p.raftSafe(func() error { return p.rn.Step(*m) })
 			if errors.Is(err, errRaftPanicked) {
 				return err
 			}

@@ -244,7 +244,7 @@ func (h *ddGroup) campaign(td *datadriven.TestData, n *rnode, force bool) {
 		}
 		st := n.p.rn.Status()
 		from := n.id%3 + 1 // any other member: raft only logs it
-		err = n.p.rn.Step(&raftpb.Message{Type: raftpb.MsgTimeoutNow.Enum(), From: &from, To: new(n.id), Term: new(st.GetTerm())})
+		err = n.p.rn.Step(raftpb.Message{Type: raftpb.MsgTimeoutNow, From: from, To: n.id, Term: st.Term})
 	})
 	if err != nil {
 		td.Fatalf(h.t, "campaign on %d: %v", n.id, err)
@@ -351,7 +351,7 @@ func (h *ddGroup) status(n *rnode) string {
 		st := n.p.rn.Status()
 		role := strings.ToLower(strings.TrimPrefix(st.RaftState.String(), "State"))
 		fmt.Fprintf(&s, "%d: %s term=%d lead=%d commit=%d applied=%d ckpt=%d log=%s\n",
-			n.id, role, st.GetTerm(), st.Lead, st.GetCommit(), n.p.applied, n.p.ckptLSN, logTerms(n.p))
+			n.id, role, st.Term, st.Lead, st.Commit, n.p.applied, n.p.ckptLSN, logTerms(n.p))
 	})
 	return s.String()
 }

@@ -45,7 +45,7 @@ func (tr *trio) route(from uint64, ms []*raftpb.Message) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	for _, m := range ms {
-		to := m.GetTo()
+		to := m.To
 		if to < 1 || to > 3 || tr.cut[from] || tr.cut[to] || tr.ps[to] == nil {
 			continue
 		}

@@ -1055,10 +1055,10 @@ func TestReplicaFlushHardStateStopsAtApplied(t *testing.T) {
 				committed = n.p.committed
 				n.p.hsCommit = committed + 5 // entries noted, not yet synced
 				err = n.p.flushHardState()
-				stored = n.p.log.HardState().GetCommit()
+				stored = n.p.log.HardState().Commit
 				hs := n.p.log.HardState()
-				err2 = n.p.storeHardState(hs.GetTerm()+1, 0, committed+5)
-				stored2 = n.p.log.HardState().GetCommit()
+				err2 = n.p.storeHardState(hs.Term+1, 0, committed+5)
+				stored2 = n.p.log.HardState().Commit
 			})
 			if err != nil || err2 != nil {
 				t.Fatalf("follower %d: flush: %v; store: %v", n.id, err, err2)

@@ -10,7 +10,6 @@ import (
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
@@ -114,7 +113,7 @@ func (p *Partition) makeSnapshot() (*raftpb.Snapshot, error) {
 	if err != nil {
 		return nil, raft.ErrSnapshotTemporarilyUnavailable
 	}
-	return &raftpb.Snapshot{Data: b, Metadata: &raftpb.SnapshotMetadata{Index: new(index), Term: new(term), ConfState: cs}}, nil
+	return &raftpb.Snapshot{Data: b, Metadata: raftpb.SnapshotMetadata{Index: index, Term: term, ConfState: *cs}}, nil
 }
 
 var errSnapshotTooLarge = fmt.Errorf("snapshot larger than %d bytes", raftSnapshotBytesMax)
@@ -172,7 +171,7 @@ func decodeSnapshot(b []byte) (floor, prevTerm uint64, ckpt []byte, recs []snapR
 // at the snapshot's body floor with the records it carries, synced. The
 // queue state is loaded from it by applySnapshot, right after.
 func (p *Partition) installSnapshot(snap *raftpb.Snapshot) error {
-	md := snap.GetMetadata()
+	md := snap.Metadata
 	if p.ckptBusy {
 		// The checkpointer must not write an older checkpoint after
 		// this one.
@@ -190,7 +189,7 @@ func (p *Partition) installSnapshot(snap *raftpb.Snapshot) error {
 	}
 	p.ckptLSN, p.sinceCkpt = covers, 0
 	p.cache = newBodyCache(p.cfg.BodyCacheBytes)
-	p.logger.Info("raft snapshot installed", "index", md.GetIndex(), "floor", floor, "records", nrec)
+	p.logger.Info("raft snapshot installed", "index", md.Index, "floor", floor, "records", nrec)
 	return nil
 }
 
@@ -200,8 +199,8 @@ func (p *Partition) installSnapshot(snap *raftpb.Snapshot) error {
 // recover finds it after a crash in between and stores it again, and it is
 // removed once the log is synced.
 func (p *Partition) storeSnapshot(log *seglog.Log, snap *raftpb.Snapshot) (covers, floor uint64, nrec int, err error) {
-	md := snap.GetMetadata()
-	floor, prevTerm, ckpt, recs, err := decodeSnapshot(snap.GetData())
+	md := snap.Metadata
+	floor, prevTerm, ckpt, recs, err := decodeSnapshot(snap.Data)
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -209,8 +208,8 @@ func (p *Partition) storeSnapshot(log *seglog.Log, snap *raftpb.Snapshot) (cover
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("%w: raft snapshot: checkpoint: %w", ErrDamaged, err)
 	}
-	if covers != md.GetIndex()+1 || floor > covers {
-		return 0, 0, 0, fmt.Errorf("%w: raft snapshot at %d holds a checkpoint covering %d from %d", ErrDamaged, md.GetIndex(), covers, floor)
+	if covers != md.Index+1 || floor > covers {
+		return 0, 0, 0, fmt.Errorf("%w: raft snapshot at %d holds a checkpoint covering %d from %d", ErrDamaged, md.Index, covers, floor)
 	}
 	pending, err := encodePendingSnapshot(snap)
 	if err != nil {
@@ -238,7 +237,7 @@ func (p *Partition) storeSnapshot(log *seglog.Log, snap *raftpb.Snapshot) (cover
 		return 0, 0, 0, fmt.Errorf("raft snapshot: sync: %w", err)
 	}
 	p.snapshotStep("synced")
-	if err := log.SetConfState(raftpb.EnsureConfState(md.GetConfState())); err != nil {
+	if err := log.SetConfState(&md.ConfState); err != nil {
 		return 0, 0, 0, fmt.Errorf("raft snapshot: %w", err)
 	}
 	if err := p.cfg.FS.Remove(pendingPath); err != nil {
@@ -263,15 +262,15 @@ const snapshotPendingFile = "snapshot.pending"
 //
 //	"SNPD" | metadata length u32 | metadata (protobuf) | data | crc32c u32
 func encodePendingSnapshot(snap *raftpb.Snapshot) ([]byte, error) {
-	md, err := proto.Marshal(snap.GetMetadata())
+	md, err := snap.Metadata.Marshal()
 	if err != nil {
 		return nil, fmt.Errorf("raft snapshot: %w", err)
 	}
-	b := make([]byte, 0, 8+len(md)+len(snap.GetData())+4)
+	b := make([]byte, 0, 8+len(md)+len(snap.Data)+4)
 	b = append(b, "SNPD"...)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(md)))
 	b = append(b, md...)
-	b = append(b, snap.GetData()...)
+	b = append(b, snap.Data...)
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
 }
 
@@ -287,8 +286,8 @@ func decodePendingSnapshot(b []byte) (*raftpb.Snapshot, error) {
 	if n > uint64(len(body)-8) {
 		return nil, errors.New("pending raft snapshot: metadata past the end")
 	}
-	md := &raftpb.SnapshotMetadata{}
-	if err := proto.Unmarshal(body[8:8+n], md); err != nil {
+	md := raftpb.SnapshotMetadata{}
+	if err := md.Unmarshal(body[8 : 8+n]); err != nil {
 		return nil, fmt.Errorf("pending raft snapshot: metadata: %w", err)
 	}
 	return &raftpb.Snapshot{Metadata: md, Data: body[8+n:]}, nil
@@ -314,13 +313,13 @@ func (p *Partition) finishPendingSnapshot(log *seglog.Log) (found bool, err erro
 		}
 		return false, fmt.Errorf("partition %s: %w", p, err)
 	}
-	p.logger.Warn("raft snapshot install finished after a crash", "index", snap.GetMetadata().GetIndex())
+	p.logger.Warn("raft snapshot install finished after a crash", "index", snap.Metadata.Index)
 	return true, nil
 }
 
 // applySnapshot loads the queue state of an installed snapshot.
 func (p *Partition) applySnapshot(snap *raftpb.Snapshot) error {
-	index := snap.GetMetadata().GetIndex()
+	index := snap.Metadata.Index
 	if index <= p.applied {
 		return nil
 	}

@@ -28,7 +28,7 @@ func BenchmarkEntries(b *testing.B) {
 			for i := uint64(1); i <= 64; i++ {
 				e := ent(i, 1)
 				e.Data = data
-				if err := s.Append([]*raftpb.Entry{e}); err != nil {
+				if err := s.Append([]raftpb.Entry{e}); err != nil {
 					b.Fatal(err)
 				}
 			}

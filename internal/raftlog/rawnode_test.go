@@ -62,8 +62,8 @@ func (g *group) drain() {
 		if err := g.s.Append(rd.Entries); err != nil {
 			g.t.Fatal(err)
 		}
-		if rd.HardState != nil && !raft.IsEmptyHardState(rd.HardState) {
-			if err := g.s.SetHardState(rd.HardState); err != nil {
+		if !raft.IsEmptyHardState(rd.HardState) {
+			if err := g.s.SetHardState(&rd.HardState); err != nil {
 				g.t.Fatal(err)
 			}
 		}
@@ -73,11 +73,11 @@ func (g *group) drain() {
 			}
 		}
 		for _, e := range rd.CommittedEntries {
-			if e.GetIndex() != g.last+1 {
-				g.t.Fatalf("applied %d after %d", e.GetIndex(), g.last)
+			if e.Index != g.last+1 {
+				g.t.Fatalf("applied %d after %d", e.Index, g.last)
 			}
-			g.last = e.GetIndex()
-			if e.GetType() == raftpb.EntryNormal && len(e.Data) > 0 {
+			g.last = e.Index
+			if e.Type == raftpb.EntryNormal && len(e.Data) > 0 {
 				g.applied = append(g.applied, string(e.Data))
 			}
 		}
@@ -116,7 +116,7 @@ func TestGroupOfOne(t *testing.T) {
 	if n, m := g.s.DiskReads(), g.s.MemReads(); n != 0 || m == 0 {
 		t.Fatalf("committed entries: %d reads from segment files, %d from memory; want 0 and some", n, m)
 	}
-	term1 := g.rn.BasicStatus().GetTerm()
+	term1 := g.rn.BasicStatus().Term
 	if len(l.Segments()) < 3 {
 		t.Fatalf("want several segments, got %d", len(l.Segments()))
 	}
@@ -133,7 +133,7 @@ func TestGroupOfOne(t *testing.T) {
 	if fmt.Sprint(g.applied) != fmt.Sprint(want) {
 		t.Fatalf("after restart applied %d entries, want %d", len(g.applied), len(want))
 	}
-	if term := g.rn.BasicStatus().GetTerm(); term <= term1 {
+	if term := g.rn.BasicStatus().Term; term <= term1 {
 		t.Fatalf("term %d after restart, want above %d", term, term1)
 	}
 	if err := g.rn.Propose([]byte("\x01after")); err != nil {

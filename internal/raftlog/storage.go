@@ -3,12 +3,11 @@ package raftlog
 import (
 	"errors"
 	"fmt"
-	"math/bits"
+	"slices"
 	"sync"
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/sinewmq/sinew/internal/seglog"
 )
@@ -52,7 +51,7 @@ type Storage struct {
 	mu sync.Mutex
 	// cache holds the entries from cache[0].Index to the last index, in
 	// order, when not empty; cacheBytes is their cost (cost).
-	cache      []*raftpb.Entry
+	cache      []raftpb.Entry
 	cacheBytes int
 	// snap is the last snapshot applied or created, nil if none.
 	snap *raftpb.Snapshot
@@ -77,16 +76,16 @@ func New(log *seglog.Log, opts Options) *Storage {
 // InitialState returns the persisted HardState and ConfState. It refuses a
 // HardState whose commit index is past the last entry, which raft could not
 // start from.
-func (s *Storage) InitialState() (*raftpb.HardState, *raftpb.ConfState, error) {
+func (s *Storage) InitialState() (raftpb.HardState, raftpb.ConfState, error) {
 	hs := s.log.HardState()
 	cs, err := s.log.ConfState()
 	if err != nil {
-		return nil, nil, err
+		return raftpb.HardState{}, raftpb.ConfState{}, err
 	}
-	if last := s.log.NextLSN() - 1; hs.GetCommit() > last {
-		return nil, nil, fmt.Errorf("raftlog: stored commit index %d is past the last entry %d", hs.GetCommit(), last)
+	if last := s.log.NextLSN() - 1; hs.Commit > last {
+		return raftpb.HardState{}, raftpb.ConfState{}, fmt.Errorf("raftlog: stored commit index %d is past the last entry %d", hs.Commit, last)
 	}
-	return hs, cs, nil
+	return *hs, *cs, nil
 }
 
 // FirstIndex returns the first index whose entry is available.
@@ -112,7 +111,7 @@ func (s *Storage) Term(i uint64) (uint64, error) {
 // Entries returns entries [lo, hi), at most maxSize bytes of them (by their
 // encoded size, as raft counts) but at least one. Entries still in the cache
 // come from memory; older ones are read from the segment files.
-func (s *Storage) Entries(lo, hi, maxSize uint64) ([]*raftpb.Entry, error) {
+func (s *Storage) Entries(lo, hi, maxSize uint64) ([]raftpb.Entry, error) {
 	first, next := s.log.FirstLSN(), s.log.NextLSN()
 	if lo < first {
 		return nil, raft.ErrCompacted
@@ -125,8 +124,8 @@ func (s *Storage) Entries(lo, hi, maxSize uint64) ([]*raftpb.Entry, error) {
 	}
 	s.mu.Lock()
 	cacheFirst := next
-	if n := len(s.cache); n > 0 && s.cache[0].GetIndex()+uint64(n) == next {
-		cacheFirst = s.cache[0].GetIndex() // the cache ends at the last index, as it should
+	if n := len(s.cache); n > 0 && s.cache[0].Index+uint64(n) == next {
+		cacheFirst = s.cache[0].Index // the cache ends at the last index, as it should
 	}
 	if lo >= cacheFirst {
 		ents := s.cache[lo-cacheFirst : hi-cacheFirst]
@@ -138,18 +137,18 @@ func (s *Storage) Entries(lo, hi, maxSize uint64) ([]*raftpb.Entry, error) {
 	s.diskReads++
 	// The cache may be replaced while the files are read; take the part
 	// of it needed now.
-	var tail []*raftpb.Entry
+	var tail []raftpb.Entry
 	if hi > cacheFirst {
 		tail = s.cache[: hi-cacheFirst : hi-cacheFirst]
 	}
 	s.mu.Unlock()
 
-	var out []*raftpb.Entry
+	var out []raftpb.Entry
 	var size uint64
 	stop := errors.New("stop")
 	err := s.log.ScanRange(lo, min(hi, cacheFirst)-1, func(r seglog.Record) error {
 		e := recordToEntry(r)
-		n := entrySize(e)
+		n := uint64(e.Size())
 		if len(out) > 0 && size+n > maxSize {
 			return stop
 		}
@@ -169,7 +168,7 @@ func (s *Storage) Entries(lo, hi, maxSize uint64) ([]*raftpb.Entry, error) {
 		return nil, raft.ErrUnavailable // truncated while we read
 	}
 	for _, e := range tail {
-		n := entrySize(e)
+		n := uint64(e.Size())
 		if size+n > maxSize {
 			break
 		}
@@ -181,43 +180,19 @@ func (s *Storage) Entries(lo, hi, maxSize uint64) ([]*raftpb.Entry, error) {
 
 // limitSize returns the longest prefix of ents within maxSize encoded bytes,
 // and at least one entry.
-func limitSize(ents []*raftpb.Entry, maxSize uint64) []*raftpb.Entry {
+func limitSize(ents []raftpb.Entry, maxSize uint64) []raftpb.Entry {
 	if len(ents) == 0 || maxSize == noLimit {
 		return ents
 	}
-	size := entrySize(ents[0])
+	size := uint64(ents[0].Size())
 	for i := 1; i < len(ents); i++ {
-		size += entrySize(ents[i])
+		size += uint64(ents[i].Size())
 		if size > maxSize {
 			return ents[:i]
 		}
 	}
 	return ents
 }
-
-// entrySize is proto.Size(e), the size raft counts against its limits,
-// computed from the fields an Entry has instead of by reflection: Entries
-// runs it for every entry it returns. Unknown fields are not counted; raft's
-// entries carry none.
-func entrySize(e *raftpb.Entry) uint64 {
-	var n uint64
-	if e.Term != nil {
-		n += 1 + varintBytes(*e.Term)
-	}
-	if e.Index != nil {
-		n += 1 + varintBytes(*e.Index)
-	}
-	if e.Type != nil {
-		n += 1 + varintBytes(uint64(int64(*e.Type))) // an enum is an int32 varint
-	}
-	if e.Data != nil {
-		n += 1 + varintBytes(uint64(len(e.Data))) + uint64(len(e.Data))
-	}
-	return n
-}
-
-// varintBytes is the size of v as a protobuf varint.
-func varintBytes(v uint64) uint64 { return uint64(bits.Len64(v|1)+6) / 7 }
 
 // noLimit is raft's "no size limit" (math.MaxUint64).
 const noLimit = ^uint64(0)
@@ -226,24 +201,48 @@ const noLimit = ^uint64(0)
 // if set, else the last one applied or created, else (for a log that still
 // starts at index 1) an empty one. A log that starts later without a
 // snapshot source has no data to send: raft.ErrSnapshotTemporarilyUnavailable.
-func (s *Storage) Snapshot() (*raftpb.Snapshot, error) {
+func (s *Storage) Snapshot() (raftpb.Snapshot, error) {
 	s.mu.Lock()
 	snap, src := s.snap, s.opts.Snapshot
 	s.mu.Unlock()
 	if src != nil {
-		return src()
+		sn, err := src()
+		if err != nil {
+			return raftpb.Snapshot{}, err
+		}
+		return *sn, nil
 	}
 	if snap != nil {
-		return proto.Clone(snap).(*raftpb.Snapshot), nil
+		return *CloneSnapshot(snap), nil
 	}
 	if s.log.FirstLSN() == 1 {
 		cs, err := s.log.ConfState()
 		if err != nil {
-			return nil, err
+			return raftpb.Snapshot{}, err
 		}
-		return &raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{Index: new(uint64(0)), Term: new(uint64(0)), ConfState: cs}}, nil
+		return raftpb.Snapshot{Metadata: raftpb.SnapshotMetadata{ConfState: *cs}}, nil
 	}
-	return nil, raft.ErrSnapshotTemporarilyUnavailable
+	return raftpb.Snapshot{}, raft.ErrSnapshotTemporarilyUnavailable
+}
+
+// CloneSnapshot returns a copy of snap that shares nothing the caller may
+// change: the data is shared (nobody writes it once made), the
+// configuration's id lists are copied.
+func CloneSnapshot(snap *raftpb.Snapshot) *raftpb.Snapshot {
+	c := *snap
+	c.Metadata.ConfState = CloneConfState(snap.Metadata.ConfState)
+	return &c
+}
+
+// CloneConfState returns a deep copy of cs.
+func CloneConfState(cs raftpb.ConfState) raftpb.ConfState {
+	return raftpb.ConfState{
+		Voters:         slices.Clone(cs.Voters),
+		Learners:       slices.Clone(cs.Learners),
+		VotersOutgoing: slices.Clone(cs.VotersOutgoing),
+		LearnersNext:   slices.Clone(cs.LearnersNext),
+		AutoLeave:      cs.AutoLeave,
+	}
 }
 
 // SetSnapshotSource sets (or, with nil, clears) the hook Snapshot calls, as
@@ -260,28 +259,29 @@ func (s *Storage) SetSnapshotSource(fn func() (*raftpb.Snapshot, error)) {
 // first index on replace what the log holds there (a follower's conflicting
 // suffix). Entries at or before FirstIndex-1 are skipped, as raft may resend
 // a prefix the log has compacted.
-func (s *Storage) Append(ents []*raftpb.Entry) error {
+func (s *Storage) Append(ents []raftpb.Entry) error {
 	if len(ents) == 0 {
 		return nil
 	}
 	first := s.log.FirstLSN()
-	if ents[len(ents)-1].GetIndex() < first {
+	if ents[len(ents)-1].Index < first {
 		return nil
 	}
-	if k := ents[0].GetIndex(); k < first {
+	if k := ents[0].Index; k < first {
 		ents = ents[first-k:]
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i, e := range ents {
-		if i > 0 && e.GetIndex() != ents[i-1].GetIndex()+1 {
-			return fmt.Errorf("%w: index %d after %d", ErrBadEntry, e.GetIndex(), ents[i-1].GetIndex())
+	for i := range ents {
+		e := &ents[i]
+		if i > 0 && e.Index != ents[i-1].Index+1 {
+			return fmt.Errorf("%w: index %d after %d", ErrBadEntry, e.Index, ents[i-1].Index)
 		}
 		typ, payload, err := entryToRecord(e)
 		if err != nil {
 			return err
 		}
-		if err := s.log.AppendAt(e.GetIndex(), e.GetTerm(), typ, payload); err != nil {
+		if err := s.log.AppendAt(e.Index, e.Term, typ, payload); err != nil {
 			if errors.Is(err, seglog.ErrBadIndex) {
 				return fmt.Errorf("%w: %w", ErrBadEntry, err)
 			}
@@ -293,9 +293,9 @@ func (s *Storage) Append(ents []*raftpb.Entry) error {
 }
 
 // cacheEntryBytes is what one cached entry costs besides its data: the
-// Entry message, its three boxed fields and the slice slot. Counting it keeps
+// Entry in the slice and its share of the array's spare room. Counting it keeps
 // a tail of tiny entries (acks) within CacheBytesMax too.
-const cacheEntryBytes = 160
+const cacheEntryBytes = 64
 
 // cost is an entry's share of CacheBytesMax.
 func cost(e *raftpb.Entry) int { return cacheEntryBytes + len(e.Data) }
@@ -303,27 +303,27 @@ func cost(e *raftpb.Entry) int { return cacheEntryBytes + len(e.Data) }
 // cachePut adds e (just appended at its index) to the cache, dropping any
 // cached entries at or after its index first. Caller holds mu.
 func (s *Storage) cachePut(e *raftpb.Entry) {
-	idx := e.GetIndex()
+	idx := e.Index
 	if n := len(s.cache); n > 0 {
-		c0 := s.cache[0].GetIndex()
+		c0 := s.cache[0].Index
 		switch {
 		case idx < c0:
 			s.cache, s.cacheBytes = nil, 0
 		case idx <= c0+uint64(n)-1:
-			for _, d := range s.cache[idx-c0:] {
-				s.cacheBytes -= cost(d)
+			for i := range s.cache[idx-c0:] {
+				s.cacheBytes -= cost(&s.cache[idx-c0+uint64(i)])
 			}
 			// A fresh array: entries handed out by Entries must not change.
-			s.cache = append([]*raftpb.Entry(nil), s.cache[:idx-c0]...)
+			s.cache = append([]raftpb.Entry(nil), s.cache[:idx-c0]...)
 		case idx > c0+uint64(n):
 			s.cache, s.cacheBytes = nil, 0 // cannot happen for a contiguous log
 		}
 	}
-	s.cache = append(s.cache, e)
+	s.cache = append(s.cache, *e)
 	s.cacheBytes += cost(e)
 	for s.cacheBytes > s.opts.CacheBytesMax && len(s.cache) > 1 {
-		// No s.cache[0] = nil: see SetApplied.
-		s.cacheBytes -= cost(s.cache[0])
+		// No s.cache[0] = raftpb.Entry{}: see SetApplied.
+		s.cacheBytes -= cost(&s.cache[0])
 		s.cache = s.cache[1:]
 	}
 }
@@ -350,13 +350,13 @@ func (s *Storage) SetApplied(index uint64) {
 	if len(s.cache) == 0 {
 		return
 	}
-	c0 := s.cache[0].GetIndex()
+	c0 := s.cache[0].Index
 	if index < c0 {
 		return
 	}
 	k := min(index-c0+1, uint64(len(s.cache)))
 	for i := range k {
-		s.cacheBytes -= cost(s.cache[i])
+		s.cacheBytes -= cost(&s.cache[i])
 	}
 	// The dropped slots are not cleared: Entries hands out sub-slices of
 	// this array, and raft keeps them (in its log and in messages still on
@@ -373,20 +373,20 @@ func (s *Storage) SetApplied(index uint64) {
 // snapshot, durably, and stores its ConfState. A snapshot not newer than the
 // current start point returns raft.ErrSnapOutOfDate.
 func (s *Storage) ApplySnapshot(snap *raftpb.Snapshot) error {
-	md := snap.GetMetadata()
-	if first := s.log.FirstLSN(); md.GetIndex() < first-1 || (md.GetIndex() == first-1 && first > 1) {
+	md := snap.Metadata
+	if first := s.log.FirstLSN(); md.Index < first-1 || (md.Index == first-1 && first > 1) {
 		return raft.ErrSnapOutOfDate
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.log.ResetTo(md.GetIndex(), md.GetTerm()); err != nil {
+	if err := s.log.ResetTo(md.Index, md.Term); err != nil {
 		return err
 	}
-	if err := s.log.SetConfState(raftpb.EnsureConfState(md.GetConfState())); err != nil {
+	if err := s.log.SetConfState(&md.ConfState); err != nil {
 		return err
 	}
 	s.cache, s.cacheBytes = nil, 0
-	s.snap = proto.Clone(snap).(*raftpb.Snapshot)
+	s.snap = CloneSnapshot(snap)
 	return nil
 }
 
@@ -395,17 +395,17 @@ func (s *Storage) ApplySnapshot(snap *raftpb.Snapshot) error {
 // below that index (committed ones, identical to the leader's), which raft
 // may still read. The cache is dropped and the ConfState stored.
 func (s *Storage) InstallSnapshot(snap *raftpb.Snapshot) error {
-	md := snap.GetMetadata()
-	if next := s.log.NextLSN(); next != md.GetIndex()+1 {
-		return fmt.Errorf("%w: log continues at %d, snapshot is at %d", ErrBadEntry, next, md.GetIndex())
+	md := snap.Metadata
+	if next := s.log.NextLSN(); next != md.Index+1 {
+		return fmt.Errorf("%w: log continues at %d, snapshot is at %d", ErrBadEntry, next, md.Index)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.log.SetConfState(raftpb.EnsureConfState(md.GetConfState())); err != nil {
+	if err := s.log.SetConfState(&md.ConfState); err != nil {
 		return err
 	}
 	s.cache, s.cacheBytes = nil, 0
-	s.snap = proto.Clone(snap).(*raftpb.Snapshot)
+	s.snap = CloneSnapshot(snap)
 	return nil
 }
 
@@ -415,7 +415,7 @@ func (s *Storage) InstallSnapshot(snap *raftpb.Snapshot) error {
 func (s *Storage) CreateSnapshot(i uint64, cs *raftpb.ConfState, data []byte) (*raftpb.Snapshot, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.snap != nil && i <= s.snap.GetMetadata().GetIndex() {
+	if s.snap != nil && i <= s.snap.Metadata.Index {
 		return nil, raft.ErrSnapOutOfDate
 	}
 	term, err := s.Term(i)
@@ -424,9 +424,9 @@ func (s *Storage) CreateSnapshot(i uint64, cs *raftpb.ConfState, data []byte) (*
 	}
 	s.snap = &raftpb.Snapshot{
 		Data:     data,
-		Metadata: &raftpb.SnapshotMetadata{Index: new(i), Term: new(term), ConfState: proto.Clone(raftpb.EnsureConfState(cs)).(*raftpb.ConfState)},
+		Metadata: raftpb.SnapshotMetadata{Index: i, Term: term, ConfState: CloneConfState(*cs)},
 	}
-	return proto.Clone(s.snap).(*raftpb.Snapshot), nil
+	return CloneSnapshot(s.snap), nil
 }
 
 // Compact lets the log drop whole segments whose entries are all before
@@ -453,13 +453,13 @@ func (s *Storage) MemReads() uint64 {
 
 // entryToRecord maps a raft entry to a record type and payload.
 func entryToRecord(e *raftpb.Entry) (uint8, []byte, error) {
-	switch e.GetType() {
+	switch e.Type {
 	case raftpb.EntryNormal:
 		if len(e.Data) == 0 {
 			return TypeNoop, nil, nil
 		}
 		if e.Data[0] >= typeReservedMin {
-			return 0, nil, fmt.Errorf("%w: 0x%02x at index %d", ErrReservedType, e.Data[0], e.GetIndex())
+			return 0, nil, fmt.Errorf("%w: 0x%02x at index %d", ErrReservedType, e.Data[0], e.Index)
 		}
 		return e.Data[0], e.Data[1:], nil
 	case raftpb.EntryConfChange:
@@ -467,24 +467,24 @@ func entryToRecord(e *raftpb.Entry) (uint8, []byte, error) {
 	case raftpb.EntryConfChangeV2:
 		return TypeConfChangeV2, e.Data, nil
 	}
-	return 0, nil, fmt.Errorf("%w: entry type %v at index %d", ErrBadEntry, e.GetType(), e.GetIndex())
+	return 0, nil, fmt.Errorf("%w: entry type %v at index %d", ErrBadEntry, e.Type, e.Index)
 }
 
 // recordToEntry maps a record back to the raft entry it was written from.
 // The record's payload is copied: Scan lends it only for the callback.
-func recordToEntry(r seglog.Record) *raftpb.Entry {
-	e := &raftpb.Entry{Index: new(r.LSN), Term: new(r.Term)}
+func recordToEntry(r seglog.Record) raftpb.Entry {
+	e := raftpb.Entry{Index: r.LSN, Term: r.Term}
 	switch r.Type {
 	case TypeNoop:
-		e.Type = new(raftpb.EntryNormal)
+		e.Type = raftpb.EntryNormal
 	case TypeConfChange:
-		e.Type = new(raftpb.EntryConfChange)
+		e.Type = raftpb.EntryConfChange
 		e.Data = append([]byte(nil), r.Payload...)
 	case TypeConfChangeV2:
-		e.Type = new(raftpb.EntryConfChangeV2)
+		e.Type = raftpb.EntryConfChangeV2
 		e.Data = append([]byte(nil), r.Payload...)
 	default:
-		e.Type = new(raftpb.EntryNormal)
+		e.Type = raftpb.EntryNormal
 		e.Data = make([]byte, 1+len(r.Payload))
 		e.Data[0] = r.Type
 		copy(e.Data[1:], r.Payload)

@@ -1,14 +1,15 @@
 package raftlog
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"reflect"
 	"testing"
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 	"go.uber.org/goleak"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
@@ -18,14 +19,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // ent builds a normal entry whose data is a queue-like record (type 1) that
 // names its index and term.
-func ent(index, term uint64) *raftpb.Entry {
-	return &raftpb.Entry{Index: new(index), Term: new(term), Type: new(raftpb.EntryNormal),
+func ent(index, term uint64) raftpb.Entry {
+	return raftpb.Entry{Index: index, Term: term, Type: raftpb.EntryNormal,
 		Data: fmt.Appendf([]byte{1}, "entry %d/%d", index, term)}
 }
 
 // run returns entries first, first+1, ... with the given terms.
-func run(first uint64, terms ...uint64) []*raftpb.Entry {
-	out := make([]*raftpb.Entry, len(terms))
+func run(first uint64, terms ...uint64) []raftpb.Entry {
+	out := make([]raftpb.Entry, len(terms))
 	for i, t := range terms {
 		out[i] = ent(first+uint64(i), t)
 	}
@@ -79,13 +80,14 @@ func (f *fixture) reopen(t *testing.T) {
 	f.open(t)
 }
 
-func equalEntries(t *testing.T, got, want []*raftpb.Entry) {
+func equalEntries(t *testing.T, got, want []raftpb.Entry) {
 	t.Helper()
 	if len(got) != len(want) {
 		t.Fatalf("got %d entries, want %d", len(got), len(want))
 	}
 	for i := range want {
-		if !proto.Equal(got[i], want[i]) {
+		g, w := got[i], want[i]
+		if g.Index != w.Index || g.Term != w.Term || g.Type != w.Type || !bytes.Equal(g.Data, w.Data) {
 			t.Fatalf("entry %d: got %v, want %v", i, got[i], want[i])
 		}
 	}
@@ -112,17 +114,17 @@ func TestStorageTerm(t *testing.T) {
 func TestStorageEntries(t *testing.T) {
 	f := newFixture(t, 3, 3, 4, 5, 6)
 	ents := run(4, 4, 5, 6)
-	sz := func(es ...*raftpb.Entry) uint64 {
+	sz := func(es ...raftpb.Entry) uint64 {
 		var n uint64
 		for _, e := range es {
-			n += uint64(proto.Size(e))
+			n += uint64(e.Size())
 		}
 		return n
 	}
 	cases := []struct {
 		lo, hi, maxSize uint64
 		err             error
-		want            []*raftpb.Entry
+		want            []raftpb.Entry
 	}{
 		{2, 6, noLimit, raft.ErrCompacted, nil},
 		{3, 4, noLimit, raft.ErrCompacted, nil},
@@ -236,31 +238,31 @@ func TestStorageCreateSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	md := snap.GetMetadata()
-	if md.GetIndex() != 4 || md.GetTerm() != 4 || !proto.Equal(md.GetConfState(), cs) || string(snap.Data) != "data" {
+	md := snap.Metadata
+	if md.Index != 4 || md.Term != 4 || !reflect.DeepEqual(md.ConfState, *cs) || string(snap.Data) != "data" {
 		t.Fatalf("snapshot %v", snap)
 	}
-	if got, err := f.s.Snapshot(); err != nil || !proto.Equal(got, snap) {
+	if got, err := f.s.Snapshot(); err != nil || !reflect.DeepEqual(got, *snap) {
 		t.Fatalf("Snapshot() = %v, %v", got, err)
 	}
 	if _, err := f.s.CreateSnapshot(4, cs, nil); err != raft.ErrSnapOutOfDate {
 		t.Fatalf("older snapshot: %v", err)
 	}
 	// A snapshot source takes over, and can be cleared again.
-	src := &raftpb.Snapshot{Data: []byte("from the partition"), Metadata: &raftpb.SnapshotMetadata{Index: new(uint64(5)), Term: new(uint64(5))}}
+	src := &raftpb.Snapshot{Data: []byte("from the partition"), Metadata: raftpb.SnapshotMetadata{Index: uint64(5), Term: uint64(5)}}
 	f.s.SetSnapshotSource(func() (*raftpb.Snapshot, error) { return src, nil })
-	if got, err := f.s.Snapshot(); err != nil || got != src {
+	if got, err := f.s.Snapshot(); err != nil || !reflect.DeepEqual(got, *src) {
 		t.Fatalf("Snapshot() with a source = %v, %v", got, err)
 	}
 	f.s.SetSnapshotSource(nil)
-	if got, err := f.s.Snapshot(); err != nil || !proto.Equal(got, snap) {
+	if got, err := f.s.Snapshot(); err != nil || !reflect.DeepEqual(got, *snap) {
 		t.Fatalf("Snapshot() after clearing the source = %v, %v", got, err)
 	}
 }
 
 func TestStorageAppend(t *testing.T) {
 	cases := []struct {
-		in   []*raftpb.Entry
+		in   []raftpb.Entry
 		want []uint64 // terms of entries 4.. after the append
 	}{
 		{run(1, 1, 2), []uint64{4, 5}},
@@ -285,8 +287,8 @@ func TestStorageAppend(t *testing.T) {
 				t.Fatalf("case %d cold=%v: %v", i, cold, err)
 			}
 			for j, term := range tc.want {
-				if got[j].GetTerm() != term {
-					t.Fatalf("case %d cold=%v: entry %d term %d, want %d", i, cold, 4+j, got[j].GetTerm(), term)
+				if got[j].Term != term {
+					t.Fatalf("case %d cold=%v: entry %d term %d, want %d", i, cold, 4+j, got[j].Term, term)
 				}
 			}
 			if last, _ := f.s.LastIndex(); last != 3+uint64(len(tc.want)) {
@@ -301,7 +303,7 @@ func TestStorageAppend(t *testing.T) {
 	}
 	bad := ent(6, 5)
 	bad.Data[0] = TypeNoop
-	if err := f.s.Append([]*raftpb.Entry{bad}); !errors.Is(err, ErrReservedType) {
+	if err := f.s.Append([]raftpb.Entry{bad}); !errors.Is(err, ErrReservedType) {
 		t.Fatalf("reserved type: %v", err)
 	}
 }
@@ -310,12 +312,12 @@ func TestStorageAppend(t *testing.T) {
 // through records, from the cache and from disk.
 func TestStorageEntryKinds(t *testing.T) {
 	f := newFixture(t, 0, 0)
-	cc := &raftpb.ConfChange{Type: new(raftpb.ConfChangeAddNode), NodeId: new(uint64(2))}
-	ccData, _ := proto.Marshal(cc)
-	ents := []*raftpb.Entry{
-		{Index: new(uint64(1)), Term: new(uint64(1)), Type: new(raftpb.EntryNormal)},
-		{Index: new(uint64(2)), Term: new(uint64(1)), Type: new(raftpb.EntryConfChange), Data: ccData},
-		{Index: new(uint64(3)), Term: new(uint64(1)), Type: new(raftpb.EntryConfChangeV2), Data: []byte{8, 1}},
+	cc := &raftpb.ConfChange{Type: raftpb.ConfChangeAddNode, NodeID: 2}
+	ccData, _ := cc.Marshal()
+	ents := []raftpb.Entry{
+		{Index: 1, Term: 1, Type: raftpb.EntryNormal},
+		{Index: 2, Term: 1, Type: raftpb.EntryConfChange, Data: ccData},
+		{Index: 3, Term: 1, Type: raftpb.EntryConfChangeV2, Data: []byte{8, 1}},
 		ent(4, 1),
 	}
 	if err := f.s.Append(ents); err != nil {
@@ -344,7 +346,7 @@ func TestStorageEntryKinds(t *testing.T) {
 func TestStorageApplySnapshot(t *testing.T) {
 	cs := &raftpb.ConfState{Voters: []uint64{1, 2, 3}}
 	snap := func(i, term uint64) *raftpb.Snapshot {
-		return &raftpb.Snapshot{Data: []byte("data"), Metadata: &raftpb.SnapshotMetadata{Index: new(i), Term: new(term), ConfState: cs}}
+		return &raftpb.Snapshot{Data: []byte("data"), Metadata: raftpb.SnapshotMetadata{Index: i, Term: term, ConfState: *cs}}
 	}
 	f := newFixture(t, 0, 0, 1, 1)
 	if err := f.s.ApplySnapshot(snap(4, 4)); err != nil {
@@ -359,25 +361,25 @@ func TestStorageApplySnapshot(t *testing.T) {
 	if term, err := f.s.Term(4); first != 5 || last != 4 || err != nil || term != 4 {
 		t.Fatalf("after snapshot: first %d last %d Term(4) = %d, %v", first, last, term, err)
 	}
-	if _, gotCS, err := f.s.InitialState(); err != nil || !proto.Equal(gotCS, cs) {
+	if _, gotCS, err := f.s.InitialState(); err != nil || !reflect.DeepEqual(gotCS, *cs) {
 		t.Fatalf("InitialState ConfState %v, %v", gotCS, err)
 	}
 	// Bootstrap: a snapshot with only a ConfState on an empty log.
 	g := newFixture(t, 0, 0)
-	if err := g.s.ApplySnapshot(&raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{ConfState: cs}}); err != nil {
+	if err := g.s.ApplySnapshot(&raftpb.Snapshot{Metadata: raftpb.SnapshotMetadata{ConfState: *cs}}); err != nil {
 		t.Fatalf("bootstrap snapshot: %v", err)
 	}
 }
 
 func TestStorageInitialState(t *testing.T) {
 	f := newFixture(t, 0, 0, 1, 1, 2)
-	hs := &raftpb.HardState{Term: new(uint64(2)), Vote: new(uint64(1)), Commit: new(uint64(3))}
+	hs := &raftpb.HardState{Term: uint64(2), Vote: uint64(1), Commit: uint64(3)}
 	if err := f.s.SetHardState(hs); err != nil {
 		t.Fatal(err)
 	}
 	f.reopen(t)
 	got, cs, err := f.s.InitialState()
-	if err != nil || !proto.Equal(got, hs) || len(cs.GetVoters()) != 0 {
+	if err != nil || got != *hs || len(cs.Voters) != 0 {
 		t.Fatalf("InitialState = %v, %v, %v", got, cs, err)
 	}
 	if err := f.l.TruncateAfter(2); err != nil {
@@ -416,28 +418,11 @@ func TestStorageEntriesUnchangedAfterCacheDrops(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, e := range got {
-		if e == nil {
+		if e.Index == 0 || e.Data == nil {
 			t.Fatalf("entry %d of a slice Entries returned was cleared", i+1)
 		}
 	}
 	equalEntries(t, got, want)
-}
-
-// TestEntrySize: the size Entries counts is the encoded size raft counts.
-func TestEntrySize(t *testing.T) {
-	ents := []*raftpb.Entry{
-		{},
-		{Index: new(uint64(1)), Term: new(uint64(1))},
-		{Index: new(uint64(1) << 40), Term: new(uint64(300)), Type: new(raftpb.EntryConfChangeV2), Data: []byte{}},
-		{Index: new(^uint64(0)), Term: new(uint64(127)), Type: new(raftpb.EntryNormal), Data: make([]byte, 200)},
-		{Index: new(uint64(128)), Term: new(uint64(16384)), Data: make([]byte, 1<<20)},
-		ent(5, 7),
-	}
-	for i, e := range ents {
-		if got, want := entrySize(e), uint64(proto.Size(e)); got != want {
-			t.Errorf("entry %d: entrySize %d, proto.Size %d", i, got, want)
-		}
-	}
 }
 
 // TestStorageCacheBoundCountsEntries: a tail of tiny entries stays within
@@ -448,7 +433,7 @@ func TestStorageCacheBoundCountsEntries(t *testing.T) {
 	for i := uint64(1); i <= 1000; i++ {
 		e := ent(i, 1)
 		e.Data = []byte{1, byte(i)}
-		if err := f.s.Append([]*raftpb.Entry{e}); err != nil {
+		if err := f.s.Append([]raftpb.Entry{e}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -315,7 +315,7 @@ func TestCrashHardState(t *testing.T) {
 			if err != nil {
 				t.Fatalf("seed %d: ConfState: %v", seed, err)
 			}
-			got := state{hs.GetTerm(), hs.GetVote(), hs.GetCommit(), len(cs.GetVoters())}
+			got := state{hs.Term, hs.Vote, hs.Commit, len(cs.Voters)}
 			if durable >= 0 {
 				k := slices.Index(states[durable:], got)
 				if k < 0 {
@@ -356,7 +356,7 @@ func TestCrashHardState(t *testing.T) {
 					s.commit++
 				}
 				states = append(states, s)
-				err = l.SetHardState(&raftpb.HardState{Term: new(s.term), Vote: new(s.vote), Commit: new(s.commit)})
+				err = l.SetHardState(&raftpb.HardState{Term: s.term, Vote: s.vote, Commit: s.commit})
 				if err != nil {
 					break
 				}

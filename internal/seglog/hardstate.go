@@ -10,7 +10,6 @@ import (
 	"sync"
 
 	"go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/sinewmq/sinew/internal/vfs"
 )
@@ -226,7 +225,10 @@ func (l *Log) SetHardState(hs *raftpb.HardState) error {
 		return ErrClosed
 	}
 	st := h.cur
-	st.term, st.vote, st.commit = hs.GetTerm(), hs.GetVote(), hs.GetCommit()
+	st.term, st.vote, st.commit = 0, 0, 0
+	if hs != nil {
+		st.term, st.vote, st.commit = hs.Term, hs.Vote, hs.Commit
+	}
 	if st.term == h.cur.term && st.vote == h.cur.vote && st.commit == h.cur.commit {
 		return nil
 	}
@@ -239,13 +241,13 @@ func (l *Log) HardState() *raftpb.HardState {
 	h := &l.hs
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return &raftpb.HardState{Term: new(h.cur.term), Vote: new(h.cur.vote), Commit: new(h.cur.commit)}
+	return &raftpb.HardState{Term: h.cur.term, Vote: h.cur.vote, Commit: h.cur.commit}
 }
 
 // SetConfState stores the raft group's configuration; it is durable when it
 // returns. ConfStates larger than a slot fail with ErrConfStateTooLarge.
 func (l *Log) SetConfState(cs *raftpb.ConfState) error {
-	b, err := proto.Marshal(cs)
+	b, err := cs.Marshal()
 	if err != nil {
 		return fmt.Errorf("seglog: encode conf state: %w", err)
 	}
@@ -271,7 +273,7 @@ func (l *Log) ConfState() (*raftpb.ConfState, error) {
 	b := h.cur.conf
 	h.mu.Unlock()
 	cs := &raftpb.ConfState{}
-	if err := proto.Unmarshal(b, cs); err != nil {
+	if err := cs.Unmarshal(b); err != nil {
 		return nil, fmt.Errorf("seglog: decode conf state: %w", err)
 	}
 	return cs, nil

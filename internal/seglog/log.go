@@ -532,6 +532,13 @@ func (l *Log) run() {
 		l.runOp()
 		l.mu.Lock()
 		if l.closing {
+			// Close may have come after the last commitOnce saw nothing
+			// urgent: what is still buffered is written and synced now
+			// (closing makes it urgent), or a clean Close would lose it.
+			l.mu.Unlock()
+			for l.commitOnce(false) {
+			}
+			l.mu.Lock()
 			l.exited = true
 			l.cond.Broadcast()
 			l.mu.Unlock()

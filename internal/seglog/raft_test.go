@@ -3,10 +3,10 @@ package seglog
 import (
 	"bytes"
 	"errors"
+	"slices"
 	"testing"
 
 	"go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/sinewmq/sinew/internal/vfs"
 )
@@ -205,13 +205,13 @@ func TestHardStateRoundTrip(t *testing.T) {
 	fs := vfs.NewMem()
 	o := memOpts(fs)
 	l := openT(t, o)
-	if hs := l.HardState(); hs.GetTerm() != 0 || hs.GetVote() != 0 || hs.GetCommit() != 0 {
+	if hs := l.HardState(); hs.Term != 0 || hs.Vote != 0 || hs.Commit != 0 {
 		t.Fatalf("fresh HardState %v", hs)
 	}
 	if names, _ := fs.ReadDir("log"); len(names) != 1 {
 		t.Fatalf("a log without HardState has files %v", names)
 	}
-	hs := &raftpb.HardState{Term: new(uint64(3)), Vote: new(uint64(2)), Commit: new(uint64(0))}
+	hs := &raftpb.HardState{Term: 3, Vote: 2, Commit: 0}
 	if err := l.SetHardState(hs); err != nil {
 		t.Fatal(err)
 	}
@@ -219,20 +219,20 @@ func TestHardStateRoundTrip(t *testing.T) {
 	if err := l.SetConfState(cs); err != nil {
 		t.Fatal(err)
 	}
-	hs.Commit = new(uint64(7))
+	hs.Commit = 7
 	if err := l.SetHardState(hs); err != nil {
 		t.Fatal(err)
 	}
-	if got := l.HardState(); !proto.Equal(got, hs) {
+	if got := l.HardState(); got == nil || *got != *hs {
 		t.Fatalf("HardState %v, want %v", got, hs)
 	}
 	_ = l.Close()
 	l = openT(t, o)
 	defer l.Close()
-	if got := l.HardState(); !proto.Equal(got, hs) {
+	if got := l.HardState(); got == nil || *got != *hs {
 		t.Fatalf("after reopen HardState %v, want %v", got, hs)
 	}
-	if got, err := l.ConfState(); err != nil || !proto.Equal(got, cs) {
+	if got, err := l.ConfState(); err != nil || !confStateEqual(got, cs) {
 		t.Fatalf("after reopen ConfState %v, %v", got, err)
 	}
 	big := &raftpb.ConfState{Voters: make([]uint64, 1000)}
@@ -242,4 +242,15 @@ func TestHardStateRoundTrip(t *testing.T) {
 	if err := l.SetConfState(big); !errors.Is(err, ErrConfStateTooLarge) {
 		t.Fatalf("oversized ConfState: %v", err)
 	}
+}
+
+// confStateEqual reports whether a and b hold the same configuration, field
+// by field and in order (an empty list equals a nil one).
+func confStateEqual(a, b *raftpb.ConfState) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return slices.Equal(a.Voters, b.Voters) && slices.Equal(a.Learners, b.Learners) &&
+		slices.Equal(a.VotersOutgoing, b.VotersOutgoing) && slices.Equal(a.LearnersNext, b.LearnersNext) &&
+		a.AutoLeave == b.AutoLeave
 }
