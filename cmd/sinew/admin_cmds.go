@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -887,10 +888,43 @@ func adminDrain(ctx context.Context, name string, args []string, stdout, stderr 
 
 // apiNodes is GET /api/v1/nodes (admin.NodesView).
 type apiNodes struct {
-	Cluster bool      `json:"cluster"`
-	Self    apiNode   `json:"self"`
-	Fenced  bool      `json:"fenced"`
-	Nodes   []apiNode `json:"nodes"`
+	Cluster    bool      `json:"cluster"`
+	Self       apiNode   `json:"self"`
+	Fenced     bool      `json:"fenced"`
+	Nodes      []apiNode `json:"nodes"`
+	Controller *struct {
+		Leader   string   `json:"leader"`
+		Voters   []string `json:"voters"`
+		Learners []string `json:"learners"`
+		Nodes    []struct {
+			ID   string `json:"id"`
+			Left bool   `json:"left"`
+		} `json:"nodes"`
+		Error string `json:"error"`
+	} `json:"controller"`
+}
+
+// controllerRole is a node's place in the controller group: leader,
+// voter, learner, left, or "-" (not in the committed table).
+func (v apiNodes) controllerRole(id string) string {
+	c := v.Controller
+	if c == nil {
+		return "-"
+	}
+	switch {
+	case id == c.Leader:
+		return "leader"
+	case slices.Contains(c.Voters, id):
+		return "voter"
+	case slices.Contains(c.Learners, id):
+		return "learner"
+	}
+	for _, n := range c.Nodes {
+		if n.ID == id && n.Left {
+			return "left"
+		}
+	}
+	return "-"
 }
 
 type apiNode struct {
@@ -915,16 +949,23 @@ func adminNodes(ctx context.Context, name string, args []string, stdout, stderr 
 		_, err := fmt.Fprintf(stdout, "the broker at %s runs alone (cluster.enabled = false)\n", c.addr)
 		return err
 	}
-	t := newTable(stdout, "NODE", "STATE", "GOSSIP", "CLIENT")
+	t := newTable(stdout, "NODE", "STATE", "GOSSIP", "CLIENT", "CONTROLLER")
 	self := v.Self
 	if v.Fenced {
 		self.State = "self (fenced)"
 	}
-	t.row(self.ID, self.State, self.GossipAddr, self.ClientAddr)
+	t.row(self.ID, self.State, self.GossipAddr, self.ClientAddr, v.controllerRole(self.ID))
 	for _, n := range v.Nodes {
-		t.row(n.ID, n.State, n.GossipAddr, n.ClientAddr)
+		t.row(n.ID, n.State, n.GossipAddr, n.ClientAddr, v.controllerRole(n.ID))
 	}
-	return t.flush()
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if v.Controller != nil && v.Controller.Error != "" {
+		_, err := fmt.Fprintf(stdout, "this node's controller replica failed: %s\n", v.Controller.Error)
+		return err
+	}
+	return nil
 }
 
 func adminNodeLeave(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {

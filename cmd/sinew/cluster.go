@@ -17,8 +17,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sinewmq/sinew/internal/admin"
+	"github.com/sinewmq/sinew/internal/controller"
 	"github.com/sinewmq/sinew/internal/membership"
+	"github.com/sinewmq/sinew/internal/multiraft"
 	"github.com/sinewmq/sinew/internal/nodeid"
+	"github.com/sinewmq/sinew/internal/raftnet"
 	"github.com/sinewmq/sinew/internal/settings"
 	"github.com/sinewmq/sinew/internal/vfs"
 )
@@ -35,15 +38,23 @@ const clusterLeaveTimeoutMs = 5_000
 // 44 characters).
 const gossipKeyBytesMax = 4 << 10
 
-// clusterNode is a node's membership in its cluster (cluster.enabled).
-// Queues are not replicated yet: the membership reports which nodes are
-// up, and nothing else depends on it.
+// clusterNode is a node's membership in its cluster (cluster.enabled) and
+// its replica of the controller group, which holds the committed node
+// table. Queues are not replicated yet.
 type clusterNode struct {
 	id     string
+	raftID uint64
 	client string // this node's client address
+	peer   string // this node's raft transport address
 	m      *membership.Membership
 	logger *slog.Logger
 	done   chan struct{}
+
+	tr       *raftnet.Transport
+	host     *multiraft.Host
+	ctl      *controller.Controller
+	stop     context.CancelFunc
+	loopDone chan struct{} // the host loop and the reconcile loop
 
 	leaveOnce sync.Once
 	leaveErr  error
@@ -77,8 +88,12 @@ func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (
 	if c.Profile == "lan" {
 		profile = membership.LANProfile()
 	}
+	n := &clusterNode{id: id, client: clientAddr, logger: logger, done: make(chan struct{}), loopDone: make(chan struct{})}
+	if err := n.startController(cfg); err != nil {
+		return nil, err
+	}
 	m, err := membership.New(membership.Config{
-		Meta:      membership.Meta{NodeID: id, ClientAddr: clientAddr},
+		Meta:      membership.Meta{NodeID: id, ClientAddr: clientAddr, PeerAddr: n.peer},
 		BindAddr:  host,
 		BindPort:  int(pn),
 		Profile:   profile,
@@ -87,10 +102,14 @@ func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (
 		Logger:    log.New(&memberlistLog{logger: logger, now: time.Now}, "", 0),
 	})
 	if err != nil {
+		n.stopController()
 		return nil, fmt.Errorf("cluster.gossip_listen %s: %w", c.GossipListen, err)
 	}
-	n := &clusterNode{id: id, client: clientAddr, m: m, logger: logger, done: make(chan struct{})}
+	n.m = m
 	go n.watch()
+	ctx, cancel := context.WithCancel(context.Background())
+	n.stop = cancel
+	go n.run(ctx)
 	logger.Info("cluster membership started", "node_id", id, "gossip_addr", m.Addr(), "seeds", strings.Join(c.Seeds, ","),
 		"profile", c.Profile, "encrypted", key != nil)
 	if err := m.JoinErr(); err != nil {
@@ -220,6 +239,7 @@ func (n *clusterNode) view() admin.NodesView {
 		v.Nodes = append(v.Nodes, admin.NodeView{ID: p.Name, State: p.State.String(), GossipAddr: p.Addr, ClientAddr: p.Meta.ClientAddr})
 	}
 	slices.SortFunc(v.Nodes, func(a, b admin.NodeView) int { return strings.Compare(a.ID, b.ID) })
+	v.Controller = n.controllerAdminView()
 	return v
 }
 
@@ -239,12 +259,14 @@ func (n *clusterNode) leave(drain func()) error {
 }
 
 // close stops gossip (without a leave, the others see a crash unless
-// leave came first) and waits for the event logger.
+// leave came first), waits for the event logger, and stops the controller
+// replica and its transport.
 func (n *clusterNode) close() {
 	if err := n.m.Close(); err != nil {
 		n.logger.Warn("cluster: stop gossip", "err", err)
 	}
 	<-n.done
+	n.stopController()
 }
 
 // clusterAdmin wires n into the admin API (nil n: a node that runs alone).
@@ -272,11 +294,23 @@ const (
 	clusterNodesHelp  = "Other cluster nodes in this node's membership view, by state: alive, dead (stopped answering probes past the suspicion timeout), left (left with a leave). Served only with cluster.enabled."
 	clusterFencedName = "sinew_cluster_fenced"
 	clusterFencedHelp = "1 while this node sees a majority of its peers dead, else 0. Served only with cluster.enabled."
+	ctlLeaderName     = "sinew_controller_leader"
+	ctlLeaderHelp     = "1 while this node leads the controller group, else 0. Served only with cluster.enabled."
+	ctlTermName       = "sinew_controller_term"
+	ctlTermHelp       = "The controller group's raft term as this node knows it. Served only with cluster.enabled."
+	ctlMembersName    = "sinew_controller_members"
+	ctlMembersHelp    = "Nodes in the controller group's configuration, by role: voter, learner. Served only with cluster.enabled."
+	ctlHasLeaderName  = "sinew_controller_has_leader"
+	ctlHasLeaderHelp  = "1 while this node knows a leader of the controller group, else 0 (no quorum, or not added yet). Served only with cluster.enabled."
 )
 
 var (
 	clusterNodesDesc  = prometheus.NewDesc(clusterNodesName, clusterNodesHelp, []string{"state"}, nil)
 	clusterFencedDesc = prometheus.NewDesc(clusterFencedName, clusterFencedHelp, nil, nil)
+	ctlLeaderDesc     = prometheus.NewDesc(ctlLeaderName, ctlLeaderHelp, nil, nil)
+	ctlTermDesc       = prometheus.NewDesc(ctlTermName, ctlTermHelp, nil, nil)
+	ctlMembersDesc    = prometheus.NewDesc(ctlMembersName, ctlMembersHelp, []string{"role"}, nil)
+	ctlHasLeaderDesc  = prometheus.NewDesc(ctlHasLeaderName, ctlHasLeaderHelp, nil, nil)
 )
 
 // clusterCollector exports the membership view at scrape time.
@@ -286,6 +320,10 @@ type clusterCollector struct{ n *clusterNode }
 func (c clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- clusterNodesDesc
 	ch <- clusterFencedDesc
+	ch <- ctlLeaderDesc
+	ch <- ctlTermDesc
+	ch <- ctlMembersDesc
+	ch <- ctlHasLeaderDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -302,4 +340,16 @@ func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
 		fenced = 1
 	}
 	ch <- prometheus.MustNewConstMetric(clusterFencedDesc, prometheus.GaugeValue, fenced)
+	st := c.n.ctl.Status()
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	ch <- prometheus.MustNewConstMetric(ctlLeaderDesc, prometheus.GaugeValue, b(st.Leader != 0 && st.Leader == c.n.raftID))
+	ch <- prometheus.MustNewConstMetric(ctlHasLeaderDesc, prometheus.GaugeValue, b(st.Leader != 0))
+	ch <- prometheus.MustNewConstMetric(ctlTermDesc, prometheus.GaugeValue, float64(st.Term))
+	ch <- prometheus.MustNewConstMetric(ctlMembersDesc, prometheus.GaugeValue, float64(len(st.Voters)), "voter")
+	ch <- prometheus.MustNewConstMetric(ctlMembersDesc, prometheus.GaugeValue, float64(len(st.Learners)), "learner")
 }

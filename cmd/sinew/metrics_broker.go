@@ -127,5 +127,9 @@ func sinewFamilies() []struct{ name, help string } {
 	add(tlsFailuresName, tlsFailuresHelp)
 	add(clusterNodesName, clusterNodesHelp)
 	add(clusterFencedName, clusterFencedHelp)
+	add(ctlLeaderName, ctlLeaderHelp)
+	add(ctlHasLeaderName, ctlHasLeaderHelp)
+	add(ctlTermName, ctlTermHelp)
+	add(ctlMembersName, ctlMembersHelp)
 	return out
 }

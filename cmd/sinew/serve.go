@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/sinewmq/sinew/internal/auth"
 	"io"
 	"log/slog"
 	"net"
@@ -21,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sinewmq/sinew/internal/admin"
+	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/internal/broker"
 	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/runtimesettings"

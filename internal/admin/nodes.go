@@ -18,6 +18,33 @@ type NodesView struct {
 	// Fenced: this node sees a majority of its peers dead.
 	Fenced bool       `json:"fenced"`
 	Nodes  []NodeView `json:"nodes"`
+	// Controller is this node's replica of the controller group (absent
+	// when the node runs alone).
+	Controller *ControllerView `json:"controller,omitempty"`
+}
+
+// ControllerView is the controller group as this node's replica sees it:
+// its leader and term, its voters and learners (node ids), how far the
+// replica applied the log, and the committed node table.
+type ControllerView struct {
+	Leader   string               `json:"leader"`
+	Term     uint64               `json:"term"`
+	Voters   []string             `json:"voters"`
+	Learners []string             `json:"learners"`
+	Applied  uint64               `json:"applied"`
+	Nodes    []ControllerNodeView `json:"nodes"`
+	// Error is set once this replica failed; it then does nothing more
+	// until the node restarts.
+	Error string `json:"error,omitempty"`
+}
+
+// ControllerNodeView is one node of the committed node table.
+type ControllerNodeView struct {
+	ID         string `json:"id"`
+	RaftID     uint64 `json:"raft_id"`
+	ClientAddr string `json:"client_addr"`
+	PeerAddr   string `json:"peer_addr"`
+	Left       bool   `json:"left"`
 }
 
 // NodeView is one node: its stable id, its state in this node's view

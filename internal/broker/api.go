@@ -1,11 +1,11 @@
 package broker
 
 import (
-	"github.com/sinewmq/sinew/internal/auth"
 	"log/slog"
 	"strconv"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/partition"
 	"github.com/sinewmq/sinew/internal/seglog"

@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/sinewmq/sinew/internal/auth"
 	"hash/fnv"
 	"log/slog"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/partition"
 	"github.com/sinewmq/sinew/internal/queue"

@@ -29,7 +29,7 @@ type replica struct {
 func (r *replica) Step(m *raftpb.Message) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	err := r.rn.Step(m)
+	err := r.rn.Step(*m)
 	r.ready()
 	return err
 }
@@ -49,10 +49,14 @@ func (r *replica) ready() {
 		}
 		r.st.Append(rd.Entries)
 		if len(rd.Messages) > 0 {
-			r.send(rd.Messages)
+			msgs := make([]*raftpb.Message, len(rd.Messages))
+			for i := range rd.Messages {
+				msgs[i] = &rd.Messages[i]
+			}
+			r.send(msgs)
 		}
 		for _, e := range rd.CommittedEntries {
-			if e.GetType() == raftpb.EntryNormal && len(e.Data) > 0 {
+			if e.Type == raftpb.EntryNormal && len(e.Data) > 0 {
 				r.applied = append(r.applied, string(e.Data))
 			}
 		}
@@ -120,9 +124,8 @@ func TestRaftGroupsOverTCP(t *testing.T) {
 		hosts[i], trs[i] = h, rt
 		for _, g := range groups {
 			st := raft.NewMemoryStorage()
-			one := uint64(1)
-			if err := st.ApplySnapshot(&raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{
-				Index: &one, Term: &one, ConfState: &raftpb.ConfState{Voters: voters},
+			if err := st.ApplySnapshot(raftpb.Snapshot{Metadata: raftpb.SnapshotMetadata{
+				Index: 1, Term: 1, ConfState: raftpb.ConfState{Voters: voters},
 			}}); err != nil {
 				t.Fatal(err)
 			}

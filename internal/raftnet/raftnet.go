@@ -45,6 +45,8 @@ package raftnet
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -57,7 +59,6 @@ import (
 	"time"
 
 	"go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/sinewmq/sinew/internal/multiraft"
 )
@@ -109,6 +110,46 @@ type Config struct {
 	BackoffMinMs, BackoffMaxMs int
 	// Logger receives refused peers and lost connections; nil discards.
 	Logger *slog.Logger
+	// TLS, when set, runs every connection over mutual TLS: each side
+	// presents TLS.Certificate and accepts only a peer whose certificate
+	// chains to TLS.CAs (the cluster's own CA; names are not checked, the
+	// CA is the cluster's identity). nil: plain TCP, for loopback only.
+	TLS *PeerTLS
+}
+
+// PeerTLS is the mutual TLS of a Transport (Config.TLS).
+type PeerTLS struct {
+	Certificate tls.Certificate
+	CAs         *x509.CertPool
+}
+
+// config returns the tls.Config of one side: both present the node's
+// certificate and verify the other's chain against the cluster CA, with
+// no name check (a peer's identity is its cluster CA and, after the
+// handshake, its hello).
+func (p *PeerTLS) config(server bool) *tls.Config {
+	verify := func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("raftnet: peer presented no certificate")
+		}
+		inter := x509.NewCertPool()
+		for _, c := range cs.PeerCertificates[1:] {
+			inter.AddCert(c)
+		}
+		_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: p.CAs, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+		return err
+	}
+	cfg := &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{p.Certificate},
+		// Chains are checked by VerifyConnection, without a host name.
+		InsecureSkipVerify: true,
+		VerifyConnection:   verify,
+	}
+	if server {
+		cfg.ClientAuth = tls.RequireAnyClientCert
+	}
+	return cfg
 }
 
 // Stats counts what a Transport did.
@@ -123,10 +164,12 @@ type Stats struct {
 
 // Transport is a multiraft.Transport over TCP.
 type Transport struct {
-	cfg  Config
-	log  *slog.Logger
-	stop chan struct{}
-	wg   sync.WaitGroup
+	cfg Config
+	// serverTLS and clientTLS are Config.TLS's two sides (nil without it).
+	serverTLS, clientTLS *tls.Config
+	log                  *slog.Logger
+	stop                 chan struct{}
+	wg                   sync.WaitGroup
 
 	mu      sync.Mutex
 	peers   map[uint64]*peer
@@ -139,7 +182,7 @@ type Transport struct {
 
 type peer struct {
 	id   uint64
-	addr string
+	addr atomic.Pointer[string] // the next dial's address (AddPeer may change it)
 	q    chan []multiraft.Envelope
 }
 
@@ -173,17 +216,28 @@ func New(cfg Config) (*Transport, error) {
 	if t.log == nil {
 		t.log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.TLS != nil {
+		t.serverTLS, t.clientTLS = cfg.TLS.config(true), cfg.TLS.config(false)
+	}
 	t.wg.Add(1)
 	go t.accept()
 	return t, nil
 }
 
 // AddPeer names the address of peer node id and starts its writer.
-// Adding a known peer again does nothing.
+// Adding a known peer again with another address (a node restarted on a
+// new port) makes the next dial use it; the connection open now, if any,
+// is kept until it fails.
 func (t *Transport) AddPeer(id uint64, addr string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.peers[id]; ok || id == t.cfg.NodeID {
+	if id == t.cfg.NodeID {
+		return
+	}
+	if p, ok := t.peers[id]; ok {
+		if *p.addr.Load() != addr {
+			p.addr.Store(&addr)
+		}
 		return
 	}
 	select {
@@ -191,7 +245,8 @@ func (t *Transport) AddPeer(id uint64, addr string) {
 		return
 	default:
 	}
-	p := &peer{id: id, addr: addr, q: make(chan []multiraft.Envelope, t.cfg.SendQueueMax)}
+	p := &peer{id: id, q: make(chan []multiraft.Envelope, t.cfg.SendQueueMax)}
+	p.addr.Store(&addr)
 	t.peers[id] = p
 	t.wg.Add(1)
 	go t.write(p)
@@ -260,6 +315,14 @@ func (t *Transport) track(c net.Conn) bool {
 	return true
 }
 
+// retrack replaces a tracked connection with its TLS wrapping.
+func (t *Transport) retrack(raw, c net.Conn) bool {
+	t.mu.Lock()
+	delete(t.conns, raw)
+	t.mu.Unlock()
+	return t.track(c)
+}
+
 func (t *Transport) untrack(c net.Conn) {
 	c.Close()
 	t.mu.Lock()
@@ -316,8 +379,18 @@ func (t *Transport) read(c net.Conn) {
 		t.inbound--
 		t.mu.Unlock()
 	}()
-	br := bufio.NewReader(c)
-	c.SetReadDeadline(time.Now().Add(time.Duration(t.cfg.DialTimeoutMs) * time.Millisecond))
+	c.SetDeadline(time.Now().Add(time.Duration(t.cfg.DialTimeoutMs) * time.Millisecond))
+	var conn net.Conn = c
+	if t.cfg.TLS != nil {
+		tc := tls.Server(c, t.serverTLS)
+		if err := tc.Handshake(); err != nil {
+			t.refused.Add(1)
+			t.log.Warn("raftnet: refused peer connection", "remote", c.RemoteAddr().String(), "err", fmt.Errorf("%w: tls: %w", ErrHandshake, err))
+			return
+		}
+		conn = tc
+	}
+	br := bufio.NewReader(conn)
 	payload, err := readFrame(br, clusterIDMax+32, nil)
 	if err != nil {
 		t.refused.Add(1)
@@ -334,10 +407,10 @@ func (t *Transport) read(c net.Conn) {
 		return
 	}
 	c.SetWriteDeadline(time.Now().Add(time.Duration(t.cfg.WriteTimeoutMs) * time.Millisecond))
-	if _, err := c.Write(frame(hello(t.cfg.NodeID, t.cfg.ClusterID))); err != nil {
+	if _, err := conn.Write(frame(hello(t.cfg.NodeID, t.cfg.ClusterID))); err != nil {
 		return
 	}
-	c.SetReadDeadline(time.Time{})
+	c.SetDeadline(time.Time{})
 	for {
 		payload, err := readFrame(br, t.cfg.FrameBytesMax, nil)
 		if err != nil {
@@ -382,7 +455,7 @@ func (t *Transport) write(p *peer) {
 				backoff = time.Duration(t.cfg.BackoffMinMs) * time.Millisecond
 				break
 			}
-			t.log.Debug("raftnet: dial failed", "peer", p.id, "addr", p.addr, "err", err)
+			t.log.Debug("raftnet: dial failed", "peer", p.id, "addr", *p.addr.Load(), "err", err)
 			select {
 			case <-t.stop:
 				return
@@ -405,7 +478,8 @@ func (t *Transport) write(p *peer) {
 func (t *Transport) dial(p *peer) (net.Conn, error) {
 	t.dials.Add(1)
 	d := time.Duration(t.cfg.DialTimeoutMs) * time.Millisecond
-	c, err := net.DialTimeout("tcp", p.addr, d)
+	addr := *p.addr.Load()
+	c, err := net.DialTimeout("tcp", addr, d)
 	if err != nil {
 		return nil, err
 	}
@@ -413,6 +487,19 @@ func (t *Transport) dial(p *peer) (net.Conn, error) {
 		return nil, net.ErrClosed
 	}
 	c.SetDeadline(time.Now().Add(d))
+	if t.cfg.TLS != nil {
+		tc := tls.Client(c, t.clientTLS)
+		if err := tc.Handshake(); err != nil {
+			t.untrack(c)
+			err = fmt.Errorf("%w: tls: %w", ErrHandshake, err)
+			t.log.Warn("raftnet: refusing peer", "peer", p.id, "addr", addr, "err", err)
+			return nil, err
+		}
+		if !t.retrack(c, tc) {
+			return nil, net.ErrClosed
+		}
+		c = tc
+	}
 	if _, err := c.Write(frame(hello(t.cfg.NodeID, t.cfg.ClusterID))); err != nil {
 		t.untrack(c)
 		return nil, err
@@ -427,11 +514,11 @@ func (t *Transport) dial(p *peer) (net.Conn, error) {
 		err = fmt.Errorf("%w: %q", ErrOtherCluster, cluster)
 	}
 	if err == nil && id != p.id {
-		err = fmt.Errorf("%w: %s is node %d, want %d", ErrHandshake, p.addr, id, p.id)
+		err = fmt.Errorf("%w: %s is node %d, want %d", ErrHandshake, addr, id, p.id)
 	}
 	if err != nil {
 		t.untrack(c)
-		t.log.Warn("raftnet: refusing peer", "peer", p.id, "addr", p.addr, "err", err)
+		t.log.Warn("raftnet: refusing peer", "peer", p.id, "addr", addr, "err", err)
 		return nil, err
 	}
 	c.SetDeadline(time.Time{})
@@ -517,7 +604,7 @@ func encodeBatch(batch []multiraft.Envelope, frameMax int) [][]byte {
 		cur, count = nil, 0
 	}
 	for _, e := range batch {
-		m, err := proto.Marshal(e.Msg)
+		m, err := e.Msg.Marshal()
 		if err != nil {
 			continue
 		}
@@ -557,7 +644,7 @@ func decodeBatch(b []byte) ([]multiraft.Envelope, error) {
 		}
 		b = b[k:]
 		m := new(raftpb.Message)
-		if err := proto.Unmarshal(b[:n], m); err != nil {
+		if err := m.Unmarshal(b[:n]); err != nil {
 			return nil, fmt.Errorf("%w: message: %w", ErrFrame, err)
 		}
 		b = b[n:]

@@ -88,8 +88,8 @@ const waitMax = 20 * time.Second
 func msg(group, from, to, index uint64) multiraft.Envelope {
 	typ, term, next := raftpb.MsgApp, uint64(3), index+1
 	return multiraft.Envelope{Group: group, Msg: &raftpb.Message{
-		Type: &typ, From: &from, To: &to, Term: &term, Index: &index,
-		Entries: []*raftpb.Entry{{Term: &term, Index: &next, Data: []byte("payload")}},
+		Type: typ, From: from, To: to, Term: term, Index: index,
+		Entries: []raftpb.Entry{{Term: term, Index: next, Data: []byte("payload")}},
 	}}
 }
 
@@ -138,8 +138,8 @@ func TestDeliverBetweenThree(t *testing.T) {
 			batch := []multiraft.Envelope{msg(7, from, to, 10), msg(8, from, to, 20)}
 			g := await(t, b, "delivery", func() { a.t.Send(to, batch) }, func(g got) bool { return g.from == from })
 			if len(g.batch) != 2 || g.batch[0].Group != 7 || g.batch[1].Group != 8 ||
-				g.batch[1].Msg.GetIndex() != 20 || string(g.batch[1].Msg.Entries[0].Data) != "payload" ||
-				g.batch[0].Msg.GetFrom() != from || g.batch[0].Msg.GetTo() != to {
+				g.batch[1].Msg.Index != 20 || string(g.batch[1].Msg.Entries[0].Data) != "payload" ||
+				g.batch[0].Msg.From != from || g.batch[0].Msg.To != to {
 				t.Fatalf("%d->%d delivered %+v", from, to, g.batch)
 			}
 		}
@@ -154,7 +154,7 @@ func TestCutConnectionReconnects(t *testing.T) {
 	a.t.CutConnections()
 	b.t.CutConnections()
 	await(t, b, "delivery after the cut", func() { a.t.Send(2, []multiraft.Envelope{msg(1, 1, 2, 99)}) },
-		func(g got) bool { return g.batch[0].Msg.GetIndex() == 99 })
+		func(g got) bool { return g.batch[0].Msg.Index == 99 })
 	if a.t.Stats().Dials <= dials {
 		t.Errorf("delivered after a cut without a new dial (%d dials before, %d after)", dials, a.t.Stats().Dials)
 	}
@@ -313,7 +313,7 @@ func TestBatchSplitAndDecode(t *testing.T) {
 		}
 		all = append(all, got...)
 	}
-	if len(all) != 100 || all[99].Group != 99 || all[99].Msg.GetIndex() != 99 {
+	if len(all) != 100 || all[99].Group != 99 || all[99].Msg.Index != 99 {
 		t.Fatalf("decoded %d envelopes", len(all))
 	}
 	if _, err := decodeBatch([]byte{5, 1}); !errors.Is(err, ErrFrame) {
@@ -329,4 +329,28 @@ func FuzzDecode(f *testing.F) {
 		_, _, _ = parseHello(b)
 		_, _ = readFrame(bytes.NewReader(b), 1<<16, nil)
 	})
+}
+
+// TestPeerAddressChange: a peer named first at an address where nothing
+// listens (a node's old port) is reached once AddPeer names its new one.
+func TestPeerAddressChange(t *testing.T) {
+	a, b := start(t, 1, "c"), start(t, 2, "c")
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := dead.Addr().String()
+	dead.Close()
+	a.t.AddPeer(2, old)
+	deadline := time.Now().Add(waitMax)
+	for a.t.Stats().Dials == 0 { // the writer tried the old address
+		if time.Now().After(deadline) {
+			t.Fatal("no dial of the old address")
+		}
+		a.t.Send(2, []multiraft.Envelope{msg(1, 1, 2, 6)})
+		time.Sleep(5 * time.Millisecond) // polling the transport's own goroutine
+	}
+	a.t.AddPeer(2, b.addr())
+	await(t, b, "a batch at the peer's new address", func() { a.t.Send(2, []multiraft.Envelope{msg(1, 1, 2, 7)}) },
+		func(g got) bool { return g.from == 1 && len(g.batch) == 1 && g.batch[0].Msg.Index == 7 })
 }

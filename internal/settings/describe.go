@@ -55,8 +55,12 @@ var help = map[string]string{
 	"storage.inbox_max":                "Commands waiting in each partition's inbox before producers wait.",
 	"cluster.enabled":                  "Whether the node joins a cluster: it gets a stable node id in the data directory, gossips on cluster.gossip_listen and joins cluster.seeds. Queues stay on the node that holds them (docs/cluster.md).",
 	"cluster.gossip_listen":            "The node's gossip address, UDP and TCP on one port; the host is an IP address, and other nodes list this address in their cluster.seeds.",
-	"cluster.seeds":                    "Comma-separated gossip addresses of other nodes, joined at start and again while the node sees no peer alive, while it is fenced, and for a while after it starts.",
+	"cluster.seeds":                    "Comma-separated gossip addresses of other nodes, joined at start and again while the node sees no peer alive, while it is fenced, and for a while after it starts. A node started without seeds bootstraps the cluster's controller group on its first start.",
 	"cluster.profile":                  "Failure detection timing: seed (a crashed node is declared dead within about 16 s) or lan (within about 1.5 s).",
+	"cluster.peer_listen":              "The node's raft transport address (TCP), where the controller group's messages between nodes arrive; every node on one machine needs its own port. Off loopback it requires the cluster.peer_tls_* files.",
+	"cluster.peer_tls_cert_file":       "This node's certificate (PEM) on the raft transport; with cluster.peer_tls_key_file and cluster.peer_tls_ca_file every peer connection is mutual TLS. Required when cluster.peer_listen is not loopback.",
+	"cluster.peer_tls_key_file":        "The private key (PEM) of cluster.peer_tls_cert_file.",
+	"cluster.peer_tls_ca_file":         "The cluster's CA (PEM): a peer is accepted on the raft transport only with a certificate it issued (host names are not checked).",
 	"cluster.gossip_key_file":          "File holding the gossip key (16, 24 or 32 bytes, base64), which encrypts and authenticates gossip; every node needs the same key. Required when cluster.gossip_listen is not loopback.",
 	"storage.wal":                      "on or off: whether all partitions make their records durable through one node write-ahead log (DATA_DIR/wal, one fsync for every partition's records) instead of one fsync stream each. Experimental (docs/operations.md). On pays off with 16 or more busy partitions and costs about a third at 1 to 4 (docs/benchmarks.md). A data directory left with a node WAL by a crash needs on; a clean stop retires the WAL.",
 

@@ -204,6 +204,17 @@ type Cluster struct {
 	// (16, 24 or 32 bytes, base64); required when GossipListen is not
 	// loopback.
 	GossipKeyFile string `toml:"gossip_key_file"`
+	// PeerListen is the raft transport's address (TCP): the controller
+	// group's messages between nodes travel there. Off loopback it needs
+	// the peer TLS files below.
+	PeerListen string `toml:"peer_listen"`
+	// PeerTLSCertFile and PeerTLSKeyFile are this node's certificate and
+	// key on the raft transport, and PeerTLSCAFile the cluster's CA: with
+	// them every peer connection is mutual TLS, and a peer is accepted
+	// only with a certificate that CA issued.
+	PeerTLSCertFile string `toml:"peer_tls_cert_file"`
+	PeerTLSKeyFile  string `toml:"peer_tls_key_file"`
+	PeerTLSCAFile   string `toml:"peer_tls_ca_file"`
 }
 
 // Metrics shapes what /metrics serves.
@@ -249,7 +260,7 @@ func Default() Config {
 		},
 		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000,
 			SlowConsumerTimeoutMs: 30_000},
-		Cluster: Cluster{GossipListen: "127.0.0.1:7946", Profile: "seed"},
+		Cluster: Cluster{GossipListen: "127.0.0.1:7946", PeerListen: "127.0.0.1:7947", Profile: "seed"},
 		Storage: Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096, WAL: "off"},
 		Queue: Queue{Partitions: 1, LeaseMs: 30_000, MaxRetries: 5, DeadLetterTopic: "sinew.dead-letter",
 			DelayMsMax: thirtyDaysMs, TTLMsMax: thirtyDaysMs, NackDelayMsMax: thirtyDaysMs},
@@ -706,7 +717,33 @@ func (c *Config) validateCluster(bad func(key, format string, args ...any)) {
 			bad("cluster.seeds", "%q is not host:port", sd)
 		}
 	}
+	phost, _, err := net.SplitHostPort(cl.PeerListen)
+	pip := net.ParseIP(phost)
+	switch {
+	case err != nil:
+		bad("cluster.peer_listen", "%q is not host:port", cl.PeerListen)
+	case pip == nil:
+		bad("cluster.peer_listen", "%q: the host must be an IP address", cl.PeerListen)
+	case pip.IsUnspecified():
+		bad("cluster.peer_listen", "%q: the host must be this node's own address, which the other nodes dial (it is advertised to them), not an unspecified one", cl.PeerListen)
+	case cl.Enabled && !pip.IsLoopback() && cl.PeerTLSCertFile == "":
+		bad("cluster.peer_tls_cert_file", "required when cluster.peer_listen %q is not loopback: without peer TLS anyone who reaches the port could send raft messages (docs/cluster.md)", cl.PeerListen)
+	}
+	if n := countSet(cl.PeerTLSCertFile, cl.PeerTLSKeyFile, cl.PeerTLSCAFile); n != 0 && n != 3 {
+		bad("cluster.peer_tls_cert_file", "cluster.peer_tls_cert_file, cluster.peer_tls_key_file and cluster.peer_tls_ca_file go together: set all three or none")
+	}
 	if cl.Profile != "seed" && cl.Profile != "lan" {
 		bad("cluster.profile", "%q is not seed or lan", cl.Profile)
 	}
+}
+
+// countSet counts the non-empty strings.
+func countSet(ss ...string) int {
+	n := 0
+	for _, s := range ss {
+		if s != "" {
+			n++
+		}
+	}
+	return n
 }

@@ -46,7 +46,7 @@ func logField(t testing.TB, c *child, msg, key string) string {
 func startClusterChild(t testing.TB, bin, dir string, seeds ...string) *clusterChild {
 	t.Helper()
 	args := []string{"--cluster", "--cluster-profile", "lan", "--cluster-gossip-listen", "127.0.0.1:0",
-		"--admin-listen", "127.0.0.1:0"}
+		"--cluster-peer-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}
 	if len(seeds) > 0 {
 		args = append(args, "--cluster-seeds", strings.Join(seeds, ","))
 	}
@@ -57,10 +57,24 @@ func startClusterChild(t testing.TB, bin, dir string, seeds ...string) *clusterC
 }
 
 type nodesView struct {
-	Cluster bool       `json:"cluster"`
-	Self    nodeView   `json:"self"`
-	Fenced  bool       `json:"fenced"`
-	Nodes   []nodeView `json:"nodes"`
+	Cluster    bool            `json:"cluster"`
+	Self       nodeView        `json:"self"`
+	Fenced     bool            `json:"fenced"`
+	Nodes      []nodeView      `json:"nodes"`
+	Controller *controllerView `json:"controller"`
+}
+
+type controllerView struct {
+	Leader   string   `json:"leader"`
+	Term     uint64   `json:"term"`
+	Voters   []string `json:"voters"`
+	Learners []string `json:"learners"`
+	Nodes    []struct {
+		ID       string `json:"id"`
+		PeerAddr string `json:"peer_addr"`
+		Left     bool   `json:"left"`
+	} `json:"nodes"`
+	Error string `json:"error"`
 }
 
 type nodeView struct {
@@ -235,7 +249,7 @@ func BenchmarkClusterDeathDetection(b *testing.B) {
 	profile := cmp.Or(os.Getenv("SINEW_BENCH_PROFILE"), "lan")
 	bin := buildSinew(b)
 	start := func(dir string, seeds ...string) *clusterChild {
-		args := []string{"--cluster", "--cluster-profile", profile, "--cluster-gossip-listen", "127.0.0.1:0",
+		args := []string{"--cluster", "--cluster-profile", profile, "--cluster-gossip-listen", "127.0.0.1:0", "--cluster-peer-listen", "127.0.0.1:0",
 			"--admin-listen", "127.0.0.1:0"}
 		if len(seeds) > 0 {
 			args = append(args, "--cluster-seeds", strings.Join(seeds, ","))
@@ -344,10 +358,10 @@ func TestClusterWrongGossipKeyIsLogged(t *testing.T) {
 	if err := os.WriteFile(keyB, []byte(base64.StdEncoding.EncodeToString([]byte("fedcba9876543210fedcba9876543210"))+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a := startChildArgs(t, bin, t.TempDir(), "--cluster", "--cluster-profile", "lan", "--cluster-gossip-listen", "127.0.0.1:0",
+	a := startChildArgs(t, bin, t.TempDir(), "--cluster", "--cluster-profile", "lan", "--cluster-gossip-listen", "127.0.0.1:0", "--cluster-peer-listen", "127.0.0.1:0",
 		"--cluster-gossip-key-file", keyA)
 	aGossip := logField(t, a, "cluster membership started", "gossip_addr")
-	b := startChildArgs(t, bin, t.TempDir(), "--cluster", "--cluster-profile", "lan", "--cluster-gossip-listen", "127.0.0.1:0",
+	b := startChildArgs(t, bin, t.TempDir(), "--cluster", "--cluster-profile", "lan", "--cluster-gossip-listen", "127.0.0.1:0", "--cluster-peer-listen", "127.0.0.1:0",
 		"--cluster-gossip-key-file", keyB, "--cluster-seeds", aGossip)
 	if !strings.Contains(b.log(), "level=WARN msg=\"cluster: no seed could be joined yet") {
 		t.Errorf("the node with the other key logs no WARN about its seeds:\n%s", b.log())

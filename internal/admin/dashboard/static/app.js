@@ -325,15 +325,32 @@
     $("#nodes").hidden = !v.cluster;
     if (!v.cluster) return true;
     $("#nodes-fenced").hidden = !v.fenced;
+    const c = v.controller;
+    // A node's place in the controller group: leader, voter, learner,
+    // left, or "–" when the committed table does not hold it.
+    const role = (id) => {
+      if (!c) return "–";
+      if (id === c.leader) return "leader";
+      if ((c.voters || []).includes(id)) return "voter";
+      if ((c.learners || []).includes(id)) return "learner";
+      if ((c.nodes || []).some((x) => x.id === id && x.left)) return "left";
+      return "–";
+    };
+    $("#nodes-controller").textContent = !c ? "" : c.error ? "this node's controller replica failed: " + c.error
+      : c.leader ? "controller: term " + c.term + ", " + (c.voters || []).length + " voters, " +
+        (c.learners || []).length + " learners, table at index " + c.applied
+      : "controller: no leader known";
     const tbody = $("#nodes tbody");
     tbody.replaceChildren();
     for (const n of [v.self, ...(v.nodes || [])]) {
       if (!n) continue;
-      tbody.append(h("tr", { class: "node-row", "data-node-id": n.id, "data-state": n.state },
+      const r = role(n.id);
+      tbody.append(h("tr", { class: "node-row", "data-node-id": n.id, "data-state": n.state, "data-controller": r },
         h("td", { text: n.id }),
         h("td", {}, h("span", { class: "badge " + n.state, text: n.state })),
         h("td", { text: n.gossip_addr || "–" }),
-        h("td", { text: n.client_addr || "–" })));
+        h("td", { text: n.client_addr || "–" }),
+        h("td", { text: r })));
     }
     return true;
   }

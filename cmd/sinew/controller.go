@@ -1,0 +1,245 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/sinewmq/sinew/internal/admin"
+	"github.com/sinewmq/sinew/internal/controller"
+	"github.com/sinewmq/sinew/internal/membership"
+	"github.com/sinewmq/sinew/internal/multiraft"
+	"github.com/sinewmq/sinew/internal/raftnet"
+	"github.com/sinewmq/sinew/internal/settings"
+	"github.com/sinewmq/sinew/internal/vfs"
+)
+
+// raftClusterID names the cluster in the raft transport's handshake.
+const raftClusterID = "sinew"
+
+// reconcileEveryMs is how often the membership view is handed to the
+// controller (and new peers to the transport).
+const reconcileEveryMs = 500
+
+// noLeaderWarnAfterMs: a node whose controller has had no leader this long
+// says why that may be.
+const noLeaderWarnAfterMs = 30_000
+
+// lateTransport lets the host and the raft transport be built in either
+// order: each needs the other.
+type lateTransport struct{ t *raftnet.Transport }
+
+func (l *lateTransport) Send(to uint64, batch []multiraft.Envelope) { l.t.Send(to, batch) }
+
+// startController starts the raft transport on cluster.peer_listen, a
+// multi-raft host and this node's controller replica (log in
+// <data dir>/cluster/controller). The node started without cluster.seeds
+// bootstraps the controller group on its first start.
+func (n *clusterNode) startController(cfg settings.Config) error {
+	rid, err := controller.RaftIDOf(n.id)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Cluster.PeerListen)
+	if err != nil {
+		return fmt.Errorf("cluster.peer_listen %s: %w", cfg.Cluster.PeerListen, err)
+	}
+	late := &lateTransport{}
+	host, err := multiraft.NewHost(multiraft.Config{NodeID: rid, Transport: late})
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("cluster: raft host: %w", err)
+	}
+	peerTLS, err := loadPeerTLS(cfg.Cluster)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	tr, err := raftnet.New(raftnet.Config{ClusterID: raftClusterID, NodeID: rid, Listener: ln, Receiver: host, Logger: n.logger, TLS: peerTLS})
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("cluster: raft transport: %w", err)
+	}
+	late.t = tr
+	n.raftID, n.peer, n.tr, n.host = rid, ln.Addr().String(), tr, host
+	ctl, err := controller.Open(controller.Config{
+		FS:        vfs.OS(),
+		Dir:       filepath.Join(cfg.DataDir, "cluster", "controller"),
+		Self:      controller.Node{RaftID: rid, ID: n.id, ClientAddr: n.client, PeerAddr: n.peer},
+		Bootstrap: len(cfg.Cluster.Seeds) == 0,
+		Send:      host.Sender(controller.Group),
+		Logger:    n.logger,
+	})
+	if err != nil {
+		tr.Close()
+		return fmt.Errorf("cluster: %w", err)
+	}
+	if err := host.AddGroup(controller.Group, ctl); err != nil {
+		ctl.Close()
+		tr.Close()
+		return fmt.Errorf("cluster: %w", err)
+	}
+	n.ctl = ctl
+	n.logger.Info("cluster controller started", "raft_id", rid, "peer_addr", n.peer, "peer_tls", peerTLS != nil, "bootstraps_if_new", len(cfg.Cluster.Seeds) == 0)
+	return nil
+}
+
+// run drives the raft host and hands the controller the membership view
+// until stopController.
+func (n *clusterNode) run(ctx context.Context) {
+	hostDone := make(chan struct{})
+	go func() {
+		defer close(hostDone)
+		_ = n.host.Run(ctx)
+	}()
+	defer func() {
+		<-hostDone
+		close(n.loopDone)
+	}()
+	t := time.NewTicker(reconcileEveryMs * time.Millisecond)
+	defer t.Stop()
+	since := time.Now()
+	warned := false
+	for {
+		n.ctl.Reconcile(n.controllerView())
+		if n.ctl.Status().Leader != 0 {
+			since, warned = time.Now(), false
+		} else if !warned && time.Since(since) > noLeaderWarnAfterMs*time.Millisecond {
+			warned = true
+			n.logger.Warn("cluster: the controller has had no leader for a while: is a majority of its voters up, and was one node started without cluster.seeds to bootstrap it?",
+				"for_ms", time.Since(since).Milliseconds())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// controllerView is the membership view for Controller.Reconcile: this
+// node and every peer alive, dead or left; each peer's raft address goes
+// to the transport.
+func (n *clusterNode) controllerView() []controller.Member {
+	view := []controller.Member{{Node: controller.Node{RaftID: n.raftID, ID: n.id, ClientAddr: n.client, PeerAddr: n.peer}}}
+	for _, p := range n.m.Members() {
+		rid, err := controller.RaftIDOf(p.Name)
+		if err != nil || p.MetaErr != nil || p.Meta.PeerAddr == "" || !reachablePeer(p.Addr, p.Meta.PeerAddr) {
+			continue
+		}
+		n.tr.AddPeer(rid, p.Meta.PeerAddr)
+		nd := controller.Node{RaftID: rid, ID: p.Name, ClientAddr: p.Meta.ClientAddr, PeerAddr: p.Meta.PeerAddr}
+		switch p.State {
+		case membership.StateAlive:
+			view = append(view, controller.Member{Node: nd})
+		case membership.StateLeft:
+			view = append(view, controller.Member{Node: nd, Gone: true})
+		case membership.StateDead:
+			view = append(view, controller.Member{Node: nd, Dead: true})
+		}
+	}
+	return view
+}
+
+// stopController stops the host loop, the controller and the transport.
+func (n *clusterNode) stopController() {
+	if n.stop != nil {
+		n.stop()
+		<-n.loopDone
+	}
+	if n.ctl != nil {
+		if err := n.ctl.Close(); err != nil {
+			n.logger.Warn("cluster: close controller", "err", err)
+		}
+	}
+	if n.tr != nil {
+		n.tr.Close()
+	}
+}
+
+// controllerView is the admin API's view of the controller replica.
+func (n *clusterNode) controllerAdminView() *admin.ControllerView {
+	st := n.ctl.Status()
+	names := map[uint64]string{}
+	v := &admin.ControllerView{Term: st.Term, Applied: st.Applied, Error: st.Err, Voters: []string{}, Learners: []string{}, Nodes: []admin.ControllerNodeView{}}
+	for _, nd := range st.Table.Nodes {
+		names[nd.RaftID] = nd.ID
+		v.Nodes = append(v.Nodes, admin.ControllerNodeView{ID: nd.ID, RaftID: nd.RaftID, ClientAddr: nd.ClientAddr, PeerAddr: nd.PeerAddr, Left: nd.Left})
+	}
+	name := func(id uint64) string {
+		if s, ok := names[id]; ok {
+			return s
+		}
+		return fmt.Sprintf("raft:%d", id)
+	}
+	if st.Leader != 0 {
+		v.Leader = name(st.Leader)
+	}
+	for _, id := range slices.Sorted(slices.Values(st.Voters)) {
+		v.Voters = append(v.Voters, name(id))
+	}
+	for _, id := range slices.Sorted(slices.Values(st.Learners)) {
+		v.Learners = append(v.Learners, name(id))
+	}
+	return v
+}
+
+// reachablePeer reports whether a peer's raft address can be reached from
+// here: a loopback peer address names the peer's own machine, which is
+// this one only when its gossip address is loopback too.
+func reachablePeer(gossipAddr, peerAddr string) bool {
+	return !isLoopbackAddr(peerAddr) || isLoopbackAddr(gossipAddr)
+}
+
+func isLoopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// peerTLSFileBytesMax bounds each peer TLS file read.
+const peerTLSFileBytesMax = 1 << 20
+
+// loadPeerTLS reads cluster.peer_tls_* (nil when unset: plain TCP, which
+// the settings allow on loopback only).
+func loadPeerTLS(c settings.Cluster) (*raftnet.PeerTLS, error) {
+	if c.PeerTLSCertFile == "" {
+		return nil, nil
+	}
+	read := func(key, path string) ([]byte, error) {
+		b, err := vfs.ReadFileMax(vfs.OS(), path, peerTLSFileBytesMax)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", key, err)
+		}
+		return b, nil
+	}
+	certPEM, err := read("cluster.peer_tls_cert_file", c.PeerTLSCertFile)
+	if err != nil {
+		return nil, err
+	}
+	keyPEM, err := read("cluster.peer_tls_key_file", c.PeerTLSKeyFile)
+	if err != nil {
+		return nil, err
+	}
+	caPEM, err := read("cluster.peer_tls_ca_file", c.PeerTLSCAFile)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("cluster.peer_tls_cert_file %s with cluster.peer_tls_key_file %s: %w", c.PeerTLSCertFile, c.PeerTLSKeyFile, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("cluster.peer_tls_ca_file %s: no PEM certificate in it", c.PeerTLSCAFile)
+	}
+	return &raftnet.PeerTLS{Certificate: cert, CAs: pool}, nil
+}

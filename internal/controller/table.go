@@ -1,0 +1,168 @@
+package controller
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+)
+
+// Node is one node in the controller's committed node table.
+type Node struct {
+	// RaftID names the node in every raft group (RaftIDOf its ID).
+	RaftID uint64 `json:"raft_id"`
+	// ID is the node's 128-bit id (internal/nodeid), in hex.
+	ID string `json:"id"`
+	// ClientAddr and PeerAddr are where clients and peer nodes reach it.
+	ClientAddr string `json:"client_addr,omitempty"`
+	PeerAddr   string `json:"peer_addr,omitempty"`
+	// JoinedAt is the controller log index of the entry that added it.
+	JoinedAt uint64 `json:"joined_at"`
+	// Left is set once the node left the cluster on purpose.
+	Left bool `json:"left,omitempty"`
+}
+
+// Table is the controller's replicated state: the node table. Every
+// replica applies the same committed entries in the same order and so
+// holds the same Table at the same index.
+type Table struct {
+	// Nodes is sorted by RaftID.
+	Nodes []Node `json:"nodes"`
+}
+
+// Member is a node as the cluster's membership currently sees it, the input
+// of Controller.Reconcile.
+type Member struct {
+	Node
+	// Gone: the node left on purpose (not merely unreachable).
+	Gone bool
+	// Dead: membership declared the node dead (it stopped answering
+	// probes); it may come back.
+	Dead bool
+}
+
+// Command kinds.
+const (
+	opJoin  = "join"
+	opLeave = "leave"
+)
+
+// commandVersion is the encoding version of a controller command; a
+// replica refuses a command of a version it does not know rather than
+// skip it, since every replica must apply the same entries.
+const commandVersion = 1
+
+// recordType is the first byte of a controller entry's data, the record
+// type the raft log stores it under (internal/raftlog).
+const recordType = 1
+
+// commandBytesMax bounds one encoded command.
+const commandBytesMax = 4096
+
+type command struct {
+	V      int    `json:"v"`
+	Op     string `json:"op"`
+	Node   *Node  `json:"node,omitempty"`
+	RaftID uint64 `json:"raft_id,omitempty"`
+}
+
+// ErrCommand reports a committed entry the table cannot apply: of an
+// unknown version or kind, or malformed.
+var ErrCommand = errors.New("controller: bad command")
+
+func encode(c command) ([]byte, error) {
+	c.V = commandVersion
+	b, err := json.Marshal(c)
+	if err != nil {
+		return nil, err
+	}
+	if len(b)+1 > commandBytesMax {
+		return nil, fmt.Errorf("%w: %d bytes", ErrCommand, len(b))
+	}
+	return append([]byte{recordType}, b...), nil
+}
+
+func decode(data []byte) (command, error) {
+	var c command
+	if len(data) < 2 || data[0] != recordType {
+		return c, fmt.Errorf("%w: record type", ErrCommand)
+	}
+	if err := json.Unmarshal(data[1:], &c); err != nil {
+		return c, fmt.Errorf("%w: %w", ErrCommand, err)
+	}
+	if c.V != commandVersion {
+		return c, fmt.Errorf("%w: version %d", ErrCommand, c.V)
+	}
+	return c, nil
+}
+
+// apply applies one committed command at index.
+func (t *Table) apply(index uint64, c command) error {
+	switch c.Op {
+	case opJoin:
+		if c.Node == nil || c.Node.RaftID == 0 || c.Node.ID == "" {
+			return fmt.Errorf("%w: join without a node", ErrCommand)
+		}
+		n := *c.Node
+		if i, ok := t.find(n.RaftID); ok && t.Nodes[i].ID != n.ID {
+			// Two node ids with the same first 64 bits (RaftIDOf): the
+			// first keeps the raft id; the other is not admitted.
+			// Every replica decides the same, so this is no error.
+			return nil
+		} else if ok {
+			// A node joining again (new addresses, or back after it
+			// left) keeps its place in the join order.
+			t.Nodes[i].ClientAddr, t.Nodes[i].PeerAddr, t.Nodes[i].Left = n.ClientAddr, n.PeerAddr, false
+			return nil
+		}
+		n.JoinedAt, n.Left = index, false
+		t.Nodes = append(t.Nodes, n)
+		sort.Slice(t.Nodes, func(i, j int) bool { return t.Nodes[i].RaftID < t.Nodes[j].RaftID })
+	case opLeave:
+		if i, ok := t.find(c.RaftID); ok {
+			t.Nodes[i].Left = true
+		}
+	default:
+		return fmt.Errorf("%w: op %q", ErrCommand, c.Op)
+	}
+	return nil
+}
+
+func (t *Table) find(raftID uint64) (int, bool) {
+	i := sort.Search(len(t.Nodes), func(i int) bool { return t.Nodes[i].RaftID >= raftID })
+	return i, i < len(t.Nodes) && t.Nodes[i].RaftID == raftID
+}
+
+// Node returns the node with raftID.
+func (t *Table) Node(raftID uint64) (Node, bool) {
+	i, ok := t.find(raftID)
+	if !ok {
+		return Node{}, false
+	}
+	return t.Nodes[i], true
+}
+
+func (t *Table) clone() *Table { return &Table{Nodes: slices.Clone(t.Nodes)} }
+
+// members returns the raft ids of the nodes that have not left, in join
+// order.
+func (t *Table) members() []uint64 {
+	ms := make([]Node, 0, len(t.Nodes))
+	for _, n := range t.Nodes {
+		if !n.Left {
+			ms = append(ms, n)
+		}
+	}
+	sort.Slice(ms, func(i, j int) bool {
+		if ms[i].JoinedAt != ms[j].JoinedAt {
+			return ms[i].JoinedAt < ms[j].JoinedAt
+		}
+		return ms[i].RaftID < ms[j].RaftID
+	})
+	ids := make([]uint64, len(ms))
+	for i, n := range ms {
+		ids[i] = n.RaftID
+	}
+	return ids
+}
