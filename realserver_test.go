@@ -3,11 +3,11 @@ package sinew
 import (
 	"errors"
 	"fmt"
-	"github.com/sinewmq/sinew/internal/auth"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/internal/server"
 	"github.com/sinewmq/sinew/internal/testkit"
 	"github.com/sinewmq/sinew/protocol"

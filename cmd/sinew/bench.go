@@ -78,6 +78,11 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
+	if *duration <= 0 {
+		// benchkit takes a zero duration as "the default"; on the
+		// command line it is a mistake.
+		return fmt.Errorf("%w: --duration must be positive", errUsage)
+	}
 	if *topic == "" {
 		*topic = fmt.Sprintf("bench-%s-%d", mode, time.Now().UnixMilli())
 	}
@@ -91,6 +96,9 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	}
 	if !*quiet {
 		cfg.Progress = stderr
+	}
+	if err := checkHostPort("--addr", *addr); err != nil {
+		return err
 	}
 	cred, err := cf.credentials()
 	if err != nil {

@@ -402,7 +402,8 @@ func TestDashboardInBrowser(t *testing.T) {
 }
 
 // TestDashboardShowsNodes: with cluster.enabled the page lists the node
-// itself (a cluster of one) in its nodes section.
+// itself (a cluster of one) in its nodes section, as the controller
+// group's leader (it bootstrapped the group).
 func TestDashboardShowsNodes(t *testing.T) {
 	chromium, err := cdp.Find()
 	if errors.Is(err, cdp.ErrNoBrowser) {
@@ -414,6 +415,7 @@ func TestDashboardShowsNodes(t *testing.T) {
 	cfg := testServeConfig(t)
 	cfg.Cluster.Enabled = true
 	cfg.Cluster.GossipListen = "127.0.0.1:0"
+	cfg.Cluster.PeerListen = "127.0.0.1:0"
 	cfg.Cluster.Profile = "lan"
 	_, adminAddr, _ := runServeAdmin(t, cfg)
 
@@ -441,6 +443,7 @@ func TestDashboardShowsNodes(t *testing.T) {
 		const sec = document.querySelector("#nodes");
 		const rows = document.querySelectorAll('#nodes tr.node-row[data-state="self"]');
 		return !sec.hidden && rows.length === 1 && rows[0].dataset.nodeId.length === 32 &&
+			rows[0].dataset.controller === "leader" &&
 			document.querySelector("#nodes-fenced").hidden;
 	})()`, browserWaitMs); err != nil {
 		_ = p.Screenshot(ctx, filepath.Join(dir, "failed.png"))

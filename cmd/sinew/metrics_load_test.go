@@ -30,7 +30,7 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 	t.Cleanup(func() { serveAfterFunc = nil })
 	// A cluster of one, so that the cluster families are served too.
 	cfg := testServeConfig(t)
-	cfg.Cluster.Enabled, cfg.Cluster.GossipListen = true, "127.0.0.1:0"
+	cfg.Cluster.Enabled, cfg.Cluster.GossipListen, cfg.Cluster.PeerListen = true, "127.0.0.1:0", "127.0.0.1:0"
 	addr, adminAddr, _ := runServeAdmin(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), safetyTimeoutMs*time.Millisecond)
 	defer cancel()
@@ -173,6 +173,10 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 		"sinew_session_store_errors_total":           "needs a failing session store",
 		"sinew_cluster_nodes":                        "needs other cluster nodes (test/e2e TestClusterNodesFindEachOtherLeaveAndDie)",
 		"sinew_cluster_fenced":                       "needs other cluster nodes, dead (test/e2e TestClusterNodesFindEachOtherLeaveAndDie)",
+		"sinew_controller_leader":                    "settled at start: a node alone leads from its first moment (test/e2e TestClusterControllerGroup)",
+		"sinew_controller_has_leader":                "settled at start (test/e2e TestClusterControllerGroup)",
+		"sinew_controller_term":                      "moves with controller elections (test/e2e TestClusterControllerGroup)",
+		"sinew_controller_members":                   "moves with nodes joining and leaving (test/e2e TestClusterControllerGroup)",
 	}
 	for _, f := range sinewFamilies() {
 		if _, ok := still[f.name]; ok {

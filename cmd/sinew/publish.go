@@ -8,15 +8,17 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/sinewmq/sinew/internal/auth"
-	"github.com/sinewmq/sinew/internal/vfs"
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sinewmq/sinew/internal/auth"
+	"github.com/sinewmq/sinew/internal/vfs"
 
 	"github.com/sinewmq/sinew"
 	"github.com/sinewmq/sinew/protocol"
@@ -114,6 +116,9 @@ func addClientFlags(fs *flag.FlagSet) clientFlags {
 func (f clientFlags) dial(ctx context.Context, name string, stderr io.Writer) (*sinew.Client, error) {
 	if *f.timeout <= 0 {
 		return nil, fmt.Errorf("%w: --connect-timeout must be positive", errUsage)
+	}
+	if err := checkHostPort("--addr", *f.addr); err != nil {
+		return nil, err
 	}
 	cred, err := f.credentials()
 	if err != nil {
@@ -249,6 +254,7 @@ func runPublish(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		checkRange("window", int64(*window), 1, publishWindowMax),
 		checkRange("count", int64(*count), 0, math.MaxInt32),
 		checkRange("size", int64(*size), 0, publishBodyBytesMax),
+		checkHostPort("--addr", *cf.addr),
 	); err != nil {
 		return err
 	}
@@ -413,4 +419,18 @@ func bodySource(stdin io.Reader, count, size int) func() ([]byte, error) {
 		}
 		return append([]byte(nil), body...), nil
 	}
+}
+
+// checkHostPort refuses an address that cannot be dialled at all (no
+// port, a port out of range) as a usage error, before any connect attempt
+// is made and retried.
+func checkHostPort(flagName, addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%w: %s %q is not host:port: %v", errUsage, flagName, addr, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("%w: %s %q: the port must be a number from 1 to 65535", errUsage, flagName, addr)
+	}
+	return nil
 }

@@ -38,3 +38,29 @@ func TestQueueUsage(t *testing.T) {
 		t.Errorf("help exit %d does not list queue: %q", code, errOut)
 	}
 }
+
+// TestBadAddrIsAUsageError: an --addr that cannot be dialled is a usage
+// error (exit 2) at once, not a connect retried for seconds.
+func TestBadAddrIsAUsageError(t *testing.T) {
+	for _, addr := range []string{"garbage", "127.0.0.1:99999", "127.0.0.1:", "127.0.0.1:x"} {
+		for _, args := range [][]string{
+			{"publish", "--topic", "t", "--addr", addr},
+			{"consume", "--topic", "t", "--addr", addr},
+			{"queue", "purge", "--topic", "t", "--addr", addr},
+			{"bench", "publish", "--addr", addr},
+		} {
+			code, _, errOut := runCmd(t, "x\n", args...)
+			if code != 2 || !strings.Contains(errOut, "--addr") || strings.Contains(errOut, "connect attempt failed") {
+				t.Errorf("%v: exit %d, stderr %q; want a usage error naming --addr, before any connect attempt", args, code, errOut)
+			}
+		}
+	}
+}
+
+func TestBenchZeroDurationIsAUsageError(t *testing.T) {
+	for _, d := range []string{"0s", "-1s"} {
+		if code, _, errOut := runCmd(t, "", "bench", "publish", "--duration", d); code != 2 || !strings.Contains(errOut, "--duration") {
+			t.Errorf("--duration %s: exit %d, stderr %q; want a usage error", d, code, errOut)
+		}
+	}
+}
