@@ -24,6 +24,12 @@ import (
 //	id         | -               | close_client_side  | recreate_client_side (new id)
 //	-          | id              | close_server_side  | close_server_side
 //
+// A subscription the client lists that the broker ended since the last
+// reconciliation (its queue was deleted, or it failed) is never recreated:
+// its SUB_CLOSED is sent again, before the result, since the first one may
+// have gone to a socket that was already dead, and its entry is
+// close_client_side.
+//
 // Server-side closes hand the subscription's leases back to ready. A recreate that
 // fails is reported as close_client_side with the error in Reason. After the
 // result, the deliveries noted at the last resume are re-sent (see Resend),
@@ -60,12 +66,18 @@ func (s *Session) ReconcileWith(sink Sink, reqID uint64, req *protocol.Reconcile
 	for id, st := range s.subs {
 		server[id] = st
 	}
+	brokerClosed := make(map[uint64]*protocol.SubClosed, len(s.brokerClosed))
+	for _, c := range s.brokerClosed {
+		brokerClosed[c.SubID] = c
+	}
+	s.brokerClosed = nil
 	s.mu.Unlock()
 
 	var (
-		entries  []protocol.ReconcileEntry
-		toClose  []*subState
-		recreate []int // indexes into entries
+		entries      []protocol.ReconcileEntry
+		toClose      []*subState
+		recreate     []int // indexes into entries
+		resendClosed []*protocol.SubClosed
 	)
 	for _, c := range req.Subs {
 		e := protocol.ReconcileEntry{ClientSubID: c.SubID, Client: c}
@@ -79,6 +91,14 @@ func (s *Session) ReconcileWith(sink Sink, reqID uint64, req *protocol.Reconcile
 			}
 			toClose = append(toClose, st)
 			e.Reason = "differs from the server's subscription"
+		} else if bc := brokerClosed[c.SubID]; bc != nil {
+			// The broker ended it, and its SUB_CLOSED may have died with the
+			// old socket: told again below, never recreated (a recreate
+			// would bring a deleted queue back).
+			e.Action, e.Reason = protocol.ActionCloseClientSide, "closed by the broker: "+bc.Message
+			resendClosed = append(resendClosed, bc)
+			entries = append(entries, e)
+			continue
 		} else {
 			e.Reason = "not held by the server"
 		}
@@ -143,6 +163,9 @@ func (s *Session) ReconcileWith(sink Sink, reqID uint64, req *protocol.Reconcile
 
 	s.mu.Lock()
 	if s.sink == sink && sink != nil {
+		for _, bc := range resendClosed {
+			sink.Send(Outbound{Body: bc})
+		}
 		sink.Send(Outbound{RequestID: reqID, Body: &protocol.ReconcileResult{Entries: entries}})
 	}
 	var wake []Subscription

@@ -88,6 +88,12 @@ type Session struct {
 	detached atomic.Bool
 	// graceUntil is when the grace under way ends (for Registry.Sessions).
 	graceUntil time.Time
+	// brokerClosed holds the SUB_CLOSED of the subscriptions the broker
+	// ended (queue deleted, error) since the last reconciliation, oldest
+	// first, at most SubscriptionsMax: the frame may have gone to a socket
+	// that was already dead, so Reconcile sends it again for a subscription
+	// the client still lists instead of recreating it.
+	brokerClosed []*protocol.SubClosed
 }
 
 // subState is the session's record of one subscription.
@@ -673,7 +679,15 @@ func (s *Session) backendClosed(st *subState, sub Subscription, reason uint8, er
 	if err != nil {
 		msg = err.Error()
 	}
-	o := Outbound{Body: &protocol.SubClosed{SubID: st.id, Reason: reason, Code: code, Message: msg}}
+	closed := &protocol.SubClosed{SubID: st.id, Reason: reason, Code: code, Message: msg}
+	if reason != protocol.SubClosedShutdown {
+		if len(s.brokerClosed) >= s.reg.cfg.SubscriptionsMax {
+			s.brokerClosed = slices.Delete(s.brokerClosed, 0, 1)
+		}
+		c := *closed
+		s.brokerClosed = append(s.brokerClosed, &c)
+	}
+	o := Outbound{Body: closed}
 	s.logger().Info("subscription closed by broker", "sub_id", st.id, "reason", reason, "code", code.String())
 	if !st.announced {
 		s.holdEarlyLocked(st, o)

@@ -448,6 +448,54 @@ func TestBrokerClosedAndUnsubscribe(t *testing.T) {
 	}
 }
 
+// TestBrokerCloseLostWithTheSocket: the queue is deleted while the client's
+// socket is dead but not yet detected, so its SUB_CLOSED is written to nothing.
+// On resume the client still lists the subscription; under the restore policy
+// the session tells it again that the queue went away instead of recreating
+// the subscription (and with it the queue).
+func TestBrokerCloseLostWithTheSocket(t *testing.T) {
+	fx := newFixture(t, 5000)
+	k1 := &sink{}
+	s, _ := fx.open(protocol.ResumeIdentity{}, k1)
+	id := subscribe(t, s, k1, protocol.Subscribe{Topic: "gone", Prefetch: 1})
+	k1.take()
+	fx.fake.CloseFromBroker("gone", "", protocol.SubClosedQueueDeleted, protocol.Errorf(protocol.CodeNotFound, "deleted"))
+	k1.take() // written to a socket that was already cut
+	s.Detach(k1, nil)
+
+	k2 := &sink{}
+	fx.open(s.Identity(), k2)
+	k2.take()
+	if err := s.Reconcile(k2, 9, &protocol.Reconcile{Policy: protocol.ReconcileRestore, Subs: []protocol.SubView{
+		{SubID: id, Topic: "gone", Partition: -1, Prefetch: 1},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	got := k2.take()
+	if len(got) != 2 || got[0].Body.Op() != protocol.OpSubClosed || got[1].Body.Op() != protocol.OpReconcileResult {
+		t.Fatalf("frames %v, want SUB_CLOSED then RECONCILE_RESULT", ops(got))
+	}
+	if sc := got[0].Body.(*protocol.SubClosed); sc.SubID != id || sc.Reason != protocol.SubClosedQueueDeleted || sc.Code != protocol.CodeNotFound {
+		t.Fatalf("SUB_CLOSED %+v", sc)
+	}
+	entries := got[1].Body.(*protocol.ReconcileResult).Entries
+	if len(entries) != 1 || entries[0].Action != protocol.ActionCloseClientSide || entries[0].ServerSubID != 0 {
+		t.Fatalf("entries %+v, want close_client_side without a new subscription", entries)
+	}
+	if n := s.Info().Subscriptions; n != 0 {
+		t.Fatalf("session holds %d subscriptions after reconcile, want 0", n)
+	}
+	// Told once: a later reconcile treats the id as any unknown one.
+	if err := s.Reconcile(k2, 10, &protocol.Reconcile{Policy: protocol.ReconcileConservative, Subs: []protocol.SubView{
+		{SubID: id, Topic: "gone", Partition: -1, Prefetch: 1},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := k2.take(); len(got) != 1 || got[0].Body.Op() != protocol.OpReconcileResult {
+		t.Fatalf("second reconcile frames %v", ops(got))
+	}
+}
+
 func TestSubscriptionLimitAndPrefetchClamp(t *testing.T) {
 	fx := newFixture(t, 0)
 	k := &sink{}
