@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -41,6 +42,13 @@ const (
 	// proposeRetryTicks is how long a proposed join or leave is not
 	// proposed again while the table does not show it.
 	proposeRetryTicks = 50
+	// proposalsMax bounds the proposals waiting for the controller's
+	// goroutine (CreateQueue proposes again when one is dropped).
+	proposalsMax = 64
+	// proposeRetryInterval is how long CreateQueue waits for its entry
+	// before it proposes it again (the first may have been lost with a
+	// change of leader).
+	proposeRetryInterval = time.Second
 )
 
 // RaftIDOf maps a node id (internal/nodeid: 32 hex digits) to the raft id
@@ -110,11 +118,12 @@ type Controller struct {
 	rs   *raftlog.Storage
 	rn   *raft.RawNode
 
-	inbound chan *raftpb.Message
-	ticks   atomic.Int32
-	wake    chan struct{}
-	stop    chan struct{}
-	done    chan struct{}
+	inbound   chan *raftpb.Message
+	proposals chan []byte
+	ticks     atomic.Int32
+	wake      chan struct{}
+	stop      chan struct{}
+	done      chan struct{}
 
 	mu   sync.Mutex
 	view []Member // latest Reconcile input, taken by the loop
@@ -156,16 +165,17 @@ func Open(cfg Config) (*Controller, error) {
 		cfg.SegmentBytes = segmentBytes
 	}
 	c := &Controller{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		inbound:  make(chan *raftpb.Message, inboundMax),
-		wake:     make(chan struct{}, 1),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
-		table:    &Table{},
-		proposed: map[string]uint64{},
-		collided: map[string]struct{}{},
-		changed:  make(chan struct{}),
+		cfg:       cfg,
+		log:       cfg.Logger,
+		inbound:   make(chan *raftpb.Message, inboundMax),
+		proposals: make(chan []byte, proposalsMax),
+		wake:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
+		table:     &Table{},
+		proposed:  map[string]uint64{},
+		collided:  map[string]struct{}{},
+		changed:   make(chan struct{}),
 	}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
@@ -344,6 +354,16 @@ func (c *Controller) turn() error {
 	}
 	if err := c.handleReady(); err != nil {
 		return err
+	}
+	for range proposalsMax {
+		select {
+		case data := <-c.proposals:
+			// Dropped without a leader; the caller proposes again.
+			_ = c.rn.Propose(data)
+			continue
+		default:
+		}
+		break
 	}
 	if c.leads {
 		if err := c.reconcile(); err != nil {

@@ -29,6 +29,10 @@ type Node struct {
 type Table struct {
 	// Nodes is sorted by RaftID.
 	Nodes []Node `json:"nodes"`
+	// Queues is the queue catalogue, sorted by topic then group.
+	Queues []Queue `json:"queues,omitempty"`
+	// NextRaftGroup is the raft group id the next placed partition gets.
+	NextRaftGroup uint64 `json:"next_raft_group,omitempty"`
 }
 
 // Member is a node as the cluster's membership currently sees it, the input
@@ -44,8 +48,9 @@ type Member struct {
 
 // Command kinds.
 const (
-	opJoin  = "join"
-	opLeave = "leave"
+	opJoin        = "join"
+	opLeave       = "leave"
+	opCreateQueue = "create_queue"
 )
 
 // commandVersion is the encoding version of a controller command; a
@@ -57,14 +62,16 @@ const commandVersion = 1
 // type the raft log stores it under (internal/raftlog).
 const recordType = 1
 
-// commandBytesMax bounds one encoded command.
-const commandBytesMax = 4096
+// commandBytesMax bounds one encoded command (a queue's placement is the
+// largest).
+const commandBytesMax = 256 << 10
 
 type command struct {
 	V      int    `json:"v"`
 	Op     string `json:"op"`
 	Node   *Node  `json:"node,omitempty"`
 	RaftID uint64 `json:"raft_id,omitempty"`
+	Queue  *Queue `json:"queue,omitempty"`
 }
 
 // ErrCommand reports a committed entry the table cannot apply: of an
@@ -123,6 +130,8 @@ func (t *Table) apply(index uint64, c command) error {
 		if i, ok := t.find(c.RaftID); ok {
 			t.Nodes[i].Left = true
 		}
+	case opCreateQueue:
+		return t.applyCreateQueue(index, c.Queue)
 	default:
 		return fmt.Errorf("%w: op %q", ErrCommand, c.Op)
 	}
@@ -143,7 +152,11 @@ func (t *Table) Node(raftID uint64) (Node, bool) {
 	return t.Nodes[i], true
 }
 
-func (t *Table) clone() *Table { return &Table{Nodes: slices.Clone(t.Nodes)} }
+// clone copies the table's lists; their Queue entries are shared, as
+// applied entries are never changed in place.
+func (t *Table) clone() *Table {
+	return &Table{Nodes: slices.Clone(t.Nodes), Queues: slices.Clone(t.Queues), NextRaftGroup: t.NextRaftGroup}
+}
 
 // members returns the raft ids of the nodes that have not left, in join
 // order.

@@ -1,0 +1,188 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestPlaceSpreadsFirst: every partition's replicas are distinct live
+// members, preferred owners rotate over the members, and RF is capped by
+// the members that may hold a replica.
+func TestPlaceSpreadsFirst(t *testing.T) {
+	tb := &Table{}
+	for id := uint64(1); id <= 4; id++ {
+		if err := tb.apply(id, command{Op: opJoin, Node: &Node{RaftID: id * 10, ID: nodeOf(id).ID}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pl := Place(tb, []uint64{10, 20, 30, 40}, 4, 3)
+	owners := map[uint64]int{}
+	for p, x := range pl {
+		if len(x.Replicas) != 3 {
+			t.Fatalf("partition %d: replicas %v, want 3", p, x.Replicas)
+		}
+		s := slices.Clone(x.Replicas)
+		slices.Sort(s)
+		if len(slices.Compact(s)) != 3 {
+			t.Fatalf("partition %d: replicas %v not distinct", p, x.Replicas)
+		}
+		owners[x.Replicas[0]]++
+	}
+	if len(owners) != 4 {
+		t.Fatalf("preferred owners %v: want each of the 4 nodes once", owners)
+	}
+	// Node 20 is not live: nothing is placed on it; RF is capped at 2.
+	for _, x := range Place(tb, []uint64{10, 30}, 3, 3) {
+		if len(x.Replicas) != 2 || slices.Contains(x.Replicas, 20) {
+			t.Fatalf("replicas %v with two live nodes", x.Replicas)
+		}
+	}
+	if got := Place(tb, nil, 2, 3); got != nil {
+		t.Fatalf("placement without live nodes: %v", got)
+	}
+	for _, bad := range [][]Placement{nil, {{Replicas: nil}}, {{Replicas: []uint64{1, 1}}}, {{Replicas: []uint64{0}}}} {
+		if err := checkPlacement(bad); err == nil {
+			t.Fatalf("placement %v accepted", bad)
+		}
+	}
+}
+
+// TestCatalogueCommands: a queue is created once (the second proposal of the
+// same queue does nothing), raft group ids are never reused, and a
+// placement that names an unknown node, a node twice or no node is applied
+// as nothing.
+func TestCatalogueCommands(t *testing.T) {
+	tb := &Table{}
+	for id := uint64(1); id <= 3; id++ {
+		if err := tb.apply(id, command{Op: opJoin, Node: &Node{RaftID: id, ID: nodeOf(id).ID}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create := func(index uint64, topic string, reps ...[]uint64) {
+		t.Helper()
+		q := Queue{Topic: topic, Settings: json.RawMessage(`{"lease_ms":5}`)}
+		for _, r := range reps {
+			q.Partitions = append(q.Partitions, Placement{Replicas: r})
+		}
+		data, err := encode(command{Op: opCreateQueue, Queue: &q})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd, err := decode(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tb.apply(index, cmd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create(10, "a", []uint64{1, 2, 3}, []uint64{2, 3, 1})
+	create(11, "a", []uint64{3}) // a second proposal of "a"
+	create(12, "bad", []uint64{1, 9})
+	create(13, "bad", []uint64{1, 1})
+	create(14, "bad", []uint64{})
+	create(15, "b", []uint64{3, 1})
+	if len(tb.Queues) != 2 {
+		t.Fatalf("queues %+v", tb.Queues)
+	}
+	a, ok := tb.Queue("a", "")
+	if !ok || a.CreatedAt != 10 || len(a.Partitions) != 2 || a.Partitions[0].RaftGroup != FirstPartitionGroup ||
+		a.Partitions[1].RaftGroup != FirstPartitionGroup+1 || string(a.Settings) != `{"lease_ms":5}` {
+		t.Fatalf("queue a %+v", a)
+	}
+	b, _ := tb.Queue("b", "")
+	if b.Partitions[0].RaftGroup != FirstPartitionGroup+2 || !slices.Equal(b.Partitions[0].Replicas, []uint64{3, 1}) {
+		t.Fatalf("queue b %+v", b)
+	}
+	if _, ok := tb.Queue("bad", ""); ok {
+		t.Fatal("a bad placement was applied")
+	}
+}
+
+// TestCreateQueueFromAnyNode: queues proposed on a follower and on a learner
+// reach every node's catalogue; two nodes proposing the same queue at once
+// get the same queue; the catalogue survives a restart from the node's own
+// log and snapshots.
+func TestCreateQueueFromAnyNode(t *testing.T) {
+	c := newCluster(t)
+	c.snapEvery = 8
+	c.start(1, true)
+	for id := uint64(2); id <= 5; id++ {
+		c.start(id, false)
+	}
+	c.until("five nodes, three voting", c.agreed([]uint64{1, 2, 3}, []uint64{4, 5}, []uint64{1, 2, 3, 4, 5}, nil))
+
+	create := func(on uint64, topic string, owner uint64) <-chan Queue {
+		out := make(chan Queue, 1)
+		c.mu.Lock()
+		n := c.nodes[on]
+		c.mu.Unlock()
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			q, err := n.CreateQueue(ctx, Queue{Topic: topic, Partitions: []Placement{{Replicas: []uint64{owner, 1}}}})
+			if err != nil {
+				t.Errorf("create %s on %d: %v", topic, on, err)
+			}
+			out <- q
+		}()
+		return out
+	}
+	wait := func(chs ...<-chan Queue) []Queue {
+		t.Helper()
+		var got []Queue
+		for _, ch := range chs {
+			var q Queue
+			c.until("a create returns", func() bool {
+				select {
+				case q = <-ch:
+					return true
+				default:
+					return false
+				}
+			})
+			got = append(got, q)
+		}
+		return got
+	}
+	wait(create(2, "from-follower", 2))
+	wait(create(5, "from-learner", 5))
+	both := wait(create(3, "raced", 3), create(4, "raced", 4))
+	if both[0].CreatedAt != both[1].CreatedAt || both[0].Partitions[0].Replicas[0] != both[1].Partitions[0].Replicas[0] {
+		t.Fatalf("two creates of one queue returned different queues: %+v, %+v", both[0], both[1])
+	}
+	for i := range 12 { // enough entries for snapshots
+		wait(create(uint64(1+i%5), "q"+string(rune('a'+i)), uint64(2+i%4)))
+	}
+	sameCatalogue := func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		var first []Queue
+		for _, n := range c.nodes {
+			qs := n.Status().Table.Queues
+			if len(qs) != 15 {
+				return false
+			}
+			if first == nil {
+				first = qs
+				continue
+			}
+			for i := range qs {
+				if qs[i].Topic != first[i].Topic || qs[i].CreatedAt != first[i].CreatedAt || qs[i].Partitions[0].RaftGroup != first[i].Partitions[0].RaftGroup {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	c.until("every node holds the 15 queues", sameCatalogue)
+	c.stop(4)
+	n4 := c.start(4, false)
+	if got := len(n4.Status().Table.Queues); got != 15 {
+		t.Fatalf("restarted node holds %d queues before hearing from anyone, want 15", got)
+	}
+	c.until("after the restart every node holds the 15 queues", sameCatalogue)
+}
