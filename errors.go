@@ -83,6 +83,9 @@ var (
 type BrokerError struct {
 	Code    protocol.Code
 	Message string
+	// Owner is set with CodeNotOwner: the address of the cluster node
+	// that owns the partition, where the same request succeeds.
+	Owner string
 }
 
 func (e *BrokerError) Error() string {
@@ -93,7 +96,9 @@ func (e *BrokerError) Error() string {
 }
 
 // Unwrap exposes the protocol-level error.
-func (e *BrokerError) Unwrap() error { return &protocol.Error{Code: e.Code, Message: e.Message} }
+func (e *BrokerError) Unwrap() error {
+	return &protocol.Error{Code: e.Code, Message: e.Message, Owner: e.Owner}
+}
 
 // Is matches another *BrokerError with the same code (and, when the target has
 // one, the same message), so errors.Is(err, &BrokerError{Code: c}) works. A
@@ -110,7 +115,7 @@ func (e *BrokerError) Is(target error) bool {
 func (e *BrokerError) Retryable() bool { return e.Code.Retryable() }
 
 func brokerErr(pe *protocol.Error) *BrokerError {
-	return &BrokerError{Code: pe.Code, Message: pe.Message}
+	return &BrokerError{Code: pe.Code, Message: pe.Message, Owner: pe.Owner}
 }
 
 // IsRetryable reports whether err is transient: the operation (or a reconnect)

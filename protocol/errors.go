@@ -37,6 +37,7 @@ const (
 	CodeSlowConsumer      Code = 21 // the connection did not read what it was sent in time
 	CodeSequenceTooOld    Code = 22 // the producer sequence is below the broker's deduplication window
 	CodePermissionDenied  Code = 23 // the connection's principal may not do this to this topic
+	CodeNotOwner          Code = 24 // another node owns the partition; Error.Owner says where it is reached
 )
 
 type codeInfo struct {
@@ -69,6 +70,7 @@ var codeTable = map[Code]codeInfo{
 	CodeSlowConsumer:      {"slow_consumer", true},
 	CodeSequenceTooOld:    {"sequence_too_old", false},
 	CodePermissionDenied:  {"permission_denied", false},
+	CodeNotOwner:          {"not_owner", true},
 }
 
 // Codes returns every defined code in ascending order.
@@ -101,6 +103,9 @@ func (c Code) Retryable() bool { return codeTable[c].retryable }
 type Error struct {
 	Code    Code
 	Message string
+	// Owner is the client address of the node that owns the partition
+	// (CodeNotOwner only): the request succeeds when sent there.
+	Owner string
 }
 
 func (e *Error) Error() string {

@@ -147,6 +147,9 @@ type ErrorBody struct {
 	Code    Code
 	Message string
 	Fatal   bool
+	// Owner (appended field) is the owner's client address of a
+	// not_owner error; empty otherwise.
+	Owner string
 }
 
 // OK answers a request that has no other result.
@@ -482,6 +485,9 @@ func (m *ErrorBody) AppendBody(b []byte) []byte {
 	e.uvarint(uint64(m.Code))
 	e.str(m.Message)
 	e.boolean(m.Fatal)
+	if m.Owner != "" {
+		e.str(m.Owner) // appended field: absent unless set
+	}
 	return e.b
 }
 func (m *ErrorBody) decode(d *dec) {
@@ -492,10 +498,13 @@ func (m *ErrorBody) decode(d *dec) {
 	m.Code = Code(c)
 	m.Message = d.at("message").str()
 	m.Fatal = d.at("fatal").boolean()
+	if d.optional() {
+		m.Owner = d.at("owner").str()
+	}
 }
 
 // Err converts the body into an *Error.
-func (m *ErrorBody) Err() *Error { return &Error{Code: m.Code, Message: m.Message} }
+func (m *ErrorBody) Err() *Error { return &Error{Code: m.Code, Message: m.Message, Owner: m.Owner} }
 
 func (*DeclareQueue) Op() Op { return OpDeclareQueue }
 func (m *DeclareQueue) AppendBody(b []byte) []byte {

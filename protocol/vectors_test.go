@@ -92,6 +92,7 @@ func vectorCases() []vectorCase {
 		{name: "ok", requestID: 3, body: &OK{}},
 		{name: "error/request", requestID: 9, body: &ErrorBody{Code: CodeNotFound, Message: "no queue orders/g"}},
 		{name: "error/fatal", requestID: 0, body: &ErrorBody{Code: CodeSequenceTooOld, Message: uni, Fatal: true}},
+		{name: "error/not_owner", requestID: 7, body: &ErrorBody{Code: CodeNotOwner, Message: "queue \"orders\" group \"\" partition 0 is served by 10.0.0.2:7654", Owner: "10.0.0.2:7654"}},
 		{name: "declare_queue/defaults", requestID: 2, body: &DeclareQueue{Topic: "orders", MaxRetries: -1}},
 		{name: "declare_queue/edge", requestID: 2, body: &DeclareQueue{Topic: long, Group: "g", Partitions: u32max, DeadLetterMode: DeadLetterQueue,
 			DeadLetterTarget: "orders.dlq", MaxRetries: math.MinInt32, DefaultTTLMs: math.MaxInt64, LeaseMs: math.MinInt64}},

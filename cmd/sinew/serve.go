@@ -218,8 +218,13 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	restartGrace := rt.Int(runtimesettings.KeyRestartGraceMs)
 	sm := newSyncMetrics()
 	held := lock
-	lock = nil // broker.Open owns it now, failed or not
+	lock = nil                 // broker.Open owns it now, failed or not
+	var cluster broker.Cluster // nil interface on a single node
+	if cn != nil {
+		cluster = cn
+	}
 	b, err := broker.Open(broker.Config{
+		Cluster: cluster,
 		DataDir: cfg.DataDir, Lock: held, Now: time.Now, Logger: logger.With("component", "broker"), Users: users,
 		DefaultPartitions: cfg.Queue.Partitions, DefaultLeaseMs: cfg.Queue.LeaseMs, DefaultMaxRetries: cfg.Queue.MaxRetries,
 		DeadLetterTopic: cfg.Queue.DeadLetterTopic,
@@ -245,6 +250,18 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		return fmt.Errorf("open broker: %w", err)
 	}
 	logger.Info("broker recovered", "data_dir", cfg.DataDir, "owner_id", owner, "took_ms", time.Since(start).Milliseconds())
+	if cn != nil {
+		syncCtx, stopSync := context.WithCancel(context.Background())
+		syncDone := make(chan struct{})
+		go func() {
+			defer close(syncDone)
+			cn.syncCatalogue(syncCtx, b)
+		}()
+		defer func() {
+			stopSync()
+			<-syncDone
+		}()
+	}
 	defer func() {
 		// Close writes every partition's checkpoint: the last step of a drain.
 		if err := b.Close(); err != nil {

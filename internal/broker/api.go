@@ -77,6 +77,10 @@ const (
 type Config struct {
 	// DataDir is the root of everything the broker stores.
 	DataDir string
+	// Cluster, when set, makes the broker a cluster node: queues are
+	// created through the controller's catalogue and their partitions
+	// are replicated raft groups (cluster.go). Nil: a single node.
+	Cluster Cluster
 	// Users, when set, is the users store the broker serves (sinew serve
 	// opens it first, to apply the startup rule before recovery); nil opens
 	// DataDir/meta/users with UserHashParams.

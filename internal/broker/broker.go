@@ -96,6 +96,8 @@ type queueEntry struct {
 	rr        atomic.Uint64
 	// deleted is set when Delete takes the queue out of the map.
 	deleted atomic.Bool
+	// self is this node's raft id in a cluster (0 on a single node).
+	self uint64
 }
 
 func (c *Config) normalize() {
@@ -367,6 +369,9 @@ func (b *Broker) recover(root string) error {
 // openQueue opens (or creates) every partition of the queue described by m.
 func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 	q := &queueEntry{key: queueKey{m.Topic, m.Group}, dir: dir}
+	if b.cfg.Cluster != nil {
+		q.self = b.cfg.Cluster.Self()
+	}
 	q.meta.Store(m)
 	qc := b.queueConfig(m)
 	b.logKeep(m)
@@ -400,9 +405,21 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 				pc.WALReplay = &g
 			}
 		}
+		var raftGroup uint64
+		if b.cfg.Cluster != nil && len(m.Raft) == int(m.Partitions) {
+			raftGroup = m.Raft[i].RaftGroup
+			pc.RaftID, pc.RaftPeers = b.cfg.Cluster.Self(), m.Raft[i].Replicas
+			pc.Send = b.cfg.Cluster.Sender(raftGroup)
+			pc.CampaignAtStart = len(m.Raft[i].Replicas) > 0 && m.Raft[i].Replicas[0] == pc.RaftID
+		}
 		p, err := partition.Open(pc)
 		if err != nil && errors.Is(err, partition.ErrDamaged) {
 			p, err = b.damaged(pc, err)
+		}
+		if err == nil && raftGroup != 0 {
+			if err = b.cfg.Cluster.AddGroup(raftGroup, p); err != nil {
+				p.Close()
+			}
 		}
 		if err == nil && b.wal != nil && p.Quarantined() == nil {
 			b.walMu.Lock()
@@ -562,6 +579,11 @@ func (b *Broker) closePartitions() error {
 	var parts []*partition.Partition
 	for _, q := range b.queues {
 		parts = append(parts, q.parts...)
+		if b.cfg.Cluster != nil {
+			for _, r := range q.meta.Load().Raft {
+				b.cfg.Cluster.RemoveGroup(r.RaftGroup)
+			}
+		}
 	}
 	b.mu.RUnlock()
 	errs := make([]error, len(parts))
@@ -629,8 +651,12 @@ func (b *Broker) declareQueue(d *protocol.DeclareQueue, update, dlq bool) (*queu
 		want.Incarnation = cur.Incarnation
 		// A dead-letter queue stays one whatever a declaration says.
 		want.DeadLetterQueue = want.DeadLetterQueue || cur.DeadLetterQueue
-		if *want == *cur {
+		want.Raft = cur.Raft
+		if sameMeta(want, cur) {
 			return q, false, nil
+		}
+		if b.cfg.Cluster != nil {
+			return nil, false, errClusterUnsupported("changing a queue's settings")
 		}
 		if err := writeMeta(b.cfg.FS, filepath.Join(q.dir, metaFile), want); err != nil {
 			return nil, false, b.internalError("declare", k, err)
@@ -645,6 +671,10 @@ func (b *Broker) declareQueue(d *protocol.DeclareQueue, update, dlq bool) (*queu
 
 	if err := b.checkBudget(k, want); err != nil {
 		return nil, false, err
+	}
+	if b.cfg.Cluster != nil {
+		q, err := b.createInCluster(k, want)
+		return q, err == nil, err
 	}
 	if b.wal != nil {
 		inc, err := newIncarnation()
@@ -752,8 +782,14 @@ func (q *queueEntry) pick(want int32, key []byte, producer string, seq uint64) (
 	start := q.rr.Add(1)
 	for i := range n {
 		p := q.parts[(start+uint64(i))%uint64(n)]
-		if p.Quarantined() == nil {
+		if p.Quarantined() == nil && q.leadsHere(p) {
 			return p, nil
+		}
+	}
+	for i := range n {
+		p := q.parts[(start+uint64(i))%uint64(n)]
+		if p.Quarantined() == nil {
+			return p, nil // led elsewhere: answered not_owner
 		}
 	}
 	return q.parts[start%uint64(n)], nil // every partition is parked: it answers unavailable
@@ -847,6 +883,9 @@ func (b *Broker) publishError(q *queueEntry, idx uint32, err error) error {
 	}
 	if errors.Is(err, partition.ErrUnavailable) {
 		return unavailableError(q, idx)
+	}
+	if b.cfg.Cluster != nil && errors.Is(err, partition.ErrNotLeader) && int(idx) < len(q.parts) {
+		return b.ownerError(q, q.parts[idx])
 	}
 	var pe *protocol.Error
 	if errors.As(err, &pe) {

@@ -53,6 +53,9 @@ func (b *Broker) Delete(ctx context.Context, d *protocol.DeleteQueue) error {
 	if err := validName("group", d.Group, true); err != nil {
 		return err
 	}
+	if b.cfg.Cluster != nil {
+		return errClusterUnsupported("deleting a queue")
+	}
 	k := queueKey{d.Topic, d.Group}
 	b.createMu.Lock()
 	if b.closed.Load() {
@@ -231,6 +234,10 @@ func (b *Broker) Purge(pq *protocol.PurgeQueue, done func(protocol.PurgeOK, erro
 	}
 	if err := validName("group", pq.Group, true); err != nil {
 		done(protocol.PurgeOK{}, err)
+		return
+	}
+	if b.cfg.Cluster != nil {
+		done(protocol.PurgeOK{}, errClusterUnsupported("purging a queue"))
 		return
 	}
 	q, err := b.lookup(pq.Topic, pq.Group, false)

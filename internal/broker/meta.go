@@ -40,6 +40,10 @@ type queueMeta struct {
 	// set at creation when the node WAL is on, it names the partitions'
 	// WAL groups (Broker.walGroup).
 	Incarnation string `json:"incarnation,omitempty"`
+	// Raft is each partition's raft group and replicas in a cluster (as
+	// the controller's catalogue placed them); empty on a single node,
+	// whose partitions are raft groups of one.
+	Raft []RaftPlacement `json:"raft,omitempty"`
 }
 
 const (

@@ -192,7 +192,11 @@ type Config struct {
 	// for a group of one).
 	RaftID    uint64
 	RaftPeers []uint64
-	Send      func([]*raftpb.Message)
+	// CampaignAtStart makes a replica of a new group (an empty log)
+	// campaign at once, so the group's preferred owner leads it first
+	// instead of whoever's election timer fires first.
+	CampaignAtStart bool
+	Send            func([]*raftpb.Message)
 
 	// noRetention keeps every log segment (tests compare checkpoint plus
 	// replay with a replay of the whole log).

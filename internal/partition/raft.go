@@ -169,6 +169,11 @@ func (p *Partition) startRaft(commit uint64) error {
 	p.inbound = make(chan *raftpb.Message, raftInboundMax)
 	p.nextLSN, p.lastLSN = commit+1, commit
 	if !p.single {
+		if p.cfg.CampaignAtStart && len(cs.Voters) == 0 {
+			if err := p.raftSafe(rn.Campaign); err != nil {
+				return fmt.Errorf("partition %s: campaign: %w", p, err)
+			}
+		}
 		return nil
 	}
 	if err := p.raftSafe(rn.Campaign); err != nil {

@@ -79,7 +79,7 @@ func (c *conn) replyErr(reqID uint64, err error) {
 func errorBody(err error) *protocol.ErrorBody {
 	var pe *protocol.Error
 	if errors.As(err, &pe) {
-		return &protocol.ErrorBody{Code: pe.Code, Message: pe.Message}
+		return &protocol.ErrorBody{Code: pe.Code, Message: pe.Message, Owner: pe.Owner}
 	}
 	return &protocol.ErrorBody{Code: protocol.CodeInternal, Message: "internal error; the broker log has the cause"}
 }

@@ -702,6 +702,9 @@ func (c *Config) Validate() error {
 
 func (c *Config) validateCluster(bad func(key, format string, args ...any)) {
 	cl := c.Cluster
+	if cl.Enabled && c.Storage.WAL == "on" {
+		bad("storage.wal", "on is not supported with cluster.enabled yet: replicated partitions write their own logs (docs/cluster.md)")
+	}
 	host, _, err := net.SplitHostPort(cl.GossipListen)
 	ip := net.ParseIP(host)
 	switch {

@@ -1,0 +1,229 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/sinewmq/sinew/internal/partition"
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// Cluster links a broker to its cluster (Config.Cluster; nil on a single
+// node). With it every queue is in the controller's catalogue, and each of
+// its partitions is a raft group over the nodes its placement names: this
+// node opens the replicas placed on it, and only a partition's raft leader
+// (its owner) serves publishes, deliveries and settles.
+type Cluster interface {
+	// CreateQueue places a new queue's partitions and commits it to the
+	// catalogue; it returns once this node applied the entry. A queue the
+	// catalogue holds already is returned as it is.
+	CreateQueue(ctx context.Context, topic, group string, settings []byte, partitions int) (CatalogueQueue, error)
+	// Self is this node's raft id.
+	Self() uint64
+	// Sender returns the function that carries raft group id's messages.
+	Sender(group uint64) func([]*raftpb.Message)
+	// AddGroup registers a replica with the node's raft host; RemoveGroup
+	// takes it off.
+	AddGroup(group uint64, p *partition.Partition) error
+	RemoveGroup(group uint64)
+	// ClientAddr is where clients reach node raftID ("" when unknown).
+	ClientAddr(raftID uint64) string
+}
+
+// CatalogueQueue is a queue as the controller's catalogue holds it.
+type CatalogueQueue struct {
+	Topic, Group string
+	// Settings is the queue's metadata as the creating node encoded it.
+	Settings []byte
+	// Partitions is each partition's raft group and replicas (raft ids,
+	// preferred owner first).
+	Partitions []RaftPlacement
+}
+
+// RaftPlacement is one partition's raft group and replicas.
+type RaftPlacement struct {
+	RaftGroup uint64   `json:"raft_group"`
+	Replicas  []uint64 `json:"replicas"`
+}
+
+// clusterCreateTimeout bounds how long a first use of a queue waits for the
+// controller to commit it.
+const clusterCreateTimeout = 10 * time.Second
+
+// errClusterUnsupported answers a request a clustered broker does not
+// serve yet.
+func errClusterUnsupported(what string) error {
+	return protocol.Errorf(protocol.CodeBadRequest, "%s is not supported in a cluster yet", what)
+}
+
+// settingsOf encodes m for the catalogue: its declaration without this
+// node's placement or incarnation.
+func settingsOf(m *queueMeta) []byte {
+	c := *m
+	c.Raft, c.Incarnation = nil, ""
+	b, err := json.Marshal(&c)
+	if err != nil {
+		panic("broker: queue metadata does not marshal: " + err.Error())
+	}
+	return b
+}
+
+// createInCluster commits a new queue to the catalogue, then opens the
+// replicas placed on this node. createMu is held.
+func (b *Broker) createInCluster(k queueKey, want *queueMeta) (*queueEntry, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), clusterCreateTimeout)
+	defer cancel()
+	cq, err := b.cfg.Cluster.CreateQueue(ctx, k.topic, k.group, settingsOf(want), int(want.Partitions))
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "queue %q group %q: the cluster did not commit it: %v; retry", k.topic, k.group, err)
+	}
+	return b.openCatalogueQueue(cq)
+}
+
+// openCatalogueQueue opens this node's replicas of a catalogue queue (all
+// of its partitions: a node either holds every partition of a queue or
+// none). A queue placed elsewhere is answered not_owner. createMu is held.
+func (b *Broker) openCatalogueQueue(cq CatalogueQueue) (*queueEntry, error) {
+	k := queueKey{cq.Topic, cq.Group}
+	b.mu.RLock()
+	q := b.queues[k]
+	b.mu.RUnlock()
+	if q != nil {
+		return q, nil
+	}
+	self := b.cfg.Cluster.Self()
+	here := true
+	for _, p := range cq.Partitions {
+		found := false
+		for _, r := range p.Replicas {
+			found = found || r == self
+		}
+		here = here && found
+	}
+	if !here {
+		owner := uint64(0)
+		if len(cq.Partitions) > 0 && len(cq.Partitions[0].Replicas) > 0 {
+			owner = cq.Partitions[0].Replicas[0]
+		}
+		return nil, b.notOwner(k, 0, owner)
+	}
+	var m queueMeta
+	if err := json.Unmarshal(cq.Settings, &m); err != nil || m.Topic != cq.Topic || m.Group != cq.Group ||
+		int(m.Partitions) != len(cq.Partitions) {
+		return nil, b.internalError("open replica", k, fmt.Errorf("catalogue settings do not describe the queue: %v", err))
+	}
+	m.Version = metaVersion
+	m.Raft = cq.Partitions
+	root := filepath.Join(b.cfg.DataDir, queuesDir)
+	tdir := filepath.Join(root, dirName(k.topic))
+	dir := filepath.Join(tdir, dirName(k.group))
+	if err := b.cfg.FS.MkdirAll(dir, 0o755); err != nil {
+		return nil, b.internalError("open replica", k, err)
+	}
+	if err := writeMeta(b.cfg.FS, filepath.Join(dir, metaFile), &m); err != nil {
+		return nil, b.internalError("open replica", k, err)
+	}
+	if err := syncDirs(b.cfg.FS, tdir, root); err != nil {
+		return nil, b.internalError("open replica", k, err)
+	}
+	q, err := b.openQueue(dir, &m)
+	if err != nil {
+		return nil, b.internalError("open replica", k, err)
+	}
+	b.mu.Lock()
+	b.queues[k] = q
+	b.mu.Unlock()
+	b.logger.Info("queue replicas opened", "topic", k.topic, "group", k.group, "partitions", len(cq.Partitions))
+	return q, nil
+}
+
+// SyncCatalogue opens this node's replicas of the catalogue's queues that
+// it does not hold yet (created through another node, or while this one
+// was down). It is idempotent.
+func (b *Broker) SyncCatalogue(queues []CatalogueQueue) {
+	if b.cfg.Cluster == nil || b.closed.Load() {
+		return
+	}
+	for _, cq := range queues {
+		k := queueKey{cq.Topic, cq.Group}
+		b.mu.RLock()
+		q := b.queues[k]
+		b.mu.RUnlock()
+		if q != nil {
+			continue
+		}
+		b.createMu.Lock()
+		if !b.closed.Load() {
+			_, err := b.openCatalogueQueue(cq)
+			var pe *protocol.Error
+			if err != nil && !(errors.As(err, &pe) && pe.Code == protocol.CodeNotOwner) {
+				b.logger.Error("cannot open the replicas of a queue", "topic", cq.Topic, "group", cq.Group, "err", err)
+			}
+		}
+		b.createMu.Unlock()
+	}
+}
+
+// notOwner is the error for a request this node cannot serve because
+// partition idx of queue k is owned by node owner (0: unknown).
+func (b *Broker) notOwner(k queueKey, idx uint32, owner uint64) error {
+	addr := ""
+	if owner != 0 {
+		addr = b.cfg.Cluster.ClientAddr(owner)
+	}
+	if addr == "" {
+		return protocol.Errorf(protocol.CodeUnavailable, "queue %q group %q partition %d has no owner right now (an election is under way); retry",
+			k.topic, k.group, idx)
+	}
+	return &protocol.Error{Code: protocol.CodeNotOwner, Owner: addr,
+		Message: fmt.Sprintf("queue %q group %q partition %d is served by %s", k.topic, k.group, idx, addr)}
+}
+
+// leadsHere reports whether this node's replica of p leads its group (a
+// single node leads every partition).
+func (q *queueEntry) leadsHere(p *partition.Partition) bool {
+	if q.self == 0 {
+		return true
+	}
+	lead, _ := p.Leader()
+	return lead == q.self
+}
+
+// sameMeta compares two declarations, placements included.
+func sameMeta(a, b *queueMeta) bool {
+	return a.Version == b.Version && a.Topic == b.Topic && a.Group == b.Group && a.Partitions == b.Partitions &&
+		a.LeaseMs == b.LeaseMs && a.MaxRetries == b.MaxRetries && a.DefaultTTLMs == b.DefaultTTLMs &&
+		a.DeadLetterMode == b.DeadLetterMode && a.DeadLetterTarget == b.DeadLetterTarget &&
+		a.DeadLetterQueue == b.DeadLetterQueue && a.Incarnation == b.Incarnation && slices.EqualFunc(a.Raft, b.Raft, func(p, q RaftPlacement) bool {
+		return p.RaftGroup == q.RaftGroup && slices.Equal(p.Replicas, q.Replicas)
+	})
+}
+
+// ownerError turns a replica's ErrNotLeader into not_owner.
+func (b *Broker) ownerError(q *queueEntry, p *partition.Partition) error {
+	lead, _ := p.Leader()
+	if lead == b.cfg.Cluster.Self() {
+		lead = 0 // it lost the lead meanwhile: no owner known yet
+	}
+	return b.notOwner(q.key, p.Index(), lead)
+}
+
+// PartitionOwner reports partition idx's raft leader's client address and
+// its term, for the operations API ("" without a cluster or a leader).
+func (b *Broker) partitionOwner(p *partition.Partition) (addr string, term uint64) {
+	if b.cfg.Cluster == nil {
+		return "", 0
+	}
+	lead, term := p.Leader()
+	if lead == 0 {
+		return "", term
+	}
+	return b.cfg.Cluster.ClientAddr(lead), term
+}
