@@ -26,6 +26,9 @@ const raftClusterID = "sinew"
 // controller (and new peers to the transport).
 const reconcileEveryMs = 500
 
+// raftTickMs is the raft host's tick: every group's raft clock.
+const raftTickMs = 50
+
 // noLeaderWarnAfterMs: a node whose controller has had no leader this long
 // says why that may be.
 const noLeaderWarnAfterMs = 30_000
@@ -50,7 +53,9 @@ func (n *clusterNode) startController(cfg settings.Config) error {
 		return fmt.Errorf("cluster.peer_listen %s: %w", cfg.Cluster.PeerListen, err)
 	}
 	late := &lateTransport{}
-	host, err := multiraft.NewHost(multiraft.Config{NodeID: rid, Transport: late})
+	// Raft elections take 10 to 20 ticks: 0.5 to 1 s at this tick, so a
+	// partition whose owner died has a new one within about a second.
+	host, err := multiraft.NewHost(multiraft.Config{NodeID: rid, Transport: late, TickMs: raftTickMs})
 	if err != nil {
 		ln.Close()
 		return fmt.Errorf("cluster: raft host: %w", err)

@@ -56,6 +56,13 @@ type PartitionView struct {
 	BytesOnDisk        int64  `json:"bytes_on_disk"`
 	CheckpointFailures uint64 `json:"checkpoint_failures"`
 	Relocated          uint64 `json:"relocated"`
+	// In a cluster only: the partition's raft group, the client addresses
+	// of its replicas (preferred owner first), its owner's (the raft
+	// leader; empty during an election) and the raft term.
+	RaftGroup uint64   `json:"raft_group,omitempty"`
+	Replicas  []string `json:"replicas,omitempty"`
+	Owner     string   `json:"owner,omitempty"`
+	Term      uint64   `json:"term,omitempty"`
 }
 
 // Partition states.
@@ -133,7 +140,8 @@ func queueView(qs broker.QueueStats, cfg broker.QueueConfig) QueueView {
 		v.Partitions = append(v.Partitions, PartitionView{Partition: p.Partition, State: st, Reason: p.Err,
 			Ready: p.Ready, Delayed: p.Delayed, Inflight: p.Inflight, DeadLettering: p.DeadLettering, Consumers: p.Consumers,
 			NextOffset: p.NextLSN, SettledFrontier: p.Frontier, BytesOnDisk: p.BytesOnDisk,
-			CheckpointFailures: p.CheckpointFailures, Relocated: p.Relocated})
+			CheckpointFailures: p.CheckpointFailures, Relocated: p.Relocated,
+			RaftGroup: p.RaftGroup, Replicas: p.Replicas, Owner: p.Owner, Term: p.Term})
 	}
 	return v
 }

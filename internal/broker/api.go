@@ -288,6 +288,15 @@ type PartitionStats struct {
 	Duplicates uint64
 	// BytesOnDisk is the size of the partition's log segments.
 	BytesOnDisk int64
+	// In a cluster: RaftGroup is the partition's raft group id, Replicas
+	// the client addresses of the nodes holding a replica (preferred owner
+	// first), Owner the client address of its raft leader ("" while none
+	// is known) and Term the raft term this replica knows. Empty on a
+	// single node.
+	RaftGroup uint64
+	Replicas  []string
+	Owner     string
+	Term      uint64
 }
 
 // QueueStats are one queue's counters.

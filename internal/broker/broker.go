@@ -940,7 +940,7 @@ func (b *Broker) Stats() Stats {
 	})
 	var out Stats
 	for _, q := range qs {
-		out.Queues = append(out.Queues, statsOfQueue(q))
+		out.Queues = append(out.Queues, b.statsOfQueue(q))
 	}
 	b.subsMu.Lock()
 	out.Subscriptions = len(b.subs)
@@ -949,9 +949,10 @@ func (b *Broker) Stats() Stats {
 }
 
 // statsOfQueue reads the counters of q's partitions.
-func statsOfQueue(q *queueEntry) QueueStats {
+func (b *Broker) statsOfQueue(q *queueEntry) QueueStats {
 	qst := QueueStats{Topic: q.key.topic, Group: q.key.group}
-	for _, p := range q.parts {
+	raft := q.meta.Load().Raft
+	for i, p := range q.parts {
 		s := p.Stats()
 		qst.Partitions = append(qst.Partitions, PartitionStats{
 			Partition: p.Index(), Quarantined: s.Quarantined, Err: s.Err,
@@ -961,6 +962,14 @@ func statsOfQueue(q *queueEntry) QueueStats {
 			DedupProducers: s.Dedup.Producers, DedupEvictedIdle: s.Dedup.EvictedIdle,
 			DedupEvictedLimit: s.Dedup.EvictedLimit, Duplicates: s.Duplicates,
 		})
+		if b.cfg.Cluster != nil && i < len(raft) {
+			ps := &qst.Partitions[len(qst.Partitions)-1]
+			ps.RaftGroup = raft[i].RaftGroup
+			ps.Owner, ps.Term = b.partitionOwner(p)
+			for _, r := range raft[i].Replicas {
+				ps.Replicas = append(ps.Replicas, b.cfg.Cluster.ClientAddr(r))
+			}
+		}
 	}
 	return qst
 }

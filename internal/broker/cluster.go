@@ -215,7 +215,7 @@ func (b *Broker) ownerError(q *queueEntry, p *partition.Partition) error {
 	return b.notOwner(q.key, p.Index(), lead)
 }
 
-// PartitionOwner reports partition idx's raft leader's client address and
+// partitionOwner reports p's raft leader's client address and
 // its term, for the operations API ("" without a cluster or a leader).
 func (b *Broker) partitionOwner(p *partition.Partition) (addr string, term uint64) {
 	if b.cfg.Cluster == nil {

@@ -53,7 +53,7 @@ func (b *Broker) QueueStatsOf(topic, group string) (QueueStats, error) {
 	if err != nil {
 		return QueueStats{}, err
 	}
-	return statsOfQueue(q), nil
+	return b.statsOfQueue(q), nil
 }
 
 // DeadLetterTopic is the broker-wide dead-letter queue's topic (its group

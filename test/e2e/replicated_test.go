@@ -2,8 +2,11 @@ package e2e_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -57,7 +60,7 @@ func (r *ownerRouter) publish(topic string, body []byte, bound time.Duration) (s
 	var last error
 	for i := 0; time.Now().Before(deadline); i++ {
 		c := r.clients[r.cur]
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
 		_, err := c.Publish(ctx, topic, body)
 		cancel()
 		if err == nil {
@@ -65,7 +68,9 @@ func (r *ownerRouter) publish(topic string, body []byte, bound time.Duration) (s
 		}
 		last = err
 		var be *sinew.BrokerError
-		if errors.As(err, &be) && be.Code == protocol.CodeNotOwner && be.Owner != "" {
+		// A not_owner naming a node this client saw die (not in addrs) is
+		// a follower that has not noticed yet: treated as unavailable.
+		if errors.As(err, &be) && be.Code == protocol.CodeNotOwner && be.Owner != "" && slices.Contains(r.addrs, be.Owner) {
 			if _, ok := r.clients[be.Owner]; !ok {
 				r.add(be.Owner)
 			}
@@ -78,6 +83,21 @@ func (r *ownerRouter) publish(topic string, body []byte, bound time.Duration) (s
 		time.Sleep(20 * time.Millisecond)
 	}
 	return "", fmt.Errorf("not confirmed within %v: %w", bound, last)
+}
+
+func getJSONInto(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s", url, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
 }
 
 func indexOf(s []string, v string) int {
@@ -132,6 +152,24 @@ func TestClusterReplicatedQueueSurvivesOwnerKill(t *testing.T) {
 		var be *sinew.BrokerError
 		if !errors.As(err, &be) || be.Code != protocol.CodeNotOwner || be.Owner != owner {
 			t.Fatalf("publish on %s (not the owner %s): %v, want not_owner naming the owner", a, owner, err)
+		}
+	}
+	// The operations API of a follower shows the partition's replicas and
+	// its owner.
+	for _, c := range nodes {
+		if c.addr == owner {
+			continue
+		}
+		var q struct {
+			Partitions []struct {
+				Replicas []string `json:"replicas"`
+				Owner    string   `json:"owner"`
+				Term     uint64   `json:"term"`
+			} `json:"partitions"`
+		}
+		getJSONInto(t, "http://"+c.admin+"/api/v1/queues/"+topic, &q)
+		if len(q.Partitions) != 1 || len(q.Partitions[0].Replicas) != 3 || q.Partitions[0].Owner != owner || q.Partitions[0].Term == 0 {
+			t.Fatalf("queue view on %s: %+v, want three replicas and owner %s", c.addr, q, owner)
 		}
 	}
 	for i := 1; i < 200; i++ {

@@ -269,7 +269,9 @@
       (p.reason ? " " + p.reason : "") +
       " · ready " + fmtInt(p.ready) + " · delayed " + fmtInt(p.delayed) + " · inflight " + fmtInt(p.inflight) +
       " · dead-lettering " + fmtInt(p.dead_lettering) + " · settled below " + fmtInt(p.settled_frontier) +
-      " of " + fmtInt(p.next_offset) + " · " + fmtBytes(p.bytes_on_disk) + " ",
+      " of " + fmtInt(p.next_offset) + " · " + fmtBytes(p.bytes_on_disk) +
+      (p.replicas ? " · owner " + (p.owner || "none (election)") + " · term " + fmtInt(p.term || 0) +
+        " · replicas " + p.replicas.join(", ") : "") + " ",
       h("button", { type: "button", class: "peek", text: "Peek", title: "show its unsettled messages; settles nothing",
         onclick: () => peek(q.topic, q.group || "", p.partition, 0) })));
     const d = h("details", { open: state.openQueues.has(key),
