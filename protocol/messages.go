@@ -485,9 +485,7 @@ func (m *ErrorBody) AppendBody(b []byte) []byte {
 	e.uvarint(uint64(m.Code))
 	e.str(m.Message)
 	e.boolean(m.Fatal)
-	if m.Owner != "" {
-		e.str(m.Owner) // appended field: absent unless set
-	}
+	e.str(m.Owner) // appended field
 	return e.b
 }
 func (m *ErrorBody) decode(d *dec) {

@@ -393,13 +393,14 @@ class Pong(Body):
     """PONG (0x04)."""
 
 
-@_body(ERROR, "code:u16 message:str fatal:bool")
+@_body(ERROR, "code:u16 message:str fatal:bool owner:str", appended=3)
 @dataclass
 class ErrorBody(Body):
-    """ERROR (0x05)."""
+    """ERROR (0x05). owner (appended) names the owner's address of a not_owner error."""
     code: int = 0
     message: str = ""
     fatal: bool = False
+    owner: str = ""
 
 
 @_body(OK, "")

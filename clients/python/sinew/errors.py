@@ -49,6 +49,7 @@ CODES: dict[int, tuple[str, bool]] = {
     21: ("slow_consumer", True),
     22: ("sequence_too_old", False),
     23: ("permission_denied", False),
+    24: ("not_owner", True),
 }
 
 CODE_OK = 0
@@ -59,6 +60,7 @@ CODE_UNKNOWN_TAG = 13
 CODE_INTERNAL = 14
 CODE_SHUTTING_DOWN = 16
 CODE_PERMISSION_DENIED = 23
+CODE_NOT_OWNER = 24
 
 
 def code_name(code: int) -> str:

@@ -154,6 +154,7 @@ export const schemas: Record<number, Schema> = {
     ["code", "code"],
     ["message", "string"],
     ["fatal", "bool"],
+    ["owner", "string", "opt"],
   ],
   [Op.DECLARE_QUEUE]: [
     ["topic", "string"],

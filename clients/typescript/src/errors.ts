@@ -28,6 +28,7 @@ export const CODES: ReadonlyArray<readonly [code: number, name: string, retryabl
   [21, "slow_consumer", true],
   [22, "sequence_too_old", false],
   [23, "permission_denied", false],
+  [24, "not_owner", true],
 ];
 
 /** Named error codes used by the client. */
@@ -43,6 +44,7 @@ export const Code = {
   INTERNAL: 14,
   SHUTTING_DOWN: 16,
   PERMISSION_DENIED: 23,
+  NOT_OWNER: 24,
 } as const;
 
 /** Name of an error code, e.g. "stale_lease". */
