@@ -18,6 +18,7 @@ type Client struct {
 	o    options
 	pool *pool
 	ep   *endpoint
+	rt   *router
 	// seq numbers the Client's confirmed publishes under o.producerID.
 	seq atomic.Uint64
 }
@@ -41,10 +42,11 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	c := &Client{o: o}
 	c.pool = newPool(&c.o)
 	c.ep = c.pool.get(addr)
+	c.rt = newRouter(c, o.seeds)
 	// The connect timeout is real time, like the socket deadlines it bounds.
 	ctx, cancel := context.WithTimeout(ctx, o.connectTimeout)
 	defer cancel()
-	if err := c.ep.open(ctx); err != nil {
+	if err := c.ep.openOnce(ctx); err != nil {
 		c.ep.shutdown()
 		return nil, err
 	}

@@ -36,7 +36,12 @@ type call struct {
 	// reader goroutine (or the goroutine closing the connection) and must not
 	// block.
 	done func(protocol.Body, error)
-	id   uint64 // request id on the connection it was last sent on
+	// reroute, when set on a publish, is offered the call when its
+	// connection broke before the confirm: returning true takes it over
+	// (the router sends it through another node), and done is then never
+	// called. Unset, the call waits for this endpoint's next connection.
+	reroute func(cause error) bool
+	id      uint64 // request id on the connection it was last sent on
 }
 
 // conn is one socket and the goroutines that serve it:

@@ -106,6 +106,11 @@ type endpoint struct {
 	attempts    uint64        // connect attempts finished
 	gaveUp      error         // set while the supervisor has given up (MaxAttempts, MaxOutage), until a connect succeeds
 	kick        chan struct{} // asks the supervisor for an attempt now
+
+	// openMu serialises openOnce; opened is set once the endpoint has
+	// connected (and its supervisor runs).
+	openMu sync.Mutex
+	opened atomic.Bool
 }
 
 func newEndpoint(addr string, o *options) *endpoint {
@@ -867,8 +872,22 @@ func (e *endpoint) requeue(calls []*call, cause error) {
 		fail = e.fatal
 	}
 	if fail == nil {
-		e.replay = append(calls, e.replay...)
+		keep := make([]*call, 0, len(calls))
+		var rerouted []*call
+		for _, cl := range calls {
+			if cl.reroute != nil {
+				rerouted = append(rerouted, cl)
+			} else {
+				keep = append(keep, cl)
+			}
+		}
+		e.replay = append(keep, e.replay...)
 		e.mu.Unlock()
+		for _, cl := range rerouted {
+			if !cl.reroute(cause) {
+				cl.done(nil, fmt.Errorf("%w: %w", ErrConnectionLost, cause))
+			}
+		}
 		return
 	}
 	e.mu.Unlock()
@@ -876,6 +895,31 @@ func (e *endpoint) requeue(calls []*call, cause error) {
 		cl.done(nil, fmt.Errorf("%w: %w", ErrConnectionLost, fail))
 	}
 }
+
+// openOnce connects the endpoint the first time it is used (Dial does it
+// for the client's own address; the router for owners and seeds). A failed
+// first connect leaves it unopened, for a later try.
+func (e *endpoint) openOnce(ctx context.Context) error {
+	e.openMu.Lock()
+	defer e.openMu.Unlock()
+	if e.opened.Load() {
+		return nil
+	}
+	e.mu.Lock()
+	closing := e.closing || e.closed
+	e.mu.Unlock()
+	if closing {
+		return ErrClientClosed
+	}
+	if err := e.open(ctx); err != nil {
+		return err
+	}
+	e.opened.Store(true)
+	return nil
+}
+
+// wasOpened reports whether the endpoint ever connected.
+func (e *endpoint) wasOpened() bool { return e.opened.Load() }
 
 // holdSettles keeps settles whose connection broke before their result came
 // for the resumed session (restore sends them again), or fails them when there

@@ -159,6 +159,7 @@ type options struct {
 	handshakeTimeout time.Duration
 	drainTimeout     time.Duration
 	producerID       string // "" until Dial picks a random one
+	seeds            []string
 }
 
 func defaultOptions() options {

@@ -152,7 +152,7 @@ func (c *Client) PublishAsync(ctx context.Context, topic string, body []byte, op
 		o(p)
 	}
 	f := &PublishFuture{done: make(chan struct{})}
-	e := c.ep
+	e := c.rt.endpointFor(p)
 	size := len(body)
 	if err := e.window.acquire(ctx, e.quit, size); err != nil {
 		f.resolve(nil, err)
@@ -164,10 +164,7 @@ func (c *Client) PublishAsync(ctx context.Context, topic string, body []byte, op
 		// deduplication window covers, however long acquire waited.
 		p.ProducerSeq = c.seq.Add(1)
 	}
-	e.submit(ctx, &call{body: p, replay: true, done: func(b protocol.Body, err error) {
-		e.window.release(size)
-		f.resolve(b, err)
-	}})
+	c.rt.send(ctx, e, p, f, size, 0)
 	return f
 }
 

@@ -1,0 +1,212 @@
+package sinew
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// WithSeeds names more nodes of a Sinew cluster, besides the address given
+// to Dial. In a cluster each partition has one owner, the node that serves
+// its publishes; a node that does not own it answers not_owner and names
+// the owner. The client sends each publish to its queue's owner as far as
+// it knows, follows not_owner, and when the owner stops answering (it
+// died, and another replica takes over) sends again through the seeds
+// until the new owner confirms. A publish keeps its producer id and
+// sequence across these resends, so the cluster stores it once.
+//
+// Without seeds the client also follows not_owner, but has no other node
+// to turn to while its own is down.
+func WithSeeds(addrs ...string) Option {
+	return func(o *options) { o.seeds = append(o.seeds, addrs...) }
+}
+
+// Bounds of routing one publish.
+const (
+	// routeHopsMax bounds the sends of one publish: redirects to an owner
+	// and retries while a partition elects one.
+	routeHopsMax = 256
+	// routeBackoffMin and routeBackoffMax bound the pause before a retry
+	// that is not a plain redirect (no owner known, or the owner gone).
+	routeBackoffMin = 20 * time.Millisecond
+	routeBackoffMax = 200 * time.Millisecond
+	// routeOpenTimeout bounds connecting to an owner or a seed for the
+	// first time; a node that does not answer within it is passed over.
+	routeOpenTimeout = 2 * time.Second
+)
+
+type routeKey struct{ topic, group string }
+
+// router keeps the owner of each queue the client publishes to, as
+// not_owner answers named it, and re-sends publishes that must go
+// elsewhere.
+type router struct {
+	c      *Client
+	seeds  []string
+	mu     sync.Mutex
+	owners map[routeKey]string
+	// clustered is set once a broker answered not_owner, or seeds were
+	// given: connection losses and unavailable answers are then retried
+	// through the cluster instead of waiting for one node.
+	clustered atomic.Bool
+}
+
+func newRouter(c *Client, seeds []string) *router {
+	r := &router{c: c, seeds: seeds, owners: map[routeKey]string{}}
+	r.clustered.Store(len(seeds) > 0)
+	return r
+}
+
+// endpointFor is where a publish to p's queue goes first: its known owner
+// while that node is connected, else the client's own node.
+func (r *router) endpointFor(p *protocol.Publish) *endpoint {
+	if !r.clustered.Load() {
+		return r.c.ep
+	}
+	r.mu.Lock()
+	owner := r.owners[routeKey{p.Topic, p.Group}]
+	r.mu.Unlock()
+	if owner != "" {
+		if e := r.c.pool.get(owner); e.live.Load() != nil {
+			return e
+		}
+	}
+	return r.c.ep
+}
+
+// send submits p on e, whose window holds size bytes for it; hop counts
+// the sends so far. The outcome resolves f, unless it says the publish
+// belongs elsewhere: then it is sent again.
+func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, f *PublishFuture, size, hop int) {
+	var taken atomic.Bool // done or reroute: exactly one runs
+	cl := &call{body: p, replay: true}
+	cl.done = func(b protocol.Body, err error) {
+		if !taken.CompareAndSwap(false, true) {
+			return
+		}
+		e.window.release(size)
+		if err != nil && r.retry(p, err, e) && hop < routeHopsMax && ctx.Err() == nil {
+			go r.resend(ctx, p, f, size, hop+1, err)
+			return
+		}
+		f.resolve(b, err)
+	}
+	if r.clustered.Load() {
+		// The connection broke before the confirm: in a cluster the
+		// owner may be gone for good, so the publish is sent again
+		// through the cluster instead of waiting for this node.
+		cl.reroute = func(cause error) bool {
+			if !taken.CompareAndSwap(false, true) {
+				return true
+			}
+			e.window.release(size)
+			r.forget(p, e.addr)
+			go r.resend(ctx, p, f, size, hop+1, cause)
+			return true
+		}
+	}
+	e.submit(ctx, cl)
+}
+
+// retry reports whether err means p should be sent again elsewhere, and
+// records what it teaches: a not_owner names the owner.
+func (r *router) retry(p *protocol.Publish, err error, from *endpoint) bool {
+	var be *BrokerError
+	if errors.As(err, &be) {
+		switch be.Code {
+		case protocol.CodeNotOwner:
+			if be.Owner == "" {
+				return false
+			}
+			r.clustered.Store(true)
+			r.mu.Lock()
+			r.owners[routeKey{p.Topic, p.Group}] = be.Owner
+			r.mu.Unlock()
+			return true
+		case protocol.CodeUnavailable:
+			// An election under way, or a queue the cluster is creating.
+			return r.clustered.Load()
+		}
+		return false
+	}
+	if r.clustered.Load() && (errors.Is(err, ErrConnectionLost) || errors.Is(err, ErrNotConnected) || errors.Is(err, ErrDisconnected)) {
+		r.forget(p, from.addr)
+		return true
+	}
+	return false
+}
+
+// forget drops addr as p's queue's owner.
+func (r *router) forget(p *protocol.Publish, addr string) {
+	k := routeKey{p.Topic, p.Group}
+	r.mu.Lock()
+	if r.owners[k] == addr {
+		delete(r.owners, k)
+	}
+	r.mu.Unlock()
+}
+
+// resend sends p again, after a pause unless the last answer named the
+// owner, to the owner if it is reachable, else to the first node of the
+// client's own and the seeds that is.
+func (r *router) resend(ctx context.Context, p *protocol.Publish, f *PublishFuture, size, hop int, cause error) {
+	var be *BrokerError
+	redirect := errors.As(cause, &be) && be.Code == protocol.CodeNotOwner
+	e, owner := r.pick(ctx, p)
+	if !redirect || !owner {
+		// No owner to go to at once: a pause, growing with the hops,
+		// while the partition elects one or the node comes back.
+		d := min(routeBackoffMin<<min(hop, 8), routeBackoffMax)
+		select {
+		case <-r.c.o.clock.After(d):
+		case <-ctx.Done():
+			f.resolve(nil, ctx.Err())
+			return
+		}
+	}
+	if err := e.window.acquire(ctx, e.quit, size); err != nil {
+		f.resolve(nil, err)
+		return
+	}
+	r.send(ctx, e, p, f, size, hop)
+}
+
+// pick chooses where to send p: its owner if connected (or connectable),
+// else the first connected (or connectable) of the client's node and the
+// seeds, else the client's node, whose reconnects the send then waits for.
+// owner reports whether it is p's owner.
+func (r *router) pick(ctx context.Context, p *protocol.Publish) (e *endpoint, owner bool) {
+	r.mu.Lock()
+	addr := r.owners[routeKey{p.Topic, p.Group}]
+	r.mu.Unlock()
+	if addr != "" {
+		if e := r.c.pool.get(addr); r.reachable(ctx, e) {
+			return e, true
+		}
+		r.forget(p, addr)
+	}
+	for _, a := range append([]string{r.c.ep.addr}, r.seeds...) {
+		if e := r.c.pool.get(a); r.reachable(ctx, e) {
+			return e, false
+		}
+	}
+	return r.c.ep, false
+}
+
+// reachable reports whether e has a connection, connecting it first if it
+// never had one.
+func (r *router) reachable(ctx context.Context, e *endpoint) bool {
+	if e.live.Load() != nil {
+		return true
+	}
+	if e.wasOpened() {
+		return false // reconnecting: the node is down or cut off
+	}
+	octx, cancel := context.WithTimeout(ctx, routeOpenTimeout)
+	defer cancel()
+	return e.openOnce(octx) == nil
+}
