@@ -857,6 +857,23 @@ func (e *endpoint) submit(ctx context.Context, cl *call) {
 	}
 }
 
+// submitNow sends a call on the current connection if there is one, and
+// fails it with ErrNotConnected otherwise instead of waiting for a
+// reconnect (the router then sends it elsewhere). cl.done runs exactly once.
+func (e *endpoint) submitNow(ctx context.Context, cl *call) {
+	c := e.live.Load()
+	if c == nil || c.isClosed() || c.draining.Load() {
+		cl.done(nil, fmt.Errorf("%w: %s", ErrNotConnected, e.addr))
+		return
+	}
+	if err := c.start(ctx, cl); err != nil {
+		if errors.Is(err, errConnClosed) {
+			err = fmt.Errorf("%w: %w", ErrConnectionLost, c.closeErr())
+		}
+		cl.done(nil, err)
+	}
+}
+
 // requeue keeps replayable publishes from a broken connection for the next
 // one, or fails them when there will be none.
 func (e *endpoint) requeue(calls []*call, cause error) {

@@ -152,7 +152,7 @@ func (c *Client) PublishAsync(ctx context.Context, topic string, body []byte, op
 		o(p)
 	}
 	f := &PublishFuture{done: make(chan struct{})}
-	e := c.rt.endpointFor(p)
+	e := c.rt.endpointFor(ctx, p)
 	size := len(body)
 	if err := e.window.acquire(ctx, e.quit, size); err != nil {
 		f.resolve(nil, err)

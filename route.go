@@ -61,21 +61,15 @@ func newRouter(c *Client, seeds []string) *router {
 	return r
 }
 
-// endpointFor is where a publish to p's queue goes first: its known owner
-// while that node is connected, else the client's own node.
-func (r *router) endpointFor(p *protocol.Publish) *endpoint {
+// endpointFor is where a publish to p's queue goes first: the client's
+// own node; in a cluster its known owner, or, while the client's node is
+// down, the first node of the seeds that answers.
+func (r *router) endpointFor(ctx context.Context, p *protocol.Publish) *endpoint {
 	if !r.clustered.Load() {
 		return r.c.ep
 	}
-	r.mu.Lock()
-	owner := r.owners[routeKey{p.Topic, p.Group}]
-	r.mu.Unlock()
-	if owner != "" {
-		if e := r.c.pool.get(owner); e.live.Load() != nil {
-			return e
-		}
-	}
-	return r.c.ep
+	e, _ := r.pick(ctx, p)
+	return e
 }
 
 // send submits p on e, whose window holds size bytes for it; hop counts
@@ -108,6 +102,11 @@ func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, f *
 			go r.resend(ctx, p, f, size, hop+1, cause)
 			return true
 		}
+	}
+	if r.clustered.Load() {
+		// Never wait for this node's reconnect: it may be gone for good.
+		e.submitNow(ctx, cl)
+		return
 	}
 	e.submit(ctx, cl)
 }

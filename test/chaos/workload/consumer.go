@@ -20,6 +20,7 @@ type consumer struct {
 	cfg   *Config
 	name  string
 	stats *Stats
+	index int
 
 	ident protocol.ResumeIdentity
 	subID uint64

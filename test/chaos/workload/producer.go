@@ -17,6 +17,7 @@ type producer struct {
 	cfg   *Config
 	name  string
 	stats *Stats
+	index int
 
 	next    uint64   // next fresh sequence number
 	retry   []uint64 // sent, not confirmed, to send again

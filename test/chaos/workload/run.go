@@ -38,6 +38,11 @@ type Config struct {
 	PaddingBytes        int              // body padding (64)
 	Resume              bool             // raw consumers offer their resume identity on reconnect
 	SDK                 bool             // drive the broker through the Go SDK instead of raw frames
+	// Seeds are the client addresses of a cluster's nodes (SDK only):
+	// every client knows them all (sinew.WithSeeds), and consumer i
+	// subscribes through node i mod len(Seeds), so the consumers span
+	// the partitions' owners.
+	Seeds []string
 	Checker             *checker.Checker // receives every record (required)
 	Logf                func(format string, args ...any)
 
@@ -155,7 +160,7 @@ func Start(ctx context.Context, cfg Config) (*Run, error) {
 	pctx, pcancel := context.WithCancel(context.Background())
 	r.stopConsumers, r.stopProducers = ccancel, pcancel
 	for i := range cfg.Consumers {
-		k := &consumer{cfg: &r.cfg, name: fmt.Sprintf("c%d", i), stats: r.stats}
+		k := &consumer{cfg: &r.cfg, name: fmt.Sprintf("c%d", i), stats: r.stats, index: i}
 		r.consumersWG.Add(1)
 		run := k.run
 		if cfg.SDK {
@@ -164,7 +169,7 @@ func Start(ctx context.Context, cfg Config) (*Run, error) {
 		go func() { defer r.consumersWG.Done(); run(cctx) }()
 	}
 	for i := range cfg.Producers {
-		p := &producer{cfg: &r.cfg, name: fmt.Sprintf("p%d", i), stats: r.stats}
+		p := &producer{cfg: &r.cfg, name: fmt.Sprintf("p%d", i), stats: r.stats, index: i}
 		r.producersWG.Add(1)
 		run := p.run
 		if cfg.SDK {

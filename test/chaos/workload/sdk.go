@@ -20,15 +20,22 @@ import (
 var sdkReconnect = sinew.ReconnectPolicy{BaseDelay: 25 * time.Millisecond, MaxDelay: time.Second}
 
 // sdkDial dials with the chaos reconnect policy, retrying (bounded by ctx)
-// while the broker is away.
-func sdkDial(ctx context.Context, addr, name string) (*sinew.Client, error) {
-	return sinew.Dial(ctx, addr, sinew.WithClientName(name), sinew.WithReconnect(sdkReconnect))
+// while the broker is away. In a cluster (cfg.Seeds) client i dials node i
+// mod the nodes and knows the others as seeds.
+func sdkDial(ctx context.Context, cfg *Config, i int, name string) (*sinew.Client, error) {
+	addr := cfg.Addr
+	opts := []sinew.Option{sinew.WithClientName(name), sinew.WithReconnect(sdkReconnect)}
+	if len(cfg.Seeds) > 0 {
+		addr = cfg.Seeds[i%len(cfg.Seeds)]
+		opts = append(opts, sinew.WithSeeds(cfg.Seeds...))
+	}
+	return sinew.Dial(ctx, addr, opts...)
 }
 
 // sdkProducerRun publishes 1..MessagesPerProducer with PublishAsync, at most
 // PublishWindow unconfirmed, resending a sequence whose publish failed.
 func (p *producer) sdkRun(ctx context.Context) {
-	c, err := sdkDial(ctx, p.cfg.Addr, p.name)
+	c, err := sdkDial(ctx, p.cfg, p.index, p.name)
 	if err != nil {
 		p.stats.add(func(s *Counters) { s.DialFailures++ })
 		return
@@ -82,7 +89,7 @@ func (p *producer) sdkRun(ctx context.Context) {
 // from a goroutine (at most Prefetch at once, which the broker bounds anyway)
 // and subscribing again whenever the subscription ends.
 func (k *consumer) sdkRun(ctx context.Context) {
-	c, err := sdkDial(ctx, k.cfg.Addr, k.name)
+	c, err := sdkDial(ctx, k.cfg, k.index, k.name)
 	if err != nil {
 		k.stats.add(func(s *Counters) { s.DialFailures++ })
 		return

@@ -1,0 +1,324 @@
+package chaos_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sinewmq/sinew"
+	"github.com/sinewmq/sinew/test/chaos/checker"
+	"github.com/sinewmq/sinew/test/chaos/harness"
+	"github.com/sinewmq/sinew/test/chaos/workload"
+)
+
+// The cluster scenarios run three `sinew serve --cluster` processes on
+// loopback (LAN profile) with the SDK workload: every client knows the
+// three nodes as seeds, producers publish through any node and follow
+// not_owner, and the consumers subscribe through different nodes, so that
+// whichever node owns a partition has consumers. The checker is the same
+// as for one broker: 0 confirmed messages lost and 0 settled messages
+// delivered again, with duplicates counted.
+
+// clusterNodes is the cluster's size.
+const clusterNodes = 3
+
+// clusterEnv is what a cluster nemesis acts on.
+type clusterEnv struct {
+	t      *testing.T
+	nodes  []*harness.Broker
+	topic  string
+	run    *workload.Run
+	faults int
+	// probe publishes to partition 0 through the cluster (it knows every
+	// node), to time failovers; failovers are the times from an owner's
+	// kill to the probe's next confirmed publish.
+	probe     *sinew.Client
+	failovers []time.Duration
+}
+
+func (e *clusterEnv) logf(format string, args ...any) {
+	e.t.Logf("t=%dms "+format, append([]any{e.run.SinceMs()}, args...)...)
+}
+
+// startClusterNodes starts three nodes; the first bootstraps the controller
+// group, and every node names the others as gossip seeds on a restart.
+func startClusterNodes(t *testing.T, bin, base string) []*harness.Broker {
+	t.Helper()
+	gossip := make([]string, clusterNodes)
+	peer := make([]string, clusterNodes)
+	for i := range clusterNodes {
+		var err error
+		if gossip[i], err = harness.FreeAddr(); err != nil {
+			t.Fatal(err)
+		}
+		if peer[i], err = harness.FreeAddr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var nodes []*harness.Broker
+	for i := range clusterNodes {
+		args := append(slices.Clone(serveArgs), "--cluster", "--cluster-profile", "lan",
+			"--cluster-gossip-listen", gossip[i], "--cluster-peer-listen", peer[i])
+		var others []string
+		for j := range clusterNodes {
+			if j != i {
+				others = append(others, gossip[j])
+			}
+		}
+		dir := filepath.Join(base, fmt.Sprintf("n%d", i+1))
+		started := false // set once the first start is done (Args runs under the broker's lock)
+		b, err := harness.New(harness.Config{Binary: bin, DataDir: filepath.Join(dir, "data"), LogDir: dir,
+			ReadyTimeout: startupTimeout, ExtraArgs: args,
+			Args: func(b *harness.Broker) []string {
+				a := harness.ServeArgs(b)
+				// The first node's first start bootstraps the controller;
+				// every later start joins through the others.
+				if i > 0 || started {
+					a = append(a, "--cluster-seeds", strings.Join(others, ","))
+				}
+				return a
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		if err := b.Start(); err != nil {
+			t.Fatalf("start node %d: %v\nstderr:\n%s", i+1, err, b.StderrTail())
+		}
+		started = true
+		nodes = append(nodes, b)
+	}
+	// Every node's controller replica votes before the workload starts.
+	deadline := time.Now().Add(startupTimeout)
+	for {
+		var v struct {
+			Controller struct {
+				Leader string   `json:"leader"`
+				Voters []string `json:"voters"`
+			} `json:"controller"`
+		}
+		err := getJSON(nodes[0].AdminAddr(), "/api/v1/nodes", &v)
+		if err == nil && v.Controller.Leader != "" && len(v.Controller.Voters) == clusterNodes {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the controller group did not reach %d voters: %+v %v\nnode 1 stderr:\n%s", clusterNodes, v, err, nodes[0].StderrTail())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nodes
+}
+
+func getJSON(admin, path string, v any) error {
+	c := http.Client{Timeout: adminTimeout}
+	resp, err := c.Get("http://" + admin + path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// owner returns the index of the node that owns partition p of the topic,
+// as a running node reports it, waiting (bounded) while there is none.
+func (e *clusterEnv) owner(ctx context.Context, topic string, p int) (int, error) {
+	for {
+		for _, n := range e.nodes {
+			if !n.Running() {
+				continue
+			}
+			var q struct {
+				Partitions []struct {
+					Owner string `json:"owner"`
+				} `json:"partitions"`
+			}
+			if err := getJSON(n.AdminAddr(), "/api/v1/queues/"+topic, &q); err != nil || len(q.Partitions) <= p {
+				continue
+			}
+			for i, m := range e.nodes {
+				if m.Addr() == q.Partitions[p].Owner && m.Running() {
+					return i, nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return -1, errors.New("no running node owns the partition")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// ownerKill9 kills the owner of partition 0 with -9, times until a publish is
+// confirmed again (through the workload's own producers), and restarts it.
+func ownerKill9(ctx context.Context, e *clusterEnv) error {
+	i, err := e.owner(ctx, e.topic+"-probe", 0)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // the phase ended while an election was under way
+		}
+		return err
+	}
+	if err := e.nodes[i].Kill(); err != nil {
+		return err
+	}
+	killed := time.Now()
+	pctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := e.probe.Publish(pctx, e.topic+"-probe", []byte("probe"), sinew.WithPartition(0)); err != nil {
+		return fmt.Errorf("probe publish after killing the owner: %w", err)
+	}
+	took := time.Since(killed)
+	e.failovers = append(e.failovers, took)
+	e.logf("killed -9 node %d (the owner of partition 0); a publish to partition 0 was confirmed again after %v; restarting it",
+		i+1, took.Round(time.Millisecond))
+	return e.nodes[i].Restart()
+}
+
+// TestClusterOwnerKill9 kills the owner of a partition with -9 and restarts
+// it, over and over, under publish and consume load through the SDK.
+func TestClusterOwnerKill9(t *testing.T) {
+	runClusterScenario(t, "cluster-owner-kill9", 2500*time.Millisecond, ownerKill9)
+}
+
+func runClusterScenario(t *testing.T, name string, every time.Duration, fault func(context.Context, *clusterEnv) error) {
+	if testing.Short() {
+		t.Skip("runs three broker processes")
+	}
+	res := result{name: name, status: "unfinished"}
+	defer func() {
+		switch {
+		case t.Failed():
+			res.status = "FAIL"
+		case t.Skipped():
+			res.status = "skipped"
+		}
+		record(t, res)
+	}()
+	bin := binary(t)
+	nodes := startClusterNodes(t, bin, t.TempDir())
+	var seeds []string
+	for _, n := range nodes {
+		seeds = append(seeds, n.Addr())
+	}
+	e := &clusterEnv{t: t, nodes: nodes, topic: "chaos-" + name}
+	pctx, pcancel := context.WithTimeout(context.Background(), startupTimeout)
+	defer pcancel()
+	probe, err := sinew.Dial(pctx, seeds[0], sinew.WithSeeds(seeds...),
+		sinew.WithReconnect(sinew.ReconnectPolicy{BaseDelay: 25 * time.Millisecond, MaxDelay: time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	e.probe = probe
+	// The probe's queue has one partition, replicated like the workload's;
+	// the nemesis kills its owner.
+	if _, err := probe.DeclareQueue(pctx, e.topic+"-probe", sinew.QueueConfig{Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := probe.Publish(pctx, e.topic+"-probe", []byte("probe")); err != nil {
+		t.Fatal(err)
+	}
+	phase := faultPhase()
+	if !long() {
+		phase = 2 * every // two kills in the short run
+	}
+	ck := checker.New()
+	ctx, cancel := context.WithTimeout(context.Background(), startupTimeout)
+	defer cancel()
+	run, err := workload.Start(ctx, workload.Config{
+		Addr: seeds[0], Seeds: seeds, Topic: e.topic, Partitions: 2, LeaseMs: leaseMs,
+		Producers: 2, Consumers: clusterNodes, MessagesPerProducer: 1 << 40, PublishWindow: 32, Prefetch: 32,
+		SDK: true, Checker: ck, Logf: t.Logf,
+	})
+	if err != nil {
+		t.Fatalf("workload: %v", err)
+	}
+	e.run = run
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			_ = run.Stop()
+		}
+	})
+	faultErr := clusterNemesis(e, every, fault, phase)
+	for i, n := range nodes {
+		if !n.Running() {
+			if err := n.Restart(); err != nil && faultErr == nil {
+				faultErr = fmt.Errorf("final restart of node %d: %w", i+1, err)
+			}
+		}
+	}
+	select {
+	case <-run.ProducersDone():
+	case <-time.After(min(phase/4, 5*time.Second)):
+	}
+	stopErr := run.StopProducers()
+	drain := drainTimeoutShort
+	if long() {
+		drain = drainTimeoutLong
+	}
+	drainErr := run.Drain(drain)
+	unsettled := ck.Outstanding()
+	stopErr = errors.Join(stopErr, run.Stop())
+	stopped = true
+	rep := ck.Report()
+	res = result{name: name, faults: e.faults, rep: rep, stats: run.Stats().Snapshot(), unsettled: unsettled, status: "ok"}
+	t.Logf("%s: faults=%d failovers=%v %s", name, e.faults, e.failovers, rep)
+	t.Logf("%s: workload %s", name, run.Stats())
+	tails := func() string {
+		var b strings.Builder
+		for i, n := range nodes {
+			fmt.Fprintf(&b, "--- node %d stderr (tail):\n%s\n", i+1, n.StderrTail())
+		}
+		return b.String()
+	}
+	if drainErr != nil {
+		t.Logf("%s: %v; queues: %s", name, drainErr, queuesJSON(nodes[0].AdminAddr()))
+	}
+	if stopErr != nil {
+		t.Fatalf("%s: %v", name, stopErr)
+	}
+	if err := rep.Err(); err != nil {
+		t.Fatalf("%s: %v\n%s", name, err, tails())
+	}
+	if faultErr != nil {
+		t.Fatalf("%s: %v\n%s", name, faultErr, tails())
+	}
+	if rep.DedupMisses > 0 {
+		t.Fatalf("%s: %d messages stored twice (dedup misses)\n%s", name, rep.DedupMisses, tails())
+	}
+	if rep.Confirmed == 0 {
+		t.Fatalf("%s: nothing was confirmed; the scenario tested nothing\n%s", name, tails())
+	}
+}
+
+// clusterNemesis injects a fault every `every` for phase.
+func clusterNemesis(e *clusterEnv, every time.Duration, fault func(context.Context, *clusterEnv) error, phase time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), phase)
+	defer cancel()
+	next := time.NewTimer(min(every, phase/2))
+	defer next.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-next.C:
+			next.Reset(every)
+		}
+		e.faults++
+		if err := fault(ctx, e); err != nil {
+			return fmt.Errorf("fault #%d: %w", e.faults, err)
+		}
+	}
+}
