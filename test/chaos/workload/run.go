@@ -26,25 +26,25 @@ const (
 
 // Config describes a workload. Zero fields take the defaults in parentheses.
 type Config struct {
-	Addr                string           // broker or proxy address (required)
-	Topic               string           // queue topic ("chaos")
-	Partitions          uint32           // partitions to declare (0: broker default)
-	LeaseMs             int64            // lease to declare, so lost deliveries come back soon (3000)
-	Producers           int              // producer goroutines (2)
-	Consumers           int              // consumer goroutines (2)
-	MessagesPerProducer uint64           // sequences 1..N per producer (1000)
-	PublishWindow       int              // unconfirmed publishes per producer (32)
-	Prefetch            uint32           // per consumer (64)
-	PaddingBytes        int              // body padding (64)
-	Resume              bool             // raw consumers offer their resume identity on reconnect
-	SDK                 bool             // drive the broker through the Go SDK instead of raw frames
+	Addr                string // broker or proxy address (required)
+	Topic               string // queue topic ("chaos")
+	Partitions          uint32 // partitions to declare (0: broker default)
+	LeaseMs             int64  // lease to declare, so lost deliveries come back soon (3000)
+	Producers           int    // producer goroutines (2)
+	Consumers           int    // consumer goroutines (2)
+	MessagesPerProducer uint64 // sequences 1..N per producer (1000)
+	PublishWindow       int    // unconfirmed publishes per producer (32)
+	Prefetch            uint32 // per consumer (64)
+	PaddingBytes        int    // body padding (64)
+	Resume              bool   // raw consumers offer their resume identity on reconnect
+	SDK                 bool   // drive the broker through the Go SDK instead of raw frames
 	// Seeds are the client addresses of a cluster's nodes (SDK only):
 	// every client knows them all (sinew.WithSeeds), and consumer i
 	// subscribes through node i mod len(Seeds), so the consumers span
 	// the partitions' owners.
-	Seeds []string
-	Checker             *checker.Checker // receives every record (required)
-	Logf                func(format string, args ...any)
+	Seeds   []string
+	Checker *checker.Checker // receives every record (required)
+	Logf    func(format string, args ...any)
 
 	start time.Time
 }
