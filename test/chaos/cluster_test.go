@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -172,23 +173,115 @@ func ownerKill9(ctx context.Context, e *clusterEnv) error {
 	if err := e.nodes[i].Kill(); err != nil {
 		return err
 	}
-	killed := time.Now()
-	pctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := e.probe.Publish(pctx, e.topic+"-probe", []byte("probe"), sinew.WithPartition(0)); err != nil {
-		return fmt.Errorf("probe publish after killing the owner: %w", err)
+	took, err := e.probeFailover(time.Now())
+	if err != nil {
+		return err
 	}
-	took := time.Since(killed)
-	e.failovers = append(e.failovers, took)
 	e.logf("killed -9 node %d (the owner of partition 0); a publish to partition 0 was confirmed again after %v; restarting it",
 		i+1, took.Round(time.Millisecond))
 	return e.nodes[i].Restart()
+}
+
+// probeFailover times a publish to the probe queue's partition 0 after a
+// fault at `at`, and records it.
+func (e *clusterEnv) probeFailover(at time.Time) (time.Duration, error) {
+	pctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := e.probe.Publish(pctx, e.topic+"-probe", []byte("probe"), sinew.WithPartition(0)); err != nil {
+		return 0, fmt.Errorf("probe publish after the fault: %w", err)
+	}
+	took := time.Since(at)
+	e.failovers = append(e.failovers, took)
+	return took, nil
+}
+
+// ownerPause stops the owner of the probe queue's partition with SIGSTOP for
+// pauseHold, as a node cut off from the others would be, then lets it go
+// on: it comes back deposed, with a stale term, and must not serve anything
+// the new owner decided differently.
+func ownerPause(ctx context.Context, e *clusterEnv) error {
+	i, err := e.owner(ctx, e.topic+"-probe", 0)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	if err := e.nodes[i].Pause(); err != nil {
+		return err
+	}
+	took, err := e.probeFailover(time.Now())
+	if err != nil {
+		_ = e.nodes[i].Resume()
+		return err
+	}
+	hold(ctx, pauseHold)
+	e.logf("paused node %d (the owner of partition 0): a publish to partition 0 was confirmed again after %v; resuming it after %v",
+		i+1, took.Round(time.Millisecond), pauseHold)
+	return e.nodes[i].Resume()
+}
+
+// pauseHold is how long ownerPause keeps the owner stopped.
+const pauseHold = 2 * time.Second
+
+// controllerLeaderKill9 kills the controller group's leader with -9 and
+// restarts it: queues keep working (their partitions do not depend on the
+// controller), and a queue created right after the kill waits for the new
+// controller leader.
+func controllerLeaderKill9(ctx context.Context, e *clusterEnv) error {
+	leader := -1
+	for leader < 0 {
+		for i, n := range e.nodes {
+			var v struct {
+				Self       struct{ ID string } `json:"self"`
+				Controller struct {
+					Leader string `json:"leader"`
+				} `json:"controller"`
+			}
+			if !n.Running() || getJSON(n.AdminAddr(), "/api/v1/nodes", &v) != nil {
+				continue
+			}
+			if v.Controller.Leader != "" && v.Controller.Leader == v.Self.ID {
+				leader = i
+			}
+		}
+		if leader < 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	if err := e.nodes[leader].Kill(); err != nil {
+		return err
+	}
+	killed := time.Now()
+	topic := fmt.Sprintf("%s-new-%d", e.topic, e.faults)
+	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := e.probe.Publish(cctx, topic, []byte("first")); err != nil {
+		return fmt.Errorf("a new queue after the controller leader's kill: %w", err)
+	}
+	e.logf("killed -9 node %d (the controller leader); a new queue took its first publish after %v; restarting it",
+		leader+1, time.Since(killed).Round(time.Millisecond))
+	return e.nodes[leader].Restart()
 }
 
 // TestClusterOwnerKill9 kills the owner of a partition with -9 and restarts
 // it, over and over, under publish and consume load through the SDK.
 func TestClusterOwnerKill9(t *testing.T) {
 	runClusterScenario(t, "cluster-owner-kill9", 2500*time.Millisecond, ownerKill9)
+}
+
+// TestClusterOwnerPause stops the owner with SIGSTOP and lets it go on.
+func TestClusterOwnerPause(t *testing.T) {
+	runClusterScenario(t, "cluster-owner-pause", 4*time.Second, ownerPause)
+}
+
+// TestClusterControllerLeaderKill9 kills the controller's leader.
+func TestClusterControllerLeaderKill9(t *testing.T) {
+	runClusterScenario(t, "cluster-controller-kill9", 3*time.Second, controllerLeaderKill9)
 }
 
 func runClusterScenario(t *testing.T, name string, every time.Duration, fault func(context.Context, *clusterEnv) error) {
@@ -206,7 +299,15 @@ func runClusterScenario(t *testing.T, name string, every time.Duration, fault fu
 		record(t, res)
 	}()
 	bin := binary(t)
-	nodes := startClusterNodes(t, bin, t.TempDir())
+	base := t.TempDir()
+	if keep := os.Getenv(envKeep); keep != "" {
+		var err error
+		if base, err = os.MkdirTemp(keep, name+"-"); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("data dirs and logs kept in %s", base)
+	}
+	nodes := startClusterNodes(t, bin, base)
 	var seeds []string
 	for _, n := range nodes {
 		seeds = append(seeds, n.Addr())

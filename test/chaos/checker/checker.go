@@ -191,6 +191,15 @@ func (c *Checker) DeliveredAttempt(id ID, pos Pos, atMs int64, attempt uint32) {
 	c.observe(atMs)
 }
 
+// WasSettled reports whether an ack of id was confirmed already (for a
+// report that names who delivered it again).
+func (c *Checker) WasSettled(id ID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.msgs[id]
+	return m != nil && m.settled
+}
+
 // Corrupt records a delivery whose body did not verify, at atMs. detail is
 // kept for the failure message (bounded).
 func (c *Checker) Corrupt(detail string, atMs int64) {

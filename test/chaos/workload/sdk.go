@@ -127,6 +127,10 @@ func (k *consumer) sdkRun(ctx context.Context) {
 				continue
 			}
 			pos := checker.Pos{Partition: msg.Partition, Offset: msg.Offset}
+			if k.cfg.Logf != nil && k.cfg.Checker.WasSettled(id) {
+				k.cfg.Logf("%s (dialed node %d): %s delivered again after its ack was confirmed: p%d@%d attempt %d",
+					k.name, k.index%max(len(k.cfg.Seeds), 1)+1, id, msg.Partition, msg.Offset, msg.Attempt)
+			}
 			k.cfg.Checker.DeliveredAttempt(id, pos, at, msg.Attempt)
 			select {
 			case sem <- struct{}{}:
