@@ -257,6 +257,9 @@ type Delivery struct {
 	ContentType   string
 	Body          []byte
 	Topic, Group  string
+	// ExpiresAtMs, when not 0, is the lease's deadline (a replicated
+	// partition's): the delivery is dropped rather than written later.
+	ExpiresAtMs int64
 }
 
 // PartitionStats are one partition's counters.

@@ -546,7 +546,7 @@ func (a *attachment) Deliver(d partition.Delivery) {
 	s.c.Deliver(s, Delivery{
 		Partition: a.idx, Offset: d.Offset, LeaseID: d.LeaseID, Attempt: d.Attempt,
 		PublishedAtMs: d.PublishedAtMs, Key: d.Key, Headers: hs, ContentType: d.ContentType,
-		Body: d.Body, Topic: s.view.Topic, Group: s.view.Group,
+		Body: d.Body, Topic: s.view.Topic, Group: s.view.Group, ExpiresAtMs: d.ExpiresAtMs,
 	})
 	if s.pause != nil {
 		// After Deliver, so the consumer's room already counts it.
@@ -610,12 +610,43 @@ func (a *attachment) CarryCredit(offset, leaseID uint64) bool {
 	return true
 }
 
+// forgetPartition drops the outstanding deliveries of partition idx and
+// returns their credit, for a replica that stopped leading.
+func (s *Subscription) forgetPartition(idx uint32) {
+	s.mu.Lock()
+	n := int64(0)
+	for k, carried := range s.outstanding {
+		if k.partition == idx {
+			if !carried {
+				n++
+			}
+			delete(s.outstanding, k)
+		}
+	}
+	s.mu.Unlock()
+	if n > 0 {
+		s.credit.Add(n)
+	}
+}
+
 // Detached implements partition.Consumer: a partition failed, so the
-// subscription ends with SubClosedError and CodeUnavailable. The consumer
+// subscription ends with SubClosedError and CodeUnavailable. (A replica
+// that lost the lead in a cluster keeps the subscription instead.) The consumer
 // is told which partition failed, not the cause, which names server paths;
 // the partition logged it.
 func (a *attachment) Detached(err error) {
 	s := a.s
+	if errors.Is(err, partition.ErrNotLeader) && s.b.cfg.Cluster != nil && !s.closed.Load() {
+		// In a cluster the replica lost the lead to another node: the
+		// subscription stays, attached to the replica again (served
+		// once it leads again), and the deliveries it held from this
+		// partition are let go: their leases are the new owner's to
+		// end, and their settles here are refused.
+		s.forgetPartition(a.idx)
+		if a.p.Attach(a) == nil {
+			return
+		}
+	}
 	// Detach from the healthy partitions; the failed one dropped us.
 	if s.closed.Swap(true) {
 		return

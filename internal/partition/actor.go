@@ -613,10 +613,16 @@ func (p *Partition) deliver(ds []pending) {
 			d.c.RefundCredit(1)
 			continue
 		}
+		var expires int64
+		if !p.single {
+			if in, ok := p.st.Lookup(d.offset, p.nowMs()); ok && in.LeaseID == d.leaseID {
+				expires = in.DeadlineMs
+			}
+		}
 		d.c.Deliver(Delivery{
 			Offset: d.offset, LeaseID: d.leaseID, Attempt: d.attempt,
 			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: m.Headers,
-			ContentType: m.ContentType, Body: m.Body,
+			ContentType: m.ContentType, Body: m.Body, ExpiresAtMs: expires,
 		})
 	}
 }

@@ -278,6 +278,11 @@ type Delivery struct {
 	Headers       []queue.Header
 	ContentType   string
 	Body          []byte
+	// ExpiresAtMs is the lease's deadline for a replica of a larger group
+	// (0 on a group of one): a delivery not handed to the consumer's
+	// socket by then is dropped, since another owner may have leased the
+	// message again meanwhile.
+	ExpiresAtMs int64
 }
 
 // Stats are a partition's counters as of the end of its last turn.

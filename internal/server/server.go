@@ -47,6 +47,9 @@ type Server struct {
 
 type counters struct {
 	connsAccepted, connsRejected, framesIn, framesOut, publishes, publishErrors atomic.Uint64
+	// expiredUnsent counts DELIVERs dropped unwritten because their lease
+	// ran out while they waited (replicated partitions only).
+	expiredUnsent atomic.Uint64
 	settles, requestErrors, fatalErrors, authFailures, readerPauses             atomic.Uint64
 	writerPauses, slowConsumers                                                 atomic.Uint64
 	publishConfirms                                                             atomic.Uint64

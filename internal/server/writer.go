@@ -261,8 +261,22 @@ func (w *writer) writeBatch(buf []byte, batch []session.Outbound) ([]byte, bool)
 		buf = buf[:0]
 		end := start
 		var chunkBytes int64
+		dropped := 0
+		nowMs := time.Now().UnixMilli()
 		for end < len(batch) && (end == start || len(buf) < writeBatchBytes) {
 			o := &batch[end]
+			if o.NotAfterMs != 0 && nowMs > o.NotAfterMs {
+				// Its lease ran out while it waited here: written now it
+				// would hand out a message another owner may have
+				// leased again. It comes back through the queue.
+				chunkBytes += int64(o.Bytes())
+				o.Drop()
+				o.AfterWrite = nil
+				c.srv.stats.expiredUnsent.Add(1)
+				dropped++
+				end++
+				continue
+			}
 			buf = protocol.AppendFrame(buf, o.Flags, o.RequestID, o.Body)
 			chunkBytes += int64(o.Bytes())
 			end++
@@ -285,7 +299,7 @@ func (w *writer) writeBatch(buf []byte, batch []session.Outbound) ([]byte, bool)
 			c.nc.Close()
 			return buf, false
 		}
-		c.srv.stats.framesOut.Add(uint64(end - start))
+		c.srv.stats.framesOut.Add(uint64(end - start - dropped))
 		w.wrote(chunkBytes)
 		for i := start; i < end; i++ {
 			if f := batch[i].AfterWrite; f != nil {

@@ -109,6 +109,9 @@ type Delivery struct {
 	ContentType   string
 	Body          []byte
 	Topic, Group  string
+	// ExpiresAtMs, when not 0, is the lease's deadline (a replicated
+	// partition's): the delivery is dropped rather than written later.
+	ExpiresAtMs int64
 }
 
 // Outbound is one frame waiting to be written.
@@ -123,7 +126,15 @@ type Outbound struct {
 	// Dropped runs when the frame will never be written (connection gone, session
 	// closed). It must not block.
 	Dropped func()
+	// NotAfterMs, when not 0, is the Unix time in ms after which the frame
+	// is dropped instead of written: a DELIVER whose lease ran out while it
+	// waited (a replicated partition's new owner may have leased the
+	// message again).
+	NotAfterMs int64
 }
+
+// Drop runs o.Dropped if set: the frame will never be written.
+func (o *Outbound) Drop() { o.drop() }
 
 // drop runs o.Dropped if set.
 func (o *Outbound) drop() {

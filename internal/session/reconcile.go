@@ -263,7 +263,7 @@ func (s *Session) Inflight(sink Sink, reqID uint64, req *protocol.Inflight) erro
 		if !ok || e.st.closed || reported[tag] {
 			continue
 		}
-		s.emitLocked(Outbound{Body: e.d})
+		s.emitLocked(Outbound{Body: e.d, NotAfterMs: e.notAfterMs})
 		resent++
 	}
 	s.resendTags = nil

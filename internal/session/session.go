@@ -133,6 +133,8 @@ type tagEntry struct {
 	// adopted: a lease taken back after a restart, under a fresh tag that
 	// INFLIGHT may replace with the one the client holds.
 	adopted bool
+	// notAfterMs is the delivery's Outbound.NotAfterMs, kept for re-sends.
+	notAfterMs int64
 }
 
 func newSession(r *Registry, id string, token []byte) *Session {
@@ -263,7 +265,7 @@ func (s *Session) resendLocked() {
 		if !ok || e.st.closed {
 			continue
 		}
-		s.emitLocked(Outbound{Body: e.d})
+		s.emitLocked(Outbound{Body: e.d, NotAfterMs: e.notAfterMs})
 		n++
 	}
 	s.resendTags = nil
@@ -608,8 +610,8 @@ func (s *Session) deliver(st *subState, sub Subscription, d Delivery) {
 		PublishedAtMs: d.PublishedAtMs, Key: d.Key, Headers: d.Headers, ContentType: d.ContentType,
 		Body: d.Body, Topic: d.Topic, Group: d.Group, LeaseID: d.LeaseID, // epoch 0: a single node
 	}
-	o := Outbound{Body: body}
-	e := tagEntry{st: st, partition: d.Partition, offset: d.Offset, leaseID: d.LeaseID, gen: s.attachGen}
+	o := Outbound{Body: body, NotAfterMs: d.ExpiresAtMs}
+	e := tagEntry{st: st, partition: d.Partition, offset: d.Offset, leaseID: d.LeaseID, gen: s.attachGen, notAfterMs: d.ExpiresAtMs}
 	if st.autoAck {
 		o.AfterWrite = func() { s.autoAck(tag) }
 	} else if n := int64(o.Bytes()); s.heldBytes+n <= s.reg.cfg.ResendBytesMax {
