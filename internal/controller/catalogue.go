@@ -105,11 +105,14 @@ func (t *Table) applyCreateQueue(index uint64, q *Queue) error {
 	return nil
 }
 
-// Place chooses the replicas of n partitions, spread first: partition p's
-// preferred owner is the p-th of the live members (in join order, rotated
-// by the catalogue's size so that queues do not all start on one node),
-// and its other replicas the members that follow it. rf is capped by the
-// live members. live lists the members that may hold a replica.
+// Place chooses the replicas of a queue's n partitions, spread first over
+// the live members (in join order): the queue's replica set is rf members
+// in a row, starting at the catalogue's size so that successive queues
+// start on different nodes, and partition p's preferred owner is the p-th
+// of that set, so a queue's partitions are led by different nodes. Every
+// partition of a queue has the same replica set: a node holds all of a
+// queue or none of it. rf is capped by the live members; live lists the
+// members that may hold a replica.
 func Place(t *Table, live []uint64, n, rf int) []Placement {
 	members := make([]uint64, 0, len(live))
 	for _, id := range t.members() {
@@ -122,11 +125,15 @@ func Place(t *Table, live []uint64, n, rf int) []Placement {
 	}
 	rf = min(max(rf, 1), len(members), ReplicationMax)
 	start := len(t.Queues)
+	set := make([]uint64, rf)
+	for r := range set {
+		set[r] = members[(start+r)%len(members)]
+	}
 	out := make([]Placement, n)
 	for p := range out {
 		rs := make([]uint64, rf)
 		for r := range rs {
-			rs[r] = members[(start+p+r)%len(members)]
+			rs[r] = set[(p+r)%rf]
 		}
 		out[p] = Placement{Replicas: rs}
 	}

@@ -9,8 +9,9 @@ import (
 )
 
 // TestPlaceSpreadsFirst: every partition's replicas are distinct live
-// members, preferred owners rotate over the members, and RF is capped by
-// the members that may hold a replica.
+// members, all partitions of a queue share one replica set, their preferred
+// owners rotate over it, successive queues start on different nodes, and RF
+// is capped by the members that may hold a replica.
 func TestPlaceSpreadsFirst(t *testing.T) {
 	tb := &Table{}
 	for id := uint64(1); id <= 4; id++ {
@@ -18,22 +19,31 @@ func TestPlaceSpreadsFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pl := Place(tb, []uint64{10, 20, 30, 40}, 4, 3)
+	live := []uint64{10, 20, 30, 40}
+	pl := Place(tb, live, 3, 3)
 	owners := map[uint64]int{}
+	var set []uint64
 	for p, x := range pl {
-		if len(x.Replicas) != 3 {
-			t.Fatalf("partition %d: replicas %v, want 3", p, x.Replicas)
-		}
 		s := slices.Clone(x.Replicas)
 		slices.Sort(s)
-		if len(slices.Compact(s)) != 3 {
-			t.Fatalf("partition %d: replicas %v not distinct", p, x.Replicas)
+		if len(x.Replicas) != 3 || len(slices.Compact(s)) != 3 {
+			t.Fatalf("partition %d: replicas %v, want 3 distinct", p, x.Replicas)
+		}
+		if set == nil {
+			set = s
+		} else if !slices.Equal(set, s) {
+			t.Fatalf("partition %d: replica set %v, partition 0's %v", p, s, set)
 		}
 		owners[x.Replicas[0]]++
 	}
-	if len(owners) != 4 {
-		t.Fatalf("preferred owners %v: want each of the 4 nodes once", owners)
+	if len(owners) != 3 {
+		t.Fatalf("preferred owners %v: want each node of the set once", owners)
 	}
+	tb.Queues = append(tb.Queues, Queue{Topic: "a"})
+	if next := Place(tb, live, 1, 3); next[0].Replicas[0] == pl[0].Replicas[0] {
+		t.Fatalf("the next queue starts on %d too", next[0].Replicas[0])
+	}
+	tb.Queues = nil
 	// Node 20 is not live: nothing is placed on it; RF is capped at 2.
 	for _, x := range Place(tb, []uint64{10, 30}, 3, 3) {
 		if len(x.Replicas) != 2 || slices.Contains(x.Replicas, 20) {
