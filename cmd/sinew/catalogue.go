@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.etcd.io/raft/v3/raftpb"
 
@@ -51,7 +52,7 @@ func (n *clusterNode) CreateQueue(ctx context.Context, topic, group string, sett
 func catalogueQueue(q controller.Queue) broker.CatalogueQueue {
 	out := broker.CatalogueQueue{Topic: q.Topic, Group: q.Group, Settings: q.Settings}
 	for _, p := range q.Partitions {
-		out.Partitions = append(out.Partitions, broker.RaftPlacement{RaftGroup: p.RaftGroup, Replicas: p.Replicas})
+		out.Partitions = append(out.Partitions, broker.RaftPlacement{RaftGroup: p.RaftGroup, Replicas: p.Replicas, Bootstrap: p.Bootstrap})
 	}
 	return out
 }
@@ -87,14 +88,18 @@ func (n *clusterNode) ClientAddr(raftID uint64) string {
 }
 
 // syncCatalogue hands the broker every new state of the catalogue, so it
-// opens the replicas placed on this node, until ctx ends.
+// opens the replicas placed on this node and records moved ones, and every
+// reconfigureEvery asks it to carry placements out on the partitions this
+// node owns, until ctx ends.
 func (n *clusterNode) syncCatalogue(ctx context.Context, b *broker.Broker) {
-	seen := -1
+	applied := uint64(0)
+	tick := time.NewTicker(reconfigureEvery)
+	defer tick.Stop()
 	for {
 		changed := n.ctl.Changed()
 		st := n.ctl.Status()
-		if len(st.Table.Queues) != seen {
-			seen = len(st.Table.Queues)
+		if st.Applied != applied {
+			applied = st.Applied
 			qs := make([]broker.CatalogueQueue, 0, len(st.Table.Queues))
 			for _, q := range st.Table.Queues {
 				qs = append(qs, catalogueQueue(q))
@@ -105,6 +110,14 @@ func (n *clusterNode) syncCatalogue(ctx context.Context, b *broker.Broker) {
 		case <-ctx.Done():
 			return
 		case <-changed:
+		case <-tick.C:
+			rctx, cancel := context.WithTimeout(ctx, reconfigureEvery)
+			b.Reconfigure(rctx)
+			cancel()
 		}
 	}
 }
+
+// reconfigureEvery is how often the partitions this node owns are moved a
+// step toward their placement.
+const reconfigureEvery = 500 * time.Millisecond

@@ -63,6 +63,11 @@ type PartitionView struct {
 	Replicas  []string `json:"replicas,omitempty"`
 	Owner     string   `json:"owner,omitempty"`
 	Term      uint64   `json:"term,omitempty"`
+	// Voters and Learners are the raft group's configuration as this
+	// replica applied it: where the partition is, while Replicas is where
+	// the placement wants it (they differ while the recovery plan runs).
+	Voters   []string `json:"voters,omitempty"`
+	Learners []string `json:"learners,omitempty"`
 }
 
 // Partition states.
@@ -141,7 +146,8 @@ func queueView(qs broker.QueueStats, cfg broker.QueueConfig) QueueView {
 			Ready: p.Ready, Delayed: p.Delayed, Inflight: p.Inflight, DeadLettering: p.DeadLettering, Consumers: p.Consumers,
 			NextOffset: p.NextLSN, SettledFrontier: p.Frontier, BytesOnDisk: p.BytesOnDisk,
 			CheckpointFailures: p.CheckpointFailures, Relocated: p.Relocated,
-			RaftGroup: p.RaftGroup, Replicas: p.Replicas, Owner: p.Owner, Term: p.Term})
+			RaftGroup: p.RaftGroup, Replicas: p.Replicas, Owner: p.Owner, Term: p.Term,
+			Voters: p.Voters, Learners: p.Learners})
 	}
 	return v
 }

@@ -300,6 +300,10 @@ type PartitionStats struct {
 	Replicas  []string
 	Owner     string
 	Term      uint64
+	// Voters and Learners are the raft group's configuration as this
+	// replica applied it (client addresses): Replicas is where the
+	// placement wants the partition, these where it is.
+	Voters, Learners []string
 }
 
 // QueueStats are one queue's counters.

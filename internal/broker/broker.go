@@ -410,7 +410,14 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 			raftGroup = m.Raft[i].RaftGroup
 			pc.RaftID, pc.RaftPeers = b.cfg.Cluster.Self(), m.Raft[i].Replicas
 			pc.Send = b.cfg.Cluster.Sender(raftGroup)
-			pc.CampaignAtStart = len(m.Raft[i].Replicas) > 0 && m.Raft[i].Replicas[0] == pc.RaftID
+			// A replica placed after the group started (the recovery plan)
+			// starts from the group's first configuration, as the others
+			// did, and waits to be added: it is not a voter there.
+			joins := len(m.Raft[i].Bootstrap) > 0 && !slices.Contains(m.Raft[i].Bootstrap, pc.RaftID)
+			if len(m.Raft[i].Bootstrap) > 0 {
+				pc.RaftPeers = m.Raft[i].Bootstrap
+			}
+			pc.CampaignAtStart = !joins && len(m.Raft[i].Replicas) > 0 && m.Raft[i].Replicas[0] == pc.RaftID
 		}
 		p, err := partition.Open(pc)
 		if err != nil && errors.Is(err, partition.ErrDamaged) {
@@ -968,6 +975,13 @@ func (b *Broker) statsOfQueue(q *queueEntry) QueueStats {
 			ps.Owner, ps.Term = b.partitionOwner(p)
 			for _, r := range raft[i].Replicas {
 				ps.Replicas = append(ps.Replicas, b.cfg.Cluster.ClientAddr(r))
+			}
+			voters, learners := p.RaftConf()
+			for _, r := range voters {
+				ps.Voters = append(ps.Voters, b.cfg.Cluster.ClientAddr(r))
+			}
+			for _, r := range learners {
+				ps.Learners = append(ps.Learners, b.cfg.Cluster.ClientAddr(r))
 			}
 		}
 	}

@@ -51,6 +51,9 @@ type CatalogueQueue struct {
 type RaftPlacement struct {
 	RaftGroup uint64   `json:"raft_group"`
 	Replicas  []uint64 `json:"replicas"`
+	// Bootstrap are the group's first voters; a replica placed later
+	// joins the running group.
+	Bootstrap []uint64 `json:"bootstrap,omitempty"`
 }
 
 // clusterCreateTimeout bounds how long a first use of a queue waits for the
@@ -84,7 +87,22 @@ func (b *Broker) createInCluster(k queueKey, want *queueMeta) (*queueEntry, erro
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "queue %q group %q: the cluster did not commit it: %v; retry", k.topic, k.group, err)
 	}
-	return b.openCatalogueQueue(cq)
+	q, err := b.openCatalogueQueue(cq)
+	if err != nil {
+		return nil, err
+	}
+	// A new group elects its preferred owner within a few raft ticks; the
+	// request that created the queue waits for it (bounded) rather than
+	// be answered "no owner" by a queue it just made.
+	for _, p := range q.parts {
+		for lead, _ := p.Leader(); lead == 0 && ctx.Err() == nil; lead, _ = p.Leader() {
+			select {
+			case <-ctx.Done():
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	return q, nil
 }
 
 // openCatalogueQueue opens this node's replicas of a catalogue queue (all
@@ -157,6 +175,7 @@ func (b *Broker) SyncCatalogue(queues []CatalogueQueue) {
 		q := b.queues[k]
 		b.mu.RUnlock()
 		if q != nil {
+			b.notePlacement(q, cq.Partitions)
 			continue
 		}
 		b.createMu.Lock()
@@ -202,7 +221,7 @@ func sameMeta(a, b *queueMeta) bool {
 		a.LeaseMs == b.LeaseMs && a.MaxRetries == b.MaxRetries && a.DefaultTTLMs == b.DefaultTTLMs &&
 		a.DeadLetterMode == b.DeadLetterMode && a.DeadLetterTarget == b.DeadLetterTarget &&
 		a.DeadLetterQueue == b.DeadLetterQueue && a.Incarnation == b.Incarnation && slices.EqualFunc(a.Raft, b.Raft, func(p, q RaftPlacement) bool {
-		return p.RaftGroup == q.RaftGroup && slices.Equal(p.Replicas, q.Replicas)
+		return p.RaftGroup == q.RaftGroup && slices.Equal(p.Replicas, q.Replicas) && slices.Equal(p.Bootstrap, q.Bootstrap)
 	})
 }
 
@@ -226,4 +245,57 @@ func (b *Broker) partitionOwner(p *partition.Partition) (addr string, term uint6
 		return "", term
 	}
 	return b.cfg.Cluster.ClientAddr(lead), term
+}
+
+// notePlacement records a queue's new placement (the recovery plan moved
+// its replicas) in its metadata; the owners' Reconfigure then carries it
+// out.
+func (b *Broker) notePlacement(q *queueEntry, pl []RaftPlacement) {
+	cur := q.meta.Load()
+	if len(cur.Raft) != len(pl) {
+		return
+	}
+	want := *cur
+	want.Raft = pl
+	if sameMeta(&want, cur) {
+		return
+	}
+	b.createMu.Lock()
+	defer b.createMu.Unlock()
+	if err := writeMeta(b.cfg.FS, filepath.Join(q.dir, metaFile), &want); err != nil {
+		b.logger.Error("cannot record a queue's new placement", "topic", q.key.topic, "group", q.key.group, "err", err)
+		return
+	}
+	q.meta.Store(&want)
+	b.logger.Info("queue placement changed", "topic", q.key.topic, "group", q.key.group)
+}
+
+// Reconfigure moves the replicas of every partition this node owns one
+// step toward its placement (partition.Partition.Reconfigure). The cluster
+// wiring calls it periodically.
+func (b *Broker) Reconfigure(ctx context.Context) {
+	if b.cfg.Cluster == nil || b.closed.Load() {
+		return
+	}
+	b.mu.RLock()
+	qs := make([]*queueEntry, 0, len(b.queues))
+	for _, q := range b.queues {
+		qs = append(qs, q)
+	}
+	b.mu.RUnlock()
+	for _, q := range qs {
+		raft := q.meta.Load().Raft
+		for i, p := range q.parts {
+			if i >= len(raft) || !q.leadsHere(p) {
+				continue
+			}
+			what, err := p.Reconfigure(ctx, raft[i].Replicas)
+			switch {
+			case err != nil && !errors.Is(err, partition.ErrNotLeader):
+				b.logger.Warn("partition replicas not changed", "topic", q.key.topic, "group", q.key.group, "partition", i, "err", err)
+			case what != "":
+				b.logger.Info("partition replicas changing", "topic", q.key.topic, "group", q.key.group, "partition", i, "step", what)
+			}
+		}
+	}
 }

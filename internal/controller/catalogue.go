@@ -31,8 +31,12 @@ type Placement struct {
 	// cluster and never reused.
 	RaftGroup uint64 `json:"raft_group"`
 	// Replicas are the raft ids of the nodes holding a replica, the
-	// preferred owner first. They are the group's voters when it starts.
+	// preferred owner first.
 	Replicas []uint64 `json:"replicas"`
+	// Bootstrap are the group's voters when it started (the first
+	// Replicas). A replica placed later joins the running group: the
+	// owner adds it as a learner, catches it up and promotes it.
+	Bootstrap []uint64 `json:"bootstrap,omitempty"`
 }
 
 // FirstPartitionGroup is the raft group id of the first partition ever
@@ -96,7 +100,7 @@ func (t *Table) applyCreateQueue(index uint64, q *Queue) error {
 			}
 			seen[r] = true
 		}
-		parts[p] = Placement{RaftGroup: next, Replicas: slices.Clone(pl.Replicas)}
+		parts[p] = Placement{RaftGroup: next, Replicas: slices.Clone(pl.Replicas), Bootstrap: slices.Clone(pl.Replicas)}
 		next++
 	}
 	t.NextRaftGroup = next
@@ -209,4 +213,112 @@ func (c *Controller) propose(data []byte) {
 	default:
 		// Full: the waiters propose again.
 	}
+}
+
+// applyReplaceReplica moves a queue's replicas from node from to node to, in
+// every partition (a queue's partitions share one replica set): the recovery
+// plan for a node that died or left. It is applied as nothing, the same way
+// on every replica, when the queue does not hold from, holds to already, or
+// to is not a member.
+func (t *Table) applyReplaceReplica(c *command) error {
+	if c.Queue == nil || c.From == 0 || c.To == 0 {
+		return fmt.Errorf("%w: replace_replica without a queue or nodes", ErrCommand)
+	}
+	i, ok := t.findQueue(c.Queue.Topic, c.Queue.Group)
+	if !ok {
+		return nil
+	}
+	if n, ok := t.Node(c.To); !ok || n.Left {
+		return nil
+	}
+	q := t.Queues[i]
+	parts := make([]Placement, len(q.Partitions))
+	for p, pl := range q.Partitions {
+		at := slices.Index(pl.Replicas, c.From)
+		if at < 0 || slices.Contains(pl.Replicas, c.To) {
+			return nil
+		}
+		rs := slices.Clone(pl.Replicas)
+		rs[at] = c.To
+		parts[p] = Placement{RaftGroup: pl.RaftGroup, Replicas: rs, Bootstrap: pl.Bootstrap}
+	}
+	q.Partitions = parts
+	t.Queues = slices.Clone(t.Queues) // a Status may share the old slice
+	t.Queues[i] = q
+	return nil
+}
+
+// replicaSet is the nodes holding q's replicas.
+func replicaSet(q *Queue) []uint64 {
+	var set []uint64
+	for _, p := range q.Partitions {
+		for _, r := range p.Replicas {
+			if !slices.Contains(set, r) {
+				set = append(set, r)
+			}
+		}
+	}
+	return set
+}
+
+// replaceAfterTicks is how long a node holding replicas stays dead before
+// the recovery plan moves them (3 s at the raft host's 50 ms tick): a node
+// restarted at once keeps its replicas.
+const replaceAfterTicks = 60
+
+// planRecovery proposes, as leader, one replica move per queue whose
+// replica set holds a node that left, or that membership has held dead for
+// replaceAfterTicks, when a live member outside the set can take its place
+// (the first in join order).
+func (c *Controller) planRecovery(view []Member) error {
+	live := map[uint64]bool{}
+	for _, m := range view {
+		switch {
+		case m.Dead:
+			if _, ok := c.deadSince[m.RaftID]; !ok {
+				c.deadSince[m.RaftID] = c.tickN
+			}
+		case !m.Gone:
+			live[m.RaftID] = true
+			delete(c.deadSince, m.RaftID)
+		}
+	}
+	members := c.table.members()
+	for qi := range c.table.Queues {
+		q := &c.table.Queues[qi]
+		set := replicaSet(q)
+		for _, r := range set {
+			n, known := c.table.Node(r)
+			since, dead := c.deadSince[r]
+			if !(known && n.Left || dead && c.tickN >= since+replaceAfterTicks) {
+				continue
+			}
+			to := uint64(0)
+			for _, id := range members {
+				if live[id] && !slices.Contains(set, id) {
+					to = id
+					break
+				}
+			}
+			if to == 0 {
+				break
+			}
+			key := fmt.Sprintf("replace/%s/%s/%d/%d", q.Topic, q.Group, r, to)
+			if _, ok := c.proposed[key]; ok {
+				break
+			}
+			data, err := encode(command{Op: opReplaceReplica, Queue: &Queue{Topic: q.Topic, Group: q.Group}, From: r, To: to})
+			if err != nil {
+				return err
+			}
+			if err := c.rn.Propose(data); err != nil {
+				return nil
+			}
+			c.proposed[key] = c.tickN
+			c.log.Info("controller: recovery plan: moving a queue's replicas", "topic", q.Topic, "group", q.Group,
+				"from", r, "to", to, "from_left", known && n.Left)
+			break // one move per queue at a time
+		}
+	}
+	return nil
 }

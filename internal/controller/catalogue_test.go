@@ -196,3 +196,61 @@ func TestCreateQueueFromAnyNode(t *testing.T) {
 	}
 	c.until("after the restart every node holds the 15 queues", sameCatalogue)
 }
+
+// TestRecoveryPlanMovesReplicas: a queue on three of four nodes loses one
+// of them (held dead past the grace): its replicas move to the fourth,
+// which was held live, in every partition, and the bootstrap voters stay
+// as they were. A node that leaves is replaced the same way.
+func TestRecoveryPlanMovesReplicas(t *testing.T) {
+	c := newCluster(t)
+	c.start(1, true)
+	for id := uint64(2); id <= 4; id++ {
+		c.start(id, false)
+	}
+	c.until("four nodes, three voting", c.agreed([]uint64{1, 2, 3}, []uint64{4}, []uint64{1, 2, 3, 4}, nil))
+	c.mu.Lock()
+	n1 := c.nodes[1]
+	c.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := n1.CreateQueue(ctx, Queue{Topic: "q", Partitions: []Placement{{Replicas: []uint64{1, 2, 3}}, {Replicas: []uint64{2, 3, 1}}}})
+		done <- err
+	}()
+	c.until("the queue is created", func() bool {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			return true
+		default:
+			return false
+		}
+	})
+	holds := func(want ...uint64) func() bool {
+		return func() bool {
+			q, ok := n1.Status().Table.Queue("q", "")
+			if !ok {
+				return false
+			}
+			for _, p := range q.Partitions {
+				s := slices.Clone(p.Replicas)
+				slices.Sort(s)
+				if !slices.Equal(s, want) || !slices.Equal(p.Bootstrap, []uint64{1, 2, 3}) && !slices.Equal(p.Bootstrap, []uint64{2, 3, 1}) {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	c.mu.Lock()
+	c.dead[3] = true
+	c.mu.Unlock()
+	c.until("node 3's replicas move to node 4", holds(1, 2, 4))
+	q, _ := n1.Status().Table.Queue("q", "")
+	if !slices.Equal(q.Partitions[0].Replicas, []uint64{1, 2, 4}) || !slices.Equal(q.Partitions[1].Replicas, []uint64{2, 4, 1}) {
+		t.Fatalf("replicas %+v: want node 4 in node 3's place", q.Partitions)
+	}
+}

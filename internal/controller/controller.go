@@ -135,6 +135,7 @@ type Controller struct {
 	confAt    uint64              // log index of the last conf change proposed
 	proposed  map[string]uint64   // command key -> tick when proposed, to avoid repeats
 	collided  map[string]struct{} // node ids refused for a raft id collision, logged once
+	deadSince map[uint64]uint64   // raft id -> tick when membership first held it dead
 	tickN     uint64              // ticks taken
 	leads     bool
 	status    atomic.Pointer[Status]
@@ -175,6 +176,7 @@ func Open(cfg Config) (*Controller, error) {
 		table:     &Table{},
 		proposed:  map[string]uint64{},
 		collided:  map[string]struct{}{},
+		deadSince: map[uint64]uint64{},
 		changed:   make(chan struct{}),
 	}
 	if c.log == nil {
@@ -526,6 +528,9 @@ func (c *Controller) reconcile() error {
 			return nil // lost the lead meanwhile; the next leader reconciles
 		}
 		c.proposed[key] = c.tickN
+	}
+	if err := c.planRecovery(view); err != nil {
+		return err
 	}
 	// A proposal not seen in the table within proposeRetryTicks (lost
 	// with a term change) may be proposed again.

@@ -48,9 +48,10 @@ type Member struct {
 
 // Command kinds.
 const (
-	opJoin        = "join"
-	opLeave       = "leave"
-	opCreateQueue = "create_queue"
+	opJoin           = "join"
+	opLeave          = "leave"
+	opCreateQueue    = "create_queue"
+	opReplaceReplica = "replace_replica"
 )
 
 // commandVersion is the encoding version of a controller command; a
@@ -72,6 +73,9 @@ type command struct {
 	Node   *Node  `json:"node,omitempty"`
 	RaftID uint64 `json:"raft_id,omitempty"`
 	Queue  *Queue `json:"queue,omitempty"`
+	// From and To are replace_replica's nodes.
+	From uint64 `json:"from,omitempty"`
+	To   uint64 `json:"to,omitempty"`
 }
 
 // ErrCommand reports a committed entry the table cannot apply: of an
@@ -132,6 +136,8 @@ func (t *Table) apply(index uint64, c command) error {
 		}
 	case opCreateQueue:
 		return t.applyCreateQueue(index, c.Queue)
+	case opReplaceReplica:
+		return t.applyReplaceReplica(&c)
 	default:
 		return fmt.Errorf("%w: op %q", ErrCommand, c.Op)
 	}

@@ -186,7 +186,9 @@ type Config struct {
 	OnSync SyncObserver
 
 	// RaftID is this replica's id in the partition's raft group; 0 means
-	// 1. RaftPeers are the group's voters when it is created; empty means
+	// 1. RaftPeers are the group's voters when it was created (also for a
+	// replica added later, which replays the group's configuration changes
+	// from there, or gets a snapshot that carries the current one); empty means
 	// {RaftID}, a group of one, which is how a single node runs every
 	// partition. Send carries raft messages to the other replicas (nil
 	// for a group of one).

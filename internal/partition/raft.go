@@ -2,6 +2,7 @@ package partition
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -93,6 +94,9 @@ type raftDriver struct {
 	// state (past committed on a leader, by its own proposals).
 	committed uint64
 	applied   uint64
+	// confAt is the index of the last configuration change this replica
+	// proposed as leader; the next waits until it is committed.
+	confAt uint64
 	// committing holds the synced stages that wait for a quorum to commit
 	// their entries, oldest first.
 	committing []stage
@@ -102,6 +106,8 @@ type raftDriver struct {
 	ticks   atomic.Int32
 	// lead and term are what Leader reports.
 	lead, term atomic.Uint64
+	// conf is the group's configuration, for RaftConf.
+	conf atomic.Pointer[raftpb.ConfState]
 	// dropped counts inbound messages dropped for lack of room.
 	dropped atomic.Uint64
 }
@@ -125,6 +131,9 @@ func (p *Partition) startRaft(commit uint64) error {
 		if err := s.SetConfState(&raftpb.ConfState{Voters: peers}); err != nil {
 			return fmt.Errorf("partition %s: raft configuration: %w", p, err)
 		}
+	}
+	if cs, err := p.log.ConfState(); err == nil && len(cs.Voters) > 0 {
+		p.noteConf(cs)
 	}
 	hs := p.log.HardState()
 	if hs.Commit != commit {
@@ -545,7 +554,23 @@ func (p *Partition) applyConfChange(e *raftpb.Entry) error {
 	if err := p.raftSafe(func() error { cs = p.rn.ApplyConfChange(cc); return nil }); err != nil {
 		return fmt.Errorf("%w: conf change at %d: %w", ErrDamaged, e.Index, err)
 	}
+	p.noteConf(cs)
 	return p.rs.SetConfState(cs)
+}
+
+// noteConf records the group's configuration for RaftConf.
+func (p *Partition) noteConf(cs *raftpb.ConfState) {
+	c := raftpb.ConfState{Voters: slices.Clone(cs.Voters), Learners: slices.Clone(cs.Learners)}
+	p.conf.Store(&c)
+}
+
+// RaftConf returns the group's voters and learners (raft ids) as this
+// replica last applied them; empty before it knows any.
+func (p *Partition) RaftConf() (voters, learners []uint64) {
+	if c := p.conf.Load(); c != nil {
+		return c.Voters, c.Learners
+	}
+	return nil, nil
 }
 
 // applyEntry applies one raft entry at the state's next index: a queue
@@ -778,4 +803,117 @@ func (p *Partition) raftTurn() error {
 		}
 	}
 	return p.pump()
+}
+
+// Reconfigure moves the group's replicas one step toward want (raft ids),
+// on the leader, and reports the change it proposed ("" for none): a
+// wanted replica missing from the group is added as a learner; a learner
+// that has caught up (its log matches to the commit index) is promoted to
+// voter; once every wanted replica votes, a replica not wanted is removed.
+// One change at a time: while the last one is not committed it does
+// nothing. A replica that does not lead answers ErrNotLeader.
+func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, error) {
+	if err := p.Unavailable(); err != nil {
+		return "", err
+	}
+	type answer struct {
+		what string
+		err  error
+	}
+	ch := make(chan answer, 1)
+	err := p.control(control{kind: ctlInspect, fn: func() {
+		if !p.leads || p.single {
+			ch <- answer{err: ErrNotLeader}
+			return
+		}
+		if p.committed < p.confAt {
+			ch <- answer{}
+			return
+		}
+		st := p.rn.Status()
+		voters, learners := st.Config.Voters[0], st.Config.Learners
+		in := func(id uint64) bool {
+			_, v := voters[id]
+			_, l := learners[id]
+			return v || l
+		}
+		var cc *raftpb.ConfChange
+		what := ""
+		for _, id := range want {
+			if !in(id) {
+				cc, what = &raftpb.ConfChange{Type: raftpb.ConfChangeAddLearnerNode, NodeID: id}, fmt.Sprintf("add learner %d", id)
+				break
+			}
+		}
+		if cc == nil {
+			for _, id := range want {
+				if _, l := learners[id]; l && st.Progress[id].Match >= st.Commit {
+					cc, what = &raftpb.ConfChange{Type: raftpb.ConfChangeAddNode, NodeID: id}, fmt.Sprintf("promote %d", id)
+					break
+				}
+			}
+		}
+		if cc == nil {
+			allVote := true
+			for _, id := range want {
+				_, v := voters[id]
+				allVote = allVote && v
+			}
+			for id := range voters {
+				if allVote && !slices.Contains(want, id) && id != p.raftID {
+					cc, what = &raftpb.ConfChange{Type: raftpb.ConfChangeRemoveNode, NodeID: id}, fmt.Sprintf("remove %d", id)
+					break
+				}
+			}
+			for id := range learners {
+				if cc == nil && !slices.Contains(want, id) {
+					cc, what = &raftpb.ConfChange{Type: raftpb.ConfChangeRemoveNode, NodeID: id}, fmt.Sprintf("remove learner %d", id)
+				}
+			}
+		}
+		if cc == nil {
+			ch <- answer{}
+			return
+		}
+		if err := p.proposeConf(*cc); err != nil {
+			ch <- answer{err: err}
+			return
+		}
+		ch <- answer{what: what}
+	}})
+	if err != nil {
+		return "", err
+	}
+	select {
+	case a := <-ch:
+		return a.what, a.err
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+// proposeConf proposes a configuration change as leader, between two
+// decided batches (the actor flushed its proposals first): its entry takes
+// the next index, which the queue state records as a settled gap at once,
+// as it records the leader's own decisions.
+func (p *Partition) proposeConf(cc raftpb.ConfChange) error {
+	idx := p.log.NextLSN()
+	if idx != p.lastLSN+1 {
+		return fmt.Errorf("partition %s: configuration change at %d while the decider is at %d", p, idx, p.lastLSN)
+	}
+	if err := p.raftSafe(func() error { return p.rn.ProposeConfChange(cc) }); err != nil {
+		return err
+	}
+	if err := p.pump(); err != nil {
+		return err
+	}
+	if next := p.log.NextLSN(); next != idx+1 {
+		return fmt.Errorf("partition %s: raft appended up to %d, not the configuration change at %d", p, next-1, idx)
+	}
+	if err := p.st.ApplyGap(idx); err != nil {
+		return err
+	}
+	p.applied, p.nextLSN, p.lastLSN, p.confAt = idx, idx+1, idx, idx
+	p.logger.Info("partition replica configuration change proposed", "change", cc.Type.String(), "node", cc.NodeID, "index", idx)
+	return nil
 }

@@ -240,6 +240,7 @@ func (p *Partition) storeSnapshot(log *seglog.Log, snap *raftpb.Snapshot) (cover
 	if err := log.SetConfState(&md.ConfState); err != nil {
 		return 0, 0, 0, fmt.Errorf("raft snapshot: %w", err)
 	}
+	p.noteConf(&md.ConfState)
 	if err := p.cfg.FS.Remove(pendingPath); err != nil {
 		return 0, 0, 0, fmt.Errorf("raft snapshot: %w", err)
 	}

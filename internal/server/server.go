@@ -49,11 +49,11 @@ type counters struct {
 	connsAccepted, connsRejected, framesIn, framesOut, publishes, publishErrors atomic.Uint64
 	// expiredUnsent counts DELIVERs dropped unwritten because their lease
 	// ran out while they waited (replicated partitions only).
-	expiredUnsent atomic.Uint64
-	settles, requestErrors, fatalErrors, authFailures, readerPauses             atomic.Uint64
-	writerPauses, slowConsumers                                                 atomic.Uint64
-	publishConfirms                                                             atomic.Uint64
-	permissionDenials                                                           atomic.Uint64
+	expiredUnsent                                                   atomic.Uint64
+	settles, requestErrors, fatalErrors, authFailures, readerPauses atomic.Uint64
+	writerPauses, slowConsumers                                     atomic.Uint64
+	publishConfirms                                                 atomic.Uint64
+	permissionDenials                                               atomic.Uint64
 	// Connections refused, by the limit that refused them.
 	refusedConns, refusedPerAddr, refusedHandshakes atomic.Uint64
 	handshakeTimeouts                               atomic.Uint64

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -243,4 +245,142 @@ func coversAll(got, want map[string]bool) bool {
 		}
 	}
 	return true
+}
+
+// Four `sinew serve --cluster` processes; a queue is placed on three of
+// them. The owner is killed with -9 and not restarted: another replica
+// takes over at once, and once membership has held the node dead for the
+// recovery plan's grace, the controller moves its replicas to the fourth
+// node, whose replica the new owner adds as a learner, catches up, promotes
+// and then removes the dead one. The time from the kill to three live
+// voters is logged, and every message confirmed is then consumed.
+func TestClusterRecoveryPlanRestoresRF(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sinew binary")
+	}
+	bin := buildSinew(t)
+	nodes, id := startThree(t, bin)
+	three := []string{id[nodes[0]], id[nodes[1]], id[nodes[2]]}
+	for _, c := range nodes {
+		awaitNodes(t, c, "three voters", func(v nodesView) bool { return controllerAgrees(v, three, nil, three, nil) })
+	}
+	spare := startClusterChild(t, bin, t.TempDir(), nodes[0].gossip)
+	id[spare] = nodesOf(t, spare.admin).Self.ID
+	nodes = append(nodes, spare)
+	four := append(slices.Clone(three), id[spare])
+	for _, c := range nodes {
+		awaitNodes(t, c, "four members", func(v nodesView) bool {
+			return controllerAgrees(v, three, []string{id[spare]}, four, nil)
+		})
+	}
+	byAddr := map[string]*clusterChild{}
+	var addrs []string
+	for _, c := range nodes {
+		byAddr[c.addr] = c
+		addrs = append(addrs, c.addr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	client, err := sinew.Dial(ctx, addrs[0], fastReconnect(), sinew.WithSeeds(addrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	const topic = "recovered"
+	confirmed := map[string]bool{}
+	for i := range 200 {
+		b := fmt.Sprintf("m-%d", i)
+		if _, err := client.Publish(ctx, topic, []byte(b)); err != nil {
+			t.Fatal(err)
+		}
+		confirmed[b] = true
+	}
+	type partView struct {
+		Replicas []string `json:"replicas"`
+		Owner    string   `json:"owner"`
+		Voters   []string `json:"voters"`
+		Learners []string `json:"learners"`
+	}
+	view := func(c *clusterChild) partView {
+		var q struct {
+			Partitions []partView `json:"partitions"`
+		}
+		resp, err := http.Get("http://" + c.admin + "/api/v1/queues/" + topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusNotFound {
+			return partView{} // no replica here (yet)
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&q); err != nil || len(q.Partitions) != 1 {
+			t.Fatalf("queue view on %s: %+v %v", c.addr, q, err)
+		}
+		return q.Partitions[0]
+	}
+	before := view(nodes[0])
+	if len(before.Replicas) != 3 || slices.Contains(before.Replicas, spare.addr) || len(before.Voters) != 3 {
+		t.Fatalf("placement %+v: want three replicas on the first three nodes", before)
+	}
+	killed := byAddr[before.Owner]
+	if err := killed.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed.cmd.Wait()
+	killedAt := time.Now()
+	deadline := killedAt.Add(60 * time.Second)
+	var after partView
+	for {
+		after = view(spare)
+		if len(after.Voters) == 3 && slices.Contains(after.Voters, spare.addr) && !slices.Contains(after.Voters, killed.addr) &&
+			len(after.Learners) == 0 && after.Owner != "" && after.Owner != killed.addr {
+			break
+		}
+		if time.Now().After(deadline) {
+			for _, c := range nodes {
+				if c == killed {
+					continue
+				}
+				for _, l := range strings.Split(c.log(), "\n") {
+					if strings.Contains(l, "replica") || strings.Contains(l, "placement") || strings.Contains(l, "recovery") || strings.Contains(l, "level=ERROR") || strings.Contains(l, "level=WARN") {
+						t.Logf("%s: %s", c.addr, l)
+					}
+				}
+			}
+			t.Fatalf("RF not restored 60 s after the kill: %+v", after)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("owner killed with -9: three live voters again (the spare node among them) after %v", time.Since(killedAt).Round(time.Millisecond))
+	if !slices.Contains(after.Replicas, spare.addr) || slices.Contains(after.Replicas, killed.addr) {
+		t.Fatalf("placement after the plan: %+v", after)
+	}
+	for i := range 50 {
+		b := fmt.Sprintf("after-%d", i)
+		if _, err := client.Publish(ctx, topic, []byte(b)); err != nil {
+			t.Fatal(err)
+		}
+		confirmed[b] = true
+	}
+	consumer, err := sinew.Dial(ctx, after.Owner, fastReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	sub, err := consumer.Subscribe(ctx, topic, sinew.WithPrefetch(64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for !coversAll(got, confirmed) {
+		select {
+		case m := <-sub.Messages():
+			got[string(m.Body)] = true
+			if err := m.Complete(ctx); err != nil {
+				t.Fatal(err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%d of %d confirmed messages delivered", len(got), len(confirmed))
+		}
+	}
 }
