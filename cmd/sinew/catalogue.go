@@ -87,6 +87,9 @@ func (n *clusterNode) ClientAddr(raftID uint64) string {
 	return nd.ClientAddr
 }
 
+// Fenced reports whether membership holds a majority of the peers dead.
+func (n *clusterNode) Fenced() bool { return n.m != nil && n.m.Fenced() }
+
 // syncCatalogue hands the broker every new state of the catalogue, so it
 // opens the replicas placed on this node and records moved ones, and every
 // reconfigureEvery asks it to carry placements out on the partitions this

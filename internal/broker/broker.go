@@ -842,6 +842,10 @@ func (b *Broker) Publish(p *protocol.Publish, done func(protocol.PublishOK, erro
 		done(protocol.PublishOK{}, err)
 		return
 	}
+	if b.fenced() {
+		done(protocol.PublishOK{}, errFenced)
+		return
+	}
 	if err := b.checkTimes(p, b.cfg.Now().UnixMilli()); err != nil {
 		done(protocol.PublishOK{}, err) // caps.go
 		return

@@ -35,6 +35,10 @@ type Cluster interface {
 	RemoveGroup(group uint64)
 	// ClientAddr is where clients reach node raftID ("" when unknown).
 	ClientAddr(raftID uint64) string
+	// Fenced reports whether this node sees a majority of the cluster's
+	// nodes dead: it then refuses publishes and settles at once (a quorum
+	// could not confirm them anyway) so that clients go elsewhere.
+	Fenced() bool
 }
 
 // CatalogueQueue is a queue as the controller's catalogue holds it.
@@ -299,3 +303,10 @@ func (b *Broker) Reconfigure(ctx context.Context) {
 		}
 	}
 }
+
+// errFenced answers a write on a fenced node.
+var errFenced = protocol.Errorf(protocol.CodeUnavailable,
+	"this node is fenced: it sees a majority of the cluster's nodes dead, so it takes no writes; retry through another node")
+
+// fenced reports whether this node is a fenced cluster node.
+func (b *Broker) fenced() bool { return b.cfg.Cluster != nil && b.cfg.Cluster.Fenced() }

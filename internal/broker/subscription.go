@@ -294,6 +294,10 @@ func (s *Subscription) Settle(kind protocol.Op, partitionIdx uint32, offset, lea
 		done(protocol.CodeNotFound)
 		return
 	}
+	if s.b.fenced() {
+		done(protocol.CodeUnavailable)
+		return
+	}
 	if kind == protocol.OpNack && delayMs > s.b.cfg.NackDelayMsMax {
 		// Refused, not clamped (caps.go); the lease stays held.
 		done(protocol.CodeBadRequest)

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sinewmq/sinew/protocol"
 )
 
 // clusterChild is a `sinew serve --cluster` process with its admin and
@@ -186,6 +188,12 @@ func TestClusterNodesFindEachOtherLeaveAndDie(t *testing.T) {
 		if !strings.Contains(metrics, want+"\n") {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+
+	// A fenced node takes no writes: it says so at once, so a client goes
+	// elsewhere instead of waiting on a quorum that is not there.
+	if eb, ok := rawPublish(t, n1.addr, "while-fenced").(*protocol.ErrorBody); !ok || eb.Code != protocol.CodeUnavailable || !strings.Contains(eb.Message, "fenced") {
+		t.Fatalf("publish on a fenced node: %+v, want unavailable naming the fence", eb)
 	}
 
 	n2b := startClusterChild(t, bin, n2.dir, n1.gossip)
