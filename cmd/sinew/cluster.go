@@ -300,6 +300,8 @@ const (
 	ctlTermHelp       = "The controller group's raft term as this node knows it. Served only with cluster.enabled."
 	ctlMembersName    = "sinew_controller_members"
 	ctlMembersHelp    = "Nodes in the controller group's configuration, by role: voter, learner. Served only with cluster.enabled."
+	raftDroppedName   = "sinew_raft_messages_dropped_total"
+	raftDroppedHelp   = "Raft messages this node dropped, by where: inbox (a group's inbound queue full), outbox (a peer's outbound queue full), send_queue (batches the transport's queue to a peer had no room for), write (batches lost with a failed write). Raft resends what is lost, at the cost of a tick or more. Served only with cluster.enabled."
 	ctlHasLeaderName  = "sinew_controller_has_leader"
 	ctlHasLeaderHelp  = "1 while this node knows a leader of the controller group, else 0 (no quorum, or not added yet). Served only with cluster.enabled."
 )
@@ -311,6 +313,7 @@ var (
 	ctlTermDesc       = prometheus.NewDesc(ctlTermName, ctlTermHelp, nil, nil)
 	ctlMembersDesc    = prometheus.NewDesc(ctlMembersName, ctlMembersHelp, []string{"role"}, nil)
 	ctlHasLeaderDesc  = prometheus.NewDesc(ctlHasLeaderName, ctlHasLeaderHelp, nil, nil)
+	raftDroppedDesc   = prometheus.NewDesc(raftDroppedName, raftDroppedHelp, []string{"where"}, nil)
 )
 
 // clusterCollector exports the membership view at scrape time.
@@ -324,6 +327,7 @@ func (c clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- ctlTermDesc
 	ch <- ctlMembersDesc
 	ch <- ctlHasLeaderDesc
+	ch <- raftDroppedDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -352,4 +356,9 @@ func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(ctlTermDesc, prometheus.GaugeValue, float64(st.Term))
 	ch <- prometheus.MustNewConstMetric(ctlMembersDesc, prometheus.GaugeValue, float64(len(st.Voters)), "voter")
 	ch <- prometheus.MustNewConstMetric(ctlMembersDesc, prometheus.GaugeValue, float64(len(st.Learners)), "learner")
+	hs, ts := c.n.host.Stats(), c.n.tr.Stats()
+	ch <- prometheus.MustNewConstMetric(raftDroppedDesc, prometheus.CounterValue, float64(hs.InboxDropped), "inbox")
+	ch <- prometheus.MustNewConstMetric(raftDroppedDesc, prometheus.CounterValue, float64(hs.OutboxDropped), "outbox")
+	ch <- prometheus.MustNewConstMetric(raftDroppedDesc, prometheus.CounterValue, float64(ts.QueueDropped), "send_queue")
+	ch <- prometheus.MustNewConstMetric(raftDroppedDesc, prometheus.CounterValue, float64(ts.WriteLost), "write")
 }

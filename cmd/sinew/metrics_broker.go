@@ -131,5 +131,6 @@ func sinewFamilies() []struct{ name, help string } {
 	add(ctlHasLeaderName, ctlHasLeaderHelp)
 	add(ctlTermName, ctlTermHelp)
 	add(ctlMembersName, ctlMembersHelp)
+	add(raftDroppedName, raftDroppedHelp)
 	return out
 }
