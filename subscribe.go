@@ -314,10 +314,31 @@ func (s *Subscription) pump() {
 				// the lease: the application never sees it.
 				continue
 			}
+			var expired <-chan time.Time
+			var timer *time.Timer
+			if !m.leaseEnds.IsZero() {
+				timer = time.NewTimer(time.Until(m.leaseEnds))
+				expired = timer.C
+			}
 			select {
 			case s.out <- m:
+			case <-expired:
+				// Its lease ran out before the application took it: the
+				// message is back in the queue (perhaps leased to another
+				// consumer already), so handing it over now would only
+				// have it processed twice.
+				m.stale.Store(true)
+				s.release(m.epoch, m.tag)
+				s.e.o.logger.Debug("sinew: delivery dropped, its lease ran out before the application took it",
+					"topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
 			case <-s.done:
+				if timer != nil {
+					timer.Stop()
+				}
 				return
+			}
+			if timer != nil {
+				timer.Stop()
 			}
 		}
 	}
@@ -462,6 +483,10 @@ type Message struct {
 	autoAck bool
 	settled chan struct{} // holds a token while unsettled; taken by a settle
 	stale   atomic.Bool   // the broker no longer holds the lease for this session
+	// leaseEnds is when the lease runs out, from the DELIVER's lease_ms
+	// (zero when the broker gave none): a message the application has
+	// not taken by then is dropped, since the queue has it back.
+	leaseEnds time.Time
 }
 
 func newMessage(s *Subscription, epoch uint64, d *protocol.Deliver) *Message {
@@ -473,6 +498,9 @@ func newMessage(s *Subscription, epoch uint64, d *protocol.Deliver) *Message {
 		lease: protocol.LeaseRef{SubID: d.SubID, Partition: d.Partition, Offset: d.Offset,
 			LeaseID: d.LeaseID, Epoch: d.Epoch},
 		settled: make(chan struct{}, 1),
+	}
+	if d.LeaseMs > 0 {
+		m.leaseEnds = time.Now().Add(time.Duration(d.LeaseMs) * time.Millisecond)
 	}
 	if m.Topic == "" {
 		m.Topic = s.topic

@@ -290,6 +290,11 @@ type Deliver struct {
 	Group         string
 	LeaseID       uint64 // the queue's lease id of this delivery (appended field)
 	Epoch         uint64 // reserved for the cluster; always 0 on a single node (appended field)
+	// LeaseMs (appended field) is what was left of the lease, in ms, when
+	// the frame was written; 0 when not given (a single node). A client
+	// drops a delivery it could not hand to the application in that time:
+	// the message has gone back to the queue.
+	LeaseMs uint32
 }
 
 // LeaseRef names one lease: the subscription and partition it was delivered on,
@@ -696,6 +701,7 @@ func (m *Deliver) AppendBody(b []byte) []byte {
 	e.str(m.Group)
 	e.uvarint(m.LeaseID)
 	e.uvarint(m.Epoch)
+	e.uvarint(uint64(m.LeaseMs))
 	return e.b
 }
 func (m *Deliver) decode(d *dec) {
@@ -714,6 +720,9 @@ func (m *Deliver) decode(d *dec) {
 	if d.optional() {
 		m.LeaseID = d.at("lease_id").uvarint()
 		m.Epoch = d.at("epoch").uvarint()
+	}
+	if d.optional() {
+		m.LeaseMs = d.at("lease_ms").u32()
 	}
 }
 

@@ -245,14 +245,21 @@ func normalize(b Body) Body {
 // TestAppendedFieldsOptional: bodies encoded before DELIVER's lease_id/epoch
 // and the settles' leases were appended still decode, with the new fields zero.
 func TestAppendedFieldsOptional(t *testing.T) {
-	full := (&Deliver{SubID: 1, Tag: 2, Offset: 3, Topic: "t", Group: "g", LeaseID: 300, Epoch: 0}).AppendBody(nil)
-	old := full[:len(full)-3] // lease_id 300 is two bytes, epoch 0 is one
+	full := (&Deliver{SubID: 1, Tag: 2, Offset: 3, Topic: "t", Group: "g", LeaseID: 300, Epoch: 0, LeaseMs: 0}).AppendBody(nil)
+	old := full[:len(full)-4] // lease_id 300 is two bytes, epoch 0 and lease_ms 0 one each
 	got, err := Decode(Frame{FrameHeader: FrameHeader{Version: Version, Op: OpDeliver}, Body: old})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d := got.(*Deliver); d.LeaseID != 0 || d.Epoch != 0 || d.Group != "g" {
 		t.Fatalf("old DELIVER decoded as %+v", d)
+	}
+	got, err = Decode(Frame{FrameHeader: FrameHeader{Version: Version, Op: OpDeliver}, Body: full[:len(full)-1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := got.(*Deliver); d.LeaseID != 300 || d.LeaseMs != 0 {
+		t.Fatalf("DELIVER without lease_ms decoded as %+v", d)
 	}
 	s := (&Settle{Kind: OpNack, Tags: []uint64{4}, DelayMs: 5}).AppendBody(nil)
 	s = s[:len(s)-1] // drop the empty leases list

@@ -151,7 +151,8 @@ func vectorCases() []vectorCase {
 		return vectorCase{name: name, requestID: 1, op: b.Op(), raw: enc[:len(enc)-cut]}
 	}
 	cs = append(cs,
-		legacy("deliver/without_lease", &Deliver{SubID: 5, Tag: 9, Partition: 1, Offset: 77, Attempt: 1, Topic: "orders"}, 2),
+		legacy("deliver/without_lease", &Deliver{SubID: 5, Tag: 9, Partition: 1, Offset: 77, Attempt: 1, Topic: "orders"}, 3),
+		legacy("deliver/without_lease_ms", &Deliver{SubID: 5, Tag: 9, Partition: 1, Offset: 77, Attempt: 1, Topic: "orders", LeaseID: 3, Epoch: 2}, 1),
 		legacy("ack/without_leases", &Settle{Kind: OpAck, Tags: []uint64{1, 2}}, 1),
 		legacy("reconcile/without_inflight_follows", &Reconcile{Policy: ReconcileRestore, Subs: []SubView{sv}}, 1),
 		legacy("hello/without_user", &Hello{ProtocolVersion: 1, ClientName: "old-client", Credentials: "token-1"}, 1),

@@ -277,7 +277,15 @@ func (w *writer) writeBatch(buf []byte, batch []session.Outbound) ([]byte, bool)
 				end++
 				continue
 			}
-			buf = protocol.AppendFrame(buf, o.Flags, o.RequestID, o.Body)
+			body := o.Body
+			if d, ok := body.(*protocol.Deliver); ok && o.NotAfterMs != 0 {
+				// The client learns how long the lease has left (a copy:
+				// the session keeps the first for re-sends).
+				c := *d
+				c.LeaseMs = uint32(min(o.NotAfterMs-nowMs, 1<<31))
+				body = &c
+			}
+			buf = protocol.AppendFrame(buf, o.Flags, o.RequestID, body)
 			chunkBytes += int64(o.Bytes())
 			end++
 		}

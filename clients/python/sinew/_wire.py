@@ -237,8 +237,8 @@ class Body:
     def _decode_from(cls, r: Reader) -> Any:
         vals: dict[str, Any] = {}
         for i, (name, typ) in enumerate(cls._FIELDS):
-            if cls._APPENDED is not None and i == cls._APPENDED and r.at_end():
-                break  # an older peer: appended fields keep their defaults
+            if cls._APPENDED is not None and i >= cls._APPENDED and r.at_end():
+                break  # an older peer: the appended fields it lacks keep their defaults
             r.field = name
             vals[name] = _dec(r, typ)
         return cls(**vals)
@@ -541,7 +541,7 @@ class SubClosed(Body):
 
 @_body(DELIVER, "sub_id:uvarint tag:uvarint partition:u32 offset:uvarint attempt:u32 published_at_ms:varint "
                 "key:bytes headers:list<header> content_type:str body:bytes topic:str group:str "
-                "lease_id:uvarint epoch:uvarint", appended=12)
+                "lease_id:uvarint epoch:uvarint lease_ms:u32", appended=12)
 @dataclass
 class Deliver(Body):
     """DELIVER (0x24)."""
@@ -559,6 +559,7 @@ class Deliver(Body):
     group: str = ""
     lease_id: int = 0
     epoch: int = 0
+    lease_ms: int = 0
 
     @classmethod
     def _decode_from(cls, r: Reader) -> Any:
@@ -576,6 +577,8 @@ class Deliver(Body):
         if not r.at_end():
             m.lease_id = u()
             m.epoch = u()
+        if not r.at_end():
+            m.lease_ms = r.u32()
         return m
 
 

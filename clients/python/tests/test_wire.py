@@ -105,9 +105,10 @@ class Bodies(unittest.TestCase):
         self.assertEqual(seen, set(w.OP_NAMES), "an op has no round-trip case")
 
     def test_appended_fields_may_be_absent(self) -> None:
-        full = w.Deliver(1, 2, 3, 4, 5, 6, b"", [], "", b"b", "t", "g", 77, 0).encode()
-        old = full[:-2]  # a broker from before lease_id and epoch
+        full = w.Deliver(1, 2, 3, 4, 5, 6, b"", [], "", b"b", "t", "g", 77, 0, 0).encode()
+        old = full[:-3]  # a broker from before lease_id, epoch and lease_ms
         self.assertEqual(w.Deliver.decode(old), w.Deliver(1, 2, 3, 4, 5, 6, b"", [], "", b"b", "t", "g", 0, 0))
+        self.assertEqual(w.Deliver.decode(full[:-1]), w.Deliver(1, 2, 3, 4, 5, 6, b"", [], "", b"b", "t", "g", 77, 0))
         s = w.Settle([1], 5, [], w.ACK).encode()
         self.assertEqual(w.decode_body(w.NACK, s[:-1]), w.Settle([1], 5, [], w.NACK))
 

@@ -232,6 +232,7 @@ export const schemas: Record<number, Schema> = {
     ["group", "string"],
     ["lease_id", "uvarint", "opt"],
     ["epoch", "uvarint"],
+    ["lease_ms", "u32", "opt"],
   ],
   [Op.ACK]: settle,
   [Op.NACK]: settle,
