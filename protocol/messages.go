@@ -289,7 +289,7 @@ type Deliver struct {
 	Topic         string
 	Group         string
 	LeaseID       uint64 // the queue's lease id of this delivery (appended field)
-	Epoch         uint64 // reserved for the cluster; always 0 on a single node (appended field)
+	Epoch         uint64 // the owner's raft term when it granted the lease in a cluster; 0 on a single node (appended field)
 	// LeaseMs (appended field) is what was left of the lease, in ms, when
 	// the frame was written; 0 when not given (a single node). A client
 	// drops a delivery it could not hand to the application in that time:

@@ -260,6 +260,9 @@ type Delivery struct {
 	// ExpiresAtMs, when not 0, is the lease's deadline (a replicated
 	// partition's): the delivery is dropped rather than written later.
 	ExpiresAtMs int64
+	// Epoch is the raft term of the owner that granted the lease (a
+	// replicated partition's; 0 on a single node).
+	Epoch uint64
 }
 
 // PartitionStats are one partition's counters.

@@ -550,7 +550,7 @@ func (a *attachment) Deliver(d partition.Delivery) {
 	s.c.Deliver(s, Delivery{
 		Partition: a.idx, Offset: d.Offset, LeaseID: d.LeaseID, Attempt: d.Attempt,
 		PublishedAtMs: d.PublishedAtMs, Key: d.Key, Headers: hs, ContentType: d.ContentType,
-		Body: d.Body, Topic: s.view.Topic, Group: s.view.Group, ExpiresAtMs: d.ExpiresAtMs,
+		Body: d.Body, Topic: s.view.Topic, Group: s.view.Group, ExpiresAtMs: d.ExpiresAtMs, Epoch: d.Term,
 	})
 	if s.pause != nil {
 		// After Deliver, so the consumer's room already counts it.

@@ -614,15 +614,17 @@ func (p *Partition) deliver(ds []pending) {
 			continue
 		}
 		var expires int64
+		var term uint64
 		if !p.single {
 			if in, ok := p.st.Lookup(d.offset, p.nowMs()); ok && in.LeaseID == d.leaseID {
 				expires = in.DeadlineMs
 			}
+			term = p.term.Load()
 		}
 		d.c.Deliver(Delivery{
 			Offset: d.offset, LeaseID: d.leaseID, Attempt: d.attempt,
 			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: m.Headers,
-			ContentType: m.ContentType, Body: m.Body, ExpiresAtMs: expires,
+			ContentType: m.ContentType, Body: m.Body, ExpiresAtMs: expires, Term: term,
 		})
 	}
 }

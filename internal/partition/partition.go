@@ -285,6 +285,9 @@ type Delivery struct {
 	// socket by then is dropped, since another owner may have leased the
 	// message again meanwhile.
 	ExpiresAtMs int64
+	// Term is the raft term of the owner that granted the lease, for a
+	// replica of a larger group (0 on a group of one): the DELIVER's epoch.
+	Term uint64
 }
 
 // Stats are a partition's counters as of the end of its last turn.

@@ -731,6 +731,12 @@ func (p *Partition) failOutcome(st *stage, err error) {
 	clear(st.replies)
 	st.replies = st.replies[:0]
 	refundCarried(st)
+	// The deliveries' credit goes back to their consumers: in a cluster a
+	// consumer stays attached to a replica that lost the lead, and would
+	// otherwise be short of that credit when it leads again.
+	for _, d := range st.deliveries {
+		d.c.RefundCredit(1)
+	}
 	clear(st.deliveries)
 	st.deliveries = st.deliveries[:0]
 	clear(st.ended)

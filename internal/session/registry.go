@@ -215,10 +215,13 @@ type Registry struct {
 	recKeep, recCloseClient, recCloseServer, recNew atomic.Uint64
 	lateOK, lateStale, lateUnknown, lateOther       atomic.Uint64
 	settleRepeated, storeErrors                     atomic.Uint64
-	restored, reclaimed, resumedAfterRestart        atomic.Uint64
-	restartExpired, restartReleased                 atomic.Uint64
-	inflightResent, inflightStale, inflightKept     atomic.Uint64
-	subsRefused                                     atomic.Uint64
+	// epochs is set once a delivery carried a non-zero epoch (a replicated
+	// partition): lease references naming an epoch are judged from then on.
+	epochs                                      atomic.Bool
+	restored, reclaimed, resumedAfterRestart    atomic.Uint64
+	restartExpired, restartReleased             atomic.Uint64
+	inflightResent, inflightStale, inflightKept atomic.Uint64
+	subsRefused                                 atomic.Uint64
 }
 
 // NewRegistry returns an empty registry.

@@ -135,6 +135,9 @@ type tagEntry struct {
 	adopted bool
 	// notAfterMs is the delivery's Outbound.NotAfterMs, kept for re-sends.
 	notAfterMs int64
+	// epoch is the DELIVER's epoch (0 on a single node): a lease reference
+	// naming another epoch does not name this delivery.
+	epoch uint64
 }
 
 func newSession(r *Registry, id string, token []byte) *Session {
@@ -608,10 +611,13 @@ func (s *Session) deliver(st *subState, sub Subscription, d Delivery) {
 	body := &protocol.Deliver{
 		SubID: st.id, Tag: tag, Partition: d.Partition, Offset: d.Offset, Attempt: d.Attempt,
 		PublishedAtMs: d.PublishedAtMs, Key: d.Key, Headers: d.Headers, ContentType: d.ContentType,
-		Body: d.Body, Topic: d.Topic, Group: d.Group, LeaseID: d.LeaseID, // epoch 0: a single node
+		Body: d.Body, Topic: d.Topic, Group: d.Group, LeaseID: d.LeaseID, Epoch: d.Epoch, // 0 on a single node
+	}
+	if d.Epoch != 0 && !s.reg.epochs.Load() {
+		s.reg.epochs.Store(true)
 	}
 	o := Outbound{Body: body, NotAfterMs: d.ExpiresAtMs}
-	e := tagEntry{st: st, partition: d.Partition, offset: d.Offset, leaseID: d.LeaseID, gen: s.attachGen, notAfterMs: d.ExpiresAtMs}
+	e := tagEntry{st: st, partition: d.Partition, offset: d.Offset, leaseID: d.LeaseID, gen: s.attachGen, notAfterMs: d.ExpiresAtMs, epoch: d.Epoch}
 	if st.autoAck {
 		o.AfterWrite = func() { s.autoAck(tag) }
 	} else if n := int64(o.Bytes()); s.heldBytes+n <= s.reg.cfg.ResendBytesMax {

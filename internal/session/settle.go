@@ -37,19 +37,25 @@ type leaseRec struct {
 	partition uint32
 	offset    uint64
 	leaseID   uint64
+	epoch     uint64      // the DELIVER's epoch (0 on a single node)
 	op        protocol.Op // outcomes only: the settle that ended it
 }
 
+// matches reports whether ref names this lease. A reference of epoch 0
+// (a client that does not echo epochs) matches any epoch; another epoch
+// names a delivery of another owner.
 func (r *leaseRec) matches(ref *protocol.LeaseRef) bool {
-	return ref == nil || ref.SubID == r.subID && ref.Partition == r.partition && ref.Offset == r.offset && ref.LeaseID == r.leaseID
+	return ref == nil || ref.SubID == r.subID && ref.Partition == r.partition && ref.Offset == r.offset && ref.LeaseID == r.leaseID &&
+		(ref.Epoch == 0 || ref.Epoch == r.epoch)
 }
 
 func (e *tagEntry) matches(ref *protocol.LeaseRef) bool {
-	return ref == nil || ref.SubID == e.st.id && ref.Partition == e.partition && ref.Offset == e.offset && ref.LeaseID == e.leaseID
+	return ref == nil || ref.SubID == e.st.id && ref.Partition == e.partition && ref.Offset == e.offset && ref.LeaseID == e.leaseID &&
+		(ref.Epoch == 0 || ref.Epoch == e.epoch)
 }
 
 func (e *tagEntry) rec(op protocol.Op) leaseRec {
-	return leaseRec{sub: e.st.sub, subID: e.st.id, partition: e.partition, offset: e.offset, leaseID: e.leaseID, op: op}
+	return leaseRec{sub: e.st.sub, subID: e.st.id, partition: e.partition, offset: e.offset, leaseID: e.leaseID, epoch: e.epoch, op: op}
 }
 
 // tagMemory is a map of tags bounded in entries; past the bound the oldest
@@ -127,8 +133,9 @@ func (s *Session) Settle(kind protocol.Op, tags []uint64, leases []protocol.Leas
 		if len(leases) > 0 {
 			ref = &leases[i]
 		}
-		if ref != nil && ref.Epoch != 0 {
-			// A single node only issues epoch 0.
+		if ref != nil && ref.Epoch != 0 && !s.reg.epochs.Load() {
+			// No partition here has issued an epoch (a single node never
+			// does): the reference names no delivery of this broker.
 			codes[i] = protocol.CodeStaleLease
 			lateStale++
 			continue

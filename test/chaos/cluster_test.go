@@ -275,17 +275,13 @@ func TestClusterOwnerKill9(t *testing.T) {
 }
 
 // TestClusterOwnerPause stops the owner with SIGSTOP and lets it go on.
-//
-// It is not part of the default run: a consumer whose acks hang on the
-// stopped node stops reading, and the messages already in its client's
-// buffer outlive their leases there; the new owner leases them again, and
-// the first consumer then reads its stale copies after they were settled
-// elsewhere (its acks of them are refused as stale). The checker counts
-// those as settled messages delivered again (docs/cluster.md, "Not done
-// yet"). SINEW_CHAOS_CLUSTER_PAUSE=1 runs it.
+// It is not part of the default run yet (SINEW_CHAOS_CLUSTER_PAUSE=1 runs
+// it): it found two faults only recently fixed (a client reading messages
+// past their leases, and a replica that lost the lead leaking its
+// consumers' credit) and has too few clean runs behind it to gate CI.
 func TestClusterOwnerPause(t *testing.T) {
 	if os.Getenv("SINEW_CHAOS_CLUSTER_PAUSE") == "" {
-		t.Skip("known gap: a stalled owner makes clients read messages past their leases (docs/cluster.md); SINEW_CHAOS_CLUSTER_PAUSE=1 runs it")
+		t.Skip("not in the default run yet (docs/cluster.md, \"The Jepsen-style run\"); SINEW_CHAOS_CLUSTER_PAUSE=1 runs it")
 	}
 	runClusterScenario(t, "cluster-owner-pause", 4*time.Second, ownerPause)
 }
