@@ -67,6 +67,10 @@ const (
 
 // Config configures a Server.
 type Config struct {
+	// Cluster marks a cluster node: its replicated partitions issue
+	// deliveries with non-zero epochs (raft terms), which lease references
+	// may then name.
+	Cluster bool
 	// Backend is the broker. Required.
 	Backend session.Backend
 	// OwnerID identifies this broker in resume identities; it must be stable across

@@ -69,7 +69,7 @@ func New(cfg Config) (*Server, error) {
 		ReconnectGraceMsLive: cfg.ReconnectGraceMsLive, AfterFunc: cfg.AfterFunc, Logger: cfg.Logger, PrefetchDefault: cfg.PrefetchDefault,
 		PrefetchMax: cfg.PrefetchMax, SubscriptionsMax: cfg.SubscriptionsMax,
 		DormantBytesMax: cfg.OutboundBytesMax, ResendBytesMax: cfg.ResendBytesMax, DormantSessionsMax: cfg.DormantSessionsMax,
-		Store: cfg.SessionStore, RestartGraceMs: cfg.RestartGraceMs,
+		Store: cfg.SessionStore, RestartGraceMs: cfg.RestartGraceMs, Epochs: cfg.Cluster,
 	})
 	if err != nil {
 		return nil, err

@@ -89,6 +89,10 @@ type Config struct {
 	PrefetchMax uint32
 	// SubscriptionsMax bounds subscriptions per session (default 256).
 	SubscriptionsMax int
+	// Epochs: deliveries may carry non-zero epochs (a cluster node's
+	// replicated partitions), so lease references naming one are judged;
+	// without it such a reference names no delivery of this broker.
+	Epochs bool
 	// DormantBytesMax bounds, in Outbound.Bytes, the pushes a dormant session
 	// buffers; at the bound its subscriptions are paused until a resume. It
 	// bounds the same way the deliveries a subscription holds before its

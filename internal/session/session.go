@@ -613,9 +613,6 @@ func (s *Session) deliver(st *subState, sub Subscription, d Delivery) {
 		PublishedAtMs: d.PublishedAtMs, Key: d.Key, Headers: d.Headers, ContentType: d.ContentType,
 		Body: d.Body, Topic: d.Topic, Group: d.Group, LeaseID: d.LeaseID, Epoch: d.Epoch, // 0 on a single node
 	}
-	if d.Epoch != 0 && !s.reg.epochs.Load() {
-		s.reg.epochs.Store(true)
-	}
 	o := Outbound{Body: body, NotAfterMs: d.ExpiresAtMs}
 	e := tagEntry{st: st, partition: d.Partition, offset: d.Offset, leaseID: d.LeaseID, gen: s.attachGen, notAfterMs: d.ExpiresAtMs, epoch: d.Epoch}
 	if st.autoAck {

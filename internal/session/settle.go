@@ -42,16 +42,17 @@ type leaseRec struct {
 }
 
 // matches reports whether ref names this lease. A reference of epoch 0
-// (a client that does not echo epochs) matches any epoch; another epoch
-// names a delivery of another owner.
+// (a client that does not echo epochs) matches any epoch, as does a lease
+// whose epoch is not known (restored after a restart); another epoch names
+// a delivery of another owner.
 func (r *leaseRec) matches(ref *protocol.LeaseRef) bool {
 	return ref == nil || ref.SubID == r.subID && ref.Partition == r.partition && ref.Offset == r.offset && ref.LeaseID == r.leaseID &&
-		(ref.Epoch == 0 || ref.Epoch == r.epoch)
+		(ref.Epoch == 0 || r.epoch == 0 || ref.Epoch == r.epoch)
 }
 
 func (e *tagEntry) matches(ref *protocol.LeaseRef) bool {
 	return ref == nil || ref.SubID == e.st.id && ref.Partition == e.partition && ref.Offset == e.offset && ref.LeaseID == e.leaseID &&
-		(ref.Epoch == 0 || ref.Epoch == e.epoch)
+		(ref.Epoch == 0 || e.epoch == 0 || ref.Epoch == e.epoch)
 }
 
 func (e *tagEntry) rec(op protocol.Op) leaseRec {
@@ -133,9 +134,9 @@ func (s *Session) Settle(kind protocol.Op, tags []uint64, leases []protocol.Leas
 		if len(leases) > 0 {
 			ref = &leases[i]
 		}
-		if ref != nil && ref.Epoch != 0 && !s.reg.epochs.Load() {
-			// No partition here has issued an epoch (a single node never
-			// does): the reference names no delivery of this broker.
+		if ref != nil && ref.Epoch != 0 && !s.reg.cfg.Epochs {
+			// A single node never issues an epoch: the reference names
+			// no delivery of this broker.
 			codes[i] = protocol.CodeStaleLease
 			lateStale++
 			continue
