@@ -110,6 +110,8 @@ func TestClientCommandErrors(t *testing.T) {
 		{[]string{"consume", "--topic", "t", "--bogus"}, 2, "bogus"},
 		{[]string{"publish", "--addr", free, "--topic", "t", "--connect-timeout", "500ms"}, 1, "unreachable"},
 		{[]string{"consume", "--addr", addr, "--topic", "t", "--token", "wrong"}, 1, "rejected the credentials"},
+		{[]string{"publish", "--addr", addr + ",nope", "--topic", "t"}, 2, "not host:port"},
+		{[]string{"consume", "--addr", addr + ",", "--topic", "t"}, 2, "not host:port"},
 	}
 	for _, tc := range cases {
 		code, _, errOut := runCmd(t, "", tc.args...)
@@ -122,6 +124,11 @@ func TestClientCommandErrors(t *testing.T) {
 	code, out, errOut := runCmd(t, "x\n", "publish", "--addr", addr, "--topic", "t", "--token", "secret")
 	if code != 0 || out != "published to t: confirmed 1, failed 0\n" {
 		t.Fatalf("with the right token: exit %d, %q %q", code, out, errOut)
+	}
+	// Several addresses: the first is dialled, the others are seeds.
+	code, out, errOut = runCmd(t, "y\n", "publish", "--addr", addr+", "+free, "--topic", "t", "--token", "secret")
+	if code != 0 || out != "published to t: confirmed 1, failed 0\n" {
+		t.Fatalf("with a list of addresses: exit %d, %q %q", code, out, errOut)
 	}
 }
 

@@ -103,7 +103,7 @@ func addClientFlags(fs *flag.FlagSet) clientFlags {
 		addr = clientAddrDefault
 	}
 	return clientFlags{
-		addr:      fs.String("addr", addr, "broker address `host:port` (env SINEW_ADDR)"),
+		addr:      fs.String("addr", addr, "broker address `host:port` (env SINEW_ADDR); for a cluster, several comma-separated: the first is dialled, the others are seeds the client turns to when a partition's owner is elsewhere or gone"),
 		credFlags: addCredFlags(fs),
 		timeout:   fs.Duration("connect-timeout", clientConnectTimeoutDefault, "give up the first connect after this long"),
 		tls:       addTLSFlags(fs),
@@ -117,7 +117,8 @@ func (f clientFlags) dial(ctx context.Context, name string, stderr io.Writer) (*
 	if *f.timeout <= 0 {
 		return nil, fmt.Errorf("%w: --connect-timeout must be positive", errUsage)
 	}
-	if err := checkHostPort("--addr", *f.addr); err != nil {
+	addrs, err := clientAddrs(*f.addr)
+	if err != nil {
 		return nil, err
 	}
 	cred, err := f.credentials()
@@ -135,11 +136,28 @@ func (f clientFlags) dial(ctx context.Context, name string, stderr io.Writer) (*
 	if tcfg != nil {
 		opts = append(opts, sinew.WithTLS(tcfg))
 	}
-	c, err := sinew.Dial(ctx, *f.addr, opts...)
+	if len(addrs) > 1 {
+		opts = append(opts, sinew.WithSeeds(addrs[1:]...))
+	}
+	c, err := sinew.Dial(ctx, addrs[0], opts...)
 	if err != nil {
-		return nil, describeClientErr(*f.addr, err)
+		return nil, describeClientErr(addrs[0], err)
 	}
 	return c, nil
+}
+
+// clientAddrs splits --addr: one host:port, or several comma-separated
+// (a cluster's nodes), each of which must be host:port.
+func clientAddrs(flagValue string) ([]string, error) {
+	var out []string
+	for _, a := range strings.Split(flagValue, ",") {
+		a = strings.TrimSpace(a)
+		if err := checkHostPort("--addr", a); err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 // passwordFileBytesMax bounds what --password-file reads: a password is at
@@ -254,7 +272,7 @@ func runPublish(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		checkRange("window", int64(*window), 1, publishWindowMax),
 		checkRange("count", int64(*count), 0, math.MaxInt32),
 		checkRange("size", int64(*size), 0, publishBodyBytesMax),
-		checkHostPort("--addr", *cf.addr),
+		checkAddrs(*cf.addr),
 	); err != nil {
 		return err
 	}
@@ -419,6 +437,12 @@ func bodySource(stdin io.Reader, count, size int) func() ([]byte, error) {
 		}
 		return append([]byte(nil), body...), nil
 	}
+}
+
+// checkAddrs is clientAddrs's check alone.
+func checkAddrs(flagValue string) error {
+	_, err := clientAddrs(flagValue)
+	return err
 }
 
 // checkHostPort refuses an address that cannot be dialled at all (no
