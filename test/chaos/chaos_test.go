@@ -260,23 +260,9 @@ func runScenario(t *testing.T, sc scenario) {
 			faultErr = fmt.Errorf("final restart: %w", err)
 		}
 	}
-	// Give the producers a moment to publish against the healed broker,
-	// then stop them.
-	select {
-	case <-run.ProducersDone():
-	case <-time.After(min(phase/4, 5*time.Second)):
-	}
-	stopErr := run.StopProducers()
-	drain := drainTimeoutShort
-	if long() {
-		drain = drainTimeoutLong
-	}
-	drainErr := run.Drain(drain)
-	unsettled := ck.Outstanding()
-	stopErr = errors.Join(stopErr, run.Stop())
+	res, drainErr, stopErr := finishRun(run, ck, sc.name, phase, e.faults)
 	stopped = true
-	rep := ck.Report()
-	res = result{name: sc.name, faults: e.faults, rep: rep, stats: run.Stats().Snapshot(), unsettled: unsettled, status: "ok"}
+	rep := res.rep
 	t.Logf("%s: faults=%d %s", sc.name, e.faults, rep)
 	t.Logf("%s: workload %s", sc.name, run.Stats())
 	if drainErr != nil {
@@ -300,6 +286,26 @@ func runScenario(t *testing.T, sc scenario) {
 	if rep.Confirmed == 0 {
 		t.Fatalf("%s: nothing was confirmed; the scenario tested nothing\nbroker stderr (tail):\n%s", sc.name, b.StderrTail())
 	}
+}
+
+// finishRun gives the producers a moment to publish against the healed
+// broker, stops them, drains (bounded), stops the workload and returns the
+// scenario's result.
+func finishRun(run *workload.Run, ck *checker.Checker, name string, phase time.Duration, faults int) (res result, drainErr, stopErr error) {
+	select {
+	case <-run.ProducersDone():
+	case <-time.After(min(phase/4, 5*time.Second)):
+	}
+	stopErr = run.StopProducers()
+	drain := drainTimeoutShort
+	if long() {
+		drain = drainTimeoutLong
+	}
+	drainErr = run.Drain(drain)
+	unsettled := ck.Outstanding()
+	stopErr = errors.Join(stopErr, run.Stop())
+	res = result{name: name, faults: faults, rep: ck.Report(), stats: run.Stats().Snapshot(), unsettled: unsettled, status: "ok"}
+	return res, drainErr, stopErr
 }
 
 // nemesis injects faults every sc.every for phase, and returns the first

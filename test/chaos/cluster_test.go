@@ -367,21 +367,9 @@ func runClusterScenario(t *testing.T, name string, every time.Duration, fault fu
 			}
 		}
 	}
-	select {
-	case <-run.ProducersDone():
-	case <-time.After(min(phase/4, 5*time.Second)):
-	}
-	stopErr := run.StopProducers()
-	drain := drainTimeoutShort
-	if long() {
-		drain = drainTimeoutLong
-	}
-	drainErr := run.Drain(drain)
-	unsettled := ck.Outstanding()
-	stopErr = errors.Join(stopErr, run.Stop())
+	res, drainErr, stopErr := finishRun(run, ck, name, phase, e.faults)
 	stopped = true
-	rep := ck.Report()
-	res = result{name: name, faults: e.faults, rep: rep, stats: run.Stats().Snapshot(), unsettled: unsettled, status: "ok"}
+	rep := res.rep
 	t.Logf("%s: faults=%d failovers=%v %s", name, e.faults, e.failovers, rep)
 	t.Logf("%s: workload %s", name, run.Stats())
 	tails := func() string {

@@ -83,21 +83,9 @@ func TestClusterReplicatedQueueSurvivesOwnerKill(t *testing.T) {
 	for _, c := range nodes {
 		awaitNodes(t, c, "three voters", func(v nodesView) bool { return controllerAgrees(v, three, nil, three, nil) })
 	}
-	byAddr := map[string]*clusterChild{}
-	var addrs []string
-	for _, c := range nodes {
-		byAddr[c.addr] = c
-		addrs = append(addrs, c.addr)
-	}
 	// The client dials one node and knows the others as seeds: it finds
 	// the owner by itself.
-	ctx0, cancel0 := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel0()
-	client, err := sinew.Dial(ctx0, addrs[1], fastReconnect(), sinew.WithSeeds(addrs...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	byAddr, addrs, client := seededClient(t, nodes, 1)
 	const topic = "replicated"
 	confirmed := map[string]bool{}
 	publish := func(body string, bound time.Duration) {
@@ -184,44 +172,7 @@ func TestClusterReplicatedQueueSurvivesOwnerKill(t *testing.T) {
 	}
 
 	// Everything confirmed is there, on the new owner.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	consumer, err := sinew.Dial(ctx, newOwner, fastReconnect())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer consumer.Close()
-	sub, err := consumer.Subscribe(ctx, topic, sinew.WithPrefetch(64))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]bool{}
-	for !coversAll(got, confirmed) {
-		select {
-		case m, ok := <-sub.Messages():
-			if !ok {
-				t.Fatalf("subscription ended: %v", sub.Err())
-			}
-			got[string(m.Body)] = true
-			if err := m.Complete(ctx); err != nil {
-				t.Fatalf("complete: %v", err)
-			}
-		case <-ctx.Done():
-			var missing []string
-			for b := range confirmed {
-				if !got[b] {
-					missing = append(missing, b)
-				}
-			}
-			sort.Strings(missing)
-			t.Fatalf("%d of %d confirmed messages not delivered, e.g. %v", len(missing), len(confirmed), missing[:min(10, len(missing))])
-		}
-	}
-	for b := range got {
-		if !confirmed[b] {
-			t.Errorf("delivered %q, never published", b)
-		}
-	}
+	consumeAll(t, newOwner, topic, confirmed)
 
 	// The killed node restarts on its data directory and follows.
 	back := startClusterChild(t, bin, killed.dir, nodes[0].gossip, nodes[1].gossip, nodes[2].gossip)
@@ -273,19 +224,9 @@ func TestClusterRecoveryPlanRestoresRF(t *testing.T) {
 			return controllerAgrees(v, three, []string{id[spare]}, four, nil)
 		})
 	}
-	byAddr := map[string]*clusterChild{}
-	var addrs []string
-	for _, c := range nodes {
-		byAddr[c.addr] = c
-		addrs = append(addrs, c.addr)
-	}
+	byAddr, _, client := seededClient(t, nodes, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	client, err := sinew.Dial(ctx, addrs[0], fastReconnect(), sinew.WithSeeds(addrs...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
 	const topic = "recovered"
 	confirmed := map[string]bool{}
 	for i := range 200 {
@@ -362,7 +303,38 @@ func TestClusterRecoveryPlanRestoresRF(t *testing.T) {
 		}
 		confirmed[b] = true
 	}
-	consumer, err := sinew.Dial(ctx, after.Owner, fastReconnect())
+	consumeAll(t, after.Owner, topic, confirmed)
+}
+
+// seededClient dials nodes[dial] with every node as a seed; it returns the
+// nodes by client address, the addresses, and the client (closed at the
+// test's end).
+func seededClient(t *testing.T, nodes []*clusterChild, dial int) (map[string]*clusterChild, []string, *sinew.Client) {
+	t.Helper()
+	byAddr := map[string]*clusterChild{}
+	var addrs []string
+	for _, c := range nodes {
+		byAddr[c.addr] = c
+		addrs = append(addrs, c.addr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	client, err := sinew.Dial(ctx, addrs[dial], fastReconnect(), sinew.WithSeeds(addrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	return byAddr, addrs, client
+}
+
+// consumeAll subscribes at addr and completes messages until every body in
+// confirmed was delivered (bounded); a delivered body never published fails
+// the test.
+func consumeAll(t *testing.T, addr, topic string, confirmed map[string]bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	consumer, err := sinew.Dial(ctx, addr, fastReconnect())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,13 +346,28 @@ func TestClusterRecoveryPlanRestoresRF(t *testing.T) {
 	got := map[string]bool{}
 	for !coversAll(got, confirmed) {
 		select {
-		case m := <-sub.Messages():
+		case m, ok := <-sub.Messages():
+			if !ok {
+				t.Fatalf("subscription ended: %v", sub.Err())
+			}
 			got[string(m.Body)] = true
 			if err := m.Complete(ctx); err != nil {
-				t.Fatal(err)
+				t.Fatalf("complete: %v", err)
 			}
 		case <-ctx.Done():
-			t.Fatalf("%d of %d confirmed messages delivered", len(got), len(confirmed))
+			var missing []string
+			for b := range confirmed {
+				if !got[b] {
+					missing = append(missing, b)
+				}
+			}
+			sort.Strings(missing)
+			t.Fatalf("%d of %d confirmed messages not delivered, e.g. %v", len(missing), len(confirmed), missing[:min(10, len(missing))])
+		}
+	}
+	for b := range got {
+		if !confirmed[b] {
+			t.Errorf("delivered %q, never published", b)
 		}
 	}
 }
