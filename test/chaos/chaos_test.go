@@ -164,27 +164,40 @@ type result struct {
 	status string
 }
 
-func runScenario(t *testing.T, sc scenario) {
-	// Every scenario leaves a summary row, also when it fails half way.
-	res := result{name: sc.name, status: "unfinished"}
-	defer func() {
+// recordAtEnd makes the scenario leave its summary row *res when the test
+// ends, also when it fails half way.
+func recordAtEnd(t *testing.T, res *result) {
+	t.Cleanup(func() {
 		switch {
 		case t.Failed():
 			res.status = "FAIL"
 		case t.Skipped():
 			res.status = "skipped"
 		}
-		record(t, res)
-	}()
-	bin := binary(t)
-	base := t.TempDir()
-	if keep := os.Getenv(envKeep); keep != "" {
-		var err error
-		if base, err = os.MkdirTemp(keep, sc.name+"-"); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("data dir and logs kept in %s", base)
+		record(t, *res)
+	})
+}
+
+// scenarioDir is where a scenario's data and logs go: a temporary
+// directory, or one under SINEW_CHAOS_KEEP that is kept.
+func scenarioDir(t *testing.T, name string) string {
+	keep := os.Getenv(envKeep)
+	if keep == "" {
+		return t.TempDir()
 	}
+	base, err := os.MkdirTemp(keep, name+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("data and logs kept in %s", base)
+	return base
+}
+
+func runScenario(t *testing.T, sc scenario) {
+	res := result{name: sc.name, status: "unfinished"}
+	recordAtEnd(t, &res)
+	bin := binary(t)
+	base := scenarioDir(t, sc.name)
 	dataDir := filepath.Join(base, "data")
 	fsDir := base
 	if sc.tmpfsBytes > 0 {

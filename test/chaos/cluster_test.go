@@ -296,25 +296,9 @@ func runClusterScenario(t *testing.T, name string, every time.Duration, fault fu
 		t.Skip("runs three broker processes")
 	}
 	res := result{name: name, status: "unfinished"}
-	defer func() {
-		switch {
-		case t.Failed():
-			res.status = "FAIL"
-		case t.Skipped():
-			res.status = "skipped"
-		}
-		record(t, res)
-	}()
+	recordAtEnd(t, &res)
 	bin := binary(t)
-	base := t.TempDir()
-	if keep := os.Getenv(envKeep); keep != "" {
-		var err error
-		if base, err = os.MkdirTemp(keep, name+"-"); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("data dirs and logs kept in %s", base)
-	}
-	nodes := startClusterNodes(t, bin, base)
+	nodes := startClusterNodes(t, bin, scenarioDir(t, name))
 	var seeds []string
 	for _, n := range nodes {
 		seeds = append(seeds, n.Addr())

@@ -78,11 +78,7 @@ func TestClusterReplicatedQueueSurvivesOwnerKill(t *testing.T) {
 		t.Skip("builds and runs the sinew binary")
 	}
 	bin := buildSinew(t)
-	nodes, id := startThree(t, bin)
-	three := []string{id[nodes[0]], id[nodes[1]], id[nodes[2]]}
-	for _, c := range nodes {
-		awaitNodes(t, c, "three voters", func(v nodesView) bool { return controllerAgrees(v, three, nil, three, nil) })
-	}
+	nodes, _, _ := startThreeVoting(t, bin)
 	// The client dials one node and knows the others as seeds: it finds
 	// the owner by itself.
 	byAddr, addrs, client := seededClient(t, nodes, 1)
@@ -210,11 +206,7 @@ func TestClusterRecoveryPlanRestoresRF(t *testing.T) {
 		t.Skip("builds and runs the sinew binary")
 	}
 	bin := buildSinew(t)
-	nodes, id := startThree(t, bin)
-	three := []string{id[nodes[0]], id[nodes[1]], id[nodes[2]]}
-	for _, c := range nodes {
-		awaitNodes(t, c, "three voters", func(v nodesView) bool { return controllerAgrees(v, three, nil, three, nil) })
-	}
+	nodes, id, three := startThreeVoting(t, bin)
 	spare := startClusterChild(t, bin, t.TempDir(), nodes[0].gossip)
 	id[spare] = nodesOf(t, spare.admin).Self.ID
 	nodes = append(nodes, spare)
@@ -370,4 +362,16 @@ func consumeAll(t *testing.T, addr, topic string, confirmed map[string]bool) {
 			t.Errorf("delivered %q, never published", b)
 		}
 	}
+}
+
+// startThreeVoting is startThree, waiting until every node's controller has
+// the three voters; it also returns their node ids in start order.
+func startThreeVoting(t *testing.T, bin string) ([]*clusterChild, map[*clusterChild]string, []string) {
+	t.Helper()
+	nodes, id := startThree(t, bin)
+	three := []string{id[nodes[0]], id[nodes[1]], id[nodes[2]]}
+	for _, c := range nodes {
+		awaitNodes(t, c, "three voters", func(v nodesView) bool { return controllerAgrees(v, three, nil, three, nil) })
+	}
+	return nodes, id, three
 }
