@@ -254,3 +254,41 @@ func TestRecoveryPlanMovesReplicas(t *testing.T) {
 		t.Fatalf("replicas %+v: want node 4 in node 3's place", q.Partitions)
 	}
 }
+
+// TestRecoveryPlanReplacesANodeThatLeft: a queue on three of four nodes;
+// one of its nodes leaves on purpose and its replicas move to the fourth at
+// once, without the dead node's grace.
+func TestRecoveryPlanReplacesANodeThatLeft(t *testing.T) {
+	c := newCluster(t)
+	c.start(1, true)
+	for id := uint64(2); id <= 4; id++ {
+		c.start(id, false)
+	}
+	c.until("four nodes, three voting", c.agreed([]uint64{1, 2, 3}, []uint64{4}, []uint64{1, 2, 3, 4}, nil))
+	c.mu.Lock()
+	n1 := c.nodes[1]
+	c.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := n1.CreateQueue(ctx, Queue{Topic: "q", Partitions: []Placement{{Replicas: []uint64{1, 2, 3}}}})
+		done <- err
+	}()
+	c.until("the queue is created", func() bool {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			return true
+		default:
+			return false
+		}
+	})
+	c.stop(2)
+	c.until("node 2 left and its replicas moved to node 4", func() bool {
+		q, ok := n1.Status().Table.Queue("q", "")
+		return ok && slices.Equal(q.Partitions[0].Replicas, []uint64{1, 4, 3})
+	}, 2)
+}
