@@ -202,33 +202,7 @@ func TestCreateQueueFromAnyNode(t *testing.T) {
 // which was held live, in every partition, and the bootstrap voters stay
 // as they were. A node that leaves is replaced the same way.
 func TestRecoveryPlanMovesReplicas(t *testing.T) {
-	c := newCluster(t)
-	c.start(1, true)
-	for id := uint64(2); id <= 4; id++ {
-		c.start(id, false)
-	}
-	c.until("four nodes, three voting", c.agreed([]uint64{1, 2, 3}, []uint64{4}, []uint64{1, 2, 3, 4}, nil))
-	c.mu.Lock()
-	n1 := c.nodes[1]
-	c.mu.Unlock()
-	done := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, err := n1.CreateQueue(ctx, Queue{Topic: "q", Partitions: []Placement{{Replicas: []uint64{1, 2, 3}}, {Replicas: []uint64{2, 3, 1}}}})
-		done <- err
-	}()
-	c.until("the queue is created", func() bool {
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-			return true
-		default:
-			return false
-		}
-	})
+	c, n1 := fourNodesWithQueue(t, Placement{Replicas: []uint64{1, 2, 3}}, Placement{Replicas: []uint64{2, 3, 1}})
 	holds := func(want ...uint64) func() bool {
 		return func() bool {
 			q, ok := n1.Status().Table.Queue("q", "")
@@ -259,6 +233,18 @@ func TestRecoveryPlanMovesReplicas(t *testing.T) {
 // one of its nodes leaves on purpose and its replicas move to the fourth at
 // once, without the dead node's grace.
 func TestRecoveryPlanReplacesANodeThatLeft(t *testing.T) {
+	c, n1 := fourNodesWithQueue(t, Placement{Replicas: []uint64{1, 2, 3}})
+	c.stop(2)
+	c.until("node 2 left and its replicas moved to node 4", func() bool {
+		q, ok := n1.Status().Table.Queue("q", "")
+		return ok && slices.Equal(q.Partitions[0].Replicas, []uint64{1, 4, 3})
+	}, 2)
+}
+
+// fourNodesWithQueue starts four controllers (three voting) and creates
+// queue "q" with the given placement through node 1, which it returns.
+func fourNodesWithQueue(t *testing.T, parts ...Placement) (*cluster, *Controller) {
+	t.Helper()
 	c := newCluster(t)
 	c.start(1, true)
 	for id := uint64(2); id <= 4; id++ {
@@ -272,7 +258,7 @@ func TestRecoveryPlanReplacesANodeThatLeft(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, err := n1.CreateQueue(ctx, Queue{Topic: "q", Partitions: []Placement{{Replicas: []uint64{1, 2, 3}}}})
+		_, err := n1.CreateQueue(ctx, Queue{Topic: "q", Partitions: parts})
 		done <- err
 	}()
 	c.until("the queue is created", func() bool {
@@ -286,9 +272,5 @@ func TestRecoveryPlanReplacesANodeThatLeft(t *testing.T) {
 			return false
 		}
 	})
-	c.stop(2)
-	c.until("node 2 left and its replicas moved to node 4", func() bool {
-		q, ok := n1.Status().Table.Queue("q", "")
-		return ok && slices.Equal(q.Partitions[0].Replicas, []uint64{1, 4, 3})
-	}, 2)
+	return c, n1
 }
