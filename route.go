@@ -126,8 +126,9 @@ func (r *router) retry(p *protocol.Publish, err error, from *endpoint) bool {
 			r.owners[routeKey{p.Topic, p.Group}] = be.Owner
 			r.mu.Unlock()
 			return true
-		case protocol.CodeUnavailable:
-			// An election under way, or a queue the cluster is creating.
+		case protocol.CodeUnavailable, protocol.CodeFenced:
+			// An election under way, a queue the cluster is creating, or
+			// a node cut off from the cluster's majority.
 			return r.clustered.Load()
 		}
 		return false

@@ -38,6 +38,7 @@ const (
 	CodeSequenceTooOld    Code = 22 // the producer sequence is below the broker's deduplication window
 	CodePermissionDenied  Code = 23 // the connection's principal may not do this to this topic
 	CodeNotOwner          Code = 24 // another node owns the partition; Error.Owner says where it is reached
+	CodeFenced            Code = 25 // this node may not serve the partition now (it lost its lead, or is cut off from its cluster); nothing took effect
 )
 
 type codeInfo struct {
@@ -71,6 +72,7 @@ var codeTable = map[Code]codeInfo{
 	CodeSequenceTooOld:    {"sequence_too_old", false},
 	CodePermissionDenied:  {"permission_denied", false},
 	CodeNotOwner:          {"not_owner", true},
+	CodeFenced:            {"fenced", true},
 }
 
 // Codes returns every defined code in ascending order.

@@ -199,6 +199,10 @@ func Decode(f Frame) (Body, error) {
 		b = new(Inflight)
 	case OpInflightResult:
 		b = new(InflightResult)
+	case OpMetadata:
+		b = new(Metadata)
+	case OpMetadataResult:
+		b = new(MetadataResult)
 	default:
 		return nil, Errorf(CodeUnknownOp, "unknown op 0x%02x", uint8(f.Op))
 	}

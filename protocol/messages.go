@@ -43,6 +43,8 @@ const (
 	OpEndSession      Op = 0x43 // client -> server, answered by OK, then the server closes
 	OpInflight        Op = 0x44 // client -> server, after RECONCILE on a resumed session
 	OpInflightResult  Op = 0x45 // server -> client
+	OpMetadata        Op = 0x50 // client -> server
+	OpMetadataResult  Op = 0x51 // server -> client
 )
 
 var opNames = map[Op]string{
@@ -53,6 +55,7 @@ var opNames = map[Op]string{
 	OpGoingAway: "GOING_AWAY", OpReconcile: "RECONCILE", OpReconcileResult: "RECONCILE_RESULT",
 	OpDeleteQueue: "DELETE_QUEUE", OpPurgeQueue: "PURGE_QUEUE", OpPurgeOK: "PURGE_OK",
 	OpEndSession: "END_SESSION", OpInflight: "INFLIGHT", OpInflightResult: "INFLIGHT_RESULT",
+	OpMetadata: "METADATA", OpMetadataResult: "METADATA_RESULT",
 }
 
 func (o Op) String() string {
@@ -921,4 +924,81 @@ func (m *InflightResult) decode(d *dec) {
 	}
 	m.Resent = d.at("resent").uvarint()
 	m.Kept = d.at("kept").uvarint()
+}
+
+// Metadata asks where a queue's partitions are served. It is answered by
+// MetadataResult.
+type Metadata struct {
+	Topic, Group string
+}
+
+// MetadataResult answers Metadata. On a single node Cluster is false and
+// every partition is served by the node that answered (Owner and Replicas
+// empty, Epoch 0).
+type MetadataResult struct {
+	Cluster    bool
+	Partitions []PartitionMeta
+}
+
+// PartitionMeta is one partition's place in a cluster: its owner's client
+// address ("" while no owner is known to the answering node), the owner's
+// epoch (its raft term; DELIVER carries the same), and the client addresses
+// of its replicas.
+type PartitionMeta struct {
+	Partition uint32
+	Owner     string
+	Epoch     uint64
+	Replicas  []string
+}
+
+func (*Metadata) Op() Op { return OpMetadata }
+func (m *Metadata) AppendBody(b []byte) []byte {
+	e := enc{b}
+	e.str(m.Topic)
+	e.str(m.Group)
+	return e.b
+}
+func (m *Metadata) decode(d *dec) {
+	m.Topic = d.at("topic").str()
+	m.Group = d.at("group").str()
+}
+
+// metadataReplicasMax bounds the replicas listed per partition.
+const metadataReplicasMax = 64
+
+func (*MetadataResult) Op() Op { return OpMetadataResult }
+func (m *MetadataResult) AppendBody(b []byte) []byte {
+	e := enc{b}
+	e.boolean(m.Cluster)
+	e.uvarint(uint64(len(m.Partitions)))
+	for _, p := range m.Partitions {
+		e.uvarint(uint64(p.Partition))
+		e.str(p.Owner)
+		e.uvarint(p.Epoch)
+		e.uvarint(uint64(len(p.Replicas)))
+		for _, r := range p.Replicas {
+			e.str(r)
+		}
+	}
+	return e.b
+}
+func (m *MetadataResult) decode(d *dec) {
+	m.Cluster = d.at("cluster").boolean()
+	n := d.at("partitions").count(listItemsMax, 4)
+	if n > 0 {
+		m.Partitions = make([]PartitionMeta, n)
+		for i := range m.Partitions {
+			p := &m.Partitions[i]
+			p.Partition = d.at("partition").u32()
+			p.Owner = d.at("owner").str()
+			p.Epoch = d.at("epoch").uvarint()
+			k := d.at("replicas").count(metadataReplicasMax, 1)
+			if k > 0 {
+				p.Replicas = make([]string, k)
+				for j := range p.Replicas {
+					p.Replicas[j] = d.str()
+				}
+			}
+		}
+	}
 }

@@ -142,6 +142,12 @@ func vectorCases() []vectorCase {
 		{name: "end_session", requestID: 30, body: &EndSession{}},
 		{name: "inflight", requestID: 21, body: &Inflight{Entries: []InflightEntry{{Tag: 9, Lease: lr}, {Tag: u64max, Lease: lrEdge}, {Tag: 10}}}},
 		{name: "inflight_result", requestID: 21, body: &InflightResult{Stale: []uint64{3, u64max}, Resent: 2, Kept: u64max}},
+		{name: "metadata", requestID: 40, body: &Metadata{Topic: "orders", Group: "eu"}},
+		{name: "metadata_result", requestID: 40, body: &MetadataResult{Cluster: true, Partitions: []PartitionMeta{
+			{Partition: 0, Owner: "10.0.0.1:7600", Epoch: 7, Replicas: []string{"10.0.0.1:7600", "10.0.0.2:7600", "10.0.0.3:7600"}},
+			{Partition: u32max, Epoch: u64max},
+		}}},
+		{name: "metadata_result/single", requestID: 40, body: &MetadataResult{Partitions: []PartitionMeta{{Partition: 0}, {Partition: 1}}}},
 	}
 
 	// Frames an older encoder writes: appended fields absent. A decoder must

@@ -49,6 +49,15 @@ func (n *clusterNode) CreateQueue(ctx context.Context, topic, group string, sett
 	return catalogueQueue(q), nil
 }
 
+// Lookup returns the catalogue's entry for a queue as this node applied it.
+func (n *clusterNode) Lookup(topic, group string) (broker.CatalogueQueue, bool) {
+	q, ok := n.ctl.Status().Table.Queue(topic, group)
+	if !ok {
+		return broker.CatalogueQueue{}, false
+	}
+	return catalogueQueue(q), true
+}
+
 func catalogueQueue(q controller.Queue) broker.CatalogueQueue {
 	out := broker.CatalogueQueue{Topic: q.Topic, Group: q.Group, Settings: q.Settings}
 	for _, p := range q.Partitions {

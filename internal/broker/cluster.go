@@ -39,6 +39,8 @@ type Cluster interface {
 	// nodes dead: it then refuses publishes and settles at once (a quorum
 	// could not confirm them anyway) so that clients go elsewhere.
 	Fenced() bool
+	// Lookup returns the catalogue's entry for a queue, if it holds one.
+	Lookup(topic, group string) (CatalogueQueue, bool)
 }
 
 // CatalogueQueue is a queue as the controller's catalogue holds it.
@@ -305,8 +307,52 @@ func (b *Broker) Reconfigure(ctx context.Context) {
 }
 
 // errFenced answers a write on a fenced node.
-var errFenced = protocol.Errorf(protocol.CodeUnavailable,
+var errFenced = protocol.Errorf(protocol.CodeFenced,
 	"this node is fenced: it sees a majority of the cluster's nodes dead, so it takes no writes; retry through another node")
+
+// Metadata says where each partition of a queue is served: on a single node
+// by this node; in a cluster by its owner (the raft leader, with its term as
+// the epoch), among the replicas the catalogue places it on. A node that
+// holds no replica of the queue knows its replicas but not its owner. A
+// queue that does not exist is not_found: Metadata never creates one.
+func (b *Broker) Metadata(topic, group string) (protocol.MetadataResult, error) {
+	k := queueKey{topic, group}
+	b.mu.RLock()
+	q := b.queues[k]
+	b.mu.RUnlock()
+	if b.cfg.Cluster == nil {
+		if q == nil {
+			return protocol.MetadataResult{}, protocol.Errorf(protocol.CodeNotFound, "no queue %q group %q", topic, group)
+		}
+		res := protocol.MetadataResult{Partitions: make([]protocol.PartitionMeta, len(q.parts))}
+		for i := range q.parts {
+			res.Partitions[i].Partition = uint32(i)
+		}
+		return res, nil
+	}
+	var raft []RaftPlacement
+	if q != nil {
+		raft = q.meta.Load().Raft
+	} else if cq, ok := b.cfg.Cluster.Lookup(topic, group); ok {
+		raft = cq.Partitions
+	} else {
+		return protocol.MetadataResult{}, protocol.Errorf(protocol.CodeNotFound, "no queue %q group %q in the cluster's catalogue", topic, group)
+	}
+	res := protocol.MetadataResult{Cluster: true, Partitions: make([]protocol.PartitionMeta, len(raft))}
+	for i, pl := range raft {
+		pm := &res.Partitions[i]
+		pm.Partition = uint32(i)
+		for _, r := range pl.Replicas {
+			if a := b.cfg.Cluster.ClientAddr(r); a != "" {
+				pm.Replicas = append(pm.Replicas, a)
+			}
+		}
+		if q != nil && i < len(q.parts) {
+			pm.Owner, pm.Epoch = b.partitionOwner(q.parts[i])
+		}
+	}
+	return res, nil
+}
 
 // fenced reports whether this node is a fenced cluster node.
 func (b *Broker) fenced() bool { return b.cfg.Cluster != nil && b.cfg.Cluster.Fenced() }

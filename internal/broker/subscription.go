@@ -295,7 +295,7 @@ func (s *Subscription) Settle(kind protocol.Op, partitionIdx uint32, offset, lea
 		return
 	}
 	if s.b.fenced() {
-		done(protocol.CodeUnavailable)
+		done(protocol.CodeFenced)
 		return
 	}
 	if kind == protocol.OpNack && delayMs > s.b.cfg.NackDelayMsMax {
@@ -317,8 +317,15 @@ func (s *Subscription) Settle(kind protocol.Op, partitionIdx uint32, offset, lea
 			break
 		}
 	}
-	s.q.parts[partitionIdx].SettleFor(by, op, offset, leaseID, notBefore, func(err error) {
+	p := s.q.parts[partitionIdx]
+	p.SettleFor(by, op, offset, leaseID, notBefore, func(err error) {
 		code := settleCode(kind, err)
+		if err != nil && s.q.self != 0 && (errors.Is(err, partition.ErrNotLeader) || !s.q.leadsHere(p)) {
+			// A replica that does not lead (any more) settles nothing:
+			// the lease is the owner's to settle, and the client sends
+			// the settle there by its lease reference.
+			code = protocol.CodeFenced
+		}
 		refund := false
 		if code != protocol.CodeResourceExhausted {
 			// Settled, stale or refused for good: the delivery is no

@@ -238,7 +238,8 @@ func clientOp(op protocol.Op) bool {
 	switch op {
 	case protocol.OpHello, protocol.OpPing, protocol.OpPong, protocol.OpDeclareQueue, protocol.OpPublish,
 		protocol.OpSubscribe, protocol.OpUnsubscribe, protocol.OpAck, protocol.OpNack, protocol.OpFail,
-		protocol.OpReconcile, protocol.OpDeleteQueue, protocol.OpPurgeQueue, protocol.OpEndSession, protocol.OpInflight:
+		protocol.OpReconcile, protocol.OpDeleteQueue, protocol.OpPurgeQueue, protocol.OpEndSession, protocol.OpInflight,
+		protocol.OpMetadata:
 		return true
 	}
 	return false
@@ -316,6 +317,8 @@ func (c *conn) handle(f protocol.Frame) error {
 		}
 	case *protocol.Settle:
 		c.settle(f.RequestID, noReply, b)
+	case *protocol.Metadata:
+		c.metadata(f.RequestID, b)
 	case *protocol.Reconcile:
 		allow := func(topic string) error { return c.permit(auth.ActionConsume, topic) }
 		if err := c.sess.ReconcileWith(c.w, f.RequestID, b, allow); err != nil {
@@ -533,6 +536,28 @@ func (c *conn) deleteQueue(reqID uint64, d *protocol.DeleteQueue) {
 		return
 	}
 	c.w.Send(session.Outbound{RequestID: reqID, Body: &protocol.OK{}})
+}
+
+// metadata answers METADATA: where the queue's partitions are served. A
+// principal that may publish to or consume from the topic may ask.
+func (c *conn) metadata(reqID uint64, m *protocol.Metadata) {
+	mb, ok := c.srv.cfg.Backend.(session.MetadataBackend)
+	if !ok {
+		c.replyErr(reqID, protocol.Errorf(protocol.CodeUnknownOp, "this server does not answer METADATA"))
+		return
+	}
+	if !c.principal.Allows(auth.ActionPublish, m.Topic) {
+		if err := c.permit(auth.ActionConsume, m.Topic); err != nil {
+			c.replyErr(reqID, err)
+			return
+		}
+	}
+	res, err := mb.Metadata(m)
+	if err != nil {
+		c.replyErr(reqID, err)
+		return
+	}
+	c.w.Send(session.Outbound{RequestID: reqID, Body: &res})
 }
 
 // purgeQueue hands the purge to the backend and answers from its callback.

@@ -29,6 +29,13 @@ type Backend interface {
 	Ready() bool
 }
 
+// MetadataBackend may be implemented by a Backend that can say where a
+// queue's partitions are served (METADATA). The server answers METADATA
+// with unknown_op for a backend without it.
+type MetadataBackend interface {
+	Metadata(m *protocol.Metadata) (protocol.MetadataResult, error)
+}
+
 // StableBackend may be implemented by a Backend whose subscriptions can
 // keep their identity across a restart; the registry then uses
 // SubscribeStable for every subscription, and restores the sessions of its

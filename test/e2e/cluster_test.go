@@ -192,8 +192,8 @@ func TestClusterNodesFindEachOtherLeaveAndDie(t *testing.T) {
 
 	// A fenced node takes no writes: it says so at once, so a client goes
 	// elsewhere instead of waiting on a quorum that is not there.
-	if eb, ok := rawPublish(t, n1.addr, "while-fenced").(*protocol.ErrorBody); !ok || eb.Code != protocol.CodeUnavailable || !strings.Contains(eb.Message, "fenced") {
-		t.Fatalf("publish on a fenced node: %+v, want unavailable naming the fence", eb)
+	if eb, ok := rawPublish(t, n1.addr, "while-fenced").(*protocol.ErrorBody); !ok || eb.Code != protocol.CodeFenced || !strings.Contains(eb.Message, "fenced") {
+		t.Fatalf("publish on a fenced node: %+v, want fenced", eb)
 	}
 
 	n2b := startClusterChild(t, bin, n2.dir, n1.gossip)

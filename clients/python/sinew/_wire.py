@@ -39,6 +39,7 @@ SUBSCRIBE, SUBSCRIBE_OK, UNSUBSCRIBE, SUB_CLOSED, DELIVER = 0x20, 0x21, 0x22, 0x
 ACK, NACK, FAIL, SETTLE_RESULT = 0x30, 0x31, 0x32, 0x33
 GOING_AWAY, RECONCILE, RECONCILE_RESULT, END_SESSION, INFLIGHT, INFLIGHT_RESULT = (
     0x40, 0x41, 0x42, 0x43, 0x44, 0x45)
+METADATA, METADATA_RESULT = 0x50, 0x51
 
 U32_MAX = 0xFFFFFFFF
 U64_MAX = 0xFFFFFFFFFFFFFFFF
@@ -647,12 +648,38 @@ class InflightResult(Body):
     kept: int = 0
 
 
+@_body(0, "partition:u32 owner:str epoch:uvarint replicas:list<str>")
+@dataclass
+class PartitionMeta(Body):
+    """One partition's owner and replicas, as METADATA_RESULT lists them."""
+    partition: int = 0
+    owner: str = ""
+    epoch: int = 0
+    replicas: list[str] = field(default_factory=list)
+
+
+@_body(METADATA, "topic:str group:str")
+@dataclass
+class Metadata(Body):
+    """METADATA (0x50)."""
+    topic: str = ""
+    group: str = ""
+
+
+@_body(METADATA_RESULT, "cluster:bool partitions:list<PartitionMeta>")
+@dataclass
+class MetadataResult(Body):
+    """METADATA_RESULT (0x51)."""
+    cluster: bool = False
+    partitions: list[PartitionMeta] = field(default_factory=list)
+
+
 _resolve()
 
 _OP_BODIES: tuple[type[Body], ...] = (
     Hello, HelloOK, Ping, Pong, ErrorBody, Ok, DeclareQueue, DeclareOK, Publish, PublishOK, DeleteQueue, PurgeQueue,
     PurgeOK, Subscribe, SubscribeOK, Unsubscribe, SubClosed, Deliver, SettleResult, GoingAway, Reconcile,
-    ReconcileResult, EndSession, Inflight, InflightResult)
+    ReconcileResult, EndSession, Inflight, InflightResult, Metadata, MetadataResult)
 BODIES: dict[int, type[Body]] = {c.OP: c for c in _OP_BODIES}
 BODIES[ACK] = Settle
 BODIES[NACK] = Settle
@@ -665,7 +692,7 @@ OP_NAMES = {
     SUBSCRIBE_OK: "SUBSCRIBE_OK", UNSUBSCRIBE: "UNSUBSCRIBE", SUB_CLOSED: "SUB_CLOSED", DELIVER: "DELIVER",
     ACK: "ACK", NACK: "NACK", FAIL: "FAIL", SETTLE_RESULT: "SETTLE_RESULT", GOING_AWAY: "GOING_AWAY",
     RECONCILE: "RECONCILE", RECONCILE_RESULT: "RECONCILE_RESULT", END_SESSION: "END_SESSION",
-    INFLIGHT: "INFLIGHT", INFLIGHT_RESULT: "INFLIGHT_RESULT",
+    INFLIGHT: "INFLIGHT", INFLIGHT_RESULT: "INFLIGHT_RESULT", METADATA: "METADATA", METADATA_RESULT: "METADATA_RESULT",
 }
 
 

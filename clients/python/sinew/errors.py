@@ -50,6 +50,7 @@ CODES: dict[int, tuple[str, bool]] = {
     22: ("sequence_too_old", False),
     23: ("permission_denied", False),
     24: ("not_owner", True),
+    25: ("fenced", True),
 }
 
 CODE_OK = 0

@@ -96,6 +96,8 @@ class Bodies(unittest.TestCase):
             w.ReconcileResult([w.ReconcileEntry(4, 1, 2, view, w.SubView(), "missing")]),
             w.Inflight([w.InflightEntry(5, ref)]), w.Inflight(),
             w.InflightResult([1, 2], 3, 4),
+            w.Metadata("t", "é"), w.MetadataResult(),
+            w.MetadataResult(True, [w.PartitionMeta(2**32 - 1, "10.0.0.1:7600", 2**64 - 1, ["a:1", ""]), w.PartitionMeta()]),
         ]
         seen = set()
         for b in bodies:

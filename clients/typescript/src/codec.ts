@@ -52,6 +52,8 @@ export const Op = {
   END_SESSION: 0x43,
   INFLIGHT: 0x44,
   INFLIGHT_RESULT: 0x45,
+  METADATA: 0x50,
+  METADATA_RESULT: 0x51,
 } as const;
 
 /** Name of an op code, as in docs/protocol.md section 4. */
@@ -284,6 +286,26 @@ export const schemas: Record<number, Schema> = {
     ["stale", { list: "uvarint" }],
     ["resent", "uvarint"],
     ["kept", "uvarint"],
+  ],
+  [Op.METADATA]: [
+    ["topic", "string"],
+    ["group", "string"],
+  ],
+  [Op.METADATA_RESULT]: [
+    ["cluster", "bool"],
+    [
+      "partitions",
+      {
+        list: {
+          record: [
+            ["partition", "u32"],
+            ["owner", "string"],
+            ["epoch", "uvarint"],
+            ["replicas", { list: "string" }],
+          ],
+        },
+      },
+    ],
   ],
 };
 

@@ -29,6 +29,7 @@ export const CODES: ReadonlyArray<readonly [code: number, name: string, retryabl
   [22, "sequence_too_old", false],
   [23, "permission_denied", false],
   [24, "not_owner", true],
+  [25, "fenced", true],
 ];
 
 /** Named error codes used by the client. */

@@ -32,6 +32,11 @@ func (x backend) PurgeQueue(p *protocol.PurgeQueue, done func(protocol.PurgeOK, 
 	x.b.Purge(p, done)
 }
 
+// Metadata implements session.MetadataBackend.
+func (x backend) Metadata(m *protocol.Metadata) (protocol.MetadataResult, error) {
+	return x.b.Metadata(m.Topic, m.Group)
+}
+
 func (x backend) Subscribe(req *protocol.Subscribe, c session.Consumer) (session.Subscription, error) {
 	s, _, err := x.SubscribeStable(req, c, session.StableSub{})
 	return s, err
