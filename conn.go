@@ -350,7 +350,7 @@ func (c *conn) dispatch(f protocol.Frame) error {
 			return be
 		}
 	case *protocol.Pong, *protocol.OK, *protocol.DeclareOK, *protocol.PublishOK, *protocol.PurgeOK,
-		*protocol.SubscribeOK, *protocol.SettleResult, *protocol.ReconcileResult, *protocol.InflightResult:
+		*protocol.SubscribeOK, *protocol.SettleResult, *protocol.ReconcileResult, *protocol.InflightResult, *protocol.MetadataResult:
 		if cl := c.take(f.RequestID); cl != nil {
 			if cl.hook != nil {
 				cl.hook(body)
@@ -372,6 +372,9 @@ func (c *conn) deliver(d *protocol.Deliver) {
 		// Hand the lease back at once instead of letting it time out.
 		c.send(protocol.FlagNoReply, &protocol.Settle{Kind: protocol.OpNack, Tags: []uint64{d.Tag}})
 		return
+	}
+	if s.parent != nil {
+		s.parent.span.noteOwner(d.Partition, c.ep.addr, d.Epoch)
 	}
 	m := newMessage(s, c.epoch, d)
 	if !s.cfg.autoAck && !s.hold(c.epoch, d.Tag, m) {
@@ -459,7 +462,18 @@ type settleReq struct {
 	// resumed session (see endpoint.holdSettles). fin runs on the reader, the
 	// closer, the settler or the supervisor and must not block.
 	fin func(error)
+	// routed marks a settle sent by lease reference to a partition's owner
+	// after the node that delivered the message was lost (span.resettle):
+	// it carries tag 0 and lease, which names the client's subscription on
+	// the node it is sent to. A routed settle is never held for a resume.
+	routed bool
+	lease  protocol.LeaseRef
 }
+
+// spanned reports whether r settles a message of a spanning subscription:
+// when its connection breaks it is not held for that node's resume, but
+// finished, and its message's settle is sent to the partition's owner.
+func (r *settleReq) spanned() bool { return r.routed || r.m.sub.parent != nil }
 
 // queueSettle hands r to the settler. It reports false, without calling
 // r.fin, when the connection's settler has already stopped. The queue needs no
@@ -529,6 +543,10 @@ func (c *conn) sendSettle(group []*settleReq) {
 	tags := make([]uint64, len(group))
 	leases := make([]protocol.LeaseRef, len(group))
 	for i, r := range group {
+		if r.routed {
+			leases[i] = r.lease
+			continue
+		}
 		tags[i] = r.m.tag
 		leases[i] = r.m.lease
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -956,12 +957,24 @@ func (e *endpoint) holdSettles(rs []*settleReq) {
 	case e.gaveUp != nil:
 		fail = e.gaveUp
 	}
+	// A spanning subscription's settles go to the partition's owner,
+	// which may be another node by now, rather than wait for this one.
+	var lost []*settleReq
 	if fail == nil {
+		rs = slices.DeleteFunc(rs, func(r *settleReq) bool {
+			if r.spanned() {
+				lost = append(lost, r)
+				return true
+			}
+			return false
+		})
 		e.held = append(e.held, rs...)
-		e.mu.Unlock()
-		return
+		rs = nil
 	}
 	e.mu.Unlock()
+	for _, r := range lost {
+		r.fin(fmt.Errorf("%w: %s", ErrConnectionLost, e.addr))
+	}
 	for _, r := range rs {
 		r.fin(fail)
 	}

@@ -81,6 +81,13 @@ type Subscription struct {
 	held      map[uint64]*Message
 	heldEpoch uint64
 	heldMax   int
+
+	// pumpDone is closed when pump returns.
+	pumpDone chan struct{}
+	// parent is the spanning subscription this one delivers for (nil for
+	// a subscription on one node); span is set on a spanning one.
+	parent *Subscription
+	span   *span
 }
 
 // heldSlackTags is added to the held-tag bound so that a tiny prefetch still
@@ -160,21 +167,40 @@ func (s *Subscription) release(epoch, tag uint64) {
 // the subscription; messages then arrive on Messages (or through All). While
 // the client reconnects it waits for the connection, and a SUBSCRIBE whose
 // reply was lost in a cut is sent again on the next one.
+//
+// With WithSeeds the client is in a cluster, where each partition has one
+// owner: the subscription then spans the queue's replicas (see span.go),
+// so it receives every partition from whichever node owns it, and follows
+// ownership as it moves.
 func (c *Client) Subscribe(ctx context.Context, topic string, opts ...SubscribeOption) (*Subscription, error) {
 	cfg := subscribeConfig{partition: -1}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	e := c.ep
+	if len(c.rt.seeds) > 0 {
+		if s, err, ok := c.subscribeSpan(ctx, topic, cfg); ok {
+			return s, err
+		}
+	}
+	return c.subscribeAt(ctx, c.ep, topic, cfg, nil)
+}
+
+// subscribeAt subscribes on endpoint e; with a parent the subscription is
+// one of a spanning subscription's, delivering into the parent's channel.
+func (c *Client) subscribeAt(ctx context.Context, e *endpoint, topic string, cfg subscribeConfig, parent *Subscription) (*Subscription, error) {
 	bufN := deliveryBufferMax
 	if cfg.prefetch > 0 {
 		bufN = min(int(cfg.prefetch)*2, deliveryBufferMax)
 	}
 	s := &Subscription{
 		e: e, topic: topic, cfg: cfg,
-		buf:  make(chan *Message, bufN),
-		out:  make(chan *Message),
-		done: make(chan struct{}),
+		buf:      make(chan *Message, bufN),
+		out:      make(chan *Message),
+		done:     make(chan struct{}),
+		pumpDone: make(chan struct{}),
+	}
+	if parent != nil {
+		s.parent, s.out = parent, parent.out
 	}
 	for {
 		conn, err := e.acquire(ctx, false)
@@ -303,7 +329,13 @@ func (s *Subscription) purge() {
 // Messages when the subscription ends.
 func (s *Subscription) pump() {
 	defer s.e.wg.Done()
-	defer close(s.out)
+	if s.pumpDone != nil {
+		defer close(s.pumpDone)
+	}
+	if s.parent == nil {
+		// A spanning subscription's channel is closed by its own loop.
+		defer close(s.out)
+	}
 	for {
 		select {
 		case <-s.done:
@@ -423,6 +455,9 @@ func (s *Subscription) All(ctx context.Context) iter.Seq2[*Message, error] {
 // the subscription on the broker, and a fresh session never had it.
 // Unsubscribing an ended subscription is a no-op.
 func (s *Subscription) Unsubscribe(ctx context.Context) error {
+	if s.span != nil {
+		return s.span.unsubscribe(ctx)
+	}
 	e := s.e
 	e.mu.Lock()
 	if s.ended {
@@ -640,7 +675,8 @@ func (m *Message) settleAsync(ctx context.Context, kind protocol.Op, delayMs int
 	}
 	e := m.sub.e
 	e.busy.add(1)
-	finish := func(err error) {
+	var finish func(error)
+	done := func(err error) {
 		if err != nil && (IsRetryable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
 			kind == protocol.OpNack && errors.Is(err, &BrokerError{Code: protocol.CodeBadRequest})) {
 			// A refused NACK delay (the only bad_request a NACK of a
@@ -652,6 +688,19 @@ func (m *Message) settleAsync(ctx context.Context, kind protocol.Op, delayMs int
 		e.busy.add(-1)
 		fin(err)
 	}
+	finish = done
+	if sp := m.sub.parent; sp != nil {
+		// A message of a spanning subscription: a settle its node could
+		// not take goes to the partition's owner instead.
+		var routed atomic.Bool
+		finish = func(err error) {
+			if err != nil && resettleable(err) && !routed.Swap(true) {
+				go sp.span.resettle(m, kind, delayMs, err, done)
+				return
+			}
+			done(err)
+		}
+	}
 	r := &settleReq{kind: kind, delay: delayMs, m: m, fin: finish}
 	for {
 		if m.stale.Load() {
@@ -661,6 +710,13 @@ func (m *Message) settleAsync(ctx context.Context, kind protocol.Op, delayMs int
 		if epoch := e.currentEpoch(); epoch != m.epoch {
 			finish(ErrStaleDelivery)
 			return
+		}
+		if m.sub.parent != nil {
+			if c := e.live.Load(); c == nil || c.isClosed() {
+				// Its node is away: the owner may be another by now.
+				finish(fmt.Errorf("%w: %s", ErrNotConnected, e.addr))
+				return
+			}
 		}
 		c, err := e.acquire(ctx, true)
 		if err != nil {

@@ -249,11 +249,12 @@ func (s *Session) settled(j settleJob, kind protocol.Op, c protocol.Code) protoc
 		s.ended.del(j.tag)
 	}
 	if !j.held && !j.ended {
-		// Settled by lease reference: if it was a lease adopted after a
-		// restart and never bound to the client's tag, drop it, or the
-		// next resume would send it again.
+		// Settled by lease reference (a lease adopted after a restart and
+		// never bound to the client's tag, or one a client in a cluster
+		// settled through another node and then here): drop its entry,
+		// or the next resume would send it again.
 		for t, e := range s.tags {
-			if e.adopted && e.leaseID == j.rec.leaseID && e.offset == j.rec.offset && e.partition == j.rec.partition && e.st.id == j.rec.subID {
+			if e.leaseID == j.rec.leaseID && e.offset == j.rec.offset && e.partition == j.rec.partition && e.st.id == j.rec.subID {
 				s.dropTagLocked(t, e)
 				break
 			}

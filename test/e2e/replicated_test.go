@@ -375,3 +375,148 @@ func startThreeVoting(t *testing.T, bin string) ([]*clusterChild, map[*clusterCh
 	}
 	return nodes, id, three
 }
+
+// A client that knows the cluster's nodes subscribes once and receives
+// every partition of a queue whose partitions are owned by different
+// nodes. Messages it holds unsettled when one owner is killed with -9 are
+// then completed without an error: each settle goes to the partition's new
+// owner by its lease reference, and is applied there (nothing is left
+// ready or leased). Deliveries go on through the same subscription.
+func TestClusterSubscriptionSpansOwnersAndSettlesThroughFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sinew binary")
+	}
+	bin := buildSinew(t)
+	nodes, _, _ := startThreeVoting(t, bin)
+	byAddr, addrs, client := seededClient(t, nodes, 0)
+	const topic, parts = "spanned", 3
+	ctx, cancel := context.WithTimeout(context.Background(), 2*safetyTimeout)
+	defer cancel()
+	if _, err := client.DeclareQueue(ctx, topic, sinew.QueueConfig{Partitions: parts}); err != nil {
+		t.Fatal(err)
+	}
+	type view struct {
+		Partitions []struct {
+			Owner    string `json:"owner"`
+			Ready    int    `json:"ready"`
+			Inflight int    `json:"inflight"`
+		} `json:"partitions"`
+	}
+	owners := func(skip string) []string {
+		t.Helper()
+		out := make([]string, parts)
+		for _, a := range addrs {
+			if a == skip {
+				continue
+			}
+			var v view
+			getJSONInto(t, "http://"+byAddr[a].admin+"/api/v1/queues/"+topic, &v)
+			for p, pv := range v.Partitions {
+				if pv.Owner == a {
+					out[p] = a
+				}
+			}
+		}
+		return out
+	}
+	own := owners("")
+	distinct := map[string]bool{}
+	for _, o := range own {
+		distinct[o] = true
+	}
+	if len(distinct) < 2 || distinct[""] {
+		t.Fatalf("partition owners %v: want owners on at least two nodes (placement rotates preferred owners)", own)
+	}
+	sub, err := client.Subscribe(ctx, topic, sinew.WithPrefetch(256))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 60
+	publish := func(prefix string) {
+		t.Helper()
+		for i := range n {
+			if _, err := client.Publish(ctx, topic, []byte(fmt.Sprintf("%s-%d", prefix, i)), sinew.WithPartition(i%parts)); err != nil {
+				t.Fatalf("publish %s-%d: %v", prefix, i, err)
+			}
+		}
+	}
+	receive := func(prefix string) []*sinew.Message {
+		t.Helper()
+		var got []*sinew.Message
+		seen := map[uint32]bool{}
+		for len(got) < n {
+			select {
+			case m, ok := <-sub.Messages():
+				if !ok {
+					t.Fatalf("subscription ended: %v", sub.Err())
+				}
+				if !strings.HasPrefix(string(m.Body), prefix+"-") {
+					t.Fatalf("delivered %q (attempt %d), want only %s-* now", m.Body, m.Attempt, prefix)
+				}
+				got = append(got, m)
+				seen[m.Partition] = true
+			case <-ctx.Done():
+				t.Fatalf("%d of %d %s messages delivered through one subscription; partitions seen %v", len(got), n, prefix, seen)
+			}
+		}
+		if len(seen) != parts {
+			t.Fatalf("partitions delivered %v, want all %d", seen, parts)
+		}
+		return got
+	}
+	publish("before")
+	held := receive("before")
+
+	victim := own[0]
+	killed := byAddr[victim]
+	if err := killed.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed.cmd.Wait()
+	killedAt := time.Now()
+	// Every held message completes: those of the killed node's partitions
+	// through their new owners.
+	for _, m := range held {
+		if err := m.Complete(ctx); err != nil {
+			t.Fatalf("complete %q (partition %d) after its owner %s was killed: %v", m.Body, m.Partition, victim, err)
+		}
+	}
+	t.Logf("owner %s killed with -9: %d held messages completed, the last %v after the kill", victim, len(held), time.Since(killedAt).Round(time.Millisecond))
+
+	publish("after")
+	for _, m := range receive("after") {
+		if err := m.Complete(ctx); err != nil {
+			t.Fatalf("complete %q: %v", m.Body, err)
+		}
+	}
+	// The settles took effect at the owners: nothing is ready or leased.
+	deadline := time.Now().Add(safetyTimeout)
+	for {
+		own = owners(victim)
+		left := 0
+		for _, a := range addrs {
+			if a == victim {
+				continue
+			}
+			var v view
+			getJSONInto(t, "http://"+byAddr[a].admin+"/api/v1/queues/"+topic, &v)
+			for p, pv := range v.Partitions {
+				if own[p] == a {
+					left += pv.Ready + pv.Inflight
+				}
+			}
+		}
+		if left == 0 && !slices.Contains(own, "") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d messages still ready or leased at the owners %v after every complete returned nil", left, own)
+		}
+		time.Sleep(50 * time.Millisecond) // polling real processes
+	}
+	select {
+	case m := <-sub.Messages():
+		t.Fatalf("delivered %q (attempt %d) again after its complete returned nil", m.Body, m.Attempt)
+	default:
+	}
+}

@@ -1,0 +1,451 @@
+package sinew
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// In a cluster each partition of a queue is served by its owner, one of the
+// nodes holding a replica; the owner changes when a node fails. A spanning
+// subscription holds one subscription on every replica node (a "part"):
+// only the owner delivers, and a replica that becomes the owner starts
+// delivering to the subscription it already holds. The parts deliver into
+// the spanning subscription's one channel.
+//
+// A settle goes to the node that delivered the message. When that node is
+// gone, or answers fenced (it no longer owns the partition), the settle is
+// sent again to the partition's current owner, by its lease reference
+// (partition, offset, lease id, epoch) on the part subscription held there:
+// the new owner has the lease in its replicated state, so the settle applies
+// exactly as it would have at the old owner. The application sees only the
+// outcome.
+
+// Bounds of a spanning subscription.
+const (
+	// spanRefreshEvery is how often the replica set is read again, so
+	// that a replica moved to a new node gets a part there.
+	spanRefreshEvery = 2 * time.Second
+	// spanPartsMax bounds the nodes one spanning subscription subscribes on.
+	spanPartsMax = 64
+	// resettleHopsMax bounds the sends of one settle after its node was
+	// lost; with the backoff below it gives up after about 30 s, past the
+	// default lease, by which time the message is delivered again anyway.
+	resettleHopsMax    = 64
+	resettleBackoffMin = 20 * time.Millisecond
+	resettleBackoffMax = 500 * time.Millisecond
+)
+
+// owned is what the client knows of a partition's owner.
+type owned struct {
+	addr  string
+	epoch uint64
+}
+
+// span is the state of a spanning subscription.
+type span struct {
+	c     *Client
+	s     *Subscription // the spanning subscription
+	group string
+	poke  chan struct{} // a part ended: look again now
+	stop  chan struct{} // closed when the spanning subscription ends
+	once  sync.Once
+
+	mu     sync.Mutex
+	parts  map[string]*Subscription // by node address
+	owners map[uint32]owned
+}
+
+// subscribeSpan subscribes on every node holding a replica of topic. ok is
+// false when the node does not answer METADATA (a broker that predates it):
+// the caller then subscribes on its own node only.
+func (c *Client) subscribeSpan(ctx context.Context, topic string, cfg subscribeConfig) (s *Subscription, err error, ok bool) {
+	md, err := c.metadata(ctx, topic, cfg.group)
+	var be *BrokerError
+	switch {
+	case errors.As(err, &be) && be.Code == protocol.CodeUnknownOp:
+		return nil, nil, false
+	case errors.As(err, &be) && be.Code == protocol.CodeNotFound:
+		// A first SUBSCRIBE creates the queue (as on a single node); then
+		// its replicas are known.
+		first, err := c.subscribeAt(ctx, c.ep, topic, cfg, nil)
+		if err != nil {
+			return nil, err, true
+		}
+		uctx, cancel := context.WithTimeout(context.Background(), c.o.drainTimeout)
+		_ = first.Unsubscribe(uctx)
+		cancel()
+		if md, err = c.metadata(ctx, topic, cfg.group); err != nil {
+			return nil, err, true
+		}
+	case err != nil:
+		return nil, err, true
+	}
+	if !md.Cluster {
+		return nil, nil, false
+	}
+	s = &Subscription{e: c.ep, topic: topic, cfg: cfg, out: make(chan *Message), done: make(chan struct{}),
+		pumpDone: make(chan struct{})}
+	sp := &span{c: c, s: s, group: cfg.group, poke: make(chan struct{}, 1), stop: make(chan struct{}),
+		parts: map[string]*Subscription{}, owners: map[uint32]owned{}}
+	s.span = sp
+	sp.learn(md)
+	var firstErr error
+	for _, addr := range sp.replicas(md) {
+		if _, err := sp.open(ctx, addr); err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	sp.mu.Lock()
+	n := len(sp.parts)
+	sp.mu.Unlock()
+	if n == 0 {
+		if firstErr == nil {
+			firstErr = fmt.Errorf("%w: no node holding a replica of %q answered", ErrNotConnected, topic)
+		}
+		close(s.pumpDone)
+		return nil, firstErr, true
+	}
+	go sp.run()
+	return s, nil, true
+}
+
+// metadata asks the cluster where topic's partitions are served: the
+// client's node if it answers, else the first seed that does.
+func (c *Client) metadata(ctx context.Context, topic, group string) (*protocol.MetadataResult, error) {
+	var last error
+	for _, addr := range append([]string{c.ep.addr}, c.rt.seeds...) {
+		e := c.pool.get(addr)
+		if !c.rt.reachable(ctx, e) {
+			continue
+		}
+		md, err := e.metadata(ctx, topic, group)
+		if err == nil {
+			return md, nil
+		}
+		var be *BrokerError
+		if errors.As(err, &be) && !be.Retryable() {
+			return nil, err
+		}
+		last = err
+	}
+	if last == nil {
+		last = fmt.Errorf("%w: no node of the cluster answered", ErrNotConnected)
+	}
+	return nil, last
+}
+
+// metadata sends METADATA on e's connection.
+func (e *endpoint) metadata(ctx context.Context, topic, group string) (*protocol.MetadataResult, error) {
+	conn := e.live.Load()
+	if conn == nil || conn.isClosed() {
+		return nil, fmt.Errorf("%w: %s", ErrNotConnected, e.addr)
+	}
+	reply, err := conn.roundTrip(ctx, &protocol.Metadata{Topic: topic, Group: group}, nil)
+	if err != nil {
+		return nil, err
+	}
+	md, ok := reply.(*protocol.MetadataResult)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s in answer to METADATA", ErrProtocol, reply.Op())
+	}
+	return md, nil
+}
+
+// learn records md's owners and partitions.
+func (sp *span) learn(md *protocol.MetadataResult) {
+	sp.mu.Lock()
+	parts := make([]uint32, 0, len(md.Partitions))
+	for _, p := range md.Partitions {
+		parts = append(parts, p.Partition)
+		if p.Owner != "" && p.Epoch >= sp.owners[p.Partition].epoch {
+			sp.owners[p.Partition] = owned{p.Owner, p.Epoch}
+		}
+	}
+	sp.mu.Unlock()
+	if sp.s.cfg.partition >= 0 {
+		parts = []uint32{uint32(sp.s.cfg.partition)}
+	}
+	e := sp.s.e
+	e.mu.Lock()
+	sp.s.partitions = parts
+	e.mu.Unlock()
+}
+
+// replicas lists the nodes holding a replica of the partitions subscribed.
+func (sp *span) replicas(md *protocol.MetadataResult) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, p := range md.Partitions {
+		if sp.s.cfg.partition >= 0 && p.Partition != uint32(sp.s.cfg.partition) {
+			continue
+		}
+		for _, r := range p.Replicas {
+			if r != "" && !seen[r] && len(out) < spanPartsMax {
+				seen[r] = true
+				out = append(out, r)
+			}
+		}
+	}
+	return out
+}
+
+// open subscribes on the node at addr, unless a live part is there.
+func (sp *span) open(ctx context.Context, addr string) (*Subscription, error) {
+	sp.mu.Lock()
+	if p := sp.parts[addr]; p != nil {
+		sp.mu.Unlock()
+		return p, nil
+	}
+	sp.mu.Unlock()
+	e := sp.c.pool.get(addr)
+	octx, cancel := context.WithTimeout(ctx, routeOpenTimeout)
+	defer cancel()
+	if !sp.c.rt.reachable(octx, e) {
+		return nil, fmt.Errorf("%w: %s", ErrNotConnected, addr)
+	}
+	p, err := sp.c.subscribeAt(octx, e, sp.s.topic, sp.s.cfg, sp.s)
+	if err != nil {
+		return nil, err
+	}
+	sp.mu.Lock()
+	select {
+	case <-sp.stop:
+		sp.mu.Unlock()
+		uctx, cancel := context.WithTimeout(context.Background(), sp.c.o.drainTimeout)
+		_ = p.Unsubscribe(uctx)
+		cancel()
+		<-p.pumpDone
+		return nil, ErrUnsubscribed
+	default:
+	}
+	sp.parts[addr] = p
+	sp.mu.Unlock()
+	e.mu.Lock()
+	if sp.s.prefetch == 0 {
+		sp.s.prefetch = p.prefetch
+	}
+	e.mu.Unlock()
+	go func() {
+		select {
+		case <-p.done:
+			select {
+			case sp.poke <- struct{}{}:
+			default:
+			}
+		case <-sp.stop:
+		}
+	}()
+	return p, nil
+}
+
+// run keeps a part on every replica node until the spanning subscription
+// ends, then closes its channel once every part has stopped delivering.
+func (sp *span) run() {
+	tick := time.NewTicker(spanRefreshEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-sp.stop:
+			sp.finish()
+			return
+		case <-tick.C:
+		case <-sp.poke:
+		}
+		if err := sp.prune(); err != nil {
+			sp.end(err)
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*routeOpenTimeout)
+		if md, err := sp.c.metadata(ctx, sp.s.topic, sp.group); err == nil {
+			sp.learn(md)
+			for _, addr := range sp.replicas(md) {
+				if _, err := sp.open(ctx, addr); err != nil {
+					sp.c.o.logger.Debug("sinew: no subscription on a replica node yet", "addr", addr, "topic", sp.s.topic, "err", err)
+				}
+			}
+		}
+		cancel()
+	}
+}
+
+// prune forgets the parts that ended. A part ended by something final for
+// the whole subscription (the client closed; the broker refused it for good)
+// ends the spanning subscription with that error.
+func (sp *span) prune() error {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	for addr, p := range sp.parts {
+		select {
+		case <-p.done:
+		default:
+			continue
+		}
+		delete(sp.parts, addr)
+		err := p.Err()
+		var be *BrokerError
+		switch {
+		case errors.Is(err, ErrClientClosed), errors.Is(err, ErrUnsubscribed):
+			return err
+		case errors.As(err, &be) && !be.Retryable() && be.Code != protocol.CodeNotOwner:
+			return err
+		}
+		// Reconnects given up, reconciled away, node drained: another
+		// node serves meanwhile, and the next look subscribes again.
+	}
+	return nil
+}
+
+// end ends the spanning subscription with err; run then stops its parts.
+func (sp *span) end(err error) {
+	e := sp.s.e
+	e.mu.Lock()
+	if !sp.s.ended {
+		sp.s.ended = true
+		sp.s.err = err
+		close(sp.s.done)
+	}
+	e.mu.Unlock()
+	sp.once.Do(func() { close(sp.stop) })
+}
+
+// finish unsubscribes every part, waits until none delivers, and closes the
+// channel.
+func (sp *span) finish() {
+	sp.mu.Lock()
+	parts := make([]*Subscription, 0, len(sp.parts))
+	for _, p := range sp.parts {
+		parts = append(parts, p)
+	}
+	sp.parts = map[string]*Subscription{}
+	sp.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, p := range parts {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), sp.c.o.drainTimeout)
+			_ = p.Unsubscribe(ctx)
+			cancel()
+			<-p.pumpDone
+		})
+	}
+	wg.Wait()
+	close(sp.s.out)
+	close(sp.s.pumpDone)
+}
+
+// unsubscribe ends the spanning subscription and waits (bounded by ctx)
+// until its parts are gone.
+func (sp *span) unsubscribe(ctx context.Context) error {
+	sp.end(ErrUnsubscribed)
+	select {
+	case <-sp.s.pumpDone:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// noteOwner records that addr delivered partition p under epoch.
+func (sp *span) noteOwner(p uint32, addr string, epoch uint64) {
+	sp.mu.Lock()
+	if o := sp.owners[p]; epoch >= o.epoch && o.addr != addr {
+		sp.owners[p] = owned{addr, epoch}
+	}
+	sp.mu.Unlock()
+}
+
+// ownerPart returns the part on p's owner as last known, or nil.
+func (sp *span) ownerPart(p uint32) *Subscription {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return sp.parts[sp.owners[p].addr]
+}
+
+// forgetOwner drops addr as p's owner.
+func (sp *span) forgetOwner(p uint32, addr string) {
+	sp.mu.Lock()
+	if sp.owners[p].addr == addr {
+		o := sp.owners[p]
+		o.addr = ""
+		sp.owners[p] = o
+	}
+	sp.mu.Unlock()
+}
+
+// resettle sends m's settle to its partition's current owner, by lease
+// reference on the part held there, until an answer is final; fin gets it.
+func (sp *span) resettle(m *Message, kind protocol.Op, delay int64, cause error, fin func(error)) {
+	last := cause
+	sp.forgetOwner(m.Partition, m.sub.e.addr)
+	for hop := range resettleHopsMax {
+		if hop > 0 {
+			select {
+			case <-sp.c.o.clock.After(min(resettleBackoffMin<<min(hop, 8), resettleBackoffMax)):
+			case <-sp.stop:
+				fin(fmt.Errorf("%w: the subscription ended before the settle reached the partition's owner: %w", ErrStaleDelivery, last))
+				return
+			}
+		}
+		p := sp.ownerPart(m.Partition)
+		if p == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*routeOpenTimeout)
+			md, err := sp.c.metadata(ctx, sp.s.topic, sp.group)
+			if err == nil {
+				sp.learn(md)
+				sp.mu.Lock()
+				addr := sp.owners[m.Partition].addr
+				sp.mu.Unlock()
+				if addr != "" {
+					p, _ = sp.open(ctx, addr)
+				}
+			}
+			cancel()
+			if p == nil {
+				continue
+			}
+		}
+		p.e.mu.Lock()
+		id := p.serverID
+		p.e.mu.Unlock()
+		c := p.e.live.Load()
+		if c == nil || c.isClosed() || id == 0 {
+			sp.forgetOwner(m.Partition, p.e.addr)
+			continue
+		}
+		res := make(chan error, 1)
+		ref := m.lease
+		ref.SubID = id
+		r := &settleReq{kind: kind, delay: delay, m: m, routed: true, lease: ref, fin: func(err error) { res <- err }}
+		if !c.queueSettle(r) {
+			continue
+		}
+		err := <-res
+		if err == nil || !resettleable(err) {
+			fin(err)
+			return
+		}
+		last = err
+		sp.forgetOwner(m.Partition, p.e.addr)
+	}
+	fin(last)
+}
+
+// resettleable reports whether a settle that failed with err may succeed
+// at the partition's owner: its node went away, no longer owns the
+// partition, or the client's session there was not resumed.
+func resettleable(err error) bool {
+	var be *BrokerError
+	if errors.As(err, &be) {
+		switch be.Code {
+		case protocol.CodeFenced, protocol.CodeUnavailable, protocol.CodeNotOwner, protocol.CodeShuttingDown:
+			return true
+		}
+		return false
+	}
+	return errors.Is(err, ErrConnectionLost) || errors.Is(err, ErrNotConnected) || errors.Is(err, ErrDisconnected) ||
+		errors.Is(err, ErrStaleDelivery) || errors.Is(err, ErrHeartbeatTimeout)
+}
