@@ -19,6 +19,11 @@ import (
 // until the new owner confirms. A publish keeps its producer id and
 // sequence across these resends, so the cluster stores it once.
 //
+// With seeds, Subscribe spans the queue's owners: it subscribes on every
+// node holding a replica of the queue, so one Subscription receives every
+// partition, and a settle whose node was lost goes to the partition's new
+// owner by the message's lease (see Subscribe).
+//
 // Without seeds the client also follows not_owner, but has no other node
 // to turn to while its own is down.
 func WithSeeds(addrs ...string) Option {
