@@ -135,6 +135,14 @@ func (r *router) retry(p *protocol.Publish, err error, from *endpoint) bool {
 			// An election under way, a queue the cluster is creating, or
 			// a node cut off from the cluster's majority.
 			return r.clustered.Load()
+		case protocol.CodeShuttingDown:
+			// The node is draining (a restart, or leaving the cluster for
+			// good) and stored nothing: another node takes it.
+			if !r.clustered.Load() {
+				return false
+			}
+			r.forget(p, from.addr)
+			return true
 		}
 		return false
 	}
@@ -202,11 +210,12 @@ func (r *router) pick(ctx context.Context, p *protocol.Publish) (e *endpoint, ow
 	return r.c.ep, false
 }
 
-// reachable reports whether e has a connection, connecting it first if it
-// never had one.
+// reachable reports whether e has a connection that takes new work,
+// connecting it first if it never had one.
 func (r *router) reachable(ctx context.Context, e *endpoint) bool {
-	if e.live.Load() != nil {
-		return true
+	if c := e.live.Load(); c != nil {
+		// A draining node (GOING_AWAY) takes no new work.
+		return !c.draining.Load()
 	}
 	if e.wasOpened() {
 		return false // reconnecting: the node is down or cut off

@@ -33,6 +33,9 @@ const clusterNodes = 3
 // clusterEnv is what a cluster nemesis acts on.
 type clusterEnv struct {
 	t      *testing.T
+	bin    string // the sinew binary
+	base   string // the scenario's directory
+	joined int    // nodes started to join during the run
 	nodes  []*harness.Broker
 	topic  string
 	run    *workload.Run
@@ -65,31 +68,21 @@ func startClusterNodes(t *testing.T, bin, base string) []*harness.Broker {
 	}
 	var nodes []*harness.Broker
 	for i := range clusterNodes {
-		args := append(slices.Clone(serveArgs), "--cluster", "--cluster-profile", "lan",
-			"--cluster-gossip-listen", gossip[i], "--cluster-peer-listen", peer[i])
 		var others []string
 		for j := range clusterNodes {
 			if j != i {
 				others = append(others, gossip[j])
 			}
 		}
-		dir := filepath.Join(base, fmt.Sprintf("n%d", i+1))
-		started := false // set once the first start is done (Args runs under the broker's lock)
-		b, err := harness.New(harness.Config{Binary: bin, DataDir: filepath.Join(dir, "data"), LogDir: dir,
-			ReadyTimeout: startupTimeout, ExtraArgs: args,
-			Args: func(b *harness.Broker) []string {
-				a := harness.ServeArgs(b)
-				// The first node's first start bootstraps the controller;
-				// every later start joins through the others.
-				if i > 0 || started {
-					a = append(a, "--cluster-seeds", strings.Join(others, ","))
-				}
-				return a
-			}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = b.Close() })
+		started := false // set once the first start is done (seeds runs under the broker's lock)
+		b := newClusterNode(t, bin, filepath.Join(base, fmt.Sprintf("n%d", i+1)), gossip[i], peer[i], func() []string {
+			// The first node's first start bootstraps the controller;
+			// every later start joins through the others.
+			if i > 0 || started {
+				return others
+			}
+			return nil
+		})
 		if err := b.Start(); err != nil {
 			t.Fatalf("start node %d: %v\nstderr:\n%s", i+1, err, b.StderrTail())
 		}
@@ -115,6 +108,29 @@ func startClusterNodes(t *testing.T, bin, base string) []*harness.Broker {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return nodes
+}
+
+// newClusterNode makes (does not start) a cluster node in dir, gossiping
+// and speaking raft on the given addresses; seeds gives the gossip seeds of
+// each start (none: it bootstraps the controller).
+func newClusterNode(t *testing.T, bin, dir, gossip, peer string, seeds func() []string) *harness.Broker {
+	t.Helper()
+	args := append(slices.Clone(serveArgs), "--cluster", "--cluster-profile", "lan",
+		"--cluster-gossip-listen", gossip, "--cluster-peer-listen", peer)
+	b, err := harness.New(harness.Config{Binary: bin, DataDir: filepath.Join(dir, "data"), LogDir: dir,
+		ReadyTimeout: startupTimeout, ExtraArgs: args,
+		Args: func(b *harness.Broker) []string {
+			a := harness.ServeArgs(b)
+			if s := seeds(); len(s) > 0 {
+				a = append(a, "--cluster-seeds", strings.Join(s, ","))
+			}
+			return a
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
 }
 
 func getJSON(admin, path string, v any) error {
@@ -291,6 +307,116 @@ func TestClusterControllerLeaderKill9(t *testing.T) {
 	runClusterScenario(t, "cluster-controller-kill9", 3*time.Second, controllerLeaderKill9)
 }
 
+// TestClusterNodeLeavesAndAnotherJoins makes the owner of a partition leave
+// the cluster and starts a new node in its place, under load.
+func TestClusterNodeLeavesAndAnotherJoins(t *testing.T) {
+	runClusterScenario(t, "cluster-leave-join", 12*time.Second, nodeLeaveAndJoin)
+}
+
+// nodeLeaveAndJoin makes the owner of the probe queue's partition 0 leave
+// the cluster (POST /api/v1/nodes/self/leave, as `sinew admin node leave`:
+// it drains and exits), times until a publish to that partition is
+// confirmed again, and starts a new node with a fresh data directory that
+// joins through the others. The recovery plan moves the departed node's
+// replicas to the new one: the fault ends once every partition of the
+// workload's queue has three voters again, none of them the departed node.
+func nodeLeaveAndJoin(ctx context.Context, e *clusterEnv) error {
+	i, err := e.owner(ctx, e.topic+"-probe", 0)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	var seeds []string
+	for j, n := range e.nodes {
+		var v struct {
+			Self struct {
+				GossipAddr string `json:"gossip_addr"`
+			} `json:"self"`
+		}
+		if j != i && n.Running() && getJSON(n.AdminAddr(), "/api/v1/nodes", &v) == nil && v.Self.GossipAddr != "" {
+			seeds = append(seeds, v.Self.GossipAddr)
+		}
+	}
+	if len(seeds) == 0 {
+		return errors.New("no running node to join through")
+	}
+	gone := e.nodes[i]
+	c := http.Client{Timeout: adminTimeout}
+	resp, err := c.Post("http://"+gone.AdminAddr()+"/api/v1/nodes/self/leave", "application/json", nil)
+	if err != nil {
+		return fmt.Errorf("leave node %d: %w", i+1, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("leave node %d: %s", i+1, resp.Status)
+	}
+	at := time.Now()
+	if err := gone.WaitExit(30 * time.Second); err != nil {
+		return fmt.Errorf("node %d did not exit after leaving: %w", i+1, err)
+	}
+	if err := gone.ExitErr(); err != nil {
+		return fmt.Errorf("node %d exited with %v after leaving\n%s", i+1, err, gone.StderrTail())
+	}
+	took, err := e.probeFailover(at)
+	if err != nil {
+		return err
+	}
+	gossip, err := harness.FreeAddr()
+	if err != nil {
+		return err
+	}
+	peer, err := harness.FreeAddr()
+	if err != nil {
+		return err
+	}
+	e.joined++
+	b := newClusterNode(e.t, e.bin, filepath.Join(e.base, fmt.Sprintf("joined%d", e.joined)), gossip, peer, func() []string { return seeds })
+	if err := b.Start(); err != nil {
+		return fmt.Errorf("start a new node: %w\n%s", err, b.StderrTail())
+	}
+	e.nodes[i] = b // the departed node is not restarted at the end
+	rf, err := e.awaitVoters(gone.Addr(), at)
+	if err != nil {
+		return err
+	}
+	e.logf("node %d (the owner of partition 0) left; a publish to partition 0 was confirmed again after %v; a new node joined and every partition had three voters again %v after the leave",
+		i+1, took.Round(time.Millisecond), rf.Round(time.Millisecond))
+	return nil
+}
+
+// awaitVoters waits (bounded) until every partition of the workload's queue
+// has three voters, none of them gone, and returns the time since at.
+func (e *clusterEnv) awaitVoters(gone string, at time.Time) (time.Duration, error) {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ok := false
+		for _, n := range e.nodes {
+			var q struct {
+				Partitions []struct {
+					Voters []string `json:"voters"`
+				} `json:"partitions"`
+			}
+			if !n.Running() || getJSON(n.AdminAddr(), "/api/v1/queues/"+e.topic, &q) != nil || len(q.Partitions) == 0 {
+				continue
+			}
+			ok = true
+			for _, p := range q.Partitions {
+				ok = ok && len(p.Voters) == clusterNodes && !slices.Contains(p.Voters, gone) && !slices.Contains(p.Voters, "")
+			}
+			break
+		}
+		if ok {
+			return time.Since(at), nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("the queue's partitions did not get %d voters without %s within 60 s: %s", clusterNodes, gone, queuesJSON(e.nodes[0].AdminAddr()))
+		}
+		time.Sleep(50 * time.Millisecond) // polling real processes
+	}
+}
+
 func runClusterScenario(t *testing.T, name string, every time.Duration, fault func(context.Context, *clusterEnv) error) {
 	if testing.Short() {
 		t.Skip("runs three broker processes")
@@ -298,12 +424,13 @@ func runClusterScenario(t *testing.T, name string, every time.Duration, fault fu
 	res := result{name: name, status: "unfinished"}
 	recordAtEnd(t, &res)
 	bin := binary(t)
-	nodes := startClusterNodes(t, bin, scenarioDir(t, name))
+	base := scenarioDir(t, name)
+	nodes := startClusterNodes(t, bin, base)
 	var seeds []string
 	for _, n := range nodes {
 		seeds = append(seeds, n.Addr())
 	}
-	e := &clusterEnv{t: t, nodes: nodes, topic: "chaos-" + name}
+	e := &clusterEnv{t: t, bin: bin, base: base, nodes: nodes, topic: "chaos-" + name}
 	pctx, pcancel := context.WithTimeout(context.Background(), startupTimeout)
 	defer pcancel()
 	probe, err := sinew.Dial(pctx, seeds[0], sinew.WithSeeds(seeds...),
