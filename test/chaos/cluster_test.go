@@ -377,7 +377,7 @@ func nodeLeaveAndJoin(ctx context.Context, e *clusterEnv) error {
 		return fmt.Errorf("start a new node: %w\n%s", err, b.StderrTail())
 	}
 	e.nodes[i] = b // the departed node is not restarted at the end
-	rf, err := e.awaitVoters(gone.Addr(), at)
+	rf, err := e.awaitVoters(gone.Addr(), at, e.topic, e.topic+"-probe")
 	if err != nil {
 		return err
 	}
@@ -386,10 +386,19 @@ func nodeLeaveAndJoin(ctx context.Context, e *clusterEnv) error {
 	return nil
 }
 
-// awaitVoters waits (bounded) until every partition of the workload's queue
+// awaitVoters waits (bounded) until every partition of the topics' queues
 // has three voters, none of them gone, and returns the time since at.
-func (e *clusterEnv) awaitVoters(gone string, at time.Time) (time.Duration, error) {
+func (e *clusterEnv) awaitVoters(gone string, at time.Time, topics ...string) (time.Duration, error) {
 	deadline := time.Now().Add(60 * time.Second)
+	for _, topic := range topics {
+		if err := e.awaitTopicVoters(gone, topic, deadline); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(at), nil
+}
+
+func (e *clusterEnv) awaitTopicVoters(gone, topic string, deadline time.Time) error {
 	for {
 		ok := false
 		for _, n := range e.nodes {
@@ -398,7 +407,7 @@ func (e *clusterEnv) awaitVoters(gone string, at time.Time) (time.Duration, erro
 					Voters []string `json:"voters"`
 				} `json:"partitions"`
 			}
-			if !n.Running() || getJSON(n.AdminAddr(), "/api/v1/queues/"+e.topic, &q) != nil || len(q.Partitions) == 0 {
+			if !n.Running() || getJSON(n.AdminAddr(), "/api/v1/queues/"+topic, &q) != nil || len(q.Partitions) == 0 {
 				continue
 			}
 			ok = true
@@ -408,10 +417,10 @@ func (e *clusterEnv) awaitVoters(gone string, at time.Time) (time.Duration, erro
 			break
 		}
 		if ok {
-			return time.Since(at), nil
+			return nil
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("the queue's partitions did not get %d voters without %s within 60 s: %s", clusterNodes, gone, queuesJSON(e.nodes[0].AdminAddr()))
+			return fmt.Errorf("queue %s's partitions did not get %d voters without %s within 60 s: %s", topic, clusterNodes, gone, queuesJSON(e.nodes[0].AdminAddr()))
 		}
 		time.Sleep(50 * time.Millisecond) // polling real processes
 	}
@@ -471,7 +480,7 @@ func runClusterScenario(t *testing.T, name string, every time.Duration, fault fu
 		}
 	})
 	faultErr := clusterNemesis(e, every, fault, phase)
-	for i, n := range nodes {
+	for i, n := range e.nodes { // a node that left is no longer there
 		if !n.Running() {
 			if err := n.Restart(); err != nil && faultErr == nil {
 				faultErr = fmt.Errorf("final restart of node %d: %w", i+1, err)
@@ -485,7 +494,7 @@ func runClusterScenario(t *testing.T, name string, every time.Duration, fault fu
 	t.Logf("%s: workload %s", name, run.Stats())
 	tails := func() string {
 		var b strings.Builder
-		for i, n := range nodes {
+		for i, n := range e.nodes {
 			fmt.Fprintf(&b, "--- node %d stderr (tail):\n%s\n", i+1, n.StderrTail())
 		}
 		return b.String()
