@@ -44,11 +44,18 @@ const (
 	routeOpenTimeout = 2 * time.Second
 )
 
-type routeKey struct{ topic, group string }
+// routeKey names where a publish goes: its queue, and its partition when
+// it names one (-1 otherwise: any partition the node owns takes it).
+type routeKey struct {
+	topic, group string
+	partition    int32
+}
 
-// router keeps the owner of each queue the client publishes to, as
-// not_owner answers named it, and re-sends publishes that must go
-// elsewhere.
+func keyOf(p *protocol.Publish) routeKey { return routeKey{p.Topic, p.Group, max(p.Partition, -1)} }
+
+// router keeps the owner of each queue (and of each partition a publish
+// named) the client publishes to, as not_owner answers named it, and
+// re-sends publishes that must go elsewhere.
 type router struct {
 	c      *Client
 	seeds  []string
@@ -128,7 +135,7 @@ func (r *router) retry(p *protocol.Publish, err error, from *endpoint) bool {
 			}
 			r.clustered.Store(true)
 			r.mu.Lock()
-			r.owners[routeKey{p.Topic, p.Group}] = be.Owner
+			r.owners[keyOf(p)] = be.Owner
 			r.mu.Unlock()
 			return true
 		case protocol.CodeUnavailable, protocol.CodeFenced:
@@ -155,7 +162,7 @@ func (r *router) retry(p *protocol.Publish, err error, from *endpoint) bool {
 
 // forget drops addr as p's queue's owner.
 func (r *router) forget(p *protocol.Publish, addr string) {
-	k := routeKey{p.Topic, p.Group}
+	k := keyOf(p)
 	r.mu.Lock()
 	if r.owners[k] == addr {
 		delete(r.owners, k)
@@ -194,7 +201,7 @@ func (r *router) resend(ctx context.Context, p *protocol.Publish, f *PublishFutu
 // owner reports whether it is p's owner.
 func (r *router) pick(ctx context.Context, p *protocol.Publish) (e *endpoint, owner bool) {
 	r.mu.Lock()
-	addr := r.owners[routeKey{p.Topic, p.Group}]
+	addr := r.owners[keyOf(p)]
 	r.mu.Unlock()
 	if addr != "" {
 		if e := r.c.pool.get(addr); r.reachable(ctx, e) {
