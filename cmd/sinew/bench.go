@@ -56,7 +56,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return fmt.Errorf("%w: unknown workload %q (want publish, drain or mixed)", errUsage, args[0])
 	}
 	fs := newFlagSet("bench "+args[0], stderr)
-	addr := fs.String("addr", benchAddrDefault, "broker address `host:port`")
+	addr := fs.String("addr", benchAddrDefault, "broker address `host:port`, or a cluster's nodes comma-separated (the first dialled, the others seeds)")
 	topic := fs.String("topic", "", "queue to use (default: bench-<workload>-<unix ms>, a fresh queue per run)")
 	size := fs.Int("size", 1024, "message body size in `bytes`")
 	duration := fs.Duration("duration", 10*time.Second, "measured phase; for drain, the bound on each of prefill and consume")
@@ -97,7 +97,8 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if !*quiet {
 		cfg.Progress = stderr
 	}
-	if err := checkHostPort("--addr", *addr); err != nil {
+	addrs, err := clientAddrs(*addr)
+	if err != nil {
 		return err
 	}
 	cred, err := cf.credentials()
@@ -112,7 +113,10 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if tcfg != nil {
 		opts = append(opts, sinew.WithTLS(tcfg))
 	}
-	res, err := benchkit.Run(ctx, newBenchBroker(*addr, opts...), cfg)
+	if len(addrs) > 1 {
+		opts = append(opts, sinew.WithSeeds(addrs[1:]...))
+	}
+	res, err := benchkit.Run(ctx, newBenchBroker(addrs[0], opts...), cfg)
 	if errors.Is(err, benchkit.ErrConfig) {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
