@@ -279,7 +279,7 @@ func runScenario(t *testing.T, sc scenario) {
 	t.Logf("%s: faults=%d %s", sc.name, e.faults, rep)
 	t.Logf("%s: workload %s", sc.name, run.Stats())
 	if drainErr != nil {
-		t.Logf("%s: %v; queues: %s", sc.name, drainErr, queuesJSON(b.AdminAddr()))
+		t.Logf("%s: %v; queues: %s", sc.name, drainErr, queuesJSON(b))
 	}
 	if stopErr != nil {
 		t.Fatalf("%s: %v", sc.name, stopErr)
@@ -354,6 +354,13 @@ func hold(ctx context.Context, d time.Duration) {
 	}
 }
 
+// adminClient is an HTTP client of b's admin API, dialing the way the
+// harness reaches b (from inside its network namespace, when it has one).
+func adminClient(b *harness.Broker) *http.Client {
+	return &http.Client{Timeout: adminTimeout,
+		Transport: &http.Transport{DialContext: b.DialContext, DisableKeepAlives: true}}
+}
+
 var summaryMu sync.Mutex
 
 // record appends a scenario's row to the summary file when one is asked for.
@@ -377,9 +384,8 @@ func record(t *testing.T, r result) {
 
 // queuesJSON returns the broker's queue statistics from its admin API, for a
 // report, or why they could not be read.
-func queuesJSON(adminAddr string) string {
-	c := http.Client{Timeout: adminTimeout}
-	resp, err := c.Get("http://" + adminAddr + "/api/v1/queues")
+func queuesJSON(b *harness.Broker) string {
+	resp, err := adminClient(b).Get("http://" + b.AdminAddr() + "/api/v1/queues")
 	if err != nil {
 		return err.Error()
 	}

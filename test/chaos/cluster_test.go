@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/sinewmq/sinew"
 	"github.com/sinewmq/sinew/test/chaos/checker"
 	"github.com/sinewmq/sinew/test/chaos/harness"
+	"github.com/sinewmq/sinew/test/chaos/netlab"
 	"github.com/sinewmq/sinew/test/chaos/workload"
 )
 
@@ -29,6 +31,9 @@ import (
 
 // clusterNodes is the cluster's size.
 const clusterNodes = 3
+
+// workloadPartitions is the number of partitions of the workload's queue.
+const workloadPartitions = 2
 
 // clusterEnv is what a cluster nemesis acts on.
 type clusterEnv struct {
@@ -45,37 +50,68 @@ type clusterEnv struct {
 	// kill to the probe's next confirmed publish.
 	probe     *sinew.Client
 	failovers []time.Duration
+	// ck is the run's checker; lab is the network the nodes run in (nil on
+	// loopback).
+	ck  *checker.Checker
+	lab *netlab.Lab
+	// probeSeq numbers the probe's publishes into the workload's queue.
+	probeSeq uint64
 }
 
 func (e *clusterEnv) logf(format string, args ...any) {
 	e.t.Logf("t=%dms "+format, append([]any{e.run.SinceMs()}, args...)...)
 }
 
+// clusterNet is where a cluster's nodes listen and how the test reaches
+// them: loopback ports (loopbackNet), or network namespaces (namespaceNet).
+type clusterNet struct {
+	nodes []nodeNet
+	// dial opens the clients' connections (the probe's and the
+	// workload's); nil dials from the test's own namespace.
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// nodeNet is one node's place in a clusterNet.
+type nodeNet struct {
+	addr, admin  string // client and admin listeners ("" picks a loopback port)
+	gossip, peer string
+	args         []string // more flags (keys, TLS, auth)
+	wrap         []string // harness.Config.Wrap
+	dial         func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// loopbackNet places every node on loopback ports.
+func loopbackNet(t *testing.T) clusterNet {
+	t.Helper()
+	var cn clusterNet
+	for range clusterNodes {
+		gossip, err := harness.FreeAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		peer, err := harness.FreeAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cn.nodes = append(cn.nodes, nodeNet{gossip: gossip, peer: peer})
+	}
+	return cn
+}
+
 // startClusterNodes starts three nodes; the first bootstraps the controller
 // group, and every node names the others as gossip seeds on a restart.
-func startClusterNodes(t *testing.T, bin, base string) []*harness.Broker {
+func startClusterNodes(t *testing.T, bin, base string, cn clusterNet) []*harness.Broker {
 	t.Helper()
-	gossip := make([]string, clusterNodes)
-	peer := make([]string, clusterNodes)
-	for i := range clusterNodes {
-		var err error
-		if gossip[i], err = harness.FreeAddr(); err != nil {
-			t.Fatal(err)
-		}
-		if peer[i], err = harness.FreeAddr(); err != nil {
-			t.Fatal(err)
-		}
-	}
 	var nodes []*harness.Broker
-	for i := range clusterNodes {
+	for i, nn := range cn.nodes {
 		var others []string
-		for j := range clusterNodes {
+		for j, o := range cn.nodes {
 			if j != i {
-				others = append(others, gossip[j])
+				others = append(others, o.gossip)
 			}
 		}
 		started := false // set once the first start is done (seeds runs under the broker's lock)
-		b := newClusterNode(t, bin, filepath.Join(base, fmt.Sprintf("n%d", i+1)), gossip[i], peer[i], func() []string {
+		b := newClusterNode(t, bin, filepath.Join(base, fmt.Sprintf("n%d", i+1)), nn, func() []string {
 			// The first node's first start bootstraps the controller;
 			// every later start joins through the others.
 			if i > 0 || started {
@@ -98,7 +134,7 @@ func startClusterNodes(t *testing.T, bin, base string) []*harness.Broker {
 				Voters []string `json:"voters"`
 			} `json:"controller"`
 		}
-		err := getJSON(nodes[0].AdminAddr(), "/api/v1/nodes", &v)
+		err := getJSON(nodes[0], "/api/v1/nodes", &v)
 		if err == nil && v.Controller.Leader != "" && len(v.Controller.Voters) == clusterNodes {
 			break
 		}
@@ -110,14 +146,16 @@ func startClusterNodes(t *testing.T, bin, base string) []*harness.Broker {
 	return nodes
 }
 
-// newClusterNode makes (does not start) a cluster node in dir, gossiping
-// and speaking raft on the given addresses; seeds gives the gossip seeds of
-// each start (none: it bootstraps the controller).
-func newClusterNode(t *testing.T, bin, dir, gossip, peer string, seeds func() []string) *harness.Broker {
+// newClusterNode makes (does not start) a cluster node in dir, placed as
+// nn says; seeds gives the gossip seeds of each start (none: it
+// bootstraps the controller).
+func newClusterNode(t *testing.T, bin, dir string, nn nodeNet, seeds func() []string) *harness.Broker {
 	t.Helper()
 	args := append(slices.Clone(serveArgs), "--cluster", "--cluster-profile", "lan",
-		"--cluster-gossip-listen", gossip, "--cluster-peer-listen", peer)
+		"--cluster-gossip-listen", nn.gossip, "--cluster-peer-listen", nn.peer)
+	args = append(args, nn.args...)
 	b, err := harness.New(harness.Config{Binary: bin, DataDir: filepath.Join(dir, "data"), LogDir: dir,
+		Addr: nn.addr, AdminAddr: nn.admin, Wrap: nn.wrap, Dial: nn.dial,
 		ReadyTimeout: startupTimeout, ExtraArgs: args,
 		Args: func(b *harness.Broker) []string {
 			a := harness.ServeArgs(b)
@@ -133,9 +171,9 @@ func newClusterNode(t *testing.T, bin, dir, gossip, peer string, seeds func() []
 	return b
 }
 
-func getJSON(admin, path string, v any) error {
-	c := http.Client{Timeout: adminTimeout}
-	resp, err := c.Get("http://" + admin + path)
+// getJSON reads path from b's admin API into v.
+func getJSON(b *harness.Broker, path string, v any) error {
+	resp, err := adminClient(b).Get("http://" + b.AdminAddr() + path)
 	if err != nil {
 		return err
 	}
@@ -159,7 +197,7 @@ func (e *clusterEnv) owner(ctx context.Context, topic string, p int) (int, error
 					Owner string `json:"owner"`
 				} `json:"partitions"`
 			}
-			if err := getJSON(n.AdminAddr(), "/api/v1/queues/"+topic, &q); err != nil || len(q.Partitions) <= p {
+			if err := getJSON(n, "/api/v1/queues/"+topic, &q); err != nil || len(q.Partitions) <= p {
 				continue
 			}
 			for i, m := range e.nodes {
@@ -201,9 +239,18 @@ func ownerKill9(ctx context.Context, e *clusterEnv) error {
 // probeFailover times a publish to the probe queue's partition 0 after a
 // fault at `at`, and records it.
 func (e *clusterEnv) probeFailover(at time.Time) (time.Duration, error) {
+	return e.timeFailover(at, func(ctx context.Context) error {
+		_, err := e.probe.Publish(ctx, e.topic+"-probe", []byte("probe"), sinew.WithPartition(0))
+		return err
+	})
+}
+
+// timeFailover runs publish (a probe's publish, bounded) after a fault at
+// `at`, and records the time from the fault to its confirm.
+func (e *clusterEnv) timeFailover(at time.Time, publish func(context.Context) error) (time.Duration, error) {
 	pctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := e.probe.Publish(pctx, e.topic+"-probe", []byte("probe"), sinew.WithPartition(0)); err != nil {
+	if err := publish(pctx); err != nil {
 		return 0, fmt.Errorf("probe publish after the fault: %w", err)
 	}
 	took := time.Since(at)
@@ -254,7 +301,7 @@ func controllerLeaderKill9(ctx context.Context, e *clusterEnv) error {
 					Leader string `json:"leader"`
 				} `json:"controller"`
 			}
-			if !n.Running() || getJSON(n.AdminAddr(), "/api/v1/nodes", &v) != nil {
+			if !n.Running() || getJSON(n, "/api/v1/nodes", &v) != nil {
 				continue
 			}
 			if v.Controller.Leader != "" && v.Controller.Leader == v.Self.ID {
@@ -287,7 +334,7 @@ func controllerLeaderKill9(ctx context.Context, e *clusterEnv) error {
 // TestClusterOwnerKill9 kills the owner of a partition with -9 and restarts
 // it, over and over, under publish and consume load through the SDK.
 func TestClusterOwnerKill9(t *testing.T) {
-	runClusterScenario(t, "cluster-owner-kill9", 2500*time.Millisecond, ownerKill9)
+	runClusterScenario(t, clusterScenario{name: "cluster-owner-kill9", every: 2500 * time.Millisecond, fault: ownerKill9})
 }
 
 // TestClusterOwnerPause stops the owner with SIGSTOP and lets it go on.
@@ -299,18 +346,18 @@ func TestClusterOwnerPause(t *testing.T) {
 	if os.Getenv("SINEW_CHAOS_CLUSTER_PAUSE") == "" {
 		t.Skip("not in the default run yet (docs/cluster.md, \"The Jepsen-style run\"); SINEW_CHAOS_CLUSTER_PAUSE=1 runs it")
 	}
-	runClusterScenario(t, "cluster-owner-pause", 4*time.Second, ownerPause)
+	runClusterScenario(t, clusterScenario{name: "cluster-owner-pause", every: 4 * time.Second, fault: ownerPause})
 }
 
 // TestClusterControllerLeaderKill9 kills the controller's leader.
 func TestClusterControllerLeaderKill9(t *testing.T) {
-	runClusterScenario(t, "cluster-controller-kill9", 3*time.Second, controllerLeaderKill9)
+	runClusterScenario(t, clusterScenario{name: "cluster-controller-kill9", every: 3 * time.Second, fault: controllerLeaderKill9})
 }
 
 // TestClusterNodeLeavesAndAnotherJoins makes the owner of a partition leave
 // the cluster and starts a new node in its place, under load.
 func TestClusterNodeLeavesAndAnotherJoins(t *testing.T) {
-	runClusterScenario(t, "cluster-leave-join", 12*time.Second, nodeLeaveAndJoin)
+	runClusterScenario(t, clusterScenario{name: "cluster-leave-join", every: 12 * time.Second, fault: nodeLeaveAndJoin})
 }
 
 // nodeLeaveAndJoin makes the owner of the probe queue's partition 0 leave
@@ -335,7 +382,7 @@ func nodeLeaveAndJoin(ctx context.Context, e *clusterEnv) error {
 				GossipAddr string `json:"gossip_addr"`
 			} `json:"self"`
 		}
-		if j != i && n.Running() && getJSON(n.AdminAddr(), "/api/v1/nodes", &v) == nil && v.Self.GossipAddr != "" {
+		if j != i && n.Running() && getJSON(n, "/api/v1/nodes", &v) == nil && v.Self.GossipAddr != "" {
 			seeds = append(seeds, v.Self.GossipAddr)
 		}
 	}
@@ -343,8 +390,7 @@ func nodeLeaveAndJoin(ctx context.Context, e *clusterEnv) error {
 		return errors.New("no running node to join through")
 	}
 	gone := e.nodes[i]
-	c := http.Client{Timeout: adminTimeout}
-	resp, err := c.Post("http://"+gone.AdminAddr()+"/api/v1/nodes/self/leave", "application/json", nil)
+	resp, err := adminClient(gone).Post("http://"+gone.AdminAddr()+"/api/v1/nodes/self/leave", "application/json", nil)
 	if err != nil {
 		return fmt.Errorf("leave node %d: %w", i+1, err)
 	}
@@ -363,6 +409,9 @@ func nodeLeaveAndJoin(ctx context.Context, e *clusterEnv) error {
 	if err != nil {
 		return err
 	}
+	if e.lab != nil {
+		return errors.New("the leave scenario runs on loopback only")
+	}
 	gossip, err := harness.FreeAddr()
 	if err != nil {
 		return err
@@ -372,7 +421,8 @@ func nodeLeaveAndJoin(ctx context.Context, e *clusterEnv) error {
 		return err
 	}
 	e.joined++
-	b := newClusterNode(e.t, e.bin, filepath.Join(e.base, fmt.Sprintf("joined%d", e.joined)), gossip, peer, func() []string { return seeds })
+	b := newClusterNode(e.t, e.bin, filepath.Join(e.base, fmt.Sprintf("joined%d", e.joined)), nodeNet{gossip: gossip, peer: peer},
+		func() []string { return seeds })
 	if err := b.Start(); err != nil {
 		return fmt.Errorf("start a new node: %w\n%s", err, b.StderrTail())
 	}
@@ -407,7 +457,7 @@ func (e *clusterEnv) awaitTopicVoters(gone, topic string, deadline time.Time) er
 					Voters []string `json:"voters"`
 				} `json:"partitions"`
 			}
-			if !n.Running() || getJSON(n.AdminAddr(), "/api/v1/queues/"+topic, &q) != nil || len(q.Partitions) == 0 {
+			if !n.Running() || getJSON(n, "/api/v1/queues/"+topic, &q) != nil || len(q.Partitions) == 0 {
 				continue
 			}
 			ok = true
@@ -420,30 +470,55 @@ func (e *clusterEnv) awaitTopicVoters(gone, topic string, deadline time.Time) er
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("queue %s's partitions did not get %d voters without %s within 60 s: %s", topic, clusterNodes, gone, queuesJSON(e.nodes[0].AdminAddr()))
+			return fmt.Errorf("queue %s's partitions did not get %d voters without %s within 60 s: %s", topic, clusterNodes, gone, queuesJSON(e.nodes[0]))
 		}
 		time.Sleep(50 * time.Millisecond) // polling real processes
 	}
 }
 
-func runClusterScenario(t *testing.T, name string, every time.Duration, fault func(context.Context, *clusterEnv) error) {
+// clusterScenario is one cluster nemesis with its timing and network.
+type clusterScenario struct {
+	name string
+	// every is the spacing of faults; the short run has two, in a fault
+	// phase of shortPhase (2 × every when 0).
+	every, shortPhase time.Duration
+	fault             func(context.Context, *clusterEnv) error
+	// netns runs the nodes and the clients in network namespaces the test
+	// creates (namespaceNet), instead of on loopback.
+	netns bool
+}
+
+func runClusterScenario(t *testing.T, sc clusterScenario) {
 	if testing.Short() {
 		t.Skip("runs three broker processes")
 	}
+	name, every, fault := sc.name, sc.every, sc.fault
 	res := result{name: name, status: "unfinished"}
 	recordAtEnd(t, &res)
+	e := &clusterEnv{t: t, topic: "chaos-" + name}
+	if sc.netns {
+		e.lab = netlab.ForTest(t, namespaceHosts()...)
+	}
 	bin := binary(t)
 	base := scenarioDir(t, name)
-	nodes := startClusterNodes(t, bin, base)
+	cn := loopbackNet(t)
+	if sc.netns {
+		cn = namespaceNet(t, e.lab, bin, base)
+	}
+	nodes := startClusterNodes(t, bin, base, cn)
+	e.nodes, e.bin, e.base = nodes, bin, base
 	var seeds []string
 	for _, n := range nodes {
 		seeds = append(seeds, n.Addr())
 	}
-	e := &clusterEnv{t: t, bin: bin, base: base, nodes: nodes, topic: "chaos-" + name}
 	pctx, pcancel := context.WithTimeout(context.Background(), startupTimeout)
 	defer pcancel()
-	probe, err := sinew.Dial(pctx, seeds[0], sinew.WithSeeds(seeds...),
-		sinew.WithReconnect(sinew.ReconnectPolicy{BaseDelay: 25 * time.Millisecond, MaxDelay: time.Second}))
+	popts := []sinew.Option{sinew.WithSeeds(seeds...),
+		sinew.WithReconnect(sinew.ReconnectPolicy{BaseDelay: 25 * time.Millisecond, MaxDelay: time.Second})}
+	if cn.dial != nil {
+		popts = append(popts, sinew.WithDialer(cn.dial))
+	}
+	probe, err := sinew.Dial(pctx, seeds[0], popts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -460,14 +535,18 @@ func runClusterScenario(t *testing.T, name string, every time.Duration, fault fu
 	phase := faultPhase()
 	if !long() {
 		phase = 2 * every // two kills in the short run
+		if sc.shortPhase > 0 {
+			phase = sc.shortPhase
+		}
 	}
 	ck := checker.New()
+	e.ck = ck
 	ctx, cancel := context.WithTimeout(context.Background(), startupTimeout)
 	defer cancel()
 	run, err := workload.Start(ctx, workload.Config{
-		Addr: seeds[0], Seeds: seeds, Topic: e.topic, Partitions: 2, LeaseMs: leaseMs,
+		Addr: seeds[0], Seeds: seeds, Topic: e.topic, Partitions: workloadPartitions, LeaseMs: leaseMs,
 		Producers: 2, Consumers: clusterNodes, MessagesPerProducer: 1 << 40, PublishWindow: 32, Prefetch: 32,
-		SDK: true, Checker: ck, Logf: t.Logf,
+		SDK: true, Dial: cn.dial, Checker: ck, Logf: t.Logf,
 	})
 	if err != nil {
 		t.Fatalf("workload: %v", err)
@@ -500,7 +579,7 @@ func runClusterScenario(t *testing.T, name string, every time.Duration, fault fu
 		return b.String()
 	}
 	if drainErr != nil {
-		t.Logf("%s: %v; queues: %s", name, drainErr, queuesJSON(nodes[0].AdminAddr()))
+		t.Logf("%s: %v; queues: %s", name, drainErr, queuesJSON(nodes[0]))
 	}
 	if stopErr != nil {
 		t.Fatalf("%s: %v", name, stopErr)

@@ -18,6 +18,14 @@
 // test with the offending sequence numbers and the broker's stderr tail.
 // Assertions check only invariants that hold however the faults fall.
 //
+// The cluster scenarios (cluster_test.go) run three `sinew serve --cluster`
+// nodes on loopback and kill or stop a partition's owner or the controller's
+// leader under load through the Go SDK. The partition scenario
+// (partition_test.go) runs each node in a network namespace it creates
+// (package netlab), opens the clients' connections from another one, and
+// takes a partition owner's link down and up again; it needs root and the
+// ip command, and skips with the reason otherwise.
+//
 // The short run is part of `go test ./...`. A long run (SINEW_CHAOS_SECONDS
 // per scenario) is driven by scripts/chaos, which prints a summary table.
 //

@@ -3,81 +3,21 @@ package e2e_test
 import (
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/sinewmq/sinew/test/chaos/netlab"
 )
-
-// netLab is a set of network namespaces this test creates: one switch
-// namespace holding a bridge, and one namespace per node wired to it by a
-// veth pair, with addresses 10.77.0.1, 10.77.0.2, ... It touches no other
-// namespace, and Cleanup deletes them all.
-type netLab struct {
-	t      *testing.T
-	prefix string
-	nodes  int
-}
-
-// ipCmd runs ip with args, failing the test on an error.
-func (l *netLab) ip(args ...string) {
-	l.t.Helper()
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		l.t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-}
-
-func (l *netLab) sw() string          { return l.prefix + "sw" }
-func (l *netLab) node(i int) string   { return fmt.Sprintf("%sn%d", l.prefix, i) }
-func (l *netLab) addr(i int) string   { return fmt.Sprintf("10.77.0.%d", i) }
-func (l *netLab) swPort(i int) string { return fmt.Sprintf("p%d", i) }
-
-// newNetLab creates the namespaces, or skips the test with the reason when
-// this machine cannot (not root, no ip command, no namespace support).
-func newNetLab(t *testing.T, nodes int) *netLab {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("network namespace test skipped: it needs root to create namespaces")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("network namespace test skipped: no ip command (install iproute2)")
-	}
-	l := &netLab{t: t, prefix: fmt.Sprintf("sinew%d", os.Getpid()%100000), nodes: nodes}
-	if out, err := exec.Command("ip", "netns", "add", l.sw()).CombinedOutput(); err != nil {
-		t.Skipf("network namespace test skipped: cannot create a network namespace: %v %s", err, out)
-	}
-	t.Cleanup(func() {
-		for i := 1; i <= nodes; i++ {
-			exec.Command("ip", "netns", "del", l.node(i)).Run()
-		}
-		exec.Command("ip", "netns", "del", l.sw()).Run()
-	})
-	l.ip("-n", l.sw(), "link", "add", "br0", "type", "bridge")
-	l.ip("-n", l.sw(), "link", "set", "br0", "up")
-	for i := 1; i <= nodes; i++ {
-		l.ip("netns", "add", l.node(i))
-		l.ip("-n", l.node(i), "link", "add", "eth0", "type", "veth", "peer", "name", l.swPort(i), "netns", l.sw())
-		l.ip("-n", l.node(i), "addr", "add", l.addr(i)+"/24", "dev", "eth0")
-		l.ip("-n", l.node(i), "link", "set", "eth0", "up")
-		l.ip("-n", l.node(i), "link", "set", "lo", "up")
-		l.ip("-n", l.sw(), "link", "set", l.swPort(i), "master", "br0")
-		l.ip("-n", l.sw(), "link", "set", l.swPort(i), "up")
-	}
-	return l
-}
-
-// cut takes node i's cable out of the switch; heal puts it back.
-func (l *netLab) cut(i int)  { l.ip("-n", l.sw(), "link", "set", l.swPort(i), "down") }
-func (l *netLab) heal(i int) { l.ip("-n", l.sw(), "link", "set", l.swPort(i), "up") }
 
 // nsNodes asks node i, inside its namespace, for its view (sinew admin
 // nodes --json against its admin listener on the namespace's loopback).
-func nsNodes(t *testing.T, l *netLab, bin string, i int, admin string) (nodesView, error) {
+func nsNodes(t *testing.T, l *netlab.Lab, bin string, i int, admin string) (nodesView, error) {
 	t.Helper()
-	out, err := exec.Command("ip", "netns", "exec", l.node(i), bin, "admin", "nodes", "--json", "--admin-addr", admin).Output()
+	cmd := append(l.Exec(i), bin, "admin", "nodes", "--json", "--admin-addr", admin)
+	out, err := exec.Command(cmd[0], cmd[1:]...).Output()
 	if err != nil {
 		return nodesView{}, err
 	}
@@ -94,7 +34,7 @@ func TestClusterNetworkPartitionInNamespaces(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the sinew binary")
 	}
-	l := newNetLab(t, 3)
+	l := netlab.ForTest(t, 1, 2, 3)
 	bin := buildSinew(t)
 	key := filepath.Join(t.TempDir(), "gossip.key")
 	if err := os.WriteFile(key, []byte(base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))), 0o600); err != nil {
@@ -102,13 +42,13 @@ func TestClusterNetworkPartitionInNamespaces(t *testing.T) {
 	}
 	admins := map[int]string{}
 	for i := 1; i <= 3; i++ {
-		args := []string{"netns", "exec", l.node(i), bin, "serve", "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0",
+		args := append(l.Exec(i), bin, "serve", "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0",
 			"--admin-listen", "127.0.0.1:7655", "--cluster", "--cluster-profile", "lan",
-			"--cluster-gossip-listen", l.addr(i) + ":7946", "--cluster-gossip-key-file", key}
+			"--cluster-gossip-listen", l.IP(i)+":7946", "--cluster-gossip-key-file", key)
 		if i > 1 {
-			args = append(args, "--cluster-seeds", l.addr(1)+":7946")
+			args = append(args, "--cluster-seeds", l.IP(1)+":7946")
 		}
-		c := startCommand(t, "ip", args...)
+		c := startCommand(t, args[0], args[1:]...)
 		admins[i] = logField(t, c, "msg=serving", "admin_listen")
 	}
 	await := func(what string, i int, cond func(nodesView) bool) {
@@ -138,7 +78,9 @@ func TestClusterNetworkPartitionInNamespaces(t *testing.T) {
 		await("sees the two others alive", i, func(v nodesView) bool { return count(v, "alive") == 2 && !v.Fenced })
 	}
 
-	l.cut(3)
+	if err := l.Cut(3); err != nil {
+		t.Fatal(err)
+	}
 	await("fenced, both peers dead", 3, func(v nodesView) bool { return v.Fenced && count(v, "dead") == 2 })
 	for i := 1; i <= 2; i++ {
 		await("sees the cut node dead and stays unfenced", i, func(v nodesView) bool {
@@ -146,7 +88,9 @@ func TestClusterNetworkPartitionInNamespaces(t *testing.T) {
 		})
 	}
 
-	l.heal(3)
+	if err := l.Heal(3); err != nil {
+		t.Fatal(err)
+	}
 	for i := 1; i <= 3; i++ {
 		await("everyone alive again, nobody fenced", i, func(v nodesView) bool { return count(v, "alive") == 2 && !v.Fenced })
 	}

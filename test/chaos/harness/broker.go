@@ -3,6 +3,7 @@ package harness
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -58,6 +60,14 @@ type Config struct {
 	ExtraArgs []string
 	// Env is added to the child's environment.
 	Env []string
+	// Wrap, when set, is a command prefix the broker runs under, such as
+	// `ip netns exec NS` to run it in a network namespace. The prefix must
+	// exec the binary in place, so that signals reach the broker.
+	Wrap []string
+	// Dial opens the connections of the readiness probe and of DialContext
+	// (net.Dialer's by default): a broker in another network namespace is
+	// reached from inside it.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Credentials go in the HELLO of the readiness probe, for a broker with
 	// authentication configured; empty sends none.
 	Credentials string
@@ -102,6 +112,10 @@ func New(cfg Config) (*Broker, error) {
 	}
 	if cfg.Args == nil {
 		cfg.Args = ServeArgs
+	}
+	if cfg.Dial == nil {
+		var d net.Dialer
+		cfg.Dial = d.DialContext
 	}
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = readyTimeoutDefault
@@ -150,6 +164,12 @@ func (b *Broker) Addr() string { return b.cfg.Addr }
 // AdminAddr is the admin HTTP listen address.
 func (b *Broker) AdminAddr() string { return b.cfg.AdminAddr }
 
+// DialContext opens a connection to addr the way the harness reaches the
+// broker (Config.Dial), for a client of its listeners.
+func (b *Broker) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	return b.cfg.Dial(ctx, network, addr)
+}
+
 // DataDir is the broker's data directory.
 func (b *Broker) DataDir() string { return b.cfg.DataDir }
 
@@ -179,9 +199,10 @@ func (b *Broker) Start() error {
 		return fmt.Errorf("harness: stderr file: %w", err)
 	}
 	b.starts++
-	fmt.Fprintf(f, "=== harness: start #%d at %s: %s %s\n", b.starts,
-		time.Now().Format(time.RFC3339Nano), b.cfg.Binary, strings.Join(b.cfg.Args(b), " "))
-	cmd := exec.Command(b.cfg.Binary, b.cfg.Args(b)...)
+	argv := append(append(slices.Clone(b.cfg.Wrap), b.cfg.Binary), b.cfg.Args(b)...)
+	fmt.Fprintf(f, "=== harness: start #%d at %s: %s\n", b.starts,
+		time.Now().Format(time.RFC3339Nano), strings.Join(argv, " "))
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), b.cfg.Env...)
 	cmd.Stdout = f
 	cmd.Stderr = f
@@ -225,7 +246,7 @@ func (b *Broker) WaitReady(timeout time.Duration) error {
 			return fmt.Errorf("%w: process exited (%v) before it answered HELLO", ErrNotReady, b.ExitErr())
 		default:
 		}
-		if last = ProbeCredentials(b.cfg.Addr, b.cfg.Credentials, probeTimeout); last == nil {
+		if last = probe(b.cfg.Dial, b.cfg.Addr, b.cfg.Credentials, probeTimeout); last == nil {
 			return nil
 		}
 		select {
@@ -241,7 +262,14 @@ func Probe(addr string, timeout time.Duration) error { return ProbeCredentials(a
 
 // ProbeCredentials is Probe with credentials in the HELLO.
 func ProbeCredentials(addr, credentials string, timeout time.Duration) error {
-	c, err := net.DialTimeout("tcp", addr, timeout)
+	var d net.Dialer
+	return probe(d.DialContext, addr, credentials, timeout)
+}
+
+func probe(dial func(ctx context.Context, network, addr string) (net.Conn, error), addr, credentials string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, err := dial(ctx, "tcp", addr)
 	if err != nil {
 		return err
 	}

@@ -49,7 +49,7 @@ func (k *consumer) run(ctx context.Context) {
 		if k.cfg.Resume {
 			resume = k.ident
 		}
-		c, err := dial(ctx, k.cfg.Addr, k.name, resume)
+		c, err := dial(ctx, k.cfg, k.cfg.Addr, k.name, resume)
 		if err != nil {
 			k.stats.add(func(s *Counters) { s.DialFailures++ })
 			if !backoff(ctx, fails) {

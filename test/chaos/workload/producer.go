@@ -33,7 +33,7 @@ type reply struct {
 func (p *producer) run(ctx context.Context) {
 	p.next = 1
 	for fails := 0; ctx.Err() == nil && !p.finished(); {
-		c, err := dial(ctx, p.cfg.Addr, p.name, protocol.ResumeIdentity{})
+		c, err := dial(ctx, p.cfg, p.cfg.Addr, p.name, protocol.ResumeIdentity{})
 		if err != nil {
 			p.stats.add(func(s *Counters) { s.DialFailures++ })
 			if !backoff(ctx, fails) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"sync"
 	"time"
 
@@ -42,7 +43,11 @@ type Config struct {
 	// every client knows them all (sinew.WithSeeds), and consumer i
 	// subscribes through node i mod len(Seeds), so the consumers span
 	// the partitions' owners.
-	Seeds   []string
+	Seeds []string
+	// Dial opens every connection of the workload (net.Dialer's by
+	// default), for brokers reached another way, such as from inside a
+	// network namespace.
+	Dial    func(ctx context.Context, network, addr string) (net.Conn, error)
 	Checker *checker.Checker // receives every record (required)
 	Logf    func(format string, args ...any)
 
@@ -58,6 +63,7 @@ type Counters struct {
 	PublishErrors  map[string]int // ERROR replies to publishes, by code name
 	Deliveries     int            // DELIVER frames received
 	Acks           int            // tags sent in ACK frames
+	AckErrors      map[string]int // SDK acks (Complete) that returned an error, by error
 	Connects       int            // successful handshakes
 	DialFailures   int            // failed dials or handshakes
 	ConnErrors     int            // consumer connections that ended with an error
@@ -66,8 +72,8 @@ type Counters struct {
 }
 
 func (v Counters) String() string {
-	return fmt.Sprintf("publishes=%d confirms=%d publish_errors=%v deliveries=%d acks=%d connects=%d dial_failures=%d conn_errors=%d going_away=%d resume=%v",
-		v.Publishes, v.Confirms, v.PublishErrors, v.Deliveries, v.Acks, v.Connects, v.DialFailures, v.ConnErrors, v.GoingAway, v.ResumeOutcomes)
+	return fmt.Sprintf("publishes=%d confirms=%d publish_errors=%v deliveries=%d acks=%d ack_errors=%v connects=%d dial_failures=%d conn_errors=%d going_away=%d resume=%v",
+		v.Publishes, v.Confirms, v.PublishErrors, v.Deliveries, v.Acks, v.AckErrors, v.Connects, v.DialFailures, v.ConnErrors, v.GoingAway, v.ResumeOutcomes)
 }
 
 // Stats holds a run's Counters; every producer and consumer adds to it.
@@ -77,7 +83,7 @@ type Stats struct {
 }
 
 func newStats() *Stats {
-	return &Stats{c: Counters{PublishErrors: map[string]int{}, ResumeOutcomes: map[string]int{}}}
+	return &Stats{c: Counters{PublishErrors: map[string]int{}, AckErrors: map[string]int{}, ResumeOutcomes: map[string]int{}}}
 }
 
 func (s *Stats) add(f func(*Counters)) {
@@ -92,6 +98,7 @@ func (s *Stats) Snapshot() Counters {
 	defer s.mu.Unlock()
 	v := s.c
 	v.PublishErrors = maps.Clone(s.c.PublishErrors)
+	v.AckErrors = maps.Clone(s.c.AckErrors)
 	v.ResumeOutcomes = maps.Clone(s.c.ResumeOutcomes)
 	return v
 }
@@ -150,6 +157,10 @@ func Start(ctx context.Context, cfg Config) (*Run, error) {
 	if cfg.PaddingBytes == 0 {
 		cfg.PaddingBytes = 64
 	}
+	if cfg.Dial == nil {
+		var d net.Dialer
+		cfg.Dial = d.DialContext
+	}
 	cfg.start = time.Now()
 	if err := declare(ctx, &cfg); err != nil {
 		return nil, err
@@ -196,7 +207,7 @@ func declare(ctx context.Context, cfg *Config) error {
 }
 
 func declareOnce(ctx context.Context, cfg *Config) error {
-	c, err := dial(ctx, cfg.Addr, "chaos-declare", protocol.ResumeIdentity{})
+	c, err := dial(ctx, cfg, cfg.Addr, "chaos-declare", protocol.ResumeIdentity{})
 	if err != nil {
 		return err
 	}

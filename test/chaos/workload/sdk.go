@@ -24,7 +24,7 @@ var sdkReconnect = sinew.ReconnectPolicy{BaseDelay: 25 * time.Millisecond, MaxDe
 // mod the nodes and knows the others as seeds.
 func sdkDial(ctx context.Context, cfg *Config, i int, name string) (*sinew.Client, error) {
 	addr := cfg.Addr
-	opts := []sinew.Option{sinew.WithClientName(name), sinew.WithReconnect(sdkReconnect)}
+	opts := []sinew.Option{sinew.WithClientName(name), sinew.WithReconnect(sdkReconnect), sinew.WithDialer(cfg.Dial)}
 	if len(cfg.Seeds) > 0 {
 		addr = cfg.Seeds[i%len(cfg.Seeds)]
 		opts = append(opts, sinew.WithSeeds(cfg.Seeds...))
@@ -141,7 +141,11 @@ func (k *consumer) sdkRun(ctx context.Context) {
 			go func() {
 				defer func() { <-sem; wg.Done() }()
 				k.stats.add(func(s *Counters) { s.Acks++ })
-				switch err := msg.Complete(ctx); {
+				err := msg.Complete(ctx)
+				if err != nil && ctx.Err() == nil {
+					k.stats.add(func(s *Counters) { s.AckErrors[errName(err)]++ })
+				}
+				switch {
 				case err == nil:
 					k.cfg.Checker.SettledAt(id, pos, k.cfg.sinceMs())
 				case errors.Is(err, sinew.ErrConnectionLost) || errors.Is(err, sinew.ErrClientClosed) || ctx.Err() != nil:
@@ -164,7 +168,7 @@ func brokerCodeInDoubt(err error) bool {
 	return errors.As(err, &be) && inDoubtCode(be.Code)
 }
 
-// errName is a short label for a publish error in the counters.
+// errName is a short label for a publish's or an ack's error in the counters.
 func errName(err error) string {
 	var be *sinew.BrokerError
 	if errors.As(err, &be) {

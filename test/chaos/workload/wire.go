@@ -38,10 +38,12 @@ type wconn struct {
 	wbuf []byte
 }
 
-// dial connects to addr and completes HELLO, offering resume when it is set.
-func dial(ctx context.Context, addr, name string, resume protocol.ResumeIdentity) (*wconn, error) {
-	d := net.Dialer{Timeout: dialTimeout}
-	nc, err := d.DialContext(ctx, "tcp", addr)
+// dial connects to addr (with cfg.Dial) and completes HELLO, offering
+// resume when it is set.
+func dial(ctx context.Context, cfg *Config, addr, name string, resume protocol.ResumeIdentity) (*wconn, error) {
+	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	nc, err := cfg.Dial(dctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
