@@ -55,6 +55,13 @@ const (
 	// raftInflightMsgsMax bounds the append messages in flight to one
 	// follower.
 	raftInflightMsgsMax = 256
+	// raftInflightBytesMax bounds the bytes of append messages in flight
+	// to one follower. Entries a lagging follower lacks (one that comes
+	// back after a cut) are read from the log on the partition's
+	// goroutine: without this bound the leader would read up to
+	// raftInflightMsgsMax × raftMsgBytesMax at once, long enough to miss
+	// its heartbeats and be voted out.
+	raftInflightBytesMax = 4 << 20
 	// raftCommittedPerReadyBytes bounds the committed entries handed to
 	// the actor at once.
 	raftCommittedPerReadyBytes = 16 << 20
@@ -151,6 +158,7 @@ func (p *Partition) startRaft(commit uint64) error {
 		AsyncStorageWrites: true,
 		MaxSizePerMsg:      raftMsgBytesMax,
 		MaxInflightMsgs:    raftInflightMsgsMax,
+		MaxInflightBytes:   raftInflightBytesMax,
 		// No limit here: the pipeline bounds what is uncommitted
 		// (stageCommandsMax per stage, committingStagesMax stages), and a
 		// proposal raft dropped would have to be undone.

@@ -146,12 +146,21 @@ func startClusterNodes(t *testing.T, bin, base string, cn clusterNet) []*harness
 	return nodes
 }
 
+// clusterProfile is the nodes' failure-detection profile: lan, or
+// SINEW_CHAOS_CLUSTER_PROFILE (seed: the seed's slower timings).
+func clusterProfile() string {
+	if p := os.Getenv("SINEW_CHAOS_CLUSTER_PROFILE"); p != "" {
+		return p
+	}
+	return "lan"
+}
+
 // newClusterNode makes (does not start) a cluster node in dir, placed as
 // nn says; seeds gives the gossip seeds of each start (none: it
 // bootstraps the controller).
 func newClusterNode(t *testing.T, bin, dir string, nn nodeNet, seeds func() []string) *harness.Broker {
 	t.Helper()
-	args := append(slices.Clone(serveArgs), "--cluster", "--cluster-profile", "lan",
+	args := append(slices.Clone(serveArgs), "--cluster", "--cluster-profile", clusterProfile(),
 		"--cluster-gossip-listen", nn.gossip, "--cluster-peer-listen", nn.peer)
 	args = append(args, nn.args...)
 	b, err := harness.New(harness.Config{Binary: bin, DataDir: filepath.Join(dir, "data"), LogDir: dir,
