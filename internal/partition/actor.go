@@ -51,6 +51,16 @@ func (p *Partition) run() {
 			// bounded inbox absorbs the rest.
 			inbox = nil
 		}
+		if p.ckptHold {
+			if p.leads && p.st.NextLSN() > p.committed+1 {
+				// A due checkpoint waits for the quorum to catch up
+				// (replicatedCheckpoint); the bounded inbox absorbs
+				// the commands meanwhile.
+				inbox = nil
+			} else {
+				p.ckptHold = false
+			}
+		}
 		select {
 		case c := <-inbox:
 			batch = append(batch, c)
@@ -259,6 +269,10 @@ func (p *Partition) checkpointDue(now int64) bool {
 // takes a checkpoint and hands it to the checkpointer goroutine, which
 // writes it while the actor goes on (at most one is under way).
 func (p *Partition) periodicCheckpoint() {
+	if p.leads && !p.single {
+		p.replicatedCheckpoint()
+		return
+	}
 	if !p.leads {
 		// Only the leader decides records; a follower's checkpoints
 		// follow what it applied.
@@ -276,6 +290,31 @@ func (p *Partition) periodicCheckpoint() {
 	}
 	p.ckptBusy = true
 	p.ckptReq <- j
+}
+
+// replicatedCheckpoint is periodicCheckpoint on the leader of a larger
+// group. Its checkpoint may claim only committed entries, and under load
+// the leader always has some that are not: so once a checkpoint is due the
+// actor takes no new command (ckptHold; see run) until the quorum has
+// caught up, which takes one replication round, and then checkpoints.
+// Relocation follows the checkpoint (its records are the next one's), so
+// that its own appends do not keep the checkpoint waiting.
+func (p *Partition) replicatedCheckpoint() {
+	if err := p.flushHardState(); err != nil {
+		p.fail(err, nil)
+		return
+	}
+	j, ok := p.takeCheckpoint()
+	if !ok {
+		p.ckptHold = p.st.NextLSN() > p.committed+1
+		return
+	}
+	p.ckptHold = false
+	p.ckptBusy = true
+	p.ckptReq <- j
+	if _, err := p.relocate(); err != nil {
+		p.fail(err, nil)
+	}
 }
 
 // checkpointed handles the checkpointer's answer. A failure backs off: the

@@ -428,6 +428,9 @@ type Partition struct {
 	ckptFailures  uint64
 	ckptStreak    int
 	ckptRetryAtMs int64
+	// ckptHold: a replicated leader's checkpoint is due and waits for its
+	// entries to be committed; the actor takes no command meanwhile.
+	ckptHold bool
 	// ckptBusy: a checkpoint is with the checkpointer goroutine. ckptReq
 	// and ckptDone connect the two; each holds at most one job, since at
 	// most one is under way.
