@@ -3,6 +3,7 @@ package sinew
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,6 +66,70 @@ type router struct {
 	// given: connection losses and unavailable answers are then retried
 	// through the cluster instead of waiting for one node.
 	clustered atomic.Bool
+	// learned are the cluster's nodes the client heard of besides its
+	// own and the seeds (owners named by not_owner, replicas listed by
+	// METADATA), oldest first, at most learnedMax: a cluster whose nodes
+	// were all replaced since Dial is still found. Guarded by mu.
+	learned []string
+	// lookedAt is when resend last asked METADATA (unix ns; rate limit).
+	lookedAt atomic.Int64
+}
+
+// learnedMax bounds the node addresses a client learns.
+const learnedMax = 64
+
+// lookEvery bounds how often resend asks METADATA to learn nodes.
+const lookEvery = 500 * time.Millisecond
+
+// learn records addrs as nodes of the cluster.
+func (r *router) learn(addrs ...string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, a := range addrs {
+		if a == "" || a == r.c.ep.addr || slices.Contains(r.seeds, a) || slices.Contains(r.learned, a) {
+			continue
+		}
+		if len(r.learned) >= learnedMax {
+			r.learned = r.learned[1:]
+		}
+		r.learned = append(r.learned, a)
+	}
+}
+
+// look asks METADATA for p's queue, on the first node it knows that
+// answers (a draining one too), and learns its replicas and owners. At most
+// once per lookEvery.
+func (r *router) look(ctx context.Context, p *protocol.Publish) {
+	now := r.c.o.clock.Now().UnixNano()
+	last := r.lookedAt.Load()
+	if now-last < int64(lookEvery) || !r.lookedAt.CompareAndSwap(last, now) {
+		return
+	}
+	for _, a := range r.nodes() {
+		e := r.c.pool.get(a)
+		if e.live.Load() == nil && !r.reachable(ctx, e) {
+			continue
+		}
+		actx, cancel := context.WithTimeout(ctx, metadataAskTimeout)
+		md, err := e.metadata(actx, p.Topic, p.Group)
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, pm := range md.Partitions {
+			r.learn(pm.Replicas...)
+			r.learn(pm.Owner)
+		}
+		return
+	}
+}
+
+// nodes lists the addresses the client knows: its own, the seeds, then
+// the nodes it learned.
+func (r *router) nodes() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Concat([]string{r.c.ep.addr}, r.seeds, r.learned)
 }
 
 func newRouter(c *Client, seeds []string) *router {
@@ -137,6 +202,7 @@ func (r *router) retry(p *protocol.Publish, err error, from *endpoint) bool {
 			r.mu.Lock()
 			r.owners[keyOf(p)] = be.Owner
 			r.mu.Unlock()
+			r.learn(be.Owner)
 			return true
 		case protocol.CodeUnavailable, protocol.CodeFenced:
 			// An election under way, a queue the cluster is creating, or
@@ -176,6 +242,10 @@ func (r *router) forget(p *protocol.Publish, addr string) {
 func (r *router) resend(ctx context.Context, p *protocol.Publish, f *PublishFuture, size, hop int, cause error) {
 	var be *BrokerError
 	redirect := errors.As(cause, &be) && be.Code == protocol.CodeNotOwner
+	// Ownership moved, or the node is gone or going: the cluster may be
+	// changing around the client (nodes replaced), so learn where the
+	// queue's replicas are now, while some node it knows still answers.
+	r.look(ctx, p)
 	e, owner := r.pick(ctx, p)
 	if !redirect || !owner {
 		// No owner to go to at once: a pause, growing with the hops,
@@ -196,8 +266,8 @@ func (r *router) resend(ctx context.Context, p *protocol.Publish, f *PublishFutu
 }
 
 // pick chooses where to send p: its owner if connected (or connectable),
-// else the first connected (or connectable) of the client's node and the
-// seeds, else the client's node, whose reconnects the send then waits for.
+// else the first connected (or connectable) of the client's node, the
+// seeds and the nodes it learned, else the client's node, whose reconnects the send then waits for.
 // owner reports whether it is p's owner.
 func (r *router) pick(ctx context.Context, p *protocol.Publish) (e *endpoint, owner bool) {
 	r.mu.Lock()
@@ -209,7 +279,7 @@ func (r *router) pick(ctx context.Context, p *protocol.Publish) (e *endpoint, ow
 		}
 		r.forget(p, addr)
 	}
-	for _, a := range append([]string{r.c.ep.addr}, r.seeds...) {
+	for _, a := range r.nodes() {
 		if e := r.c.pool.get(a); r.reachable(ctx, e) {
 			return e, false
 		}

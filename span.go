@@ -38,6 +38,14 @@ const (
 	resettleHopsMax    = 64
 	resettleBackoffMin = 20 * time.Millisecond
 	resettleBackoffMax = 500 * time.Millisecond
+	// settleHedgeAfter is how long a settle waits for its node's answer
+	// before it is also sent to the partition's owner: longer than a
+	// settle takes (a replication round), shorter than a failover plus
+	// the time to notice a silent connection (three heartbeats).
+	settleHedgeAfter = time.Second
+	// metadataAskTimeout bounds one node's answer to METADATA before the
+	// next node is asked (a node cut off answers nothing).
+	metadataAskTimeout = time.Second
 )
 
 // owned is what the client knows of a partition's owner.
@@ -115,16 +123,22 @@ func (c *Client) subscribeSpan(ctx context.Context, topic string, cfg subscribeC
 }
 
 // metadata asks the cluster where topic's partitions are served: the
-// client's node if it answers, else the first seed that does.
+// client's node if it answers, else the first other node it knows that
+// does. The replicas it names become known nodes.
 func (c *Client) metadata(ctx context.Context, topic, group string) (*protocol.MetadataResult, error) {
 	var last error
-	for _, addr := range append([]string{c.ep.addr}, c.rt.seeds...) {
+	for _, addr := range c.rt.nodes() {
 		e := c.pool.get(addr)
 		if !c.rt.reachable(ctx, e) {
 			continue
 		}
-		md, err := e.metadata(ctx, topic, group)
+		actx, cancel := context.WithTimeout(ctx, metadataAskTimeout)
+		md, err := e.metadata(actx, topic, group)
+		cancel()
 		if err == nil {
+			for _, p := range md.Partitions {
+				c.rt.learn(p.Replicas...)
+			}
 			return md, nil
 		}
 		var be *BrokerError

@@ -73,7 +73,8 @@ func runServe(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writ
 	}
 	cfg, err := settings.Load(settings.Sources{File: *configPath, Env: os.LookupEnv, Flags: fs})
 	if err != nil {
-		return err
+		// A bad flag, variable or config value: nothing has started.
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if *cluster {
 		cfg.Cluster.Enabled = true

@@ -543,8 +543,10 @@ func (c *Config) Validate() error {
 			}
 			return
 		}
-		if _, _, err := net.SplitHostPort(v); err != nil {
+		if _, port, err := net.SplitHostPort(v); err != nil {
 			bad(key, "%q is not host:port", v)
+		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			bad(key, "%q: the port must be a number from 0 to 65535", v)
 		}
 	}
 	addr("listen", c.Listen, false)
