@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -72,7 +73,7 @@ type span struct {
 // false when the node does not answer METADATA (a broker that predates it):
 // the caller then subscribes on its own node only.
 func (c *Client) subscribeSpan(ctx context.Context, topic string, cfg subscribeConfig) (s *Subscription, err error, ok bool) {
-	md, err := c.metadata(ctx, topic, cfg.group)
+	md, err := c.metadata(ctx, topic, cfg.group, "")
 	var be *BrokerError
 	switch {
 	case errors.As(err, &be) && be.Code == protocol.CodeUnknownOp:
@@ -87,7 +88,7 @@ func (c *Client) subscribeSpan(ctx context.Context, topic string, cfg subscribeC
 		uctx, cancel := context.WithTimeout(context.Background(), c.o.drainTimeout)
 		_ = first.Unsubscribe(uctx)
 		cancel()
-		if md, err = c.metadata(ctx, topic, cfg.group); err != nil {
+		if md, err = c.metadata(ctx, topic, cfg.group, ""); err != nil {
 			return nil, err, true
 		}
 	case err != nil:
@@ -124,10 +125,15 @@ func (c *Client) subscribeSpan(ctx context.Context, topic string, cfg subscribeC
 
 // metadata asks the cluster where topic's partitions are served: the
 // client's node if it answers, else the first other node it knows that
-// does. The replicas it names become known nodes.
-func (c *Client) metadata(ctx context.Context, topic, group string) (*protocol.MetadataResult, error) {
+// does; avoid (a node that just failed a request) is asked last. The
+// replicas it names become known nodes.
+func (c *Client) metadata(ctx context.Context, topic, group, avoid string) (*protocol.MetadataResult, error) {
 	var last error
-	for _, addr := range c.rt.nodes() {
+	nodes := c.rt.nodes()
+	if i := slices.Index(nodes, avoid); i >= 0 {
+		nodes = append(slices.Delete(nodes, i, i+1), avoid)
+	}
+	for _, addr := range nodes {
 		e := c.pool.get(addr)
 		if !c.rt.reachable(ctx, e) {
 			continue
@@ -275,7 +281,7 @@ func (sp *span) run() {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*routeOpenTimeout)
-		if md, err := sp.c.metadata(ctx, sp.s.topic, sp.group); err == nil {
+		if md, err := sp.c.metadata(ctx, sp.s.topic, sp.group, ""); err == nil {
 			sp.learn(md)
 			for _, addr := range sp.replicas(md) {
 				if _, err := sp.open(ctx, addr); err != nil {
@@ -407,7 +413,7 @@ func (sp *span) resettle(m *Message, kind protocol.Op, delay int64, cause error,
 		p := sp.ownerPart(m.Partition)
 		if p == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*routeOpenTimeout)
-			md, err := sp.c.metadata(ctx, sp.s.topic, sp.group)
+			md, err := sp.c.metadata(ctx, sp.s.topic, sp.group, m.sub.e.addr)
 			if err == nil {
 				sp.learn(md)
 				sp.mu.Lock()
@@ -437,7 +443,15 @@ func (sp *span) resettle(m *Message, kind protocol.Op, delay int64, cause error,
 		if !c.queueSettle(r) {
 			continue
 		}
-		err := <-res
+		var err error
+		select {
+		case err = <-res:
+		case <-sp.c.o.clock.After(settleHedgeAfter):
+			// No answer (a node cut off says nothing until its
+			// connection is given up): try the owner as known now.
+			// A late answer is dropped; the settle is idempotent.
+			err = fmt.Errorf("%w: %s did not answer the settle within %v", ErrConnectionLost, p.e.addr, settleHedgeAfter)
+		}
 		if err == nil || !resettleable(err) {
 			fin(err)
 			return

@@ -689,16 +689,38 @@ func (m *Message) settleAsync(ctx context.Context, kind protocol.Op, delayMs int
 		fin(err)
 	}
 	finish = done
+	hedge := func() {}
 	if sp := m.sub.parent; sp != nil {
 		// A message of a spanning subscription: a settle its node could
-		// not take goes to the partition's owner instead.
+		// not take goes to the partition's owner instead; so does one
+		// its node has not answered within settleHedgeAfter (a node cut
+		// off goes silent long before the connection is given up, and
+		// the lease may run out meanwhile). Settles are idempotent by
+		// lease, so the first outcome of either path is the outcome.
 		var routed atomic.Bool
+		var timer atomic.Pointer[time.Timer]
+		reroute := func(cause error) {
+			go sp.span.resettle(m, kind, delayMs, cause, done)
+		}
 		finish = func(err error) {
-			if err != nil && resettleable(err) && !routed.Swap(true) {
-				go sp.span.resettle(m, kind, delayMs, err, done)
+			if t := timer.Load(); t != nil {
+				t.Stop()
+			}
+			if routed.Swap(true) {
+				return // the rerouted settle gives the outcome
+			}
+			if err != nil && resettleable(err) {
+				reroute(err)
 				return
 			}
 			done(err)
+		}
+		hedge = func() {
+			timer.Store(time.AfterFunc(settleHedgeAfter, func() {
+				if !routed.Swap(true) {
+					reroute(fmt.Errorf("%w: %s did not answer the settle within %v", ErrConnectionLost, e.addr, settleHedgeAfter))
+				}
+			}))
 		}
 	}
 	r := &settleReq{kind: kind, delay: delayMs, m: m, fin: finish}
@@ -730,6 +752,7 @@ func (m *Message) settleAsync(ctx context.Context, kind protocol.Op, delayMs int
 			return
 		}
 		if c.queueSettle(r) {
+			hedge()
 			return
 		}
 		// The connection closed between acquire and queueing: wait for the
