@@ -5,6 +5,7 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,6 +22,31 @@ type Client struct {
 	rt   *router
 	// seq numbers the Client's confirmed publishes under o.producerID.
 	seq atomic.Uint64
+	// spans are the live spanning subscriptions, which Close ends;
+	// closed refuses new ones. Guarded by spansMu.
+	spansMu sync.Mutex
+	spans   map[*span]struct{}
+	closed  bool
+}
+
+// addSpan registers sp with the client; false once Close has begun.
+func (c *Client) addSpan(sp *span) bool {
+	c.spansMu.Lock()
+	defer c.spansMu.Unlock()
+	if c.closed {
+		return false
+	}
+	if c.spans == nil {
+		c.spans = make(map[*span]struct{})
+	}
+	c.spans[sp] = struct{}{}
+	return true
+}
+
+func (c *Client) removeSpan(sp *span) {
+	c.spansMu.Lock()
+	delete(c.spans, sp)
+	c.spansMu.Unlock()
 }
 
 // Dial connects to the broker at addr (host:port) and completes the
@@ -62,8 +88,29 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 // Close does. If no connection is up when the drain ends, the broker's session
 // stays dormant until its grace runs out. Close is safe to call more than once.
 func (c *Client) Close() error {
+	c.spansMu.Lock()
+	c.closed = true
+	c.spansMu.Unlock()
 	for _, e := range c.pool.all() {
 		e.drainAndClose()
+	}
+	// Spanning subscriptions end with their parts; one left without any
+	// (all its nodes were away) is ended here, and its loop awaited.
+	c.spansMu.Lock()
+	spans := make([]*span, 0, len(c.spans))
+	for sp := range c.spans {
+		spans = append(spans, sp)
+	}
+	c.spansMu.Unlock()
+	wait := time.NewTimer(c.o.drainTimeout)
+	defer wait.Stop()
+	for _, sp := range spans {
+		sp.end(ErrClientClosed)
+		select {
+		case <-sp.ran:
+		case <-wait.C:
+			return nil
+		}
 	}
 	return nil
 }

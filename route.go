@@ -244,8 +244,9 @@ func (r *router) resend(ctx context.Context, p *protocol.Publish, f *PublishFutu
 	redirect := errors.As(cause, &be) && be.Code == protocol.CodeNotOwner
 	// Ownership moved, or the node is gone or going: the cluster may be
 	// changing around the client (nodes replaced), so learn where the
-	// queue's replicas are now, while some node it knows still answers.
-	r.look(ctx, p)
+	// queue's replicas are now, while some node it knows still answers
+	// (in the background: the publish does not wait for it).
+	go r.look(context.WithoutCancel(ctx), p)
 	e, owner := r.pick(ctx, p)
 	if !redirect || !owner {
 		// No owner to go to at once: a pause, growing with the hops,

@@ -63,6 +63,15 @@ type span struct {
 	poke  chan struct{} // a part ended: look again now
 	stop  chan struct{} // closed when the spanning subscription ends
 	once  sync.Once
+	// ran is closed when run has returned (the channel is closed).
+	ran chan struct{}
+	// openMu serialises open, so that one node never gets two parts;
+	// lookMu serialises resettle's owner lookups, so that the settles of
+	// one failover share a METADATA request.
+	openMu, lookMu sync.Mutex
+	// pumps counts the parts whose delivery pump may still run: finish
+	// closes the channel only once it is zero.
+	pumps sync.WaitGroup
 
 	mu     sync.Mutex
 	parts  map[string]*Subscription // by node address
@@ -100,7 +109,7 @@ func (c *Client) subscribeSpan(ctx context.Context, topic string, cfg subscribeC
 	s = &Subscription{e: c.ep, topic: topic, cfg: cfg, out: make(chan *Message), done: make(chan struct{}),
 		pumpDone: make(chan struct{})}
 	sp := &span{c: c, s: s, group: cfg.group, poke: make(chan struct{}, 1), stop: make(chan struct{}),
-		parts: map[string]*Subscription{}, owners: map[uint32]owned{}}
+		ran: make(chan struct{}), parts: map[string]*Subscription{}, owners: map[uint32]owned{}}
 	s.span = sp
 	sp.learn(md)
 	var firstErr error
@@ -117,7 +126,14 @@ func (c *Client) subscribeSpan(ctx context.Context, topic string, cfg subscribeC
 			firstErr = fmt.Errorf("%w: no node holding a replica of %q answered", ErrNotConnected, topic)
 		}
 		close(s.pumpDone)
+		close(sp.ran)
 		return nil, firstErr, true
+	}
+	if !c.addSpan(sp) {
+		sp.end(ErrClientClosed)
+		sp.finish()
+		close(sp.ran)
+		return nil, ErrClientClosed, true
 	}
 	go sp.run()
 	return s, nil, true
@@ -216,22 +232,38 @@ func (sp *span) replicas(md *protocol.MetadataResult) []string {
 
 // open subscribes on the node at addr, unless a live part is there.
 func (sp *span) open(ctx context.Context, addr string) (*Subscription, error) {
+	sp.openMu.Lock()
+	defer sp.openMu.Unlock()
 	sp.mu.Lock()
-	if p := sp.parts[addr]; p != nil {
+	if p := sp.parts[addr]; p != nil && !p.isDone() {
 		sp.mu.Unlock()
 		return p, nil
 	}
+	select {
+	case <-sp.stop:
+		sp.mu.Unlock()
+		return nil, ErrUnsubscribed
+	default:
+	}
+	// Counted before the part exists: its pump starts with the
+	// SUBSCRIBE's answer, and may deliver before subscribeAt returns.
+	sp.pumps.Add(1)
 	sp.mu.Unlock()
 	e := sp.c.pool.get(addr)
 	octx, cancel := context.WithTimeout(ctx, routeOpenTimeout)
 	defer cancel()
-	if !sp.c.rt.reachable(octx, e) {
-		return nil, fmt.Errorf("%w: %s", ErrNotConnected, addr)
+	var p *Subscription
+	var err error
+	if sp.c.rt.reachable(octx, e) {
+		p, err = sp.c.subscribeAt(octx, e, sp.s.topic, sp.s.cfg, sp.s)
+	} else {
+		err = fmt.Errorf("%w: %s", ErrNotConnected, addr)
 	}
-	p, err := sp.c.subscribeAt(octx, e, sp.s.topic, sp.s.cfg, sp.s)
 	if err != nil {
+		sp.pumps.Done()
 		return nil, err
 	}
+	go func() { <-p.pumpDone; sp.pumps.Done() }()
 	sp.mu.Lock()
 	select {
 	case <-sp.stop:
@@ -239,17 +271,20 @@ func (sp *span) open(ctx context.Context, addr string) (*Subscription, error) {
 		uctx, cancel := context.WithTimeout(context.Background(), sp.c.o.drainTimeout)
 		_ = p.Unsubscribe(uctx)
 		cancel()
-		<-p.pumpDone
 		return nil, ErrUnsubscribed
 	default:
 	}
 	sp.parts[addr] = p
 	sp.mu.Unlock()
 	e.mu.Lock()
-	if sp.s.prefetch == 0 {
-		sp.s.prefetch = p.prefetch
-	}
+	prefetch := p.prefetch
 	e.mu.Unlock()
+	pe := sp.s.e
+	pe.mu.Lock()
+	if sp.s.prefetch == 0 {
+		sp.s.prefetch = prefetch
+	}
+	pe.mu.Unlock()
 	go func() {
 		select {
 		case <-p.done:
@@ -263,9 +298,21 @@ func (sp *span) open(ctx context.Context, addr string) (*Subscription, error) {
 	return p, nil
 }
 
+// isDone reports whether the subscription ended.
+func (s *Subscription) isDone() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // run keeps a part on every replica node until the spanning subscription
 // ends, then closes its channel once every part has stopped delivering.
 func (sp *span) run() {
+	defer close(sp.ran)
+	defer sp.c.removeSpan(sp)
 	tick := time.NewTicker(spanRefreshEvery)
 	defer tick.Stop()
 	for {
@@ -283,7 +330,9 @@ func (sp *span) run() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*routeOpenTimeout)
 		if md, err := sp.c.metadata(ctx, sp.s.topic, sp.group, ""); err == nil {
 			sp.learn(md)
-			for _, addr := range sp.replicas(md) {
+			replicas := sp.replicas(md)
+			sp.retire(replicas)
+			for _, addr := range replicas {
 				if _, err := sp.open(ctx, addr); err != nil {
 					sp.c.o.logger.Debug("sinew: no subscription on a replica node yet", "addr", addr, "topic", sp.s.topic, "err", err)
 				}
@@ -320,6 +369,29 @@ func (sp *span) prune() error {
 	return nil
 }
 
+// retire unsubscribes the parts on nodes that no longer hold a replica
+// (the recovery plan moved it away, or the node left): they would deliver
+// nothing, and would keep their nodes' connections for good.
+func (sp *span) retire(replicas []string) {
+	if len(replicas) == 0 {
+		return
+	}
+	sp.mu.Lock()
+	var gone []*Subscription
+	for addr, p := range sp.parts {
+		if !slices.Contains(replicas, addr) {
+			gone = append(gone, p)
+			delete(sp.parts, addr)
+		}
+	}
+	sp.mu.Unlock()
+	for _, p := range gone {
+		ctx, cancel := context.WithTimeout(context.Background(), sp.c.o.drainTimeout)
+		_ = p.Unsubscribe(ctx)
+		cancel()
+	}
+}
+
 // end ends the spanning subscription with err; run then stops its parts.
 func (sp *span) end(err error) {
 	e := sp.s.e
@@ -349,10 +421,12 @@ func (sp *span) finish() {
 			ctx, cancel := context.WithTimeout(context.Background(), sp.c.o.drainTimeout)
 			_ = p.Unsubscribe(ctx)
 			cancel()
-			<-p.pumpDone
 		})
 	}
 	wg.Wait()
+	// Every part's pump, pruned and retired ones included, has stopped:
+	// nothing sends on the channel any more.
+	sp.pumps.Wait()
 	close(sp.s.out)
 	close(sp.s.pumpDone)
 }
@@ -382,7 +456,36 @@ func (sp *span) noteOwner(p uint32, addr string, epoch uint64) {
 func (sp *span) ownerPart(p uint32) *Subscription {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	return sp.parts[sp.owners[p].addr]
+	if part := sp.parts[sp.owners[p].addr]; part != nil && !part.isDone() {
+		return part
+	}
+	return nil
+}
+
+// lookupOwner asks METADATA for p's owner and returns the part there
+// (opening one if needed), or nil. Concurrent lookups wait for each other
+// and use what the first found.
+func (sp *span) lookupOwner(p uint32, avoid string) *Subscription {
+	sp.lookMu.Lock()
+	defer sp.lookMu.Unlock()
+	if part := sp.ownerPart(p); part != nil {
+		return part
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*routeOpenTimeout)
+	defer cancel()
+	md, err := sp.c.metadata(ctx, sp.s.topic, sp.group, avoid)
+	if err != nil {
+		return nil
+	}
+	sp.learn(md)
+	sp.mu.Lock()
+	addr := sp.owners[p].addr
+	sp.mu.Unlock()
+	if addr == "" {
+		return nil
+	}
+	part, _ := sp.open(ctx, addr)
+	return part
 }
 
 // forgetOwner drops addr as p's owner.
@@ -412,19 +515,7 @@ func (sp *span) resettle(m *Message, kind protocol.Op, delay int64, cause error,
 		}
 		p := sp.ownerPart(m.Partition)
 		if p == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*routeOpenTimeout)
-			md, err := sp.c.metadata(ctx, sp.s.topic, sp.group, m.sub.e.addr)
-			if err == nil {
-				sp.learn(md)
-				sp.mu.Lock()
-				addr := sp.owners[m.Partition].addr
-				sp.mu.Unlock()
-				if addr != "" {
-					p, _ = sp.open(ctx, addr)
-				}
-			}
-			cancel()
-			if p == nil {
+			if p = sp.lookupOwner(m.Partition, m.sub.e.addr); p == nil {
 				continue
 			}
 		}
@@ -453,6 +544,15 @@ func (sp *span) resettle(m *Message, kind protocol.Op, delay int64, cause error,
 			err = fmt.Errorf("%w: %s did not answer the settle within %v", ErrConnectionLost, p.e.addr, settleHedgeAfter)
 		}
 		if err == nil || !resettleable(err) {
+			if err != nil && kind != protocol.OpAck && errors.Is(err, ErrStaleDelivery) &&
+				(errors.Is(cause, ErrConnectionLost) || errors.Is(cause, ErrHeartbeatTimeout)) {
+				// The first send may have taken effect before its
+				// connection broke: a NACK or FAIL repeated after that
+				// is stale_lease, which would misreport it. Its outcome
+				// is unknown, as the first send's error said.
+				fin(cause)
+				return
+			}
 			fin(err)
 			return
 		}

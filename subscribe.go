@@ -709,13 +709,21 @@ func (m *Message) settleAsync(ctx context.Context, kind protocol.Op, delayMs int
 			if routed.Swap(true) {
 				return // the rerouted settle gives the outcome
 			}
-			if err != nil && resettleable(err) {
+			// A message the broker already declared stale has no lease
+			// left to settle anywhere.
+			if err != nil && resettleable(err) && !(errors.Is(err, ErrStaleDelivery) && m.stale.Load()) {
 				reroute(err)
 				return
 			}
 			done(err)
 		}
 		hedge = func() {
+			if kind != protocol.OpAck {
+				// Only an ACK repeated by lease is answered ok again: a
+				// NACK or FAIL repeated after it took effect is
+				// stale_lease, so it is not raced against a slow node.
+				return
+			}
 			timer.Store(time.AfterFunc(settleHedgeAfter, func() {
 				if !routed.Swap(true) {
 					reroute(fmt.Errorf("%w: %s did not answer the settle within %v", ErrConnectionLost, e.addr, settleHedgeAfter))
