@@ -62,6 +62,11 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		opt(&o)
 	}
 	o.reconnect = o.reconnect.withDefaults()
+	if len(o.seeds) > 0 && o.heartbeat == 0 {
+		// In a cluster a silent connection (its node cut off) must be
+		// given up soon, so that the client goes to the new owner.
+		o.heartbeat = clusterHeartbeatDefault
+	}
 	if o.producerID == "" {
 		o.producerID = randomProducerID()
 	}

@@ -25,11 +25,19 @@ import (
 // partition, and a settle whose node was lost goes to the partition's new
 // owner by the message's lease (see Subscribe).
 //
+// With seeds the client also pings every clusterHeartbeatDefault (1 s)
+// unless WithHeartbeat says otherwise, so a connection to a node cut off
+// from it is given up after 3 s of silence, not three of the broker's
+// intervals (10 s each by default).
+//
 // Without seeds the client also follows not_owner, but has no other node
 // to turn to while its own is down.
 func WithSeeds(addrs ...string) Option {
 	return func(o *options) { o.seeds = append(o.seeds, addrs...) }
 }
+
+// clusterHeartbeatDefault is the heartbeat of a client with seeds.
+const clusterHeartbeatDefault = time.Second
 
 // Bounds of routing one publish.
 const (
