@@ -244,19 +244,68 @@ func (n *clusterNode) view() admin.NodesView {
 }
 
 // leave tells the other nodes this one is leaving (they see it left, not
-// dead) and then starts the drain, after which serve exits. Asking again
+// dead), and in the background waits until its replicas are handed over
+// (handedOver: the recovery plan moved them and the new replicas vote,
+// bounded by clusterHandoverTimeoutMs) before it starts the drain, after
+// which serve exits: so a leave costs no partition its quorum, even when
+// another node leaves right after this one has gone. Asking again
 // returns the first answer.
-func (n *clusterNode) leave(drain func()) error {
+func (n *clusterNode) leave(handedOver func() (bool, string), drain func()) error {
 	n.leaveOnce.Do(func() {
-		n.logger.Info("cluster: leaving, then draining", "node_id", n.id)
+		n.logger.Info("cluster: leaving; the replicas here are handed over, then the node drains", "node_id", n.id)
 		if err := n.m.Leave(clusterLeaveTimeoutMs * time.Millisecond); err != nil {
 			n.leaveErr = fmt.Errorf("cluster: leave: %w", err)
 			n.logger.Warn("cluster: the leave did not reach every node; they will see this node dead", "err", err)
 		}
-		drain()
+		alive := 0
+		for _, p := range n.m.Members() {
+			if p.State == membership.StateAlive {
+				alive++
+			}
+		}
+		if alive < replicationFactor {
+			// Every other node holds a replica already: there is no one
+			// to hand them to, and the partitions run on the others (one
+			// replica fewer) until a node joins, which the plan then uses.
+			n.logger.Info("cluster: no spare node to hand the replicas to; draining", "node_id", n.id, "alive_peers", alive)
+			drain()
+			return
+		}
+		go func() {
+			deadline := time.Now().Add(clusterHandoverTimeoutMs * time.Millisecond)
+			// Recorded through the controller at once (this node may lead
+			// it, and would not report its own leave), so the recovery
+			// plan starts moving the replicas.
+			lctx, cancel := context.WithDeadline(context.Background(), deadline)
+			if err := n.ctl.Leave(lctx); err != nil {
+				n.logger.Warn("cluster: the controller did not record the leave", "err", err)
+			}
+			cancel()
+			for {
+				done, waiting := handedOver()
+				if done {
+					n.logger.Info("cluster: replicas handed over; draining", "node_id", n.id)
+					break
+				}
+				if time.Now().After(deadline) {
+					n.logger.Warn("cluster: replicas not handed over in time; draining anyway", "waiting_for", waiting,
+						"timeout_ms", clusterHandoverTimeoutMs)
+					break
+				}
+				time.Sleep(clusterHandoverPollMs * time.Millisecond) // polls the broker's view; bounded by the deadline
+			}
+			drain()
+		}()
 	})
 	return n.leaveErr
 }
+
+// A leaving node waits at most clusterHandoverTimeoutMs for its replicas
+// to be handed over, looking every clusterHandoverPollMs.
+const (
+	clusterHandoverTimeoutMs = 60_000
+	clusterHandoverPollMs    = 100
+)
 
 // close stops gossip (without a leave, the others see a crash unless
 // leave came first), waits for the event logger, and stops the controller
@@ -270,12 +319,12 @@ func (n *clusterNode) close() {
 }
 
 // clusterAdmin wires n into the admin API (nil n: a node that runs alone).
-func clusterAdmin(acfg *admin.Config, n *clusterNode, drain func()) {
+func clusterAdmin(acfg *admin.Config, n *clusterNode, handedOver func() (bool, string), drain func()) {
 	if n == nil {
 		return
 	}
 	acfg.Nodes = n.view
-	acfg.LeaveCluster = func(context.Context) error { return n.leave(drain) }
+	acfg.LeaveCluster = func(context.Context) error { return n.leave(handedOver, drain) }
 	acfg.ForgetNode = func(id string) error {
 		if err := n.m.Forget(id); err != nil {
 			return err

@@ -318,7 +318,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 			}
 			return nil
 		}
-		clusterAdmin(&acfg, cn, func() {
+		clusterAdmin(&acfg, cn, b.HandedOver, func() {
 			if _, already := drain.start(); !already {
 				logger.Info("drain started by a cluster leave")
 			}

@@ -356,3 +356,42 @@ func (b *Broker) Metadata(topic, group string) (protocol.MetadataResult, error) 
 
 // fenced reports whether this node is a fenced cluster node.
 func (b *Broker) fenced() bool { return b.cfg.Cluster != nil && b.cfg.Cluster.Fenced() }
+
+// HandedOver reports whether this node's replicas are no longer needed:
+// for every partition it holds, the placement no longer names this node
+// and every replica the placement names is a voter of the group (caught
+// up and promoted), so that this node leaving costs no partition its
+// quorum. It returns false and a partition still waiting otherwise. A
+// single node has nothing to hand over.
+func (b *Broker) HandedOver() (bool, string) {
+	if b.cfg.Cluster == nil {
+		return true, ""
+	}
+	self := b.cfg.Cluster.Self()
+	b.mu.RLock()
+	qs := make([]*queueEntry, 0, len(b.queues))
+	for _, q := range b.queues {
+		qs = append(qs, q)
+	}
+	b.mu.RUnlock()
+	for _, q := range qs {
+		raft := q.meta.Load().Raft
+		for i, p := range q.parts {
+			if i >= len(raft) {
+				continue
+			}
+			want := raft[i].Replicas
+			where := fmt.Sprintf("queue %q group %q partition %d", q.key.topic, q.key.group, i)
+			if slices.Contains(want, self) {
+				return false, where + ": still placed here"
+			}
+			voters, _ := p.RaftConf()
+			for _, r := range want {
+				if !slices.Contains(voters, r) {
+					return false, where + ": a new replica is not a voter yet"
+				}
+			}
+		}
+	}
+	return true, ""
+}

@@ -157,20 +157,31 @@ func (c *Controller) CreateQueue(ctx context.Context, q Queue) (Queue, error) {
 	if err != nil {
 		return Queue{}, err
 	}
+	var cur Queue
+	err = c.proposeUntil(ctx, data, func(st Status) bool {
+		var ok bool
+		cur, ok = st.Table.Queue(q.Topic, q.Group)
+		return ok
+	})
+	return cur, err
+}
+
+// proposeUntil proposes data, to each new leader and again every
+// proposeRetryInterval (a proposal may be lost with a change of leader, or
+// applied as nothing when a replica's node left meanwhile), until done
+// finds its effect in the table this node applied, or ctx ends.
+func (c *Controller) proposeUntil(ctx context.Context, data []byte, done func(Status) bool) error {
 	var retry <-chan time.Time
 	proposedTo := uint64(0) // the leader the last proposal went to
 	for {
 		changed := c.Changed()
 		st := c.Status()
-		if cur, ok := st.Table.Queue(q.Topic, q.Group); ok {
-			return cur, nil
+		if done(st) {
+			return nil
 		}
 		if st.Err != "" {
-			return Queue{}, fmt.Errorf("controller failed: %s", st.Err)
+			return fmt.Errorf("controller failed: %s", st.Err)
 		}
-		// Proposed once per leader, and again each proposeRetryInterval:
-		// a proposal may be lost with a change of leader, or applied as
-		// nothing when a replica's node left meanwhile.
 		if st.Leader != 0 && (proposedTo != st.Leader || retry == nil) {
 			c.propose(data)
 			proposedTo, retry = st.Leader, time.After(proposeRetryInterval)
@@ -178,9 +189,9 @@ func (c *Controller) CreateQueue(ctx context.Context, q Queue) (Queue, error) {
 		select {
 		case <-ctx.Done():
 			if st.Leader == 0 {
-				return Queue{}, ErrNoLeader
+				return ErrNoLeader
 			}
-			return Queue{}, ctx.Err()
+			return ctx.Err()
 		case <-changed:
 		case <-retry:
 			retry = nil
@@ -261,6 +272,16 @@ func replicaSet(q *Queue) []uint64 {
 	return set
 }
 
+// holdsReplicas reports whether some queue's placement names node id.
+func (t *Table) holdsReplicas(id uint64) bool {
+	for i := range t.Queues {
+		if slices.Contains(replicaSet(&t.Queues[i]), id) {
+			return true
+		}
+	}
+	return false
+}
+
 // replaceAfterTicks is how long a node holding replicas stays dead before
 // the recovery plan moves them (3 s at the raft host's 50 ms tick): a node
 // restarted at once keeps its replicas.
@@ -321,4 +342,22 @@ func (c *Controller) planRecovery(view []Member) error {
 		}
 	}
 	return nil
+}
+
+// Leave records in the table that this node leaves the cluster, and
+// returns once this node has applied that (or ctx ends). The leader would
+// record it anyway once membership reports the leave, but not when this
+// node is the leader: a leaving node that stays until its replicas are
+// handed over calls it, so that the recovery plan starts at once, from
+// whichever node leads.
+func (c *Controller) Leave(ctx context.Context) error {
+	self := c.cfg.Self.RaftID
+	data, err := encode(command{Op: opLeave, RaftID: self})
+	if err != nil {
+		return err
+	}
+	return c.proposeUntil(ctx, data, func(st Status) bool {
+		n, ok := st.Table.Node(self)
+		return !ok || n.Left
+	})
 }

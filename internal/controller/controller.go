@@ -574,9 +574,11 @@ func (c *Controller) reconcileConf() error {
 		}
 	}
 	var cc *raftpb.ConfChange
-	// 1. A node that left is removed.
+	// 1. A node that left is removed, once the recovery plan has moved
+	// its replicas away: until then it still hands them over (its
+	// partitions' owners read their placement from this group).
 	for _, id := range slices.Concat(c.cs.Voters, c.cs.Learners) {
-		if n, ok := c.table.Node(id); ok && n.Left {
+		if n, ok := c.table.Node(id); ok && n.Left && !c.table.holdsReplicas(id) {
 			cc = &raftpb.ConfChange{Type: raftpb.ConfChangeRemoveNode, NodeID: id}
 			break
 		}

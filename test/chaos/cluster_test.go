@@ -363,20 +363,26 @@ func TestClusterControllerLeaderKill9(t *testing.T) {
 	runClusterScenario(t, clusterScenario{name: "cluster-controller-kill9", every: 3 * time.Second, fault: controllerLeaderKill9})
 }
 
-// TestClusterNodeLeavesAndAnotherJoins makes the owner of a partition leave
-// the cluster and starts a new node in its place, under load.
+// TestClusterNodeLeavesAndAnotherJoins adds a node and makes the owner of
+// a partition leave, under load, over and over: after a few rounds none of
+// the first nodes is left.
 func TestClusterNodeLeavesAndAnotherJoins(t *testing.T) {
-	runClusterScenario(t, clusterScenario{name: "cluster-leave-join", every: 12 * time.Second, fault: nodeLeaveAndJoin})
+	runClusterScenario(t, clusterScenario{name: "cluster-leave-join", every: 12 * time.Second, fault: nodeJoinAndLeave})
 }
 
-// nodeLeaveAndJoin makes the owner of the probe queue's partition 0 leave
-// the cluster (POST /api/v1/nodes/self/leave, as `sinew admin node leave`:
-// it drains and exits), times until a publish to that partition is
-// confirmed again, and starts a new node with a fresh data directory that
-// joins through the others. The recovery plan moves the departed node's
-// replicas to the new one: the fault ends once every partition of the
-// workload's queue has three voters again, none of them the departed node.
-func nodeLeaveAndJoin(ctx context.Context, e *clusterEnv) error {
+// nodeJoinAndLeave starts a new node with a fresh data directory, joining
+// through the others, waits until the owner of the probe queue's partition
+// 0 sees it alive, and makes that owner leave the cluster (POST
+// /api/v1/nodes/self/leave, as `sinew admin node leave`). With a spare node
+// alive the leaving node hands its replicas over first (the recovery plan
+// moves them to the new node, which catches up and votes) and only then
+// drains and exits. The fault times until a publish to the partition is
+// confirmed again after the leave, and ends once every partition of both
+// queues has three voters, none of them the departed node.
+func nodeJoinAndLeave(ctx context.Context, e *clusterEnv) error {
+	if e.lab != nil {
+		return errors.New("the leave scenario runs on loopback only")
+	}
 	i, err := e.owner(ctx, e.topic+"-probe", 0)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -384,6 +390,7 @@ func nodeLeaveAndJoin(ctx context.Context, e *clusterEnv) error {
 		}
 		return err
 	}
+	gone := e.nodes[i]
 	var seeds []string
 	for j, n := range e.nodes {
 		var v struct {
@@ -397,29 +404,6 @@ func nodeLeaveAndJoin(ctx context.Context, e *clusterEnv) error {
 	}
 	if len(seeds) == 0 {
 		return errors.New("no running node to join through")
-	}
-	gone := e.nodes[i]
-	resp, err := adminClient(gone).Post("http://"+gone.AdminAddr()+"/api/v1/nodes/self/leave", "application/json", nil)
-	if err != nil {
-		return fmt.Errorf("leave node %d: %w", i+1, err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("leave node %d: %s", i+1, resp.Status)
-	}
-	at := time.Now()
-	if err := gone.WaitExit(30 * time.Second); err != nil {
-		return fmt.Errorf("node %d did not exit after leaving: %w", i+1, err)
-	}
-	if err := gone.ExitErr(); err != nil {
-		return fmt.Errorf("node %d exited with %v after leaving\n%s", i+1, err, gone.StderrTail())
-	}
-	took, err := e.probeFailover(at)
-	if err != nil {
-		return err
-	}
-	if e.lab != nil {
-		return errors.New("the leave scenario runs on loopback only")
 	}
 	gossip, err := harness.FreeAddr()
 	if err != nil {
@@ -435,13 +419,61 @@ func nodeLeaveAndJoin(ctx context.Context, e *clusterEnv) error {
 	if err := b.Start(); err != nil {
 		return fmt.Errorf("start a new node: %w\n%s", err, b.StderrTail())
 	}
+	e.nodes = append(e.nodes, b) // a node of the cluster until the swap below
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var v struct {
+			Nodes []struct {
+				State string `json:"state"`
+			} `json:"nodes"`
+		}
+		alive := 0
+		if getJSON(gone, "/api/v1/nodes", &v) == nil {
+			for _, n := range v.Nodes {
+				if n.State == "alive" {
+					alive++
+				}
+			}
+		}
+		if alive >= clusterNodes {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("node %d does not see the new node alive within 30 s (%d peers alive)", i+1, alive)
+		}
+		time.Sleep(50 * time.Millisecond) // polling real processes
+	}
+	resp, err := adminClient(gone).Post("http://"+gone.AdminAddr()+"/api/v1/nodes/self/leave", "application/json", nil)
+	if err != nil {
+		return fmt.Errorf("leave node %d: %w", i+1, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("leave node %d: %s", i+1, resp.Status)
+	}
+	at := time.Now()
+	if err := gone.WaitExit(90 * time.Second); err != nil {
+		return fmt.Errorf("node %d did not exit after leaving: %w", i+1, err)
+	}
+	exited := time.Since(at)
+	if err := gone.ExitErr(); err != nil {
+		return fmt.Errorf("node %d exited with %v after leaving\n%s", i+1, err, gone.StderrTail())
+	}
+	if !strings.Contains(gone.StderrTail(), "replicas handed over") {
+		return fmt.Errorf("node %d exited without handing its replicas over\n%s", i+1, gone.StderrTail())
+	}
+	took, err := e.probeFailover(at)
+	if err != nil {
+		return err
+	}
 	e.nodes[i] = b // the departed node is not restarted at the end
+	e.nodes = e.nodes[:len(e.nodes)-1]
 	rf, err := e.awaitVoters(gone.Addr(), at, e.topic, e.topic+"-probe")
 	if err != nil {
 		return err
 	}
-	e.logf("node %d (the owner of partition 0) left; a publish to partition 0 was confirmed again after %v; a new node joined and every partition had three voters again %v after the leave",
-		i+1, took.Round(time.Millisecond), rf.Round(time.Millisecond))
+	e.logf("a node joined; node %d (the owner of partition 0) left, handed its replicas over and exited %v after the leave; a publish to partition 0 was confirmed again %v after the leave; three voters on every partition %v after it",
+		i+1, exited.Round(time.Millisecond), took.Round(time.Millisecond), rf.Round(time.Millisecond))
 	return nil
 }
 
