@@ -274,3 +274,38 @@ func fourNodesWithQueue(t *testing.T, parts ...Placement) (*cluster, *Controller
 	})
 	return c, n1
 }
+
+// TestLeaveByTheLeader: the controller's leader itself leaves (Leave, as a
+// node does before handing its replicas over: membership would not report
+// its own leave to it). The table records it left, its replicas move to
+// the spare node, and only then is it taken out of the controller group.
+func TestLeaveByTheLeader(t *testing.T) {
+	c, n1 := fourNodesWithQueue(t, Placement{Replicas: []uint64{1, 2, 3}})
+	lead := n1.Status().Leader
+	if lead == 0 || lead == 4 {
+		t.Fatalf("leader %d: want one of the voters 1-3", lead)
+	}
+	other := uint64(1)
+	for other == lead {
+		other++
+	}
+	c.mu.Lock()
+	leaving, watch := c.nodes[lead], c.nodes[other]
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := leaving.Leave(ctx); err != nil {
+		t.Fatalf("Leave: %v", err)
+	}
+	if n, ok := leaving.Status().Table.Node(lead); !ok || !n.Left {
+		t.Fatalf("Leave returned before the table recorded it: %+v", n)
+	}
+	c.until("the leaver's replicas moved to node 4 and the leaver left the group", func() bool {
+		st := watch.Status()
+		q, ok := st.Table.Queue("q", "")
+		if !ok || slices.Contains(q.Partitions[0].Replicas, lead) || !slices.Contains(q.Partitions[0].Replicas, 4) {
+			return false
+		}
+		return !slices.Contains(st.Voters, lead) && !slices.Contains(st.Learners, lead)
+	})
+}
