@@ -110,13 +110,16 @@ func (t *Table) applyCreateQueue(index uint64, q *Queue) error {
 }
 
 // Place chooses the replicas of a queue's n partitions, spread first over
-// the live members (in join order): the queue's replica set is rf members
-// in a row, starting at the catalogue's size so that successive queues
-// start on different nodes, and partition p's preferred owner is the p-th
-// of that set, so a queue's partitions are led by different nodes. Every
-// partition of a queue has the same replica set: a node holds all of a
-// queue or none of it. rf is capped by the live members; live lists the
-// members that may hold a replica.
+// the live members: the queue's replica set is the rf members holding the
+// fewest partition replicas (the node load the catalogue itself records,
+// so it is never stale), ties broken in join order from a start that moves
+// with the catalogue's size, so that successive queues on equally loaded
+// nodes start on different nodes; with equal loads the set is rf members
+// in a row. Partition p's preferred owner is the p-th of that set, so a
+// queue's partitions are led by different nodes. Every partition of a
+// queue has the same replica set: a node holds all of a queue or none of
+// it. rf is capped by the live members; live lists the members that may
+// hold a replica.
 func Place(t *Table, live []uint64, n, rf int) []Placement {
 	members := make([]uint64, 0, len(live))
 	for _, id := range t.members() {
@@ -129,10 +132,13 @@ func Place(t *Table, live []uint64, n, rf int) []Placement {
 	}
 	rf = min(max(rf, 1), len(members), ReplicationMax)
 	start := len(t.Queues)
-	set := make([]uint64, rf)
-	for r := range set {
-		set[r] = members[(start+r)%len(members)]
+	order := make([]uint64, len(members))
+	for i := range order {
+		order[i] = members[(start+i)%len(members)]
 	}
+	load := t.replicaCounts()
+	slices.SortStableFunc(order, func(a, b uint64) int { return load[a] - load[b] })
+	set := order[:rf]
 	out := make([]Placement, n)
 	for p := range out {
 		rs := make([]uint64, rf)
@@ -270,6 +276,19 @@ func replicaSet(q *Queue) []uint64 {
 		}
 	}
 	return set
+}
+
+// replicaCounts counts the partition replicas each node holds.
+func (t *Table) replicaCounts() map[uint64]int {
+	n := map[uint64]int{}
+	for i := range t.Queues {
+		for _, p := range t.Queues[i].Partitions {
+			for _, r := range p.Replicas {
+				n[r]++
+			}
+		}
+	}
+	return n
 }
 
 // holdsReplicas reports whether some queue's placement names node id.

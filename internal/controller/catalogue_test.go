@@ -43,6 +43,19 @@ func TestPlaceSpreadsFirst(t *testing.T) {
 	if next := Place(tb, live, 1, 3); next[0].Replicas[0] == pl[0].Replicas[0] {
 		t.Fatalf("the next queue starts on %d too", next[0].Replicas[0])
 	}
+	// Load: with queues on 10, 20 and 30, a new queue goes to the node
+	// holding none (40) and the two holding the fewest.
+	tb.Queues = []Queue{
+		{Topic: "x", Partitions: []Placement{{Replicas: []uint64{10, 20, 30}}, {Replicas: []uint64{20, 30, 10}}}},
+		{Topic: "y", Partitions: []Placement{{Replicas: []uint64{20, 30, 40}}}},
+	}
+	got := Place(tb, live, 1, 3)[0].Replicas
+	if s := slices.Sorted(slices.Values(got)); !slices.Equal(s, []uint64{10, 30, 40}) && !slices.Equal(s, []uint64{10, 20, 40}) {
+		t.Fatalf("replicas %v with loads 10:2 20:3 30:3 40:1: want 40, 10 and one of 20, 30", got)
+	}
+	if !slices.Contains(got[:1], 40) && !slices.Contains(got[:1], 10) {
+		t.Fatalf("preferred owner %d: want one of the least loaded", got[0])
+	}
 	tb.Queues = nil
 	// Node 20 is not live: nothing is placed on it; RF is capped at 2.
 	for _, x := range Place(tb, []uint64{10, 30}, 3, 3) {
