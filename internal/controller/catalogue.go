@@ -309,7 +309,8 @@ const replaceAfterTicks = 60
 // planRecovery proposes, as leader, one replica move per queue whose
 // replica set holds a node that left, or that membership has held dead for
 // replaceAfterTicks, when a live member outside the set can take its place
-// (the first in join order).
+// (the one holding the fewest replicas, the first in join order among
+// equals).
 func (c *Controller) planRecovery(view []Member) error {
 	live := map[uint64]bool{}
 	for _, m := range view {
@@ -323,7 +324,11 @@ func (c *Controller) planRecovery(view []Member) error {
 			delete(c.deadSince, m.RaftID)
 		}
 	}
+	// Candidates to take a replica: the least loaded first (replicas
+	// held), in join order among equals.
 	members := c.table.members()
+	load := c.table.replicaCounts()
+	slices.SortStableFunc(members, func(a, b uint64) int { return load[a] - load[b] })
 	for qi := range c.table.Queues {
 		q := &c.table.Queues[qi]
 		set := replicaSet(q)
