@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -144,6 +145,21 @@ func startClusterNodes(t *testing.T, bin, base string, cn clusterNet) []*harness
 		time.Sleep(50 * time.Millisecond)
 	}
 	return nodes
+}
+
+// clusterLeaseMs is the workload queue's lease: leaseMs (2 s, shorter
+// than a cut owner takes to be noticed, so that leases run out during
+// faults), or SINEW_CHAOS_CLUSTER_LEASE_MS (30000: the broker's default).
+func clusterLeaseMs(t *testing.T) int64 {
+	v := os.Getenv("SINEW_CHAOS_CLUSTER_LEASE_MS")
+	if v == "" {
+		return leaseMs
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms <= 0 {
+		t.Fatalf("SINEW_CHAOS_CLUSTER_LEASE_MS=%q: want a positive number of milliseconds", v)
+	}
+	return ms
 }
 
 // clusterProfile is the nodes' failure-detection profile: lan, or
@@ -585,7 +601,7 @@ func runClusterScenario(t *testing.T, sc clusterScenario) {
 	ctx, cancel := context.WithTimeout(context.Background(), startupTimeout)
 	defer cancel()
 	run, err := workload.Start(ctx, workload.Config{
-		Addr: seeds[0], Seeds: seeds, Topic: e.topic, Partitions: workloadPartitions, LeaseMs: leaseMs,
+		Addr: seeds[0], Seeds: seeds, Topic: e.topic, Partitions: workloadPartitions, LeaseMs: clusterLeaseMs(t),
 		Producers: 2, Consumers: clusterNodes, MessagesPerProducer: 1 << 40, PublishWindow: 32, Prefetch: 32,
 		SDK: true, Dial: cn.dial, Checker: ck, Logf: t.Logf,
 	})

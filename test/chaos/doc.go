@@ -22,7 +22,8 @@
 // nodes on loopback and kill or stop a partition's owner or the controller's
 // leader under load through the Go SDK, with the LAN failure-detection
 // profile (SINEW_CHAOS_CLUSTER_PROFILE=seed runs them with the seed's
-// timings), or make a node leave and a new one join. The partition scenario
+// timings; SINEW_CHAOS_CLUSTER_LEASE_MS sets the workload's lease, 2 s by
+// default), or make a node join and another leave. The partition scenario
 // (partition_test.go) runs each node in a network namespace it creates
 // (package netlab), opens the clients' connections from another one, and
 // takes a partition owner's link down and up again; it needs root and the
