@@ -104,31 +104,18 @@ func (r *router) learn(addrs ...string) {
 	}
 }
 
-// look asks METADATA for p's queue, on the first node it knows that
-// answers (a draining one too), and learns its replicas and owners. At most
-// once per lookEvery.
+// look asks METADATA for p's queue (Client.metadata) and learns its
+// replicas and owners. At most once per lookEvery.
 func (r *router) look(ctx context.Context, p *protocol.Publish) {
 	now := r.c.o.clock.Now().UnixNano()
 	last := r.lookedAt.Load()
 	if now-last < int64(lookEvery) || !r.lookedAt.CompareAndSwap(last, now) {
 		return
 	}
-	for _, a := range r.nodes() {
-		e := r.c.pool.get(a)
-		if e.live.Load() == nil && !r.reachable(ctx, e) {
-			continue
-		}
-		actx, cancel := context.WithTimeout(ctx, metadataAskTimeout)
-		md, err := e.metadata(actx, p.Topic, p.Group)
-		cancel()
-		if err != nil {
-			continue
-		}
+	if md, err := r.c.metadata(ctx, p.Topic, p.Group, ""); err == nil { // learns the replicas
 		for _, pm := range md.Partitions {
-			r.learn(pm.Replicas...)
 			r.learn(pm.Owner)
 		}
-		return
 	}
 }
 

@@ -140,8 +140,8 @@ func (c *Client) subscribeSpan(ctx context.Context, topic string, cfg subscribeC
 }
 
 // metadata asks the cluster where topic's partitions are served: the
-// client's node if it answers, else the first other node it knows that
-// does; avoid (a node that just failed a request) is asked last. The
+// client's node if it answers (a draining one too), else the first other
+// node it knows that does; avoid (a node that just failed a request) is asked last. The
 // replicas it names become known nodes.
 func (c *Client) metadata(ctx context.Context, topic, group, avoid string) (*protocol.MetadataResult, error) {
 	var last error
@@ -151,8 +151,8 @@ func (c *Client) metadata(ctx context.Context, topic, group, avoid string) (*pro
 	}
 	for _, addr := range nodes {
 		e := c.pool.get(addr)
-		if !c.rt.reachable(ctx, e) {
-			continue
+		if e.live.Load() == nil && !c.rt.reachable(ctx, e) {
+			continue // a draining node still answers METADATA
 		}
 		actx, cancel := context.WithTimeout(ctx, metadataAskTimeout)
 		md, err := e.metadata(actx, topic, group)
