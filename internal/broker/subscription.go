@@ -345,6 +345,22 @@ func (s *Subscription) Settle(kind protocol.Op, partitionIdx uint32, offset, lea
 	})
 }
 
+// Serves reports whether this node serves partition partitionIdx now under
+// epoch (the owner's raft term a delivery carried; 0 matches any): on a
+// single node always; in a cluster while this node's replica leads the
+// partition in that term (session.OwnerChecker).
+func (s *Subscription) Serves(partitionIdx uint32, epoch uint64) bool {
+	if int(partitionIdx) >= len(s.q.parts) {
+		return false
+	}
+	p := s.q.parts[partitionIdx]
+	if s.q.self == 0 {
+		return true
+	}
+	lead, term := p.Leader()
+	return lead == s.q.self && (epoch == 0 || epoch == term)
+}
+
 // LeaseCurrent reports whether a settle of offset in partitionIdx by
 // leaseID would still take effect (see partition.Partition.LeaseCurrent).
 func (s *Subscription) LeaseCurrent(ctx context.Context, partitionIdx uint32, offset, leaseID uint64) (bool, error) {

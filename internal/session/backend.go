@@ -29,6 +29,16 @@ type Backend interface {
 	Ready() bool
 }
 
+// OwnerChecker may be implemented by a Subscription whose partitions are
+// served by one node of a cluster at a time. Serves reports whether this
+// node serves partition p now, under the epoch a delivery was made in (0:
+// any). A session never sends a held delivery again (after a resume) that
+// fails it: the lease is the partition's owner's to judge (it may have
+// been settled through another node), and the client settles it there.
+type OwnerChecker interface {
+	Serves(partition uint32, epoch uint64) bool
+}
+
 // MetadataBackend may be implemented by a Backend that can say where a
 // queue's partitions are served (METADATA). The server answers METADATA
 // with unknown_op for a backend without it.

@@ -263,6 +263,10 @@ func (s *Session) Inflight(sink Sink, reqID uint64, req *protocol.Inflight) erro
 		if !ok || e.st.closed || reported[tag] {
 			continue
 		}
+		if !s.servesLocked(e) {
+			s.dropTagLocked(tag, e) // the partition's owner judges it now
+			continue
+		}
 		s.emitLocked(Outbound{Body: e.d, NotAfterMs: e.notAfterMs})
 		resent++
 	}

@@ -200,8 +200,14 @@ func (s *Session) attach(sink Sink, connID uint64, hello Hello, outcome protocol
 	}
 	for _, o := range pending {
 		if d, ok := o.Body.(*protocol.Deliver); ok {
-			if _, held := s.tags[d.Tag]; !held {
+			e, held := s.tags[d.Tag]
+			if !held {
 				o.drop() // its lease ended meanwhile (see leaseEnded)
+				continue
+			}
+			if !s.servesLocked(e) {
+				s.dropTagLocked(d.Tag, e)
+				o.drop()
 				continue
 			}
 		}
@@ -266,6 +272,10 @@ func (s *Session) resendLocked() {
 	for _, tag := range s.resendTags {
 		e, ok := s.tags[tag]
 		if !ok || e.st.closed {
+			continue
+		}
+		if !s.servesLocked(e) {
+			s.dropTagLocked(tag, e)
 			continue
 		}
 		s.emitLocked(Outbound{Body: e.d, NotAfterMs: e.notAfterMs})
@@ -531,6 +541,17 @@ func (s *Session) wake() {
 }
 
 // dropTagLocked forgets tag and what it kept for re-send.
+// servesLocked reports whether this node still serves e's partition
+// under the epoch e was delivered in (OwnerChecker; always on a single
+// node).
+func (s *Session) servesLocked(e tagEntry) bool {
+	if e.st == nil || e.st.sub == nil {
+		return true
+	}
+	oc, ok := e.st.sub.(OwnerChecker)
+	return !ok || oc.Serves(e.partition, e.epoch)
+}
+
 func (s *Session) dropTagLocked(tag uint64, e tagEntry) {
 	delete(s.tags, tag)
 	s.heldBytes -= e.bytes
