@@ -697,6 +697,45 @@ func TestResumeResendWithoutReconcile(t *testing.T) {
 	}
 }
 
+// TestResumeResendsNothingOfAPartitionServedElsewhere: in a cluster, a
+// session on a node that lost a partition to another owner while its
+// client was away sends none of that partition's deliveries again when the
+// client resumes, neither written ones nor ones never written, by Resend
+// or INFLIGHT: the new owner judges their leases (the client may have
+// settled them there), and a copy from here would hand a settled message to
+// the application again.
+func TestResumeResendsNothingOfAPartitionServedElsewhere(t *testing.T) {
+	fx := newFixture(t, 5000)
+	k1 := &sink{}
+	s, _ := fx.open(protocol.ResumeIdentity{}, k1)
+	fx.publish("a", 2)
+	subscribe(t, s, k1, protocol.Subscribe{Topic: "a", Prefetch: 4})
+	if written := delivers(k1.take()); len(written) != 2 {
+		t.Fatalf("written %+v", written)
+	}
+	fx.publish("a", 1) // queued, never written
+	unsent := k1.frames
+	k1.frames = nil
+	s.Detach(k1, unsent)
+	fx.fake.ServeElsewhere("a", "")
+
+	k2 := &sink{}
+	fx.open(s.Identity(), k2)
+	if ds := delivers(k2.take()); len(ds) != 0 {
+		t.Fatalf("after HELLO_OK: flushed %+v, want nothing of a partition served elsewhere", ds)
+	}
+	s.Resend()
+	if ds := delivers(k2.take()); len(ds) != 0 {
+		t.Fatalf("Resend sent %+v", ds)
+	}
+	if err := s.Inflight(k2, 3, &protocol.Inflight{}); err != nil {
+		t.Fatal(err)
+	}
+	if ds := delivers(k2.take()); len(ds) != 0 {
+		t.Fatalf("INFLIGHT re-sent %+v", ds)
+	}
+}
+
 // TestExpiredLeaseForgetsTag: a lease that expires while the session holds its
 // delivery (here: dormant) drops the tag, so a resume re-sends only the
 // redelivery, never the stale DELIVER, and the old tag settles as stale.

@@ -34,8 +34,11 @@ type Fake struct {
 }
 
 type queue struct {
-	ready    []*msg
-	inflight map[uint64]*msg
+	// elsewhere: the queue's partition is served by another node now
+	// (Serves reports false), as after a cluster failover.
+	elsewhere bool
+	ready     []*msg
+	inflight  map[uint64]*msg
 	subs     []*sub
 	next     uint64
 	rr       int
@@ -281,6 +284,21 @@ func (s *sub) Wake() {
 	if !s.closed {
 		f.dispatchLocked(s.q)
 	}
+}
+
+// ServeElsewhere makes the queue's partition another node's: its
+// subscriptions' Serves reports false (session.OwnerChecker).
+func (f *Fake) ServeElsewhere(topic, group string) {
+	f.mu.Lock()
+	f.queueLocked(topic, group).elsewhere = true
+	f.mu.Unlock()
+}
+
+// Serves implements session.OwnerChecker.
+func (s *sub) Serves(uint32, uint64) bool {
+	s.f.mu.Lock()
+	defer s.f.mu.Unlock()
+	return !s.q.elsewhere
 }
 
 func (s *sub) ID() uint64             { return s.id }
