@@ -39,11 +39,11 @@ type queue struct {
 	elsewhere bool
 	ready     []*msg
 	inflight  map[uint64]*msg
-	subs     []*sub
-	next     uint64
-	rr       int
-	acked    int
-	failed   int
+	subs      []*sub
+	next      uint64
+	rr        int
+	acked     int
+	failed    int
 }
 
 type msg struct {
