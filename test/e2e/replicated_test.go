@@ -108,9 +108,19 @@ func TestClusterReplicatedQueueSurvivesOwnerKill(t *testing.T) {
 		if a == owner {
 			continue
 		}
-		eb, ok := rawPublish(t, a, topic).(*protocol.ErrorBody)
-		if !ok || eb.Code != protocol.CodeNotOwner || eb.Owner != owner {
-			t.Fatalf("raw publish on %s (not the owner %s): %+v, want not_owner naming the owner", a, owner, eb)
+		// A follower that has not heard from the new leader yet answers
+		// unavailable (no owner known, docs/protocol.md 6); it learns the
+		// owner within a heartbeat.
+		deadline := time.Now().Add(safetyTimeout)
+		for {
+			eb, ok := rawPublish(t, a, topic).(*protocol.ErrorBody)
+			if ok && eb.Code == protocol.CodeNotOwner && eb.Owner == owner {
+				break
+			}
+			if !ok || eb.Code != protocol.CodeUnavailable || time.Now().After(deadline) {
+				t.Fatalf("raw publish on %s (not the owner %s): %+v, want not_owner naming the owner", a, owner, eb)
+			}
+			time.Sleep(20 * time.Millisecond) // polling a real process
 		}
 	}
 	// The operations API of a follower shows the partition's replicas and
