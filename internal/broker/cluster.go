@@ -283,12 +283,7 @@ func (b *Broker) Reconfigure(ctx context.Context) {
 	if b.cfg.Cluster == nil || b.closed.Load() {
 		return
 	}
-	b.mu.RLock()
-	qs := make([]*queueEntry, 0, len(b.queues))
-	for _, q := range b.queues {
-		qs = append(qs, q)
-	}
-	b.mu.RUnlock()
+	qs := b.queueEntries()
 	for _, q := range qs {
 		raft := q.meta.Load().Raft
 		for i, p := range q.parts {
@@ -368,12 +363,7 @@ func (b *Broker) HandedOver() (bool, string) {
 		return true, ""
 	}
 	self := b.cfg.Cluster.Self()
-	b.mu.RLock()
-	qs := make([]*queueEntry, 0, len(b.queues))
-	for _, q := range b.queues {
-		qs = append(qs, q)
-	}
-	b.mu.RUnlock()
+	qs := b.queueEntries()
 	for _, q := range qs {
 		raft := q.meta.Load().Raft
 		for i, p := range q.parts {
@@ -394,4 +384,15 @@ func (b *Broker) HandedOver() (bool, string) {
 		}
 	}
 	return true, ""
+}
+
+// queueEntries returns the queues this node holds, as of now.
+func (b *Broker) queueEntries() []*queueEntry {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	qs := make([]*queueEntry, 0, len(b.queues))
+	for _, q := range b.queues {
+		qs = append(qs, q)
+	}
+	return qs
 }
