@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/raft/v3/raftpb"
@@ -12,6 +13,7 @@ import (
 	"github.com/sinewmq/sinew/internal/controller"
 	"github.com/sinewmq/sinew/internal/membership"
 	"github.com/sinewmq/sinew/internal/partition"
+	"github.com/sinewmq/sinew/internal/runtimesettings"
 )
 
 // replicationFactor is how many replicas a partition gets where there are
@@ -61,9 +63,32 @@ func (n *clusterNode) Lookup(topic, group string) (broker.CatalogueQueue, bool) 
 func catalogueQueue(q controller.Queue) broker.CatalogueQueue {
 	out := broker.CatalogueQueue{Topic: q.Topic, Group: q.Group, Settings: q.Settings}
 	for _, p := range q.Partitions {
-		out.Partitions = append(out.Partitions, broker.RaftPlacement{RaftGroup: p.RaftGroup, Replicas: p.Replicas, Bootstrap: p.Bootstrap})
+		out.Partitions = append(out.Partitions, broker.RaftPlacement{RaftGroup: p.RaftGroup, Replicas: p.Replicas, Bootstrap: p.Bootstrap, Moving: p.Moving})
 	}
 	return out
+}
+
+// DeleteQueue removes a queue from the catalogue.
+func (n *clusterNode) DeleteQueue(ctx context.Context, topic, group string) (bool, error) {
+	err := n.ctl.DeleteQueue(ctx, topic, group)
+	if errors.Is(err, controller.ErrNoQueue) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// UpdateQueue replaces a queue's settings in the catalogue.
+func (n *clusterNode) UpdateQueue(ctx context.Context, topic, group string, settings []byte) (bool, error) {
+	_, err := n.ctl.UpdateQueue(ctx, topic, group, settings)
+	if errors.Is(err, controller.ErrNoQueue) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// PlacementDone reports a partition whose voters are its placed replicas.
+func (n *clusterNode) PlacementDone(topic, group string, partition int, raftGroup uint64, replicas []uint64) {
+	n.ctl.PlacementDone(topic, group, partition, raftGroup, replicas)
 }
 
 // Self is this node's raft id.
@@ -100,23 +125,42 @@ func (n *clusterNode) ClientAddr(raftID uint64) string {
 func (n *clusterNode) Fenced() bool { return n.m != nil && n.m.Fenced() }
 
 // syncCatalogue hands the broker every new state of the catalogue, so it
-// opens the replicas placed on this node and records moved ones, and every
-// reconfigureEvery asks it to carry placements out on the partitions this
-// node owns, until ctx ends.
-func (n *clusterNode) syncCatalogue(ctx context.Context, b *broker.Broker) {
+// opens the replicas placed on this node, records moved ones and drops
+// those it no longer needs, and every reconfigureEvery asks it to carry
+// placements out on the partitions this node owns, until ctx ends. It also
+// adopts the committed runtime settings into rt and, while the controller
+// holds none and this node leads it, commits rt's.
+func (n *clusterNode) syncCatalogue(ctx context.Context, b *broker.Broker, rt *runtimesettings.Store) {
 	applied := uint64(0)
 	tick := time.NewTicker(reconfigureEvery)
 	defer tick.Stop()
+	var seeding atomic.Bool
 	for {
 		changed := n.ctl.Changed()
 		st := n.ctl.Status()
+		switch r := st.Table.Runtime; {
+		case r != nil:
+			if err := rt.Adopt(runtimesettings.Doc{Version: r.Version, Values: r.Values}); err != nil {
+				n.logger.Error("cannot apply the cluster's runtime settings", "version", r.Version, "err", err)
+			}
+		case st.Leader == n.raftID && seeding.CompareAndSwap(false, true):
+			go func() {
+				defer seeding.Store(false)
+				d := rt.Snapshot()
+				sctx, cancel := context.WithTimeout(ctx, runtimeCommitTimeout)
+				defer cancel()
+				if _, _, err := n.ctl.SetRuntime(sctx, 0, d.Version, d.Values); err != nil && ctx.Err() == nil {
+					n.logger.Warn("cannot commit the runtime settings to the controller yet", "err", err)
+				}
+			}()
+		}
 		if st.Applied != applied {
 			applied = st.Applied
 			qs := make([]broker.CatalogueQueue, 0, len(st.Table.Queues))
 			for _, q := range st.Table.Queues {
 				qs = append(qs, catalogueQueue(q))
 			}
-			b.SyncCatalogue(qs)
+			b.SyncCatalogue(qs, max(st.Table.NextRaftGroup, controller.FirstPartitionGroup))
 		}
 		select {
 		case <-ctx.Done():
@@ -128,6 +172,25 @@ func (n *clusterNode) syncCatalogue(ctx context.Context, b *broker.Broker) {
 			cancel()
 		}
 	}
+}
+
+// runtimeCommitTimeout bounds how long a runtime settings change waits for
+// the controller to commit it.
+const runtimeCommitTimeout = 10 * time.Second
+
+// commitRuntime is the runtime settings' Committer in a cluster: it commits
+// next to the controller, based on version expected.
+func (n *clusterNode) commitRuntime(expected uint64, next runtimesettings.Doc) (runtimesettings.Doc, bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), runtimeCommitTimeout)
+	defer cancel()
+	if n.ctl.Status().Table.Runtime == nil {
+		return runtimesettings.Doc{}, false, errors.New("the cluster holds no runtime settings yet (its controller has not committed the first ones)")
+	}
+	r, accepted, err := n.ctl.SetRuntime(ctx, expected, next.Version, next.Values)
+	if err != nil {
+		return runtimesettings.Doc{}, false, err
+	}
+	return runtimesettings.Doc{Version: r.Version, Values: r.Values}, accepted, nil
 }
 
 // reconfigureEvery is how often the partitions this node owns are moved a

@@ -40,7 +40,7 @@ const gossipKeyBytesMax = 4 << 10
 
 // clusterNode is a node's membership in its cluster (cluster.enabled) and
 // its replica of the controller group, which holds the committed node
-// table. Queues are not replicated yet.
+// table, the queue catalogue and the runtime settings.
 type clusterNode struct {
 	id     string
 	raftID uint64

@@ -252,11 +252,12 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	}
 	logger.Info("broker recovered", "data_dir", cfg.DataDir, "owner_id", owner, "took_ms", time.Since(start).Milliseconds())
 	if cn != nil {
+		rt.SetCommitter(cn.commitRuntime)
 		syncCtx, stopSync := context.WithCancel(context.Background())
 		syncDone := make(chan struct{})
 		go func() {
 			defer close(syncDone)
-			cn.syncCatalogue(syncCtx, b)
+			cn.syncCatalogue(syncCtx, b, rt)
 		}()
 		defer func() {
 			stopSync()

@@ -61,8 +61,10 @@ func settingsView(d runtimesettings.Doc) SettingsDoc {
 
 // putSettings applies a change. It answers 200 only once the new document is
 // on disk; 400 for a malformed body, an unknown key or a value out of range
-// (nothing is changed); 409 when the version is not the current one; 500 when
-// the document could not be written (the old one stays in force).
+// (nothing is changed); 409 when the version is not the current one; 503 in
+// a cluster when the controller did not commit the change in time (it may
+// still apply); 500 when the document could not be written (the old one
+// stays in force).
 func putSettings(w http.ResponseWriter, r *http.Request, st *runtimesettings.Store) {
 	bad := func(format string, args ...any) {
 		writeJSON(w, http.StatusBadRequest, SettingsError{Code: "bad_request", Error: fmt.Sprintf(format, args...)})
@@ -106,6 +108,8 @@ func putSettings(w http.ResponseWriter, r *http.Request, st *runtimesettings.Sto
 		writeJSON(w, http.StatusConflict, SettingsError{Code: "conflict", Error: err.Error(), Version: conflict.Current.Version, Values: conflict.Current.Values})
 	case errors.Is(err, runtimesettings.ErrUnknownKey), errors.Is(err, runtimesettings.ErrOutOfRange), errors.Is(err, runtimesettings.ErrNoChange):
 		bad("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	case errors.Is(err, runtimesettings.ErrNotCommitted):
+		writeJSON(w, http.StatusServiceUnavailable, SettingsError{Code: "unavailable", Error: err.Error()})
 	default:
 		writeJSON(w, http.StatusInternalServerError, SettingsError{Code: "internal", Error: err.Error()})
 	}

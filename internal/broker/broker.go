@@ -98,6 +98,9 @@ type queueEntry struct {
 	deleted atomic.Bool
 	// self is this node's raft id in a cluster (0 on a single node).
 	self uint64
+	// unknownLogged is set once SyncCatalogue logged that the catalogue
+	// never placed this queue's groups.
+	unknownLogged atomic.Bool
 }
 
 func (c *Config) normalize() {
@@ -663,15 +666,20 @@ func (b *Broker) declareQueue(d *protocol.DeclareQueue, update, dlq bool) (*queu
 			return q, false, nil
 		}
 		if b.cfg.Cluster != nil {
-			return nil, false, errClusterUnsupported("changing a queue's settings")
+			// The catalogue first; every other node applies the change
+			// when it applies the entry (SyncCatalogue).
+			ctx, cancel := context.WithTimeout(context.Background(), clusterCreateTimeout)
+			found, err := b.cfg.Cluster.UpdateQueue(ctx, k.topic, k.group, settingsOf(want))
+			cancel()
+			switch {
+			case err != nil:
+				return nil, false, protocol.Errorf(protocol.CodeUnavailable, "queue %q group %q: the cluster did not commit the new settings: %v; retry", k.topic, k.group, err)
+			case !found:
+				return nil, false, errDeletedMeanwhile(k)
+			}
 		}
-		if err := writeMeta(b.cfg.FS, filepath.Join(q.dir, metaFile), want); err != nil {
+		if err := b.storeSettings(q, want); err != nil {
 			return nil, false, b.internalError("declare", k, err)
-		}
-		q.meta.Store(want)
-		qc := b.queueConfig(want)
-		for _, p := range q.parts {
-			p.SetConfig(qc)
 		}
 		return q, false, nil
 	}

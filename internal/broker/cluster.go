@@ -41,6 +41,17 @@ type Cluster interface {
 	Fenced() bool
 	// Lookup returns the catalogue's entry for a queue, if it holds one.
 	Lookup(topic, group string) (CatalogueQueue, bool)
+	// DeleteQueue removes a queue from the catalogue and returns once
+	// this node applied that; found is false when the catalogue does not
+	// hold it.
+	DeleteQueue(ctx context.Context, topic, group string) (found bool, err error)
+	// UpdateQueue replaces a queue's settings in the catalogue and returns
+	// once this node applied that; found as for DeleteQueue.
+	UpdateQueue(ctx context.Context, topic, group string, settings []byte) (found bool, err error)
+	// PlacementDone reports, from a partition's owner, that its group's
+	// voters are exactly the replicas placed (so a replica moved away may
+	// drop its files). It does not wait.
+	PlacementDone(topic, group string, partition int, raftGroup uint64, replicas []uint64)
 }
 
 // CatalogueQueue is a queue as the controller's catalogue holds it.
@@ -60,6 +71,10 @@ type RaftPlacement struct {
 	// Bootstrap are the group's first voters; a replica placed later
 	// joins the running group.
 	Bootstrap []uint64 `json:"bootstrap,omitempty"`
+	// Moving is set while the group's voters are not yet Replicas (a
+	// replica move under way). It is the catalogue's, and not recorded
+	// with the queue.
+	Moving bool `json:"-"`
 }
 
 // clusterCreateTimeout bounds how long a first use of a queue waits for the
@@ -168,12 +183,50 @@ func (b *Broker) openCatalogueQueue(cq CatalogueQueue) (*queueEntry, error) {
 	return q, nil
 }
 
-// SyncCatalogue opens this node's replicas of the catalogue's queues that
-// it does not hold yet (created through another node, or while this one
-// was down). It is idempotent.
-func (b *Broker) SyncCatalogue(queues []CatalogueQueue) {
+// SyncCatalogue brings this node's queues in line with the catalogue: it
+// drops the queues the catalogue no longer holds (deleted, or deleted and
+// created again: other raft groups) and those whose replicas were all moved
+// to other nodes once the move is done, applies changed settings, records
+// new placements, and opens the replicas placed on this node that it does
+// not hold yet (created through another node, or while this one was
+// down). It is idempotent. placedBelow is the catalogue's next raft group
+// id: a queue whose groups the catalogue never placed (a catalogue behind
+// this node's files) is kept, and logged, rather than dropped.
+func (b *Broker) SyncCatalogue(queues []CatalogueQueue, placedBelow uint64) {
 	if b.cfg.Cluster == nil || b.closed.Load() {
 		return
+	}
+	self := b.cfg.Cluster.Self()
+	byKey := make(map[queueKey]*CatalogueQueue, len(queues))
+	for i := range queues {
+		byKey[queueKey{queues[i].Topic, queues[i].Group}] = &queues[i]
+	}
+	for _, q := range b.queueEntries() {
+		raft := q.meta.Load().Raft
+		if len(raft) == 0 {
+			continue // not a catalogue queue
+		}
+		cq := byKey[q.key]
+		why := ""
+		switch {
+		case raft[0].RaftGroup >= placedBelow:
+			if !q.unknownLogged.Swap(true) {
+				b.logger.Error("a queue held here has raft groups the cluster's catalogue never placed; it is kept as it is (was the controller's directory replaced?)",
+					"topic", q.key.topic, "group", q.key.group, "raft_group", raft[0].RaftGroup, "catalogue_next_group", placedBelow)
+			}
+			continue
+		case cq == nil || len(cq.Partitions) != len(raft) || cq.Partitions[0].RaftGroup != raft[0].RaftGroup:
+			why = "deleted"
+		case movedAway(cq, self):
+			why = "moved"
+		}
+		if why == "" {
+			b.applySettings(q, cq.Settings)
+			continue
+		}
+		if err := b.dropLocal(q.key, why); err != nil && protocol.CodeOf(err) != protocol.CodeNotFound && protocol.CodeOf(err) != protocol.CodeUnavailable {
+			b.logger.Error("cannot drop a queue's replicas", "topic", q.key.topic, "group", q.key.group, "why", why, "err", err)
+		}
 	}
 	for _, cq := range queues {
 		k := queueKey{cq.Topic, cq.Group}
@@ -182,6 +235,9 @@ func (b *Broker) SyncCatalogue(queues []CatalogueQueue) {
 		b.mu.RUnlock()
 		if q != nil {
 			b.notePlacement(q, cq.Partitions)
+			continue
+		}
+		if movedAway(&cq, self) {
 			continue
 		}
 		b.createMu.Lock()
@@ -194,6 +250,57 @@ func (b *Broker) SyncCatalogue(queues []CatalogueQueue) {
 		}
 		b.createMu.Unlock()
 	}
+}
+
+// movedAway reports whether no partition of cq is placed on node self any
+// more and every move is done (the groups' voters are the placed replicas,
+// so this node's replicas are no longer needed).
+func movedAway(cq *CatalogueQueue, self uint64) bool {
+	for _, p := range cq.Partitions {
+		if p.Moving || slices.Contains(p.Replicas, self) {
+			return false
+		}
+	}
+	return true
+}
+
+// applySettings brings queue q's declaration to the catalogue's (a change
+// committed through another node).
+func (b *Broker) applySettings(q *queueEntry, settings []byte) {
+	var m queueMeta
+	if err := json.Unmarshal(settings, &m); err != nil {
+		b.logger.Error("catalogue settings of a queue do not decode", "topic", q.key.topic, "group", q.key.group, "err", err)
+		return
+	}
+	cur := q.meta.Load()
+	m.Version, m.Raft, m.Incarnation, m.Partitions = cur.Version, cur.Raft, cur.Incarnation, cur.Partitions
+	if m.Topic != cur.Topic || m.Group != cur.Group || sameMeta(&m, cur) {
+		return
+	}
+	b.createMu.Lock()
+	defer b.createMu.Unlock()
+	if q.deleted.Load() || q.meta.Load() != cur {
+		return // changed meanwhile; the next sync looks again
+	}
+	if err := b.storeSettings(q, &m); err != nil {
+		b.logger.Error("cannot apply a queue's new settings", "topic", q.key.topic, "group", q.key.group, "err", err)
+		return
+	}
+	b.logger.Info("queue settings changed through the cluster", "topic", q.key.topic, "group", q.key.group)
+}
+
+// storeSettings records want as q's declaration and hands the partitions
+// their new configuration. createMu is held.
+func (b *Broker) storeSettings(q *queueEntry, want *queueMeta) error {
+	if err := writeMeta(b.cfg.FS, filepath.Join(q.dir, metaFile), want); err != nil {
+		return err
+	}
+	q.meta.Store(want)
+	qc := b.queueConfig(want)
+	for _, p := range q.parts {
+		p.SetConfig(qc)
+	}
+	return nil
 }
 
 // notOwner is the error for a request this node cannot serve because
@@ -286,6 +393,7 @@ func (b *Broker) Reconfigure(ctx context.Context) {
 	qs := b.queueEntries()
 	for _, q := range qs {
 		raft := q.meta.Load().Raft
+		var cq *CatalogueQueue
 		for i, p := range q.parts {
 			if i >= len(raft) || !q.leadsHere(p) {
 				continue
@@ -296,9 +404,38 @@ func (b *Broker) Reconfigure(ctx context.Context) {
 				b.logger.Warn("partition replicas not changed", "topic", q.key.topic, "group", q.key.group, "partition", i, "err", err)
 			case what != "":
 				b.logger.Info("partition replicas changing", "topic", q.key.topic, "group", q.key.group, "partition", i, "step", what)
+			case err == nil:
+				if cq == nil {
+					c, ok := b.cfg.Cluster.Lookup(q.key.topic, q.key.group)
+					if !ok {
+						break
+					}
+					cq = &c
+				}
+				b.reportPlaced(q, cq, i, p)
 			}
 		}
 	}
+}
+
+// reportPlaced tells the controller, while the catalogue shows partition i
+// of q moving, once the group's voters are exactly its placed replicas and
+// it has no learner: the replicas moved away may then drop their files.
+func (b *Broker) reportPlaced(q *queueEntry, cq *CatalogueQueue, i int, p *partition.Partition) {
+	if i >= len(cq.Partitions) || !cq.Partitions[i].Moving {
+		return
+	}
+	pl := cq.Partitions[i]
+	voters, learners := p.RaftConf()
+	if len(learners) > 0 || len(voters) != len(pl.Replicas) {
+		return
+	}
+	for _, r := range pl.Replicas {
+		if !slices.Contains(voters, r) {
+			return
+		}
+	}
+	b.cfg.Cluster.PlacementDone(q.key.topic, q.key.group, i, pl.RaftGroup, pl.Replicas)
 }
 
 // errFenced answers a write on a fenced node.

@@ -42,6 +42,11 @@ var trashSeq atomic.Uint64
 // delete runs, creating the same queue is CodeUnavailable; afterwards a
 // publish or subscribe creates a new, empty queue as on first use.
 //
+// In a cluster the removal is first committed to the controller's
+// catalogue (CodeUnavailable when it cannot be, CodeNotFound when the
+// catalogue does not hold the queue); this node then drops its replicas
+// before Delete returns, and every other node when it applies the entry.
+//
 // ctx is checked before the delete starts; once started it runs to the end.
 func (b *Broker) Delete(ctx context.Context, d *protocol.DeleteQueue) error {
 	if err := ctx.Err(); err != nil {
@@ -53,10 +58,35 @@ func (b *Broker) Delete(ctx context.Context, d *protocol.DeleteQueue) error {
 	if err := validName("group", d.Group, true); err != nil {
 		return err
 	}
-	if b.cfg.Cluster != nil {
-		return errClusterUnsupported("deleting a queue")
-	}
 	k := queueKey{d.Topic, d.Group}
+	if b.cfg.Cluster != nil {
+		// The catalogue first: once the removal is committed every node
+		// drops its replicas (SyncCatalogue); this one does so now.
+		if b.closed.Load() {
+			return ErrShuttingDown
+		}
+		ctx, cancel := context.WithTimeout(ctx, clusterCreateTimeout)
+		defer cancel()
+		found, err := b.cfg.Cluster.DeleteQueue(ctx, d.Topic, d.Group)
+		switch {
+		case err != nil:
+			return protocol.Errorf(protocol.CodeUnavailable, "queue %q group %q: the cluster did not commit its removal: %v; retry", d.Topic, d.Group, err)
+		case !found:
+			return protocol.Errorf(protocol.CodeNotFound, "no queue %q group %q in the cluster's catalogue", d.Topic, d.Group)
+		}
+		if err := b.dropLocal(k, "deleted"); err != nil && protocol.CodeOf(err) != protocol.CodeNotFound {
+			return err
+		}
+		return nil
+	}
+	return b.dropLocal(k, "deleted")
+}
+
+// dropLocal removes this node's queue k and its files: a queue deleted, or
+// in a cluster one whose replicas moved to other nodes (why "moved"), or
+// the replicas of an incarnation the catalogue no longer holds.
+func (b *Broker) dropLocal(k queueKey, why string) error {
+	d := &protocol.DeleteQueue{Topic: k.topic, Group: k.group}
 	b.createMu.Lock()
 	if b.closed.Load() {
 		b.createMu.Unlock()
@@ -92,9 +122,21 @@ func (b *Broker) Delete(ctx context.Context, d *protocol.DeleteQueue) error {
 		}
 	}
 	b.subsMu.Unlock()
-	gone := protocol.Errorf(protocol.CodeNotFound, "queue %q group %q was deleted", d.Topic, d.Group)
-	for _, s := range subs {
-		s.end(protocol.SubClosedQueueDeleted, gone, false)
+	if why == "moved" {
+		gone := protocol.Errorf(protocol.CodeNotOwner, "queue %q group %q is no longer held by this node", d.Topic, d.Group)
+		for _, s := range subs {
+			s.end(protocol.SubClosedError, gone, false)
+		}
+	} else {
+		gone := protocol.Errorf(protocol.CodeNotFound, "queue %q group %q was deleted", d.Topic, d.Group)
+		for _, s := range subs {
+			s.end(protocol.SubClosedQueueDeleted, gone, false)
+		}
+	}
+	if b.cfg.Cluster != nil {
+		for _, r := range q.meta.Load().Raft {
+			b.cfg.Cluster.RemoveGroup(r.RaftGroup)
+		}
 	}
 
 	// Partitions stop without createMu held: an actor may be waiting for it
@@ -138,7 +180,11 @@ func (b *Broker) Delete(ctx context.Context, d *protocol.DeleteQueue) error {
 		// Durably gone already; Open finishes the removal.
 		b.logger.Warn("removing a deleted queue's files; the next start retries", "dir", trash, "err", err)
 	}
-	b.logger.Info("queue deleted", "topic", d.Topic, "group", d.Group, "partitions", len(q.parts), "subscriptions", len(subs))
+	if why == "moved" {
+		b.logger.Info("queue replicas moved to other nodes; files removed", "topic", d.Topic, "group", d.Group, "partitions", len(q.parts))
+	} else {
+		b.logger.Info("queue deleted", "topic", d.Topic, "group", d.Group, "partitions", len(q.parts), "subscriptions", len(subs))
+	}
 	return nil
 }
 

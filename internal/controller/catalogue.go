@@ -37,6 +37,11 @@ type Placement struct {
 	// Replicas). A replica placed later joins the running group: the
 	// owner adds it as a learner, catches it up and promotes it.
 	Bootstrap []uint64 `json:"bootstrap,omitempty"`
+	// Moving is set while the group's configuration is not yet Replicas:
+	// from a replica move until the owner reports the group's voters are
+	// exactly Replicas (placement_done). A replica no longer placed may
+	// drop its files only once it is clear.
+	Moving bool `json:"moving,omitempty"`
 }
 
 // FirstPartitionGroup is the raft group id of the first partition ever
@@ -257,7 +262,7 @@ func (t *Table) applyReplaceReplica(c *command) error {
 		}
 		rs := slices.Clone(pl.Replicas)
 		rs[at] = c.To
-		parts[p] = Placement{RaftGroup: pl.RaftGroup, Replicas: rs, Bootstrap: pl.Bootstrap}
+		parts[p] = Placement{RaftGroup: pl.RaftGroup, Replicas: rs, Bootstrap: pl.Bootstrap, Moving: true}
 	}
 	q.Partitions = parts
 	t.Queues = slices.Clone(t.Queues) // a Status may share the old slice

@@ -33,6 +33,9 @@ type Table struct {
 	Queues []Queue `json:"queues,omitempty"`
 	// NextRaftGroup is the raft group id the next placed partition gets.
 	NextRaftGroup uint64 `json:"next_raft_group,omitempty"`
+	// Runtime is the cluster's runtime settings (nil until the first
+	// node's are committed).
+	Runtime *Runtime `json:"runtime,omitempty"`
 }
 
 // Member is a node as the cluster's membership currently sees it, the input
@@ -52,6 +55,10 @@ const (
 	opLeave          = "leave"
 	opCreateQueue    = "create_queue"
 	opReplaceReplica = "replace_replica"
+	opDeleteQueue    = "delete_queue"
+	opUpdateQueue    = "update_queue"
+	opPlacementDone  = "placement_done"
+	opSetRuntime     = "set_runtime"
 )
 
 // commandVersion is the encoding version of a controller command; a
@@ -76,6 +83,14 @@ type command struct {
 	// From and To are replace_replica's nodes.
 	From uint64 `json:"from,omitempty"`
 	To   uint64 `json:"to,omitempty"`
+	// Partition, RaftGroup and Replicas are placement_done's partition.
+	Partition int      `json:"partition,omitempty"`
+	RaftGroup uint64   `json:"raft_group,omitempty"`
+	Replicas  []uint64 `json:"replicas,omitempty"`
+	// Runtime and Expected are set_runtime's settings and the version
+	// they replace.
+	Runtime  *Runtime `json:"runtime,omitempty"`
+	Expected uint64   `json:"expected,omitempty"`
 }
 
 // ErrCommand reports a committed entry the table cannot apply: of an
@@ -138,6 +153,14 @@ func (t *Table) apply(index uint64, c command) error {
 		return t.applyCreateQueue(index, c.Queue)
 	case opReplaceReplica:
 		return t.applyReplaceReplica(&c)
+	case opDeleteQueue:
+		return t.applyDeleteQueue(&c)
+	case opUpdateQueue:
+		return t.applyUpdateQueue(&c)
+	case opPlacementDone:
+		return t.applyPlacementDone(&c)
+	case opSetRuntime:
+		return t.applySetRuntime(&c)
 	default:
 		return fmt.Errorf("%w: op %q", ErrCommand, c.Op)
 	}
@@ -161,7 +184,7 @@ func (t *Table) Node(raftID uint64) (Node, bool) {
 // clone copies the table's lists; their Queue entries are shared, as
 // applied entries are never changed in place.
 func (t *Table) clone() *Table {
-	return &Table{Nodes: slices.Clone(t.Nodes), Queues: slices.Clone(t.Queues), NextRaftGroup: t.NextRaftGroup}
+	return &Table{Nodes: slices.Clone(t.Nodes), Queues: slices.Clone(t.Queues), NextRaftGroup: t.NextRaftGroup, Runtime: t.Runtime}
 }
 
 // members returns the raft ids of the nodes that have not left, in join

@@ -13,6 +13,10 @@ var (
 	ErrVersionConflict = errors.New("runtime settings version conflict")
 	// ErrNoChange: Update was given no values.
 	ErrNoChange = errors.New("no runtime settings given")
+	// ErrNotCommitted: in a cluster, the change was not seen committed by
+	// the controller in time (no leader, or a slow quorum). It may still
+	// take effect: read the settings again before retrying.
+	ErrNotCommitted = errors.New("runtime settings change not committed by the cluster")
 	// ErrCorrupt: the document on disk cannot be trusted.
 	ErrCorrupt = errors.New("runtime settings document is corrupt")
 )

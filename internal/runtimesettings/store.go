@@ -45,8 +45,54 @@ type Store struct {
 	path string
 	log  *slog.Logger
 
-	mu  sync.Mutex // serialises Update: held across check, write and swap
+	mu  sync.Mutex // serialises Update and Adopt: held across check, write and swap
 	cur atomic.Pointer[Doc]
+
+	// commit, when set, takes changes instead of this node's document:
+	// in a cluster the controller holds the settings (SetCommitter).
+	commit atomic.Pointer[Committer]
+}
+
+// Committer commits next, based on version expected, where the settings are
+// held (a cluster's controller), and returns the document in force after
+// it: next when it was accepted, or the one that won a race (accepted
+// false).
+type Committer func(expected uint64, next Doc) (cur Doc, accepted bool, err error)
+
+// SetCommitter makes Update hand every change to c instead of writing this
+// node's document; the committed document reaches this node through Adopt
+// (which Update also calls before it returns).
+func (s *Store) SetCommitter(c Committer) { s.commit.Store(&c) }
+
+// Adopt makes d the document in force, written first, unless it is so
+// already: the settings committed for the whole cluster. Its version may be
+// lower than this node's own (a node joining a cluster takes the cluster's
+// settings). A document with a bad key or value is refused.
+func (s *Store) Adopt(d Doc) error {
+	for _, k := range sortedKeys(d.Values) {
+		if err := Check(k, d.Values[k]); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur := s.cur.Load()
+	next := cur.clone()
+	next.Version = d.Version
+	maps.Copy(next.Values, d.Values)
+	if next.Version == cur.Version && maps.Equal(next.Values, cur.Values) {
+		return nil
+	}
+	if err := s.write(next); err != nil {
+		return fmt.Errorf("runtime settings: write %s: %w", s.path, err)
+	}
+	s.cur.Store(&next)
+	for _, k := range sortedKeys(next.Values) {
+		if next.Values[k] != cur.Values[k] {
+			s.log.Info("runtime setting changed through the cluster", "key", k, "from", cur.Values[k], "to", next.Values[k], "version", next.Version)
+		}
+	}
+	return nil
 }
 
 // Open loads dir's document, or seeds one from seed when dir has none. seed
@@ -143,6 +189,9 @@ func (s *Store) Update(expected uint64, changes map[string]int64) (Doc, error) {
 	if len(errs) > 0 {
 		return Doc{}, errors.Join(errs...)
 	}
+	if c := s.commit.Load(); c != nil {
+		return s.updateThrough(*c, expected, changes)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur := s.cur.Load()
@@ -160,6 +209,35 @@ func (s *Store) Update(expected uint64, changes map[string]int64) (Doc, error) {
 		s.log.Info("runtime setting changed", "key", k, "from", cur.Values[k], "to", changes[k], "version", next.Version)
 	}
 	return next.clone(), nil
+}
+
+// updateThrough is Update with a Committer: the change is based on this
+// node's document (which follows the committed one), committed by c, and
+// adopted here before it returns. A failure to commit matches
+// ErrNotCommitted.
+func (s *Store) updateThrough(c Committer, expected uint64, changes map[string]int64) (Doc, error) {
+	cur := s.cur.Load()
+	if cur.Version != expected {
+		return Doc{}, &ConflictError{Expected: expected, Current: cur.clone()}
+	}
+	next := cur.clone()
+	next.Version++
+	maps.Copy(next.Values, changes)
+	got, accepted, err := c(expected, next)
+	if err != nil {
+		return Doc{}, fmt.Errorf("%w: %w", ErrNotCommitted, err)
+	}
+	// The cluster's versions only go up: a later one adopted meanwhile
+	// stays.
+	if got.Version > s.cur.Load().Version {
+		if err := s.Adopt(got); err != nil {
+			return Doc{}, err
+		}
+	}
+	if !accepted {
+		return Doc{}, &ConflictError{Expected: expected, Current: got.clone()}
+	}
+	return s.Snapshot(), nil
 }
 
 func sortedKeys(m map[string]int64) []string {

@@ -284,3 +284,70 @@ func TestConcurrentUpdatesOneWins(t *testing.T) {
 		t.Fatalf("winner %d, document %+v", won, d)
 	}
 }
+
+// TestUpdateThroughACommitter: with a Committer (a cluster) a change is
+// based on the adopted document, committed by the committer and on disk
+// before Update returns; a lost race is a conflict carrying the winner,
+// which is adopted; a commit failure changes nothing and matches
+// ErrNotCommitted; Adopt takes a lower version (a node joining a cluster)
+// and refuses bad values.
+func TestUpdateThroughACommitter(t *testing.T) {
+	fs := memFS(t)
+	s := open(t, fs, nil)
+	// A local document at version 4; the cluster's is version 2.
+	for v := uint64(1); v < 4; v++ {
+		if _, err := s.Update(v, map[string]int64{KeyReconnectGraceMs: int64(v)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cluster := Doc{Version: 2, Values: map[string]int64{KeyReconnectGraceMs: 7000}}
+	if err := s.Adopt(cluster); err != nil {
+		t.Fatal(err)
+	}
+	if d := s.Snapshot(); d.Version != 2 || d.Values[KeyReconnectGraceMs] != 7000 || d.Values[KeyDrainTimeoutMs] != 10_000 {
+		t.Fatalf("after adopting the cluster's document: %+v", d)
+	}
+	var commitErr error
+	race := false
+	s.SetCommitter(func(expected uint64, next Doc) (Doc, bool, error) {
+		if commitErr != nil {
+			return Doc{}, false, commitErr
+		}
+		if race {
+			return Doc{Version: expected + 1, Values: map[string]int64{KeyReconnectGraceMs: 1}}, false, nil
+		}
+		if expected != cluster.Version || next.Version != expected+1 {
+			t.Errorf("committer got expected %d next %d", expected, next.Version)
+		}
+		cluster = next
+		return next, true, nil
+	})
+	d, err := s.Update(2, map[string]int64{KeyReconnectGraceMs: 9000})
+	if err != nil || d.Version != 3 || d.Values[KeyReconnectGraceMs] != 9000 {
+		t.Fatalf("update through the committer: %+v, %v", d, err)
+	}
+	if got := open(t, fs, nil).Snapshot(); got.Version != 3 || got.Values[KeyReconnectGraceMs] != 9000 {
+		t.Fatalf("document on disk after the update: %+v", got)
+	}
+	if _, err := s.Update(2, map[string]int64{KeyReconnectGraceMs: 1}); !errors.Is(err, ErrVersionConflict) {
+		t.Fatalf("stale version: %v", err)
+	}
+	race = true
+	var ce *ConflictError
+	if _, err := s.Update(3, map[string]int64{KeyReconnectGraceMs: 5}); !errors.As(err, &ce) || ce.Current.Version != 4 {
+		t.Fatalf("lost race: %v", err)
+	}
+	if d := s.Snapshot(); d.Version != 4 || d.Values[KeyReconnectGraceMs] != 1 {
+		t.Fatalf("the race's winner was not adopted: %+v", d)
+	}
+	race, commitErr = false, errors.New("no leader")
+	if _, err := s.Update(4, map[string]int64{KeyReconnectGraceMs: 5}); !errors.Is(err, ErrNotCommitted) {
+		t.Fatalf("failed commit: %v", err)
+	}
+	if d := s.Snapshot(); d.Version != 4 {
+		t.Fatalf("a failed commit changed the document: %+v", d)
+	}
+	if err := s.Adopt(Doc{Version: 9, Values: map[string]int64{KeyReconnectGraceMs: -1}}); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("adopting a bad value: %v", err)
+	}
+}
