@@ -58,7 +58,7 @@ type Broker struct {
 	queues   map[queueKey]*queueEntry
 	// deleting holds the queues a Delete is removing (guarded by
 	// createMu): they cannot be created again until their files are gone.
-	deleting map[queueKey]bool
+	deleting map[queueKey]chan struct{}
 	// deletes counts Deletes under way, which Close waits for.
 	deletes sync.WaitGroup
 
@@ -184,7 +184,7 @@ func Open(cfg Config) (b *Broker, err error) {
 		logger:   cfg.Logger,
 		owner:    "b" + strconv.FormatInt(cfg.Now().UnixNano(), 36),
 		queues:   make(map[queueKey]*queueEntry),
-		deleting: make(map[queueKey]bool),
+		deleting: make(map[queueKey]chan struct{}),
 		subs:     make(map[uint64]*Subscription),
 		counters: new(partition.Counters),
 	}
@@ -642,7 +642,7 @@ func (b *Broker) declareQueue(d *protocol.DeclareQueue, update, dlq bool) (*queu
 		return nil, false, ErrShuttingDown
 	}
 	k := queueKey{d.Topic, d.Group}
-	if b.deleting[k] {
+	if b.deleting[k] != nil {
 		return nil, false, protocol.Errorf(protocol.CodeUnavailable, "queue %q group %q is being deleted; retry", d.Topic, d.Group)
 	}
 	b.mu.RLock()

@@ -224,7 +224,7 @@ func (b *Broker) SyncCatalogue(queues []CatalogueQueue, placedBelow uint64) {
 			b.applySettings(q, cq.Settings)
 			continue
 		}
-		if err := b.dropLocal(q.key, why); err != nil && protocol.CodeOf(err) != protocol.CodeNotFound && protocol.CodeOf(err) != protocol.CodeUnavailable {
+		if err := b.dropLocal(q.key, why, false); err != nil && protocol.CodeOf(err) != protocol.CodeNotFound && protocol.CodeOf(err) != protocol.CodeUnavailable {
 			b.logger.Error("cannot drop a queue's replicas", "topic", q.key.topic, "group", q.key.group, "why", why, "err", err)
 		}
 	}

@@ -74,26 +74,32 @@ func (b *Broker) Delete(ctx context.Context, d *protocol.DeleteQueue) error {
 		case !found:
 			return protocol.Errorf(protocol.CodeNotFound, "no queue %q group %q in the cluster's catalogue", d.Topic, d.Group)
 		}
-		if err := b.dropLocal(k, "deleted"); err != nil && protocol.CodeOf(err) != protocol.CodeNotFound {
+		// SyncCatalogue may be dropping it already: then wait for that.
+		if err := b.dropLocal(k, "deleted", true); err != nil && protocol.CodeOf(err) != protocol.CodeNotFound {
 			return err
 		}
 		return nil
 	}
-	return b.dropLocal(k, "deleted")
+	return b.dropLocal(k, "deleted", false)
 }
 
 // dropLocal removes this node's queue k and its files: a queue deleted, or
 // in a cluster one whose replicas moved to other nodes (why "moved"), or
-// the replicas of an incarnation the catalogue no longer holds.
-func (b *Broker) dropLocal(k queueKey, why string) error {
+// the replicas of an incarnation the catalogue no longer holds. With wait,
+// a removal already under way is waited for, and is a success.
+func (b *Broker) dropLocal(k queueKey, why string, wait bool) error {
 	d := &protocol.DeleteQueue{Topic: k.topic, Group: k.group}
 	b.createMu.Lock()
 	if b.closed.Load() {
 		b.createMu.Unlock()
 		return ErrShuttingDown
 	}
-	if b.deleting[k] {
+	if running := b.deleting[k]; running != nil {
 		b.createMu.Unlock()
+		if wait {
+			<-running
+			return nil
+		}
 		return protocol.Errorf(protocol.CodeUnavailable, "queue %q group %q is already being deleted", d.Topic, d.Group)
 	}
 	b.mu.Lock()
@@ -107,7 +113,8 @@ func (b *Broker) dropLocal(k queueKey, why string) error {
 		return protocol.Errorf(protocol.CodeNotFound, "no queue %q group %q", d.Topic, d.Group)
 	}
 	q.deleted.Store(true)
-	b.deleting[k] = true
+	finished := make(chan struct{})
+	b.deleting[k] = finished
 	b.deletes.Add(1)
 	b.createMu.Unlock()
 	defer b.deletes.Done()
@@ -157,6 +164,7 @@ func (b *Broker) dropLocal(k queueKey, why string) error {
 	b.createMu.Lock()
 	trash, err := b.moveToTrash(q.dir)
 	delete(b.deleting, k)
+	close(finished)
 	b.createMu.Unlock()
 	if err != nil {
 		b.logger.Error("queue deleted from service, but its directory could not be moved away; it returns after a restart",

@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -306,6 +309,25 @@ func TestClusterRecoveryPlanRestoresRF(t *testing.T) {
 		confirmed[b] = true
 	}
 	consumeAll(t, after.Owner, topic, confirmed)
+
+	// The killed node comes back: once the move is done, it drops the
+	// replica it no longer holds, files included.
+	replicaDir := filepath.Join(killed.dir, "queues", "="+topic)
+	if _, err := os.Stat(replicaDir); err != nil {
+		t.Fatalf("the killed node's replica directory: %v", err)
+	}
+	back := startClusterChild(t, bin, killed.dir, spare.gossip)
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		_, err := os.Stat(replicaDir)
+		if errors.Is(err, os.ErrNotExist) && strings.Contains(back.log(), "queue replicas moved to other nodes; files removed") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the node back after the move still holds its old replica (%v):\n%s", err, back.log())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // seededClient dials nodes[dial] with every node as a seed; it returns the
