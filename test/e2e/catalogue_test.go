@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
 )
 
 // adminDo sends method url with body (nil: none) and returns the status and
