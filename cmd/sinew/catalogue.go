@@ -61,7 +61,8 @@ func (n *clusterNode) Lookup(topic, group string) (broker.CatalogueQueue, bool) 
 }
 
 func catalogueQueue(q controller.Queue) broker.CatalogueQueue {
-	out := broker.CatalogueQueue{Topic: q.Topic, Group: q.Group, Settings: q.Settings}
+	out := broker.CatalogueQueue{Topic: q.Topic, Group: q.Group, Settings: q.Settings,
+		PurgeSeq: q.PurgeSeq, PurgeDone: q.PurgeDone, PurgeCount: q.PurgeCount}
 	for _, p := range q.Partitions {
 		out.Partitions = append(out.Partitions, broker.RaftPlacement{RaftGroup: p.RaftGroup, Replicas: p.Replicas, Bootstrap: p.Bootstrap, Moving: p.Moving})
 	}
@@ -84,6 +85,20 @@ func (n *clusterNode) UpdateQueue(ctx context.Context, topic, group string, sett
 		return false, nil
 	}
 	return err == nil, err
+}
+
+// PurgeQueue records a purge in the catalogue.
+func (n *clusterNode) PurgeQueue(ctx context.Context, topic, group string) (uint64, bool, error) {
+	seq, err := n.ctl.PurgeQueue(ctx, topic, group)
+	if errors.Is(err, controller.ErrNoQueue) {
+		return 0, false, nil
+	}
+	return seq, err == nil, err
+}
+
+// PurgeDone reports a partition's purge carried out.
+func (n *clusterNode) PurgeDone(topic, group string, partition int, seq, count uint64) {
+	n.ctl.PurgeDone(topic, group, partition, seq, count)
 }
 
 // PlacementDone reports a partition whose voters are its placed replicas.

@@ -101,6 +101,10 @@ type queueEntry struct {
 	// unknownLogged is set once SyncCatalogue logged that the catalogue
 	// never placed this queue's groups.
 	unknownLogged atomic.Bool
+	// purges is what this node did of the catalogue's purges, by
+	// partition (cluster.go, carryPurges).
+	purgeMu sync.Mutex
+	purges  map[int]purgeMemo
 }
 
 func (c *Config) normalize() {

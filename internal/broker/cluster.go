@@ -52,6 +52,12 @@ type Cluster interface {
 	// voters are exactly the replicas placed (so a replica moved away may
 	// drop its files). It does not wait.
 	PlacementDone(topic, group string, partition int, raftGroup uint64, replicas []uint64)
+	// PurgeQueue records a purge of a queue in the catalogue and returns
+	// its sequence once this node applied it; found as for DeleteQueue.
+	PurgeQueue(ctx context.Context, topic, group string) (seq uint64, found bool, err error)
+	// PurgeDone reports, from a partition's owner, that it carried out
+	// purge seq, discarding count messages. It does not wait.
+	PurgeDone(topic, group string, partition int, seq, count uint64)
 }
 
 // CatalogueQueue is a queue as the controller's catalogue holds it.
@@ -62,6 +68,10 @@ type CatalogueQueue struct {
 	// Partitions is each partition's raft group and replicas (raft ids,
 	// preferred owner first).
 	Partitions []RaftPlacement
+	// PurgeSeq is the queue's last purge (0: none); PurgeDone[i] the last
+	// one partition i's owner carried out, discarding PurgeCount[i].
+	PurgeSeq              uint64
+	PurgeDone, PurgeCount []uint64
 }
 
 // RaftPlacement is one partition's raft group and replicas.
@@ -80,12 +90,6 @@ type RaftPlacement struct {
 // clusterCreateTimeout bounds how long a first use of a queue waits for the
 // controller to commit it.
 const clusterCreateTimeout = 10 * time.Second
-
-// errClusterUnsupported answers a request a clustered broker does not
-// serve yet.
-func errClusterUnsupported(what string) error {
-	return protocol.Errorf(protocol.CodeBadRequest, "%s is not supported in a cluster yet", what)
-}
 
 // settingsOf encodes m for the catalogue: its declaration without this
 // node's placement or incarnation.
@@ -222,6 +226,7 @@ func (b *Broker) SyncCatalogue(queues []CatalogueQueue, placedBelow uint64) {
 		}
 		if why == "" {
 			b.applySettings(q, cq.Settings)
+			b.carryPurges(q, cq)
 			continue
 		}
 		if err := b.dropLocal(q.key, why, false); err != nil && protocol.CodeOf(err) != protocol.CodeNotFound && protocol.CodeOf(err) != protocol.CodeUnavailable {
@@ -393,7 +398,7 @@ func (b *Broker) Reconfigure(ctx context.Context) {
 	qs := b.queueEntries()
 	for _, q := range qs {
 		raft := q.meta.Load().Raft
-		var cq *CatalogueQueue
+		cq, inCatalogue := b.cfg.Cluster.Lookup(q.key.topic, q.key.group)
 		for i, p := range q.parts {
 			if i >= len(raft) || !q.leadsHere(p) {
 				continue
@@ -404,16 +409,12 @@ func (b *Broker) Reconfigure(ctx context.Context) {
 				b.logger.Warn("partition replicas not changed", "topic", q.key.topic, "group", q.key.group, "partition", i, "err", err)
 			case what != "":
 				b.logger.Info("partition replicas changing", "topic", q.key.topic, "group", q.key.group, "partition", i, "step", what)
-			case err == nil:
-				if cq == nil {
-					c, ok := b.cfg.Cluster.Lookup(q.key.topic, q.key.group)
-					if !ok {
-						break
-					}
-					cq = &c
-				}
-				b.reportPlaced(q, cq, i, p)
+			case err == nil && inCatalogue:
+				b.reportPlaced(q, &cq, i, p)
 			}
+		}
+		if inCatalogue {
+			b.carryPurges(q, &cq)
 		}
 	}
 }
@@ -533,3 +534,118 @@ func (b *Broker) queueEntries() []*queueEntry {
 	}
 	return qs
 }
+
+// purgeMemo is what this node, as a partition's owner, did of the
+// catalogue's purge seq: carried out (count discarded) or under way. It is
+// not persisted: an owner that restarts, or a new owner, carries out a
+// purge whose completion the catalogue does not show.
+type purgeMemo struct {
+	seq, count uint64
+	running    bool
+}
+
+// carryPurges carries out, on every partition of q this node owns, the
+// catalogue's last purge when the catalogue does not show it done, and
+// reports it done (again, until the catalogue shows it).
+func (b *Broker) carryPurges(q *queueEntry, cq *CatalogueQueue) {
+	seq := cq.PurgeSeq
+	if seq == 0 || len(cq.PurgeDone) != len(q.parts) {
+		return
+	}
+	for i, p := range q.parts {
+		if cq.PurgeDone[i] >= seq || !q.leadsHere(p) {
+			continue
+		}
+		q.purgeMu.Lock()
+		if q.purges == nil {
+			q.purges = map[int]purgeMemo{}
+		}
+		m := q.purges[i]
+		if m.seq == seq {
+			q.purgeMu.Unlock()
+			if !m.running {
+				b.cfg.Cluster.PurgeDone(q.key.topic, q.key.group, i, seq, m.count)
+			}
+			continue
+		}
+		q.purges[i] = purgeMemo{seq: seq, running: true}
+		q.purgeMu.Unlock()
+		p.Purge(func(n uint64, err error) {
+			q.purgeMu.Lock()
+			if err != nil {
+				delete(q.purges, i) // tried again on the next pass
+			} else {
+				q.purges[i] = purgeMemo{seq: seq, count: n}
+			}
+			q.purgeMu.Unlock()
+			if err != nil {
+				b.logger.Warn("purge of a partition failed; retrying", "topic", q.key.topic, "group", q.key.group, "partition", i, "err", err)
+				return
+			}
+			b.cfg.Cluster.PurgeDone(q.key.topic, q.key.group, i, seq, n)
+		})
+	}
+}
+
+// clusterPurgeWait bounds how long a purge in a cluster waits for every
+// partition's owner to report it done.
+const clusterPurgeWait = 30 * time.Second
+
+// purgeInCluster commits a purge of q to the catalogue, carries it out on
+// the partitions this node owns, and answers once every partition's owner
+// reported it done, with the sum of their counts.
+func (b *Broker) purgeInCluster(pq *protocol.PurgeQueue, done func(protocol.PurgeOK, error)) {
+	ctx, cancel := context.WithTimeout(context.Background(), clusterCreateTimeout)
+	seq, found, err := b.cfg.Cluster.PurgeQueue(ctx, pq.Topic, pq.Group)
+	cancel()
+	switch {
+	case err != nil:
+		done(protocol.PurgeOK{}, protocol.Errorf(protocol.CodeUnavailable, "queue %q group %q: the cluster did not commit the purge: %v; retry", pq.Topic, pq.Group, err))
+		return
+	case !found:
+		done(protocol.PurgeOK{}, protocol.Errorf(protocol.CodeNotFound, "no queue %q group %q in the cluster's catalogue", pq.Topic, pq.Group))
+		return
+	}
+	k := queueKey{pq.Topic, pq.Group}
+	b.mu.RLock()
+	q := b.queues[k]
+	b.mu.RUnlock()
+	if cq, ok := b.cfg.Cluster.Lookup(pq.Topic, pq.Group); ok && q != nil {
+		b.carryPurges(q, &cq)
+	}
+	go func() {
+		deadline := time.Now().Add(clusterPurgeWait)
+		for {
+			cq, ok := b.cfg.Cluster.Lookup(pq.Topic, pq.Group)
+			if !ok || cq.PurgeSeq < seq {
+				done(protocol.PurgeOK{}, errDeletedMeanwhile(k))
+				return
+			}
+			var sum uint64
+			left := 0
+			for i, d := range cq.PurgeDone {
+				if d >= seq {
+					sum += cq.PurgeCount[i]
+				} else {
+					left++
+				}
+			}
+			if left == 0 {
+				b.logger.Info("queue purged", "topic", pq.Topic, "group", pq.Group, "purged", sum)
+				done(protocol.PurgeOK{Purged: sum}, nil)
+				return
+			}
+			if b.closed.Load() || time.Now().After(deadline) {
+				done(protocol.PurgeOK{Purged: sum}, protocol.Errorf(protocol.CodeUnavailable,
+					"queue %q group %q: the purge is committed, and %d of %d partitions have not reported it done yet (%d messages purged so far); their owners carry it out when they can",
+					pq.Topic, pq.Group, left, len(cq.PurgeDone), sum))
+				return
+			}
+			time.Sleep(clusterPurgePoll)
+		}
+	}()
+}
+
+// clusterPurgePoll is how often a purge in a cluster looks at the
+// catalogue for its partitions' reports.
+const clusterPurgePoll = 20 * time.Millisecond

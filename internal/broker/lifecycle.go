@@ -291,7 +291,7 @@ func (b *Broker) Purge(pq *protocol.PurgeQueue, done func(protocol.PurgeOK, erro
 		return
 	}
 	if b.cfg.Cluster != nil {
-		done(protocol.PurgeOK{}, errClusterUnsupported("purging a queue"))
+		b.purgeInCluster(pq, done)
 		return
 	}
 	q, err := b.lookup(pq.Topic, pq.Group, false)

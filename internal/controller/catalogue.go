@@ -23,6 +23,13 @@ type Queue struct {
 	Partitions []Placement `json:"partitions"`
 	// CreatedAt is the controller log index of the entry that created it.
 	CreatedAt uint64 `json:"created_at"`
+	// PurgeSeq is the index of the last purge_queue entry (0: none).
+	// Each partition's owner carries it out and reports it:
+	// PurgeDone[i] is the last purge partition i carried out, and
+	// PurgeCount[i] how many messages it discarded.
+	PurgeSeq   uint64   `json:"purge_seq,omitempty"`
+	PurgeDone  []uint64 `json:"purge_done,omitempty"`
+	PurgeCount []uint64 `json:"purge_count,omitempty"`
 }
 
 // Placement is one partition's raft group and its replicas.

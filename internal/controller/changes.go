@@ -187,3 +187,79 @@ func (c *Controller) SetRuntime(ctx context.Context, expected, version uint64, v
 	}
 	return *cur, cur.ID == id, nil
 }
+
+// applyPurgeQueue records a purge of a queue at index; each partition's
+// owner carries it out (PurgeDone).
+func (t *Table) applyPurgeQueue(index uint64, c *command) error {
+	if c.Queue == nil || c.Queue.Topic == "" {
+		return errCommandf("purge_queue without a queue")
+	}
+	i, ok := t.findQueue(c.Queue.Topic, c.Queue.Group)
+	if !ok || !sameQueue(c, &t.Queues[i]) {
+		return nil
+	}
+	q := t.Queues[i]
+	q.PurgeSeq = index
+	if len(q.PurgeDone) != len(q.Partitions) {
+		q.PurgeDone, q.PurgeCount = make([]uint64, len(q.Partitions)), make([]uint64, len(q.Partitions))
+	}
+	t.Queues = slices.Clone(t.Queues)
+	t.Queues[i] = q
+	return nil
+}
+
+// applyPurgeDone records that a partition's owner carried out the purge
+// Seq, when it is the queue's last.
+func (t *Table) applyPurgeDone(c *command) error {
+	if c.Queue == nil || c.Queue.Topic == "" || c.Seq == 0 {
+		return errCommandf("purge_done without a queue or purge")
+	}
+	i, ok := t.findQueue(c.Queue.Topic, c.Queue.Group)
+	if !ok {
+		return nil
+	}
+	q := t.Queues[i]
+	if q.PurgeSeq != c.Seq || c.Partition < 0 || c.Partition >= len(q.PurgeDone) || q.PurgeDone[c.Partition] == c.Seq {
+		return nil
+	}
+	q.PurgeDone, q.PurgeCount = slices.Clone(q.PurgeDone), slices.Clone(q.PurgeCount)
+	q.PurgeDone[c.Partition], q.PurgeCount[c.Partition] = c.Seq, c.Count
+	t.Queues = slices.Clone(t.Queues)
+	t.Queues[i] = q
+	return nil
+}
+
+// PurgeQueue records a purge of a queue and returns its sequence (the
+// entry's index) once this node applied it, or ctx ends. A queue the
+// catalogue does not hold is ErrNoQueue.
+func (c *Controller) PurgeQueue(ctx context.Context, topic, group string) (uint64, error) {
+	q, ok := c.Status().Table.Queue(topic, group)
+	if !ok {
+		return 0, ErrNoQueue
+	}
+	data, err := encode(command{Op: opPurgeQueue, Queue: &Queue{Topic: topic, Group: group, CreatedAt: q.CreatedAt}})
+	if err != nil {
+		return 0, err
+	}
+	var cur Queue
+	gone := false
+	err = c.proposeUntil(ctx, data, func(st Status) bool {
+		cur, ok = st.Table.Queue(topic, group)
+		gone = !ok || cur.CreatedAt != q.CreatedAt
+		return gone || cur.PurgeSeq > q.PurgeSeq
+	})
+	if err == nil && gone {
+		err = ErrNoQueue
+	}
+	return cur.PurgeSeq, err
+}
+
+// PurgeDone reports, from a partition's owner, that it carried out purge
+// seq and discarded count messages. It proposes and does not wait.
+func (c *Controller) PurgeDone(topic, group string, partition int, seq, count uint64) {
+	data, err := encode(command{Op: opPurgeDone, Queue: &Queue{Topic: topic, Group: group}, Partition: partition, Seq: seq, Count: count})
+	if err != nil {
+		return
+	}
+	c.propose(data)
+}

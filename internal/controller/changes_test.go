@@ -81,6 +81,18 @@ func TestQueueChangeCommands(t *testing.T) {
 		t.Fatalf("after placement_done of partition 0: %+v", q.Partitions)
 	}
 
+	// Purge: recorded at its index; a partition's report counts only for
+	// the last purge.
+	apply(30, command{Op: opPurgeQueue, Queue: &Queue{Topic: "a", CreatedAt: 10}})
+	apply(31, command{Op: opPurgeDone, Queue: &Queue{Topic: "a"}, Partition: 1, Seq: 30, Count: 5})
+	apply(32, command{Op: opPurgeQueue, Queue: &Queue{Topic: "a"}})
+	apply(33, command{Op: opPurgeDone, Queue: &Queue{Topic: "a"}, Partition: 0, Seq: 30, Count: 9})
+	apply(34, command{Op: opPurgeDone, Queue: &Queue{Topic: "a"}, Partition: 0, Seq: 32, Count: 2})
+	apply(35, command{Op: opPurgeDone, Queue: &Queue{Topic: "a"}, Partition: 9, Seq: 32, Count: 2})
+	if q, _ := tb.Queue("a", ""); q.PurgeSeq != 32 || !slices.Equal(q.PurgeDone, []uint64{32, 30}) || !slices.Equal(q.PurgeCount, []uint64{2, 5}) {
+		t.Fatalf("purges: seq %d done %v count %v", q.PurgeSeq, q.PurgeDone, q.PurgeCount)
+	}
+
 	// Delete: another incarnation's delete does nothing; the queue's own
 	// removes it; a new queue of the same name gets new raft groups.
 	apply(19, command{Op: opDeleteQueue, Queue: &Queue{Topic: "a", CreatedAt: 3}})

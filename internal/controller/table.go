@@ -59,6 +59,8 @@ const (
 	opUpdateQueue    = "update_queue"
 	opPlacementDone  = "placement_done"
 	opSetRuntime     = "set_runtime"
+	opPurgeQueue     = "purge_queue"
+	opPurgeDone      = "purge_done"
 )
 
 // commandVersion is the encoding version of a controller command; a
@@ -91,6 +93,10 @@ type command struct {
 	// they replace.
 	Runtime  *Runtime `json:"runtime,omitempty"`
 	Expected uint64   `json:"expected,omitempty"`
+	// Seq and Count are purge_done's purge and how many it discarded
+	// (with Partition).
+	Seq   uint64 `json:"seq,omitempty"`
+	Count uint64 `json:"count,omitempty"`
 }
 
 // ErrCommand reports a committed entry the table cannot apply: of an
@@ -161,6 +167,10 @@ func (t *Table) apply(index uint64, c command) error {
 		return t.applyPlacementDone(&c)
 	case opSetRuntime:
 		return t.applySetRuntime(&c)
+	case opPurgeQueue:
+		return t.applyPurgeQueue(index, &c)
+	case opPurgeDone:
+		return t.applyPurgeDone(&c)
 	default:
 		return fmt.Errorf("%w: op %q", ErrCommand, c.Op)
 	}

@@ -59,8 +59,10 @@ func awaitAll(t *testing.T, nodes []*clusterChild, what string, cond func(c *clu
 	}
 }
 
-// Three `sinew serve --cluster` processes. A queue's settings changed
-// through one node's admin API reach every node's replica; the runtime
+// Three `sinew serve --cluster` processes and a queue of three partitions,
+// each owned by another node. A queue's settings changed through one
+// node's admin API reach every node's replica; a purge through one node
+// empties every partition and counts them all; the runtime
 // settings changed on one node are the same, same version, on all, and a
 // change based on a stale version is refused everywhere; the queue deleted
 // through a third node is gone from every node, its files included, and a
@@ -75,12 +77,16 @@ func TestClusterQueueChangesAndRuntimeSettingsReachEveryNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const topic = "changed"
+	queueURL := func(c *clusterChild) string { return "http://" + c.admin + "/api/v1/queues/" + topic }
+	// Three partitions: each node owns one.
+	if code, body := adminDo(t, http.MethodPut, queueURL(nodes[0]), map[string]any{"partitions": 3}); code != http.StatusCreated {
+		t.Fatalf("PUT queue: %d %s", code, body)
+	}
 	for i := range 20 {
 		if _, err := client.Publish(ctx, topic, []byte(fmt.Sprintf("old-%d", i))); err != nil {
 			t.Fatal(err)
 		}
 	}
-	queueURL := func(c *clusterChild) string { return "http://" + c.admin + "/api/v1/queues/" + topic }
 	type queueView struct {
 		Config struct {
 			LeaseMs    int64 `json:"lease_ms"`
@@ -102,6 +108,29 @@ func TestClusterQueueChangesAndRuntimeSettingsReachEveryNode(t *testing.T) {
 		return v.Config.LeaseMs == 4321 && v.Config.MaxRetries == 7
 	})
 
+	// Purge, through node 1: every partition's owner discards its part.
+	code, body := adminDo(t, http.MethodPost, queueURL(nodes[1])+"/purge", nil)
+	if code != http.StatusOK || !bytes.Contains(body, []byte(`"purged": 20`)) {
+		t.Fatalf("purge: %d %s, want the 20 messages", code, body)
+	}
+	owners := map[string]bool{}
+	awaitAll(t, nodes, "the queue empty on every replica", func(c *clusterChild) bool {
+		var v struct {
+			Ready      int `json:"ready"`
+			Partitions []struct {
+				Owner string `json:"owner"`
+			} `json:"partitions"`
+		}
+		getJSONInto(t, queueURL(c), &v)
+		for _, p := range v.Partitions {
+			owners[p.Owner] = true
+		}
+		return v.Ready == 0
+	})
+	if len(owners) != 3 {
+		t.Fatalf("partition owners %v: want three nodes, so that the purge spans owners", owners)
+	}
+
 	// Runtime settings, through node 2.
 	type settingsView struct {
 		Version uint64           `json:"version"`
@@ -117,7 +146,7 @@ func TestClusterQueueChangesAndRuntimeSettingsReachEveryNode(t *testing.T) {
 		}
 		return v.Version == first.Version
 	})
-	code, body := adminDo(t, http.MethodPut, settingsURL(nodes[2]), map[string]any{"version": first.Version, "values": map[string]int64{"connection.reconnect_grace_ms": 12345}})
+	code, body = adminDo(t, http.MethodPut, settingsURL(nodes[2]), map[string]any{"version": first.Version, "values": map[string]int64{"connection.reconnect_grace_ms": 12345}})
 	if code != http.StatusOK {
 		t.Fatalf("PUT settings: %d %s", code, body)
 	}
