@@ -136,6 +136,8 @@ type Controller struct {
 	proposed  map[string]uint64   // command key -> tick when proposed, to avoid repeats
 	collided  map[string]struct{} // node ids refused for a raft id collision, logged once
 	deadSince map[uint64]uint64   // raft id -> tick when membership first held it dead
+	lagSince  map[uint64]uint64   // raft id -> tick when a learner was first seen behind (reconcileConf)
+	lagWarned map[uint64]bool     // learners passed over whose lag was logged
 	tickN     uint64              // ticks taken
 	leads     bool
 	status    atomic.Pointer[Status]
@@ -177,6 +179,8 @@ func Open(cfg Config) (*Controller, error) {
 		proposed:  map[string]uint64{},
 		collided:  map[string]struct{}{},
 		deadSince: map[uint64]uint64{},
+		lagSince:  map[uint64]uint64{},
+		lagWarned: map[uint64]bool{},
 		changed:   make(chan struct{}),
 	}
 	if c.log == nil {
@@ -565,12 +569,38 @@ func (c *Controller) reconcileConf() error {
 	members := c.table.members()
 	isVoter := func(id uint64) bool { return slices.Contains(c.cs.Voters, id) }
 	isLearner := func(id uint64) bool { return slices.Contains(c.cs.Learners, id) }
-	// A live member that does not vote and could.
+	// A live member that does not vote and could: a learner this leader
+	// hears from whose log has caught up. A member is never made a voter
+	// before that, so a node that gossips but whose raft messages do not
+	// arrive (a wrong peer CA, a blocked peer port) never takes a seat
+	// it cannot fill.
+	// Members are taken in join order; one that has lagged for
+	// lagSkipTicks is passed over, so that it does not hold the others
+	// back.
 	var standby uint64
+	rs := c.rn.Status()
 	for _, id := range members {
-		if !isVoter(id) && !dead[id] {
+		if isVoter(id) || dead[id] || !isLearner(id) {
+			continue
+		}
+		if pr, ok := rs.Progress[id]; ok && pr.RecentActive && pr.Match >= rs.Commit {
+			delete(c.lagSince, id)
+			delete(c.lagWarned, id)
 			standby = id
 			break
+		}
+		since, ok := c.lagSince[id]
+		if !ok {
+			since = c.tickN
+			c.lagSince[id] = since
+		}
+		if c.tickN < since+lagSkipTicks {
+			break // wait for it to catch up
+		}
+		if !c.lagWarned[id] {
+			c.lagWarned[id] = true
+			c.log.Warn("controller: a member does not catch up; it stays a learner (can this node reach its peer address, and does its peer certificate come from the cluster's CA?)",
+				"raft_id", id)
 		}
 	}
 	var cc *raftpb.ConfChange
@@ -621,6 +651,10 @@ func (c *Controller) reconcileConf() error {
 	c.confAt, _ = c.rs.LastIndex()
 	return nil
 }
+
+// lagSkipTicks is how long a learner may stay behind before reconcileConf
+// passes it over for a voter's seat (10 s at the raft host's 50 ms tick).
+const lagSkipTicks = 200
 
 // publish stores a fresh Status and wakes Changed's waiters.
 func (c *Controller) publish() {

@@ -600,3 +600,33 @@ func TestRaftIDCollisionIsNotAdmitted(t *testing.T) {
 		t.Fatalf("table %+v, want only the first node", tb.Nodes)
 	}
 }
+
+// TestUnreachableMemberStaysALearner: a member that membership sees alive
+// but whose raft messages never arrive (a wrong peer CA, a blocked peer
+// port) is added as a learner and never made a voter; after lagSkipTicks
+// the next members in join order take the seats, and the group keeps a
+// quorum it can reach.
+func TestUnreachableMemberStaysALearner(t *testing.T) {
+	c := newCluster(t)
+	c.start(1, true)
+	c.mu.Lock()
+	c.cut[2] = true
+	c.mu.Unlock()
+	c.start(2, false)
+	c.start(3, false)
+	c.start(4, false)
+	c.until("voters 1, 3 and 4; 2 a learner", func() bool {
+		c.mu.Lock()
+		st := c.nodes[1].Status()
+		c.mu.Unlock()
+		return sameSet(st.Voters, []uint64{1, 3, 4}) && sameSet(st.Learners, []uint64{2})
+	})
+	// No node holds 2 as a voter.
+	c.mu.Lock()
+	for id, n := range c.nodes {
+		if id != 2 && slices.Contains(n.Status().Voters, 2) {
+			t.Errorf("node %d has 2 as a voter", id)
+		}
+	}
+	c.mu.Unlock()
+}
