@@ -491,10 +491,13 @@ func (b *Broker) Metadata(topic, group string) (protocol.MetadataResult, error) 
 func (b *Broker) fenced() bool { return b.cfg.Cluster != nil && b.cfg.Cluster.Fenced() }
 
 // HandedOver reports whether this node's replicas are no longer needed:
-// for every partition it holds, the placement no longer names this node
-// and every replica the placement names is a voter of the group (caught
-// up and promoted), so that this node leaving costs no partition its
-// quorum. It returns false and a partition still waiting otherwise. A
+// for every partition it holds, the placement no longer names this node,
+// every replica the placement names is a voter of the group (caught up
+// and promoted), so that this node leaving costs no partition its quorum,
+// and this node's replica no longer leads the group (it handed the lead
+// to a wanted voter: Partition.Reconfigure) unless it was removed from
+// the group already, so that this node leaving costs no partition an
+// election. It returns false and a partition still waiting otherwise. A
 // single node has nothing to hand over.
 func (b *Broker) HandedOver() (bool, string) {
 	if b.cfg.Cluster == nil {
@@ -518,6 +521,9 @@ func (b *Broker) HandedOver() (bool, string) {
 				if !slices.Contains(voters, r) {
 					return false, where + ": a new replica is not a voter yet"
 				}
+			}
+			if lead, _ := p.Leader(); lead == self && slices.Contains(voters, self) {
+				return false, where + ": this node still leads it"
 			}
 		}
 	}

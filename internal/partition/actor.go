@@ -251,7 +251,9 @@ func (p *Partition) afterTurn() {
 	}
 	now := p.nowMs()
 	p.startDeadLetters(now)
-	if !p.ckptBusy && p.checkpointDue(now) && now >= p.ckptRetryAtMs {
+	// A leader handing its lead over proposes nothing, and relocation
+	// would (transferTurn).
+	if !p.ckptBusy && p.checkpointDue(now) && now >= p.ckptRetryAtMs && !p.transferring() {
 		p.periodicCheckpoint()
 	}
 	p.publishStats()
@@ -402,6 +404,12 @@ func (p *Partition) arm(timer *time.Timer) {
 		p.Poke()
 		return
 	}
+	if p.transferring() {
+		// A leader handing its lead over decides nothing and does not
+		// checkpoint (transferTurn, afterTurn): the raft ticks that end
+		// the transfer wake it.
+		return
+	}
 	now := p.nowMs()
 	var at int64
 	ok := false
@@ -456,9 +464,20 @@ func (p *Partition) turn(batch []command) {
 		p.followerTurn(batch)
 		return
 	}
+	if p.transferring() {
+		p.transferTurn(p.takeControl(), batch)
+		return
+	}
 	now := p.nowMs()
 	before := p.nextLSN
-	for _, m := range p.takeControl() {
+	ctl := p.takeControl()
+	for i, m := range ctl {
+		if p.transferring() {
+			// The inspection before this one (Reconfigure) started a
+			// leadership transfer: raft takes no proposal now.
+			p.transferTurn(ctl[i:], batch)
+			return
+		}
 		switch m.kind {
 		case ctlDeadLettered:
 			if p.deadLetterDone(m, now) {
@@ -478,6 +497,10 @@ func (p *Partition) turn(batch []command) {
 			p.onControl(m, now)
 		}
 	}
+	if p.transferring() {
+		p.transferTurn(nil, batch)
+		return
+	}
 	p.decide(batch, now)
 	if err := p.flush(); err != nil {
 		p.fail(err, nil)
@@ -496,6 +519,39 @@ func (p *Partition) flush() error {
 		return fmt.Errorf("the decider numbered lsn %d, the log continues at %d", p.out[0].lsn, p.log.NextLSN())
 	}
 	return p.propose()
+}
+
+// transferTurn is a turn of a leader that is handing its lead over
+// (transferring): raft drops every proposal until the transferee leads
+// (this replica then steps down) or the transfer is abandoned, within an
+// election timeout. It decides nothing meanwhile: commands are refused with
+// ErrNotLeader, which clients take as an election under way and retry
+// (a publish refused here was not stored); control messages that decide
+// nothing are served, and the others (detach, dead-letter confirmations,
+// adoption) wait in the control list for the turn after the transfer; the
+// queue's deadlines and dispatch wait too (arm does not wake the actor for
+// them: the raft ticks that end the transfer do).
+func (p *Partition) transferTurn(ctl []control, batch []command) {
+	now := p.nowMs()
+	var held []control
+	for _, m := range ctl {
+		switch m.kind {
+		case ctlAttach, ctlSetConfig, ctlClaim:
+			p.onControl(m, now)
+		case ctlInspect:
+			m.fn()
+		default:
+			held = append(held, m)
+		}
+	}
+	if len(held) > 0 {
+		p.ctlMu.Lock()
+		p.ctl = append(held, p.ctl...)
+		p.ctlMu.Unlock()
+	}
+	for _, c := range batch {
+		refuse(c, ErrNotLeader)
+	}
 }
 
 // followerTurn is a turn of a replica that does not lead: it decides

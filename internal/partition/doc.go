@@ -118,7 +118,22 @@
 // replica that becomes leader first applies the rest of its log (entries
 // of earlier terms that its first entry will commit) and treats the leases
 // in it as recovered ones. A follower refuses publishes and settles with
-// ErrNotLeader. Recovery replays to the commit index stored in the
+// ErrNotLeader.
+//
+// The lead moves on purpose too (Reconfigure): a leader the placement no
+// longer names hands it to a caught-up wanted voter, and a leader that is
+// not the preferred owner hands it to that one once it has been caught up
+// for a hold-down (Config.PreferredOwnerHoldTicks, counted in raft ticks).
+// raft drops every proposal while a transfer is under way, so the actor
+// then decides nothing (transferTurn): commands are refused with
+// ErrNotLeader, control messages that would decide records wait, and so do
+// deadlines, dispatch and checkpoints, until the transferee leads (this
+// replica steps down as above) or raft gives the transfer up after an
+// election timeout. Should raft drop a proposal of a replica that still
+// leads anyway, its overlay is dropped and rebuilt as the new leader's is
+// (proposalDropped).
+//
+// Recovery replays to the commit index stored in the
 // HardState; in a group of one every record in the log is committed, since
 // its one voter holds it, so it replays to the end. A larger group's
 // leader checkpoints only when nothing it decided is uncommitted, so a

@@ -199,6 +199,13 @@ type Config struct {
 	// instead of whoever's election timer fires first.
 	CampaignAtStart bool
 	Send            func([]*raftpb.Message)
+	// PreferredOwnerHoldTicks is the hold-down, in raft ticks, before a
+	// leader hands its partition back to the placement's preferred owner
+	// (Reconfigure): the preferred replica must have been a caught-up
+	// voter for that long without a break, so that a node restarted after
+	// a crash does not take the lead back at once. 0 means
+	// PreferredOwnerHoldTicksDefault.
+	PreferredOwnerHoldTicks int
 
 	// noRetention keeps every log segment (tests compare checkpoint plus
 	// replay with a replay of the whole log).
@@ -549,7 +556,14 @@ func (c *Config) normalize() {
 	if c.BodyCacheBytes == 0 {
 		c.BodyCacheBytes = BodyCacheBytesDefault
 	}
+	if c.PreferredOwnerHoldTicks <= 0 {
+		c.PreferredOwnerHoldTicks = PreferredOwnerHoldTicksDefault
+	}
 }
+
+// PreferredOwnerHoldTicksDefault is Config.PreferredOwnerHoldTicks's
+// default: 30 s at the raft tick of `sinew serve --cluster` (50 ms).
+const PreferredOwnerHoldTicksDefault = 600
 
 // Open recovers the partition in cfg.Dir (checkpoint, then log replay) and
 // starts its goroutine. Damage found on the way is returned wrapping

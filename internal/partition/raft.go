@@ -12,6 +12,7 @@ import (
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/raftlog"
@@ -117,6 +118,17 @@ type raftDriver struct {
 	conf atomic.Pointer[raftpb.ConfState]
 	// dropped counts inbound messages dropped for lack of room.
 	dropped atomic.Uint64
+	// ticked counts the raft ticks this replica took: the clock of the
+	// preferred owner's hold-down.
+	ticked uint64
+	// caught lists, on a leader, the voters that were caught up at the
+	// last tick (caughtUpVoters); a leadership transfer goes only to one
+	// of them.
+	caught []uint64
+	// preferred is the placement's preferred owner as Reconfigure last
+	// named it (0: none yet); preferredSince is the tick count from which
+	// it has been in caught without a break, 0 while it is not.
+	preferred, preferredSince uint64
 }
 
 // startRaft starts the partition's raft node over its recovered log. A
@@ -298,7 +310,7 @@ func (p *Partition) propose() error {
 	})
 	if err != nil {
 		if errors.Is(err, raft.ErrProposalDropped) {
-			return p.stepDown(fmt.Errorf("raft dropped the proposal of lsn %d..%d", first, first+uint64(n)-1))
+			return p.proposalDropped(fmt.Errorf("%w: raft dropped the proposal of lsn %d..%d", ErrNotLeader, first, first+uint64(n)-1))
 		}
 		return fmt.Errorf("propose lsn %d: %w", first, err)
 	}
@@ -670,6 +682,11 @@ func (p *Partition) becomeLeader() error {
 	}
 	p.leads = true
 	p.nextLSN, p.lastLSN = p.applied+1, p.applied
+	// A configuration change an earlier leader proposed may be in the
+	// log, uncommitted: as raft does, the next one waits until everything
+	// up to here is committed. So does a leadership transfer.
+	p.confAt = max(p.confAt, p.lastLSN)
+	p.caught, p.preferredSince = p.caught[:0], 0
 	if !p.single {
 		p.recovered = p.st.Leases()
 		p.recoveredDueMs = p.nowMs() + max(p.cfg.RecoveredLeaseGraceMs, 0)
@@ -688,6 +705,7 @@ func (p *Partition) becomeLeader() error {
 // consumers are detached.
 func (p *Partition) stepDown(why error) error {
 	p.leads = false
+	p.caught, p.preferredSince = p.caught[:0], 0
 	// The committing stages' storage responses were delivered already;
 	// once answered they hold nothing to release. The syncing and the
 	// open stage keep their entries and storage responses: raft learns
@@ -810,22 +828,84 @@ func (p *Partition) raftTurn() error {
 		break
 	}
 	if n := p.ticks.Swap(0); n > 0 {
+		// Sampled before the ticks: the tick that runs raft's
+		// CheckQuorum clears every follower's RecentActive until it
+		// answers the heartbeat sent with it.
+		p.sampleCaughtUp()
 		for range min(n, raftTicksPerTurnMax) {
 			if err := p.raftSafe(func() error { p.rn.Tick(); return nil }); err != nil {
 				return err
 			}
+			p.ticked++
 		}
 	}
 	return p.pump()
 }
 
-// Reconfigure moves the group's replicas one step toward want (raft ids),
-// on the leader, and reports the change it proposed ("" for none): a
-// wanted replica missing from the group is added as a learner; a learner
-// that has caught up (its log matches to the commit index) is promoted to
-// voter; once every wanted replica votes, a replica not wanted is removed.
-// One change at a time: while the last one is not committed it does
-// nothing. A replica that does not lead answers ErrNotLeader.
+// sampleCaughtUp notes, on a leader, which voters are caught up (caught)
+// and since when the preferred owner has been one without a break
+// (preferredSince). A voter is caught up when raft heard from it within
+// the current election timeout, replicates to it (it is not being probed
+// or sent a snapshot) and its log holds every committed entry. Entries
+// past the commit index need not be there yet: a leadership transfer
+// sends them before it hands over (raft's TransferLeader waits for the
+// transferee's log to match the leader's last index).
+func (p *Partition) sampleCaughtUp() {
+	p.caught = p.caught[:0]
+	if !p.leads || p.single {
+		p.preferredSince = 0
+		return
+	}
+	commit := p.rn.BasicStatus().Commit
+	p.rn.WithProgress(func(id uint64, typ raft.ProgressType, pr tracker.Progress) {
+		if id != p.raftID && typ == raft.ProgressTypePeer && pr.RecentActive &&
+			pr.State == tracker.StateReplicate && pr.Match >= commit {
+			p.caught = append(p.caught, id)
+		}
+	})
+	switch {
+	case p.preferred == 0 || !slices.Contains(p.caught, p.preferred):
+		p.preferredSince = 0
+	case p.preferredSince == 0:
+		p.preferredSince = p.ticked + 1 // 0 means "not caught up"
+	}
+}
+
+// transferring reports whether this leader is handing its lead over: raft
+// then drops every proposal until the transferee leads or the transfer is
+// abandoned (after an election timeout), so the actor decides nothing
+// meanwhile (transferTurn).
+func (p *Partition) transferring() bool {
+	return p.leads && !p.single && p.rn.BasicStatus().LeadTransferee != raft.None
+}
+
+// transferLead asks raft to hand the lead to voter id and reports it.
+func (p *Partition) transferLead(id uint64, why string) (string, error) {
+	if err := p.raftSafe(func() error { p.rn.TransferLeader(id); return nil }); err != nil {
+		return "", err
+	}
+	if err := p.pump(); err != nil {
+		return "", err
+	}
+	p.logger.Info("partition replica transfers its lead", "to", id, "why", why, "term", p.term.Load())
+	return fmt.Sprintf("transfer leadership to %d (%s)", id, why), nil
+}
+
+// Reconfigure moves the group's replicas one step toward want (raft ids,
+// preferred owner first), on the leader, and reports the step it took (""
+// for none): a wanted replica missing from the group is added as a
+// learner; a learner that has caught up (its log matches to the commit
+// index) is promoted to voter; once every wanted replica votes, a leader
+// that is not wanted hands its lead to a caught-up wanted voter (want[0]
+// first; the new leader then removes it), and a replica not wanted is
+// removed. With nothing else to do, a leader that is not want[0] hands
+// its lead to want[0] once want[0] has been a caught-up voter for
+// Config.PreferredOwnerHoldTicks without a break (sampleCaughtUp says
+// what caught up means).
+//
+// One step at a time: while the last configuration change is not
+// committed, or a leadership transfer is under way, it does nothing. A
+// replica that does not lead answers ErrNotLeader.
 func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, error) {
 	if err := p.Unavailable(); err != nil {
 		return "", err
@@ -840,7 +920,13 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 			ch <- answer{err: ErrNotLeader}
 			return
 		}
-		if p.committed < p.confAt {
+		if len(want) > 0 {
+			if p.preferred != want[0] {
+				p.preferredSince = 0
+			}
+			p.preferred = want[0]
+		}
+		if p.committed < p.confAt || p.transferring() {
 			ch <- answer{}
 			return
 		}
@@ -867,12 +953,26 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 				}
 			}
 		}
-		if cc == nil {
-			allVote := true
+		allVote := true
+		for _, id := range want {
+			_, v := voters[id]
+			allVote = allVote && v
+		}
+		if cc == nil && allVote && len(want) > 0 && !slices.Contains(want, p.raftID) {
+			// This leader is leaving the group: the lead goes first, to a
+			// wanted voter that has caught up, and the new leader removes
+			// this replica. None caught up yet: wait.
 			for _, id := range want {
-				_, v := voters[id]
-				allVote = allVote && v
+				if slices.Contains(p.caught, id) {
+					what, err := p.transferLead(id, "this replica is not wanted")
+					ch <- answer{what: what, err: err}
+					return
+				}
 			}
+			ch <- answer{}
+			return
+		}
+		if cc == nil {
 			for id := range voters {
 				if allVote && !slices.Contains(want, id) && id != p.raftID {
 					cc, what = &raftpb.ConfChange{Type: raftpb.ConfChangeRemoveNode, NodeID: id}, fmt.Sprintf("remove %d", id)
@@ -884,6 +984,16 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 					cc, what = &raftpb.ConfChange{Type: raftpb.ConfChangeRemoveNode, NodeID: id}, fmt.Sprintf("remove learner %d", id)
 				}
 			}
+		}
+		if cc == nil && len(want) > 0 && want[0] != p.raftID && p.preferredSince != 0 &&
+			p.ticked+1-p.preferredSince >= uint64(p.cfg.PreferredOwnerHoldTicks) && slices.Contains(p.caught, want[0]) {
+			// The preferred owner has been caught up for the whole
+			// hold-down. A failed transfer (raft gives up after an
+			// election timeout) is tried again only after another one.
+			p.preferredSince = 0
+			what, err := p.transferLead(want[0], "the preferred owner")
+			ch <- answer{what: what, err: err}
+			return
 		}
 		if cc == nil {
 			ch <- answer{}
@@ -904,6 +1014,24 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 	case <-ctx.Done():
 		return "", ctx.Err()
 	}
+}
+
+// proposalDropped undoes what the decider decided for a proposal raft refused:
+// the state is rebuilt from the commit index and the requests waiting are
+// answered ErrNotLeader (stepDown). raft refuses a proposal when this
+// replica lost the lead, and also, while it still leads, during a
+// leadership transfer (the actor does not propose then: transferTurn) or
+// when a proposal does not fit its limits: a replica that still leads then
+// takes its own log back in and goes on leading (becomeLeader), or it
+// would refuse everything while raft holds it the leader.
+func (p *Partition) proposalDropped(why error) error {
+	if err := p.stepDown(why); err != nil {
+		return err
+	}
+	if p.rn.BasicStatus().RaftState == raft.StateLeader {
+		return p.becomeLeader()
+	}
+	return nil
 }
 
 // proposeConf proposes a configuration change as leader, between two

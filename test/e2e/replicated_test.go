@@ -330,6 +330,126 @@ func TestClusterRecoveryPlanRestoresRF(t *testing.T) {
 	}
 }
 
+// Four `sinew serve --cluster` processes; a queue is placed on three of
+// them. Its owner leaves (POST /api/v1/nodes/self/leave) with the fourth
+// node as a spare: the plan moves its replica there, and the owner waits
+// until the new replica votes and it has handed its lead to a wanted
+// replica (a raft leadership transfer) before it drains and exits, so its
+// exit costs the partition no election. Its log shows the lead moving
+// before "replicas handed over"; every confirmed message is then consumed
+// from the new owner, which removed the departed replica.
+func TestClusterLeavingOwnerHandsItsLeadOver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sinew binary")
+	}
+	bin := buildSinew(t)
+	nodes, id, three := startThreeVoting(t, bin)
+	spare := startClusterChild(t, bin, t.TempDir(), nodes[0].gossip)
+	id[spare] = nodesOf(t, spare.admin).Self.ID
+	nodes = append(nodes, spare)
+	four := append(slices.Clone(three), id[spare])
+	for _, c := range nodes {
+		awaitNodes(t, c, "four members", func(v nodesView) bool {
+			return controllerAgrees(v, three, []string{id[spare]}, four, nil)
+		})
+	}
+	byAddr, _, client := seededClient(t, nodes, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const topic = "handed-over"
+	confirmed := map[string]bool{}
+	for i := range 200 {
+		b := fmt.Sprintf("m-%d", i)
+		if _, err := client.Publish(ctx, topic, []byte(b)); err != nil {
+			t.Fatal(err)
+		}
+		confirmed[b] = true
+	}
+	before := queuePartition(t, nodes[0], topic)
+	owner := byAddr[before.Owner]
+	if len(before.Voters) != 3 || slices.Contains(before.Replicas, spare.addr) || owner == nil {
+		t.Fatalf("placement %+v: want three voters on the first three nodes, one of them the owner", before)
+	}
+	var stay *clusterChild // a node that holds a replica and stays
+	for _, c := range nodes[:3] {
+		if c != owner {
+			stay = c
+			break
+		}
+	}
+	resp, err := http.Post("http://"+owner.admin+"/api/v1/nodes/self/leave", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("leave: %s", resp.Status)
+	}
+	leftAt := time.Now()
+	if status := waitChild(t, owner.child); status != 0 {
+		t.Fatalf("the owner that left exited %d:\n%s", status, owner.log())
+	}
+	t.Logf("the owner left and exited %v after the leave", time.Since(leftAt).Round(time.Millisecond))
+	log := owner.log()
+	transfer := strings.Index(log, "partition replica transfers its lead")
+	stepped := strings.Index(log, "partition replica no longer leads")
+	handed := strings.Index(log, "replicas handed over")
+	if transfer < 0 || stepped < transfer || handed < stepped {
+		t.Fatalf("the leaving owner's log does not show the lead handed over (at %d), then given up (at %d), before \"replicas handed over\" (at %d):\n%s",
+			transfer, stepped, handed, log)
+	}
+	for i := range 50 {
+		b := fmt.Sprintf("after-%d", i)
+		if _, err := client.Publish(ctx, topic, []byte(b)); err != nil {
+			t.Fatal(err)
+		}
+		confirmed[b] = true
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	var after partitionView
+	for {
+		after = queuePartition(t, stay, topic)
+		if len(after.Voters) == 3 && slices.Contains(after.Voters, spare.addr) && !slices.Contains(after.Voters, owner.addr) &&
+			after.Owner != "" && after.Owner != owner.addr {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the departed owner's replica not removed 30 s after the leave: %+v", after)
+		}
+		time.Sleep(50 * time.Millisecond) // polling real processes
+	}
+	consumeAll(t, after.Owner, topic, confirmed)
+}
+
+// partitionView is one partition as GET /api/v1/queues/{topic} shows it.
+type partitionView struct {
+	Replicas []string `json:"replicas"`
+	Owner    string   `json:"owner"`
+	Voters   []string `json:"voters"`
+	Learners []string `json:"learners"`
+}
+
+// queuePartition returns partition 0 of topic's queue as node c shows it
+// (empty while c holds no replica of it).
+func queuePartition(t *testing.T, c *clusterChild, topic string) partitionView {
+	t.Helper()
+	var q struct {
+		Partitions []partitionView `json:"partitions"`
+	}
+	resp, err := http.Get("http://" + c.admin + "/api/v1/queues/" + topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return partitionView{}
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&q); err != nil || len(q.Partitions) == 0 {
+		t.Fatalf("queue view on %s: %+v %v", c.addr, q, err)
+	}
+	return q.Partitions[0]
+}
+
 // seededClient dials nodes[dial] with every node as a seed; it returns the
 // nodes by client address, the addresses, and the client (closed at the
 // test's end).
