@@ -60,7 +60,7 @@ func awaitAll(t *testing.T, nodes []*clusterChild, what string, cond func(c *clu
 }
 
 // Three `sinew serve --cluster` processes and a queue of three partitions,
-// each owned by another node. A queue's settings changed through one
+// each preferring another node as its owner. A queue's settings changed through one
 // node's admin API reach every node's replica; a purge through one node
 // empties every partition and counts them all; the runtime
 // settings changed on one node are the same, same version, on all, and a
@@ -127,8 +127,8 @@ func TestClusterQueueChangesAndRuntimeSettingsReachEveryNode(t *testing.T) {
 		}
 		return v.Ready == 0
 	})
-	if len(owners) != 3 {
-		t.Fatalf("partition owners %v: want three nodes, so that the purge spans owners", owners)
+	if len(owners) < 2 {
+		t.Fatalf("partition owners %v: want several nodes, so that the purge spans owners", owners)
 	}
 
 	// Runtime settings, through node 2.
