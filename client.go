@@ -43,6 +43,13 @@ func (c *Client) addSpan(sp *span) bool {
 	return true
 }
 
+// isClosed reports whether Close has begun.
+func (c *Client) isClosed() bool {
+	c.spansMu.Lock()
+	defer c.spansMu.Unlock()
+	return c.closed
+}
+
 func (c *Client) removeSpan(sp *span) {
 	c.spansMu.Lock()
 	delete(c.spans, sp)
@@ -74,6 +81,8 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	c.pool = newPool(&c.o)
 	c.ep = c.pool.get(addr)
 	c.rt = newRouter(c, o.seeds)
+	c.pool.protected = c.rt.protected
+	c.pool.forget = c.rt.unlearn
 	// The connect timeout is real time, like the socket deadlines it bounds.
 	ctx, cancel := context.WithTimeout(ctx, o.connectTimeout)
 	defer cancel()
@@ -96,6 +105,8 @@ func (c *Client) Close() error {
 	c.spansMu.Lock()
 	c.closed = true
 	c.spansMu.Unlock()
+	// No endpoint is retired once the drain begins.
+	c.pool.stop()
 	for _, e := range c.pool.all() {
 		e.drainAndClose()
 	}

@@ -37,22 +37,82 @@ const (
 // pool holds one endpoint per broker address. Each endpoint keeps its own
 // connection, session and resume identity: an identity is only meaningful to
 // the broker that issued it.
+//
+// In a cluster the client learns addresses as it goes (owners, replicas), and
+// nodes come and go. An endpoint nothing uses is retired (its connection and
+// reconnects stopped, and it leaves the pool) once it has been idle for
+// endpointIdleRetire, unless its address is protected: the client's own, a
+// seed, or an owner or replica the router knows now (router.protected). Idle
+// means no unconfirmed publish, no subscription, no settle in progress or
+// held, and not handed out by get for that long. A later get makes a fresh
+// endpoint. Beyond endpointsMax endpoints, unprotected unused ones idle for
+// endpointEvictIdle are retired at once, oldest first; the pool exceeds the
+// bound only by endpoints in use. A janitor goroutine, started with the
+// second endpoint, does this on the client's clock. Lock order: pool.mu,
+// then endpoint.mu.
 type pool struct {
 	o   *options
 	mu  sync.Mutex
 	eps map[string]*endpoint
+	// protected returns the addresses never retired; set by the client
+	// before the second endpoint is made.
+	protected func() map[string]bool
+	// forget is told the address of an endpoint retired while failing
+	// (no connection): the router stops offering it as a node.
+	forget func(addr string)
+	// swept, when set (by a test), runs after each sweep.
+	swept   func()
+	started bool // the janitor runs
+	closed  bool
+	kick    chan struct{} // cap 1: the pool is over its bound
+	quit    chan struct{}
+	wg      sync.WaitGroup
 }
 
-func newPool(o *options) *pool { return &pool{o: o, eps: make(map[string]*endpoint)} }
+// Bounds of the endpoint pool.
+const (
+	// endpointIdleRetire is how long an endpoint is unused before it is
+	// retired.
+	endpointIdleRetire = 30 * time.Second
+	// endpointSweepEvery is how often the janitor looks.
+	endpointSweepEvery = 10 * time.Second
+	// endpointsMax bounds the pool (see pool); room for the learned
+	// nodes twice over.
+	endpointsMax = 2 * learnedMax
+	// endpointEvictIdle is how long an endpoint must be unused before it
+	// is retired early, to keep the pool within endpointsMax: longer than
+	// a caller holds an endpoint from get before it shows as in use.
+	endpointEvictIdle = routeOpenTimeout + time.Second
+)
+
+func newPool(o *options) *pool {
+	return &pool{o: o, eps: make(map[string]*endpoint), kick: make(chan struct{}, 1), quit: make(chan struct{})}
+}
 
 // get returns the endpoint for addr, creating it (unconnected) on first use.
 func (p *pool) get(addr string) *endpoint {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	e, ok := p.eps[addr]
 	if !ok {
 		e = newEndpoint(addr, p.o)
 		p.eps[addr] = e
+	}
+	e.usedAt.Store(p.o.clock.Now().UnixNano())
+	start := !p.started && !p.closed && len(p.eps) > 1 && p.protected != nil
+	if start {
+		p.started = true
+		p.wg.Add(1)
+	}
+	over := len(p.eps) > endpointsMax
+	p.mu.Unlock()
+	if start {
+		go p.janitor()
+	}
+	if over {
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
 	}
 	return e
 }
@@ -65,6 +125,93 @@ func (p *pool) all() []*endpoint {
 		out = append(out, e)
 	}
 	return out
+}
+
+// size returns how many endpoints the pool holds.
+func (p *pool) size() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.eps)
+}
+
+// stop ends the janitor and waits for it (Close, before the endpoints are
+// drained).
+func (p *pool) stop() {
+	p.mu.Lock()
+	if !p.closed {
+		p.closed = true
+		close(p.quit)
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// janitor retires idle endpoints (see pool) until the client closes.
+func (p *pool) janitor() {
+	defer p.wg.Done()
+	for {
+		select {
+		case <-p.o.clock.After(endpointSweepEvery):
+			p.sweep(false)
+		case <-p.kick:
+			p.sweep(true)
+		case <-p.quit:
+			return
+		}
+	}
+}
+
+// sweep retires the endpoints idle for endpointIdleRetire, and with over
+// also the oldest idle for endpointEvictIdle while the pool is above
+// endpointsMax.
+func (p *pool) sweep(over bool) {
+	keep := p.protected()
+	now := p.o.clock.Now().UnixNano()
+	var gone, spare []*endpoint
+	p.mu.Lock()
+	for addr, e := range p.eps {
+		if keep[addr] || e.inUse() {
+			continue
+		}
+		switch idle := now - e.usedAt.Load(); {
+		case idle >= int64(endpointIdleRetire):
+			gone = append(gone, e)
+			delete(p.eps, addr)
+		case over && idle >= int64(endpointEvictIdle):
+			spare = append(spare, e)
+		}
+	}
+	if n := len(p.eps) - endpointsMax; n > 0 && len(spare) > 0 {
+		slices.SortFunc(spare, func(a, b *endpoint) int { return compareU64(uint64(a.usedAt.Load()), uint64(b.usedAt.Load())) })
+		for _, e := range spare[:min(n, len(spare))] {
+			gone = append(gone, e)
+			delete(p.eps, e.addr)
+		}
+	}
+	p.mu.Unlock()
+	for _, e := range gone {
+		failing := e.live.Load() == nil
+		p.o.logger.Info("sinew: endpoint retired", "addr", e.addr, "connected", !failing)
+		e.shutdown()
+		if failing && p.forget != nil {
+			p.forget(e.addr)
+		}
+	}
+	if p.swept != nil {
+		p.swept()
+	}
+}
+
+// inUse reports whether anything depends on e: an unconfirmed publish, a
+// settle in progress or held for a resume, a subscription, a call kept
+// for the next connection.
+func (e *endpoint) inUse() bool {
+	if e.window.count() > 0 || e.busy.count() > 0 {
+		return true
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.subs) > 0 || len(e.replay) > 0 || len(e.held) > 0
 }
 
 // endpoint is the client's logical connection to one broker address: the
@@ -112,6 +259,8 @@ type endpoint struct {
 	// connected (and its supervisor runs).
 	openMu sync.Mutex
 	opened atomic.Bool
+	// usedAt is when pool.get last handed the endpoint out (clock unix ns).
+	usedAt atomic.Int64
 }
 
 func newEndpoint(addr string, o *options) *endpoint {

@@ -2,6 +2,7 @@ package sinew
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"sync"
@@ -41,7 +42,23 @@ type fakeBroker struct {
 	refusePublishes int
 	// refuseSubscribes does the same for that many SUBSCRIBEs.
 	refuseSubscribes int
-	wg               sync.WaitGroup
+	// heldReqs are where the held publishes came from, for releaseHeld.
+	heldReqs []heldReq
+	// silent drops every frame after the handshake unanswered, as a node
+	// whose link is cut (no reset) looks to the client.
+	silent bool
+	// metadata, when set, answers METADATA (unknown_op otherwise).
+	metadata func(m *protocol.Metadata) protocol.Body
+	// ops counts the frames received after the handshake by op, silent
+	// ones included; changed is closed and replaced after each.
+	ops     map[protocol.Op]int
+	changed chan struct{}
+	wg      sync.WaitGroup
+}
+
+type heldReq struct {
+	c  *fConn
+	id uint64
 }
 
 type fSession struct {
@@ -93,6 +110,7 @@ func newFakeBroker(t *testing.T) *fakeBroker {
 	}
 	b := &fakeBroker{t: t, ln: ln, resumable: true, inflight: 256, generation: 1,
 		sessions: map[string]*fSession{}, queues: map[string]*fQueue{}, conns: map[*fConn]struct{}{},
+		ops: map[protocol.Op]int{}, changed: make(chan struct{}),
 	}
 	b.wg.Add(1)
 	go b.accept()
@@ -141,6 +159,8 @@ func (b *fakeBroker) serve(c *fConn) {
 		b.mu.Lock()
 		delete(b.conns, c)
 		b.detach(c)
+		close(b.changed)
+		b.changed = make(chan struct{})
 		b.mu.Unlock()
 	}()
 	r := bufio.NewReader(c.nc)
@@ -224,7 +244,19 @@ func (b *fakeBroker) handle(c *fConn, f protocol.Frame, body protocol.Body) bool
 		return true
 	}
 	s := c.sess
+	b.ops[f.Op]++
+	close(b.changed)
+	b.changed = make(chan struct{})
+	if b.silent {
+		return true
+	}
 	switch m := body.(type) {
+	case *protocol.Metadata:
+		if b.metadata == nil {
+			c.write(0, id, &protocol.ErrorBody{Code: protocol.CodeUnknownOp})
+			return true
+		}
+		c.write(0, id, b.metadata(m))
 	case *protocol.Ping:
 		c.write(0, id, &protocol.Pong{})
 	case *protocol.Pong:
@@ -240,6 +272,7 @@ func (b *fakeBroker) handle(c *fConn, f protocol.Frame, body protocol.Body) bool
 		}
 		if b.holdPublishes {
 			b.heldPublishes = append(b.heldPublishes, *m)
+			b.heldReqs = append(b.heldReqs, heldReq{c, id})
 			return true
 		}
 		q := b.queue(m.Topic)
@@ -455,4 +488,60 @@ func (b *fakeBroker) lastHello() protocol.Hello {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.hellos[len(b.hellos)-1]
+}
+
+// await waits until cond (called with b.mu held) holds, re-checking after
+// every frame the broker receives.
+func (b *fakeBroker) await(ctx context.Context, what string, cond func(b *fakeBroker) bool) {
+	b.t.Helper()
+	for {
+		b.mu.Lock()
+		ok := cond(b)
+		ch := b.changed
+		b.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			b.t.Fatalf("fake broker: %s: %v", what, ctx.Err())
+		}
+	}
+}
+
+// count returns how many frames of op the broker received.
+func (b *fakeBroker) count(op protocol.Op) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ops[op]
+}
+
+// releaseHeld stores the held publishes and confirms them on the
+// connections they came on.
+func (b *fakeBroker) releaseHeld() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, m := range b.heldPublishes {
+		q := b.queue(m.Topic)
+		msg := &fMsg{offset: q.next, pub: m}
+		q.next++
+		q.ready = append(q.ready, msg)
+		b.heldReqs[i].c.write(0, b.heldReqs[i].id, &protocol.PublishOK{Offset: msg.offset})
+	}
+	b.heldPublishes, b.heldReqs = nil, nil
+	b.holdPublishes = false
+}
+
+// stored returns the publishes a queue holds (ready ones), in order.
+func (b *fakeBroker) stored(topic string) []protocol.Publish {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []protocol.Publish
+	if q := b.queues[topic]; q != nil {
+		for _, m := range q.ready {
+			out = append(out, m.pub)
+		}
+	}
+	return out
 }

@@ -31,6 +31,29 @@ type realClock struct{}
 func (realClock) Now() time.Time                         { return time.Now() }
 func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
+// afterFunc calls f on its own goroutine once d has elapsed on clock, unless
+// the returned stop is called first. On the real clock it is a
+// time.AfterFunc (no goroutine waits); on another clock (a test's) a
+// goroutine waits on clock.After, whose timer is registered before
+// afterFunc returns. stop may be called more than once.
+func afterFunc(clock Clock, d time.Duration, f func()) (stop func()) {
+	if _, real := clock.(realClock); real {
+		t := time.AfterFunc(d, f)
+		return func() { t.Stop() }
+	}
+	fire := clock.After(d)
+	quit := make(chan struct{})
+	var once sync.Once
+	go func() {
+		select {
+		case <-fire:
+			f()
+		case <-quit:
+		}
+	}()
+	return func() { once.Do(func() { close(quit) }) }
+}
+
 // ReconcilePolicy says what the broker does, on resume, with subscriptions the
 // client holds but the broker does not.
 type ReconcilePolicy uint8

@@ -3,6 +3,7 @@ package sinew
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -155,8 +156,18 @@ func (c *Client) PublishAsync(ctx context.Context, topic string, body []byte, op
 	e := c.rt.endpointFor(ctx, p)
 	size := len(body)
 	if err := e.window.acquire(ctx, e.quit, size); err != nil {
-		f.resolve(nil, err)
-		return f
+		if !errors.Is(err, ErrClientClosed) || c.isClosed() || e == c.ep {
+			f.resolve(nil, err)
+			return f
+		}
+		// e was retired from the pool while this publish chose it (the
+		// client is not closing): the client's own node takes it, and
+		// routes it from there.
+		e = c.ep
+		if err := e.window.acquire(ctx, e.quit, size); err != nil {
+			f.resolve(nil, err)
+			return f
+		}
 	}
 	if p.ProducerID == c.o.producerID && p.ProducerSeq == 0 {
 		// Numbered only once it holds a window slot: the sequences in
@@ -164,7 +175,7 @@ func (c *Client) PublishAsync(ctx context.Context, topic string, body []byte, op
 		// deduplication window covers, however long acquire waited.
 		p.ProducerSeq = c.seq.Add(1)
 	}
-	c.rt.send(ctx, e, p, f, size, 0)
+	c.rt.send(ctx, e, p, &flight{f: f}, size, 0)
 	return f
 }
 

@@ -56,18 +56,6 @@ func nextBackoff(t *testing.T, clk *testkit.Clock, mark *int) time.Duration {
 	}
 }
 
-func (t *tracker) count() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.n
-}
-
-func (w *window) count() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.n
-}
-
 // TestRealCutDuringCompleteIsInvisible: a Complete whose ACK is lost in a cut
 // returns nil once the session is resumed, the ack counts (the message is not
 // delivered again, to this consumer or the next), and no error reaches the

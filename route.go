@@ -20,15 +20,33 @@ import (
 // until the new owner confirms. A publish keeps its producer id and
 // sequence across these resends, so the cluster stores it once.
 //
+// With seeds a publish is also hedged: one its owner has not confirmed
+// within 1 s (a node cut off says nothing until its connection is given
+// up) is sent once more, with the same producer id and sequence, to the
+// partition's owner as METADATA names it then, and the first confirm is
+// the outcome. It is not hedged while METADATA still names the same owner
+// and that node answers (a slow owner gets no second copy), nor when it
+// has no producer id (WithProducerSequence with an empty id), since the
+// cluster could then store it twice; at most 256 hedges are in flight per
+// client. A publish is reported confirmed only once a broker confirmed it.
+//
 // With seeds, Subscribe spans the queue's owners: it subscribes on every
 // node holding a replica of the queue, so one Subscription receives every
 // partition, and a settle whose node was lost goes to the partition's new
-// owner by the message's lease (see Subscribe).
+// owner by the message's lease (see Subscribe). When no node answers
+// METADATA, Subscribe asks again with backoff until its ctx ends (30 s
+// when ctx has no deadline).
 //
 // With seeds the client also pings every clusterHeartbeatDefault (1 s)
 // unless WithHeartbeat says otherwise, so a connection to a node cut off
 // from it is given up after 3 s of silence, not three of the broker's
 // intervals (10 s each by default).
+//
+// The client keeps a connection per node it uses. One to a node it no
+// longer needs (not its own, not a seed, not an owner or replica of a
+// queue it uses, and with no publish, settle or subscription on it) is
+// closed after 30 s idle, so a dead node is not redialled for ever; at
+// most 128 are kept beyond those in use.
 //
 // Without seeds the client also follows not_owner, but has no other node
 // to turn to while its own is down.
@@ -81,6 +99,70 @@ type router struct {
 	learned []string
 	// lookedAt is when resend last asked METADATA (unix ns; rate limit).
 	lookedAt atomic.Int64
+
+	// hedges holds a token per hedged publish in flight (at most
+	// publishHedgesMax). hedgeMu serialises the hedges' METADATA lookups
+	// and guards hedgeCache, their shared answers (hedge.go).
+	hedges     chan struct{}
+	hedgeMu    sync.Mutex
+	hedgeCache map[queueName]cachedMetadata
+	// onHedge, when set (by a test, before the first publish), is told
+	// each hedge's outcome.
+	onHedge func(outcome string)
+	// replicas are the owners and replicas of each queue as the last
+	// METADATA answer for it named them (at most replicaSetsMax queues):
+	// the nodes the client currently needs. Guarded by mu.
+	replicas map[queueName][]string
+}
+
+// replicaSetsMax bounds the queues whose replicas the router keeps.
+const replicaSetsMax = 256
+
+// noteReplicas records md's owners and replicas as topic's current nodes.
+func (r *router) noteReplicas(topic, group string, md *protocol.MetadataResult) {
+	var addrs []string
+	for _, pm := range md.Partitions {
+		for _, a := range append([]string{pm.Owner}, pm.Replicas...) {
+			if a != "" && !slices.Contains(addrs, a) {
+				addrs = append(addrs, a)
+			}
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := queueName{topic, group}
+	if _, ok := r.replicas[k]; !ok && len(r.replicas) >= replicaSetsMax {
+		clear(r.replicas)
+	}
+	r.replicas[k] = addrs
+}
+
+// protected returns the addresses whose endpoints are never retired: the
+// client's own, the seeds, and the owners and replicas it knows now.
+func (r *router) protected() map[string]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	keep := map[string]bool{r.c.ep.addr: true}
+	for _, a := range r.seeds {
+		keep[a] = true
+	}
+	for _, a := range r.owners {
+		keep[a] = true
+	}
+	for _, as := range r.replicas {
+		for _, a := range as {
+			keep[a] = true
+		}
+	}
+	return keep
+}
+
+// unlearn drops addr from the learned nodes: its endpoint was retired
+// while it could not connect, and no queue the client uses names it.
+func (r *router) unlearn(addr string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.learned = slices.DeleteFunc(r.learned, func(a string) bool { return a == addr })
 }
 
 // learnedMax bounds the node addresses a client learns.
@@ -128,7 +210,9 @@ func (r *router) nodes() []string {
 }
 
 func newRouter(c *Client, seeds []string) *router {
-	r := &router{c: c, seeds: seeds, owners: map[routeKey]string{}}
+	r := &router{c: c, seeds: seeds, owners: map[routeKey]string{},
+		hedges: make(chan struct{}, publishHedgesMax), hedgeCache: map[queueName]cachedMetadata{},
+		replicas: map[queueName][]string{}}
 	r.clustered.Store(len(seeds) > 0)
 	return r
 }
@@ -145,21 +229,27 @@ func (r *router) endpointFor(ctx context.Context, p *protocol.Publish) *endpoint
 }
 
 // send submits p on e, whose window holds size bytes for it; hop counts
-// the sends so far. The outcome resolves f, unless it says the publish
-// belongs elsewhere: then it is sent again.
-func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, f *PublishFuture, size, hop int) {
+// the sends so far. The outcome resolves fl, unless it says the publish
+// belongs elsewhere: then it is sent again. In a cluster a send not
+// answered within publishHedgeAfter may also be hedged (see hedge.go).
+func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, fl *flight, size, hop int) {
 	var taken atomic.Bool // done or reroute: exactly one runs
+	stopHedge := func() {}
 	cl := &call{body: p, replay: true}
 	cl.done = func(b protocol.Body, err error) {
 		if !taken.CompareAndSwap(false, true) {
 			return
 		}
+		stopHedge()
 		e.window.release(size)
+		if fl.resolved() {
+			return // the hedge was confirmed first: this answer is dropped
+		}
 		if err != nil && r.retry(p, err, e) && hop < routeHopsMax && ctx.Err() == nil {
-			go r.resend(ctx, p, f, size, hop+1, err)
+			go r.resend(ctx, p, fl, size, hop+1, err)
 			return
 		}
-		f.resolve(b, err)
+		fl.finish(b, err)
 	}
 	if r.clustered.Load() {
 		// The connection broke before the confirm: in a cluster the
@@ -169,11 +259,22 @@ func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, f *
 			if !taken.CompareAndSwap(false, true) {
 				return true
 			}
+			stopHedge()
 			e.window.release(size)
 			r.forget(p, e.addr)
-			go r.resend(ctx, p, f, size, hop+1, cause)
+			if !fl.resolved() {
+				go r.resend(ctx, p, fl, size, hop+1, cause)
+			}
 			return true
 		}
+	}
+	if r.hedgeable(p, fl) {
+		// Armed before the submit, whose answer may come at once.
+		stopHedge = afterFunc(r.c.o.clock, publishHedgeAfter, func() {
+			if !taken.Load() {
+				r.hedge(ctx, e, p, fl, size)
+			}
+		})
 	}
 	if r.clustered.Load() {
 		// Never wait for this node's reconnect: it may be gone for good.
@@ -234,7 +335,7 @@ func (r *router) forget(p *protocol.Publish, addr string) {
 // resend sends p again, after a pause unless the last answer named the
 // owner, to the owner if it is reachable, else to the first node of the
 // client's own and the seeds that is.
-func (r *router) resend(ctx context.Context, p *protocol.Publish, f *PublishFuture, size, hop int, cause error) {
+func (r *router) resend(ctx context.Context, p *protocol.Publish, fl *flight, size, hop int, cause error) {
 	var be *BrokerError
 	redirect := errors.As(cause, &be) && be.Code == protocol.CodeNotOwner
 	// Ownership moved, or the node is gone or going: the cluster may be
@@ -249,16 +350,28 @@ func (r *router) resend(ctx context.Context, p *protocol.Publish, f *PublishFutu
 		d := min(routeBackoffMin<<min(hop, 8), routeBackoffMax)
 		select {
 		case <-r.c.o.clock.After(d):
+		case <-fl.f.done:
+			return // the hedge was confirmed meanwhile
 		case <-ctx.Done():
-			f.resolve(nil, ctx.Err())
+			fl.finish(nil, ctx.Err())
 			return
 		}
 	}
 	if err := e.window.acquire(ctx, e.quit, size); err != nil {
-		f.resolve(nil, err)
+		if errors.Is(err, ErrClientClosed) && !r.c.isClosed() && hop < routeHopsMax {
+			// e was retired from the pool meanwhile (the client is not
+			// closing): choose again.
+			go r.resend(ctx, p, fl, size, hop+1, err)
+			return
+		}
+		fl.finish(nil, err)
 		return
 	}
-	r.send(ctx, e, p, f, size, hop)
+	if fl.resolved() {
+		e.window.release(size)
+		return
+	}
+	r.send(ctx, e, p, fl, size, hop)
 }
 
 // pick chooses where to send p: its owner if connected (or connectable),

@@ -82,7 +82,7 @@ type span struct {
 // false when the node does not answer METADATA (a broker that predates it):
 // the caller then subscribes on its own node only.
 func (c *Client) subscribeSpan(ctx context.Context, topic string, cfg subscribeConfig) (s *Subscription, err error, ok bool) {
-	md, err := c.metadata(ctx, topic, cfg.group, "")
+	md, err := c.metadataRetrying(ctx, topic, cfg.group)
 	var be *BrokerError
 	switch {
 	case errors.As(err, &be) && be.Code == protocol.CodeUnknownOp:
@@ -97,7 +97,7 @@ func (c *Client) subscribeSpan(ctx context.Context, topic string, cfg subscribeC
 		uctx, cancel := context.WithTimeout(context.Background(), c.o.drainTimeout)
 		_ = first.Unsubscribe(uctx)
 		cancel()
-		if md, err = c.metadata(ctx, topic, cfg.group, ""); err != nil {
+		if md, err = c.metadataRetrying(ctx, topic, cfg.group); err != nil {
 			return nil, err, true
 		}
 	case err != nil:
@@ -139,6 +139,44 @@ func (c *Client) subscribeSpan(ctx context.Context, topic string, cfg subscribeC
 	return s, nil, true
 }
 
+// Bounds of Subscribe's METADATA retries (metadataRetrying).
+const (
+	metadataBackoffMin = 50 * time.Millisecond
+	metadataBackoffMax = time.Second
+	// metadataRetryMax bounds the retries when Subscribe's ctx has no
+	// deadline, on the client's clock.
+	metadataRetryMax = ConnectTimeoutDefault
+)
+
+// metadataRetrying is metadata, asked again with backoff (on the client's
+// clock) while no node answers or the answer is retryable (an election,
+// a node cut off): a cluster between two owners, or restarting, is still
+// subscribed to. It gives up when ctx ends, or, when ctx has no deadline,
+// after metadataRetryMax; the error then wraps the last answer. A final
+// answer (a bad request, unknown_op, not_found) is returned at once.
+func (c *Client) metadataRetrying(ctx context.Context, topic, group string) (*protocol.MetadataResult, error) {
+	clock := c.o.clock
+	_, bounded := ctx.Deadline()
+	giveUp := clock.Now().Add(metadataRetryMax)
+	for n := 0; ; n++ {
+		md, err := c.metadata(ctx, topic, group, "")
+		var be *BrokerError
+		if err == nil || !IsRetryable(err) || errors.As(err, &be) && (be.Code == protocol.CodeNotFound || be.Code == protocol.CodeUnknownOp) {
+			return md, err
+		}
+		d := min(metadataBackoffMin<<min(n, 8), metadataBackoffMax)
+		if !bounded && !clock.Now().Add(d).Before(giveUp) {
+			return nil, fmt.Errorf("%w: no node answered METADATA for %q within %v", err, topic, metadataRetryMax)
+		}
+		c.o.logger.Debug("sinew: no node answered METADATA, retrying", "topic", topic, "delay", d, "err", err)
+		select {
+		case <-clock.After(d):
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (last error: %w)", ctx.Err(), err)
+		}
+	}
+}
+
 // metadata asks the cluster where topic's partitions are served: the
 // client's node if it answers (a draining one too), else the first other
 // node it knows that does; avoid (a node that just failed a request) is asked last. The
@@ -161,6 +199,7 @@ func (c *Client) metadata(ctx context.Context, topic, group, avoid string) (*pro
 			for _, p := range md.Partitions {
 				c.rt.learn(p.Replicas...)
 			}
+			c.rt.noteReplicas(topic, group, md)
 			return md, nil
 		}
 		var be *BrokerError

@@ -171,7 +171,12 @@ func (s *Subscription) release(epoch, tag uint64) {
 // With WithSeeds the client is in a cluster, where each partition has one
 // owner: the subscription then spans the queue's replicas (see span.go),
 // so it receives every partition from whichever node owns it, and follows
-// ownership as it moves.
+// ownership as it moves. Subscribe first asks the cluster (METADATA) where
+// the replicas are; while no node gives an answer (all unreachable, or an
+// election under way) it asks again, with backoff from 50 ms to 1 s on the
+// client's clock, until ctx ends, or for 30 s when ctx has no deadline. The
+// error then wraps the last answer (ErrNotConnected when no node answered)
+// and, when ctx ended the retries, ctx's error.
 func (c *Client) Subscribe(ctx context.Context, topic string, opts ...SubscribeOption) (*Subscription, error) {
 	cfg := subscribeConfig{partition: -1}
 	for _, o := range opts {
@@ -698,13 +703,13 @@ func (m *Message) settleAsync(ctx context.Context, kind protocol.Op, delayMs int
 		// the lease may run out meanwhile). Settles are idempotent by
 		// lease, so the first outcome of either path is the outcome.
 		var routed atomic.Bool
-		var timer atomic.Pointer[time.Timer]
+		var stopTimer atomic.Pointer[func()]
 		reroute := func(cause error) {
 			go sp.span.resettle(m, kind, delayMs, cause, done)
 		}
 		finish = func(err error) {
-			if t := timer.Load(); t != nil {
-				t.Stop()
+			if stop := stopTimer.Load(); stop != nil {
+				(*stop)()
 			}
 			if routed.Swap(true) {
 				return // the rerouted settle gives the outcome
@@ -724,11 +729,17 @@ func (m *Message) settleAsync(ctx context.Context, kind protocol.Op, delayMs int
 				// stale_lease, so it is not raced against a slow node.
 				return
 			}
-			timer.Store(time.AfterFunc(settleHedgeAfter, func() {
+			// On the client's clock, like every other wait of the SDK.
+			stop := afterFunc(e.o.clock, settleHedgeAfter, func() {
 				if !routed.Swap(true) {
 					reroute(fmt.Errorf("%w: %s did not answer the settle within %v", ErrConnectionLost, e.addr, settleHedgeAfter))
 				}
-			}))
+			})
+			stopTimer.Store(&stop)
+			if routed.Load() {
+				// The outcome came while the timer was being set.
+				stop()
+			}
 		}
 	}
 	r := &settleReq{kind: kind, delay: delayMs, m: m, fin: finish}

@@ -72,6 +72,26 @@ func (w *window) acquire(ctx context.Context, quit <-chan struct{}, size int) er
 	}
 }
 
+// tryAcquire takes a slot for a publish of size body bytes if one is free
+// now, without waiting (a hedged publish is sent only where there is room).
+func (w *window) tryAcquire(size int) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.n < w.max && (w.n == 0 || w.bytes+size <= publishInflightBytesMax) {
+		w.n++
+		w.bytes += size
+		return true
+	}
+	return false
+}
+
+// count returns how many publishes hold a slot.
+func (w *window) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
+
 func (w *window) release(size int) {
 	w.mu.Lock()
 	w.n--
@@ -134,4 +154,11 @@ func (t *tracker) idle() <-chan struct{} {
 		return nil
 	}
 	return t.zero
+}
+
+// count returns how many operations are in progress.
+func (t *tracker) count() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n
 }
