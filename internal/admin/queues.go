@@ -75,6 +75,9 @@ const (
 	stateOK          = "ok"
 	stateQuarantined = "quarantined"
 	stateFailed      = "failed"
+	// stateRemote: in a cluster, this node holds no replica of the
+	// partition; its counts are known to the nodes in replicas.
+	stateRemote = "remote"
 )
 
 var deadLetterModes = []struct {
@@ -107,6 +110,8 @@ func deadLetterModeOf(name string) (uint8, bool) {
 
 func partitionState(p *broker.PartitionStats) string {
 	switch {
+	case p.Elsewhere:
+		return stateRemote
 	case p.Quarantined:
 		return stateQuarantined
 	case p.Err != "":
@@ -130,6 +135,9 @@ func queueView(qs broker.QueueStats, cfg broker.QueueConfig) QueueView {
 		Config: QueueConfigView{DeadLetterMode: deadLetterModeName(cfg.DeadLetterMode), DeadLetterTarget: cfg.DeadLetterTarget,
 			MaxRetries: cfg.MaxRetries, DefaultTTLMs: cfg.DefaultTTLMs, LeaseMs: cfg.LeaseMs},
 		State: stateOK, Partitions: make([]PartitionView, 0, len(qs.Partitions))}
+	if len(qs.Partitions) > 0 && qs.Partitions[0].Elsewhere {
+		v.State = stateRemote // a node holds all of a queue's partitions or none
+	}
 	for i := range qs.Partitions {
 		p := &qs.Partitions[i]
 		st := partitionState(p)

@@ -267,7 +267,10 @@ type Delivery struct {
 
 // PartitionStats are one partition's counters.
 type PartitionStats struct {
-	Partition     uint32
+	Partition uint32
+	// Elsewhere: in a cluster, this node holds no replica of the
+	// partition; only its placement (RaftGroup, Replicas) is known here.
+	Elsewhere     bool
 	Quarantined   bool
 	Err           string // why the partition is quarantined or failed
 	NextLSN       uint64

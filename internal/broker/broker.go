@@ -616,6 +616,9 @@ func (b *Broker) Declare(ctx context.Context, d *protocol.DeclareQueue) (protoco
 	if err := ctx.Err(); err != nil {
 		return protocol.DeclareOK{}, err
 	}
+	if ok, handled, err := b.declareElsewhere(d); handled {
+		return ok, err
+	}
 	q, created, err := b.declare(d, true)
 	if err != nil {
 		return protocol.DeclareOK{}, err

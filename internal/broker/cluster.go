@@ -269,6 +269,69 @@ func movedAway(cq *CatalogueQueue, self uint64) bool {
 	return true
 }
 
+// catalogueElsewhere returns, in a cluster, the catalogue's declaration of
+// a queue this node holds no replica of (ok false otherwise: a single node,
+// a queue held here, placed here, or not in the catalogue).
+func (b *Broker) catalogueElsewhere(topic, group string) (queueMeta, bool) {
+	if b.cfg.Cluster == nil {
+		return queueMeta{}, false
+	}
+	b.mu.RLock()
+	q := b.queues[queueKey{topic, group}]
+	b.mu.RUnlock()
+	if q != nil {
+		return queueMeta{}, false
+	}
+	cq, ok := b.cfg.Cluster.Lookup(topic, group)
+	if !ok {
+		return queueMeta{}, false
+	}
+	for _, p := range cq.Partitions {
+		if slices.Contains(p.Replicas, b.cfg.Cluster.Self()) {
+			return queueMeta{}, false // placed here: opened on first use
+		}
+	}
+	var m queueMeta
+	if err := json.Unmarshal(cq.Settings, &m); err != nil || m.Topic != topic || m.Group != group {
+		return queueMeta{}, false
+	}
+	return m, true
+}
+
+// declareElsewhere is Declare for a queue of the catalogue that this node
+// holds no replica of: the declaration is checked against the catalogue's
+// and a change committed there (every node holding a replica applies it).
+// handled is false when the queue is not such a queue.
+func (b *Broker) declareElsewhere(d *protocol.DeclareQueue) (ok protocol.DeclareOK, handled bool, err error) {
+	cur, found := b.catalogueElsewhere(d.Topic, d.Group)
+	if !found {
+		return protocol.DeclareOK{}, false, nil
+	}
+	want, err := b.metaFor(d)
+	if err != nil {
+		return protocol.DeclareOK{}, true, err
+	}
+	if d.Partitions != 0 && d.Partitions != cur.Partitions {
+		return protocol.DeclareOK{}, true, protocol.Errorf(protocol.CodeConflict,
+			"queue %q group %q has %d partitions, not %d", d.Topic, d.Group, cur.Partitions, d.Partitions)
+	}
+	want.Version, want.Partitions = cur.Version, cur.Partitions
+	want.DeadLetterQueue = want.DeadLetterQueue || cur.DeadLetterQueue
+	if sameMeta(want, &cur) {
+		return protocol.DeclareOK{Partitions: cur.Partitions}, true, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), clusterCreateTimeout)
+	defer cancel()
+	changed, err := b.cfg.Cluster.UpdateQueue(ctx, d.Topic, d.Group, settingsOf(want))
+	switch {
+	case err != nil:
+		return protocol.DeclareOK{}, true, protocol.Errorf(protocol.CodeUnavailable, "queue %q group %q: the cluster did not commit the new settings: %v; retry", d.Topic, d.Group, err)
+	case !changed:
+		return protocol.DeclareOK{}, true, errDeletedMeanwhile(queueKey{d.Topic, d.Group})
+	}
+	return protocol.DeclareOK{Partitions: cur.Partitions}, true, nil
+}
+
 // applySettings brings queue q's declaration to the catalogue's (a change
 // committed through another node).
 func (b *Broker) applySettings(q *queueEntry, settings []byte) {

@@ -37,11 +37,16 @@ func (c QueueConfig) Declaration(topic, group string) protocol.DeclareQueue {
 
 // Config returns the stored configuration of queue topic/group.
 func (b *Broker) Config(topic, group string) (QueueConfig, error) {
-	q, err := b.lookup(topic, group, false)
-	if err != nil {
-		return QueueConfig{}, err
+	m := new(queueMeta)
+	if cm, ok := b.catalogueElsewhere(topic, group); ok {
+		*m = cm // a cluster's queue held by other nodes
+	} else {
+		q, err := b.lookup(topic, group, false)
+		if err != nil {
+			return QueueConfig{}, err
+		}
+		m = q.meta.Load()
 	}
-	m := q.meta.Load()
 	return QueueConfig{Partitions: m.Partitions, LeaseMs: m.LeaseMs, MaxRetries: m.MaxRetries,
 		DefaultTTLMs: m.DefaultTTLMs, DeadLetterMode: m.DeadLetterMode, DeadLetterTarget: m.DeadLetterTarget,
 		DeadLetterQueue: m.DeadLetterQueue}, nil
@@ -49,6 +54,19 @@ func (b *Broker) Config(topic, group string) (QueueConfig, error) {
 
 // QueueStatsOf returns one queue's counters, as Stats would list them.
 func (b *Broker) QueueStatsOf(topic, group string) (QueueStats, error) {
+	if _, ok := b.catalogueElsewhere(topic, group); ok {
+		if cq, ok := b.cfg.Cluster.Lookup(topic, group); ok {
+			qst := QueueStats{Topic: topic, Group: group}
+			for i, pl := range cq.Partitions {
+				ps := PartitionStats{Partition: uint32(i), Elsewhere: true, RaftGroup: pl.RaftGroup}
+				for _, r := range pl.Replicas {
+					ps.Replicas = append(ps.Replicas, b.cfg.Cluster.ClientAddr(r))
+				}
+				qst.Partitions = append(qst.Partitions, ps)
+			}
+			return qst, nil
+		}
+	}
 	q, err := b.lookup(topic, group, false)
 	if err != nil {
 		return QueueStats{}, err

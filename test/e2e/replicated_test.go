@@ -328,6 +328,31 @@ func TestClusterRecoveryPlanRestoresRF(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+
+	// The node, holding no replica now, still changes the queue's
+	// settings: through the catalogue, for the nodes that hold it.
+	if code, body := adminDo(t, http.MethodPatch, "http://"+back.admin+"/api/v1/queues/"+topic, map[string]any{"lease_ms": 2345}); code != http.StatusOK {
+		t.Fatalf("PATCH on a node holding no replica: %d %s", code, body)
+	}
+	var remote struct {
+		State  string `json:"state"`
+		Config struct {
+			LeaseMs int64 `json:"lease_ms"`
+		} `json:"config"`
+	}
+	getJSONInto(t, "http://"+back.admin+"/api/v1/queues/"+topic, &remote)
+	if remote.State != "remote" || remote.Config.LeaseMs != 2345 {
+		t.Fatalf("the queue on a node holding no replica: %+v, want state remote and the new lease", remote)
+	}
+	awaitAll(t, []*clusterChild{spare, byAddr[after.Owner]}, "lease_ms 2345 on the replicas", func(c *clusterChild) bool {
+		var v struct {
+			Config struct {
+				LeaseMs int64 `json:"lease_ms"`
+			} `json:"config"`
+		}
+		getJSONInto(t, "http://"+c.admin+"/api/v1/queues/"+topic, &v)
+		return v.Config.LeaseMs == 2345
+	})
 }
 
 // Four `sinew serve --cluster` processes; a queue is placed on three of
