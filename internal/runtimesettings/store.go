@@ -194,13 +194,10 @@ func (s *Store) Update(expected uint64, changes map[string]int64) (Doc, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	cur := s.cur.Load()
-	if cur.Version != expected {
-		return Doc{}, &ConflictError{Expected: expected, Current: cur.clone()}
+	cur, next, err := s.next(expected, changes)
+	if err != nil {
+		return Doc{}, err
 	}
-	next := cur.clone()
-	next.Version++
-	maps.Copy(next.Values, changes)
 	if err := s.write(next); err != nil {
 		return Doc{}, fmt.Errorf("runtime settings: write %s: %w", s.path, err)
 	}
@@ -211,18 +208,28 @@ func (s *Store) Update(expected uint64, changes map[string]int64) (Doc, error) {
 	return next.clone(), nil
 }
 
+// next returns the current document and the one changes make of it, or a
+// *ConflictError when the current one is not version expected.
+func (s *Store) next(expected uint64, changes map[string]int64) (*Doc, Doc, error) {
+	cur := s.cur.Load()
+	if cur.Version != expected {
+		return nil, Doc{}, &ConflictError{Expected: expected, Current: cur.clone()}
+	}
+	next := cur.clone()
+	next.Version++
+	maps.Copy(next.Values, changes)
+	return cur, next, nil
+}
+
 // updateThrough is Update with a Committer: the change is based on this
 // node's document (which follows the committed one), committed by c, and
 // adopted here before it returns. A failure to commit matches
 // ErrNotCommitted.
 func (s *Store) updateThrough(c Committer, expected uint64, changes map[string]int64) (Doc, error) {
-	cur := s.cur.Load()
-	if cur.Version != expected {
-		return Doc{}, &ConflictError{Expected: expected, Current: cur.clone()}
+	_, next, err := s.next(expected, changes)
+	if err != nil {
+		return Doc{}, err
 	}
-	next := cur.clone()
-	next.Version++
-	maps.Copy(next.Values, changes)
 	got, accepted, err := c(expected, next)
 	if err != nil {
 		return Doc{}, fmt.Errorf("%w: %w", ErrNotCommitted, err)

@@ -219,16 +219,7 @@ func TestClusterRecoveryPlanRestoresRF(t *testing.T) {
 		t.Skip("builds and runs the sinew binary")
 	}
 	bin := buildSinew(t)
-	nodes, id, three := startThreeVoting(t, bin)
-	spare := startClusterChild(t, bin, t.TempDir(), nodes[0].gossip)
-	id[spare] = nodesOf(t, spare.admin).Self.ID
-	nodes = append(nodes, spare)
-	four := append(slices.Clone(three), id[spare])
-	for _, c := range nodes {
-		awaitNodes(t, c, "four members", func(v nodesView) bool {
-			return controllerAgrees(v, three, []string{id[spare]}, four, nil)
-		})
-	}
+	nodes, spare := startThreeAndSpare(t, bin)
 	byAddr, _, client := seededClient(t, nodes, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -368,16 +359,7 @@ func TestClusterLeavingOwnerHandsItsLeadOver(t *testing.T) {
 		t.Skip("builds and runs the sinew binary")
 	}
 	bin := buildSinew(t)
-	nodes, id, three := startThreeVoting(t, bin)
-	spare := startClusterChild(t, bin, t.TempDir(), nodes[0].gossip)
-	id[spare] = nodesOf(t, spare.admin).Self.ID
-	nodes = append(nodes, spare)
-	four := append(slices.Clone(three), id[spare])
-	for _, c := range nodes {
-		awaitNodes(t, c, "four members", func(v nodesView) bool {
-			return controllerAgrees(v, three, []string{id[spare]}, four, nil)
-		})
-	}
+	nodes, spare := startThreeAndSpare(t, bin)
 	byAddr, _, client := seededClient(t, nodes, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -539,6 +521,24 @@ func consumeAll(t *testing.T, addr, topic string, confirmed map[string]bool) {
 			t.Errorf("delivered %q, never published", b)
 		}
 	}
+}
+
+// startThreeAndSpare starts three voting nodes and a fourth, a learner of
+// the controller that holds no replica yet; it returns the four (the spare
+// last) and the spare.
+func startThreeAndSpare(t *testing.T, bin string) ([]*clusterChild, *clusterChild) {
+	t.Helper()
+	nodes, id, three := startThreeVoting(t, bin)
+	spare := startClusterChild(t, bin, t.TempDir(), nodes[0].gossip)
+	id[spare] = nodesOf(t, spare.admin).Self.ID
+	nodes = append(nodes, spare)
+	four := append(slices.Clone(three), id[spare])
+	for _, c := range nodes {
+		awaitNodes(t, c, "four members", func(v nodesView) bool {
+			return controllerAgrees(v, three, []string{id[spare]}, four, nil)
+		})
+	}
+	return nodes, spare
 }
 
 // startThreeVoting is startThree, waiting until every node's controller has
