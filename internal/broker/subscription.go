@@ -660,7 +660,8 @@ func (s *Subscription) forgetPartition(idx uint32) {
 // subscription ends with SubClosedError and CodeUnavailable. (A replica
 // that lost the lead in a cluster keeps the subscription instead.) The consumer
 // is told which partition failed, not the cause, which names server paths;
-// the partition logged it.
+// the partition logged it. Its leases on the other partitions stay its own
+// for endedSubLeaseKeepMs, then go back to the queue.
 func (a *attachment) Detached(err error) {
 	s := a.s
 	if errors.Is(err, partition.ErrNotLeader) && s.b.cfg.Cluster != nil && !s.closed.Load() {
@@ -689,9 +690,23 @@ func (a *attachment) Detached(err error) {
 	}
 	for _, o := range s.atts {
 		if o != a {
-			o.p.Detach(o)
+			// Not Detach: the consumer has not heard yet that the
+			// subscription ended, and may still be reading deliveries
+			// of these partitions. Released at once, one of them could
+			// be delivered to a competing consumer and ACKed ok before
+			// this client reads its copy: a message would reach a
+			// client after its ACK was answered ok. Kept, its late ACK
+			// (through the session's ended table) settles it instead.
+			o.p.DetachKeeping(o, endedSubLeaseKeepMs)
 		}
 	}
 	s.b.unregister(s)
 	s.c.Closed(s, reason, err)
 }
+
+// endedSubLeaseKeepMs is how long the leases of a subscription the broker
+// ended because one of its partitions failed stay with it on its other
+// partitions (partition.Partition.DetachKeeping): long enough for its client
+// to read the deliveries already sent and settle them late, after which those
+// still unsettled go back to the queue as a release.
+const endedSubLeaseKeepMs = 5_000

@@ -424,6 +424,9 @@ func (p *Partition) arm(timer *time.Timer) {
 		if len(p.recovered) > 0 && (!ok || p.recoveredDueMs < at) {
 			at, ok = p.recoveredDueMs, true
 		}
+		if len(p.kept) > 0 && (!ok || p.kept[0].dueMs < at) {
+			at, ok = p.kept[0].dueMs, true
+		}
 	}
 	// The idle checkpoint, or its retry after a failure. While one is
 	// under way its answer wakes the actor instead.
@@ -483,6 +486,8 @@ func (p *Partition) turn(batch []command) {
 			if p.deadLetterDone(m, now) {
 				p.deadLetterSettled(m.offset, now)
 			}
+		case ctlDetachKeep:
+			p.detachKeeping(m.c, m.keepMs, p.undelivered(m.c), now)
 		case ctlAdopt, ctlInspect:
 			if err := p.flush(); err != nil {
 				p.fail(err, batch)
@@ -564,7 +569,7 @@ func (p *Partition) followerTurn(batch []command) {
 			if !slices.Contains(p.consumers, m.c) {
 				p.consumers = append(p.consumers, m.c)
 			}
-		case ctlDetach:
+		case ctlDetach, ctlDetachKeep:
 			if i := slices.Index(p.consumers, m.c); i >= 0 {
 				p.consumers = slices.Delete(p.consumers, i, i+1)
 			}
@@ -581,6 +586,31 @@ func (p *Partition) followerTurn(batch []command) {
 	for _, c := range batch {
 		refuse(c, ErrNotLeader)
 	}
+}
+
+// undelivered returns the leases granted to c whose deliveries wait in a
+// stage, not yet handed to c: offset to lease id.
+func (p *Partition) undelivered(c Consumer) map[uint64]uint64 {
+	var m map[uint64]uint64
+	add := func(st *stage) {
+		for _, d := range st.deliveries {
+			if d.c == c {
+				if m == nil {
+					m = make(map[uint64]uint64)
+				}
+				m[d.offset] = d.leaseID
+			}
+		}
+	}
+	add(&p.open)
+	if p.syncBusy {
+		// The syncer reads only the stage's records and WAL entries.
+		add(&p.syncing)
+	}
+	for i := range p.committing {
+		add(&p.committing[i])
+	}
+	return m
 }
 
 // deadLetterDone books the confirmation of a dead-letter copy and reports

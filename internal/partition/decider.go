@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -73,6 +74,11 @@ type decider struct {
 	// for the grace to end, by offset; recoveredDueMs is when it ends.
 	recovered      []queue.Info
 	recoveredDueMs int64
+	// kept lists the leases of consumers detached with DetachKeeping, in
+	// the order of their due times: each goes back to the queue (a
+	// release) at its due time unless it ended otherwise before. Bounded
+	// by the detached consumers' prefetch.
+	kept []keptLease
 	// purges are the purges under way, oldest first (see purgeStep).
 	purges []purgeJob
 	// open is the stage the current turns fill (see "The pipeline" in
@@ -91,6 +97,13 @@ type decider struct {
 	more bool
 	// duplicates counts publishes answered from the dedup window.
 	duplicates uint64
+}
+
+// keptLease is a lease of a consumer detached with DetachKeeping, released
+// at dueMs if it is still current then.
+type keptLease struct {
+	offset, leaseID uint64
+	dueMs           int64
 }
 
 // onControl applies one control message that needs no I/O: attach,
@@ -112,6 +125,8 @@ func (d *decider) onControl(m control, now int64) {
 			}
 			d.emit(evs, nil)
 		}
+	case ctlDetachKeep:
+		d.detachKeeping(m.c, m.keepMs, nil, now)
 	case ctlSetConfig:
 		d.st.SetConfig(m.cfg)
 	case ctlClaim:
@@ -145,6 +160,9 @@ func (d *decider) deadLetterSettled(offset uint64, now int64) {
 func (d *decider) decide(batch []command, now int64) {
 	if len(d.recovered) > 0 && now >= d.recoveredDueMs {
 		d.releaseRecovered(now)
+	}
+	if len(d.kept) > 0 && now >= d.kept[0].dueMs {
+		d.releaseKept(now)
 	}
 	for i := range batch {
 		d.command(&batch[i], now)
@@ -303,6 +321,55 @@ func (d *decider) releaseRecovered(now int64) {
 		d.more = true
 	} else {
 		d.recovered = nil
+	}
+}
+
+// detachKeeping detaches c and keeps its leases until now+keepMs (see
+// Partition.DetachKeeping), except those in undelivered (offset to lease
+// id): their deliveries were never handed to c, so they go back to the
+// queue at once, as Detach does.
+func (d *decider) detachKeeping(c Consumer, keepMs int64, undelivered map[uint64]uint64, now int64) {
+	if i := slices.Index(d.consumers, c); i >= 0 {
+		d.consumers = slices.Delete(d.consumers, i, i+1)
+	}
+	due := now + keepMs
+	for _, in := range d.st.Inflight(c.Owner()) {
+		if l, ok := undelivered[in.Offset]; ok && l == in.LeaseID {
+			if evs, err := d.st.Release(d.evs[:0], in.Offset, in.LeaseID, now); err == nil {
+				d.emit(evs, nil)
+			}
+			continue
+		}
+		// The lease stays; nobody is told when it ends (the consumer
+		// is gone), and its message goes to nobody else until it does.
+		if h, ok := d.holders[in.Offset]; ok && h.c == c {
+			delete(d.holders, in.Offset)
+		}
+		d.kept = append(d.kept, keptLease{offset: in.Offset, leaseID: in.LeaseID, dueMs: due})
+	}
+	// Each call's due time is its own now plus its own keep: keep the
+	// list in due order.
+	slices.SortStableFunc(d.kept, func(a, b keptLease) int { return cmp.Compare(a.dueMs, b.dueMs) })
+}
+
+// releaseKept hands the kept leases (DetachKeeping) that are due back to
+// the queue, at most recoveredReleasePerTurnMax per turn. A lease settled,
+// expired or released meanwhile is no longer current and is skipped.
+func (d *decider) releaseKept(now int64) {
+	k := 0
+	for k < len(d.kept) && k < recoveredReleasePerTurnMax && d.kept[k].dueMs <= now {
+		kl := d.kept[k]
+		if evs, err := d.st.Release(d.evs[:0], kl.offset, kl.leaseID, now); err == nil {
+			d.emit(evs, nil)
+		}
+		k++
+	}
+	d.kept = slices.Delete(d.kept, 0, k)
+	if len(d.kept) > 0 && d.kept[0].dueMs <= now {
+		d.more = true
+	}
+	if len(d.kept) == 0 {
+		d.kept = nil
 	}
 }
 

@@ -83,6 +83,9 @@ func (h *deciderHarness) fresh(st *queue.State, dd *dedup.Table, next uint64) *d
 //	attach c=NAME credit=N [carry]
 //	credit c=NAME n=N            give NAME more credit (a settle answered)
 //	detach c=NAME [now=T]
+//	detach-keep c=NAME keep=MS [undelivered=OFFSET:LEASE,...] [now=T]
+//	                             DetachKeeping; undelivered are the leases
+//	                             whose deliveries still wait in a stage
 //	claim owner=NAME
 //	turn [now=T]                 one turn; its input lines are the batch:
 //	    publish [producer=P seq=N] [delay=MS]
@@ -128,6 +131,26 @@ func TestDeciderScenarios(t *testing.T) {
 				return "ok"
 			case "detach":
 				d.onControl(control{kind: ctlDetach, c: h.consumer(td)}, h.now)
+				return h.step()
+			case "detach-keep":
+				var keep int64
+				td.ScanArgs(t, "keep", &keep)
+				var undelivered map[uint64]uint64
+				if td.HasArg("undelivered") {
+					var list string
+					td.ScanArgs(t, "undelivered", &list)
+					undelivered = map[uint64]uint64{}
+					for _, pair := range strings.Split(list, ",") {
+						o, l, _ := strings.Cut(pair, ":")
+						off, err1 := strconv.ParseUint(o, 10, 64)
+						lease, err2 := strconv.ParseUint(l, 10, 64)
+						if err1 != nil || err2 != nil {
+							td.Fatalf(t, "undelivered %q: want OFFSET:LEASE", pair)
+						}
+						undelivered[off] = lease
+					}
+				}
+				d.detachKeeping(h.consumer(td), keep, undelivered, h.now)
 				return h.step()
 			case "claim":
 				var owner string

@@ -34,8 +34,10 @@
 //
 // The actor takes a batch of commands (at most batchMax) and then:
 //
-//  1. applies control messages (a detached consumer's leases are released);
-//  2. releases recovered leases whose grace has ended;
+//  1. applies control messages (a detached consumer's leases are released,
+//     or kept for a while with DetachKeeping);
+//  2. releases recovered leases whose grace has ended, and kept leases
+//     whose keep has ended;
 //  3. turns every command into queue events and applies each to the state
 //     (the records are appended to the log at the end of the turn, before
 //     anything reads them);

@@ -51,6 +51,9 @@ const (
 	// recoveredReleasePerTurnMax caps the recovered leases one turn hands
 	// back; the rest go in the turns right after it.
 	recoveredReleasePerTurnMax = 1024
+	// detachKeepMsMax caps how long DetachKeeping keeps a detached
+	// consumer's leases (10 minutes).
+	detachKeepMsMax = 600_000
 	// readGapMax is the widest gap, in LSNs, between two leased offsets
 	// that delivery still reads with one sequential scan: the records in
 	// between are read and skipped, which beats a separate read per
@@ -352,6 +355,7 @@ type ctlKind uint8
 const (
 	ctlAttach ctlKind = iota + 1
 	ctlDetach
+	ctlDetachKeep // detach, the leases kept for keepMs (DetachKeeping)
 	ctlDeadLettered
 	ctlSetConfig
 	ctlClaim
@@ -372,6 +376,8 @@ type control struct {
 	claimed func([]queue.Info)
 	// ctlAdopt
 	adopted func(int)
+	// ctlDetachKeep
+	keepMs int64
 }
 
 // Partition is the actor that owns one queue partition.
@@ -754,6 +760,28 @@ func (p *Partition) Detach(c Consumer) {
 		return
 	}
 	_ = p.control(control{kind: ctlDetach, c: c})
+}
+
+// DetachKeeping removes a consumer like Detach, but leaves the leases it
+// holds in place for keepMs (capped at detachKeepMsMax) instead of handing
+// them back at once: a settle of one of them still applies as a settle of
+// the current lease, and no other consumer can be leased the message
+// meanwhile. Those still unsettled when keepMs has passed go back to the
+// queue as a release (no retry used); one whose own deadline comes first
+// expires as usual.
+//
+// It is for a consumer that ends while its client may still hold
+// deliveries it has not read yet: a subscription that the broker ended
+// because another partition failed. Released at once, such a message could
+// be delivered to a competing consumer, which settles it, before the first
+// client reads its copy, so a message whose ACK was answered ok would reach
+// a client again. Like Detach it does not wait, is safe to call from c's own
+// methods, and is a no-op for an unknown consumer.
+func (p *Partition) DetachKeeping(c Consumer, keepMs int64) {
+	if p.parked != nil {
+		return
+	}
+	_ = p.control(control{kind: ctlDetachKeep, c: c, keepMs: min(max(keepMs, 0), detachKeepMsMax)})
 }
 
 // Purge discards every message that is queued (ready or delayed) when the

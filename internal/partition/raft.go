@@ -727,6 +727,7 @@ func (p *Partition) stepDown(why error) error {
 	p.consumers = nil
 	clear(p.holders)
 	p.recovered = nil
+	p.kept = nil
 	clear(p.deadLetters)
 	p.dlInflight = 0
 	if p.ckptBusy {

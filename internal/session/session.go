@@ -723,7 +723,8 @@ func (s *Session) backendClosed(st *subState, sub Subscription, reason uint8, er
 }
 
 // forgetSubLocked drops st from the session's maps. Its held leases go back
-// to the queue with the subscription, so their tags move to the ended table
+// to the queue with the subscription (at once, or after a while when the
+// broker ended it because a partition failed), so their tags move to the ended table
 // (a late ACK of one applies while the message is not leased again), unless
 // reconciliation closed it: client and server disagreed about it, the
 // client was told it is gone, and its deliveries are stale whatever is sent
