@@ -427,9 +427,9 @@ func (r Report) Err() error {
 // String is a one-line summary of the figures, for logs and tables.
 func (r Report) String() string {
 	return fmt.Sprintf("attempted=%d confirmed=%d deliveries=%d delivered=%d settled=%d lost=%d "+
-		"settled_redelivered=%d phantom=%d corrupt=%d duplicates=%d dedup_misses=%d unsettled=%d in_doubt=%d settle_refused=%d longest_gap_ms=%d",
+		"settled_redelivered=%d phantom=%d corrupt=%d duplicates=%d dedup_misses=%d unsettled=%d in_doubt=%d settle_refused=%d longest_gap_ms=%d longest_gap_from_ms=%d",
 		r.Attempted, r.Confirmed, r.Deliveries, r.Delivered, r.Settled, len(r.Lost),
-		len(r.SettledRedelivered), len(r.Phantom), len(r.Corrupt), r.Duplicates, r.DedupMisses, r.Unsettled, r.InDoubt, r.SettleRefused, r.LongestGapMs)
+		len(r.SettledRedelivered), len(r.Phantom), len(r.Corrupt), r.Duplicates, r.DedupMisses, r.Unsettled, r.InDoubt, r.SettleRefused, r.LongestGapMs, r.LongestGapAtMs)
 }
 
 // FormatIDs prints ids grouped by producer with consecutive sequence numbers
