@@ -14,6 +14,7 @@ import (
 	"github.com/sinewmq/sinew/internal/controller"
 	"github.com/sinewmq/sinew/internal/membership"
 	"github.com/sinewmq/sinew/internal/multiraft"
+	"github.com/sinewmq/sinew/internal/partition"
 	"github.com/sinewmq/sinew/internal/raftnet"
 	"github.com/sinewmq/sinew/internal/settings"
 	"github.com/sinewmq/sinew/internal/vfs"
@@ -65,7 +66,8 @@ func (n *clusterNode) startController(cfg settings.Config) error {
 		ln.Close()
 		return err
 	}
-	tr, err := raftnet.New(raftnet.Config{ClusterID: raftClusterID, NodeID: rid, Listener: ln, Receiver: host, Logger: n.logger, TLS: peerTLS})
+	tr, err := raftnet.New(raftnet.Config{ClusterID: raftClusterID, NodeID: rid, Listener: ln, Receiver: host, Logger: n.logger, TLS: peerTLS,
+		FrameBytesMax: peerFrameBytesMax})
 	if err != nil {
 		ln.Close()
 		return fmt.Errorf("cluster: raft transport: %w", err)
@@ -248,3 +250,9 @@ func loadPeerTLS(c settings.Cluster) (*raftnet.PeerTLS, error) {
 	}
 	return &raftnet.PeerTLS{Certificate: cert, CAs: pool}, nil
 }
+
+// peerFrameBytesMax bounds one frame of the raft transport: room for the
+// largest snapshot a partition sends a replica that fell too far behind
+// (with the default 4 MiB frame a larger one was dropped, and the replica
+// never caught up), plus the batch's framing.
+const peerFrameBytesMax = partition.RaftSnapshotBytesMax + 1<<20

@@ -43,6 +43,12 @@ const (
 	raftSnapshotBytesMax = 256 << 20
 )
 
+// RaftSnapshotBytesMax bounds the snapshot a replicated partition sends a
+// replica that is too far behind for its log: the peer transport's frame
+// must be larger, or the snapshot never arrives (raftnet drops a message
+// larger than a frame).
+const RaftSnapshotBytesMax = raftSnapshotBytesMax
+
 var snapCRC = crc32.MakeTable(crc32.Castagnoli)
 
 // snapRecord is one log record a snapshot carries.

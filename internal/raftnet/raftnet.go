@@ -160,6 +160,9 @@ type Stats struct {
 	Refused      uint64 // inbound connections closed at the handshake
 	BadFrames    uint64 // inbound connections closed on a bad frame
 	Delivered    uint64 // batches handed to the Receiver
+	// Oversized counts messages dropped because one alone is larger than
+	// Config.FrameBytesMax (each is also logged at WARN).
+	Oversized uint64
 }
 
 // Transport is a multiraft.Transport over TCP.
@@ -176,8 +179,8 @@ type Transport struct {
 	conns   map[net.Conn]struct{} // open connections, both ways, to close on Close
 	inbound int                   // accepted connections open
 
-	queueDropped, writeLost, dials, refused, badFrames, delivered atomic.Uint64
-	closeOnce                                                     sync.Once
+	queueDropped, writeLost, dials, refused, badFrames, delivered, oversized atomic.Uint64
+	closeOnce                                                                sync.Once
 }
 
 type peer struct {
@@ -273,6 +276,7 @@ func (t *Transport) Stats() Stats {
 	return Stats{
 		QueueDropped: t.queueDropped.Load(), WriteLost: t.writeLost.Load(), Dials: t.dials.Load(),
 		Refused: t.refused.Load(), BadFrames: t.badFrames.Load(), Delivered: t.delivered.Load(),
+		Oversized: t.oversized.Load(),
 	}
 }
 
@@ -463,8 +467,14 @@ func (t *Transport) write(p *peer) {
 			}
 			backoff = min(2*backoff, time.Duration(t.cfg.BackoffMaxMs)*time.Millisecond)
 		}
-		for _, payload := range encodeBatch(batch, t.cfg.FrameBytesMax) {
-			c.SetWriteDeadline(time.Now().Add(time.Duration(t.cfg.WriteTimeoutMs) * time.Millisecond))
+		payloads, dropped := encodeBatch(batch, t.cfg.FrameBytesMax)
+		for _, d := range dropped {
+			t.oversized.Add(1)
+			t.log.Warn("raftnet: a message larger than a frame was dropped; raft sends it again, and will keep failing (raise FrameBytesMax)",
+				"peer", p.id, "group", d.group, "type", d.typ, "bytes", d.bytes, "frame_bytes_max", t.cfg.FrameBytesMax)
+		}
+		for _, payload := range payloads {
+			c.SetWriteDeadline(time.Now().Add(writeTimeout(t.cfg.WriteTimeoutMs, len(payload))))
 			if _, err := c.Write(frame(payload)); err != nil {
 				t.writeLost.Add(1)
 				t.untrack(c)
@@ -590,11 +600,28 @@ func parseHello(b []byte) (uint64, string, error) {
 	return id, string(b[k:]), nil
 }
 
+// writeTimeoutBytesPerSec is the slowest peer link a frame's write
+// deadline allows for: a frame gets Config.WriteTimeoutMs plus its size at
+// this rate, so a snapshot-sized frame is not cut off like a small one.
+const writeTimeoutBytesPerSec = 8 << 20
+
+// writeTimeout is the write deadline of an n-byte frame.
+func writeTimeout(baseMs, n int) time.Duration {
+	return time.Duration(baseMs)*time.Millisecond + time.Duration(n)*time.Second/writeTimeoutBytesPerSec
+}
+
+// droppedMsg describes a message encodeBatch left out.
+type droppedMsg struct {
+	group uint64
+	typ   string
+	bytes int
+}
+
 // encodeBatch encodes batch into payloads of at most frameMax bytes. A
-// single message larger than a frame is dropped (raft will send it again,
-// and a snapshot-sized message needs a larger FrameBytesMax).
-func encodeBatch(batch []multiraft.Envelope, frameMax int) [][]byte {
-	var out [][]byte
+// single message larger than a frame is left out and returned in dropped
+// (raft sends it again; a snapshot needs a FrameBytesMax above the
+// largest snapshot a partition builds).
+func encodeBatch(batch []multiraft.Envelope, frameMax int) (out [][]byte, dropped []droppedMsg) {
 	var cur []byte
 	var count uint64
 	flush := func() {
@@ -613,6 +640,7 @@ func encodeBatch(batch []multiraft.Envelope, frameMax int) [][]byte {
 		rec = binary.AppendUvarint(rec, uint64(len(m)))
 		rec = append(rec, m...)
 		if len(rec)+binary.MaxVarintLen64 > frameMax {
+			dropped = append(dropped, droppedMsg{group: e.Group, typ: e.Msg.Type.String(), bytes: len(rec)})
 			continue
 		}
 		if len(cur)+len(rec)+binary.MaxVarintLen64 > frameMax {
@@ -622,7 +650,7 @@ func encodeBatch(batch []multiraft.Envelope, frameMax int) [][]byte {
 		count++
 	}
 	flush()
-	return out
+	return out, dropped
 }
 
 func decodeBatch(b []byte) ([]multiraft.Envelope, error) {

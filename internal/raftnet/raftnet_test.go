@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -298,7 +299,14 @@ func TestBatchSplitAndDecode(t *testing.T) {
 	for i := range uint64(100) {
 		batch = append(batch, msg(i, 1, 2, i))
 	}
-	frames := encodeBatch(batch, 1024)
+	big := msg(7, 1, 2, 7)
+	big.Msg.Type = raftpb.MsgSnap
+	big.Msg.Snapshot = &raftpb.Snapshot{Data: make([]byte, 4096)}
+	batch = append(batch, big)
+	frames, dropped := encodeBatch(batch, 1024)
+	if len(dropped) != 1 || dropped[0].group != 7 || dropped[0].typ != "MsgSnap" || dropped[0].bytes <= 4096 {
+		t.Fatalf("dropped %+v, want the 4 KiB snapshot only", dropped)
+	}
 	if len(frames) < 2 {
 		t.Fatalf("100 messages in %d frames of 1 KiB", len(frames))
 	}
@@ -322,7 +330,8 @@ func TestBatchSplitAndDecode(t *testing.T) {
 }
 
 func FuzzDecode(f *testing.F) {
-	f.Add(encodeBatch([]multiraft.Envelope{msg(1, 1, 2, 3)}, 1<<20)[0])
+	frames, _ := encodeBatch([]multiraft.Envelope{msg(1, 1, 2, 3)}, 1<<20)
+	f.Add(frames[0])
 	f.Add(hello(1, "c"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, _ = decodeBatch(b)
@@ -353,4 +362,44 @@ func TestPeerAddressChange(t *testing.T) {
 	a.t.AddPeer(2, b.addr())
 	await(t, b, "a batch at the peer's new address", func() { a.t.Send(2, []multiraft.Envelope{msg(1, 1, 2, 7)}) },
 		func(g got) bool { return g.from == 1 && len(g.batch) == 1 && g.batch[0].Msg.Index == 7 })
+}
+
+// A snapshot larger than the default frame: with the default FrameBytesMax
+// it is dropped, counted and logged (never delivered, so raft would send
+// it again forever); with a FrameBytesMax above it, as `sinew serve`
+// configures, it is delivered whole.
+func TestSnapshotLargerThanTheDefaultFrame(t *testing.T) {
+	snap := func(from, to uint64) []multiraft.Envelope {
+		m := msg(9, from, to, 1)
+		m.Msg.Type, m.Msg.Entries = raftpb.MsgSnap, nil
+		m.Msg.Snapshot = &raftpb.Snapshot{Data: bytes.Repeat([]byte{7}, 6<<20),
+			Metadata: raftpb.SnapshotMetadata{Index: 5, Term: 3}}
+		return []multiraft.Envelope{m, msg(10, from, to, 2)}
+	}
+
+	small, sink := start(t, 1, "c"), start(t, 2, "c")
+	small.t.AddPeer(2, sink.addr())
+	g := await(t, sink, "the small message beside the snapshot", func() { small.t.Send(2, snap(1, 2)) },
+		func(g got) bool { return len(g.batch) > 0 })
+	for _, e := range g.batch {
+		if e.Msg.Type == raftpb.MsgSnap {
+			t.Fatal("a 6 MiB snapshot went through a 4 MiB frame")
+		}
+	}
+	if s := small.t.Stats(); s.Oversized == 0 {
+		t.Fatalf("stats %+v: the dropped snapshot is not counted", s)
+	}
+	if !strings.Contains(small.log.String(), "larger than a frame was dropped") {
+		t.Fatalf("no WARN for the dropped snapshot:\n%s", small.log.String())
+	}
+
+	big := func(c *Config) { c.FrameBytesMax = 8 << 20 }
+	a, b := start(t, 3, "c", big), start(t, 4, "c", big)
+	a.t.AddPeer(4, b.addr())
+	g = await(t, b, "the snapshot", func() { a.t.Send(4, snap(3, 4)) }, func(g got) bool {
+		return len(g.batch) > 0 && g.batch[0].Msg.Type == raftpb.MsgSnap
+	})
+	if d := g.batch[0].Msg.Snapshot.Data; len(d) != 6<<20 || d[len(d)-1] != 7 {
+		t.Fatalf("snapshot of %d bytes delivered", len(d))
+	}
 }
