@@ -224,14 +224,7 @@ func TestClusterRecoveryPlanRestoresRF(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const topic = "recovered"
-	confirmed := map[string]bool{}
-	for i := range 200 {
-		b := fmt.Sprintf("m-%d", i)
-		if _, err := client.Publish(ctx, topic, []byte(b)); err != nil {
-			t.Fatal(err)
-		}
-		confirmed[b] = true
-	}
+	confirmed := publishNumbered(t, ctx, client, topic, "m", 200)
 	type partView struct {
 		Replicas []string `json:"replicas"`
 		Owner    string   `json:"owner"`
@@ -364,14 +357,7 @@ func TestClusterLeavingOwnerHandsItsLeadOver(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const topic = "handed-over"
-	confirmed := map[string]bool{}
-	for i := range 200 {
-		b := fmt.Sprintf("m-%d", i)
-		if _, err := client.Publish(ctx, topic, []byte(b)); err != nil {
-			t.Fatal(err)
-		}
-		confirmed[b] = true
-	}
+	confirmed := publishNumbered(t, ctx, client, topic, "m", 200)
 	before := queuePartition(t, nodes[0], topic)
 	owner := byAddr[before.Owner]
 	if len(before.Voters) != 3 || slices.Contains(before.Replicas, spare.addr) || owner == nil {
@@ -521,6 +507,21 @@ func consumeAll(t *testing.T, addr, topic string, confirmed map[string]bool) {
 			t.Errorf("delivered %q, never published", b)
 		}
 	}
+}
+
+// publishNumbered publishes n messages "prefix-0" and on to topic, each
+// confirmed (any error fails the test), and returns their bodies.
+func publishNumbered(t *testing.T, ctx context.Context, client *sinew.Client, topic, prefix string, n int) map[string]bool {
+	t.Helper()
+	confirmed := make(map[string]bool, n)
+	for i := range n {
+		b := fmt.Sprintf("%s-%d", prefix, i)
+		if _, err := client.Publish(ctx, topic, []byte(b)); err != nil {
+			t.Fatal(err)
+		}
+		confirmed[b] = true
+	}
+	return confirmed
 }
 
 // startThreeAndSpare starts three voting nodes and a fourth, a learner of
