@@ -143,10 +143,14 @@ func (c *cluster) round(wait time.Duration, gone ...uint64) {
 }
 
 // until ticks every node and hands it the view until cond holds, for at
-// most 3000 rounds; each round waits at most 2 ms for a status change.
+// least 3000 rounds and at least untilPatience; each round waits at most
+// 2 ms for a status change. A round can end within microseconds (any
+// status change ends it), so the rounds alone may pass before the
+// controllers' goroutines have handled what they were handed.
 func (c *cluster) until(what string, cond func() bool, gone ...uint64) {
 	c.t.Helper()
-	for range 3000 {
+	deadline := time.Now().Add(untilPatience)
+	for i := 0; i < 3000 || time.Now().Before(deadline); i++ {
 		if cond() {
 			return
 		}
@@ -154,6 +158,9 @@ func (c *cluster) until(what string, cond func() bool, gone ...uint64) {
 	}
 	c.t.Fatalf("not reached: %s; %s", what, c.describe())
 }
+
+// untilPatience is the least real time until waits before it gives up.
+const untilPatience = 10 * time.Second
 
 func (c *cluster) describe() string {
 	c.mu.Lock()
