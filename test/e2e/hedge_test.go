@@ -49,11 +49,17 @@ func TestClusterPublishHedgedPastAStoppedOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	declarer.Close()
+	// The owner every node agrees on (one node's view may still name the
+	// leader of an earlier term).
 	owner := ""
 	for deadline := time.Now().Add(safetyTimeout); owner == ""; {
-		var v view
-		getJSONInto(t, "http://"+nodes[0].admin+"/api/v1/queues/"+topic, &v)
-		if len(v.Partitions) == 1 {
+		for i, c := range nodes {
+			var v view
+			getJSONInto(t, "http://"+c.admin+"/api/v1/queues/"+topic, &v)
+			if len(v.Partitions) != 1 || v.Partitions[0].Owner == "" || (i > 0 && v.Partitions[0].Owner != owner) {
+				owner = ""
+				break
+			}
 			owner = v.Partitions[0].Owner
 		}
 		if owner == "" {
