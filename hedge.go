@@ -141,18 +141,20 @@ func (fl *flight) startHedge() bool {
 
 // hedgeEnd takes the hedge's outcome: a confirm wins; a failure is dropped,
 // unless the original path already failed, whose error then resolves it.
-func (fl *flight) hedgeEnd(b protocol.Body, err error) (won bool) {
+// The publish is resolved by the returned func (nil when there is nothing
+// to resolve), which the caller runs once it has logged the outcome, so a
+// publish that returns has its hedge already logged.
+func (fl *flight) hedgeEnd(b protocol.Body, err error) (won bool, resolve func()) {
 	fl.mu.Lock()
 	fl.hedging = false
 	if fl.done {
 		fl.mu.Unlock()
-		return false
+		return false, nil
 	}
 	if err == nil {
 		fl.done = true
 		fl.mu.Unlock()
-		fl.f.resolve(b, nil)
-		return true
+		return true, func() { fl.f.resolve(b, nil) }
 	}
 	failed := fl.failed
 	if failed != nil {
@@ -160,9 +162,9 @@ func (fl *flight) hedgeEnd(b protocol.Body, err error) (won bool) {
 	}
 	fl.mu.Unlock()
 	if failed != nil {
-		fl.f.resolve(nil, failed)
+		return false, func() { fl.f.resolve(nil, failed) }
 	}
-	return false
+	return false, nil
 }
 
 // hedgeable reports whether a send of p may be hedged: in cluster mode, a
@@ -225,10 +227,14 @@ look:
 		outcome, b, err = r.hedgeSend(ctx, from.addr, owner, p, fl, size)
 		break
 	}
-	if fl.hedgeEnd(b, err) {
+	won, resolve := fl.hedgeEnd(b, err)
+	if won {
 		outcome = hedgeWon
 	}
 	r.hedged(p, from.addr, owner, outcome)
+	if resolve != nil {
+		resolve()
+	}
 }
 
 // hedged logs a hedge's outcome and tells the test hook.
