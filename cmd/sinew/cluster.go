@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/binary"
 	"fmt"
+	"io"
 	"log"
 	"log/slog"
 	"net"
@@ -46,6 +48,7 @@ type clusterNode struct {
 	raftID uint64
 	client string // this node's client address
 	peer   string // this node's raft transport address
+	boot   uint64 // this run of the process (membership.Meta.Boot)
 	m      *membership.Membership
 	logger *slog.Logger
 	done   chan struct{}
@@ -58,6 +61,20 @@ type clusterNode struct {
 
 	leaveOnce sync.Once
 	leaveErr  error
+}
+
+// newBoot draws a run's boot value: random, never zero (zero is "none
+// sent", from a peer of gossip metadata version 1).
+func newBoot() (uint64, error) {
+	var b [8]byte
+	for {
+		if _, err := io.ReadFull(rand.Reader, b[:]); err != nil {
+			return 0, fmt.Errorf("cluster: boot id: %w", err)
+		}
+		if v := binary.BigEndian.Uint64(b[:]); v != 0 {
+			return v, nil
+		}
+	}
 }
 
 // startCluster gives the node its stable id (file node_id in the data
@@ -88,12 +105,16 @@ func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (
 	if c.Profile == "lan" {
 		profile = membership.LANProfile()
 	}
-	n := &clusterNode{id: id, client: clientAddr, logger: logger, done: make(chan struct{}), loopDone: make(chan struct{})}
+	boot, err := newBoot()
+	if err != nil {
+		return nil, err
+	}
+	n := &clusterNode{id: id, client: clientAddr, boot: boot, logger: logger, done: make(chan struct{}), loopDone: make(chan struct{})}
 	if err := n.startController(cfg); err != nil {
 		return nil, err
 	}
 	m, err := membership.New(membership.Config{
-		Meta:      membership.Meta{NodeID: id, ClientAddr: clientAddr, PeerAddr: n.peer},
+		Meta:      membership.Meta{NodeID: id, ClientAddr: clientAddr, PeerAddr: n.peer, Boot: boot},
 		BindAddr:  host,
 		BindPort:  int(pn),
 		Profile:   profile,

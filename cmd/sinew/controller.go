@@ -77,7 +77,7 @@ func (n *clusterNode) startController(cfg settings.Config) error {
 	ctl, err := controller.Open(controller.Config{
 		FS:        vfs.OS(),
 		Dir:       filepath.Join(cfg.DataDir, "cluster", "controller"),
-		Self:      controller.Node{RaftID: rid, ID: n.id, ClientAddr: n.client, PeerAddr: n.peer},
+		Self:      controller.Node{RaftID: rid, ID: n.id, ClientAddr: n.client, PeerAddr: n.peer, Boot: n.boot},
 		Bootstrap: len(cfg.Cluster.Seeds) == 0,
 		Send:      host.Sender(controller.Group),
 		Logger:    n.logger,
@@ -133,14 +133,14 @@ func (n *clusterNode) run(ctx context.Context) {
 // node and every peer alive, dead or left; each peer's raft address goes
 // to the transport.
 func (n *clusterNode) controllerView() []controller.Member {
-	view := []controller.Member{{Node: controller.Node{RaftID: n.raftID, ID: n.id, ClientAddr: n.client, PeerAddr: n.peer}}}
+	view := []controller.Member{{Node: controller.Node{RaftID: n.raftID, ID: n.id, ClientAddr: n.client, PeerAddr: n.peer, Boot: n.boot}}}
 	for _, p := range n.m.Members() {
 		rid, err := controller.RaftIDOf(p.Name)
 		if err != nil || p.MetaErr != nil || p.Meta.PeerAddr == "" || !reachablePeer(p.Addr, p.Meta.PeerAddr) {
 			continue
 		}
 		n.tr.AddPeer(rid, p.Meta.PeerAddr)
-		nd := controller.Node{RaftID: rid, ID: p.Name, ClientAddr: p.Meta.ClientAddr, PeerAddr: p.Meta.PeerAddr}
+		nd := controller.Node{RaftID: rid, ID: p.Name, ClientAddr: p.Meta.ClientAddr, PeerAddr: p.Meta.PeerAddr, Boot: p.Meta.Boot}
 		switch p.State {
 		case membership.StateAlive:
 			view = append(view, controller.Member{Node: nd})

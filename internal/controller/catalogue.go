@@ -388,7 +388,7 @@ func (c *Controller) planRecovery(view []Member) error {
 // whichever node leads.
 func (c *Controller) Leave(ctx context.Context) error {
 	self := c.cfg.Self.RaftID
-	data, err := encode(command{Op: opLeave, RaftID: self})
+	data, err := encode(command{Op: opLeave, RaftID: self, Boot: c.cfg.Self.Boot})
 	if err != nil {
 		return err
 	}

@@ -512,15 +512,19 @@ func (c *Controller) reconcile() error {
 		var cmd command
 		switch {
 		case m.Gone && known && !cur.Left:
-			cmd = command{Op: opLeave, RaftID: m.RaftID}
-		case !m.Gone && (!known || cur.Left || cur.ClientAddr != m.ClientAddr || cur.PeerAddr != m.PeerAddr):
+			cmd = command{Op: opLeave, RaftID: m.RaftID, Boot: m.Boot}
+		case !m.Gone && known && cur.Left && cur.Boot == m.Boot:
+			// The run that left, alive while it hands its replicas over
+			// (or seen through a view from before its leave): not back.
+			continue
+		case !m.Gone && (!known || cur.Left || cur.ClientAddr != m.ClientAddr || cur.PeerAddr != m.PeerAddr || cur.Boot != m.Boot):
 			n := m.Node
 			n.JoinedAt, n.Left = 0, false
 			cmd = command{Op: opJoin, Node: &n}
 		default:
 			continue
 		}
-		key := fmt.Sprintf("%s/%d/%s/%s", cmd.Op, m.RaftID, m.ClientAddr, m.PeerAddr)
+		key := fmt.Sprintf("%s/%d/%s/%s/%d", cmd.Op, m.RaftID, m.ClientAddr, m.PeerAddr, m.Boot)
 		if _, ok := c.proposed[key]; ok {
 			continue
 		}

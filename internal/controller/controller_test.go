@@ -27,14 +27,16 @@ type cluster struct {
 	cut   map[uint64]bool
 	// epoch moves every node's client address (each move is a join
 	// entry); snapEvery and segBytes configure the controllers.
-	epoch     int
-	dead      map[uint64]bool // reported dead by membership
+	epoch int
+	dead  map[uint64]bool // reported dead by membership
+	// boots counts each node's starts: its run (Node.Boot).
+	boots     map[uint64]uint64
 	snapEvery int
 	segBytes  int64
 }
 
 func newCluster(t *testing.T) *cluster {
-	c := &cluster{t: t, nodes: map[uint64]*Controller{}, fs: map[uint64]*vfs.MemFS{}, cut: map[uint64]bool{}, dead: map[uint64]bool{}}
+	c := &cluster{t: t, nodes: map[uint64]*Controller{}, fs: map[uint64]*vfs.MemFS{}, cut: map[uint64]bool{}, dead: map[uint64]bool{}, boots: map[uint64]uint64{}}
 	t.Cleanup(func() {
 		c.mu.Lock()
 		nodes := c.nodes
@@ -77,8 +79,10 @@ func (c *cluster) start(id uint64, bootstrap bool) *Controller {
 		fs = vfs.NewMem()
 		c.fs[id] = fs
 	}
+	c.boots[id]++
+	self := c.member(id)
 	c.mu.Unlock()
-	ctl, err := Open(Config{FS: fs, Dir: "controller", Self: nodeAt(id, c.epoch), Bootstrap: bootstrap, Send: c.send(id),
+	ctl, err := Open(Config{FS: fs, Dir: "controller", Self: self, Bootstrap: bootstrap, Send: c.send(id),
 		SnapshotEvery: c.snapEvery, SegmentBytes: c.segBytes})
 	if err != nil {
 		c.t.Fatalf("open controller %d: %v", id, err)
@@ -99,6 +103,14 @@ func (c *cluster) stop(id uint64) {
 	}
 }
 
+// member is node id as membership shows it now, in its current run.
+// Called with c.mu held.
+func (c *cluster) member(id uint64) Node {
+	n := nodeAt(id, c.epoch)
+	n.Boot = c.boots[id]
+	return n
+}
+
 // view is the membership view every node gets: the running nodes (those
 // in c.dead reported dead), plus the ones named gone.
 func (c *cluster) reconcile(gone ...uint64) {
@@ -110,10 +122,10 @@ func (c *cluster) reconcile(gone ...uint64) {
 	}
 	slices.Sort(ids) // nodes join in id order
 	for _, id := range ids {
-		view = append(view, Member{Node: nodeAt(id, c.epoch), Dead: c.dead[id]})
+		view = append(view, Member{Node: c.member(id), Dead: c.dead[id]})
 	}
 	for _, id := range gone {
-		view = append(view, Member{Node: nodeAt(id, c.epoch), Gone: true})
+		view = append(view, Member{Node: c.member(id), Gone: true})
 	}
 	nodes := make([]*Controller, 0, len(c.nodes))
 	for _, n := range c.nodes {
@@ -168,7 +180,7 @@ func (c *cluster) describe() string {
 	s := ""
 	for id, n := range c.nodes {
 		st := n.Status()
-		s += fmt.Sprintf("[node %d: leader %d term %d voters %v learners %v applied %d nodes %d err %q] ", id, st.Leader, st.Term, st.Voters, st.Learners, st.Applied, len(st.Table.Nodes), st.Err)
+		s += fmt.Sprintf("[node %d: leader %d term %d voters %v learners %v applied %d nodes %+v err %q] ", id, st.Leader, st.Term, st.Voters, st.Learners, st.Applied, st.Table.Nodes, st.Err)
 	}
 	return s
 }
@@ -198,7 +210,7 @@ func (c *cluster) agreed(voters, learners []uint64, members []uint64, left []uin
 				if nd.Left {
 					gone = append(gone, nd.RaftID)
 				}
-				if want := nodeAt(nd.RaftID, c.epoch); nd.ID != want.ID || nd.ClientAddr != want.ClientAddr || nd.PeerAddr != want.PeerAddr {
+				if want := c.member(nd.RaftID); nd.ID != want.ID || nd.ClientAddr != want.ClientAddr || nd.PeerAddr != want.PeerAddr || nd.Boot != want.Boot {
 					return false
 				}
 			}

@@ -21,6 +21,12 @@ type Node struct {
 	JoinedAt uint64 `json:"joined_at"`
 	// Left is set once the node left the cluster on purpose.
 	Left bool `json:"left,omitempty"`
+	// Boot names the run of the node's process the table last heard of
+	// (membership.Meta.Boot; zero when none was sent). A node that left
+	// is admitted again only from another run: the process that left
+	// stays alive while it hands its replicas over, and is not a node
+	// coming back.
+	Boot uint64 `json:"boot,omitempty"`
 }
 
 // Table is the controller's replicated state: the node table. Every
@@ -81,7 +87,9 @@ type command struct {
 	Op     string `json:"op"`
 	Node   *Node  `json:"node,omitempty"`
 	RaftID uint64 `json:"raft_id,omitempty"`
-	Queue  *Queue `json:"queue,omitempty"`
+	// Boot is leave's run of the node that leaves (zero: not known).
+	Boot  uint64 `json:"boot,omitempty"`
+	Queue *Queue `json:"queue,omitempty"`
 	// From and To are replace_replica's nodes.
 	From uint64 `json:"from,omitempty"`
 	To   uint64 `json:"to,omitempty"`
@@ -145,7 +153,7 @@ func (t *Table) apply(index uint64, c command) error {
 		} else if ok {
 			// A node joining again (new addresses, or back after it
 			// left) keeps its place in the join order.
-			t.Nodes[i].ClientAddr, t.Nodes[i].PeerAddr, t.Nodes[i].Left = n.ClientAddr, n.PeerAddr, false
+			t.Nodes[i].ClientAddr, t.Nodes[i].PeerAddr, t.Nodes[i].Left, t.Nodes[i].Boot = n.ClientAddr, n.PeerAddr, false, n.Boot
 			return nil
 		}
 		n.JoinedAt, n.Left = index, false
@@ -154,6 +162,9 @@ func (t *Table) apply(index uint64, c command) error {
 	case opLeave:
 		if i, ok := t.find(c.RaftID); ok {
 			t.Nodes[i].Left = true
+			if c.Boot != 0 {
+				t.Nodes[i].Boot = c.Boot
+			}
 		}
 	case opCreateQueue:
 		return t.applyCreateQueue(index, c.Queue)

@@ -1,6 +1,9 @@
 package membership
 
-import "fmt"
+import (
+	"encoding/binary"
+	"fmt"
+)
 
 // Meta is what a node tells its peers about itself, carried in
 // memberlist's node metadata.
@@ -15,6 +18,12 @@ type Meta struct {
 	// Leaving is set by Leave before the node leaves, so that peers tell
 	// a leave from a crash (memberlist reports both the same way).
 	Leaving bool
+	// Boot names this run of the node's process: a new random value at
+	// every start, so peers tell a node that restarted from one that is
+	// still the same process (a node that left and came back from one
+	// still handing its replicas over). Zero from a node of metadata
+	// version 1, which sends none.
+	Boot uint64
 }
 
 // metaBytesMax is memberlist's limit on node metadata (memberlist.MetaMaxSize).
@@ -22,12 +31,16 @@ const metaBytesMax = 512
 
 // metaVersion is the first byte of an encoded Meta.
 //
-//	+---------+----------+--------+--------+--------+------------+--------+----------+
-//	| version | flags u8 | len u8 | NodeID | len u8 | ClientAddr | len u8 | PeerAddr |
-//	+---------+----------+--------+--------+--------+------------+--------+----------+
+//	+---------+----------+--------+--------+--------+------------+--------+----------+------------+
+//	| version | flags u8 | len u8 | NodeID | len u8 | ClientAddr | len u8 | PeerAddr | Boot u64be |
+//	+---------+----------+--------+--------+--------+------------+--------+----------+------------+
 //
-// flags bit 0 is Leaving; the other bits are zero.
-const metaVersion = 1
+// flags bit 0 is Leaving; the other bits are zero. Version 1 is the same
+// without Boot; it is still read (Boot zero), and never sent.
+const (
+	metaVersion   = 2
+	metaVersionV1 = 1
+)
 
 // fieldBytesMax bounds each field; three of them and their lengths fit in
 // metaBytesMax.
@@ -50,7 +63,7 @@ func (m Meta) encode() ([]byte, error) {
 		b = append(b, byte(len(f.v)))
 		b = append(b, f.v...)
 	}
-	return b, nil
+	return binary.BigEndian.AppendUint64(b, m.Boot), nil
 }
 
 // decodeMeta reads a peer's metadata. Whatever a peer sends, it returns an
@@ -59,8 +72,9 @@ func decodeMeta(b []byte) (Meta, error) {
 	if len(b) == 0 {
 		return Meta{}, fmt.Errorf("%w: empty", ErrBadMeta)
 	}
-	if b[0] != metaVersion {
-		return Meta{}, fmt.Errorf("%w: version %d, want %d", ErrBadMeta, b[0], metaVersion)
+	version := b[0]
+	if version != metaVersion && version != metaVersionV1 {
+		return Meta{}, fmt.Errorf("%w: version %d, want %d or %d", ErrBadMeta, b[0], metaVersionV1, metaVersion)
 	}
 	if len(b) < 2 || b[1]&^flagLeaving != 0 {
 		return Meta{}, fmt.Errorf("%w: missing or unknown flags", ErrBadMeta)
@@ -79,8 +93,15 @@ func decodeMeta(b []byte) (Meta, error) {
 		out[i] = string(b[1 : 1+n])
 		b = b[1+n:]
 	}
+	var boot uint64
+	if version == metaVersion {
+		if len(b) < 8 {
+			return Meta{}, fmt.Errorf("%w: boot truncated", ErrBadMeta)
+		}
+		boot, b = binary.BigEndian.Uint64(b), b[8:]
+	}
 	if len(b) != 0 {
 		return Meta{}, fmt.Errorf("%w: %d trailing bytes", ErrBadMeta, len(b))
 	}
-	return Meta{NodeID: out[0], ClientAddr: out[1], PeerAddr: out[2], Leaving: leaving}, nil
+	return Meta{NodeID: out[0], ClientAddr: out[1], PeerAddr: out[2], Leaving: leaving, Boot: boot}, nil
 }

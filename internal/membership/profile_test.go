@@ -92,7 +92,7 @@ func TestProfileValidate(t *testing.T) {
 }
 
 func TestMetaRoundTrip(t *testing.T) {
-	in := Meta{NodeID: "node-7f3a", ClientAddr: "10.0.0.1:7400", PeerAddr: "10.0.0.1:7401"}
+	in := Meta{NodeID: "node-7f3a", ClientAddr: "10.0.0.1:7400", PeerAddr: "10.0.0.1:7401", Boot: 0x0102030405060708}
 	b, err := in.encode()
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +108,7 @@ func TestMetaRoundTrip(t *testing.T) {
 	if _, err := (Meta{NodeID: "a", PeerAddr: long}).encode(); !errors.Is(err, ErrBadConfig) {
 		t.Errorf("over-long field: %v, want ErrBadConfig", err)
 	}
-	full := Meta{NodeID: long[:fieldBytesMax], ClientAddr: long[:fieldBytesMax], PeerAddr: long[:fieldBytesMax]}
+	full := Meta{NodeID: long[:fieldBytesMax], ClientAddr: long[:fieldBytesMax], PeerAddr: long[:fieldBytesMax], Boot: ^uint64(0)}
 	if b, err := full.encode(); err != nil || len(b) > metaBytesMax {
 		t.Errorf("largest meta: %d bytes, %v", len(b), err)
 	}
@@ -123,12 +123,21 @@ func TestMetaRoundTrip(t *testing.T) {
 	if _, err := decodeMeta([]byte{9}); !errors.Is(err, ErrBadMeta) {
 		t.Errorf("unknown version: %v", err)
 	}
+	// Version 1 (no boot) is still read, from a node not yet upgraded.
+	v1 := []byte{metaVersionV1, flagLeaving, 1, 'n', 1, 'c', 1, 'p'}
+	if m, err := decodeMeta(v1); err != nil || m != (Meta{NodeID: "n", ClientAddr: "c", PeerAddr: "p", Leaving: true}) {
+		t.Errorf("version 1: %+v, %v", m, err)
+	}
+	if _, err := decodeMeta(append(v1, 0)); !errors.Is(err, ErrBadMeta) {
+		t.Errorf("version 1 with a trailing byte: %v", err)
+	}
 }
 
 func FuzzDecodeMeta(f *testing.F) {
-	b, _ := Meta{NodeID: "n", ClientAddr: "c", PeerAddr: "p"}.encode()
+	b, _ := Meta{NodeID: "n", ClientAddr: "c", PeerAddr: "p", Boot: 7}.encode()
 	f.Add(b)
 	f.Add([]byte{1, 255})
+	f.Add([]byte{metaVersionV1, 0, 1, 'n', 1, 'c', 1, 'p'})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMeta(b)
 		if err != nil {
@@ -137,6 +146,13 @@ func FuzzDecodeMeta(f *testing.F) {
 		again, err := m.encode()
 		if err != nil {
 			t.Fatalf("decoded %+v does not encode: %v", m, err)
+		}
+		if b[0] == metaVersionV1 {
+			// Read as version 1, sent as the current version.
+			if m2, err := decodeMeta(again); err != nil || m2 != m {
+				t.Fatalf("version 1 %x: re-encoded %x decodes to %+v, %v", b, again, m2, err)
+			}
+			return
 		}
 		if string(again) != string(b) {
 			t.Fatalf("re-encoding %x gives %x", b, again)
