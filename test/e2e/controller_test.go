@@ -54,7 +54,8 @@ func startThree(t *testing.T, bin string) ([]*clusterChild, map[*clusterChild]st
 // process is killed with -9: the other two elect a new leader. It restarts
 // on new ports and is a voter again, its new peer address committed. A
 // fourth node joins as a learner; a voter that leaves is marked left and
-// removed, and the learner is promoted.
+// removed, and the learner is promoted. The node that left runs again and
+// is admitted again, as a learner.
 func TestClusterControllerGroup(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the sinew binary")
@@ -164,6 +165,15 @@ func TestClusterControllerGroup(t *testing.T) {
 	for _, c := range []*clusterChild{live[0], back, n4} {
 		awaitNodes(t, c, "the node that left is removed and the learner promoted", func(v nodesView) bool {
 			return controllerAgrees(v, voters, nil, four, []string{id[gone]})
+		})
+	}
+
+	// The node that left runs again from its data directory (a new run
+	// of its process): it is admitted again, as a learner.
+	again := startClusterChild(t, bin, gone.dir, live[0].gossip)
+	for _, c := range []*clusterChild{live[0], back, n4, again} {
+		awaitNodes(t, c, "the node that left, run again, is a learner", func(v nodesView) bool {
+			return controllerAgrees(v, voters, []string{id[gone]}, four, nil)
 		})
 	}
 }
