@@ -113,6 +113,7 @@ func (n *clusterNode) run(ctx context.Context) {
 	since := time.Now()
 	warned := false
 	for {
+		n.ctl.SetFenced(n.m.Fenced())
 		n.ctl.Reconcile(n.controllerView())
 		if n.ctl.Status().Leader != 0 {
 			since, warned = time.Now(), false

@@ -453,17 +453,29 @@ func (b *Broker) notePlacement(q *queueEntry, pl []RaftPlacement) {
 
 // Reconfigure moves the replicas of every partition this node owns one
 // step toward its placement (partition.Partition.Reconfigure). The cluster
-// wiring calls it periodically.
+// wiring calls it periodically. A fenced node instead hands the lead of
+// every partition it owns to a caught-up voter (partition.HandLeadOver):
+// it stops leading while it sees a majority of the cluster dead.
 func (b *Broker) Reconfigure(ctx context.Context) {
 	if b.cfg.Cluster == nil || b.closed.Load() {
 		return
 	}
+	fenced := b.fenced()
 	qs := b.queueEntries()
 	for _, q := range qs {
 		raft := q.meta.Load().Raft
 		cq, inCatalogue := b.cfg.Cluster.Lookup(q.key.topic, q.key.group)
 		for i, p := range q.parts {
 			if i >= len(raft) || !q.leadsHere(p) {
+				continue
+			}
+			if fenced {
+				what, err := p.HandLeadOver(ctx, raft[i].Replicas, "this node is fenced")
+				if err != nil && !errors.Is(err, partition.ErrNotLeader) {
+					b.logger.Warn("fenced: partition lead not handed over", "topic", q.key.topic, "group", q.key.group, "partition", i, "err", err)
+				} else if what != "" {
+					b.logger.Info("fenced: partition lead handed over", "topic", q.key.topic, "group", q.key.group, "partition", i, "step", what)
+				}
 				continue
 			}
 			what, err := p.Reconfigure(ctx, raft[i].Replicas)

@@ -121,6 +121,7 @@ type Controller struct {
 	inbound   chan *raftpb.Message
 	proposals chan []byte
 	ticks     atomic.Int32
+	fenced    atomic.Bool // SetFenced
 	wake      chan struct{}
 	stop      chan struct{}
 	done      chan struct{}
@@ -286,6 +287,34 @@ func (c *Controller) Reconcile(view []Member) {
 	c.poke()
 }
 
+// SetFenced tells the controller whether its node is fenced (membership
+// holds a majority of the peers dead). A fenced leader plans nothing (its
+// view holds most nodes dead, though their raft messages may still flow
+// when only gossip is cut) and hands its lead to a voter that has caught
+// up, when one has; a fenced follower goes on following.
+func (c *Controller) SetFenced(fenced bool) {
+	if c.fenced.Swap(fenced) != fenced {
+		c.poke()
+	}
+}
+
+// handLeadOver, on a fenced leader, transfers the lead to a voter that
+// is recently active and has the whole log, unless a transfer is under
+// way.
+func (c *Controller) handLeadOver() {
+	st := c.rn.Status()
+	if st.LeadTransferee != 0 {
+		return
+	}
+	for _, id := range c.cs.Voters {
+		if pr, ok := st.Progress[id]; ok && id != c.cfg.Self.RaftID && pr.RecentActive && pr.Match >= st.Commit {
+			c.log.Info("controller: this node is fenced; it hands the controller's lead over", "to", id)
+			c.rn.TransferLeader(id)
+			return
+		}
+	}
+}
+
 // Status returns the controller's latest status.
 func (c *Controller) Status() Status { return *c.status.Load() }
 
@@ -371,7 +400,12 @@ func (c *Controller) turn() error {
 		}
 		break
 	}
-	if c.leads {
+	if c.leads && c.fenced.Load() {
+		c.handLeadOver()
+		if err := c.handleReady(); err != nil {
+			return err
+		}
+	} else if c.leads {
 		if err := c.reconcile(); err != nil {
 			return err
 		}

@@ -649,3 +649,36 @@ func TestUnreachableMemberStaysALearner(t *testing.T) {
 	}
 	c.mu.Unlock()
 }
+
+// TestFencedLeaderHandsItsLeadOver: the controller's leader is told its
+// node is fenced (membership holds a majority of its peers dead, though its
+// raft messages flow): it hands the lead to another voter. Unfenced, the
+// group goes on.
+func TestFencedLeaderHandsItsLeadOver(t *testing.T) {
+	c := newCluster(t)
+	c.start(1, true)
+	c.start(2, false)
+	c.start(3, false)
+	three := []uint64{1, 2, 3}
+	c.until("three voters", c.agreed(three, nil, three, nil))
+	c.mu.Lock()
+	old := c.nodes[1].Status().Leader
+	fenced := c.nodes[old]
+	c.mu.Unlock()
+	fenced.SetFenced(true)
+	c.until("another voter leads", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		var lead uint64
+		for _, n := range c.nodes {
+			st := n.Status()
+			if st.Leader == 0 || st.Leader == old || (lead != 0 && st.Leader != lead) {
+				return false
+			}
+			lead = st.Leader
+		}
+		return true
+	})
+	fenced.SetFenced(false)
+	c.until("three voters, one leader", c.agreed(three, nil, three, nil))
+}

@@ -1017,6 +1017,51 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 	}
 }
 
+// HandLeadOver hands the lead of a replica that leads to a caught-up voter
+// of its group (the first among want, raft ids, then any), and reports the
+// step ("" when none has caught up, or a transfer is already under way).
+// A fenced node calls it for every partition it leads, so that it stops
+// leading while it sees a majority of the cluster dead (its raft
+// messages may still flow when only gossip is cut). A replica that does
+// not lead answers ErrNotLeader.
+func (p *Partition) HandLeadOver(ctx context.Context, want []uint64, why string) (string, error) {
+	if err := p.Unavailable(); err != nil {
+		return "", err
+	}
+	type answer struct {
+		what string
+		err  error
+	}
+	ch := make(chan answer, 1)
+	err := p.control(control{kind: ctlInspect, fn: func() {
+		if !p.leads || p.single {
+			ch <- answer{err: ErrNotLeader}
+			return
+		}
+		if p.transferring() {
+			ch <- answer{}
+			return
+		}
+		for _, id := range slices.Concat(want, p.caught) {
+			if id != p.raftID && slices.Contains(p.caught, id) {
+				what, err := p.transferLead(id, why)
+				ch <- answer{what: what, err: err}
+				return
+			}
+		}
+		ch <- answer{}
+	}})
+	if err != nil {
+		return "", err
+	}
+	select {
+	case a := <-ch:
+		return a.what, a.err
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
 // proposalDropped undoes what the decider decided for a proposal raft refused:
 // the state is rebuilt from the commit index and the requests waiting are
 // answered ErrNotLeader (stepDown). raft refuses a proposal when this

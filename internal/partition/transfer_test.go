@@ -241,3 +241,38 @@ func TestReplicaGroupLeadReturnsToPreferredOwner(t *testing.T) {
 		g.drain(nl)
 	})
 }
+
+// A leader whose node is fenced hands its lead to a caught-up voter
+// (HandLeadOver), the first the placement names; a replica that does not
+// lead answers ErrNotLeader, and the new leader serves publishes.
+func TestReplicaGroupHandLeadOver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newRGroup(t, 23, multiraft.Faults{DelayMinMs: 1, DelayMaxMs: 5}, nil)
+		defer g.closeAll()
+		l := g.awaitLeader()
+		g.publishN(l.p, "m", 10)
+		g.run(3 * replTick) // the leader notes its caught-up voters at its ticks
+		want := append([]uint64{l.id}, others(l.id)...)
+		slices.Reverse(want[1:]) // the last other first: not merely the lowest id
+		ctx, cancel := context.WithTimeout(context.Background(), inspectWaitMax)
+		defer cancel()
+		for _, n := range g.nodes[1:] {
+			if n.id == l.id {
+				continue
+			}
+			if _, err := n.p.HandLeadOver(ctx, want, "test"); !errors.Is(err, ErrNotLeader) {
+				t.Fatalf("HandLeadOver on follower %d: %v, want ErrNotLeader", n.id, err)
+			}
+		}
+		what, err := l.p.HandLeadOver(ctx, want, "test")
+		if err != nil || !strings.HasPrefix(what, fmt.Sprintf("transfer leadership to %d", want[1])) {
+			t.Fatalf("HandLeadOver on the leader: %q, %v; want a transfer to %d", what, err, want[1])
+		}
+		nl := g.awaitNewLeader(l.id)
+		if nl.id != want[1] {
+			t.Fatalf("replica %d leads, want %d", nl.id, want[1])
+		}
+		g.publishN(nl.p, "next", 10)
+		g.drain(nl)
+	})
+}
