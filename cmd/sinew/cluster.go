@@ -271,7 +271,7 @@ func (n *clusterNode) view() admin.NodesView {
 // which serve exits: so a leave costs no partition its quorum, even when
 // another node leaves right after this one has gone. Asking again
 // returns the first answer.
-func (n *clusterNode) leave(handedOver func() (bool, string), drain func()) error {
+func (n *clusterNode) leave(handedOver func() (bool, string), leadsOver func(context.Context) bool, drain func()) error {
 	n.leaveOnce.Do(func() {
 		n.logger.Info("cluster: leaving; the replicas here are handed over, then the node drains", "node_id", n.id)
 		if err := n.m.Leave(clusterLeaveTimeoutMs * time.Millisecond); err != nil {
@@ -288,8 +288,27 @@ func (n *clusterNode) leave(handedOver func() (bool, string), drain func()) erro
 			// Every other node holds a replica already: there is no one
 			// to hand them to, and the partitions run on the others (one
 			// replica fewer) until a node joins, which the plan then uses.
-			n.logger.Info("cluster: no spare node to hand the replicas to; draining", "node_id", n.id, "alive_peers", alive)
-			drain()
+			// Their leads go to the others first, so that this node's
+			// exit costs no partition an election.
+			n.logger.Info("cluster: no spare node to hand the replicas to; handing their leads over, then draining", "node_id", n.id, "alive_peers", alive)
+			go func() {
+				deadline := time.Now().Add(clusterLeadsOverTimeoutMs * time.Millisecond)
+				for {
+					ctx, cancel := context.WithDeadline(context.Background(), deadline)
+					done := leadsOver(ctx)
+					cancel()
+					if done {
+						n.logger.Info("cluster: partition leads handed over; draining", "node_id", n.id)
+						break
+					}
+					if time.Now().After(deadline) {
+						n.logger.Warn("cluster: partition leads not handed over in time; draining anyway", "timeout_ms", clusterLeadsOverTimeoutMs)
+						break
+					}
+					time.Sleep(clusterHandoverPollMs * time.Millisecond) // bounded by the deadline
+				}
+				drain()
+			}()
 			return
 		}
 		go func() {
@@ -328,6 +347,12 @@ const (
 	clusterHandoverPollMs    = 100
 )
 
+// A leaving node with no spare waits at most clusterLeadsOverTimeoutMs
+// for its partitions' leads to move to the other replicas (a transfer
+// takes a round trip; one a replica cannot take is abandoned by raft
+// after an election timeout, and tried again).
+const clusterLeadsOverTimeoutMs = 10_000
+
 // close stops gossip (without a leave, the others see a crash unless
 // leave came first), waits for the event logger, and stops the controller
 // replica and its transport.
@@ -340,12 +365,12 @@ func (n *clusterNode) close() {
 }
 
 // clusterAdmin wires n into the admin API (nil n: a node that runs alone).
-func clusterAdmin(acfg *admin.Config, n *clusterNode, handedOver func() (bool, string), drain func()) {
+func clusterAdmin(acfg *admin.Config, n *clusterNode, handedOver func() (bool, string), leadsOver func(context.Context) bool, drain func()) {
 	if n == nil {
 		return
 	}
 	acfg.Nodes = n.view
-	acfg.LeaveCluster = func(context.Context) error { return n.leave(handedOver, drain) }
+	acfg.LeaveCluster = func(context.Context) error { return n.leave(handedOver, leadsOver, drain) }
 	acfg.ForgetNode = func(id string) error {
 		if err := n.m.Forget(id); err != nil {
 			return err

@@ -319,7 +319,8 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 			}
 			return nil
 		}
-		clusterAdmin(&acfg, cn, b.HandedOver, func() {
+		leadsOver := func(ctx context.Context) bool { return b.HandLeadsOver(ctx, "this node leaves") }
+		clusterAdmin(&acfg, cn, b.HandedOver, leadsOver, func() {
 			if _, already := drain.start(); !already {
 				logger.Info("drain started by a cluster leave")
 			}

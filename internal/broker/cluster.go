@@ -460,22 +460,16 @@ func (b *Broker) Reconfigure(ctx context.Context) {
 	if b.cfg.Cluster == nil || b.closed.Load() {
 		return
 	}
-	fenced := b.fenced()
+	if b.fenced() {
+		b.HandLeadsOver(ctx, "this node is fenced")
+		return
+	}
 	qs := b.queueEntries()
 	for _, q := range qs {
 		raft := q.meta.Load().Raft
 		cq, inCatalogue := b.cfg.Cluster.Lookup(q.key.topic, q.key.group)
 		for i, p := range q.parts {
 			if i >= len(raft) || !q.leadsHere(p) {
-				continue
-			}
-			if fenced {
-				what, err := p.HandLeadOver(ctx, raft[i].Replicas, "this node is fenced")
-				if err != nil && !errors.Is(err, partition.ErrNotLeader) {
-					b.logger.Warn("fenced: partition lead not handed over", "topic", q.key.topic, "group", q.key.group, "partition", i, "err", err)
-				} else if what != "" {
-					b.logger.Info("fenced: partition lead handed over", "topic", q.key.topic, "group", q.key.group, "partition", i, "step", what)
-				}
 				continue
 			}
 			what, err := p.Reconfigure(ctx, raft[i].Replicas)
@@ -492,6 +486,35 @@ func (b *Broker) Reconfigure(ctx context.Context) {
 			b.carryPurges(q, &cq)
 		}
 	}
+}
+
+// HandLeadsOver hands the lead of every partition this node owns to a
+// caught-up voter of its group (partition.HandLeadOver), and reports
+// whether it owns none any more. A fenced node calls it (through
+// Reconfigure) so that it stops leading; a node that leaves with no spare
+// to hand its replicas to calls it before it drains, so that its exit
+// costs its partitions no election. A single node owns what it holds.
+func (b *Broker) HandLeadsOver(ctx context.Context, why string) bool {
+	if b.cfg.Cluster == nil {
+		return false
+	}
+	none := true
+	for _, q := range b.queueEntries() {
+		raft := q.meta.Load().Raft
+		for i, p := range q.parts {
+			if i >= len(raft) || !q.leadsHere(p) {
+				continue
+			}
+			none = false
+			what, err := p.HandLeadOver(ctx, raft[i].Replicas, why)
+			if err != nil && !errors.Is(err, partition.ErrNotLeader) {
+				b.logger.Warn("partition lead not handed over", "topic", q.key.topic, "group", q.key.group, "partition", i, "why", why, "err", err)
+			} else if what != "" {
+				b.logger.Info("partition lead handed over", "topic", q.key.topic, "group", q.key.group, "partition", i, "why", why, "step", what)
+			}
+		}
+	}
+	return none
 }
 
 // reportPlaced tells the controller, while the catalogue shows partition i

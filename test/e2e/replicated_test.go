@@ -414,10 +414,83 @@ func TestClusterLeavingOwnerHandsItsLeadOver(t *testing.T) {
 	consumeAll(t, after.Owner, topic, confirmed)
 }
 
+// Three `sinew serve --cluster` processes and a queue on all three: its
+// owner leaves with no spare to hand its replica to. It hands its
+// partition's lead to another replica (a raft leadership transfer) before
+// it drains and exits, so its exit costs the partition no election: the
+// others name the new owner as soon as it has exited, and the same owner
+// and term 2 s later (an election timeout is 0.5 to 1 s). Every confirmed
+// message is then consumed from the new owner.
+func TestClusterLeavingOwnerWithoutASpareHandsItsLeadOver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sinew binary")
+	}
+	bin := buildSinew(t)
+	nodes, _, _ := startThreeVoting(t, bin)
+	byAddr, _, client := seededClient(t, nodes, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const topic = "no-spare"
+	confirmed := publishNumbered(t, ctx, client, topic, "m", 200)
+	before := queuePartition(t, nodes[0], topic)
+	owner := byAddr[before.Owner]
+	if len(before.Voters) != 3 || owner == nil {
+		t.Fatalf("placement %+v: want three voters, one of them the owner", before)
+	}
+	var stay *clusterChild
+	for _, c := range nodes {
+		if c != owner {
+			stay = c
+			break
+		}
+	}
+	resp, err := http.Post("http://"+owner.admin+"/api/v1/nodes/self/leave", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("leave: %s", resp.Status)
+	}
+	if status := waitChild(t, owner.child); status != 0 {
+		t.Fatalf("the owner that left exited %d:\n%s", status, owner.log())
+	}
+	exited := time.Now()
+	log := owner.log()
+	transfer := strings.Index(log, "partition replica transfers its lead")
+	handed := strings.Index(log, "partition leads handed over; draining")
+	if transfer < 0 || handed < transfer {
+		t.Fatalf("the leaving owner's log does not show the lead handed over (at %d) before \"partition leads handed over\" (at %d):\n%s",
+			transfer, handed, log)
+	}
+	// Without the transfer the others would still name the departed
+	// owner here, until an election timeout passed.
+	at := queuePartition(t, stay, topic)
+	if at.Owner == "" || at.Owner == owner.addr {
+		t.Fatalf("at the exit the partition's owner is %q (the departed owner is %s): the lead was not handed over", at.Owner, owner.addr)
+	}
+	for time.Since(exited) < 2*time.Second {
+		time.Sleep(50 * time.Millisecond) // an election, were there one, would show by now
+	}
+	if later := queuePartition(t, stay, topic); later.Term != at.Term || later.Owner != at.Owner {
+		t.Fatalf("the partition held an election after the owner exited: owner %s term %d at the exit, owner %s term %d 2 s later",
+			at.Owner, at.Term, later.Owner, later.Term)
+	}
+	for i := range 50 {
+		b := fmt.Sprintf("after-%d", i)
+		if _, err := client.Publish(ctx, topic, []byte(b)); err != nil {
+			t.Fatal(err)
+		}
+		confirmed[b] = true
+	}
+	consumeAll(t, at.Owner, topic, confirmed)
+}
+
 // partitionView is one partition as GET /api/v1/queues/{topic} shows it.
 type partitionView struct {
 	Replicas []string `json:"replicas"`
 	Owner    string   `json:"owner"`
+	Term     uint64   `json:"term"`
 	Voters   []string `json:"voters"`
 	Learners []string `json:"learners"`
 }
