@@ -110,7 +110,8 @@ type Checker struct {
 	lastAtMs      int64
 	gapMs         int64
 	gapFromMs     int64
-	settleFailure int // acks answered with something other than ok
+	gapEndAttempt uint32 // the attempt of the delivery that ended the gap
+	settleFailure int    // acks answered with something other than ok
 }
 
 // New returns an empty Checker.
@@ -188,7 +189,7 @@ func (c *Checker) DeliveredAttempt(id ID, pos Pos, atMs int64, attempt uint32) {
 		}
 	})
 	c.deliveries++
-	c.observe(atMs)
+	c.observe(atMs, attempt)
 }
 
 // WasSettled reports whether an ack of id was confirmed already (for a
@@ -211,13 +212,13 @@ func (c *Checker) Corrupt(detail string, atMs int64) {
 	} else if len(c.corrupt) == idsShownMax {
 		c.corrupt = append(c.corrupt, "...")
 	}
-	c.observe(atMs)
+	c.observe(atMs, 0)
 }
 
 // observe moves the delivery timeline forward. Records from several consumers
 // can arrive slightly out of timestamp order; an earlier time never shrinks
 // the timeline.
-func (c *Checker) observe(atMs int64) {
+func (c *Checker) observe(atMs int64, attempt uint32) {
 	if !c.haveDelivery {
 		c.haveDelivery = true
 		c.firstAtMs, c.lastAtMs = atMs, atMs
@@ -227,7 +228,7 @@ func (c *Checker) observe(atMs int64) {
 		return
 	}
 	if gap := atMs - c.lastAtMs; gap > c.gapMs {
-		c.gapMs, c.gapFromMs = gap, c.lastAtMs
+		c.gapMs, c.gapFromMs, c.gapEndAttempt = gap, c.lastAtMs, attempt
 	}
 	c.lastAtMs = atMs
 }
@@ -311,10 +312,14 @@ type Report struct {
 	Phantom []ID     // delivered, never attempted
 	Corrupt []string // bodies that did not verify
 
-	LongestGapMs    int64 // longest stretch between two consecutive deliveries
-	LongestGapAtMs  int64 // when that stretch began, on the caller's scale
-	FirstDeliveryMs int64
-	LastDeliveryMs  int64
+	LongestGapMs   int64 // longest stretch between two consecutive deliveries
+	LongestGapAtMs int64 // when that stretch began, on the caller's scale
+	// LongestGapEndAttempt is the broker's attempt number of the delivery
+	// that ended that stretch (0: not known): above 1, a message
+	// delivered again, say once its lease ran out.
+	LongestGapEndAttempt uint32
+	FirstDeliveryMs      int64
+	LastDeliveryMs       int64
 }
 
 // Report computes the verdict from everything recorded so far.
@@ -322,13 +327,14 @@ func (c *Checker) Report() Report {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r := Report{
-		Deliveries:      c.deliveries,
-		SettleRefused:   c.settleFailure,
-		LongestGapMs:    c.gapMs,
-		LongestGapAtMs:  c.gapFromMs,
-		FirstDeliveryMs: c.firstAtMs,
-		LastDeliveryMs:  c.lastAtMs,
-		Corrupt:         append([]string(nil), c.corrupt...),
+		Deliveries:           c.deliveries,
+		SettleRefused:        c.settleFailure,
+		LongestGapMs:         c.gapMs,
+		LongestGapAtMs:       c.gapFromMs,
+		LongestGapEndAttempt: c.gapEndAttempt,
+		FirstDeliveryMs:      c.firstAtMs,
+		LastDeliveryMs:       c.lastAtMs,
+		Corrupt:              append([]string(nil), c.corrupt...),
 	}
 	for id, m := range c.msgs {
 		if m.attempted {
@@ -427,9 +433,9 @@ func (r Report) Err() error {
 // String is a one-line summary of the figures, for logs and tables.
 func (r Report) String() string {
 	return fmt.Sprintf("attempted=%d confirmed=%d deliveries=%d delivered=%d settled=%d lost=%d "+
-		"settled_redelivered=%d phantom=%d corrupt=%d duplicates=%d dedup_misses=%d unsettled=%d in_doubt=%d settle_refused=%d longest_gap_ms=%d longest_gap_from_ms=%d",
+		"settled_redelivered=%d phantom=%d corrupt=%d duplicates=%d dedup_misses=%d unsettled=%d in_doubt=%d settle_refused=%d longest_gap_ms=%d longest_gap_from_ms=%d longest_gap_end_attempt=%d",
 		r.Attempted, r.Confirmed, r.Deliveries, r.Delivered, r.Settled, len(r.Lost),
-		len(r.SettledRedelivered), len(r.Phantom), len(r.Corrupt), r.Duplicates, r.DedupMisses, r.Unsettled, r.InDoubt, r.SettleRefused, r.LongestGapMs, r.LongestGapAtMs)
+		len(r.SettledRedelivered), len(r.Phantom), len(r.Corrupt), r.Duplicates, r.DedupMisses, r.Unsettled, r.InDoubt, r.SettleRefused, r.LongestGapMs, r.LongestGapAtMs, r.LongestGapEndAttempt)
 }
 
 // FormatIDs prints ids grouped by producer with consecutive sequence numbers

@@ -314,3 +314,17 @@ func BenchmarkOutstanding(b *testing.B) {
 		c.Outstanding()
 	}
 }
+
+// The report names the attempt of the delivery that ended the longest gap:
+// a message delivered again (attempt 2) once its lease ran out, here.
+func TestGapNamesTheAttemptThatEndedIt(t *testing.T) {
+	c := New()
+	c.DeliveredAttempt(id("p", 1), at0, 100, 1)
+	c.DeliveredAttempt(id("p", 2), at0, 200, 1)
+	c.DeliveredAttempt(id("p", 1), at0, 30200, 2)
+	c.DeliveredAttempt(id("p", 3), at0, 30300, 1)
+	if r := c.Report(); r.LongestGapMs != 30000 || r.LongestGapAtMs != 200 || r.LongestGapEndAttempt != 2 {
+		t.Fatalf("gap %d at %d ended by attempt %d; want 30000 at 200 ended by attempt 2",
+			r.LongestGapMs, r.LongestGapAtMs, r.LongestGapEndAttempt)
+	}
+}
