@@ -911,15 +911,9 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 	if err := p.Unavailable(); err != nil {
 		return "", err
 	}
-	type answer struct {
-		what string
-		err  error
-	}
-	ch := make(chan answer, 1)
-	err := p.control(control{kind: ctlInspect, fn: func() {
+	return p.leaderStep(ctx, func() (string, error) {
 		if !p.leads || p.single {
-			ch <- answer{err: ErrNotLeader}
-			return
+			return "", ErrNotLeader
 		}
 		if len(want) > 0 {
 			if p.preferred != want[0] {
@@ -928,8 +922,7 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 			p.preferred = want[0]
 		}
 		if p.committed < p.confAt || p.transferring() {
-			ch <- answer{}
-			return
+			return "", nil
 		}
 		st := p.rn.Status()
 		voters, learners := st.Config.Voters[0], st.Config.Learners
@@ -966,12 +959,10 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 			for _, id := range want {
 				if slices.Contains(p.caught, id) {
 					what, err := p.transferLead(id, "this replica is not wanted")
-					ch <- answer{what: what, err: err}
-					return
+					return what, err
 				}
 			}
-			ch <- answer{}
-			return
+			return "", nil
 		}
 		if cc == nil {
 			for id := range voters {
@@ -993,28 +984,16 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 			// election timeout) is tried again only after another one.
 			p.preferredSince = 0
 			what, err := p.transferLead(want[0], "the preferred owner")
-			ch <- answer{what: what, err: err}
-			return
+			return what, err
 		}
 		if cc == nil {
-			ch <- answer{}
-			return
+			return "", nil
 		}
 		if err := p.proposeConf(*cc); err != nil {
-			ch <- answer{err: err}
-			return
+			return "", err
 		}
-		ch <- answer{what: what}
-	}})
-	if err != nil {
-		return "", err
-	}
-	select {
-	case a := <-ch:
-		return a.what, a.err
-	case <-ctx.Done():
-		return "", ctx.Err()
-	}
+		return what, nil
+	})
 }
 
 // HandLeadOver hands the lead of a replica that leads to a caught-up voter
@@ -1028,30 +1007,34 @@ func (p *Partition) HandLeadOver(ctx context.Context, want []uint64, why string)
 	if err := p.Unavailable(); err != nil {
 		return "", err
 	}
+	return p.leaderStep(ctx, func() (string, error) {
+		if !p.leads || p.single {
+			return "", ErrNotLeader
+		}
+		if p.transferring() {
+			return "", nil
+		}
+		for _, id := range slices.Concat(want, p.caught) {
+			if id != p.raftID && slices.Contains(p.caught, id) {
+				return p.transferLead(id, why)
+			}
+		}
+		return "", nil
+	})
+}
+
+// leaderStep runs step on the partition's goroutine (between two turns)
+// and returns what it reports, or ctx's error if ctx ends first.
+func (p *Partition) leaderStep(ctx context.Context, step func() (string, error)) (string, error) {
 	type answer struct {
 		what string
 		err  error
 	}
 	ch := make(chan answer, 1)
-	err := p.control(control{kind: ctlInspect, fn: func() {
-		if !p.leads || p.single {
-			ch <- answer{err: ErrNotLeader}
-			return
-		}
-		if p.transferring() {
-			ch <- answer{}
-			return
-		}
-		for _, id := range slices.Concat(want, p.caught) {
-			if id != p.raftID && slices.Contains(p.caught, id) {
-				what, err := p.transferLead(id, why)
-				ch <- answer{what: what, err: err}
-				return
-			}
-		}
-		ch <- answer{}
-	}})
-	if err != nil {
+	if err := p.control(control{kind: ctlInspect, fn: func() {
+		what, err := step()
+		ch <- answer{what, err}
+	}}); err != nil {
 		return "", err
 	}
 	select {

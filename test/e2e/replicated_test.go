@@ -363,25 +363,8 @@ func TestClusterLeavingOwnerHandsItsLeadOver(t *testing.T) {
 	if len(before.Voters) != 3 || slices.Contains(before.Replicas, spare.addr) || owner == nil {
 		t.Fatalf("placement %+v: want three voters on the first three nodes, one of them the owner", before)
 	}
-	var stay *clusterChild // a node that holds a replica and stays
-	for _, c := range nodes[:3] {
-		if c != owner {
-			stay = c
-			break
-		}
-	}
-	resp, err := http.Post("http://"+owner.admin+"/api/v1/nodes/self/leave", "application/json", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		t.Fatalf("leave: %s", resp.Status)
-	}
-	leftAt := time.Now()
-	if status := waitChild(t, owner.child); status != 0 {
-		t.Fatalf("the owner that left exited %d:\n%s", status, owner.log())
-	}
+	stay := otherThan(nodes[:3], owner) // a node that holds a replica and stays
+	leftAt := leaveAndExit(t, owner)
 	t.Logf("the owner left and exited %v after the leave", time.Since(leftAt).Round(time.Millisecond))
 	log := owner.log()
 	transfer := strings.Index(log, "partition replica transfers its lead")
@@ -437,24 +420,8 @@ func TestClusterLeavingOwnerWithoutASpareHandsItsLeadOver(t *testing.T) {
 	if len(before.Voters) != 3 || owner == nil {
 		t.Fatalf("placement %+v: want three voters, one of them the owner", before)
 	}
-	var stay *clusterChild
-	for _, c := range nodes {
-		if c != owner {
-			stay = c
-			break
-		}
-	}
-	resp, err := http.Post("http://"+owner.admin+"/api/v1/nodes/self/leave", "application/json", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		t.Fatalf("leave: %s", resp.Status)
-	}
-	if status := waitChild(t, owner.child); status != 0 {
-		t.Fatalf("the owner that left exited %d:\n%s", status, owner.log())
-	}
+	stay := otherThan(nodes, owner)
+	leaveAndExit(t, owner)
 	exited := time.Now()
 	log := owner.log()
 	transfer := strings.Index(log, "partition replica transfers its lead")
@@ -484,6 +451,35 @@ func TestClusterLeavingOwnerWithoutASpareHandsItsLeadOver(t *testing.T) {
 		confirmed[b] = true
 	}
 	consumeAll(t, at.Owner, topic, confirmed)
+}
+
+// otherThan returns the first of nodes that is not c.
+func otherThan(nodes []*clusterChild, c *clusterChild) *clusterChild {
+	for _, n := range nodes {
+		if n != c {
+			return n
+		}
+	}
+	return nil
+}
+
+// leaveAndExit makes c leave (POST /api/v1/nodes/self/leave) and waits
+// until its process exits 0; it returns when the leave was asked.
+func leaveAndExit(t *testing.T, c *clusterChild) time.Time {
+	t.Helper()
+	resp, err := http.Post("http://"+c.admin+"/api/v1/nodes/self/leave", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("leave: %s", resp.Status)
+	}
+	at := time.Now()
+	if status := waitChild(t, c.child); status != 0 {
+		t.Fatalf("the node that left exited %d:\n%s", status, c.log())
+	}
+	return at
 }
 
 // partitionView is one partition as GET /api/v1/queues/{topic} shows it.
