@@ -43,7 +43,6 @@ func (p *Partition) run() {
 	timer.Stop()
 	batch := make([]command, 0, 64)
 	for {
-		batch = batch[:0]
 		inbox := p.inbox
 		if len(p.open.replies) >= stageCommandsMax || len(p.committing) >= committingStagesMax {
 			// Backpressure: the open stage is full until the sync under
@@ -61,9 +60,11 @@ func (p *Partition) run() {
 				p.ckptHold = false
 			}
 		}
+		fromInbox := false
 		select {
 		case c := <-inbox:
 			batch = append(batch, c)
+			fromInbox = true
 		case res := <-p.synced:
 			p.synced1(res)
 			// The stage just released woke its publishers and settlers,
@@ -78,6 +79,9 @@ func (p *Partition) run() {
 		case <-p.wake:
 		case <-timer.C:
 		case <-p.stop:
+			for _, c := range batch {
+				refuse(c, ErrClosed) // kept for a turn that will not come
+			}
 			p.drainClosed()
 			refuseControl(p.takeControl(), ErrClosed)
 			p.finishStages()
@@ -93,12 +97,29 @@ func (p *Partition) run() {
 				break fill
 			}
 		}
+		if fromInbox && p.deferTurn(len(batch)) {
+			// Kept for the turn after the sync under way.
+			continue
+		}
 		p.turn(batch)
 		clear(batch) // drop references to payloads and callbacks
+		batch = batch[:0]
 		p.startSync()
 		p.afterTurn()
 		p.arm(timer)
 	}
+}
+
+// deferTurn reports whether the commands taken so far (n of them) wait
+// for the sync under way to return before their turn, on a group of one.
+// Every command records something, and its record could not join that
+// sync: it waits for the next one either way. One turn for all of them
+// then costs one proposal and one raft round instead of one per handful
+// of commands (the publishers answered by a sync come back a few at a
+// time). A replicated group proposes at once, so that its followers
+// write while the leader syncs.
+func (p *Partition) deferTurn(n int) bool {
+	return p.single && p.syncBusy && n < batchMax && p.failed == nil
 }
 
 // syncer makes stages durable (persist) on request, so the actor can run
