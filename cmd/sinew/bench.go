@@ -57,7 +57,8 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	}
 	fs := newFlagSet("bench "+args[0], stderr)
 	addr := fs.String("addr", benchAddrDefault, "broker address `host:port`, or a cluster's nodes comma-separated (the first dialled, the others seeds)")
-	topic := fs.String("topic", "", "queue to use (default: bench-<workload>-<unix ms>, a fresh queue per run)")
+	topic := fs.String("topic", "", "queue to use (default: bench-<workload>-<unix ms>, a fresh queue per run, deleted at the end unless --keep)")
+	keep := fs.Bool("keep", false, "keep the fresh queue the run created, and its messages (a --topic queue is always kept)")
 	size := fs.Int("size", 1024, "message body size in `bytes`")
 	duration := fs.Duration("duration", 10*time.Second, "measured phase; for drain, the bound on each of prefill and consume")
 	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured lead-in before the measured phase (publish, mixed)")
@@ -83,7 +84,8 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		// command line it is a mistake.
 		return fmt.Errorf("%w: --duration must be positive", errUsage)
 	}
-	if *topic == "" {
+	fresh := *topic == ""
+	if fresh {
 		*topic = fmt.Sprintf("bench-%s-%d", mode, time.Now().UnixMilli())
 	}
 	cfg := benchkit.Config{
@@ -116,9 +118,13 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if len(addrs) > 1 {
 		opts = append(opts, sinew.WithSeeds(addrs[1:]...))
 	}
-	res, err := benchkit.Run(ctx, newBenchBroker(addrs[0], opts...), cfg)
+	bb := newBenchBroker(addrs[0], opts...)
+	res, err := benchkit.Run(ctx, bb, cfg)
 	if errors.Is(err, benchkit.ErrConfig) {
 		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fresh && !*keep {
+		removeBenchQueue(bb, *topic, stderr)
 	}
 	// A partial result (ErrIncomplete) is still worth printing.
 	if err == nil || errors.Is(err, benchkit.ErrIncomplete) {
@@ -127,6 +133,31 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		}
 	}
 	return err
+}
+
+// benchQueueRemover is a bench broker that can delete the queue a run
+// created (sinewadapter.Broker).
+type benchQueueRemover interface {
+	Remove(ctx context.Context, topic string) error
+}
+
+// benchRemoveTimeout bounds deleting the run's queue.
+const benchRemoveTimeout = 10 * time.Second
+
+// removeBenchQueue deletes the fresh queue a run created, so that runs
+// against a broker leave nothing behind. It has its own deadline (the
+// run's context may have ended, say on Ctrl-C); a failure is reported on
+// stderr and does not fail the run, whose result stands.
+func removeBenchQueue(b benchkit.Broker, topic string, stderr io.Writer) {
+	r, ok := b.(benchQueueRemover)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), benchRemoveTimeout)
+	defer cancel()
+	if err := r.Remove(ctx, topic); err != nil {
+		fmt.Fprintf(stderr, "sinew bench: the queue %s is left behind: %v\n", topic, err)
+	}
 }
 
 func printBench(w io.Writer, res benchkit.Result, asJSON bool) error {

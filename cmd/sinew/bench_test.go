@@ -19,8 +19,18 @@ import (
 // in order; it stands in for a broker so the command's wiring can be tested
 // without one.
 type fakeBenchBroker struct {
-	mu sync.Mutex
-	qs map[string]chan []byte
+	mu      sync.Mutex
+	qs      map[string]chan []byte
+	removed []string
+}
+
+// Remove deletes topic, as sinewadapter.Broker.Remove does on a broker.
+func (f *fakeBenchBroker) Remove(_ context.Context, topic string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.qs, topic)
+	f.removed = append(f.removed, topic)
+	return nil
 }
 
 func (f *fakeBenchBroker) Name() string { return "fake" }
@@ -82,14 +92,21 @@ type fakeBenchSub struct{ stop, done chan struct{} }
 
 func (s *fakeBenchSub) Stop() error { close(s.stop); <-s.done; return nil }
 
-func withFakeBroker(t *testing.T) {
+// withFakeBroker makes runBench use an in-memory broker, and returns the
+// last one it built.
+func withFakeBroker(t *testing.T) func() *fakeBenchBroker {
 	old := newBenchBroker
-	newBenchBroker = func(string, ...sinew.Option) benchkit.Broker { return &fakeBenchBroker{} }
+	var last *fakeBenchBroker
+	newBenchBroker = func(string, ...sinew.Option) benchkit.Broker {
+		last = &fakeBenchBroker{}
+		return last
+	}
 	t.Cleanup(func() { newBenchBroker = old })
+	return func() *fakeBenchBroker { return last }
 }
 
 func TestBenchJSON(t *testing.T) {
-	withFakeBroker(t)
+	broker := withFakeBroker(t)
 	synctest.Test(t, func(t *testing.T) {
 		var out, errOut bytes.Buffer
 		// runBench, not run: run installs a signal handler, which cannot live in a bubble.
@@ -107,6 +124,9 @@ func TestBenchJSON(t *testing.T) {
 		if !strings.HasPrefix(res.Topic, "bench-publish-") {
 			t.Errorf("default topic = %q", res.Topic)
 		}
+		if got := broker().removed; len(got) != 1 || got[0] != res.Topic {
+			t.Errorf("queues removed after the run: %q, want the run's fresh queue %q", got, res.Topic)
+		}
 		if n := strings.Count(errOut.String(), "\n"); n < 1 {
 			t.Errorf("no progress lines on stderr: %q", errOut.String())
 		}
@@ -114,7 +134,7 @@ func TestBenchJSON(t *testing.T) {
 }
 
 func TestBenchText(t *testing.T) {
-	withFakeBroker(t)
+	broker := withFakeBroker(t)
 	synctest.Test(t, func(t *testing.T) {
 		var out, errOut bytes.Buffer
 		err := runBench(t.Context(), []string{"drain", "--count", "500", "--topic", "d", "--quiet"}, nil, &out, &errOut)
@@ -130,6 +150,9 @@ func TestBenchText(t *testing.T) {
 			t.Errorf("--quiet still printed %q", errOut.String())
 		}
 	})
+	if got := broker().removed; len(got) != 0 {
+		t.Errorf("a --topic queue was removed after the run: %q", got)
+	}
 }
 
 func TestBenchUsageErrors(t *testing.T) {
@@ -158,5 +181,20 @@ func TestPprofListenRefusesNonLoopback(t *testing.T) {
 		if err := startPprof(addr); err == nil {
 			t.Errorf("startPprof(%q) accepted a non-loopback address", addr)
 		}
+	}
+}
+
+// --keep keeps the fresh queue a run created.
+func TestBenchKeep(t *testing.T) {
+	broker := withFakeBroker(t)
+	synctest.Test(t, func(t *testing.T) {
+		var out, errOut bytes.Buffer
+		err := runBench(t.Context(), []string{"drain", "--count", "50", "--keep", "--quiet"}, nil, &out, &errOut)
+		if err != nil {
+			t.Fatalf("err %v, stderr %q", err, errOut.String())
+		}
+	})
+	if got := broker().removed; len(got) != 0 {
+		t.Errorf("queues removed with --keep: %q", got)
 	}
 }

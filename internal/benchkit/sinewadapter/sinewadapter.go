@@ -41,6 +41,20 @@ func (b *Broker) Prepare(ctx context.Context, topic string) error {
 	return nil
 }
 
+// Remove deletes topic's queue and its messages: `sinew bench` calls it
+// for the queue it created for the run.
+func (b *Broker) Remove(ctx context.Context, topic string) error {
+	c, err := b.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := c.DeleteQueue(ctx, topic, ""); err != nil {
+		return fmt.Errorf("sinewadapter: delete %s: %w", topic, err)
+	}
+	return nil
+}
+
 // Connect implements benchkit.Broker.
 func (b *Broker) Connect(ctx context.Context) (benchkit.Conn, error) {
 	c, err := b.dial(ctx)

@@ -39,3 +39,26 @@ func TestWorkloadsEndToEnd(t *testing.T) {
 		t.Fatalf("mixed: %v, %+v", err, res)
 	}
 }
+
+// Remove deletes the run's queue on the real broker: declaring it again
+// afterwards creates a new, empty one.
+func TestRemoveDeletesTheQueue(t *testing.T) {
+	b := New("sinew", testkit.StartBroker(t).Addr)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	res, err := benchkit.Run(ctx, b, benchkit.Config{Mode: benchkit.ModeDrain, Topic: "gone", Count: 100, Prefetch: 16, Duration: 30 * time.Second})
+	if err != nil || res.Messages != 100 {
+		t.Fatalf("drain: %v, %+v", err, res)
+	}
+	if err := b.Remove(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	c, err := b.dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.DeleteQueue(ctx, "gone", ""); err == nil {
+		t.Fatal("the queue is still there after Remove: deleting it again succeeded")
+	}
+}
