@@ -292,21 +292,8 @@ func (n *clusterNode) leave(handedOver func() (bool, string), leadsOver func(con
 			// exit costs no partition an election.
 			n.logger.Info("cluster: no spare node to hand the replicas to; handing their leads over, then draining", "node_id", n.id, "alive_peers", alive)
 			go func() {
-				deadline := time.Now().Add(clusterLeadsOverTimeoutMs * time.Millisecond)
-				for {
-					ctx, cancel := context.WithDeadline(context.Background(), deadline)
-					done := leadsOver(ctx)
-					cancel()
-					if done {
-						n.logger.Info("cluster: partition leads handed over; draining", "node_id", n.id)
-						break
-					}
-					if time.Now().After(deadline) {
-						n.logger.Warn("cluster: partition leads not handed over in time; draining anyway", "timeout_ms", clusterLeadsOverTimeoutMs)
-						break
-					}
-					time.Sleep(clusterHandoverPollMs * time.Millisecond) // bounded by the deadline
-				}
+				n.awaitHandover("partition leads", clusterLeadsOverTimeoutMs, time.Now().Add(clusterLeadsOverTimeoutMs*time.Millisecond),
+					func(ctx context.Context) (bool, string) { return leadsOver(ctx), "" })
 				drain()
 			}()
 			return
@@ -321,23 +308,32 @@ func (n *clusterNode) leave(handedOver func() (bool, string), leadsOver func(con
 				n.logger.Warn("cluster: the controller did not record the leave", "err", err)
 			}
 			cancel()
-			for {
-				done, waiting := handedOver()
-				if done {
-					n.logger.Info("cluster: replicas handed over; draining", "node_id", n.id)
-					break
-				}
-				if time.Now().After(deadline) {
-					n.logger.Warn("cluster: replicas not handed over in time; draining anyway", "waiting_for", waiting,
-						"timeout_ms", clusterHandoverTimeoutMs)
-					break
-				}
-				time.Sleep(clusterHandoverPollMs * time.Millisecond) // polls the broker's view; bounded by the deadline
-			}
+			n.awaitHandover("replicas", clusterHandoverTimeoutMs, deadline,
+				func(context.Context) (bool, string) { return handedOver() })
 			drain()
 		}()
 	})
 	return n.leaveErr
+}
+
+// awaitHandover polls check until it reports done or deadline passes, and
+// logs which: "cluster: <what> handed over; draining", or, at WARN, that
+// they were not (with what check last named as still waiting).
+func (n *clusterNode) awaitHandover(what string, timeoutMs int, deadline time.Time, check func(context.Context) (bool, string)) {
+	for {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		done, waiting := check(ctx)
+		cancel()
+		if done {
+			n.logger.Info("cluster: "+what+" handed over; draining", "node_id", n.id)
+			return
+		}
+		if time.Now().After(deadline) {
+			n.logger.Warn("cluster: "+what+" not handed over in time; draining anyway", "waiting_for", waiting, "timeout_ms", timeoutMs)
+			return
+		}
+		time.Sleep(clusterHandoverPollMs * time.Millisecond) // polls the broker's view; bounded by the deadline
+	}
 }
 
 // A leaving node waits at most clusterHandoverTimeoutMs for its replicas

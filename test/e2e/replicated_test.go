@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -285,13 +286,7 @@ func TestClusterRecoveryPlanRestoresRF(t *testing.T) {
 	if !slices.Contains(after.Replicas, spare.addr) || slices.Contains(after.Replicas, killed.addr) {
 		t.Fatalf("placement after the plan: %+v", after)
 	}
-	for i := range 50 {
-		b := fmt.Sprintf("after-%d", i)
-		if _, err := client.Publish(ctx, topic, []byte(b)); err != nil {
-			t.Fatal(err)
-		}
-		confirmed[b] = true
-	}
+	maps.Copy(confirmed, publishNumbered(t, ctx, client, topic, "after", 50))
 	consumeAll(t, after.Owner, topic, confirmed)
 
 	// The killed node comes back: once the move is done, it drops the
@@ -374,13 +369,7 @@ func TestClusterLeavingOwnerHandsItsLeadOver(t *testing.T) {
 		t.Fatalf("the leaving owner's log does not show the lead handed over (at %d), then given up (at %d), before \"replicas handed over\" (at %d):\n%s",
 			transfer, stepped, handed, log)
 	}
-	for i := range 50 {
-		b := fmt.Sprintf("after-%d", i)
-		if _, err := client.Publish(ctx, topic, []byte(b)); err != nil {
-			t.Fatal(err)
-		}
-		confirmed[b] = true
-	}
+	maps.Copy(confirmed, publishNumbered(t, ctx, client, topic, "after", 50))
 	deadline := time.Now().Add(30 * time.Second)
 	var after partitionView
 	for {
@@ -443,13 +432,7 @@ func TestClusterLeavingOwnerWithoutASpareHandsItsLeadOver(t *testing.T) {
 		t.Fatalf("the partition held an election after the owner exited: owner %s term %d at the exit, owner %s term %d 2 s later",
 			at.Owner, at.Term, later.Owner, later.Term)
 	}
-	for i := range 50 {
-		b := fmt.Sprintf("after-%d", i)
-		if _, err := client.Publish(ctx, topic, []byte(b)); err != nil {
-			t.Fatal(err)
-		}
-		confirmed[b] = true
-	}
+	maps.Copy(confirmed, publishNumbered(t, ctx, client, topic, "after", 50))
 	consumeAll(t, at.Owner, topic, confirmed)
 }
 
