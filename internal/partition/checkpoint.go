@@ -407,6 +407,7 @@ func (p *Partition) recover() error {
 			}
 		}
 	}
+	st.SetLeaseIDs(p.cfg.LeaseIDs)
 	p.log, p.st, p.dd, p.ckptLSN = log, st, dd, covers
 	// The records after the checkpoint count toward the next one: a
 	// partition that keeps crashing before CheckpointEveryRecords new
@@ -549,6 +550,7 @@ func (p *Partition) rebuild(commit uint64) error {
 			return fmt.Errorf("partition %s: rebuild to the commit index %d: %w", p, commit, err)
 		}
 	}
+	st.SetLeaseIDs(p.cfg.LeaseIDs)
 	p.st, p.dd = st, dd
 	// Cached bodies may belong to entries past commit, which another
 	// leader may have replaced.

@@ -1,10 +1,12 @@
 package partition
 
 import (
+	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/bits"
+	"math/rand/v2"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -134,6 +136,11 @@ type Config struct {
 	// moving their clock.
 	Now    func() time.Time
 	Logger *slog.Logger
+	// LeaseIDs draws the id of each lease this partition grants; nil
+	// means NewLeaseIDs. A settle is accepted on the strength of its lease
+	// reference, so the ids must be ones no client can predict; tests
+	// inject a deterministic source.
+	LeaseIDs func() uint64
 	// Queue is the queue configuration; DeadLetter.Target is already
 	// resolved to a queue name ("" discards).
 	Queue queue.Config
@@ -623,9 +630,25 @@ func newPartition(cfg Config) *Partition {
 		holders:  make(map[uint64]holder),
 		acked:    newAckMemory(),
 	}
+	if p.cfg.LeaseIDs == nil {
+		p.cfg.LeaseIDs = NewLeaseIDs()
+	}
 	q := cfg.Queue
 	p.qcfg.Store(&q)
 	return p
+}
+
+// NewLeaseIDs returns a source of lease ids for one partition: ChaCha8, a
+// cryptographically strong generator, keyed from crypto/rand, so the ids
+// cannot be predicted from the ones a client was given. Ids are below
+// 2^63, so they stay positive wherever a client keeps them signed. The
+// source is not safe for concurrent use: the partition's actor goroutine
+// alone draws from it.
+func NewLeaseIDs() func() uint64 {
+	var seed [32]byte
+	_, _ = crand.Read(seed[:]) // never fails (crypto/rand.Read's doc)
+	g := rand.NewChaCha8(seed)
+	return func() uint64 { return g.Uint64() >> 1 }
 }
 
 // Index returns the partition number.

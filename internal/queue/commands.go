@@ -39,9 +39,11 @@ func (s *State) Enqueue(dst []Event, m *Message, nowMs int64) ([]Event, error) {
 
 // Lease hands up to max ready messages (at most LeaseBatchMax), lowest
 // offset first, to owner until nowMs+LeaseMs. Delayed messages whose
-// not-before has come are ready. Lease ids are consecutive after the highest
-// one applied, so they must be applied in the order returned. An expired
-// message met on the way is dead-lettered (ReasonExpired) instead of leased.
+// not-before has come are ready. Lease ids come from the source given to
+// SetLeaseIDs (random, so that nobody can guess another consumer's lease);
+// without one they are consecutive after the highest one applied, and must
+// then be applied in the order returned. An expired message met on the way
+// is dead-lettered (ReasonExpired) instead of leased.
 func (s *State) Lease(dst []Event, owner string, max int, nowMs int64) []Event {
 	if max <= 0 {
 		return dst
@@ -72,7 +74,7 @@ func (s *State) Lease(dst []Event, owner string, max int, nowMs int64) []Event {
 			dst = append(dst, Event{
 				Kind:       KindLease,
 				Offset:     off,
-				LeaseID:    s.leaseSeq + uint64(leased),
+				LeaseID:    s.nextLeaseID(leased, w),
 				Owner:      owner,
 				DeadlineMs: nowMs + s.cfg.LeaseMs,
 				Attempt:    nextAttempt(w.attempt),
@@ -95,7 +97,7 @@ func (s *State) Lease(dst []Event, owner string, max int, nowMs int64) []Event {
 		dst = append(dst, Event{
 			Kind:       KindLease,
 			Offset:     off,
-			LeaseID:    s.leaseSeq + uint64(leased),
+			LeaseID:    s.nextLeaseID(leased, e),
 			Owner:      owner,
 			DeadlineMs: nowMs + s.cfg.LeaseMs,
 			Attempt:    nextAttempt(e.attempt),
@@ -107,6 +109,20 @@ func (s *State) Lease(dst []Event, owner string, max int, nowMs int64) []Event {
 	}
 	s.scratch = popped[:0]
 	return dst
+}
+
+// nextLeaseID is the id of the n-th lease (from 1) of the batch under way,
+// a lease of e. A drawn id is never 0 and never e's last lease, whose late
+// settle must not reach the new one.
+func (s *State) nextLeaseID(n int, e *entry) uint64 {
+	if s.leaseIDs == nil {
+		return s.leaseSeq + uint64(n)
+	}
+	for {
+		if id := s.leaseIDs(); id != 0 && id != e.leaseID {
+			return id
+		}
+	}
 }
 
 // expired reports whether e's TTL has passed and is enforced.

@@ -174,6 +174,10 @@ type State struct {
 	nextLSN  uint64
 	leaseSeq uint64 // highest lease id applied
 
+	// leaseIDs draws the id of each new lease (SetLeaseIDs); nil numbers
+	// them consecutively after leaseSeq.
+	leaseIDs func() uint64
+
 	// Unsettled messages. Every one has its live bit in bits. A plain one
 	// (enqueued without a not-before or a TTL and never leased since) is
 	// nothing more than its plain bit: it is ready, attempt 0, and leased
@@ -243,6 +247,15 @@ func New(cfg Config) *State {
 		slack:       garbageSlack,
 	}
 }
+
+// SetLeaseIDs makes Lease draw each lease id from next instead of counting
+// up from the highest one applied. A lease reference travels to the client
+// and back in a settle, which the broker accepts on the strength of the id:
+// drawn from a source nobody else can predict, an id cannot be guessed by a
+// client that was never given it. Only the lease that a command creates
+// draws; Apply takes the id from the event, so a replica or a replay needs
+// no source. next is called on the goroutine that owns the State.
+func (s *State) SetLeaseIDs(next func() uint64) { s.leaseIDs = next }
 
 // SetConfig replaces the configuration used by future commands.
 func (s *State) SetConfig(cfg Config) { s.cfg = cfg.normalized() }
@@ -339,7 +352,7 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		e.deadlineMs = ev.DeadlineMs
 		e.notBeforeMs = 0
 		s.counts[phaseInflight]++
-		s.leaseSeq = ev.LeaseID
+		s.leaseSeq = max(s.leaseSeq, ev.LeaseID)
 		s.link(pos, e)
 		s.pushIndex(&s.leases, item{key: e.deadlineMs, off: e.off, pos: uint32(pos), gen: e.gen}, phaseInflight)
 	case KindAck:
@@ -408,8 +421,11 @@ func (s *State) check(e *entry, ev Event) string {
 		if !e.queued() {
 			return "message is " + e.phase.String()
 		}
-		if ev.LeaseID <= s.leaseSeq {
-			return fmt.Sprintf("lease id %d not above %d", ev.LeaseID, s.leaseSeq)
+		// Ids are consecutive or drawn at random (SetLeaseIDs), so the
+		// only lease id that can be told wrong here is 0 or the message's
+		// own last one, which a late settle of that lease would match.
+		if ev.LeaseID == 0 || ev.LeaseID == e.leaseID {
+			return fmt.Sprintf("lease id %d: zero or the message's last lease", ev.LeaseID)
 		}
 		if want := nextAttempt(e.attempt); ev.Attempt != want {
 			return fmt.Sprintf("attempt %d, want %d", ev.Attempt, want)

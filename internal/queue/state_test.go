@@ -57,6 +57,59 @@ func TestEnqueueValidatesAndDefaults(t *testing.T) {
 
 // TestApplyRejectsContradictions: events that do not fit the state are
 // refused with ErrCorrupt and change nothing.
+// A message's new lease must not reuse its last one: a late settle of the
+// ended lease would otherwise settle the new one.
+func TestApplyRejectsALeaseThatReusesTheLastOne(t *testing.T) {
+	h := &harness{s: New(Config{}), nextLSN: 1}
+	enqueueN(t, h, 1, 0)
+	evs := h.s.Lease(nil, "a", 1, 0)
+	mustApply(t, h, evs)
+	rel, err := h.s.Release(nil, 1, evs[0].LeaseID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustApply(t, h, rel)
+	before := dump(h.s, 0)
+	err = h.s.Apply(h.s.NextLSN(), Event{Kind: KindLease, Offset: 1, LeaseID: evs[0].LeaseID, Attempt: 2})
+	if !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("err %v", err)
+	}
+	if after := dump(h.s, 0); after != before {
+		t.Fatalf("changed the state:\n%s\nwas:\n%s", after, before)
+	}
+}
+
+// With a source, lease ids are drawn from it, skipping 0 and the message's
+// last lease, and every id is applied as drawn, in any order.
+func TestLeaseIDsFromTheSource(t *testing.T) {
+	h := &harness{s: New(Config{}), nextLSN: 1}
+	enqueueN(t, h, 3, 0)
+	draws := []uint64{0, 900, 7, 7, 5}
+	h.s.SetLeaseIDs(func() uint64 { id := draws[0]; draws = draws[1:]; return id })
+	evs := h.s.Lease(nil, "a", 2, 0)
+	if len(evs) != 2 || evs[0].LeaseID != 900 || evs[1].LeaseID != 7 {
+		t.Fatalf("leases %+v", evs)
+	}
+	mustApply(t, h, evs)
+	rel, err := h.s.Release(nil, evs[1].Offset, 7, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustApply(t, h, rel)
+	// Offset 2's last lease was 7: the next draw of 7 is skipped.
+	again := h.s.Lease(nil, "b", 1, 0)
+	if len(again) != 1 || again[0].Offset != 2 || again[0].LeaseID != 5 {
+		t.Fatalf("lease %+v", again)
+	}
+	mustApply(t, h, again)
+	if _, err := h.s.Ack(nil, 2, 7); !errors.Is(err, ErrStaleLease) {
+		t.Fatalf("ack of the ended lease: %v", err)
+	}
+	if _, err := h.s.Ack(nil, 2, 5); err != nil {
+		t.Fatalf("ack of the current lease: %v", err)
+	}
+}
+
 func TestApplyRejectsContradictions(t *testing.T) {
 	h := &harness{s: New(Config{}), nextLSN: 1}
 	enqueueN(t, h, 3, 0)
@@ -74,7 +127,7 @@ func TestApplyRejectsContradictions(t *testing.T) {
 		{"event on settled lsn", next, Event{Kind: KindAck, Offset: 4, LeaseID: 1}},
 		{"event on future offset", next, Event{Kind: KindAck, Offset: 100, LeaseID: 1}},
 		{"lease of inflight", next, Event{Kind: KindLease, Offset: 1, LeaseID: 2, Attempt: 2}},
-		{"lease id reused", next, Event{Kind: KindLease, Offset: 2, LeaseID: 1, Attempt: 1}},
+		{"lease id zero", next, Event{Kind: KindLease, Offset: 2, LeaseID: 0, Attempt: 1}},
 		{"lease skips an attempt", next, Event{Kind: KindLease, Offset: 2, LeaseID: 2, Attempt: 2}},
 		{"ack with other lease", next, Event{Kind: KindAck, Offset: 1, LeaseID: 2}},
 		{"ack of ready", next, Event{Kind: KindAck, Offset: 2, LeaseID: 0}},

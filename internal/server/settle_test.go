@@ -5,7 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/internal/broker"
+	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/protocol"
 )
 
@@ -544,4 +546,47 @@ func TestReconcileRestoreRecreates(t *testing.T) {
 	if st := fx.srv.Stats().Sessions; st.ReconcileRecreate != 1 {
 		t.Fatalf("session stats %+v", st)
 	}
+}
+
+// TestRefThroughAnotherPrincipalsClosedSubscription: a closed subscription
+// still takes a settle by lease reference from its own principal (the same
+// client on a fresh session), but never from another user's session, even
+// one that names the exact lease: that gets stale_lease, like a lease that
+// does not exist, and the message is untouched.
+func TestRefThroughAnotherPrincipalsClosedSubscription(t *testing.T) {
+	users, err := auth.OpenUsersParams(vfs.NewMem(), "/data/meta/users", cheapHash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := []string{"*"}
+	if err := users.Add("alice", "alice password", auth.Permissions{Publish: all, Consume: all, Manage: all}); err != nil {
+		t.Fatal(err)
+	}
+	if err := users.Add("mallory", "mallory password", auth.Permissions{}); err != nil {
+		t.Fatal(err)
+	}
+	fx := startReal(t, broker.Config{}, func(c *Config) { c.Users, c.AuthFailureDelayMs = users, -1 })
+	alice := fx.dial()
+	alice.hello(protocol.Hello{User: "alice", Credentials: "alice password"})
+	alice.publish("q", "m1")
+	sub := alice.subscribe(protocol.Subscribe{Topic: "q", Partition: 0, Prefetch: 1})
+	_, d := expect[*protocol.Deliver](alice)
+	// Closing the subscription hands the lease back: m1 waits in the
+	// queue, and its ended lease is still its latest attempt.
+	alice.send(0, &protocol.Unsubscribe{SubID: sub.SubID})
+	expect[*protocol.OK](alice)
+
+	mallory := fx.dial()
+	mallory.hello(protocol.Hello{User: "mallory", Credentials: "mallory password"})
+	unknown := ref(d)
+	unknown.SubID = sub.SubID + 1000
+	for _, op := range []protocol.Op{protocol.OpFail, protocol.OpAck, protocol.OpNack} {
+		wantCodes(t, "mallory through alice's closed subscription", mallory.settleRefs(op, []uint64{0, 0}, []protocol.LeaseRef{ref(d), unknown}),
+			protocol.CodeStaleLease, protocol.CodeStaleLease)
+	}
+	// Alice, back on a fresh session, still settles her own ended lease:
+	// the FAIL above changed nothing.
+	again := fx.dial()
+	again.hello(protocol.Hello{User: "alice", Credentials: "alice password"})
+	wantCodes(t, "alice's late ack", again.settleRefs(protocol.OpAck, []uint64{d.Tag}, []protocol.LeaseRef{ref(d)}), protocol.CodeOK)
 }

@@ -519,17 +519,20 @@ func (r *Registry) CloseAll() {
 func (r *Registry) isDraining() bool { return r.draining.Load() }
 
 // subOwner is a subscription and the session that holds it; owner is nil
-// once the subscription is closed.
+// once the subscription is closed. principal is the owning session's, kept
+// after the close: a settle by reference through a closed subscription is
+// taken only from a session of that same principal.
 type subOwner struct {
-	sub   Subscription
-	owner *Session
-	stale bool // closed by reconciliation: no settle by reference reaches it
+	sub       Subscription
+	owner     *Session
+	principal string
+	stale     bool // closed by reconciliation: no settle by reference reaches it
 }
 
 // subOpened registers a live subscription of s.
 func (r *Registry) subOpened(id uint64, sub Subscription, s *Session) {
 	r.subsMu.Lock()
-	r.subs[id] = subOwner{sub: sub, owner: s}
+	r.subs[id] = subOwner{sub: sub, owner: s, principal: s.principal}
 	r.subsMu.Unlock()
 }
 
@@ -542,7 +545,7 @@ func (r *Registry) subClosed(id uint64, stale bool) {
 	if !ok || so.owner == nil {
 		return
 	}
-	r.subs[id] = subOwner{sub: so.sub, stale: stale}
+	r.subs[id] = subOwner{sub: so.sub, principal: so.principal, stale: stale}
 	r.closedSubs = append(r.closedSubs, id)
 	for len(r.closedSubs) > r.cfg.ClosedSubscriptionsMax {
 		delete(r.subs, r.closedSubs[0])
@@ -550,15 +553,17 @@ func (r *Registry) subClosed(id uint64, stale bool) {
 	}
 }
 
-// subFor returns the subscription id for a settle by lease reference from
-// s: one of s's own, or a closed one (its leases have no holder left). A
-// live subscription of another session is nil: a settle never reaches
-// someone else's lease.
+// subFor returns the subscription through which s may settle by lease
+// reference: one of s's own, or a closed one that a session of s's
+// principal held (the same client back on a fresh session after its grace
+// ran out; its leases have no holder left). Anything else is nil, answered
+// like an unknown lease: a live subscription of another session, and a
+// closed one of another principal, whose leases a settle must never reach.
 func (r *Registry) subFor(id uint64, s *Session) Subscription {
 	r.subsMu.Lock()
 	defer r.subsMu.Unlock()
 	so, ok := r.subs[id]
-	if !ok || so.stale || so.owner != nil && so.owner != s {
+	if !ok || so.stale || so.owner != nil && so.owner != s || so.owner == nil && so.principal != s.principal {
 		return nil
 	}
 	return so.sub
