@@ -73,9 +73,20 @@ func (c *ackingConsumer) LeaseEnded(uint64, uint64) {}
 func (c *ackingConsumer) Detached(error)            {}
 
 // BenchmarkActorDrainMem: a backlog of b.N 1 KiB messages drained by one
-// consumer with prefetch 64 that acks each delivery.
+// consumer with prefetch 64 that acks each delivery; with the default
+// random lease ids, and with consecutive ones for comparison.
 func BenchmarkActorDrainMem(b *testing.B) {
-	p := mustOpen(b, testConfig(vfs.NewMem()))
+	b.Run("lease-ids=random", func(b *testing.B) { benchActorDrain(b, nil) })
+	b.Run("lease-ids=counter", func(b *testing.B) {
+		var n uint64
+		benchActorDrain(b, func() uint64 { n++; return n })
+	})
+}
+
+func benchActorDrain(b *testing.B, leaseIDs func() uint64) {
+	cfg := testConfig(vfs.NewMem())
+	cfg.LeaseIDs = leaseIDs
+	p := mustOpen(b, cfg)
 	defer p.Close()
 	body := make([]byte, 1024)
 	var wg sync.WaitGroup
