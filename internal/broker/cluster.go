@@ -753,3 +753,13 @@ func (b *Broker) purgeInCluster(pq *protocol.PurgeQueue, done func(protocol.Purg
 // clusterPurgePoll is how often a purge in a cluster looks at the
 // catalogue for its partitions' reports.
 const clusterPurgePoll = 20 * time.Millisecond
+
+// inCatalogue reports whether, in a cluster, the controller's catalogue
+// holds queue k: opening this node's replicas of it is not a creation.
+func (b *Broker) inCatalogue(k queueKey) bool {
+	if b.cfg.Cluster == nil {
+		return false
+	}
+	_, ok := b.cfg.Cluster.Lookup(k.topic, k.group)
+	return ok
+}

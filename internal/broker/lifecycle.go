@@ -294,7 +294,7 @@ func (b *Broker) Purge(pq *protocol.PurgeQueue, done func(protocol.PurgeOK, erro
 		b.purgeInCluster(pq, done)
 		return
 	}
-	q, err := b.lookup(pq.Topic, pq.Group, false)
+	q, err := b.lookup(pq.Topic, pq.Group)
 	if err != nil {
 		done(protocol.PurgeOK{}, err)
 		return
