@@ -207,7 +207,7 @@ func Open(cfg Config) (b *Broker, err error) {
 		}
 	}
 	root := filepath.Join(cfg.DataDir, queuesDir)
-	if err := cfg.FS.MkdirAll(root, 0o755); err != nil {
+	if err := cfg.FS.MkdirAll(root, vfs.DirPerm); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
 	if err := syncDirs(cfg.FS, root, cfg.DataDir); err != nil {
@@ -733,7 +733,7 @@ func (b *Broker) declareQueue(d *protocol.DeclareQueue, update, dlq bool, mayCre
 	root := filepath.Join(b.cfg.DataDir, queuesDir)
 	tdir := filepath.Join(root, dirName(d.Topic))
 	dir := filepath.Join(tdir, dirName(d.Group))
-	if err := b.cfg.FS.MkdirAll(dir, 0o755); err != nil {
+	if err := b.cfg.FS.MkdirAll(dir, vfs.DirPerm); err != nil {
 		return nil, false, b.internalError("create queue", k, err)
 	}
 	if err := writeMeta(b.cfg.FS, filepath.Join(dir, metaFile), want); err != nil {

@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 
 	"github.com/sinewmq/sinew/internal/partition"
+	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/protocol"
 )
 
@@ -167,7 +168,7 @@ func (b *Broker) openCatalogueQueue(cq CatalogueQueue) (*queueEntry, error) {
 	root := filepath.Join(b.cfg.DataDir, queuesDir)
 	tdir := filepath.Join(root, dirName(k.topic))
 	dir := filepath.Join(tdir, dirName(k.group))
-	if err := b.cfg.FS.MkdirAll(dir, 0o755); err != nil {
+	if err := b.cfg.FS.MkdirAll(dir, vfs.DirPerm); err != nil {
 		return nil, b.internalError("open replica", k, err)
 	}
 	if err := writeMeta(b.cfg.FS, filepath.Join(dir, metaFile), &m); err != nil {
