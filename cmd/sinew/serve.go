@@ -23,6 +23,7 @@ import (
 	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/internal/broker"
 	"github.com/sinewmq/sinew/internal/dedup"
+	"github.com/sinewmq/sinew/internal/nodeid"
 	"github.com/sinewmq/sinew/internal/runtimesettings"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/server"
@@ -485,15 +486,26 @@ func checkListenAuth(cfg settings.Config, users *auth.Users, logger *slog.Logger
 // tightenDataDirListMax bounds the paths named in tightenDataDir's warning.
 const tightenDataDirListMax = 10
 
+// dataDirEntries are the entries of a data dir that versions before files
+// were created private may have left readable: tightenDataDir walks these
+// only, not whatever else the directory holds. What the broker creates now
+// is private from the start (vfs.OS), so a new entry need not be listed.
+var dataDirEntries = []string{
+	"LOCK", ownerIDFile, ownerIDFile + ".tmp", nodeid.FileName, nodeid.FileName + ".tmp",
+	runtimesettings.FileName, runtimesettings.FileName + ".tmp",
+	"meta", "queues", sessionsDir, "wal", "cluster",
+}
+
 // tightenDataDir makes a data dir that an older version created (under a
 // umask of 022: messages readable by every local user) private, as the
-// broker now creates everything: directories 0700, files 0600. It runs
+// broker now creates everything: directories 0700, files 0600 (the data
+// dir itself and its dataDirEntries). It runs
 // under the data dir's lock, before anything is read. Changing modes loses
 // nothing, so it does so rather than refuse to start; the warning tells the
 // operator, who may have granted a backup user access on purpose. A path
 // it cannot change (owned by another user) is warned about, not fatal.
 func tightenDataDir(dir string, logger *slog.Logger) {
-	changed, err := vfs.MakePrivate(dir)
+	changed, err := vfs.MakePrivate(dir, dataDirEntries)
 	if len(changed) > 0 {
 		logger.Warn("data dir held files or directories that other users could read; made them private (directories 0700, files 0600)",
 			"data_dir", dir, "changed", len(changed), "paths", changed[:min(len(changed), tightenDataDirListMax)])

@@ -21,22 +21,56 @@ const (
 	DirPerm os.FileMode = 0o700
 )
 
-// MakePrivate brings root and everything under it on the real file system
-// to the broker's modes: directories to DirPerm, regular files to FilePerm,
-// clearing only group and other bits (the owner's bits are the owner's).
-// Symbolic links and other special files are left alone and not followed.
-// It returns the paths it changed, for the caller to report: a data dir
-// an older version created under a umask of 022 holds world-readable
+// MakePrivate brings, on the real file system, the directory root itself
+// and each of its entries named in entries, with everything under them, to
+// the broker's modes: it clears group and other bits (the owner's bits are
+// the owner's), so directories end at most DirPerm and files at most
+// FilePerm. Entries that do not exist are skipped; symbolic links and
+// other special files are left alone and not followed. Only the named
+// entries are walked, so a data dir pointed at a directory that holds
+// other things (a home directory) has only the broker's files changed.
+// It returns the paths it changed, for the caller to report: a data dir an
+// older version created under a umask of 022 holds world-readable
 // messages. A path it cannot change (another owner) is an error naming it,
 // after the rest were done.
-func MakePrivate(root string) (changed []string, err error) {
+func MakePrivate(root string, entries []string) (changed []string, err error) {
 	if runtime.GOOS == "windows" {
 		return nil, nil // permission bits do not describe access there
 	}
 	var errs []error
-	werr := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
+	tighten := func(path string, fi fs.FileInfo) {
+		perm := fi.Mode().Perm()
+		if perm&0o077 == 0 {
+			return
+		}
+		if err := os.Chmod(path, perm&^0o077); err != nil {
 			errs = append(errs, err)
+			return
+		}
+		changed = append(changed, path)
+	}
+	fi, err := os.Lstat(root)
+	if err != nil {
+		return nil, err
+	}
+	if fi.IsDir() {
+		tighten(root, fi)
+	}
+	for _, e := range entries {
+		walkPrivate(filepath.Join(root, e), tighten, &errs)
+	}
+	return changed, errors.Join(errs...)
+}
+
+// walkPrivate calls tighten on every directory and regular file at or under
+// top, collecting the errors of the walk in errs.
+func walkPrivate(top string, tighten func(string, fs.FileInfo), errs *[]error) {
+	werr := filepath.WalkDir(top, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // an entry this version does not have, or removed meanwhile
+			}
+			*errs = append(*errs, err)
 			if d != nil && d.IsDir() {
 				return fs.SkipDir
 			}
@@ -48,25 +82,16 @@ func MakePrivate(root string) (changed []string, err error) {
 		fi, err := d.Info()
 		if err != nil {
 			if !errors.Is(err, fs.ErrNotExist) { // removed meanwhile
-				errs = append(errs, err)
+				*errs = append(*errs, err)
 			}
 			return nil
 		}
-		perm := fi.Mode().Perm()
-		if perm&0o077 == 0 {
-			return nil
-		}
-		if err := os.Chmod(path, perm&^0o077); err != nil {
-			errs = append(errs, err)
-			return nil
-		}
-		changed = append(changed, path)
+		tighten(path, fi)
 		return nil
 	})
-	if werr != nil {
-		errs = append(errs, werr)
+	if werr != nil && !errors.Is(werr, fs.ErrNotExist) {
+		*errs = append(*errs, werr)
 	}
-	return changed, errors.Join(errs...)
 }
 
 // ErrNotPrivate is wrapped by CheckPrivate's error for a secret that users

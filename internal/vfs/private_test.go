@@ -108,9 +108,11 @@ func TestOSMkdirAllOverAFile(t *testing.T) {
 	}
 }
 
-// MakePrivate clears group and other bits on a tree an older version left
-// readable, reports what it changed, leaves private entries and symbolic
-// links alone, and does not follow links out of the tree.
+// MakePrivate clears group and other bits on the root and the named
+// entries an older version left readable, reports what it changed, leaves
+// private entries, symbolic links, unnamed entries and their contents
+// alone, skips named entries that do not exist, and does not follow links
+// out of the tree.
 func TestMakePrivate(t *testing.T) {
 	root := t.TempDir()
 	outside := filepath.Join(t.TempDir(), "outside")
@@ -122,7 +124,7 @@ func TestMakePrivate(t *testing.T) {
 	os.Mkdir(sub, 0o755)
 	os.Chmod(sub, 0o755)
 	os.Chmod(root, 0o755)
-	for name, mode := range map[string]os.FileMode{"owner-id": 0o644, "queues/seg": 0o640, "meta-ok": 0o600} {
+	for name, mode := range map[string]os.FileMode{"owner-id": 0o644, "queues/seg": 0o640, "meta-ok": 0o600, "notes.txt": 0o644} {
 		p := filepath.Join(root, name)
 		if err := os.WriteFile(p, nil, 0o600); err != nil {
 			t.Fatal(err)
@@ -132,7 +134,8 @@ func TestMakePrivate(t *testing.T) {
 	if err := os.Symlink(outside, filepath.Join(root, "link")); err != nil {
 		t.Fatal(err)
 	}
-	changed, err := MakePrivate(root)
+	entries := []string{"owner-id", "queues", "meta-ok", "link", "missing"}
+	changed, err := MakePrivate(root, entries)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,12 +146,13 @@ func TestMakePrivate(t *testing.T) {
 		t.Fatalf("changed %v, want %v", changed, want)
 	}
 	for p, mode := range map[string]os.FileMode{root: 0o700, sub: 0o700, filepath.Join(root, "owner-id"): 0o600,
-		filepath.Join(sub, "seg"): 0o600, filepath.Join(root, "meta-ok"): 0o600, outside: 0o644} {
+		filepath.Join(sub, "seg"): 0o600, filepath.Join(root, "meta-ok"): 0o600, outside: 0o644,
+		filepath.Join(root, "notes.txt"): 0o644} {
 		if got := permOf(t, p); got != mode {
 			t.Errorf("%s is %04o, want %04o", p, got, mode)
 		}
 	}
-	if again, err := MakePrivate(root); err != nil || len(again) != 0 {
+	if again, err := MakePrivate(root, entries); err != nil || len(again) != 0 {
 		t.Fatalf("second pass changed %v, %v", again, err)
 	}
 }

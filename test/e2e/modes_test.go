@@ -20,8 +20,9 @@ import (
 // store writes), a runtime settings change and a clean stop, every
 // directory is 0700 and every file 0600. It runs once as a single node
 // (segment logs, checkpoints) and once as a one-node cluster (node id,
-// controller, raft logs). A file and a directory an older version left
-// readable in the data dir are made private at start, with a warning.
+// controller, raft logs). Files and directories an older version left
+// readable in the data dir are made private at start, with a warning; a
+// file of the operator's that is not the broker's is left alone.
 func TestDataDirIsPrivateUnderUmask022(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the sinew binary")
@@ -46,17 +47,23 @@ func TestDataDirIsPrivateUnderUmask022(t *testing.T) {
 
 func dataDirIsPrivate(t *testing.T, bin string, extra, want []string) {
 	dir := filepath.Join(t.TempDir(), "data")
-	// What an older version left: world-readable.
-	old := filepath.Join(dir, "old")
+	// What an older version left: world-readable (an identity, and a
+	// leftover under queues/), and a file of the operator's that the
+	// broker does not own and leaves as it is.
+	old := filepath.Join(dir, "queues", "old")
 	if err := os.MkdirAll(old, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(old, "file"), []byte("x"), 0o644); err != nil {
-		t.Fatal(err)
+	ownerID, oldFile, notes := filepath.Join(dir, "owner-id"), filepath.Join(old, "file"), filepath.Join(dir, "notes.txt")
+	for path, data := range map[string]string{ownerID: "b-0123456789abcdef01234567\n", oldFile: "x", notes: "mine"} {
+		if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(path, 0o644)
 	}
-	os.Chmod(dir, 0o755)
-	os.Chmod(old, 0o755)
-	os.Chmod(filepath.Join(old, "file"), 0o644)
+	for _, d := range []string{dir, filepath.Join(dir, "queues"), old} {
+		os.Chmod(d, 0o755)
+	}
 
 	// exec keeps the shell's umask for the broker.
 	args := append([]string{"-c", `umask 022; exec "$0" "$@"`, bin, "serve", "--data-dir", dir,
@@ -115,6 +122,12 @@ func dataDirIsPrivate(t *testing.T, bin string, extra, want []string) {
 			return err
 		}
 		rel, _ := filepath.Rel(dir, path)
+		if path == notes {
+			if fi.Mode().Perm() != 0o644 {
+				t.Errorf("the operator's %s is %04o, want it left 0644", rel, fi.Mode().Perm())
+			}
+			return nil
+		}
 		switch {
 		case d.IsDir():
 			dirs++
