@@ -36,7 +36,10 @@ func (osFS) OpenFile(name string, flag int, perm os.FileMode) (File, error) {
 // chmodOpen sets f's permission bits to mode exactly: the umask narrows what
 // open(2) creates, and only ever clears bits, so an explicit chmod is what
 // makes the mode hold whatever the umask. The fstat first spares the
-// chmod on the common path.
+// chmod on the common path. A file this process just created is its own,
+// so the chmod cannot be refused; one that existed and belongs to another
+// user (which the broker may still write through its group) keeps its
+// mode rather than fail the open: the start-up check reports it.
 func chmodOpen(f *os.File, mode os.FileMode) error {
 	fi, err := f.Stat()
 	if err != nil {
@@ -45,7 +48,10 @@ func chmodOpen(f *os.File, mode os.FileMode) error {
 	if fi.Mode().Perm() == mode {
 		return nil
 	}
-	return f.Chmod(mode)
+	if err := f.Chmod(mode); err != nil && !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	return nil
 }
 
 func (osFS) Remove(name string) error             { return os.Remove(name) }
