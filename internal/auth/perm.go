@@ -19,8 +19,10 @@ const (
 	// ActionConsume covers SUBSCRIBE and reads (peek, browse, queue
 	// inspection of messages); settles are covered by the lease they hold.
 	ActionConsume
-	// ActionManage covers DECLARE, PURGE, DELETE and dead-letter
-	// replay/move/discard.
+	// ActionManage covers DECLARE, PURGE, DELETE, dead-letter
+	// replay/move/discard, creating a queue on first use (a PUBLISH or
+	// SUBSCRIBE naming one that does not exist) and, with ActionPublish,
+	// a PUBLISH to a Reserved topic.
 	ActionManage
 )
 
