@@ -54,6 +54,13 @@ func TestAdminUserLifecycle(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "added user") || !strings.Contains(out, "publish orders.*; consume orders.*; manage -") {
 		t.Fatalf("add: exit %d, %q, %s", code, out, errOut)
 	}
+	// Creating a queue needs manage, which alice lacks: the token creates
+	// the queues she publishes to.
+	for _, topic := range []string{"orders.eu", "payments"} {
+		if code, _, errOut := runCmd(t, "x\n", "publish", "--addr", addr, "--topic", topic, "--token", usersTestToken); code != 0 {
+			t.Fatalf("token publish %s: exit %d, %s", topic, code, errOut)
+		}
+	}
 	if code, errOut := publishAs(t, addr, "alice", "first password", "orders.eu"); code != 0 {
 		t.Fatalf("alice publish orders.eu: exit %d, %s", code, errOut)
 	}

@@ -204,11 +204,16 @@ func (w *memberlistLog) admitWarn() bool {
 	return ok
 }
 
-// readGossipKey reads a base64 key of 16, 24 or 32 bytes.
+// readGossipKey reads a base64 key of 16, 24 or 32 bytes, from a file no
+// one but its owner may read: whoever reads the key can join the cluster's
+// gossip and feed it forged membership.
 func readGossipKey(path string) ([]byte, error) {
 	raw, err := vfs.ReadFileMax(vfs.OS(), path, gossipKeyBytesMax)
 	if err != nil {
 		return nil, fmt.Errorf("cluster.gossip_key_file: %w", err)
+	}
+	if err := vfs.CheckPrivate(vfs.OS(), path); err != nil {
+		return nil, fmt.Errorf("cluster.gossip_key_file %s: %w", path, err)
 	}
 	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(raw)))
 	if err != nil {

@@ -237,6 +237,10 @@ func loadPeerTLS(c settings.Cluster) (*raftnet.PeerTLS, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A private key others may read lets them pose as this node.
+	if err := vfs.CheckPrivate(vfs.OS(), c.PeerTLSKeyFile); err != nil {
+		return nil, fmt.Errorf("cluster.peer_tls_key_file %s: %w", c.PeerTLSKeyFile, err)
+	}
 	caPEM, err := read("cluster.peer_tls_ca_file", c.PeerTLSCAFile)
 	if err != nil {
 		return nil, err

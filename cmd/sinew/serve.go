@@ -23,6 +23,7 @@ import (
 	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/internal/broker"
 	"github.com/sinewmq/sinew/internal/dedup"
+	"github.com/sinewmq/sinew/internal/nodeid"
 	"github.com/sinewmq/sinew/internal/runtimesettings"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/server"
@@ -118,6 +119,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 			lock.Release()
 		}
 	}()
+	tightenDataDir(cfg.DataDir, logger)
 	owner, err := loadOwnerID(cfg.DataDir)
 	if err != nil {
 		return err
@@ -481,6 +483,38 @@ func checkListenAuth(cfg settings.Config, users *auth.Users, logger *slog.Logger
 	return nil
 }
 
+// tightenDataDirListMax bounds the paths named in tightenDataDir's warning.
+const tightenDataDirListMax = 10
+
+// dataDirEntries are the entries of a data dir that versions before files
+// were created private may have left readable: tightenDataDir walks these
+// only, not whatever else the directory holds. What the broker creates now
+// is private from the start (vfs.OS), so a new entry need not be listed.
+var dataDirEntries = []string{
+	"LOCK", ownerIDFile, ownerIDFile + ".tmp", nodeid.FileName, nodeid.FileName + ".tmp",
+	runtimesettings.FileName, runtimesettings.FileName + ".tmp",
+	"meta", "queues", sessionsDir, "wal", "cluster",
+}
+
+// tightenDataDir makes a data dir that an older version created (under a
+// umask of 022: messages readable by every local user) private, as the
+// broker now creates everything: directories 0700, files 0600 (the data
+// dir itself and its dataDirEntries). It runs
+// under the data dir's lock, before anything is read. Changing modes loses
+// nothing, so it does so rather than refuse to start; the warning tells the
+// operator, who may have granted a backup user access on purpose. A path
+// it cannot change (owned by another user) is warned about, not fatal.
+func tightenDataDir(dir string, logger *slog.Logger) {
+	changed, err := vfs.MakePrivate(dir, dataDirEntries)
+	if len(changed) > 0 {
+		logger.Warn("data dir held files or directories that other users could read; made them private (directories 0700, files 0600)",
+			"data_dir", dir, "changed", len(changed), "paths", changed[:min(len(changed), tightenDataDirListMax)])
+	}
+	if err != nil {
+		logger.Warn("data dir: could not make every file private; other local users may read them", "data_dir", dir, "err", err)
+	}
+}
+
 // loadOwnerID reads the broker's identity from the data directory, creating it on
 // first start (written to a temporary file, synced, renamed, directory synced).
 func loadOwnerID(dir string) (string, error) {
@@ -501,27 +535,9 @@ func loadOwnerID(dir string) (string, error) {
 		return "", err
 	}
 	id := "b-" + hex.EncodeToString(raw[:])
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return "", err
-	}
-	_, werr := f.WriteString(id + "\n")
-	if werr == nil {
-		werr = f.Sync()
-	}
-	if cerr := f.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr != nil {
-		return "", fmt.Errorf("write %s: %w", tmp, werr)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return "", err
-	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
+	// Through vfs.OS, like every file of the data dir: created 0600.
+	if err := vfs.WriteFileAtomic(vfs.OS(), path, []byte(id+"\n")); err != nil {
+		return "", fmt.Errorf("write %s: %w", path, err)
 	}
 	return id, nil
 }

@@ -76,7 +76,8 @@ func openTestUsers(t *testing.T, dataDir string) *auth.Users {
 func TestServeUserLoginAndCLI(t *testing.T) {
 	cfg := testServeConfig(t)
 	users := openTestUsers(t, cfg.DataDir)
-	if err := users.Add("alice", "correct horse", auth.Permissions{Publish: []string{"*"}, Consume: []string{"*"}}); err != nil {
+	// Manage on "t": her first publish creates that queue.
+	if err := users.Add("alice", "correct horse", auth.Permissions{Publish: []string{"*"}, Consume: []string{"*"}, Manage: []string{"t"}}); err != nil {
 		t.Fatal(err)
 	}
 	// The admin listener asks for credentials too once a user exists.

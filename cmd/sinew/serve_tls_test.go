@@ -278,10 +278,11 @@ func TestServeCertificateAsUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	users := openTestUsers(t, cfg.DataDir)
-	if err := users.Add("sinew-client", "unused password", auth.Permissions{Publish: []string{"certs.*"}}); err != nil {
+	// Manage as well: their publishes create the queues on first use.
+	if err := users.Add("sinew-client", "unused password", auth.Permissions{Publish: []string{"certs.*"}, Manage: []string{"certs.*"}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := users.Add("alice", "correct horse", auth.Permissions{Publish: []string{"*"}}); err != nil {
+	if err := users.Add("alice", "correct horse", auth.Permissions{Publish: []string{"*"}, Manage: []string{"other"}}); err != nil {
 		t.Fatal(err)
 	}
 	addr, _, stop := runServeAdmin(t, cfg)

@@ -19,8 +19,10 @@ const (
 	// ActionConsume covers SUBSCRIBE and reads (peek, browse, queue
 	// inspection of messages); settles are covered by the lease they hold.
 	ActionConsume
-	// ActionManage covers DECLARE, PURGE, DELETE and dead-letter
-	// replay/move/discard.
+	// ActionManage covers DECLARE, PURGE, DELETE, dead-letter
+	// replay/move/discard, creating a queue on first use (a PUBLISH or
+	// SUBSCRIBE naming one that does not exist) and, with ActionPublish,
+	// a PUBLISH to a Reserved topic.
 	ActionManage
 )
 
@@ -50,6 +52,15 @@ func ParseAction(s string) (Action, error) {
 	}
 	return 0, fmt.Errorf("%w: unknown action %q (want publish, consume or manage)", ErrInvalidPattern, s)
 }
+
+// ReservedTopicPrefix starts the names of the topics that belong to the
+// broker: the global dead-letter queue ("sinew.dead-letter") lives there. A
+// client publishes to one only with manage on it as well as publish; the
+// broker's own copies (dead-lettering, replay) are not client requests.
+const ReservedTopicPrefix = "sinew."
+
+// Reserved reports whether topic belongs to the broker (ReservedTopicPrefix).
+func Reserved(topic string) bool { return strings.HasPrefix(topic, ReservedTopicPrefix) }
 
 // ErrInvalidPattern wraps every rejected topic pattern or action name.
 var ErrInvalidPattern = errors.New("auth: invalid permission")

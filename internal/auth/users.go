@@ -333,7 +333,7 @@ func (u *Users) update(fn func(users map[string]userRecord) error) error {
 		// The directory may be new: make its entry durable in its parent
 		// before the file's rename is made durable inside it.
 		dir := filepath.Dir(u.path)
-		if err := u.fs.MkdirAll(dir, 0o755); err != nil {
+		if err := u.fs.MkdirAll(dir, vfs.DirPerm); err != nil {
 			return fmt.Errorf("auth: write users: %w", err)
 		}
 		if err := u.fs.SyncDir(filepath.Dir(dir)); err != nil {

@@ -207,7 +207,7 @@ func Open(cfg Config) (b *Broker, err error) {
 		}
 	}
 	root := filepath.Join(cfg.DataDir, queuesDir)
-	if err := cfg.FS.MkdirAll(root, 0o755); err != nil {
+	if err := cfg.FS.MkdirAll(root, vfs.DirPerm); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
 	if err := syncDirs(cfg.FS, root, cfg.DataDir); err != nil {
@@ -532,20 +532,36 @@ func (b *Broker) deadLetter(target string, m *queue.Message, done func(error)) {
 	p.Publish(m, func(_ uint64, err error) { done(err) })
 }
 
-// lookup finds a queue, creating it with the broker's defaults when create
-// is set.
-func (b *Broker) lookup(topic, group string, create bool) (*queueEntry, error) {
-	k := queueKey{topic, group}
+// CreateCheck decides whether a request may create the queue (topic,
+// group) it names when that queue does not exist (creation on first use):
+// nil lets it, an error is the request's answer. The broker asks it under
+// the lock that serialises creation, after finding the queue missing here
+// and, in a cluster, in the catalogue, so a request to a queue that exists
+// never asks and a check cannot be split from the creation it allows. It
+// must not block or call back into the broker.
+type CreateCheck func(topic, group string) error
+
+// lookup finds a queue; a missing one is CodeNotFound.
+func (b *Broker) lookup(topic, group string) (*queueEntry, error) {
 	b.mu.RLock()
-	q := b.queues[k]
+	q := b.queues[queueKey{topic, group}]
+	b.mu.RUnlock()
+	if q == nil {
+		return nil, protocol.Errorf(protocol.CodeNotFound, "no queue %q group %q", topic, group)
+	}
+	return q, nil
+}
+
+// lookupOrCreate finds a queue, creating it with the broker's defaults when
+// it is missing and mayCreate (nil: always) allows.
+func (b *Broker) lookupOrCreate(topic, group string, mayCreate CreateCheck) (*queueEntry, error) {
+	b.mu.RLock()
+	q := b.queues[queueKey{topic, group}]
 	b.mu.RUnlock()
 	if q != nil {
 		return q, nil
 	}
-	if !create {
-		return nil, protocol.Errorf(protocol.CodeNotFound, "no queue %q group %q", topic, group)
-	}
-	q, _, err := b.declare(&protocol.DeclareQueue{Topic: topic, Group: group, MaxRetries: -1}, false)
+	q, _, err := b.declareQueue(&protocol.DeclareQueue{Topic: topic, Group: group, MaxRetries: -1}, false, false, mayCreate)
 	return q, err
 }
 
@@ -629,12 +645,14 @@ func (b *Broker) Declare(ctx context.Context, d *protocol.DeclareQueue) (protoco
 // declare implements Declare; with update false an existing queue is
 // returned as is (first-use creation racing a declaration).
 func (b *Broker) declare(d *protocol.DeclareQueue, update bool) (*queueEntry, bool, error) {
-	return b.declareQueue(d, update, false)
+	return b.declareQueue(d, update, false, nil)
 }
 
 // declareQueue is declare; dlq marks a queue it creates as a dead-letter
-// queue, which keeps every message (deadletter.go).
-func (b *Broker) declareQueue(d *protocol.DeclareQueue, update, dlq bool) (*queueEntry, bool, error) {
+// queue, which keeps every message (deadletter.go). mayCreate, when set, is
+// asked before a queue that exists neither here nor in the cluster's
+// catalogue is created (see CreateCheck).
+func (b *Broker) declareQueue(d *protocol.DeclareQueue, update, dlq bool, mayCreate CreateCheck) (*queueEntry, bool, error) {
 	if b.closed.Load() {
 		return nil, false, ErrShuttingDown
 	}
@@ -691,6 +709,13 @@ func (b *Broker) declareQueue(d *protocol.DeclareQueue, update, dlq bool) (*queu
 		return q, false, nil
 	}
 
+	if mayCreate != nil && !b.inCatalogue(k) {
+		// Before the budget: a request that may not create is told so,
+		// not that the broker is full.
+		if err := mayCreate(k.topic, k.group); err != nil {
+			return nil, false, err
+		}
+	}
 	if err := b.checkBudget(k, want); err != nil {
 		return nil, false, err
 	}
@@ -708,7 +733,7 @@ func (b *Broker) declareQueue(d *protocol.DeclareQueue, update, dlq bool) (*queu
 	root := filepath.Join(b.cfg.DataDir, queuesDir)
 	tdir := filepath.Join(root, dirName(d.Topic))
 	dir := filepath.Join(tdir, dirName(d.Group))
-	if err := b.cfg.FS.MkdirAll(dir, 0o755); err != nil {
+	if err := b.cfg.FS.MkdirAll(dir, vfs.DirPerm); err != nil {
 		return nil, false, b.internalError("create queue", k, err)
 	}
 	if err := writeMeta(b.cfg.FS, filepath.Join(dir, metaFile), want); err != nil {
@@ -849,6 +874,12 @@ func producerPartition(producer string, seq uint64, n int) int {
 // internal/dedup). The broker copies what it keeps; the caller may reuse p
 // after Publish returns.
 func (b *Broker) Publish(p *protocol.Publish, done func(protocol.PublishOK, error)) {
+	b.PublishChecked(p, nil, done)
+}
+
+// PublishChecked is Publish where a queue that does not exist is created
+// only when mayCreate allows (nil: always); otherwise done gets its error.
+func (b *Broker) PublishChecked(p *protocol.Publish, mayCreate CreateCheck, done func(protocol.PublishOK, error)) {
 	if b.closed.Load() {
 		done(protocol.PublishOK{}, ErrShuttingDown)
 		return
@@ -865,7 +896,7 @@ func (b *Broker) Publish(p *protocol.Publish, done func(protocol.PublishOK, erro
 		done(protocol.PublishOK{}, err) // caps.go
 		return
 	}
-	q, err := b.lookup(p.Topic, p.Group, true)
+	q, err := b.lookupOrCreate(p.Topic, p.Group, mayCreate)
 	if err != nil {
 		done(protocol.PublishOK{}, err)
 		return

@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 
 	"github.com/sinewmq/sinew/internal/partition"
+	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/protocol"
 )
 
@@ -167,7 +168,7 @@ func (b *Broker) openCatalogueQueue(cq CatalogueQueue) (*queueEntry, error) {
 	root := filepath.Join(b.cfg.DataDir, queuesDir)
 	tdir := filepath.Join(root, dirName(k.topic))
 	dir := filepath.Join(tdir, dirName(k.group))
-	if err := b.cfg.FS.MkdirAll(dir, 0o755); err != nil {
+	if err := b.cfg.FS.MkdirAll(dir, vfs.DirPerm); err != nil {
 		return nil, b.internalError("open replica", k, err)
 	}
 	if err := writeMeta(b.cfg.FS, filepath.Join(dir, metaFile), &m); err != nil {
@@ -753,3 +754,13 @@ func (b *Broker) purgeInCluster(pq *protocol.PurgeQueue, done func(protocol.Purg
 // clusterPurgePoll is how often a purge in a cluster looks at the
 // catalogue for its partitions' reports.
 const clusterPurgePoll = 20 * time.Millisecond
+
+// inCatalogue reports whether, in a cluster, the controller's catalogue
+// holds queue k: opening this node's replicas of it is not a creation.
+func (b *Broker) inCatalogue(k queueKey) bool {
+	if b.cfg.Cluster == nil {
+		return false
+	}
+	_, ok := b.cfg.Cluster.Lookup(k.topic, k.group)
+	return ok
+}

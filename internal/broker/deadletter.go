@@ -98,7 +98,7 @@ func (b *Broker) deadLetterQueue(topic string) (*queueEntry, error) {
 	if q != nil {
 		return q, nil
 	}
-	q, _, err := b.declareQueue(&protocol.DeclareQueue{Topic: topic, MaxRetries: -1}, false, true)
+	q, _, err := b.declareQueue(&protocol.DeclareQueue{Topic: topic, MaxRetries: -1}, false, true, nil)
 	return q, err
 }
 

@@ -106,7 +106,7 @@ func TestNamedDeadLetterQueueKeeps(t *testing.T) {
 		}
 		s.Close()
 		synctest.Wait()
-		q, err := b.lookup("dlx", "", false)
+		q, err := b.lookup("dlx", "")
 		if err != nil {
 			t.Fatal(err)
 		}

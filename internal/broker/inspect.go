@@ -41,7 +41,7 @@ func (b *Broker) Config(topic, group string) (QueueConfig, error) {
 	if cm, ok := b.catalogueElsewhere(topic, group); ok {
 		*m = cm // a cluster's queue held by other nodes
 	} else {
-		q, err := b.lookup(topic, group, false)
+		q, err := b.lookup(topic, group)
 		if err != nil {
 			return QueueConfig{}, err
 		}
@@ -67,7 +67,7 @@ func (b *Broker) QueueStatsOf(topic, group string) (QueueStats, error) {
 			return qst, nil
 		}
 	}
-	q, err := b.lookup(topic, group, false)
+	q, err := b.lookup(topic, group)
 	if err != nil {
 		return QueueStats{}, err
 	}
@@ -83,7 +83,7 @@ func (b *Broker) Counters() *partition.Counters { return b.counters }
 
 // partitionOf finds partition idx of queue topic/group.
 func (b *Broker) partitionOf(topic, group string, idx uint32) (*queueEntry, *partition.Partition, error) {
-	q, err := b.lookup(topic, group, false)
+	q, err := b.lookup(topic, group)
 	if err != nil {
 		return nil, nil, err
 	}

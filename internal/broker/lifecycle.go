@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sinewmq/sinew/internal/partition"
+	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/protocol"
 )
 
@@ -202,7 +203,7 @@ func (b *Broker) dropLocal(k queueKey, why string, wait bool) error {
 func (b *Broker) moveToTrash(dir string) (string, error) {
 	root := filepath.Join(b.cfg.DataDir, queuesDir)
 	tr := filepath.Join(root, trashDir)
-	if err := b.cfg.FS.MkdirAll(tr, 0o755); err != nil {
+	if err := b.cfg.FS.MkdirAll(tr, vfs.DirPerm); err != nil {
 		return "", err
 	}
 	if err := b.cfg.FS.SyncDir(root); err != nil {
@@ -294,7 +295,7 @@ func (b *Broker) Purge(pq *protocol.PurgeQueue, done func(protocol.PurgeOK, erro
 		b.purgeInCluster(pq, done)
 		return
 	}
-	q, err := b.lookup(pq.Topic, pq.Group, false)
+	q, err := b.lookup(pq.Topic, pq.Group)
 	if err != nil {
 		done(protocol.PurgeOK{}, err)
 		return

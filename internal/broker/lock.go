@@ -62,7 +62,7 @@ func LockDataDir(fsys vfs.FS, dir string) (*DataDirLock, error) {
 	if fsys == nil {
 		fsys = vfs.OS()
 	}
-	if err := fsys.MkdirAll(dir, 0o755); err != nil {
+	if err := fsys.MkdirAll(dir, vfs.DirPerm); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
 	name := filepath.Join(dir, lockFileName)

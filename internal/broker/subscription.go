@@ -88,7 +88,8 @@ func (b *Broker) Subscribe(req *protocol.Subscribe, c Consumer) (*Subscription, 
 }
 
 // SubscribeOptions give a subscription a stable identity (see
-// SubscribeWith). The zero value is what Subscribe uses.
+// SubscribeWith) and decide whether it may create its queue. The zero value
+// is what Subscribe uses.
 type SubscribeOptions struct {
 	// ID, when not 0, is the subscription's id instead of a fresh one: a
 	// subscription restored after a restart keeps the id its client knows.
@@ -107,6 +108,9 @@ type SubscribeOptions struct {
 	// delivered again, same lease id and attempt, before SubscribeWith
 	// returns. Subscription.Adopted says how many.
 	Adopt bool
+	// MayCreate, when set, decides whether this subscription may create
+	// its queue on first use (see CreateCheck); nil lets it.
+	MayCreate CreateCheck
 }
 
 // ReserveSubIDs makes every id that Subscribe hands out from now on at
@@ -146,7 +150,7 @@ func (b *Broker) SubscribeWith(req *protocol.Subscribe, c Consumer, opts Subscri
 	case prefetch > int64(b.cfg.PrefetchMax):
 		return nil, protocol.Errorf(protocol.CodeLimitExceeded, "prefetch %d is above %d", prefetch, b.cfg.PrefetchMax)
 	}
-	q, err := b.lookup(req.Topic, req.Group, true)
+	q, err := b.lookupOrCreate(req.Topic, req.Group, opts.MayCreate)
 	if err != nil {
 		return nil, err
 	}

@@ -303,7 +303,7 @@ func (p *Partition) singleReplica() bool {
 // leader to commit them or replace them.
 func (p *Partition) recover() error {
 	cfg := &p.cfg
-	if err := cfg.FS.MkdirAll(p.logPath(), 0o755); err != nil {
+	if err := cfg.FS.MkdirAll(p.logPath(), vfs.DirPerm); err != nil {
 		return fmt.Errorf("partition %s: %w", p, err)
 	}
 	// Make the directories themselves durable: a synced log in a

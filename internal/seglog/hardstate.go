@@ -159,7 +159,7 @@ func encodeHSSlot(seq, term, vote, commit uint64, conf []byte) []byte {
 // syncs it if sync is set. Caller holds mu.
 func (h *hardStateFile) write(st hsState, sync bool) error {
 	if h.f == nil {
-		f, err := h.fs.OpenFile(h.name, os.O_CREATE|os.O_RDWR, 0o644)
+		f, err := h.fs.OpenFile(h.name, os.O_CREATE|os.O_RDWR, vfs.FilePerm)
 		if err != nil {
 			return fmt.Errorf("%w: create hardstate: %w", ErrFailed, err)
 		}

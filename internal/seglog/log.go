@@ -325,7 +325,7 @@ func (l *Log) ensureDir() error {
 	if len(missing) == 0 {
 		return nil
 	}
-	if err := l.fs.MkdirAll(l.dir, 0o755); err != nil {
+	if err := l.fs.MkdirAll(l.dir, vfs.DirPerm); err != nil {
 		return fmt.Errorf("seglog: mkdir %s: %w", l.dir, err)
 	}
 	for i := len(missing) - 1; i >= 0; i-- {
@@ -804,7 +804,7 @@ func (l *Log) createSegment(base, prevTerm uint64) (*segment, error) {
 		f, l.activeFile = p.f, l.opts.SegmentBytes
 	} else {
 		var err error
-		f, err = l.fs.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+		f, err = l.fs.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_RDWR, vfs.FilePerm)
 		if err != nil {
 			return nil, failed("create "+name, err)
 		}
@@ -850,7 +850,7 @@ func (l *Log) startPreparing() {
 // be durable: a crash loses at most the preparation.
 func (l *Log) prepare() preparedFile {
 	name := filepath.Join(l.dir, preparedName)
-	f, err := l.fs.OpenFile(name, os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o644)
+	f, err := l.fs.OpenFile(name, os.O_CREATE|os.O_TRUNC|os.O_RDWR, vfs.FilePerm)
 	if err != nil {
 		return preparedFile{err: err}
 	}

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/sinewmq/sinew/internal/vfs"
 )
 
 // The raft-facing API: records are raft entries (LSN = raft index), each
@@ -308,7 +310,7 @@ func (l *Log) offsetOf(s *segment, lsn uint64) (int64, error) {
 // only, under dropMu, with every record written and synced.
 func (l *Log) reset(index, term uint64) error {
 	tmp := filepath.Join(l.dir, resetName)
-	f, err := l.fs.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o644)
+	f, err := l.fs.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_RDWR, vfs.FilePerm)
 	if err != nil {
 		return fmt.Errorf("create %s: %w", tmp, err)
 	}

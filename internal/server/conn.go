@@ -305,7 +305,7 @@ func (c *conn) handle(f protocol.Frame) error {
 			c.replyErr(f.RequestID, errDraining)
 		} else if err := c.permit(auth.ActionConsume, b.Topic); err != nil {
 			c.replyErr(f.RequestID, err)
-		} else if err := c.sess.Subscribe(c.w, f.RequestID, *b); err != nil {
+		} else if err := c.sess.SubscribeChecked(c.w, f.RequestID, *b, c.mayCreate(b.Topic)); err != nil {
 			c.logInternal(f.Op, f.RequestID, err, "topic", b.Topic, "group", b.Group)
 			c.replyErr(f.RequestID, err)
 		}
@@ -321,7 +321,7 @@ func (c *conn) handle(f protocol.Frame) error {
 		c.metadata(f.RequestID, b)
 	case *protocol.Reconcile:
 		allow := func(topic string) error { return c.permit(auth.ActionConsume, topic) }
-		if err := c.sess.ReconcileWith(c.w, f.RequestID, b, allow); err != nil {
+		if err := c.sess.ReconcileWith(c.w, f.RequestID, b, allow, c.createCheck); err != nil {
 			c.replyErr(f.RequestID, err)
 		} else {
 			c.inflightDue = b.InflightFollows
@@ -594,7 +594,7 @@ func (c *conn) publish(reqID uint64, noReply bool, p *protocol.Publish) {
 		c.replyErr(reqID, errDraining)
 		return
 	}
-	if err := c.permit(auth.ActionPublish, p.Topic); err != nil {
+	if err := c.permitPublish(p.Topic); err != nil {
 		// Even with NO_REPLY: failures still produce ERROR (protocol 5.6).
 		c.replyErr(reqID, err)
 		return
@@ -615,7 +615,7 @@ func (c *conn) publish(reqID uint64, noReply bool, p *protocol.Publish) {
 		}
 	}
 	topic, group := p.Topic, p.Group // not p: its body aliases the read buffer
-	srv.cfg.Backend.Publish(p, func(ok protocol.PublishOK, err error) {
+	c.backendPublish(p, func(ok protocol.PublishOK, err error) {
 		if err != nil {
 			srv.stats.publishErrors.Add(1)
 			c.logInternal(protocol.OpPublish, reqID, err, "topic", topic, "group", group)

@@ -61,7 +61,24 @@ type StableBackend interface {
 	ReserveSubIDs(next uint64)
 }
 
-// StableSub is a subscription's identity across restarts.
+// MayCreate decides whether a request may create the queue (topic, group)
+// it names when that queue does not exist (creation on first use): nil
+// lets it, an error is the request's answer. A backend asks it at the
+// moment it would create the queue, so a request to a queue that exists
+// never asks. It must not block. A nil MayCreate allows.
+type MayCreate func(topic, group string) error
+
+// CreateGuard may be implemented by a Backend that creates queues on first
+// use: PublishChecked is Publish where a missing queue is created only
+// when mayCreate allows. The server publishes through it with the
+// connection's permission check; subscriptions carry the same check in
+// StableSub.MayCreate. The broker's bridge implements both.
+type CreateGuard interface {
+	PublishChecked(p *protocol.Publish, mayCreate MayCreate, done func(protocol.PublishOK, error))
+}
+
+// StableSub is a subscription's identity across restarts, and the check on
+// whether opening it may create its queue.
 type StableSub struct {
 	// ID is the subscription id to use; 0 draws a fresh one.
 	ID uint64
@@ -70,6 +87,11 @@ type StableSub struct {
 	OwnerPrefix string
 	// Adopt takes back the leases recovered under that name.
 	Adopt bool
+	// MayCreate, when set, decides whether the subscription may create its
+	// queue on first use (see MayCreate). It is not part of the identity:
+	// it rides here because every subscription a session opens on a
+	// stable backend goes through SubscribeStable.
+	MayCreate MayCreate
 }
 
 // Subscription is one consumer attachment inside the backend.

@@ -36,15 +36,17 @@ import (
 // unless req.InflightFollows: then Inflight re-sends only those the client
 // lacks.
 func (s *Session) Reconcile(sink Sink, reqID uint64, req *protocol.Reconcile) error {
-	return s.ReconcileWith(sink, reqID, req, nil)
+	return s.ReconcileWith(sink, reqID, req, nil, nil)
 }
 
-// ReconcileWith is Reconcile with a check on every subscription it would
+// ReconcileWith is Reconcile with checks on every subscription it would
 // recreate: allow(topic) returning an error leaves that subscription closed,
-// with the error as its entry's reason, as for any recreate that fails. The
-// server passes the connection's consume permission, so the restore policy
-// cannot open what SUBSCRIBE would refuse. A nil allow permits everything.
-func (s *Session) ReconcileWith(sink Sink, reqID uint64, req *protocol.Reconcile, allow func(topic string) error) error {
+// with the error as its entry's reason, as for any recreate that fails, and
+// mayCreate decides whether a recreate may create its queue, as for
+// SubscribeChecked. The server passes the connection's consume and manage
+// permissions, so the restore policy cannot open what SUBSCRIBE would
+// refuse. A nil allow or mayCreate permits everything.
+func (s *Session) ReconcileWith(sink Sink, reqID uint64, req *protocol.Reconcile, allow func(topic string) error, mayCreate MayCreate) error {
 	if req.Policy != protocol.ReconcileConservative && req.Policy != protocol.ReconcileRestore {
 		return protocol.Errorf(protocol.CodeBadRequest, "reconcile policy %d", req.Policy)
 	}
@@ -141,7 +143,7 @@ func (s *Session) ReconcileWith(sink Sink, reqID uint64, req *protocol.Reconcile
 				continue
 			}
 		}
-		nst, err := s.openSub(protocol.Subscribe{Topic: c.Topic, Group: c.Group, Partition: c.Partition, AckMode: c.AckMode, Prefetch: c.Prefetch})
+		nst, err := s.openSub(protocol.Subscribe{Topic: c.Topic, Group: c.Group, Partition: c.Partition, AckMode: c.AckMode, Prefetch: c.Prefetch}, mayCreate)
 		if err != nil {
 			e.Reason = "recreate failed: " + err.Error()
 			continue

@@ -754,7 +754,9 @@ func (s *Session) forgetSubLocked(st *subState) {
 var ErrClosed = protocol.Errorf(protocol.CodeShuttingDown, "session closed")
 
 // openSub creates a subscription that is registered but not yet announced.
-func (s *Session) openSub(req protocol.Subscribe) (*subState, error) {
+// mayCreate decides whether it may create its queue (stable backends only:
+// others are test fakes).
+func (s *Session) openSub(req protocol.Subscribe, mayCreate MayCreate) (*subState, error) {
 	if req.AckMode != protocol.AckManual && req.AckMode != protocol.AckAuto {
 		return nil, protocol.Errorf(protocol.CodeBadRequest, "ack mode %d", req.AckMode)
 	}
@@ -783,7 +785,7 @@ func (s *Session) openSub(req protocol.Subscribe) (*subState, error) {
 	var err error
 	if sb, ok := cfg.Backend.(StableBackend); ok {
 		// Leases recorded under an owner a restarted broker derives again.
-		sub, _, err = sb.SubscribeStable(&req, &subConsumer{s: s, st: st}, StableSub{OwnerPrefix: s.ownerPrefix()})
+		sub, _, err = sb.SubscribeStable(&req, &subConsumer{s: s, st: st}, StableSub{OwnerPrefix: s.ownerPrefix(), MayCreate: mayCreate})
 	} else {
 		sub, err = cfg.Backend.Subscribe(&req, &subConsumer{s: s, st: st})
 	}
@@ -853,7 +855,14 @@ func wakeSubs(subs ...Subscription) {
 // through sink, ahead of the subscription's first delivery. The reply is dropped
 // if sink is no longer the session's transport.
 func (s *Session) Subscribe(sink Sink, reqID uint64, req protocol.Subscribe) error {
-	st, err := s.openSub(req)
+	return s.SubscribeChecked(sink, reqID, req, nil)
+}
+
+// SubscribeChecked is Subscribe where a queue that does not exist is
+// created only when mayCreate allows (nil: always); otherwise its error is
+// returned, as for any subscription that fails.
+func (s *Session) SubscribeChecked(sink Sink, reqID uint64, req protocol.Subscribe, mayCreate MayCreate) error {
+	st, err := s.openSub(req, mayCreate)
 	if err != nil {
 		return err
 	}

@@ -843,7 +843,7 @@ func TestReconcileWithRefusesRecreate(t *testing.T) {
 	err := s.ReconcileWith(k, 9, &protocol.Reconcile{Policy: protocol.ReconcileRestore, Subs: []protocol.SubView{
 		{SubID: 1, Topic: "a", Prefetch: 4},
 		{SubID: 2, Topic: "secret", Prefetch: 4},
-	}}, allow)
+	}}, allow, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,7 +70,7 @@ func Open(opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if err := opts.FS.MkdirAll(opts.Dir, 0o755); err != nil {
+	if err := opts.FS.MkdirAll(opts.Dir, vfs.DirPerm); err != nil {
 		return nil, fmt.Errorf("sessionstore: %w", err)
 	}
 	// The directory entries must be durable before anything in them is.

@@ -245,6 +245,12 @@ func (r *Reloader) readAll() ([][]byte, [sha256.Size]byte, error) {
 		if err != nil {
 			return nil, [sha256.Size]byte{}, fmt.Errorf("%s %s: %w", r.key(keys[i]), p, err)
 		}
+		if keys[i] == "key_file" {
+			// Whoever can read the private key can pose as the broker.
+			if err := vfs.CheckPrivate(r.o.FS, p); err != nil {
+				return nil, [sha256.Size]byte{}, fmt.Errorf("%s %s: %w", r.key(keys[i]), p, err)
+			}
+		}
 		fmt.Fprintf(h, "%d:", len(b))
 		h.Write(b)
 		out = append(out, b)

@@ -14,7 +14,7 @@ import (
 // crash, name holds either its old contents or data, never a mix; a leftover
 // temporary file is overwritten by the next call.
 func WriteFileAtomic(fsys FS, name string, data []byte) error {
-	return writeFileAtomic(fsys, name, data, 0o644)
+	return writeFileAtomic(fsys, name, data, FilePerm)
 }
 
 // WriteFilePrivate is WriteFileAtomic for secrets (such as password hashes):
@@ -25,7 +25,7 @@ func WriteFilePrivate(fsys FS, name string, data []byte) error {
 	if err := fsys.Remove(name + ".tmp"); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	return writeFileAtomic(fsys, name, data, 0o600)
+	return writeFileAtomic(fsys, name, data, FilePerm)
 }
 
 func writeFileAtomic(fsys FS, name string, data []byte, perm os.FileMode) error {

@@ -314,7 +314,7 @@ func (m *MemFS) SyncDir(dir string) error {
 // Lock implements FS with an in-memory lock table: the lock is held until
 // the returned file is closed.
 func (m *MemFS) Lock(name string) (File, error) {
-	f, err := m.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := m.OpenFile(name, os.O_RDWR|os.O_CREATE, FilePerm)
 	if err != nil {
 		return nil, err
 	}
@@ -501,7 +501,7 @@ func (m *MemFS) WriteFile(name string, data []byte) error {
 	if n, ok := m.cur[c]; ok && n.dir {
 		return perr("writefile", name, errors.New("is a directory"))
 	}
-	n := &memNode{mode: 0o644, data: slices.Clone(data), synced: slices.Clone(data)}
+	n := &memNode{mode: FilePerm, data: slices.Clone(data), synced: slices.Clone(data)}
 	m.cur[c] = n
 	m.durable[c] = n
 	return nil

@@ -1,28 +1,94 @@
 package vfs
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 )
 
-// OS returns the real file system.
+// OS returns the real file system. What it creates is private to the
+// broker's user whatever the process umask: every file it creates
+// (OpenFile with os.O_CREATE, Lock) is FilePerm and every directory
+// (MkdirAll) DirPerm, or narrower when perm asks for less. A file opened
+// with os.O_CREATE that exists already is brought to that mode too.
 func OS() FS { return osFS{} }
 
 type osFS struct{}
 
 func (osFS) OpenFile(name string, flag int, perm os.FileMode) (File, error) {
-	f, err := os.OpenFile(name, flag, perm)
+	mode := perm & FilePerm
+	f, err := os.OpenFile(name, flag, mode)
 	if err != nil {
 		return nil, err
+	}
+	if flag&os.O_CREATE != 0 {
+		if err := chmodOpen(f, mode); err != nil {
+			f.Close()
+			return nil, err
+		}
 	}
 	return &osFile{File: f}, nil
 }
 
+// chmodOpen sets f's permission bits to mode exactly: the umask narrows what
+// open(2) creates, and only ever clears bits, so an explicit chmod is what
+// makes the mode hold whatever the umask. The fstat first spares the
+// chmod on the common path. A file this process just created is its own,
+// so the chmod cannot be refused; one that existed and belongs to another
+// user (which the broker may still write through its group) keeps its
+// mode rather than fail the open: the start-up check reports it.
+func chmodOpen(f *os.File, mode os.FileMode) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Perm() == mode {
+		return nil
+	}
+	if err := f.Chmod(mode); err != nil && !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	return nil
+}
+
 func (osFS) Remove(name string) error             { return os.Remove(name) }
 func (osFS) Rename(oldname, newname string) error { return os.Rename(oldname, newname) }
+
+// MkdirAll is os.MkdirAll, except that each directory it creates is given
+// perm & DirPerm exactly, whatever the umask. Directories that exist are
+// left as they are (MakePrivate tightens a data dir an older version made).
 func (osFS) MkdirAll(dir string, perm os.FileMode) error {
-	return os.MkdirAll(dir, perm)
+	return mkdirAll(filepath.Clean(dir), perm&DirPerm)
+}
+
+func mkdirAll(dir string, mode os.FileMode) error {
+	fi, err := os.Stat(dir)
+	if err == nil {
+		if !fi.IsDir() {
+			return &os.PathError{Op: "mkdir", Path: dir, Err: syscall.ENOTDIR}
+		}
+		return nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if parent := filepath.Dir(dir); parent != dir {
+		if err := mkdirAll(parent, mode); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, mode); err != nil {
+		// Created meanwhile by someone else: as os.MkdirAll, that is fine
+		// when it is a directory, and its mode is its creator's.
+		if fi, serr := os.Lstat(dir); serr == nil && fi.IsDir() {
+			return nil
+		}
+		return err
+	}
+	return os.Chmod(dir, mode)
 }
 func (osFS) Stat(name string) (os.FileInfo, error) { return os.Stat(name) }
 
@@ -53,8 +119,12 @@ func (osFS) SyncDir(dir string) error {
 }
 
 func (osFS) Lock(name string) (File, error) {
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, FilePerm)
 	if err != nil {
+		return nil, err
+	}
+	if err := chmodOpen(f, FilePerm); err != nil {
+		f.Close()
 		return nil, err
 	}
 	if err := lockFile(f); err != nil {

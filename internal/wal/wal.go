@@ -174,7 +174,7 @@ func Open(opts Options) (*WAL, error) {
 	}
 	w.cond = sync.NewCond(&w.mu)
 	fs := opts.FS
-	if err := fs.MkdirAll(opts.Dir, 0o755); err != nil {
+	if err := fs.MkdirAll(opts.Dir, vfs.DirPerm); err != nil {
 		return nil, err
 	}
 	if err := fs.SyncDir(opts.Dir); err != nil {
@@ -358,7 +358,7 @@ func (w *WAL) roll(seq uint64) error {
 	}
 	w.mu.Unlock()
 	path := filepath.Join(w.opts.Dir, segName(seq))
-	f, err := w.opts.FS.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+	f, err := w.opts.FS.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDWR, vfs.FilePerm)
 	if err != nil {
 		return err
 	}

@@ -27,7 +27,8 @@ func TestServeAuthRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := users.Add("alice", "correct horse", auth.Permissions{Publish: []string{"*"}}); err != nil {
+	// Manage too: her publish creates the queue "t" on first use.
+	if err := users.Add("alice", "correct horse", auth.Permissions{Publish: []string{"*"}, Manage: []string{"t"}}); err != nil {
 		t.Fatal(err)
 	}
 	srv := startChildArgs(t, bin, dir)

@@ -11,7 +11,8 @@ import (
 // password on stdin, users file 0600); the broker started on that data dir
 // (on loopback; the startup rule for public listeners is covered by
 // cmd/sinew TestAdminUserOfflineBootstrap) requires credentials and
-// enforces each user's topic patterns, and while it runs the offline path is refused because
+// enforces each user's topic patterns (creating a queue on first use
+// needs manage), and while it runs the offline path is refused because
 // another process holds the data dir's lock. No password reaches the
 // broker's log or the commands' output.
 func TestUsersOfflineBootstrapAndPermissions(t *testing.T) {
@@ -40,6 +41,15 @@ func TestUsersOfflineBootstrapAndPermissions(t *testing.T) {
 	}
 	if code, errOut := publish("", "", "orders.eu"); code != 1 || !strings.Contains(errOut, "auth_failed") {
 		t.Fatalf("anonymous: exit %d, %s", code, errOut)
+	}
+	// Creating a queue needs manage: alice may publish to orders.* but
+	// not create orders.eu; root creates it, and then she publishes.
+	if code, errOut := publish("alice", alicePW, "orders.eu"); code != 1 ||
+		!strings.Contains(errOut, `queue "orders.eu" does not exist and creating it needs manage on topic "orders.eu"`) {
+		t.Fatalf("alice creating orders.eu: exit %d, %s", code, errOut)
+	}
+	if code, errOut := publish("root", rootPW, "orders.eu"); code != 0 {
+		t.Fatalf("root orders.eu: exit %d, %s", code, errOut)
 	}
 	if code, errOut := publish("alice", alicePW, "orders.eu"); code != 0 {
 		t.Fatalf("alice orders.eu: exit %d, %s", code, errOut)

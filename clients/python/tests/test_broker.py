@@ -400,7 +400,8 @@ class UserLogin(unittest.IsolatedAsyncioTestCase):
         binary = await asyncio.to_thread(broker_binary)
         await asyncio.to_thread(
             subprocess.run, [binary, "admin", "user", "add", "alice", "--data-dir", b.data.name,
-                             "--publish", "*", "--consume", "*", "--password-stdin"],
+                             # manage: her publish creates the queue "auth"
+                             "--publish", "*", "--consume", "*", "--manage", "auth", "--password-stdin"],
             input=b"correct horse\n", check=True, capture_output=True)
         addr = await b.start()
         for kw in ({"user": "alice", "credentials": "wrong horse"}, {"user": "mallory", "credentials": "correct horse"}, {}):
@@ -465,7 +466,8 @@ class MutualTLS(unittest.IsolatedAsyncioTestCase):
         self.addAsyncCleanup(self.mtls.close)
         await asyncio.to_thread(
             subprocess.run, [binary, "admin", "user", "add", "alice", "--data-dir", self.mtls.data.name,
-                             "--publish", "*", "--consume", "*", "--password-stdin"],
+                             # manage: her publish creates the queue "mtls"
+                             "--publish", "*", "--consume", "*", "--manage", "mtls", "--password-stdin"],
             input=b"correct horse\n", check=True, capture_output=True)
         self.plain = Broker()
         self.addAsyncCleanup(self.plain.close)

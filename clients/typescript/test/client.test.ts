@@ -214,8 +214,8 @@ test("a fatal handshake error fails at once, without retrying", T, async () => {
 test("a user created offline logs in with user and password", T, async () => {
   const b = new Broker();
   // The offline bootstrap: a user in the data dir makes the loopback
-  // broker require credentials.
-  execFileSync(sinewBin(), ["admin", "user", "add", "alice", "--data-dir", b.dataDir, "--publish", "*", "--password-stdin"], {
+  // broker require credentials. Manage on "auth": her publish creates it.
+  execFileSync(sinewBin(), ["admin", "user", "add", "alice", "--data-dir", b.dataDir, "--publish", "*", "--manage", "auth", "--password-stdin"], {
     input: "correct horse\n",
     stdio: ["pipe", "ignore", "pipe"],
   });

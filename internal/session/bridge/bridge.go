@@ -24,6 +24,11 @@ func (x backend) Publish(p *protocol.Publish, done func(protocol.PublishOK, erro
 	x.b.Publish(p, done)
 }
 
+// PublishChecked implements session.CreateGuard.
+func (x backend) PublishChecked(p *protocol.Publish, mayCreate session.MayCreate, done func(protocol.PublishOK, error)) {
+	x.b.PublishChecked(p, broker.CreateCheck(mayCreate), done)
+}
+
 func (x backend) DeleteQueue(ctx context.Context, d *protocol.DeleteQueue) error {
 	return x.b.Delete(ctx, d)
 }
@@ -48,7 +53,8 @@ func (x backend) SubscribeStable(req *protocol.Subscribe, c session.Consumer, st
 	if p, ok := c.(session.Pauser); ok {
 		bc = pausingConsumer{consumer{c}, p}
 	}
-	s, err := x.b.SubscribeWith(req, bc, broker.SubscribeOptions{ID: st.ID, OwnerPrefix: st.OwnerPrefix, Adopt: st.Adopt})
+	s, err := x.b.SubscribeWith(req, bc, broker.SubscribeOptions{ID: st.ID, OwnerPrefix: st.OwnerPrefix, Adopt: st.Adopt,
+		MayCreate: broker.CreateCheck(st.MayCreate)})
 	if err != nil {
 		return nil, 0, err
 	}
