@@ -140,6 +140,40 @@ func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (
 	return n, nil
 }
 
+// checkClusterAuth applies the cluster's startup rule: a clustered node
+// with users (hasUsers) or auth.tokens needs cluster.gossip_key_file and
+// the cluster.peer_tls_* files, on loopback too. Without them any process
+// that reaches the gossip or peer port (on loopback: any local process,
+// whoever runs it) can join the cluster, be placed among a queue's
+// replicas and read its messages, or send raft messages as a node, which
+// would make the users' permissions moot. Without users or tokens (the
+// anonymous quick start, which only a loopback-only node may run) the
+// settings' loopback rules alone apply.
+func checkClusterAuth(cfg settings.Config, hasUsers bool) error {
+	c := cfg.Cluster
+	if !c.Enabled || (!hasUsers && len(cfg.Auth.Tokens) == 0) {
+		return nil
+	}
+	var missing, how []string
+	if c.GossipKeyFile == "" {
+		missing = append(missing, "cluster.gossip_key_file (--cluster-gossip-key-file)")
+		how = append(how, "a gossip key, the same file on every node: head -c 32 /dev/urandom | base64 > gossip.key")
+	}
+	if c.PeerTLSCertFile == "" {
+		missing = append(missing, "cluster.peer_tls_cert_file, cluster.peer_tls_key_file and cluster.peer_tls_ca_file (--cluster-peer-tls-*)")
+		how = append(how, "peer certificates, one per node naming its node id: sinew cert generate --peer-data-dirs <each node's data directory>, or your own CA (docs/cluster.md, \"Peer TLS\")")
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	what := "users"
+	if !hasUsers {
+		what = "auth.tokens"
+	}
+	return fmt.Errorf("cluster: %s are configured, so a cluster node needs %s, on loopback too: without them any process that reaches the gossip or peer port can join the cluster and read the messages it replicates (docs/security.md, \"The cluster's ports\"); make %s",
+		what, strings.Join(missing, " and "), strings.Join(how, "; and "))
+}
+
 // memberlistWarnsMax WARN lines from memberlist are logged per
 // memberlistWarnWindowMs; the rest of the window's go to DEBUG and are
 // counted in one WARN line when the next window opens. Anyone who can

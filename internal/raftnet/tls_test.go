@@ -209,9 +209,9 @@ func TestTLSRefusesCertificatesThatNameNoNode(t *testing.T) {
 		leaf tlsconf.Leaf
 		want string
 	}{
-		{"a client certificate", tlsconf.Leaf{CommonName: "sinew-client", Hosts: []string{"sinew-client"}, Client: true}, "names no cluster node"},
-		{"both usages, no node name", tlsconf.Leaf{CommonName: "sinew-server", Hosts: []string{"127.0.0.1"}, Server: true, Client: true}, "names no cluster node"},
-		{"a node of another cluster", tlsconf.Leaf{CommonName: "x", Client: true, URIs: []*url.URL{tlsconf.PeerURI("other", "1")}}, "names no cluster node"},
+		{"a client certificate", tlsconf.Leaf{CommonName: "sinew-client", Hosts: []string{"sinew-client"}, Client: true}, "names no node of cluster"},
+		{"both usages, no node name", tlsconf.Leaf{CommonName: "sinew-server", Hosts: []string{"127.0.0.1"}, Server: true, Client: true}, "names no node of cluster"},
+		{"a node of another cluster", tlsconf.Leaf{CommonName: "x", Client: true, URIs: []*url.URL{tlsconf.PeerURI("other", "1")}}, "names no node of cluster"},
 		{"two nodes", tlsconf.Leaf{CommonName: "x", Client: true, URIs: []*url.URL{tlsconf.PeerURI("c", "1"), tlsconf.PeerURI("c", "3")}}, "names 2 nodes"},
 		{"a node id that is not one", tlsconf.Leaf{CommonName: "x", Client: true, URIs: []*url.URL{tlsconf.PeerURI("c", "node-one")}}, "not a test node id"},
 	} {
@@ -259,7 +259,7 @@ func TestNewRefusesACertificateOfAnotherNode(t *testing.T) {
 		want string
 	}{
 		{"another node's", peerTLS(t, ca, 2), "names node 2"},
-		{"no node name", &PeerTLS{Certificate: leafOf(t, ca, tlsconf.Leaf{CommonName: "s", Server: true, Client: true}), CAs: poolOf(t, ca), RaftID: testRaftID}, "names no cluster node"},
+		{"no node name", &PeerTLS{Certificate: leafOf(t, ca, tlsconf.Leaf{CommonName: "s", Server: true, Client: true}), CAs: poolOf(t, ca), RaftID: testRaftID}, "names no node of cluster"},
 		{"no RaftID", &PeerTLS{Certificate: leafOf(t, ca, peerLeaf(1)), CAs: poolOf(t, ca)}, "RaftID"},
 	} {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -18,7 +18,7 @@ const PeerURIScheme = "sinew-node"
 
 // ErrNoPeerIdentity reports a certificate without a peer URI for the
 // cluster asked about (a client or server certificate, say).
-var ErrNoPeerIdentity = errors.New("the certificate names no cluster node")
+var ErrNoPeerIdentity = errors.New("the certificate names no node")
 
 // PeerURI returns the URI that names node nodeID of cluster in a peer
 // certificate.
