@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -248,7 +249,8 @@ func TestClusterPeerPortRefusesImpostors(t *testing.T) {
 // A cluster with users or auth.tokens needs the gossip key and peer TLS,
 // on loopback too: sinew serve refuses to start without them, naming the
 // settings missing and how to make them. With both it starts; without
-// users or tokens (the anonymous quick start) it starts without them.
+// users or tokens (the anonymous quick start) it starts without them, and
+// refuses to add a user through the admin API.
 func TestClusterWithAuthNeedsGossipKeyAndPeerTLS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the sinew binary")
@@ -324,9 +326,20 @@ func TestClusterWithAuthNeedsGossipKeyAndPeerTLS(t *testing.T) {
 	if on := logField(t, c, "cluster controller started", "peer_tls"); on != "true" {
 		t.Fatalf("peer_tls=%s", on)
 	}
-	// No users, no tokens, loopback: the quick start runs as it did.
-	q := startChildArgs(t, bin, t.TempDir(), cluster[4:]...)
+	// No users, no tokens, loopback: the quick start runs as it did, and
+	// refuses to add a first user, which would make its next start fail.
+	q := startChildArgs(t, bin, t.TempDir(), append(cluster[4:], "--admin-listen", "127.0.0.1:0")...)
 	if on := logField(t, q, "cluster controller started", "peer_tls"); on != "false" {
 		t.Fatalf("peer_tls=%s", on)
+	}
+	admin := logField(t, q, "msg=serving", "admin_listen")
+	resp, err := http.Post("http://"+admin+"/api/v1/users", "application/json", strings.NewReader(`{"name":"bob","password":"a password","permissions":{}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), "no user is added") || !strings.Contains(string(body), "cluster.gossip_key_file") {
+		t.Fatalf("adding a user to a cluster node without key and peer TLS: %s %s", resp.Status, body)
 	}
 }
