@@ -148,8 +148,7 @@ func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (
 // whoever runs it) can join the cluster, be placed among a queue's
 // replicas and read its messages, or send raft messages as a node, which
 // would make the users' permissions moot. Without users or tokens (the
-// anonymous quick start, which only a loopback-only node may run) the
-// settings' loopback rules alone apply.
+// anonymous quick start) the settings' off-loopback rules alone apply.
 func checkClusterAuth(cfg settings.Config, hasUsers bool) error {
 	c := cfg.Cluster
 	if !c.Enabled || (!hasUsers && len(cfg.Auth.Tokens) == 0) {

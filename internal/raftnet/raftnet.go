@@ -135,8 +135,9 @@ type Config struct {
 
 // PeerTLS is the mutual TLS of a Transport (Config.TLS). Each side
 // presents Certificate and accepts only a peer whose certificate chains to
-// CAs (for the usage of its side: client auth for a dialler, server auth
-// for an acceptor) and names one node of the cluster in a URI SAN
+// CAs with the usage of the peer's side (client auth for a dialler's
+// certificate, server auth for an acceptor's) and names one node of the
+// cluster in a URI SAN
 // sinew-node://<Config.ClusterID>/<node id> (tlsconf.PeerURI). That node
 // is the peer's identity: an acceptor refuses a hello that claims another
 // node, a dialler a peer that is not the node it dialled. Host names are
