@@ -44,6 +44,7 @@ const gossipKeyBytesMax = 4 << 10
 // its replica of the controller group, which holds the committed node
 // table, the queue catalogue and the runtime settings.
 type clusterNode struct {
+	cfg    settings.Config // the settings it started with
 	id     string
 	raftID uint64
 	client string // this node's client address
@@ -109,7 +110,7 @@ func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (
 	if err != nil {
 		return nil, err
 	}
-	n := &clusterNode{id: id, client: clientAddr, boot: boot, logger: logger, done: make(chan struct{}), loopDone: make(chan struct{})}
+	n := &clusterNode{cfg: cfg, id: id, client: clientAddr, boot: boot, logger: logger, done: make(chan struct{}), loopDone: make(chan struct{})}
 	if err := n.startController(cfg); err != nil {
 		return nil, err
 	}
@@ -138,6 +139,45 @@ func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (
 			"seeds", strings.Join(c.Seeds, ","), "err", err)
 	}
 	return n, nil
+}
+
+// checkClusterAuth applies the cluster's startup rule: a clustered node
+// with users (hasUsers) or auth.tokens needs cluster.gossip_key_file and
+// the cluster.peer_tls_* files, on loopback too. Without them any process
+// that reaches the gossip or peer port (on loopback: any local process,
+// whoever runs it) can join the cluster, be placed among a queue's
+// replicas and read its messages, or send raft messages as a node, which
+// would make the users' permissions moot. Without users or tokens (the
+// anonymous quick start) the settings' off-loopback rules alone apply.
+func checkClusterAuth(cfg settings.Config, hasUsers bool) error {
+	c := cfg.Cluster
+	if !c.Enabled || (!hasUsers && len(cfg.Auth.Tokens) == 0) {
+		return nil
+	}
+	missing, how := clusterAuthMissing(c)
+	if len(missing) == 0 {
+		return nil
+	}
+	what := "users"
+	if !hasUsers {
+		what = "auth.tokens"
+	}
+	return fmt.Errorf("cluster: %s are configured, so a cluster node needs %s, on loopback too: without them any process that reaches the gossip or peer port can join the cluster and read the messages it replicates (docs/security.md, \"The cluster's ports\"); make %s",
+		what, strings.Join(missing, " and "), strings.Join(how, "; and "))
+}
+
+// clusterAuthMissing names the settings of c that a cluster with users or
+// tokens needs and c lacks, and how to make each.
+func clusterAuthMissing(c settings.Cluster) (missing, how []string) {
+	if c.GossipKeyFile == "" {
+		missing = append(missing, "cluster.gossip_key_file (--cluster-gossip-key-file)")
+		how = append(how, "a gossip key, the same file on every node: (umask 077; head -c 32 /dev/urandom | base64 > gossip.key)")
+	}
+	if c.PeerTLSCertFile == "" {
+		missing = append(missing, "cluster.peer_tls_cert_file, cluster.peer_tls_key_file and cluster.peer_tls_ca_file (--cluster-peer-tls-*)")
+		how = append(how, "peer certificates, one per node naming its node id: sinew cert generate --peer-data-dirs <each node's data directory>, or your own CA (docs/cluster.md, \"Peer TLS\")")
+	}
+	return missing, how
 }
 
 // memberlistWarnsMax WARN lines from memberlist are logged per
@@ -371,6 +411,14 @@ func clusterAdmin(acfg *admin.Config, n *clusterNode, handedOver func() (bool, s
 		return
 	}
 	acfg.Nodes = n.view
+	acfg.UserAddCheck = func() error {
+		missing, how := clusterAuthMissing(n.cfg.Cluster)
+		if len(missing) == 0 {
+			return nil
+		}
+		return fmt.Errorf("no user is added: this node runs in a cluster without %s, and a cluster node with users needs them, on loopback too (docs/security.md, \"The cluster's ports\"); make %s, restart every node with them, then add users",
+			strings.Join(missing, " and "), strings.Join(how, "; and "))
+	}
 	acfg.LeaveCluster = func(context.Context) error { return n.leave(handedOver, leadsOver, drain) }
 	acfg.ForgetNode = func(id string) error {
 		if err := n.m.Forget(id); err != nil {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"slices"
@@ -17,6 +19,7 @@ import (
 	"github.com/sinewmq/sinew/internal/partition"
 	"github.com/sinewmq/sinew/internal/raftnet"
 	"github.com/sinewmq/sinew/internal/settings"
+	"github.com/sinewmq/sinew/internal/tlsconf"
 	"github.com/sinewmq/sinew/internal/vfs"
 )
 
@@ -61,11 +64,12 @@ func (n *clusterNode) startController(cfg settings.Config) error {
 		ln.Close()
 		return fmt.Errorf("cluster: raft host: %w", err)
 	}
-	peerTLS, err := loadPeerTLS(cfg.Cluster)
+	peerTLS, err := loadPeerTLS(cfg, n.id)
 	if err != nil {
 		ln.Close()
 		return err
 	}
+	warnSharedPeerCA(cfg, n.logger)
 	tr, err := raftnet.New(raftnet.Config{ClusterID: raftClusterID, NodeID: rid, Listener: ln, Receiver: host, Logger: n.logger, TLS: peerTLS,
 		FrameBytesMax: peerFrameBytesMax})
 	if err != nil {
@@ -217,8 +221,11 @@ func isLoopbackAddr(addr string) bool {
 const peerTLSFileBytesMax = 1 << 20
 
 // loadPeerTLS reads cluster.peer_tls_* (nil when unset: plain TCP, which
-// the settings allow on loopback only).
-func loadPeerTLS(c settings.Cluster) (*raftnet.PeerTLS, error) {
+// the settings allow on loopback only). The certificate must name this
+// node (nodeID) as tlsconf.PeerURI does: every peer would refuse it
+// otherwise, and the cause is plainest here.
+func loadPeerTLS(cfg settings.Config, nodeID string) (*raftnet.PeerTLS, error) {
+	c := cfg.Cluster
 	if c.PeerTLSCertFile == "" {
 		return nil, nil
 	}
@@ -253,7 +260,70 @@ func loadPeerTLS(c settings.Cluster) (*raftnet.PeerTLS, error) {
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return nil, fmt.Errorf("cluster.peer_tls_ca_file %s: no PEM certificate in it", c.PeerTLSCAFile)
 	}
-	return &raftnet.PeerTLS{Certificate: cert, CAs: pool}, nil
+	if cert.Leaf == nil {
+		if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return nil, fmt.Errorf("cluster.peer_tls_cert_file %s: %w", c.PeerTLSCertFile, err)
+		}
+	}
+	named, err := tlsconf.PeerNodeID(cert.Leaf, raftClusterID)
+	if err == nil && named != nodeID {
+		err = fmt.Errorf("it names node %s", named)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cluster.peer_tls_cert_file %s is not this node's peer certificate: %w; this node (data directory %s) is %s, so its certificate needs the URI SAN %s (sinew cert generate --peer-data-dirs %s makes one; docs/cluster.md, \"Peer TLS\")",
+			c.PeerTLSCertFile, err, cfg.DataDir, nodeID, tlsconf.PeerURI(raftClusterID, nodeID), cfg.DataDir)
+	}
+	return &raftnet.PeerTLS{Certificate: cert, CAs: pool, RaftID: controller.RaftIDOf}, nil
+}
+
+// warnSharedPeerCA warns when a CA of cluster.peer_tls_ca_file is also one
+// of the client CAs (tls.client_ca_file, admin_tls.client_ca_file): every
+// client certificate it issues then chains to the peers' CA, and only the
+// node name in a peer certificate keeps a client from the peer port. A CA
+// of their own for the peers keeps the two apart. Files that cannot be
+// read are left to the code that loads them.
+func warnSharedPeerCA(cfg settings.Config, logger *slog.Logger) {
+	if cfg.Cluster.PeerTLSCAFile == "" {
+		return
+	}
+	peer := caCerts(cfg.Cluster.PeerTLSCAFile)
+	for _, cl := range []struct{ key, path string }{
+		{"tls.client_ca_file", cfg.TLS.ClientCAFile}, {"admin_tls.client_ca_file", cfg.AdminTLS.ClientCAFile},
+	} {
+		if cl.path == "" {
+			continue
+		}
+		for _, c := range caCerts(cl.path) {
+			if slices.ContainsFunc(peer, c.Equal) {
+				logger.Warn("cluster: the peer CA is also a client CA: every client certificate it issues chains to the peers' CA, and only the node name in a peer certificate keeps clients off the peer port; give the peers a CA of their own (sinew cert generate writes peer-ca.pem)",
+					"cluster.peer_tls_ca_file", cfg.Cluster.PeerTLSCAFile, cl.key, cl.path, "ca_subject", c.Subject.String())
+				break
+			}
+		}
+	}
+}
+
+// caCerts returns the certificates of a PEM file (none when it cannot be
+// read).
+func caCerts(path string) []*x509.Certificate {
+	b, err := vfs.ReadFileMax(vfs.OS(), path, peerTLSFileBytesMax)
+	if err != nil {
+		return nil
+	}
+	var out []*x509.Certificate
+	for len(b) > 0 {
+		var blk *pem.Block
+		if blk, b = pem.Decode(b); blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		if c, err := x509.ParseCertificate(blk.Bytes); err == nil {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // peerFrameBytesMax bounds one frame of the raft transport: room for the

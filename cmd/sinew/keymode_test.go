@@ -44,17 +44,20 @@ func TestGossipKeyReadableByOthersIsRefused(t *testing.T) {
 // The same for the raft transport's private key: what sinew cert generate
 // writes passes, and made readable by others it is refused.
 func TestPeerTLSKeyReadableByOthersIsRefused(t *testing.T) {
-	g, err := tlsconf.Generate(tlsconf.GenerateOptions{Dir: t.TempDir(), Days: 1, Now: time.Now()})
+	const id = "0123456789abcdef0123456789abcdef"
+	g, err := tlsconf.Generate(tlsconf.GenerateOptions{Dir: t.TempDir(), Days: 1, Now: time.Now(),
+		PeerNodeIDs: []string{id}, PeerCluster: raftClusterID})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := settings.Cluster{PeerTLSCertFile: g.ServerCert, PeerTLSKeyFile: g.ServerKey, PeerTLSCAFile: g.CA}
-	if _, err := loadPeerTLS(c); err != nil {
+	peer := g.Peers[0]
+	c := settings.Config{Cluster: settings.Cluster{PeerTLSCertFile: peer.Cert, PeerTLSKeyFile: peer.Key, PeerTLSCAFile: g.PeerCA}}
+	if _, err := loadPeerTLS(c, id); err != nil {
 		t.Fatalf("generated files: %v", err)
 	}
-	os.Chmod(g.ServerKey, 0o644)
-	_, err = loadPeerTLS(c)
-	if want := "cluster.peer_tls_key_file " + g.ServerKey + ": readable by group or others (mode 0644): run chmod 600 " + g.ServerKey; err == nil || err.Error() != want {
+	os.Chmod(peer.Key, 0o644)
+	_, err = loadPeerTLS(c, id)
+	if want := "cluster.peer_tls_key_file " + peer.Key + ": readable by group or others (mode 0644): run chmod 600 " + peer.Key; err == nil || err.Error() != want {
 		t.Fatalf("got %v, want %q", err, want)
 	}
 }

@@ -134,6 +134,9 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	if err := checkListenAuth(cfg, users, logger); err != nil {
 		return err
 	}
+	if err := checkClusterAuth(cfg, users.Len() > 0); err != nil {
+		return err
+	}
 	// Runtime settings are read (or seeded) before anything listens, so a
 	// corrupt document stops startup before a client can connect.
 	rt, err := runtimesettings.Open(vfs.OS(), cfg.DataDir, cfg.Seed(), logger.With("component", "settings"))

@@ -66,6 +66,11 @@ type Config struct {
 	// LeaveCluster makes the node leave its cluster and then drain, for
 	// POST /api/v1/nodes/self/leave; nil answers 409 conflict.
 	LeaveCluster func(ctx context.Context) error
+	// UserAddCheck, when set, is asked before a user is added: an error
+	// refuses the add (409 conflict, with its text). A cluster node that
+	// runs without the gossip key or peer TLS sets it, since a user would
+	// make its next start refuse (users need both in a cluster).
+	UserAddCheck func() error
 	// ForgetNode records a dead node as left, here and on every alive
 	// node, for POST /api/v1/nodes/{id}/forget; nil answers 409 conflict.
 	// An error wrapping membership.ErrNotDead is a 409 too.

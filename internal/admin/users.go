@@ -142,6 +142,12 @@ func (a *api) addUser(w http.ResponseWriter, r *http.Request) {
 		writeUsersError(w, err)
 		return
 	}
+	if a.cfg.UserAddCheck != nil {
+		if err := a.cfg.UserAddCheck(); err != nil {
+			writeError(w, http.StatusConflict, "conflict", err.Error())
+			return
+		}
+	}
 	if err := u.Add(body.Name, body.Password, perms); err != nil {
 		writeUsersError(w, err)
 		return

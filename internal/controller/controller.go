@@ -637,7 +637,7 @@ func (c *Controller) reconcileConf() error {
 		}
 		if !c.lagWarned[id] {
 			c.lagWarned[id] = true
-			c.log.Warn("controller: a member does not catch up; it stays a learner (can this node reach its peer address, and does its peer certificate come from the cluster's CA?)",
+			c.log.Warn("controller: a member does not catch up; it stays a learner (can this node reach its peer address, and does its peer certificate come from the peers' CA and name its node id?)",
 				"raft_id", id)
 		}
 	}

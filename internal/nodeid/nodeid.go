@@ -93,11 +93,21 @@ func parse(b []byte) (string, error) {
 		return "", fmt.Errorf("%w: version %q, this build reads %q", ErrCorrupt, f[1], version)
 	}
 	id, sum := f[2], f[3]
-	if raw, err := hex.DecodeString(id); err != nil || len(raw) != idBytes || id != strings.ToLower(id) {
+	if Check(id) != nil {
 		return "", fmt.Errorf("%w: id is not %d lowercase hex bytes", ErrCorrupt, idBytes)
 	}
 	if want := fmt.Sprintf("%08x", crc32.Checksum([]byte(id), castagnoli)); sum != want {
 		return "", fmt.Errorf("%w: checksum %s, want %s", ErrCorrupt, sum, want)
 	}
 	return id, nil
+}
+
+// Check reports whether id has the form of a node id (what Load creates):
+// 32 lowercase hex digits. Tools that name nodes before they start (peer
+// certificates) use it to refuse a mistyped id.
+func Check(id string) error {
+	if raw, err := hex.DecodeString(id); err != nil || len(raw) != idBytes || id != strings.ToLower(id) {
+		return fmt.Errorf("a node id is %d lowercase hex digits (file %s in the node's data directory)", 2*idBytes, FileName)
+	}
+	return nil
 }

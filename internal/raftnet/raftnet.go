@@ -1,5 +1,5 @@
 // Package raftnet is a TCP implementation of multiraft.Transport between
-// peer nodes. It is not yet used by sinew serve.
+// peer nodes: sinew serve's raft transport in a cluster.
 //
 // # Connections
 //
@@ -26,6 +26,19 @@
 // logs why. Every later frame is a batch:
 //
 //	count uvarint | count × (group uvarint | msg len uvarint | raftpb.Message)
+//
+// # Identity
+//
+// Without TLS a peer is whoever says hello, so plain TCP is for loopback
+// only. With Config.TLS a peer is the node its certificate names: a URI
+// subject alternative name sinew-node://<cluster id>/<node id>
+// (tlsconf.PeerURI) in a certificate of the cluster's CA. The acceptor
+// refuses a certificate that names no node of the cluster (a client's
+// certificate of the same CA, say) at the TLS handshake, and a hello that
+// claims another node than the certificate names; the dialler refuses an
+// acceptor whose certificate names another node than the one it dialled.
+// Either refusal is logged with its reason, the connection is closed, and
+// nothing read on it reaches the Receiver.
 //
 // # Loss, bounds and goroutines
 //
@@ -61,6 +74,7 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 
 	"github.com/sinewmq/sinew/internal/multiraft"
+	"github.com/sinewmq/sinew/internal/tlsconf"
 )
 
 // Errors a connection ends with.
@@ -72,6 +86,10 @@ var (
 	ErrHandshake = errors.New("raftnet: bad handshake")
 	// ErrOtherCluster reports a peer of another cluster.
 	ErrOtherCluster = errors.New("raftnet: peer belongs to another cluster")
+	// ErrPeerIdentity reports, under TLS, a peer certificate that names no
+	// node of the cluster (a client certificate, say), or a node other
+	// than the one the hello claims or the dialler wanted.
+	ErrPeerIdentity = errors.New("raftnet: peer certificate does not name the node")
 )
 
 const (
@@ -110,24 +128,38 @@ type Config struct {
 	BackoffMinMs, BackoffMaxMs int
 	// Logger receives refused peers and lost connections; nil discards.
 	Logger *slog.Logger
-	// TLS, when set, runs every connection over mutual TLS: each side
-	// presents TLS.Certificate and accepts only a peer whose certificate
-	// chains to TLS.CAs (the cluster's own CA; names are not checked, the
-	// CA is the cluster's identity). nil: plain TCP, for loopback only.
+	// TLS, when set, runs every connection over mutual TLS; see PeerTLS.
+	// nil: plain TCP, for loopback only.
 	TLS *PeerTLS
 }
 
-// PeerTLS is the mutual TLS of a Transport (Config.TLS).
+// PeerTLS is the mutual TLS of a Transport (Config.TLS). Each side
+// presents Certificate and accepts only a peer whose certificate chains to
+// CAs with the usage of the peer's side (client auth for a dialler's
+// certificate, server auth for an acceptor's) and names one node of the
+// cluster in a URI SAN
+// sinew-node://<Config.ClusterID>/<node id> (tlsconf.PeerURI). That node
+// is the peer's identity: an acceptor refuses a hello that claims another
+// node, a dialler a peer that is not the node it dialled. Host names are
+// not checked (nodes are known by id, and may move). So a certificate of
+// the same CA made for a client, or for another node, cannot send raft
+// messages as a node.
 type PeerTLS struct {
 	Certificate tls.Certificate
 	CAs         *x509.CertPool
+	// RaftID maps the node id a certificate names to its raft id (the id
+	// hellos carry). Required.
+	RaftID func(nodeID string) (uint64, error)
 }
 
 // config returns the tls.Config of one side: both present the node's
-// certificate and verify the other's chain against the cluster CA, with
-// no name check (a peer's identity is its cluster CA and, after the
-// handshake, its hello).
-func (p *PeerTLS) config(server bool) *tls.Config {
+// certificate and verify the other's chain against the cluster CA and its
+// node name (peerIdentity), with no host name check.
+func (p *PeerTLS) config(server bool, cluster string) *tls.Config {
+	usage := x509.ExtKeyUsageServerAuth
+	if server {
+		usage = x509.ExtKeyUsageClientAuth
+	}
 	verify := func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
 			return errors.New("raftnet: peer presented no certificate")
@@ -136,13 +168,17 @@ func (p *PeerTLS) config(server bool) *tls.Config {
 		for _, c := range cs.PeerCertificates[1:] {
 			inter.AddCert(c)
 		}
-		_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: p.CAs, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+		if _, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: p.CAs, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+			return err
+		}
+		_, _, err := p.identity(cs.PeerCertificates[0], cluster)
 		return err
 	}
 	cfg := &tls.Config{
 		MinVersion:   tls.VersionTLS13,
 		Certificates: []tls.Certificate{p.Certificate},
-		// Chains are checked by VerifyConnection, without a host name.
+		// Chains and node names are checked by VerifyConnection, without
+		// a host name.
 		InsecureSkipVerify: true,
 		VerifyConnection:   verify,
 	}
@@ -150,6 +186,52 @@ func (p *PeerTLS) config(server bool) *tls.Config {
 		cfg.ClientAuth = tls.RequireAnyClientCert
 	}
 	return cfg
+}
+
+// identity returns the node id and raft id cert names in cluster.
+func (p *PeerTLS) identity(cert *x509.Certificate, cluster string) (string, uint64, error) {
+	id, err := tlsconf.PeerNodeID(cert, cluster)
+	if err != nil {
+		return "", 0, fmt.Errorf("%w: %w", ErrPeerIdentity, err)
+	}
+	rid, err := p.RaftID(id)
+	if err != nil {
+		return "", 0, fmt.Errorf("%w: node id %q: %w", ErrPeerIdentity, id, err)
+	}
+	return id, rid, nil
+}
+
+// peerIdentity returns the node id and raft id of a TLS connection's
+// verified peer certificate.
+func (t *Transport) peerIdentity(tc *tls.Conn) (string, uint64, error) {
+	cs := tc.ConnectionState()
+	if len(cs.PeerCertificates) == 0 {
+		return "", 0, fmt.Errorf("%w: no certificate", ErrPeerIdentity)
+	}
+	return t.cfg.TLS.identity(cs.PeerCertificates[0], t.cfg.ClusterID)
+}
+
+// check refuses a PeerTLS whose own certificate does not name this node:
+// every peer would refuse it, and the cause is clearest here.
+func (p *PeerTLS) check(cluster string, self uint64) error {
+	if p.RaftID == nil || p.CAs == nil || len(p.Certificate.Certificate) == 0 {
+		return errors.New("raftnet: TLS needs a certificate, a CA pool and RaftID")
+	}
+	leaf := p.Certificate.Leaf
+	if leaf == nil {
+		var err error
+		if leaf, err = x509.ParseCertificate(p.Certificate.Certificate[0]); err != nil {
+			return fmt.Errorf("raftnet: this node's certificate: %w", err)
+		}
+	}
+	id, rid, err := p.identity(leaf, cluster)
+	if err != nil {
+		return fmt.Errorf("raftnet: this node's certificate: %w", err)
+	}
+	if rid != self {
+		return fmt.Errorf("%w: this node's certificate names node %s (raft id %d), this node's raft id is %d", ErrPeerIdentity, id, rid, self)
+	}
+	return nil
 }
 
 // Stats counts what a Transport did.
@@ -220,7 +302,10 @@ func New(cfg Config) (*Transport, error) {
 		t.log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.TLS != nil {
-		t.serverTLS, t.clientTLS = cfg.TLS.config(true), cfg.TLS.config(false)
+		if err := cfg.TLS.check(cfg.ClusterID, cfg.NodeID); err != nil {
+			return nil, err
+		}
+		t.serverTLS, t.clientTLS = cfg.TLS.config(true, cfg.ClusterID), cfg.TLS.config(false, cfg.ClusterID)
 	}
 	t.wg.Add(1)
 	go t.accept()
@@ -385,11 +470,21 @@ func (t *Transport) read(c net.Conn) {
 	}()
 	c.SetDeadline(time.Now().Add(time.Duration(t.cfg.DialTimeoutMs) * time.Millisecond))
 	var conn net.Conn = c
+	// certNode and certRaftID are the node the peer's certificate names
+	// (under TLS): its hello must claim that node.
+	var certNode string
+	var certRaftID uint64
 	if t.cfg.TLS != nil {
 		tc := tls.Server(c, t.serverTLS)
 		if err := tc.Handshake(); err != nil {
 			t.refused.Add(1)
 			t.log.Warn("raftnet: refused peer connection", "remote", c.RemoteAddr().String(), "err", fmt.Errorf("%w: tls: %w", ErrHandshake, err))
+			return
+		}
+		var err error
+		if certNode, certRaftID, err = t.peerIdentity(tc); err != nil {
+			t.refused.Add(1)
+			t.log.Warn("raftnet: refused peer connection", "remote", c.RemoteAddr().String(), "err", err)
 			return
 		}
 		conn = tc
@@ -404,6 +499,9 @@ func (t *Transport) read(c net.Conn) {
 	from, cluster, err := parseHello(payload)
 	if err == nil && cluster != t.cfg.ClusterID {
 		err = fmt.Errorf("%w: %q, this node is in %q", ErrOtherCluster, cluster, t.cfg.ClusterID)
+	}
+	if err == nil && t.cfg.TLS != nil && from != certRaftID {
+		err = fmt.Errorf("%w: the hello claims raft id %d, the certificate names node %s (raft id %d)", ErrPeerIdentity, from, certNode, certRaftID)
 	}
 	if err != nil {
 		t.refused.Add(1)
@@ -502,6 +600,15 @@ func (t *Transport) dial(p *peer) (net.Conn, error) {
 		if err := tc.Handshake(); err != nil {
 			t.untrack(c)
 			err = fmt.Errorf("%w: tls: %w", ErrHandshake, err)
+			t.log.Warn("raftnet: refusing peer", "peer", p.id, "addr", addr, "err", err)
+			return nil, err
+		}
+		node, rid, err := t.peerIdentity(tc)
+		if err == nil && rid != p.id {
+			err = fmt.Errorf("%w: %s presents the certificate of node %s (raft id %d), want raft id %d", ErrPeerIdentity, addr, node, rid, p.id)
+		}
+		if err != nil {
+			t.untrack(c)
 			t.log.Warn("raftnet: refusing peer", "peer", p.id, "addr", addr, "err", err)
 			return nil, err
 		}

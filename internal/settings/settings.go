@@ -209,9 +209,11 @@ type Cluster struct {
 	// the peer TLS files below.
 	PeerListen string `toml:"peer_listen"`
 	// PeerTLSCertFile and PeerTLSKeyFile are this node's certificate and
-	// key on the raft transport, and PeerTLSCAFile the cluster's CA: with
+	// key on the raft transport, and PeerTLSCAFile the peers' CA: with
 	// them every peer connection is mutual TLS, and a peer is accepted
-	// only with a certificate that CA issued.
+	// only with a certificate that CA issued naming the node it speaks as
+	// (URI SAN sinew-node://sinew/<node id>). serve requires them, and
+	// GossipKeyFile, on loopback too once users or tokens exist.
 	PeerTLSCertFile string `toml:"peer_tls_cert_file"`
 	PeerTLSKeyFile  string `toml:"peer_tls_key_file"`
 	PeerTLSCAFile   string `toml:"peer_tls_ca_file"`

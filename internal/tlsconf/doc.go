@@ -2,8 +2,10 @@
 // optional client CA read from PEM files and reloaded without dropping
 // connections, mutual TLS, the verified client certificate's name for use as
 // the connection's user, a listener that answers a plaintext Sinew client
-// with a readable error instead of a hang, and a generator of self-signed
-// certificates for trying TLS out (sinew cert generate).
+// with a readable error instead of a hang, a generator of self-signed
+// certificates for trying TLS out (sinew cert generate), and the name a
+// cluster peer's certificate carries (PeerURI, PeerNodeID: the URI SAN
+// sinew-node://<cluster id>/<node id>, which the raft transport checks).
 //
 // Reload: a Reloader holds the current material (certificate, client CA
 // pool and the tls.Config built from them) behind an atomic pointer.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,6 +70,9 @@ type Leaf struct {
 	// Hosts become subject alternative names: IP addresses as IP SANs,
 	// anything else as DNS names.
 	Hosts []string
+	// URIs become URI subject alternative names (a peer certificate's
+	// PeerURI).
+	URIs []*url.URL
 	// Server and Client set the extended key usages.
 	Server, Client bool
 	// NotBefore and NotAfter bound the validity.
@@ -99,6 +103,7 @@ func (is *Issuer) Issue(l Leaf) (certPEM, keyPEM []byte, err error) {
 	if l.Client {
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageClientAuth)
 	}
+	tmpl.URIs = l.URIs
 	for _, h := range l.Hosts {
 		if ip := net.ParseIP(h); ip != nil {
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
@@ -134,7 +139,17 @@ const (
 	ServerKeyFile  = "server-key.pem"
 	ClientCertFile = "client.pem"
 	ClientKeyFile  = "client-key.pem"
+	// PeerCAFile is the CA of the peer certificates: another CA than
+	// CAFile, so that no client certificate chains to the peers' CA.
+	PeerCAFile = "peer-ca.pem"
 )
+
+// PeerCertFile and PeerKeyFile are the names of node nodeID's peer
+// certificate and key in GenerateOptions.Dir.
+func PeerCertFile(nodeID string) string { return "peer-" + nodeID + ".pem" }
+
+// PeerKeyFile is the key of PeerCertFile.
+func PeerKeyFile(nodeID string) string { return "peer-" + nodeID + "-key.pem" }
 
 // GenerateOptions are sinew cert generate's inputs.
 type GenerateOptions struct {
@@ -147,6 +162,14 @@ type GenerateOptions struct {
 	// ClientName is the client certificate's common name (and its DNS SAN,
 	// so either tls.client_cert_user mode names it the same).
 	ClientName string
+	// PeerNodeIDs, when not empty, get one peer certificate each, from a
+	// CA of their own (PeerCAFile), naming the node as PeerURI(PeerCluster,
+	// id) does; ValidPeerNodeID checks each.
+	PeerNodeIDs []string
+	// PeerCluster is the cluster id in the peer certificates' URIs.
+	PeerCluster string
+	// ValidPeerNodeID, when set, refuses a node id that is not one.
+	ValidPeerNodeID func(string) error
 	// Force overwrites existing files.
 	Force bool
 	// Now is the start of validity.
@@ -156,6 +179,15 @@ type GenerateOptions struct {
 // Generated lists the paths Generate wrote.
 type Generated struct {
 	CA, ServerCert, ServerKey, ClientCert, ClientKey string
+	// PeerCA is empty when no peer certificates were asked for.
+	PeerCA string
+	// Peers are the peer certificates, in GenerateOptions.PeerNodeIDs order.
+	Peers []GeneratedPeer
+}
+
+// GeneratedPeer is one node's peer certificate and key.
+type GeneratedPeer struct {
+	NodeID, Cert, Key string
 }
 
 // ErrExists is returned by Generate when a file it would write exists and
@@ -166,9 +198,10 @@ var ErrExists = errors.New("file exists")
 const daysMax = 100 * 365
 
 // Generate makes a CA, a server certificate for localhost and o.Hosts, and
-// a client certificate named o.ClientName, and writes them to o.Dir, every
-// file mode 0600. The CA's key is not kept: it is discarded once both
-// certificates are signed, so these files cannot mint more. Nothing is
+// a client certificate named o.ClientName, and, with o.PeerNodeIDs, a
+// second CA and a peer certificate for each node; it writes them to o.Dir,
+// every file mode 0600. The CAs' keys are not kept: they are discarded once
+// the certificates are signed, so these files cannot mint more. Nothing is
 // written when any target exists and o.Force is not set.
 func Generate(o GenerateOptions) (Generated, error) {
 	if o.Days < 1 || o.Days > daysMax {
@@ -182,12 +215,39 @@ func Generate(o GenerateOptions) (Generated, error) {
 			return Generated{}, fmt.Errorf("host %q is not a DNS name or IP address", h)
 		}
 	}
+	seen := map[string]bool{}
+	for _, id := range o.PeerNodeIDs {
+		if id == "" || strings.ContainsAny(id, "/\\ ,") {
+			return Generated{}, fmt.Errorf("node id %q: not a node id", id)
+		}
+		if o.ValidPeerNodeID != nil {
+			if err := o.ValidPeerNodeID(id); err != nil {
+				return Generated{}, fmt.Errorf("node id %q: %w", id, err)
+			}
+		}
+		if seen[id] {
+			return Generated{}, fmt.Errorf("node id %q is named twice", id)
+		}
+		seen[id] = true
+	}
+	if len(o.PeerNodeIDs) > 0 && o.PeerCluster == "" {
+		return Generated{}, errors.New("peer certificates need a cluster id")
+	}
 	g := Generated{
 		CA:         filepath.Join(o.Dir, CAFile),
 		ServerCert: filepath.Join(o.Dir, ServerCertFile), ServerKey: filepath.Join(o.Dir, ServerKeyFile),
 		ClientCert: filepath.Join(o.Dir, ClientCertFile), ClientKey: filepath.Join(o.Dir, ClientKeyFile),
 	}
 	paths := []string{g.CA, g.ServerCert, g.ServerKey, g.ClientCert, g.ClientKey}
+	if len(o.PeerNodeIDs) > 0 {
+		g.PeerCA = filepath.Join(o.Dir, PeerCAFile)
+		paths = append(paths, g.PeerCA)
+		for _, id := range o.PeerNodeIDs {
+			p := GeneratedPeer{NodeID: id, Cert: filepath.Join(o.Dir, PeerCertFile(id)), Key: filepath.Join(o.Dir, PeerKeyFile(id))}
+			g.Peers = append(g.Peers, p)
+			paths = append(paths, p.Cert, p.Key)
+		}
+	}
 	if !o.Force {
 		var exist []string
 		for _, p := range paths {
@@ -214,10 +274,29 @@ func Generate(o GenerateOptions) (Generated, error) {
 	if err != nil {
 		return Generated{}, err
 	}
+	files := [][]byte{ca.CertPEM, srvCert, srvKey, cliCert, cliKey}
+	if len(o.PeerNodeIDs) > 0 {
+		peerCA, err := NewIssuer("Sinew test peer CA", o.Now, notAfter)
+		if err != nil {
+			return Generated{}, err
+		}
+		files = append(files, peerCA.CertPEM)
+		for _, id := range o.PeerNodeIDs {
+			// Both usages: a node dials its peers and accepts them with
+			// the same certificate. No host names: peers are known by
+			// the node id they name, not by their address.
+			cert, key, err := peerCA.Issue(Leaf{CommonName: "sinew-node " + id, URIs: []*url.URL{PeerURI(o.PeerCluster, id)},
+				Server: true, Client: true, NotBefore: notBefore, NotAfter: notAfter})
+			if err != nil {
+				return Generated{}, err
+			}
+			files = append(files, cert, key)
+		}
+	}
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return Generated{}, err
 	}
-	for i, data := range [][]byte{ca.CertPEM, srvCert, srvKey, cliCert, cliKey} {
+	for i, data := range files {
 		if err := writeFile0600(paths[i], data); err != nil {
 			return Generated{}, err
 		}

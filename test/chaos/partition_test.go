@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/sinewmq/sinew"
+	"github.com/sinewmq/sinew/internal/nodeid"
+	"github.com/sinewmq/sinew/internal/tlsconf"
+	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/test/chaos/checker"
 	"github.com/sinewmq/sinew/test/chaos/netlab"
 )
@@ -77,27 +80,34 @@ func namespaceNet(t *testing.T, lab *netlab.Lab, bin, base string) clusterNet {
 		t.Fatal(err)
 	}
 	certs := filepath.Join(base, "certs")
-	var ips []string
+	var ips, dataDirs []string
 	for i := range clusterNodes {
 		ips = append(ips, lab.IP(i+1))
+		// startClusterNodes' data directory of node i.
+		dataDirs = append(dataDirs, filepath.Join(base, fmt.Sprintf("n%d", i+1), "data"))
 	}
-	// One set of certificates for every node: the peer transport accepts
-	// any certificate the cluster's CA issued (docs/cluster.md).
-	if out, err := exec.Command(bin, "cert", "generate", "--dir", certs, "--hosts", strings.Join(ips, ",")).CombinedOutput(); err != nil {
+	// A peer certificate per node, naming its node id (created here in
+	// its data directory), from a peer CA of their own (docs/cluster.md).
+	if out, err := exec.Command(bin, "cert", "generate", "--dir", certs, "--hosts", strings.Join(ips, ","),
+		"--peer-data-dirs", strings.Join(dataDirs, ",")).CombinedOutput(); err != nil {
 		t.Fatalf("sinew cert generate: %v\n%s", err, out)
 	}
 	cn := clusterNet{dial: lab.Dialer(clientHost)}
 	for i := range clusterNodes {
 		h := i + 1
+		id, err := nodeid.Load(vfs.OS(), dataDirs[i], nil)
+		if err != nil {
+			t.Fatal(err)
+		}
 		cn.nodes = append(cn.nodes, nodeNet{
 			addr:   fmt.Sprintf("%s:%d", lab.IP(h), nsClientPort),
 			admin:  nsAdminAddr,
 			gossip: fmt.Sprintf("%s:%d", lab.IP(h), nsGossipPort),
 			peer:   fmt.Sprintf("%s:%d", lab.IP(h), nsPeerPort),
 			args: []string{"--cluster-gossip-key-file", keyFile,
-				"--cluster-peer-tls-cert-file", filepath.Join(certs, "server.pem"),
-				"--cluster-peer-tls-key-file", filepath.Join(certs, "server-key.pem"),
-				"--cluster-peer-tls-ca-file", filepath.Join(certs, "ca.pem"),
+				"--cluster-peer-tls-cert-file", filepath.Join(certs, tlsconf.PeerCertFile(id)),
+				"--cluster-peer-tls-key-file", filepath.Join(certs, tlsconf.PeerKeyFile(id)),
+				"--cluster-peer-tls-ca-file", filepath.Join(certs, tlsconf.PeerCAFile),
 				// The client listener is off loopback and the test uses
 				// no credentials.
 				"--auth-allow-anonymous"},

@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/nodeid"
 	"github.com/sinewmq/sinew/internal/tlsconf"
+	"github.com/sinewmq/sinew/internal/vfs"
 )
 
 // controllerAgrees reports whether v's controller has a leader, exactly
@@ -178,12 +181,18 @@ func TestClusterControllerGroup(t *testing.T) {
 	}
 }
 
-// writePeerTLS writes a node certificate and key issued by is, and is's
-// certificate, into dir, and returns the serve flags naming them.
-func writePeerTLS(t *testing.T, is *tlsconf.Issuer, dir string) []string {
+// writePeerTLS writes a peer certificate and key issued by is for the
+// node of data directory dataDir (its node id created there now, as the
+// node's first start would), and is's certificate, into dir, and returns
+// the serve flags naming them.
+func writePeerTLS(t *testing.T, is *tlsconf.Issuer, dir, dataDir string) []string {
 	t.Helper()
+	id, err := nodeid.Load(vfs.OS(), dataDir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	now := time.Now()
-	certPEM, keyPEM, err := is.Issue(tlsconf.Leaf{CommonName: "sinew peer", Hosts: []string{"127.0.0.1"}, Server: true, Client: true,
+	certPEM, keyPEM, err := is.Issue(tlsconf.Leaf{CommonName: "sinew peer", URIs: []*url.URL{tlsconf.PeerURI("sinew", id)}, Server: true, Client: true,
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour)})
 	if err != nil {
 		t.Fatal(err)
@@ -199,7 +208,8 @@ func writePeerTLS(t *testing.T, is *tlsconf.Issuer, dir string) []string {
 }
 
 // The controller group forms over mutual TLS on the raft transport, and
-// serve refuses to start with a peer TLS file missing or half the set.
+// serve refuses to start with a peer TLS file missing, half the set, or
+// a certificate naming another node.
 func TestClusterControllerOverPeerTLS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the sinew binary")
@@ -214,7 +224,7 @@ func TestClusterControllerOverPeerTLS(t *testing.T) {
 		dir := t.TempDir()
 		args := []string{"--cluster", "--cluster-profile", "lan", "--cluster-gossip-listen", "127.0.0.1:0",
 			"--cluster-peer-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}
-		args = append(args, writePeerTLS(t, ca, t.TempDir())...)
+		args = append(args, writePeerTLS(t, ca, t.TempDir(), dir)...)
 		if len(seeds) > 0 {
 			args = append(args, "--cluster-seeds", strings.Join(seeds, ","))
 		}
@@ -239,7 +249,7 @@ func TestClusterControllerOverPeerTLS(t *testing.T) {
 		})
 	}
 
-	files := writePeerTLS(t, ca, t.TempDir())
+	files := writePeerTLS(t, ca, t.TempDir(), t.TempDir())
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -247,6 +257,7 @@ func TestClusterControllerOverPeerTLS(t *testing.T) {
 	}{
 		{"a missing key file", []string{files[0], files[1], files[2], filepath.Join(t.TempDir(), "nope.key"), files[4], files[5]}, "cluster.peer_tls_key_file"},
 		{"half the set", files[:2], "go together"},
+		{"another node's certificate", files, "is not this node's peer certificate"},
 		{"a peer address off loopback without TLS", []string{"--cluster-peer-listen", "10.255.255.1:0"}, "cluster.peer_tls_cert_file"},
 		{"an unspecified peer address", []string{"--cluster-peer-listen", "0.0.0.0:0"}, "not an unspecified one"},
 	} {
