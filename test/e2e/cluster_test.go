@@ -47,8 +47,15 @@ func logField(t testing.TB, c *child, msg, key string) string {
 
 func startClusterChild(t testing.TB, bin, dir string, seeds ...string) *clusterChild {
 	t.Helper()
+	return startClusterChildArgs(t, bin, dir, nil, seeds...)
+}
+
+// startClusterChildArgs is startClusterChild with extra serve flags.
+func startClusterChildArgs(t testing.TB, bin, dir string, extra []string, seeds ...string) *clusterChild {
+	t.Helper()
 	args := []string{"--cluster", "--cluster-profile", "lan", "--cluster-gossip-listen", "127.0.0.1:0",
 		"--cluster-peer-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}
+	args = append(args, extra...)
 	if len(seeds) > 0 {
 		args = append(args, "--cluster-seeds", strings.Join(seeds, ","))
 	}

@@ -4,11 +4,16 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sinewmq/sinew"
+	"github.com/sinewmq/sinew/internal/nodeid"
+	"github.com/sinewmq/sinew/internal/tlsconf"
+	"github.com/sinewmq/sinew/internal/vfs"
 )
 
 // TestClusterCreatingAQueueNeedsManage runs three `sinew serve --cluster`
@@ -19,7 +24,8 @@ import (
 // refused permission_denied on whichever node it reaches, and no node's
 // catalogue gains the queue (the refusal comes before the node proposes a
 // create to the controller). An anonymous peer (auth.allow_anonymous:
-// every permission) still creates on first use through any node.
+// every permission) still creates on first use through any node. With
+// users, the nodes run with a gossip key and peer TLS, as they must.
 func TestClusterCreatingAQueueNeedsManage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the sinew binary")
@@ -28,7 +34,7 @@ func TestClusterCreatingAQueueNeedsManage(t *testing.T) {
 	// Anonymous peers keep every permission beside the user, so the
 	// admin API and the anonymous client below need no credentials.
 	t.Setenv("SINEW_AUTH_ALLOW_ANONYMOUS", "true")
-	nodes, _, _ := startThreeVoting(t, bin)
+	nodes := startThreeSecured(t, bin)
 	const pw = "pub password 1"
 	for _, c := range nodes {
 		code, out, errOut := runSinew(t, bin, pw+"\n", "admin", "user", "add", "pub", "--publish", "*", "--consume", "*",
@@ -109,4 +115,38 @@ func TestClusterCreatingAQueueNeedsManage(t *testing.T) {
 		code, _ := adminDo(t, http.MethodGet, queueURL(c, "made"), nil)
 		return code == http.StatusOK
 	})
+}
+
+// startThreeSecured starts three `sinew serve --cluster` processes with a
+// gossip key and the peer certificates of `sinew cert generate
+// --peer-data-dirs`, as a cluster with users needs, and waits until all
+// three are voters.
+func startThreeSecured(t *testing.T, bin string) []*clusterChild {
+	t.Helper()
+	base := t.TempDir()
+	certs := filepath.Join(base, "certs")
+	dirs := []string{filepath.Join(base, "d1"), filepath.Join(base, "d2"), filepath.Join(base, "d3")}
+	if out, err := exec.Command(bin, "cert", "generate", "--dir", certs, "--peer-data-dirs", strings.Join(dirs, ",")).CombinedOutput(); err != nil {
+		t.Fatalf("sinew cert generate: %v\n%s", err, out)
+	}
+	key := writeGossipKey(t, base)
+	var nodes []*clusterChild
+	var ids []string
+	for i, d := range dirs {
+		id, err := nodeid.Load(vfs.OS(), d, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+		extra := append([]string{"--cluster-gossip-key-file", key}, peerFlags(certs, id, filepath.Join(certs, tlsconf.PeerCAFile))...)
+		var seeds []string
+		if i > 0 {
+			seeds = []string{nodes[0].gossip}
+		}
+		nodes = append(nodes, startClusterChildArgs(t, bin, d, extra, seeds...))
+	}
+	for _, c := range nodes {
+		awaitNodes(t, c, "three voters", func(v nodesView) bool { return controllerAgrees(v, ids, nil, ids, nil) })
+	}
+	return nodes
 }
