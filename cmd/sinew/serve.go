@@ -154,7 +154,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 			ln.Close()
 			return err
 		}
-		if aln, tlsr.admin, err = adminListener(cfg, logger); err != nil {
+		if aln, tlsr.admin, err = adminListener(cfg, ln.Addr().String(), logger); err != nil {
 			ln.Close()
 			return err
 		}
