@@ -339,6 +339,11 @@ func (c *adminClient) describeTransportErr(err error) error {
 		return err
 	case errors.As(err, &ne) && ne.Timeout():
 		return fmt.Errorf("admin API at %s did not answer in time (--timeout): %v", c.addr, err)
+	case strings.Contains(err.Error(), "malformed HTTP"):
+		// net/http's words for an answer that is not HTTP: most often a
+		// broker's client listener, which answers a request line with a
+		// Sinew ERROR frame.
+		return fmt.Errorf("%s answered in something other than HTTP: is it the broker's client port (listen)? The admin API is on admin_listen (default %s): pass --admin-addr (%v)", c.addr, adminAddrDefault, err)
 	}
 	return fmt.Errorf("admin API at %s unreachable (is sinew serve running with admin_listen there?): %v", c.addr, err)
 }

@@ -64,6 +64,20 @@ func (cs *contractServer) last() recordedRequest {
 	return cs.reqs[len(cs.reqs)-1]
 }
 
+// lastOf is the last request made with method: a command may follow its
+// request with a read (user add checks whether credentials are now needed).
+func (cs *contractServer) lastOf(method string) recordedRequest {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for i := len(cs.reqs) - 1; i >= 0; i-- {
+		if cs.reqs[i].method == method {
+			return cs.reqs[i]
+		}
+	}
+	cs.t.Fatalf("no %s request was made", method)
+	return recordedRequest{}
+}
+
 func (cs *contractServer) run(args ...string) (int, string, string) {
 	cs.t.Helper()
 	return runCmd(cs.t, "", append(args, "--admin-addr", cs.addr)...)
@@ -278,7 +292,7 @@ func TestAdminUsersContract(t *testing.T) {
 	}
 	t.Setenv("SINEW_NEW_PASSWORD", "")
 	code, out, errOut = runCmd(t, "pass word 1\n", "admin", "user", "add", "a.b@c", "--publish", "orders.*", "--password-stdin", "--admin-addr", cs.addr)
-	r := cs.last()
+	r := cs.lastOf("POST")
 	if code != 0 || r.method != "POST" || r.path != "/api/v1/users" || r.query != "" ||
 		r.body != `{"name":"a.b@c","password":"pass word 1","permissions":{"publish":["orders.*"],"consume":[],"manage":[]}}` ||
 		strings.Contains(out+errOut, "pass word") {

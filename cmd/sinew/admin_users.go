@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/sinewmq/sinew/internal/auth"
@@ -391,7 +392,30 @@ func adminUserAdd(ctx context.Context, name string, args []string, stdin io.Read
 	if err != nil {
 		return err
 	}
-	return printUser(stdout, f, raw, "added user to "+s.where()+":", u)
+	if err := printUser(stdout, f, raw, "added user to "+s.where()+":", u); err != nil {
+		return err
+	}
+	if a, ok := s.(*apiUsers); ok && a.c.authz == "" {
+		noteCredentialsNowNeeded(ctx, a.c, u.Name, f.permissions(), stderr)
+	}
+	return nil
+}
+
+// noteCredentialsNowNeeded tells the user, after an add made without
+// credentials, when the admin API has started asking for them: a broker with
+// no users serves loopback requests without credentials, and its first user
+// ends that, so the next command as typed would get 401. It names the flags
+// to use, and warns when the new user cannot use the admin API itself.
+func noteCredentialsNowNeeded(ctx context.Context, c *adminClient, user string, p auth.Permissions, stderr io.Writer) {
+	var ae *apiError
+	if _, err := c.do(ctx, http.MethodGet, "/api/v1/users", nil, nil, nil); !errors.As(err, &ae) || ae.status != http.StatusUnauthorized {
+		return
+	}
+	if slices.Contains(p.Manage, "*") {
+		fmt.Fprintf(stderr, "note: the admin API at %s now asks for credentials; run the next admin commands as %s: --user %s (or env SINEW_USER) with the password in env SINEW_PASSWORD or --password-file\n", c.addr, user, user)
+		return
+	}
+	fmt.Fprintf(stderr, "note: the admin API at %s now asks for credentials, and %s may not use it (it needs --manage '*'); add an administrator with --data-dir while the broker is stopped, or configure auth.tokens\n", c.addr, user)
 }
 
 func adminUserPasswd(ctx context.Context, name string, args []string, stdin io.Reader, stdout, stderr io.Writer) error {

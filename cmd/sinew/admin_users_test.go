@@ -255,3 +255,40 @@ func TestAdminUserOfflineBootstrap(t *testing.T) {
 		t.Fatalf("offline list after stop: exit %d, %q, %s", code, out, errOut)
 	}
 }
+
+// TestAdminUserFirstUserFlow runs the commands security.md shows against a
+// loopback broker with no users: the first add needs no credentials and says
+// that the admin API now asks for them, naming --user; the next adds pass
+// the administrator's credentials as the note says and succeed, while an add
+// without them is refused with a message naming the flags.
+func TestAdminUserFirstUserFlow(t *testing.T) {
+	cfg := testServeConfig(t)
+	_, admin, _ := runServeAdmin(t, cfg)
+	run := func(stdin string, args ...string) (int, string, string) {
+		t.Helper()
+		return runCmd(t, stdin, append(append([]string{"admin", "user"}, args...), "--admin-addr", admin)...)
+	}
+
+	code, out, errOut := run("ops password\n", "add", "ops", "--manage", "*", "--consume", "*", "--publish", "*", "--password-stdin")
+	if code != 0 || !strings.Contains(out, "added user") {
+		t.Fatalf("first add: exit %d, %q, %s", code, out, errOut)
+	}
+	if !strings.Contains(errOut, "now asks for credentials") || !strings.Contains(errOut, "--user ops") {
+		t.Fatalf("first add said nothing of the credentials the next command needs: %q", errOut)
+	}
+	code, _, errOut = run("orders password\n", "add", "orders-api", "--publish", "orders.*", "--password-stdin")
+	if code == 0 || !strings.Contains(errOut, "HTTP 401") || !strings.Contains(errOut, "--user") {
+		t.Fatalf("add without credentials: exit %d, %s", code, errOut)
+	}
+	t.Setenv("SINEW_USER", "ops")
+	t.Setenv("SINEW_PASSWORD", "ops password")
+	for _, args := range [][]string{
+		{"add", "orders-api", "--publish", "orders.*", "--password-stdin"},
+		{"add", "billing", "--consume", "orders.*", "--publish", "invoices.*", "--password-stdin"},
+	} {
+		code, out, errOut := run("service password\n", args...)
+		if code != 0 || !strings.Contains(out, "added user") || strings.Contains(errOut, "note:") {
+			t.Fatalf("%v as ops: exit %d, %q, %s", args, code, out, errOut)
+		}
+	}
+}

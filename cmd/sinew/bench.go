@@ -60,7 +60,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	topic := fs.String("topic", "", "queue to use (default: bench-<workload>-<unix ms>, a fresh queue per run, deleted at the end unless --keep)")
 	keep := fs.Bool("keep", false, "keep the fresh queue the run created, and its messages (a --topic queue is always kept)")
 	size := fs.Int("size", 1024, "message body size in `bytes`")
-	duration := fs.Duration("duration", 10*time.Second, "measured phase; for drain, the bound on each of prefill and consume")
+	duration := fs.Duration("duration", 10*time.Second, "measured phase; for drain, how long the prefill or the consume may go without progress before the run gives up (each runs as long as it progresses)")
 	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured lead-in before the measured phase (publish, mixed)")
 	conns := fs.Int("connections", 1, "client connections")
 	window := fs.Int("window", 0, "publishes in flight across all connections (default 1 for publish, 256 otherwise)")
@@ -126,11 +126,17 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if fresh && !*keep {
 		removeBenchQueue(bb, *topic, stderr)
 	}
-	// A partial result (ErrIncomplete) is still worth printing.
-	if err == nil || errors.Is(err, benchkit.ErrIncomplete) {
+	// A partial result (ErrIncomplete) is still worth printing, once
+	// something was measured: a drain whose prefill did not finish has no
+	// rate, and a "0 msg/s" line would read as one.
+	measured := res.Messages > 0 || res.Seconds > 0
+	if err == nil || (errors.Is(err, benchkit.ErrIncomplete) && measured) {
 		if perr := printBench(stdout, res, *asJSON); perr != nil {
 			return errors.Join(err, perr)
 		}
+	}
+	if errors.Is(err, benchkit.ErrIncomplete) && mode == benchkit.ModeDrain && ctx.Err() == nil {
+		err = fmt.Errorf("%w (--duration %v bounds how long a phase may go without progress; raise it to wait longer)", err, *duration)
 	}
 	return err
 }

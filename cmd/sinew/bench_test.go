@@ -198,3 +198,70 @@ func TestBenchKeep(t *testing.T) {
 		t.Errorf("queues removed with --keep: %q", got)
 	}
 }
+
+// TestBenchDrainLongerThanDuration: a drain whose prefill and consume each
+// take longer than --duration (as the README's --count 300000 does on a busy
+// machine) runs to the end while it progresses.
+func TestBenchDrainLongerThanDuration(t *testing.T) {
+	withFakeBroker(t)
+	synctest.Test(t, func(t *testing.T) {
+		var out, errOut bytes.Buffer
+		// One publish in flight at one fake ms each: a 3 s prefill.
+		err := runBench(t.Context(), []string{"drain", "--count", "3000", "--window", "1", "--duration", "1s", "--quiet"}, nil, &out, &errOut)
+		if err != nil {
+			t.Fatalf("err %v, stderr %q", err, errOut.String())
+		}
+		if !strings.Contains(out.String(), "fake drain: 3000 msgs") {
+			t.Errorf("output:\n%s", out.String())
+		}
+	})
+}
+
+// TestBenchDrainStallNamesDuration: a prefill that stops progressing ends
+// with an error naming --duration, and no result line, since no rate was
+// measured.
+func TestBenchDrainStallNamesDuration(t *testing.T) {
+	old := newBenchBroker
+	newBenchBroker = func(string, ...sinew.Option) benchkit.Broker { return &stallingBenchBroker{after: 50} }
+	t.Cleanup(func() { newBenchBroker = old })
+	synctest.Test(t, func(t *testing.T) {
+		var out, errOut bytes.Buffer
+		err := runBench(t.Context(), []string{"drain", "--count", "1000", "--window", "1", "--duration", "1s", "--quiet"}, nil, &out, &errOut)
+		if err == nil || !strings.Contains(err.Error(), "--duration") || !strings.Contains(err.Error(), "prefill confirmed 50 of 1000") {
+			t.Fatalf("err %v", err)
+		}
+		if out.Len() != 0 {
+			t.Errorf("printed a result though nothing was measured:\n%s", out.String())
+		}
+	})
+}
+
+// stallingBenchBroker confirms its first publishes, then holds the others
+// until the publisher gives up.
+type stallingBenchBroker struct {
+	fakeBenchBroker
+	after int
+	mu    sync.Mutex
+	n     int
+}
+
+func (s *stallingBenchBroker) Connect(context.Context) (benchkit.Conn, error) {
+	return stallingBenchConn{fakeBenchConn{&s.fakeBenchBroker}, s}, nil
+}
+
+type stallingBenchConn struct {
+	fakeBenchConn
+	s *stallingBenchBroker
+}
+
+func (c stallingBenchConn) Publish(ctx context.Context, topic string, body []byte) error {
+	c.s.mu.Lock()
+	c.s.n++
+	stall := c.s.n > c.s.after
+	c.s.mu.Unlock()
+	if stall {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return c.fakeBenchConn.Publish(ctx, topic, body)
+}

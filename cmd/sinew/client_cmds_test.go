@@ -204,8 +204,8 @@ func TestPublishSummary(t *testing.T) {
 
 // TestConnectTimeoutBoundsTheFirstConnect: against an address nobody serves,
 // the command keeps retrying until --connect-timeout (longer than the five
-// attempts it used to stop at), logs each failed attempt with its reason, and
-// ends with one line saying the broker is unreachable.
+// attempts it used to stop at), logs each failed attempt with its reason
+// (with --verbose), and ends with one line saying the broker is unreachable.
 func TestConnectTimeoutBoundsTheFirstConnect(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -213,7 +213,7 @@ func TestConnectTimeoutBoundsTheFirstConnect(t *testing.T) {
 	}
 	free := ln.Addr().String()
 	_ = ln.Close()
-	code, _, errOut := runCmd(t, "", "publish", "--addr", free, "--topic", "t", "--connect-timeout", "2s")
+	code, _, errOut := runCmd(t, "", "publish", "--addr", free, "--topic", "t", "--connect-timeout", "2s", "--verbose")
 	lines := strings.Split(strings.TrimSpace(errOut), "\n")
 	last := lines[len(lines)-1]
 	if code != 1 || !strings.Contains(last, "unreachable") || !strings.Contains(last, "deadline exceeded") {

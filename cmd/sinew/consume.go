@@ -180,24 +180,53 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 		defer idleTimer.Stop()
 		idle = idleTimer.C
 	}
-	staleWarned := false
+	// Printing and acking are batched: a message is printed into out, and
+	// once out is flushed (when no delivery is waiting, or half the prefetch
+	// window is printed), every message it held is acked with CompleteAsync,
+	// so it is still printed before it is acked. Flushing and waiting for an
+	// ack's fsync per message held the run to about one round trip a message.
+	batchMax := consumeBatchDefault
+	if *prefetch > 0 {
+		batchMax = max(1, *prefetch/2)
+	}
+	a := &consumeAcks{out: out, stderr: stderr, addr: *cf.addr, pendingMax: 2*max(*prefetch, consumeBatchDefault) + 64}
 	for n := 0; *count == 0 || n < *count; n++ {
 		var m *sinew.Message
 		select {
 		case m = <-sub.Messages():
-		case <-idle:
-			return finishConsume(sub, out)
-		case <-ctx.Done():
-			_ = finishConsume(sub, out)
-			return nil // interrupted: a normal way to stop a consumer
+		default:
+			// Nothing waiting: print and ack what this batch holds before
+			// blocking, so output and acks never wait on the next delivery.
+			if err := a.flush(); err != nil {
+				return err
+			}
+			select {
+			case m = <-sub.Messages():
+			case <-idle:
+				if err := a.finish(ctx); err != nil {
+					return err
+				}
+				return finishConsume(sub, out)
+			case <-ctx.Done():
+				// Interrupted, a normal way to stop a consumer: what was
+				// printed is acked before the unsubscribe hands the
+				// unsettled rest back, so it is not delivered again.
+				wctx, cancel := context.WithTimeout(context.Background(), consumeUnsubscribeTimeout)
+				_ = a.finish(wctx)
+				cancel()
+				_ = finishConsume(sub, out)
+				return nil
+			}
 		}
 		if m == nil {
 			err := sub.Err()
 			if errors.Is(err, sinew.ErrClientClosed) || errors.Is(err, sinew.ErrUnsubscribed) {
-				return out.Flush()
+				return a.flush()
 			}
+			_ = a.flush()
 			return fmt.Errorf("subscription ended: %w", describeClientErr(*cf.addr, err))
 		}
+		var err error
 		switch {
 		case *asJSON:
 			err = enc.Encode(messageJSON(m))
@@ -206,43 +235,117 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 		default:
 			_, err = fmt.Fprintf(out, "%s\n", m.Body)
 		}
-		if err == nil {
-			err = out.Flush() // printed before acked
-		}
 		if err != nil {
 			return err
-		}
-		if *peek {
-			// Left unsettled: the unsubscribe at the end hands it back.
-			if idleTimer != nil {
-				idleTimer.Reset(*idleExit)
-			}
-			continue
-		}
-		if err := m.Complete(ctx); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			if errors.Is(err, sinew.ErrStaleDelivery) {
-				// The lease moved on (a restart or a lease timeout): the
-				// broker delivers the message again, so at-least-once holds
-				// and the consumer carries on.
-				if !staleWarned {
-					staleWarned = true
-					fmt.Fprintf(stderr, "sinew consume: warning: ack of partition %d offset %d was stale; the message will be delivered again (further stale acks not reported)\n", m.Partition, m.Offset)
-				}
-				if idleTimer != nil {
-					idleTimer.Reset(*idleExit)
-				}
-				continue
-			}
-			return fmt.Errorf("ack of partition %d offset %d: %w", m.Partition, m.Offset, describeClientErr(*cf.addr, err))
 		}
 		if idleTimer != nil {
 			idleTimer.Reset(*idleExit)
 		}
+		if *peek {
+			// Left unsettled: the unsubscribe at the end hands it back.
+			continue
+		}
+		a.printed = append(a.printed, m)
+		if len(a.printed) >= batchMax {
+			if err := a.flush(); err != nil {
+				return err
+			}
+		}
+		if err := a.reap(ctx, false); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+	if err := a.finish(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
 	}
 	return finishConsume(sub, out)
+}
+
+// consumeBatchDefault is how many printed messages consume acks at once
+// when --prefetch 0 leaves the window to the broker.
+const consumeBatchDefault = 32
+
+// consumeAcks acks what consume has printed, in batches, after the output
+// holding them is flushed.
+type consumeAcks struct {
+	out    *bufio.Writer
+	stderr io.Writer
+	addr   string
+
+	printed     []*sinew.Message // in out's buffer, not yet flushed
+	pending     []consumeAck     // acked, outcome not yet seen; oldest first
+	pendingMax  int              // beyond it, reap waits for the oldest
+	staleWarned bool
+}
+
+type consumeAck struct {
+	m *sinew.Message
+	f *sinew.SettleFuture
+}
+
+// flush writes out what is printed and then acks those messages.
+func (a *consumeAcks) flush() error {
+	if err := a.out.Flush(); err != nil {
+		return err
+	}
+	for _, m := range a.printed {
+		a.pending = append(a.pending, consumeAck{m, m.CompleteAsync()})
+	}
+	clear(a.printed)
+	a.printed = a.printed[:0]
+	return nil
+}
+
+// reap looks at the outcomes of the oldest acks: those resolved, and with
+// wait (or beyond pendingMax) the rest in turn. A stale ack is reported once
+// and the run carries on, since the broker delivers that message again.
+func (a *consumeAcks) reap(ctx context.Context, wait bool) error {
+	for len(a.pending) > 0 {
+		p := a.pending[0]
+		if wait || len(a.pending) > a.pendingMax {
+			select {
+			case <-p.f.Done():
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		} else {
+			select {
+			case <-p.f.Done():
+			default:
+				return nil
+			}
+		}
+		a.pending = a.pending[1:]
+		err := p.f.Err()
+		switch {
+		case err == nil:
+		case errors.Is(err, sinew.ErrStaleDelivery):
+			// The lease moved on (a restart or a lease timeout): the
+			// broker delivers the message again, so at-least-once holds
+			// and the consumer carries on.
+			if !a.staleWarned {
+				a.staleWarned = true
+				fmt.Fprintf(a.stderr, "sinew consume: warning: ack of partition %d offset %d was stale; the message will be delivered again (further stale acks not reported)\n", p.m.Partition, p.m.Offset)
+			}
+		default:
+			return fmt.Errorf("ack of partition %d offset %d: %w", p.m.Partition, p.m.Offset, describeClientErr(a.addr, err))
+		}
+	}
+	return nil
+}
+
+// finish flushes, acks what is printed and waits for every ack's outcome.
+func (a *consumeAcks) finish(ctx context.Context) error {
+	if err := a.flush(); err != nil {
+		return err
+	}
+	return a.reap(ctx, true)
 }
 
 // consumeHelp explains consume's output; the flag set prints it above the flags.
@@ -250,7 +353,10 @@ const consumeHelp = `usage: sinew consume --topic T [flags]
 
 Prints messages from a queue. By default each body is printed as it is,
 followed by a newline, and the message is acked once printed (a crash between
-the two shows it again, never loses it).
+the two shows it again, never loses it). Messages are printed and acked in
+batches of up to half the prefetch: the output is flushed first, then the
+batch is acked without waiting for each ack, and the command waits for every
+ack before it exits.
 
 --json prints one object per line instead: topic, group, partition, offset,
 attempt, published_at_ms, key, content_type, headers (a list of {key, value},

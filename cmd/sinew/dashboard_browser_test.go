@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -169,6 +171,21 @@ func TestDashboardInBrowser(t *testing.T) {
 	eval(`document.querySelector("#nodes").hidden`, &nodesHidden)
 	if !nodesHidden {
 		t.Errorf("a node that runs alone shows a nodes section")
+	}
+	// The generation is a random 64-bit number: the page shows every digit
+	// the broker sent, not a JS number's rounding of it.
+	var ov struct {
+		Generation uint64 `json:"generation"`
+	}
+	if code, _, body := httpGetAuth(t, base+"/api/v1/overview", ""); code != 200 {
+		t.Fatalf("overview: %d %s", code, body)
+	} else if err := json.Unmarshal([]byte(body), &ov); err != nil {
+		t.Fatal(err)
+	}
+	var ident string
+	eval(`document.querySelector("#ident").textContent`, &ident)
+	if want := "generation " + strconv.FormatUint(ov.Generation, 10); !strings.Contains(ident, want) {
+		t.Errorf("the page shows %q, want it to contain %q", ident, want)
 	}
 
 	// The queue just published to, with its depth.
@@ -444,7 +461,8 @@ func TestDashboardShowsNodes(t *testing.T) {
 		const rows = document.querySelectorAll('#nodes tr.node-row[data-state="self"]');
 		return !sec.hidden && rows.length === 1 && rows[0].dataset.nodeId.length === 32 &&
 			rows[0].dataset.controller === "leader" &&
-			document.querySelector("#nodes-fenced").hidden;
+			document.querySelector("#nodes-fenced").hidden &&
+			getComputedStyle(document.querySelector("#nodes-fenced")).display === "none";
 	})()`, browserWaitMs); err != nil {
 		_ = p.Screenshot(ctx, filepath.Join(dir, "failed.png"))
 		t.Fatalf("%v\n(screenshots in %s)", err, dir)

@@ -79,6 +79,7 @@ type clientFlags struct {
 	addr    *string
 	timeout *time.Duration
 	tls     tlsFlags
+	verbose *bool
 }
 
 // credFlags are the login flags of every command that connects to a broker.
@@ -107,12 +108,16 @@ func addClientFlags(fs *flag.FlagSet) clientFlags {
 		credFlags: addCredFlags(fs),
 		timeout:   fs.Duration("connect-timeout", clientConnectTimeoutDefault, "give up the first connect after this long"),
 		tls:       addTLSFlags(fs),
+		verbose:   fs.Bool("verbose", false, "log the client's connection events to stderr, each failed connect attempt included"),
 	}
 }
 
 // dial connects with bounded retries and turns failures into one line naming
-// the problem. Failed connect attempts are logged to stderr as warnings;
-// reconnects after a cut are not (the client rides through them).
+// the problem. Failed connect attempts are logged only with --verbose: the
+// final error names the last one, and a line per attempt before it is noise
+// to someone who only mistyped an address or has not started the broker.
+// Reconnects after a cut are not logged either (the client rides through
+// them); other warnings of the client are.
 func (f clientFlags) dial(ctx context.Context, name string, stderr io.Writer) (*sinew.Client, error) {
 	if *f.timeout <= 0 {
 		return nil, fmt.Errorf("%w: --connect-timeout must be positive", errUsage)
@@ -129,7 +134,11 @@ func (f clientFlags) dial(ctx context.Context, name string, stderr io.Writer) (*
 	if err != nil {
 		return nil, err
 	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	level := slog.LevelWarn
+	if *f.verbose {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(quietConnectHandler{slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})})
 	opts := []sinew.Option{sinew.WithClientName(name), cred,
 		sinew.WithConnectTimeout(*f.timeout), sinew.WithLogger(logger),
 		sinew.WithReconnect(sinew.ReconnectPolicy{MaxOutage: clientReconnectOutageMax})}
@@ -214,7 +223,7 @@ func describeClientErr(addr string, err error) error {
 	case errors.Is(err, context.Canceled):
 		return err
 	case sinew.IsRetryable(err) || errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("broker at %s unreachable: %w", addr, err)
+		return fmt.Errorf("broker at %s unreachable (is sinew serve running with listen there?): %w", addr, err)
 	}
 	return fmt.Errorf("broker at %s: %w", addr, err)
 }
@@ -457,4 +466,34 @@ func checkHostPort(flagName, addr string) error {
 		return fmt.Errorf("%w: %s %q: the port must be a number from 1 to 65535", errUsage, flagName, addr)
 	}
 	return nil
+}
+
+// connectAttemptFailed begins the message the client logs for each failed
+// connect attempt.
+const connectAttemptFailed = "sinew: connect attempt failed"
+
+// quietConnectHandler logs the client's failed connect attempts at debug
+// level instead of warn, so that without --verbose an unreachable broker
+// costs one error line (dial's), not a warning per attempt before it.
+type quietConnectHandler struct{ slog.Handler }
+
+// Handle implements slog.Handler.
+func (h quietConnectHandler) Handle(ctx context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, connectAttemptFailed) && r.Level > slog.LevelDebug {
+		if !h.Handler.Enabled(ctx, slog.LevelDebug) {
+			return nil
+		}
+		r.Level = slog.LevelDebug
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+// WithAttrs implements slog.Handler.
+func (h quietConnectHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return quietConnectHandler{h.Handler.WithAttrs(as)}
+}
+
+// WithGroup implements slog.Handler.
+func (h quietConnectHandler) WithGroup(name string) slog.Handler {
+	return quietConnectHandler{h.Handler.WithGroup(name)}
 }

@@ -157,7 +157,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 			ln.Close()
 			return err
 		}
-		if aln, tlsr.admin, err = adminListener(cfg, logger); err != nil {
+		if aln, tlsr.admin, err = adminListener(cfg, ln.Addr().String(), logger); err != nil {
 			ln.Close()
 			return err
 		}
@@ -291,7 +291,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 
 	srv, err := server.New(server.Config{
 		Cluster:      cn != nil,
-		SessionStore: store, RestartGraceMs: restartGrace,
+		SessionStore: store, RestartGraceMs: restartGrace, RestartGraceMsNext: func() int64 { return rt.Int(runtimesettings.KeyRestartGraceMs) },
 		Backend: bridge.New(b), OwnerID: owner, Rand: rand.Reader, ServerVersion: serverVersion,
 		Logger: logger.With("component", "server"), AuthTokens: cfg.Auth.Tokens, Users: users, AllowAnonymous: cfg.Auth.AllowAnonymous,
 		FrameBytesMax: cfg.Limits.FrameBytesMax, BodyBytesMax: cfg.Limits.BodyBytesMax,

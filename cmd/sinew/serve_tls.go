@@ -70,8 +70,9 @@ func clientListener(cfg settings.Config, logger *slog.Logger) (net.Listener, *tl
 
 // adminListener listens on cfg.AdminListen, with HTTPS when admin_tls
 // files are set. net/http answers a plaintext HTTP request on it with
-// "400 Client sent an HTTP request to an HTTPS server".
-func adminListener(cfg settings.Config, logger *slog.Logger) (net.Listener, *tlsconf.Reloader, error) {
+// "400 Client sent an HTTP request to an HTTPS server"; a Sinew client gets
+// an ERROR naming clientAddr, the client listener.
+func adminListener(cfg settings.Config, clientAddr string, logger *slog.Logger) (net.Listener, *tlsconf.Reloader, error) {
 	var r *tlsconf.Reloader
 	if cfg.AdminTLS.Enabled() {
 		auth, err := tlsconf.ParseClientAuth(cfg.AdminTLS.ClientAuth)
@@ -89,7 +90,7 @@ func adminListener(cfg settings.Config, logger *slog.Logger) (net.Listener, *tls
 		return nil, nil, fmt.Errorf("admin listen: %w", err)
 	}
 	// Under TLS, so net/http still sees the *tls.Conn it needs.
-	ln = admin.LimitListener(ln, admin.ConnectionsMax)
+	ln = admin.SinewGuardListener(admin.LimitListener(ln, admin.ConnectionsMax), clientAddr)
 	if r != nil {
 		return tls.NewListener(ln, r.ServerConfig()), r, nil
 	}

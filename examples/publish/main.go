@@ -33,9 +33,12 @@ func run() error {
 	defer c.Close()
 
 	// Declaring is optional (queues are created on first use); it lets us pick
-	// settings: three retries, then the broker-wide dead-letter queue.
+	// settings: four partitions, three retries, then the queue "orders.dead".
+	// The worker example and the TypeScript README declare "orders" the same
+	// way, so they run against one broker in any order: a different partition
+	// count would be refused with conflict.
 	if _, err := c.DeclareQueue(ctx, "orders", sinew.QueueConfig{
-		Partitions: 4, MaxRetries: 3, DeadLetter: sinew.DeadLetterGlobal,
+		Partitions: 4, MaxRetries: 3, DeadLetter: sinew.DeadLetterQueue, DeadLetterTopic: "orders.dead",
 	}); err != nil {
 		return err
 	}

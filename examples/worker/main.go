@@ -42,9 +42,10 @@ func run() error {
 	}
 	defer c.Close()
 
-	// Failed and exhausted messages go to the queue "orders.dead".
+	// Failed and exhausted messages go to the queue "orders.dead". The
+	// declaration is the publish example's, so either may run first.
 	if _, err := c.DeclareQueue(ctx, "orders", sinew.QueueConfig{
-		MaxRetries: 3, DeadLetter: sinew.DeadLetterQueue, DeadLetterTopic: "orders.dead",
+		Partitions: 4, MaxRetries: 3, DeadLetter: sinew.DeadLetterQueue, DeadLetterTopic: "orders.dead",
 	}); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/fstest"
 	"testing/synctest"
@@ -21,6 +22,7 @@ import (
 // receive bodies in publish order.
 type memBroker struct {
 	confirmDelay time.Duration
+	deliverDelay time.Duration // before each delivery: a slow consumer side
 	failAll      error
 
 	mu     sync.Mutex
@@ -75,6 +77,7 @@ func (c *memConn) Consume(_ context.Context, topic string, _ int, handle func([]
 			case <-s.stop:
 				return
 			case b := <-q:
+				time.Sleep(c.m.deliverDelay)
 				handle(b)
 			}
 		}
@@ -209,6 +212,82 @@ func TestDrainDeadline(t *testing.T) {
 			t.Errorf("messages = %d", res.Messages)
 		}
 	})
+}
+
+// TestDrainOutlastsDurationWhileProgressing: a prefill and a consume that
+// each take three times Duration but never stop progressing run to the end,
+// so a large Count works on a slow machine without raising Duration.
+func TestDrainOutlastsDurationWhileProgressing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newMemBroker(time.Millisecond)
+		b.deliverDelay = time.Millisecond
+		res, err := Run(t.Context(), b, Config{Mode: ModeDrain, Topic: "t", Count: 3000, Window: 1, Duration: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Messages != 3000 || res.Prefill == nil || res.Prefill.Messages != 3000 {
+			t.Errorf("result = %+v, prefill %+v", res, res.Prefill)
+		}
+	})
+}
+
+// TestProgressSkipsZero: while a phase has measured nothing (the first
+// delivery is 1.5 s away), no "0 msgs 0 msg/s" progress line is printed; the
+// lines start with the first message.
+func TestProgressSkipsZero(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newMemBroker(time.Millisecond)
+		b.deliverDelay = 1500 * time.Millisecond
+		var progress bytes.Buffer
+		_, err := Run(t.Context(), b, Config{Mode: ModeDrain, Topic: "t", Count: 2, Window: 1, Duration: 5 * time.Second, Progress: &progress})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(progress.String(), " 0 msgs") || !strings.Contains(progress.String(), "mem drain") {
+			t.Errorf("progress:\n%s", progress.String())
+		}
+	})
+}
+
+// TestDrainPrefillStall: a prefill that stops getting confirms ends once a
+// Duration passes without one, with what it confirmed.
+func TestDrainPrefillStall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &stallingBroker{memBroker: newMemBroker(time.Millisecond), after: 100}
+		res, err := Run(t.Context(), b, Config{Mode: ModeDrain, Topic: "t", Count: 1000, Window: 1, Duration: time.Second})
+		if !errors.Is(err, ErrIncomplete) || !strings.Contains(err.Error(), "prefill confirmed 100 of 1000 messages, then none for 1s") {
+			t.Fatalf("err = %v", err)
+		}
+		if res.Messages != 0 || res.Prefill == nil || res.Prefill.Messages != 100 {
+			t.Errorf("result = %+v, prefill %+v", res, res.Prefill)
+		}
+	})
+}
+
+// stallingBroker confirms its first publishes, then holds every later one
+// until the publisher gives up.
+type stallingBroker struct {
+	*memBroker
+	after int
+	n     atomic.Int64
+}
+
+func (s *stallingBroker) Connect(ctx context.Context) (Conn, error) {
+	c, _ := s.memBroker.Connect(ctx)
+	return stallingConn{c, s}, nil
+}
+
+type stallingConn struct {
+	Conn
+	b *stallingBroker
+}
+
+func (c stallingConn) Publish(ctx context.Context, topic string, body []byte) error {
+	if c.b.n.Add(1) > int64(c.b.after) {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return c.Conn.Publish(ctx, topic, body)
 }
 
 // stingyBroker confirms publishes but never delivers.

@@ -48,7 +48,7 @@ type Config struct {
 	Mode        Mode
 	Topic       string        // required: the queue to use; engines give each run its own
 	SizeBytes   int           // message body size; default 1024
-	Duration    time.Duration // measured phase; for drain, the bound on each of prefill and consume; default 10 s
+	Duration    time.Duration // measured phase; for drain, how long prefill or consume may go without progress; default 10 s
 	Warmup      time.Duration // unmeasured lead-in (publish, mixed); default 0
 	Connections int           // client connections, shared by publishers and consumers; default 1
 	Window      int           // publishes in flight across all connections; default 1 (publish), 256 (mixed, drain prefill)

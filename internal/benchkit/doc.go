@@ -17,7 +17,8 @@
 // given.
 //
 // Goroutines: Run owns a run. It starts Window publisher goroutines, one pacer in
-// mixed mode and one progress printer, and waits for all of them before it
+// mixed mode, one progress printer and, in drain's prefill, one watcher that
+// ends the phase when it stops making progress, and waits for all of them before it
 // returns. Consumer callbacks run on the adapter's goroutines and touch only
 // atomics and the histogram, whose buckets are atomic counters. Nothing is
 // durable: results live in memory until the caller prints them.

@@ -76,7 +76,8 @@ type ProcReport struct {
 
 // Run executes one workload against b and returns what it measured. It opens and
 // closes its own connections, never runs past cfg.Duration plus warmup and the
-// bounded settle and prefill phases, and stops early when ctx is done. A run that
+// bounded settle phase (drain: its prefill and consume phases end once a
+// cfg.Duration passes without progress), and stops early when ctx is done. A run that
 // could not finish its work returns the partial Result together with an error.
 func Run(ctx context.Context, b Broker, cfg Config) (Result, error) {
 	cfg, err := cfg.withDefaults()
@@ -254,6 +255,13 @@ func (r *runner) progress(stop <-chan struct{}, label func() string, count func(
 		case <-r.clock.After(progressEvery):
 		}
 		now, n := r.clock.Now(), count()
+		if n == 0 {
+			// Nothing measured yet (a consumer still subscribing, a
+			// broker still starting): a "0 msg/s" line would read as a
+			// rate.
+			last = now
+			continue
+		}
 		rate := 0.0
 		if dt := now.Sub(last); dt > 0 {
 			rate = float64(n-lastN) / dt.Seconds()
@@ -359,12 +367,40 @@ func (r *runner) publish(ctx context.Context) error {
 	return nil
 }
 
+// watchProgress calls giveUp once a whole Duration passes in which count did
+// not move, and stops when ctx ends. The returned channel closes when it has
+// stopped.
+func (r *runner) watchProgress(ctx context.Context, count func() uint64, giveUp func()) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		seen := count()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-r.clock.After(r.cfg.Duration):
+			}
+			n := count()
+			if n == seen {
+				giveUp()
+				return
+			}
+			seen = n
+		}
+	}()
+	return done
+}
+
 // drain is ModeDrain: prefill, sample the backlog, consume it all.
 func (r *runner) drain(ctx context.Context) error {
-	// Prefill, bounded by Duration like the consume phase.
+	// Prefill. Its length grows with Count and the machine's speed, so it is
+	// bounded by progress, not by a total: it gives up once a whole Duration
+	// passes without a confirm, and a large Count on a busy machine still runs.
 	var issued atomic.Int64
 	var confirmed atomic.Uint64
-	pctx, cancel := context.WithTimeout(ctx, r.cfg.Duration)
+	pctx, cancel := context.WithCancel(ctx)
+	stalled := r.watchProgress(pctx, confirmed.Load, cancel)
 	stop := r.startProgress(func() string { return "prefill" }, confirmed.Load, false)
 	t0 := r.clock.Now()
 	r.publishers(pctx, r.cfg.Window, func([]byte) bool {
@@ -376,6 +412,7 @@ func (r *runner) drain(ctx context.Context) error {
 	})
 	cancel()
 	stop()
+	<-stalled
 	pd := r.clock.Now().Sub(t0)
 	r.res.Prefill = &PhaseResult{Messages: confirmed.Load(), Seconds: pd.Seconds()}
 	if pd > 0 {
@@ -383,7 +420,10 @@ func (r *runner) drain(ctx context.Context) error {
 	}
 	want := confirmed.Load()
 	if want < uint64(r.cfg.Count) {
-		return fmt.Errorf("%w: prefill confirmed %d of %d messages within %v (raise the duration bound?)", ErrIncomplete, want, r.cfg.Count, r.cfg.Duration)
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: %w", ErrIncomplete, ctx.Err())
+		}
+		return fmt.Errorf("%w: prefill confirmed %d of %d messages, then none for %v", ErrIncomplete, want, r.cfg.Count, r.cfg.Duration)
 	}
 	if r.procOK {
 		if s, err := ReadProc(r.cfg.ProcFS, r.cfg.PID, r.clock.Now()); err == nil {
@@ -391,8 +431,10 @@ func (r *runner) drain(ctx context.Context) error {
 		}
 	}
 
-	// Consume. The last delivery closes all; the deadline bounds a broker that
-	// loses or withholds messages.
+	// Consume. The last delivery closes all. Like the prefill, the phase is
+	// bounded by progress: a whole Duration without a delivery ends it, which
+	// catches a broker that loses or withholds messages however long the
+	// backlog is.
 	all := make(chan struct{})
 	var allOnce sync.Once
 	var lastAt atomic.Int64 // engine-relative ns of the latest delivery
@@ -420,12 +462,23 @@ func (r *runner) drain(ctx context.Context) error {
 		subs = append(subs, s)
 	}
 	var err error
-	select {
-	case <-all:
-	case <-r.clock.After(r.cfg.Duration):
-		err = fmt.Errorf("%w: drained %d of %d messages within %v", ErrIncomplete, r.done.Load(), want, r.cfg.Duration)
-	case <-ctx.Done():
-		err = fmt.Errorf("%w: %w", ErrIncomplete, ctx.Err())
+	seen := r.done.Load()
+wait:
+	for {
+		select {
+		case <-all:
+			break wait
+		case <-r.clock.After(r.cfg.Duration):
+			if n := r.done.Load(); n != seen {
+				seen = n
+				continue
+			}
+			err = fmt.Errorf("%w: drained %d of %d messages, then none for %v", ErrIncomplete, r.done.Load(), want, r.cfg.Duration)
+			break wait
+		case <-ctx.Done():
+			err = fmt.Errorf("%w: %w", ErrIncomplete, ctx.Err())
+			break wait
+		}
 	}
 	r.procEnd()
 	n := min(r.done.Load(), want)

@@ -108,6 +108,12 @@ type Config struct {
 	// RestartGraceMs is how long the sessions restored from SessionStore
 	// wait for their clients after New (see session.Config.RestartGraceMs).
 	RestartGraceMs int64
+	// RestartGraceMsNext, when set, says how long the next process will keep
+	// the sessions Shutdown persists, for GOING_AWAY to announce (sinew
+	// serve passes the runtime setting connection.restart_grace_ms as it
+	// stands at the drain, which is what the next process reads at
+	// startup). Nil announces RestartGraceMs.
+	RestartGraceMsNext func() int64
 
 	FrameBytesMax      int    // largest frame either side may send
 	BodyBytesMax       int    // largest message body
@@ -142,7 +148,7 @@ type Config struct {
 	WriteTimeoutMs     int64 // a write that makes no progress this long closes the connection
 	ReconnectGraceMs   int64 // how long a dropped session stays resumable
 	// ReconnectGraceMsLive, when set, replaces ReconnectGraceMs with a live
-	// value read at each disconnect, HELLO_OK and GOING_AWAY (sinew serve
+	// value read at each disconnect and HELLO_OK (sinew serve
 	// passes the runtime setting connection.reconnect_grace_ms).
 	ReconnectGraceMsLive func() int64
 	DeclareTimeoutMs     int64 // bound on one DECLARE_QUEUE

@@ -182,7 +182,15 @@ func (c *conn) readLoop() error {
 		}
 		var f protocol.Frame
 		var err error
-		f, buf, err = protocol.ReadFrame(br, cfg.FrameBytesMax, buf)
+		// Until HELLO_OK announces frame_bytes_max, a peer may send no more
+		// than the protocol's default limit; checking the larger limit here
+		// would leave a slightly oversized first frame waiting for its body
+		// until the handshake timeout.
+		frameMax := cfg.FrameBytesMax
+		if c.sess == nil {
+			frameMax = min(frameMax, protocol.FrameBytesDefault)
+		}
+		f, buf, err = protocol.ReadFrame(br, frameMax, buf)
 		if err != nil {
 			var pe *protocol.Error
 			switch {

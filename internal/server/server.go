@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -273,6 +274,20 @@ func (s *Server) releaseInflight() {
 	}
 }
 
+// goingAwayGraceMs is how long a session stays resumable once the broker
+// is back: the restart grace of the next process when sessions are persisted
+// for it, and 0 when they are not. The reconnect grace does not apply: a
+// draining broker ends every session at its disconnect.
+func (s *Server) goingAwayGraceMs() int64 {
+	if s.cfg.SessionStore == nil {
+		return 0
+	}
+	if s.cfg.RestartGraceMsNext != nil {
+		return min(max(s.cfg.RestartGraceMsNext(), 0), math.MaxUint32)
+	}
+	return min(max(s.cfg.RestartGraceMs, 0), math.MaxUint32)
+}
+
 // Shutdown drains the server in two phases.
 //
 // Phase 1 (settle): it stops accepting, sends GOING_AWAY (deadline: ctx's, or
@@ -313,7 +328,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if !already {
 		// Redirect is the server reference the protocol reserves for a
 		// cluster; a single broker knows no other endpoint.
-		away := &protocol.GoingAway{DeadlineMs: deadline.UnixMilli(), GraceMs: uint32(s.reg.ReconnectGraceMs()), Reason: "broker shutting down"}
+		away := &protocol.GoingAway{DeadlineMs: deadline.UnixMilli(), GraceMs: uint32(s.goingAwayGraceMs()), Reason: "broker shutting down"}
 		for _, c := range conns {
 			c.w.Send(session.Outbound{Body: away})
 		}

@@ -173,6 +173,10 @@ func TestBadInputIsFatalAndIsolated(t *testing.T) {
 	hello := protocol.AppendFrame(nil, 0, 1, &protocol.Hello{ProtocolVersion: protocol.Version, Credentials: "secret"})
 	big := make([]byte, 4)
 	binary.BigEndian.PutUint32(big, FrameBytesMaxDefault) // plus the length prefix: one byte over
+	// Before HELLO_OK the limit is the protocol's 1 MiB, below the
+	// negotiated FrameBytesMaxDefault: one byte over it is refused at once.
+	bigBeforeHello := make([]byte, 4)
+	binary.BigEndian.PutUint32(bigBeforeHello, protocol.FrameBytesDefault-protocol.LengthBytes+1)
 	cases := []struct {
 		name   string
 		input  []byte
@@ -185,6 +189,7 @@ func TestBadInputIsFatalAndIsolated(t *testing.T) {
 		{"short length", []byte{0, 0, 0, 3, 1, 2, 3}, protocol.CodeBadFrame, false},
 		{"oversized", big, protocol.CodeFrameTooLarge, false},
 		{"oversized after hello", big, protocol.CodeFrameTooLarge, true},
+		{"over 1 MiB before hello", bigBeforeHello, protocol.CodeFrameTooLarge, false},
 		{"not hello first", protocol.AppendFrame(nil, 0, 1, &protocol.Ping{}), protocol.CodeHandshakeRequired, false},
 		{"bad version", rawFrame(9, uint8(protocol.OpHello), 1, nil), protocol.CodeUnsupportedVer, false},
 		{"bad hello body", rawFrame(protocol.Version, uint8(protocol.OpHello), 1, []byte{0xff}), protocol.CodeBadFrame, false},

@@ -46,6 +46,14 @@
     return el;
   }
 
+  // parseJSON parses an API answer, keeping each "generation" as the decimal
+  // string the broker sent: it is a random 64-bit number, which a JS number
+  // would round. Inside a JSON string the key's quotes are escaped, so the
+  // pattern cannot match text within a value.
+  function parseJSON(text) {
+    return JSON.parse(text.replace(/"generation"(\s*):(\s*)(\d+)/g, '"generation"$1:$2"$3"'));
+  }
+
   // api calls the admin API and never throws for an HTTP status: it resolves
   // to {status, ok, data}; a network failure resolves to status 0.
   async function api(method, path, body) {
@@ -61,7 +69,7 @@
       const text = await res.text();
       let data = null;
       if (text) {
-        try { data = JSON.parse(text); } catch { data = { error: text.trim() }; }
+        try { data = parseJSON(text); } catch { data = { error: text.trim() }; }
       }
       return { status: res.status, ok: res.ok, data };
     } catch (e) {
