@@ -84,6 +84,21 @@ export class BrokerError extends SinewError {
   }
 }
 
+/** An argument the client refused before doing anything: a value of the
+ * wrong type or out of range (say a partition of 0.5 or 2^31, a delay of
+ * 1.5 ms), a header key the broker reserves, or a message larger than the
+ * broker's frame limit. Nothing was sent and no state changed: the client
+ * carries on, and the call may be made again with a good value. */
+export class InvalidArgumentError extends SinewError {
+  override name = "InvalidArgumentError";
+  /** The argument or option at fault, e.g. "partition" or "opts.delayMs". */
+  readonly argument: string;
+  constructor(argument: string, why: string) {
+    super(`invalid argument ${argument}: ${why}`, false);
+    this.argument = argument;
+  }
+}
+
 /** Operations after close, and the end of subscriptions that close ended. */
 export class ClientClosedError extends SinewError {
   override name = "ClientClosedError";
