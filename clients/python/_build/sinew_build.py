@@ -70,7 +70,8 @@ def _metadata() -> str:
         lines.append(f"Summary: {p['description']}")
     if p.get("requires-python"):
         lines.append(f"Requires-Python: {p['requires-python']}")
-    for dep in p.get("dependencies", []) or []:  # type: ignore[union-attr]
+    deps = p.get("dependencies") or []
+    for dep in deps if isinstance(deps, list) else []:
         lines.append(f"Requires-Dist: {dep}")
     body = ""
     readme = p.get("readme")

@@ -34,7 +34,7 @@ class Arguments(BrokerCase):
         await self.refused(c.publish("py-args", 42), "body")  # type: ignore[arg-type]
         await self.refused(c.publish(7, b"x"), "topic")  # type: ignore[arg-type]
         await self.refused(c.publish("py-args", b"x", key=5), "key")  # type: ignore[arg-type]
-        await self.refused(c.publish("py-args", b"x", headers={"a": 1}), "headers")  # type: ignore[dict-item]
+        await self.refused(c.publish("py-args", b"x", headers={"a": 1}), "headers")  # type: ignore[arg-type]
         await self.refused(c.publish("py-args", b"x", headers={"sinew.reason": "x"}), "headers")
         await self.refused(c.publish("py-args", b"x", headers=[(f"h{i}", "v") for i in range(257)]), "headers")
         await self.refused(c.publish("py-args", bytes(2 << 20)), "body")
