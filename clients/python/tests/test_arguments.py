@@ -20,6 +20,26 @@ class Arguments(BrokerCase):
         self.assertIsInstance(cm.exception, ValueError)
         self.assertFalse(cm.exception.retryable)
 
+    async def refused_then_cut(self, **bad: Any) -> None:
+        """A publish with a bad argument, then a cut: the session resumes and
+        the next publish is stored; the bad one was neither kept nor resent."""
+        c = await self.client(sleep=Recorder())
+        await c.declare_queue("py-args-cut", partitions=2)
+        with self.assertRaises(Exception) as cm:
+            await within(c.publish("py-args-cut", b"x", **bad))
+        self.proxy.cut_all()
+        r = await within(c.publish("py-args-cut", b"after the cut", partition=1))
+        self.assertEqual(r.partition, 1)
+        self.assertEqual(c.last_outcome, 1)  # resumed
+        self.assertIsNone(c._fatal)
+        self.assertIsInstance(cm.exception, sinew.InvalidArgumentError)
+
+    async def test_partition_2_31_is_not_resent_at_the_next_cut(self) -> None:
+        await self.refused_then_cut(partition=2**31)
+
+    async def test_float_delay_is_not_resent_at_the_next_cut(self) -> None:
+        await self.refused_then_cut(delay_ms=500.0)
+
     async def test_bad_arguments_are_refused_and_the_client_carries_on(self) -> None:
         c = await self.client(sleep=Recorder())
         await c.declare_queue("py-args", partitions=2)

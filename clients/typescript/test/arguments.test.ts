@@ -36,6 +36,71 @@ async function refused(p: Promise<unknown>, argument: string): Promise<void> {
   });
 }
 
+class Hung extends Error {}
+
+/** Settles with p's outcome, or rejects once ms passed: a call that hangs fails the test. */
+function bounded<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Hung(`${what}: still pending after ${ms} ms`)), ms);
+  });
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
+}
+
+/** The error p rejects with; fails if it resolves or hangs. */
+async function rejection(p: Promise<unknown>, what: string): Promise<unknown> {
+  try {
+    await bounded(p, 3000, what);
+  } catch (e) {
+    if (e instanceof Hung) throw e;
+    return e;
+  }
+  throw new Error(`${what}: resolved`);
+}
+
+test("a refused publish takes no window slot: with publishWindow 2 the third bad call still returns", T, async () => {
+  const c = await connect(broker.addr, { publishWindow: 2 });
+  try {
+    const errs: unknown[] = [];
+    for (let i = 0; i < 3; i++) errs.push(await rejection(c.publish("ts-args-window", "x", { delayMs: 500.5 }), `bad delayMs #${i + 1}`));
+    for (let i = 0; i < 3; i++) errs.push(await rejection(c.publish("ts-args-window", "x", { ttlMs: 0.5 }), `bad ttlMs #${i + 1}`));
+    // Both slots are free: two publishes in flight at once.
+    const ok = await bounded(Promise.all([c.publish("ts-args-window", "a"), c.publish("ts-args-window", "b")]), 5000, "good publishes");
+    assert.equal(ok.length, 2);
+    for (const e of errs) assert.ok(e instanceof InvalidArgumentError, String(e));
+  } finally {
+    await c.close();
+  }
+});
+
+for (const [what, opts] of [
+  ["partition 0.5", { partition: 0.5 }],
+  ["partition 2^31", { partition: 2 ** 31 }],
+] as const) {
+  test(`a publish with ${what} is not resent at the next cut: the client stays healthy`, T, async () => {
+    const proxy = new FaultProxy({ host: "127.0.0.1", port: broker.port });
+    await proxy.start();
+    const seen: string[] = [];
+    const c = await connect(proxy.addr, { reconnect: { baseDelayMs: 20 }, log: (e) => seen.push(e) });
+    try {
+      await c.declareQueue("ts-args-cut", { partitions: 2 });
+      const err = await rejection(c.publish("ts-args-cut", "x", opts), what);
+      const before = seen.filter((e) => e === "session_resumed").length;
+      assert.ok(proxy.cut() >= 1);
+      // Waits (bounded) for the resumed session, then a good publish.
+      const r = await bounded(c.publish("ts-args-cut", "after the cut", { partition: 1 }), 10_000, "publish after the cut");
+      assert.equal(r.partition, 1);
+      assert.ok(seen.filter((e) => e === "session_resumed").length > before, `not resumed: ${seen.join(",")}`);
+      assert.ok(!seen.includes("fatal"), `client went fatal: ${seen.join(",")}`);
+      assert.ok(err instanceof InvalidArgumentError, String(err));
+      assert.deepEqual(unhandled, []);
+    } finally {
+      await c.close();
+      await proxy.close();
+    }
+  });
+}
+
 test("bad arguments throw InvalidArgumentError at the call; the window, the next call and a later cut are unaffected", T, async () => {
   const proxy = new FaultProxy({ host: "127.0.0.1", port: broker.port });
   await proxy.start();
