@@ -144,6 +144,13 @@ class ReconnectPolicy:
     """0: reconnect forever; otherwise give up (DisconnectedError) after this
     many failures in a row."""
 
+    def __post_init__(self) -> None:
+        for name in ("base_delay_s", "factor", "max_delay_s", "jitter", "reset_after_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
+                raise InvalidArgumentError(name, f"want a non-negative number, got {v!r}")
+        _check_int("max_attempts", self.max_attempts, 0, _I64_MAX)
+
     def delay(self, n: int, r: float) -> float:
         """The wait in seconds before attempt ``n``; ``r`` in [0, 1) places the jitter."""
         d = self.base_delay_s

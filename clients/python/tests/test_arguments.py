@@ -66,6 +66,9 @@ class Arguments(BrokerCase):
         await self.refused(c.declare_queue("py-args", lease_ms=2**63), "lease_ms")
         await self.refused(c.delete_queue("py-args", group=3), "group")  # type: ignore[arg-type]
         await self.refused(sinew.connect(self.proxy.addr, heartbeat_s=-1), "heartbeat_s")
+        await self.refused(sinew.connect(self.proxy.addr, client_name=7), "client_name")  # type: ignore[arg-type]
+        with self.assertRaises(sinew.InvalidArgumentError):
+            sinew.ReconnectPolicy(factor="2")  # type: ignore[arg-type]
         self.assertEqual(c._producer_seq, seq, "a refused publish used a sequence number")
         self.assertEqual(c._window.n, 0, "a refused publish kept a window slot")
 

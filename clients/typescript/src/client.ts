@@ -1586,6 +1586,19 @@ function checkConnectOptions(addr: string, opts: ConnectOptions): void {
     throw new InvalidArgumentError("opts.reconcilePolicy", `want "restore" or "conservative", got ${describe(o.reconcilePolicy)}`);
   }
   checkInt("opts.publishWindow", o.publishWindow, 0, 0xffffffff);
+  if (o.reconnect !== undefined) {
+    const r = options(o.reconnect, "opts.reconnect");
+    for (const [k, v] of Object.entries(r)) {
+      if (v !== undefined && (typeof v !== "number" || Number.isNaN(v))) throw new InvalidArgumentError(`opts.reconnect.${k}`, `want a number, got ${describe(v)}`);
+    }
+  }
+  if (o.tls !== undefined && o.tls !== true && (typeof o.tls !== "object" || o.tls === null)) {
+    throw new InvalidArgumentError("opts.tls", `want true or an object, got ${describe(o.tls)}`);
+  }
+  if (o.signal !== undefined && !(o.signal instanceof AbortSignal)) throw new InvalidArgumentError("opts.signal", `want an AbortSignal, got ${describe(o.signal)}`);
+  for (const k of ["sleep", "random", "now", "log"] as const) {
+    if (o[k] !== undefined && typeof o[k] !== "function") throw new InvalidArgumentError(`opts.${k}`, `want a function, got ${describe(o[k])}`);
+  }
   for (const k of ["connectTimeoutMs", "dialTimeoutMs", "handshakeTimeoutMs", "drainTimeoutMs", "heartbeatMs"] as const) {
     checkDuration(`opts.${k}`, o[k]);
   }

@@ -132,6 +132,8 @@ test("bad arguments throw InvalidArgumentError at the call; the window, the next
     await refused(c.declareQueue("ts-args", { leaseMs: 2 ** 60 }), "opts.leaseMs");
     await refused(c.deleteQueue("ts-args", 3 as never), "group");
     await refused(connect(proxy.addr, { publishWindow: 1.5 }), "opts.publishWindow");
+    await refused(connect(proxy.addr, { reconnect: { baseDelayMs: "5" as never } }), "opts.reconnect.baseDelayMs");
+    await refused(connect(proxy.addr, { clientName: 7 as never }), "opts.clientName");
 
     // The next good calls work, and fill the window of 2 at once.
     const ok = await Promise.all([c.publish("ts-args", "a", { partition: 1 }), c.publish("ts-args", "b", { partition: 1, delayMs: 0, ttlMs: 60_000 })]);
