@@ -282,7 +282,6 @@ class Conn {
     this.sock.write(frame);
   }
 
-  /** Sends a request; the promise settles with its reply. */
   /** Sends a request; the promise settles with its reply. The frame is
    * encoded before the request is registered: one that cannot be encoded,
    * or exceeds the broker's frame limit, rejects and leaves nothing behind. */
