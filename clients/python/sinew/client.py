@@ -1146,7 +1146,11 @@ class Client:
         if conn is None or not sid or conn.closed:
             return  # a resumed session drops it in reconciliation
         # Settles made before this call reach the broker first, so that it
-        # takes back only what is still unsettled.
+        # takes back only what is still unsettled. One turn of the loop lets
+        # a settle just scheduled as a task (not awaited) join the queue.
+        await asyncio.sleep(0)
+        if conn.closed:
+            return  # a resumed session drops it in reconciliation
         self._send_settles(conn)
         try:
             await self._round_trip(conn, w.Unsubscribe(sid))
