@@ -11,18 +11,18 @@
 
 import { InvalidArgumentError, SinewError } from "./errors.js";
 
-/** Protocol version this codec speaks. */
+/** Protocol version this codec speaks. @internal */
 export const PROTOCOL_VERSION = 1;
-/** Bytes of the length prefix. */
+/** Bytes of the length prefix. @internal */
 export const LENGTH_BYTES = 4;
-/** Bytes of the fixed header after the length prefix. */
+/** Bytes of the fixed header after the length prefix. @internal */
 export const HEADER_BYTES = 12;
-/** Frame limit until HELLO_OK announces another. */
+/** Frame limit until HELLO_OK announces another. @internal */
 export const FRAME_BYTES_DEFAULT = 1 << 20;
-/** Header flag: the sender wants no reply. */
+/** Header flag: the sender wants no reply. @internal */
 export const FLAG_NO_REPLY = 0x0001;
 
-/** Op codes of protocol version 1. */
+/** Op codes of protocol version 1. @internal */
 export const Op = {
   HELLO: 0x01,
   HELLO_OK: 0x02,
@@ -56,7 +56,7 @@ export const Op = {
   METADATA_RESULT: 0x51,
 } as const;
 
-/** Name of an op code, as in docs/protocol.md section 4. */
+/** Name of an op code, as in docs/protocol.md section 4. @internal */
 export function opName(op: number): string {
   for (const [k, v] of Object.entries(Op)) if (v === op) return k;
   return `OP_0x${op.toString(16).padStart(2, "0")}`;
@@ -68,7 +68,7 @@ export function opName(op: number): string {
 const LIST_ITEMS_MAX = 1 << 16;
 const HEADERS_MAX = 256;
 
-/** A wire type in a schema. */
+/** A wire type in a schema. @internal */
 export type WireType =
   | "uvarint"
   | "varint"
@@ -84,7 +84,7 @@ export type WireType =
   | { record: Schema };
 
 /** A body layout: fields in wire order. `opt` marks the first of the fields
- * appended to the body later; a decoder reads them only when bytes remain. */
+ * appended to the body later; a decoder reads them only when bytes remain. @internal */
 export type Schema = ReadonlyArray<readonly [string, WireType] | readonly [string, WireType, "opt"]>;
 
 const resume: Schema = [
@@ -117,7 +117,7 @@ const settle: Schema = [
   ["leases", { list: { record: leaseRef } }, "opt"],
 ];
 
-/** Body schema of every op. */
+/** Body schema of every op. @internal */
 export const schemas: Record<number, Schema> = {
   [Op.HELLO]: [
     ["protocol_version", "u16"],
@@ -309,11 +309,11 @@ export const schemas: Record<number, Schema> = {
   ],
 };
 
-/** A decoded or to-be-encoded body: field name to value. */
+/** A decoded or to-be-encoded body: field name to value. @internal */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 export type Body = Record<string, any>;
 
-/** A decoded frame. */
+/** A decoded frame. @internal */
 export interface Frame {
   version: number;
   op: number;
@@ -402,7 +402,7 @@ function unencodable(field: string, want: string, v: unknown): InvalidArgumentEr
   return new InvalidArgumentError(field, `want ${want}, got ${describe(v)}`);
 }
 
-/** A short description of a value for error messages. */
+/** A short description of a value for error messages. @internal */
 export function describe(v: unknown): string {
   if (typeof v === "bigint") return `${v}n`;
   if (typeof v === "string") return JSON.stringify(v.length > 40 ? v.slice(0, 40) + "…" : v);
@@ -489,7 +489,7 @@ function encodeFields(w: Writer, schema: Schema, body: Body): void {
   for (const [name, t] of schema) encodeValue(w, t, body[name], name);
 }
 
-/** Encodes a complete frame: length prefix, header and body. */
+/** Encodes a complete frame: length prefix, header and body. @internal */
 export function encodeFrame(op: number, requestId: bigint, body: Body, flags = 0): Uint8Array {
   const schema = schemas[op];
   if (!schema) throw new Error(`codec: no schema for op 0x${op.toString(16)}`);
@@ -508,7 +508,7 @@ export function encodeFrame(op: number, requestId: bigint, body: Body, flags = 0
 
 /** The fields of a PUBLISH body before producer_seq, encoded (and so
  * checked) once: the sequence is assigned later, when the publish gets its
- * place in the window, and a resend reuses these bytes. */
+ * place in the window, and a resend reuses these bytes. @internal */
 export function encodePublishHead(body: Body): Uint8Array {
   const w = new Writer(64);
   encodeFields(w, PUBLISH_HEAD, body);
@@ -518,7 +518,7 @@ export function encodePublishHead(body: Body): Uint8Array {
 const PUBLISH_HEAD: Schema = schemas[Op.PUBLISH]!.slice(0, -2);
 
 /** A PUBLISH frame from its encoded head, sequence and body; the same bytes
- * encodeFrame makes of the whole body. */
+ * encodeFrame makes of the whole body. @internal */
 export function encodePublishFrame(requestId: bigint, head: Uint8Array, seq: bigint, payload: Uint8Array, flags = 0): Uint8Array {
   const w = new Writer(LENGTH_BYTES + HEADER_BYTES + head.length + payload.length + 20);
   w.n = LENGTH_BYTES + HEADER_BYTES;
@@ -686,7 +686,7 @@ function decodeFields(r: Reader, schema: Schema): Body {
 }
 
 /** Decodes a frame's body by its op code. Bytes after the known fields are
- * ignored (a newer peer's appended fields). */
+ * ignored (a newer peer's appended fields). @internal */
 export function decodeBody(op: number, body: Uint8Array): Body {
   const schema = schemas[op];
   if (!schema) throw new UnknownOpError(op);
@@ -708,7 +708,7 @@ export class UnknownOpError extends SinewError {
   }
 }
 
-/** Frame header fields of a raw frame (length prefix included). */
+/** Frame header fields of a raw frame (length prefix included). @internal */
 export function parseFrame(frame: Uint8Array): Frame {
   if (frame.length < LENGTH_BYTES + HEADER_BYTES) throw new DecodeError("frame shorter than header");
   const dv = new DataView(frame.buffer, frame.byteOffset, frame.byteLength);
@@ -727,6 +727,7 @@ export function parseFrame(frame: Uint8Array): Frame {
  * FrameSplitter turns a byte stream into frames. It checks each length prefix
  * against the frame limit before buffering the body, so a peer cannot make it
  * hold more than one frame's worth of bytes.
+ * @internal
  */
 export class FrameSplitter {
   private chunks: Uint8Array[] = [];

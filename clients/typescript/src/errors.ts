@@ -32,7 +32,7 @@ export const CODES: ReadonlyArray<readonly [code: number, name: string, retryabl
   [25, "fenced", true],
 ];
 
-/** Named error codes used by the client. */
+/** Named error codes used by the client. @internal */
 export const Code = {
   OK: 0,
   BAD_FRAME: 1,
@@ -53,7 +53,7 @@ export function codeName(code: number): string {
   return CODES.find((c) => c[0] === code)?.[1] ?? `code_${code}`;
 }
 
-/** Whether a request refused with this code may succeed if sent again later. */
+/** Whether a request refused with this code may succeed if sent again later. @internal */
 export function codeRetryable(code: number): boolean {
   return CODES.find((c) => c[0] === code)?.[2] ?? false;
 }
