@@ -55,12 +55,12 @@ test("break out of for await ends the subscription and releases its prefetched m
       break;
     }
     await completed;
-    assert.equal(sub.ended, true);
-    assert.equal(sub.endReason?.reason, "unsubscribed");
 
     const next = await c2.subscribe("ts-loop", { prefetch: 16 });
     const got = await takeWithin(next[Symbol.asyncIterator](), 3, 3000);
     assert.deepEqual(got.map((m) => m.text()).sort(), ["m1", "m2", "m3"]);
+    assert.equal(sub.ended, true);
+    assert.equal(sub.endReason?.reason, "unsubscribed");
     await Promise.all(got.map((m) => m.complete()));
     assert.equal(await c.purgeQueue("ts-loop"), 0n);
   } finally {
@@ -84,11 +84,11 @@ test("an exception thrown in the loop body ends the subscription too", T, async 
       })(),
       /handler failed/,
     );
-    assert.equal(sub.endReason?.reason, "unsubscribed");
     const again = await c.subscribe("ts-loop-throw", { prefetch: 4 });
     const [m] = await takeWithin(again[Symbol.asyncIterator](), 1, 3000);
     assert.equal(m!.text(), "m1");
     await m!.complete();
+    assert.equal(sub.endReason?.reason, "unsubscribed");
   } finally {
     await c.close();
   }
