@@ -32,6 +32,7 @@ from .errors import (
     ConnectionLostError,
     DisconnectedError,
     HeartbeatTimeoutError,
+    InvalidArgumentError,
     ProtocolError,
     ReconciledClosedError,
     RecreateFailedError,
@@ -50,7 +51,7 @@ __all__ = [
     "RECONCILE_CONSERVATIVE", "RECONCILE_RESTORE", "Client", "DeclareResult", "Message", "PublishResult",
     "ReconnectPolicy", "Subscription", "connect",
     "AlreadySettledError", "BrokerError", "ClientClosedError", "ConnectionLostError", "DisconnectedError",
-    "HeartbeatTimeoutError", "ProtocolError", "ReconciledClosedError", "RecreateFailedError", "SettleError",
+    "HeartbeatTimeoutError", "InvalidArgumentError", "ProtocolError", "ReconciledClosedError", "RecreateFailedError", "SettleError",
     "SinewError", "StaleDeliveryError", "TLSError", "SubscriptionEnded", "UnknownTagError", "UnsubscribedError",
     "is_retryable",
 ]

@@ -23,7 +23,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .errors import ProtocolError
+from .errors import InvalidArgumentError, ProtocolError
 
 VERSION = 1
 HEADER_BYTES = 12  # bytes after the length prefix, before the body
@@ -173,7 +173,14 @@ _ITEM_MIN = {"uvarint": 1, "varint": 1, "u8": 1, "bool": 1, "u32": 1, "u16": 1, 
              "bytes": 1, "str": 1, "header": 2}
 
 
+def _want_int(v: Any) -> None:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TypeError(f"want an int, got {v!r}")
+
+
 def _enc(out: bytearray, typ: Any, v: Any) -> None:
+    # Values are checked, never coerced: a float, a bool where an int
+    # belongs or a number out of the type's range is refused.
     if isinstance(typ, tuple):
         put_uvarint(out, len(v))
         for x in v:
@@ -181,24 +188,35 @@ def _enc(out: bytearray, typ: Any, v: Any) -> None:
     elif isinstance(typ, type):
         v._encode_into(out)
     elif typ in ("uvarint", "u32", "u16"):
+        _want_int(v)
         if typ == "u32" and v > U32_MAX or typ == "u16" and v > 0xFFFF:
             raise ValueError(f"{typ} out of range: {v}")
         put_uvarint(out, v)
     elif typ in ("varint", "i32"):
+        _want_int(v)
         if typ == "i32" and not -(1 << 31) <= v < (1 << 31):
             raise ValueError(f"i32 out of range: {v}")
         put_varint(out, v)
     elif typ == "u8":
+        _want_int(v)
         if not 0 <= v <= 255:
             raise ValueError(f"u8 out of range: {v}")
         out.append(v)
     elif typ == "bool":
+        if not isinstance(v, bool):
+            raise TypeError(f"want a bool, got {v!r}")
         out.append(1 if v else 0)
     elif typ == "bytes":
+        if not isinstance(v, (bytes, bytearray, memoryview)):
+            raise TypeError(f"want bytes, got {type(v).__name__}")
         put_bytes(out, bytes(v))
     elif typ == "str":
+        if not isinstance(v, str):
+            raise TypeError(f"want a str, got {v!r}")
         put_str(out, v)
     elif typ == "header":
+        if not isinstance(v, tuple) or len(v) != 2 or not isinstance(v[0], str) or not isinstance(v[1], str):
+            raise TypeError(f"want a (str, str) pair, got {v!r}")
         put_str(out, v[0])
         put_str(out, v[1])
     else:  # pragma: no cover - a broken field table
@@ -227,7 +245,12 @@ class Body:
 
     def _encode_into(self, out: bytearray) -> None:
         for name, typ in self._FIELDS:
-            _enc(out, typ, getattr(self, name))
+            try:
+                _enc(out, typ, getattr(self, name))
+            except InvalidArgumentError:
+                raise
+            except (TypeError, ValueError, AttributeError, OverflowError, UnicodeError) as e:
+                raise InvalidArgumentError(name, str(e)) from None
 
     def encode(self) -> bytes:
         out = bytearray()
@@ -452,8 +475,15 @@ class Publish(Body):
     body: bytes = b""
 
     def _encode_into(self, out: bytearray) -> None:
-        # The hot path of a publisher, written out; the field table above
-        # stays the reference and the wire vectors check both agree.
+        self.encode_head(out)
+        put_uvarint(out, self.producer_seq)
+        put_bytes(out, self.body)
+
+    def encode_head(self, out: bytearray) -> None:
+        """Encodes the fields before producer_seq. The hot path of a
+        publisher, written out; the field table above stays the reference
+        and the wire vectors check both agree. The client checks every
+        value before it gets here."""
         put_str(out, self.topic)
         put_str(out, self.group)
         _enc(out, "i32", self.partition)
@@ -467,8 +497,6 @@ class Publish(Body):
         put_varint(out, self.not_before_ms)
         put_varint(out, self.ttl_ms)
         put_str(out, self.producer_id)
-        put_uvarint(out, self.producer_seq)
-        put_bytes(out, self.body)
 
 
 @_body(PUBLISH_OK, "partition:u32 offset:uvarint duplicate:bool")
@@ -706,6 +734,18 @@ def encode_frame(body: Body, req_id: int, flags: int = 0) -> bytes:
     payload = body.encode()
     head = struct.pack(">IBBHQ", HEADER_BYTES + len(payload), VERSION, op_of(body), flags, req_id)
     return head + payload
+
+
+def publish_frame(req_id: int, head: bytes, seq: int, data: bytes, flags: int = 0) -> bytes:
+    """A PUBLISH frame from the encoded fields before producer_seq (see
+    Publish.encode_head), the sequence and the message body: the same bytes
+    encode_frame makes of the whole Publish."""
+    out = bytearray(struct.pack(">IBBHQ", 0, VERSION, PUBLISH, flags, req_id))
+    out += head
+    put_uvarint(out, seq)
+    put_bytes(out, data)
+    struct.pack_into(">I", out, 0, len(out) - 4)
+    return bytes(out)
 
 
 @dataclass

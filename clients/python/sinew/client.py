@@ -36,6 +36,7 @@ from .errors import (
     ConnectionLostError,
     DisconnectedError,
     HeartbeatTimeoutError,
+    InvalidArgumentError,
     ProtocolError,
     ReconciledClosedError,
     RecreateFailedError,
@@ -77,6 +78,57 @@ GOING_AWAY_POLL_S = 0.01  # how often a draining connection is checked for idlen
 GOING_AWAY_BACKOFF_MAX_S = 0.5  # reconnect delay cap after a planned stop
 
 
+_I32_MAX = (1 << 31) - 1
+_U32_MAX = (1 << 32) - 1
+_I64_MAX = (1 << 63) - 1
+_HEADERS_MAX = 256  # headers per message, as the protocol bounds them
+
+
+# Argument checks. Every public call checks (and encodes) its arguments
+# before it changes any state, so a bad one raises InvalidArgumentError at the
+# call and leaves nothing behind: no request registered, no window slot taken,
+# no sequence number used.
+
+def _check_str(name: str, v: object) -> None:
+    if not isinstance(v, str):
+        raise InvalidArgumentError(name, f"want a str, got {v!r}")
+
+
+def _check_int(name: str, v: object, lo: int, hi: int) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise InvalidArgumentError(name, f"want an int from {lo} to {hi}, got {v!r}")
+
+
+def _bytes_arg(name: str, v: object) -> bytes:
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v)
+    raise InvalidArgumentError(name, f"want bytes or a str, got {type(v).__name__}")
+
+
+def _headers_arg(headers: object) -> list[tuple[str, str]]:
+    if isinstance(headers, Mapping):
+        items: list[Any] = list(headers.items())
+    elif isinstance(headers, (str, bytes)) or not isinstance(headers, Iterable):
+        raise InvalidArgumentError("headers", f"want a mapping or (key, value) pairs, got {type(headers).__name__}")
+    else:
+        items = list(headers)
+    out: list[tuple[str, str]] = []
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise InvalidArgumentError("headers", f"want (key, value) pairs, got {item!r}")
+        k, v = item
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidArgumentError("headers", f"keys and values must be str, got {item!r}")
+        if k.startswith("sinew."):
+            raise InvalidArgumentError("headers", f"key {k!r}: keys starting with 'sinew.' are reserved for the broker")
+        out.append((k, v))
+    if len(out) > _HEADERS_MAX:
+        raise InvalidArgumentError("headers", f"at most {_HEADERS_MAX} headers, got {len(out)}")
+    return out
+
+
 @dataclass(frozen=True)
 class ReconnectPolicy:
     """Shapes automatic reconnection. The delay before attempt n (from 0) is
@@ -91,6 +143,13 @@ class ReconnectPolicy:
     max_attempts: int = 0
     """0: reconnect forever; otherwise give up (DisconnectedError) after this
     many failures in a row."""
+
+    def __post_init__(self) -> None:
+        for name in ("base_delay_s", "factor", "max_delay_s", "jitter", "reset_after_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
+                raise InvalidArgumentError(name, f"want a non-negative number, got {v!r}")
+        _check_int("max_attempts", self.max_attempts, 0, _I64_MAX)
 
     def delay(self, n: int, r: float) -> float:
         """The wait in seconds before attempt ``n``; ``r`` in [0, 1) places the jitter."""
@@ -130,9 +189,9 @@ class _Call:
     when its connection breaks: publishes are sent again on the next
     connection, settles are held for the resumed session, the rest fail."""
 
-    __slots__ = ("body", "fut", "kind", "hook", "nbytes", "flags")
+    __slots__ = ("body", "fut", "kind", "hook", "nbytes", "flags", "head", "seq", "data")
 
-    def __init__(self, body: w.Body, kind: str = "", hook: Callable[[Any], None] | None = None,
+    def __init__(self, body: w.Body | None, kind: str = "", hook: Callable[[Any], None] | None = None,
                  nbytes: int = 0) -> None:
         self.body = body
         self.fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -140,6 +199,15 @@ class _Call:
         self.hook = hook
         self.nbytes = nbytes
         self.flags = 0
+        # A publish carries its fields encoded once, up to producer_seq.
+        self.head = b""
+        self.seq = 0
+        self.data = b""
+
+    def frame(self, rid: int) -> bytes:
+        if self.body is None:
+            return w.publish_frame(rid, self.head, self.seq, self.data, self.flags)
+        return w.encode_frame(self.body, rid, self.flags)
 
     def resolve(self, value: Any) -> None:
         if not self.fut.done():
@@ -241,7 +309,9 @@ class Message:
         await self._sub._client._settle(self, w.NACK, 0)
 
     async def retry_after(self, delay_ms: int) -> None:
-        """NACK with a delay: deliver again no earlier than ``delay_ms`` from now."""
+        """NACK with a delay: deliver again no earlier than ``delay_ms``
+        (an int, in milliseconds, 0 or more) from now. Anything else raises
+        InvalidArgumentError and settles nothing."""
         await self._sub._client._settle(self, w.NACK, delay_ms)
 
     async def fail(self) -> None:
@@ -299,8 +369,26 @@ class Subscription:
         return item  # type: ignore[no-any-return]
 
     async def unsubscribe(self) -> None:
-        """Ends the subscription; its unsettled deliveries go back to the queue."""
+        """Ends the subscription. Settles already made go out first; the
+        broker then returns every delivery of the subscription that is still
+        unsettled to the queue at once, without using a retry (prefetched
+        messages not yet handed out included, which the client drops)."""
         await self._client._unsubscribe(self)
+
+    async def aclose(self) -> None:
+        """Ends the subscription, as :meth:`unsubscribe` does, and never
+        raises: the way out of an ``async for`` loop that stops early.
+        ``contextlib.aclosing(sub)`` and ``async with sub`` call it."""
+        try:
+            await self._client._unsubscribe(self)
+        except SinewError:
+            pass  # ended here regardless; the broker ends it with the session
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     def _view(self) -> w.SubView:
         return w.SubView(self._server_id, self.topic, self.group, self.partition, 1 if self.auto_ack else 0,
@@ -370,13 +458,25 @@ class _Conn:
             self.tasks.append(asyncio.create_task(self._heartbeat(hb)))
 
     def start(self, call: _Call) -> None:
-        """Writes the request; raises _ConnClosed if the socket is gone."""
+        """Writes the request; raises _ConnClosed if the socket is gone. The
+        frame is encoded before the request is registered: one that cannot
+        be encoded, or exceeds the broker's frame limit, fails the call and
+        leaves nothing behind to be sent again."""
         if self.closed:
             raise _ConnClosed
         rid = self.next_id
+        try:
+            frame = call.frame(rid)
+        except InvalidArgumentError as e:
+            call.fail(e)
+            return
+        if len(frame) > self.frame_max:
+            call.fail(InvalidArgumentError("body", f"a frame of {len(frame)} bytes exceeds the broker's "
+                                                   f"frame limit of {self.frame_max} bytes"))
+            return
         self.next_id += 1
         self.pending[rid] = call
-        self.write(w.encode_frame(call.body, rid, call.flags))
+        self.write(frame)
 
     def write(self, frame: bytes) -> None:
         """Queues a frame. The frames of one turn of the event loop go out in
@@ -559,6 +659,7 @@ class Client:
         self._settle_task: asyncio.Task[None] | None = None
         self._producer_id = "py-" + os.urandom(8).hex()
         self._producer_seq = 0
+        self._frame_max = w.FRAME_BYTES_DEFAULT  # the broker's frame limit at the last handshake
         self.server_generation = 0
         """The broker process's generation at the last handshake."""
         self.last_outcome = 0
@@ -648,6 +749,7 @@ class Client:
                 log.warning("sinew: session not resumed (outcome %d); starting a fresh one", hello.outcome)
         subs = {s._server_id: s for s in self._subs if s._server_id}
         await self._window.set_max(hello.limits.publish_inflight_max)
+        self._frame_max = hello.limits.frame_bytes_max or w.FRAME_BYTES_DEFAULT
         for c in stale:
             c.fail(StaleDeliveryError("sinew: session was not resumed; the lease is gone"))
         conn = _Conn(self, reader, writer, hello, self._epoch, subs)
@@ -927,14 +1029,34 @@ class Client:
         publishes are resent automatically; this call does not fail because a
         connection broke.
         """
-        data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
-        hs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+        # Every argument is checked and encoded before anything changes: a
+        # bad one raises InvalidArgumentError here and leaves no trace.
+        if self._closing:
+            raise ClientClosedError("sinew: client closed")
+        if self._fatal is not None:
+            raise self._fatal
+        _check_str("topic", topic)
+        data = _bytes_arg("body", body)
+        _check_str("group", group)
+        _check_int("partition", partition, -1, _I32_MAX)
+        key_b = _bytes_arg("key", key)
+        hs = _headers_arg(headers)
+        _check_str("content_type", content_type)
+        _check_int("delay_ms", delay_ms, 0, _I64_MAX)
+        _check_int("not_before_ms", not_before_ms, 0, _I64_MAX)
+        _check_int("ttl_ms", ttl_ms, 0, _I64_MAX)
+        head = bytearray()
+        w.Publish(topic, group, partition, key_b, hs, content_type, delay_ms, not_before_ms, ttl_ms,
+                  self._producer_id).encode_head(head)
+        if 16 + len(head) + 20 + len(data) > self._frame_max:
+            raise InvalidArgumentError("body", f"a message of {len(data)} bytes exceeds the broker's frame "
+                                               f"limit of {self._frame_max} bytes")
+        call = _Call(None, kind="publish", nbytes=len(data))
+        call.head, call.data = bytes(head), data
         await self._window.acquire(len(data))
         try:
             self._producer_seq += 1
-            msg = w.Publish(topic, group, partition, key, hs, content_type, delay_ms, not_before_ms, ttl_ms,
-                            self._producer_id, self._producer_seq, data)
-            call = _Call(msg, kind="publish", nbytes=len(data))
+            call.seq = self._producer_seq
             while True:
                 conn = await self._acquire()
                 try:
@@ -949,6 +1071,7 @@ class Client:
         return PublishResult(ok.partition, ok.offset, ok.duplicate)
 
     async def _request(self, body: w.Body) -> Any:
+        body.encode()  # checks every field (InvalidArgumentError) before anything happens
         conn = await self._acquire()
         return await self._round_trip(conn, body)
 
@@ -957,6 +1080,14 @@ class Client:
                             max_retries: int = -1, default_ttl_ms: int = 0, lease_ms: int = 0) -> DeclareResult:
         """Creates a queue or changes its settings (section 5.5 of the protocol).
         A connection lost meanwhile raises ConnectionLostError (retryable)."""
+        _check_str("topic", topic)
+        _check_str("group", group)
+        _check_int("partitions", partitions, 0, _U32_MAX)
+        _check_int("dead_letter_mode", dead_letter_mode, DEAD_LETTER_DEFAULT, DEAD_LETTER_QUEUE)
+        _check_str("dead_letter_target", dead_letter_target)
+        _check_int("max_retries", max_retries, -1, _I32_MAX)
+        _check_int("default_ttl_ms", default_ttl_ms, 0, _I64_MAX)
+        _check_int("lease_ms", lease_ms, 0, _I64_MAX)
         ok = await self._request(w.DeclareQueue(topic, group, partitions, dead_letter_mode, dead_letter_target,
                                                 max_retries, default_ttl_ms, lease_ms))
         return DeclareResult(ok.partitions, ok.created)
@@ -974,6 +1105,12 @@ class Client:
                         auto_ack: bool = False) -> Subscription:
         """Subscribes to a queue. The subscription survives reconnects: it is
         kept on a resumed session and made again on a fresh one."""
+        _check_str("topic", topic)
+        _check_str("group", group)
+        _check_int("partition", partition, -1, _I32_MAX)
+        _check_int("prefetch", prefetch, 0, _U32_MAX)
+        if not isinstance(auto_ack, bool):
+            raise InvalidArgumentError("auto_ack", f"want a bool, got {auto_ack!r}")
         s = Subscription(self, topic, group, partition, prefetch, auto_ack)
         while True:
             conn = await self._acquire()
@@ -1002,14 +1139,25 @@ class Client:
         if s._end is not None:
             return
         conn = self._live
-        if conn is not None and s._server_id and not conn.closed:
-            try:
-                await self._round_trip(conn, w.Unsubscribe(s._server_id))
-            except ConnectionLostError:
-                pass  # a resumed session drops it in reconciliation
-            conn.subs.pop(s._server_id, None)
-        s._server_id = 0
+        sid, s._server_id = s._server_id, 0
+        # Ended here first: deliveries that arrive meanwhile are dropped (the
+        # broker takes them back) and a reconnect does not restore it.
         s._finish(UnsubscribedError("sinew: unsubscribed"))
+        if conn is None or not sid or conn.closed:
+            return  # a resumed session drops it in reconciliation
+        # Settles made before this call reach the broker first, so that it
+        # takes back only what is still unsettled. One turn of the loop lets
+        # a settle just scheduled as a task (not awaited) join the queue.
+        await asyncio.sleep(0)
+        if conn.closed:
+            return  # a resumed session drops it in reconciliation
+        self._send_settles(conn)
+        try:
+            await self._round_trip(conn, w.Unsubscribe(sid))
+        except ConnectionLostError:
+            pass  # a resumed session drops it in reconciliation
+        finally:
+            conn.subs.pop(sid, None)
 
     def _sub_closed(self, conn: _Conn, b: w.SubClosed) -> None:
         s = conn.subs.pop(b.sub_id, None)
@@ -1028,6 +1176,7 @@ class Client:
             s._finish(BrokerError(b.code or CODE_INTERNAL, b.message))
 
     async def _settle(self, m: Message, kind: int, delay_ms: int) -> None:
+        _check_int("delay_ms", delay_ms, 0, _I64_MAX)
         if m._settled:
             raise AlreadySettledError("sinew: message already settled" +
                                       (" (auto-ack subscription)" if m._sub.auto_ack else ""))
@@ -1076,27 +1225,31 @@ class Client:
                         if not f.done():
                             f.set_exception(e)
                     continue
-                items, self._settle_q = self._settle_q, []
-                batch_max = conn.hello.limits.settle_batch_max or SETTLE_BATCH_DEFAULT
-                groups: dict[tuple[int, int], list[tuple[Message, asyncio.Future[int]]]] = {}
-                for m, kind, delay, f in items:
-                    if m._epoch != self._epoch:
-                        f.set_exception(StaleDeliveryError("sinew: session was not resumed; the lease is gone"))
-                        continue
-                    groups.setdefault((kind, delay), []).append((m, f))
-                for (kind, delay), group in groups.items():
-                    for i in range(0, len(group), batch_max):
-                        chunk = group[i:i + batch_max]
-                        body = w.Settle([m.tag for m, _ in chunk], delay, [m.lease for m, _ in chunk], kind)
-                        call = _Call(body, kind="settle")
-                        call.fut.add_done_callback(_fan_out([f for _, f in chunk]))
-                        try:
-                            conn.start(call)
-                        except _ConnClosed:
-                            self._orphaned(conn, [call])  # held for the resumed session
+                self._send_settles(conn)
                 await conn.drain()
         finally:
             self._settle_task = None
+
+    def _send_settles(self, conn: _Conn) -> None:
+        """Starts the queued settles on conn, batched by op and delay."""
+        items, self._settle_q = self._settle_q, []
+        batch_max = conn.hello.limits.settle_batch_max or SETTLE_BATCH_DEFAULT
+        groups: dict[tuple[int, int], list[tuple[Message, asyncio.Future[int]]]] = {}
+        for m, kind, delay, f in items:
+            if m._epoch != self._epoch:
+                f.set_exception(StaleDeliveryError("sinew: session was not resumed; the lease is gone"))
+                continue
+            groups.setdefault((kind, delay), []).append((m, f))
+        for (kind, delay), group in groups.items():
+            for i in range(0, len(group), batch_max):
+                chunk = group[i:i + batch_max]
+                body = w.Settle([m.tag for m, _ in chunk], delay, [m.lease for m, _ in chunk], kind)
+                call = _Call(body, kind="settle")
+                call.fut.add_done_callback(_fan_out([f for _, f in chunk]))
+                try:
+                    conn.start(call)
+                except _ConnClosed:
+                    self._orphaned(conn, [call])  # held for the resumed session
 
     async def close(self) -> None:
         """Waits (bounded) for pending confirms and settles, ends the session
@@ -1159,6 +1312,20 @@ async def connect(addr: str, *, client_name: str = "sinew-python", credentials: 
     ``user`` set, that user's password. A wrong one raises ``auth_failed``
     (after the broker's one-second delay) and is not retried.
     """
+    _check_str("addr", addr)
+    for name, v in (("client_name", client_name), ("credentials", credentials), ("user", user)):
+        _check_str(name, v)
+    if reconnect is not None and not isinstance(reconnect, ReconnectPolicy):
+        raise InvalidArgumentError("reconnect", f"want a ReconnectPolicy, got {reconnect!r}")
+    if reconcile not in (RECONCILE_CONSERVATIVE, RECONCILE_RESTORE) or isinstance(reconcile, bool):
+        raise InvalidArgumentError("reconcile", f"want RECONCILE_CONSERVATIVE or RECONCILE_RESTORE, got {reconcile!r}")
+    if ssl is not None and not isinstance(ssl, _ssl.SSLContext):
+        raise InvalidArgumentError("ssl", f"want an ssl.SSLContext, got {ssl!r}")
+    for name, t in (("heartbeat_s", heartbeat_s), ("connect_timeout_s", connect_timeout_s),
+                    ("dial_timeout_s", dial_timeout_s), ("handshake_timeout_s", handshake_timeout_s),
+                    ("drain_timeout_s", drain_timeout_s)):
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not t >= 0 or t == float("inf"):
+            raise InvalidArgumentError(name, f"want a non-negative number of seconds, got {t!r}")
     c = Client(addr, client_name=client_name, credentials=credentials, user=user,
                reconnect=reconnect or ReconnectPolicy(),
                reconcile=reconcile, ssl=ssl, heartbeat_s=heartbeat_s, dial_timeout_s=dial_timeout_s,

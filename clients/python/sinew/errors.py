@@ -11,6 +11,7 @@ later. The hierarchy::
     ├── HeartbeatTimeoutError  nothing arrived for three heartbeat intervals
     ├── ProtocolError          the broker broke the protocol; fatal
     ├── ClientClosedError      the client was closed
+    ├── InvalidArgumentError   an argument refused before anything was sent (also a ValueError)
     ├── SettleError            a settle had no effect
     │   ├── StaleDeliveryError   the lease is no longer held; the message comes back
     │   ├── UnknownTagError      the broker's session never issued the delivery
@@ -123,6 +124,19 @@ class TLSError(SinewError):
 
 class ClientClosedError(SinewError):
     """The client was closed; also the end reason of its subscriptions."""
+
+
+class InvalidArgumentError(SinewError, ValueError):
+    """An argument the client refused before doing anything: a value of the
+    wrong type or out of range (a partition of ``2**31``, a delay of
+    ``500.0``), a header key the broker reserves, or a message larger than
+    the broker's frame limit. Nothing was sent and no state changed: the
+    client carries on. ``argument`` names the argument at fault. Also a
+    :class:`ValueError`."""
+
+    def __init__(self, argument: str, why: str) -> None:
+        self.argument = argument
+        super().__init__(f"sinew: invalid argument {argument}: {why}")
 
 
 class SettleError(SinewError):

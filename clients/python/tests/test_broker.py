@@ -398,13 +398,15 @@ class UserLogin(unittest.IsolatedAsyncioTestCase):
         b = Broker()
         self.addAsyncCleanup(b.close)
         binary = await asyncio.to_thread(broker_binary)
-        await asyncio.to_thread(
-            subprocess.run, [binary, "admin", "user", "add", "alice", "--data-dir", b.data.name,
+        await asyncio.to_thread(lambda: subprocess.run(
+            [binary, "admin", "user", "add", "alice", "--data-dir", b.data.name,
                              # manage: her publish creates the queue "auth"
                              "--publish", "*", "--consume", "*", "--manage", "auth", "--password-stdin"],
-            input=b"correct horse\n", check=True, capture_output=True)
+            input=b"correct horse\n", check=True, capture_output=True))
         addr = await b.start()
-        for kw in ({"user": "alice", "credentials": "wrong horse"}, {"user": "mallory", "credentials": "correct horse"}, {}):
+        logins: tuple[dict[str, Any], ...] = (
+            {"user": "alice", "credentials": "wrong horse"}, {"user": "mallory", "credentials": "correct horse"}, {})
+        for kw in logins:
             rec = Recorder()
             with self.assertRaises(sinew.BrokerError) as cm:
                 await within(sinew.connect(addr, sleep=rec, **kw))
@@ -457,18 +459,18 @@ class MutualTLS(unittest.IsolatedAsyncioTestCase):
         self.addCleanup(d.cleanup)
         binary = await asyncio.to_thread(broker_binary)
         for sub in ("ca", "other"):
-            await asyncio.to_thread(subprocess.run, [binary, "cert", "generate", "--dir", os.path.join(d.name, sub)],
-                                    check=True, capture_output=True)
+            await asyncio.to_thread(lambda: subprocess.run([binary, "cert", "generate", "--dir", os.path.join(d.name, sub)],
+                                    check=True, capture_output=True))
         self.ca, self.other = os.path.join(d.name, "ca"), os.path.join(d.name, "other")
         server = ("--tls-cert-file", os.path.join(self.ca, "server.pem"),
                   "--tls-key-file", os.path.join(self.ca, "server-key.pem"))
         self.mtls = Broker(*server, "--tls-client-ca-file", os.path.join(self.ca, "ca.pem"), "--tls-client-auth", "require")
         self.addAsyncCleanup(self.mtls.close)
-        await asyncio.to_thread(
-            subprocess.run, [binary, "admin", "user", "add", "alice", "--data-dir", self.mtls.data.name,
+        await asyncio.to_thread(lambda: subprocess.run(
+            [binary, "admin", "user", "add", "alice", "--data-dir", self.mtls.data.name,
                              # manage: her publish creates the queue "mtls"
                              "--publish", "*", "--consume", "*", "--manage", "mtls", "--password-stdin"],
-            input=b"correct horse\n", check=True, capture_output=True)
+            input=b"correct horse\n", check=True, capture_output=True))
         self.plain = Broker()
         self.addAsyncCleanup(self.plain.close)
         await self.mtls.start()
@@ -488,7 +490,8 @@ class MutualTLS(unittest.IsolatedAsyncioTestCase):
             self.assertEqual(m.body, b"sealed")
             await m.complete()
         # The right certificate does not stand in for the password.
-        for kw in ({"user": "alice", "credentials": "wrong horse"}, {}):
+        wrong: tuple[dict[str, Any], ...] = ({"user": "alice", "credentials": "wrong horse"}, {})
+        for kw in wrong:
             rec = Recorder()
             with self.assertRaises(sinew.BrokerError) as cm:
                 await within(sinew.connect(self.mtls.addr, ssl=self.ctx(self.ca), sleep=rec, **kw))

@@ -9,6 +9,7 @@ import unittest
 from pathlib import Path
 from typing import Any
 
+import sinew
 from sinew import _wire as w
 from sinew.errors import ProtocolError
 
@@ -60,6 +61,11 @@ class Primitives(unittest.TestCase):
             w.Publish(partition=2**31).encode()
         with self.assertRaises(ValueError):
             w.put_uvarint(bytearray(), -1)
+        # Floats, bools and other types are refused, not coerced.
+        for bad in (w.Subscribe(prefetch=1.0), w.Subscribe(ack_mode=True), w.Subscribe(topic=b"t"),  # type: ignore[arg-type]
+                    w.DeclareQueue(lease_ms=500.0), w.Reconcile(inflight_follows=1)):  # type: ignore[arg-type]
+            with self.subTest(bad), self.assertRaises(sinew.InvalidArgumentError):
+                bad.encode()
 
 
 class Bodies(unittest.TestCase):
@@ -199,6 +205,13 @@ class Vectors(unittest.TestCase):
                 if isinstance(body, w.Settle):
                     body.kind = f.op
                 self.assertEqual(w.encode_frame(body, int(v["request_id"]), v["flags"]).hex(), v["hex"])
+                if isinstance(body, w.Publish):
+                    # The client's publish path: the head encoded once, the
+                    # sequence and body added per send.
+                    head = bytearray()
+                    body.encode_head(head)
+                    frame = w.publish_frame(int(v["request_id"]), bytes(head), body.producer_seq, body.body, v["flags"])
+                    self.assertEqual(frame.hex(), v["hex"])
         self.assertEqual(ops, set(w.OP_NAMES), "the vectors do not cover every op")
 
 

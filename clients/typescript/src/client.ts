@@ -16,7 +16,10 @@ import {
   Op,
   PROTOCOL_VERSION,
   decodeBody,
+  describe,
   encodeFrame,
+  encodePublishFrame,
+  encodePublishHead,
   opName,
   type Body,
   type Frame,
@@ -29,6 +32,7 @@ import {
   Code,
   ConnectionLostError,
   DisconnectedError,
+  InvalidArgumentError,
   ProtocolError,
   SinewError,
   TLSError,
@@ -170,7 +174,10 @@ export interface QueueOptions {
 type Resume = { client_id: string; owner_id: string; token: Uint8Array };
 
 interface PendingPublish {
-  body: Body;
+  /** The encoded fields before producer_seq. */
+  head: Uint8Array;
+  seq: bigint;
+  payload: Uint8Array;
   bytes: number;
   resolve(r: PublishResult): void;
   reject(e: unknown): void;
@@ -275,10 +282,12 @@ class Conn {
     this.sock.write(frame);
   }
 
-  /** Sends a request; the promise settles with its reply. */
+  /** Sends a request; the promise settles with its reply. The frame is
+   * encoded before the request is registered: one that cannot be encoded,
+   * or exceeds the broker's frame limit, rejects and leaves nothing behind. */
   call(
     op: number,
-    body: Body,
+    body: Body | ((requestId: bigint) => Uint8Array),
     lost?: (err: unknown) => void,
     hook?: (op: number, body: Body) => void,
   ): Promise<{ op: number; body: Body }> {
@@ -287,10 +296,25 @@ class Conn {
       (lost ?? d.reject)(this.lostError());
       return d.promise;
     }
-    const id = this.nextId++;
+    const id = this.nextId;
+    let frame: Uint8Array;
+    try {
+      frame = typeof body === "function" ? body(id) : encodeFrame(op, id, body);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    if (frame.length > this.frameMax()) {
+      return Promise.reject(new InvalidArgumentError("body", `a ${opName(op)} frame of ${frame.length} bytes exceeds the broker's frame limit of ${this.frameMax()} bytes`));
+    }
+    this.nextId++;
     this.pending.set(id, { op, resolve: d.resolve, reject: d.reject, lost: lost ?? ((e) => d.reject(e)), hook });
-    this.write(encodeFrame(op, id, body));
+    this.write(frame);
     return d.promise;
+  }
+
+  /** The largest frame the broker takes (HELLO_OK's frame_bytes_max). */
+  frameMax(): number {
+    return (this.hello?.limits?.frame_bytes_max as number | undefined) || FRAME_BYTES_DEFAULT;
   }
 
   lostError(): ConnectionLostError {
@@ -310,7 +334,9 @@ class Conn {
     return this.settleQueue.length;
   }
 
-  private flushSettles(): void {
+  /** Sends the queued settles now (before an UNSUBSCRIBE, so that they
+   * reach the broker first); the scheduled flush then finds nothing. */
+  flushSettles(): void {
     this.settleScheduled = false;
     const q = this.settleQueue;
     this.settleQueue = [];
@@ -452,14 +478,19 @@ export class Client {
   private readonly policy: ReconnectPolicy;
   private readonly sleep: (ms: number, signal?: AbortSignal) => Promise<void>;
   private readonly random: () => number;
+  /** @internal */
   readonly now: () => number;
   private readonly log: (event: string, detail: Record<string, unknown>) => void;
 
   private conn: Conn | null = null;
   private identity: Resume = { client_id: "", owner_id: "", token: new Uint8Array(0) };
+  /** @internal */
   epoch = 0;
   private seq = 0n;
+  /** @internal */
   readonly subs = new Set<Subscription>();
+  /** The broker's frame limit at the last handshake. */
+  private frameMax = FRAME_BYTES_DEFAULT;
   private replay: PendingPublish[] = [];
   private held: SettleReq[] = [];
   private inflight = new Set<PendingPublish>();
@@ -476,6 +507,7 @@ export class Client {
 
   /** @internal Use connect(). */
   constructor(addr: string, o: ConnectOptions) {
+    checkConnectOptions(addr, o);
     this.addr = addr;
     this.o = o;
     this.policy = reconnectPolicy(o.reconnect);
@@ -551,6 +583,7 @@ export class Client {
       this.windowMax = Math.min(this.o.publishWindow || PUBLISH_WINDOW_DEFAULT, hello.limits.publish_inflight_max);
     }
     c.splitter.frameBytesMax = hello.limits.frame_bytes_max || FRAME_BYTES_DEFAULT;
+    this.frameMax = c.frameMax();
     c.startHeartbeat(hello.heartbeat_ms, this.o.heartbeatMs);
     try {
       await this.restore(c, resumed);
@@ -736,9 +769,15 @@ export class Client {
    * producer id and sequence, so the broker stores it once.
    */
   async publish(topic: string, body: Uint8Array | string, opts: PublishOptions = {}): Promise<PublishResult> {
+    // Every argument is checked and encoded before anything changes: a bad
+    // one throws InvalidArgumentError here and leaves no trace.
     const err = this.stateError();
     if (err) throw err;
-    const payload = toBytes(body);
+    const { head, payload } = encodePublish(topic, body, opts, this.producerId);
+    const frameBytes = 16 + head.length + 10 + 10 + payload.length;
+    if (frameBytes > this.frameMax) {
+      throw new InvalidArgumentError("body", `a message of ${payload.length} bytes exceeds the broker's frame limit of ${this.frameMax} bytes`);
+    }
     await this.windowAcquire(payload.length);
     const err2 = this.stateError();
     if (err2) {
@@ -747,25 +786,7 @@ export class Client {
     }
     this.seq++;
     const d = deferred<PublishResult>();
-    const p: PendingPublish = {
-      bytes: payload.length,
-      resolve: d.resolve,
-      reject: d.reject,
-      body: {
-        topic,
-        group: opts.group ?? "",
-        partition: opts.partition ?? -1,
-        key: toBytes(opts.key),
-        headers: Object.entries(opts.headers ?? {}).map(([key, value]) => ({ key, value })),
-        content_type: opts.contentType ?? "",
-        delay_ms: BigInt(opts.delayMs ?? 0),
-        not_before_ms: 0n,
-        ttl_ms: BigInt(opts.ttlMs ?? 0),
-        producer_id: this.producerId,
-        producer_seq: this.seq,
-        body: payload,
-      },
-    };
+    const p: PendingPublish = { head, seq: this.seq, payload, bytes: payload.length, resolve: d.resolve, reject: d.reject };
     this.inflight.add(p);
     const c = this.usable();
     if (c) this.sendPublish(p, c);
@@ -781,7 +802,7 @@ export class Client {
       this.inflight.delete(p);
       this.windowRelease(p.bytes);
     };
-    c.call(Op.PUBLISH, p.body, () => this.holdPublish(p)).then(
+    c.call(Op.PUBLISH, (id) => encodePublishFrame(id, p.head, p.seq, p.payload), () => this.holdPublish(p)).then(
       (r) => {
         if (r.op !== Op.PUBLISH_OK) {
           finish();
@@ -813,7 +834,7 @@ export class Client {
       return;
     }
     let i = this.replay.length;
-    while (i > 0 && (this.replay[i - 1]!.body.producer_seq as bigint) > (p.body.producer_seq as bigint)) i--;
+    while (i > 0 && this.replay[i - 1]!.seq > p.seq) i--;
     this.replay.splice(i, 0, p);
   }
 
@@ -851,16 +872,28 @@ export class Client {
 
   /** Creates a queue or checks an existing one. Resolves with its partition count and whether it was created. */
   async declareQueue(topic: string, opts: QueueOptions = {}): Promise<{ partitions: number; created: boolean }> {
-    const modes = { default: 0, discard: 1, global: 2, queue: 3 } as const;
+    const o = options(opts, "opts");
+    checkString("topic", topic);
+    checkString("opts.group", o.group);
+    checkInt("opts.partitions", o.partitions, 0, 0xffffffff);
+    const modes: Record<string, number> = { default: 0, discard: 1, global: 2, queue: 3 };
+    const mode = modes[o.deadLetter ?? "default"];
+    if (mode === undefined || typeof o.deadLetter !== "string" && o.deadLetter !== undefined) {
+      throw new InvalidArgumentError("opts.deadLetter", `want "default", "discard", "global" or "queue", got ${describe(o.deadLetter)}`);
+    }
+    checkString("opts.deadLetterTarget", o.deadLetterTarget);
+    checkInt("opts.maxRetries", o.maxRetries, -1, 2 ** 31 - 1);
+    checkInt("opts.defaultTtlMs", o.defaultTtlMs, 0, Number.MAX_SAFE_INTEGER);
+    checkInt("opts.leaseMs", o.leaseMs, 0, Number.MAX_SAFE_INTEGER);
     const r = await this.request(Op.DECLARE_QUEUE, {
       topic,
-      group: opts.group ?? "",
-      partitions: opts.partitions ?? 0,
-      dead_letter_mode: modes[opts.deadLetter ?? "default"],
-      dead_letter_target: opts.deadLetterTarget ?? "",
-      max_retries: opts.maxRetries ?? -1,
-      default_ttl_ms: BigInt(opts.defaultTtlMs ?? 0),
-      lease_ms: BigInt(opts.leaseMs ?? 0),
+      group: o.group ?? "",
+      partitions: o.partitions ?? 0,
+      dead_letter_mode: mode,
+      dead_letter_target: o.deadLetterTarget ?? "",
+      max_retries: o.maxRetries ?? -1,
+      default_ttl_ms: BigInt(o.defaultTtlMs ?? 0),
+      lease_ms: BigInt(o.leaseMs ?? 0),
     });
     return { partitions: r.partitions, created: r.created };
   }
@@ -875,8 +908,10 @@ export class Client {
     return (await this.request(Op.PURGE_QUEUE, { topic, group })).purged;
   }
 
-  /** A request that is not sent again after a cut (ConnectionLostError). */
+  /** A request that is not sent again after a cut (ConnectionLostError).
+   * The body is encoded, and so checked, before anything else happens. */
   private async request(op: number, body: Body): Promise<Body> {
+    encodeFrame(op, 0n, body);
     const c = await this.ready();
     return (await c.call(op, body)).body;
   }
@@ -885,7 +920,15 @@ export class Client {
 
   /** Attaches a consumer to a queue. Resolves once the broker accepted it. */
   async subscribe(topic: string, opts: SubscribeOptions = {}): Promise<Subscription> {
-    const s = new Subscription(this, topic, opts);
+    const o = options(opts, "opts");
+    checkString("topic", topic);
+    checkString("opts.group", o.group);
+    checkInt("opts.partition", o.partition, -1, 2 ** 31 - 1);
+    checkInt("opts.prefetch", o.prefetch, 0, 0xffffffff);
+    if (o.autoAck !== undefined && typeof o.autoAck !== "boolean") throw new InvalidArgumentError("opts.autoAck", `want a boolean, got ${describe(o.autoAck)}`);
+    const err = this.stateError();
+    if (err) throw err;
+    const s = new Subscription(this, topic, o);
     this.subs.add(s);
     for (;;) {
       let c: Conn;
@@ -932,6 +975,9 @@ export class Client {
     const id = s.serverId;
     s.end("unsubscribed", null);
     if (!c || id === null) return; // reconciliation drops it on the next connection
+    // Settles made before this call go out first: the broker takes back
+    // only what is still unsettled.
+    c.flushSettles();
     try {
       await c.call(Op.UNSUBSCRIBE, { sub_id: id });
     } catch (e) {
@@ -968,6 +1014,9 @@ export class Client {
 
   /** @internal */
   settle(msg: Message, op: number, delayMs: number): Promise<void> {
+    if (!Number.isSafeInteger(delayMs) || delayMs < 0) {
+      return Promise.reject(new InvalidArgumentError("ms", `want a number of milliseconds from 0 to ${Number.MAX_SAFE_INTEGER}, got ${describe(delayMs)}`));
+    }
     if (msg.settledBy) return Promise.reject(new AlreadySettledError());
     msg.settledBy = op;
     if (msg.sub.autoAck) return Promise.resolve();
@@ -1309,6 +1358,12 @@ export class Subscription implements AsyncIterable<Message> {
     const msg = (cause as Error | null)?.message ?? reason;
     this.endReason = new SubscriptionEndedError(reason, msg, cause ?? undefined);
     this.client.subs.delete(this);
+    if (reason === "unsubscribed") {
+      // The broker takes these back; handing them out would only lead to
+      // settles that fail.
+      for (const m of this.buf) this.held.delete(m.tag);
+      this.buf = [];
+    }
     this.unpause();
     if (this.waiter) {
       const w = this.waiter;
@@ -1336,11 +1391,34 @@ export class Subscription implements AsyncIterable<Message> {
     });
   }
 
+  /**
+   * The subscription as an async iterator. Leaving a `for await` loop early
+   * (`break`, `return`, or an exception in its body) calls the iterator's
+   * `return()`, which ends the subscription like unsubscribe(): the broker
+   * takes back at once, without using a retry, every message of it that was
+   * not settled, including those prefetched and never handed out, so another
+   * consumer gets them now rather than after the lease.
+   */
   [Symbol.asyncIterator](): AsyncIterator<Message> {
-    return { next: () => this.next() };
+    return {
+      next: () => this.next(),
+      return: async () => {
+        try {
+          await this.unsubscribe();
+        } catch {
+          // The subscription has ended here regardless; a failed UNSUBSCRIBE
+          // (the client closed meanwhile, say) leaves the broker to end it
+          // with the session.
+        }
+        return { value: undefined, done: true };
+      },
+    };
   }
 
-  /** Ends the subscription; the broker returns its unsettled messages to the queue. */
+  /** Ends the subscription. Settles already made go out first; the broker
+   * then returns every message of the subscription that is still unsettled
+   * to the queue at once, without using a retry. Messages buffered here and
+   * not yet handed out are dropped (the broker has them back). */
   unsubscribe(): Promise<void> {
     if (this.ended) return Promise.resolve();
     return this.client.unsubscribe(this);
@@ -1408,14 +1486,120 @@ export class Message {
     return this.sub["client"].settle(this, Op.NACK, 0);
   }
 
-  /** Like retry, delivered again no earlier than ms milliseconds from now. */
+  /** Like retry, delivered again no earlier than ms milliseconds from now.
+   * ms is a non-negative number (a fraction of a millisecond is dropped);
+   * anything else rejects with InvalidArgumentError and settles nothing. */
   retryAfter(ms: number): Promise<void> {
-    return this.sub["client"].settle(this, Op.NACK, Math.max(0, Math.floor(ms)));
+    return this.sub["client"].settle(this, Op.NACK, typeof ms === "number" && Number.isFinite(ms) && ms >= 0 ? Math.floor(ms) : ms);
   }
 
   /** Terminal failure (FAIL): the broker dead-letters the message. */
   fail(): Promise<void> {
     return this.sub["client"].settle(this, Op.FAIL, 0);
+  }
+}
+
+// ----- argument checks -----
+// Every public call checks (and encodes) its arguments before it changes any
+// state, so a bad one throws InvalidArgumentError at the call and leaves
+// nothing behind: no request registered, no window slot taken, no sequence
+// number used.
+
+/** An options argument: undefined or an object. */
+function options<T extends object>(v: T | undefined, name: string): Partial<T> {
+  if (v === undefined) return {};
+  if (typeof v !== "object" || v === null || Array.isArray(v)) throw new InvalidArgumentError(name, `want an object, got ${describe(v)}`);
+  return v;
+}
+
+function checkString(name: string, v: unknown): void {
+  if (v !== undefined && typeof v !== "string") throw new InvalidArgumentError(name, `want a string, got ${describe(v)}`);
+}
+
+function checkInt(name: string, v: unknown, min: number, max: number): void {
+  if (v === undefined) return;
+  if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) {
+    throw new InvalidArgumentError(name, `want an integer from ${min} to ${max}, got ${describe(v)}`);
+  }
+}
+
+function checkDuration(name: string, v: unknown): void {
+  if (v !== undefined && (typeof v !== "number" || !Number.isFinite(v) || v < 0)) {
+    throw new InvalidArgumentError(name, `want a non-negative number of milliseconds, got ${describe(v)}`);
+  }
+}
+
+/** Headers per message, as the protocol bounds them. */
+const HEADERS_MAX = 256;
+
+/** Checks a publish and encodes its fields before producer_seq. */
+function encodePublish(topic: string, body: Uint8Array | string, opts: PublishOptions, producerId: string): { head: Uint8Array; payload: Uint8Array } {
+  const o = options(opts, "opts");
+  checkString("topic", topic);
+  if (typeof body !== "string" && !(body instanceof Uint8Array)) throw new InvalidArgumentError("body", `want a Uint8Array or a string, got ${describe(body)}`);
+  checkString("opts.group", o.group);
+  checkInt("opts.partition", o.partition, -1, 2 ** 31 - 1);
+  if (o.key !== undefined && typeof o.key !== "string" && !(o.key instanceof Uint8Array)) {
+    throw new InvalidArgumentError("opts.key", `want a Uint8Array or a string, got ${describe(o.key)}`);
+  }
+  const headers: Array<{ key: string; value: string }> = [];
+  if (o.headers !== undefined) {
+    if (typeof o.headers !== "object" || o.headers === null || Array.isArray(o.headers)) {
+      throw new InvalidArgumentError("opts.headers", `want an object of strings, got ${describe(o.headers)}`);
+    }
+    for (const [key, value] of Object.entries(o.headers)) {
+      if (typeof value !== "string") throw new InvalidArgumentError(`opts.headers[${JSON.stringify(key)}]`, `want a string, got ${describe(value)}`);
+      if (key.startsWith("sinew.")) throw new InvalidArgumentError(`opts.headers[${JSON.stringify(key)}]`, `keys starting with "sinew." are reserved for the broker`);
+      headers.push({ key, value });
+    }
+    if (headers.length > HEADERS_MAX) throw new InvalidArgumentError("opts.headers", `at most ${HEADERS_MAX} headers, got ${headers.length}`);
+  }
+  checkString("opts.contentType", o.contentType);
+  checkInt("opts.delayMs", o.delayMs, 0, Number.MAX_SAFE_INTEGER);
+  checkInt("opts.ttlMs", o.ttlMs, 0, Number.MAX_SAFE_INTEGER);
+  const head = encodePublishHead({
+    topic,
+    group: o.group ?? "",
+    partition: o.partition ?? -1,
+    key: toBytes(o.key),
+    headers,
+    content_type: o.contentType ?? "",
+    delay_ms: o.delayMs ?? 0,
+    not_before_ms: 0,
+    ttl_ms: o.ttlMs ?? 0,
+    producer_id: producerId,
+  });
+  return { head, payload: toBytes(body) };
+}
+
+/** Checks connect's arguments, so that a bad one fails connect() at once
+ * instead of every handshake. */
+function checkConnectOptions(addr: string, opts: ConnectOptions): void {
+  checkString("addr", addr);
+  const o = options(opts, "opts");
+  for (const k of ["clientName", "credentials", "user", "producerId"] as const) checkString(`opts.${k}`, o[k]);
+  if (o.producerId !== undefined && utf8.encode(o.producerId).length > 255) {
+    throw new InvalidArgumentError("opts.producerId", "at most 255 bytes");
+  }
+  if (o.reconcilePolicy !== undefined && o.reconcilePolicy !== "restore" && o.reconcilePolicy !== "conservative") {
+    throw new InvalidArgumentError("opts.reconcilePolicy", `want "restore" or "conservative", got ${describe(o.reconcilePolicy)}`);
+  }
+  checkInt("opts.publishWindow", o.publishWindow, 0, 0xffffffff);
+  if (o.reconnect !== undefined) {
+    const r = options(o.reconnect, "opts.reconnect");
+    for (const [k, v] of Object.entries(r)) {
+      if (v !== undefined && (typeof v !== "number" || Number.isNaN(v))) throw new InvalidArgumentError(`opts.reconnect.${k}`, `want a number, got ${describe(v)}`);
+    }
+  }
+  if (o.tls !== undefined && o.tls !== true && (typeof o.tls !== "object" || o.tls === null)) {
+    throw new InvalidArgumentError("opts.tls", `want true or an object, got ${describe(o.tls)}`);
+  }
+  if (o.signal !== undefined && !(o.signal instanceof AbortSignal)) throw new InvalidArgumentError("opts.signal", `want an AbortSignal, got ${describe(o.signal)}`);
+  for (const k of ["sleep", "random", "now", "log"] as const) {
+    if (o[k] !== undefined && typeof o[k] !== "function") throw new InvalidArgumentError(`opts.${k}`, `want a function, got ${describe(o[k])}`);
+  }
+  for (const k of ["connectTimeoutMs", "dialTimeoutMs", "handshakeTimeoutMs", "drainTimeoutMs", "heartbeatMs"] as const) {
+    checkDuration(`opts.${k}`, o[k]);
   }
 }
 

@@ -9,20 +9,20 @@
 // bigint; u8, u16, u32, i32 and error codes are number; bool is boolean;
 // string is string; bytes is Uint8Array; lists are arrays; records are objects.
 
-import { SinewError } from "./errors.js";
+import { InvalidArgumentError, SinewError } from "./errors.js";
 
-/** Protocol version this codec speaks. */
+/** Protocol version this codec speaks. @internal */
 export const PROTOCOL_VERSION = 1;
-/** Bytes of the length prefix. */
+/** Bytes of the length prefix. @internal */
 export const LENGTH_BYTES = 4;
-/** Bytes of the fixed header after the length prefix. */
+/** Bytes of the fixed header after the length prefix. @internal */
 export const HEADER_BYTES = 12;
-/** Frame limit until HELLO_OK announces another. */
+/** Frame limit until HELLO_OK announces another. @internal */
 export const FRAME_BYTES_DEFAULT = 1 << 20;
-/** Header flag: the sender wants no reply. */
+/** Header flag: the sender wants no reply. @internal */
 export const FLAG_NO_REPLY = 0x0001;
 
-/** Op codes of protocol version 1. */
+/** Op codes of protocol version 1. @internal */
 export const Op = {
   HELLO: 0x01,
   HELLO_OK: 0x02,
@@ -56,7 +56,7 @@ export const Op = {
   METADATA_RESULT: 0x51,
 } as const;
 
-/** Name of an op code, as in docs/protocol.md section 4. */
+/** Name of an op code, as in docs/protocol.md section 4. @internal */
 export function opName(op: number): string {
   for (const [k, v] of Object.entries(Op)) if (v === op) return k;
   return `OP_0x${op.toString(16).padStart(2, "0")}`;
@@ -68,7 +68,7 @@ export function opName(op: number): string {
 const LIST_ITEMS_MAX = 1 << 16;
 const HEADERS_MAX = 256;
 
-/** A wire type in a schema. */
+/** A wire type in a schema. @internal */
 export type WireType =
   | "uvarint"
   | "varint"
@@ -84,7 +84,7 @@ export type WireType =
   | { record: Schema };
 
 /** A body layout: fields in wire order. `opt` marks the first of the fields
- * appended to the body later; a decoder reads them only when bytes remain. */
+ * appended to the body later; a decoder reads them only when bytes remain. @internal */
 export type Schema = ReadonlyArray<readonly [string, WireType] | readonly [string, WireType, "opt"]>;
 
 const resume: Schema = [
@@ -117,7 +117,7 @@ const settle: Schema = [
   ["leases", { list: { record: leaseRef } }, "opt"],
 ];
 
-/** Body schema of every op. */
+/** Body schema of every op. @internal */
 export const schemas: Record<number, Schema> = {
   [Op.HELLO]: [
     ["protocol_version", "u16"],
@@ -309,11 +309,11 @@ export const schemas: Record<number, Schema> = {
   ],
 };
 
-/** A decoded or to-be-encoded body: field name to value. */
+/** A decoded or to-be-encoded body: field name to value. @internal */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 export type Body = Record<string, any>;
 
-/** A decoded frame. */
+/** A decoded frame. @internal */
 export interface Frame {
   version: number;
   op: number;
@@ -380,6 +380,12 @@ class Writer {
     const x = BigInt.asIntN(64, BigInt(v));
     this.uvarint(BigInt.asUintN(64, (x << 1n) ^ (x >> 63n)));
   }
+  /** Bytes as they are, without a length. */
+  bytesRaw(b: Uint8Array): void {
+    this.room(b.length);
+    this.buf.set(b, this.n);
+    this.n += b.length;
+  }
   raw(b: Uint8Array): void {
     this.uvarint(b.length);
     this.room(b.length);
@@ -391,42 +397,88 @@ class Writer {
 const utf8 = new TextEncoder();
 const utf8Strict = new TextDecoder("utf-8", { fatal: true });
 
+/** The value of a field that cannot be encoded: refused, never truncated. */
+function unencodable(field: string, want: string, v: unknown): InvalidArgumentError {
+  return new InvalidArgumentError(field, `want ${want}, got ${describe(v)}`);
+}
+
+/** A short description of a value for error messages. @internal */
+export function describe(v: unknown): string {
+  if (typeof v === "bigint") return `${v}n`;
+  if (typeof v === "string") return JSON.stringify(v.length > 40 ? v.slice(0, 40) + "…" : v);
+  if (typeof v === "number" || typeof v === "boolean" || v === undefined || v === null) return String(v);
+  if (v instanceof Uint8Array) return `${v.constructor.name}(${v.length})`;
+  if (Array.isArray(v)) return "an array";
+  return typeof v === "object" ? (v.constructor?.name ?? "an object") : typeof v;
+}
+
+const U64_MAX = (1n << 64n) - 1n;
+const I64_MIN = -(1n << 63n);
+const I64_MAX = (1n << 63n) - 1n;
+
+/** An unsigned integer field of at most max (a number), checked. */
+function uint(field: string, v: unknown, max: number): number {
+  if (v === undefined) return 0;
+  if (typeof v !== "number" || !Number.isInteger(v) || v < 0 || v > max) throw unencodable(field, `an integer from 0 to ${max}`, v);
+  return v;
+}
+
 function encodeValue(w: Writer, t: WireType, v: unknown, field: string): void {
   if (typeof t === "object") {
     if ("list" in t) {
+      if (v !== undefined && !Array.isArray(v)) throw unencodable(field, "a list", v);
       const items = (v ?? []) as unknown[];
+      if (items.length > (t.max ?? LIST_ITEMS_MAX)) throw new InvalidArgumentError(field, `at most ${t.max ?? LIST_ITEMS_MAX} items, got ${items.length}`);
       w.uvarint(items.length);
       for (const it of items) encodeValue(w, t.list, it, field);
     } else {
+      if (v !== undefined && (typeof v !== "object" || v === null)) throw unencodable(field, "a record", v);
       encodeFields(w, t.record, (v ?? {}) as Body);
     }
     return;
   }
   switch (t) {
     case "uvarint":
-      w.uvarint((v ?? 0n) as bigint);
+      if (v === undefined) v = 0;
+      if (typeof v === "bigint" ? v < 0n || v > U64_MAX : typeof v !== "number" || !Number.isSafeInteger(v) || v < 0) {
+        throw unencodable(field, "an unsigned 64-bit integer", v);
+      }
+      w.uvarint(v as bigint | number);
       return;
     case "varint":
-      w.varint((v ?? 0n) as bigint);
+      if (v === undefined) v = 0;
+      if (typeof v === "bigint" ? v < I64_MIN || v > I64_MAX : typeof v !== "number" || !Number.isSafeInteger(v)) {
+        throw unencodable(field, "a signed 64-bit integer", v);
+      }
+      w.varint(v as bigint | number);
       return;
     case "u16":
-    case "u32":
     case "code":
-      w.uvarint(Number(v ?? 0));
+      w.uvarint(uint(field, v, 0xffff));
+      return;
+    case "u32":
+      w.uvarint(uint(field, v, 0xffffffff));
       return;
     case "i32":
-      w.varint(Number(v ?? 0));
+      if (v === undefined) v = 0;
+      if (typeof v !== "number" || !Number.isInteger(v) || v < -(2 ** 31) || v > 2 ** 31 - 1) {
+        throw unencodable(field, "an integer from -2147483648 to 2147483647", v);
+      }
+      w.varint(v);
       return;
     case "u8":
-      w.u8(Number(v ?? 0));
+      w.u8(uint(field, v, 0xff));
       return;
     case "bool":
+      if (v !== undefined && typeof v !== "boolean") throw unencodable(field, "a boolean", v);
       w.u8(v ? 1 : 0);
       return;
     case "string":
+      if (v !== undefined && typeof v !== "string") throw unencodable(field, "a string", v);
       w.raw(utf8.encode((v ?? "") as string));
       return;
     case "bytes":
+      if (v !== undefined && !(v instanceof Uint8Array)) throw unencodable(field, "a Uint8Array", v);
       w.raw((v ?? new Uint8Array(0)) as Uint8Array);
       return;
   }
@@ -437,7 +489,7 @@ function encodeFields(w: Writer, schema: Schema, body: Body): void {
   for (const [name, t] of schema) encodeValue(w, t, body[name], name);
 }
 
-/** Encodes a complete frame: length prefix, header and body. */
+/** Encodes a complete frame: length prefix, header and body. @internal */
 export function encodeFrame(op: number, requestId: bigint, body: Body, flags = 0): Uint8Array {
   const schema = schemas[op];
   if (!schema) throw new Error(`codec: no schema for op 0x${op.toString(16)}`);
@@ -449,6 +501,35 @@ export function encodeFrame(op: number, requestId: bigint, body: Body, flags = 0
   dv.setUint32(0, w.n - LENGTH_BYTES);
   out[4] = PROTOCOL_VERSION;
   out[5] = op;
+  dv.setUint16(6, flags);
+  dv.setBigUint64(8, BigInt.asUintN(64, requestId));
+  return out;
+}
+
+/** The fields of a PUBLISH body before producer_seq, encoded (and so
+ * checked) once: the sequence is assigned later, when the publish gets its
+ * place in the window, and a resend reuses these bytes. @internal */
+export function encodePublishHead(body: Body): Uint8Array {
+  const w = new Writer(64);
+  encodeFields(w, PUBLISH_HEAD, body);
+  return w.buf.slice(0, w.n);
+}
+
+const PUBLISH_HEAD: Schema = schemas[Op.PUBLISH]!.slice(0, -2);
+
+/** A PUBLISH frame from its encoded head, sequence and body; the same bytes
+ * encodeFrame makes of the whole body. @internal */
+export function encodePublishFrame(requestId: bigint, head: Uint8Array, seq: bigint, payload: Uint8Array, flags = 0): Uint8Array {
+  const w = new Writer(LENGTH_BYTES + HEADER_BYTES + head.length + payload.length + 20);
+  w.n = LENGTH_BYTES + HEADER_BYTES;
+  w.bytesRaw(head);
+  w.uvarint(seq);
+  w.raw(payload);
+  const out = w.buf.subarray(0, w.n);
+  const dv = new DataView(out.buffer, out.byteOffset, out.byteLength);
+  dv.setUint32(0, w.n - LENGTH_BYTES);
+  out[4] = PROTOCOL_VERSION;
+  out[5] = Op.PUBLISH;
   dv.setUint16(6, flags);
   dv.setBigUint64(8, BigInt.asUintN(64, requestId));
   return out;
@@ -605,7 +686,7 @@ function decodeFields(r: Reader, schema: Schema): Body {
 }
 
 /** Decodes a frame's body by its op code. Bytes after the known fields are
- * ignored (a newer peer's appended fields). */
+ * ignored (a newer peer's appended fields). @internal */
 export function decodeBody(op: number, body: Uint8Array): Body {
   const schema = schemas[op];
   if (!schema) throw new UnknownOpError(op);
@@ -627,7 +708,7 @@ export class UnknownOpError extends SinewError {
   }
 }
 
-/** Frame header fields of a raw frame (length prefix included). */
+/** Frame header fields of a raw frame (length prefix included). @internal */
 export function parseFrame(frame: Uint8Array): Frame {
   if (frame.length < LENGTH_BYTES + HEADER_BYTES) throw new DecodeError("frame shorter than header");
   const dv = new DataView(frame.buffer, frame.byteOffset, frame.byteLength);
@@ -646,6 +727,7 @@ export function parseFrame(frame: Uint8Array): Frame {
  * FrameSplitter turns a byte stream into frames. It checks each length prefix
  * against the frame limit before buffering the body, so a peer cannot make it
  * hold more than one frame's worth of bytes.
+ * @internal
  */
 export class FrameSplitter {
   private chunks: Uint8Array[] = [];

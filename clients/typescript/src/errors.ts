@@ -32,7 +32,7 @@ export const CODES: ReadonlyArray<readonly [code: number, name: string, retryabl
   [25, "fenced", true],
 ];
 
-/** Named error codes used by the client. */
+/** Named error codes used by the client. @internal */
 export const Code = {
   OK: 0,
   BAD_FRAME: 1,
@@ -53,7 +53,7 @@ export function codeName(code: number): string {
   return CODES.find((c) => c[0] === code)?.[1] ?? `code_${code}`;
 }
 
-/** Whether a request refused with this code may succeed if sent again later. */
+/** Whether a request refused with this code may succeed if sent again later. @internal */
 export function codeRetryable(code: number): boolean {
   return CODES.find((c) => c[0] === code)?.[2] ?? false;
 }
@@ -81,6 +81,21 @@ export class BrokerError extends SinewError {
     super(message ? `broker: ${codeName(code)}: ${message}` : `broker: ${codeName(code)}`, codeRetryable(code));
     this.code = code;
     this.codeName = codeName(code);
+  }
+}
+
+/** An argument the client refused before doing anything: a value of the
+ * wrong type or out of range (say a partition of 0.5 or 2^31, a delay of
+ * 1.5 ms), a header key the broker reserves, or a message larger than the
+ * broker's frame limit. Nothing was sent and no state changed: the client
+ * carries on, and the call may be made again with a good value. */
+export class InvalidArgumentError extends SinewError {
+  override name = "InvalidArgumentError";
+  /** The argument or option at fault, e.g. "partition" or "opts.delayMs". */
+  readonly argument: string;
+  constructor(argument: string, why: string) {
+    super(`invalid argument ${argument}: ${why}`, false);
+    this.argument = argument;
   }
 }
 

@@ -7,6 +7,7 @@ export {
   SinewError,
   BrokerError,
   ClientClosedError,
+  InvalidArgumentError,
   DisconnectedError,
   ConnectionLostError,
   ProtocolError,

@@ -4,7 +4,7 @@ import { test } from "node:test";
 import { strict as assert } from "node:assert";
 import { readFileSync } from "node:fs";
 import { backoffDelay, RECONNECT_DEFAULTS } from "../src/backoff.js";
-import { CODES, isRetryable, BrokerError } from "../src/errors.js";
+import { CODES, isRetryable, BrokerError, InvalidArgumentError } from "../src/errors.js";
 import { FrameSplitter, encodeFrame, Op } from "../src/codec.js";
 
 test("backoff: 100 ms doubling to 30 s, ±10 % jitter", () => {
@@ -41,4 +41,24 @@ test("frame splitter: frames split across chunks, limit checked before buffering
   assert.deepEqual(got.map((f) => [f.op, f.requestId]), [[Op.PUBLISH_OK, 7n], [Op.PING, 8n]]);
   const small = new FrameSplitter(64);
   assert.throws(() => small.push(new Uint8Array([0, 0, 1, 0])), /exceeds limit/);
+});
+
+test("the encoder refuses values it cannot encode exactly, naming the field", () => {
+  const bad: Array<[number, Record<string, unknown>, string]> = [
+    [Op.PUBLISH, { partition: 0.5 }, "partition"],
+    [Op.PUBLISH, { partition: 2 ** 31 }, "partition"],
+    [Op.PUBLISH, { delay_ms: 1.5 }, "delay_ms"],
+    [Op.PUBLISH, { ttl_ms: Number.MAX_SAFE_INTEGER + 2 }, "ttl_ms"],
+    [Op.PUBLISH, { topic: 5 }, "topic"],
+    [Op.PUBLISH, { key: "k" }, "key"],
+    [Op.SUBSCRIBE, { prefetch: -1 }, "prefetch"],
+    [Op.SUBSCRIBE, { ack_mode: 256 }, "ack_mode"],
+    [Op.UNSUBSCRIBE, { sub_id: -1n }, "sub_id"],
+    [Op.UNSUBSCRIBE, { sub_id: 1n << 64n }, "sub_id"],
+    [Op.RECONCILE, { inflight_follows: 1 }, "inflight_follows"],
+  ];
+  for (const [op, body, field] of bad) {
+    assert.throws(() => encodeFrame(op, 1n, body), (e: unknown) => e instanceof InvalidArgumentError && e.argument === field, `${field}: ${String(body[field])}`);
+  }
+  assert.doesNotThrow(() => encodeFrame(Op.PUBLISH, 1n, { partition: 2 ** 31 - 1, delay_ms: 0, ttl_ms: 5n }));
 });

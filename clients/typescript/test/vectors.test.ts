@@ -3,7 +3,7 @@
 import { test } from "node:test";
 import { strict as assert } from "node:assert";
 import { readFileSync } from "node:fs";
-import { DecodeError, decodeBody, encodeFrame, parseFrame, schemas, type Schema, type WireType } from "../src/codec.js";
+import { DecodeError, Op, decodeBody, encodeFrame, encodePublishFrame, encodePublishHead, parseFrame, schemas, type Schema, type WireType } from "../src/codec.js";
 import { codeName } from "../src/errors.js";
 
 interface Vector {
@@ -100,5 +100,11 @@ for (const v of vectors) {
     const again = encodeFrame(f.op, f.requestId, fieldsFromJSON(schema, v.fields!), f.flags);
     if (v.decode_only) assert.notEqual(hex(again), v.hex);
     else assert.equal(hex(again), v.hex);
+    if (f.op === Op.PUBLISH && !v.decode_only) {
+      // The client's publish path: the head encoded once, the sequence and body added per send.
+      const b = fieldsFromJSON(schema, v.fields!);
+      const viaHead = encodePublishFrame(f.requestId, encodePublishHead(b), b.producer_seq as bigint, b.body as Uint8Array, f.flags);
+      assert.equal(hex(viaHead), v.hex);
+    }
   });
 }
