@@ -576,6 +576,7 @@ func adminGate(cfg settings.Config, users *auth.Users, logger *slog.Logger) (*ad
 	}
 	return &admin.Gate{
 		Anonymous: func() bool { return auth.AnonymousAllowed(cfg.Auth.AllowAnonymous, loopback, configured()) },
+		Loopback:  loopback,
 		Users:     users,
 		Tokens:    tokens,
 		Logger:    logger.With("component", "admin"),

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -73,6 +74,14 @@ type Gate struct {
 	// runs (sinew serve passes auth.AnonymousAllowed for the admin
 	// listener). Nil means never.
 	Anonymous func() bool
+	// Loopback says the listener is bound to loopback addresses only.
+	// While such a listener serves requests without credentials, it
+	// answers only requests whose Host header names the local host
+	// (LoopbackHost): a web page the operator opens can make the browser
+	// send requests to the listener under a name it controls (DNS
+	// rebinding), and the browser's same-origin checks then let the page
+	// read the answers. A name the page controls is never a loopback name.
+	Loopback bool
 	// Users checks basic auth; nil refuses every user name.
 	Users *auth.Users
 	// Tokens are the bearer tokens accepted (auth.tokens).
@@ -90,6 +99,7 @@ type Gate struct {
 	missing  atomic.Uint64 // 401: no credentials where they are required
 	failed   atomic.Uint64 // 401: wrong credentials
 	denied   atomic.Uint64 // 403: valid, but not an administrator
+	host     atomic.Uint64 // 403: foreign Host on an open loopback listener
 	busy     atomic.Uint64 // 429: authCheckingMax requests were being checked
 }
 
@@ -99,11 +109,12 @@ type GateStats struct {
 	Failed  uint64 // wrong or malformed credentials (401, after the delay)
 	Denied  uint64 // valid credentials of a user who may not administer (403)
 	Busy    uint64 // too many credential checks at once (429)
+	Host    uint64 // a Host that is not loopback on an open loopback listener (403)
 }
 
 // Stats returns the gate's counters.
 func (g *Gate) Stats() GateStats {
-	return GateStats{Missing: g.missing.Load(), Failed: g.failed.Load(), Denied: g.denied.Load(), Busy: g.busy.Load()}
+	return GateStats{Missing: g.missing.Load(), Failed: g.failed.Load(), Denied: g.denied.Load(), Busy: g.busy.Load(), Host: g.host.Load()}
 }
 
 type principalKey struct{}
@@ -135,16 +146,31 @@ func (g *Gate) anonymous() bool { return g.Anonymous != nil && g.Anonymous() }
 // Wrap returns h behind the gate.
 func (g *Gate) Wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		open := g.anonymous()
+		foreign := open && g.Loopback && !LoopbackHost(r.Host)
 		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
-			if !g.anonymous() {
+			// Probes are answered whatever Host they name: they say only
+			// whether the process is up and ready. The problem lines name
+			// queues, so a foreign Host does not get them.
+			if !open || foreign {
 				r = r.WithContext(context.WithValue(r.Context(), hideProblemsKey{}, true))
 			}
 			h.ServeHTTP(w, r)
 			return
 		}
+		if foreign {
+			g.host.Add(1)
+			g.logger().Warn("admin request refused: Host is not a loopback name", "remote", r.RemoteAddr,
+				"host", truncate(r.Host, logUserBytesMax), "method", r.Method, "path", r.URL.Path)
+			writeError(w, http.StatusForbidden, "forbidden_host", fmt.Sprintf(
+				"Host %q is not localhost, 127.0.0.1 or [::1]: this admin listener serves requests without credentials, "+
+					"so it answers only requests addressed to the local host by a loopback name (a guard against DNS rebinding); "+
+					"connect to http://127.0.0.1:PORT/ or configure a user or auth.tokens", truncate(r.Host, logUserBytesMax)))
+			return
+		}
 		hdr := r.Header.Get("Authorization")
 		if hdr == "" {
-			if g.anonymous() {
+			if open {
 				h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, auth.Anonymous())))
 				return
 			}
@@ -247,6 +273,62 @@ func (g *Gate) verify(hdr string) (p auth.Principal, user, reason string) {
 		return auth.TokenPrincipal(match), "", ""
 	}
 	return p, "", "unsupported authorization scheme"
+}
+
+// LoopbackHost reports whether host, an HTTP Host header, names the local
+// host by a loopback name: "localhost", an IPv4 address in 127.0.0.0/8 or
+// "[::1]", each with or without a numeric port, "localhost" in any case. A
+// DNS name other than localhost never counts, even one that resolves to
+// 127.0.0.1 now: resolution is what a rebinding attacker controls.
+func LoopbackHost(host string) bool {
+	h := host
+	if strings.HasPrefix(h, "[") {
+		end := strings.IndexByte(h, ']')
+		if end < 0 {
+			return false
+		}
+		if rest := h[end+1:]; rest != "" {
+			port, ok := strings.CutPrefix(rest, ":")
+			if !ok || !validPort(port) {
+				return false
+			}
+		}
+		ip, err := netip.ParseAddr(h[1:end])
+		return err == nil && ip.Is6() && ip.Zone() == "" && ip.Unmap().IsLoopback()
+	}
+	if name, port, ok := strings.Cut(h, ":"); ok {
+		if !validPort(port) {
+			return false
+		}
+		h = name
+	}
+	if strings.EqualFold(h, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(h)
+	return err == nil && ip.Is4() && ip.IsLoopback()
+}
+
+// validPort reports whether p is a decimal TCP port, 0 to 65535.
+func validPort(p string) bool {
+	if p == "" || len(p) > 5 {
+		return false
+	}
+	n := 0
+	for i := 0; i < len(p); i++ {
+		if p[i] < '0' || p[i] > '9' {
+			return false
+		}
+		n = n*10 + int(p[i]-'0')
+	}
+	return n <= 65535
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
 }
 
 func (g *Gate) challenge(w http.ResponseWriter, msg string) {

@@ -338,3 +338,87 @@ func TestGateLaneFreedAfterCheck(t *testing.T) {
 		synctest.Wait()
 	})
 }
+
+// A loopback listener that serves requests without credentials answers only
+// requests addressed to a loopback name: any other Host, as a page that
+// rebinds its own name to 127.0.0.1 would send, gets 403 on every path but
+// the probes, whose /readyz then leaves out its problem lines.
+func TestGateForeignHost(t *testing.T) {
+	problem := `queue "secret-orders" group "" partition 0 quarantined: bad crc`
+	fx := newGateFixture(t, []string{problem})
+	fx.anon = true
+	fx.gate.Loopback = true
+	get := func(host, path string, hdr ...string) *http.Response {
+		req := httptest.NewRequest("GET", path, nil)
+		req.Host = host
+		if len(hdr) > 0 {
+			req.Header.Set("Authorization", hdr[0])
+		}
+		rec := httptest.NewRecorder()
+		fx.h.ServeHTTP(rec, req)
+		return rec.Result()
+	}
+	for _, host := range []string{"attacker.example", "attacker.example:7655", "localhost.attacker.example", "127.0.0.1.nip.io:7655", "", "10.0.0.1:7655"} {
+		for _, path := range []string{"/api/v1/version", "/api/v1/users", "/metrics", "/", "/api/v1/queues"} {
+			res := get(host, path)
+			body, _ := io.ReadAll(res.Body)
+			if res.StatusCode != http.StatusForbidden || !strings.Contains(string(body), "forbidden_host") ||
+				!strings.Contains(string(body), "DNS rebinding") {
+				t.Fatalf("Host %q %s: %d %s", host, path, res.StatusCode, body)
+			}
+		}
+		// Credentials do not open a foreign name either: the guard is the
+		// listener's, not the request's.
+		if res := get(host, "/api/v1/version", "Bearer "+adminToken); res.StatusCode != http.StatusForbidden {
+			t.Fatalf("Host %q with a token: %d", host, res.StatusCode)
+		}
+		if res := get(host, "/healthz"); res.StatusCode != http.StatusOK {
+			t.Fatalf("Host %q /healthz: %d", host, res.StatusCode)
+		}
+		res := get(host, "/readyz")
+		body, _ := io.ReadAll(res.Body)
+		if res.StatusCode != http.StatusServiceUnavailable || string(body) != "not ready: 1 problem(s)\n" {
+			t.Fatalf("Host %q /readyz: %d %q", host, res.StatusCode, body)
+		}
+	}
+	if !strings.Contains(fx.log.String(), "Host is not a loopback name") {
+		t.Fatalf("refusal not logged:\n%s", fx.log)
+	}
+	for _, host := range []string{"localhost", "localhost:7655", "LOCALHOST:1", "127.0.0.1", "127.0.0.1:7655", "127.9.8.7:80", "[::1]", "[::1]:7655"} {
+		if res := get(host, "/api/v1/version"); res.StatusCode != http.StatusOK {
+			t.Fatalf("Host %q: %d", host, res.StatusCode)
+		}
+		res := get(host, "/readyz")
+		body, _ := io.ReadAll(res.Body)
+		if !strings.Contains(string(body), problem) {
+			t.Fatalf("Host %q /readyz: %q", host, body)
+		}
+	}
+	// Once credentials are required, the Host no longer matters: a page
+	// cannot send the operator's credentials to a name of its own.
+	fx.anon = false
+	if res := get("broker.example:7655", "/api/v1/version", "Bearer "+adminToken); res.StatusCode != http.StatusOK {
+		t.Fatalf("foreign Host with credentials required: %d", res.StatusCode)
+	}
+	// A listener that is not loopback (auth.allow_anonymous on a public
+	// address) cannot know its names and does not check them.
+	fx.anon, fx.gate.Loopback = true, false
+	if res := get("broker.example:7655", "/api/v1/version"); res.StatusCode != http.StatusOK {
+		t.Fatalf("non-loopback listener: %d", res.StatusCode)
+	}
+}
+
+func TestLoopbackHost(t *testing.T) {
+	for host, want := range map[string]bool{
+		"localhost": true, "LocalHost:7655": true, "127.0.0.1": true, "127.0.0.1:0": true, "127.255.255.254:65535": true,
+		"[::1]": true, "[::1]:7655": true, "[::ffff:127.0.0.1]:1": true,
+		"": false, "localhost:": false, "localhost:65536": false, "localhost:x": false, "localhost.": false,
+		"foo.localhost": false, "attacker.example": false, "128.0.0.1": false, "0.0.0.0": false, "::1": false,
+		"[::1": false, "[::1]x": false, "[::1]:": false, "[fe80::1%lo]": false, "[::2]": false, "127.1": false,
+		"127.0.0.1:80:80": false, "[127.0.0.1]": false, "2130706433": false, "0x7f000001": false,
+	} {
+		if got := LoopbackHost(host); got != want {
+			t.Errorf("LoopbackHost(%q) = %v, want %v", host, got, want)
+		}
+	}
+}
