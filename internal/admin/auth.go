@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -178,34 +179,37 @@ func (g *Gate) Wrap(h http.Handler) http.Handler {
 			g.challenge(w, "credentials required: HTTP basic auth (a user) or a bearer token (auth.tokens)")
 			return
 		}
-		// A password check costs an argon2id hash: one at a time per client
-		// address, held through the failure delay, so one address guesses
-		// at most once per delay.
-		// The lane is let go once the check is done (after the delay when it
-		// failed), not when the request is: a slow request does not hold up
-		// the next login from its address.
-		release := func() {}
-		if isBasic(hdr) {
-			ctx, cancel := context.WithTimeout(r.Context(), laneWaitMs*time.Millisecond)
-			rel, err := g.lanes.Acquire(ctx, remoteIP(r.RemoteAddr))
-			cancel()
-			if err != nil {
-				g.busy.Add(1)
-				w.Header().Set("Retry-After", "1")
-				writeError(w, http.StatusTooManyRequests, "too_many_requests", "too many authentications from this address in progress; retry later")
-				return
-			}
-			release = rel
+		// Credential checks run one at a time per client address, a failed
+		// one holding the address through its failure delay, so one address
+		// guesses at most once per delay: a password check costs an
+		// argon2id hash, and a token check, cheap as it is, must cost a
+		// guesser as much. The lane is let go once the check is done (after
+		// the delay when it failed), not when the request is: a slow request
+		// does not hold up the next login from its address. The lane and a
+		// hash slot are waited for laneWaitMs in all, then 429.
+		ctx, cancel := context.WithTimeout(r.Context(), laneWaitMs*time.Millisecond)
+		defer cancel()
+		release, err := g.lanes.Acquire(ctx, remoteIP(r.RemoteAddr))
+		if err != nil {
+			g.tooBusy(w, "too many authentications from this address in progress; retry later")
+			return
 		}
 		if g.checking.Add(1) > authCheckingMax {
 			release()
 			g.checking.Add(-1)
-			g.busy.Add(1)
-			w.Header().Set("Retry-After", "1")
-			writeError(w, http.StatusTooManyRequests, "too_many_requests", "too many authentications in progress; retry later")
+			g.tooBusy(w, "too many authentications in progress; retry later")
 			return
 		}
-		p, user, reason := g.verify(hdr)
+		p, user, reason, err := g.verify(ctx, remoteIP(r.RemoteAddr), hdr)
+		if err != nil {
+			// No hash slot came free in time: nothing was checked, so this
+			// is no failed login and waits no delay.
+			g.checking.Add(-1)
+			release()
+			g.logger().Warn("admin login not checked: no password hash slot free in time", "remote", r.RemoteAddr, "user", user)
+			g.tooBusy(w, "the broker is busy checking other logins; retry later")
+			return
+		}
 		if reason != "" {
 			g.failed.Add(1)
 			g.logger().Warn("admin authentication failed", "remote", r.RemoteAddr, "user", user, "reason", reason,
@@ -228,11 +232,13 @@ func (g *Gate) Wrap(h http.Handler) http.Handler {
 	})
 }
 
-// verify checks an Authorization header. It returns the principal, or the
-// user name offered (bounded, for the log) and why it was refused.
-func (g *Gate) verify(hdr string) (p auth.Principal, user, reason string) {
+// verify checks an Authorization header from client address source. It
+// returns the principal, or the user name offered (bounded, for the log)
+// and why it was refused; err (wrapping auth.ErrBusy) when ctx ended before
+// a password could be checked.
+func (g *Gate) verify(ctx context.Context, source, hdr string) (p auth.Principal, user, reason string, err error) {
 	if len(hdr) > authHeaderBytesMax {
-		return p, "", "authorization header too long"
+		return p, "", "authorization header too long", nil
 	}
 	scheme, cred, _ := strings.Cut(hdr, " ")
 	cred = strings.TrimSpace(cred)
@@ -240,7 +246,7 @@ func (g *Gate) verify(hdr string) (p auth.Principal, user, reason string) {
 	case strings.EqualFold(scheme, "Basic"):
 		raw, err := base64.StdEncoding.DecodeString(cred)
 		if err != nil {
-			return p, "", "basic credentials are not base64"
+			return p, "", "basic credentials are not base64", nil
 		}
 		name, password, ok := strings.Cut(string(raw), ":")
 		user = name
@@ -248,16 +254,19 @@ func (g *Gate) verify(hdr string) (p auth.Principal, user, reason string) {
 			user = user[:logUserBytesMax]
 		}
 		if !ok {
-			return p, user, "basic credentials without a colon"
+			return p, user, "basic credentials without a colon", nil
 		}
 		if g.Users == nil {
-			return p, user, "no users configured"
+			return p, user, "no users configured", nil
 		}
-		up, err := g.Users.Verify(name, password)
+		up, err := g.Users.VerifyFrom(ctx, source, name, password)
+		if errors.Is(err, auth.ErrBusy) {
+			return p, user, "", err
+		}
 		if err != nil {
-			return p, user, "unknown user or wrong password"
+			return p, user, "unknown user or wrong password", nil
 		}
-		return up, user, ""
+		return up, user, "", nil
 	case strings.EqualFold(scheme, "Bearer"):
 		match := -1
 		for i, t := range g.Tokens {
@@ -268,11 +277,11 @@ func (g *Gate) verify(hdr string) (p auth.Principal, user, reason string) {
 			}
 		}
 		if match < 0 {
-			return p, "", "token matches none of auth.tokens"
+			return p, "", "token matches none of auth.tokens", nil
 		}
-		return auth.TokenPrincipal(match), "", ""
+		return auth.TokenPrincipal(match), "", "", nil
 	}
-	return p, "", "unsupported authorization scheme"
+	return p, "", "unsupported authorization scheme", nil
 }
 
 // LoopbackHost reports whether host, an HTTP Host header, names the local
@@ -329,6 +338,13 @@ func truncate(s string, n int) string {
 		return s[:n] + "..."
 	}
 	return s
+}
+
+// tooBusy answers 429 with Retry-After and counts it.
+func (g *Gate) tooBusy(w http.ResponseWriter, msg string) {
+	g.busy.Add(1)
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusTooManyRequests, "too_many_requests", msg)
 }
 
 func (g *Gate) challenge(w http.ResponseWriter, msg string) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -219,11 +220,14 @@ func TestGateBoundsConcurrentFailures(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	codes := make(chan int, authCheckingMax)
-	for range authCheckingMax {
+	for i := range authCheckingMax {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			req := httptest.NewRequest("GET", "/api/v1/version", nil)
+			// Each from its own address: one address's checks run one at
+			// a time.
+			req.RemoteAddr = fmt.Sprintf("10.1.0.%d:1000", i+1)
 			req.Header.Set("Authorization", "Bearer wrong")
 			rec := httptest.NewRecorder()
 			fx.h.ServeHTTP(rec, req)
@@ -421,4 +425,111 @@ func TestLoopbackHost(t *testing.T) {
 			t.Errorf("LoopbackHost(%q) = %v, want %v", host, got, want)
 		}
 	}
+}
+
+// Bearer checks from one client address run one at a time too, a wrong
+// token holding the address through its delay: a second guess from the
+// address is not checked until the first's delay ends, another address's
+// is.
+func TestGateTokenGuessesOnePerAddress(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fx := newGateFixture(t, nil)
+		entered := make(chan string, 4)
+		release := make(chan struct{})
+		fx.gate.Sleep = func(ctx context.Context, _ time.Duration) {
+			entered <- ctx.Value(remoteKey{}).(string)
+			<-release
+		}
+		done := make(chan int, 3)
+		send := func(remote string) {
+			req := httptest.NewRequest("GET", "/api/v1/version", nil)
+			req.RemoteAddr = remote
+			req.Header.Set("Authorization", "Bearer wrong-token")
+			req = req.WithContext(context.WithValue(req.Context(), remoteKey{}, remote))
+			rec := httptest.NewRecorder()
+			fx.h.ServeHTTP(rec, req)
+			done <- rec.Code
+		}
+		go send("10.0.0.9:1000")
+		if got := <-entered; got != "10.0.0.9:1000" {
+			t.Fatalf("first in its delay: %s", got)
+		}
+		go send("10.0.0.9:1001")
+		go send("10.0.0.3:1000")
+		if got := <-entered; got != "10.0.0.3:1000" {
+			t.Fatalf("second in a delay: %s, want the other address", got)
+		}
+		synctest.Wait()
+		select {
+		case got := <-entered:
+			t.Fatalf("%s checked while its address's first wrong token was in its delay", got)
+		default:
+		}
+		release <- struct{}{}
+		release <- struct{}{}
+		if got := <-entered; got != "10.0.0.9:1001" {
+			t.Fatalf("third in a delay: %s", got)
+		}
+		close(release)
+		for range 3 {
+			if code := <-done; code != http.StatusUnauthorized {
+				t.Fatalf("answer %d", code)
+			}
+		}
+	})
+}
+
+// A basic-auth request that finds no free hash slot within the wait is
+// answered 429 with Retry-After, counted as busy: it was never checked, so
+// it is no failed login and waits no failure delay.
+func TestGateHashWaitBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hold := make(chan struct{})
+		held := make(chan struct{})
+		var blocking sync.Once
+		block := false
+		users, err := auth.OpenUsersWith(vfs.NewMem(), "/data/meta/users", auth.UsersOptions{
+			Params: auth.HashParams{TimeCost: 1, MemoryKiB: 64, Threads: 1}, HashesMax: 1,
+			OnHash: func() {
+				if block {
+					blocking.Do(func() { close(held); <-hold })
+				}
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := users.Add("root", rootPassword, auth.Permissions{Manage: []string{"*"}}); err != nil {
+			t.Fatal(err)
+		}
+		block = true
+		var sleeps int
+		g := &Gate{Users: users, Sleep: func(context.Context, time.Duration) { sleeps++ }}
+		h := g.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+		holderDone := make(chan int, 1)
+		go func() {
+			req := httptest.NewRequest("GET", "/api/v1/version", nil)
+			req.RemoteAddr = "10.0.0.1:1000"
+			req.Header.Set("Authorization", basic("root", rootPassword))
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			holderDone <- rec.Code
+		}()
+		<-held
+		req := httptest.NewRequest("GET", "/api/v1/version", nil)
+		req.RemoteAddr = "10.0.0.2:1000"
+		req.Header.Set("Authorization", basic("root", "wrong-password"))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req) // waits out laneWaitMs on the fake clock
+		if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" {
+			t.Fatalf("basic auth with no hash slot free: %d", rec.Code)
+		}
+		if st := g.Stats(); st.Busy != 1 || st.Failed != 0 || sleeps != 0 {
+			t.Fatalf("stats %+v, %d failure delays; want one busy, no failure", st, sleeps)
+		}
+		close(hold)
+		if code := <-holderDone; code != http.StatusOK {
+			t.Fatalf("the login holding the slot: %d", code)
+		}
+	})
 }
