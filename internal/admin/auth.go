@@ -33,8 +33,9 @@ const (
 	authHeaderBytesMax = 4096
 	// logUserBytesMax bounds a peer-chosen user name in a log record.
 	logUserBytesMax = 64
-	// laneWaitMs bounds how long a basic-auth request waits for the other
-	// checks from its address (429 after).
+	// laneWaitMs bounds how long a request with credentials waits for the
+	// other checks from its address and for a password hash slot, in all
+	// (429 after).
 	laneWaitMs = 10_000
 )
 
@@ -66,9 +67,10 @@ const Realm = "sinew admin"
 // credential waits FailureDelayMs, is counted and logged (remote address,
 // user name, reason; never the password or token), and gets 401 with
 // WWW-Authenticate; a missing one gets the 401 at once. A valid user who is
-// not an administrator gets 403. Basic-auth checks (an argon2id hash each)
-// run one at a time per client address (auth.Lanes), a failed one holding
-// the address through its delay.
+// not an administrator gets 403. Basic-auth and bearer checks run one at a
+// time per client address (auth.Lanes), a failed one holding the address
+// through its delay; a basic-auth check that finds no argon2id hash slot
+// within laneWaitMs gets 429.
 type Gate struct {
 	// Anonymous reports whether a request without credentials is served.
 	// It is asked per request, since users may be added while the broker
@@ -96,7 +98,7 @@ type Gate struct {
 	Sleep func(ctx context.Context, d time.Duration)
 
 	checking atomic.Int64
-	lanes    auth.Lanes    // basic-auth checks, one at a time per client address
+	lanes    auth.Lanes    // credential checks, one at a time per client address
 	missing  atomic.Uint64 // 401: no credentials where they are required
 	failed   atomic.Uint64 // 401: wrong credentials
 	denied   atomic.Uint64 // 403: valid, but not an administrator
