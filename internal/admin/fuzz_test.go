@@ -24,7 +24,7 @@ func FuzzGateAuthorization(f *testing.F) {
 		"Bearer", "Bearer ", "Bearer other-token-xxxxxxxxxxxx",
 		"Basic " + b64("root:"+rootPassword), "basic " + b64("root:"+rootPassword), "Basic " + b64("root:wrong"),
 		"Basic " + b64("reader:"+readerPassword), "Basic " + b64("root"), "Basic " + b64(":"), "Basic " + b64("root:"+rootPassword+":x"),
-		"Basic !!!", "Basic", "Basic ", "Basic " + b64("root:"+rootPassword)[:10], "Digest username=root",
+		"Basic !!!", "Basic", "Basic ", "Basic " + b64("root:" + rootPassword)[:10], "Digest username=root",
 		"Negotiate abc", " ", "\x00", "Bearer \xff\xfe", strings.Repeat("A", authHeaderBytesMax+1),
 		"Basic " + b64(strings.Repeat("u", 200)+":"+rootPassword),
 	} {
