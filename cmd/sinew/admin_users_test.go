@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-const usersTestToken = "tok-admin-0123456789"
+const usersTestToken = "tok-admin-0123456789abcdef0123456789"
 
 // adminUser runs `sinew admin user ARGS` against adminAddr with the admin
 // token, and checks that no password appears in what it printed.

@@ -54,7 +54,7 @@ func httpGetAuth(t *testing.T, url, authz string) (int, http.Header, string) {
 // the probes stay open.
 func TestServeAdminAuthTokens(t *testing.T) {
 	cfg := testServeConfig(t)
-	cfg.Auth.Tokens = []string{"tok-admin-0123456789"}
+	cfg.Auth.Tokens = []string{"tok-admin-0123456789abcdef0123456789"}
 	_, adminAddr, _ := runServeAdmin(t, cfg)
 	base := "http://" + adminAddr
 	code, hdr, _ := httpGetAuth(t, base+"/api/v1/overview", "")
@@ -67,11 +67,11 @@ func TestServeAdminAuthTokens(t *testing.T) {
 	if code, _, _ := httpGetAuth(t, base+"/metrics", ""); code != http.StatusUnauthorized {
 		t.Fatalf("/metrics without credentials: %d", code)
 	}
-	code, _, body := httpGetAuth(t, base+"/api/v1/overview", "Bearer tok-admin-0123456789")
+	code, _, body := httpGetAuth(t, base+"/api/v1/overview", "Bearer tok-admin-0123456789abcdef0123456789")
 	if code != http.StatusOK || !strings.Contains(body, "owner_id") {
 		t.Fatalf("right token: %d %s", code, body)
 	}
-	code, _, body = httpGetAuth(t, base+"/metrics", "Bearer tok-admin-0123456789")
+	code, _, body = httpGetAuth(t, base+"/metrics", "Bearer tok-admin-0123456789abcdef0123456789")
 	if code != http.StatusOK || !strings.Contains(body, `sinew_admin_auth_refusals_total{reason="failed"} 1`) ||
 		!strings.Contains(body, `sinew_admin_auth_refusals_total{reason="missing"} 2`) {
 		t.Fatalf("metrics: %d\n%s", code, body)
@@ -88,7 +88,7 @@ func TestServeAdminAuthTokens(t *testing.T) {
 // broker with auth configured refuses, and the error says what to pass.
 func TestAdminCLICredentials(t *testing.T) {
 	cfg := testServeConfig(t)
-	cfg.Auth.Tokens = []string{"tok-admin-0123456789"}
+	cfg.Auth.Tokens = []string{"tok-admin-0123456789abcdef0123456789"}
 	_, adminAddr, _ := runServeAdmin(t, cfg)
 	t.Setenv("SINEW_TOKEN", "")
 	t.Setenv("SINEW_USER", "")
@@ -96,10 +96,10 @@ func TestAdminCLICredentials(t *testing.T) {
 	if code == 0 || !strings.Contains(errOut, "unauthorized (HTTP 401)") || !strings.Contains(errOut, "SINEW_PASSWORD") {
 		t.Fatalf("without credentials: exit %d, %q", code, errOut)
 	}
-	if code, out, errOut := runCmd(t, "", "admin", "overview", "--admin-addr", adminAddr, "--token", "tok-admin-0123456789"); code != 0 || !strings.Contains(out, "owner") {
+	if code, out, errOut := runCmd(t, "", "admin", "overview", "--admin-addr", adminAddr, "--token", "tok-admin-0123456789abcdef0123456789"); code != 0 || !strings.Contains(out, "owner") {
 		t.Fatalf("--token: exit %d, %q, %q", code, out, errOut)
 	}
-	t.Setenv("SINEW_TOKEN", "tok-admin-0123456789")
+	t.Setenv("SINEW_TOKEN", "tok-admin-0123456789abcdef0123456789")
 	if code, _, errOut := runCmd(t, "", "admin", "queues", "--admin-addr", adminAddr); code != 0 {
 		t.Fatalf("SINEW_TOKEN: exit %d, %q", code, errOut)
 	}
@@ -193,7 +193,7 @@ func TestAdminGateRule(t *testing.T) {
 		t.Fatalf("no auth: %v", err)
 	}
 	withToken := cfg
-	withToken.Auth.Tokens = []string{"tok-0123456789"}
+	withToken.Auth.Tokens = []string{"tok-0123456789abcdef0123456789abcdef"}
 	g, err := adminGate(withToken, users, logger)
 	if err != nil || g.Anonymous() {
 		t.Fatalf("token: %v, anonymous %v", err, g != nil && g.Anonymous())

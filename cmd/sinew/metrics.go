@@ -273,7 +273,7 @@ func metricsRegistry(b *broker.Broker, srv *server.Server, sm *syncMetrics, queu
 // The admin listener's authentication refusals.
 const (
 	adminAuthName = "sinew_admin_auth_refusals_total"
-	adminAuthHelp = "Admin HTTP requests the authentication gate refused, by reason: missing (no credentials, 401), failed (wrong credentials, 401 after the fixed delay), denied (a user who may not administer, 403), busy (too many credential checks at once, 429)."
+	adminAuthHelp = "Admin HTTP requests the authentication gate refused, by reason: missing (no credentials, 401), failed (wrong credentials, 401 after the fixed delay), denied (a user who may not administer, 403), busy (too many credential checks at once, or a password check that found no hash slot in time, 429), host (a Host header that is not a loopback name on a loopback listener that serves requests without credentials, 403)."
 )
 
 var adminAuthDesc = prometheus.NewDesc(adminAuthName, adminAuthHelp, []string{"reason"}, nil)
@@ -290,7 +290,7 @@ func (c gateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range []struct {
 		reason string
 		v      uint64
-	}{{"missing", st.Missing}, {"failed", st.Failed}, {"denied", st.Denied}, {"busy", st.Busy}} {
+	}{{"missing", st.Missing}, {"failed", st.Failed}, {"denied", st.Denied}, {"busy", st.Busy}, {"host", st.Host}} {
 		ch <- prometheus.MustNewConstMetric(adminAuthDesc, prometheus.CounterValue, float64(s.v), s.reason)
 	}
 }

@@ -108,6 +108,12 @@ func runServe(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writ
 // then does the broker open (recovery) and serve on the bound listeners. The
 // admin listener answers during recovery already: /healthz 200, /readyz 503.
 func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error {
+	// settings.Load checks the tokens too; checked again here, before
+	// anything is locked or bound, so no caller can start a broker with a
+	// guessable token.
+	if err := auth.CheckTokens(cfg.Auth.Tokens); err != nil {
+		return fmt.Errorf("refusing to start: %w", err)
+	}
 	lock, err := broker.LockDataDir(nil, cfg.DataDir)
 	if err != nil {
 		return err
@@ -127,7 +133,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	// The users store is read before anything listens: the startup rule
 	// needs to know whether authentication is configured, and a damaged
 	// store stops startup rather than open the broker to anyone.
-	users, err := auth.OpenUsers(vfs.OS(), broker.UsersPath(cfg.DataDir))
+	users, err := auth.OpenUsersWith(vfs.OS(), broker.UsersPath(cfg.DataDir), auth.UsersOptions{HashesMax: cfg.Auth.PasswordHashesMax})
 	if err != nil {
 		return err
 	}
@@ -595,6 +601,7 @@ func adminGate(cfg settings.Config, users *auth.Users, logger *slog.Logger) (*ad
 	}
 	return &admin.Gate{
 		Anonymous: func() bool { return auth.AnonymousAllowed(cfg.Auth.AllowAnonymous, loopback, configured()) },
+		Loopback:  loopback,
 		Users:     users,
 		Tokens:    tokens,
 		Logger:    logger.With("component", "admin"),

@@ -34,7 +34,7 @@ func TestServeRefusesPublicListenerWithoutAuth(t *testing.T) {
 	var logs bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	withTokens := cfg
-	withTokens.Auth.Tokens = []string{"t"}
+	withTokens.Auth.Tokens = []string{"startup-rule-token-0123456789abcdef"}
 	if err := checkListenAuth(withTokens, empty, logger); err != nil {
 		t.Fatalf("tokens set: %v", err)
 	}
@@ -135,7 +135,7 @@ func TestServeUserLoginAndCLI(t *testing.T) {
 // credentials, or with a wrong password, the broker refuses it.
 func TestBenchLogsIn(t *testing.T) {
 	cfg := testServeConfig(t)
-	cfg.Auth.Tokens = []string{"bench-token-0123456789"}
+	cfg.Auth.Tokens = []string{"bench-token-0123456789abcdef0123456789"}
 	users := openTestUsers(t, cfg.DataDir)
 	// bench declares its queue: it needs manage on its topics.
 	if err := users.Add("bencher", "bench password", auth.Permissions{Publish: []string{"bench-*"}, Consume: []string{"bench-*"}, Manage: []string{"bench-*"}}); err != nil {
@@ -172,9 +172,9 @@ func TestBenchLogsIn(t *testing.T) {
 	}
 	code, out, errOut = bench("--user", "bencher", "--password-file", pwFile)
 	benched("--password-file", code, out, errOut)
-	code, out, errOut = bench("--token", "bench-token-0123456789")
+	code, out, errOut = bench("--token", "bench-token-0123456789abcdef0123456789")
 	benched("--token", code, out, errOut)
-	if code, _, errOut := bench("--user", "bencher", "--token", "bench-token-0123456789", "--password-file", pwFile); code == 0 || !strings.Contains(errOut, "not both") {
+	if code, _, errOut := bench("--user", "bencher", "--token", "bench-token-0123456789abcdef0123456789", "--password-file", pwFile); code == 0 || !strings.Contains(errOut, "not both") {
 		t.Fatalf("--user and --token: exit %d, %s", code, errOut)
 	}
 }

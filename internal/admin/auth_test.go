@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -219,11 +220,14 @@ func TestGateBoundsConcurrentFailures(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	codes := make(chan int, authCheckingMax)
-	for range authCheckingMax {
+	for i := range authCheckingMax {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			req := httptest.NewRequest("GET", "/api/v1/version", nil)
+			// Each from its own address: one address's checks run one at
+			// a time.
+			req.RemoteAddr = fmt.Sprintf("10.1.0.%d:1000", i+1)
 			req.Header.Set("Authorization", "Bearer wrong")
 			rec := httptest.NewRecorder()
 			fx.h.ServeHTTP(rec, req)
@@ -336,5 +340,196 @@ func TestGateLaneFreedAfterCheck(t *testing.T) {
 		}
 		close(finish)
 		synctest.Wait()
+	})
+}
+
+// A loopback listener that serves requests without credentials answers only
+// requests addressed to a loopback name: any other Host, as a page that
+// rebinds its own name to 127.0.0.1 would send, gets 403 on every path but
+// the probes, whose /readyz then leaves out its problem lines.
+func TestGateForeignHost(t *testing.T) {
+	problem := `queue "secret-orders" group "" partition 0 quarantined: bad crc`
+	fx := newGateFixture(t, []string{problem})
+	fx.anon = true
+	fx.gate.Loopback = true
+	get := func(host, path string, hdr ...string) *http.Response {
+		req := httptest.NewRequest("GET", path, nil)
+		req.Host = host
+		if len(hdr) > 0 {
+			req.Header.Set("Authorization", hdr[0])
+		}
+		rec := httptest.NewRecorder()
+		fx.h.ServeHTTP(rec, req)
+		return rec.Result()
+	}
+	for _, host := range []string{"attacker.example", "attacker.example:7655", "localhost.attacker.example", "127.0.0.1.nip.io:7655", "", "10.0.0.1:7655"} {
+		for _, path := range []string{"/api/v1/version", "/api/v1/users", "/metrics", "/", "/api/v1/queues"} {
+			res := get(host, path)
+			body, _ := io.ReadAll(res.Body)
+			if res.StatusCode != http.StatusForbidden || !strings.Contains(string(body), "forbidden_host") ||
+				!strings.Contains(string(body), "DNS rebinding") {
+				t.Fatalf("Host %q %s: %d %s", host, path, res.StatusCode, body)
+			}
+		}
+		// Credentials do not open a foreign name either: the guard is the
+		// listener's, not the request's.
+		if res := get(host, "/api/v1/version", "Bearer "+adminToken); res.StatusCode != http.StatusForbidden {
+			t.Fatalf("Host %q with a token: %d", host, res.StatusCode)
+		}
+		if res := get(host, "/healthz"); res.StatusCode != http.StatusOK {
+			t.Fatalf("Host %q /healthz: %d", host, res.StatusCode)
+		}
+		res := get(host, "/readyz")
+		body, _ := io.ReadAll(res.Body)
+		if res.StatusCode != http.StatusServiceUnavailable || string(body) != "not ready: 1 problem(s)\n" {
+			t.Fatalf("Host %q /readyz: %d %q", host, res.StatusCode, body)
+		}
+	}
+	if !strings.Contains(fx.log.String(), "Host is not a loopback name") {
+		t.Fatalf("refusal not logged:\n%s", fx.log)
+	}
+	for _, host := range []string{"localhost", "localhost:7655", "LOCALHOST:1", "127.0.0.1", "127.0.0.1:7655", "127.9.8.7:80", "[::1]", "[::1]:7655"} {
+		if res := get(host, "/api/v1/version"); res.StatusCode != http.StatusOK {
+			t.Fatalf("Host %q: %d", host, res.StatusCode)
+		}
+		res := get(host, "/readyz")
+		body, _ := io.ReadAll(res.Body)
+		if !strings.Contains(string(body), problem) {
+			t.Fatalf("Host %q /readyz: %q", host, body)
+		}
+	}
+	// Once credentials are required, the Host no longer matters: a page
+	// cannot send the operator's credentials to a name of its own.
+	fx.anon = false
+	if res := get("broker.example:7655", "/api/v1/version", "Bearer "+adminToken); res.StatusCode != http.StatusOK {
+		t.Fatalf("foreign Host with credentials required: %d", res.StatusCode)
+	}
+	// A listener that is not loopback (auth.allow_anonymous on a public
+	// address) cannot know its names and does not check them.
+	fx.anon, fx.gate.Loopback = true, false
+	if res := get("broker.example:7655", "/api/v1/version"); res.StatusCode != http.StatusOK {
+		t.Fatalf("non-loopback listener: %d", res.StatusCode)
+	}
+}
+
+func TestLoopbackHost(t *testing.T) {
+	for host, want := range map[string]bool{
+		"localhost": true, "LocalHost:7655": true, "127.0.0.1": true, "127.0.0.1:0": true, "127.255.255.254:65535": true,
+		"[::1]": true, "[::1]:7655": true, "[::ffff:127.0.0.1]:1": true,
+		"": false, "localhost:": false, "localhost:65536": false, "localhost:x": false, "localhost.": false,
+		"foo.localhost": false, "attacker.example": false, "128.0.0.1": false, "0.0.0.0": false, "::1": false,
+		"[::1": false, "[::1]x": false, "[::1]:": false, "[fe80::1%lo]": false, "[::2]": false, "127.1": false,
+		"127.0.0.1:80:80": false, "[127.0.0.1]": false, "2130706433": false, "0x7f000001": false,
+	} {
+		if got := LoopbackHost(host); got != want {
+			t.Errorf("LoopbackHost(%q) = %v, want %v", host, got, want)
+		}
+	}
+}
+
+// Bearer checks from one client address run one at a time too, a wrong
+// token holding the address through its delay: a second guess from the
+// address is not checked until the first's delay ends, another address's
+// is.
+func TestGateTokenGuessesOnePerAddress(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fx := newGateFixture(t, nil)
+		entered := make(chan string, 4)
+		release := make(chan struct{})
+		fx.gate.Sleep = func(ctx context.Context, _ time.Duration) {
+			entered <- ctx.Value(remoteKey{}).(string)
+			<-release
+		}
+		done := make(chan int, 3)
+		send := func(remote string) {
+			req := httptest.NewRequest("GET", "/api/v1/version", nil)
+			req.RemoteAddr = remote
+			req.Header.Set("Authorization", "Bearer wrong-token")
+			req = req.WithContext(context.WithValue(req.Context(), remoteKey{}, remote))
+			rec := httptest.NewRecorder()
+			fx.h.ServeHTTP(rec, req)
+			done <- rec.Code
+		}
+		go send("10.0.0.9:1000")
+		if got := <-entered; got != "10.0.0.9:1000" {
+			t.Fatalf("first in its delay: %s", got)
+		}
+		go send("10.0.0.9:1001")
+		go send("10.0.0.3:1000")
+		if got := <-entered; got != "10.0.0.3:1000" {
+			t.Fatalf("second in a delay: %s, want the other address", got)
+		}
+		synctest.Wait()
+		select {
+		case got := <-entered:
+			t.Fatalf("%s checked while its address's first wrong token was in its delay", got)
+		default:
+		}
+		release <- struct{}{}
+		release <- struct{}{}
+		if got := <-entered; got != "10.0.0.9:1001" {
+			t.Fatalf("third in a delay: %s", got)
+		}
+		close(release)
+		for range 3 {
+			if code := <-done; code != http.StatusUnauthorized {
+				t.Fatalf("answer %d", code)
+			}
+		}
+	})
+}
+
+// A basic-auth request that finds no free hash slot within the wait is
+// answered 429 with Retry-After, counted as busy: it was never checked, so
+// it is no failed login and waits no failure delay.
+func TestGateHashWaitBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hold := make(chan struct{})
+		held := make(chan struct{})
+		var blocking sync.Once
+		block := false
+		users, err := auth.OpenUsersWith(vfs.NewMem(), "/data/meta/users", auth.UsersOptions{
+			Params: auth.HashParams{TimeCost: 1, MemoryKiB: 64, Threads: 1}, HashesMax: 1,
+			OnHash: func() {
+				if block {
+					blocking.Do(func() { close(held); <-hold })
+				}
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := users.Add("root", rootPassword, auth.Permissions{Manage: []string{"*"}}); err != nil {
+			t.Fatal(err)
+		}
+		block = true
+		var sleeps int
+		g := &Gate{Users: users, Sleep: func(context.Context, time.Duration) { sleeps++ }}
+		h := g.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+		holderDone := make(chan int, 1)
+		go func() {
+			req := httptest.NewRequest("GET", "/api/v1/version", nil)
+			req.RemoteAddr = "10.0.0.1:1000"
+			req.Header.Set("Authorization", basic("root", rootPassword))
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			holderDone <- rec.Code
+		}()
+		<-held
+		req := httptest.NewRequest("GET", "/api/v1/version", nil)
+		req.RemoteAddr = "10.0.0.2:1000"
+		req.Header.Set("Authorization", basic("root", "wrong-password"))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req) // waits out laneWaitMs on the fake clock
+		if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" {
+			t.Fatalf("basic auth with no hash slot free: %d", rec.Code)
+		}
+		if st := g.Stats(); st.Busy != 1 || st.Failed != 0 || sleeps != 0 {
+			t.Fatalf("stats %+v, %d failure delays; want one busy, no failure", st, sleeps)
+		}
+		close(hold)
+		if code := <-holderDone; code != http.StatusOK {
+			t.Fatalf("the login holding the slot: %d", code)
+		}
 	})
 }

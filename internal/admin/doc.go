@@ -39,7 +39,9 @@
 // unless the caller's rule (sinew serve: a loopback listener of a broker
 // with no auth configured) admits anonymous requests. /healthz and /readyz
 // are always served. Failures wait a fixed delay, are counted and logged
-// without the credential; at most authCheckingMax checks run at once.
+// without the credential; at most authCheckingMax checks run at once. While
+// a loopback listener serves requests without credentials, a Host that is
+// not a loopback name gets 403 (LoopbackHost), against DNS rebinding.
 //
 // Recovering is the handler to serve before the broker exists: /healthz 200,
 // /readyz 503, the API 503, so probes get an answer during recovery.

@@ -16,7 +16,8 @@
 // Concurrency: Users is safe for concurrent use. Mutations are serialised by
 // one lock held across the file write; lookups take a read lock on the
 // in-memory table only for the time it takes to copy a record, so a slow
-// hash or fsync never blocks a verification. At most verifyConcurrencyMax
+// hash or fsync never blocks a verification. At most UsersOptions.HashesMax
 // hashes run at once, which bounds the memory argon2id takes under a flood
-// of handshakes.
+// of handshakes; a check waits for a slot until its context ends, and sources
+// whose check failed lately wait behind the others (hashslots.go).
 package auth

@@ -2,6 +2,7 @@ package auth
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/crypto/argon2"
 
@@ -37,6 +39,11 @@ var (
 	ErrTooManyUsers = errors.New("auth: too many users")
 	// ErrCorrupt wraps a users file that cannot be trusted.
 	ErrCorrupt = errors.New("auth: users file corrupt")
+	// ErrBusy is returned by VerifyFrom when its context ended before a
+	// hash slot was free: the password was not checked, so it is neither
+	// right nor wrong, and the caller answers "busy, retry" rather than a
+	// failed login.
+	ErrBusy = errors.New("auth: every password hash slot stayed busy until the deadline")
 )
 
 // Limits of the users store. They bound the file, the memory it takes and
@@ -58,8 +65,6 @@ const (
 	// usersFileBytesMax bounds the file read at open: UsersMax users with
 	// room for their permissions.
 	usersFileBytesMax = 64 << 20
-	// verifyConcurrencyMax is how many hashes run at once.
-	verifyConcurrencyMax = 2
 )
 
 // HashParams are argon2id parameters. Each stored hash records the ones it
@@ -143,27 +148,68 @@ type Users struct {
 	mu    sync.RWMutex // guards users
 	users map[string]userRecord
 
-	verifySem chan struct{} // bounds concurrent hashes
-	hashes    atomic.Int64  // hashes computed, for tests
-	dummy     userRecord    // hashed against for unknown users
+	slots    *hashSlots // bounds the hashes in progress, failed sources last
+	suspects suspects   // sources whose check failed lately
+	now      func() time.Time
+	onHash   func()
+	hashes   atomic.Int64 // hashes computed, for tests
+	dummy    userRecord   // hashed against for unknown users
+}
+
+// UsersOptions tune a users store. The zero value is the default.
+type UsersOptions struct {
+	// Params are the argon2id parameters new hashes use; zero means
+	// DefaultHashParams. Tests pass cheap ones; existing hashes keep the
+	// parameters they record.
+	Params HashParams
+	// HashesMax is how many password hashes run at once
+	// (auth.password_hashes_max), 1 to HashesMaxLimit; 0 means
+	// HashesMaxDefault. It bounds the memory and the cores a flood of
+	// logins can take.
+	HashesMax int
+	// Now reads the clock for SuspectWindow; nil means time.Now.
+	Now func() time.Time
+	// OnHash, when set, is called with a hash slot held, just before each
+	// hash. Tests block in it to keep a slot busy.
+	OnHash func()
 }
 
 // OpenUsers opens the store at path (created on the first change) with
 // DefaultHashParams for new hashes.
 func OpenUsers(fsys vfs.FS, path string) (*Users, error) {
-	return OpenUsersParams(fsys, path, DefaultHashParams)
+	return OpenUsersWith(fsys, path, UsersOptions{})
 }
 
 // OpenUsersParams is OpenUsers with the argon2id parameters new hashes use.
 // Tests pass cheap ones; existing hashes keep the parameters they record.
 func OpenUsersParams(fsys vfs.FS, path string, params HashParams) (*Users, error) {
+	return OpenUsersWith(fsys, path, UsersOptions{Params: params})
+}
+
+// OpenUsersWith is OpenUsers with options.
+func OpenUsersWith(fsys vfs.FS, path string, opts UsersOptions) (*Users, error) {
+	params := opts.Params
+	if params == (HashParams{}) {
+		params = DefaultHashParams
+	}
 	if err := params.check(); err != nil {
 		return nil, fmt.Errorf("auth: %w", err)
 	}
+	n := opts.HashesMax
+	if n == 0 {
+		n = HashesMaxDefault
+	}
+	if n < 1 || n > HashesMaxLimit {
+		return nil, fmt.Errorf("auth: %d password hashes at once, want 1 to %d", n, HashesMaxLimit)
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
 	u := &Users{
 		fs: fsys, path: path, params: params,
-		users:     make(map[string]userRecord),
-		verifySem: make(chan struct{}, verifyConcurrencyMax),
+		users: make(map[string]userRecord),
+		slots: newHashSlots(n), now: now, onHash: opts.OnHash,
 	}
 	// The dummy record makes a login as an unknown user cost one hash with
 	// the current parameters, like a known one, so timing does not tell
@@ -295,12 +341,19 @@ func checkPerms(p Permissions) error {
 }
 
 // hash computes the argon2id key of password under r's salt and parameters,
-// waiting for a slot so at most verifyConcurrencyMax run at once.
-func (u *Users) hash(r *userRecord, password string) []byte {
-	u.verifySem <- struct{}{}
-	defer func() { <-u.verifySem }()
+// waiting for a hash slot (behind the clean sources when suspect) so at
+// most the configured number run at once. It returns ErrBusy, having
+// hashed nothing, when ctx ends first.
+func (u *Users) hash(ctx context.Context, suspect bool, r *userRecord, password string) ([]byte, error) {
+	if err := u.slots.acquire(ctx, suspect); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBusy, err)
+	}
+	defer u.slots.release()
+	if u.onHash != nil {
+		u.onHash()
+	}
 	u.hashes.Add(1)
-	return argon2.IDKey([]byte(password), r.Salt, r.Hash.TimeCost, r.Hash.MemoryKiB, r.Hash.Threads, uint32(len(r.Key)))
+	return argon2.IDKey([]byte(password), r.Salt, r.Hash.TimeCost, r.Hash.MemoryKiB, r.Hash.Threads, uint32(len(r.Key))), nil
 }
 
 // newRecord hashes password with a fresh salt and the store's parameters.
@@ -310,7 +363,13 @@ func (u *Users) newRecord(name, password string, perms Permissions) (userRecord,
 		return userRecord{}, err
 	}
 	r := userRecord{Name: name, Alg: algArgon2id, Hash: u.params, Salt: salt, Key: make([]byte, keyBytes), Perms: clonePerms(perms)}
-	r.Key = u.hash(&r, password)
+	// An administrator's change waits as long as it takes, as a clean
+	// source: it is no guess.
+	key, err := u.hash(context.Background(), false, &r, password)
+	if err != nil {
+		return userRecord{}, err
+	}
+	r.Key = key
 	return r, nil
 }
 
@@ -466,8 +525,18 @@ func (u *Users) Certificate(name string) (Principal, error) {
 
 // Verify checks a user name and password and returns the user's Principal.
 // Every failure is ErrAuthFailed, and an unknown name costs the same hash
-// as a known one; the comparison is constant-time.
+// as a known one; the comparison is constant-time. It waits for a hash slot
+// as long as it takes; logins from the network use VerifyFrom.
 func (u *Users) Verify(name, password string) (Principal, error) {
+	return u.VerifyFrom(context.Background(), "", name, password)
+}
+
+// VerifyFrom is Verify for a login from source, a source address ("" for
+// none), waiting for a hash slot at most until ctx ends: then it returns an
+// error wrapping ErrBusy, having checked nothing and recorded nothing. A
+// source whose check failed in the last SuspectWindow waits behind every
+// source whose did not, so guessers do not keep others' logins waiting.
+func (u *Users) VerifyFrom(ctx context.Context, source, name, password string) (Principal, error) {
 	u.mu.RLock()
 	r, ok := u.users[name]
 	u.mu.RUnlock()
@@ -481,9 +550,13 @@ func (u *Users) Verify(name, password string) (Principal, error) {
 	if len(pw) > PasswordBytesMax {
 		pw = pw[:PasswordBytesMax]
 	}
-	got := u.hash(&r, pw)
+	got, err := u.hash(ctx, u.suspects.is(source, u.now()), &r, pw)
+	if err != nil {
+		return Principal{}, err
+	}
 	match := subtle.ConstantTimeCompare(got, r.Key) == 1
 	if !ok || !match || len(password) > PasswordBytesMax {
+		u.suspects.note(source, u.now())
 		return Principal{}, ErrAuthFailed
 	}
 	return Principal{Name: r.Name, Kind: KindUser, Perms: clonePerms(r.Perms)}, nil

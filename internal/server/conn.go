@@ -420,12 +420,32 @@ func (c *conn) authenticate(h *protocol.Hello) (auth.Principal, error) {
 		}
 		// Held through the failure delay below when the check fails.
 		defer release()
-		p, err := cfg.Users.Verify(h.User, h.Credentials)
+		// The hash slot is waited for until the handshake deadline, no
+		// longer: past it the client is told the broker is busy, which is
+		// no wrong password, so it is neither delayed nor counted as one.
+		ctx, cancel := context.WithDeadline(context.Background(), c.handshakeDeadline())
+		p, err := cfg.Users.VerifyFrom(ctx, c.addrKey, h.User, h.Credentials)
+		cancel()
+		if errors.Is(err, auth.ErrBusy) {
+			c.srv.stats.handshakeTimeouts.Add(1)
+			c.log.Warn("login not checked: no password hash slot free before the handshake deadline",
+				"user", truncate(h.User, logNameBytesMax), "handshake_timeout_ms", cfg.HandshakeTimeoutMs)
+			return auth.Principal{}, fatal(protocol.CodeHandshakeTimeout,
+				"the broker is busy checking other logins: no password check could start within the %d ms handshake timeout; retry", cfg.HandshakeTimeoutMs)
+		}
 		if err == nil {
 			return p, nil
 		}
 		reason = "unknown user or wrong password"
 	case h.Credentials != "":
+		// A token check is cheap, but a guess must cost as much as a
+		// password guess: one at a time per source address, a wrong one
+		// holding the address through the failure delay below.
+		release, err := c.loginLane()
+		if err != nil {
+			return auth.Principal{}, err
+		}
+		defer release()
 		match := -1
 		for i, t := range cfg.AuthTokens {
 			// Every token is compared, so the time taken does not say
@@ -481,14 +501,13 @@ func peerCertName(nc net.Conn) string {
 }
 
 // loginLane waits for this connection's source address to have no other
-// password check in progress (auth.Lanes), at most until the handshake
-// timeout, and returns the function that lets the next one go.
+// password or token check in progress (auth.Lanes), at most until the
+// handshake timeout, and returns the function that lets the next one go.
 func (c *conn) loginLane() (func(), error) {
 	if c.addrKey == "" {
 		return func() {}, nil
 	}
-	deadline := c.opened.Add(time.Duration(c.srv.cfg.HandshakeTimeoutMs) * time.Millisecond)
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	ctx, cancel := context.WithDeadline(context.Background(), c.handshakeDeadline())
 	defer cancel()
 	release, err := c.srv.logins.Acquire(ctx, c.addrKey)
 	if err != nil {
@@ -496,6 +515,12 @@ func (c *conn) loginLane() (func(), error) {
 		return nil, fatal(protocol.CodeHandshakeTimeout, "login still waiting behind other logins from this address after %d ms", c.srv.cfg.HandshakeTimeoutMs)
 	}
 	return release, nil
+}
+
+// handshakeDeadline is when the connection's handshake times out: the
+// waits of a login (its address's lane, a hash slot) end there.
+func (c *conn) handshakeDeadline() time.Time {
+	return c.opened.Add(time.Duration(c.srv.cfg.HandshakeTimeoutMs) * time.Millisecond)
 }
 
 func truncate(s string, n int) string {

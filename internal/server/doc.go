@@ -42,9 +42,11 @@
 // anything. The three counts live under Server.mu. A connection leaves the
 // handshake count when its HELLO succeeds, or when it closes; the handshake
 // timeout bounds how long it can stay. Stats.Refused counts refusals by limit.
-// Password checks (argon2id hashes) run one at a time per source IP
-// (Server.logins, auth.Lanes); a failed one holds the address through the
-// failure delay, so one address guesses at most once per delay.
+// Password and token checks run one at a time per source IP (Server.logins,
+// auth.Lanes); a failed one holds the address through the failure delay, so
+// one address guesses at most once per delay. A password check waits for an
+// argon2id hash slot only until the handshake deadline, then gets
+// handshake_timeout.
 //
 // Permissions: every request that names a topic is checked against the
 // connection's auth.Principal (set at HELLO) on the reader before it reaches

@@ -40,7 +40,7 @@ listen = "127.0.0.1:1000"
 data_dir = "/from-file"
 
 [auth]
-tokens = ["a", "b"]
+tokens = ["aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"]
 
 [limits]
 prefetch_max = 500
@@ -69,7 +69,7 @@ partitions = 4
 		"SINEW_DATA_DIR":                                   "/from-env",
 		"SINEW_LIMITS_PREFETCH_MAX":                        "600",
 		"SINEW_CONNECTION_HEARTBEAT_MS":                    "5000",
-		"SINEW_AUTH_TOKENS":                                "x, y",
+		"SINEW_AUTH_TOKENS":                                "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx, yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy",
 		"SINEW_RUNTIME_SEED_CONNECTION_RECONNECT_GRACE_MS": "1_500",
 	})})
 	if err != nil {
@@ -83,7 +83,7 @@ partitions = 4
 		{"data_dir (flag over env over file)", c.DataDir, "/from-flag"},
 		{"heartbeat (flag)", c.Connection.HeartbeatMs, int64(7000)},
 		{"prefetch_max (env over file)", c.Limits.PrefetchMax, 600},
-		{"tokens (env)", strings.Join(c.Auth.Tokens, "|"), "x|y"},
+		{"tokens (env)", strings.Join(c.Auth.Tokens, "|"), "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx|yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy"},
 		{"grace seed (env)", c.RuntimeSeed.Connection.ReconnectGraceMs, int64(1500)},
 		{"grace seed as a runtime setting", c.Seed()["connection.reconnect_grace_ms"], int64(1500)},
 		{"sync (file)", c.Storage.Sync, "interval"},
@@ -135,6 +135,8 @@ func TestBadValues(t *testing.T) {
 		{map[string]string{"SINEW_QUEUE_DELAY_MS_MAX": "0"}, "queue.delay_ms_max: 0 is out of range"},
 		{map[string]string{"SINEW_QUEUE_TTL_MS_MAX": "-5"}, "queue.ttl_ms_max"},
 		{map[string]string{"SINEW_QUEUE_NACK_DELAY_MS_MAX": "9223372036854775807"}, "queue.nack_delay_ms_max"},
+		{map[string]string{"SINEW_AUTH_PASSWORD_HASHES_MAX": "0"}, "auth.password_hashes_max: 0 is not 1 to 64"},
+		{map[string]string{"SINEW_AUTH_PASSWORD_HASHES_MAX": "65"}, "auth.password_hashes_max"},
 	}
 	for _, tc := range cases {
 		_, err := Load(Sources{Env: env(tc.env)})
@@ -144,6 +146,28 @@ func TestBadValues(t *testing.T) {
 	}
 	if _, err := Load(Sources{File: write(t, "listen = 5\n")}); err == nil {
 		t.Error("a mistyped file value was accepted")
+	}
+}
+
+// A token too short to carry 128 bits stops the load, naming the token by
+// its position, never by its value, and saying how to generate one.
+func TestShortTokenRefused(t *testing.T) {
+	good := strings.Repeat("0123456789abcdef", 2)
+	_, err := Load(Sources{Env: env(map[string]string{"SINEW_AUTH_TOKENS": good + ",hunter2"})})
+	if err == nil {
+		t.Fatal("a 7-character token was accepted")
+	}
+	msg := err.Error()
+	for _, want := range []string{"auth.tokens", "token 2 of 2", "7 characters", "at least 32", "sinew auth token"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q does not say %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "hunter2") || strings.Contains(msg, good) || strings.Contains(msg, "token 1") {
+		t.Errorf("error %q names a token's value or a good token", msg)
+	}
+	if _, err := Load(Sources{Env: env(map[string]string{"SINEW_AUTH_TOKENS": good})}); err != nil {
+		t.Fatalf("a 32-character token: %v", err)
 	}
 }
 

@@ -11,7 +11,8 @@
 //	nonreader  a consumer that subscribes with a large prefetch to the backlog (or,
 //	           in the bounded test, one to a queue of 64 KiB messages), sends a
 //	           PING now and then, and never reads its socket
-//	wrongauth  a HELLO with a wrong credential, again and again (bounded test)
+//	wrongauth  a HELLO with a wrong credential, again and again, from 127.0.0.2
+//	           (bounded test)
 //	oversized  whole frames over the body or the frame limit (bounded test)
 //
 // While they run, the broker's resident memory (VmRSS, and VmHWM for the

@@ -376,7 +376,7 @@ class Backoff(BrokerCase):
 
 
 class Handshake(BrokerCase):
-    broker_args = ("--auth-tokens", "s3cret")
+    broker_args = ("--auth-tokens", "s3cret-token-0123456789abcdef0123456789")
 
     async def test_fatal_handshake_error_is_not_retried(self) -> None:
         rec = Recorder()
@@ -385,7 +385,7 @@ class Handshake(BrokerCase):
         self.assertEqual(cm.exception.name, "auth_failed")
         self.assertFalse(cm.exception.retryable)
         self.assertEqual(rec.delays, [])
-        c = await self.client(credentials="s3cret")
+        c = await self.client(credentials="s3cret-token-0123456789abcdef0123456789")
         await c.publish("auth", b"ok")
 
 

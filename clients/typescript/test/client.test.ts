@@ -195,7 +195,7 @@ test("a refused connection is retried with backoff, without real sleeps", T, asy
 });
 
 test("a fatal handshake error fails at once, without retrying", T, async () => {
-  const b = new Broker(["--auth-tokens", "secret"]);
+  const b = new Broker(["--auth-tokens", "secret-token-0123456789abcdef0123456789"]);
   await b.start();
   try {
     const slept: number[] = [];
@@ -204,7 +204,7 @@ test("a fatal handshake error fails at once, without retrying", T, async () => {
       (e: unknown) => e instanceof BrokerError && e.codeName === "auth_failed" && !e.retryable,
     );
     assert.deepEqual(slept, []);
-    const ok = await connect(b.addr, { credentials: "secret" });
+    const ok = await connect(b.addr, { credentials: "secret-token-0123456789abcdef0123456789" });
     await ok.close();
   } finally {
     await b.destroy();
