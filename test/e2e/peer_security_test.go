@@ -278,7 +278,7 @@ func TestClusterWithAuthNeedsGossipKeyAndPeerTLS(t *testing.T) {
 		want     []string
 		wantNone string
 	}{
-		{"tokens, no key, no peer TLS", t.TempDir(), []string{"--auth-tokens", "a-token-of-sixteen-chars"},
+		{"tokens, no key, no peer TLS", t.TempDir(), []string{"--auth-tokens", "0123456789abcdef0123456789abcdef0123"},
 			[]string{"auth.tokens are configured", "cluster.gossip_key_file", "cluster.peer_tls_cert_file", "head -c 32 /dev/urandom", "sinew cert generate --peer-data-dirs"}, ""},
 		{"users, no key, no peer TLS", withUsers(), nil,
 			[]string{"users are configured", "cluster.gossip_key_file", "cluster.peer_tls_cert_file", "on loopback too"}, ""},
