@@ -260,10 +260,17 @@ func TestGateBoundsConcurrentFailures(t *testing.T) {
 // Basic-auth checks from one client address run one at a time, a failed one
 // holding the address through its delay; another address is not held up.
 func TestGateOneLoginPerAddress(t *testing.T) {
-	synctest.Test(t, testGateOneLoginPerAddress)
+	synctest.Test(t, func(t *testing.T) { testGateOneCheckPerAddress(t, basic("root", "wrong-password")) })
 }
 
-func testGateOneLoginPerAddress(t *testing.T) {
+// remoteKey carries a request's client address into the gate's Sleep.
+type remoteKey struct{}
+
+// testGateOneCheckPerAddress sends three failing requests with
+// authorization: two from one address, one from another. The second from
+// the address is not checked until the first's failure delay ends, the
+// other address's is checked meanwhile. Run inside a synctest bubble.
+func testGateOneCheckPerAddress(t *testing.T, authorization string) {
 	fx := newGateFixture(t, nil)
 	entered := make(chan string, 4)
 	release := make(chan struct{})
@@ -271,22 +278,22 @@ func testGateOneLoginPerAddress(t *testing.T) {
 		entered <- ctx.Value(remoteKey{}).(string)
 		<-release
 	}
-	send := func(remote string, done chan<- int) {
+	done := make(chan int, 3)
+	send := func(remote string) {
 		req := httptest.NewRequest("GET", "/api/v1/version", nil)
 		req.RemoteAddr = remote
-		req.Header.Set("Authorization", basic("root", "wrong-password"))
+		req.Header.Set("Authorization", authorization)
 		req = req.WithContext(context.WithValue(req.Context(), remoteKey{}, remote))
 		rec := httptest.NewRecorder()
 		fx.h.ServeHTTP(rec, req)
 		done <- rec.Code
 	}
-	done := make(chan int, 3)
-	go send("10.0.0.9:1000", done)
+	go send("10.0.0.9:1000")
 	if got := <-entered; got != "10.0.0.9:1000" {
 		t.Fatalf("first in its delay: %s", got)
 	}
-	go send("10.0.0.9:1001", done) // same address: waits for the first
-	go send("10.0.0.3:1000", done) // another address: its own lane
+	go send("10.0.0.9:1001") // same address: waits for the first
+	go send("10.0.0.3:1000") // another address: its own lane
 	if got := <-entered; got != "10.0.0.3:1000" {
 		t.Fatalf("second in a delay: %s, want the other address", got)
 	}
@@ -308,8 +315,6 @@ func testGateOneLoginPerAddress(t *testing.T) {
 		}
 	}
 }
-
-type remoteKey struct{}
 
 // A successful basic-auth request lets its address's lane go once the
 // check is done: a request still being served does not hold up the next
@@ -432,51 +437,7 @@ func TestLoopbackHost(t *testing.T) {
 // address is not checked until the first's delay ends, another address's
 // is.
 func TestGateTokenGuessesOnePerAddress(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		fx := newGateFixture(t, nil)
-		entered := make(chan string, 4)
-		release := make(chan struct{})
-		fx.gate.Sleep = func(ctx context.Context, _ time.Duration) {
-			entered <- ctx.Value(remoteKey{}).(string)
-			<-release
-		}
-		done := make(chan int, 3)
-		send := func(remote string) {
-			req := httptest.NewRequest("GET", "/api/v1/version", nil)
-			req.RemoteAddr = remote
-			req.Header.Set("Authorization", "Bearer wrong-token")
-			req = req.WithContext(context.WithValue(req.Context(), remoteKey{}, remote))
-			rec := httptest.NewRecorder()
-			fx.h.ServeHTTP(rec, req)
-			done <- rec.Code
-		}
-		go send("10.0.0.9:1000")
-		if got := <-entered; got != "10.0.0.9:1000" {
-			t.Fatalf("first in its delay: %s", got)
-		}
-		go send("10.0.0.9:1001")
-		go send("10.0.0.3:1000")
-		if got := <-entered; got != "10.0.0.3:1000" {
-			t.Fatalf("second in a delay: %s, want the other address", got)
-		}
-		synctest.Wait()
-		select {
-		case got := <-entered:
-			t.Fatalf("%s checked while its address's first wrong token was in its delay", got)
-		default:
-		}
-		release <- struct{}{}
-		release <- struct{}{}
-		if got := <-entered; got != "10.0.0.9:1001" {
-			t.Fatalf("third in a delay: %s", got)
-		}
-		close(release)
-		for range 3 {
-			if code := <-done; code != http.StatusUnauthorized {
-				t.Fatalf("answer %d", code)
-			}
-		}
-	})
+	synctest.Test(t, func(t *testing.T) { testGateOneCheckPerAddress(t, "Bearer wrong-token") })
 }
 
 // A basic-auth request that finds no free hash slot within the wait is
