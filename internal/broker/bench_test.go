@@ -149,9 +149,23 @@ func BenchmarkDrainVariants(b *testing.B) {
 	b.Run("prefetch=32", func(b *testing.B) { benchDrain(b, 32) })
 }
 
-func benchDrain(b *testing.B, prefetch uint32) {
+// BenchmarkDrainPartitions is BenchmarkDrain over a queue of 1 and of 64
+// partitions, the backlog spread over them: every partition leases and
+// takes acks at once.
+func BenchmarkDrainPartitions(b *testing.B) {
+	for _, parts := range []uint32{1, 64} {
+		b.Run("partitions="+strconv.Itoa(int(parts)), func(b *testing.B) { benchDrainParts(b, 1000, parts) })
+	}
+}
+
+func benchDrain(b *testing.B, prefetch uint32) { benchDrainParts(b, prefetch, 1) }
+
+func benchDrainParts(b *testing.B, prefetch, partitions uint32) {
 	const drainBatch = 10_000
 	br := benchBroker(b)
+	if _, err := br.Declare(context.Background(), &protocol.DeclareQueue{Topic: "drain", Partitions: partitions, MaxRetries: -1}); err != nil {
+		b.Fatal(err)
+	}
 	body := make([]byte, 1024)
 	p := &protocol.Publish{Topic: "drain", Partition: -1, Body: body}
 	var n int
