@@ -65,6 +65,12 @@ type Batch struct {
 	Entries []Entry
 	// HardState, if not nil, is written with the entries.
 	HardState *HardState
+	// Reset voids every entry of the group committed before this batch:
+	// replay forgets them, and they no longer keep a segment on disk. A
+	// group whose own files were replaced by a snapshot commits it once
+	// the snapshot is durable, so that no older entry is ever merged
+	// into the new store.
+	Reset bool
 }
 
 // Group is what replay found for one group.
@@ -93,6 +99,7 @@ type waiter struct {
 	buf   []byte
 	max   uint64 // highest index in the batch (0 if none)
 	hs    *HardState
+	reset bool
 	gen   uint64
 }
 
@@ -279,6 +286,15 @@ func (w *WAL) replaySegment(seq uint64, last bool) (*segInfo, error) {
 		switch r.kind {
 		case kindDeclare:
 			local[r.gid] = string(r.payload)
+		case kindReset:
+			g, ok := local[r.gid]
+			if !ok {
+				return nil, damaged(int64(off), fmt.Sprintf("group id %d not declared in this segment", r.gid))
+			}
+			if grp := w.replayed[g]; grp != nil {
+				grp.Entries = nil
+			}
+			w.voidLocked(g, info)
 		case kindEntry, kindHardState:
 			g, ok := local[r.gid]
 			if !ok {
@@ -412,7 +428,7 @@ func (w *WAL) Commit(group string, b Batch) error {
 	if group == "" {
 		return fmt.Errorf("%w: empty group name", ErrInvalid)
 	}
-	if len(b.Entries) == 0 && b.HardState == nil {
+	if len(b.Entries) == 0 && b.HardState == nil && !b.Reset {
 		return nil
 	}
 	w.mu.Lock()
@@ -439,7 +455,10 @@ func (w *WAL) Commit(group string, b Batch) error {
 		maxIdx = max(maxIdx, e.Index)
 		minIdx = min(minIdx, e.Index)
 	}
-	buf := make([]byte, 0, size+recHeaderBytes+8)
+	buf := make([]byte, 0, size+2*recHeaderBytes+8)
+	if b.Reset {
+		buf = appendRec(buf, kindReset, id, 0, 0, 0, nil)
+	}
 	for _, e := range b.Entries {
 		buf = appendRec(buf, kindEntry, id, e.Index, e.Term, e.Type, e.Payload)
 	}
@@ -449,7 +468,7 @@ func (w *WAL) Commit(group string, b Batch) error {
 		hs = &h
 		buf = appendHardState(buf, id, h)
 	}
-	wt := &waiter{group: group, buf: buf, max: maxIdx, hs: hs}
+	wt := &waiter{group: group, buf: buf, max: maxIdx, hs: hs, reset: b.Reset}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if minIdx <= w.released[group] {
@@ -672,6 +691,9 @@ func (w *WAL) write(batch []*waiter, bufp *[]byte) error {
 	w.mu.Lock()
 	act.size += int64(len(buf))
 	for _, wt := range batch {
+		if wt.reset {
+			w.voidLocked(wt.group, act)
+		}
 		if wt.max > 0 {
 			act.maxIndex[wt.group] = max(act.maxIndex[wt.group], wt.max)
 		}
@@ -689,16 +711,18 @@ func (w *WAL) write(batch []*waiter, bufp *[]byte) error {
 // pinning the oldest segment to release it.
 func (w *WAL) trim() error {
 	w.mu.Lock()
+	// Only the oldest segments go, in order: what replay finds for a
+	// group is then one unbroken stretch of its writes, ending with the
+	// last one, so an entry it holds is always the newest write of its
+	// index. Deleting a released segment from the middle could leave an
+	// older write of an index after a gap, to be taken for the newest.
 	var drop []uint64
-	keep := w.segs[:0:0]
-	for i, s := range w.segs {
-		if i < len(w.segs)-1 && w.releasedLocked(s) {
-			drop = append(drop, s.seq)
-			continue
-		}
-		keep = append(keep, s)
+	n := 0
+	for n < len(w.segs)-1 && w.releasedLocked(w.segs[n]) {
+		drop = append(drop, w.segs[n].seq)
+		n++
 	}
-	w.segs = keep
+	w.segs = slices.Clone(w.segs[n:])
 	w.untrackForgottenLocked()
 	// Every segment PressureSegments behind the active one is asked for
 	// once, not only the oldest: a group that cannot release (a
@@ -762,6 +786,19 @@ next:
 		// A later commit under the name declares its new id again.
 		delete(active.declared, g)
 	}
+}
+
+// voidLocked forgets group's entries in every segment up to and including
+// upTo: a reset record in upTo voided them. Entries later in upTo's batch
+// are counted again by the caller.
+func (w *WAL) voidLocked(group string, upTo *segInfo) {
+	for _, s := range w.segs {
+		delete(s.maxIndex, group)
+		if s == upTo {
+			return
+		}
+	}
+	delete(upTo.maxIndex, group)
 }
 
 func (w *WAL) releasedLocked(s *segInfo) bool {

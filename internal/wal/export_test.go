@@ -1,0 +1,8 @@
+package wal
+
+// padNext returns the next index for the test group "pad".
+func (w *WAL) padNext() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.released["pad"] + 1
+}
