@@ -245,7 +245,6 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		SegmentBytes: cfg.Storage.SegmentBytes, Quarantine: quarantine, InboxMax: cfg.Storage.InboxMax,
 		BodyBytesMax: cfg.Limits.BodyBytesMax, PrefetchMax: cfg.Limits.PrefetchMax,
 		CheckpointEveryRecords: cfg.Storage.CheckpointEveryRecords,
-		NodeWAL:                cfg.Storage.WAL == "on",
 		// A client may have publish_inflight_max publishes unconfirmed, all
 		// resent after a break: the window must reach back that far.
 		Dedup: dedup.Config{WindowSeqs: max(dedup.WindowSeqsDefault, cfg.Limits.PublishInflightMax),

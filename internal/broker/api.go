@@ -196,13 +196,6 @@ type Config struct {
 	// subscription restored within the grace with SubscribeOptions.Adopt
 	// keeps its leases (partition.Partition.Adopt).
 	RecoveredLeaseGraceMs int64
-
-	// NodeWAL makes every partition commit through one node WAL in
-	// DataDir/wal (internal/wal) instead of fsyncing its own log. Off by
-	// default: see "fsync across partitions" in docs/benchmarks.md. A data
-	// directory that has a node WAL is refused without it (ErrNodeWAL):
-	// records confirmed through the WAL may be nowhere else.
-	NodeWAL bool
 }
 
 // Consumer receives a subscription's deliveries.

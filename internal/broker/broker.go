@@ -70,7 +70,8 @@ type Broker struct {
 	closed atomic.Bool
 	// lock is DataDir's exclusive lock, held from Open to Close.
 	lock *DataDirLock
-	// wal is the node WAL when Config.NodeWAL (nil otherwise). walParts
+	// wal is the node journal (DataDir/wal), which every partition on the
+	// node commits through. walParts
 	// maps its group names to partitions, for pressure calls: a nil value
 	// is a partition still opening, or one quarantined (its WAL entries
 	// are kept until it is repaired). A group not in walParts after
@@ -78,6 +79,12 @@ type Broker struct {
 	wal      *wal.WAL
 	walMu    sync.Mutex
 	walParts map[string]*partition.Partition
+	// walStuck holds what the journal replayed for each quarantined
+	// partition: its only copy of records the partition's own files may
+	// lack. Under pressure it is committed again at the journal's head
+	// (wal.Batch.Reset), so the partition keeps it without pinning the
+	// journal's oldest segments, which go oldest first.
+	walStuck map[string]*wal.Group
 	// counters is shared by every partition (inspect.go).
 	counters *partition.Counters
 }
@@ -192,11 +199,6 @@ func Open(cfg Config) (b *Broker, err error) {
 		subs:     make(map[uint64]*Subscription),
 		counters: new(partition.Counters),
 	}
-	if !cfg.NodeWAL {
-		if err := refuseNodeWAL(cfg.FS, filepath.Join(cfg.DataDir, "wal")); err != nil {
-			return nil, err
-		}
-	}
 	if b.users = cfg.Users; b.users == nil {
 		params := cfg.UserHashParams
 		if params == (auth.HashParams{}) {
@@ -213,12 +215,11 @@ func Open(cfg Config) (b *Broker, err error) {
 	if err := syncDirs(cfg.FS, root, cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	if cfg.NodeWAL {
-		b.walParts = map[string]*partition.Partition{}
-		b.wal, err = wal.Open(wal.Options{FS: cfg.FS, Dir: filepath.Join(cfg.DataDir, "wal"), OnPressure: b.walPressure})
-		if err != nil {
-			return nil, fmt.Errorf("broker: %w", err)
-		}
+	b.walParts = map[string]*partition.Partition{}
+	b.walStuck = map[string]*wal.Group{}
+	b.wal, err = wal.Open(wal.Options{FS: cfg.FS, Dir: filepath.Join(cfg.DataDir, "wal"), OnPressure: b.walPressure})
+	if err != nil {
+		return nil, fmt.Errorf("broker: node journal: %w", err)
 	}
 	if err := b.recover(root); err != nil {
 		b.closePartitions()
@@ -240,25 +241,6 @@ func Open(cfg Config) (b *Broker, err error) {
 		}
 	}
 	return b, nil
-}
-
-// ErrNodeWAL refuses to open a data directory that holds a node WAL without
-// Config.NodeWAL (storage.wal = off).
-var ErrNodeWAL = errors.New("broker: the data directory holds a node WAL")
-
-// refuseNodeWAL returns ErrNodeWAL when dir holds a WAL segment: entries
-// confirmed through a node WAL may not be in their partitions' own logs
-// yet, and a broker that ignored it would lose them. A directory it cannot
-// read is refused too; only a missing one passes.
-func refuseNodeWAL(fs vfs.FS, dir string) error {
-	has, err := wal.HasSegments(fs, dir)
-	if err != nil {
-		return fmt.Errorf("broker: checking for a node WAL: %w", err)
-	}
-	if !has {
-		return nil
-	}
-	return fmt.Errorf("%w (%s): records confirmed through it may be nowhere else; start with storage.wal = on (a clean stop with it on retires the WAL once every partition holds its own records)", ErrNodeWAL, dir)
 }
 
 // walPressure is the WAL's OnPressure: the partition named group syncs its
@@ -283,6 +265,12 @@ func (b *Broker) walPressure(group string, _ uint64) {
 		}
 		return
 	case p == nil:
+		b.walMu.Lock()
+		g := b.walStuck[group]
+		b.walMu.Unlock()
+		if g != nil {
+			b.walCarry(group, g)
+		}
 		return
 	}
 	if err := p.ReleaseWAL(); err != nil && !errors.Is(err, seglog.ErrClosed) {
@@ -290,11 +278,25 @@ func (b *Broker) walPressure(group string, _ uint64) {
 	}
 }
 
-// walGroup names the WAL group of the partition in dir (relative to the
-// data directory). A queue created with the node WAL carries an
-// incarnation in its metadata, so that a queue deleted and created again
-// under the same name never shares a group with its predecessor.
-func (b *Broker) walGroup(dir string, m *queueMeta) (string, error) {
+// walCarry commits a quarantined partition's replayed records again at the
+// journal's head, voiding their older copies.
+func (b *Broker) walCarry(group string, g *wal.Group) {
+	batch := wal.Batch{Reset: true, Entries: g.Entries}
+	if g.HasHardState {
+		hs := g.HardState
+		batch.HardState = &hs
+	}
+	if err := b.wal.Commit(group, batch); err != nil && !errors.Is(err, wal.ErrClosed) {
+		b.logger.Warn("could not carry a quarantined partition's journal records forward", "group", group, "err", err)
+	}
+}
+
+// walGroup names the journal group of partition idx of the queue in dir
+// (relative to the data directory). A queue deleted and created again under
+// the same name never shares a group with its predecessor: a single-node
+// queue carries an incarnation in its metadata, and a replicated partition
+// is named by its raft group, which the controller never reuses.
+func (b *Broker) walGroup(dir string, m *queueMeta, idx uint32) (string, error) {
 	group, err := filepath.Rel(b.cfg.DataDir, dir)
 	if err != nil {
 		return "", fmt.Errorf("broker: %w", err)
@@ -302,6 +304,9 @@ func (b *Broker) walGroup(dir string, m *queueMeta) (string, error) {
 	group = filepath.ToSlash(group)
 	if m.Incarnation != "" {
 		group += "@" + m.Incarnation
+	}
+	if int(idx) < len(m.Raft) && m.Raft[idx].RaftGroup != 0 {
+		group += "@g" + strconv.FormatUint(m.Raft[idx].RaftGroup, 10)
 	}
 	return group, nil
 }
@@ -397,7 +402,7 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 			Counters:              b.counters, OnSync: b.cfg.OnSync,
 		}
 		if b.wal != nil {
-			group, gerr := b.walGroup(pc.Dir, m)
+			group, gerr := b.walGroup(pc.Dir, m, i)
 			if gerr != nil {
 				return nil, gerr
 			}
@@ -435,9 +440,13 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 				p.Close()
 			}
 		}
-		if err == nil && b.wal != nil && p.Quarantined() == nil {
+		if err == nil && b.wal != nil {
 			b.walMu.Lock()
-			b.walParts[pc.WALGroup] = p
+			if p.Quarantined() == nil {
+				b.walParts[pc.WALGroup] = p
+			} else if pc.WALReplay != nil && len(pc.WALReplay.Entries) > 0 {
+				b.walStuck[pc.WALGroup] = pc.WALReplay
+			}
 			b.walMu.Unlock()
 		}
 		if err != nil {
@@ -592,12 +601,12 @@ func (b *Broker) Close() error {
 	err := b.closePartitions()
 	if b.wal != nil {
 		// Every partition that closed cleanly has released its entries;
-		// then the WAL is retired, and the directory may start without
-		// one (storage.wal = off).
+		// then the journal's segments are deleted, and the next start
+		// begins a fresh one.
 		retired, werr := b.wal.Retire()
 		err = errors.Join(err, werr)
 		if werr == nil && !retired {
-			b.logger.Info("node WAL kept: some partitions' records are only there (a quarantined or failed partition); the data directory still needs storage.wal = on")
+			b.logger.Info("node journal kept: some partitions' records are only there (a quarantined or failed partition); the next start replays it")
 		}
 	}
 	// Released only once every partition has closed its files.

@@ -179,6 +179,7 @@ func (b *Broker) dropLocal(k queueKey, why string, wait bool) error {
 		b.walMu.Lock()
 		for _, g := range q.walGroups {
 			delete(b.walParts, g)
+			delete(b.walStuck, g)
 		}
 		b.walMu.Unlock()
 		for _, g := range q.walGroups {

@@ -693,3 +693,20 @@ func (f *dirSyncFile) Sync() error {
 	}
 	return f.File.Sync()
 }
+
+// Writes fail too: through the node journal a publish is made durable by
+// the journal's fsync, and the partition's own files see the failure when
+// the record is written to them.
+func (f *dirSyncFile) Write(p []byte) (int, error) {
+	if f.fs.failing.Load() {
+		return 0, errors.New("no space left on device")
+	}
+	return f.File.Write(p)
+}
+
+func (f *dirSyncFile) WriteAt(p []byte, off int64) (int, error) {
+	if f.fs.failing.Load() {
+		return 0, errors.New("no space left on device")
+	}
+	return f.File.WriteAt(p, off)
+}

@@ -183,9 +183,9 @@ type Storage struct {
 	Quarantine             string `toml:"quarantine"` // quarantine | refuse | ignore
 	CheckpointEveryRecords int    `toml:"checkpoint_every_records"`
 	InboxMax               int    `toml:"inbox_max"`
-	// WAL is on or off: whether every partition's entries are made durable
-	// through one node write-ahead log (DataDir/wal) instead of each
-	// partition's own fsync.
+	// WAL is kept so that configurations written for earlier releases
+	// still load: every partition now commits through the node journal
+	// (DataDir/wal), so only "on" is accepted.
 	WAL string `toml:"wal"`
 }
 
@@ -268,7 +268,7 @@ func Default() Config {
 		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000,
 			SlowConsumerTimeoutMs: 30_000},
 		Cluster: Cluster{GossipListen: "127.0.0.1:7946", PeerListen: "127.0.0.1:7947", Profile: "seed"},
-		Storage: Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096, WAL: "off"},
+		Storage: Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096, WAL: "on"},
 		Queue: Queue{Partitions: 1, LeaseMs: 30_000, MaxRetries: 5, DeadLetterTopic: "sinew.dead-letter",
 			DelayMsMax: thirtyDaysMs, TTLMsMax: thirtyDaysMs, NackDelayMsMax: thirtyDaysMs},
 		// sinew serve keeps dropped sessions resumable for 5 s by default;
@@ -688,8 +688,8 @@ func (c *Config) Validate() error {
 	}
 	positive("storage.checkpoint_every_records", int64(s.CheckpointEveryRecords))
 	positive("storage.inbox_max", int64(s.InboxMax))
-	if s.WAL != "on" && s.WAL != "off" {
-		bad("storage.wal", "%q is not on or off", s.WAL)
+	if s.WAL != "on" {
+		bad("storage.wal", "%q: the setting was removed; every partition now commits through the node journal (DATA_DIR/wal), so delete the key (docs/operations.md, \"Node journal\")", s.WAL)
 	}
 	c.validateCluster(bad)
 	q := c.Queue
@@ -716,9 +716,6 @@ func (c *Config) Validate() error {
 
 func (c *Config) validateCluster(bad func(key, format string, args ...any)) {
 	cl := c.Cluster
-	if cl.Enabled && c.Storage.WAL == "on" {
-		bad("storage.wal", "on is not supported with cluster.enabled yet: replicated partitions write their own logs (docs/cluster.md)")
-	}
 	host, _, err := net.SplitHostPort(cl.GossipListen)
 	ip := net.ParseIP(host)
 	switch {
