@@ -329,10 +329,12 @@ func (p *Partition) recover() error {
 		Logger:         p.logger,
 	}
 	if cfg.WAL != nil {
-		// The WAL makes entries durable; the log's own fdatasync would
-		// only double the cost. It still syncs in the background, at
-		// checkpoints (which then release the WAL) and at Close.
-		opts.Sync, opts.SyncIntervalMs = seglog.SyncInterval, walLogSyncIntervalMs
+		// The journal makes entries durable; the log is the store for
+		// reads, written in large batches off the hot path (a read of a
+		// record not written yet writes it first) and fsynced only at
+		// checkpoints and under journal pressure (which then release the
+		// journal) and at Close.
+		opts.Sync, opts.SyncIntervalMs, opts.BufferBytes = seglog.SyncManual, storeWriteIntervalMs, storeBufferBytes
 	}
 	if single {
 		// Everything is committed: replay during Open's verification
@@ -444,9 +446,13 @@ func (p *Partition) ReleaseWAL() error {
 	return nil
 }
 
-// walLogSyncIntervalMs is how often a partition's own log is fsynced in
-// the background when a WAL makes its entries durable.
-const walLogSyncIntervalMs = 1000
+// With the node journal, a partition's log buffers up to storeBufferBytes
+// of records and writes them to the OS at least every storeWriteIntervalMs
+// (no fsync: the journal made them durable).
+const (
+	storeWriteIntervalMs = 1000
+	storeBufferBytes     = 1 << 20
+)
 
 // mergeWAL copies into log the entries the node journal replayed for this
 // partition and the log lacks (written to the OS but not fsynced before a
