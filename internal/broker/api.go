@@ -203,6 +203,9 @@ type Config struct {
 	// directory that has a node WAL is refused without it (ErrNodeWAL):
 	// records confirmed through the WAL may be nowhere else.
 	NodeWAL bool
+
+	// deadLetterJobsMax overrides deadLetterJobsMax (tests).
+	deadLetterJobsMax int
 }
 
 // Consumer receives a subscription's deliveries.

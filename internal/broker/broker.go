@@ -200,7 +200,7 @@ func Open(cfg Config) (b *Broker, err error) {
 		deleting: make(map[queueKey]chan struct{}),
 		subs:     make(map[uint64]*Subscription),
 		counters: new(partition.Counters),
-		dl:       newDeadLetterWorker(),
+		dl:       newDeadLetterWorker(cmp.Or(cfg.deadLetterJobsMax, deadLetterJobsMax)),
 	}
 	if !cfg.NodeWAL {
 		if err := refuseNodeWAL(cfg.FS, filepath.Join(cfg.DataDir, "wal")); err != nil {

@@ -173,9 +173,9 @@ type deadLetterWorker struct {
 	started bool
 }
 
-func newDeadLetterWorker() *deadLetterWorker {
+func newDeadLetterWorker(jobsMax int) *deadLetterWorker {
 	return &deadLetterWorker{
-		jobs:   make(chan deadLetterJob, deadLetterJobsMax),
+		jobs:   make(chan deadLetterJob, jobsMax),
 		quit:   make(chan struct{}),
 		exited: make(chan struct{}),
 	}

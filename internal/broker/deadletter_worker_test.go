@@ -2,8 +2,12 @@ package broker
 
 import (
 	"context"
+	"log/slog"
+	"strconv"
+	"strings"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/protocol"
@@ -108,7 +112,7 @@ func TestDeadLetterCreationDoesNotBlockPartition(t *testing.T) {
 // refused at once (the partition retries it later), and after Close every
 // copy is refused; none is lost silently.
 func TestDeadLetterWorkerFullRefuses(t *testing.T) {
-	w := newDeadLetterWorker()
+	w := newDeadLetterWorker(deadLetterJobsMax)
 	for range deadLetterJobsMax {
 		if err := w.enqueue(deadLetterJob{done: func(error) { t.Error("done called for a queued job") }}); err != nil {
 			t.Fatal(err)
@@ -138,4 +142,65 @@ func TestDeadLetterWorkerFullRefuses(t *testing.T) {
 	if err := w.enqueue(deadLetterJob{}); err != ErrShuttingDown {
 		t.Fatalf("enqueue after stop: %v", err)
 	}
+}
+
+// TestDeadLetterWorkerFullRetries: copies the worker has no room for stay
+// dead-lettering in their source and are copied later; none is lost, and
+// each lands in the dead-letter queue once.
+func TestDeadLetterWorkerFullRetries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(vfs.NewMem())
+		cfg.deadLetterJobsMax = 1
+		logs := &syncBuffer{}
+		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		b := mustOpen(t, cfg)
+		defer b.Close()
+		release := make(chan struct{})
+		b.testCreateHook = func(string) { <-release }
+		released := false
+		defer func() {
+			if !released {
+				close(release)
+			}
+		}()
+		const n = 5
+		for i := range n {
+			mustPublish(t, b, msg("src", strconv.Itoa(i)))
+		}
+		r := &rec{}
+		s, err := b.Subscribe(&protocol.Subscribe{Topic: "src", Partition: -1, Prefetch: n}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		for _, d := range r.deliveries() {
+			if code := r.settle(s, protocol.OpFail, d); code != protocol.CodeOK {
+				t.Fatal(code)
+			}
+		}
+		synctest.Wait()
+		// One copy is in the worker's hands (creating the queue), one
+		// waits in its queue, the rest were refused and wait in the source.
+		if st := partitionStats(t, b, "src"); st.DeadLettering != n {
+			t.Fatalf("source: %d dead-lettering, want %d", st.DeadLettering, n)
+		}
+		if !strings.Contains(logs.String(), "dead-letter queue of work is full") {
+			t.Fatalf("no copy was refused for a full worker queue; log:\n%s", logs)
+		}
+		released = true
+		close(release)
+		for range 10 {
+			time.Sleep(time.Second) // the source's retry delay
+			synctest.Wait()
+			if partitionStats(t, b, "src").DeadLettering == 0 {
+				break
+			}
+		}
+		if st := partitionStats(t, b, "src"); st.DeadLettering != 0 {
+			t.Fatalf("source after retries: %d dead-lettering, want 0", st.DeadLettering)
+		}
+		if st := partitionStats(t, b, DeadLetterTopicDefault); st.Ready != n {
+			t.Fatalf("dead-letter queue: %d ready, want %d", st.Ready, n)
+		}
+	})
 }
