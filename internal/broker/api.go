@@ -143,6 +143,8 @@ type Config struct {
 	// holds: no retry limit, no TTL, FAIL puts a message back to ready, and
 	// a message leaves only when completed or purged.
 	DeadLetterTopic string
+	// deadLetterJobsMax overrides deadLetterJobsMax (tests).
+	deadLetterJobsMax int
 	// DelayMsMax caps how far ahead a publish may schedule its first
 	// delivery (delay_ms, or not_before_ms from now); TTLMsMax caps a
 	// publish's ttl_ms and a queue's default_ttl_ms; NackDelayMsMax caps
@@ -203,9 +205,6 @@ type Config struct {
 	// directory that has a node WAL is refused without it (ErrNodeWAL):
 	// records confirmed through the WAL may be nowhere else.
 	NodeWAL bool
-
-	// deadLetterJobsMax overrides deadLetterJobsMax (tests).
-	deadLetterJobsMax int
 }
 
 // Consumer receives a subscription's deliveries.

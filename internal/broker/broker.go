@@ -200,8 +200,8 @@ func Open(cfg Config) (b *Broker, err error) {
 		deleting: make(map[queueKey]chan struct{}),
 		subs:     make(map[uint64]*Subscription),
 		counters: new(partition.Counters),
-		dl:       newDeadLetterWorker(cmp.Or(cfg.deadLetterJobsMax, deadLetterJobsMax)),
 	}
+	b.dl = newDeadLetterWorker(cmp.Or(cfg.deadLetterJobsMax, deadLetterJobsMax))
 	if !cfg.NodeWAL {
 		if err := refuseNodeWAL(cfg.FS, filepath.Join(cfg.DataDir, "wal")); err != nil {
 			return nil, err
