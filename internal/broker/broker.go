@@ -201,7 +201,6 @@ func Open(cfg Config) (b *Broker, err error) {
 		subs:     make(map[uint64]*Subscription),
 		counters: new(partition.Counters),
 	}
-	b.dl = newDeadLetterWorker(cmp.Or(cfg.deadLetterJobsMax, deadLetterJobsMax))
 	if !cfg.NodeWAL {
 		if err := refuseNodeWAL(cfg.FS, filepath.Join(cfg.DataDir, "wal")); err != nil {
 			return nil, err
@@ -216,6 +215,7 @@ func Open(cfg Config) (b *Broker, err error) {
 			return nil, fmt.Errorf("broker: %w", err)
 		}
 	}
+	b.dl = newDeadLetterWorker(cmp.Or(cfg.deadLetterJobsMax, deadLetterJobsMax))
 	root := filepath.Join(cfg.DataDir, queuesDir)
 	if err := cfg.FS.MkdirAll(root, vfs.DirPerm); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
