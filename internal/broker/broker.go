@@ -42,9 +42,12 @@ var (
 // Broker is the registry of queues and subscriptions.
 //
 // Locks, in the order they may be taken: createMu (queue creation and
-// declaration changes; held across their file-system work), mu (the queue
-// map; held briefly), subsMu (the subscription registry). Partition
-// callbacks never take createMu.
+// declaration changes; held across their file-system work and, in a
+// cluster, the controller's commit), mu (the queue map; held briefly),
+// subsMu (the subscription registry). dl.mu (deadletter.go) is a leaf,
+// held only for a non-blocking send. Partition callbacks never take
+// createMu: the dead-letter callback hands its copy to the dead-letter
+// worker, which creates a missing target queue off the partition goroutine.
 type Broker struct {
 	cfg    Config
 	logger *slog.Logger
@@ -87,6 +90,12 @@ type Broker struct {
 	walStuck map[string]*wal.Group
 	// counters is shared by every partition (inspect.go).
 	counters *partition.Counters
+	// dl creates dead-letter queues and publishes dead-letter copies for
+	// every partition of this node, off their goroutines (deadletter.go).
+	dl *deadLetterWorker
+	// testCreateHook, when set (by tests), runs before a dead-letter queue
+	// is created.
+	testCreateHook func(topic string)
 }
 
 type queueKey struct{ topic, group string }
@@ -208,6 +217,7 @@ func Open(cfg Config) (b *Broker, err error) {
 			return nil, fmt.Errorf("broker: %w", err)
 		}
 	}
+	b.dl = newDeadLetterWorker(cmp.Or(cfg.deadLetterJobsMax, deadLetterJobsMax))
 	root := filepath.Join(cfg.DataDir, queuesDir)
 	if err := cfg.FS.MkdirAll(root, vfs.DirPerm); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
@@ -234,6 +244,7 @@ func Open(cfg Config) (b *Broker, err error) {
 			b.wal.Forget(g)
 		}
 	}
+	b.dl.start(b)
 	b.ready.Store(true)
 	for _, q := range b.queues {
 		for _, p := range q.parts {
@@ -517,30 +528,6 @@ func (b *Broker) deadLetterTarget(m *queueMeta) string {
 	return t
 }
 
-// deadLetter is the partitions' dead-letter publisher: it publishes m to
-// the default group of topic target, creating the queue on first use.
-func (b *Broker) deadLetter(target string, m *queue.Message, done func(error)) {
-	if !b.ready.Load() {
-		done(ErrStarting)
-		return
-	}
-	if b.closed.Load() {
-		done(ErrShuttingDown)
-		return
-	}
-	q, err := b.deadLetterQueue(target)
-	if err != nil {
-		done(err)
-		return
-	}
-	p, err := q.pick(-1, m.Key, "", 0)
-	if err != nil {
-		done(err)
-		return
-	}
-	p.Publish(m, func(_ uint64, err error) { done(err) })
-}
-
 // CreateCheck decides whether a request may create the queue (topic,
 // group) it names when that queue does not exist (creation on first use):
 // nil lets it, an error is the request's answer. The broker asks it under
@@ -592,9 +579,11 @@ func (b *Broker) Close() error {
 	for _, s := range subs {
 		s.end(protocol.SubClosedShutdown, ErrShuttingDown, false)
 	}
+	// The dead-letter worker may be creating a queue; it finishes that
+	// job and answers the rest ErrShuttingDown, so that no partition waits
+	// for a copy that will never be confirmed.
+	b.dl.stop()
 	// Wait out a creation under way; later ones see closed and refuse.
-	// createMu is not held while partitions stop: an actor may be blocked
-	// on it, creating a dead-letter queue, and Close waits for actors.
 	b.createMu.Lock()
 	b.createMu.Unlock()
 	b.deletes.Wait()

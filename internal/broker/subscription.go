@@ -567,18 +567,8 @@ func (a *attachment) Deliver(d partition.Delivery) {
 			s.avgBytes.Store(avg + (n-avg)/8)
 		}
 	}
-	var hs []protocol.Header
-	if len(d.Headers) > 0 {
-		hs = make([]protocol.Header, len(d.Headers))
-		for i, h := range d.Headers {
-			hs[i] = protocol.Header(h)
-		}
-	}
-	s.c.Deliver(s, Delivery{
-		Partition: a.idx, Offset: d.Offset, LeaseID: d.LeaseID, Attempt: d.Attempt,
-		PublishedAtMs: d.PublishedAtMs, Key: d.Key, Headers: hs, ContentType: d.ContentType,
-		Body: d.Body, Topic: s.view.Topic, Group: s.view.Group, ExpiresAtMs: d.ExpiresAtMs, Epoch: d.Term,
-	})
+	d.Partition, d.Topic, d.Group = a.idx, s.view.Topic, s.view.Group
+	s.c.Deliver(s, d)
 	if s.pause != nil {
 		// After Deliver, so the consumer's room already counts it.
 		s.leftTransit(1)

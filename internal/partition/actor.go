@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/delivery"
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/wal"
@@ -716,7 +717,7 @@ func (p *Partition) adopt(c Consumer, now int64) int {
 		p.holders[in.Offset] = holder{c: c, leaseID: in.LeaseID}
 		c.Deliver(Delivery{
 			Offset: in.Offset, LeaseID: in.LeaseID, Attempt: in.Attempt,
-			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: m.Headers,
+			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: delivery.Headers(m.Headers),
 			ContentType: m.ContentType, Body: m.Body,
 		})
 		n++
@@ -767,8 +768,8 @@ func (p *Partition) deliver(ds []pending) {
 		}
 		d.c.Deliver(Delivery{
 			Offset: d.offset, LeaseID: d.leaseID, Attempt: d.attempt,
-			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: m.Headers,
-			ContentType: m.ContentType, Body: m.Body, ExpiresAtMs: expires, Term: term,
+			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: delivery.Headers(m.Headers),
+			ContentType: m.ContentType, Body: m.Body, ExpiresAtMs: expires, Epoch: term,
 		})
 	}
 }

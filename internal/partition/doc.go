@@ -104,10 +104,12 @@
 // rolls back costs only replay. The commit index written is never past what
 // the replica applied: a follower hears of a commit index together with
 // entries it has not synced yet, and a HardState that outlived them would
-// claim more than the log holds. raft copies every entry proposed to it; a
-// group of one, whose entries no peer reads, proposes them without their
-// data and writes each record from the turn's own buffers when the
-// MsgStorageAppend comes back, in the same call.
+// claim more than the log holds. raft keeps the data of an entry proposed
+// to it without copying it (in its log, its entry cache and its messages
+// to followers). Every group, a group of one too, proposes its records
+// with their data (propose): a publish's own framed buffer, which nothing
+// changes afterwards, as it is; a record decided into the turn's arena,
+// which is reused after the turn, as a copy.
 //
 // Only committed entries are applied on a follower. The leader decides on
 // a state that also holds its own proposals not yet committed (the

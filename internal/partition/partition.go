@@ -15,6 +15,7 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 
 	"github.com/sinewmq/sinew/internal/dedup"
+	"github.com/sinewmq/sinew/internal/delivery"
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
@@ -286,26 +287,10 @@ type CreditCarrier interface {
 	CarryCredit(offset, leaseID uint64) bool
 }
 
-// Delivery is one leased message. Key and Body may be shared with other
-// deliveries of the same message and must not be modified.
-type Delivery struct {
-	Offset        uint64
-	LeaseID       uint64
-	Attempt       uint32
-	PublishedAtMs int64
-	Key           []byte
-	Headers       []queue.Header
-	ContentType   string
-	Body          []byte
-	// ExpiresAtMs is the lease's deadline for a replica of a larger group
-	// (0 on a group of one): a delivery not handed to the consumer's
-	// socket by then is dropped, since another owner may have leased the
-	// message again meanwhile.
-	ExpiresAtMs int64
-	// Term is the raft term of the owner that granted the lease, for a
-	// replica of a larger group (0 on a group of one): the DELIVER's epoch.
-	Term uint64
-}
+// Delivery is one leased message (internal/delivery). A partition fills in
+// everything but Partition, Topic and Group, which the broker adds;
+// ExpiresAtMs and Epoch only on a replica of a larger group.
+type Delivery = delivery.Delivery
 
 // Stats are a partition's counters as of the end of its last turn.
 type Stats struct {
