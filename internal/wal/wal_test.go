@@ -250,7 +250,12 @@ func crashOnce(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	fs := vfs.NewMem()
 	mkData(t, fs)
-	w, err := Open(Options{FS: fs, Dir: "data/wal", SegmentBytes: int64(1+rng.IntN(8)) << 10, PendingBytesMax: 2 << 10})
+	// Half the seeds roll into prepared (zero-filled) segments.
+	prep := PrepareNever
+	if seed%2 == 1 {
+		prep = PrepareAlways
+	}
+	w, err := Open(Options{FS: fs, Dir: "data/wal", SegmentBytes: int64(1+rng.IntN(8)) << 10, PendingBytesMax: 2 << 10, Prepare: prep})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -627,5 +632,42 @@ func TestResetVoidsEarlierEntries(t *testing.T) {
 	h, _ := w.Take("h")
 	if len(h.Entries) != 1 || h.Entries[0].Index != 7 {
 		t.Fatalf("h after reset: %+v", h)
+	}
+}
+
+// TestPreparedSegments: with PrepareAlways the segments after the first are
+// prepared full of zeros; everything committed replays across them, and no
+// prepared file is left after Close.
+func TestPreparedSegments(t *testing.T) {
+	fs := vfs.NewMem()
+	w := open(t, fs, Options{SegmentBytes: 2 << 10, Prepare: PrepareAlways})
+	for i := uint64(1); i <= 200; i++ {
+		if err := w.Commit("g", Batch{Entries: entries("g", i, i, 1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, _ := w.Segments(); n < 3 {
+		t.Fatalf("%d segments: the test never rolled", n)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	names, _ := fs.ReadDir("data/wal")
+	for _, n := range names {
+		if n == preparedName {
+			t.Fatalf("a prepared segment was left after Close: %v", names)
+		}
+	}
+	// A later segment is exactly a whole segment of zeros past its data (a
+	// reserved one would be reserveStepBytes long).
+	fi, err := fs.Stat(filepath.Join("data/wal", segName(2)))
+	if err != nil || fi.Size() != 2<<10 {
+		t.Fatalf("segment 2 was not prepared: %v, %v", fi, err)
+	}
+	w = open(t, fs, Options{SegmentBytes: 2 << 10, Prepare: PrepareAlways})
+	defer w.Close()
+	g, _ := w.Take("g")
+	if len(g.Entries) != 200 || g.Entries[199].Index != 200 {
+		t.Fatalf("replayed %d entries", len(g.Entries))
 	}
 }
