@@ -170,8 +170,10 @@ type WAL struct {
 	active   vfs.File
 	reserved int64
 	// preparing delivers the zero-filled next segment (PrepareAlways);
-	// nil when none is being prepared.
-	preparing chan prepared
+	// nil when none is being prepared. rolledPrepared counts the rolls
+	// that took one.
+	preparing      chan prepared
+	rolledPrepared int
 
 	writerDone chan struct{}
 	pressWG    sync.WaitGroup
@@ -433,6 +435,7 @@ func (w *WAL) roll(seq uint64) error {
 			return fmt.Errorf("prepare next segment: %w", p.err)
 		}
 		f, reserved = p.f, w.opts.SegmentBytes
+		w.rolledPrepared++
 		err := w.opts.FS.Rename(filepath.Join(w.opts.Dir, preparedName), path)
 		if err != nil {
 			f.Close()
