@@ -174,6 +174,10 @@ type WAL struct {
 	// that took one.
 	preparing      chan prepared
 	rolledPrepared int
+	// ready is a prepared segment taken from preparing before it was
+	// needed; activePrepared tells whether the active segment was one.
+	ready          *prepared
+	activePrepared bool
 
 	writerDone chan struct{}
 	pressWG    sync.WaitGroup
@@ -265,6 +269,11 @@ func Open(opts Options) (*WAL, error) {
 	}
 	if err := w.roll(next); err != nil {
 		return nil, err
+	}
+	if w.opts.Prepare == PrepareAlways {
+		// The segment Open starts is only reserved; the writer moves to
+		// a prepared one as soon as it is ready.
+		w.startPreparing()
 	}
 	go w.run()
 	return w, nil
@@ -426,11 +435,16 @@ func (w *WAL) roll(seq uint64) error {
 	path := filepath.Join(w.opts.Dir, segName(seq))
 	var f vfs.File
 	var reserved int64
-	if w.preparing != nil {
+	if w.ready == nil && w.preparing != nil {
+		p := <-w.preparing
+		w.ready = &p
+	}
+	w.activePrepared = w.ready != nil
+	if w.ready != nil {
 		// The prepared file is zeros from end to end, synced: the header
 		// goes at its start and it takes the segment's name.
-		p := <-w.preparing
-		w.preparing = nil
+		p := *w.ready
+		w.ready, w.preparing = nil, nil
 		if p.err != nil {
 			return fmt.Errorf("prepare next segment: %w", p.err)
 		}
@@ -727,11 +741,20 @@ func (w *WAL) run() {
 }
 
 func (w *WAL) write(batch []*waiter, bufp *[]byte) error {
+	if w.preparing != nil && w.ready == nil {
+		select {
+		case p := <-w.preparing:
+			w.ready = &p
+		default:
+		}
+	}
 	w.mu.Lock()
 	act := w.segs[len(w.segs)-1]
 	full := act.size >= w.opts.SegmentBytes
 	w.mu.Unlock()
-	if full {
+	// A segment that was only reserved gives way to a prepared one as
+	// soon as it is ready.
+	if full || !w.activePrepared && w.ready != nil {
 		if err := w.roll(act.seq + 1); err != nil {
 			return err
 		}
@@ -813,11 +836,15 @@ func (w *WAL) startPreparing() {
 // dropPrepared closes and removes a prepared segment, if any. Writer (or
 // Close, after the writer stopped) only.
 func (w *WAL) dropPrepared() error {
-	if w.preparing == nil {
+	if w.ready == nil && w.preparing != nil {
+		p := <-w.preparing
+		w.ready = &p
+	}
+	if w.ready == nil {
 		return nil
 	}
-	p := <-w.preparing
-	w.preparing = nil
+	p := *w.ready
+	w.ready, w.preparing = nil, nil
 	if p.err != nil {
 		return nil // nothing to keep; Open removes a leftover
 	}
