@@ -60,20 +60,20 @@ func TestConsumeExecSettlesByExitStatus(t *testing.T) {
 // outlives its lease and its ACK is stale.
 func TestConsumeExecExtendsTheLease(t *testing.T) {
 	addr := startClientTestBroker(t)
-	const lease = 300 * time.Millisecond
+	const lease = 600 * time.Millisecond
 	for _, tc := range []struct {
 		topic  string
 		extend []string
 		stale  bool
 	}{
-		{"ext-on", []string{"--extend-every", "100ms"}, false},
+		{"ext-on", []string{"--extend-every", "200ms"}, false},
 		{"ext-off", nil, true},
 	} {
 		declareLease(t, addr, tc.topic, lease)
 		if code, _, errOut := runCmd(t, "slow\n", "publish", "--addr", addr, "--topic", tc.topic); code != 0 {
 			t.Fatalf("publish: %s", errOut)
 		}
-		args := append([]string{"consume", "--addr", addr, "--topic", tc.topic, "--count", "1", "--exec", "sleep 0.9; cat"}, tc.extend...)
+		args := append([]string{"consume", "--addr", addr, "--topic", tc.topic, "--count", "1", "--exec", "sleep 1.8; cat"}, tc.extend...)
 		code, out, errOut := runCmd(t, "", args...)
 		if code != 0 || out != "slow" {
 			t.Fatalf("%s: exit %d, out %q, err %q", tc.topic, code, out, errOut)
