@@ -6,3 +6,10 @@ func (w *WAL) padNext() uint64 {
 	defer w.mu.Unlock()
 	return w.released["pad"] + 1
 }
+
+// preparedActive reports whether the active segment is a prepared one.
+func (w *WAL) preparedActive() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.activePrepared
+}

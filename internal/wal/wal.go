@@ -175,7 +175,8 @@ type WAL struct {
 	preparing      chan prepared
 	rolledPrepared int
 	// ready is a prepared segment taken from preparing before it was
-	// needed; activePrepared tells whether the active segment was one.
+	// needed; activePrepared (written under mu, read by the writer
+	// without it) tells whether the active segment was one.
 	ready          *prepared
 	activePrepared bool
 
@@ -439,7 +440,7 @@ func (w *WAL) roll(seq uint64) error {
 		p := <-w.preparing
 		w.ready = &p
 	}
-	w.activePrepared = w.ready != nil
+	isPrepared := w.ready != nil
 	if w.ready != nil {
 		// The prepared file is zeros from end to end, synced: the header
 		// goes at its start and it takes the segment's name.
@@ -487,6 +488,7 @@ func (w *WAL) roll(seq uint64) error {
 	w.active, w.reserved = f, reserved
 	info.size = int64(len(buf))
 	w.mu.Lock()
+	w.activePrepared = isPrepared
 	w.segs = append(w.segs, info)
 	w.mu.Unlock()
 	return nil
