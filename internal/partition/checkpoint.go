@@ -451,7 +451,7 @@ func (p *Partition) ReleaseWAL() error {
 // (no fsync: the journal made them durable).
 const (
 	storeWriteIntervalMs = 1000
-	storeBufferBytes     = 1 << 20
+	storeBufferBytes     = 256 << 10
 )
 
 // mergeWAL copies into log the entries the node journal replayed for this
