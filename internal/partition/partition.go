@@ -315,7 +315,9 @@ type Stats struct {
 	// Duplicates counts publishes answered with the offset of an earlier
 	// store of the same producer sequence since Open.
 	Duplicates uint64
-	// BytesOnDisk is the size of the log segments the partition keeps.
+	// BytesOnDisk is the size of the log segments the partition keeps,
+	// counting the records the node journal holds for them that they have
+	// not written yet.
 	BytesOnDisk int64
 }
 
@@ -965,6 +967,8 @@ func (p *Partition) publishStats() {
 		for _, seg := range p.log.Segments() {
 			s.BytesOnDisk += seg.Bytes
 		}
+		// Records in the log's buffer are on disk in the node journal.
+		s.BytesOnDisk += p.log.Buffered()
 		if p.failed != nil {
 			s.Err = p.failed.Error()
 		}

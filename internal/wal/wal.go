@@ -19,7 +19,7 @@ import (
 // Defaults for Options.
 const (
 	// SegmentBytesDefault is the default Options.SegmentBytes.
-	SegmentBytesDefault = 64 << 20
+	SegmentBytesDefault = 16 << 20
 	// PendingBytesMaxDefault is the default Options.PendingBytesMax.
 	PendingBytesMaxDefault = 16 << 20
 	// CommittersMaxDefault is the default Options.CommittersMax.
@@ -33,7 +33,7 @@ type Options struct {
 	FS  vfs.FS
 	Dir string
 	// SegmentBytes is the size past which the writer starts a new segment
-	// before its next batch. Default 64 MiB.
+	// before its next batch. Default 16 MiB.
 	SegmentBytes int64
 	// PendingBytesMax bounds the encoded bytes queued for the writer; a
 	// Commit that would pass it waits (a batch alone may exceed it).
