@@ -440,15 +440,18 @@ func (w *WAL) roll(seq uint64) error {
 		p := <-w.preparing
 		w.ready = &p
 	}
+	if w.ready != nil && w.ready.err != nil {
+		// Preparing is an optimisation: a failure (a full disk) costs
+		// nothing confirmed, and the segment is reserved instead.
+		w.ready, w.preparing = nil, nil
+		_ = w.opts.FS.Remove(filepath.Join(w.opts.Dir, preparedName))
+	}
 	isPrepared := w.ready != nil
 	if w.ready != nil {
 		// The prepared file is zeros from end to end, synced: the header
 		// goes at its start and it takes the segment's name.
 		p := *w.ready
 		w.ready, w.preparing = nil, nil
-		if p.err != nil {
-			return fmt.Errorf("prepare next segment: %w", p.err)
-		}
 		f, reserved = p.f, w.opts.SegmentBytes
 		w.rolledPrepared++
 		err := w.opts.FS.Rename(filepath.Join(w.opts.Dir, preparedName), path)
@@ -756,7 +759,7 @@ func (w *WAL) write(batch []*waiter, bufp *[]byte) error {
 	w.mu.Unlock()
 	// A segment that was only reserved gives way to a prepared one as
 	// soon as it is ready.
-	if full || !w.activePrepared && w.ready != nil {
+	if full || !w.activePrepared && w.ready != nil && w.ready.err == nil {
 		if err := w.roll(act.seq + 1); err != nil {
 			return err
 		}

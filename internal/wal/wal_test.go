@@ -668,3 +668,43 @@ func TestPreparedSegments(t *testing.T) {
 		t.Fatalf("replayed %d entries", len(g.Entries))
 	}
 }
+
+// noSpaceForPrepared fails every write to the prepared segment, as a full
+// disk does.
+type noSpaceForPrepared struct{ vfs.FS }
+
+func (f noSpaceForPrepared) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
+	file, err := f.FS.OpenFile(name, flag, perm)
+	if err != nil || filepath.Base(name) != preparedName {
+		return file, err
+	}
+	return noSpaceFile{file}, nil
+}
+
+type noSpaceFile struct{ vfs.File }
+
+func (noSpaceFile) WriteAt([]byte, int64) (int, error) {
+	return 0, errors.New("no space left on device")
+}
+
+// TestPrepareFailureIsNotFatal: a prepared segment that cannot be written
+// (a full disk) leaves the WAL working on reserved segments.
+func TestPrepareFailureIsNotFatal(t *testing.T) {
+	fs := vfs.NewMem()
+	mkData(t, fs)
+	w, err := Open(Options{FS: noSpaceForPrepared{fs}, Dir: "data/wal", SegmentBytes: 2 << 10, Prepare: PrepareAlways})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(1); i <= 400; i++ {
+		if err := w.Commit("g", Batch{Entries: entries("g", i, i, 1)}); err != nil {
+			t.Fatalf("commit %d with a failing preparation: %v", i, err)
+		}
+	}
+	if n, _ := w.Segments(); n < 3 {
+		t.Fatalf("%d segments: the test never rolled", n)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
