@@ -36,7 +36,7 @@ HELLO, HELLO_OK, PING, PONG, ERROR, OK = 0x01, 0x02, 0x03, 0x04, 0x05, 0x06
 DECLARE_QUEUE, DECLARE_OK, PUBLISH, PUBLISH_OK = 0x10, 0x11, 0x12, 0x13
 DELETE_QUEUE, PURGE_QUEUE, PURGE_OK = 0x14, 0x15, 0x16
 SUBSCRIBE, SUBSCRIBE_OK, UNSUBSCRIBE, SUB_CLOSED, DELIVER = 0x20, 0x21, 0x22, 0x23, 0x24
-ACK, NACK, FAIL, SETTLE_RESULT = 0x30, 0x31, 0x32, 0x33
+ACK, NACK, FAIL, SETTLE_RESULT, EXTEND = 0x30, 0x31, 0x32, 0x33, 0x34
 GOING_AWAY, RECONCILE, RECONCILE_RESULT, END_SESSION, INFLIGHT, INFLIGHT_RESULT = (
     0x40, 0x41, 0x42, 0x43, 0x44, 0x45)
 METADATA, METADATA_RESULT = 0x50, 0x51
@@ -621,6 +621,17 @@ class Settle(Body):
     kind: int = ACK
 
 
+@_body(EXTEND, "tags:list<uvarint> extend_ms:varint leases:list<LeaseRef>")
+@dataclass
+class Extend(Body):
+    """EXTEND (0x34): renews the leases of deliveries the client holds to
+    ``extend_ms`` from now; answered by SETTLE_RESULT. The layout of NACK
+    with ``delay_ms`` replaced by ``extend_ms``."""
+    tags: list[int] = field(default_factory=list)
+    extend_ms: int = 0
+    leases: list[LeaseRef] = field(default_factory=list)
+
+
 @_body(SETTLE_RESULT, "codes:list<u16>")
 @dataclass
 class SettleResult(Body):
@@ -706,7 +717,7 @@ _resolve()
 
 _OP_BODIES: tuple[type[Body], ...] = (
     Hello, HelloOK, Ping, Pong, ErrorBody, Ok, DeclareQueue, DeclareOK, Publish, PublishOK, DeleteQueue, PurgeQueue,
-    PurgeOK, Subscribe, SubscribeOK, Unsubscribe, SubClosed, Deliver, SettleResult, GoingAway, Reconcile,
+    PurgeOK, Subscribe, SubscribeOK, Unsubscribe, SubClosed, Deliver, Extend, SettleResult, GoingAway, Reconcile,
     ReconcileResult, EndSession, Inflight, InflightResult, Metadata, MetadataResult)
 BODIES: dict[int, type[Body]] = {c.OP: c for c in _OP_BODIES}
 BODIES[ACK] = Settle
@@ -718,7 +729,7 @@ OP_NAMES = {
     DECLARE_QUEUE: "DECLARE_QUEUE", DECLARE_OK: "DECLARE_OK", PUBLISH: "PUBLISH", PUBLISH_OK: "PUBLISH_OK",
     DELETE_QUEUE: "DELETE_QUEUE", PURGE_QUEUE: "PURGE_QUEUE", PURGE_OK: "PURGE_OK", SUBSCRIBE: "SUBSCRIBE",
     SUBSCRIBE_OK: "SUBSCRIBE_OK", UNSUBSCRIBE: "UNSUBSCRIBE", SUB_CLOSED: "SUB_CLOSED", DELIVER: "DELIVER",
-    ACK: "ACK", NACK: "NACK", FAIL: "FAIL", SETTLE_RESULT: "SETTLE_RESULT", GOING_AWAY: "GOING_AWAY",
+    ACK: "ACK", NACK: "NACK", FAIL: "FAIL", SETTLE_RESULT: "SETTLE_RESULT", EXTEND: "EXTEND", GOING_AWAY: "GOING_AWAY",
     RECONCILE: "RECONCILE", RECONCILE_RESULT: "RECONCILE_RESULT", END_SESSION: "END_SESSION",
     INFLIGHT: "INFLIGHT", INFLIGHT_RESULT: "INFLIGHT_RESULT", METADATA: "METADATA", METADATA_RESULT: "METADATA_RESULT",
 }
