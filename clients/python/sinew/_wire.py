@@ -71,6 +71,34 @@ def put_str(out: bytearray, s: str) -> None:
     put_bytes(out, s.encode("utf-8"))
 
 
+def _uvarint_at(buf: bytes, pos: int, r: Reader) -> tuple[int, int]:
+    """A uvarint at buf[pos:] and the position after it; failures are r's."""
+    if pos + 2 < len(buf):  # one to three bytes, unrolled
+        b = buf[pos]
+        if b < 0x80:
+            return b, pos + 1
+        c = buf[pos + 1]
+        if c < 0x80:
+            return (b & 0x7F) | c << 7, pos + 2
+        d = buf[pos + 2]
+        if d < 0x80:
+            return (b & 0x7F) | (c & 0x7F) << 7 | d << 14, pos + 3
+    v = 0
+    shift = 0
+    for i in range(10):
+        if pos >= len(buf):
+            raise r.fail("truncated")
+        b = buf[pos]
+        pos += 1
+        if i == 9 and b > 1:
+            raise r.fail("uvarint overflows 64 bits")
+        v |= (b & 0x7F) << shift
+        if b < 0x80:
+            return v, pos
+        shift += 7
+    raise r.fail("uvarint overflows 64 bits")
+
+
 class Reader:
     """Reads primitive fields from one body; every failure is a ProtocolError."""
 
@@ -340,6 +368,9 @@ class LeaseRef(Body):
     offset: int = 0
     lease_id: int = 0
     epoch: int = 0
+    raw: bytes = field(default=b"", compare=False, repr=False)
+    """The five fields as the DELIVER that named them encoded them, when it
+    did: a settle sends these bytes instead of encoding them again."""
 
 
 @_body(0, "sub_id:uvarint topic:str group:str partition:i32 ack_mode:u8 prefetch:u32")
@@ -589,24 +620,84 @@ class Deliver(Body):
     lease_id: int = 0
     epoch: int = 0
     lease_ms: int = 0
+    lease_raw: bytes = field(default=b"", compare=False, repr=False)
+    """sub_id, partition, offset, lease_id and epoch as encoded in this
+    frame: the bytes of the lease_ref that names this delivery (LeaseRef.raw)."""
 
     @classmethod
     def _decode_from(cls, r: Reader) -> Any:
-        # The hot path of a consumer, written out; the field table above
-        # stays the reference and the wire vectors check both agree.
+        # The hot path of a consumer, written out with the one-byte case of
+        # each uvarint inline; the field table above stays the reference,
+        # and the wire vectors and the malformed-input tests check both agree.
+        buf = r.buf
+        end = len(buf)
+        pos = r.pos
         r.field = "deliver"
-        u = r.uvarint
-        m = cls(u(), u(), r.u32(), u(), r.u32(), r.varint(), r.raw())
-        n = r.count(2)
-        m.headers = [(r.str(), r.str()) for _ in range(n)]
-        m.content_type = r.str()
-        m.body = r.raw()
-        m.topic = r.str()
-        m.group = r.str()
+        try:
+            v: list[int] = []
+            at: list[int] = []  # where each of the six starts
+            for _ in range(6):  # sub_id tag partition offset attempt published_at_ms
+                at.append(pos)
+                b = buf[pos]
+                if b < 0x80:
+                    v.append(b)
+                    pos += 1
+                else:
+                    x, pos = _uvarint_at(buf, pos, r)
+                    v.append(x)
+            if v[2] > U32_MAX or v[4] > U32_MAX:
+                raise r.fail("out of range")
+            pub = v[5]
+            pub = (pub >> 1) ^ -(pub & 1)
+            strs: list[bytes] = []
+            for _ in range(1):  # key
+                n = buf[pos]
+                if n < 0x80:
+                    pos += 1
+                else:
+                    n, pos = _uvarint_at(buf, pos, r)
+                if n > end - pos:
+                    raise r.fail("length beyond the body")
+                strs.append(buf[pos:pos + n])
+                pos += n
+            nh = buf[pos]
+            if nh < 0x80:
+                pos += 1
+            else:
+                nh, pos = _uvarint_at(buf, pos, r)
+            if nh > LIST_ITEMS_MAX or 2 * nh > end - pos:
+                raise r.fail("list longer than the body")
+            raw: list[bytes] = []
+            for _ in range(2 * nh + 4):  # header keys and values, content_type, body, topic, group
+                n = buf[pos]
+                if n < 0x80:
+                    pos += 1
+                else:
+                    n, pos = _uvarint_at(buf, pos, r)
+                if n > end - pos:
+                    raise r.fail("length beyond the body")
+                raw.append(buf[pos:pos + n])
+                pos += n
+            txt = [x.decode("utf-8") for i, x in enumerate(raw) if i != 2 * nh + 1]
+        except IndexError:
+            raise r.fail("truncated") from None
+        except UnicodeDecodeError:
+            raise r.fail("invalid UTF-8") from None
+        m = cls(v[0], v[1], v[2], v[3], v[4], pub, bytes(strs[0]),
+                [(txt[2 * i], txt[2 * i + 1]) for i in range(nh)], txt[2 * nh], bytes(raw[2 * nh + 1]),
+                txt[2 * nh + 1], txt[2 * nh + 2])
+        if pos < end:
+            r.field = "lease_id"
+            start = pos
+            m.lease_id, pos = _uvarint_at(buf, pos, r)
+            if pos < end:
+                r.field = "epoch"
+                m.epoch, pos = _uvarint_at(buf, pos, r)
+            # sub_id, then partition and offset (after the tag), then lease_id and epoch.
+            m.lease_raw = bytes(buf[at[0]:at[1]]) + bytes(buf[at[2]:at[4]]) + bytes(buf[start:pos])
+        r.pos = pos
         if not r.at_end():
-            m.lease_id = u()
-            m.epoch = u()
-        if not r.at_end():
+            r.field = "lease_ms"
             m.lease_ms = r.u32()
         return m
 
@@ -619,6 +710,31 @@ class Settle(Body):
     delay_ms: int = 0
     leases: list[LeaseRef] = field(default_factory=list)
     kind: int = ACK
+
+    def _encode_into(self, out: bytearray) -> None:
+        # The hot path of settles, written out; put_uvarint range-checks.
+        for t in self.tags:
+            _want_int(t)
+        _want_int(self.delay_ms)
+        try:
+            put_uvarint(out, len(self.tags))
+            for t in self.tags:
+                put_uvarint(out, t)
+            put_varint(out, self.delay_ms)
+            put_uvarint(out, len(self.leases))
+            for x in self.leases:
+                if x.raw:
+                    out += x.raw
+                    continue
+                if x.partition > U32_MAX:
+                    raise ValueError(f"u32 out of range: {x.partition}")
+                put_uvarint(out, x.sub_id)
+                put_uvarint(out, x.partition)
+                put_uvarint(out, x.offset)
+                put_uvarint(out, x.lease_id)
+                put_uvarint(out, x.epoch)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError("settle", str(e)) from None
 
 
 @_body(EXTEND, "tags:list<uvarint> extend_ms:varint leases:list<LeaseRef>")
@@ -637,6 +753,18 @@ class Extend(Body):
 class SettleResult(Body):
     """SETTLE_RESULT (0x33)."""
     codes: list[int] = field(default_factory=list)
+
+    @classmethod
+    def _decode_from(cls, r: Reader) -> Any:
+        # Every code below 128 (all of them today) is one byte: a whole
+        # result of ok codes is its bytes.
+        r.field = "codes"
+        n = r.count(1)
+        chunk = r.buf[r.pos:r.pos + n]
+        if len(chunk) == n and max(chunk, default=0) < 0x80:
+            r.pos += n
+            return cls(list(chunk))
+        return cls([r.u16() for _ in range(n)])
 
 
 @_body(GOING_AWAY, "deadline_ms:varint grace_ms:u32 reason:str redirect:str")
