@@ -301,6 +301,44 @@ class Vocabulary(BrokerCase):
         self.assertEqual(sinew.QueueDeletedError("q").name, "not_found")
 
 
+class Extend(BrokerCase):
+    LEASE_MS = 500
+
+    async def test_extending_handler_is_never_redelivered(self) -> None:
+        c = await self.client(self.broker.addr)
+        await c.declare_queue("ext", max_retries=5, lease_ms=self.LEASE_MS)
+        sub = await c.subscribe("ext", prefetch=1)
+        await c.publish("ext", b"slow")
+        m = await recv(sub)
+        other = await (await self.client(self.broker.addr)).subscribe("ext", prefetch=1)
+
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        extensions = 0
+        while loop.time() - start < 3 * self.LEASE_MS / 1000:  # the handler's work: three leases
+            await within(m.extend(self.LEASE_MS))
+            extensions += 1
+            await asyncio.sleep(self.LEASE_MS / 3 / 1000)
+        self.assertGreaterEqual(extensions, 3)
+        await within(m.complete(confirmed=True))  # still our lease: not stale
+        await c.publish("ext", b"marker")
+        first = await recv(other)
+        self.assertEqual((first.body, first.attempt), (b"marker", 1), "the extended message was delivered again")
+        await first.complete()
+
+        # Without extending, the lease runs out while the handler works and
+        # the message is delivered again (the lease is short enough to show it).
+        await c.declare_queue("ext-control", max_retries=5, lease_ms=self.LEASE_MS)
+        sub2 = await c.subscribe("ext-control", prefetch=1)
+        await c.publish("ext-control", b"slow")
+        m2 = await recv(sub2)
+        back = await recv(sub2)
+        self.assertEqual((m2.attempt, back.body, back.attempt), (1, b"slow", 2))
+        with self.assertRaises(sinew.StaleDeliveryError):
+            await within(m2.extend(self.LEASE_MS))
+        await back.complete(confirmed=True)
+
+
 class ExtendEncoding(BrokerCase):
     async def test_extend_sends_the_extend_op(self) -> None:
         # The frame the client writes for msg.extend(), checked at the
