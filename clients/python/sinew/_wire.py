@@ -19,6 +19,7 @@ Frame layout (big-endian)::
 from __future__ import annotations
 
 import dataclasses
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -71,6 +72,23 @@ def put_str(out: bytearray, s: str) -> None:
     put_bytes(out, s.encode("utf-8"))
 
 
+# A uvarint's bytes: up to nine with the continuation bit, then one without.
+_UVARINT = re.compile(rb"[\x80-\xff]{0,9}[\x00-\x7f]")
+
+
+def _mask(group: int, width: int, shift: int) -> int:
+    return sum(group << (k * width + shift) for k in range(160 // width))
+
+
+# Masks that squeeze the 7-bit groups of a little-endian integer of up to ten
+# uvarint bytes together in four steps: pairs, fours, eights, then all ten.
+_M7 = _mask(0x7F, 8, 0)
+_L1, _H1 = _mask(0x7F, 16, 0), _mask(0x7F, 16, 8)
+_L2, _H2 = _mask(0x3FFF, 32, 0), _mask(0x3FFF, 32, 16)
+_L3, _H3 = _mask(0x0FFFFFFF, 64, 0), _mask(0x0FFFFFFF, 64, 32)
+_M56 = (1 << 56) - 1
+
+
 def _uvarint_at(buf: bytes, pos: int, r: Reader) -> tuple[int, int]:
     """A uvarint at buf[pos:] and the position after it; failures are r's."""
     if pos + 2 < len(buf):  # one to three bytes, unrolled
@@ -83,6 +101,17 @@ def _uvarint_at(buf: bytes, pos: int, r: Reader) -> tuple[int, int]:
         d = buf[pos + 2]
         if d < 0x80:
             return (b & 0x7F) | (c & 0x7F) << 7 | d << 14, pos + 3
+        m = _UVARINT.match(buf, pos)
+        if m is not None:  # four to ten bytes, without a loop per byte
+            end = m.end()
+            x = int.from_bytes(buf[pos:end], "little") & _M7
+            x = (x & _L1) | (x & _H1) >> 1
+            x = (x & _L2) | (x & _H2) >> 2
+            x = (x & _L3) | (x & _H3) >> 4
+            x = (x & _M56) | (x >> 8 & ~_M56)
+            if x >> 64:
+                raise r.fail("uvarint overflows 64 bits")
+            return x, end
     v = 0
     shift = 0
     for i in range(10):
@@ -120,20 +149,8 @@ class Reader:
         if pos < len(self.buf) and self.buf[pos] < 0x80:  # one byte: most values
             self.pos = pos + 1
             return self.buf[pos]
-        v = 0
-        shift = 0
-        for i in range(10):
-            if self.pos >= len(self.buf):
-                raise self.fail("truncated")
-            b = self.buf[self.pos]
-            self.pos += 1
-            if i == 9 and b > 1:
-                raise self.fail("uvarint overflows 64 bits")
-            v |= (b & 0x7F) << shift
-            if b < 0x80:
-                return v
-            shift += 7
-        raise self.fail("uvarint overflows 64 bits")
+        v, self.pos = _uvarint_at(self.buf, pos, self)
+        return v
 
     def varint(self) -> int:
         u = self.uvarint()
@@ -626,80 +643,145 @@ class Deliver(Body):
 
     @classmethod
     def _decode_from(cls, r: Reader) -> Any:
-        # The hot path of a consumer, written out with the one-byte case of
-        # each uvarint inline; the field table above stays the reference,
-        # and the wire vectors and the malformed-input tests check both agree.
+        # The hot path of a consumer, written out field by field with the
+        # one-byte case of each uvarint inline; the field table above stays
+        # the reference, and the wire vectors and a test of random and
+        # truncated bodies check that both agree.
         buf = r.buf
+        if not isinstance(buf, bytes):
+            buf = bytes(buf)
         end = len(buf)
-        pos = r.pos
+        p = r.pos
+        uv = _uvarint_at
         r.field = "deliver"
         try:
-            v: list[int] = []
-            at: list[int] = []  # where each of the six starts
-            for _ in range(6):  # sub_id tag partition offset attempt published_at_ms
-                at.append(pos)
-                b = buf[pos]
-                if b < 0x80:
-                    v.append(b)
-                    pos += 1
-                else:
-                    x, pos = _uvarint_at(buf, pos, r)
-                    v.append(x)
-            if v[2] > U32_MAX or v[4] > U32_MAX:
-                raise r.fail("out of range")
-            pub = v[5]
-            pub = (pub >> 1) ^ -(pub & 1)
-            strs: list[bytes] = []
-            for _ in range(1):  # key
-                n = buf[pos]
-                if n < 0x80:
-                    pos += 1
-                else:
-                    n, pos = _uvarint_at(buf, pos, r)
-                if n > end - pos:
-                    raise r.fail("length beyond the body")
-                strs.append(buf[pos:pos + n])
-                pos += n
-            nh = buf[pos]
-            if nh < 0x80:
-                pos += 1
+            s0 = p
+            b = buf[p]
+            if b < 0x80:
+                sub_id = b
+                p += 1
             else:
-                nh, pos = _uvarint_at(buf, pos, r)
-            if nh > LIST_ITEMS_MAX or 2 * nh > end - pos:
-                raise r.fail("list longer than the body")
-            raw: list[bytes] = []
-            for _ in range(2 * nh + 4):  # header keys and values, content_type, body, topic, group
-                n = buf[pos]
-                if n < 0x80:
-                    pos += 1
-                else:
-                    n, pos = _uvarint_at(buf, pos, r)
-                if n > end - pos:
-                    raise r.fail("length beyond the body")
-                raw.append(buf[pos:pos + n])
-                pos += n
-            txt = [x.decode("utf-8") for i, x in enumerate(raw) if i != 2 * nh + 1]
+                sub_id, p = uv(buf, p, r)
+            t0 = p
+            b = buf[p]
+            if b < 0x80:
+                tag = b
+                p += 1
+            else:
+                tag, p = uv(buf, p, r)
+            s1 = p
+            b = buf[p]
+            if b < 0x80:
+                partition = b
+                p += 1
+            else:
+                partition, p = uv(buf, p, r)
+            b = buf[p]
+            if b < 0x80:
+                offset = b
+                p += 1
+            else:
+                offset, p = uv(buf, p, r)
+            s2 = p
+            b = buf[p]
+            if b < 0x80:
+                attempt = b
+                p += 1
+            else:
+                attempt, p = uv(buf, p, r)
+            if partition > U32_MAX or attempt > U32_MAX:
+                raise r.fail("out of range")
+            pub, p = uv(buf, p, r)
+            pub = (pub >> 1) ^ -(pub & 1)
+            n = buf[p]
+            if n < 0x80:
+                p += 1
+            else:
+                n, p = uv(buf, p, r)
+            if n > end - p:
+                raise r.fail("length beyond the body")
+            key = buf[p:p + n]
+            p += n
+            nh = buf[p]
+            if nh < 0x80:
+                p += 1
+            else:
+                nh, p = uv(buf, p, r)
+            headers: list[tuple[str, str]] = []
+            if nh:
+                if nh > LIST_ITEMS_MAX or 2 * nh > end - p:
+                    raise r.fail("list longer than the body")
+                kv: list[str] = []
+                for _ in range(2 * nh):
+                    n = buf[p]
+                    if n < 0x80:
+                        p += 1
+                    else:
+                        n, p = uv(buf, p, r)
+                    if n > end - p:
+                        raise r.fail("length beyond the body")
+                    kv.append(buf[p:p + n].decode("utf-8"))
+                    p += n
+                headers = list(zip(kv[::2], kv[1::2]))
+            n = buf[p]
+            if n < 0x80:
+                p += 1
+            else:
+                n, p = uv(buf, p, r)
+            if n > end - p:
+                raise r.fail("length beyond the body")
+            content_type = buf[p:p + n].decode("utf-8") if n else ""
+            p += n
+            n = buf[p]
+            if n < 0x80:
+                p += 1
+            else:
+                n, p = uv(buf, p, r)
+            if n > end - p:
+                raise r.fail("length beyond the body")
+            body = buf[p:p + n]
+            p += n
+            n = buf[p]
+            if n < 0x80:
+                p += 1
+            else:
+                n, p = uv(buf, p, r)
+            if n > end - p:
+                raise r.fail("length beyond the body")
+            topic = buf[p:p + n].decode("utf-8")
+            p += n
+            n = buf[p]
+            if n < 0x80:
+                p += 1
+            else:
+                n, p = uv(buf, p, r)
+            if n > end - p:
+                raise r.fail("length beyond the body")
+            group = buf[p:p + n].decode("utf-8") if n else ""
+            p += n
         except IndexError:
             raise r.fail("truncated") from None
         except UnicodeDecodeError:
             raise r.fail("invalid UTF-8") from None
-        m = cls(v[0], v[1], v[2], v[3], v[4], pub, bytes(strs[0]),
-                [(txt[2 * i], txt[2 * i + 1]) for i in range(nh)], txt[2 * nh], bytes(raw[2 * nh + 1]),
-                txt[2 * nh + 1], txt[2 * nh + 2])
-        if pos < end:
+        lease_id = epoch = lease_ms = 0
+        lease_raw = b""
+        if p < end:
             r.field = "lease_id"
-            start = pos
-            m.lease_id, pos = _uvarint_at(buf, pos, r)
-            if pos < end:
+            s3 = p
+            lease_id, p = uv(buf, p, r)
+            if p < end:
                 r.field = "epoch"
-                m.epoch, pos = _uvarint_at(buf, pos, r)
+                epoch, p = uv(buf, p, r)
             # sub_id, then partition and offset (after the tag), then lease_id and epoch.
-            m.lease_raw = bytes(buf[at[0]:at[1]]) + bytes(buf[at[2]:at[4]]) + bytes(buf[start:pos])
-        r.pos = pos
-        if not r.at_end():
+            lease_raw = buf[s0:t0] + buf[s1:s2] + buf[s3:p]
+        if p < end:
             r.field = "lease_ms"
-            m.lease_ms = r.u32()
-        return m
+            r.pos = p
+            lease_ms = r.u32()
+            p = r.pos
+        r.pos = p
+        return cls(sub_id, tag, partition, offset, attempt, pub, key, headers, content_type, body, topic, group,
+                   lease_id, epoch, lease_ms, lease_raw)
 
 
 @_body(ACK, "tags:list<uvarint> delay_ms:varint leases:list<LeaseRef>", appended=2)

@@ -23,7 +23,7 @@ import ssl as _ssl
 import time
 import warnings
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -402,6 +402,33 @@ class _Window:
             self.cond.notify_all()
 
 
+class _Done:
+    """An awaitable that is already done: what a fast settle returns."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # a generator that returns at once
+
+
+_DONE = _Done()
+
+
+class _Failed:
+    """An awaitable that raises ``exc``: a settle refused at the call raises
+    where it is awaited, as a coroutine's error would."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __await__(self) -> Generator[Any, None, None]:
+        raise self.exc
+        yield  # a generator that raises at once
+
+
 class Message:
     """A delivery. Manual-ack messages must be settled once, with
     :meth:`complete`, :meth:`retry`, :meth:`retry_after` or :meth:`fail`, or
@@ -464,26 +491,26 @@ class Message:
                 "headers": [[k, v] for k, v in self.headers], "content_type": self.content_type,
                 "body_base64": base64.b64encode(self.body).decode("ascii")}
 
-    async def complete(self, *, confirmed: bool = False) -> None:
+    def complete(self, *, confirmed: bool = False) -> Awaitable[None]:
         """ACK: the message is done and will not be delivered again. Returns
         once queued (see the class doc), or with ``confirmed=True`` once the
         broker has made it durable."""
-        await self._sub._client._settle(self, w.ACK, 0, confirmed)
+        return self._sub._client._settle(self, w.ACK, 0, confirmed)
 
-    async def retry(self, *, confirmed: bool = False) -> None:
+    def retry(self, *, confirmed: bool = False) -> Awaitable[None]:
         """NACK: deliver the message again (uses one of the queue's retries)."""
-        await self._sub._client._settle(self, w.NACK, 0, confirmed)
+        return self._sub._client._settle(self, w.NACK, 0, confirmed)
 
-    async def retry_after(self, delay_ms: int, *, confirmed: bool = False) -> None:
+    def retry_after(self, delay_ms: int, *, confirmed: bool = False) -> Awaitable[None]:
         """NACK with a delay: deliver again no earlier than ``delay_ms``
         (an int, in milliseconds, 0 or more) from now. Anything else raises
         InvalidArgumentError and settles nothing. A delay above the broker's
         cap is refused (``bad_request``) and the lease stays held."""
-        await self._sub._client._settle(self, w.NACK, delay_ms, confirmed)
+        return self._sub._client._settle(self, w.NACK, delay_ms, confirmed)
 
-    async def fail(self, *, confirmed: bool = False) -> None:
+    def fail(self, *, confirmed: bool = False) -> Awaitable[None]:
         """FAIL: a terminal failure; the broker dead-letters the message."""
-        await self._sub._client._settle(self, w.FAIL, 0, confirmed)
+        return self._sub._client._settle(self, w.FAIL, 0, confirmed)
 
     async def extend(self, extend_ms: int) -> None:
         """Extends the lease: the broker keeps the message for this consumer
@@ -1533,22 +1560,27 @@ class Client:
         else:
             s._finish(broker_error(b.code or CODE_INTERNAL, b.message))
 
-    async def _settle(self, m: Message, kind: int, delay_ms: int, confirmed: bool) -> None:
-        """Queues a settle; with ``confirmed`` waits for its outcome. Refusals
-        known at the call (a bad delay, settled before, a lease the client
-        knows is gone, a closed client) raise here and queue nothing."""
-        _check_int("delay_ms", delay_ms, 0, _I64_MAX)
-        if not isinstance(confirmed, bool):
-            raise InvalidArgumentError("confirmed", f"want a bool, got {confirmed!r}")
-        if m._settled:
-            raise AlreadySettledError("sinew: message already settled" +
-                                      (" (auto-ack subscription)" if m._sub.auto_ack else ""))
-        if m._stale or m._epoch != self._epoch:
-            raise StaleDeliveryError("sinew: the delivery's lease is no longer held")
-        if self._closing:
-            raise ClientClosedError("sinew: client closed")
-        if self._fatal is not None:
-            raise self._fatal
+    def _settle(self, m: Message, kind: int, delay_ms: int, confirmed: bool) -> Awaitable[None]:
+        """Queues a settle and returns what the caller awaits: nothing to wait
+        for, or with ``confirmed`` the settle's outcome. Refusals known at the
+        call (a bad delay, settled before, a lease the client knows is gone, a
+        closed client) raise where the result is awaited and queue nothing.
+        Not a coroutine, so a fast settle costs no coroutine or future."""
+        try:
+            _check_int("delay_ms", delay_ms, 0, _I64_MAX)
+            if not isinstance(confirmed, bool):
+                raise InvalidArgumentError("confirmed", f"want a bool, got {confirmed!r}")
+            if m._settled:
+                raise AlreadySettledError("sinew: message already settled" +
+                                          (" (auto-ack subscription)" if m._sub.auto_ack else ""))
+            if m._stale or m._epoch != self._epoch:
+                raise StaleDeliveryError("sinew: the delivery's lease is no longer held")
+            if self._closing:
+                raise ClientClosedError("sinew: client closed")
+            if self._fatal is not None:
+                raise self._fatal
+        except Exception as e:
+            return _Failed(e)
         m._settled = True
         fut: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if confirmed else None
         self._settle_q.append((m, kind, delay_ms, fut))
@@ -1556,8 +1588,7 @@ class Client:
         if not self._settle_scheduled:
             self._settle_scheduled = True
             asyncio.get_running_loop().call_soon(self._kick_settles)
-        if fut is not None:
-            await fut
+        return _DONE if fut is None else fut
 
     def _settle_done(self, m: Message, fut: asyncio.Future[None] | None, code: int,
                      exc: BaseException | None) -> None:
