@@ -555,6 +555,12 @@ class PublishOK(Body):
     offset: int = 0
     duplicate: bool = False
 
+    @classmethod
+    def _decode_from(cls, r: Reader) -> Any:
+        # The hot path of a publisher, written out.
+        r.field = "publish_ok"
+        return cls(r.u32(), r.uvarint(), r.boolean())
+
 
 @_body(DELETE_QUEUE, "topic:str group:str")
 @dataclass

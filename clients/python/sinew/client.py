@@ -83,6 +83,7 @@ SETTLE_BATCH_DEFAULT = 256  # tags per settle frame when the broker announces no
 DELIVERY_BUFFER_MAX = 4096  # messages buffered per subscription before the reader waits
 WRITE_COALESCE_BYTES_MAX = 64 << 10  # frames gathered for one socket write before it is made
 READ_CHUNK_BYTES = 256 << 10  # most bytes taken from the socket per read
+PUBLISH_HEADS_CACHED = 256  # encoded publish heads kept for reuse
 GOING_AWAY_WAIT_MAX_S = 30.0  # how long a draining connection is kept for work in flight
 GOING_AWAY_POLL_S = 0.01  # how often a draining connection is checked for idleness
 GOING_AWAY_BACKOFF_MAX_S = 0.5  # reconnect delay cap after a planned stop
@@ -380,26 +381,49 @@ class _Window:
         self.max = n
         self.n = 0
         self.bytes = 0
-        self.cond = asyncio.Condition()
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def _room(self, nbytes: int) -> bool:
+        # A single publish larger than the byte bound still goes, alone.
+        return self.n < self.max and (self.n == 0 or self.bytes + nbytes <= PUBLISH_INFLIGHT_BYTES_MAX)
 
     async def acquire(self, nbytes: int) -> None:
-        async with self.cond:
-            # A single publish larger than the byte bound still goes, alone.
-            await self.cond.wait_for(lambda: self.n < self.max and (
-                self.n == 0 or self.bytes + nbytes <= PUBLISH_INFLIGHT_BYTES_MAX))
-            self.n += 1
-            self.bytes += nbytes
+        while self._waiters or not self._room(nbytes):
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            except BaseException:
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
+                elif fut.done() and not fut.cancelled():
+                    self._wake()  # woken, but leaving: the wake goes to the next
+                raise
+            if self._room(nbytes):
+                break
+        self.n += 1
+        self.bytes += nbytes
+        if self._waiters and self._room(0):
+            self._wake()  # room for more than this one
 
-    async def release(self, nbytes: int) -> None:
-        async with self.cond:
-            self.n -= 1
-            self.bytes -= nbytes
-            self.cond.notify_all()
+    def release(self, nbytes: int) -> None:
+        self.n -= 1
+        self.bytes -= nbytes
+        if self._waiters:
+            self._wake()
 
-    async def set_max(self, n: int) -> None:
-        async with self.cond:
-            self.max = n if n > 0 else PUBLISH_INFLIGHT_DEFAULT
-            self.cond.notify_all()
+    def set_max(self, n: int) -> None:
+        self.max = n if n > 0 else PUBLISH_INFLIGHT_DEFAULT
+        if self._waiters:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wakes the longest waiter; it takes its slot or waits again."""
+        while self._waiters:
+            fut = self._waiters.pop(0)
+            if not fut.done():
+                fut.set_result(None)
+                return
 
 
 class _Done:
@@ -854,6 +878,12 @@ class _Conn:
             self.writer.write(bytes(self.out))
         self.out.clear()
 
+    def backlogged(self) -> bool:
+        """Whether a writer should wait in drain(): many frames gathered, or
+        the transport's buffer past its high-water mark."""
+        return len(self.out) >= WRITE_COALESCE_BYTES_MAX // 2 or \
+            self.writer.transport.get_write_buffer_size() >= WRITE_COALESCE_BYTES_MAX
+
     async def drain(self) -> None:
         # The transport's buffer bounds what waits to be written: past its
         # high-water mark the writer waits here.
@@ -900,6 +930,7 @@ class _Conn:
 
     async def _read_loop(self) -> None:
         deliver_decode = w.Deliver.decode
+        fast_replies = {w.PUBLISH_OK: w.PublishOK.decode, w.SETTLE_RESULT: w.SettleResult.decode}
         try:
             buf = b""
             while True:
@@ -923,6 +954,11 @@ class _Conn:
                             full = sub._deliver(d, self.epoch)
                             if full is not None:
                                 await sub._deliver_wait(full)
+                    elif op in fast_replies and (call := self.pending.get(rid)) is not None and call.hook is None:
+                        # PUBLISH_OK and SETTLE_RESULT: no coroutine per reply
+                        reply = fast_replies[op](buf[pos + 16:pos + 16 + n])
+                        del self.pending[rid]
+                        call.resolve(reply)
                     else:
                         await self._dispatch(op, rid, buf[pos + 16:pos + 16 + n])
                     pos += 16 + n
@@ -1034,6 +1070,7 @@ class Client:
         self._status_streams: weakref.WeakSet[StatusStream] = weakref.WeakSet()
         self._producer_id = "py-" + os.urandom(8).hex()
         self._producer_seq = 0
+        self._heads: dict[tuple[Any, ...] | None, bytes] = {}  # encoded publish heads by their fields
         self._frame_max = w.FRAME_BYTES_DEFAULT  # the broker's frame limit at the last handshake
         self.server_generation = 0
         """The broker process's generation at the last handshake."""
@@ -1123,7 +1160,7 @@ class Client:
             if ident.client_id:
                 log.warning("sinew: session not resumed (outcome %d); starting a fresh one", hello.outcome)
         subs = {s._server_id: s for s in self._subs if s._server_id}
-        await self._window.set_max(hello.limits.publish_inflight_max)
+        self._window.set_max(hello.limits.publish_inflight_max)
         self._frame_max = hello.limits.frame_bytes_max or w.FRAME_BYTES_DEFAULT
         for c in stale:
             c.fail(StaleDeliveryError("sinew: session was not resumed; the lease is gone"))
@@ -1430,29 +1467,42 @@ class Client:
         _check_int("delay_ms", delay_ms, 0, _I64_MAX)
         _check_int("not_before_ms", not_before_ms, 0, _I64_MAX)
         _check_int("ttl_ms", ttl_ms, 0, _I64_MAX)
-        head = bytearray()
-        w.Publish(topic, group, partition, key_b, hs, content_type, delay_ms, not_before_ms, ttl_ms,
-                  self._producer_id).encode_head(head)
-        if 16 + len(head) + 20 + len(data) > self._frame_max:
+        # The fields before producer_seq, encoded once per distinct set
+        # (a publisher usually repeats them).
+        ck = (topic, group, partition, key_b, content_type, delay_ms, not_before_ms, ttl_ms) if not hs else None
+        head_b = self._heads.get(ck) if ck is not None else None
+        if head_b is None:
+            head = bytearray()
+            w.Publish(topic, group, partition, key_b, hs, content_type, delay_ms, not_before_ms, ttl_ms,
+                      self._producer_id).encode_head(head)
+            head_b = bytes(head)
+            if ck is not None:
+                if len(self._heads) >= PUBLISH_HEADS_CACHED:
+                    self._heads.clear()
+                self._heads[ck] = head_b
+        if 16 + len(head_b) + 20 + len(data) > self._frame_max:
             raise InvalidArgumentError("body", f"a message of {len(data)} bytes exceeds the broker's frame "
                                                f"limit of {self._frame_max} bytes")
         call = _Call(None, kind="publish", nbytes=len(data))
-        call.head, call.data = bytes(head), data
+        call.head, call.data = head_b, data
         await self._window.acquire(len(data))
         try:
             self._producer_seq += 1
             call.seq = self._producer_seq
             while True:
-                conn = await self._acquire()
+                conn = self._live
+                if conn is None or conn.closed or conn.draining or self._closing or self._fatal is not None:
+                    conn = await self._acquire()
                 try:
                     conn.start(call)
                     break
                 except _ConnClosed:
                     continue
-            await conn.drain()
+            if conn.backlogged():
+                await conn.drain()
             ok = await call.fut
         finally:
-            await self._window.release(len(data))
+            self._window.release(len(data))
         return PublishResult(ok.partition, ok.offset, ok.duplicate)
 
     async def _request(self, body: w.Body) -> Any:
