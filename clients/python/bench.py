@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -97,10 +98,23 @@ def go_bench(binary: str, mode: str, a: argparse.Namespace) -> float:
         args = ["drain", "--count", str(a.count), "--prefetch", str(a.prefetch)]
     # A fresh queue per run, deleted at its end.
     cmd = [binary, "bench", *args, "--addr", a.addr, "--size", str(a.size), "--json"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600).stdout
-    rate = float(json.loads(out)["msg_per_sec"])
-    print(f"go     {mode}: {rate:,.0f} msg/s  ({' '.join(cmd[1:])})", flush=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    doc = json.loads(out)
+    rate = float(doc["msg_per_sec"])
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    print(f"go     {mode}: {rate:,.0f} msg/s, {cpu / doc['messages'] * 1e6:.1f} us CPU per message measured "
+          f"(whole process)  ({' '.join(cmd[1:])})", flush=True)
+    CPU[f"go {mode}"].append(cpu / doc["messages"] * 1e6)
     return rate
+
+
+CPU: dict[str, list[float]] = {"go publish": [], "python publish": [], "go drain": [], "python drain": []}
+
+
+def cpu_now() -> float:
+    return time.process_time()
 
 
 def compare(a: argparse.Namespace) -> None:
@@ -108,14 +122,21 @@ def compare(a: argparse.Namespace) -> None:
     for r in range(a.rounds):
         tag = f"{os.getpid()}-{r}"
         res["go publish"].append(go_bench(a.sinew, "publish", a))
+        c0 = cpu_now()
         res["python publish"].append(asyncio.run(publish(a.addr, f"pybench-pub-{tag}", a.window, a.duration, a.size)))
+        CPU["python publish"].append((cpu_now() - c0) / (res["python publish"][-1] * a.duration) * 1e6)
         res["go drain"].append(go_bench(a.sinew, "drain", a))
+        c0 = cpu_now()
         res["python drain"].append(asyncio.run(drain(a.addr, f"pybench-drain-{tag}", a.count, a.prefetch, a.size)))
+        CPU["python drain"].append((cpu_now() - c0) / a.count * 1e6)
     med = {k: statistics.median(v) for k, v in res.items()}
     for k, v in res.items():
         print(f"{k:15s} " + " / ".join(f"{x:,.0f}" for x in v) + f"  median {med[k]:,.0f} msg/s")
+    for k, v in CPU.items():
+        print(f"{k:15s} CPU per measured message, whole run: " + " / ".join(f"{x:.1f}" for x in v) + " us")
     print(f"ratio publish python/go {med['python publish'] / med['go publish']:.2f} (goal >= 0.7)")
     print(f"ratio drain   python/go {med['python drain'] / med['go drain']:.2f} (goal >= 0.5)")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end on {os.cpu_count()} CPUs")
 
 
 def main() -> None:

@@ -777,14 +777,22 @@ class Deliver(Body):
             lease_id, p = uv(buf, p, r)
             if p < end:
                 r.field = "epoch"
-                epoch, p = uv(buf, p, r)
+                if buf[p] < 0x80:
+                    epoch = buf[p]
+                    p += 1
+                else:
+                    epoch, p = uv(buf, p, r)
             # sub_id, then partition and offset (after the tag), then lease_id and epoch.
             lease_raw = buf[s0:t0] + buf[s1:s2] + buf[s3:p]
-        if p < end:
-            r.field = "lease_ms"
-            r.pos = p
-            lease_ms = r.u32()
-            p = r.pos
+            if p < end:
+                r.field = "lease_ms"
+                if buf[p] < 0x80:
+                    lease_ms = buf[p]
+                    p += 1
+                else:
+                    lease_ms, p = uv(buf, p, r)
+                    if lease_ms > U32_MAX:
+                        raise r.fail("out of range")
         r.pos = p
         return cls(sub_id, tag, partition, offset, attempt, pub, key, headers, content_type, body, topic, group,
                    lease_id, epoch, lease_ms, lease_raw)
