@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import collections
 import logging
 import os
@@ -472,6 +473,21 @@ class Message:
     __slots__ = ("topic", "group", "partition", "offset", "attempt", "published_at_ms", "lease_ms", "key",
                  "headers", "content_type", "body", "tag", "lease", "_sub", "_epoch", "_settled", "_stale")
 
+    @classmethod
+    def _of(cls, sub: Subscription, f: tuple[Any, ...], epoch: int) -> Message:
+        """A message from w.Deliver.fields(): the consumer's hot path, with no Deliver object."""
+        m = cls.__new__(cls)
+        (sub_id, m.tag, m.partition, m.offset, m.attempt, m.published_at_ms, m.key, m.headers, m.content_type,
+         m.body, m.topic, m.group, lease_id, lease_epoch, m.lease_ms, lease_raw) = f
+        if not m.topic:
+            m.topic = sub.topic
+        m.lease = w.LeaseRef(sub_id, m.partition, m.offset, lease_id, lease_epoch, lease_raw)
+        m._sub = sub
+        m._epoch = epoch
+        m._settled = sub.auto_ack
+        m._stale = False
+        return m
+
     def __init__(self, sub: Subscription, d: w.Deliver, epoch: int) -> None:
         self.topic = d.topic or sub.topic
         self.group = d.group
@@ -772,18 +788,19 @@ class Subscription:
         return w.SubView(self._server_id, self.topic, self.group, self.partition, 1 if self.auto_ack else 0,
                          self.prefetch)
 
-    def _deliver(self, d: w.Deliver, epoch: int) -> Message | None:
-        """Buffers a delivery; returns the message when the buffer is full,
-        for the reader to wait with (:meth:`_deliver_wait`)."""
+    def _deliver(self, f: tuple[Any, ...], epoch: int) -> Message | None:
+        """Buffers a delivery (w.Deliver.fields()); returns the message when
+        the buffer is full, for the reader to wait with (:meth:`_deliver_wait`)."""
         if self._end is not None:
             return None
         if not self.auto_ack:
-            if d.tag in self._held:
+            tag = f[1]
+            if tag in self._held:
                 return None  # a re-send of a delivery the application already has
-            m = Message(self, d, epoch)
-            self._held[d.tag] = m
+            m = Message._of(self, f, epoch)
+            self._held[tag] = m
         else:
-            m = Message(self, d, epoch)
+            m = Message._of(self, f, epoch)
         try:
             self._buf.put_nowait(m)
         except asyncio.QueueFull:
@@ -929,7 +946,7 @@ class _Conn:
                 self.write(w.encode_frame(w.Ping(), rid))
 
     async def _read_loop(self) -> None:
-        deliver_decode = w.Deliver.decode
+        deliver_fields = w.Deliver.fields
         fast_replies = {w.PUBLISH_OK: w.PublishOK.decode, w.SETTLE_RESULT: w.SettleResult.decode}
         try:
             buf = b""
@@ -944,14 +961,14 @@ class _Conn:
                 self.last_read = time.monotonic()
                 pos = 0
                 while len(buf) - pos >= 16:
-                    n, _, op, _, rid = w.parse_header(buf[pos:pos + 16], self.frame_max)
+                    n, _, op, _, rid = w.parse_header(buf, self.frame_max, pos)
                     if len(buf) - pos - 16 < n:
                         break
                     if op == w.DELIVER:  # the hot path: no coroutine per message
-                        d = deliver_decode(buf[pos + 16:pos + 16 + n])
-                        sub = self.subs.get(d.sub_id)
+                        f = deliver_fields(w.Reader(buf[pos + 16:pos + 16 + n]))
+                        sub = self.subs.get(f[0])
                         if sub is not None:
-                            full = sub._deliver(d, self.epoch)
+                            full = sub._deliver(f, self.epoch)
                             if full is not None:
                                 await sub._deliver_wait(full)
                     elif op in fast_replies and (call := self.pending.get(rid)) is not None and call.hook is None:
@@ -982,7 +999,7 @@ class _Conn:
         if isinstance(body, w.Deliver):
             sub = self.subs.get(body.sub_id)
             if sub is not None:
-                full = sub._deliver(body, self.epoch)
+                full = sub._deliver(tuple(getattr(body, x.name) for x in dataclasses.fields(body)), self.epoch)
                 if full is not None:
                     await sub._deliver_wait(full)
             return

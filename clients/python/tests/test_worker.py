@@ -356,7 +356,7 @@ class ExtendEncoding(BrokerCase):
             sent.append(bytes(frame))
             real(frame)
 
-        conn.write = spy  # type: ignore[method-assign]
+        setattr(conn, "write", spy)
         t = asyncio.ensure_future(m.extend(30_000))
         await until(lambda: bool(sent))
         f = w.split_frame(sent[0])
