@@ -59,6 +59,7 @@ async def publish(addr: str, topic: str, window: int, duration: float, size: int
         el = time.perf_counter() - t0
         stop = True
         await asyncio.gather(*tasks)
+        await c.delete_queue(topic)  # as `sinew bench` deletes its fresh queue
     lat.sort()
     rate = count / el
     print(f"python publish window={window} size={size}: {rate:,.0f} msg/s, "
@@ -70,13 +71,15 @@ async def publish(addr: str, topic: str, window: int, duration: float, size: int
 async def drain(addr: str, topic: str, count: int, prefetch: int, size: int) -> float:
     body = os.urandom(size)
     async with await sinew.connect(addr) as c:
-        sem = asyncio.Semaphore(256)
+        left = count
 
-        async def one() -> None:
-            async with sem:
+        async def prefill() -> None:  # 256 in flight, as `sinew bench drain` prefills
+            nonlocal left
+            while left > 0:
+                left -= 1
                 await c.publish(topic, body)
 
-        await asyncio.gather(*(one() for _ in range(count)))
+        await asyncio.gather(*(prefill() for _ in range(256)))
         t0 = time.perf_counter()
         n = 0
         async with await c.subscribe(topic, prefetch=prefetch) as sub:
@@ -86,6 +89,7 @@ async def drain(addr: str, topic: str, count: int, prefetch: int, size: int) -> 
                 if n == count:
                     break
         el = time.perf_counter() - t0  # the last settles are flushed by leaving `async with sub`
+        await c.delete_queue(topic)
     rate = count / el
     print(f"python drain count={count} prefetch={prefetch} size={size}: {rate:,.0f} msg/s in {el:.2f} s", flush=True)
     return rate

@@ -1479,7 +1479,7 @@ class Client:
         _check_str("group", group)
         _check_int("partition", partition, -1, _I32_MAX)
         key_b = _bytes_arg("key", key)
-        hs = _headers_arg(headers)
+        hs = _headers_arg(headers) if headers != () else []
         _check_str("content_type", content_type)
         _check_int("delay_ms", delay_ms, 0, _I64_MAX)
         _check_int("not_before_ms", not_before_ms, 0, _I64_MAX)
@@ -1502,7 +1502,12 @@ class Client:
                                                f"limit of {self._frame_max} bytes")
         call = _Call(None, kind="publish", nbytes=len(data))
         call.head, call.data = head_b, data
-        await self._window.acquire(len(data))
+        win = self._window
+        if not win._waiters and win._room(len(data)):  # room: no coroutine
+            win.n += 1
+            win.bytes += len(data)
+        else:
+            await win.acquire(len(data))
         try:
             self._producer_seq += 1
             call.seq = self._producer_seq
