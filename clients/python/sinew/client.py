@@ -240,6 +240,14 @@ class DeclareResult:
         return {"partitions": self.partitions, "created": self.created}
 
 
+def _publish_result(raw: bytes) -> PublishResult:
+    """A PUBLISH_OK body (partition:u32 offset:uvarint duplicate:bool) made
+    straight into the PublishResult publish() returns."""
+    r = w.Reader(raw)
+    r.field = "publish_ok"
+    return PublishResult(r.u32(), r.uvarint(), r.boolean())
+
+
 STATUS_DISCONNECTED = "disconnected"
 STATUS_RECONNECTING = "reconnecting"
 STATUS_RECONNECTED = "reconnected"
@@ -947,7 +955,7 @@ class _Conn:
 
     async def _read_loop(self) -> None:
         deliver_fields = w.Deliver.fields
-        fast_replies = {w.PUBLISH_OK: w.PublishOK.decode, w.SETTLE_RESULT: w.SettleResult.decode}
+        fast_replies = {w.PUBLISH_OK: _publish_result, w.SETTLE_RESULT: w.SettleResult.decode}
         try:
             buf = b""
             while True:
@@ -1525,6 +1533,8 @@ class Client:
             ok = await call.fut
         finally:
             self._window.release(len(data))
+        if isinstance(ok, PublishResult):
+            return ok  # the reader's fast path made it
         return PublishResult(ok.partition, ok.offset, ok.duplicate)
 
     async def _request(self, body: w.Body) -> Any:
