@@ -1003,6 +1003,11 @@ class Frame:
 _HEADER = struct.Struct(">IBBHQ")
 
 
+def frame_head(length: int, op: int, flags: int, req_id: int) -> bytes:
+    """The 16 bytes before a body: ``length`` counts the 12 after the prefix plus the body."""
+    return _HEADER.pack(length, VERSION, op, flags, req_id)
+
+
 def parse_header(head: bytes, frame_bytes_max: int, at: int = 0) -> tuple[int, int, int, int, int]:
     """Checks a frame's 16 header bytes (at ``at`` in ``head``); returns
     (body_len, ver, op, flags, req_id)."""

@@ -243,6 +243,14 @@ class DeclareResult:
 def _publish_result(raw: bytes) -> PublishResult:
     """A PUBLISH_OK body (partition:u32 offset:uvarint duplicate:bool) made
     straight into the PublishResult publish() returns."""
+    if len(raw) >= 3 and raw[0] < 0x80 and raw[-1] <= 1 and (len(raw) == 3 or raw[-2] < 0x80):
+        # One-byte partition, the offset up to the last byte: the usual body.
+        r = w.Reader(raw)
+        r.pos = 1
+        r.field = "offset"
+        offset = r.uvarint()
+        if r.pos == len(raw) - 1:
+            return PublishResult(raw[0], offset, raw[-1] == 1)
     r = w.Reader(raw)
     r.field = "publish_ok"
     return PublishResult(r.u32(), r.uvarint(), r.boolean())
@@ -873,6 +881,28 @@ class _Conn:
         if self.closed:
             raise _ConnClosed
         rid = self.next_id
+        if call.body is None:  # a publish: written straight into the outgoing buffer
+            tail = bytearray()
+            w.put_uvarint(tail, call.seq)
+            w.put_uvarint(tail, len(call.data))
+            length = w.HEADER_BYTES + len(call.head) + len(tail) + len(call.data)
+            if length + 4 > self.frame_max:
+                call.fail(InvalidArgumentError("body", f"a frame of {length + 4} bytes exceeds the broker's "
+                                                       f"frame limit of {self.frame_max} bytes"))
+                return
+            self.next_id += 1
+            self.pending[rid] = call
+            out = self.out
+            out += w.frame_head(length, w.PUBLISH, call.flags, rid)
+            out += call.head
+            out += tail
+            out += call.data
+            if len(out) >= WRITE_COALESCE_BYTES_MAX:
+                self.flush()
+            elif not self.flush_scheduled:
+                self.flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self.flush)
+            return
         try:
             frame = call.frame(rid)
         except InvalidArgumentError as e:

@@ -156,6 +156,17 @@ class Bodies(unittest.TestCase):
             with self.assertRaises(ProtocolError):
                 w.SettleResult.decode(body[:-1] if codes else b"\x01")
 
+    def test_publish_ok_fast_path_agrees(self) -> None:
+        from sinew.client import _publish_result
+        for part, off, dup in ((0, 0, False), (1, 127, True), (200, 2**64 - 1, False), (2**32 - 1, 128, True)):
+            body = w.PublishOK(part, off, dup).encode()
+            for extra in (b"", b"\x01", b"\x00\x05"):  # later fields are ignored
+                got = _publish_result(body + extra)
+                self.assertEqual((got.partition, got.offset, got.duplicate), (part, off, dup))
+        for bad in (b"\x01\x02\x02", b"\x01\x80", b""):
+            with self.assertRaises(ProtocolError):
+                _publish_result(bad)
+
     def test_extend_is_nack_with_extend_ms(self) -> None:
         # EXTEND (0x34) has NACK's layout (docs/protocol.md 5.9) with
         # extend_ms where NACK has delay_ms, byte for byte.
