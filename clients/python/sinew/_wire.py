@@ -813,6 +813,8 @@ class Settle(Body):
     delay_ms: int = 0
     leases: list[LeaseRef] = field(default_factory=list)
     kind: int = ACK
+    leases_raw: list[bytes] = field(default_factory=list, compare=False, repr=False)
+    """In place of ``leases``: each lease_ref already encoded (LeaseRef.raw)."""
 
     def _encode_into(self, out: bytearray) -> None:
         # The hot path of settles, written out; put_uvarint range-checks.
@@ -824,6 +826,10 @@ class Settle(Body):
             for t in self.tags:
                 put_uvarint(out, t)
             put_varint(out, self.delay_ms)
+            if self.leases_raw:
+                put_uvarint(out, len(self.leases_raw))
+                out += b"".join(self.leases_raw)
+                return
             put_uvarint(out, len(self.leases))
             for x in self.leases:
                 if x.raw:

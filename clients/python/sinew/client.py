@@ -487,17 +487,19 @@ class Message:
     """
 
     __slots__ = ("topic", "group", "partition", "offset", "attempt", "published_at_ms", "lease_ms", "key",
-                 "headers", "content_type", "body", "tag", "lease", "_sub", "_epoch", "_settled", "_stale")
+                 "headers", "content_type", "body", "tag", "_lease_sub", "_lease_id", "_lease_epoch", "_lease_raw",
+                 "_sub", "_epoch", "_settled", "_stale")
 
     @classmethod
     def _of(cls, sub: Subscription, f: tuple[Any, ...], epoch: int) -> Message:
         """A message from w.Deliver.fields(): the consumer's hot path, with no Deliver object."""
         m = cls.__new__(cls)
-        (sub_id, m.tag, m.partition, m.offset, m.attempt, m.published_at_ms, m.key, m.headers, m.content_type,
-         m.body, m.topic, m.group, lease_id, lease_epoch, m.lease_ms, lease_raw) = f
+        (m._lease_sub, m.tag, m.partition, m.offset, m.attempt, m.published_at_ms, m.key, m.headers,
+         m.content_type, m.body, m.topic, m.group, m._lease_id, m._lease_epoch, m.lease_ms, m._lease_raw) = f
         if not m.topic:
             m.topic = sub.topic
-        m.lease = w.LeaseRef(sub_id, m.partition, m.offset, lease_id, lease_epoch, lease_raw)
+        if not m._lease_raw:  # a broker that sends no lease_id: the reference by position
+            m._lease_raw = w.LeaseRef(m._lease_sub, m.partition, m.offset, 0, 0).encode()
         m._sub = sub
         m._epoch = epoch
         m._settled = sub.auto_ack
@@ -519,11 +521,18 @@ class Message:
         self.content_type = d.content_type
         self.body = d.body
         self.tag = d.tag
-        self.lease = w.LeaseRef(d.sub_id, d.partition, d.offset, d.lease_id, d.epoch, d.lease_raw)
+        self._lease_sub, self._lease_id, self._lease_epoch = d.sub_id, d.lease_id, d.epoch
+        self._lease_raw = d.lease_raw or w.LeaseRef(d.sub_id, d.partition, d.offset, d.lease_id, d.epoch).encode()
         self._sub = sub
         self._epoch = epoch
         self._settled = sub.auto_ack
         self._stale = False
+
+    @property
+    def lease(self) -> w.LeaseRef:
+        """The lease_ref that names this delivery (protocol section 5.8)."""
+        return w.LeaseRef(self._lease_sub, self.partition, self.offset, self._lease_id, self._lease_epoch,
+                          self._lease_raw)
 
     @property
     def text(self) -> str:
@@ -1793,7 +1802,9 @@ class Client:
         for (kind, delay), group in groups.items():
             for i in range(0, len(group), batch_max):
                 chunk = group[i:i + batch_max]
-                body = w.Settle([m.tag for m, _ in chunk], delay, [m.lease for m, _ in chunk], kind)
+                # The lease_refs as their DELIVERs encoded them, no LeaseRef objects.
+                body = w.Settle([m.tag for m, _ in chunk], delay, [], kind,
+                                leases_raw=[m._lease_raw for m, _ in chunk])
                 call = _Call(body, kind="settle")
                 call.fut.add_done_callback(self._batch_done(chunk))
                 try:
