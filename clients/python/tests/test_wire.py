@@ -139,7 +139,11 @@ class Bodies(unittest.TestCase):
             raw = d.encode()
             got = w.Deliver.decode(raw)
             self.assertEqual(got, d)
-            self.assertEqual(got.lease_raw, w.LeaseRef(d.sub_id, d.partition, d.offset, d.lease_id, d.epoch).encode())
+            ref = w.LeaseRef(d.sub_id, d.partition, d.offset, d.lease_id, d.epoch)
+            self.assertEqual(got.lease_raw, ref.encode())
+            # A settle sends those bytes as its lease_ref: the same frame as from the LeaseRef.
+            self.assertEqual(w.Settle([d.tag, 1], 5, [], w.NACK, leases_raw=[got.lease_raw, got.lease_raw]).encode(),
+                             w.Settle([d.tag, 1], 5, [ref, ref], w.NACK).encode())
             for cut in sorted({len(raw) - 1, len(raw) - 3, rng.randrange(len(raw)), 3, 1}):
                 try:
                     want: Any = generic(w.Deliver, w.Reader(raw[:cut]))
