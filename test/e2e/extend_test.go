@@ -1,12 +1,16 @@
 package e2e_test
 
 import (
+	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sinewmq/sinew"
 	"github.com/sinewmq/sinew/protocol"
 )
 
@@ -66,7 +70,9 @@ func TestExtendKeepsLeaseOnRealBroker(t *testing.T) {
 	start := time.Now()
 	extensions := 0
 	for i := 0; time.Since(start) < 3*extendLeaseMs*time.Millisecond; i++ {
-		ex := &protocol.Extend{Tags: []uint64{d.Tag}, ExtendMs: extendLeaseMs}
+		// Twice the lease each time: a slow round trip on a busy machine
+		// does not lose it.
+		ex := &protocol.Extend{Tags: []uint64{d.Tag}, ExtendMs: 2 * extendLeaseMs}
 		if i%2 == 1 {
 			ex.Leases = []protocol.LeaseRef{ref}
 		}
@@ -157,5 +163,190 @@ func TestExtendedLeaseExpiresAtItsNewDeadline(t *testing.T) {
 	}
 	if got := c.settle(protocol.OpAck, 0, again.Tag); !slices.Equal(got, codes(protocol.CodeOK)) {
 		t.Fatalf("ACK of the redelivery: %v", got)
+	}
+}
+
+// TestExtendSurvivesARestart: the extension is written to the partition's
+// log before it is answered. A consumer extends its delivery of a queue
+// with a 1 s lease to 30 s, holds it past the first deadline, and the
+// broker is killed with -9 and started again. The lease recovered from the
+// log has the extended deadline (the first one passed while the broker was
+// down, so without the extension the lease would expire at once): the
+// consumer resumes within the restart window, its ACK is ok, and another
+// consumer, connected across the restart, never receives the message.
+func TestExtendSurvivesARestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sinew binary")
+	}
+	bin := buildSinew(t)
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	srv := startChildArgs(t, bin, dir, "--listen", addr)
+	ctx, cancel := context.WithTimeout(context.Background(), safetyTimeout)
+	defer cancel()
+	const lease = time.Second
+
+	owner, err := sinew.Dial(ctx, addr, fastReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	if _, err := owner.DeclareQueue(ctx, "ext-restart", sinew.QueueConfig{Lease: lease}); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := owner.Subscribe(ctx, "ext-restart", sinew.WithPrefetch(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := owner.PublishText(ctx, "ext-restart", "held"); err != nil {
+		t.Fatal(err)
+	}
+	var m *sinew.Message
+	select {
+	case m = <-sub.Messages():
+	case <-ctx.Done():
+		t.Fatal("no delivery")
+	}
+	if err := m.Extend(ctx, 30*lease); err != nil {
+		t.Fatal(err)
+	}
+	other, err := sinew.Dial(ctx, addr, fastReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	osub, err := other.Subscribe(ctx, "ext-restart", sinew.WithPrefetch(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * lease) // the handler's work, past the first deadline
+
+	signalChild(t, srv, syscall.SIGKILL)
+	srv2 := startChildArgs(t, bin, dir, "--listen", addr)
+	waitLog(t, srv2, "restart window started", "leases_reclaimed=1")
+	if err := m.Complete(ctx); err != nil {
+		t.Fatalf("ACK of the extended lease after the restart: %v\n%s", err, srv2.log())
+	}
+	if err := sub.Unsubscribe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := owner.PublishText(ctx, "ext-restart", "sentinel"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-osub.Messages():
+		if got.Text() != "sentinel" {
+			t.Fatalf("the other consumer received %q (attempt %d), want only the sentinel: the extension was lost\n%s", got.Text(), got.Attempt, srv2.log())
+		}
+		if err := got.Complete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatalf("the other consumer got nothing:\n%s", srv2.log())
+	}
+	signalChild(t, srv2, syscall.SIGTERM)
+}
+
+// TestClusterExtendReachesTheOwner: in a three-node cluster a client
+// subscribed across the nodes holds one message of each partition (their
+// owners on different nodes) for three leases' time, extending them
+// through the SDK: none is delivered again. Then one owner is killed with
+// -9: the next extension of its partition's message goes to the new owner
+// by lease reference and is applied there, and every message completes.
+func TestClusterExtendReachesTheOwner(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sinew binary")
+	}
+	bin := buildSinew(t)
+	nodes, _, _ := startThreeVoting(t, bin)
+	byAddr, _, client := seededClient(t, nodes, 0)
+	const topic, parts, lease = "ext-cluster", 3, time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 2*safetyTimeout)
+	defer cancel()
+	if _, err := client.DeclareQueue(ctx, topic, sinew.QueueConfig{Partitions: parts, Lease: lease}); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := client.Subscribe(ctx, topic, sinew.WithPrefetch(16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range parts {
+		if _, err := client.Publish(ctx, topic, []byte(fmt.Sprintf("m-%d", i)), sinew.WithPartition(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := map[uint32]*sinew.Message{}
+	for len(held) < parts {
+		select {
+		case m := <-sub.Messages():
+			if held[m.Partition] != nil {
+				t.Fatalf("partition %d delivered twice: %q attempt %d", m.Partition, m.Body, m.Attempt)
+			}
+			held[m.Partition] = m
+		case <-ctx.Done():
+			t.Fatalf("%d of %d partitions delivered", len(held), parts)
+		}
+	}
+	owner0 := queuePartitionOwner(t, nodes, topic, 0)
+	for start := time.Now(); time.Since(start) < 3*lease; {
+		for p, m := range held {
+			if err := m.Extend(ctx, 2*lease); err != nil {
+				t.Fatalf("extend partition %d: %v", p, err)
+			}
+		}
+		time.Sleep(lease / 3) // the handler's work
+	}
+	select {
+	case m := <-sub.Messages():
+		t.Fatalf("delivered %q (attempt %d) again while extended", m.Body, m.Attempt)
+	default:
+	}
+	// Long enough for the failover below.
+	for p, m := range held {
+		if err := m.Extend(ctx, 20*lease); err != nil {
+			t.Fatalf("extend partition %d: %v", p, err)
+		}
+	}
+	killed := byAddr[owner0]
+	if err := killed.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed.cmd.Wait()
+	if err := held[0].Extend(ctx, 20*lease); err != nil {
+		t.Fatalf("extend partition 0 after its owner %s was killed: %v", owner0, err)
+	}
+	for p, m := range held {
+		if err := m.Complete(ctx); err != nil {
+			t.Fatalf("complete partition %d: %v", p, err)
+		}
+	}
+	select {
+	case m := <-sub.Messages():
+		t.Fatalf("delivered %q (attempt %d) again after its complete", m.Body, m.Attempt)
+	default:
+	}
+}
+
+// queuePartitionOwner asks the nodes' admin APIs which one owns partition
+// p of topic (bounded wait for an owner to be known).
+func queuePartitionOwner(t *testing.T, nodes []*clusterChild, topic string, p int) string {
+	t.Helper()
+	deadline := time.Now().Add(safetyTimeout)
+	for {
+		for _, c := range nodes {
+			var v struct {
+				Partitions []struct {
+					Owner string `json:"owner"`
+				} `json:"partitions"`
+			}
+			getJSONInto(t, "http://"+c.admin+"/api/v1/queues/"+topic, &v)
+			if p < len(v.Partitions) && v.Partitions[p].Owner == c.addr {
+				return c.addr
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no owner of %s partition %d", topic, p)
+		}
+		time.Sleep(50 * time.Millisecond) // polling real processes
 	}
 }
