@@ -84,6 +84,7 @@ SETTLE_BATCH_DEFAULT = 256  # tags per settle frame when the broker announces no
 DELIVERY_BUFFER_MAX = 4096  # messages buffered per subscription before the reader waits
 WRITE_COALESCE_BYTES_MAX = 64 << 10  # frames gathered for one socket write before it is made
 READ_CHUNK_BYTES = 256 << 10  # most bytes taken from the socket per read
+READ_BUFFER_BYTES = 1 << 20  # the stream's buffer pauses reading past twice this
 PUBLISH_HEADS_CACHED = 256  # encoded publish heads kept for reuse
 GOING_AWAY_WAIT_MAX_S = 30.0  # how long a draining connection is kept for work in flight
 GOING_AWAY_POLL_S = 0.01  # how often a draining connection is checked for idleness
@@ -1191,7 +1192,8 @@ class Client:
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(self._host, self._port, ssl=self._ssl,
-                                        server_hostname=self._host if self._ssl else None),
+                                        server_hostname=self._host if self._ssl else None,
+                                        limit=READ_BUFFER_BYTES),
                 self._dial_timeout)
         except _ssl.SSLError as e:
             if is_retryable(e):
