@@ -48,7 +48,6 @@ from .errors import (
     ReconciledClosedError,
     RecreatedError,
     ServerNotTLSError,
-    SettleError,
     SinewError,
     StaleDeliveryError,
     TLSError,
@@ -599,7 +598,9 @@ class Message:
         message the block settled itself is left as it is. Cancellation and
         other ``BaseException`` leave the message unsettled and propagate (the
         broker takes it back when the subscription or client ends, or the
-        lease runs out). Settles are fast (see the class doc)."""
+        lease runs out). Its settles are fast (see the class doc); one that
+        cannot be made (the lease is gone, the client closed) is reported to
+        ``on_settle_error`` and the log, not raised."""
         _check_int("retry_delay_ms", retry_delay_ms, 0, _I64_MAX)
         return Processing(self, retry_delay_ms, reraise)
 
@@ -632,8 +633,10 @@ class Processing:
                     await m.complete()
                 else:
                     await m.retry_after(self.retry_delay_ms)
-            except SettleError as e:
-                client._settle_failed(m, e)  # e.g. the session was not resumed: it comes back anyway
+            except SinewError as e:
+                # e.g. the session was not resumed (the message comes back
+                # anyway) or the client closed meanwhile (it was released)
+                client._settle_failed(m, e)
         return et is not None and not self.reraise
 
 
