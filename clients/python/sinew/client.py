@@ -1828,6 +1828,14 @@ class Client:
             else:
                 exc = call.exception()
                 codes = [] if exc is not None else call.result().codes
+            if exc is None and len(codes) == len(chunk):
+                for (m, f), code in zip(chunk, codes):
+                    if code == 0 and f is None:  # the usual outcome, applied inline
+                        self._settling -= 1
+                        m._sub._held.pop(m.tag, None)
+                    else:
+                        self._settle_done(m, f, code, None)
+                return
             for i, (m, f) in enumerate(chunk):
                 self._settle_done(m, f, codes[i] if exc is None and i < len(codes) else CODE_INTERNAL, exc)
 
