@@ -148,7 +148,7 @@ func (p *Partition) startSync() {
 	if p.syncBusy || p.failed != nil {
 		return
 	}
-	if p.open.entries == 0 {
+	if p.open.entries == 0 && p.open.hs == nil {
 		st := p.takeOpen()
 		resps := st.resps
 		st.resps = nil
@@ -667,7 +667,7 @@ func (p *Partition) persist(st *stage) (uint64, error) {
 		// in its own time; the journal makes them durable with other
 		// partitions' in one fdatasync.
 		ents := st.wal
-		if err := p.cfg.WAL.Commit(p.cfg.WALGroup, wal.Batch{Entries: ents}); err != nil {
+		if err := p.cfg.WAL.Commit(p.cfg.WALGroup, wal.Batch{Entries: ents, HardState: st.hs}); err != nil {
 			return 0, fmt.Errorf("wal: %w", err)
 		}
 		if len(ents) == 0 {

@@ -9,10 +9,13 @@ import (
 	"math"
 	"path/filepath"
 
+	"go.etcd.io/raft/v3/raftpb"
+
 	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
+	"github.com/sinewmq/sinew/internal/wal"
 )
 
 // Checkpoint file layout (Dir/checkpoint), version 2. It is written to
@@ -473,8 +476,11 @@ const (
 // differing term there is damage, as is a journal entry past a gap.
 func (p *Partition) mergeWAL(log *seglog.Log, single bool, st *queue.State, dd *dedup.Table, covers uint64) error {
 	g := p.cfg.WALReplay
-	if p.cfg.WAL == nil || g == nil || len(g.Entries) == 0 {
+	if p.cfg.WAL == nil || g == nil {
 		return nil
+	}
+	if len(g.Entries) == 0 {
+		return p.mergeWALHardState(log, g)
 	}
 	var last, lastTerm uint64
 	for _, e := range g.Entries {
@@ -521,7 +527,30 @@ func (p *Partition) mergeWAL(log *seglog.Log, single bool, st *queue.State, dd *
 	if _, err := log.Sync(); err != nil {
 		return fmt.Errorf("partition %s: journal merge: sync: %w", p, err)
 	}
+	if err := p.mergeWALHardState(log, g); err != nil {
+		return err
+	}
 	p.cfg.WAL.Release(p.cfg.WALGroup, last)
+	return nil
+}
+
+// mergeWALHardState stores the HardState the journal replayed for this
+// group in the log's own file when it is newer there (a term or vote
+// change is committed through the journal and written to the file without
+// an fsync; see storeHardState). Its commit index is bounded by the merged
+// log's end and never lowered.
+func (p *Partition) mergeWALHardState(log *seglog.Log, g *wal.Group) error {
+	if !g.HasHardState {
+		return nil
+	}
+	cur, j := log.HardState(), g.HardState
+	if j.Term < cur.Term || j.Term == cur.Term && (cur.Vote != 0 || j.Vote == 0) {
+		return nil
+	}
+	commit := max(cur.Commit, min(j.Commit, log.NextLSN()-1))
+	if err := log.SetHardState(&raftpb.HardState{Term: j.Term, Vote: j.Vote, Commit: commit}); err != nil {
+		return fmt.Errorf("partition %s: journal merge: hard state: %w", p, err)
+	}
 	return nil
 }
 

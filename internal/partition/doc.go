@@ -228,9 +228,11 @@
 // what the log holds durably. Recovery first merges what the journal
 // replayed for the group (mergeWAL: the journal holds the last write of
 // every index it has, so it wins over the log), syncs the log and releases
-// the journal, then proceeds as without one. A term or vote change is still
-// written to the log's own HardState file and synced at once, not through
-// the journal: it happens once per election, not per stage.
+// the journal, then proceeds as without one. A term or vote change goes
+// through the journal too: it is committed with the open stage (whose
+// responses, a vote among them, wait for that fsync) and written to the
+// log's own HardState file without an fsync; recovery takes the journal's
+// when it is newer (mergeWALHardState).
 //
 // # Recovered leases
 //

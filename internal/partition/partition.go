@@ -475,8 +475,10 @@ type stage struct {
 	// stage's storage appends, delivered once its sync is done.
 	entries int
 	last    uint64
-	// wal holds the stage's entries for Config.WAL (nil without one).
+	// wal holds the stage's entries for Config.WAL (nil without one), and
+	// hs a term or vote change to commit with them.
 	wal        []wal.Entry
+	hs         *wal.HardState
 	resps      []*raftpb.Message
 	replies    []reply
 	deliveries []pending

@@ -228,11 +228,11 @@ func (p *Partition) settleInline() error {
 		if err := p.pump(); err != nil {
 			return err
 		}
-		if p.open.entries == 0 && len(p.open.resps) == 0 && !p.rn.HasReady() {
+		if p.open.entries == 0 && p.open.hs == nil && len(p.open.resps) == 0 && !p.rn.HasReady() {
 			p.releaseOpenInline()
 			return nil
 		}
-		if p.open.entries > 0 {
+		if p.open.entries > 0 || p.open.hs != nil {
 			lsn, err := p.persist(&p.open)
 			if err != nil {
 				return err
@@ -485,6 +485,15 @@ func (p *Partition) storeHardState(term, vote, commit uint64) error {
 	}
 	p.hsCommit = commit
 	hs := &raftpb.HardState{Term: term, Vote: vote, Commit: p.storableCommit(commit)}
+	if p.cfg.WAL != nil {
+		// Durable with the open stage's journal commit, before its
+		// responses (a vote among them) are delivered.
+		p.open.hs = &wal.HardState{Term: hs.Term, Vote: hs.Vote, Commit: hs.Commit}
+		if err := p.log.SetHardStateJournaled(hs); err != nil {
+			return fmt.Errorf("raft hard state: %w", err)
+		}
+		return nil
+	}
 	if err := p.rs.SetHardState(hs); err != nil {
 		return fmt.Errorf("raft hard state: %w", err)
 	}

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 
+	"go.etcd.io/raft/v3/raftpb"
+
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/internal/wal"
@@ -232,5 +234,49 @@ func TestMergeWALTheJournalIsTheLastWrite(t *testing.T) {
 	}
 	if next := log2.NextLSN(); next != 5 {
 		t.Errorf("after recovery the log ends at %d, want 4", next-1)
+	}
+}
+
+// A vote committed through the journal, its write to the log's HardState
+// file not synced, survives a power loss: recovery takes it from the
+// journal, so the replica never votes twice in one term.
+func TestMergeWALRestoresAVote(t *testing.T) {
+	fs := vfs.NewMem()
+	for _, d := range []string{"data", "data/p0", "data/p0/log"} {
+		if err := fs.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = fs.SyncDir(".")
+	_ = fs.SyncDir("data")
+	_ = fs.SyncDir("data/p0")
+	group := "queues/t/g/p0"
+	w, err := wal.Open(wal.Options{FS: fs, Dir: "data/wal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, err := seglog.Open(seglog.Options{FS: fs, Dir: "data/p0/log"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := log.AppendAt(1, 1, 0, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := log.SetHardState(&raftpb.HardState{Term: 1, Commit: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := log.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	// Term 3, vote for 2: through the journal, as storeHardState does.
+	if err := w.Commit(group, wal.Batch{HardState: &wal.HardState{Term: 3, Vote: 2, Commit: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := log.SetHardStateJournaled(&raftpb.HardState{Term: 3, Vote: 2, Commit: 1}); err != nil {
+		t.Fatal(err)
+	}
+	log2 := crashAndMerge(t, fs, w, log, group, 1)
+	if hs := log2.HardState(); hs.Term != 3 || hs.Vote != 2 || hs.Commit != 1 {
+		t.Fatalf("after recovery the HardState is %+v, want term 3 vote 2 commit 1", hs)
 	}
 }

@@ -235,6 +235,31 @@ func (l *Log) SetHardState(hs *raftpb.HardState) error {
 	return h.write(st, st.term != h.dur.term || st.vote != h.dur.vote)
 }
 
+// SetHardStateJournaled is SetHardState for a HardState made durable
+// elsewhere (the node journal, in the same fsync as the entries it goes
+// with): it is written to the OS without an fdatasync, and counts as
+// durable for later commit-only changes. It becomes durable in this file
+// with the next synced change, SyncHardState or Close; until then recovery
+// takes it from the journal.
+func (l *Log) SetHardStateJournaled(hs *raftpb.HardState) error {
+	h := &l.hs
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return ErrClosed
+	}
+	st := h.cur
+	st.term, st.vote, st.commit = hs.Term, hs.Vote, hs.Commit
+	if st.term == h.cur.term && st.vote == h.cur.vote && st.commit == h.cur.commit {
+		return nil
+	}
+	if err := h.write(st, false); err != nil {
+		return err
+	}
+	h.dur.term, h.dur.vote = st.term, st.vote
+	return nil
+}
+
 // HardState returns the HardState last set (or read at Open), as a new
 // message the caller owns.
 func (l *Log) HardState() *raftpb.HardState {
