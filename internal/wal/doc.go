@@ -1,8 +1,7 @@
 // Package wal is the node journal: a per-node write-ahead log shared by many
-// raft groups, with group commit. Every group's entries (and a HardState,
-// for a caller that passes one; partitions keep term and vote in their own
-// files) go through one append stream and one fdatasync per batch, instead
-// of one fdatasync stream per group. The groups keep their own files
+// raft groups, with group commit. Every group's entries and HardState
+// changes (a partition's term and vote) go through one append stream and one
+// fdatasync per batch, instead of one fdatasync stream per group. The groups keep their own files
 // (seglog) for reads, retention and snapshots; the WAL only holds what those
 // files may not have made durable yet, and forgets it once a group releases
 // it.
