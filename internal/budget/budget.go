@@ -103,11 +103,13 @@ func (b *Budget) SetLimit(limit int64) {
 
 // resizeChunk sets the chunk to limit/chunkDivisor, smaller when many shares
 // joined (at most a quarter of the limit spare over all shares), clamped to
-// [chunkMin, chunkMax]. Caller holds mu.
+// [chunkMin, chunkMax] and to at most limit/8. Caller holds mu.
 func (b *Budget) resizeChunk() {
 	limit := b.limit.Load()
 	div := max(int64(chunkDivisor), 4*int64(len(b.shares)))
-	b.chunk.Store(min(max(limit/div, chunkMin), chunkMax))
+	// Never above an eighth of the limit, so a small budget still holds
+	// something.
+	b.chunk.Store(max(min(max(limit/div, chunkMin), chunkMax, limit/8), 1))
 }
 
 // Stamp returns the budget's logical clock, for a cache to stamp an entry
@@ -119,7 +121,8 @@ func (b *Budget) Stamp() uint64 { return b.clock.Load() }
 func (b *Budget) Over() bool { return b.used.Load() > b.limit.Load() }
 
 // Join registers a cache and returns its share. The owner must call Leave
-// when the cache goes away.
+// when the cache goes away. Reclaim may call c.Evict as soon as Join
+// returns, so the owner stores the share under the lock Evict takes.
 func (b *Budget) Join(c Cache) *Share {
 	s := &Share{b: b, c: c}
 	b.mu.Lock()

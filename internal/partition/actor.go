@@ -277,6 +277,7 @@ func (p *Partition) afterTurn() {
 	if !p.ckptBusy && p.checkpointDue(now) && now >= p.ckptRetryAtMs && !p.transferring() {
 		p.periodicCheckpoint()
 	}
+	p.cache.dropBelow(p.st.Frontier()) // settled bodies give their budget back
 	p.publishStats()
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"go.etcd.io/raft/v3/raftpb"
 
+	"github.com/sinewmq/sinew/internal/budget"
 	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
@@ -169,9 +170,14 @@ type Config struct {
 
 	InboxMax               int
 	CheckpointEveryRecords int
-	// BodyCacheBytes bounds the cache of recently published payloads;
-	// negative disables it.
+	// BodyCacheBytes bounds the cache of recently published payloads
+	// when BodyBudget is nil; negative disables it.
 	BodyCacheBytes int
+	// BodyBudget and RaftBudget, when set, are node-wide budgets (see
+	// internal/budget) that the body cache and the raft entry cache
+	// share with every other partition on the node, instead of
+	// BodyCacheBytes and raftlog's own bound.
+	BodyBudget, RaftBudget *budget.Budget
 	// RecoveredLeaseGraceMs is how long leases found in the log at Open
 	// keep their holders after the restart. Their holders' sessions did
 	// not survive it, so once the grace has passed every recovered lease
@@ -423,7 +429,7 @@ type Partition struct {
 	// Actor-owned.
 	failed      error
 	sinceCkpt   int
-	cache       bodyCache
+	cache       *bodyCache
 	deadLetters map[uint64]*deadLetter
 	dlInflight  int
 	missing     []uint64          // readAhead's scratch
@@ -621,7 +627,7 @@ func newPartition(cfg Config) *Partition {
 		stopped:     make(chan struct{}),
 		deadLetters: make(map[uint64]*deadLetter),
 		loaded:      make(map[uint64][]byte),
-		cache:       newBodyCache(cfg.BodyCacheBytes),
+		cache:       newBodyCache(cfg.BodyCacheBytes, cfg.BodyBudget),
 	}
 	p.decider = decider{
 		counters: cfg.Counters,
@@ -938,6 +944,7 @@ func (p *Partition) Close() error {
 			errs = append(errs, err)
 		}
 	}
+	p.cache.close()
 	if err := p.log.Close(); err != nil && p.failed == nil {
 		errs = append(errs, err)
 	}
