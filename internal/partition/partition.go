@@ -945,6 +945,9 @@ func (p *Partition) Close() error {
 		}
 	}
 	p.cache.close()
+	if p.rs != nil {
+		p.rs.Close()
+	}
 	if err := p.log.Close(); err != nil && p.failed == nil {
 		errs = append(errs, err)
 	}
