@@ -132,5 +132,8 @@ func sinewFamilies() []struct{ name, help string } {
 	add(ctlTermName, ctlTermHelp)
 	add(ctlMembersName, ctlMembersHelp)
 	add(raftDroppedName, raftDroppedHelp)
+	for _, m := range budgetMetrics {
+		add(m.name, m.help)
+	}
 	return out
 }

@@ -246,6 +246,8 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		BodyBytesMax: cfg.Limits.BodyBytesMax, PrefetchMax: cfg.Limits.PrefetchMax,
 		CheckpointEveryRecords: cfg.Storage.CheckpointEveryRecords,
 		NodeWAL:                cfg.Storage.WAL == "on",
+		BodyCacheBytes:         bodyCacheBytes(cfg.Storage.BodyCacheBytes),
+		RaftCacheBytes:         int(cfg.Storage.RaftCacheBytes),
 		// A client may have publish_inflight_max publishes unconfirmed, all
 		// resent after a break: the window must reach back that far.
 		Dedup: dedup.Config{WindowSeqs: max(dedup.WindowSeqsDefault, cfg.Limits.PublishInflightMax),
