@@ -278,6 +278,10 @@ func (p *Partition) afterTurn() {
 		p.periodicCheckpoint()
 	}
 	p.cache.dropBelow(p.st.Frontier()) // settled bodies give their budget back
+	if now-p.lastBusyMs >= idleCheckpointMs && p.idleShrunkMs != p.lastBusyMs {
+		p.idleShrunkMs = p.lastBusyMs
+		p.shrinkIdle()
+	}
 	p.publishStats()
 }
 

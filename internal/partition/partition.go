@@ -463,6 +463,10 @@ type Partition struct {
 	ckptBusy bool
 	ckptReq  chan ckptJob
 	ckptDone chan ckptResult
+	// idleShrunkMs is the lastBusyMs of the quiet spell in which the
+	// partition last gave back memory (shrinkIdle), so it does so once
+	// per spell.
+	idleShrunkMs int64
 	// lastBusyMs is when the actor last took a command or appended a
 	// record (see idleCheckpointMs).
 	lastBusyMs int64
@@ -1006,6 +1010,10 @@ type ackMemory struct {
 	// the whole backlog on every growth, on the hot ACK path.
 	order []uint64
 	head  int
+	// packed, when not nil, holds every entry sorted by key instead of
+	// slots and order, at half the memory: a partition gone quiet packs
+	// its memory (memory.go) and the next put unpacks it.
+	packed []ackSlot
 }
 
 type ackSlot struct{ key, lease uint64 }
@@ -1040,6 +1048,9 @@ func (a *ackMemory) find(key uint64) (int, bool) {
 }
 
 func (a *ackMemory) put(offset, leaseID uint64) {
+	if a.packed != nil {
+		a.unpack()
+	}
 	if a.slots == nil {
 		*a = newAckMemory()
 	}
@@ -1098,6 +1109,9 @@ func (a *ackMemory) grow() {
 
 // by reports whether leaseID is the lease that ACKed offset.
 func (a *ackMemory) by(offset, leaseID uint64) bool {
+	if a.packed != nil {
+		return leaseID != 0 && a.packedBy(offset+1, leaseID)
+	}
 	if a.slots == nil || leaseID == 0 {
 		return false
 	}
