@@ -16,7 +16,9 @@
 // caller, once it has let go of its own cache's lock, calls Budget.Reclaim.
 // Reclaim (serialised by the budget's lock, taken only when over the limit)
 // asks the share whose oldest entry is the coldest to give back bytes, until
-// the budget is within its limit or nothing more can be freed. Each cache
+// the budget is a thirty-second below its limit (so a full budget reclaims
+// once per that much reserved, not once per chunk) or nothing more can be
+// freed. Each cache
 // stamps its entries with Budget.Stamp, a logical clock that advances once per
 // chunk reserved anywhere, and publishes the stamp of its oldest entry with
 // Share.SetColdest; a share holding nothing is the coldest of all and gives
@@ -42,6 +44,8 @@ const (
 	// chunkDivisor: a budget reserves in chunks of limit/chunkDivisor,
 	// clamped to [chunkMin, chunkMax].
 	chunkDivisor = 256
+	// reclaimDivisor: Reclaim frees down to limit - limit/reclaimDivisor.
+	reclaimDivisor = 32
 )
 
 // Cache is what a share's owner implements so that Reclaim can make it give
@@ -145,7 +149,11 @@ func (b *Budget) Reclaim() {
 	// skipped in later rounds, and one that frees something has one entry
 	// fewer, so the loop ends.
 	var skip map[*Share]bool
-	for over := b.used.Load() - b.limit.Load(); over > 0; over = b.used.Load() - b.limit.Load() {
+	// Reclaim down to a little below the limit, so that a full budget
+	// reclaims once per limit/reclaimDivisor bytes reserved, not once
+	// per chunk.
+	target := func() int64 { l := b.limit.Load(); return l - l/reclaimDivisor }
+	for over := b.used.Load() - target(); over > 0; over = b.used.Load() - target() {
 		var victim *Share
 		coldest := uint64(math.MaxUint64)
 		for s := range b.shares {
