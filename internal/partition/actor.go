@@ -278,7 +278,9 @@ func (p *Partition) afterTurn() {
 		p.periodicCheckpoint()
 	}
 	p.cache.dropBelow(p.st.Frontier()) // settled bodies give their budget back
-	if now-p.lastBusyMs >= idleCheckpointMs && p.idleShrunkMs != p.lastBusyMs {
+	// Once quiet, after the idle checkpoint (whose relocation may grow
+	// buffers once more) is written.
+	if now-p.lastBusyMs >= idleCheckpointMs && !p.ckptBusy && p.idleShrunkMs != p.lastBusyMs {
 		p.idleShrunkMs = p.lastBusyMs
 		p.shrinkIdle()
 	}
