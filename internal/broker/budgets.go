@@ -6,7 +6,7 @@ import "github.com/sinewmq/sinew/internal/budget"
 // (internal/budget).
 const (
 	// BodyCacheBytesDefault is Config.BodyCacheBytes when left zero.
-	BodyCacheBytesDefault = 32 << 20
+	BodyCacheBytesDefault = 16 << 20
 	// RaftCacheBytesDefault is Config.RaftCacheBytes when left zero.
 	RaftCacheBytesDefault = 32 << 20
 )

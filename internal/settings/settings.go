@@ -198,7 +198,7 @@ type Storage struct {
 // Cache budgets: the defaults, the raft cache's floor and the ceiling of
 // both.
 const (
-	BodyCacheBytesDefault = 32 << 20
+	BodyCacheBytesDefault = 16 << 20
 	RaftCacheBytesDefault = 32 << 20
 	raftCacheBytesMin     = 1 << 20
 	cacheBytesMax         = 1 << 40
