@@ -1,6 +1,12 @@
 package partition
 
-import "testing"
+import (
+	"strings"
+	"testing"
+
+	"github.com/sinewmq/sinew/internal/budget"
+	"github.com/sinewmq/sinew/internal/vfs"
+)
 
 // TestAckMemoryPackKeepsAnswers: packing a large ACK memory halves it or
 // better and changes no answer; the next put unpacks it, and the bound and
@@ -52,5 +58,48 @@ func TestAckMemorySmallNotPacked(t *testing.T) {
 	a.pack()
 	if a.packed != nil || !a.by(3, 4) {
 		t.Fatal("a small ACK memory was packed")
+	}
+}
+
+// TestPartitionsShareBodyBudget: two partitions on one node budget. The
+// budget never ends a publish above its limit, the partition that went
+// quiet gave its bodies to the busy one, and closing both gives every
+// byte back.
+func TestPartitionsShareBodyBudget(t *testing.T) {
+	fs := vfs.NewMem()
+	bud := budget.New("body_cache", 64<<10)
+	raft := budget.New("raft_cache", 1<<20)
+	cfgA, cfgB := testConfig(fs), testConfig(fs)
+	cfgB.Dir, cfgB.Index = "data/p1", 1
+	for _, c := range []*Config{&cfgA, &cfgB} {
+		c.BodyBudget, c.RaftBudget = bud, raft
+	}
+	a, b := mustOpen(t, cfgA), mustOpen(t, cfgB)
+	body := strings.Repeat("x", 1000)
+	for range 40 {
+		mustPublish(t, a, body, nil)
+	}
+	for range 200 {
+		mustPublish(t, b, body, nil)
+		if u := bud.Used(); u > bud.Limit() {
+			t.Fatalf("budget used %d above its limit %d", u, bud.Limit())
+		}
+	}
+	if bud.Evicted() == 0 {
+		t.Fatal("nothing was evicted from a full budget")
+	}
+	a.cache.mu.Lock()
+	quiet := a.cache.bytes
+	a.cache.mu.Unlock()
+	if quiet != 0 {
+		t.Fatalf("the quiet partition kept %d bytes of bodies", quiet)
+	}
+	for _, p := range []*Partition{a, b} {
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if bud.Used() != 0 || raft.Used() != 0 {
+		t.Fatalf("after Close: body budget used %d, raft budget used %d", bud.Used(), raft.Used())
 	}
 }
