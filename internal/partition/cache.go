@@ -29,6 +29,9 @@ type bodyCache struct {
 	bytes int
 	ents  []cachedBody // ents[head:] are live, sorted by offset
 	head  int
+	// cold is the oldest entry's stamp as last published to the share
+	// (an atomic store, made only when it changes).
+	cold uint64
 }
 
 type cachedBody struct {
@@ -78,7 +81,7 @@ func (c *bodyCache) put(off uint64, payload []byte) {
 		c.evictLocked(1)
 	}
 	c.compact()
-	c.share.SetColdest(c.ents[c.head].stamp)
+	c.coldest()
 	c.mu.Unlock()
 	if over {
 		c.bud.Reclaim()
@@ -151,10 +154,13 @@ func (c *bodyCache) coldest() {
 	if c.share == nil {
 		return
 	}
+	var st uint64
 	if c.head < len(c.ents) {
-		c.share.SetColdest(c.ents[c.head].stamp)
-	} else {
-		c.share.SetColdest(0)
+		st = c.ents[c.head].stamp
+	}
+	if st != c.cold {
+		c.cold = st
+		c.share.SetColdest(st)
 	}
 }
 
