@@ -7,7 +7,7 @@ import (
 )
 
 // The node-wide memory budgets (storage.body_cache_bytes,
-// storage.raft_cache_bytes).
+// storage.raft_cache_bytes), in the metric table of docs/operations.md.
 var budgetMetrics = []struct{ name, help string }{
 	{"sinew_memory_budget_bytes", "Limit of a node-wide memory budget, by budget: body_cache (recently published bodies, storage.body_cache_bytes), raft_cache (raft entries not yet applied, storage.raft_cache_bytes)."},
 	{"sinew_memory_budget_used_bytes", "Bytes the partitions' caches hold against a node-wide memory budget (plus at most one small reservation chunk per partition), by budget."},
