@@ -1,10 +1,15 @@
 package partition
 
 import (
+	"errors"
+	"strconv"
 	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/sinewmq/sinew/internal/budget"
+	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/vfs"
 )
 
@@ -102,4 +107,50 @@ func TestPartitionsShareBodyBudget(t *testing.T) {
 	if bud.Used() != 0 || raft.Used() != 0 {
 		t.Fatalf("after Close: body budget used %d, raft budget used %d", bud.Used(), raft.Used())
 	}
+}
+
+// TestQuietPartitionShrinks: once a drained partition has been idle past
+// its idle checkpoint, it packs its ACK memory and lets its record arena go,
+// and an ACK sent again is still answered ok from the packed memory.
+func TestQuietPartitionShrinks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := mustOpen(t, testConfig(vfs.NewMem()))
+		defer p.Close()
+		const n = 2 * ackPackThreshold
+		for i := range n {
+			publish(p, strconv.Itoa(i), nil)
+		}
+		c := &tconsumer{owner: "c1", credit: -1}
+		if err := p.Attach(c); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		got := c.deliveries()
+		if len(got) != n {
+			t.Fatalf("%d deliveries, want %d", len(got), n)
+		}
+		for _, d := range got {
+			if err := settle(p, Ack, d, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := settle(p, Ack, got[0], 0); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * idleCheckpointMs * time.Millisecond)
+		synctest.Wait()
+		// An ACK sent again: answered from the packed memory.
+		if err := settle(p, Ack, got[7], 0); err != nil {
+			t.Fatalf("repeated ACK after the partition went quiet: %v, want ok", err)
+		}
+		if err := settle(p, Ack, Delivery{Offset: got[7].Offset, LeaseID: got[7].LeaseID + 1}, 0); !errors.Is(err, queue.ErrAlreadySettled) {
+			t.Fatalf("ACK of another lease: %v, want ErrAlreadySettled", err)
+		}
+		if p.decider.acked.packed == nil || p.decider.acked.slots != nil {
+			t.Fatal("the ACK memory of a quiet partition is not packed")
+		}
+		if cap(p.decider.arena) > arenaKeepBytes {
+			t.Fatalf("a quiet partition keeps a %d-byte arena", cap(p.decider.arena))
+		}
+	})
 }
