@@ -87,7 +87,7 @@ func TestRealLongTopicRoundTrip(t *testing.T) {
 // paths, and the subscription that was attached ends with the same code.
 func TestRealSubscribeToFailedPartition(t *testing.T) {
 	fs := vfs.NewMem()
-	rb := testkit.StartBroker(t, testkit.WithFS(fs))
+	rb := testkit.StartBroker(t, testkit.WithFS(fs), testkit.WithFailingDisk())
 	c := dialT(t, rb.Addr)
 	ctx := testCtx(t)
 	if _, err := c.DeclareQueue(ctx, "fragile", QueueConfig{}); err != nil {

@@ -23,25 +23,43 @@ const replicationFactor = 3
 // clusterNode is the broker's broker.Cluster.
 var _ broker.Cluster = (*clusterNode)(nil)
 
+// placementWaitMs bounds how long CreateQueue waits for a live node in the
+// controller's table.
+const placementWaitMs = 5000
+
 // CreateQueue places a new queue's partitions spread first over the live
 // nodes (this one and every peer membership sees alive that the table
 // holds) and commits it to the controller's catalogue.
 func (n *clusterNode) CreateQueue(ctx context.Context, topic, group string, settings []byte, partitions int) (broker.CatalogueQueue, error) {
-	st := n.ctl.Status()
-	if q, ok := st.Table.Queue(topic, group); ok {
-		return catalogueQueue(q), nil
-	}
-	live := []uint64{n.raftID}
-	for _, p := range n.m.Members() {
-		if p.State != membership.StateAlive {
+	var placement []controller.Placement
+	// A node that has just started may not be in the controller's table
+	// yet (a cluster's first node commits itself right after it elects
+	// itself): wait for it a little, within ctx, rather than refuse.
+	wait := time.NewTimer(placementWaitMs * time.Millisecond)
+	defer wait.Stop()
+	for {
+		st := n.ctl.Status()
+		if q, ok := st.Table.Queue(topic, group); ok {
+			return catalogueQueue(q), nil
+		}
+		live := []uint64{n.raftID}
+		for _, p := range n.m.Members() {
+			if p.State != membership.StateAlive {
+				continue
+			}
+			if rid, err := controller.RaftIDOf(p.Name); err == nil {
+				live = append(live, rid)
+			}
+		}
+		if placement = controller.Place(st.Table, live, partitions, replicationFactor); placement != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-wait.C:
+		case <-time.After(50 * time.Millisecond):
 			continue
 		}
-		if rid, err := controller.RaftIDOf(p.Name); err == nil {
-			live = append(live, rid)
-		}
-	}
-	placement := controller.Place(st.Table, live, partitions, replicationFactor)
-	if placement == nil {
 		return broker.CatalogueQueue{}, errors.New("no node of the controller's table is alive to hold it (has this node joined the controller yet?)")
 	}
 	q, err := n.ctl.CreateQueue(ctx, controller.Queue{Topic: topic, Group: group, Settings: settings, Partitions: placement})

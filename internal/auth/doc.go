@@ -7,8 +7,10 @@
 // token from auth.tokens, or a client certificate subject.
 //
 // Users is the store of named users. It lives in one file under the data
-// directory (DATA_DIR/meta/users), replaced atomically with
-// vfs.WriteFileAtomic on every change and read once at open with a size bound.
+// directory (DATA_DIR/meta/users), a checksummed file (internal/ckfile)
+// replaced atomically (temporary file created 0600, fsync, rename,
+// directory fsync) on every change, and read and verified once at open with
+// a size bound; a file that fails its checksum or checks is ErrCorrupt.
 // Passwords are kept only as argon2id hashes with a per-user random salt, and
 // each hash records the parameters it was made with, so the defaults can be
 // raised later without invalidating stored hashes.

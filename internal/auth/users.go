@@ -8,17 +8,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io/fs"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/crypto/argon2"
 
+	"github.com/sinewmq/sinew/internal/ckfile"
 	"github.com/sinewmq/sinew/internal/vfs"
 )
 
@@ -116,7 +115,8 @@ type userRecord struct {
 	Perms Permissions `json:"permissions"`
 }
 
-// usersFile is the on-disk form, written atomically as
+// usersFile is the on-disk form, a checksummed file (internal/ckfile)
+// written atomically as
 //
 //	{"v":1,"users":[{"name":"alice","alg":"argon2id","params":{"t":2,"m":19456,"p":1},
 //	                 "salt":"<base64>","key":"<base64>","permissions":{...}}, ...]}\n
@@ -132,8 +132,6 @@ const (
 	usersVersion = 1
 	algArgon2id  = "argon2id"
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Users is the persistent store of named users. See the package doc for its
 // file and locking.
@@ -218,14 +216,17 @@ func OpenUsersWith(fsys vfs.FS, path string, opts UsersOptions) (*Users, error) 
 	rand.Read(salt)
 	u.dummy = userRecord{Alg: algArgon2id, Hash: params, Salt: salt, Key: make([]byte, keyBytes)}
 
-	b, err := vfs.ReadFileMax(fsys, path, usersFileBytesMax)
-	if errors.Is(err, fs.ErrNotExist) {
+	js, err := ckfile.Read(fsys, path, usersFileBytesMax)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		return u, nil
-	}
-	if err != nil {
+	case errors.Is(err, ckfile.ErrCorrupt):
+		// err names the file.
+		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	case err != nil:
 		return nil, fmt.Errorf("auth: read users: %w", err)
 	}
-	f, err := decodeUsers(b)
+	f, err := decodeUsersJSON(js)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
 	}
@@ -235,22 +236,17 @@ func OpenUsersWith(fsys vfs.FS, path string, opts UsersOptions) (*Users, error) 
 	return u, nil
 }
 
+// decodeUsers verifies and decodes a whole users file.
 func decodeUsers(b []byte) (*usersFile, error) {
-	js, rest, ok := bytes.Cut(b, []byte{'\n'})
-	if !ok {
-		return nil, errors.New("no checksum line")
-	}
-	sum, ok := bytes.CutPrefix(bytes.TrimSuffix(rest, []byte{'\n'}), []byte("crc32c "))
-	if !ok {
-		return nil, errors.New("malformed checksum line")
-	}
-	want, err := strconv.ParseUint(string(sum), 16, 32)
+	js, err := ckfile.Decode(b)
 	if err != nil {
-		return nil, fmt.Errorf("malformed checksum: %w", err)
+		return nil, err
 	}
-	if crc32.Checksum(js, castagnoli) != uint32(want) {
-		return nil, errors.New("checksum mismatch")
-	}
+	return decodeUsersJSON(js)
+}
+
+// decodeUsersJSON decodes and checks a verified users payload.
+func decodeUsersJSON(js []byte) (*usersFile, error) {
 	var f usersFile
 	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.DisallowUnknownFields()
@@ -290,7 +286,11 @@ func decodeUsers(b []byte) (*usersFile, error) {
 	return &f, nil
 }
 
-func encodeUsers(users map[string]userRecord) []byte {
+// encodeUsers is the whole users file for users.
+func encodeUsers(users map[string]userRecord) []byte { return ckfile.Encode(usersJSON(users)) }
+
+// usersJSON is the users file's payload for users.
+func usersJSON(users map[string]userRecord) []byte {
 	f := usersFile{Version: usersVersion, Users: make([]userRecord, 0, len(users))}
 	for _, r := range users {
 		f.Users = append(f.Users, r)
@@ -300,10 +300,7 @@ func encodeUsers(users map[string]userRecord) []byte {
 	if err != nil {
 		panic("auth: users file does not marshal: " + err.Error())
 	}
-	out := append(js, '\n')
-	out = append(out, "crc32c "...)
-	out = append(out, fmt.Sprintf("%08x", crc32.Checksum(js, castagnoli))...)
-	return append(out, '\n')
+	return js
 }
 
 // checkName accepts 1..NameBytesMax bytes of ASCII letters, digits and
@@ -402,7 +399,7 @@ func (u *Users) update(fn func(users map[string]userRecord) error) error {
 	}
 	// 0600: the file holds password hashes, which are worth cracking
 	// offline.
-	if err := vfs.WriteFilePrivate(u.fs, u.path, encodeUsers(next)); err != nil {
+	if err := ckfile.WritePrivate(u.fs, u.path, usersJSON(next)); err != nil {
 		return fmt.Errorf("auth: write users: %w", err)
 	}
 	u.mu.Lock()

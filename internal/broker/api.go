@@ -7,10 +7,10 @@ import (
 
 	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/internal/dedup"
+	"github.com/sinewmq/sinew/internal/delivery"
 	"github.com/sinewmq/sinew/internal/partition"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
-	"github.com/sinewmq/sinew/protocol"
 )
 
 // QuarantinePolicy says what Open does with a partition whose log or
@@ -143,6 +143,8 @@ type Config struct {
 	// holds: no retry limit, no TTL, FAIL puts a message back to ready, and
 	// a message leaves only when completed or purged.
 	DeadLetterTopic string
+	// deadLetterJobsMax overrides deadLetterJobsMax (tests).
+	deadLetterJobsMax int
 	// DelayMsMax caps how far ahead a publish may schedule its first
 	// delivery (delay_ms, or not_before_ms from now); TTLMsMax caps a
 	// publish's ttl_ms and a queue's default_ttl_ms; NackDelayMsMax caps
@@ -200,13 +202,6 @@ type Config struct {
 	// subscription restored within the grace with SubscribeOptions.Adopt
 	// keeps its leases (partition.Partition.Adopt).
 	RecoveredLeaseGraceMs int64
-
-	// NodeWAL makes every partition commit through one node WAL in
-	// DataDir/wal (internal/wal) instead of fsyncing its own log. Off by
-	// default: see "fsync across partitions" in docs/benchmarks.md. A data
-	// directory that has a node WAL is refused without it (ErrNodeWAL):
-	// records confirmed through the WAL may be nowhere else.
-	NodeWAL bool
 }
 
 // Consumer receives a subscription's deliveries.
@@ -249,25 +244,9 @@ type PausableConsumer interface {
 	RoomBytes() int64
 }
 
-// Delivery is one leased message.
-type Delivery struct {
-	Partition     uint32
-	Offset        uint64
-	LeaseID       uint64
-	Attempt       uint32
-	PublishedAtMs int64
-	Key           []byte
-	Headers       []protocol.Header
-	ContentType   string
-	Body          []byte
-	Topic, Group  string
-	// ExpiresAtMs, when not 0, is the lease's deadline (a replicated
-	// partition's): the delivery is dropped rather than written later.
-	ExpiresAtMs int64
-	// Epoch is the raft term of the owner that granted the lease (a
-	// replicated partition's; 0 on a single node).
-	Epoch uint64
-}
+// Delivery is one leased message (internal/delivery), with the queue's
+// topic, group and partition index filled in.
+type Delivery = delivery.Delivery
 
 // PartitionStats are one partition's counters.
 type PartitionStats struct {

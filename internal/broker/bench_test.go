@@ -233,16 +233,6 @@ func BenchmarkPublishPartitions(b *testing.B) {
 	}
 }
 
-// BenchmarkPublishPartitionsWAL is BenchmarkPublishPartitions with every
-// partition committing through one node WAL (Config.NodeWAL).
-func BenchmarkPublishPartitionsWAL(b *testing.B) {
-	for _, parts := range []uint32{1, 4, 16, 64} {
-		b.Run("partitions="+strconv.Itoa(int(parts)), func(b *testing.B) {
-			benchPublishSpread(b, benchBrokerCfg(b, Config{NodeWAL: true}), parts, fsyncTableInFlight)
-		})
-	}
-}
-
 // benchPublishSpread runs inFlight publishers, each waiting for its
 // confirmation before the next publish, publisher i pinned to partition
 // i mod partitions.

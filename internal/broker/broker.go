@@ -42,9 +42,12 @@ var (
 // Broker is the registry of queues and subscriptions.
 //
 // Locks, in the order they may be taken: createMu (queue creation and
-// declaration changes; held across their file-system work), mu (the queue
-// map; held briefly), subsMu (the subscription registry). Partition
-// callbacks never take createMu.
+// declaration changes; held across their file-system work and, in a
+// cluster, the controller's commit), mu (the queue map; held briefly),
+// subsMu (the subscription registry). dl.mu (deadletter.go) is a leaf,
+// held only for a non-blocking send. Partition callbacks never take
+// createMu: the dead-letter callback hands its copy to the dead-letter
+// worker, which creates a missing target queue off the partition goroutine.
 type Broker struct {
 	cfg    Config
 	logger *slog.Logger
@@ -72,7 +75,8 @@ type Broker struct {
 	closed atomic.Bool
 	// lock is DataDir's exclusive lock, held from Open to Close.
 	lock *DataDirLock
-	// wal is the node WAL when Config.NodeWAL (nil otherwise). walParts
+	// wal is the node journal (DataDir/wal), which every partition on the
+	// node commits through. walParts
 	// maps its group names to partitions, for pressure calls: a nil value
 	// is a partition still opening, or one quarantined (its WAL entries
 	// are kept until it is repaired). A group not in walParts after
@@ -80,8 +84,20 @@ type Broker struct {
 	wal      *wal.WAL
 	walMu    sync.Mutex
 	walParts map[string]*partition.Partition
+	// walStuck holds what the journal replayed for each quarantined
+	// partition: its only copy of records the partition's own files may
+	// lack. Under pressure it is committed again at the journal's head
+	// (wal.Batch.Reset), so the partition keeps it without pinning the
+	// journal's oldest segments, which go oldest first.
+	walStuck map[string]*wal.Group
 	// counters is shared by every partition (inspect.go).
 	counters *partition.Counters
+	// dl creates dead-letter queues and publishes dead-letter copies for
+	// every partition of this node, off their goroutines (deadletter.go).
+	dl *deadLetterWorker
+	// testCreateHook, when set (by tests), runs before a dead-letter queue
+	// is created.
+	testCreateHook func(topic string)
 }
 
 type queueKey struct{ topic, group string }
@@ -195,11 +211,6 @@ func Open(cfg Config) (b *Broker, err error) {
 		counters: new(partition.Counters),
 		budgets:  newNodeBudgets(&cfg),
 	}
-	if !cfg.NodeWAL {
-		if err := refuseNodeWAL(cfg.FS, filepath.Join(cfg.DataDir, "wal")); err != nil {
-			return nil, err
-		}
-	}
 	if b.users = cfg.Users; b.users == nil {
 		params := cfg.UserHashParams
 		if params == (auth.HashParams{}) {
@@ -209,6 +220,7 @@ func Open(cfg Config) (b *Broker, err error) {
 			return nil, fmt.Errorf("broker: %w", err)
 		}
 	}
+	b.dl = newDeadLetterWorker(cmp.Or(cfg.deadLetterJobsMax, deadLetterJobsMax))
 	root := filepath.Join(cfg.DataDir, queuesDir)
 	if err := cfg.FS.MkdirAll(root, vfs.DirPerm); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
@@ -216,12 +228,11 @@ func Open(cfg Config) (b *Broker, err error) {
 	if err := syncDirs(cfg.FS, root, cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	if cfg.NodeWAL {
-		b.walParts = map[string]*partition.Partition{}
-		b.wal, err = wal.Open(wal.Options{FS: cfg.FS, Dir: filepath.Join(cfg.DataDir, "wal"), OnPressure: b.walPressure})
-		if err != nil {
-			return nil, fmt.Errorf("broker: %w", err)
-		}
+	b.walParts = map[string]*partition.Partition{}
+	b.walStuck = map[string]*wal.Group{}
+	b.wal, err = wal.Open(wal.Options{FS: cfg.FS, Dir: filepath.Join(cfg.DataDir, "wal"), OnPressure: b.walPressure})
+	if err != nil {
+		return nil, fmt.Errorf("broker: node journal: %w", err)
 	}
 	if err := b.recover(root); err != nil {
 		b.closePartitions()
@@ -236,6 +247,7 @@ func Open(cfg Config) (b *Broker, err error) {
 			b.wal.Forget(g)
 		}
 	}
+	b.dl.start(b)
 	b.ready.Store(true)
 	for _, q := range b.queues {
 		for _, p := range q.parts {
@@ -243,25 +255,6 @@ func Open(cfg Config) (b *Broker, err error) {
 		}
 	}
 	return b, nil
-}
-
-// ErrNodeWAL refuses to open a data directory that holds a node WAL without
-// Config.NodeWAL (storage.wal = off).
-var ErrNodeWAL = errors.New("broker: the data directory holds a node WAL")
-
-// refuseNodeWAL returns ErrNodeWAL when dir holds a WAL segment: entries
-// confirmed through a node WAL may not be in their partitions' own logs
-// yet, and a broker that ignored it would lose them. A directory it cannot
-// read is refused too; only a missing one passes.
-func refuseNodeWAL(fs vfs.FS, dir string) error {
-	has, err := wal.HasSegments(fs, dir)
-	if err != nil {
-		return fmt.Errorf("broker: checking for a node WAL: %w", err)
-	}
-	if !has {
-		return nil
-	}
-	return fmt.Errorf("%w (%s): records confirmed through it may be nowhere else; start with storage.wal = on (a clean stop with it on retires the WAL once every partition holds its own records)", ErrNodeWAL, dir)
 }
 
 // walPressure is the WAL's OnPressure: the partition named group syncs its
@@ -286,6 +279,12 @@ func (b *Broker) walPressure(group string, _ uint64) {
 		}
 		return
 	case p == nil:
+		b.walMu.Lock()
+		g := b.walStuck[group]
+		b.walMu.Unlock()
+		if g != nil {
+			b.walCarry(group, g)
+		}
 		return
 	}
 	if err := p.ReleaseWAL(); err != nil && !errors.Is(err, seglog.ErrClosed) {
@@ -293,11 +292,25 @@ func (b *Broker) walPressure(group string, _ uint64) {
 	}
 }
 
-// walGroup names the WAL group of the partition in dir (relative to the
-// data directory). A queue created with the node WAL carries an
-// incarnation in its metadata, so that a queue deleted and created again
-// under the same name never shares a group with its predecessor.
-func (b *Broker) walGroup(dir string, m *queueMeta) (string, error) {
+// walCarry commits a quarantined partition's replayed records again at the
+// journal's head, voiding their older copies.
+func (b *Broker) walCarry(group string, g *wal.Group) {
+	batch := wal.Batch{Reset: true, Entries: g.Entries}
+	if g.HasHardState {
+		hs := g.HardState
+		batch.HardState = &hs
+	}
+	if err := b.wal.Commit(group, batch); err != nil && !errors.Is(err, wal.ErrClosed) {
+		b.logger.Warn("could not carry a quarantined partition's journal records forward", "group", group, "err", err)
+	}
+}
+
+// walGroup names the journal group of partition idx of the queue in dir
+// (relative to the data directory). A queue deleted and created again under
+// the same name never shares a group with its predecessor: a single-node
+// queue carries an incarnation in its metadata, and a replicated partition
+// is named by its raft group, which the controller never reuses.
+func (b *Broker) walGroup(dir string, m *queueMeta, idx uint32) (string, error) {
 	group, err := filepath.Rel(b.cfg.DataDir, dir)
 	if err != nil {
 		return "", fmt.Errorf("broker: %w", err)
@@ -305,6 +318,9 @@ func (b *Broker) walGroup(dir string, m *queueMeta) (string, error) {
 	group = filepath.ToSlash(group)
 	if m.Incarnation != "" {
 		group += "@" + m.Incarnation
+	}
+	if int(idx) < len(m.Raft) && m.Raft[idx].RaftGroup != 0 {
+		group += "@g" + strconv.FormatUint(m.Raft[idx].RaftGroup, 10)
 	}
 	return group, nil
 }
@@ -401,7 +417,7 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 		}
 		pc.BodyBudget, pc.RaftBudget = b.budgets.body, b.budgets.raft
 		if b.wal != nil {
-			group, gerr := b.walGroup(pc.Dir, m)
+			group, gerr := b.walGroup(pc.Dir, m, i)
 			if gerr != nil {
 				return nil, gerr
 			}
@@ -439,9 +455,13 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 				p.Close()
 			}
 		}
-		if err == nil && b.wal != nil && p.Quarantined() == nil {
+		if err == nil && b.wal != nil {
 			b.walMu.Lock()
-			b.walParts[pc.WALGroup] = p
+			if p.Quarantined() == nil {
+				b.walParts[pc.WALGroup] = p
+			} else if pc.WALReplay != nil && len(pc.WALReplay.Entries) > 0 {
+				b.walStuck[pc.WALGroup] = pc.WALReplay
+			}
 			b.walMu.Unlock()
 		}
 		if err != nil {
@@ -512,30 +532,6 @@ func (b *Broker) deadLetterTarget(m *queueMeta) string {
 	return t
 }
 
-// deadLetter is the partitions' dead-letter publisher: it publishes m to
-// the default group of topic target, creating the queue on first use.
-func (b *Broker) deadLetter(target string, m *queue.Message, done func(error)) {
-	if !b.ready.Load() {
-		done(ErrStarting)
-		return
-	}
-	if b.closed.Load() {
-		done(ErrShuttingDown)
-		return
-	}
-	q, err := b.deadLetterQueue(target)
-	if err != nil {
-		done(err)
-		return
-	}
-	p, err := q.pick(-1, m.Key, "", 0)
-	if err != nil {
-		done(err)
-		return
-	}
-	p.Publish(m, func(_ uint64, err error) { done(err) })
-}
-
 // CreateCheck decides whether a request may create the queue (topic,
 // group) it names when that queue does not exist (creation on first use):
 // nil lets it, an error is the request's answer. The broker asks it under
@@ -587,21 +583,23 @@ func (b *Broker) Close() error {
 	for _, s := range subs {
 		s.end(protocol.SubClosedShutdown, ErrShuttingDown, false)
 	}
+	// The dead-letter worker may be creating a queue; it finishes that
+	// job and answers the rest ErrShuttingDown, so that no partition waits
+	// for a copy that will never be confirmed.
+	b.dl.stop()
 	// Wait out a creation under way; later ones see closed and refuse.
-	// createMu is not held while partitions stop: an actor may be blocked
-	// on it, creating a dead-letter queue, and Close waits for actors.
 	b.createMu.Lock()
 	b.createMu.Unlock()
 	b.deletes.Wait()
 	err := b.closePartitions()
 	if b.wal != nil {
 		// Every partition that closed cleanly has released its entries;
-		// then the WAL is retired, and the directory may start without
-		// one (storage.wal = off).
+		// then the journal's segments are deleted, and the next start
+		// begins a fresh one.
 		retired, werr := b.wal.Retire()
 		err = errors.Join(err, werr)
 		if werr == nil && !retired {
-			b.logger.Info("node WAL kept: some partitions' records are only there (a quarantined or failed partition); the data directory still needs storage.wal = on")
+			b.logger.Info("node journal kept: some partitions' records are only there (a quarantined or failed partition); the next start replays it")
 		}
 	}
 	// Released only once every partition has closed its files.

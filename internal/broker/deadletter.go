@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"sync"
+
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/protocol"
 )
@@ -98,6 +100,9 @@ func (b *Broker) deadLetterQueue(topic string) (*queueEntry, error) {
 	if q != nil {
 		return q, nil
 	}
+	if b.testCreateHook != nil {
+		b.testCreateHook(topic) // tests: a creation that takes its time
+	}
 	q, _, err := b.declareQueue(&protocol.DeclareQueue{Topic: topic, MaxRetries: -1}, false, true, nil)
 	return q, err
 }
@@ -106,4 +111,178 @@ func (b *Broker) deadLetterQueue(topic string) (*queueEntry, error) {
 func keepConfig(qc queue.Config) queue.Config {
 	qc.DeadLetter = queue.DeadLetterPolicy{Keep: true}
 	return qc
+}
+
+// Dead-letter copies leave the partition goroutine.
+//
+// A partition hands each dead-letter copy to Broker.deadLetter, on its own
+// goroutine, which must not block (partition.Config.DeadLetter). The first
+// copy to a target may have to create the target queue: files and fsyncs on
+// a single node, a commit through the controller's consensus in a cluster
+// (up to clusterCreateTimeout). So deadLetter only queues the copy for one
+// worker goroutine per broker, which creates the target when it is missing
+// and publishes the copy; the target partition confirms it (durable) by
+// calling the source partition's done.
+//
+//	source partition goroutine      dead-letter worker (one per broker)     target partition
+//	--------------------------      -----------------------------------     ----------------
+//	DeadLetter event durable
+//	deadLetter(target, copy, done)
+//	  jobs full or closed:
+//	    done(err) at once     ----> (nothing queued)
+//	  else queued, returns    ----> find or create target queue
+//	                                  error: done(err)
+//	                                Publish(copy)                      ---> append, fsync
+//	ctlDeadLettered           <---------------------------------------- done(nil | err)
+//	  nil: DeadLetterDone recorded, the source forgets the message
+//	  err: the message stays dead-lettering, retried after deadLetterRetryMs
+//
+// Nothing is dropped: until done(nil) the message stays in the source
+// partition's dead-lettering state, durable in its log, and is copied
+// again after an error, a full queue or a restart (a copy may so be made
+// twice, never lost). The worker takes jobs in order; a creation under way
+// holds up the copies behind it, not the partitions that made them.
+
+// deadLetterJobsMax bounds the copies waiting for the worker, for the
+// whole broker. A partition has at most 256 copies outstanding; past this
+// bound deadLetter refuses with errDeadLetterBusy and the partition tries
+// again later.
+const deadLetterJobsMax = 4096
+
+// errDeadLetterBusy answers a copy the worker has no room for.
+var errDeadLetterBusy = protocol.Errorf(protocol.CodeUnavailable, "dead-letter queue of work is full; the copy is retried")
+
+type deadLetterJob struct {
+	target string
+	m      *queue.Message
+	done   func(error)
+}
+
+// deadLetterWorker is the broker's dead-letter goroutine and its bounded
+// queue of jobs.
+type deadLetterWorker struct {
+	// mu orders enqueues against stop, so that no job is queued after the
+	// worker drained the queue. It is held only for a non-blocking send.
+	mu      sync.Mutex
+	stopped bool
+	jobs    chan deadLetterJob
+	quit    chan struct{}
+	// exited is closed when run returns (or when stop is called on a
+	// worker that never ran).
+	exited  chan struct{}
+	started bool
+}
+
+func newDeadLetterWorker(jobsMax int) *deadLetterWorker {
+	return &deadLetterWorker{
+		jobs:   make(chan deadLetterJob, jobsMax),
+		quit:   make(chan struct{}),
+		exited: make(chan struct{}),
+	}
+}
+
+// deadLetter is the partitions' dead-letter publisher
+// (partition.Config.DeadLetter): it queues m for the default group of topic
+// target and returns at once. done is called exactly once, from the worker
+// or the target partition, or here when the copy is refused.
+func (b *Broker) deadLetter(target string, m *queue.Message, done func(error)) {
+	if !b.ready.Load() {
+		done(ErrStarting)
+		return
+	}
+	if err := b.dl.enqueue(deadLetterJob{target: target, m: m, done: done}); err != nil {
+		done(err)
+	}
+}
+
+// enqueue queues j without blocking.
+func (w *deadLetterWorker) enqueue(j deadLetterJob) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return ErrShuttingDown
+	}
+	select {
+	case w.jobs <- j:
+		return nil
+	default:
+		return errDeadLetterBusy
+	}
+}
+
+// start starts the worker goroutine (Open, once).
+func (w *deadLetterWorker) start(b *Broker) {
+	w.mu.Lock()
+	w.started = true
+	w.mu.Unlock()
+	go w.run(b)
+}
+
+func (w *deadLetterWorker) run(b *Broker) {
+	defer close(w.exited)
+	for {
+		select {
+		case j := <-w.jobs:
+			b.deadLetterCopy(j)
+		case <-w.quit:
+			// stop set stopped before closing quit: nothing more is
+			// queued, so this drains the queue for good.
+			for {
+				select {
+				case j := <-w.jobs:
+					j.done(ErrShuttingDown)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// stop refuses further jobs, answers the queued ones ErrShuttingDown and
+// waits for the worker to return (after the job in hand, which is bounded
+// by clusterCreateTimeout).
+func (w *deadLetterWorker) stop() {
+	w.mu.Lock()
+	if w.stopped {
+		w.mu.Unlock()
+		return
+	}
+	w.stopped = true
+	started := w.started
+	close(w.quit)
+	w.mu.Unlock()
+	if started {
+		<-w.exited
+		return
+	}
+	for {
+		select {
+		case j := <-w.jobs:
+			j.done(ErrShuttingDown)
+		default:
+			return
+		}
+	}
+}
+
+// deadLetterCopy runs one job on the worker: it finds or creates the
+// target queue and publishes the copy; the target partition calls done
+// once the copy is durable (or failed).
+func (b *Broker) deadLetterCopy(j deadLetterJob) {
+	if b.closed.Load() {
+		j.done(ErrShuttingDown)
+		return
+	}
+	q, err := b.deadLetterQueue(j.target)
+	if err != nil {
+		j.done(err)
+		return
+	}
+	p, err := q.pick(-1, j.m.Key, "", 0)
+	if err != nil {
+		j.done(err)
+		return
+	}
+	p.Publish(j.m, func(_ uint64, err error) { j.done(err) })
 }

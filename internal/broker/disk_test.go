@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"github.com/sinewmq/sinew/internal/wal"
 )
 
 // allocatedBytes sums the allocated blocks (st_blocks, not the apparent
@@ -40,6 +42,11 @@ func allocatedBytes(t *testing.T, root string) int64 {
 // each partition held a whole 64 MiB segment.
 const idlePartitionBytesMax = 256 << 10
 
+// journalIdleBytesMax is the disk budget of an idle node's journal: its
+// active segment and the next one, prepared full of zeros (two segments of
+// wal.SegmentBytesDefault), with room for a directory block.
+const journalIdleBytesMax = 2*wal.SegmentBytesDefault + 64<<10
+
 // TestIdlePartitionsDiskBudget runs a broker on the real file system with
 // 100 queues that each got one message, and checks the blocks allocated
 // under the data directory while it runs, after Close and after a restart
@@ -50,10 +57,16 @@ func TestIdlePartitionsDiskBudget(t *testing.T) {
 	cfg := Config{DataDir: filepath.Join(dir, "data")}
 	check := func(when string) {
 		t.Helper()
-		got := allocatedBytes(t, cfg.DataDir)
-		t.Logf("%s: %d queues allocate %d KiB, %d KiB per queue", when, queues, got>>10, got/queues>>10)
+		journal := allocatedBytes(t, filepath.Join(cfg.DataDir, "wal"))
+		got := allocatedBytes(t, cfg.DataDir) - journal
+		t.Logf("%s: %d queues allocate %d KiB, %d KiB per queue; the node journal %d KiB", when, queues, got>>10, got/queues>>10, journal>>10)
 		if budget := int64(queues * idlePartitionBytesMax); got > budget {
 			t.Fatalf("%s: %d queues allocate %d bytes, budget %d", when, queues, got, budget)
+		}
+		// The journal is the node's, whatever the queues: its active
+		// segment and the one prepared next.
+		if journal > journalIdleBytesMax {
+			t.Fatalf("%s: the node journal allocates %d bytes, budget %d", when, journal, journalIdleBytesMax)
 		}
 	}
 	b := mustOpen(t, cfg)

@@ -17,14 +17,29 @@
 //
 // # Goroutines
 //
-// The broker starts no goroutine of its own besides the partition actors.
-// Publish, Subscribe, Settle and Declare run on the caller's goroutine and
-// hand work to partitions without blocking (a full partition inbox answers
-// CodeResourceExhausted). Completion callbacks and Consumer.Deliver run on
-// partition goroutines. Locks: createMu (creation and re-declaration, held
-// across their file-system work) before mu (the queue map) before subsMu
-// (the subscription registry); a subscription's own mutex guards only its
-// outstanding-delivery set and is never held while calling out.
+// Besides the partition actors, the broker runs one dead-letter worker
+// (deadletter.go), which creates missing dead-letter queues and publishes
+// dead-letter copies for every partition so that no partition goroutine
+// waits on queue creation; with Config.NodeWAL, the node WAL's goroutines
+// (internal/wal); and in a cluster, one goroutine per PurgeQueue that waits
+// (bounded by clusterPurgeWait) for every owner to report the purge.
+//
+// Publish, PublishChecked, Subscribe and Settle hand work to partitions
+// without waiting for it (a full partition inbox answers
+// CodeResourceExhausted), with one exception: a Publish or Subscribe to a
+// queue that does not exist yet creates it on the caller's goroutine,
+// under createMu (directory, meta file and partition logs, with their
+// fsyncs; in a cluster, a controller commit waited for up to
+// clusterCreateTimeout, 10 s). Declare, Delete and, in a cluster,
+// PurgeQueue also block their caller on file work and the controller's
+// commit. Completion callbacks and Consumer.Deliver run on partition
+// goroutines; dead-letter copies are confirmed on the target partition's.
+// Locks: createMu (creation and re-declaration, held across their
+// file-system work and the controller's commit) before mu (the queue map)
+// before subsMu (the subscription registry); the dead-letter worker's
+// mutex is a leaf held only for a non-blocking send; a subscription's own
+// mutex guards only its outstanding-delivery set and is never held while
+// calling out.
 //
 // # Fair dispatch and prefetch
 //
@@ -53,8 +68,13 @@
 //
 // # What is durable when
 //
-// A publish is confirmed after its partition fsynced its Enqueue record; a
-// settle likewise. Queue definitions live in
+// A publish is confirmed once its Enqueue record is as durable as the sync
+// policy promises (partition.Partition.persist): fdatasync'd by its
+// partition under seglog.SyncAlways (the default), or by the node WAL's
+// commit with Config.NodeWAL; only written to the OS under
+// seglog.SyncInterval (it survives a process crash, and a power loss only
+// once the interval's fsync ran); in a cluster, also committed by a quorum
+// of the partition's replicas. A settle likewise. Queue definitions live in
 // DataDir/queues/<topic>/<group>/meta (names mapped to file names of at
 // most 255 bytes, see dirName), written atomically before the queue is
 // used, so a restart recovers every queue with its settings. Delete renames

@@ -147,8 +147,8 @@ func (b *Broker) dropLocal(k queueKey, why string, wait bool) error {
 		}
 	}
 
-	// Partitions stop without createMu held: an actor may be waiting for it
-	// to create a dead-letter queue.
+	// Partitions stop without createMu held, so that a creation (the
+	// dead-letter worker's, say) is not held up by a slow Close.
 	var wg sync.WaitGroup
 	for _, p := range q.parts {
 		wg.Go(func() {
@@ -179,6 +179,7 @@ func (b *Broker) dropLocal(k queueKey, why string, wait bool) error {
 		b.walMu.Lock()
 		for _, g := range q.walGroups {
 			delete(b.walParts, g)
+			delete(b.walStuck, g)
 		}
 		b.walMu.Unlock()
 		for _, g := range q.walGroups {

@@ -627,11 +627,19 @@ func TestFailedPartitionKeepsLeasesOnTheOthers(t *testing.T) {
 		}
 		synctest.Wait()
 
-		// Partition 1 fails (partition 0 syncs on): a's subscription ends.
+		// Partition 1 fails (partition 0 writes on): a's subscription
+		// ends. Its store writes in the background, the node journal
+		// having made the record durable, so the failure surfaces at the
+		// write after the first one, within a write interval.
 		fs.failing.Store(true)
 		_, err = publish(t, b, &protocol.Publish{Topic: "t", Partition: 1, Body: []byte("y")})
+		if err == nil {
+			time.Sleep(2 * time.Second)
+			synctest.Wait()
+			_, err = publish(t, b, &protocol.Publish{Topic: "t", Partition: 1, Body: []byte("z")})
+		}
 		if protocol.CodeOf(err) != protocol.CodeUnavailable {
-			t.Fatalf("publish with a failing fsync: %v", err)
+			t.Fatalf("publish with failing writes: %v", err)
 		}
 		synctest.Wait()
 		if a.reason != protocol.SubClosedError {
@@ -692,4 +700,21 @@ func (f *dirSyncFile) Sync() error {
 		return errors.New("no space left on device")
 	}
 	return f.File.Sync()
+}
+
+// Writes fail too: through the node journal a publish is made durable by
+// the journal's fsync, and the partition's own files see the failure when
+// the record is written to them.
+func (f *dirSyncFile) Write(p []byte) (int, error) {
+	if f.fs.failing.Load() {
+		return 0, errors.New("no space left on device")
+	}
+	return f.File.Write(p)
+}
+
+func (f *dirSyncFile) WriteAt(p []byte, off int64) (int, error) {
+	if f.fs.failing.Load() {
+		return 0, errors.New("no space left on device")
+	}
+	return f.File.WriteAt(p, off)
 }

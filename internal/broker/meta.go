@@ -5,17 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io/fs"
-	"strconv"
 
-	"github.com/sinewmq/sinew/internal/partition"
+	"github.com/sinewmq/sinew/internal/ckfile"
 	"github.com/sinewmq/sinew/internal/vfs"
 )
 
 // queueMeta is a queue's durable definition. It lives in
-// DataDir/queues/<topic>/<group>/meta, written atomically (temporary file,
-// fsync, rename, directory fsync) on creation and on every change:
+// DataDir/queues/<topic>/<group>/meta, a checksummed file (internal/ckfile)
+// written atomically (temporary file, fsync, rename, directory fsync) on
+// creation and on every change:
 //
 //	{"v":1,"topic":"orders","group":"", ...}\n     one line of JSON
 //	crc32c 1a2b3c4d\n                             CRC-32C of the JSON line, hex
@@ -52,35 +51,17 @@ const (
 	metaBytesMax = 64 << 10
 )
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-func encodeMeta(m *queueMeta) []byte {
+// metaJSON is m's payload in its meta file.
+func metaJSON(m *queueMeta) []byte {
 	js, err := json.Marshal(m)
 	if err != nil {
 		panic("broker: queue metadata does not marshal: " + err.Error())
 	}
-	out := append(js, '\n')
-	out = append(out, "crc32c "...)
-	out = append(out, fmt.Sprintf("%08x", crc32.Checksum(js, castagnoli))...)
-	return append(out, '\n')
+	return js
 }
 
-func decodeMeta(b []byte) (*queueMeta, error) {
-	js, rest, ok := bytes.Cut(b, []byte{'\n'})
-	if !ok {
-		return nil, errors.New("no checksum line")
-	}
-	sum, ok := bytes.CutPrefix(bytes.TrimSuffix(rest, []byte{'\n'}), []byte("crc32c "))
-	if !ok {
-		return nil, errors.New("malformed checksum line")
-	}
-	want, err := strconv.ParseUint(string(sum), 16, 32)
-	if err != nil {
-		return nil, fmt.Errorf("malformed checksum: %w", err)
-	}
-	if crc32.Checksum(js, castagnoli) != uint32(want) {
-		return nil, errors.New("checksum mismatch")
-	}
+// decodeMetaJSON decodes and checks a verified meta payload.
+func decodeMetaJSON(js []byte) (*queueMeta, error) {
 	var m queueMeta
 	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.DisallowUnknownFields()
@@ -96,12 +77,14 @@ func decodeMeta(b []byte) (*queueMeta, error) {
 	return &m, nil
 }
 
+// readMeta reads and verifies a meta file. A file that fails its checksum
+// is a *ckfile.CorruptError (errors.Is ckfile.ErrCorrupt).
 func readMeta(fsys vfs.FS, name string) (*queueMeta, error) {
-	b, err := vfs.ReadFileMax(fsys, name, metaBytesMax)
+	js, err := ckfile.Read(fsys, name, metaBytesMax)
 	if err != nil {
 		return nil, err
 	}
-	m, err := decodeMeta(b)
+	m, err := decodeMetaJSON(js)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -109,7 +92,7 @@ func readMeta(fsys vfs.FS, name string) (*queueMeta, error) {
 }
 
 func writeMeta(fsys vfs.FS, name string, m *queueMeta) error {
-	return partition.WriteFileAtomic(fsys, name, encodeMeta(m))
+	return ckfile.Write(fsys, name, metaJSON(m))
 }
 
 func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }

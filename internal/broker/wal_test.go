@@ -3,7 +3,6 @@ package broker
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
@@ -18,7 +17,7 @@ import (
 	"github.com/sinewmq/sinew/protocol"
 )
 
-// With the node WAL on, every confirmed publish survives a power loss (MemFS
+// Through the node journal, every confirmed publish survives a power loss (MemFS
 // crash with torn writes) across several partitions, over repeated crashes,
 // and a deleted queue's WAL group does not bring it back.
 func TestWALCrashKeepsConfirmed(t *testing.T) {
@@ -36,7 +35,6 @@ func TestWALCrashKeepsConfirmed(t *testing.T) {
 				confirmed := 0
 				for round := range 3 {
 					cfg := testConfig(fs)
-					cfg.NodeWAL = true
 					b := mustOpen(t, cfg)
 					if b.wal == nil {
 						t.Fatal("broker opened without its WAL")
@@ -68,7 +66,6 @@ func TestWALCrashKeepsConfirmed(t *testing.T) {
 					fs = crashed
 				}
 				cfg := testConfig(fs)
-				cfg.NodeWAL = true
 				b := mustOpen(t, cfg)
 				defer b.Close()
 				if got := readyTotal(t, b, "jobs"); got != confirmed {
@@ -92,12 +89,10 @@ func readyTotal(t *testing.T, b *Broker, topic string) int {
 	return n
 }
 
-// A data directory that has a node WAL is refused without Config.NodeWAL
-// after a power loss: records confirmed through the WAL may be in no
-// partition's own log yet. With it, the same directory opens and holds
-// every confirmed message; a clean stop then retires the WAL, and the
-// directory opens without it, every message still there.
-func TestNodeWALDirectoryNeedsNodeWAL(t *testing.T) {
+// After a power loss the journal holds records no partition log has; the
+// next start replays them, and a clean stop then retires the journal: the
+// directory opens again with every message and no segment left behind.
+func TestJournalRetiredAfterACleanStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		fs := walFS(t)
 		b := mustOpen(t, walConfig(fs))
@@ -106,33 +101,27 @@ func TestNodeWALDirectoryNeedsNodeWAL(t *testing.T) {
 		}
 		crashed := fs.Crash(rand.New(rand.NewPCG(9, 9)), false)
 		b.Close()
-		if b, err := Open(testConfig(crashed)); !errors.Is(err, ErrNodeWAL) {
-			if err == nil {
-				b.Close()
-			}
-			t.Fatalf("open without the node WAL after a power loss: %v, want ErrNodeWAL", err)
-		}
 		b = mustOpen(t, walConfig(crashed))
 		if got := readyTotal(t, b, "jobs"); got != 5 {
-			t.Fatalf("%d ready after reopening with the WAL, want 5", got)
+			t.Fatalf("%d ready after a power loss, want 5", got)
 		}
 		if err := b.Close(); err != nil {
 			t.Fatal(err)
 		}
 		if has, err := wal.HasSegments(crashed, "data/wal"); has || err != nil {
-			t.Fatalf("after a clean stop the WAL still has segments (%v, %v)", has, err)
+			t.Fatalf("after a clean stop the journal still has segments (%v, %v)", has, err)
 		}
-		b = mustOpen(t, testConfig(crashed))
+		b = mustOpen(t, walConfig(crashed))
 		defer b.Close()
 		if got := readyTotal(t, b, "jobs"); got != 5 {
-			t.Fatalf("%d ready after the WAL was retired, want 5", got)
+			t.Fatalf("%d ready after the journal was retired, want 5", got)
 		}
 	})
 }
 
-// A clean stop does not retire a WAL that holds a quarantined partition's
-// records: the directory still needs the WAL.
-func TestNodeWALKeptForAQuarantinedPartition(t *testing.T) {
+// A clean stop does not retire a journal that holds a quarantined
+// partition's records: the next start replays them again.
+func TestJournalKeptForAQuarantinedPartition(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		fs := walFS(t)
 		b := mustOpen(t, walConfig(fs))
@@ -147,11 +136,8 @@ func TestNodeWALKeptForAQuarantinedPartition(t *testing.T) {
 		if err := b.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if b, err := Open(testConfig(crashed)); !errors.Is(err, ErrNodeWAL) {
-			if err == nil {
-				b.Close()
-			}
-			t.Fatalf("open without the node WAL: %v, want ErrNodeWAL", err)
+		if has, err := wal.HasSegments(crashed, "data/wal"); !has || err != nil {
+			t.Fatalf("the journal holding a quarantined partition's records was deleted (%v, %v)", has, err)
 		}
 	})
 }
@@ -169,11 +155,7 @@ func walFS(t *testing.T) *vfs.MemFS {
 	return fs
 }
 
-func walConfig(fs vfs.FS) Config {
-	cfg := testConfig(fs)
-	cfg.NodeWAL = true
-	return cfg
-}
+func walConfig(fs vfs.FS) Config { return testConfig(fs) }
 
 // publishUntil publishes messages of almost 1 MiB to topic until done.
 func publishUntil(t *testing.T, b *Broker, topic string, done func() bool) {

@@ -1,5 +1,8 @@
 // Package controller is the cluster's controller: a raft group over the
-// nodes whose committed log is the node table. Every change to the table is
+// nodes whose committed log is the cluster's Table: the node table, the
+// queue catalogue (each queue's declaration and its partitions' raft groups
+// and replicas, catalogue.go), and the cluster's runtime settings. Every
+// change to the table is
 // a committed raft entry before any node applies it, and every node applies
 // the same entries in the same order, so each holds the same table at the
 // same index.
@@ -34,9 +37,12 @@
 // # Entries
 //
 // A table entry's data is the record type byte 1 followed by a JSON
-// command with a version ("v": 1) and an op ("join" with the node, "leave"
-// with its raft id). A replica refuses an entry it cannot apply, rather
-// than skip it, and then stops (Status.Err).
+// command with a version ("v": 1) and an op (table.go): "join" with the
+// node, "leave" with its raft id; "create_queue", "update_queue",
+// "delete_queue", "purge_queue", "purge_done", "placement_done" and
+// "replace_replica" for the catalogue; "set_runtime" for the runtime
+// settings. A replica refuses an entry it cannot apply, rather than skip
+// it, and then stops (Status.Err).
 //
 // Raft ids are derived from node ids (RaftIDOf): the first 64 bits of the
 // 128-bit id.

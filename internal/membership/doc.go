@@ -1,7 +1,8 @@
 // Package membership is a node's view of which other nodes are up, built on
 // hashicorp/memberlist (SWIM with indirect probes and suspicion). It only
-// reports: it elects nothing and decides no placement. It is not yet wired
-// into sinew serve.
+// reports: it elects nothing and decides no placement. sinew serve runs one
+// in cluster mode (cmd/sinew/cluster.go): its view feeds the controller's
+// reconciliation and the broker's self-fencing.
 //
 // # Timing
 //
@@ -17,7 +18,8 @@
 // # View and events
 //
 // The view holds each peer as alive, dead or left, with its metadata (Meta:
-// node id, client address, peer address). memberlist v0.7.0 does not expose
+// node id, client address, peer address, the Leaving flag and the Boot of
+// its process). memberlist v0.7.0 does not expose
 // suspicion: its Node.State field is never updated and no callback fires
 // on suspect, so a suspect peer stays alive in this view until it is
 // declared dead. A leave and a crash reach the delegate alike, so Leave

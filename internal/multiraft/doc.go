@@ -9,13 +9,12 @@
 //
 //   - Tick: one host tick gives every group one raft tick, in one pass over
 //     the groups. A group that implements Quieter and reports Quiet costs
-//     that one call and nothing else: a group of one is its own quorum and
-//     never needs a tick, and a larger group is quiet while Quiescence
-//     finds it idle (everything committed and applied everywhere, leader
-//     on a live node). The same tick queues one node heartbeat per known
-//     peer node, whatever the number of groups; Live reports a peer heard
-//     from within PeerLiveTicks ticks, which is how a quiet follower
-//     notices that its leader's node is gone.
+//     that one call and nothing else. Today only a partition that is a
+//     group of one reports Quiet (it is its own quorum and never needs a
+//     tick); a partition of a larger group and the controller's group tick,
+//     and so heartbeat, on every host tick, idle or not. The same tick
+//     queues one node heartbeat per known peer node, whatever the number of
+//     groups; Live reports a peer heard from within PeerLiveTicks ticks.
 //   - Process: inbound messages wait in a bounded inbox per group
 //     (Config.InboxMsgsMax); Process steps them into their group in arrival
 //     order. A full inbox drops and counts (HostStats.InboxDropped): raft
@@ -33,9 +32,12 @@
 //
 // # Quiescence
 //
-// Quiescence is the policy a replica on a raft.RawNode uses for Quiet: an
-// idle leader keeps heartbeating for IdleTicks ticks (so every follower
-// learns the final commit index), then leader and followers stop ticking.
+// Quiescence is a policy a replica on a raft.RawNode can use for Quiet. No
+// replica in Sinew uses it yet: it is exercised by this package's own tests
+// (replica_test.go, replq_test.go), and partitions of larger groups do not
+// go quiet. With it, an idle leader keeps heartbeating for IdleTicks ticks
+// (so every follower learns the final commit index), then leader and
+// followers stop ticking.
 // Any message other than a heartbeat, or a proposal, wakes a replica. A
 // follower whose leader's node stops being Live ticks again, so its
 // election timer runs; a leader that restarts campaigns, and its vote

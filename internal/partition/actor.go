@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/delivery"
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/wal"
@@ -663,17 +664,15 @@ func (p *Partition) deadLetterDone(m control, now int64) bool {
 // persist makes the records appended so far as safe as the sync policy
 // promises before anything is confirmed: fdatasync'd under SyncAlways,
 // written to the OS (surviving a process crash, durable within the
-// interval) under SyncInterval. With Config.WAL, st's entries are written
-// to the OS through the log and made durable by one WAL commit.
+// interval) under SyncInterval. With Config.WAL, st's entries are made
+// durable by one journal commit; the log writes them later.
 //
 // It returns the LSN up to which that promise holds (also on error).
 func (p *Partition) persist(st *stage) (uint64, error) {
 	if p.cfg.WAL != nil {
-		// The log gets the entries for reads; the WAL makes them durable
-		// with other partitions' in one fdatasync.
-		if _, err := p.log.Flush(); err != nil {
-			return 0, fmt.Errorf("flush: %w", err)
-		}
+		// The log holds the entries for reads and writes them to the OS
+		// in its own time; the journal makes them durable with other
+		// partitions' in one fdatasync.
 		ents := st.wal
 		if err := p.cfg.WAL.Commit(p.cfg.WALGroup, wal.Batch{Entries: ents}); err != nil {
 			return 0, fmt.Errorf("wal: %w", err)
@@ -725,7 +724,7 @@ func (p *Partition) adopt(c Consumer, now int64) int {
 		p.holders[in.Offset] = holder{c: c, leaseID: in.LeaseID}
 		c.Deliver(Delivery{
 			Offset: in.Offset, LeaseID: in.LeaseID, Attempt: in.Attempt,
-			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: m.Headers,
+			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: delivery.Headers(m.Headers),
 			ContentType: m.ContentType, Body: m.Body,
 		})
 		n++
@@ -776,8 +775,8 @@ func (p *Partition) deliver(ds []pending) {
 		}
 		d.c.Deliver(Delivery{
 			Offset: d.offset, LeaseID: d.leaseID, Attempt: d.attempt,
-			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: m.Headers,
-			ContentType: m.ContentType, Body: m.Body, ExpiresAtMs: expires, Term: term,
+			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: delivery.Headers(m.Headers),
+			ContentType: m.ContentType, Body: m.Body, ExpiresAtMs: expires, Epoch: term,
 		})
 	}
 }

@@ -329,10 +329,12 @@ func (p *Partition) recover() error {
 		Logger:         p.logger,
 	}
 	if cfg.WAL != nil {
-		// The WAL makes entries durable; the log's own fdatasync would
-		// only double the cost. It still syncs in the background, at
-		// checkpoints (which then release the WAL) and at Close.
-		opts.Sync, opts.SyncIntervalMs = seglog.SyncInterval, walLogSyncIntervalMs
+		// The journal makes entries durable; the log is the store for
+		// reads, written in large batches off the hot path (a read of a
+		// record not written yet writes it first) and fsynced only at
+		// checkpoints and under journal pressure (which then release the
+		// journal) and at Close.
+		opts.Sync, opts.SyncIntervalMs, opts.BufferBytes = seglog.SyncManual, storeWriteIntervalMs, storeBufferBytes
 	}
 	if single {
 		// Everything is committed: replay during Open's verification
@@ -444,87 +446,80 @@ func (p *Partition) ReleaseWAL() error {
 	return nil
 }
 
-// walLogSyncIntervalMs is how often a partition's own log is fsynced in
-// the background when a WAL makes its entries durable.
-const walLogSyncIntervalMs = 1000
+// With the node journal, a partition's log buffers up to storeBufferBytes
+// of records and writes them to the OS at least every storeWriteIntervalMs
+// (no fsync: the journal made them durable).
+const (
+	storeWriteIntervalMs = 1000
+	storeBufferBytes     = 256 << 10
+)
 
-// mergeWAL copies into log the entries the node's WAL replayed for this
-// partition and the log lacks (appended to the OS but not fsynced before a
-// crash), syncs the log and releases the WAL for them. A group of one
-// replays them into the state as well, since its log replay during Open
-// has run already. An entry the log holds with another term replaces the
-// log's suffix from there (a deposed leader's entries); a group of one has
-// no other leader, so there it is damage, as is a WAL entry past a gap.
+// mergeWAL copies into log the entries the node journal replayed for this
+// partition and the log lacks (written to the OS but not fsynced before a
+// crash, or never written), syncs the log and releases the journal for
+// them. A group of one replays them into the state as well, since its log
+// replay during Open has run already.
+//
+// The journal's run for a group is the last write of every index it holds:
+// its segments go oldest first, replay lets a later write of an index
+// replace the earlier one, and a snapshot voids what came before it
+// (wal.Batch.Reset). So where the log and the journal disagree the journal
+// wins, and the log's suffix from there is replaced (a follower overwritten
+// by a new leader, with the log's copy older, whatever the terms). Past the
+// journal's last entry the log may hold more, written to the OS after the
+// journal's last fsync; what it holds there of a lower term than the
+// journal's last entry is an overwritten suffix whose truncation did not
+// reach the disk, and is dropped. A group of one has no other leader, so a
+// differing term there is damage, as is a journal entry past a gap.
 func (p *Partition) mergeWAL(log *seglog.Log, single bool, st *queue.State, dd *dedup.Table, covers uint64) error {
 	g := p.cfg.WALReplay
 	if p.cfg.WAL == nil || g == nil || len(g.Entries) == 0 {
 		return nil
 	}
-	var last uint64
-	// stale: an entry at the log's end was skipped as older than the
-	// log's last entry; the WAL entries after it cannot be placed.
-	stale := false
+	var last, lastTerm uint64
 	for _, e := range g.Entries {
-		last = e.Index
+		last, lastTerm = e.Index, e.Term
 		if e.Index < log.FirstLSN() || !single && e.Index < covers {
 			// Below covers every entry is committed, in the checkpoint
-			// and synced in the log before it was written; a WAL copy
-			// with another term is one a raft snapshot replaced.
+			// and synced in the log before it was written.
 			continue
 		}
-		// On a replica the WAL's run for a group may join entries
-		// across a segment already deleted, so it can hold an older
-		// write than the log. Terms usually tell: a new leader's write
-		// at an index usually has the higher term, and the higher term
-		// is kept. Not always: a leader may overwrite a follower's entry
-		// with one of a lower term from an earlier leader (raft's
-		// "figure 8" case), and then this keeps the wrong one. Replicas
-		// do not run on a node WAL in production yet; they need the WAL
-		// to record which write came last (a release record before a
-		// segment is deleted) before they do.
 		next := log.NextLSN()
 		if e.Index < next {
 			t, err := log.Term(e.Index)
 			if err != nil {
-				return fmt.Errorf("partition %s: wal merge: %w", p, err)
+				return fmt.Errorf("partition %s: journal merge: %w", p, err)
 			}
 			if t == e.Term {
 				continue
 			}
 			if single {
-				return p.damaged("wal entry %d has term %d, the log has term %d", e.Index, e.Term, t)
+				return p.damaged("journal entry %d has term %d, the log has term %d", e.Index, e.Term, t)
 			}
-			if e.Term < t {
-				continue // the log holds the later write
-			}
-			// The WAL holds the later write: it replaces the log's
-			// suffix from here.
+			// The journal holds the later write: it replaces the log's
+			// suffix from here (AppendAt truncates it).
 		} else if e.Index > next {
-			if stale {
-				break
-			}
-			return p.damaged("wal entry %d is past the end of the log (%d)", e.Index, next-1)
-		} else if !single && next > 1 {
-			// A log's terms never go down: an entry of a lower term
-			// than the log's last belongs to a suffix raft discarded (a
-			// raft snapshot restarted the log past it).
-			if pt, err := log.Term(next - 1); err == nil && e.Term < pt {
-				stale = true
-				continue
-			}
+			return p.damaged("journal entry %d is past the end of the log (%d)", e.Index, next-1)
 		}
 		if err := log.AppendAt(e.Index, e.Term, e.Type, e.Payload); err != nil {
-			return fmt.Errorf("partition %s: wal merge: %w", p, err)
+			return fmt.Errorf("partition %s: journal merge: %w", p, err)
 		}
 		if single && e.Index >= covers {
 			r := seglog.Record{LSN: e.Index, Term: e.Term, Type: e.Type, Payload: e.Payload}
 			if err := p.replayRecord(st, dd, r); err != nil {
-				return p.damaged("wal replay: %w", err)
+				return p.damaged("journal replay: %w", err)
+			}
+		}
+	}
+	if !single && log.NextLSN() > last+1 {
+		if t, err := log.Term(last + 1); err == nil && t < lastTerm {
+			if err := log.TruncateAfter(last); err != nil {
+				return fmt.Errorf("partition %s: journal merge: %w", p, err)
 			}
 		}
 	}
 	if _, err := log.Sync(); err != nil {
-		return fmt.Errorf("partition %s: wal merge: sync: %w", p, err)
+		return fmt.Errorf("partition %s: journal merge: sync: %w", p, err)
 	}
 	p.cfg.WAL.Release(p.cfg.WALGroup, last)
 	return nil

@@ -105,10 +105,12 @@
 // rolls back costs only replay. The commit index written is never past what
 // the replica applied: a follower hears of a commit index together with
 // entries it has not synced yet, and a HardState that outlived them would
-// claim more than the log holds. raft copies every entry proposed to it; a
-// group of one, whose entries no peer reads, proposes them without their
-// data and writes each record from the turn's own buffers when the
-// MsgStorageAppend comes back, in the same call.
+// claim more than the log holds. raft keeps the data of an entry proposed
+// to it without copying it (in its log, its entry cache and its messages
+// to followers). Every group, a group of one too, proposes its records
+// with their data (propose): a publish's own framed buffer, which nothing
+// changes afterwards, as it is; a record decided into the turn's arena,
+// which is reused after the turn, as a copy.
 //
 // Only committed entries are applied on a follower. The leader decides on
 // a state that also holds its own proposals not yet committed (the
@@ -149,9 +151,9 @@
 // restarted at the snapshot's body floor, then a sync), none of which alone
 // leaves a consistent disk. The snapshot is first written whole to
 // Dir/snapshot.pending; recovery that finds it stores it again, and the
-// file goes once the log is synced. WAL entries below the checkpoint are
-// never merged over the log on recovery: they are committed, and a copy
-// with another term is one a snapshot replaced.
+// file goes once the log is synced and a reset record in the node journal
+// (wal.Batch.Reset) has voided the group's entries from before the
+// snapshot, so recovery never merges them into the new log.
 //
 // The datadriven scenarios in testdata/replica run a group of three real
 // partitions on the in-process fault-injecting network (multiraft.Network)
@@ -183,9 +185,12 @@
 //
 // # Durability
 //
-// Nothing is confirmed before its record is fsynced, and nothing is
+// Nothing is confirmed before its record is durable, and nothing is
 // delivered before its Enqueue and Lease records are: replies and
-// deliveries happen only when their stage is released. Under
+// deliveries happen only when their stage is released. The broker runs
+// every partition through the node journal (below): durable then means the
+// journal's fdatasync. A partition opened without one (Config.WAL nil, as
+// in this package's own tests) syncs its log per stage; under
 // seglog.SyncInterval the syncer calls log.Flush instead of log.Sync: a
 // stage's records are written to the OS before anything in it is confirmed,
 // so a process crash loses nothing confirmed, and fdatasync runs every
@@ -212,17 +217,21 @@
 // waits for the sync under way, makes the open stage durable and releases
 // both.
 //
-// With a node WAL (Config.WAL, internal/wal) the syncer calls log.Flush and
-// then commits the stage's entries to the WAL, whose one fdatasync is shared
-// with every other partition on the node; a confirm then means the WAL's
-// fsync. The log is opened with seglog.SyncInterval (walLogSyncIntervalMs) so
-// it does not fsync each stage as well. Each checkpoint's log.Sync, each raft
-// snapshot install and Partition.ReleaseWAL (the WAL's pressure call) then
-// release the WAL up to what the log holds durably. Recovery first copies the
-// entries the WAL holds and the log lost (AppendAt), syncs the log and
-// releases the WAL, then proceeds as without one. A term or vote change is
-// still written to the log's own HardState file and synced at once, not
-// through the WAL: it happens once per election, not per stage.
+// With the node journal (Config.WAL, internal/wal) the syncer commits the
+// stage's entries to the journal, whose one fdatasync is shared with every
+// other partition on the node; a confirm, and a follower's append response,
+// then mean the journal's fsync. The log is the partition's store: opened
+// with seglog.SyncManual, it takes the entries in memory, writes them to the
+// OS in batches of up to storeBufferBytes (or every storeWriteIntervalMs, or
+// when a read needs them) and fsyncs only at checkpoints, on
+// Partition.ReleaseWAL (the journal's pressure call) and at Close. Each of
+// those, and each raft snapshot install, then releases the journal up to
+// what the log holds durably. Recovery first merges what the journal
+// replayed for the group (mergeWAL: the journal holds the last write of
+// every index it has, so it wins over the log), syncs the log and releases
+// the journal, then proceeds as without one. A term or vote change is still
+// written to the log's own HardState file and synced at once, not through
+// the journal: it happens once per election, not per stage.
 //
 // # Recovered leases
 //

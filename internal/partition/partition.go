@@ -16,6 +16,7 @@ import (
 
 	"github.com/sinewmq/sinew/internal/budget"
 	"github.com/sinewmq/sinew/internal/dedup"
+	"github.com/sinewmq/sinew/internal/delivery"
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
@@ -245,6 +246,9 @@ const (
 	Ack  SettleOp = iota + 1 // done: settled
 	Nack                     // redeliver, not before the given time
 	Fail                     // dead-letter now
+	// Extend moves the current lease's deadline (ExtendFor); it settles
+	// nothing.
+	Extend
 )
 
 // Consumer is a subscription as one partition sees it. All methods are
@@ -292,26 +296,10 @@ type CreditCarrier interface {
 	CarryCredit(offset, leaseID uint64) bool
 }
 
-// Delivery is one leased message. Key and Body may be shared with other
-// deliveries of the same message and must not be modified.
-type Delivery struct {
-	Offset        uint64
-	LeaseID       uint64
-	Attempt       uint32
-	PublishedAtMs int64
-	Key           []byte
-	Headers       []queue.Header
-	ContentType   string
-	Body          []byte
-	// ExpiresAtMs is the lease's deadline for a replica of a larger group
-	// (0 on a group of one): a delivery not handed to the consumer's
-	// socket by then is dropped, since another owner may have leased the
-	// message again meanwhile.
-	ExpiresAtMs int64
-	// Term is the raft term of the owner that granted the lease, for a
-	// replica of a larger group (0 on a group of one): the DELIVER's epoch.
-	Term uint64
-}
+// Delivery is one leased message (internal/delivery). A partition fills in
+// everything but Partition, Topic and Group, which the broker adds;
+// ExpiresAtMs and Epoch only on a replica of a larger group.
+type Delivery = delivery.Delivery
 
 // Stats are a partition's counters as of the end of its last turn.
 type Stats struct {
@@ -333,7 +321,9 @@ type Stats struct {
 	// Duplicates counts publishes answered with the offset of an earlier
 	// store of the same producer sequence since Open.
 	Duplicates uint64
-	// BytesOnDisk is the size of the log segments the partition keeps.
+	// BytesOnDisk is the size of the log segments the partition keeps,
+	// counting the records the node journal holds for them that they have
+	// not written yet.
 	BytesOnDisk int64
 }
 
@@ -358,7 +348,7 @@ type command struct {
 	op          SettleOp
 	offset      uint64
 	leaseID     uint64
-	notBeforeMs int64
+	notBeforeMs int64 // Nack: not before; Extend: the extension in ms
 	settled     func(error)
 	by          Consumer // the consumer settling, if known (SettleFor)
 }
@@ -756,6 +746,21 @@ func (p *Partition) SettleFor(by Consumer, op SettleOp, offset, leaseID uint64, 
 	p.send(command{kind: cmdSettle, op: op, offset: offset, leaseID: leaseID, notBeforeMs: notBeforeMs, settled: done, by: by}, done)
 }
 
+// ExtendFor moves the deadline of the current lease leaseID on offset to
+// the actor's now plus extendMs (1 or more), on behalf of by (nil:
+// unknown). Nothing else changes: not the lease id, not the attempt. done
+// gets nil once the Extend record is durable (replicated, in a cluster), or
+// an error wrapping queue.ErrStaleLease, queue.ErrAlreadySettled or
+// queue.ErrUnknownOffset when the lease is not current, queue.ErrInvalidDeadline
+// for extendMs below 1, or one of this package's errors, as for Settle.
+func (p *Partition) ExtendFor(by Consumer, offset, leaseID uint64, extendMs int64, done func(error)) {
+	if p.parked != nil {
+		done(ErrUnavailable)
+		return
+	}
+	p.send(command{kind: cmdSettle, op: Extend, offset: offset, leaseID: leaseID, notBeforeMs: extendMs, settled: done, by: by}, done)
+}
+
 func (p *Partition) send(c command, refuse func(error)) {
 	p.sendMu.RLock()
 	if p.closed {
@@ -976,6 +981,8 @@ func (p *Partition) publishStats() {
 		for _, seg := range p.log.Segments() {
 			s.BytesOnDisk += seg.Bytes
 		}
+		// Records in the log's buffer are on disk in the node journal.
+		s.BytesOnDisk += p.log.Buffered()
 		if p.failed != nil {
 			s.Err = p.failed.Error()
 		}

@@ -42,15 +42,18 @@ func TestSyncIntervalHardStateCommitWithinDurableLog(t *testing.T) {
 			g.net.Detach(id)
 			n.fs = n.fs.Crash(g.rng, true)
 			_ = n.p.Close()
+			n.closeJournal()
 			n.host, n.p, n.down = nil, nil, true
 			synctest.Wait()
 			n.cfg.FS = n.fs
+			g.openJournal(n)
 			if rp, err := Open(n.cfg); err != nil {
 				t.Errorf("node %d does not reopen after power loss: %v", id, err)
 			} else {
 				t.Logf("node %d reopened", id)
 				_ = rp.Close()
 			}
+			n.closeJournal()
 		}
 	})
 }

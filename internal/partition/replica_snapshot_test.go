@@ -77,6 +77,7 @@ func TestReplicaSnapshotInstallSurvivesAPowerLoss(t *testing.T) {
 				n := g.nodes[lag]
 				g.net.Detach(lag)
 				_ = n.p.Close()
+				n.closeJournal()
 				n.fs, n.host, n.p, n.down = image, nil, nil, true
 				synctest.Wait()
 				pending := filepath.Join(n.cfg.Dir, snapshotPendingFile)

@@ -14,6 +14,7 @@ import (
 	"github.com/sinewmq/sinew/internal/multiraft"
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/vfs"
+	"github.com/sinewmq/sinew/internal/wal"
 )
 
 // The tests in this file run three replicas of the real Partition, each on
@@ -37,6 +38,9 @@ type rnode struct {
 	cfg  Config
 	host *multiraft.Host
 	p    *Partition
+	// wal is the node's journal, which the partition commits through as
+	// in production.
+	wal  *wal.WAL
 	down bool
 }
 
@@ -86,6 +90,7 @@ func (g *rgroup) start(n *rnode) {
 	}
 	n.cfg.FS = n.fs
 	n.cfg.Send = h.Sender(replGroupID)
+	g.openJournal(n)
 	p, err := Open(n.cfg)
 	if err != nil {
 		g.fatalf("open replica %d: %v", n.id, err)
@@ -95,6 +100,28 @@ func (g *rgroup) start(n *rnode) {
 	}
 	g.net.Attach(n.id, h)
 	n.host, n.p, n.down = h, p, false
+}
+
+// openJournal opens node n's journal on its disk and hands the partition
+// what it replayed, as the broker does.
+func (g *rgroup) openJournal(n *rnode) {
+	w, err := wal.Open(wal.Options{FS: n.fs, Dir: "wal"})
+	if err != nil {
+		g.fatalf("journal of %d: %v", n.id, err)
+	}
+	n.wal = w
+	n.cfg.WAL, n.cfg.WALGroup, n.cfg.WALReplay = w, "queues/t/g/p0", nil
+	if rg, ok := w.Take(n.cfg.WALGroup); ok {
+		n.cfg.WALReplay = &rg
+	}
+}
+
+// closeJournal closes node n's journal after its partition.
+func (n *rnode) closeJournal() {
+	if n.wal != nil {
+		_ = n.wal.Close()
+		n.wal = nil
+	}
 }
 
 // crash pulls the plug on node id: its disk keeps only what was synced
@@ -108,6 +135,7 @@ func (g *rgroup) crash(id uint64) {
 	g.net.Detach(id)
 	n.fs = n.fs.Crash(g.rng, true)
 	_ = n.p.Close() // fails: the old machine's disk is gone
+	n.closeJournal()
 	n.host, n.p, n.down = nil, nil, true
 	synctest.Wait()
 }
@@ -231,6 +259,7 @@ func awaitRes[T any](g *rgroup, ch chan T, bound time.Duration) (v T, ok bool) {
 func (g *rgroup) closeAll() {
 	for _, n := range g.up() {
 		_ = n.p.Close()
+		n.closeJournal()
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
+	"github.com/sinewmq/sinew/internal/wal"
 )
 
 // Raft snapshots. A replica that lags behind what its leader's log still
@@ -243,6 +244,13 @@ func (p *Partition) storeSnapshot(log *seglog.Log, snap *raftpb.Snapshot) (cover
 		return 0, 0, 0, fmt.Errorf("raft snapshot: sync: %w", err)
 	}
 	p.snapshotStep("synced")
+	if p.cfg.WAL != nil {
+		// The journal's earlier entries of this group belong to the log
+		// the snapshot replaced: recovery must never merge them into it.
+		if err := p.cfg.WAL.Commit(p.cfg.WALGroup, wal.Batch{Reset: true}); err != nil {
+			return 0, 0, 0, fmt.Errorf("raft snapshot: journal: %w", err)
+		}
+	}
 	if err := log.SetConfState(&md.ConfState); err != nil {
 		return 0, 0, 0, fmt.Errorf("raft snapshot: %w", err)
 	}
@@ -320,6 +328,10 @@ func (p *Partition) finishPendingSnapshot(log *seglog.Log) (found bool, err erro
 		}
 		return false, fmt.Errorf("partition %s: %w", p, err)
 	}
+	// What the journal replayed predates the snapshot (its reset record
+	// is committed before the pending file goes, and nothing is appended
+	// before that).
+	p.cfg.WALReplay = nil
 	p.logger.Warn("raft snapshot install finished after a crash", "index", snap.Metadata.Index)
 	return true, nil
 }

@@ -13,11 +13,11 @@ import (
 )
 
 // A follower holds an uncommitted suffix 10..12 of term 1 (from a deposed
-// leader), made durable through the node WAL. It installs a raft snapshot
-// at index 9 of term 3 (the log reset to 9, the WAL released to 9) and
-// loses power. Recovery skips the WAL entries below covers (10) and must
-// not append the stale 10..12 of term 1 after the snapshot either: the
-// log's terms would go down and entries raft discarded would come back.
+// leader), made durable through the node journal. It installs a raft
+// snapshot at index 9 of term 3 (the log reset to 9, then a reset record in
+// the journal, as storeSnapshot does) and loses power. Recovery must not
+// append the stale 10..12 of term 1 after the snapshot: the log's terms
+// would go down and entries raft discarded would come back.
 func TestMergeWALDropsASuffixASnapshotDiscarded(t *testing.T) {
 	fs := vfs.NewMem()
 	for _, d := range []string{"data", "data/p0", "data/p0/log"} {
@@ -58,6 +58,9 @@ func TestMergeWALDropsASuffixASnapshotDiscarded(t *testing.T) {
 	if _, err := log.Sync(); err != nil {
 		t.Fatal(err)
 	}
+	if err := w.Commit(group, wal.Batch{Reset: true}); err != nil {
+		t.Fatal(err)
+	}
 	w.Release(group, log.NextLSN()-1)
 	log2 := crashAndMerge(t, fs, w, log, group, 10)
 	last, _ := log2.Term(9)
@@ -67,14 +70,15 @@ func TestMergeWALDropsASuffixASnapshotDiscarded(t *testing.T) {
 	}
 }
 
-// A follower's WAL segment S1 holds its entries 1..5 of term 1 (3..5
+// A follower's journal segment S1 holds its entries 1..5 of term 1 (3..5
 // uncommitted, from a deposed leader) and stays, pinned by another group's
 // unreleased entry. A leader of term 2 overwrites 3..5 (segment S2); the
-// follower's own log makes 1..2@1, 3..5@2 durable and releases 5, so S2 is
-// deleted. The leader then sends 6@2, durable only in the WAL (S3). After a
-// power loss the WAL replays S1's stale 1..5@1 joined with S3's 6@2.
-// Recovery keeps the log's later writes 3..5@2 and appends 6@2, with the
-// checkpoint covering 1..3 or only 1..2.
+// follower's own log makes 1..2@1, 3..5@2 durable and releases 5. S2 holds
+// nothing unreleased but stays: segments go oldest first, so replay never
+// joins S1's stale 3..5@1 to a later segment across a gap. The leader then
+// sends 6@2, durable only in the journal (S3). Recovery keeps the later
+// writes 3..5@2 and appends 6@2, with the checkpoint covering 1..3 or only
+// 1..2.
 func TestMergeWALKeepsTheLaterWriteAndAnAckedEntry(t *testing.T) {
 	for _, covers := range []uint64{4, 3} {
 		t.Run(fmt.Sprintf("covers=%d", covers), func(t *testing.T) {
@@ -144,8 +148,8 @@ func mergeAfterDeletedRewrite(t *testing.T, covers uint64) {
 	if err := w.Commit(other, wal.Batch{Entries: []wal.Entry{{Index: 2, Term: 1, Payload: pay(1)}}}); err != nil {
 		t.Fatal(err)
 	}
-	if names, _ := fs.ReadDir("data/wal"); slices.Contains(names, "wal-0000000000000002.log") {
-		t.Fatalf("the segment of the rewrite 3..5@2 was not deleted: %v", names)
+	if names, _ := fs.ReadDir("data/wal"); !slices.Contains(names, "wal-0000000000000002.log") {
+		t.Fatalf("the segment of the rewrite 3..5@2 was deleted while an older one stays: %v", names)
 	}
 	log2 := crashAndMerge(t, fs, w, log, group, covers)
 	if next := log2.NextLSN(); next != 7 {
@@ -177,13 +181,56 @@ func crashAndMerge(t *testing.T, fs *vfs.MemFS, w *wal.WAL, log *seglog.Log, gro
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { log2.Close() })
-	g, ok := w2.Take(group)
-	if !ok {
-		t.Fatal("nothing replayed")
-	}
+	g, _ := w2.Take(group)
 	p := &Partition{cfg: Config{Topic: "t", Group: "g", WAL: w2, WALGroup: group, WALReplay: &g}}
 	if err := p.mergeWAL(log2, false, nil, nil, covers); err != nil {
 		t.Fatalf("mergeWAL: %v", err)
 	}
 	return log2
+}
+
+// The journal holds the last write of an index even when its term is lower
+// than the log's copy: a leader may overwrite a follower's entry with one an
+// earlier leader wrote (raft's "figure 8"). The follower's log held 3@3,
+// durable; the overwrite 3@2 and then 4@4 were fsynced only through the
+// journal. Recovery must keep 3@2, not the higher term.
+func TestMergeWALTheJournalIsTheLastWrite(t *testing.T) {
+	fs := vfs.NewMem()
+	for _, d := range []string{"data", "data/p0", "data/p0/log"} {
+		if err := fs.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = fs.SyncDir(".")
+	_ = fs.SyncDir("data")
+	_ = fs.SyncDir("data/p0")
+	group := "queues/t/g/p0"
+	w, err := wal.Open(wal.Options{FS: fs, Dir: "data/wal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, err := seglog.Open(seglog.Options{FS: fs, Dir: "data/p0/log"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, term := range []uint64{1, 1, 3} {
+		if err := log.AppendAt(uint64(i+1), term, 0, []byte("log")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := log.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit(group, wal.Batch{Entries: []wal.Entry{{Index: 3, Term: 2, Payload: []byte("j")}, {Index: 4, Term: 4, Payload: []byte("j")}}}); err != nil {
+		t.Fatal(err)
+	}
+	log2 := crashAndMerge(t, fs, w, log, group, 1)
+	for i, want := range []uint64{1, 1, 2, 4} {
+		if got, _ := log2.Term(uint64(i + 1)); got != want {
+			t.Errorf("after recovery entry %d has term %d, want %d", i+1, got, want)
+		}
+	}
+	if next := log2.NextLSN(); next != 5 {
+		t.Errorf("after recovery the log ends at %d, want 4", next-1)
+	}
 }

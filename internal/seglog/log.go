@@ -25,6 +25,12 @@ const (
 	// fdatasync runs every SyncIntervalMs. A process crash loses nothing,
 	// but power loss loses up to one interval of acknowledged records.
 	SyncInterval
+	// SyncManual: for a log whose records are made durable elsewhere (the
+	// node journal). Records are written to the OS in large batches: when
+	// half the buffer is full, every SyncIntervalMs, when read, and on
+	// Flush. fdatasync runs only on Sync, at a segment roll and at Close.
+	// Commit returns once the record is written to the OS.
+	SyncManual
 )
 
 // CorruptionPolicy says what Open does when verification finds damage that
@@ -509,7 +515,7 @@ func (l *Log) kickCommitter() {
 func (l *Log) run() {
 	defer close(l.done)
 	var tick <-chan time.Time
-	if l.opts.Sync == SyncInterval {
+	if l.opts.Sync == SyncInterval || l.opts.Sync == SyncManual {
 		c, stop := l.opts.NewTicker(time.Duration(l.opts.SyncIntervalMs) * time.Millisecond)
 		defer stop()
 		tick = c
@@ -563,7 +569,7 @@ func (l *Log) commitOnce(force bool) bool {
 		target = l.nextLSN - 1
 	}
 	doSync := target > l.durableLSN &&
-		(l.opts.Sync == SyncAlways || force || l.closing || l.wantDurable > l.durableLSN)
+		(l.opts.Sync == SyncAlways || force && l.opts.Sync == SyncInterval || l.closing || l.op != nil || l.wantDurable > l.durableLSN)
 	if !doWrite && !doSync {
 		l.mu.Unlock()
 		return false

@@ -351,6 +351,34 @@ func TestSyncIntervalUsesInjectedTicker(t *testing.T) {
 	l.mu.Unlock()
 }
 
+// TestSyncManualWritesOnTicksAndSyncsOnlyWhenAsked: under SyncManual an
+// appended record is written to the OS at the next tick without an
+// fdatasync, and becomes durable only through Sync.
+func TestSyncManualWritesOnTicksAndSyncsOnlyWhenAsked(t *testing.T) {
+	fs := vfs.NewMem()
+	ticks := make(chan time.Time)
+	o := memOpts(fs)
+	o.Sync = SyncManual
+	o.NewTicker = func(time.Duration) (<-chan time.Time, func()) { return ticks, func() {} }
+	l := openT(t, o)
+	defer l.Close()
+	lsn, err := l.Append(0, []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ticks <- time.Time{}
+	ticks <- time.Time{} // the first tick's write is done once the second is taken
+	l.mu.Lock()
+	written, durable := l.writtenLSN, l.durableLSN
+	l.mu.Unlock()
+	if written < lsn || durable >= lsn {
+		t.Fatalf("after ticks: written %d durable %d, want written %d and not durable", written, durable, lsn)
+	}
+	if d, err := l.Sync(); err != nil || d < lsn {
+		t.Fatalf("Sync: durable %d, %v", d, err)
+	}
+}
+
 func TestOpenEmptyCreatesDirDurably(t *testing.T) {
 	fs := vfs.NewMem()
 	o := memOpts(fs)

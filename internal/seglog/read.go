@@ -33,6 +33,14 @@ func (l *Log) Segments() []SegmentInfo {
 	return out
 }
 
+// Buffered returns the bytes of records appended and not yet written to
+// the segment files.
+func (l *Log) Buffered() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return int64(len(l.buf))
+}
+
 // ensureWritten makes sure records up to lsn are in the segment files.
 func (l *Log) ensureWritten(lsn uint64) error {
 	l.mu.Lock()

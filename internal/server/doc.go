@@ -6,8 +6,14 @@
 // reader goroutine (the one that called ServeConn) and one writer goroutine.
 //
 //   - The reader owns the socket's read side, the handshake state and the decode
-//     buffer. It never blocks on the broker: publishes and settles complete through
-//     callbacks. It stops reading (backpressure) while PublishInflightMax publishes
+//     buffer. It does not wait for confirms: publishes, settles and purges complete
+//     through callbacks. It does wait, and reads nothing else meanwhile, for
+//     DECLARE_QUEUE and DELETE_QUEUE (their context, DeclareTimeoutMs for a declare,
+//     is checked only before the broker starts the work), for a PUBLISH or
+//     SUBSCRIBE that creates its queue on first use, and, in a cluster, for a
+//     PURGE_QUEUE's commit: the broker does that work on the caller's goroutine
+//     (files and fsyncs; in a cluster, the controller's commit, up to 10 s). It
+//     stops reading (backpressure) while PublishInflightMax publishes
 //     await their confirm, while settleInflightMax settle requests await their
 //     result, or while the write queue holds readerQueueFramesMax frames.
 //   - The writer owns the socket's write side. It takes everything queued, encodes

@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 
+	"github.com/sinewmq/sinew/internal/delivery"
 	"github.com/sinewmq/sinew/protocol"
 )
 
@@ -135,26 +136,9 @@ type LeaseEnder interface {
 	LeaseEnded(s Subscription, partition uint32, offset, leaseID uint64)
 }
 
-// Delivery is one leased message. Body, Key and Headers may be shared with other
-// deliveries and are never modified.
-type Delivery struct {
-	Partition     uint32
-	Offset        uint64
-	LeaseID       uint64
-	Attempt       uint32
-	PublishedAtMs int64
-	Key           []byte
-	Headers       []protocol.Header
-	ContentType   string
-	Body          []byte
-	Topic, Group  string
-	// ExpiresAtMs, when not 0, is the lease's deadline (a replicated
-	// partition's): the delivery is dropped rather than written later.
-	ExpiresAtMs int64
-	// Epoch is the raft term of the owner that granted the lease (a
-	// replicated partition's; 0 on a single node).
-	Epoch uint64
-}
+// Delivery is one leased message (internal/delivery). Body, Key and
+// Headers may be shared with other deliveries and are never modified.
+type Delivery = delivery.Delivery
 
 // Outbound is one frame waiting to be written.
 type Outbound struct {

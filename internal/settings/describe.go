@@ -65,7 +65,7 @@ var help = map[string]string{
 	"cluster.peer_tls_key_file":        "The private key (PEM) of cluster.peer_tls_cert_file. Refused when group or others may read it (chmod 600).",
 	"cluster.peer_tls_ca_file":         "The peers' CA (PEM): a peer is accepted on the raft transport only with a certificate it issued that names the node the peer speaks as (host names are not checked). Keep it apart from the client CAs: serve warns when it is also tls.client_ca_file or admin_tls.client_ca_file.",
 	"cluster.gossip_key_file":          "File holding the gossip key (16, 24 or 32 bytes, base64), which encrypts and authenticates gossip; every node needs the same key. Required when cluster.gossip_listen is not loopback, and on loopback too when users or auth.tokens are configured. Refused when group or others may read it (chmod 600).",
-	"storage.wal":                      "on or off: whether all partitions make their records durable through one node write-ahead log (DATA_DIR/wal, one fsync for every partition's records) instead of one fsync stream each. Experimental (docs/operations.md). On pays off with 16 or more busy partitions and costs about a third at 1 to 4 (docs/benchmarks.md). A data directory left with a node WAL by a crash needs on; a clean stop retires the WAL.",
+	"storage.wal":                      "Removed: every partition commits through the node journal (DATA_DIR/wal, one fsync stream per node). Accepted only as on, so that older configurations load; off is refused (docs/operations.md, \"Node journal\").",
 
 	"queue.partitions":        "Partitions of a queue created on first use.",
 	"queue.lease_ms":          "How long a manual-ack delivery stays leased before it is delivered again (queues created on first use).",
@@ -74,6 +74,7 @@ var help = map[string]string{
 	"queue.delay_ms_max":      "Longest delay a publish may ask for (delay_ms, or not_before_ms from now); beyond it the publish is refused with bad_request.",
 	"queue.ttl_ms_max":        "Longest TTL a publish (ttl_ms) or a queue declaration (default_ttl_ms) may ask for; beyond it the request is refused with bad_request.",
 	"queue.nack_delay_ms_max": "Longest delay a NACK (retry after) may ask for; beyond it the NACK is refused with bad_request and the lease stays held.",
+	"queue.lease_ms_max":      "Longest extension an EXTEND may ask for (extend_ms: the lease's new deadline is now plus it); beyond it, or below 1, the EXTEND is refused with bad_request and the lease is unchanged. At most a week.",
 
 	"runtime_seed.connection.restart_grace_ms":   "Seed of the runtime setting connection.restart_grace_ms (how long after a restart the previous process's sessions stay resumable and keep their leases; 0 restores none), used only when the data directory has no runtime settings yet. Change it later with PUT /api/v1/settings.",
 	"runtime_seed.connection.drain_timeout_ms":   "Seed of the runtime setting connection.drain_timeout_ms (how long the first phase of a planned drain lets work in flight finish before connections close; it ends earlier once nothing is in flight), used only when the data directory has no runtime settings yet. Change it later with PUT /api/v1/settings.",

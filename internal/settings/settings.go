@@ -183,9 +183,9 @@ type Storage struct {
 	Quarantine             string `toml:"quarantine"` // quarantine | refuse | ignore
 	CheckpointEveryRecords int    `toml:"checkpoint_every_records"`
 	InboxMax               int    `toml:"inbox_max"`
-	// WAL is on or off: whether every partition's entries are made durable
-	// through one node write-ahead log (DataDir/wal) instead of each
-	// partition's own fsync.
+	// WAL is kept so that configurations written for earlier releases
+	// still load: every partition now commits through the node journal
+	// (DataDir/wal), so only "on" is accepted.
 	WAL string `toml:"wal"`
 	// BodyCacheBytes and RaftCacheBytes are node-wide memory budgets (see
 	// internal/budget) shared by every partition: recently published
@@ -256,13 +256,20 @@ type Queue struct {
 	DelayMsMax     int64 `toml:"delay_ms_max"`
 	TTLMsMax       int64 `toml:"ttl_ms_max"`
 	NackDelayMsMax int64 `toml:"nack_delay_ms_max"`
+	// LeaseMsMax bounds one EXTEND: a lease's new deadline is at most this
+	// far from now.
+	LeaseMsMax int64 `toml:"lease_ms_max"`
 }
 
 // Scheduling caps: 30 days by default; at most 100 years, so now plus a cap
 // stays far from overflow (the broker's TimeCapMsMax).
 const (
-	thirtyDaysMs = 30 * 24 * 3600 * 1000
-	timeCapMsMax = 100 * 365 * 24 * 3600 * 1000
+	thirtyDaysMs  = 30 * 24 * 3600 * 1000
+	twelveHoursMs = 12 * 3600 * 1000
+	// leaseMsMaxMax bounds queue.lease_ms_max: a week, the longest lease
+	// a queue holds.
+	leaseMsMaxMax = 7 * 24 * 3600 * 1000
+	timeCapMsMax  = 100 * 365 * 24 * 3600 * 1000
 )
 
 // Default returns the built-in configuration.
@@ -283,10 +290,11 @@ func Default() Config {
 		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000,
 			SlowConsumerTimeoutMs: 30_000},
 		Cluster: Cluster{GossipListen: "127.0.0.1:7946", PeerListen: "127.0.0.1:7947", Profile: "seed"},
-		Storage: Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096, WAL: "off",
+		Storage: Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096, WAL: "on",
 			BodyCacheBytes: BodyCacheBytesDefault, RaftCacheBytes: RaftCacheBytesDefault},
 		Queue: Queue{Partitions: 1, LeaseMs: 30_000, MaxRetries: 5, DeadLetterTopic: "sinew.dead-letter",
-			DelayMsMax: thirtyDaysMs, TTLMsMax: thirtyDaysMs, NackDelayMsMax: thirtyDaysMs},
+			DelayMsMax: thirtyDaysMs, TTLMsMax: thirtyDaysMs, NackDelayMsMax: thirtyDaysMs,
+			LeaseMsMax: twelveHoursMs},
 		// sinew serve keeps dropped sessions resumable for 5 s by default;
 		// the broker library's own default stays 0.
 		RuntimeSeed: RuntimeSeed{Connection: RuntimeSeedConnection{ReconnectGraceMs: 5000, RestartGraceMs: 30_000, DrainTimeoutMs: 10_000}},
@@ -704,8 +712,8 @@ func (c *Config) Validate() error {
 	}
 	positive("storage.checkpoint_every_records", int64(s.CheckpointEveryRecords))
 	positive("storage.inbox_max", int64(s.InboxMax))
-	if s.WAL != "on" && s.WAL != "off" {
-		bad("storage.wal", "%q is not on or off", s.WAL)
+	if s.WAL != "on" {
+		bad("storage.wal", "%q: the setting was removed; every partition now commits through the node journal (DATA_DIR/wal), so delete the key (docs/operations.md, \"Node journal\")", s.WAL)
 	}
 	if s.BodyCacheBytes < 0 || s.BodyCacheBytes > cacheBytesMax {
 		bad("storage.body_cache_bytes", "%d is out of range 0 (no cache) to %d (1 TiB)", s.BodyCacheBytes, int64(cacheBytesMax))
@@ -733,14 +741,14 @@ func (c *Config) Validate() error {
 			bad(c.key, "%d is out of range 1..%d", c.v, int64(timeCapMsMax))
 		}
 	}
+	if q.LeaseMsMax <= 0 || q.LeaseMsMax > leaseMsMaxMax {
+		bad("queue.lease_ms_max", "%d is out of range 1..%d (a week)", q.LeaseMsMax, int64(leaseMsMaxMax))
+	}
 	return errors.Join(errs...)
 }
 
 func (c *Config) validateCluster(bad func(key, format string, args ...any)) {
 	cl := c.Cluster
-	if cl.Enabled && c.Storage.WAL == "on" {
-		bad("storage.wal", "on is not supported with cluster.enabled yet: replicated partitions write their own logs (docs/cluster.md)")
-	}
 	host, _, err := net.SplitHostPort(cl.GossipListen)
 	ip := net.ParseIP(host)
 	switch {

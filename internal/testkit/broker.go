@@ -45,6 +45,15 @@ type brokerOptions struct {
 	fs      vfs.FS
 	backend session.Backend
 	tunes   []func(*server.Config)
+	// diskFails: the test makes the disk fail, so Close may report it.
+	diskFails bool
+}
+
+// WithFailingDisk says the test makes the broker's disk fail: the node
+// journal then fails for good, and the broker's Close reports it, which
+// the harness logs instead of failing the test.
+func WithFailingDisk() BrokerOption {
+	return func(o *brokerOptions) { o.diskFails = true }
 }
 
 // WithDataDir keeps the broker's data under dir on the real file system (so
@@ -115,6 +124,10 @@ func StartBroker(tb testing.TB, opts ...BrokerOption) *Broker {
 			return
 		}
 		if err := b.Close(); err != nil {
+			if o.diskFails {
+				tb.Logf("broker close after the disk failed: %v", err)
+				return
+			}
 			tb.Errorf("broker close: %v", err)
 		}
 	}

@@ -142,3 +142,9 @@ type osFile struct {
 func (f *osFile) Sync() error { return datasync(f.File) }
 
 func (f *osFile) Allocate(size int64) error { return allocate(f.File, size) }
+
+// IsOS reports whether fsys is the operating system's file system (OS).
+func IsOS(fsys FS) bool {
+	_, ok := fsys.(osFS)
+	return ok
+}

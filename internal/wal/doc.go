@@ -1,20 +1,26 @@
-// Package wal is a per-node write-ahead log shared by many raft groups, with
-// group commit: every group's entries and HardState changes go through one
-// append stream and one fdatasync per batch, instead of one fdatasync stream
-// per group. The groups keep their own files (seglog) for reads, retention and
-// snapshots; the WAL only holds what those files may not have made durable
-// yet, and forgets it once a group releases it.
+// Package wal is the node journal: a per-node write-ahead log shared by many
+// raft groups, with group commit. Every group's entries (and a HardState,
+// for a caller that passes one; partitions keep term and vote in their own
+// files) go through one append stream and one fdatasync per batch, instead
+// of one fdatasync stream per group. The groups keep their own files
+// (seglog) for reads, retention and snapshots; the WAL only holds what those
+// files may not have made durable yet, and forgets it once a group releases
+// it.
 //
 // # Files
 //
 // The WAL lives in a directory of its own (one per node: the broker's is
-// DataDir/wal when it runs with one, which is not the default; see
+// DataDir/wal, which every partition commits through; see
 // partition.Config.WAL for how a partition uses it) of segment files named
 // wal-<seq>.log, seq a 16-digit hex number that grows by one per segment.
 // Each segment starts with a header and holds records (format drawn in
-// format.go). Segments are written append-only; the active one is reserved in
-// steps with vfs.Allocate so a data sync need not commit a size change, and
-// the reserved tail reads as zeros.
+// format.go). Segments are written append-only. On disk (Options.Prepare)
+// the next segment is written full of zeros and synced by a goroutine of its
+// own once the active one is half full (wal-prepared.tmp, renamed into place
+// at the roll), so a batch overwrites written blocks and fdatasync flushes
+// data only; otherwise the active one is reserved in steps with
+// vfs.Allocate so a data sync need not commit a size change. Either way the
+// tail past the data reads as zeros.
 //
 // # Group keys
 //
@@ -49,20 +55,27 @@
 // # Release, trim and pressure
 //
 // Release(group, index) tells the WAL that the group's own files hold entries
-// up to index durably (fsynced). A segment other than the active one is
-// deleted (then the directory synced) once every group's entries in it are
-// released. A group that never releases would pin its segments forever, so
-// the WAL watches its span: when a segment kept is
+// up to index durably (fsynced). Segments are deleted oldest first (then the
+// directory synced): the oldest one other than the active one goes once
+// every group's entries in it are released. Never one from the middle: what
+// replay finds for a group is then one unbroken stretch of its writes up to
+// the last one, so the entry it gives for an index is the newest write of
+// it, and a group's files can be repaired from it whatever they hold. A
+// Batch with Reset writes a reset record: the group's earlier entries are
+// void, replay forgets them and they no longer keep segments (a group whose
+// files were replaced by a snapshot).
+//
+// A group that never releases would pin its segments, and every later one,
+// forever, so the WAL watches its span: when a segment kept is
 // Options.PressureSegments behind the active one, it calls
 // Options.OnPressure(group, index), once per segment and on a goroutine of
 // its own, for every group that pins that segment, asking it to sync its
 // files up to index and Release. A group that cannot (a quarantined
-// partition keeps its entries until repaired) does not stop the others
-// from being asked about later segments. With a handler that does so, the
-// WAL holds about PressureSegments+1 segments whatever the groups do. Forget
-// drops a group altogether (its queue was deleted). Without an OnPressure
-// handler, a group that never releases keeps its oldest segment and every
-// later one (a later one may hold its entries too) on disk.
+// partition keeps its entries until repaired; the broker commits them again
+// at the head with Reset, so they stop pinning old segments) does not stop
+// the others from being asked about later segments. With a handler that
+// does so, the WAL holds about PressureSegments+1 segments whatever the
+// groups do. Forget drops a group altogether (its queue was deleted).
 //
 // # What is durable when
 //
@@ -78,7 +91,7 @@
 // in the WAL and the last HardState. An entry at an index at or below the
 // group's last one replaces that suffix (a raft leader overwrote it); an
 // entry past a gap starts the group's list afresh (what came before was
-// released). A torn tail in the last segment is truncated: a record that
+// released), and a reset record empties it. A torn tail in the last segment is truncated: a record that
 // runs past the end of the file, or one that fails its checksum with only
 // zeros after it, or an incomplete header of a last segment that was being
 // created. Any other damage (a bad record with data after it, or any fault

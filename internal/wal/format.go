@@ -28,6 +28,8 @@ import (
 //	kind 1 declare:   gid -> payload (the group's name); other fields 0.
 //	kind 2 entry:     a raft entry of group gid: index, term, type, payload.
 //	kind 3 hardstate: index = commit, term = term, payload = vote (u64 LE).
+//	kind 4 reset:     group gid's earlier entries are void (its store was
+//	                  replaced by a snapshot); other fields 0.
 //
 // An all-zero header never verifies (kind 0 is invalid), which is how replay
 // tells the reserved zero tail of the active segment from a record.
@@ -42,6 +44,7 @@ const (
 	kindDeclare   = 1
 	kindEntry     = 2
 	kindHardState = 3
+	kindReset     = 4
 )
 
 var magic = [8]byte{'S', 'N', 'W', 'W', 'A', 'L', '\r', '\n'}
@@ -166,7 +169,7 @@ func decodeRec(b []byte) (rec, error) {
 		size:    end,
 	}
 	switch r.kind {
-	case kindDeclare, kindEntry:
+	case kindDeclare, kindEntry, kindReset:
 	case kindHardState:
 		if n != 8 {
 			return rec{}, errors.New("hardstate payload is not 8 bytes")

@@ -19,7 +19,7 @@ import (
 // Defaults for Options.
 const (
 	// SegmentBytesDefault is the default Options.SegmentBytes.
-	SegmentBytesDefault = 64 << 20
+	SegmentBytesDefault = 16 << 20
 	// PendingBytesMaxDefault is the default Options.PendingBytesMax.
 	PendingBytesMaxDefault = 16 << 20
 	// CommittersMaxDefault is the default Options.CommittersMax.
@@ -33,7 +33,7 @@ type Options struct {
 	FS  vfs.FS
 	Dir string
 	// SegmentBytes is the size past which the writer starts a new segment
-	// before its next batch. Default 64 MiB.
+	// before its next batch. Default 16 MiB.
 	SegmentBytes int64
 	// PendingBytesMax bounds the encoded bytes queued for the writer; a
 	// Commit that would pass it waits (a batch alone may exceed it).
@@ -48,6 +48,40 @@ type Options struct {
 	// OnPressure asks a group to make its own files durable up to index and
 	// then Release it. Called on its own goroutine. Nil: no pressure calls.
 	OnPressure func(group string, index uint64)
+	// Prepare says whether the next segment is written full of zeros and
+	// synced in the background before it is needed (see PrepareMode).
+	// Default PrepareOnDisk.
+	Prepare PrepareMode
+}
+
+// PrepareMode says how new segments get their space.
+type PrepareMode int
+
+const (
+	// PrepareOnDisk (the default): PrepareAlways on the operating system's
+	// file system (vfs.OS), PrepareNever on any other (tests' MemFS, where
+	// zeros would only cost memory).
+	PrepareOnDisk PrepareMode = iota
+	// PrepareAlways: once the active segment is half full, a goroutine
+	// writes the next one (preparedName) full of zeros and syncs it; the
+	// roll writes its header and renames it into place. Batches then
+	// overwrite written blocks, and fdatasync flushes data only, where a
+	// reserved (fallocated) block's first write makes ext4 and xfs journal
+	// an extent conversion with it (docs/benchmarks.md). The cost: one
+	// extra write of every segment, and up to two segments of disk.
+	PrepareAlways
+	// PrepareNever: segments are reserved ahead in steps (vfs.Allocate).
+	PrepareNever
+)
+
+// preparedName is the file PrepareAlways fills ahead of time; a leftover
+// one is deleted at Open.
+const preparedName = "wal-prepared.tmp"
+
+// prepared is a preparer goroutine's result.
+type prepared struct {
+	f   vfs.File
+	err error
 }
 
 // Entry is one raft entry of a group.
@@ -65,6 +99,12 @@ type Batch struct {
 	Entries []Entry
 	// HardState, if not nil, is written with the entries.
 	HardState *HardState
+	// Reset voids every entry of the group committed before this batch:
+	// replay forgets them, and they no longer keep a segment on disk. A
+	// group whose own files were replaced by a snapshot commits it once
+	// the snapshot is durable, so that no older entry is ever merged
+	// into the new store.
+	Reset bool
 }
 
 // Group is what replay found for one group.
@@ -93,6 +133,7 @@ type waiter struct {
 	buf   []byte
 	max   uint64 // highest index in the batch (0 if none)
 	hs    *HardState
+	reset bool
 	gen   uint64
 }
 
@@ -128,6 +169,16 @@ type WAL struct {
 	// writer-owned
 	active   vfs.File
 	reserved int64
+	// preparing delivers the zero-filled next segment (PrepareAlways);
+	// nil when none is being prepared. rolledPrepared counts the rolls
+	// that took one.
+	preparing      chan prepared
+	rolledPrepared int
+	// ready is a prepared segment taken from preparing before it was
+	// needed; activePrepared (written under mu, read by the writer
+	// without it) tells whether the active segment was one.
+	ready          *prepared
+	activePrepared bool
 
 	writerDone chan struct{}
 	pressWG    sync.WaitGroup
@@ -162,6 +213,12 @@ func Open(opts Options) (*WAL, error) {
 	if opts.PressureSegments == 0 {
 		opts.PressureSegments = 4
 	}
+	if opts.Prepare == PrepareOnDisk {
+		opts.Prepare = PrepareNever
+		if vfs.IsOS(opts.FS) {
+			opts.Prepare = PrepareAlways
+		}
+	}
 	w := &WAL{
 		opts:       opts,
 		ids:        map[string]uint32{},
@@ -192,6 +249,11 @@ func Open(opts Options) (*WAL, error) {
 		if s, ok := parseSegName(n); ok {
 			seqs = append(seqs, s)
 		}
+		if n == preparedName {
+			if err := fs.Remove(filepath.Join(opts.Dir, n)); err != nil {
+				return nil, err
+			}
+		}
 	}
 	slices.Sort(seqs)
 	next := uint64(1)
@@ -208,6 +270,11 @@ func Open(opts Options) (*WAL, error) {
 	}
 	if err := w.roll(next); err != nil {
 		return nil, err
+	}
+	if w.opts.Prepare == PrepareAlways {
+		// The segment Open starts is only reserved; the writer moves to
+		// a prepared one as soon as it is ready.
+		w.startPreparing()
 	}
 	go w.run()
 	return w, nil
@@ -279,6 +346,15 @@ func (w *WAL) replaySegment(seq uint64, last bool) (*segInfo, error) {
 		switch r.kind {
 		case kindDeclare:
 			local[r.gid] = string(r.payload)
+		case kindReset:
+			g, ok := local[r.gid]
+			if !ok {
+				return nil, damaged(int64(off), fmt.Sprintf("group id %d not declared in this segment", r.gid))
+			}
+			if grp := w.replayed[g]; grp != nil {
+				grp.Entries = nil
+			}
+			w.voidLocked(g, info)
 		case kindEntry, kindHardState:
 			g, ok := local[r.gid]
 			if !ok {
@@ -358,16 +434,45 @@ func (w *WAL) roll(seq uint64) error {
 	}
 	w.mu.Unlock()
 	path := filepath.Join(w.opts.Dir, segName(seq))
-	f, err := w.opts.FS.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDWR, vfs.FilePerm)
-	if err != nil {
-		return err
+	var f vfs.File
+	var reserved int64
+	if w.ready == nil && w.preparing != nil {
+		p := <-w.preparing
+		w.ready = &p
 	}
-	reserved := max(int64(len(buf)), reserveStepBytes)
-	if err := vfs.Allocate(f, reserved); err != nil {
-		f.Close()
-		return err
+	if w.ready != nil && w.ready.err != nil {
+		// Preparing is an optimisation: a failure (a full disk) costs
+		// nothing confirmed, and the segment is reserved instead.
+		w.ready, w.preparing = nil, nil
+		_ = w.opts.FS.Remove(filepath.Join(w.opts.Dir, preparedName))
 	}
-	if _, err := f.WriteAt(buf, 0); err == nil {
+	isPrepared := w.ready != nil
+	if w.ready != nil {
+		// The prepared file is zeros from end to end, synced: the header
+		// goes at its start and it takes the segment's name.
+		p := *w.ready
+		w.ready, w.preparing = nil, nil
+		f, reserved = p.f, w.opts.SegmentBytes
+		w.rolledPrepared++
+		err := w.opts.FS.Rename(filepath.Join(w.opts.Dir, preparedName), path)
+		if err != nil {
+			f.Close()
+			return err
+		}
+	} else {
+		var err error
+		f, err = w.opts.FS.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDWR, vfs.FilePerm)
+		if err != nil {
+			return err
+		}
+		reserved = max(int64(len(buf)), reserveStepBytes)
+		if err := vfs.Allocate(f, reserved); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	_, err := f.WriteAt(buf, 0)
+	if err == nil {
 		err = f.Sync()
 	}
 	if err == nil {
@@ -386,6 +491,7 @@ func (w *WAL) roll(seq uint64) error {
 	w.active, w.reserved = f, reserved
 	info.size = int64(len(buf))
 	w.mu.Lock()
+	w.activePrepared = isPrepared
 	w.segs = append(w.segs, info)
 	w.mu.Unlock()
 	return nil
@@ -412,7 +518,7 @@ func (w *WAL) Commit(group string, b Batch) error {
 	if group == "" {
 		return fmt.Errorf("%w: empty group name", ErrInvalid)
 	}
-	if len(b.Entries) == 0 && b.HardState == nil {
+	if len(b.Entries) == 0 && b.HardState == nil && !b.Reset {
 		return nil
 	}
 	w.mu.Lock()
@@ -439,7 +545,10 @@ func (w *WAL) Commit(group string, b Batch) error {
 		maxIdx = max(maxIdx, e.Index)
 		minIdx = min(minIdx, e.Index)
 	}
-	buf := make([]byte, 0, size+recHeaderBytes+8)
+	buf := make([]byte, 0, size+2*recHeaderBytes+8)
+	if b.Reset {
+		buf = appendRec(buf, kindReset, id, 0, 0, 0, nil)
+	}
 	for _, e := range b.Entries {
 		buf = appendRec(buf, kindEntry, id, e.Index, e.Term, e.Type, e.Payload)
 	}
@@ -449,7 +558,7 @@ func (w *WAL) Commit(group string, b Batch) error {
 		hs = &h
 		buf = appendHardState(buf, id, h)
 	}
-	wt := &waiter{group: group, buf: buf, max: maxIdx, hs: hs}
+	wt := &waiter{group: group, buf: buf, max: maxIdx, hs: hs, reset: b.Reset}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if minIdx <= w.released[group] {
@@ -637,14 +746,26 @@ func (w *WAL) run() {
 }
 
 func (w *WAL) write(batch []*waiter, bufp *[]byte) error {
+	if w.preparing != nil && w.ready == nil {
+		select {
+		case p := <-w.preparing:
+			w.ready = &p
+		default:
+		}
+	}
 	w.mu.Lock()
 	act := w.segs[len(w.segs)-1]
 	full := act.size >= w.opts.SegmentBytes
 	w.mu.Unlock()
-	if full {
+	// A segment that was only reserved gives way to a prepared one as
+	// soon as it is ready.
+	if full || !w.activePrepared && w.ready != nil && w.ready.err == nil {
 		if err := w.roll(act.seq + 1); err != nil {
 			return err
 		}
+	}
+	if w.opts.Prepare == PrepareAlways && w.preparing == nil && act.size >= w.opts.SegmentBytes/2 {
+		w.startPreparing()
 	}
 	w.mu.Lock()
 	act = w.segs[len(w.segs)-1]
@@ -672,6 +793,9 @@ func (w *WAL) write(batch []*waiter, bufp *[]byte) error {
 	w.mu.Lock()
 	act.size += int64(len(buf))
 	for _, wt := range batch {
+		if wt.reset {
+			w.voidLocked(wt.group, act)
+		}
 		if wt.max > 0 {
 			act.maxIndex[wt.group] = max(act.maxIndex[wt.group], wt.max)
 		}
@@ -685,20 +809,70 @@ func (w *WAL) write(batch []*waiter, bufp *[]byte) error {
 	return nil
 }
 
+// startPreparing launches the goroutine that writes the next segment full
+// of zeros and syncs it. Writer only.
+func (w *WAL) startPreparing() {
+	ch := make(chan prepared, 1)
+	w.preparing = ch
+	size := w.opts.SegmentBytes
+	go func() {
+		name := filepath.Join(w.opts.Dir, preparedName)
+		f, err := w.opts.FS.OpenFile(name, os.O_CREATE|os.O_TRUNC|os.O_RDWR, vfs.FilePerm)
+		if err != nil {
+			ch <- prepared{err: err}
+			return
+		}
+		zero := make([]byte, min(size, 1<<20))
+		for off := int64(0); off < size && err == nil; off += int64(len(zero)) {
+			_, err = f.WriteAt(zero[:min(int64(len(zero)), size-off)], off)
+		}
+		if err == nil {
+			err = f.Sync()
+		}
+		if err != nil {
+			f.Close()
+			ch <- prepared{err: err}
+			return
+		}
+		ch <- prepared{f: f}
+	}()
+}
+
+// dropPrepared closes and removes a prepared segment, if any. Writer (or
+// Close, after the writer stopped) only.
+func (w *WAL) dropPrepared() error {
+	if w.ready == nil && w.preparing != nil {
+		p := <-w.preparing
+		w.ready = &p
+	}
+	if w.ready == nil {
+		return nil
+	}
+	p := *w.ready
+	w.ready, w.preparing = nil, nil
+	if p.err != nil {
+		return nil // nothing to keep; Open removes a leftover
+	}
+	p.f.Close()
+	return w.opts.FS.Remove(filepath.Join(w.opts.Dir, preparedName))
+}
+
 // trim deletes released segments and, under pressure, asks the groups
 // pinning the oldest segment to release it.
 func (w *WAL) trim() error {
 	w.mu.Lock()
+	// Only the oldest segments go, in order: what replay finds for a
+	// group is then one unbroken stretch of its writes, ending with the
+	// last one, so an entry it holds is always the newest write of its
+	// index. Deleting a released segment from the middle could leave an
+	// older write of an index after a gap, to be taken for the newest.
 	var drop []uint64
-	keep := w.segs[:0:0]
-	for i, s := range w.segs {
-		if i < len(w.segs)-1 && w.releasedLocked(s) {
-			drop = append(drop, s.seq)
-			continue
-		}
-		keep = append(keep, s)
+	n := 0
+	for n < len(w.segs)-1 && w.releasedLocked(w.segs[n]) {
+		drop = append(drop, w.segs[n].seq)
+		n++
 	}
-	w.segs = keep
+	w.segs = slices.Clone(w.segs[n:])
 	w.untrackForgottenLocked()
 	// Every segment PressureSegments behind the active one is asked for
 	// once, not only the oldest: a group that cannot release (a
@@ -764,6 +938,19 @@ next:
 	}
 }
 
+// voidLocked forgets group's entries in every segment up to and including
+// upTo: a reset record in upTo voided them. Entries later in upTo's batch
+// are counted again by the caller.
+func (w *WAL) voidLocked(group string, upTo *segInfo) {
+	for _, s := range w.segs {
+		delete(s.maxIndex, group)
+		if s == upTo {
+			return
+		}
+	}
+	delete(upTo.maxIndex, group)
+}
+
 func (w *WAL) releasedLocked(s *segInfo) bool {
 	for g, idx := range s.maxIndex {
 		if idx > w.released[g] {
@@ -786,9 +973,9 @@ func (w *WAL) Close() error {
 	w.mu.Unlock()
 	<-w.writerDone
 	w.pressWG.Wait()
-	var err error
+	err := w.dropPrepared()
 	if w.active != nil {
-		err = w.active.Close()
+		err = errors.Join(err, w.active.Close())
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()

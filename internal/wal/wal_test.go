@@ -193,9 +193,11 @@ func TestTrimAndPressure(t *testing.T) {
 		t.Fatalf("pressure asked %v, want idle up to 3", asked)
 	}
 	mu.Unlock()
+	// Segments go oldest first only, so the idle group's segment keeps
+	// every later one until it releases.
 	n, _ := fs.ReadDir("data/wal")
-	if len(n) != 2 {
-		t.Fatalf("idle group should pin its segment besides the active one, have %v", n)
+	if len(n) < 3 || n[0] != segName(1) {
+		t.Fatalf("idle group should pin its segment and the later ones, have %v", n)
 	}
 	// After idle releases, everything but the active segment goes.
 	w = open(t, fs, Options{SegmentBytes: 4 << 10})
@@ -248,7 +250,12 @@ func crashOnce(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	fs := vfs.NewMem()
 	mkData(t, fs)
-	w, err := Open(Options{FS: fs, Dir: "data/wal", SegmentBytes: int64(1+rng.IntN(8)) << 10, PendingBytesMax: 2 << 10})
+	// Half the seeds roll into prepared (zero-filled) segments.
+	prep := PrepareNever
+	if seed%2 == 1 {
+		prep = PrepareAlways
+	}
+	w, err := Open(Options{FS: fs, Dir: "data/wal", SegmentBytes: int64(1+rng.IntN(8)) << 10, PendingBytesMax: 2 << 10, Prepare: prep})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -525,5 +532,179 @@ func TestReleaseSinceIgnoresAStaleSync(t *testing.T) {
 	w.mu.Unlock()
 	if got != 10 {
 		t.Fatalf("released %d after a fresh release, want 10", got)
+	}
+}
+
+// pad commits and releases entries of a group of its own until the WAL has
+// rolled at least n times.
+func pad(t *testing.T, w *WAL, n int) {
+	t.Helper()
+	start, _ := w.Segments()
+	for i := uint64(1); ; i++ {
+		if k, _ := w.Segments(); k >= start+n {
+			return
+		}
+		idx := w.padNext()
+		if err := w.Commit("pad", Batch{Entries: entries("pad", idx, idx, 1)}); err != nil {
+			t.Fatal(err)
+		}
+		w.Release("pad", idx)
+		if i > 10000 {
+			t.Fatal("the WAL never rolled")
+		}
+	}
+}
+
+// TestReplayKeepsTheLastWriteAcrossTrim: an index written twice, the first
+// write in a segment another group pins and the second in a later segment
+// that holds nothing unreleased. Replay must give the second write; a WAL
+// that deleted the later segment alone would give the first.
+func TestReplayKeepsTheLastWriteAcrossTrim(t *testing.T) {
+	fs := vfs.NewMem()
+	w := open(t, fs, Options{SegmentBytes: 512})
+	if err := w.Commit("pin", Batch{Entries: entries("pin", 1, 1, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit("g", Batch{Entries: entries("g", 1, 6, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	pad(t, w, 1)
+	// A new leader overwrites index 6; the group's files then hold it.
+	if err := w.Commit("g", Batch{Entries: entries("g", 6, 6, 2)}); err != nil {
+		t.Fatal(err)
+	}
+	w.Release("g", 6)
+	pad(t, w, 2)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	w = open(t, fs, Options{SegmentBytes: 512})
+	defer w.Close()
+	g, ok := w.Take("g")
+	if !ok || len(g.Entries) == 0 {
+		t.Fatalf("g replayed nothing: %+v", g)
+	}
+	last := g.Entries[len(g.Entries)-1]
+	if last.Index != 6 || last.Term != 2 {
+		t.Fatalf("replay ends with %d@%d, want the last write 6@2", last.Index, last.Term)
+	}
+}
+
+// TestResetVoidsEarlierEntries: entries before a reset are not replayed and
+// no longer keep their segments.
+func TestResetVoidsEarlierEntries(t *testing.T) {
+	fs := vfs.NewMem()
+	w := open(t, fs, Options{SegmentBytes: 512})
+	if err := w.Commit("g", Batch{Entries: entries("g", 1, 9, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	pad(t, w, 2)
+	// A snapshot at 20 replaced the group's files; its log restarts at 21.
+	if err := w.Commit("g", Batch{Reset: true, HardState: &HardState{Term: 3, Commit: 20}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit("g", Batch{Entries: entries("g", 21, 22, 3)}); err != nil {
+		t.Fatal(err)
+	}
+	pad(t, w, 1)
+	if n, _ := fs.ReadDir("data/wal"); len(n) != 2 || n[0] == segName(1) {
+		t.Fatalf("voided entries still pin segments: %v", n)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	w = open(t, fs, Options{SegmentBytes: 512})
+	defer w.Close()
+	g, _ := w.Take("g")
+	if len(g.Entries) != 2 || g.Entries[0].Index != 21 || g.HardState.Commit != 20 {
+		t.Fatalf("after reset: %+v", g)
+	}
+	// A reset in the same segment as the entries it voids.
+	if err := w.Commit("h", Batch{Entries: entries("h", 1, 3, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit("h", Batch{Reset: true, Entries: entries("h", 7, 7, 2)}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	w = open(t, fs, Options{SegmentBytes: 512})
+	defer w.Close()
+	h, _ := w.Take("h")
+	if len(h.Entries) != 1 || h.Entries[0].Index != 7 {
+		t.Fatalf("h after reset: %+v", h)
+	}
+}
+
+// TestPreparedSegments: with PrepareAlways the segments after the first are
+// prepared full of zeros; everything committed replays across them, and no
+// prepared file is left after Close.
+func TestPreparedSegments(t *testing.T) {
+	fs := vfs.NewMem()
+	w := open(t, fs, Options{SegmentBytes: 2 << 10, Prepare: PrepareAlways})
+	for i := uint64(1); i <= 200; i++ {
+		if err := w.Commit("g", Batch{Entries: entries("g", i, i, 1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, _ := w.Segments(); n < 3 {
+		t.Fatalf("%d segments: the test never rolled", n)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	names, _ := fs.ReadDir("data/wal")
+	for _, n := range names {
+		if n == preparedName {
+			t.Fatalf("a prepared segment was left after Close: %v", names)
+		}
+	}
+	if w.rolledPrepared < 2 {
+		t.Fatalf("%d rolls took a prepared segment, want every one after the first", w.rolledPrepared)
+	}
+	w = open(t, fs, Options{SegmentBytes: 2 << 10, Prepare: PrepareAlways})
+	defer w.Close()
+	g, _ := w.Take("g")
+	if len(g.Entries) != 200 || g.Entries[199].Index != 200 {
+		t.Fatalf("replayed %d entries", len(g.Entries))
+	}
+}
+
+// noSpaceForPrepared fails every write to the prepared segment, as a full
+// disk does.
+type noSpaceForPrepared struct{ vfs.FS }
+
+func (f noSpaceForPrepared) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
+	file, err := f.FS.OpenFile(name, flag, perm)
+	if err != nil || filepath.Base(name) != preparedName {
+		return file, err
+	}
+	return noSpaceFile{file}, nil
+}
+
+type noSpaceFile struct{ vfs.File }
+
+func (noSpaceFile) WriteAt([]byte, int64) (int, error) {
+	return 0, errors.New("no space left on device")
+}
+
+// TestPrepareFailureIsNotFatal: a prepared segment that cannot be written
+// (a full disk) leaves the WAL working on reserved segments.
+func TestPrepareFailureIsNotFatal(t *testing.T) {
+	fs := vfs.NewMem()
+	mkData(t, fs)
+	w, err := Open(Options{FS: noSpaceForPrepared{fs}, Dir: "data/wal", SegmentBytes: 2 << 10, Prepare: PrepareAlways})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(1); i <= 400; i++ {
+		if err := w.Commit("g", Batch{Entries: entries("g", i, i, 1)}); err != nil {
+			t.Fatalf("commit %d with a failing preparation: %v", i, err)
+		}
+	}
+	if n, _ := w.Segments(); n < 3 {
+		t.Fatalf("%d segments: the test never rolled", n)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -119,9 +119,7 @@ func TestCrashKeepsConfirmedPublishes(t *testing.T) {
 		t.Skip("builds and runs the sinew binary")
 	}
 	bin := buildSinew(t)
-	t.Run("own-logs", func(t *testing.T) { crashKeepsConfirmed(t, bin) })
-	// The same with every partition made durable through the node WAL.
-	t.Run("node-wal", func(t *testing.T) { crashKeepsConfirmed(t, bin, "--storage-wal", "on") })
+	crashKeepsConfirmed(t, bin)
 }
 
 func crashKeepsConfirmed(t *testing.T, bin string, extra ...string) {
@@ -186,15 +184,6 @@ func crashKeepsConfirmed(t *testing.T, bin string, extra ...string) {
 	<-srv.done
 	srv.cmd.Wait()
 	t.Logf("%d of %d publishes confirmed before kill -9", len(confirmed), total)
-
-	if len(extra) > 0 {
-		// A directory with a node WAL is refused without it, and nothing
-		// is touched.
-		out, err := exec.Command(bin, "serve", "--data-dir", dir, "--listen", "127.0.0.1:0", "--admin-listen", "").CombinedOutput()
-		if err == nil || !strings.Contains(string(out), "storage.wal = on") {
-			t.Fatalf("serve without the WAL on a directory that has one: err %v, output:\n%s", err, out)
-		}
-	}
 
 	// Restart on the same directory and drain the queue.
 	srv2 := startChildArgs(t, bin, dir, extra...)

@@ -18,7 +18,7 @@ async def main(addr: str, count: int) -> None:
                                    dead_letter_mode=sinew.DEAD_LETTER_QUEUE,
                                    dead_letter_target="jobs-dead")
         for n in range(count):
-            r = await client.publish("jobs", f"job {n}", headers={"kind": "resize"})
+            r = await client.publish("jobs", f"job {n}", headers=[("kind", "resize")])
             print(f"job {n} stored at partition {r.partition} offset {r.offset}")
 
 

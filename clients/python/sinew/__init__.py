@@ -6,7 +6,7 @@
         await client.publish("orders", b"hello")
         sub = await client.subscribe("orders", prefetch=16)
         async for msg in sub:
-            await msg.complete()
+            await msg.complete()  # returns once queued; complete(confirmed=True) waits for the broker
 """
 
 from .client import (
@@ -20,8 +20,16 @@ from .client import (
     Client,
     DeclareResult,
     Message,
+    STATUS_CLOSED,
+    STATUS_DISCONNECTED,
+    STATUS_GOING_AWAY,
+    STATUS_RECONNECTED,
+    STATUS_RECONNECTING,
+    Processing,
     PublishResult,
     ReconnectPolicy,
+    StatusEvent,
+    StatusStream,
     Subscription,
     connect,
 )
@@ -33,9 +41,14 @@ from .errors import (
     DisconnectedError,
     HeartbeatTimeoutError,
     InvalidArgumentError,
+    NotConnectedError,
+    PermissionDeniedError,
     ProtocolError,
+    QueueDeletedError,
     ReconciledClosedError,
+    RecreatedError,
     RecreateFailedError,
+    ServerNotTLSError,
     SettleError,
     SinewError,
     StaleDeliveryError,
@@ -49,9 +62,12 @@ from .errors import (
 __all__ = [
     "CLIENT_VERSION", "DEAD_LETTER_DEFAULT", "DEAD_LETTER_DISCARD", "DEAD_LETTER_GLOBAL", "DEAD_LETTER_QUEUE",
     "RECONCILE_CONSERVATIVE", "RECONCILE_RESTORE", "Client", "DeclareResult", "Message", "PublishResult",
-    "ReconnectPolicy", "Subscription", "connect",
+    "ReconnectPolicy", "Subscription", "connect", "Processing", "StatusEvent", "StatusStream",
+    "STATUS_CLOSED", "STATUS_DISCONNECTED", "STATUS_GOING_AWAY", "STATUS_RECONNECTED", "STATUS_RECONNECTING",
     "AlreadySettledError", "BrokerError", "ClientClosedError", "ConnectionLostError", "DisconnectedError",
-    "HeartbeatTimeoutError", "InvalidArgumentError", "ProtocolError", "ReconciledClosedError", "RecreateFailedError", "SettleError",
-    "SinewError", "StaleDeliveryError", "TLSError", "SubscriptionEnded", "UnknownTagError", "UnsubscribedError",
+    "HeartbeatTimeoutError", "InvalidArgumentError", "NotConnectedError", "PermissionDeniedError", "ProtocolError",
+    "QueueDeletedError", "ReconciledClosedError", "RecreatedError", "RecreateFailedError", "ServerNotTLSError",
+    "SettleError", "SinewError", "StaleDeliveryError", "TLSError", "SubscriptionEnded", "UnknownTagError",
+    "UnsubscribedError",
     "is_retryable",
 ]

@@ -19,6 +19,7 @@ Frame layout (big-endian)::
 from __future__ import annotations
 
 import dataclasses
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -36,7 +37,7 @@ HELLO, HELLO_OK, PING, PONG, ERROR, OK = 0x01, 0x02, 0x03, 0x04, 0x05, 0x06
 DECLARE_QUEUE, DECLARE_OK, PUBLISH, PUBLISH_OK = 0x10, 0x11, 0x12, 0x13
 DELETE_QUEUE, PURGE_QUEUE, PURGE_OK = 0x14, 0x15, 0x16
 SUBSCRIBE, SUBSCRIBE_OK, UNSUBSCRIBE, SUB_CLOSED, DELIVER = 0x20, 0x21, 0x22, 0x23, 0x24
-ACK, NACK, FAIL, SETTLE_RESULT = 0x30, 0x31, 0x32, 0x33
+ACK, NACK, FAIL, SETTLE_RESULT, EXTEND = 0x30, 0x31, 0x32, 0x33, 0x34
 GOING_AWAY, RECONCILE, RECONCILE_RESULT, END_SESSION, INFLIGHT, INFLIGHT_RESULT = (
     0x40, 0x41, 0x42, 0x43, 0x44, 0x45)
 METADATA, METADATA_RESULT = 0x50, 0x51
@@ -71,6 +72,62 @@ def put_str(out: bytearray, s: str) -> None:
     put_bytes(out, s.encode("utf-8"))
 
 
+# A uvarint's bytes: up to nine with the continuation bit, then one without.
+_UVARINT = re.compile(rb"[\x80-\xff]{0,9}[\x00-\x7f]")
+
+
+def _mask(group: int, width: int, shift: int) -> int:
+    return sum(group << (k * width + shift) for k in range(160 // width))
+
+
+# Masks that squeeze the 7-bit groups of a little-endian integer of up to ten
+# uvarint bytes together in four steps: pairs, fours, eights, then all ten.
+_M7 = _mask(0x7F, 8, 0)
+_L1, _H1 = _mask(0x7F, 16, 0), _mask(0x7F, 16, 8)
+_L2, _H2 = _mask(0x3FFF, 32, 0), _mask(0x3FFF, 32, 16)
+_L3, _H3 = _mask(0x0FFFFFFF, 64, 0), _mask(0x0FFFFFFF, 64, 32)
+_M56 = (1 << 56) - 1
+
+
+def _uvarint_at(buf: bytes, pos: int, r: Reader) -> tuple[int, int]:
+    """A uvarint at buf[pos:] and the position after it; failures are r's."""
+    if pos + 2 < len(buf):  # one to three bytes, unrolled
+        b = buf[pos]
+        if b < 0x80:
+            return b, pos + 1
+        c = buf[pos + 1]
+        if c < 0x80:
+            return (b & 0x7F) | c << 7, pos + 2
+        d = buf[pos + 2]
+        if d < 0x80:
+            return (b & 0x7F) | (c & 0x7F) << 7 | d << 14, pos + 3
+        m = _UVARINT.match(buf, pos)
+        if m is not None:  # four to ten bytes, without a loop per byte
+            end = m.end()
+            x = int.from_bytes(buf[pos:end], "little") & _M7
+            x = (x & _L1) | (x & _H1) >> 1
+            x = (x & _L2) | (x & _H2) >> 2
+            x = (x & _L3) | (x & _H3) >> 4
+            x = (x & _M56) | (x >> 8 & ~_M56)
+            if x >> 64:
+                raise r.fail("uvarint overflows 64 bits")
+            return x, end
+    v = 0
+    shift = 0
+    for i in range(10):
+        if pos >= len(buf):
+            raise r.fail("truncated")
+        b = buf[pos]
+        pos += 1
+        if i == 9 and b > 1:
+            raise r.fail("uvarint overflows 64 bits")
+        v |= (b & 0x7F) << shift
+        if b < 0x80:
+            return v, pos
+        shift += 7
+    raise r.fail("uvarint overflows 64 bits")
+
+
 class Reader:
     """Reads primitive fields from one body; every failure is a ProtocolError."""
 
@@ -92,20 +149,8 @@ class Reader:
         if pos < len(self.buf) and self.buf[pos] < 0x80:  # one byte: most values
             self.pos = pos + 1
             return self.buf[pos]
-        v = 0
-        shift = 0
-        for i in range(10):
-            if self.pos >= len(self.buf):
-                raise self.fail("truncated")
-            b = self.buf[self.pos]
-            self.pos += 1
-            if i == 9 and b > 1:
-                raise self.fail("uvarint overflows 64 bits")
-            v |= (b & 0x7F) << shift
-            if b < 0x80:
-                return v
-            shift += 7
-        raise self.fail("uvarint overflows 64 bits")
+        v, self.pos = _uvarint_at(self.buf, pos, self)
+        return v
 
     def varint(self) -> int:
         u = self.uvarint()
@@ -340,6 +385,9 @@ class LeaseRef(Body):
     offset: int = 0
     lease_id: int = 0
     epoch: int = 0
+    raw: bytes = field(default=b"", compare=False, repr=False)
+    """The five fields as the DELIVER that named them encoded them, when it
+    did: a settle sends these bytes instead of encoding them again."""
 
 
 @_body(0, "sub_id:uvarint topic:str group:str partition:i32 ack_mode:u8 prefetch:u32")
@@ -507,6 +555,12 @@ class PublishOK(Body):
     offset: int = 0
     duplicate: bool = False
 
+    @classmethod
+    def _decode_from(cls, r: Reader) -> Any:
+        # The hot path of a publisher, written out.
+        r.field = "publish_ok"
+        return cls(r.u32(), r.uvarint(), r.boolean())
+
 
 @_body(DELETE_QUEUE, "topic:str group:str")
 @dataclass
@@ -589,26 +643,166 @@ class Deliver(Body):
     lease_id: int = 0
     epoch: int = 0
     lease_ms: int = 0
+    lease_raw: bytes = field(default=b"", compare=False, repr=False)
+    """sub_id, partition, offset, lease_id and epoch as encoded in this
+    frame: the bytes of the lease_ref that names this delivery (LeaseRef.raw)."""
 
     @classmethod
     def _decode_from(cls, r: Reader) -> Any:
-        # The hot path of a consumer, written out; the field table above
-        # stays the reference and the wire vectors check both agree.
+        return cls(*cls.fields(r))
+
+    @staticmethod
+    def fields(r: Reader) -> tuple[Any, ...]:
+        """The fields in order (lease_raw last), as the constructor takes
+        them: what a consumer needs without a Deliver object.
+
+        The hot path of a consumer, written out field by field with the
+        one-byte case of each uvarint inline; the field table above stays
+        the reference, and the wire vectors and a test of random and
+        truncated bodies check that both agree."""
+        buf = r.buf
+        if not isinstance(buf, bytes):
+            buf = bytes(buf)
+        end = len(buf)
+        p = r.pos
+        uv = _uvarint_at
         r.field = "deliver"
-        u = r.uvarint
-        m = cls(u(), u(), r.u32(), u(), r.u32(), r.varint(), r.raw())
-        n = r.count(2)
-        m.headers = [(r.str(), r.str()) for _ in range(n)]
-        m.content_type = r.str()
-        m.body = r.raw()
-        m.topic = r.str()
-        m.group = r.str()
-        if not r.at_end():
-            m.lease_id = u()
-            m.epoch = u()
-        if not r.at_end():
-            m.lease_ms = r.u32()
-        return m
+        try:
+            s0 = p
+            b = buf[p]
+            if b < 0x80:
+                sub_id = b
+                p += 1
+            else:
+                sub_id, p = uv(buf, p, r)
+            t0 = p
+            b = buf[p]
+            if b < 0x80:
+                tag = b
+                p += 1
+            else:
+                tag, p = uv(buf, p, r)
+            s1 = p
+            b = buf[p]
+            if b < 0x80:
+                partition = b
+                p += 1
+            else:
+                partition, p = uv(buf, p, r)
+            b = buf[p]
+            if b < 0x80:
+                offset = b
+                p += 1
+            else:
+                offset, p = uv(buf, p, r)
+            s2 = p
+            b = buf[p]
+            if b < 0x80:
+                attempt = b
+                p += 1
+            else:
+                attempt, p = uv(buf, p, r)
+            if partition > U32_MAX or attempt > U32_MAX:
+                raise r.fail("out of range")
+            pub, p = uv(buf, p, r)
+            pub = (pub >> 1) ^ -(pub & 1)
+            n = buf[p]
+            if n < 0x80:
+                p += 1
+            else:
+                n, p = uv(buf, p, r)
+            if n > end - p:
+                raise r.fail("length beyond the body")
+            key = buf[p:p + n]
+            p += n
+            nh = buf[p]
+            if nh < 0x80:
+                p += 1
+            else:
+                nh, p = uv(buf, p, r)
+            headers: list[tuple[str, str]] = []
+            if nh:
+                if nh > LIST_ITEMS_MAX or 2 * nh > end - p:
+                    raise r.fail("list longer than the body")
+                kv: list[str] = []
+                for _ in range(2 * nh):
+                    n = buf[p]
+                    if n < 0x80:
+                        p += 1
+                    else:
+                        n, p = uv(buf, p, r)
+                    if n > end - p:
+                        raise r.fail("length beyond the body")
+                    kv.append(buf[p:p + n].decode("utf-8"))
+                    p += n
+                headers = list(zip(kv[::2], kv[1::2]))
+            n = buf[p]
+            if n < 0x80:
+                p += 1
+            else:
+                n, p = uv(buf, p, r)
+            if n > end - p:
+                raise r.fail("length beyond the body")
+            content_type = buf[p:p + n].decode("utf-8") if n else ""
+            p += n
+            n = buf[p]
+            if n < 0x80:
+                p += 1
+            else:
+                n, p = uv(buf, p, r)
+            if n > end - p:
+                raise r.fail("length beyond the body")
+            body = buf[p:p + n]
+            p += n
+            n = buf[p]
+            if n < 0x80:
+                p += 1
+            else:
+                n, p = uv(buf, p, r)
+            if n > end - p:
+                raise r.fail("length beyond the body")
+            topic = buf[p:p + n].decode("utf-8")
+            p += n
+            n = buf[p]
+            if n < 0x80:
+                p += 1
+            else:
+                n, p = uv(buf, p, r)
+            if n > end - p:
+                raise r.fail("length beyond the body")
+            group = buf[p:p + n].decode("utf-8") if n else ""
+            p += n
+        except IndexError:
+            raise r.fail("truncated") from None
+        except UnicodeDecodeError:
+            raise r.fail("invalid UTF-8") from None
+        lease_id = epoch = lease_ms = 0
+        lease_raw = b""
+        if p < end:
+            r.field = "lease_id"
+            s3 = p
+            lease_id, p = uv(buf, p, r)
+            if p < end:
+                r.field = "epoch"
+                if buf[p] < 0x80:
+                    epoch = buf[p]
+                    p += 1
+                else:
+                    epoch, p = uv(buf, p, r)
+            # sub_id, then partition and offset (after the tag), then lease_id and epoch.
+            lease_raw = buf[s0:t0] + buf[s1:s2] + buf[s3:p]
+            if p < end:
+                r.field = "lease_ms"
+                if buf[p] < 0x80:
+                    lease_ms = buf[p]
+                    p += 1
+                else:
+                    lease_ms, p = uv(buf, p, r)
+                    if lease_ms > U32_MAX:
+                        raise r.fail("out of range")
+        r.pos = p
+        return (sub_id, tag, partition, offset, attempt, pub, key, headers, content_type, body, topic, group,
+                lease_id, epoch, lease_ms, lease_raw)
 
 
 @_body(ACK, "tags:list<uvarint> delay_ms:varint leases:list<LeaseRef>", appended=2)
@@ -619,6 +813,48 @@ class Settle(Body):
     delay_ms: int = 0
     leases: list[LeaseRef] = field(default_factory=list)
     kind: int = ACK
+    leases_raw: list[bytes] = field(default_factory=list, compare=False, repr=False)
+    """In place of ``leases``: each lease_ref already encoded (LeaseRef.raw)."""
+
+    def _encode_into(self, out: bytearray) -> None:
+        # The hot path of settles, written out; put_uvarint range-checks.
+        for t in self.tags:
+            _want_int(t)
+        _want_int(self.delay_ms)
+        try:
+            put_uvarint(out, len(self.tags))
+            for t in self.tags:
+                put_uvarint(out, t)
+            put_varint(out, self.delay_ms)
+            if self.leases_raw:
+                put_uvarint(out, len(self.leases_raw))
+                out += b"".join(self.leases_raw)
+                return
+            put_uvarint(out, len(self.leases))
+            for x in self.leases:
+                if x.raw:
+                    out += x.raw
+                    continue
+                if x.partition > U32_MAX:
+                    raise ValueError(f"u32 out of range: {x.partition}")
+                put_uvarint(out, x.sub_id)
+                put_uvarint(out, x.partition)
+                put_uvarint(out, x.offset)
+                put_uvarint(out, x.lease_id)
+                put_uvarint(out, x.epoch)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError("settle", str(e)) from None
+
+
+@_body(EXTEND, "tags:list<uvarint> extend_ms:varint leases:list<LeaseRef>")
+@dataclass
+class Extend(Body):
+    """EXTEND (0x34): renews the leases of deliveries the client holds to
+    ``extend_ms`` from now; answered by SETTLE_RESULT. The layout of NACK
+    with ``delay_ms`` replaced by ``extend_ms``."""
+    tags: list[int] = field(default_factory=list)
+    extend_ms: int = 0
+    leases: list[LeaseRef] = field(default_factory=list)
 
 
 @_body(SETTLE_RESULT, "codes:list<u16>")
@@ -626,6 +862,18 @@ class Settle(Body):
 class SettleResult(Body):
     """SETTLE_RESULT (0x33)."""
     codes: list[int] = field(default_factory=list)
+
+    @classmethod
+    def _decode_from(cls, r: Reader) -> Any:
+        # Every code below 128 (all of them today) is one byte: a whole
+        # result of ok codes is its bytes.
+        r.field = "codes"
+        n = r.count(1)
+        chunk = r.buf[r.pos:r.pos + n]
+        if len(chunk) == n and max(chunk, default=0) < 0x80:
+            r.pos += n
+            return cls(list(chunk))
+        return cls([r.u16() for _ in range(n)])
 
 
 @_body(GOING_AWAY, "deadline_ms:varint grace_ms:u32 reason:str redirect:str")
@@ -706,7 +954,7 @@ _resolve()
 
 _OP_BODIES: tuple[type[Body], ...] = (
     Hello, HelloOK, Ping, Pong, ErrorBody, Ok, DeclareQueue, DeclareOK, Publish, PublishOK, DeleteQueue, PurgeQueue,
-    PurgeOK, Subscribe, SubscribeOK, Unsubscribe, SubClosed, Deliver, SettleResult, GoingAway, Reconcile,
+    PurgeOK, Subscribe, SubscribeOK, Unsubscribe, SubClosed, Deliver, Extend, SettleResult, GoingAway, Reconcile,
     ReconcileResult, EndSession, Inflight, InflightResult, Metadata, MetadataResult)
 BODIES: dict[int, type[Body]] = {c.OP: c for c in _OP_BODIES}
 BODIES[ACK] = Settle
@@ -718,7 +966,7 @@ OP_NAMES = {
     DECLARE_QUEUE: "DECLARE_QUEUE", DECLARE_OK: "DECLARE_OK", PUBLISH: "PUBLISH", PUBLISH_OK: "PUBLISH_OK",
     DELETE_QUEUE: "DELETE_QUEUE", PURGE_QUEUE: "PURGE_QUEUE", PURGE_OK: "PURGE_OK", SUBSCRIBE: "SUBSCRIBE",
     SUBSCRIBE_OK: "SUBSCRIBE_OK", UNSUBSCRIBE: "UNSUBSCRIBE", SUB_CLOSED: "SUB_CLOSED", DELIVER: "DELIVER",
-    ACK: "ACK", NACK: "NACK", FAIL: "FAIL", SETTLE_RESULT: "SETTLE_RESULT", GOING_AWAY: "GOING_AWAY",
+    ACK: "ACK", NACK: "NACK", FAIL: "FAIL", SETTLE_RESULT: "SETTLE_RESULT", EXTEND: "EXTEND", GOING_AWAY: "GOING_AWAY",
     RECONCILE: "RECONCILE", RECONCILE_RESULT: "RECONCILE_RESULT", END_SESSION: "END_SESSION",
     INFLIGHT: "INFLIGHT", INFLIGHT_RESULT: "INFLIGHT_RESULT", METADATA: "METADATA", METADATA_RESULT: "METADATA_RESULT",
 }
@@ -758,9 +1006,18 @@ class Frame:
     ver: int = VERSION
 
 
-def parse_header(head: bytes, frame_bytes_max: int) -> tuple[int, int, int, int, int]:
-    """Checks a frame's 16 header bytes; returns (body_len, ver, op, flags, req_id)."""
-    length, ver, op, flags, req_id = struct.unpack(">IBBHQ", head)
+_HEADER = struct.Struct(">IBBHQ")
+
+
+def frame_head(length: int, op: int, flags: int, req_id: int) -> bytes:
+    """The 16 bytes before a body: ``length`` counts the 12 after the prefix plus the body."""
+    return _HEADER.pack(length, VERSION, op, flags, req_id)
+
+
+def parse_header(head: bytes, frame_bytes_max: int, at: int = 0) -> tuple[int, int, int, int, int]:
+    """Checks a frame's 16 header bytes (at ``at`` in ``head``); returns
+    (body_len, ver, op, flags, req_id)."""
+    length, ver, op, flags, req_id = _HEADER.unpack_from(head, at)
     if length < HEADER_BYTES:
         raise ProtocolError(f"bad frame: length {length} below the header size")
     if length + 4 > frame_bytes_max:

@@ -14,19 +14,24 @@ reader task applies each frame to the client's state before reading the next.
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
+import collections
 import logging
 import os
 import random
 import ssl as _ssl
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import warnings
+import weakref
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 from . import _wire as w
 from .errors import (
     CODE_INTERNAL,
-    CODE_NOT_FOUND,
     CODE_SHUTTING_DOWN,
     CODE_STALE_LEASE,
     CODE_UNKNOWN_TAG,
@@ -37,14 +42,18 @@ from .errors import (
     DisconnectedError,
     HeartbeatTimeoutError,
     InvalidArgumentError,
+    NotConnectedError,
     ProtocolError,
+    QueueDeletedError,
     ReconciledClosedError,
-    RecreateFailedError,
+    RecreatedError,
+    ServerNotTLSError,
     SinewError,
     StaleDeliveryError,
     TLSError,
     UnknownTagError,
     UnsubscribedError,
+    broker_error,
     is_retryable,
 )
 
@@ -62,17 +71,20 @@ RECONCILE_RESTORE = 1
 DEAD_LETTER_DEFAULT, DEAD_LETTER_DISCARD, DEAD_LETTER_GLOBAL, DEAD_LETTER_QUEUE = 0, 1, 2, 3
 
 # Limits of the client itself.
-DIAL_TIMEOUT_S = 10.0  # one TCP (and TLS) connect
-HANDSHAKE_TIMEOUT_S = 10.0  # the wait for HELLO_OK
-CONNECT_TIMEOUT_S = 30.0  # connect(): no backoff sleep starts that would end past it
-DRAIN_TIMEOUT_S = 5.0  # close(): the wait for pending confirms and settles
+DIAL_TIMEOUT_MS = 10_000  # one TCP (and TLS) connect
+HANDSHAKE_TIMEOUT_MS = 10_000  # the wait for HELLO_OK
+CONNECT_TIMEOUT_MS = 30_000  # connect(): no backoff sleep starts that would end past it
+DRAIN_TIMEOUT_MS = 5_000  # close(): the wait for pending confirms and settles
+STATUS_BUFFER_MAX = 64  # status events kept per status() iterator; the oldest are dropped beyond
 END_SESSION_TIMEOUT_S = 2.0  # close(): the wait for END_SESSION's OK
 PUBLISH_INFLIGHT_DEFAULT = 1024  # publish window when the broker announces none
 PUBLISH_INFLIGHT_BYTES_MAX = 64 << 20  # body bytes of unconfirmed publishes, kept for resending
 SETTLE_BATCH_DEFAULT = 256  # tags per settle frame when the broker announces no limit
-DELIVERY_BUFFER_MAX = 4096
-WRITE_COALESCE_BYTES_MAX = 64 << 10
-READ_CHUNK_BYTES = 256 << 10  # most bytes taken from the socket per read  # frames gathered for one socket write before it is made  # messages buffered per subscription before the reader waits
+DELIVERY_BUFFER_MAX = 4096  # messages buffered per subscription before the reader waits
+WRITE_COALESCE_BYTES_MAX = 64 << 10  # frames gathered for one socket write before it is made
+READ_CHUNK_BYTES = 256 << 10  # most bytes taken from the socket per read
+READ_BUFFER_BYTES = 1 << 20  # the stream's buffer pauses reading past twice this
+PUBLISH_HEADS_CACHED = 256  # encoded publish heads kept for reuse
 GOING_AWAY_WAIT_MAX_S = 30.0  # how long a draining connection is kept for work in flight
 GOING_AWAY_POLL_S = 0.01  # how often a draining connection is checked for idleness
 GOING_AWAY_BACKOFF_MAX_S = 0.5  # reconnect delay cap after a planned stop
@@ -129,37 +141,77 @@ def _headers_arg(headers: object) -> list[tuple[str, str]]:
     return out
 
 
+def _ms_arg(name: str, ms: object, old: str, s: object, default: int, stacklevel: int = 3) -> int:
+    """An integer-milliseconds argument with its deprecated float-seconds
+    alias: the alias, when given, warns (DeprecationWarning) and is converted."""
+    if s is None:
+        if ms is None:
+            return default
+        _check_int(name, ms, 0, _I64_MAX)
+        assert isinstance(ms, int)
+        return ms
+    if ms is not None:
+        raise InvalidArgumentError(old, f"give {name} or its deprecated alias {old}, not both")
+    warnings.warn(f"sinew: {old} is deprecated; use {name} (integer milliseconds)", DeprecationWarning,
+                  stacklevel=stacklevel)
+    if not isinstance(s, (int, float)) or isinstance(s, bool) or not 0 <= s < float("inf"):
+        raise InvalidArgumentError(old, f"want a non-negative number of seconds, got {s!r}")
+    return round(s * 1000)
+
+
 @dataclass(frozen=True)
 class ReconnectPolicy:
     """Shapes automatic reconnection. The delay before attempt n (from 0) is
-    ``min(base_delay_s * factor**n, max_delay_s) * (1 ± jitter)``, and n goes
-    back to 0 once a connection has stayed up for ``reset_after_s``."""
+    ``min(base_delay_ms * factor**n, max_delay_ms) * (1 ± jitter)``, and n goes
+    back to 0 once a connection has stayed up for ``reset_after_ms``.
 
-    base_delay_s: float = 0.1
+    ``base_delay_s``, ``max_delay_s`` and ``reset_after_s`` (float seconds)
+    are deprecated aliases of the ``_ms`` fields: given, they warn
+    (DeprecationWarning) and set the ``_ms`` field."""
+
+    base_delay_ms: int = 100
     factor: float = 2.0
-    max_delay_s: float = 30.0
+    max_delay_ms: int = 30_000
     jitter: float = 0.1
-    reset_after_s: float = 10.0
+    reset_after_ms: int = 10_000
     max_attempts: int = 0
     """0: reconnect forever; otherwise give up (DisconnectedError) after this
     many failures in a row."""
+    base_delay_s: float | None = None
+    max_delay_s: float | None = None
+    reset_after_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("base_delay_s", "factor", "max_delay_s", "jitter", "reset_after_s"):
+        for name in ("factor", "jitter"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
                 raise InvalidArgumentError(name, f"want a non-negative number, got {v!r}")
+        for ms_name, s_name, default in (("base_delay_ms", "base_delay_s", 100), ("max_delay_ms", "max_delay_s", 30_000),
+                                         ("reset_after_ms", "reset_after_s", 10_000)):
+            ms = getattr(self, ms_name)
+            s = getattr(self, s_name)
+            if s is not None:
+                # The alias wins over the field's default; both given explicitly is refused
+                # only when they disagree, as a dataclass cannot tell a default from a value.
+                v = _ms_arg(ms_name, None, s_name, s, default, stacklevel=4)
+                if ms != default and ms != v:
+                    raise InvalidArgumentError(s_name, f"give {ms_name} or its deprecated alias {s_name}, not both")
+                object.__setattr__(self, ms_name, v)
+                object.__setattr__(self, s_name, None)
+            else:
+                _check_int(ms_name, ms, 0, _I64_MAX)
         _check_int("max_attempts", self.max_attempts, 0, _I64_MAX)
 
     def delay(self, n: int, r: float) -> float:
-        """The wait in seconds before attempt ``n``; ``r`` in [0, 1) places the jitter."""
-        d = self.base_delay_s
+        """The wait before attempt ``n`` in seconds, as the injected ``sleep``
+        (``asyncio.sleep``) takes it; ``r`` in [0, 1) places the jitter."""
+        d = float(self.base_delay_ms)
         for _ in range(n):
-            if d >= self.max_delay_s:
+            if d >= self.max_delay_ms:
                 break
             d *= self.factor
-        d = min(d, self.max_delay_s)
-        return d * (1 + self.jitter * (2 * r - 1))
+        d = min(d, float(self.max_delay_ms))
+        return d * (1 + self.jitter * (2 * r - 1)) / 1000
 
 
 @dataclass(frozen=True)
@@ -171,6 +223,10 @@ class PublishResult:
     duplicate: bool
     """The broker had already stored this publish (a resend); offset is the original's."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe data: ``{"partition", "offset", "duplicate"}``."""
+        return {"partition": self.partition, "offset": self.offset, "duplicate": self.duplicate}
+
 
 @dataclass(frozen=True)
 class DeclareResult:
@@ -178,6 +234,123 @@ class DeclareResult:
 
     partitions: int
     created: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe data: ``{"partitions", "created"}``."""
+        return {"partitions": self.partitions, "created": self.created}
+
+
+def _publish_result(raw: bytes) -> PublishResult:
+    """A PUBLISH_OK body (partition:u32 offset:uvarint duplicate:bool) made
+    straight into the PublishResult publish() returns."""
+    if len(raw) >= 3 and raw[0] < 0x80 and raw[-1] <= 1 and (len(raw) == 3 or raw[-2] < 0x80):
+        # One-byte partition, the offset up to the last byte: the usual body.
+        r = w.Reader(raw)
+        r.pos = 1
+        r.field = "offset"
+        offset = r.uvarint()
+        if r.pos == len(raw) - 1:
+            return PublishResult(raw[0], offset, raw[-1] == 1)
+    r = w.Reader(raw)
+    r.field = "publish_ok"
+    return PublishResult(r.u32(), r.uvarint(), r.boolean())
+
+
+STATUS_DISCONNECTED = "disconnected"
+STATUS_RECONNECTING = "reconnecting"
+STATUS_RECONNECTED = "reconnected"
+STATUS_GOING_AWAY = "going_away"
+STATUS_CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class StatusEvent:
+    """A change of the client's connection, as :meth:`Client.status` and the
+    ``on_status`` option report it. ``kind`` is one of:
+
+    - ``"disconnected"``: the connection broke (``error`` says why), or the
+      client gave up reconnecting (``error`` is a DisconnectedError);
+    - ``"reconnecting"``: attempt ``attempt`` (from 1) starts after
+      ``delay_ms``;
+    - ``"reconnected"``: a connection is up again and restored; ``resumed``
+      says whether the broker kept the session (else leases held before are
+      gone and their settles fail with StaleDeliveryError);
+    - ``"going_away"``: the broker announced a planned stop (GOING_AWAY);
+      new operations wait for the next connection;
+    - ``"closed"``: the client closed (``error`` set when a fatal error
+      closed it). The last event.
+    """
+
+    kind: str
+    error: BaseException | None = None
+    attempt: int = 0
+    delay_ms: int = 0
+    resumed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe data; ``error`` as its class name and text."""
+        return {"kind": self.kind, "error": None if self.error is None else str(self.error),
+                "error_type": None if self.error is None else type(self.error).__name__,
+                "attempt": self.attempt, "delay_ms": self.delay_ms, "resumed": self.resumed}
+
+
+class StatusStream:
+    """The events of :meth:`Client.status`: ``async for ev in client.status()``.
+
+    Each stream keeps at most ``STATUS_BUFFER_MAX`` (64) events not yet read;
+    beyond that the oldest are dropped and counted in :attr:`dropped`. It
+    stops after the ``"closed"`` event. Leaving the loop unregisters it: the
+    client holds streams weakly, so one nobody refers to any more gets no
+    events; ``aclose()`` (or ``async with``) unregisters it at once.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._buf: collections.deque[StatusEvent] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._ended = False
+        self.dropped = 0
+        """Events dropped because the buffer was full."""
+
+    def _push(self, ev: StatusEvent) -> None:
+        if self._ended:
+            return
+        if len(self._buf) >= STATUS_BUFFER_MAX:
+            self._buf.popleft()
+            self.dropped += 1
+        self._buf.append(ev)
+        if ev.kind == STATUS_CLOSED:
+            self._ended = True
+            self._client._status_streams.discard(self)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def __aiter__(self) -> StatusStream:
+        return self
+
+    async def __anext__(self) -> StatusEvent:
+        while not self._buf:
+            if self._ended:
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._buf.popleft()
+
+    async def aclose(self) -> None:
+        """Unregisters the stream; iteration stops after what is buffered."""
+        self._ended = True
+        self._client._status_streams.discard(self)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def __aenter__(self) -> StatusStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 class _ConnClosed(Exception):
@@ -225,68 +398,141 @@ class _Window:
         self.max = n
         self.n = 0
         self.bytes = 0
-        self.cond = asyncio.Condition()
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def _room(self, nbytes: int) -> bool:
+        # A single publish larger than the byte bound still goes, alone.
+        return self.n < self.max and (self.n == 0 or self.bytes + nbytes <= PUBLISH_INFLIGHT_BYTES_MAX)
 
     async def acquire(self, nbytes: int) -> None:
-        async with self.cond:
-            # A single publish larger than the byte bound still goes, alone.
-            await self.cond.wait_for(lambda: self.n < self.max and (
-                self.n == 0 or self.bytes + nbytes <= PUBLISH_INFLIGHT_BYTES_MAX))
-            self.n += 1
-            self.bytes += nbytes
+        while self._waiters or not self._room(nbytes):
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            except BaseException:
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
+                elif fut.done() and not fut.cancelled():
+                    self._wake()  # woken, but leaving: the wake goes to the next
+                raise
+            if self._room(nbytes):
+                break
+        self.n += 1
+        self.bytes += nbytes
+        if self._waiters and self._room(0):
+            self._wake()  # room for more than this one
 
-    async def release(self, nbytes: int) -> None:
-        async with self.cond:
-            self.n -= 1
-            self.bytes -= nbytes
-            self.cond.notify_all()
+    def release(self, nbytes: int) -> None:
+        self.n -= 1
+        self.bytes -= nbytes
+        if self._waiters:
+            self._wake()
 
-    async def set_max(self, n: int) -> None:
-        async with self.cond:
-            self.max = n if n > 0 else PUBLISH_INFLIGHT_DEFAULT
-            self.cond.notify_all()
+    def set_max(self, n: int) -> None:
+        self.max = n if n > 0 else PUBLISH_INFLIGHT_DEFAULT
+        if self._waiters:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wakes the longest waiter; it takes its slot or waits again."""
+        while self._waiters:
+            fut = self._waiters.pop(0)
+            if not fut.done():
+                fut.set_result(None)
+                return
 
 
-def _fan_out(futs: list[asyncio.Future[int]]) -> Callable[[asyncio.Future[Any]], None]:
-    """Hands each settle of a batch its own code from the batch's result."""
+class _Done:
+    """An awaitable that is already done: what a fast settle returns."""
 
-    def done(call: asyncio.Future[Any]) -> None:
-        exc = None if call.cancelled() else call.exception()
-        codes: list[int] = [] if exc is not None or call.cancelled() else call.result().codes
-        for i, f in enumerate(futs):
-            if f.done():
-                continue
-            if call.cancelled():
-                f.cancel()
-            elif exc is not None:
-                f.set_exception(exc)
-            else:
-                f.set_result(codes[i] if i < len(codes) else CODE_INTERNAL)
+    __slots__ = ()
 
-    return done
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # a generator that returns at once
+
+
+_DONE = _Done()
+
+
+class _Failed:
+    """An awaitable that raises ``exc``: a settle refused at the call raises
+    where it is awaited, as a coroutine's error would."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __await__(self) -> Generator[Any, None, None]:
+        raise self.exc
+        yield  # a generator that raises at once
 
 
 class Message:
     """A delivery. Manual-ack messages must be settled once, with
-    :meth:`complete`, :meth:`retry`, :meth:`retry_after` or :meth:`fail`."""
+    :meth:`complete`, :meth:`retry`, :meth:`retry_after` or :meth:`fail`, or
+    inside ``async with msg.process():``.
+
+    **Fast settles.** By default a settle returns as soon as it is queued:
+    the client sends the settles of one turn of the event loop in one frame,
+    holds them across a cut connection and sends them again on the resumed
+    session, and :meth:`Client.close` waits for them. A settle that fails
+    later (the lease was lost, a delay above the broker's cap) is logged on
+    the ``sinew`` logger and passed to the ``on_settle_error`` callback of
+    :func:`connect`; a retryable failure leaves the message unsettled, so it
+    may be settled again. With ``confirmed=True`` the call returns once the
+    broker has made the settle durable and raises its error instead.
+    """
+
+    __slots__ = ("topic", "group", "partition", "offset", "attempt", "published_at_ms", "lease_ms", "key",
+                 "headers", "content_type", "body", "tag", "_lease_sub", "_lease_id", "_lease_epoch", "_lease_raw",
+                 "_sub", "_epoch", "_settled", "_stale")
+
+    @classmethod
+    def _of(cls, sub: Subscription, f: tuple[Any, ...], epoch: int) -> Message:
+        """A message from w.Deliver.fields(): the consumer's hot path, with no Deliver object."""
+        m = cls.__new__(cls)
+        (m._lease_sub, m.tag, m.partition, m.offset, m.attempt, m.published_at_ms, m.key, m.headers,
+         m.content_type, m.body, m.topic, m.group, m._lease_id, m._lease_epoch, m.lease_ms, m._lease_raw) = f
+        if not m.topic:
+            m.topic = sub.topic
+        if not m._lease_raw:  # a broker that sends no lease_id: the reference by position
+            m._lease_raw = w.LeaseRef(m._lease_sub, m.partition, m.offset, 0, 0).encode()
+        m._sub = sub
+        m._epoch = epoch
+        m._settled = sub.auto_ack
+        m._stale = False
+        return m
 
     def __init__(self, sub: Subscription, d: w.Deliver, epoch: int) -> None:
-        self.topic = d.topic
+        self.topic = d.topic or sub.topic
         self.group = d.group
         self.partition = d.partition
         self.offset = d.offset
         self.attempt = d.attempt
         self.published_at_ms = d.published_at_ms
+        self.lease_ms = d.lease_ms
+        """The lease the broker granted with this delivery (0: not announced)."""
         self.key = d.key
         self.headers: list[tuple[str, str]] = d.headers
+        """The headers in order, as (key, value) pairs; a key may repeat."""
         self.content_type = d.content_type
         self.body = d.body
         self.tag = d.tag
-        self.lease = w.LeaseRef(d.sub_id, d.partition, d.offset, d.lease_id, d.epoch)
+        self._lease_sub, self._lease_id, self._lease_epoch = d.sub_id, d.lease_id, d.epoch
+        self._lease_raw = d.lease_raw or w.LeaseRef(d.sub_id, d.partition, d.offset, d.lease_id, d.epoch).encode()
         self._sub = sub
         self._epoch = epoch
         self._settled = sub.auto_ack
         self._stale = False
+
+    @property
+    def lease(self) -> w.LeaseRef:
+        """The lease_ref that names this delivery (protocol section 5.8)."""
+        return w.LeaseRef(self._lease_sub, self.partition, self.offset, self._lease_id, self._lease_epoch,
+                          self._lease_raw)
 
     @property
     def text(self) -> str:
@@ -294,32 +540,184 @@ class Message:
         return self.body.decode("utf-8")
 
     def header(self, name: str, default: str | None = None) -> str | None:
-        """The first value of header ``name``."""
+        """The value of the first header named ``name``, or ``default``."""
         for k, v in self.headers:
             if k == name:
                 return v
         return default
 
-    async def complete(self) -> None:
-        """ACK: the message is done and will not be delivered again."""
-        await self._sub._client._settle(self, w.ACK, 0)
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe data: the message's fields, ``headers`` as a list
+        of ``[key, value]`` pairs, and ``key`` and ``body`` as base64 text
+        (``key_base64``, ``body_base64``)."""
+        return {"topic": self.topic, "group": self.group, "partition": self.partition, "offset": self.offset,
+                "attempt": self.attempt, "published_at_ms": self.published_at_ms, "lease_ms": self.lease_ms,
+                "key_base64": base64.b64encode(self.key).decode("ascii"),
+                "headers": [[k, v] for k, v in self.headers], "content_type": self.content_type,
+                "body_base64": base64.b64encode(self.body).decode("ascii")}
 
-    async def retry(self) -> None:
+    def complete(self, *, confirmed: bool = False) -> Awaitable[None]:
+        """ACK: the message is done and will not be delivered again. Returns
+        once queued (see the class doc), or with ``confirmed=True`` once the
+        broker has made it durable."""
+        return self._sub._client._settle(self, w.ACK, 0, confirmed)
+
+    def retry(self, *, confirmed: bool = False) -> Awaitable[None]:
         """NACK: deliver the message again (uses one of the queue's retries)."""
-        await self._sub._client._settle(self, w.NACK, 0)
+        return self._sub._client._settle(self, w.NACK, 0, confirmed)
 
-    async def retry_after(self, delay_ms: int) -> None:
+    def retry_after(self, delay_ms: int, *, confirmed: bool = False) -> Awaitable[None]:
         """NACK with a delay: deliver again no earlier than ``delay_ms``
         (an int, in milliseconds, 0 or more) from now. Anything else raises
-        InvalidArgumentError and settles nothing."""
-        await self._sub._client._settle(self, w.NACK, delay_ms)
+        InvalidArgumentError and settles nothing. A delay above the broker's
+        cap is refused (``bad_request``) and the lease stays held."""
+        return self._sub._client._settle(self, w.NACK, delay_ms, confirmed)
 
-    async def fail(self) -> None:
+    def fail(self, *, confirmed: bool = False) -> Awaitable[None]:
         """FAIL: a terminal failure; the broker dead-letters the message."""
-        await self._sub._client._settle(self, w.FAIL, 0)
+        return self._sub._client._settle(self, w.FAIL, 0, confirmed)
+
+    async def extend(self, extend_ms: int) -> None:
+        """Extends the lease: the broker keeps the message for this consumer
+        until ``extend_ms`` (an int, in milliseconds, above 0) from now, so a
+        long handler is not redelivered elsewhere. Returns once the broker
+        has answered; raises StaleDeliveryError when the lease is already
+        gone, AlreadySettledError after a settle."""
+        await self._sub._client._extend(self, extend_ms)
+
+    def process(self, *, retry_delay_ms: int = 0, reraise: bool = False) -> Processing:
+        """A context manager that settles the message when its block ends::
+
+            async with msg.process():
+                await handle(msg)
+
+        On normal exit it completes the message; when the block raises an
+        ``Exception`` it retries it (after ``retry_delay_ms``), logs the
+        exception on the ``sinew`` logger and, unless ``reraise`` is true,
+        swallows it, so a worker loop carries on with the next message. A
+        message the block settled itself is left as it is. Cancellation and
+        other ``BaseException`` leave the message unsettled and propagate (the
+        broker takes it back when the subscription or client ends, or the
+        lease runs out). Its settles are fast (see the class doc); one that
+        cannot be made (the lease is gone, the client closed) is reported to
+        ``on_settle_error`` and the log, not raised."""
+        _check_int("retry_delay_ms", retry_delay_ms, 0, _I64_MAX)
+        return Processing(self, retry_delay_ms, reraise)
+
+
+class Processing:
+    """What :meth:`Message.process` returns."""
+
+    __slots__ = ("msg", "retry_delay_ms", "reraise")
+
+    def __init__(self, msg: Message, retry_delay_ms: int, reraise: bool) -> None:
+        self.msg = msg
+        self.retry_delay_ms = retry_delay_ms
+        self.reraise = reraise
+
+    async def __aenter__(self) -> Message:
+        return self.msg
+
+    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool:
+        m = self.msg
+        client = m._sub._client
+        if et is not None and not issubclass(et, Exception):
+            return False
+        if et is not None:
+            log.error("sinew: handler failed on %s partition %d offset %d (attempt %d); retrying", m.topic,
+                      m.partition, m.offset, m.attempt, exc_info=(et, exc, tb) if exc is not None else None)
+        if not m._settled:
+            try:
+                if et is None:
+                    await m.complete()
+                else:
+                    await m.retry_after(self.retry_delay_ms)
+            except SinewError as e:
+                # e.g. the session was not resumed (the message comes back
+                # anyway) or the client closed meanwhile (it was released)
+                client._settle_failed(m, e)
+        return et is not None and not self.reraise
 
 
 _END = object()
+
+
+class _Buffer:
+    """The messages of a subscription waiting for the application: a deque
+    bounded at ``maxsize`` for the one writer (the connection's reader, which
+    waits in :meth:`put` when it is full), read by any number of tasks.
+    asyncio.Queue does the same at about twice the cost per message."""
+
+    __slots__ = ("_q", "_max", "_getters", "_putter")
+
+    def __init__(self, maxsize: int) -> None:
+        self._q: collections.deque[Any] = collections.deque()
+        self._max = maxsize
+        self._getters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._putter: asyncio.Future[None] | None = None
+
+    def qsize(self) -> int:
+        return len(self._q)
+
+    def empty(self) -> bool:
+        return not self._q
+
+    def _wake_getter(self) -> None:
+        while self._getters:
+            g = self._getters.popleft()
+            if not g.done():
+                g.set_result(None)
+                return
+
+    def put_nowait(self, item: Any) -> None:
+        """Appends item; raises asyncio.QueueFull at the bound."""
+        if len(self._q) >= self._max:
+            raise asyncio.QueueFull
+        self.force(item)
+
+    def force(self, item: Any) -> None:
+        """Appends item even at the bound (the end marker)."""
+        self._q.append(item)
+        if self._getters:
+            self._wake_getter()
+
+    async def put(self, item: Any) -> None:
+        while len(self._q) >= self._max:
+            self._putter = asyncio.get_running_loop().create_future()
+            try:
+                await self._putter
+            finally:
+                self._putter = None
+        self.force(item)
+
+    def get_nowait(self) -> Any:
+        if not self._q:
+            raise asyncio.QueueEmpty
+        item = self._q.popleft()
+        p = self._putter
+        if p is not None and not p.done():
+            p.set_result(None)
+        return item
+
+    async def get(self) -> Any:
+        while not self._q:
+            g = asyncio.get_running_loop().create_future()
+            self._getters.append(g)
+            try:
+                await g
+            except BaseException:
+                g.cancel()
+                if self._q and not g.cancelled():
+                    self._wake_getter()  # it was woken for an item it will not take
+                raise
+        return self.get_nowait()
+
+    def clear(self) -> None:
+        self._q.clear()
+        p = self._putter
+        if p is not None and not p.done():
+            p.set_result(None)
 
 
 class Subscription:
@@ -343,7 +741,7 @@ class Subscription:
         self.auto_ack = auto_ack
         self._server_id = 0
         self._recreating = False
-        self._buf: asyncio.Queue[Any] = asyncio.Queue(DELIVERY_BUFFER_MAX)
+        self._buf = _Buffer(DELIVERY_BUFFER_MAX)
         self._held: dict[int, Message] = {}  # manual-ack deliveries of the current epoch, unsettled
         self._end: BaseException | None = None
 
@@ -361,7 +759,7 @@ class Subscription:
         except asyncio.QueueEmpty:
             item = await self._buf.get()
         if item is _END:
-            self._buf.put_nowait(_END)  # later calls stop too
+            self._buf.force(_END)  # later calls stop too
             if isinstance(self._end, (UnsubscribedError, ClientClosedError)):
                 raise StopAsyncIteration
             assert self._end is not None
@@ -390,29 +788,60 @@ class Subscription:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def run(self, handler: Callable[[Message], Awaitable[None]], *, concurrency: int = 1,
+                  retry_delay_ms: int = 0) -> None:
+        """Calls ``handler`` for every message, each inside
+        :meth:`Message.process` (completed when it returns, retried when it
+        raises), with up to ``concurrency`` handlers running at once. Returns
+        when the subscription ends cleanly (unsubscribe, close) and raises the
+        end reason otherwise, as ``async for`` does. Cancelling ``run`` ends the
+        subscription, as leaving the loop with ``async with`` does."""
+        _check_int("concurrency", concurrency, 1, 1 << 16)
+        _check_int("retry_delay_ms", retry_delay_ms, 0, _I64_MAX)
+
+        async def worker() -> None:
+            async for m in self:
+                async with m.process(retry_delay_ms=retry_delay_ms):
+                    await handler(m)
+
+        try:
+            if concurrency == 1:
+                await worker()
+            else:
+                await asyncio.gather(*(worker() for _ in range(concurrency)))
+        except asyncio.CancelledError:
+            await asyncio.shield(self.aclose())
+            raise
+
     def _view(self) -> w.SubView:
         return w.SubView(self._server_id, self.topic, self.group, self.partition, 1 if self.auto_ack else 0,
                          self.prefetch)
 
-    async def _deliver(self, d: w.Deliver, epoch: int) -> None:
+    def _deliver(self, f: tuple[Any, ...], epoch: int) -> Message | None:
+        """Buffers a delivery (w.Deliver.fields()); returns the message when
+        the buffer is full, for the reader to wait with (:meth:`_deliver_wait`)."""
         if self._end is not None:
-            return
+            return None
         if not self.auto_ack:
-            if d.tag in self._held:
-                return  # a re-send of a delivery the application already has
-            m = Message(self, d, epoch)
-            self._held[d.tag] = m
+            tag = f[1]
+            if tag in self._held:
+                return None  # a re-send of a delivery the application already has
+            m = Message._of(self, f, epoch)
+            self._held[tag] = m
         else:
-            m = Message(self, d, epoch)
+            m = Message._of(self, f, epoch)
         try:
             self._buf.put_nowait(m)
         except asyncio.QueueFull:
-            await self._buf.put(m)  # the reader waits: backpressure on the broker
+            return m
+        return None
+
+    async def _deliver_wait(self, m: Message) -> None:
+        await self._buf.put(m)  # the reader waits: backpressure on the broker
 
     def _purge(self) -> None:
         """Drops buffered deliveries and held leases of a session that is gone."""
-        while not self._buf.empty():
-            self._buf.get_nowait()
+        self._buf.clear()
         self._held.clear()
 
     def _finish(self, reason: BaseException) -> None:
@@ -420,7 +849,7 @@ class Subscription:
             return
         self._end = reason
         self._purge()
-        self._buf.put_nowait(_END)
+        self._buf.force(_END)
         self._client._subs.discard(self)
 
 
@@ -465,6 +894,28 @@ class _Conn:
         if self.closed:
             raise _ConnClosed
         rid = self.next_id
+        if call.body is None:  # a publish: written straight into the outgoing buffer
+            tail = bytearray()
+            w.put_uvarint(tail, call.seq)
+            w.put_uvarint(tail, len(call.data))
+            length = w.HEADER_BYTES + len(call.head) + len(tail) + len(call.data)
+            if length + 4 > self.frame_max:
+                call.fail(InvalidArgumentError("body", f"a frame of {length + 4} bytes exceeds the broker's "
+                                                       f"frame limit of {self.frame_max} bytes"))
+                return
+            self.next_id += 1
+            self.pending[rid] = call
+            out = self.out
+            out += w.frame_head(length, w.PUBLISH, call.flags, rid)
+            out += call.head
+            out += tail
+            out += call.data
+            if len(out) >= WRITE_COALESCE_BYTES_MAX:
+                self.flush()
+            elif not self.flush_scheduled:
+                self.flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self.flush)
+            return
         try:
             frame = call.frame(rid)
         except InvalidArgumentError as e:
@@ -494,6 +945,12 @@ class _Conn:
         if self.out and not self.closed:
             self.writer.write(bytes(self.out))
         self.out.clear()
+
+    def backlogged(self) -> bool:
+        """Whether a writer should wait in drain(): many frames gathered, or
+        the transport's buffer past its high-water mark."""
+        return len(self.out) >= WRITE_COALESCE_BYTES_MAX // 2 or \
+            self.writer.transport.get_write_buffer_size() >= WRITE_COALESCE_BYTES_MAX
 
     async def drain(self) -> None:
         # The transport's buffer bounds what waits to be written: past its
@@ -540,6 +997,8 @@ class _Conn:
                 self.write(w.encode_frame(w.Ping(), rid))
 
     async def _read_loop(self) -> None:
+        deliver_fields = w.Deliver.fields
+        fast_replies = {w.PUBLISH_OK: _publish_result, w.SETTLE_RESULT: w.SettleResult.decode}
         try:
             buf = b""
             while True:
@@ -553,10 +1012,23 @@ class _Conn:
                 self.last_read = time.monotonic()
                 pos = 0
                 while len(buf) - pos >= 16:
-                    n, _, op, _, rid = w.parse_header(buf[pos:pos + 16], self.frame_max)
+                    n, _, op, _, rid = w.parse_header(buf, self.frame_max, pos)
                     if len(buf) - pos - 16 < n:
                         break
-                    await self._dispatch(op, rid, buf[pos + 16:pos + 16 + n])
+                    if op == w.DELIVER:  # the hot path: no coroutine per message
+                        f = deliver_fields(w.Reader(buf[pos + 16:pos + 16 + n]))
+                        sub = self.subs.get(f[0])
+                        if sub is not None:
+                            full = sub._deliver(f, self.epoch)
+                            if full is not None:
+                                await sub._deliver_wait(full)
+                    elif op in fast_replies and (call := self.pending.get(rid)) is not None and call.hook is None:
+                        # PUBLISH_OK and SETTLE_RESULT: no coroutine per reply
+                        reply = fast_replies[op](buf[pos + 16:pos + 16 + n])
+                        del self.pending[rid]
+                        call.resolve(reply)
+                    else:
+                        await self._dispatch(op, rid, buf[pos + 16:pos + 16 + n])
                     pos += 16 + n
                 buf = buf[pos:]
         except asyncio.CancelledError:
@@ -578,7 +1050,9 @@ class _Conn:
         if isinstance(body, w.Deliver):
             sub = self.subs.get(body.sub_id)
             if sub is not None:
-                await sub._deliver(body, self.epoch)
+                full = sub._deliver(tuple(getattr(body, x.name) for x in dataclasses.fields(body)), self.epoch)
+                if full is not None:
+                    await sub._deliver_wait(full)
             return
         if isinstance(body, w.SubClosed):
             self.client._sub_closed(self, body)
@@ -589,7 +1063,7 @@ class _Conn:
             self.going_away.set()
             return
         if isinstance(body, w.ErrorBody):
-            err = BrokerError(body.code, body.message)
+            err = broker_error(body.code, body.message, body.owner)
             call = self.pending.pop(rid, None) if rid else None
             if call is not None:
                 if call.kind == "publish" and not body.fatal and body.code == CODE_SHUTTING_DOWN:
@@ -601,7 +1075,7 @@ class _Conn:
             if body.fatal:
                 self.close(err)
             return
-        if op in (w.HELLO, w.DECLARE_QUEUE, w.PUBLISH, w.SUBSCRIBE, w.ACK, w.NACK, w.FAIL,
+        if op in (w.HELLO, w.DECLARE_QUEUE, w.PUBLISH, w.SUBSCRIBE, w.ACK, w.NACK, w.FAIL, w.EXTEND,
                   w.RECONCILE, w.INFLIGHT, w.END_SESSION, w.DELETE_QUEUE, w.PURGE_QUEUE, w.UNSUBSCRIBE):
             raise ProtocolError(f"sinew: broker sent client op {w.OP_NAMES[op]}")
         call = self.pending.pop(rid, None)
@@ -619,7 +1093,8 @@ class Client:
                  reconcile: int, ssl: _ssl.SSLContext | None, heartbeat_s: float,
                  dial_timeout_s: float, handshake_timeout_s: float, drain_timeout_s: float,
                  sleep: Callable[[float], Awaitable[None]], monotonic: Callable[[], float],
-                 rand: Callable[[], float]) -> None:
+                 rand: Callable[[], float], on_status: Callable[[StatusEvent], None] | None = None,
+                 on_settle_error: Callable[[Message, SinewError], None] | None = None) -> None:
         host, _, port = addr.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"sinew: address {addr!r} is not host:port")
@@ -654,11 +1129,16 @@ class Client:
         self._kick = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
         self._window = _Window(PUBLISH_INFLIGHT_DEFAULT)
-        self._settling = 0  # settles the application awaits
-        self._settle_q: list[tuple[Message, int, int, asyncio.Future[int]]] = []
-        self._settle_task: asyncio.Task[None] | None = None
+        self._settling = 0  # settles queued or sent, not yet answered
+        self._settle_q: list[tuple[Message, int, int, asyncio.Future[None] | None]] = []
+        self._settle_task: asyncio.Task[None] | None = None  # waits for a connection for the queued settles
+        self._settle_scheduled = False  # a send of the queued settles is scheduled for this turn
+        self._on_status = on_status
+        self._on_settle_error = on_settle_error
+        self._status_streams: weakref.WeakSet[StatusStream] = weakref.WeakSet()
         self._producer_id = "py-" + os.urandom(8).hex()
         self._producer_seq = 0
+        self._heads: dict[tuple[Any, ...] | None, bytes] = {}  # encoded publish heads by their fields
         self._frame_max = w.FRAME_BYTES_DEFAULT  # the broker's frame limit at the last handshake
         self.server_generation = 0
         """The broker process's generation at the last handshake."""
@@ -715,7 +1195,8 @@ class Client:
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(self._host, self._port, ssl=self._ssl,
-                                        server_hostname=self._host if self._ssl else None),
+                                        server_hostname=self._host if self._ssl else None,
+                                        limit=READ_BUFFER_BYTES),
                 self._dial_timeout)
         except _ssl.SSLError as e:
             if is_retryable(e):
@@ -748,7 +1229,7 @@ class Client:
             if ident.client_id:
                 log.warning("sinew: session not resumed (outcome %d); starting a fresh one", hello.outcome)
         subs = {s._server_id: s for s in self._subs if s._server_id}
-        await self._window.set_max(hello.limits.publish_inflight_max)
+        self._window.set_max(hello.limits.publish_inflight_max)
         self._frame_max = hello.limits.frame_bytes_max or w.FRAME_BYTES_DEFAULT
         for c in stale:
             c.fail(StaleDeliveryError("sinew: session was not resumed; the lease is gone"))
@@ -769,7 +1250,7 @@ class Client:
         """The TLSError for a handshake that failed with e, naming the likely cause."""
         where = f"sinew: connect {self._host}:{self._port}"
         if getattr(e, "reason", "") in ("WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE"):
-            return TLSError(f"{where}: the broker did not speak TLS (is it a plaintext port?): {e}")
+            return ServerNotTLSError(f"{where}: the broker did not speak TLS (is it a plaintext port?): {e}")
         return TLSError(f"{where}: TLS handshake failed: {e}")
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -785,7 +1266,7 @@ class Client:
                 raise ProtocolError(f"sinew: broker chose protocol version {body.protocol_version}")
             return body
         if isinstance(body, w.ErrorBody):
-            raise BrokerError(body.code, body.message)
+            raise broker_error(body.code, body.message, body.owner)
         raise ProtocolError(f"sinew: {w.OP_NAMES.get(op, op)} in answer to HELLO")
 
     async def _round_trip(self, conn: _Conn, body: w.Body, hook: Callable[[Any], None] | None = None) -> Any:
@@ -806,7 +1287,7 @@ class Client:
                 await self._subscribe_on(conn, s)
             except BrokerError as e:
                 if s._recreating:
-                    err: BaseException = RecreateFailedError(f"sinew: could not recreate subscription: {e}")
+                    err: BaseException = RecreatedError(f"sinew: could not recreate subscription: {e}")
                     err.__cause__ = e
                 else:
                     err = e
@@ -895,18 +1376,22 @@ class Client:
             if self._conn is conn:
                 self._conn = None
             await conn.wait_closed()
+            self._emit(StatusEvent(STATUS_DISCONNECTED, exc))
             if exc is not None and not is_retryable(exc):
                 self._fail_fatal(exc)
                 return
-            if self._monotonic() - connected_at >= pol.reset_after_s:
+            if self._monotonic() - connected_at >= pol.reset_after_ms / 1000:
                 failures = 0
             log.info("sinew: connection to %s lost (%s); reconnecting", self.addr, exc)
             immediate = planned
             while True:
+                d = 0.0
                 if not immediate:
                     d = pol.delay(failures, self._rand())
                     if planned:
                         d = min(d, GOING_AWAY_BACKOFF_MAX_S)
+                self._emit(StatusEvent(STATUS_RECONNECTING, attempt=failures + 1, delay_ms=round(d * 1000)))
+                if not immediate:
                     await self._sleep(d)
                     if self._closing:
                         return
@@ -914,6 +1399,7 @@ class Client:
                 try:
                     await self._attempt()
                     log.info("sinew: reconnected to %s", self.addr)
+                    self._emit(StatusEvent(STATUS_RECONNECTED, resumed=self.last_outcome == 1))
                     break
                 except asyncio.CancelledError:
                     raise
@@ -945,6 +1431,7 @@ class Client:
             away.cancel()
         if conn.closed and not conn.going_away.is_set():
             return False
+        self._emit(StatusEvent(STATUS_GOING_AWAY))
         wait_s = max(0.0, min(conn.away_deadline_ms / 1000 - time.time(), GOING_AWAY_WAIT_MAX_S))
         until = time.monotonic() + wait_s
         going = BrokerError(CODE_SHUTTING_DOWN, "broker going away")
@@ -981,12 +1468,14 @@ class Client:
         self._live = None
         self._end_all(exc)
         self._notify()
+        self._emit(StatusEvent(STATUS_CLOSED, exc))
 
     def _give_up(self, exc: BaseException) -> None:
         log.warning("sinew: %s", exc)
         self._gave_up = exc
         self._end_all(exc)
         self._notify()
+        self._emit(StatusEvent(STATUS_DISCONNECTED, exc))
 
     def _end_all(self, exc: BaseException) -> None:
         for s in list(self._subs):
@@ -1010,7 +1499,9 @@ class Client:
             wake = self._wake
             if self._gave_up is not None:
                 if kicked:
-                    raise self._gave_up
+                    err = NotConnectedError(f"sinew: not connected: {self._gave_up}")
+                    err.__cause__ = self._gave_up
+                    raise err
                 kicked = True
                 self._kick.set()
             await wake.wait()
@@ -1040,34 +1531,54 @@ class Client:
         _check_str("group", group)
         _check_int("partition", partition, -1, _I32_MAX)
         key_b = _bytes_arg("key", key)
-        hs = _headers_arg(headers)
+        hs = _headers_arg(headers) if headers != () else []
         _check_str("content_type", content_type)
         _check_int("delay_ms", delay_ms, 0, _I64_MAX)
         _check_int("not_before_ms", not_before_ms, 0, _I64_MAX)
         _check_int("ttl_ms", ttl_ms, 0, _I64_MAX)
-        head = bytearray()
-        w.Publish(topic, group, partition, key_b, hs, content_type, delay_ms, not_before_ms, ttl_ms,
-                  self._producer_id).encode_head(head)
-        if 16 + len(head) + 20 + len(data) > self._frame_max:
+        # The fields before producer_seq, encoded once per distinct set
+        # (a publisher usually repeats them).
+        ck = (topic, group, partition, key_b, content_type, delay_ms, not_before_ms, ttl_ms) if not hs else None
+        head_b = self._heads.get(ck) if ck is not None else None
+        if head_b is None:
+            head = bytearray()
+            w.Publish(topic, group, partition, key_b, hs, content_type, delay_ms, not_before_ms, ttl_ms,
+                      self._producer_id).encode_head(head)
+            head_b = bytes(head)
+            if ck is not None:
+                if len(self._heads) >= PUBLISH_HEADS_CACHED:
+                    self._heads.clear()
+                self._heads[ck] = head_b
+        if 16 + len(head_b) + 20 + len(data) > self._frame_max:
             raise InvalidArgumentError("body", f"a message of {len(data)} bytes exceeds the broker's frame "
                                                f"limit of {self._frame_max} bytes")
         call = _Call(None, kind="publish", nbytes=len(data))
-        call.head, call.data = bytes(head), data
-        await self._window.acquire(len(data))
+        call.head, call.data = head_b, data
+        win = self._window
+        if not win._waiters and win._room(len(data)):  # room: no coroutine
+            win.n += 1
+            win.bytes += len(data)
+        else:
+            await win.acquire(len(data))
         try:
             self._producer_seq += 1
             call.seq = self._producer_seq
             while True:
-                conn = await self._acquire()
+                conn = self._live
+                if conn is None or conn.closed or conn.draining or self._closing or self._fatal is not None:
+                    conn = await self._acquire()
                 try:
                     conn.start(call)
                     break
                 except _ConnClosed:
                     continue
-            await conn.drain()
+            if conn.backlogged():
+                await conn.drain()
             ok = await call.fut
         finally:
-            await self._window.release(len(data))
+            self._window.release(len(data))
+        if isinstance(ok, PublishResult):
+            return ok  # the reader's fast path made it
         return PublishResult(ok.partition, ok.offset, ok.duplicate)
 
     async def _request(self, body: w.Body) -> Any:
@@ -1171,59 +1682,109 @@ class Client:
         elif b.reason == 2:
             s._finish(ReconciledClosedError(f"sinew: subscription closed by reconciliation: {b.message}"))
         elif b.reason == 3:
-            s._finish(BrokerError(CODE_NOT_FOUND, "queue deleted: " + b.message))
+            s._finish(QueueDeletedError(b.message))
         else:
-            s._finish(BrokerError(b.code or CODE_INTERNAL, b.message))
+            s._finish(broker_error(b.code or CODE_INTERNAL, b.message))
 
-    async def _settle(self, m: Message, kind: int, delay_ms: int) -> None:
-        _check_int("delay_ms", delay_ms, 0, _I64_MAX)
-        if m._settled:
-            raise AlreadySettledError("sinew: message already settled" +
-                                      (" (auto-ack subscription)" if m._sub.auto_ack else ""))
-        if m._stale or m._epoch != self._epoch:
-            raise StaleDeliveryError("sinew: the delivery's lease is no longer held")
+    def _settle(self, m: Message, kind: int, delay_ms: int, confirmed: bool) -> Awaitable[None]:
+        """Queues a settle and returns what the caller awaits: nothing to wait
+        for, or with ``confirmed`` the settle's outcome. Refusals known at the
+        call (a bad delay, settled before, a lease the client knows is gone, a
+        closed client) raise where the result is awaited and queue nothing.
+        Not a coroutine, so a fast settle costs no coroutine or future."""
+        try:
+            _check_int("delay_ms", delay_ms, 0, _I64_MAX)
+            if not isinstance(confirmed, bool):
+                raise InvalidArgumentError("confirmed", f"want a bool, got {confirmed!r}")
+            if m._settled:
+                raise AlreadySettledError("sinew: message already settled" +
+                                          (" (auto-ack subscription)" if m._sub.auto_ack else ""))
+            if m._stale or m._epoch != self._epoch:
+                raise StaleDeliveryError("sinew: the delivery's lease is no longer held")
+            if self._closing:
+                raise ClientClosedError("sinew: client closed")
+            if self._fatal is not None:
+                raise self._fatal
+        except Exception as e:
+            return _Failed(e)
         m._settled = True
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if confirmed else None
         self._settle_q.append((m, kind, delay_ms, fut))
+        self._settling += 1
+        if not self._settle_scheduled:
+            self._settle_scheduled = True
+            asyncio.get_running_loop().call_soon(self._kick_settles)
+        return _DONE if fut is None else fut
+
+    def _settle_done(self, m: Message, fut: asyncio.Future[None] | None, code: int,
+                     exc: BaseException | None) -> None:
+        """Applies the outcome of one settle: a broker code, or an exception
+        that failed the whole frame. Called once per settle."""
+        self._settling -= 1
+        err: BaseException | None = None
+        if exc is not None:
+            err = exc
+            if isinstance(exc, StaleDeliveryError):
+                m._sub._held.pop(m.tag, None)
+            else:
+                m._settled = False  # e.g. the client gave up reconnecting: may be settled again
+        elif code == 0:
+            m._sub._held.pop(m.tag, None)
+        elif code == CODE_STALE_LEASE:
+            m._sub._held.pop(m.tag, None)
+            err = StaleDeliveryError("sinew: broker: stale_lease")
+        elif code == CODE_UNKNOWN_TAG:
+            m._sub._held.pop(m.tag, None)
+            err = UnknownTagError("sinew: broker: unknown_tag")
+        else:
+            m._settled = False  # e.g. a NACK delay above the cap: the lease is still held
+            err = broker_error(code, "settle refused")
+        if fut is not None:
+            if fut.done():
+                return
+            if err is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(err)
+        elif err is not None:
+            self._settle_failed(m, err)
+
+    def _settle_failed(self, m: Message, err: BaseException) -> None:
+        """Reports a fast settle that failed: the ``sinew`` logger and the
+        ``on_settle_error`` callback."""
+        log.warning("sinew: settle of %s partition %d offset %d failed: %s", m.topic, m.partition, m.offset, err)
+        if self._on_settle_error is not None and isinstance(err, SinewError):
+            try:
+                self._on_settle_error(m, err)
+            except Exception:
+                log.exception("sinew: on_settle_error raised")
+
+    def _kick_settles(self) -> None:
+        """Sends the settles queued this turn on the live connection, or
+        leaves them to a task that waits for one."""
+        self._settle_scheduled = False
+        if not self._settle_q:
+            return
+        c = self._live
+        if c is not None and not c.closed and self._settle_task is None:
+            self._send_settles(c)
+            return
         if self._settle_task is None:
             self._settle_task = asyncio.create_task(self._flush_settles())
-        self._settling += 1
-        try:
-            code = await fut
-        except StaleDeliveryError:
-            m._sub._held.pop(m.tag, None)
-            raise
-        except BaseException:
-            m._settled = False
-            raise
-        finally:
-            self._settling -= 1
-        if code == 0:
-            m._sub._held.pop(m.tag, None)
-            return
-        if code == CODE_STALE_LEASE:
-            m._sub._held.pop(m.tag, None)
-            raise StaleDeliveryError("sinew: broker: stale_lease")
-        if code == CODE_UNKNOWN_TAG:
-            m._sub._held.pop(m.tag, None)
-            raise UnknownTagError("sinew: broker: unknown_tag")
-        m._settled = False  # e.g. a NACK delay above the cap: the lease is still held
-        raise BrokerError(code, "settle refused")
 
     async def _flush_settles(self) -> None:
-        """Sends the queued settles, as few frames as possible: settles made
-        in the same turn of the event loop with the same op and delay share
-        one frame of up to the broker's settle_batch_max tags."""
-        await asyncio.sleep(0)  # let the settles of this turn join
+        """Waits for a connection (the client is reconnecting) and sends the
+        queued settles on it."""
         try:
             while self._settle_q:
                 try:
                     conn = await self._acquire(for_settle=True)
                 except BaseException as e:
                     items, self._settle_q = self._settle_q, []
-                    for *_, f in items:
-                        if not f.done():
-                            f.set_exception(e)
+                    for m, _, _, f in items:
+                        self._settle_done(m, f, 0, e)
+                    if isinstance(e, asyncio.CancelledError):
+                        raise
                     continue
                 self._send_settles(conn)
                 await conn.drain()
@@ -1231,25 +1792,111 @@ class Client:
             self._settle_task = None
 
     def _send_settles(self, conn: _Conn) -> None:
-        """Starts the queued settles on conn, batched by op and delay."""
+        """Starts the queued settles on conn: one frame per op and delay, of
+        up to the broker's settle_batch_max tags."""
         items, self._settle_q = self._settle_q, []
+        if not items:
+            return
         batch_max = conn.hello.limits.settle_batch_max or SETTLE_BATCH_DEFAULT
-        groups: dict[tuple[int, int], list[tuple[Message, asyncio.Future[int]]]] = {}
+        groups: dict[tuple[int, int], list[tuple[Message, asyncio.Future[None] | None]]] = {}
         for m, kind, delay, f in items:
             if m._epoch != self._epoch:
-                f.set_exception(StaleDeliveryError("sinew: session was not resumed; the lease is gone"))
+                self._settle_done(m, f, 0, StaleDeliveryError("sinew: session was not resumed; the lease is gone"))
                 continue
             groups.setdefault((kind, delay), []).append((m, f))
         for (kind, delay), group in groups.items():
             for i in range(0, len(group), batch_max):
                 chunk = group[i:i + batch_max]
-                body = w.Settle([m.tag for m, _ in chunk], delay, [m.lease for m, _ in chunk], kind)
+                # The lease_refs as their DELIVERs encoded them, no LeaseRef objects.
+                body = w.Settle([m.tag for m, _ in chunk], delay, [], kind,
+                                leases_raw=[m._lease_raw for m, _ in chunk])
                 call = _Call(body, kind="settle")
-                call.fut.add_done_callback(_fan_out([f for _, f in chunk]))
+                call.fut.add_done_callback(self._batch_done(chunk))
                 try:
                     conn.start(call)
                 except _ConnClosed:
                     self._orphaned(conn, [call])  # held for the resumed session
+
+    def _batch_done(self, chunk: list[tuple[Message, asyncio.Future[None] | None]]
+                    ) -> Callable[[asyncio.Future[Any]], None]:
+        """Hands each settle of a frame its own code from the frame's result."""
+
+        def done(call: asyncio.Future[Any]) -> None:
+            if call.cancelled():
+                exc: BaseException | None = ClientClosedError("sinew: settle cancelled")
+                codes: list[int] = []
+            else:
+                exc = call.exception()
+                codes = [] if exc is not None else call.result().codes
+            if exc is None and len(codes) == len(chunk):
+                for (m, f), code in zip(chunk, codes):
+                    if code == 0 and f is None:  # the usual outcome, applied inline
+                        self._settling -= 1
+                        m._sub._held.pop(m.tag, None)
+                    else:
+                        self._settle_done(m, f, code, None)
+                return
+            for i, (m, f) in enumerate(chunk):
+                self._settle_done(m, f, codes[i] if exc is None and i < len(codes) else CODE_INTERNAL, exc)
+
+        return done
+
+    async def _extend(self, m: Message, extend_ms: int) -> None:
+        _check_int("extend_ms", extend_ms, 1, _I64_MAX)
+        if m._sub.auto_ack:
+            raise AlreadySettledError("sinew: message already settled (auto-ack subscription)")
+        if m._settled:
+            raise AlreadySettledError("sinew: message already settled")
+        if m._stale or m._epoch != self._epoch:
+            raise StaleDeliveryError("sinew: the delivery's lease is no longer held")
+        body = w.Extend([m.tag], extend_ms, [m.lease])
+        call = _Call(body, kind="settle")  # cut off, it is held and sent again on the resumed session
+        while True:
+            conn = await self._acquire(for_settle=True)
+            if m._epoch != self._epoch:
+                raise StaleDeliveryError("sinew: session was not resumed; the lease is gone")
+            try:
+                conn.start(call)
+                break
+            except _ConnClosed:
+                continue
+        res = await call.fut
+        code = res.codes[0] if res.codes else CODE_INTERNAL
+        if code == 0:
+            return
+        if code == CODE_STALE_LEASE:
+            raise StaleDeliveryError("sinew: broker: stale_lease")
+        if code == CODE_UNKNOWN_TAG:
+            raise UnknownTagError("sinew: broker: unknown_tag")
+        raise broker_error(code, "extend refused")
+
+    # --- connection status -------------------------------------------------------
+
+    def status(self) -> StatusStream:
+        """The client's connection events from now on, as an async iterator
+        of :class:`StatusEvent`::
+
+            async for ev in client.status():
+                print(ev.kind, ev.error)
+
+        Bounded (the oldest of more than 64 unread events are dropped);
+        leaving the loop unregisters it. After close() it yields ``"closed"``
+        and stops."""
+        st = StatusStream(self)
+        if self._closed.is_set() or self._fatal is not None:
+            st._push(StatusEvent(STATUS_CLOSED, self._fatal))
+        else:
+            self._status_streams.add(st)
+        return st
+
+    def _emit(self, ev: StatusEvent) -> None:
+        if self._on_status is not None:
+            try:
+                self._on_status(ev)
+            except Exception:
+                log.exception("sinew: on_status raised")
+        for st in list(self._status_streams):
+            st._push(ev)
 
     async def close(self) -> None:
         """Waits (bounded) for pending confirms and settles, ends the session
@@ -1287,30 +1934,47 @@ class Client:
                 await c.wait_closed()
         self._live = self._conn = None
         self._end_all(ClientClosedError("sinew: client closed"))
+        if self._fatal is None:
+            self._emit(StatusEvent(STATUS_CLOSED))
 
 
 async def connect(addr: str, *, client_name: str = "sinew-python", credentials: str = "", user: str = "",
                   reconnect: ReconnectPolicy | None = None, reconcile: int = RECONCILE_RESTORE,
-                  ssl: _ssl.SSLContext | None = None, heartbeat_s: float = 0.0,
-                  connect_timeout_s: float = CONNECT_TIMEOUT_S, dial_timeout_s: float = DIAL_TIMEOUT_S,
-                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S, drain_timeout_s: float = DRAIN_TIMEOUT_S,
+                  ssl: _ssl.SSLContext | None = None, heartbeat_ms: int | None = None,
+                  connect_timeout_ms: int | None = None, dial_timeout_ms: int | None = None,
+                  handshake_timeout_ms: int | None = None, drain_timeout_ms: int | None = None,
+                  on_status: Callable[[StatusEvent], None] | None = None,
+                  on_settle_error: Callable[[Message, SinewError], None] | None = None,
                   sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                   monotonic: Callable[[], float] = time.monotonic,
-                  rand: Callable[[], float] = random.random) -> Client:
+                  rand: Callable[[], float] = random.random,
+                  heartbeat_s: float | None = None, connect_timeout_s: float | None = None,
+                  dial_timeout_s: float | None = None, handshake_timeout_s: float | None = None,
+                  drain_timeout_s: float | None = None) -> Client:
     """Connects to the broker at ``addr`` ("host:port") and returns a Client.
 
     Retryable failures (refused, reset, ``shutting_down`` ...) are retried with
     the reconnect policy's backoff; once the next sleep would end more than
-    ``connect_timeout_s`` after the call began, connect raises
+    ``connect_timeout_ms`` after the call began, connect raises
     DisconnectedError instead (each attempt is bounded by the dial and
     handshake timeouts on top of that). A fatal one
-    (``auth_failed``, a protocol violation) raises at once. ``sleep``,
-    ``monotonic`` and ``rand`` drive the backoff and exist so tests need not
-    wait real seconds. Use it as ``async with await sinew.connect(addr) as c``.
+    (``auth_failed``, a protocol violation) raises at once. ``sleep``
+    (seconds, as ``asyncio.sleep``), ``monotonic`` and ``rand`` drive the
+    backoff and exist so tests need not wait real seconds. Use it as
+    ``async with await sinew.connect(addr) as c``.
 
     ``credentials`` is a static token (``auth.tokens`` on the broker), or, with
     ``user`` set, that user's password. A wrong one raises ``auth_failed``
     (after the broker's one-second delay) and is not retried.
+
+    Durations are integers of milliseconds. ``heartbeat_s``,
+    ``connect_timeout_s``, ``dial_timeout_s``, ``handshake_timeout_s`` and
+    ``drain_timeout_s`` (float seconds) are deprecated aliases: they still
+    work and warn with a DeprecationWarning.
+
+    ``on_status`` is called (on the event loop; it must not block) with every
+    :class:`StatusEvent`; ``on_settle_error`` with every fast settle that
+    failed (see :class:`Message`).
     """
     _check_str("addr", addr)
     for name, v in (("client_name", client_name), ("credentials", credentials), ("user", user)):
@@ -1321,15 +1985,21 @@ async def connect(addr: str, *, client_name: str = "sinew-python", credentials: 
         raise InvalidArgumentError("reconcile", f"want RECONCILE_CONSERVATIVE or RECONCILE_RESTORE, got {reconcile!r}")
     if ssl is not None and not isinstance(ssl, _ssl.SSLContext):
         raise InvalidArgumentError("ssl", f"want an ssl.SSLContext, got {ssl!r}")
-    for name, t in (("heartbeat_s", heartbeat_s), ("connect_timeout_s", connect_timeout_s),
-                    ("dial_timeout_s", dial_timeout_s), ("handshake_timeout_s", handshake_timeout_s),
-                    ("drain_timeout_s", drain_timeout_s)):
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or not t >= 0 or t == float("inf"):
-            raise InvalidArgumentError(name, f"want a non-negative number of seconds, got {t!r}")
+    for name, cb in (("on_status", on_status), ("on_settle_error", on_settle_error)):
+        if cb is not None and not callable(cb):
+            raise InvalidArgumentError(name, f"want a callable, got {cb!r}")
+    heartbeat = _ms_arg("heartbeat_ms", heartbeat_ms, "heartbeat_s", heartbeat_s, 0)
+    connect_timeout = _ms_arg("connect_timeout_ms", connect_timeout_ms, "connect_timeout_s", connect_timeout_s,
+                              CONNECT_TIMEOUT_MS)
+    dial_timeout = _ms_arg("dial_timeout_ms", dial_timeout_ms, "dial_timeout_s", dial_timeout_s, DIAL_TIMEOUT_MS)
+    handshake_timeout = _ms_arg("handshake_timeout_ms", handshake_timeout_ms, "handshake_timeout_s",
+                                handshake_timeout_s, HANDSHAKE_TIMEOUT_MS)
+    drain_timeout = _ms_arg("drain_timeout_ms", drain_timeout_ms, "drain_timeout_s", drain_timeout_s,
+                            DRAIN_TIMEOUT_MS)
     c = Client(addr, client_name=client_name, credentials=credentials, user=user,
                reconnect=reconnect or ReconnectPolicy(),
-               reconcile=reconcile, ssl=ssl, heartbeat_s=heartbeat_s, dial_timeout_s=dial_timeout_s,
-               handshake_timeout_s=handshake_timeout_s, drain_timeout_s=drain_timeout_s, sleep=sleep,
-               monotonic=monotonic, rand=rand)
-    await c._open(connect_timeout_s)
+               reconcile=reconcile, ssl=ssl, heartbeat_s=heartbeat / 1000, dial_timeout_s=dial_timeout / 1000,
+               handshake_timeout_s=handshake_timeout / 1000, drain_timeout_s=drain_timeout / 1000, sleep=sleep,
+               monotonic=monotonic, rand=rand, on_status=on_status, on_settle_error=on_settle_error)
+    await c._open(connect_timeout / 1000)
     return c

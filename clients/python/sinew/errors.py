@@ -6,10 +6,15 @@ later. The hierarchy::
 
     SinewError
     ├── BrokerError            the broker answered with an error code (``code``, ``name``)
+    │   ├── PermissionDeniedError  code permission_denied (Go: ErrPermissionDenied)
+    │   └── QueueDeletedError      code not_found: the subscription's queue was deleted
     ├── ConnectionLostError    a request was cut off with its connection; it may or may not have taken effect
     ├── DisconnectedError      the client gave up reconnecting (ReconnectPolicy.max_attempts)
+    │   └── NotConnectedError    an operation's fresh attempt after giving up failed too
     ├── HeartbeatTimeoutError  nothing arrived for three heartbeat intervals
     ├── ProtocolError          the broker broke the protocol; fatal
+    ├── TLSError               the TLS handshake failed; fatal
+    │   └── ServerNotTLSError    the port does not speak TLS
     ├── ClientClosedError      the client was closed
     ├── InvalidArgumentError   an argument refused before anything was sent (also a ValueError)
     ├── SettleError            a settle had no effect
@@ -19,7 +24,9 @@ later. The hierarchy::
     └── SubscriptionEnded      why a subscription ended
         ├── UnsubscribedError
         ├── ReconciledClosedError
-        └── RecreateFailedError
+        └── RecreatedError       (also named RecreateFailedError)
+
+Each class is named after the Go SDK's sentinel error (``ErrX`` is ``XError``).
 """
 
 from __future__ import annotations
@@ -81,12 +88,38 @@ class BrokerError(SinewError):
     """An error the broker reported: an ERROR frame, a settle code, or a
     subscription the broker ended."""
 
-    def __init__(self, code: int, message: str = "") -> None:
+    def __init__(self, code: int, message: str = "", owner: str = "") -> None:
         self.code = code
         self.name = code_name(code)
         self.message = message
+        self.owner = owner
+        """With ``not_owner``: the address of the node that owns the partition."""
         self.retryable = CODES.get(code, ("", False))[1]
         super().__init__(f"sinew: broker: {self.name}" + (f": {message}" if message else ""))
+
+
+class PermissionDeniedError(BrokerError):
+    """The broker refused a request because the user lacks the publish,
+    consume or manage permission on its topic (code ``permission_denied``).
+    Only that request failed. Go: ``ErrPermissionDenied``."""
+
+    def __init__(self, message: str = "", owner: str = "") -> None:
+        super().__init__(CODE_PERMISSION_DENIED, message, owner)
+
+
+class QueueDeletedError(BrokerError):
+    """A subscription's end reason when its queue was deleted: a
+    :class:`BrokerError` with code ``not_found``, as the Go SDK reports it."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(CODE_NOT_FOUND, "queue deleted" + (f": {message}" if message else ""))
+
+
+def broker_error(code: int, message: str = "", owner: str = "") -> BrokerError:
+    """The BrokerError for a code, of the subclass that names it when there is one."""
+    if code == CODE_PERMISSION_DENIED:
+        return PermissionDeniedError(message, owner)
+    return BrokerError(code, message, owner)
 
 
 class ConnectionLostError(SinewError):
@@ -102,6 +135,12 @@ class DisconnectedError(SinewError):
     failures in a row. Operations waiting for a connection fail with it."""
 
     retryable = True
+
+
+class NotConnectedError(DisconnectedError):
+    """An operation found the client given up (after
+    ``ReconnectPolicy.max_attempts`` failures), asked for one fresh attempt,
+    and that failed too. Go: ``ErrNotConnected``."""
 
 
 class HeartbeatTimeoutError(SinewError):
@@ -120,6 +159,11 @@ class TLSError(SinewError):
     certificate or asked for one it did not get, or the port does not speak
     TLS. Not retryable: trying again fails the same way. ``__cause__`` is the
     :class:`ssl.SSLError`."""
+
+
+class ServerNotTLSError(TLSError):
+    """The client spoke TLS and the port answered in plaintext. Go:
+    ``ErrServerNotTLS``."""
 
 
 class ClientClosedError(SinewError):
@@ -171,9 +215,13 @@ class ReconciledClosedError(SubscriptionEnded):
     session: it no longer matched the broker's view."""
 
 
-class RecreateFailedError(SubscriptionEnded):
+class RecreatedError(SubscriptionEnded):
     """Reconciliation asked the client to recreate the subscription and the
-    new subscribe failed; ``__cause__`` holds why."""
+    new subscribe failed; ``__cause__`` holds why. Go: ``ErrRecreated``."""
+
+
+RecreateFailedError = RecreatedError
+"""The earlier name of :class:`RecreatedError`."""
 
 
 def is_retryable(exc: BaseException) -> bool:

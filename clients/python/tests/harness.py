@@ -115,7 +115,9 @@ class FaultProxy:
     cut_all() aborts every proxied connection in both directions at once (the
     client sees a reset, the broker a dropped peer). refuse(True) closes the
     listener so connects are refused; refuse(False) listens again on the same
-    port.
+    port. hold(True) stops passing what the broker sends (it waits in the
+    proxy and the sockets' buffers) until hold(False): the client's requests
+    still reach the broker, their answers do not reach the client.
     """
 
     def __init__(self, target: str) -> None:
@@ -124,6 +126,14 @@ class FaultProxy:
         self.server: asyncio.base_events.Server | None = None
         self.pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self.accepted = 0
+        self.flowing = asyncio.Event()  # broker-to-client bytes pass while set
+        self.flowing.set()
+
+    def hold(self, on: bool) -> None:
+        if on:
+            self.flowing.clear()
+        else:
+            self.flowing.set()
 
     @property
     def addr(self) -> str:
@@ -163,9 +173,11 @@ class FaultProxy:
         pair = (cw, bw)
         self.pairs.add(pair)
 
-        async def pipe(r: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
+        async def pipe(r: asyncio.StreamReader, wr: asyncio.StreamWriter, gate: asyncio.Event | None) -> None:
             try:
                 while data := await r.read(65536):
+                    if gate is not None:
+                        await gate.wait()
                     wr.write(data)
                     await wr.drain()
             except (OSError, asyncio.IncompleteReadError):
@@ -173,5 +185,5 @@ class FaultProxy:
             finally:
                 wr.transport.abort() if pair not in self.pairs else wr.close()
 
-        await asyncio.gather(pipe(cr, bw), pipe(br, cw))
+        await asyncio.gather(pipe(cr, bw, None), pipe(br, cw, self.flowing))
         self.pairs.discard(pair)

@@ -65,7 +65,7 @@ class Arguments(BrokerCase):
         await self.refused(c.declare_queue("py-args", dead_letter_mode=9), "dead_letter_mode")
         await self.refused(c.declare_queue("py-args", lease_ms=2**63), "lease_ms")
         await self.refused(c.delete_queue("py-args", group=3), "group")  # type: ignore[arg-type]
-        await self.refused(sinew.connect(self.proxy.addr, heartbeat_s=-1), "heartbeat_s")
+        await self.refused(sinew.connect(self.proxy.addr, heartbeat_ms=-1), "heartbeat_ms")
         await self.refused(sinew.connect(self.proxy.addr, client_name=7), "client_name")  # type: ignore[arg-type]
         with self.assertRaises(sinew.InvalidArgumentError):
             sinew.ReconnectPolicy(factor="2")  # type: ignore[arg-type]

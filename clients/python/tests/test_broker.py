@@ -122,9 +122,9 @@ class Basics(BrokerCase):
         sub = await c.subscribe("capped")
         m = await recv(sub)
         with self.assertRaises(sinew.BrokerError) as cm:
-            await m.retry_after(10**15)
+            await m.retry_after(10**15, confirmed=True)
         self.assertEqual(cm.exception.name, "bad_request")
-        await m.complete()  # the lease is still ours
+        await m.complete(confirmed=True)  # the lease is still ours
 
 
 class CutSocket(BrokerCase):
@@ -331,7 +331,7 @@ class Backoff(BrokerCase):
 
         with self.assertRaises(sinew.DisconnectedError) as cm:
             await sinew.connect(self.proxy.addr, sleep=sleep, monotonic=lambda: now[0], rand=lambda: 0.5,
-                                connect_timeout_s=2.0)
+                                connect_timeout_ms=2000)
         self.assertTrue(cm.exception.retryable)
         self.assertEqual(delays, [0.1, 0.2, 0.4, 0.8])  # the next, 1.6 s, would end at 3.1 s
 

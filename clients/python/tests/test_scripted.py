@@ -177,7 +177,7 @@ class Scripted(unittest.IsolatedAsyncioTestCase):
                     await wr.drain()
                     return
 
-        c = await sinew.connect(await self.serve(script), heartbeat_s=0.02, sleep=no_sleep)
+        c = await sinew.connect(await self.serve(script), heartbeat_ms=20, sleep=no_sleep)
         self.addAsyncCleanup(c.close)
         await asyncio.wait_for(c.publish("t", b"x"), WAIT_S)  # answered on the second connection
         self.assertEqual(self.accepted, 2)
@@ -239,7 +239,7 @@ class Scripted(unittest.IsolatedAsyncioTestCase):
         c._live.close(sinew.ConnectionLostError("cut by the test"))
         with self.assertRaises(sinew.ReconciledClosedError):
             await asyncio.wait_for(subs[0].__anext__(), WAIT_S)
-        with self.assertRaises(sinew.RecreateFailedError) as cm:
+        with self.assertRaises(sinew.RecreatedError) as cm:
             await asyncio.wait_for(subs[3].__anext__(), WAIT_S)
         self.assertIsInstance(cm.exception.__cause__, sinew.BrokerError)
         await asyncio.wait_for(c.publish("t2", b"new"), WAIT_S)

@@ -97,6 +97,7 @@ class Bodies(unittest.TestCase):
             w.Settle([1, 2**64 - 1], 0, [ref, ref], w.ACK), w.Settle([], -1, [], w.NACK),
             w.Settle([3], 0, [], w.FAIL),
             w.SettleResult([0, 12, 13]),
+            w.Extend([1, 2**64 - 1], 2**63 - 1, [ref, ref]), w.Extend([], 0, []),
             w.GoingAway(2**63 - 1, 0, "shutdown", ""),
             w.Reconcile(1, [view, w.SubView()], True),
             w.ReconcileResult([w.ReconcileEntry(4, 1, 2, view, w.SubView(), "missing")]),
@@ -119,6 +120,71 @@ class Bodies(unittest.TestCase):
         self.assertEqual(w.Deliver.decode(full[:-1]), w.Deliver(1, 2, 3, 4, 5, 6, b"", [], "", b"b", "t", "g", 77, 0))
         s = w.Settle([1], 5, [], w.ACK).encode()
         self.assertEqual(w.decode_body(w.NACK, s[:-1]), w.Settle([1], 5, [], w.NACK))
+
+    def test_fast_deliver_decoder_agrees_with_the_field_table(self) -> None:
+        # Deliver and SettleResult decode on a hand-written path; it must give
+        # what the generic decoder gives from the field table, refuse what it
+        # refuses, and lease_raw must be the lease_ref's own encoding.
+        import random
+        rng = random.Random(29)
+        generic = w.Body._decode_from.__func__  # type: ignore[attr-defined]
+
+        def bits(*choices: int) -> int:
+            return rng.getrandbits(rng.choice(choices))
+
+        for i in range(300):
+            d = w.Deliver(bits(3, 10, 64), bits(3, 20, 64), bits(3, 32), bits(3, 20, 64), bits(3, 32),
+                          rng.choice([-1, 0, 1]) * bits(3, 41, 63), bytes(bits(3)), [("k%d" % j, "é" * j) for j in range(bits(2))],
+                          "ct", os.urandom(bits(3, 9)), "t", "g", bits(1, 64), bits(1, 40), bits(3, 32))
+            raw = d.encode()
+            got = w.Deliver.decode(raw)
+            self.assertEqual(got, d)
+            ref = w.LeaseRef(d.sub_id, d.partition, d.offset, d.lease_id, d.epoch)
+            self.assertEqual(got.lease_raw, ref.encode())
+            # A settle sends those bytes as its lease_ref: the same frame as from the LeaseRef.
+            self.assertEqual(w.Settle([d.tag, 1], 5, [], w.NACK, leases_raw=[got.lease_raw, got.lease_raw]).encode(),
+                             w.Settle([d.tag, 1], 5, [ref, ref], w.NACK).encode())
+            for cut in sorted({len(raw) - 1, len(raw) - 3, rng.randrange(len(raw)), 3, 1}):
+                try:
+                    want: Any = generic(w.Deliver, w.Reader(raw[:cut]))
+                except ProtocolError:
+                    want = ProtocolError
+                try:
+                    have: Any = w.Deliver.decode(raw[:cut])
+                except ProtocolError:
+                    have = ProtocolError
+                self.assertEqual(have, want, f"case {i} cut at {cut}")
+        for codes in ([], [0] * 300, [0, 12, 13, 25], [300, 0]):
+            body = w.SettleResult(codes).encode()
+            self.assertEqual(w.SettleResult.decode(body), generic(w.SettleResult, w.Reader(body)))
+            with self.assertRaises(ProtocolError):
+                w.SettleResult.decode(body[:-1] if codes else b"\x01")
+
+    def test_publish_ok_fast_path_agrees(self) -> None:
+        from sinew.client import _publish_result
+        for part, off, dup in ((0, 0, False), (1, 127, True), (200, 2**64 - 1, False), (2**32 - 1, 128, True)):
+            body = w.PublishOK(part, off, dup).encode()
+            for extra in (b"", b"\x01", b"\x00\x05"):  # later fields are ignored
+                got = _publish_result(body + extra)
+                self.assertEqual((got.partition, got.offset, got.duplicate), (part, off, dup))
+        for bad in (b"\x01\x02\x02", b"\x01\x80", b""):
+            with self.assertRaises(ProtocolError):
+                _publish_result(bad)
+
+    def test_extend_is_nack_with_extend_ms(self) -> None:
+        # EXTEND (0x34) has NACK's layout (docs/protocol.md 5.9) with
+        # extend_ms where NACK has delay_ms, byte for byte.
+        ref = w.LeaseRef(3, 1, 300, 2**40, 2)
+        ext = w.Extend([7, 300], 30_000, [ref, ref])
+        nack = w.Settle([7, 300], 30_000, [ref, ref], w.NACK)
+        self.assertEqual(ext.encode(), nack.encode())
+        lease = uv(3) + uv(1) + uv(300) + uv(2**40) + uv(2)
+        self.assertEqual(ext.encode(), uv(2) + uv(7) + uv(300) + sv(30_000) + uv(2) + lease + lease)
+        frame = w.encode_frame(ext, 9)
+        self.assertEqual(frame[:16].hex(), "%08x" % (12 + len(ext.encode())) + "0134" + "0000" + "%016x" % 9)
+        self.assertEqual(w.decode_body(w.EXTEND, frame[16:]), ext)
+        with self.assertRaises(sinew.InvalidArgumentError):
+            w.Extend([1], 1.5, []).encode()  # type: ignore[arg-type]
 
     def test_trailing_bytes_are_ignored(self) -> None:
         body = w.PublishOK(1, 2, False).encode() + b"\x01\x02\x03"

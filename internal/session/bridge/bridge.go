@@ -82,7 +82,7 @@ type pausingConsumer struct {
 func (k pausingConsumer) RoomBytes() int64 { return k.p.RoomBytes() }
 
 func (k consumer) Deliver(s *broker.Subscription, d broker.Delivery) {
-	k.c.Deliver(sub{s}, session.Delivery(d))
+	k.c.Deliver(sub{s}, d)
 }
 
 // LeaseEnded implements broker.LeaseEndedConsumer for consumers that
