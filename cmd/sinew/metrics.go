@@ -264,6 +264,9 @@ func metricsRegistry(b *broker.Broker, srv *server.Server, sm *syncMetrics, queu
 	if gate != nil {
 		reg.MustRegister(gateCollector{gate})
 	}
+	if b != nil {
+		reg.MustRegister(budgetCollector{b})
+	}
 	if sm != nil {
 		reg.MustRegister(sm.batch, sm.latency)
 	}

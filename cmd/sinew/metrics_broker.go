@@ -133,5 +133,8 @@ func sinewFamilies() []struct{ name, help string } {
 	add(ctlTermName, ctlTermHelp)
 	add(ctlMembersName, ctlMembersHelp)
 	add(raftDroppedName, raftDroppedHelp)
+	for _, m := range budgetMetrics {
+		add(m.name, m.help)
+	}
 	return out
 }

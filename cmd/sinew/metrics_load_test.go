@@ -179,6 +179,8 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 		"sinew_controller_term":                      "moves with controller elections (test/e2e TestClusterControllerGroup)",
 		"sinew_controller_members":                   "moves with nodes joining and leaving (test/e2e TestClusterControllerGroup)",
 		"sinew_raft_messages_dropped_total":          "needs a cluster whose raft queues overflow",
+		"sinew_memory_budget_bytes":                  "a configured limit (TestMemoryBudgetsServed)",
+		"sinew_memory_budget_evicted_bytes_total":    "needs a full budget (internal/partition TestPartitionsShareBodyBudget)",
 	}
 	for _, f := range sinewFamilies() {
 		if _, ok := still[f.name]; ok {

@@ -245,6 +245,8 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		SegmentBytes: cfg.Storage.SegmentBytes, Quarantine: quarantine, InboxMax: cfg.Storage.InboxMax,
 		BodyBytesMax: cfg.Limits.BodyBytesMax, PrefetchMax: cfg.Limits.PrefetchMax,
 		CheckpointEveryRecords: cfg.Storage.CheckpointEveryRecords,
+		BodyCacheBytes:         bodyCacheBytes(cfg.Storage.BodyCacheBytes),
+		RaftCacheBytes:         int(cfg.Storage.RaftCacheBytes),
 		// A client may have publish_inflight_max publishes unconfirmed, all
 		// resent after a break: the window must reach back that far.
 		Dedup: dedup.Config{WindowSeqs: max(dedup.WindowSeqsDefault, cfg.Limits.PublishInflightMax),

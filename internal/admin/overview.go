@@ -26,6 +26,16 @@ type OverviewView struct {
 	Counters map[string]uint64 `json:"counters"`
 	// DeadLetteredByReason splits counters.dead_lettered.
 	DeadLetteredByReason map[string]uint64 `json:"dead_lettered_by_reason"`
+	// Budgets are the node-wide memory budgets by name (body_cache,
+	// raft_cache): their limit and what the partitions' caches use now.
+	Budgets map[string]BudgetView `json:"budgets"`
+}
+
+// BudgetView is one node-wide memory budget in the overview.
+type BudgetView struct {
+	LimitBytes   int64 `json:"limit_bytes"`
+	UsedBytes    int64 `json:"used_bytes"`
+	EvictedBytes int64 `json:"evicted_bytes"`
 }
 
 // Totals are gauges summed over the broker, read now.
@@ -46,7 +56,7 @@ type Totals struct {
 func (a *api) overview(w http.ResponseWriter, _ *http.Request) {
 	now := a.cfg.Now()
 	v := OverviewView{Version: a.cfg.Version, API: APIVersion, OwnerID: a.cfg.OwnerID, Problems: []string{},
-		Counters: map[string]uint64{}, DeadLetteredByReason: map[string]uint64{}}
+		Counters: map[string]uint64{}, DeadLetteredByReason: map[string]uint64{}, Budgets: map[string]BudgetView{}}
 	if !a.cfg.StartedAt.IsZero() {
 		v.StartedAtMs = a.cfg.StartedAt.UnixMilli()
 		v.UptimeMs = now.Sub(a.cfg.StartedAt).Milliseconds()
@@ -68,6 +78,9 @@ func (a *api) overview(w http.ResponseWriter, _ *http.Request) {
 				v.Totals.Consumers += p.Consumers
 				v.Totals.BytesOnDisk += p.BytesOnDisk
 			}
+		}
+		for _, s := range b.Budgets() {
+			v.Budgets[s.Name] = BudgetView{LimitBytes: s.Limit, UsedBytes: s.Used, EvictedBytes: s.Evicted}
 		}
 		c := b.Counters()
 		var dead uint64

@@ -185,10 +185,14 @@ type Config struct {
 	// least the most publishes a client may have unconfirmed, or a resend
 	// can fall below the window and be refused as sequence_too_old.
 	Dedup dedup.Config
-	// BodyCacheBytes bounds each partition's cache of recently published
-	// payloads, which spares the publish-then-consume path a log read
-	// (default 4 MiB; negative disables the cache).
+	// BodyCacheBytes bounds the cache of recently published payloads,
+	// which spares the publish-then-consume path a log read: one budget
+	// for the whole broker, shared by every partition, the coldest giving
+	// back first (default BodyCacheBytesDefault; negative disables the
+	// cache). RaftCacheBytes is the same for the raft entries kept in
+	// memory until applied (default RaftCacheBytesDefault). See Budgets.
 	BodyCacheBytes int
+	RaftCacheBytes int
 	// RecoveredLeaseGraceMs is how long leases recovered from the log at
 	// Open stay with their holders, whose sessions did not survive the
 	// restart. After it every recovered lease still outstanding goes back

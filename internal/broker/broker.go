@@ -55,6 +55,8 @@ type Broker struct {
 	// owner prefixes lease owners so that a subscription id reused after a
 	// restart never names the leases of its predecessor.
 	owner string
+	// budgets are the node-wide cache budgets (budgets.go).
+	budgets nodeBudgets
 
 	createMu sync.Mutex
 	mu       sync.RWMutex
@@ -207,6 +209,7 @@ func Open(cfg Config) (b *Broker, err error) {
 		deleting: make(map[queueKey]chan struct{}),
 		subs:     make(map[uint64]*Subscription),
 		counters: new(partition.Counters),
+		budgets:  newNodeBudgets(&cfg),
 	}
 	if b.users = cfg.Users; b.users == nil {
 		params := cfg.UserHashParams
@@ -412,6 +415,7 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 			DeadLetter:            b.deadLetter,
 			Counters:              b.counters, OnSync: b.cfg.OnSync,
 		}
+		pc.BodyBudget, pc.RaftBudget = b.budgets.body, b.budgets.raft
 		if b.wal != nil {
 			group, gerr := b.walGroup(pc.Dir, m, i)
 			if gerr != nil {

@@ -278,6 +278,13 @@ func (p *Partition) afterTurn() {
 	if !p.ckptBusy && p.checkpointDue(now) && now >= p.ckptRetryAtMs && !p.transferring() {
 		p.periodicCheckpoint()
 	}
+	p.cache.dropBelow(p.st.Frontier()) // settled bodies give their budget back
+	// Once quiet, after the idle checkpoint (whose relocation may grow
+	// buffers once more) is written.
+	if now-p.lastBusyMs >= idleCheckpointMs && !p.ckptBusy && p.idleShrunkMs != p.lastBusyMs {
+		p.idleShrunkMs = p.lastBusyMs
+		p.shrinkIdle()
+	}
 	p.publishStats()
 }
 

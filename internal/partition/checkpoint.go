@@ -578,7 +578,7 @@ func (p *Partition) rebuild(commit uint64) error {
 	p.st, p.dd = st, dd
 	// Cached bodies may belong to entries past commit, which another
 	// leader may have replaced.
-	p.cache = newBodyCache(p.cfg.BodyCacheBytes)
+	p.cache.reset()
 	clear(p.loaded)
 	return nil
 }

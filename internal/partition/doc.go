@@ -5,8 +5,9 @@
 // Open starts ONE actor goroutine per partition. It alone owns the
 // partition's queue.State and its raft node (see Raft), appends to its
 // seglog.Log, keeps its timers, its
-// consumer list, its cache of recent payloads and its dead-letter
-// bookkeeping. Beside it run two goroutines that own nothing: a syncer,
+// consumer list, its cache of recent payloads (which another partition's
+// goroutine may make give back, under its lock, when the node's budget is
+// full: see cache.go) and its dead-letter bookkeeping. Beside it run two goroutines that own nothing: a syncer,
 // which on request makes the log durable (persist) and reports back, so the
 // actor can work while the disk syncs; and a checkpointer, which writes the
 // checkpoints the actor takes (see Durability). Other goroutines reach the

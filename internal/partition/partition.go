@@ -14,6 +14,7 @@ import (
 
 	"go.etcd.io/raft/v3/raftpb"
 
+	"github.com/sinewmq/sinew/internal/budget"
 	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/delivery"
 	"github.com/sinewmq/sinew/internal/queue"
@@ -170,9 +171,14 @@ type Config struct {
 
 	InboxMax               int
 	CheckpointEveryRecords int
-	// BodyCacheBytes bounds the cache of recently published payloads;
-	// negative disables it.
+	// BodyCacheBytes bounds the cache of recently published payloads
+	// when BodyBudget is nil; negative disables it.
 	BodyCacheBytes int
+	// BodyBudget and RaftBudget, when set, are node-wide budgets (see
+	// internal/budget) that the body cache and the raft entry cache
+	// share with every other partition on the node, instead of
+	// BodyCacheBytes and raftlog's own bound.
+	BodyBudget, RaftBudget *budget.Budget
 	// RecoveredLeaseGraceMs is how long leases found in the log at Open
 	// keep their holders after the restart. Their holders' sessions did
 	// not survive it, so once the grace has passed every recovered lease
@@ -413,7 +419,7 @@ type Partition struct {
 	// Actor-owned.
 	failed      error
 	sinceCkpt   int
-	cache       bodyCache
+	cache       *bodyCache
 	deadLetters map[uint64]*deadLetter
 	dlInflight  int
 	missing     []uint64          // readAhead's scratch
@@ -447,6 +453,10 @@ type Partition struct {
 	ckptBusy bool
 	ckptReq  chan ckptJob
 	ckptDone chan ckptResult
+	// idleShrunkMs is the lastBusyMs of the quiet spell in which the
+	// partition last gave back memory (shrinkIdle), so it does so once
+	// per spell.
+	idleShrunkMs int64
 	// lastBusyMs is when the actor last took a command or appended a
 	// record (see idleCheckpointMs).
 	lastBusyMs int64
@@ -613,7 +623,7 @@ func newPartition(cfg Config) *Partition {
 		stopped:     make(chan struct{}),
 		deadLetters: make(map[uint64]*deadLetter),
 		loaded:      make(map[uint64][]byte),
-		cache:       newBodyCache(cfg.BodyCacheBytes),
+		cache:       newBodyCache(cfg.BodyCacheBytes, cfg.BodyBudget),
 	}
 	p.decider = decider{
 		counters: cfg.Counters,
@@ -945,6 +955,10 @@ func (p *Partition) Close() error {
 			errs = append(errs, err)
 		}
 	}
+	p.cache.close()
+	if p.rs != nil {
+		p.rs.Close()
+	}
 	if err := p.log.Close(); err != nil && p.failed == nil {
 		errs = append(errs, err)
 	}
@@ -1005,6 +1019,10 @@ type ackMemory struct {
 	// the whole backlog on every growth, on the hot ACK path.
 	order []uint64
 	head  int
+	// packed, when not nil, holds every entry sorted by key instead of
+	// slots and order, at half the memory: a partition gone quiet packs
+	// its memory (memory.go) and the next put unpacks it.
+	packed []ackSlot
 }
 
 type ackSlot struct{ key, lease uint64 }
@@ -1039,6 +1057,9 @@ func (a *ackMemory) find(key uint64) (int, bool) {
 }
 
 func (a *ackMemory) put(offset, leaseID uint64) {
+	if a.packed != nil {
+		a.unpack()
+	}
 	if a.slots == nil {
 		*a = newAckMemory()
 	}
@@ -1097,6 +1118,9 @@ func (a *ackMemory) grow() {
 
 // by reports whether leaseID is the lease that ACKed offset.
 func (a *ackMemory) by(offset, leaseID uint64) bool {
+	if a.packed != nil {
+		return leaseID != 0 && a.packedBy(offset+1, leaseID)
+	}
 	if a.slots == nil || leaseID == 0 {
 		return false
 	}

@@ -141,7 +141,7 @@ func (p *Partition) startRaft(commit uint64) error {
 		peers = []uint64{id}
 	}
 	single := len(peers) == 1 && peers[0] == id
-	s := raftlog.New(p.log, raftlog.Options{CacheBytesMax: p.cfg.raftCacheBytes})
+	s := raftlog.New(p.log, raftlog.Options{CacheBytesMax: p.cfg.raftCacheBytes, Budget: p.cfg.RaftBudget})
 	cs, err := p.log.ConfState()
 	if err != nil {
 		return fmt.Errorf("partition %s: raft configuration: %w", p, err)

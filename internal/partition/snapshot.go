@@ -195,7 +195,7 @@ func (p *Partition) installSnapshot(snap *raftpb.Snapshot) error {
 		return fmt.Errorf("raft snapshot: %w", err)
 	}
 	p.ckptLSN, p.sinceCkpt = covers, 0
-	p.cache = newBodyCache(p.cfg.BodyCacheBytes)
+	p.cache.reset()
 	p.logger.Info("raft snapshot installed", "index", md.Index, "floor", floor, "records", nrec)
 	return nil
 }

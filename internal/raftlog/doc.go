@@ -25,8 +25,11 @@
 // them applied (SetApplied), bounded by Options.CacheBytesMax (data bytes
 // plus a fixed cost per entry): when the tail outgrows it, the oldest
 // entries leave the cache and are read from the segment files if asked for
-// again. Term, LastIndex and FirstIndex are answered from memory by seglog
-// itself.
+// again. With Options.Budget the cache also counts against a node-wide
+// budget shared with other groups (internal/budget): when the budget is
+// full, the group whose oldest cached entry is the coldest drops entries
+// the same way, and Close gives its share back. Term, LastIndex and
+// FirstIndex are answered from memory by seglog itself.
 //
 // # Goroutines and durability
 //

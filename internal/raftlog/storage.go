@@ -9,6 +9,7 @@ import (
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 
+	"github.com/sinewmq/sinew/internal/budget"
 	"github.com/sinewmq/sinew/internal/seglog"
 )
 
@@ -35,8 +36,15 @@ var ErrBadEntry = errors.New("raftlog: entries out of order")
 type Options struct {
 	// CacheBytesMax bounds the memory of un-applied entries kept in the
 	// cache: their data bytes plus cacheEntryBytes each. Default
-	// CacheBytesMaxDefault.
+	// CacheBytesMaxDefault, or with Budget set, no bound but the
+	// budget's.
 	CacheBytesMax int
+	// Budget, when set, is a node-wide budget the cache shares with the
+	// caches of other groups: its entries count against it, and when it
+	// is full the group whose oldest cached entry is the coldest drops
+	// entries from the front (they are read from the log if raft wants
+	// them again).
+	Budget *budget.Budget
 	// Snapshot, if set, supplies a snapshot (metadata and data) when raft
 	// asks for one; it may return raft.ErrSnapshotTemporarilyUnavailable.
 	Snapshot func() (*raftpb.Snapshot, error)
@@ -53,6 +61,14 @@ type Storage struct {
 	// order, when not empty; cacheBytes is their cost (cost).
 	cache      []raftpb.Entry
 	cacheBytes int
+	// stamps[i] is the budget's stamp when cache[i] was put (only with
+	// a budget); share is the cache's part of it, joined at the first
+	// put and left by Close.
+	stamps []uint64
+	share  *budget.Share
+	// deadFront counts the slots dropped from the front of cache's array
+	// since it was last allocated: their data stays reachable until then.
+	deadFront int
 	// snap is the last snapshot applied or created, nil if none.
 	snap *raftpb.Snapshot
 	// diskReads and memReads count Entries calls that had to read
@@ -69,6 +85,9 @@ var _ raft.Storage = (*Storage)(nil)
 func New(log *seglog.Log, opts Options) *Storage {
 	if opts.CacheBytesMax <= 0 {
 		opts.CacheBytesMax = CacheBytesMaxDefault
+		if opts.Budget != nil {
+			opts.CacheBytesMax = int(min(opts.Budget.Limit(), 1<<40))
+		}
 	}
 	return &Storage{log: log, opts: opts}
 }
@@ -271,7 +290,13 @@ func (s *Storage) Append(ents []raftpb.Entry) error {
 		ents = ents[first-k:]
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	over := false
+	defer func() {
+		s.mu.Unlock()
+		if over {
+			s.opts.Budget.Reclaim()
+		}
+	}()
 	for i := range ents {
 		e := &ents[i]
 		if i > 0 && e.Index != ents[i-1].Index+1 {
@@ -287,7 +312,7 @@ func (s *Storage) Append(ents []raftpb.Entry) error {
 			}
 			return err
 		}
-		s.cachePut(e)
+		over = s.cachePut(e) || over
 	}
 	return nil
 }
@@ -301,30 +326,151 @@ const cacheEntryBytes = 64
 func cost(e *raftpb.Entry) int { return cacheEntryBytes + len(e.Data) }
 
 // cachePut adds e (just appended at its index) to the cache, dropping any
-// cached entries at or after its index first. Caller holds mu.
-func (s *Storage) cachePut(e *raftpb.Entry) {
+// cached entries at or after its index first. Caller holds mu. It reports
+// whether the budget is over its limit (the caller reclaims once it has
+// released mu).
+func (s *Storage) cachePut(e *raftpb.Entry) (over bool) {
 	idx := e.Index
 	if n := len(s.cache); n > 0 {
 		c0 := s.cache[0].Index
 		switch {
 		case idx < c0:
-			s.cache, s.cacheBytes = nil, 0
+			s.dropCache()
 		case idx <= c0+uint64(n)-1:
-			for i := range s.cache[idx-c0:] {
-				s.cacheBytes -= cost(&s.cache[idx-c0+uint64(i)])
+			k := int(idx - c0)
+			freed := 0
+			for i := range s.cache[k:] {
+				freed += cost(&s.cache[k+i])
 			}
+			s.cacheBytes -= freed
+			s.charge(-freed)
 			// A fresh array: entries handed out by Entries must not change.
-			s.cache = append([]raftpb.Entry(nil), s.cache[:idx-c0]...)
+			s.cache = append([]raftpb.Entry(nil), s.cache[:k]...)
+			s.deadFront = 0
+			if s.stamps != nil {
+				s.stamps = append([]uint64(nil), s.stamps[:k]...)
+			}
 		case idx > c0+uint64(n):
-			s.cache, s.cacheBytes = nil, 0 // cannot happen for a contiguous log
+			s.dropCache() // cannot happen for a contiguous log
 		}
 	}
+	if len(s.cache) == cap(s.cache) {
+		s.deadFront = 0 // append allocates a new array
+	}
 	s.cache = append(s.cache, *e)
-	s.cacheBytes += cost(e)
-	for s.cacheBytes > s.opts.CacheBytesMax && len(s.cache) > 1 {
-		// No s.cache[0] = raftpb.Entry{}: see SetApplied.
-		s.cacheBytes -= cost(&s.cache[0])
-		s.cache = s.cache[1:]
+	c := cost(e)
+	s.cacheBytes += c
+	if b := s.opts.Budget; b != nil {
+		if s.share == nil {
+			s.share = b.Join(s)
+		}
+		s.stamps = append(s.stamps, b.Stamp())
+		over = s.share.Add(int64(c))
+	}
+	if s.cacheBytes > s.opts.CacheBytesMax && len(s.cache) > 1 {
+		s.dropFront(s.cacheBytes-s.opts.CacheBytesMax, 1)
+	}
+	s.setColdest()
+	return over
+}
+
+// charge accounts n more (or, negative, fewer) cached bytes against the
+// budget. Caller holds mu.
+func (s *Storage) charge(n int) {
+	switch {
+	case s.share == nil || n == 0:
+	case n > 0:
+		s.share.Add(int64(n))
+	default:
+		s.share.Sub(int64(-n))
+	}
+}
+
+// dropCache empties the cache. Caller holds mu.
+func (s *Storage) dropCache() {
+	s.charge(-s.cacheBytes)
+	s.cache, s.cacheBytes, s.stamps, s.deadFront = nil, 0, nil, 0
+	s.setColdest()
+}
+
+// dropFront drops entries from the front of the cache until want bytes are
+// freed, keeping at least keep entries, and returns the bytes freed. Caller
+// holds mu.
+//
+// The dropped slots are not cleared: Entries hands out sub-slices of the
+// array, and raft keeps them (in its log and in messages still on their way
+// to a follower), so a slot must never change once handed out. Their data
+// stays reachable until the array goes; so once the dead prefix outgrows the
+// live entries, the live ones move to a fresh array and the old one goes as
+// soon as raft lets go of what it was handed.
+func (s *Storage) dropFront(want, keep int) int {
+	k, freed := 0, 0
+	for freed < want && len(s.cache)-k > keep {
+		freed += cost(&s.cache[k])
+		k++
+	}
+	if k == 0 {
+		return 0
+	}
+	s.cacheBytes -= freed
+	s.charge(-freed)
+	s.cache = s.cache[k:]
+	s.deadFront += k
+	if s.stamps != nil {
+		s.stamps = s.stamps[k:]
+	}
+	switch {
+	case len(s.cache) == 0:
+		s.cache, s.stamps, s.deadFront = nil, nil, 0 // let the array go
+	case s.deadFront > len(s.cache) && s.deadFront >= deadFrontMin:
+		s.cache = append(make([]raftpb.Entry, 0, len(s.cache)+len(s.cache)/4), s.cache...)
+		if s.stamps != nil {
+			s.stamps = append(make([]uint64, 0, cap(s.cache)), s.stamps...)
+		}
+		s.deadFront = 0
+	}
+	s.setColdest()
+	return freed
+}
+
+// deadFrontMin is the dead prefix below which the array is kept.
+const deadFrontMin = 1024
+
+// setColdest publishes the oldest cached entry's stamp to the budget.
+// Caller holds mu.
+func (s *Storage) setColdest() {
+	if s.share == nil {
+		return
+	}
+	if len(s.stamps) > 0 {
+		s.share.SetColdest(s.stamps[0])
+	} else {
+		s.share.SetColdest(0)
+	}
+}
+
+// Evict is budget.Cache's: the budget is full and this cache holds the
+// coldest entries. It drops about want bytes from the front.
+func (s *Storage) Evict(want int64) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	freed := s.dropFront(int(min(want, int64(s.cacheBytes))), 0)
+	if s.share != nil {
+		s.share.Trim()
+	}
+	return int64(freed)
+}
+
+// Close leaves the budget (if any) and drops the cache. The Storage must
+// not be used afterwards.
+func (s *Storage) Close() {
+	s.mu.Lock()
+	s.dropCache()
+	sh := s.share
+	s.share = nil
+	s.mu.Unlock()
+	if sh != nil {
+		sh.Leave()
 	}
 }
 
@@ -355,18 +501,12 @@ func (s *Storage) SetApplied(index uint64) {
 		return
 	}
 	k := min(index-c0+1, uint64(len(s.cache)))
+	bytes := 0
 	for i := range k {
-		s.cacheBytes -= cost(&s.cache[i])
+		bytes += cost(&s.cache[i])
 	}
-	// The dropped slots are not cleared: Entries hands out sub-slices of
-	// this array, and raft keeps them (in its log and in messages still on
-	// their way to a follower), so a slot must never change once handed
-	// out. The dead prefix is released with the array at the cache's next
-	// reallocation, which append makes once the remaining capacity is used.
-	s.cache = s.cache[k:]
-	if len(s.cache) == 0 {
-		s.cache = nil // let the array go
-	}
+	// See dropFront on the slots dropped.
+	s.dropFront(bytes, 0)
 }
 
 // ApplySnapshot replaces the log with an empty one that continues after the
@@ -385,7 +525,7 @@ func (s *Storage) ApplySnapshot(snap *raftpb.Snapshot) error {
 	if err := s.log.SetConfState(&md.ConfState); err != nil {
 		return err
 	}
-	s.cache, s.cacheBytes = nil, 0
+	s.dropCache()
 	s.snap = CloneSnapshot(snap)
 	return nil
 }
@@ -404,7 +544,7 @@ func (s *Storage) InstallSnapshot(snap *raftpb.Snapshot) error {
 	if err := s.log.SetConfState(&md.ConfState); err != nil {
 		return err
 	}
-	s.cache, s.cacheBytes = nil, 0
+	s.dropCache()
 	s.snap = CloneSnapshot(snap)
 	return nil
 }

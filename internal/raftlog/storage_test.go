@@ -11,6 +11,7 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 	"go.uber.org/goleak"
 
+	"github.com/sinewmq/sinew/internal/budget"
 	"github.com/sinewmq/sinew/internal/seglog"
 	"github.com/sinewmq/sinew/internal/vfs"
 )
@@ -443,4 +444,69 @@ func TestStorageCacheBoundCountsEntries(t *testing.T) {
 	if got, err := f.s.Entries(1, 1001, noLimit); err != nil || len(got) != 1000 || got[999].Data[1] != byte(1000%256) {
 		t.Fatalf("Entries: %d, %v", len(got), err)
 	}
+}
+
+// TestStorageSharedBudget: two groups' caches on one node budget. The group
+// that stopped appending holds the coldest entries and gives them back; its
+// entries are then read from the log, unchanged. Applying and closing give
+// every byte back to the budget.
+func TestStorageSharedBudget(t *testing.T) {
+	const limit = 8 << 10 // chunks of 1 KiB
+	bud := budget.New("raft_cache", limit)
+	idle := newFixture(t, 0, 0)
+	busy := newFixture(t, 0, 0)
+	idle.s = New(idle.l, Options{Budget: bud})
+	busy.s = New(busy.l, Options{Budget: bud})
+	terms := func(n int) []uint64 {
+		ts := make([]uint64, n)
+		for i := range ts {
+			ts[i] = 1
+		}
+		return ts
+	}
+	idleEnts := run(1, terms(40)...)
+	if err := idle.s.Append(idleEnts); err != nil {
+		t.Fatal(err)
+	}
+	if idle.s.cacheBytes == 0 {
+		t.Fatal("nothing cached under the limit")
+	}
+	for i := uint64(1); i <= 400; i += 10 {
+		if err := busy.s.Append(run(i, terms(10)...)); err != nil {
+			t.Fatal(err)
+		}
+		if u := bud.Used(); u > limit {
+			t.Fatalf("after index %d: budget used %d above %d", i+9, u, limit)
+		}
+	}
+	if idle.s.cacheBytes != 0 {
+		t.Fatalf("the idle group kept %d cached bytes", idle.s.cacheBytes)
+	}
+	if busy.s.cacheBytes < limit/2 {
+		t.Fatalf("the busy group caches only %d bytes of %d", busy.s.cacheBytes, limit)
+	}
+	for _, f := range []*fixture{idle, busy} {
+		if err := f.s.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := idle.s.Entries(1, 41, noLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalEntries(t, got, idleEnts)
+	if idle.s.diskReads == 0 {
+		t.Fatal("the evicted entries did not come from the log")
+	}
+	busy.s.SetApplied(300)
+	idle.s.Close()
+	used := bud.Used()
+	if want := int64(busy.s.cacheBytes); used < want || used > want+bud.Chunk() {
+		t.Fatalf("budget used %d, the busy cache holds %d", used, want)
+	}
+	busy.s.SetApplied(400)
+	if bud.Used() != 0 {
+		t.Fatalf("budget used %d once everything is applied", bud.Used())
+	}
+	busy.s.Close()
 }

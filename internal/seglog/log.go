@@ -597,6 +597,12 @@ func (l *Log) commitOnce(force bool) bool {
 	l.mu.Lock()
 	if doWrite {
 		l.spare, l.spareMarks = batch[:0], marks[:0]
+		if cap(batch) > bufferKeepBytes && len(batch) < cap(batch)/8 {
+			// A burst grew the buffer and the load fell: let it go
+			// rather than hold it for good; append grows a new one
+			// as needed.
+			l.spare, l.spareMarks = nil, nil
+		}
 	}
 	if err != nil {
 		l.err = err
@@ -941,4 +947,23 @@ func (l *Log) closeFiles() error {
 		}
 	}
 	return first
+}
+
+// bufferKeepBytes is the append buffer a log keeps however little it is
+// used; a larger one grown during a burst goes once batches are small again
+// (commitOnce) or the owner says the log is idle (ShrinkBuffers).
+const bufferKeepBytes = 64 << 10
+
+// ShrinkBuffers lets go of append buffers grown past bufferKeepBytes during a
+// burst, when nothing is buffered. The owner calls it once the log has gone
+// quiet; appends afterwards grow new ones as needed.
+func (l *Log) ShrinkBuffers() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.buf) == 0 && cap(l.buf) > bufferKeepBytes {
+		l.buf, l.marks = nil, nil
+	}
+	if cap(l.spare) > bufferKeepBytes {
+		l.spare, l.spareMarks = nil, nil
+	}
 }

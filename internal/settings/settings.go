@@ -187,7 +187,22 @@ type Storage struct {
 	// still load: every partition now commits through the node journal
 	// (DataDir/wal), so only "on" is accepted.
 	WAL string `toml:"wal"`
+	// BodyCacheBytes and RaftCacheBytes are node-wide memory budgets (see
+	// internal/budget) shared by every partition: recently published
+	// bodies kept for consumers, and raft entries not yet applied. 0
+	// turns the body cache off.
+	BodyCacheBytes int64 `toml:"body_cache_bytes"`
+	RaftCacheBytes int64 `toml:"raft_cache_bytes"`
 }
+
+// Cache budgets: the defaults, the raft cache's floor and the ceiling of
+// both.
+const (
+	BodyCacheBytesDefault = 16 << 20
+	RaftCacheBytesDefault = 32 << 20
+	raftCacheBytesMin     = 1 << 20
+	cacheBytesMax         = 1 << 40
+)
 
 // Cluster configures the node's membership in a cluster (internal/membership).
 type Cluster struct {
@@ -275,7 +290,8 @@ func Default() Config {
 		Connection: Connection{HandshakeTimeoutMs: 10_000, HeartbeatMs: 10_000, WriteTimeoutMs: 30_000,
 			SlowConsumerTimeoutMs: 30_000},
 		Cluster: Cluster{GossipListen: "127.0.0.1:7946", PeerListen: "127.0.0.1:7947", Profile: "seed"},
-		Storage: Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096, WAL: "on"},
+		Storage: Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096, WAL: "on",
+			BodyCacheBytes: BodyCacheBytesDefault, RaftCacheBytes: RaftCacheBytesDefault},
 		Queue: Queue{Partitions: 1, LeaseMs: 30_000, MaxRetries: 5, DeadLetterTopic: "sinew.dead-letter",
 			DelayMsMax: thirtyDaysMs, TTLMsMax: thirtyDaysMs, NackDelayMsMax: thirtyDaysMs,
 			LeaseMsMax: twelveHoursMs},
@@ -698,6 +714,12 @@ func (c *Config) Validate() error {
 	positive("storage.inbox_max", int64(s.InboxMax))
 	if s.WAL != "on" {
 		bad("storage.wal", "%q: the setting was removed; every partition now commits through the node journal (DATA_DIR/wal), so delete the key (docs/operations.md, \"Node journal\")", s.WAL)
+	}
+	if s.BodyCacheBytes < 0 || s.BodyCacheBytes > cacheBytesMax {
+		bad("storage.body_cache_bytes", "%d is out of range 0 (no cache) to %d (1 TiB)", s.BodyCacheBytes, int64(cacheBytesMax))
+	}
+	if s.RaftCacheBytes < raftCacheBytesMin || s.RaftCacheBytes > cacheBytesMax {
+		bad("storage.raft_cache_bytes", "%d is out of range %d (1 MiB) to %d (1 TiB)", s.RaftCacheBytes, int64(raftCacheBytesMin), int64(cacheBytesMax))
 	}
 	c.validateCluster(bad)
 	q := c.Queue

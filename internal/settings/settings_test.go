@@ -137,6 +137,10 @@ func TestBadValues(t *testing.T) {
 		{map[string]string{"SINEW_QUEUE_NACK_DELAY_MS_MAX": "9223372036854775807"}, "queue.nack_delay_ms_max"},
 		{map[string]string{"SINEW_AUTH_PASSWORD_HASHES_MAX": "0"}, "auth.password_hashes_max: 0 is not 1 to 64"},
 		{map[string]string{"SINEW_AUTH_PASSWORD_HASHES_MAX": "65"}, "auth.password_hashes_max"},
+		{map[string]string{"SINEW_STORAGE_BODY_CACHE_BYTES": "-1"}, "storage.body_cache_bytes: -1 is out of range 0 (no cache) to 1099511627776 (1 TiB)"},
+		{map[string]string{"SINEW_STORAGE_BODY_CACHE_BYTES": "1099511627777"}, "storage.body_cache_bytes: 1099511627777 is out of range"},
+		{map[string]string{"SINEW_STORAGE_RAFT_CACHE_BYTES": "4096"}, "storage.raft_cache_bytes: 4096 is out of range 1048576 (1 MiB) to 1099511627776 (1 TiB)"},
+		{map[string]string{"SINEW_STORAGE_RAFT_CACHE_BYTES": "lots"}, "SINEW_STORAGE_RAFT_CACHE_BYTES"},
 	}
 	for _, tc := range cases {
 		_, err := Load(Sources{Env: env(tc.env)})
