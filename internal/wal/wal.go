@@ -26,6 +26,9 @@ const (
 	CommittersMaxDefault = 4096
 	// reserveStepBytes is how far ahead the active segment is allocated.
 	reserveStepBytes = 4 << 20
+	// keepBufBytes is the write buffer the writer keeps whatever the
+	// batches (a larger one goes once batches are small again).
+	keepBufBytes = 1 << 20
 )
 
 // Options configure Open. FS and Dir are required.
@@ -736,6 +739,11 @@ func (w *WAL) run() {
 			if err := w.write(batch, &buf); err != nil {
 				w.fail("write", err)
 				return
+			}
+			// A buffer grown by a burst (up to PendingBytesMax) is let go
+			// once batches are small again, so an idle node holds little.
+			if cap(buf) > keepBufBytes && len(buf) < cap(buf)/4 {
+				buf = nil
 			}
 		}
 		if err := w.trim(); err != nil {
