@@ -46,6 +46,7 @@ export const Op = {
   NACK: 0x31,
   FAIL: 0x32,
   SETTLE_RESULT: 0x33,
+  EXTEND: 0x34,
   GOING_AWAY: 0x40,
   RECONCILE: 0x41,
   RECONCILE_RESULT: 0x42,
@@ -239,6 +240,11 @@ export const schemas: Record<number, Schema> = {
   [Op.ACK]: settle,
   [Op.NACK]: settle,
   [Op.FAIL]: settle,
+  [Op.EXTEND]: [
+    ["tags", { list: "uvarint" }],
+    ["extend_ms", "varint"],
+    ["leases", { list: { record: leaseRef } }, "opt"],
+  ],
   [Op.SETTLE_RESULT]: [["codes", { list: "code" }]],
   [Op.GOING_AWAY]: [
     ["deadline_ms", "varint"],

@@ -159,7 +159,7 @@ test("bad arguments throw InvalidArgumentError at the call; the window, the next
     const after = await c.publish("ts-args", "c", { partition: 0 });
     assert.equal(after.partition, 0);
     const m2 = (await it.next()).value as Message;
-    assert.equal(m2.text(), "b");
+    assert.equal(m2.text, "b");
     await m2.complete();
     assert.ok(!seen.includes("fatal"), `client went fatal: ${seen.join(",")}`);
     assert.deepEqual(unhandled, []);
