@@ -60,6 +60,9 @@ const PUBLISH_INFLIGHT_BYTES_MAX = 64 << 20;
 const DELIVERY_BUFFER_MAX = 4096;
 /** Settle tags per frame when the broker announces no limit. */
 const SETTLE_BATCH_DEFAULT = 256;
+/** Settle frames awaiting their SETTLE_RESULT at once: while they are out,
+ * further settles gather into the next frame (a full batch goes anyway). */
+const SETTLE_FRAMES_MAX = 1;
 /** How long a connection that got GOING_AWAY waits for work in flight at most. */
 const GOING_AWAY_WAIT_MAX_MS = 30_000;
 /** How often such a connection checks whether its work in flight finished. */
@@ -332,6 +335,13 @@ class Conn {
     this.sock.write(frame);
   }
 
+  /** Sends what write() corked now, rather than at the end of the turn. */
+  push(): void {
+    if (!this.corked || this.closed) return;
+    this.corked = false;
+    this.sock.uncork();
+  }
+
   /** Sends a request; the promise settles with its reply. The frame is
    * encoded before the request is registered: one that cannot be encoded,
    * or exceeds the broker's frame limit, rejects and leaves nothing behind. */
@@ -375,15 +385,22 @@ class Conn {
   settle(r: SettleReq): void {
     this.settleQueue.push(r);
     if (this.settleQueue.length >= this.settleBatchMax()) {
-      // A full batch goes out now rather than at the end of the turn.
-      this.flushSettles();
+      // A full batch goes out at once.
+      this.flushSettles(true);
+      this.push();
       return;
     }
     if (!this.settleScheduled) {
       this.settleScheduled = true;
-      setImmediate(() => this.flushSettles());
+      setImmediate(() => {
+        this.settleScheduled = false;
+        this.flushSettles(false);
+      });
     }
   }
+
+  /** Settle frames sent and not yet answered. */
+  private settleFrames = 0;
 
   settleBatchMax(): number {
     return (this.hello?.limits?.settle_batch_max as number | undefined) || SETTLE_BATCH_DEFAULT;
@@ -393,10 +410,13 @@ class Conn {
     return this.settleQueue.length;
   }
 
-  /** Sends the queued settles now (before an UNSUBSCRIBE, so that they
-   * reach the broker first); the scheduled flush then finds nothing. */
-  flushSettles(): void {
-    this.settleScheduled = false;
+  /** Sends the queued settles: with force now (before an UNSUBSCRIBE or an
+   * END_SESSION, so that they reach the broker first), else unless
+   * SETTLE_FRAMES_MAX frames are out, whose answers then send them. Batching
+   * on answers lets a busy consumer put many tags in each frame, which the
+   * broker makes durable at once. */
+  flushSettles(force = true): void {
+    if (!force && !this.closed && this.settleFrames >= SETTLE_FRAMES_MAX) return;
     const q = this.settleQueue;
     this.settleQueue = [];
     if (this.closed) {
@@ -422,8 +442,17 @@ class Conn {
     const tags = batch.map((r) => r.msg.tag);
     const leases = batch.map((r) => r.msg.lease);
     const body = batch[0]!.op === Op.EXTEND ? { tags, extend_ms: ms, leases } : { tags, delay_ms: ms, leases };
-    this.call(batch[0]!.op, body, () => this.client.holdSettles(batch)).then(
+    this.settleFrames++;
+    const answered = () => {
+      this.settleFrames--;
+      if (this.settleQueue.length > 0) this.flushSettles(false);
+    };
+    this.call(batch[0]!.op, body, () => {
+      this.settleFrames--;
+      this.client.holdSettles(batch);
+    }).then(
       (reply) => {
+        answered();
         if (reply.op !== Op.SETTLE_RESULT || reply.body.codes.length !== batch.length) {
           this.close(new ProtocolError(`${opName(reply.op)} in answer to a settle`));
           for (const r of batch) r.reject(new ProtocolError("bad settle result"));
@@ -432,6 +461,7 @@ class Conn {
         batch.forEach((r, i) => this.client.settled(r, reply.body.codes[i] as number));
       },
       (err) => {
+        answered();
         for (const r of batch) this.client.settleFailed(r, err);
       },
     );
@@ -555,7 +585,10 @@ export class Client {
   private inflight = new Set<PendingPublish>();
   private inflightBytes = 0;
   private windowMax: number;
-  private windowWaiters: Array<(() => void) & { bytes: number }> = [];
+  /** Publishes waiting for the window, in order, from windowHead on (an
+   * aborted one is marked gone and skipped): taking the first is O(1). */
+  private windowWaiters: Array<(() => void) & { bytes: number; gone?: boolean }> = [];
+  private windowHead = 0;
   private connWaiters: Array<{ resolve(c: Conn): void; reject(e: unknown): void }> = [];
   private closing = false;
   private closed = false;
@@ -931,13 +964,13 @@ export class Client {
   }
 
   private windowAcquire(bytes: number, signal?: AbortSignal): Promise<void> {
-    if (this.windowWaiters.length === 0 && this.fits(bytes)) {
+    if (this.windowHead === this.windowWaiters.length && this.fits(bytes)) {
       this.inflightBytes += bytes;
       this.windowCount++;
       return Promise.resolve();
     }
     return new Promise((resolve, reject) => {
-      const w = Object.assign(
+      const w: (() => void) & { bytes: number; gone?: boolean } = Object.assign(
         () => {
           signal?.removeEventListener("abort", onAbort);
           this.inflightBytes += bytes;
@@ -949,9 +982,8 @@ export class Client {
       // Given up while waiting: leave the queue without taking a slot, and
       // let the next waiter in if this one held it back.
       const onAbort = () => {
-        const i = this.windowWaiters.indexOf(w);
-        if (i < 0) return;
-        this.windowWaiters.splice(i, 1);
+        if (w.gone) return;
+        w.gone = true;
         this.pumpWindow();
         reject(signal!.reason);
       };
@@ -969,11 +1001,22 @@ export class Client {
     this.pumpWindow();
   }
   private pumpWindow(): void {
-    while (this.windowWaiters.length) {
-      const w = this.windowWaiters[0]!;
-      if (!this.fits(w.bytes)) break;
-      this.windowWaiters.shift();
-      w();
+    const q = this.windowWaiters;
+    while (this.windowHead < q.length) {
+      const w = q[this.windowHead]!;
+      if (!w.gone) {
+        if (!this.fits(w.bytes)) break;
+        w.gone = true;
+        w();
+      }
+      q[this.windowHead++] = undefined as never;
+    }
+    if (this.windowHead === q.length) {
+      q.length = 0;
+      this.windowHead = 0;
+    } else if (this.windowHead >= 1024 && this.windowHead * 2 >= q.length) {
+      q.splice(0, this.windowHead);
+      this.windowHead = 0;
     }
   }
 
@@ -1161,6 +1204,7 @@ export class Client {
       return Promise.reject(e);
     }
     const extend = op === Op.EXTEND;
+    if (extend && delayMs < 1) return Promise.reject(new InvalidArgumentError("ms", `want at least 1 ms, got ${describe(delayMs)}`));
     if (extend && msg.sub.autoAck) return Promise.reject(new InvalidArgumentError("msg", "an auto-ack message holds no lease to extend"));
     if (msg.settledBy) return Promise.reject(new AlreadySettledError());
     if (this.closed) return Promise.reject(new ClientClosedError());
