@@ -550,10 +550,14 @@ func (c *conn) sendSettle(group []*settleReq) {
 		tags[i] = r.m.tag
 		leases[i] = r.m.lease
 	}
+	// The lease references make a resent settle name exactly the lease it
+	// meant, even where the broker's session forgot the tag.
+	var body protocol.Body = &protocol.Settle{Kind: group[0].kind, Tags: tags, DelayMs: group[0].delay, Leases: leases}
+	if group[0].kind == protocol.OpExtend {
+		body = &protocol.Extend{Tags: tags, ExtendMs: group[0].delay, Leases: leases}
+	}
 	cl := &call{
-		// The lease references make a resent settle name exactly the lease
-		// it meant, even where the broker's session forgot the tag.
-		body: &protocol.Settle{Kind: group[0].kind, Tags: tags, DelayMs: group[0].delay, Leases: leases},
+		body: body,
 		done: func(b protocol.Body, err error) {
 			if errors.Is(err, ErrConnectionLost) {
 				// The reply was lost with the socket. Settles are idempotent
@@ -582,6 +586,11 @@ func (c *conn) sendSettle(group []*settleReq) {
 					// bad_request a NACK of a delivery tag can get.
 					r.fin(&BrokerError{Code: codes[i], Message: fmt.Sprintf(
 						"NACK delay %d ms refused: above the broker's maximum NACK delay (queue.nack_delay_ms_max, 30 days by default)", r.delay)})
+				case codes[i] == protocol.CodeBadRequest && r.kind == protocol.OpExtend:
+					// The one bad_request an EXTEND of a delivery tag can get
+					// (the SDK always sends a leases list of the right length).
+					r.fin(&BrokerError{Code: codes[i], Message: fmt.Sprintf(
+						"EXTEND by %d ms refused: outside 1 ms to the broker's maximum extension (queue.lease_ms_max, 12 h by default)", r.delay)})
 				case codes[i] == protocol.CodeStaleLease:
 					r.fin(fmt.Errorf("%w: %w", ErrStaleDelivery, &BrokerError{Code: codes[i],
 						Message: "the lease ended and the message was leased again or settled another way"}))

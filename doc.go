@@ -46,7 +46,8 @@
 //
 // Publish and PublishFuture return only after the broker has made the message
 // durable. Complete, Retry, RetryAfter and Fail return only after the broker
-// has made the settle durable. Nothing is durable on the client side.
+// has made the settle durable, and Extend after it has made the lease's new
+// deadline durable. Nothing is durable on the client side.
 //
 // # Across a reconnect
 //
@@ -72,7 +73,8 @@
 //     one, so sending it again is always safe. A held settle fails only when
 //     the session was not resumed (ErrStaleDelivery), when the broker judges
 //     its lease stale (ErrStaleDelivery: the lease ended during the break and
-//     the message was leased again), or when the client closes or gives up;
+//     the message was leased again), or when the client closes or gives up.
+//     Lease extensions (Message.Extend) are held and sent again the same way;
 //   - an Unsubscribe is not resent: the resumed session's reconciliation drops
 //     every subscription the client no longer lists.
 //

@@ -592,6 +592,29 @@ func (m *Message) RetryAfter(ctx context.Context, d time.Duration) error {
 // Fail settles the message as failed for good: it is dead-lettered (FAIL).
 func (m *Message) Fail(ctx context.Context) error { return m.settle(ctx, protocol.OpFail, 0) }
 
+// Extend renews the message's lease (EXTEND): the broker moves its deadline
+// to d from now, on the partition owner's clock, so a handler that runs
+// longer than the queue's lease keeps the message. The new deadline replaces
+// the old one, even when it is earlier. It is not a settle: the message
+// stays unsettled, its attempt does not change, and Complete, Retry or Fail
+// still apply to the same lease afterwards. Extend early (every third of the
+// lease, say): an extension that arrives after the deadline finds the
+// lease ended.
+//
+// d is sent in whole milliseconds; below 1 ms, or above the broker's
+// maximum (queue.lease_ms_max, 12 h by default), it is refused with a
+// bad_request *BrokerError and the lease is unchanged. Like a settle, an
+// extension whose connection breaks is held and sent again on the resumed
+// session, and one for a spanning subscription in a cluster goes to the
+// partition's current owner by lease reference. Errors are as for
+// Complete: ErrStaleDelivery when the lease has ended (expired, settled, or
+// the session was not resumed), ErrAlreadySettled once the message is
+// settled or a settle of it is under way (and for an auto-ack message,
+// which holds no lease), a retryable error when the outcome is unknown.
+func (m *Message) Extend(ctx context.Context, d time.Duration) error {
+	return m.settle(ctx, protocol.OpExtend, d.Milliseconds())
+}
+
 // CompleteAsync settles the message as done (ACK) without waiting for the
 // broker: the settle is queued for the connection's settler, which sends
 // every settle queued at that moment in one ACK frame, and the returned
@@ -668,20 +691,39 @@ func (m *Message) settle(ctx context.Context, kind protocol.Op, delayMs int64) e
 // or ctx ending before the settle was queued, gives the message back its
 // settle token, so it may be settled again.
 func (m *Message) settleAsync(ctx context.Context, kind protocol.Op, delayMs int64, fin func(error)) {
-	if m.autoAck {
+	extend := kind == protocol.OpExtend
+	switch {
+	case extend && m.autoAck:
+		fin(fmt.Errorf("%w: an auto-ack message holds no lease to extend", ErrAlreadySettled))
+		return
+	case m.autoAck:
 		fin(nil)
 		return
-	}
-	select {
-	case <-m.settled:
+	case extend:
+		// An extension settles nothing: it leaves the settle token
+		// where it is, and is refused once a settle took it.
+		if len(m.settled) == 0 {
+			fin(ErrAlreadySettled)
+			return
+		}
 	default:
-		fin(ErrAlreadySettled)
-		return
+		select {
+		case <-m.settled:
+		default:
+			fin(ErrAlreadySettled)
+			return
+		}
 	}
 	e := m.sub.e
 	e.busy.add(1)
 	var finish func(error)
 	done := func(err error) {
+		if extend {
+			// The message is as it was: held, or ended by the broker.
+			e.busy.add(-1)
+			fin(err)
+			return
+		}
 		if err != nil && (IsRetryable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
 			kind == protocol.OpNack && errors.Is(err, &BrokerError{Code: protocol.CodeBadRequest})) {
 			// A refused NACK delay (the only bad_request a NACK of a

@@ -162,6 +162,7 @@ func TestSpecBodyTables(t *testing.T) {
 		{"### 5.7 SUBSCRIBE", 0, Subscribe{}},
 		{"### 5.8 DELIVER", 0, Deliver{}},
 		{"### 5.9 ACK", 0, Settle{}},
+		{"### 5.9a EXTEND", 0, Extend{}},
 		{"### 5.10 SUB_CLOSED", 0, SubClosed{}},
 		{"### 5.11 RECONCILE", 0, ReconcileEntry{}},
 		{"### 5.11b INFLIGHT", 0, InflightResult{}},

@@ -187,6 +187,8 @@ func Decode(f Frame) (Body, error) {
 		b = &Settle{Kind: f.Op}
 	case OpSettleResult:
 		b = new(SettleResult)
+	case OpExtend:
+		b = new(Extend)
 	case OpGoingAway:
 		b = new(GoingAway)
 	case OpReconcile:

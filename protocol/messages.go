@@ -37,6 +37,7 @@ const (
 	OpNack            Op = 0x31 // client -> server
 	OpFail            Op = 0x32 // client -> server
 	OpSettleResult    Op = 0x33 // server -> client
+	OpExtend          Op = 0x34 // client -> server, answered by SETTLE_RESULT
 	OpGoingAway       Op = 0x40 // server -> client push
 	OpReconcile       Op = 0x41 // client -> server
 	OpReconcileResult Op = 0x42 // server -> client
@@ -52,6 +53,7 @@ var opNames = map[Op]string{
 	OpDeclareQueue: "DECLARE_QUEUE", OpDeclareOK: "DECLARE_OK", OpPublish: "PUBLISH", OpPublishOK: "PUBLISH_OK",
 	OpSubscribe: "SUBSCRIBE", OpSubscribeOK: "SUBSCRIBE_OK", OpUnsubscribe: "UNSUBSCRIBE", OpSubClosed: "SUB_CLOSED",
 	OpDeliver: "DELIVER", OpAck: "ACK", OpNack: "NACK", OpFail: "FAIL", OpSettleResult: "SETTLE_RESULT",
+	OpExtend:    "EXTEND",
 	OpGoingAway: "GOING_AWAY", OpReconcile: "RECONCILE", OpReconcileResult: "RECONCILE_RESULT",
 	OpDeleteQueue: "DELETE_QUEUE", OpPurgeQueue: "PURGE_QUEUE", OpPurgeOK: "PURGE_OK",
 	OpEndSession: "END_SESSION", OpInflight: "INFLIGHT", OpInflightResult: "INFLIGHT_RESULT",
@@ -319,6 +321,17 @@ type Settle struct {
 	Tags    []uint64
 	DelayMs int64
 	Leases  []LeaseRef // appended field
+}
+
+// Extend renews the leases of one or more deliveries without settling them:
+// each lease's deadline becomes now + ExtendMs at the partition's owner (it may
+// move earlier as well as later). It is not a delivery attempt and keeps the
+// lease id, so a later settle by the same LeaseRef applies. Leases is either
+// empty or parallel to Tags, as in Settle. It is answered by SettleResult.
+type Extend struct {
+	Tags     []uint64
+	ExtendMs int64
+	Leases   []LeaseRef
 }
 
 // SettleResult answers a settle request: Codes[i] is the outcome of Tags[i]
@@ -773,6 +786,41 @@ func (m *Settle) decode(d *dec) {
 			for i := range m.Leases {
 				m.Leases[i] = d.leaseRef()
 			}
+		}
+	}
+}
+
+func (*Extend) Op() Op { return OpExtend }
+func (m *Extend) AppendBody(b []byte) []byte {
+	e := enc{b}
+	e.uvarint(uint64(len(m.Tags)))
+	for _, t := range m.Tags {
+		e.uvarint(t)
+	}
+	e.varint(m.ExtendMs)
+	e.uvarint(uint64(len(m.Leases)))
+	for _, r := range m.Leases {
+		e.leaseRef(r)
+	}
+	return e.b
+}
+
+// decode reads every field: EXTEND was defined with its leases list, so a body
+// without it is malformed (unlike the settles, where the list was appended).
+func (m *Extend) decode(d *dec) {
+	n := d.at("tags").count(listItemsMax, 1)
+	if n > 0 {
+		m.Tags = make([]uint64, n)
+		for i := range m.Tags {
+			m.Tags[i] = d.uvarint()
+		}
+	}
+	m.ExtendMs = d.at("extend_ms").varint()
+	n = d.at("leases").count(listItemsMax, leaseRefBytesMin)
+	if n > 0 {
+		m.Leases = make([]LeaseRef, n)
+		for i := range m.Leases {
+			m.Leases[i] = d.leaseRef()
 		}
 	}
 }

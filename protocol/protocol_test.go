@@ -41,6 +41,8 @@ func sampleBodies() []Body {
 		&Settle{Kind: OpNack, Tags: []uint64{4}, DelayMs: 1500},
 		&Settle{Kind: OpFail, Tags: []uint64{5, 6}},
 		&SettleResult{Codes: []Code{CodeOK, CodeStaleLease}},
+		&Extend{Tags: []uint64{1, 2}, ExtendMs: 30000, Leases: []LeaseRef{{SubID: 5, Partition: 1, Offset: 77, LeaseID: 1 << 40}, {SubID: 5, Offset: 78, LeaseID: 9, Epoch: 1}}},
+		&Extend{Tags: []uint64{7}, ExtendMs: -1},
 		&GoingAway{DeadlineMs: 123, GraceMs: 5000, Reason: "restart", Redirect: "127.0.0.1:7000"},
 		&Reconcile{Policy: ReconcileRestore, Subs: []SubView{sv}},
 		&Reconcile{Policy: ReconcileConservative, Subs: []SubView{sv}, InflightFollows: true},
@@ -279,6 +281,45 @@ func TestAppendedFieldsOptional(t *testing.T) {
 	s = (&Settle{Kind: OpAck, Tags: []uint64{1}}).AppendBody(nil)
 	s = append(s[:len(s)-1], 0xff, 0xff, 0x03)
 	if _, err := Decode(Frame{FrameHeader: FrameHeader{Version: Version, Op: OpAck}, Body: s}); CodeOf(err) != CodeBadFrame {
+		t.Fatalf("huge leases count: %v", err)
+	}
+}
+
+// TestExtendCodec: EXTEND round-trips, keeps a leases list of any length for
+// the server to judge, and, having been defined with its leases list, refuses
+// a body that stops before it.
+func TestExtendCodec(t *testing.T) {
+	in := &Extend{Tags: []uint64{3, 1 << 60}, ExtendMs: 45_000, Leases: []LeaseRef{{SubID: 2, Partition: 7, Offset: 9, LeaseID: 11, Epoch: 4}, {LeaseID: 1}}}
+	frame := AppendFrame(nil, FlagNoReply, 77, in)
+	f, _, err := ReadFrame(bytes.NewReader(frame), FrameBytesDefault, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Op != OpExtend || f.Op.String() != "EXTEND" || f.Flags != FlagNoReply || f.RequestID != 77 {
+		t.Fatalf("header %+v", f.FrameHeader)
+	}
+	got, err := Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, in) {
+		t.Fatalf("decoded %+v, want %+v", got, in)
+	}
+	// Mismatched lengths decode: the server answers bad_request per tag.
+	s := (&Extend{Tags: []uint64{1, 2}, ExtendMs: 1, Leases: []LeaseRef{{LeaseID: 1}}}).AppendBody(nil)
+	if _, err := Decode(Frame{FrameHeader: FrameHeader{Version: Version, Op: OpExtend}, Body: s}); err != nil {
+		t.Fatal(err)
+	}
+	// Without the leases list, or without extend_ms, the body is malformed.
+	s = (&Extend{Tags: []uint64{1}, ExtendMs: 5}).AppendBody(nil)
+	for _, cut := range []int{1, 2} {
+		if _, err := Decode(Frame{FrameHeader: FrameHeader{Version: Version, Op: OpExtend}, Body: s[:len(s)-cut]}); CodeOf(err) != CodeBadFrame {
+			t.Fatalf("EXTEND cut by %d: %v, want bad_frame", cut, err)
+		}
+	}
+	// A leases count beyond the frame is malformed, not an allocation.
+	s = append(s[:len(s)-1], 0xff, 0xff, 0x03)
+	if _, err := Decode(Frame{FrameHeader: FrameHeader{Version: Version, Op: OpExtend}, Body: s}); CodeOf(err) != CodeBadFrame {
 		t.Fatalf("huge leases count: %v", err)
 	}
 }

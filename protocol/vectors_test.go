@@ -127,6 +127,10 @@ func vectorCases() []vectorCase {
 		{name: "nack/delay", requestID: 15, body: &Settle{Kind: OpNack, Tags: []uint64{4}, DelayMs: 1500, Leases: []LeaseRef{lr}}},
 		{name: "nack/edge", requestID: 16, body: &Settle{Kind: OpNack, Tags: []uint64{}, DelayMs: math.MinInt64}},
 		{name: "fail", requestID: 17, body: &Settle{Kind: OpFail, Tags: []uint64{5, 6}, Leases: []LeaseRef{lr, {SubID: 5, Partition: 0, Offset: 78, LeaseID: 2}}}},
+		{name: "extend/basic", requestID: 18, body: &Extend{Tags: []uint64{9}, ExtendMs: 30_000, Leases: []LeaseRef{lr}}},
+		{name: "extend/edge", requestID: u64max, body: &Extend{Tags: []uint64{0, u64max}, ExtendMs: math.MinInt64, Leases: []LeaseRef{lrEdge, {}}}},
+		{name: "extend/without_leases", requestID: 19, body: &Extend{Tags: []uint64{4, 5}, ExtendMs: math.MaxInt64}},
+		{name: "extend/no_reply", flags: FlagNoReply, requestID: 20, body: &Extend{Tags: []uint64{1}, ExtendMs: 1500}},
 		{name: "settle_result", requestID: 12, body: &SettleResult{Codes: []Code{CodeOK, CodeStaleLease, CodeUnknownTag, CodeBadRequest}}},
 		{name: "settle_result/empty", requestID: 12, body: &SettleResult{}},
 		{name: "going_away", body: &GoingAway{DeadlineMs: 1_700_000_030_000, GraceMs: 5000, Reason: "shutdown"}},
@@ -183,6 +187,8 @@ func vectorCases() []vectorCase {
 		bad("headers_over_256", OpPublish, append([]byte{0x01, 't', 0x00, 0x01, 0x00, 0x81, 0x02}, make([]byte, 2*257)...)...),
 		bad("error_code_over_u16", OpError, 0x80, 0x80, 0x04, 0x00, 0x00),
 		bad("empty_body", OpPublishOK),
+		bad("extend_without_leases_list", OpExtend, 0x01, 0x09, 0xe0, 0xd4, 0x03),
+		bad("extend_without_extend_ms", OpExtend, 0x01, 0x09),
 	)
 	return cs
 }

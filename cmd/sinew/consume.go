@@ -109,6 +109,8 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 	asJSON := fs.Bool("json", false, `print one JSON object per message: topic, partition, offset, attempt, key, headers, body (see --help)`)
 	peek := fs.Bool("peek", false, "show messages with their key and headers and settle none: they go back to the queue, no retry used (default --count 10, --idle-exit 2s)")
 	bodyFormat := fs.String("body", "auto", "how --peek shows bodies: auto (text as it is, anything else escaped), escaped or base64")
+	execCmd := fs.String("exec", "", "run this shell command (sh -c) once per message, the body on its stdin: exit 0 completes the message, any other exit retries it (default --prefetch 1)")
+	extendEvery := fs.Duration("extend-every", 0, "with --exec: while the command runs, extend the message's lease every this long, each time to 3x this from now (0 = never; use a third of the queue's lease)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, consumeHelp)
 		fs.PrintDefaults()
@@ -129,6 +131,23 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 		return fmt.Errorf("%w: --peek sets the prefetch to --count; drop --prefetch", errUsage)
 	case !*peek && set["body"]:
 		return fmt.Errorf("%w: --body is for --peek (consume prints bodies as they are, or in --json)", errUsage)
+	case set["exec"] && strings.TrimSpace(*execCmd) == "":
+		return fmt.Errorf("%w: --exec needs a command", errUsage)
+	case *execCmd != "" && (*peek || *autoAck || *asJSON):
+		return fmt.Errorf("%w: --exec settles each message by the command's exit status; it does not go with --peek, --auto-ack or --json", errUsage)
+	case set["extend-every"] && *execCmd == "":
+		return fmt.Errorf("%w: --extend-every extends the lease while an --exec command runs; it needs --exec", errUsage)
+	case *extendEvery < 0:
+		return fmt.Errorf("%w: --extend-every must not be negative, got %v", errUsage, *extendEvery)
+	case *extendEvery > 0 && *extendEvery < time.Millisecond:
+		return fmt.Errorf("%w: --extend-every %v is below 1ms", errUsage, *extendEvery)
+	case *extendEvery > consumeExtendEveryMax:
+		return fmt.Errorf("%w: --extend-every %v is above %v (each extension asks for 3x it, and a lease is at most a week)", errUsage, *extendEvery, consumeExtendEveryMax)
+	}
+	if *execCmd != "" && !set["prefetch"] {
+		// One message is handled at a time: more would wait out their
+		// leases in the buffer.
+		*prefetch = 1
 	}
 	if err := checkBodyFormat(*bodyFormat); err != nil {
 		return err
@@ -168,6 +187,11 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 	sub, err := c.Subscribe(ctx, *topic, opts...)
 	if err != nil {
 		return describeClientErr(*cf.addr, err)
+	}
+
+	if *execCmd != "" {
+		x := &consumeExec{cmd: *execCmd, extendEvery: *extendEvery, stdout: stdout, stderr: stderr, addr: *cf.addr}
+		return x.run(ctx, sub, *count, *idleExit)
 	}
 
 	out := bufio.NewWriter(stdout)
@@ -364,6 +388,18 @@ in publish order), body. body and key are the bytes themselves when they are
 valid UTF-8, else base64, as body_encoding and key_encoding say ("utf8" or
 "base64"); a header value that is not UTF-8 has value_encoding "base64".
 
+--exec CMD runs CMD with sh -c once per message, one message at a time, the
+body on its standard input and SINEW_TOPIC, SINEW_GROUP, SINEW_PARTITION,
+SINEW_OFFSET and SINEW_ATTEMPT in its environment; its output goes to
+consume's. Exit status 0 completes the message (ACK); any other status, or a
+command that cannot run, retries it (NACK, which uses up one of the queue's
+retries). The prefetch is 1 unless --prefetch says otherwise. A command that
+may run longer than the queue's lease (30 s by default) needs --extend-every
+D: while the command runs, the lease is extended every D, each time to 3 x D
+from now, so choose D at most a third of the lease. Without it, a command
+that outlives the lease sees its message delivered again to another
+consumer, and its ACK is then stale.
+
 --peek shows messages with their key, content type and headers and settles
 none of them. It takes --count messages (default 10) with a prefetch of
 --count, prints them, and unsubscribes, which hands every one back to the
@@ -374,6 +410,10 @@ leasing them at all, use sinew admin messages peek, which reads the log.
 
 flags:
 `
+
+// consumeExtendEveryMax bounds --extend-every: each extension asks for 3x
+// it, and a lease is at most a week.
+const consumeExtendEveryMax = 7 * 24 * time.Hour / 3
 
 // consumeUnsubscribeTimeout bounds the unsubscribe on exit.
 const consumeUnsubscribeTimeout = 5 * time.Second

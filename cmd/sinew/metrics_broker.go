@@ -40,6 +40,7 @@ var brokerMetrics = []brokerMetric{
 	brokerCounter("sinew_nacks_total", "Leases handed back for a redelivery by their consumer (NACK).", func(c *partition.Counters) uint64 { return c.Nacks.Load() }),
 	brokerCounter("sinew_fails_total", "Messages their consumer declared unprocessable (FAIL).", func(c *partition.Counters) uint64 { return c.Fails.Load() }),
 	brokerCounter("sinew_lease_expiries_total", "Leases that reached their deadline without a settle; the message went back to its queue.", func(c *partition.Counters) uint64 { return c.LeaseExpiries.Load() }),
+	brokerCounter("sinew_lease_extensions_total", "Lease deadlines moved by their consumer (EXTEND) and made durable.", func(c *partition.Counters) uint64 { return c.Extensions.Load() }),
 	brokerCounter("sinew_leases_released_total", "Leases handed back because their consumer went away (not counted as an attempt).", func(c *partition.Counters) uint64 { return c.Released.Load() }),
 	brokerCounter("sinew_messages_purged_total", "Messages an operator removed: purges and dead-letter copies removed after a replay.", func(c *partition.Counters) uint64 { return c.Purged.Load() }),
 	{

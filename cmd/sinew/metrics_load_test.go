@@ -160,6 +160,7 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 		"sinew_settles_repeated_total":               "needs a repeated settle (TestMetricsNamesAndReconnectCounters)",
 		"sinew_session_resumes_total":                "needs a resume (TestMetricsNamesAndReconnectCounters)",
 		"sinew_leases_released_total":                "needs a consumer that goes away holding leases",
+		"sinew_lease_extensions_total":               "needs an EXTEND (test/e2e TestExtendKeepsLeaseOnRealBroker)",
 		"sinew_messages_purged_total":                "needs a purge (TestAdminAPI)",
 		"sinew_queue_dedup_evicted_idle_total":       "needs a producer idle past its window",
 		"sinew_queue_dedup_evicted_limit_total":      "needs more producers than the window holds",

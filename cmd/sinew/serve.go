@@ -302,7 +302,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		Logger: logger.With("component", "server"), AuthTokens: cfg.Auth.Tokens, Users: users, AllowAnonymous: cfg.Auth.AllowAnonymous,
 		FrameBytesMax: cfg.Limits.FrameBytesMax, BodyBytesMax: cfg.Limits.BodyBytesMax,
 		PrefetchDefault: uint32(cfg.Limits.PrefetchDefault), PrefetchMax: uint32(cfg.Limits.PrefetchMax),
-		SettleBatchMax: cfg.Limits.SettleBatchMax, PublishInflightMax: cfg.Limits.PublishInflightMax,
+		SettleBatchMax: cfg.Limits.SettleBatchMax, LeaseMsMax: cfg.Queue.LeaseMsMax, PublishInflightMax: cfg.Limits.PublishInflightMax,
 		SubscriptionsMax: cfg.Limits.SubscriptionsMax, ConnectionsMax: cfg.Limits.ConnectionsMax,
 		ConnectionsPerAddressMax: cfg.Limits.ConnectionsPerAddressMax, HandshakesMax: cfg.Limits.HandshakesMax,
 		HandshakeTimeoutMs: cfg.Connection.HandshakeTimeoutMs, HeartbeatMs: heartbeat(cfg.Connection.HeartbeatMs),

@@ -284,6 +284,9 @@ func (s *Subscription) View() protocol.SubView { return s.view }
 func (s *Subscription) Settle(kind protocol.Op, partitionIdx uint32, offset, leaseID uint64, delayMs int64, done func(protocol.Code)) {
 	var op partition.SettleOp
 	switch kind {
+	case protocol.OpExtend:
+		s.extend(partitionIdx, offset, leaseID, delayMs, done)
+		return
 	case protocol.OpAck:
 		op = partition.Ack
 	case protocol.OpNack:
@@ -347,6 +350,56 @@ func (s *Subscription) Settle(kind protocol.Op, partitionIdx uint32, offset, lea
 			s.returnCredit(1)
 		}
 	})
+}
+
+// extend is Settle's EXTEND: the lease's deadline becomes the owner's now
+// plus extendMs. done gets CodeOK once the Extend record is durable;
+// CodeStaleLease when the lease is not current (ended, settled, leased
+// again); CodeBadRequest for extendMs below 1 or above a queue's longest
+// lease (the server bounds it by queue.lease_ms_max before); CodeFenced
+// from a replica that does not lead the partition; or a partition error's
+// code. The delivery stays outstanding: its prefetch credit is not freed.
+func (s *Subscription) extend(partitionIdx uint32, offset, leaseID uint64, extendMs int64, done func(protocol.Code)) {
+	if int(partitionIdx) >= len(s.q.parts) {
+		done(protocol.CodeNotFound)
+		return
+	}
+	if extendMs < 1 || extendMs > queue.LeaseMsMax {
+		done(protocol.CodeBadRequest)
+		return
+	}
+	if s.b.fenced() {
+		done(protocol.CodeFenced)
+		return
+	}
+	var by partition.Consumer
+	for _, a := range s.atts {
+		if a.idx == partitionIdx {
+			by = a
+			break
+		}
+	}
+	p := s.q.parts[partitionIdx]
+	p.ExtendFor(by, offset, leaseID, extendMs, func(err error) {
+		code := extendCode(err)
+		if err != nil && s.q.self != 0 && (errors.Is(err, partition.ErrNotLeader) || !s.q.leadsHere(p)) {
+			code = protocol.CodeFenced
+		}
+		done(code)
+	})
+}
+
+// extendCode maps a partition's answer to an EXTEND.
+func extendCode(err error) protocol.Code {
+	switch {
+	case err == nil:
+		return protocol.CodeOK
+	case errors.Is(err, queue.ErrAlreadySettled), errors.Is(err, queue.ErrStaleLease), errors.Is(err, queue.ErrUnknownOffset):
+		return protocol.CodeStaleLease
+	case errors.Is(err, queue.ErrInvalidDeadline):
+		return protocol.CodeBadRequest
+	}
+	return protocol.CodeOf(err)
 }
 
 // Serves reports whether this node serves partition partitionIdx now under

@@ -229,6 +229,8 @@ func (d *decider) command(c *command, now int64) {
 			evs, err = d.st.Nack(d.evs[:0], c.offset, c.leaseID, c.notBeforeMs, now)
 		case Fail:
 			evs, err = d.st.Fail(d.evs[:0], c.offset, c.leaseID, now)
+		case Extend:
+			evs, err = d.st.Extend(d.evs[:0], c.offset, c.leaseID, now+min(c.notBeforeMs, queue.LeaseMsMax), now)
 		default:
 			err = fmt.Errorf("partition: unknown settle op %d", c.op)
 		}

@@ -29,6 +29,8 @@ type Counters struct {
 	// Purged counts messages an operator removed (Purge, Discard), apart.
 	DeadLettered [deadReasonSlots]atomic.Uint64
 	Purged       atomic.Uint64
+	// Extensions counts lease deadlines moved by their holder (EXTEND).
+	Extensions atomic.Uint64
 }
 
 // deadReasonSlots is one past the largest queue.Reason.
@@ -57,6 +59,8 @@ func (c *Counters) count(ev *queue.Event) {
 		}
 	case queue.KindAck:
 		c.Acks.Add(1)
+	case queue.KindExtend:
+		c.Extensions.Add(1)
 	case queue.KindRequeue:
 		switch ev.Reason {
 		case queue.ReasonNack:

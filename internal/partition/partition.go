@@ -239,6 +239,9 @@ const (
 	Ack  SettleOp = iota + 1 // done: settled
 	Nack                     // redeliver, not before the given time
 	Fail                     // dead-letter now
+	// Extend moves the current lease's deadline (ExtendFor); it settles
+	// nothing.
+	Extend
 )
 
 // Consumer is a subscription as one partition sees it. All methods are
@@ -352,7 +355,7 @@ type command struct {
 	op          SettleOp
 	offset      uint64
 	leaseID     uint64
-	notBeforeMs int64
+	notBeforeMs int64 // Nack: not before; Extend: the extension in ms
 	settled     func(error)
 	by          Consumer // the consumer settling, if known (SettleFor)
 }
@@ -744,6 +747,21 @@ func (p *Partition) SettleFor(by Consumer, op SettleOp, offset, leaseID uint64, 
 		return
 	}
 	p.send(command{kind: cmdSettle, op: op, offset: offset, leaseID: leaseID, notBeforeMs: notBeforeMs, settled: done, by: by}, done)
+}
+
+// ExtendFor moves the deadline of the current lease leaseID on offset to
+// the actor's now plus extendMs (1 or more), on behalf of by (nil:
+// unknown). Nothing else changes: not the lease id, not the attempt. done
+// gets nil once the Extend record is durable (replicated, in a cluster), or
+// an error wrapping queue.ErrStaleLease, queue.ErrAlreadySettled or
+// queue.ErrUnknownOffset when the lease is not current, queue.ErrInvalidDeadline
+// for extendMs below 1, or one of this package's errors, as for Settle.
+func (p *Partition) ExtendFor(by Consumer, offset, leaseID uint64, extendMs int64, done func(error)) {
+	if p.parked != nil {
+		done(ErrUnavailable)
+		return
+	}
+	p.send(command{kind: cmdSettle, op: Extend, offset: offset, leaseID: leaseID, notBeforeMs: extendMs, settled: done, by: by}, done)
 }
 
 func (p *Partition) send(c command, refuse func(error)) {

@@ -27,6 +27,7 @@ const eventVersion = 1
 //	DeadLetter      offset uv | leaseID uv | reason u8 | at v | target str
 //	DeadLetterDone  offset uv | at v
 //	Relocate        offset uv | the Enqueue fields above, published .. body
+//	Extend          offset uv | leaseID uv | deadline v | at v
 //
 // The body is last so a reader can alias it without copying.
 
@@ -65,6 +66,11 @@ func (e *Event) Marshal(dst []byte) []byte {
 		dst = appendStr(dst, e.Target)
 	case KindDeadLetterDone:
 		dst = binary.AppendUvarint(dst, e.Offset)
+		dst = binary.AppendVarint(dst, e.AtMs)
+	case KindExtend:
+		dst = binary.AppendUvarint(dst, e.Offset)
+		dst = binary.AppendUvarint(dst, e.LeaseID)
+		dst = binary.AppendVarint(dst, e.DeadlineMs)
 		dst = binary.AppendVarint(dst, e.AtMs)
 	}
 	return dst
@@ -151,6 +157,11 @@ func DecodeEvent(kind uint8, b []byte) (Event, error) {
 		ev.Target = string(d.bytes())
 	case KindDeadLetterDone:
 		ev.Offset = d.uvarint()
+		ev.AtMs = d.varint()
+	case KindExtend:
+		ev.Offset = d.uvarint()
+		ev.LeaseID = d.uvarint()
+		ev.DeadlineMs = d.varint()
 		ev.AtMs = d.varint()
 	default:
 		return Event{}, fmt.Errorf("%w: unknown event kind %d", ErrCorrupt, kind)

@@ -29,6 +29,8 @@ func sampleEvents() []Event {
 			NotBeforeMs: 1_700_000_000_500, PublishedAtMs: 1_700_000_000_000, Body: []byte("moved"),
 		}},
 		{Kind: KindRelocate, Offset: 3, Msg: &Message{}},
+		{Kind: KindExtend, Offset: 12, LeaseID: 99, DeadlineMs: 1_700_000_090_000, AtMs: 1_700_000_000_000},
+		{Kind: KindExtend, Offset: 1 << 60, LeaseID: 1<<64 - 1, DeadlineMs: -5, AtMs: 1 << 62},
 	}
 }
 

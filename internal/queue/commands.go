@@ -254,6 +254,24 @@ func (s *State) Fail(dst []Event, offset, leaseID uint64, nowMs int64) ([]Event,
 	return append(dst, s.deadLetter(offset, leaseID, ReasonFailed, nowMs)), nil
 }
 
+// Extend moves the deadline of the current lease leaseID on offset to
+// deadlineMs, earlier or later: nothing else changes (not the attempt, not
+// the lease id, not the retries), so the holder's later settle of the same
+// lease still applies. Only a lease that is current can be extended: one
+// that ended (expired, released, settled) or was followed by another lease
+// returns an error wrapping ErrStaleLease (or ErrAlreadySettled,
+// ErrUnknownOffset), since the message is no longer held. A deadline not
+// after nowMs is refused with ErrInvalidDeadline: the caller bounds it.
+func (s *State) Extend(dst []Event, offset, leaseID uint64, deadlineMs, nowMs int64) ([]Event, error) {
+	if deadlineMs <= nowMs {
+		return dst, fmt.Errorf("extend offset %d lease %d to %d at %d: %w", offset, leaseID, deadlineMs, nowMs, ErrInvalidDeadline)
+	}
+	if _, err := s.leased("extend", offset, leaseID); err != nil {
+		return dst, err
+	}
+	return append(dst, Event{Kind: KindExtend, Offset: offset, LeaseID: leaseID, DeadlineMs: deadlineMs, AtMs: nowMs}), nil
+}
+
 // Tick returns what the passage of time to nowMs causes, at most
 // TickEventsMax events: leases past their deadline are requeued (or
 // dead-lettered, as for Nack: an expired lease counts as a failed delivery,

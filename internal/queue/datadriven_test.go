@@ -24,6 +24,7 @@ import (
 //	ack offset=X lease=L
 //	nack offset=X lease=L [delay=MS] [now=T]
 //	fail | release offset=X lease=L [now=T]
+//	extend offset=X lease=L deadline=T [now=T]
 //	tick [now=T]
 //	dead-lettered offset=X [now=T]
 //	purge below=X max=N [now=T]
@@ -122,6 +123,10 @@ func TestScenarios(t *testing.T) {
 				evs, err = s.Fail(nil, off, lease, now)
 			case "release":
 				evs, err = s.Release(nil, off, lease, now)
+			case "extend":
+				var deadline int64
+				d.ScanArgs(t, "deadline", &deadline)
+				evs, err = s.Extend(nil, off, lease, deadline, now)
 			case "tick":
 				evs = s.Tick(nil, now)
 			case "dead-lettered":
@@ -226,6 +231,7 @@ func errName(err error) string {
 		{ErrUnknownOffset, "ErrUnknownOffset"},
 		{ErrNotDeadLettering, "ErrNotDeadLettering"},
 		{ErrInvalidMessage, "ErrInvalidMessage"},
+		{ErrInvalidDeadline, "ErrInvalidDeadline"},
 		{ErrCorrupt, "ErrCorrupt"},
 	} {
 		if errors.Is(err, e.err) {

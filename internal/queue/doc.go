@@ -6,8 +6,8 @@
 //
 // The package is pure: no goroutines, no clock (time arrives as nowMs, Unix
 // milliseconds), no I/O, no randomness. It is event-sourced. Commands
-// (Enqueue, Lease, Ack, Nack, Fail, Release, Tick, DeadLettered, Purge,
-// Relocate) look at the current state and return events without changing
+// (Enqueue, Lease, Ack, Nack, Fail, Release, Extend, Tick, DeadLettered,
+// Purge, Relocate) look at the current state and return events without changing
 // it. The partition actor appends each event to its log, learns its LSN and
 // calls Apply(lsn, event) before the next command. The state is therefore a function of the
 // checkpoint and the events applied after it, and a replay after a crash
@@ -78,6 +78,7 @@
 //	ready, delayed  TTL passes (Tick; Lease on its way)    DeadLetter(expired)
 //	ready, delayed  Purge                                  DeadLetter(purged), always discarded
 //	inflight        Ack                                    settled
+//	inflight        Extend (current lease only)            inflight, new deadline; same lease id and attempt
 //	inflight        Nack, lease deadline (Tick)            ready; delayed for Nack with not_before
 //	                  ... but counted >= MaxRetries+1      DeadLetter(retries_exhausted)
 //	                  ... but TTL has passed               DeadLetter(expired)

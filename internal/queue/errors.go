@@ -33,6 +33,10 @@ var (
 	// waiting for its dead-letter copy.
 	ErrNotDeadLettering = errors.New("queue: message is not dead-lettering")
 
+	// ErrInvalidDeadline: Extend was given a deadline that is not after
+	// now.
+	ErrInvalidDeadline = errors.New("queue: invalid lease deadline")
+
 	// ErrInvalidMessage: Enqueue was given a message it cannot accept.
 	ErrInvalidMessage = errors.New("queue: invalid message")
 

@@ -78,11 +78,12 @@ const (
 	KindDeadLetter                     // a message failed for good: discarded or copying to a target
 	KindDeadLetterDone                 // the dead-letter copy is durable: settled
 	KindRelocate                       // a live message's body was copied to this record; its offset is unchanged
+	KindExtend                         // the lease holder moved its lease's deadline; nothing else changes
 	kindEnd
 )
 
 var kindNames = [kindEnd]string{
-	"", "enqueue", "lease", "ack", "requeue", "dead_letter", "dead_letter_done", "relocate",
+	"", "enqueue", "lease", "ack", "requeue", "dead_letter", "dead_letter_done", "relocate", "extend",
 }
 
 // IsEventType reports whether a seglog record type byte is a queue event
@@ -109,6 +110,7 @@ func (k Kind) String() string {
 //	DeadLetter      Offset LeaseID Reason Target AtMs   (LeaseID 0: message was queued)
 //	DeadLetterDone  Offset AtMs
 //	Relocate        Offset Msg  (Msg is the body copied; Apply keeps only its new location)
+//	Extend          Offset LeaseID DeadlineMs AtMs
 type Event struct {
 	Kind        Kind
 	Offset      uint64

@@ -136,6 +136,8 @@ func formatEvent(ev Event) string {
 		fmt.Fprintf(&b, " offset=%d lease=%d reason=%v target=%q", ev.Offset, ev.LeaseID, ev.Reason, ev.Target)
 	case KindDeadLetterDone, KindRelocate:
 		fmt.Fprintf(&b, " offset=%d", ev.Offset)
+	case KindExtend:
+		fmt.Fprintf(&b, " offset=%d lease=%d deadline=%d", ev.Offset, ev.LeaseID, ev.DeadlineMs)
 	}
 	return b.String()
 }

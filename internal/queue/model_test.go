@@ -227,6 +227,11 @@ func (m *model) apply(lsn uint64, ev Event) error {
 		delete(m.msgs, ev.Offset)
 	case KindRelocate:
 		m.body[ev.Offset] = lsn
+	case KindExtend:
+		if x.state != StateInflight || x.leaseID != ev.LeaseID {
+			return fmt.Errorf("model: extend of offset %d lease %d, which is not its current lease", ev.Offset, ev.LeaseID)
+		}
+		x.deadline = ev.DeadlineMs
 	}
 	return nil
 }
@@ -406,6 +411,20 @@ func TestModel(t *testing.T) {
 				}
 				if wantErr == nil {
 					want = []Event{m.requeue(off, x, ReasonNack, nb, now)}
+				}
+				run(t, got, want, err, wantErr)
+			},
+			"extend": func(t *rapid.T) {
+				off, lease := pick(t)
+				deadline := now + rapid.SampledFrom([]int64{-5, 0, 1, 300, 1500, 5000}).Draw(t, "extendBy")
+				got, err := s.Extend(nil, off, lease, deadline, now)
+				var want []Event
+				_, wantErr := m.leased(off, lease)
+				if deadline <= now {
+					wantErr = ErrInvalidDeadline
+				}
+				if wantErr == nil {
+					want = []Event{{Kind: KindExtend, Offset: off, LeaseID: lease, DeadlineMs: deadline, AtMs: now}}
 				}
 				run(t, got, want, err, wantErr)
 			},

@@ -393,6 +393,11 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		s.settle(pos, ev.Offset)
 	case KindRelocate:
 		s.moveBody(ev.Offset, lsn)
+	case KindExtend:
+		// A new generation retires the lease's old deadline item.
+		e.gen++
+		e.deadlineMs = ev.DeadlineMs
+		s.pushIndex(&s.leases, item{key: e.deadlineMs, off: e.off, pos: uint32(pos), gen: e.gen}, phaseInflight)
 	}
 	return nil
 }
@@ -448,6 +453,10 @@ func (s *State) check(e *entry, ev Event) string {
 		}
 	case KindRelocate:
 		// Any unsettled message has a body to move.
+	case KindExtend:
+		if e.phase != phaseInflight || e.leaseID != ev.LeaseID {
+			return fmt.Sprintf("message is %v with lease %d, event has lease %d", e.phase, e.leaseID, ev.LeaseID)
+		}
 	default:
 		return "unknown event kind"
 	}

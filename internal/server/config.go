@@ -40,6 +40,10 @@ const (
 	// SlowConsumerTimeoutMsDefault is how long a connection may stay at its
 	// outbound byte cap before it is closed as a slow consumer.
 	SlowConsumerTimeoutMsDefault = 30_000
+	// LeaseMsMaxDefault bounds an EXTEND's extend_ms: 12 hours.
+	LeaseMsMaxDefault = 12 * 3600 * 1000
+	// leaseMsMaxMax bounds LeaseMsMax: a week, a queue's longest lease.
+	leaseMsMaxMax = 7 * 24 * 3600 * 1000
 )
 
 // Internal bounds.
@@ -115,14 +119,17 @@ type Config struct {
 	// startup). Nil announces RestartGraceMs.
 	RestartGraceMsNext func() int64
 
-	FrameBytesMax      int    // largest frame either side may send
-	BodyBytesMax       int    // largest message body
-	PrefetchDefault    uint32 // prefetch of a SUBSCRIBE that asks for 0
-	PrefetchMax        uint32 // largest prefetch per subscription
-	SettleBatchMax     int    // most tags in one ACK/NACK/FAIL
-	PublishInflightMax int    // unconfirmed publishes per connection before the reader pauses
-	SubscriptionsMax   int    // subscriptions per session
-	ConnectionsMax     int    // open connections; more get too_many_connections
+	FrameBytesMax   int    // largest frame either side may send
+	BodyBytesMax    int    // largest message body
+	PrefetchDefault uint32 // prefetch of a SUBSCRIBE that asks for 0
+	PrefetchMax     uint32 // largest prefetch per subscription
+	SettleBatchMax  int    // most tags in one ACK/NACK/FAIL/EXTEND
+	// LeaseMsMax bounds an EXTEND's extend_ms (queue.lease_ms_max); one
+	// outside 1..LeaseMsMax is bad_request. 0 means LeaseMsMaxDefault.
+	LeaseMsMax         int64
+	PublishInflightMax int // unconfirmed publishes per connection before the reader pauses
+	SubscriptionsMax   int // subscriptions per session
+	ConnectionsMax     int // open connections; more get too_many_connections
 	// ConnectionsPerAddressMax bounds the open connections from one source
 	// IP address (TCP and TLS connections; a connection whose remote address
 	// is not an IP, such as a net.Pipe, is not counted per address). More
@@ -198,6 +205,7 @@ func (c *Config) fill() error {
 	def64(&c.AuthFailureDelayMs, AuthFailureDelayMsDefault)
 	def64(&c.SlowConsumerTimeoutMs, SlowConsumerTimeoutMsDefault)
 	def64(&c.OutboundBytesMax, OutboundBytesMaxDefault)
+	def64(&c.LeaseMsMax, LeaseMsMaxDefault)
 	if c.PrefetchMax == 0 {
 		c.PrefetchMax = session.PrefetchMaxDefault
 	}
@@ -211,6 +219,8 @@ func (c *Config) fill() error {
 		return fmt.Errorf("server: BodyBytesMax %d must be below FrameBytesMax %d", c.BodyBytesMax, c.FrameBytesMax)
 	case c.SettleBatchMax > 1<<16:
 		return fmt.Errorf("server: SettleBatchMax %d above the decoder's list limit %d", c.SettleBatchMax, 1<<16)
+	case c.LeaseMsMax < 1 || c.LeaseMsMax > leaseMsMaxMax:
+		return fmt.Errorf("server: LeaseMsMax %d out of range 1..%d", c.LeaseMsMax, int64(leaseMsMaxMax))
 	case c.HandshakeTimeoutMs < 0:
 		return fmt.Errorf("server: HandshakeTimeoutMs %d is negative", c.HandshakeTimeoutMs)
 	case c.OutboundBytesMax < 0:

@@ -245,7 +245,7 @@ func (c *conn) waitForCredit() error {
 func clientOp(op protocol.Op) bool {
 	switch op {
 	case protocol.OpHello, protocol.OpPing, protocol.OpPong, protocol.OpDeclareQueue, protocol.OpPublish,
-		protocol.OpSubscribe, protocol.OpUnsubscribe, protocol.OpAck, protocol.OpNack, protocol.OpFail,
+		protocol.OpSubscribe, protocol.OpUnsubscribe, protocol.OpAck, protocol.OpNack, protocol.OpFail, protocol.OpExtend,
 		protocol.OpReconcile, protocol.OpDeleteQueue, protocol.OpPurgeQueue, protocol.OpEndSession, protocol.OpInflight,
 		protocol.OpMetadata:
 		return true
@@ -325,6 +325,8 @@ func (c *conn) handle(f protocol.Frame) error {
 		}
 	case *protocol.Settle:
 		c.settle(f.RequestID, noReply, b)
+	case *protocol.Extend:
+		c.extend(f.RequestID, noReply, b)
 	case *protocol.Metadata:
 		c.metadata(f.RequestID, b)
 	case *protocol.Reconcile:
@@ -684,24 +686,69 @@ func (c *conn) settle(reqID uint64, noReply bool, st *protocol.Settle) {
 		c.signalReader()
 	}
 	c.sess.Settle(st.Kind, st.Tags, st.Leases, delay, func(codes []protocol.Code) {
-		if noReply {
-			failed, first := 0, protocol.CodeOK
-			for _, code := range codes {
-				if code != protocol.CodeOK {
-					if failed == 0 {
-						first = code
-					}
-					failed++
+		c.settleResult(reqID, noReply, codes, "settled", release)
+	})
+}
+
+// settleResult answers a settle or an EXTEND with its codes: SETTLE_RESULT,
+// or with NO_REPLY nothing when every code is ok and otherwise an ERROR with
+// the first code that is not. release runs once the answer is written or
+// dropped (at once when there is none).
+func (c *conn) settleResult(reqID uint64, noReply bool, codes []protocol.Code, verb string, release func()) {
+	if noReply {
+		failed, first := 0, protocol.CodeOK
+		for _, code := range codes {
+			if code != protocol.CodeOK {
+				if failed == 0 {
+					first = code
 				}
+				failed++
 			}
-			if failed > 0 {
-				c.reply(session.Outbound{RequestID: reqID, Body: &protocol.ErrorBody{Code: first,
-					Message: fmt.Sprintf("%d of %d tags not settled", failed, len(codes))}, AfterWrite: release, Dropped: release})
-				return
-			}
-			release()
+		}
+		if failed > 0 {
+			c.reply(session.Outbound{RequestID: reqID, Body: &protocol.ErrorBody{Code: first,
+				Message: fmt.Sprintf("%d of %d tags not %s", failed, len(codes), verb)}, AfterWrite: release, Dropped: release})
 			return
 		}
-		c.reply(session.Outbound{RequestID: reqID, Body: &protocol.SettleResult{Codes: codes}, AfterWrite: release, Dropped: release})
-	})
+		release()
+		return
+	}
+	c.reply(session.Outbound{RequestID: reqID, Body: &protocol.SettleResult{Codes: codes}, AfterWrite: release, Dropped: release})
+}
+
+// extend handles EXTEND: the tag count is checked as for a settle, an
+// extend_ms outside 1..LeaseMsMax is bad_request for every tag, and the
+// rest is the session's (session.Session.Extend). It takes a settle slot,
+// so a drain waits for its answer as for a settle's.
+func (c *conn) extend(reqID uint64, noReply bool, ex *protocol.Extend) {
+	if len(ex.Tags) > c.srv.cfg.SettleBatchMax {
+		c.replyErr(reqID, protocol.Errorf(protocol.CodeLimitExceeded, "%d tags in one EXTEND, limit %d", len(ex.Tags), c.srv.cfg.SettleBatchMax))
+		return
+	}
+	if len(ex.Tags) == 0 {
+		c.replyErr(reqID, protocol.Errorf(protocol.CodeBadRequest, "EXTEND without tags"))
+		return
+	}
+	c.settleInflight.Add(1)
+	release := func() {
+		c.settleInflight.Add(-1)
+		c.signalReader()
+	}
+	done := func(codes []protocol.Code) { c.settleResult(reqID, noReply, codes, "extended", release) }
+	if ex.ExtendMs < 1 || ex.ExtendMs > c.srv.cfg.LeaseMsMax {
+		codes := make([]protocol.Code, len(ex.Tags))
+		for i := range codes {
+			codes[i] = protocol.CodeBadRequest
+		}
+		if noReply {
+			// The ERROR names the bound, which the codes alone cannot.
+			c.reply(session.Outbound{RequestID: reqID, Body: &protocol.ErrorBody{Code: protocol.CodeBadRequest,
+				Message: fmt.Sprintf("EXTEND extend_ms %d is outside 1..%d (queue.lease_ms_max)", ex.ExtendMs, c.srv.cfg.LeaseMsMax)},
+				AfterWrite: release, Dropped: release})
+			return
+		}
+		done(codes)
+		return
+	}
+	c.sess.Extend(ex.Tags, ex.Leases, ex.ExtendMs, done)
 }

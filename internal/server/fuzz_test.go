@@ -31,6 +31,10 @@ func FuzzServeConn(f *testing.F) {
 	f.Add(hello)
 	f.Add(seed(&protocol.Publish{Topic: "q", Body: []byte("x")}, &protocol.Subscribe{Topic: "q", Prefetch: 1},
 		&protocol.Settle{Kind: protocol.OpAck, Tags: []uint64{1}}, &protocol.Settle{Kind: protocol.OpNack, Tags: []uint64{2, 0}}))
+	f.Add(seed(&protocol.Publish{Topic: "q", Body: []byte("x")}, &protocol.Subscribe{Topic: "q", Prefetch: 1},
+		&protocol.Extend{Tags: []uint64{1}, ExtendMs: 1000}, &protocol.Extend{Tags: []uint64{1, 9}, ExtendMs: 0, Leases: []protocol.LeaseRef{{SubID: 1, LeaseID: 1}}},
+		&protocol.Extend{Tags: []uint64{0}, ExtendMs: 5, Leases: []protocol.LeaseRef{{SubID: 1, Offset: 1, LeaseID: 1}}},
+		&protocol.Settle{Kind: protocol.OpAck, Tags: []uint64{1}}, &protocol.Extend{Tags: []uint64{1}, ExtendMs: 1 << 40}))
 	f.Add(seed(&protocol.Subscribe{Topic: "q", AckMode: protocol.AckAuto}, &protocol.Publish{Topic: "q"},
 		&protocol.Reconcile{Policy: protocol.ReconcileRestore, Subs: []protocol.SubView{{SubID: 1, Topic: "q"}, {SubID: 9, Topic: "r"}}},
 		&protocol.Unsubscribe{SubID: 1}, &protocol.DeclareQueue{Topic: "q"}, &protocol.Ping{}, &protocol.Hello{}))

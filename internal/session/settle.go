@@ -283,3 +283,111 @@ func (s *Session) endLeaseLocked(tag uint64, e tagEntry) {
 		s.ended.put(tag, e.rec(0))
 	}
 }
+
+// Extend renews the leases named by tags (and leases, empty or parallel to
+// tags; any other length is bad_request for every tag) to the owner's now
+// plus extendMs, and calls done once with one code per tag, in order. It
+// looks a tag up as Settle does, with these differences: a lease this
+// session settled, or one that ended without a settle, is stale_lease at
+// once (an extension cannot bring a message back), and nothing leaves the
+// session's tables: an extended lease is still held. On ok the deadline the
+// session keeps for re-sending the delivery (a replicated partition's)
+// moves to the new one. The caller bounds extendMs (queue.lease_ms_max).
+// done runs on some goroutine and must not block.
+func (s *Session) Extend(tags []uint64, leases []protocol.LeaseRef, extendMs int64, done func([]protocol.Code)) {
+	codes := make([]protocol.Code, len(tags))
+	if len(leases) != 0 && len(leases) != len(tags) || extendMs < 1 {
+		for i := range codes {
+			codes[i] = protocol.CodeBadRequest
+		}
+		done(codes)
+		return
+	}
+	jobs := make([]settleJob, 0, len(tags))
+	s.mu.Lock()
+	for i, t := range tags {
+		var ref *protocol.LeaseRef
+		if len(leases) > 0 {
+			ref = &leases[i]
+		}
+		if ref != nil && ref.Epoch != 0 && !s.reg.cfg.Epochs {
+			codes[i] = protocol.CodeStaleLease // no delivery of a single node
+			continue
+		}
+		if e, ok := s.tags[t]; ok && e.st.sub != nil && e.matches(ref) {
+			jobs = append(jobs, settleJob{i: i, tag: t, rec: e.rec(protocol.OpExtend), held: true})
+			continue
+		}
+		if r, ok := s.outcomes.get(t); ok && r.matches(ref) {
+			codes[i] = protocol.CodeStaleLease // settled by this session
+			continue
+		}
+		if r, ok := s.ended.get(t); ok && r.matches(ref) {
+			codes[i] = protocol.CodeStaleLease // ended without a settle: back in the queue
+			continue
+		}
+		if ref != nil {
+			if sub := s.reg.subFor(ref.SubID, s); sub != nil {
+				jobs = append(jobs, settleJob{i: i, tag: t, late: true, rec: leaseRec{
+					sub: sub, subID: ref.SubID, partition: ref.Partition, offset: ref.Offset, leaseID: ref.LeaseID, op: protocol.OpExtend}})
+			} else {
+				codes[i] = protocol.CodeStaleLease
+			}
+			continue
+		}
+		if t == 0 || t > s.lastTag {
+			codes[i] = protocol.CodeUnknownTag
+		} else {
+			codes[i] = protocol.CodeStaleLease
+		}
+	}
+	s.mu.Unlock()
+	if len(jobs) == 0 {
+		done(codes)
+		return
+	}
+	var left atomic.Int64
+	left.Store(int64(len(jobs)))
+	for _, j := range jobs {
+		j.rec.sub.Settle(protocol.OpExtend, j.rec.partition, j.rec.offset, j.rec.leaseID, extendMs, func(c protocol.Code) {
+			if c == protocol.CodeOK {
+				s.extended(j, extendMs)
+			}
+			codes[j.i] = c
+			if left.Add(-1) == 0 {
+				done(codes)
+			}
+		})
+	}
+}
+
+// extended moves the re-send deadline of the delivery j extended, when the
+// session keeps one (a replicated partition's delivery), to now+extendMs
+// on the session's clock: a re-send after a resume then carries what is
+// left of the extended lease, not of the first one.
+func (s *Session) extended(j settleJob, extendMs int64) {
+	due := s.reg.cfg.Now().UnixMilli() + extendMs
+	same := func(e tagEntry) bool {
+		return e.leaseID == j.rec.leaseID && e.offset == j.rec.offset && e.partition == j.rec.partition && e.st.id == j.rec.subID
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if j.held {
+		if e, ok := s.tags[j.tag]; ok && same(e) && e.notAfterMs != 0 {
+			e.notAfterMs = due
+			s.tags[j.tag] = e
+		}
+		return
+	}
+	// Named by reference only (a lease adopted after a restart, or one a
+	// client reached through another node): find its tag, if any.
+	for t, e := range s.tags {
+		if same(e) {
+			if e.notAfterMs != 0 {
+				e.notAfterMs = due
+				s.tags[t] = e
+			}
+			return
+		}
+	}
+}

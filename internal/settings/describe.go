@@ -72,6 +72,7 @@ var help = map[string]string{
 	"queue.delay_ms_max":      "Longest delay a publish may ask for (delay_ms, or not_before_ms from now); beyond it the publish is refused with bad_request.",
 	"queue.ttl_ms_max":        "Longest TTL a publish (ttl_ms) or a queue declaration (default_ttl_ms) may ask for; beyond it the request is refused with bad_request.",
 	"queue.nack_delay_ms_max": "Longest delay a NACK (retry after) may ask for; beyond it the NACK is refused with bad_request and the lease stays held.",
+	"queue.lease_ms_max":      "Longest extension an EXTEND may ask for (extend_ms: the lease's new deadline is now plus it); beyond it, or below 1, the EXTEND is refused with bad_request and the lease is unchanged. At most a week.",
 
 	"runtime_seed.connection.restart_grace_ms":   "Seed of the runtime setting connection.restart_grace_ms (how long after a restart the previous process's sessions stay resumable and keep their leases; 0 restores none), used only when the data directory has no runtime settings yet. Change it later with PUT /api/v1/settings.",
 	"runtime_seed.connection.drain_timeout_ms":   "Seed of the runtime setting connection.drain_timeout_ms (how long the first phase of a planned drain lets work in flight finish before connections close; it ends earlier once nothing is in flight), used only when the data directory has no runtime settings yet. Change it later with PUT /api/v1/settings.",

@@ -241,13 +241,20 @@ type Queue struct {
 	DelayMsMax     int64 `toml:"delay_ms_max"`
 	TTLMsMax       int64 `toml:"ttl_ms_max"`
 	NackDelayMsMax int64 `toml:"nack_delay_ms_max"`
+	// LeaseMsMax bounds one EXTEND: a lease's new deadline is at most this
+	// far from now.
+	LeaseMsMax int64 `toml:"lease_ms_max"`
 }
 
 // Scheduling caps: 30 days by default; at most 100 years, so now plus a cap
 // stays far from overflow (the broker's TimeCapMsMax).
 const (
-	thirtyDaysMs = 30 * 24 * 3600 * 1000
-	timeCapMsMax = 100 * 365 * 24 * 3600 * 1000
+	thirtyDaysMs  = 30 * 24 * 3600 * 1000
+	twelveHoursMs = 12 * 3600 * 1000
+	// leaseMsMaxMax bounds queue.lease_ms_max: a week, the longest lease
+	// a queue holds.
+	leaseMsMaxMax = 7 * 24 * 3600 * 1000
+	timeCapMsMax  = 100 * 365 * 24 * 3600 * 1000
 )
 
 // Default returns the built-in configuration.
@@ -270,7 +277,8 @@ func Default() Config {
 		Cluster: Cluster{GossipListen: "127.0.0.1:7946", PeerListen: "127.0.0.1:7947", Profile: "seed"},
 		Storage: Storage{Sync: "always", SyncIntervalMs: 100, SegmentBytes: 64 << 20, Quarantine: "quarantine", CheckpointEveryRecords: 100_000, InboxMax: 4096, WAL: "off"},
 		Queue: Queue{Partitions: 1, LeaseMs: 30_000, MaxRetries: 5, DeadLetterTopic: "sinew.dead-letter",
-			DelayMsMax: thirtyDaysMs, TTLMsMax: thirtyDaysMs, NackDelayMsMax: thirtyDaysMs},
+			DelayMsMax: thirtyDaysMs, TTLMsMax: thirtyDaysMs, NackDelayMsMax: thirtyDaysMs,
+			LeaseMsMax: twelveHoursMs},
 		// sinew serve keeps dropped sessions resumable for 5 s by default;
 		// the broker library's own default stays 0.
 		RuntimeSeed: RuntimeSeed{Connection: RuntimeSeedConnection{ReconnectGraceMs: 5000, RestartGraceMs: 30_000, DrainTimeoutMs: 10_000}},
@@ -710,6 +718,9 @@ func (c *Config) Validate() error {
 		if c.v <= 0 || c.v > timeCapMsMax {
 			bad(c.key, "%d is out of range 1..%d", c.v, int64(timeCapMsMax))
 		}
+	}
+	if q.LeaseMsMax <= 0 || q.LeaseMsMax > leaseMsMaxMax {
+		bad("queue.lease_ms_max", "%d is out of range 1..%d (a week)", q.LeaseMsMax, int64(leaseMsMaxMax))
 	}
 	return errors.Join(errs...)
 }

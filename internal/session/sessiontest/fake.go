@@ -31,6 +31,9 @@ type Fake struct {
 	// OnPublish, when set, runs (under the fake's lock) after each accepted
 	// publish with the running count. It must not call back into the fake.
 	OnPublish func(n int)
+	// LeaseExpiresAtMs, when set before a delivery, is the ExpiresAtMs it
+	// carries (a replicated partition's lease deadline).
+	LeaseExpiresAtMs int64
 }
 
 type queue struct {
@@ -221,6 +224,7 @@ func (f *Fake) dispatchLocked(q *queue) {
 		target.outstanding++
 		target.c.Deliver(target, session.Delivery{
 			Offset: m.off, LeaseID: m.lease, Attempt: m.attempt, Body: m.body, Topic: target.view.Topic, Group: target.view.Group,
+			ExpiresAtMs: f.LeaseExpiresAtMs,
 		})
 	}
 }
@@ -313,6 +317,12 @@ func (s *sub) Settle(kind protocol.Op, _ uint32, offset, leaseID uint64, _ int64
 	if m == nil || m.lease != leaseID || m.holder != s {
 		f.mu.Unlock()
 		done(protocol.CodeStaleLease)
+		return
+	}
+	if kind == protocol.OpExtend {
+		// The lease stays; the fake keeps no deadlines.
+		f.mu.Unlock()
+		done(protocol.CodeOK)
 		return
 	}
 	delete(q.inflight, offset)
