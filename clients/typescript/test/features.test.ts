@@ -278,3 +278,52 @@ test("subscription ends carry Go-named error classes", T, async () => {
     await c.close();
   }
 });
+
+test("extend: a handler that takes 3x the lease, extending as it goes, is never redelivered", { timeout: 30_000 }, async () => {
+  const leaseMs = 1000;
+  const c = await connect(broker.addr);
+  try {
+    await c.declareQueue("ts-extend", { partitions: 1, leaseMs, maxRetries: 5 });
+    // Room for a second delivery: a message whose lease runs out comes back here.
+    const sub = await c.subscribe("ts-extend", { prefetch: 2 });
+    const it = sub[Symbol.asyncIterator]();
+    const buffered = () => (sub as unknown as { buf: Message[] }).buf;
+    await c.publish("ts-extend", "slow job");
+    const [m] = await take(it, 1);
+    // The handler works 3 leases long and extends by two leases every third of one.
+    const end = Date.now() + 3 * leaseMs;
+    while (Date.now() < end) {
+      await m!.extend(2 * leaseMs, { timeoutMs: 5000 });
+      await new Promise((r) => setTimeout(r, leaseMs / 3));
+    }
+    assert.equal(buffered().length, 0, "the message came back: its lease ran out");
+    // Still this consumer's lease: a confirmed ACK is ok, not stale_lease.
+    await m!.complete({ confirmed: true });
+
+    // The control: a message not extended does come back, and its extend is stale.
+    await c.publish("ts-extend", "forgotten job");
+    const [f] = await take(it, 1);
+    const [back] = await take(it, 1);
+    assert.equal(back!.text, "forgotten job");
+    assert.equal(back!.attempt, 2);
+    await assert.rejects(f!.extend(leaseMs), (e: unknown) => e instanceof StaleDeliveryError);
+    await back!.complete({ confirmed: true });
+  } finally {
+    await c.close();
+  }
+});
+
+test("extend refuses a zero, a settled message and an auto-ack one", T, async () => {
+  const c = await connect(broker.addr);
+  try {
+    await c.publish("ts-extend-args", "x");
+    const sub = await c.subscribe("ts-extend-args");
+    const [m] = await take(sub[Symbol.asyncIterator](), 1);
+    await assert.rejects(m!.extend(0), { name: "InvalidArgumentError" });
+    await assert.rejects(m!.extend(Number.NaN), { name: "InvalidArgumentError" });
+    await m!.complete();
+    await assert.rejects(m!.extend(1000), { name: "AlreadySettledError" });
+  } finally {
+    await c.close();
+  }
+});
