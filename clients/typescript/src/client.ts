@@ -118,9 +118,9 @@ export interface ConnectOptions {
   onStatus?: (event: StatusEvent) => void;
   /** Called when a fast settle (complete, retry, retryAfter or fail without
    * `confirmed: true`) fails at the broker or cannot be delivered, with the
-   * error and the message. Without it such failures go to `log` as
+   * message and the error. Without it such failures go to `log` as
    * "settle_failed". */
-  onSettleError?: (err: unknown, msg: Message) => void;
+  onSettleError?: (msg: Message, err: unknown) => void;
 }
 
 /** Per-operation options: abort and time limit. Either one rejects the call
@@ -142,12 +142,11 @@ export interface SettleOptions extends OperationOptions {
 
 /** A change of the connection, from Client.status() and the onStatus option. */
 export type StatusEvent =
-  | { type: "disconnected"; error: unknown; missed?: number }
-  | { type: "reconnecting"; attempt: number; delayMs: number; missed?: number }
-  | { type: "reconnected"; resumed: boolean; missed?: number }
-  | { type: "going_away"; reason: string; deadlineMs: number; missed?: number }
-  | { type: "gave_up"; error: unknown; missed?: number }
-  | { type: "closed"; error: unknown; missed?: number };
+  | { type: "disconnected"; error: unknown; dropped?: number }
+  | { type: "reconnecting"; attempt: number; delayMs: number; dropped?: number }
+  | { type: "reconnected"; resumed: boolean; dropped?: number }
+  | { type: "going_away"; reason: string; deadlineMs: number; dropped?: number }
+  | { type: "closed"; error: unknown; dropped?: number };
 
 /** Events buffered per status() iterator before the oldest are dropped. */
 const STATUS_BUFFER_DEFAULT = 64;
@@ -1237,7 +1236,7 @@ export class Client {
     const h = this.o.onSettleError;
     if (h) {
       try {
-        h(err, msg);
+        h(msg, err);
       } catch {
         // The handler's own failure is not the client's to report.
       }
@@ -1297,13 +1296,15 @@ export class Client {
   }
 
   /**
-   * The connection's status changes as an async iterator: "disconnected",
-   * "reconnecting" (each attempt, with its backoff delay), "reconnected"
-   * (`resumed` says whether the broker session survived), "going_away" (a
-   * planned broker stop), "gave_up" (reconnect.maxAttempts failed in a row)
-   * and "closed", after which the iterator ends. Each iterator buffers at
-   * most `bufferSize` events (default 64): when the reader falls behind the
-   * oldest are dropped and the next event carries `missed`, how many.
+   * The connection's status changes as an async iterator: "disconnected"
+   * (`error`: why the connection broke, or the DisconnectedError of giving
+   * up after reconnect.maxAttempts), "reconnecting" (each attempt, from 1,
+   * with its backoff delay), "reconnected" (`resumed` says whether the
+   * broker session survived), "going_away" (a planned broker stop) and
+   * "closed" (`error` set when a fatal error closed the client), after which
+   * the iterator ends. Each iterator buffers at most `bufferSize` events
+   * (default 64): when the reader falls behind the oldest are dropped and
+   * the next event carries `dropped`, how many.
    * Leaving the loop (break, return, a throw) unregisters the iterator.
    */
   status(opts: { bufferSize?: number } = {}): AsyncIterableIterator<StatusEvent> {
@@ -1423,7 +1424,7 @@ export class Client {
 
   private giveUp(err: DisconnectedError): void {
     this.log("gave_up", { addr: this.addr, err: err.message });
-    this.emitStatus({ type: "gave_up", error: err });
+    this.emitStatus({ type: "disconnected", error: err });
     this.gaveUp = err;
     this.failAll(err, "disconnected");
   }
@@ -1715,6 +1716,8 @@ export class Message {
   /** 1 on first delivery, +1 on each redelivery. */
   readonly attempt: number;
   readonly publishedAtMs: number;
+  /** The lease the broker granted, in ms (0 if the broker did not say). */
+  readonly leaseMs: number;
   readonly key: Uint8Array;
   /** Headers as [key, value] pairs in the order published (a key may repeat),
    * then the broker's `sinew.*` headers. */
@@ -1749,6 +1752,7 @@ export class Message {
     }
     this.attempt = d.attempt;
     this.publishedAtMs = Number(d.published_at_ms);
+    this.leaseMs = d.lease_ms;
     this.key = d.key;
     this.headers = (d.headers as Array<{ key: string; value: string }>).map((h) => [h.key, h.value] as const);
     this.contentType = d.content_type;
@@ -1930,7 +1934,7 @@ class StatusSink implements AsyncIterableIterator<StatusEvent> {
 
   private withMissed(ev: StatusEvent): StatusEvent {
     if (this.missed === 0) return ev;
-    const out = { ...ev, missed: this.missed };
+    const out = { ...ev, dropped: this.missed };
     this.missed = 0;
     return out;
   }

@@ -207,7 +207,7 @@ test("status(): disconnected, reconnecting, reconnected, closed; bounded; leavin
     // The small one kept the last two of three and says it missed one.
     const first = await small.next();
     assert.equal(first.value?.type, "reconnecting");
-    assert.equal(first.value?.missed, 1);
+    assert.equal(first.value?.dropped, 1);
     assert.equal((await small.next()).value?.type, "reconnected");
     await c.close();
     const last = await small.next();
