@@ -605,7 +605,17 @@ export class Client {
     this.sleep = o.sleep ?? defaultSleep;
     this.random = o.random ?? Math.random;
     this.now = o.now ?? Date.now;
-    this.log = o.log ?? (() => {});
+    const log = o.log;
+    // The application's logger must not break the connection's state changes.
+    this.log = log
+      ? (e, d) => {
+          try {
+            log(e, d);
+          } catch {
+            // ignored
+          }
+        }
+      : () => {};
     this.producerId = o.producerId ?? `ts-${randomUUID()}`;
     this.windowMax = o.publishWindow && o.publishWindow > 0 ? o.publishWindow : PUBLISH_WINDOW_DEFAULT;
   }

@@ -603,7 +603,12 @@ class Reader {
   }
   bytes(field: string): Uint8Array {
     const v = this.view(field);
-    return v.slice();
+    // A copy, so that a message does not keep its whole read chunk alive;
+    // Buffer.allocUnsafe takes small ones from Node's pool, which is much
+    // cheaper than an ArrayBuffer each.
+    const out = Buffer.allocUnsafe(v.length);
+    out.set(v);
+    return out;
   }
   /** A length-prefixed run of bytes, not copied. */
   view(field: string): Uint8Array {
