@@ -26,8 +26,14 @@ import {
 } from "./codec.js";
 import { backoffDelay, reconnectPolicy, type ReconnectPolicy } from "./backoff.js";
 import {
+  AbortError,
   AlreadySettledError,
   BrokerError,
+  HeartbeatTimeoutError,
+  TimeoutError,
+  brokerError,
+  safeNumber,
+  subscriptionEnded,
   ClientClosedError,
   Code,
   ConnectionLostError,
@@ -54,6 +60,9 @@ const PUBLISH_INFLIGHT_BYTES_MAX = 64 << 20;
 const DELIVERY_BUFFER_MAX = 4096;
 /** Settle tags per frame when the broker announces no limit. */
 const SETTLE_BATCH_DEFAULT = 256;
+/** Settle frames awaiting their SETTLE_RESULT at once: while they are out,
+ * further settles gather into the next frame (a full batch goes anyway). */
+const SETTLE_FRAMES_MAX = 1;
 /** How long a connection that got GOING_AWAY waits for work in flight at most. */
 const GOING_AWAY_WAIT_MAX_MS = 30_000;
 /** How often such a connection checks whether its work in flight finished. */
@@ -104,7 +113,43 @@ export interface ConnectOptions {
   now?: () => number;
   /** Receives connection events (attempts, losses, resumes); payloads never. */
   log?: (event: string, detail: Record<string, unknown>) => void;
+  /** Called with every connection status event (see Client.status()). An
+   * exception it throws is ignored. */
+  onStatus?: (event: StatusEvent) => void;
+  /** Called when a fast settle (complete, retry, retryAfter or fail without
+   * `confirmed: true`) fails at the broker or cannot be delivered, with the
+   * message and the error. Without it such failures go to `log` as
+   * "settle_failed". */
+  onSettleError?: (msg: Message, err: unknown) => void;
 }
+
+/** Per-operation options: abort and time limit. Either one rejects the call
+ * with AbortError (TimeoutError for timeoutMs). */
+export interface OperationOptions {
+  /** Gives up the operation when it aborts. */
+  signal?: AbortSignal;
+  /** Gives up the operation after this many milliseconds. */
+  timeoutMs?: number;
+}
+
+/** Options of complete, retry, retryAfter and fail. */
+export interface SettleOptions extends OperationOptions {
+  /** Wait for the broker's answer (SETTLE_RESULT) and reject with its typed
+   * error, instead of returning once the settle is queued (default false).
+   * `signal` and `timeoutMs` bound only that wait: the settle goes on. */
+  confirmed?: boolean;
+}
+
+/** A change of the connection, from Client.status() and the onStatus option. */
+export type StatusEvent =
+  | { type: "disconnected"; error: unknown; dropped?: number }
+  | { type: "reconnecting"; attempt: number; delayMs: number; dropped?: number }
+  | { type: "reconnected"; resumed: boolean; dropped?: number }
+  | { type: "going_away"; reason: string; deadlineMs: number; dropped?: number }
+  | { type: "closed"; error: unknown; dropped?: number };
+
+/** Events buffered per status() iterator before the oldest are dropped. */
+const STATUS_BUFFER_DEFAULT = 64;
 
 /** TLS settings of connect. Certificates and keys are PEM contents, not
  * file names: read them with `fs.readFileSync`. */
@@ -122,16 +167,20 @@ export interface TLSOptions {
   servername?: string;
 }
 
+/** Message headers: an object, or [key, value] pairs (which may repeat a key). */
+export type HeadersInit = Record<string, string> | Iterable<readonly [string, string]>;
+
 /** Options of one publish. */
-export interface PublishOptions {
+export interface PublishOptions extends OperationOptions {
   /** Queue group (default ""). */
   group?: string;
   /** Partition; -1 (default) lets the broker choose. */
   partition?: number;
   /** Partition key. */
   key?: Uint8Array | string;
-  /** Message headers; keys starting with "sinew." are reserved. */
-  headers?: Record<string, string>;
+  /** Message headers, an object or [key, value] pairs in order (a key may
+   * repeat); keys starting with "sinew." are reserved. */
+  headers?: HeadersInit;
   /** Content type. */
   contentType?: string;
   /** Deliver no earlier than now + delayMs. */
@@ -143,13 +192,14 @@ export interface PublishOptions {
 /** Where a confirmed message is stored. */
 export interface PublishResult {
   partition: number;
-  offset: bigint;
+  /** A number: offsets above Number.MAX_SAFE_INTEGER reject with UnsafeIntegerError. */
+  offset: number;
   /** The broker had stored this publish already (a resend); offset is the original's. */
   duplicate: boolean;
 }
 
 /** Options of subscribe. */
-export interface SubscribeOptions {
+export interface SubscribeOptions extends OperationOptions {
   group?: string;
   /** One partition, or -1 (default) for all. */
   partition?: number;
@@ -160,7 +210,7 @@ export interface SubscribeOptions {
 }
 
 /** Settings of declareQueue; unset means the broker's default. */
-export interface QueueOptions {
+export interface QueueOptions extends OperationOptions {
   group?: string;
   partitions?: number;
   /** "default", "discard", "global" or "queue" (then deadLetterTarget names it). */
@@ -174,6 +224,8 @@ export interface QueueOptions {
 type Resume = { client_id: string; owner_id: string; token: Uint8Array };
 
 interface PendingPublish {
+  /** Written to a socket at least once. */
+  sent: boolean;
   /** The encoded fields before producer_seq. */
   head: Uint8Array;
   seq: bigint;
@@ -282,6 +334,13 @@ class Conn {
     this.sock.write(frame);
   }
 
+  /** Sends what write() corked now, rather than at the end of the turn. */
+  push(): void {
+    if (!this.corked || this.closed) return;
+    this.corked = false;
+    this.sock.uncork();
+  }
+
   /** Sends a request; the promise settles with its reply. The frame is
    * encoded before the request is registered: one that cannot be encoded,
    * or exceeds the broker's frame limit, rejects and leaves nothing behind. */
@@ -324,27 +383,47 @@ class Conn {
   /** Queues a settle; settles of one turn go out batched by op and delay. */
   settle(r: SettleReq): void {
     this.settleQueue.push(r);
+    if (this.settleQueue.length >= this.settleBatchMax()) {
+      // A full batch goes out at once.
+      this.flushSettles(true);
+      this.push();
+      return;
+    }
     if (!this.settleScheduled) {
       this.settleScheduled = true;
-      setImmediate(() => this.flushSettles());
+      setImmediate(() => {
+        this.settleScheduled = false;
+        this.flushSettles(false);
+      });
     }
+  }
+
+  /** Settle frames sent and not yet answered. */
+  private settleFrames = 0;
+
+  settleBatchMax(): number {
+    return (this.hello?.limits?.settle_batch_max as number | undefined) || SETTLE_BATCH_DEFAULT;
   }
 
   settlesQueued(): number {
     return this.settleQueue.length;
   }
 
-  /** Sends the queued settles now (before an UNSUBSCRIBE, so that they
-   * reach the broker first); the scheduled flush then finds nothing. */
-  flushSettles(): void {
-    this.settleScheduled = false;
+  /** Sends the queued settles: with force now (before an UNSUBSCRIBE or an
+   * END_SESSION, so that they reach the broker first), else unless
+   * SETTLE_FRAMES_MAX frames are out, whose answers then send them. Batching
+   * on answers lets a busy consumer put many tags in each frame, which the
+   * broker makes durable at once. */
+  flushSettles(force = true): void {
+    if (!force && !this.closed && this.settleFrames >= SETTLE_FRAMES_MAX) return;
     const q = this.settleQueue;
     this.settleQueue = [];
     if (this.closed) {
       this.client.holdSettles(q);
       return;
     }
-    const max = (this.hello.limits.settle_batch_max as number) || SETTLE_BATCH_DEFAULT;
+    if (q.length === 0) return;
+    const max = this.settleBatchMax();
     const groups = new Map<string, SettleReq[]>();
     for (const r of q) {
       const k = `${r.op}/${r.delayMs}`;
@@ -358,13 +437,21 @@ class Conn {
   }
 
   private sendSettles(batch: SettleReq[]): void {
-    const body = {
-      tags: batch.map((r) => r.msg.tag),
-      delay_ms: BigInt(batch[0]!.delayMs),
-      leases: batch.map((r) => r.msg.lease),
+    const ms = BigInt(batch[0]!.delayMs);
+    const tags = batch.map((r) => r.msg.tag);
+    const leases = batch.map((r) => r.msg.lease);
+    const body = batch[0]!.op === Op.EXTEND ? { tags, extend_ms: ms, leases } : { tags, delay_ms: ms, leases };
+    this.settleFrames++;
+    const answered = () => {
+      this.settleFrames--;
+      if (this.settleQueue.length > 0) this.flushSettles(false);
     };
-    this.call(batch[0]!.op, body, () => this.client.holdSettles(batch)).then(
+    this.call(batch[0]!.op, body, () => {
+      this.settleFrames--;
+      this.client.holdSettles(batch);
+    }).then(
       (reply) => {
+        answered();
         if (reply.op !== Op.SETTLE_RESULT || reply.body.codes.length !== batch.length) {
           this.close(new ProtocolError(`${opName(reply.op)} in answer to a settle`));
           for (const r of batch) r.reject(new ProtocolError("bad settle result"));
@@ -373,6 +460,7 @@ class Conn {
         batch.forEach((r, i) => this.client.settled(r, reply.body.codes[i] as number));
       },
       (err) => {
+        answered();
         for (const r of batch) this.client.settleFailed(r, err);
       },
     );
@@ -387,7 +475,7 @@ class Conn {
     this.heartbeat = setInterval(() => {
       const now = Date.now();
       if (now - this.lastRead >= 3 * every) {
-        this.close(new SinewError("heartbeat timeout: nothing arrived for three intervals", true));
+        this.close(new HeartbeatTimeoutError());
         return;
       }
       if (now - this.lastWrite >= every) this.call(Op.PING, {}, () => {}).catch(() => {});
@@ -433,14 +521,14 @@ class Conn {
         return;
     }
     if (f.op === Op.ERROR && f.requestId === 0n) {
-      this.close(new BrokerError(body.code, body.message));
+      this.close(brokerError(body.code, body.message));
       return;
     }
     const p = this.pending.get(f.requestId);
     if (!p) return; // a reply to a request given up on (a PING, say)
     this.pending.delete(f.requestId);
     if (f.op === Op.ERROR) {
-      const err = new BrokerError(body.code, body.message);
+      const err = brokerError(body.code, body.message);
       p.reject(err);
       if (body.fatal) this.close(err);
       return;
@@ -496,7 +584,10 @@ export class Client {
   private inflight = new Set<PendingPublish>();
   private inflightBytes = 0;
   private windowMax: number;
-  private windowWaiters: Array<() => void> = [];
+  /** Publishes waiting for the window, in order, from windowHead on (an
+   * aborted one is marked gone and skipped): taking the first is O(1). */
+  private windowWaiters: Array<(() => void) & { bytes: number; gone?: boolean }> = [];
+  private windowHead = 0;
   private connWaiters: Array<{ resolve(c: Conn): void; reject(e: unknown): void }> = [];
   private closing = false;
   private closed = false;
@@ -514,7 +605,17 @@ export class Client {
     this.sleep = o.sleep ?? defaultSleep;
     this.random = o.random ?? Math.random;
     this.now = o.now ?? Date.now;
-    this.log = o.log ?? (() => {});
+    const log = o.log;
+    // The application's logger must not break the connection's state changes.
+    this.log = log
+      ? (e, d) => {
+          try {
+            log(e, d);
+          } catch {
+            // ignored
+          }
+        }
+      : () => {};
     this.producerId = o.producerId ?? `ts-${randomUUID()}`;
     this.windowMax = o.publishWindow && o.publishWindow > 0 ? o.publishWindow : PUBLISH_WINDOW_DEFAULT;
   }
@@ -774,11 +875,17 @@ export class Client {
     const err = this.stateError();
     if (err) throw err;
     const { head, payload } = encodePublish(topic, body, opts, this.producerId);
+    const oo = operationOptions(opts, "opts");
     const frameBytes = 16 + head.length + 10 + 10 + payload.length;
     if (frameBytes > this.frameMax) {
       throw new InvalidArgumentError("body", `a message of ${payload.length} bytes exceeds the broker's frame limit of ${this.frameMax} bytes`);
     }
-    await this.windowAcquire(payload.length);
+    const state = { sent: false };
+    return abortable("publish", oo, state, (signal) => this.publishOn(head, payload, signal, state));
+  }
+
+  private async publishOn(head: Uint8Array, payload: Uint8Array, signal: AbortSignal | undefined, state: { sent: boolean }): Promise<PublishResult> {
+    await this.windowAcquire(payload.length, signal);
     const err2 = this.stateError();
     if (err2) {
       this.windowRelease(payload.length);
@@ -786,7 +893,7 @@ export class Client {
     }
     this.seq++;
     const d = deferred<PublishResult>();
-    const p: PendingPublish = { head, seq: this.seq, payload, bytes: payload.length, resolve: d.resolve, reject: d.reject };
+    const p: PendingPublish = { sent: false, head, seq: this.seq, payload, bytes: payload.length, resolve: d.resolve, reject: d.reject };
     this.inflight.add(p);
     const c = this.usable();
     if (c) this.sendPublish(p, c);
@@ -794,10 +901,30 @@ export class Client {
       this.replay.push(p);
       if (this.gaveUp) this.kick();
     }
+    state.sent = p.sent;
+    if (signal) {
+      // Given up: a publish waiting for a connection is dropped and frees its
+      // slot; one already written waits for its answer, which frees it.
+      const onAbort = () => {
+        state.sent = p.sent;
+        const i = this.replay.indexOf(p);
+        if (i >= 0) {
+          this.replay.splice(i, 1);
+          this.inflight.delete(p);
+          this.windowRelease(p.bytes);
+        }
+      };
+      signal.addEventListener("abort", onAbort, { once: true });
+      d.promise.then(
+        () => signal.removeEventListener("abort", onAbort),
+        () => signal.removeEventListener("abort", onAbort),
+      );
+    }
     return d.promise;
   }
 
   private sendPublish(p: PendingPublish, c: Conn): void {
+    p.sent = true;
     const finish = () => {
       this.inflight.delete(p);
       this.windowRelease(p.bytes);
@@ -810,7 +937,14 @@ export class Client {
           return;
         }
         finish();
-        p.resolve({ partition: r.body.partition, offset: r.body.offset, duplicate: r.body.duplicate });
+        let offset: number;
+        try {
+          offset = safeNumber("offset", r.body.offset);
+        } catch (e) {
+          p.reject(e);
+          return;
+        }
+        p.resolve({ partition: r.body.partition, offset, duplicate: r.body.duplicate });
       },
       (e) => {
         if (e instanceof BrokerError && e.code === Code.SHUTTING_DOWN && !this.closing) {
@@ -838,19 +972,32 @@ export class Client {
     this.replay.splice(i, 0, p);
   }
 
-  private windowAcquire(bytes: number): Promise<void> {
-    if (this.windowWaiters.length === 0 && this.fits(bytes)) {
+  private windowAcquire(bytes: number, signal?: AbortSignal): Promise<void> {
+    if (this.windowHead === this.windowWaiters.length && this.fits(bytes)) {
       this.inflightBytes += bytes;
       this.windowCount++;
       return Promise.resolve();
     }
-    return new Promise((resolve) => {
-      this.windowWaiters.push(() => {
-        this.inflightBytes += bytes;
-        this.windowCount++;
-        resolve();
-      });
-      (this.windowWaiters[this.windowWaiters.length - 1] as { bytes?: number }).bytes = bytes;
+    return new Promise((resolve, reject) => {
+      const w: (() => void) & { bytes: number; gone?: boolean } = Object.assign(
+        () => {
+          signal?.removeEventListener("abort", onAbort);
+          this.inflightBytes += bytes;
+          this.windowCount++;
+          resolve();
+        },
+        { bytes },
+      );
+      // Given up while waiting: leave the queue without taking a slot, and
+      // let the next waiter in if this one held it back.
+      const onAbort = () => {
+        if (w.gone) return;
+        w.gone = true;
+        this.pumpWindow();
+        reject(signal!.reason);
+      };
+      signal?.addEventListener("abort", onAbort, { once: true });
+      this.windowWaiters.push(w);
     });
   }
   private windowCount = 0;
@@ -860,11 +1007,25 @@ export class Client {
   private windowRelease(bytes: number): void {
     this.windowCount--;
     this.inflightBytes -= bytes;
-    while (this.windowWaiters.length) {
-      const w = this.windowWaiters[0]! as (() => void) & { bytes?: number };
-      if (!this.fits(w.bytes ?? 0)) break;
-      this.windowWaiters.shift();
-      w();
+    this.pumpWindow();
+  }
+  private pumpWindow(): void {
+    const q = this.windowWaiters;
+    while (this.windowHead < q.length) {
+      const w = q[this.windowHead]!;
+      if (!w.gone) {
+        if (!this.fits(w.bytes)) break;
+        w.gone = true;
+        w();
+      }
+      q[this.windowHead++] = undefined as never;
+    }
+    if (this.windowHead === q.length) {
+      q.length = 0;
+      this.windowHead = 0;
+    } else if (this.windowHead >= 1024 && this.windowHead * 2 >= q.length) {
+      q.splice(0, this.windowHead);
+      this.windowHead = 0;
     }
   }
 
@@ -885,7 +1046,7 @@ export class Client {
     checkInt("opts.maxRetries", o.maxRetries, -1, 2 ** 31 - 1);
     checkInt("opts.defaultTtlMs", o.defaultTtlMs, 0, Number.MAX_SAFE_INTEGER);
     checkInt("opts.leaseMs", o.leaseMs, 0, Number.MAX_SAFE_INTEGER);
-    const r = await this.request(Op.DECLARE_QUEUE, {
+    const r = await this.request("declareQueue", operationOptions(o, "opts"), Op.DECLARE_QUEUE, {
       topic,
       group: o.group ?? "",
       partitions: o.partitions ?? 0,
@@ -899,21 +1060,27 @@ export class Client {
   }
 
   /** Deletes a queue with all its messages; its subscriptions end with reason "queue_deleted". */
-  async deleteQueue(topic: string, group = ""): Promise<void> {
-    await this.request(Op.DELETE_QUEUE, { topic, group });
+  async deleteQueue(topic: string, group = "", opts: OperationOptions = {}): Promise<void> {
+    await this.request("deleteQueue", operationOptions(opts, "opts"), Op.DELETE_QUEUE, { topic, group });
   }
 
-  /** Discards a queue's ready and delayed messages; resolves with how many. */
-  async purgeQueue(topic: string, group = ""): Promise<bigint> {
-    return (await this.request(Op.PURGE_QUEUE, { topic, group })).purged;
+  /** Discards a queue's ready and delayed messages; resolves with how many
+   * (UnsafeIntegerError above Number.MAX_SAFE_INTEGER). */
+  async purgeQueue(topic: string, group = "", opts: OperationOptions = {}): Promise<number> {
+    return safeNumber("purged", (await this.request("purgeQueue", operationOptions(opts, "opts"), Op.PURGE_QUEUE, { topic, group })).purged);
   }
 
   /** A request that is not sent again after a cut (ConnectionLostError).
    * The body is encoded, and so checked, before anything else happens. */
-  private async request(op: number, body: Body): Promise<Body> {
+  private async request(what: string, o: OperationOptions, op: number, body: Body): Promise<Body> {
     encodeFrame(op, 0n, body);
-    const c = await this.ready();
-    return (await c.call(op, body)).body;
+    const state = { sent: false };
+    return abortable(what, o, state, async (signal) => {
+      const c = await this.ready();
+      if (signal?.aborted) throw signal.reason; // given up while waiting for a connection: not sent
+      state.sent = true;
+      return (await c.call(op, body)).body;
+    });
   }
 
   // ----- subscriptions -----
@@ -926,8 +1093,20 @@ export class Client {
     checkInt("opts.partition", o.partition, -1, 2 ** 31 - 1);
     checkInt("opts.prefetch", o.prefetch, 0, 0xffffffff);
     if (o.autoAck !== undefined && typeof o.autoAck !== "boolean") throw new InvalidArgumentError("opts.autoAck", `want a boolean, got ${describe(o.autoAck)}`);
+    const oo = operationOptions(o, "opts");
     const err = this.stateError();
     if (err) throw err;
+    const state = { sent: false };
+    // Given up: a subscription the broker still accepts is ended at once.
+    return abortable("subscribe", oo, state, (signal) => this.subscribeNew(topic, o, state, signal), (p) =>
+      p.then(
+        (s) => s.unsubscribe().catch(() => {}),
+        () => {},
+      ),
+    );
+  }
+
+  private async subscribeNew(topic: string, o: SubscribeOptions, state: { sent: boolean }, signal: AbortSignal | undefined): Promise<Subscription> {
     const s = new Subscription(this, topic, o);
     this.subs.add(s);
     for (;;) {
@@ -938,7 +1117,12 @@ export class Client {
         this.subs.delete(s);
         throw e;
       }
+      if (signal?.aborted) {
+        this.subs.delete(s);
+        throw signal.reason; // given up while waiting for a connection: not sent
+      }
       try {
+        state.sent = true;
         await this.subscribeOn(c, s);
         return s;
       } catch (e) {
@@ -1006,30 +1190,69 @@ export class Client {
         s.end("queue_deleted", new BrokerError(Code.NOT_FOUND, `queue deleted: ${b.message}`));
         return;
       default:
-        s.end("broker_error", new BrokerError(b.code || Code.INTERNAL, b.message));
+        s.end("broker_error", brokerError(b.code || Code.INTERNAL, b.message));
     }
   }
 
   // ----- settling -----
 
-  /** @internal */
-  settle(msg: Message, op: number, delayMs: number): Promise<void> {
+  /** @internal Settles (ACK, NACK, FAIL) and extends (EXTEND) a message. A
+   * settle returns once queued unless opts.confirmed; an extend always waits
+   * for the broker's answer. */
+  settle(msg: Message, op: number, delayMs: number, opts: SettleOptions | undefined): Promise<void> {
     if (!Number.isSafeInteger(delayMs) || delayMs < 0) {
       return Promise.reject(new InvalidArgumentError("ms", `want a number of milliseconds from 0 to ${Number.MAX_SAFE_INTEGER}, got ${describe(delayMs)}`));
     }
+    let o: Partial<SettleOptions>;
+    let oo: OperationOptions;
+    try {
+      o = options(opts, "opts");
+      if (o.confirmed !== undefined && typeof o.confirmed !== "boolean") throw new InvalidArgumentError("opts.confirmed", `want a boolean, got ${describe(o.confirmed)}`);
+      oo = operationOptions(o, "opts");
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    const extend = op === Op.EXTEND;
+    if (extend && delayMs < 1) return Promise.reject(new InvalidArgumentError("ms", `want at least 1 ms, got ${describe(delayMs)}`));
+    if (extend && msg.sub.autoAck) return Promise.reject(new InvalidArgumentError("msg", "an auto-ack message holds no lease to extend"));
     if (msg.settledBy) return Promise.reject(new AlreadySettledError());
-    msg.settledBy = op;
+    if (this.closed) return Promise.reject(new ClientClosedError());
+    if (!extend) msg.settledBy = op;
     if (msg.sub.autoAck) return Promise.resolve();
     if (msg.stale || msg.epoch !== this.epoch) {
-      msg.sub.release(msg);
+      if (!extend) msg.sub.release(msg);
       return Promise.reject(new StaleDeliveryError());
     }
-    const d = deferred<void>();
-    const r: SettleReq = { op, msg, delayMs, resolve: d.resolve, reject: d.reject };
+    const confirmed = extend || o.confirmed === true;
+    let r: SettleReq;
+    let done: Promise<void> | null = null;
+    if (confirmed) {
+      const d = deferred<void>();
+      r = { op, msg, delayMs, resolve: d.resolve, reject: d.reject };
+      done = d.promise;
+    } else {
+      r = { op, msg, delayMs, resolve: () => {}, reject: (e) => this.settleError(e, msg) };
+    }
     const c = this.conn && !this.conn.closed ? this.conn : null; // a draining connection still takes settles
     if (c) c.settle(r);
     else this.held.push(r);
-    return d.promise;
+    if (!done) return Promise.resolve();
+    const p = done;
+    return abortable(extend ? "extend" : "settle", oo, { sent: true }, () => p);
+  }
+
+  /** A fast settle failed: tell the application. */
+  private settleError(err: unknown, msg: Message): void {
+    const h = this.o.onSettleError;
+    if (h) {
+      try {
+        h(msg, err);
+      } catch {
+        // The handler's own failure is not the client's to report.
+      }
+      return;
+    }
+    this.log("settle_failed", { addr: this.addr, topic: msg.topic, partition: msg.partition, err: String((err as Error)?.message ?? err) });
   }
 
   private routeSettle(r: SettleReq, c: Conn): void {
@@ -1052,16 +1275,55 @@ export class Client {
 
   /** @internal */
   settled(r: SettleReq, code: number): void {
-    r.msg.sub.release(r.msg);
+    // An extend leaves the message held, unless its lease is gone.
+    if (r.op !== Op.EXTEND || code !== Code.OK) r.msg.sub.release(r.msg);
     if (code === Code.OK) r.resolve();
     else if (code === Code.STALE_LEASE) r.reject(new StaleDeliveryError("the broker judged the lease stale"));
-    else r.reject(new BrokerError(code, "settle refused"));
+    else r.reject(brokerError(code, r.op === Op.EXTEND ? "extend refused" : "settle refused"));
   }
 
   /** @internal */
   settleFailed(r: SettleReq, err: unknown): void {
-    r.msg.sub.release(r.msg);
+    if (r.op !== Op.EXTEND) r.msg.sub.release(r.msg);
     r.reject(err);
+  }
+
+  // ----- connection status -----
+
+  private statusSinks = new Set<StatusSink>();
+
+  /** @internal Tells onStatus and every status() iterator. */
+  emitStatus(ev: StatusEvent): void {
+    const h = this.o.onStatus;
+    if (h) {
+      try {
+        h(ev);
+      } catch {
+        // A failing callback must not break the connection's state changes.
+      }
+    }
+    for (const sink of this.statusSinks) sink.push(ev);
+  }
+
+  /**
+   * The connection's status changes as an async iterator: "disconnected"
+   * (`error`: why the connection broke, or the DisconnectedError of giving
+   * up after reconnect.maxAttempts), "reconnecting" (each attempt, from 1,
+   * with its backoff delay), "reconnected" (`resumed` says whether the
+   * broker session survived), "going_away" (a planned broker stop) and
+   * "closed" (`error` set when a fatal error closed the client), after which
+   * the iterator ends. Each iterator buffers at most `bufferSize` events
+   * (default 64): when the reader falls behind the oldest are dropped and
+   * the next event carries `dropped`, how many.
+   * Leaving the loop (break, return, a throw) unregisters the iterator.
+   */
+  status(opts: { bufferSize?: number } = {}): AsyncIterableIterator<StatusEvent> {
+    const o = options(opts, "opts");
+    checkInt("opts.bufferSize", o.bufferSize, 1, 1 << 20);
+    const sink = new StatusSink(o.bufferSize ?? STATUS_BUFFER_DEFAULT, () => this.statusSinks.delete(sink));
+    if (this.closed) sink.push({ type: "closed", error: this.fatal ?? new ClientClosedError() });
+    else this.statusSinks.add(sink);
+    return sink;
   }
 
   // ----- connection lifecycle -----
@@ -1072,6 +1334,7 @@ export class Client {
     c.draining = true;
     c.awayDeadline = Number(b.deadline_ms);
     this.log("going_away", { addr: this.addr, reason: b.reason });
+    this.emitStatus({ type: "going_away", reason: b.reason, deadlineMs: Number(b.deadline_ms) });
     const wait = Math.max(0, Math.min(c.awayDeadline - this.now(), GOING_AWAY_WAIT_MAX_MS));
     const deadline = setTimeout(() => c.close(new BrokerError(Code.SHUTTING_DOWN, "broker going away")), wait);
     const poll = setInterval(() => {
@@ -1105,6 +1368,7 @@ export class Client {
       return;
     }
     this.log("connection_lost", { addr: this.addr, err: String((err as Error)?.message ?? err) });
+    this.emitStatus({ type: "disconnected", error: err });
     void this.reconnect(c.draining);
   }
 
@@ -1120,9 +1384,13 @@ export class Client {
       if (this.now() - this.connectedAt >= this.policy.resetAfterMs) this.failures = 0;
       let immediate = planned;
       for (;;) {
+        let d = 0;
         if (!immediate) {
-          let d = backoffDelay(this.policy, this.failures, this.random());
+          d = backoffDelay(this.policy, this.failures, this.random());
           if (planned) d = Math.min(d, GOING_AWAY_BACKOFF_MAX_MS);
+        }
+        this.emitStatus({ type: "reconnecting", attempt: this.failures + 1, delayMs: d });
+        if (!immediate) {
           try {
             await this.sleep(d, this.stop.signal);
           } catch {
@@ -1132,8 +1400,10 @@ export class Client {
         immediate = false;
         if (this.closed) return;
         try {
+          const epoch = this.epoch;
           await this.attempt(this.stop.signal);
           this.log("reconnected", { addr: this.addr });
+          this.emitStatus({ type: "reconnected", resumed: this.epoch === epoch });
           return;
         } catch (err) {
           if (this.closed) return;
@@ -1164,6 +1434,7 @@ export class Client {
 
   private giveUp(err: DisconnectedError): void {
     this.log("gave_up", { addr: this.addr, err: err.message });
+    this.emitStatus({ type: "disconnected", error: err });
     this.gaveUp = err;
     this.failAll(err, "disconnected");
   }
@@ -1172,7 +1443,18 @@ export class Client {
     this.log("fatal", { addr: this.addr, err: String((err as Error)?.message ?? err) });
     this.fatal = err;
     this.failAll(err, "fatal");
+    this.endStatus(err);
   }
+
+  /** The last status event: every iterator ends after it. */
+  private endStatus(err: unknown): void {
+    if (this.statusEnded) return;
+    this.statusEnded = true;
+    this.emitStatus({ type: "closed", error: err });
+    for (const sink of this.statusSinks) sink.end();
+    this.statusSinks.clear();
+  }
+  private statusEnded = false;
 
   private failAll(err: unknown, reason: SubscriptionEndReason): void {
     const w = this.connWaiters;
@@ -1197,6 +1479,7 @@ export class Client {
     this.stop.abort();
     this.conn?.close(err);
     this.failAll(err, err instanceof ClientClosedError ? "client_closed" : "fatal");
+    this.endStatus(err instanceof ClientClosedError ? null : err);
   }
 
   /**
@@ -1209,10 +1492,16 @@ export class Client {
     if (this.closing || this.closed) return;
     this.closing = true;
     const limit = this.now() + (this.o.drainTimeoutMs ?? 5000);
-    while ((this.inflight.size > 0 || this.held.length > 0 || (this.conn?.pending.size ?? 0) > 0) && this.now() < limit) {
+    // Queued settles go out now, and are waited for like publishes.
+    this.conn?.flushSettles();
+    while (
+      (this.inflight.size > 0 || this.held.length > 0 || (this.conn?.pending.size ?? 0) > 0 || (this.conn?.settlesQueued() ?? 0) > 0) &&
+      this.now() < limit
+    ) {
       if (!this.conn || this.conn.closed) break;
       await new Promise((r) => setTimeout(r, 5));
     }
+    this.conn?.flushSettles();
     const c = this.conn;
     if (c && !c.closed) {
       const t = setTimeout(() => c.close(new ClientClosedError()), Math.max(0, limit - this.now()) + 1000);
@@ -1356,7 +1645,7 @@ export class Subscription implements AsyncIterable<Message> {
   end(reason: SubscriptionEndReason, cause: unknown): void {
     if (this.endReason) return;
     const msg = (cause as Error | null)?.message ?? reason;
-    this.endReason = new SubscriptionEndedError(reason, msg, cause ?? undefined);
+    this.endReason = subscriptionEnded(reason, msg, cause ?? undefined);
     this.client.subs.delete(this);
     if (reason === "unsubscribed") {
       // The broker takes these back; handing them out would only lead to
@@ -1430,12 +1719,19 @@ export class Message {
   readonly topic: string;
   readonly group: string;
   readonly partition: number;
-  readonly offset: bigint;
+  /** The message's offset in its partition. Reading it throws
+   * UnsafeIntegerError in the (theoretical) case it exceeds
+   * Number.MAX_SAFE_INTEGER. */
+  readonly offset!: number;
   /** 1 on first delivery, +1 on each redelivery. */
   readonly attempt: number;
   readonly publishedAtMs: number;
+  /** The lease the broker granted, in ms (0 if the broker did not say). */
+  readonly leaseMs: number;
   readonly key: Uint8Array;
-  readonly headers: Record<string, string>;
+  /** Headers as [key, value] pairs in the order published (a key may repeat),
+   * then the broker's `sinew.*` headers. */
+  readonly headers: ReadonlyArray<readonly [string, string]>;
   readonly contentType: string;
   readonly body: Uint8Array;
   /** @internal */ readonly tag: bigint;
@@ -1456,46 +1752,73 @@ export class Message {
     this.topic = d.topic;
     this.group = d.group;
     this.partition = d.partition;
-    this.offset = d.offset;
+    if (d.offset <= BigInt(Number.MAX_SAFE_INTEGER)) this.offset = Number(d.offset);
+    else {
+      const big = d.offset as bigint;
+      Object.defineProperty(this, "offset", {
+        enumerable: true,
+        get: () => safeNumber("offset", big),
+      });
+    }
     this.attempt = d.attempt;
     this.publishedAtMs = Number(d.published_at_ms);
+    this.leaseMs = d.lease_ms;
     this.key = d.key;
-    this.headers = {};
-    for (const h of d.headers as Array<{ key: string; value: string }>) if (!(h.key in this.headers)) this.headers[h.key] = h.value;
+    this.headers = (d.headers as Array<{ key: string; value: string }>).map((h) => [h.key, h.value] as const);
     this.contentType = d.content_type;
     this.body = d.body;
   }
 
   /** The body as UTF-8 text. */
-  text(): string {
+  get text(): string {
     return utf8dec.decode(this.body);
+  }
+
+  /** The first value of header `name`, or undefined. */
+  header(name: string): string | undefined {
+    for (const [k, v] of this.headers) if (k === name) return v;
+    return undefined;
   }
 
   /** The body parsed as JSON. */
   json<T = unknown>(): T {
-    return JSON.parse(this.text()) as T;
+    return JSON.parse(this.text) as T;
   }
 
-  /** Done (ACK). Resolves once the broker made the settle durable. */
-  complete(): Promise<void> {
-    return this.sub["client"].settle(this, Op.ACK, 0);
+  /** Done (ACK). Resolves once the settle is queued: it goes out batched
+   * with the others of this turn, and is held and sent again across a
+   * reconnect. With `{ confirmed: true }` it resolves once the broker made
+   * it durable and rejects with the broker's typed error. */
+  complete(opts?: SettleOptions): Promise<void> {
+    return this.sub["client"].settle(this, Op.ACK, 0, opts);
   }
 
-  /** Back to the queue for another attempt (NACK); counts against the queue's max retries. */
-  retry(): Promise<void> {
-    return this.sub["client"].settle(this, Op.NACK, 0);
+  /** Back to the queue for another attempt (NACK); counts against the
+   * queue's max retries. Queued or confirmed as for complete(). */
+  retry(opts?: SettleOptions): Promise<void> {
+    return this.sub["client"].settle(this, Op.NACK, 0, opts);
   }
 
   /** Like retry, delivered again no earlier than ms milliseconds from now.
    * ms is a non-negative number (a fraction of a millisecond is dropped);
    * anything else rejects with InvalidArgumentError and settles nothing. */
-  retryAfter(ms: number): Promise<void> {
-    return this.sub["client"].settle(this, Op.NACK, typeof ms === "number" && Number.isFinite(ms) && ms >= 0 ? Math.floor(ms) : ms);
+  retryAfter(ms: number, opts?: SettleOptions): Promise<void> {
+    return this.sub["client"].settle(this, Op.NACK, typeof ms === "number" && Number.isFinite(ms) && ms >= 0 ? Math.floor(ms) : ms, opts);
   }
 
-  /** Terminal failure (FAIL): the broker dead-letters the message. */
-  fail(): Promise<void> {
-    return this.sub["client"].settle(this, Op.FAIL, 0);
+  /** Terminal failure (FAIL): the broker dead-letters the message. Queued
+   * or confirmed as for complete(). */
+  fail(opts?: SettleOptions): Promise<void> {
+    return this.sub["client"].settle(this, Op.FAIL, 0, opts);
+  }
+
+  /** Extends the message's lease: the broker keeps it from other consumers
+   * until ms milliseconds from now (EXTEND). Resolves once the broker
+   * agreed; rejects with StaleDeliveryError when the lease is already gone,
+   * AlreadySettledError after a settle, and the broker's typed error
+   * otherwise. Call it before the lease runs out (the queue's leaseMs). */
+  extend(ms: number, opts?: OperationOptions): Promise<void> {
+    return this.sub["client"].settle(this, Op.EXTEND, typeof ms === "number" && Number.isFinite(ms) && ms >= 0 ? Math.floor(ms) : ms, opts);
   }
 }
 
@@ -1529,6 +1852,135 @@ function checkDuration(name: string, v: unknown): void {
   }
 }
 
+/** Checks signal and timeoutMs of an options object. */
+function operationOptions(o: Partial<OperationOptions>, name: string): OperationOptions {
+  if (o.signal !== undefined && !(o.signal instanceof AbortSignal)) throw new InvalidArgumentError(`${name}.signal`, `want an AbortSignal, got ${describe(o.signal)}`);
+  checkInt(`${name}.timeoutMs`, o.timeoutMs, 0, 2 ** 31 - 1);
+  return { signal: o.signal, timeoutMs: o.timeoutMs };
+}
+
+/**
+ * Runs an operation that o's signal or timeoutMs may give up. Giving up
+ * rejects at once with AbortError (TimeoutError for the timeout), aborts the
+ * signal handed to run (so that the operation can leave its queues) and
+ * hands the operation's own promise to abandon. state.sent, read after that
+ * abort, says whether the request may have reached the broker.
+ */
+function abortable<T>(
+  what: string,
+  o: OperationOptions,
+  state: { sent: boolean },
+  run: (signal: AbortSignal | undefined) => Promise<T>,
+  abandon?: (p: Promise<T>) => void,
+): Promise<T> {
+  if (!o.signal && o.timeoutMs === undefined) return run(undefined);
+  if (o.signal?.aborted) return Promise.reject(new AbortError(`${what}: aborted before it started`, false, o.signal.reason));
+  const inner = new AbortController();
+  return new Promise<T>((resolve, reject) => {
+    let over = false;
+    let timer: NodeJS.Timeout | undefined;
+    const finish = () => {
+      over = true;
+      clearTimeout(timer);
+      o.signal?.removeEventListener("abort", onAbort);
+    };
+    const giveUp = (make: (sent: boolean) => AbortError) => {
+      if (over) return;
+      finish();
+      inner.abort(); // the operation leaves its queues first, and updates state.sent
+      reject(make(state.sent));
+      abandon?.(p);
+    };
+    const onAbort = () => giveUp((sent) => new AbortError(`${what}: aborted${sent ? " (it may still take effect)" : ""}`, sent, o.signal!.reason));
+    o.signal?.addEventListener("abort", onAbort, { once: true });
+    if (o.timeoutMs !== undefined) {
+      const ms = o.timeoutMs;
+      timer = setTimeout(() => giveUp((sent) => new TimeoutError(`${what}: no result within ${ms} ms${sent ? " (it may still take effect)" : ""}`, sent)), ms);
+    }
+    const p = run(inner.signal);
+    p.then(
+      (v) => {
+        if (!over) {
+          finish();
+          resolve(v);
+        }
+      },
+      (e) => {
+        if (!over) {
+          finish();
+          reject(e);
+        }
+      },
+    );
+  });
+}
+
+/** The events of one status() iterator, bounded. */
+class StatusSink implements AsyncIterableIterator<StatusEvent> {
+  private buf: StatusEvent[] = [];
+  private missed = 0;
+  private ended = false;
+  private waiter: ((r: IteratorResult<StatusEvent>) => void) | null = null;
+
+  constructor(
+    private readonly max: number,
+    private readonly unregister: () => void,
+  ) {}
+
+  push(ev: StatusEvent): void {
+    if (this.ended) return;
+    if (this.waiter) {
+      const w = this.waiter;
+      this.waiter = null;
+      w({ value: this.withMissed(ev), done: false });
+      return;
+    }
+    if (this.buf.length >= this.max) {
+      this.buf.shift();
+      this.missed++;
+    }
+    this.buf.push(ev);
+  }
+
+  private withMissed(ev: StatusEvent): StatusEvent {
+    if (this.missed === 0) return ev;
+    const out = { ...ev, dropped: this.missed };
+    this.missed = 0;
+    return out;
+  }
+
+  /** No more events: the iterator ends once its buffer is read. */
+  end(): void {
+    this.ended = true;
+    if (this.waiter) {
+      const w = this.waiter;
+      this.waiter = null;
+      w({ value: undefined, done: true });
+    }
+  }
+
+  next(): Promise<IteratorResult<StatusEvent>> {
+    const ev = this.buf.shift();
+    if (ev) return Promise.resolve({ value: this.withMissed(ev), done: false });
+    if (this.ended) return Promise.resolve({ value: undefined, done: true });
+    if (this.waiter) return Promise.reject(new Error("sinew: a status iterator has one reader at a time"));
+    return new Promise((resolve) => {
+      this.waiter = resolve;
+    });
+  }
+
+  return(): Promise<IteratorResult<StatusEvent>> {
+    this.unregister();
+    this.buf = [];
+    this.end();
+    return Promise.resolve({ value: undefined, done: true });
+  }
+
+  [Symbol.asyncIterator](): AsyncIterableIterator<StatusEvent> {
+    return this;
+  }
+}
+
 /** Headers per message, as the protocol bounds them. */
 const HEADERS_MAX = 256;
 
@@ -1544,15 +1996,27 @@ function encodePublish(topic: string, body: Uint8Array | string, opts: PublishOp
   }
   const headers: Array<{ key: string; value: string }> = [];
   if (o.headers !== undefined) {
-    if (typeof o.headers !== "object" || o.headers === null || Array.isArray(o.headers)) {
-      throw new InvalidArgumentError("opts.headers", `want an object of strings, got ${describe(o.headers)}`);
+    if (typeof o.headers !== "object" || o.headers === null) {
+      throw new InvalidArgumentError("opts.headers", `want an object of strings or [key, value] pairs, got ${describe(o.headers)}`);
     }
-    for (const [key, value] of Object.entries(o.headers)) {
+    let entries: Array<readonly [unknown, unknown]>;
+    if (typeof (o.headers as { [Symbol.iterator]?: unknown })[Symbol.iterator] === "function") {
+      entries = [];
+      for (const pair of o.headers as Iterable<unknown>) {
+        if (!Array.isArray(pair) || pair.length !== 2) throw new InvalidArgumentError("opts.headers", `want [key, value] pairs, got ${describe(pair)}`);
+        entries.push([pair[0], pair[1]]);
+        if (entries.length > HEADERS_MAX) break;
+      }
+    } else {
+      entries = Object.entries(o.headers);
+    }
+    for (const [key, value] of entries) {
+      if (typeof key !== "string") throw new InvalidArgumentError("opts.headers", `want string keys, got ${describe(key)}`);
       if (typeof value !== "string") throw new InvalidArgumentError(`opts.headers[${JSON.stringify(key)}]`, `want a string, got ${describe(value)}`);
       if (key.startsWith("sinew.")) throw new InvalidArgumentError(`opts.headers[${JSON.stringify(key)}]`, `keys starting with "sinew." are reserved for the broker`);
       headers.push({ key, value });
     }
-    if (headers.length > HEADERS_MAX) throw new InvalidArgumentError("opts.headers", `at most ${HEADERS_MAX} headers, got ${headers.length}`);
+    if (entries.length > HEADERS_MAX) throw new InvalidArgumentError("opts.headers", `at most ${HEADERS_MAX} headers`);
   }
   checkString("opts.contentType", o.contentType);
   checkInt("opts.delayMs", o.delayMs, 0, Number.MAX_SAFE_INTEGER);

@@ -46,6 +46,7 @@ export const Op = {
   NACK: 0x31,
   FAIL: 0x32,
   SETTLE_RESULT: 0x33,
+  EXTEND: 0x34,
   GOING_AWAY: 0x40,
   RECONCILE: 0x41,
   RECONCILE_RESULT: 0x42,
@@ -239,6 +240,11 @@ export const schemas: Record<number, Schema> = {
   [Op.ACK]: settle,
   [Op.NACK]: settle,
   [Op.FAIL]: settle,
+  [Op.EXTEND]: [
+    ["tags", { list: "uvarint" }],
+    ["extend_ms", "varint"],
+    ["leases", { list: { record: leaseRef } }], // required, unlike the settles'
+  ],
   [Op.SETTLE_RESULT]: [["codes", { list: "code" }]],
   [Op.GOING_AWAY]: [
     ["deadline_ms", "varint"],
@@ -571,6 +577,22 @@ class Reader {
     }
     throw malformed(field, "bad uvarint");
   }
+  /** A uvarint as a number, for lengths, counts and narrow fields: exact up
+   * to 2^53 - 1, Infinity above (which every bound then refuses). */
+  unum(field: string): number {
+    const b = this.b;
+    let num = 0;
+    let mul = 1;
+    for (let i = 0; i < 10; i++) {
+      if (this.pos >= b.length) throw malformed(field, "bad uvarint");
+      const c = b[this.pos++]!;
+      if (i === 9 && c > 1) throw malformed(field, "bad uvarint");
+      num += (c & 0x7f) * mul;
+      mul *= 128;
+      if (c < 0x80) return num > Number.MAX_SAFE_INTEGER ? Infinity : num;
+    }
+    throw malformed(field, "bad uvarint");
+  }
   varint(field: string): bigint {
     const u = this.uvarint(field);
     return BigInt.asIntN(64, (u >> 1n) ^ -(u & 1n));
@@ -580,10 +602,20 @@ class Reader {
     return this.b[this.pos++]!;
   }
   bytes(field: string): Uint8Array {
-    const n = this.uvarint(field);
-    if (n > BigInt(this.left())) throw malformed(field, "length exceeds frame");
-    const v = this.b.slice(this.pos, this.pos + Number(n));
-    this.pos += Number(n);
+    const v = this.view(field);
+    // A copy, so that a message does not keep its whole read chunk alive;
+    // Buffer.allocUnsafe takes small ones from Node's pool, which is much
+    // cheaper than an ArrayBuffer each.
+    const out = Buffer.allocUnsafe(v.length);
+    out.set(v);
+    return out;
+  }
+  /** A length-prefixed run of bytes, not copied. */
+  view(field: string): Uint8Array {
+    const n = this.unum(field);
+    if (n > this.left()) throw malformed(field, "length exceeds frame");
+    const v = this.b.subarray(this.pos, this.pos + n);
+    this.pos += n;
     return v;
   }
 }
@@ -600,11 +632,11 @@ function minBytes(t: WireType): number {
 function decodeValue(r: Reader, t: WireType, field: string): unknown {
   if (typeof t === "object") {
     if ("list" in t) {
-      const n = r.uvarint(field);
+      const n = r.unum(field);
       const max = t.max ?? LIST_ITEMS_MAX;
-      if (n > BigInt(max)) throw malformed(field, `list of ${n} items exceeds ${max}`);
-      if (Number(n) * minBytes(t.list) > r.left()) throw malformed(field, "list longer than frame");
-      const out: unknown[] = new Array(Number(n));
+      if (n > max) throw malformed(field, `list of ${n} items exceeds ${max}`);
+      if (n * minBytes(t.list) > r.left()) throw malformed(field, "list longer than frame");
+      const out: unknown[] = new Array(n);
       for (let i = 0; i < out.length; i++) out[i] = decodeValue(r, t.list, field);
       return out;
     }
@@ -617,14 +649,14 @@ function decodeValue(r: Reader, t: WireType, field: string): unknown {
       return r.varint(field);
     case "u16":
     case "code": {
-      const v = r.uvarint(field);
-      if (v > 0xffffn) throw malformed(field, "out of range");
-      return Number(v);
+      const v = r.unum(field);
+      if (v > 0xffff) throw malformed(field, "out of range");
+      return v;
     }
     case "u32": {
-      const v = r.uvarint(field);
-      if (v > 0xffffffffn) throw malformed(field, "value exceeds 32 bits");
-      return Number(v);
+      const v = r.unum(field);
+      if (v > 0xffffffff) throw malformed(field, "value exceeds 32 bits");
+      return v;
     }
     case "i32": {
       const v = r.varint(field);
@@ -639,7 +671,7 @@ function decodeValue(r: Reader, t: WireType, field: string): unknown {
       return v === 1;
     }
     case "string": {
-      const b = r.bytes(field);
+      const b = r.view(field);
       try {
         return utf8Strict.decode(b);
       } catch {

@@ -46,6 +46,7 @@ export const Code = {
   SHUTTING_DOWN: 16,
   PERMISSION_DENIED: 23,
   NOT_OWNER: 24,
+  FENCED: 25,
 } as const;
 
 /** Name of an error code, e.g. "stale_lease". */
@@ -81,6 +82,81 @@ export class BrokerError extends SinewError {
     super(message ? `broker: ${codeName(code)}: ${message}` : `broker: ${codeName(code)}`, codeRetryable(code));
     this.code = code;
     this.codeName = codeName(code);
+  }
+}
+
+/** A request the broker refused because the user lacks the publish,
+ * consume or manage permission on its topic (code permission_denied; the Go
+ * SDK's ErrPermissionDenied). Only that request failed. */
+export class PermissionDeniedError extends BrokerError {
+  override name = "PermissionDeniedError";
+  constructor(message: string) {
+    super(Code.PERMISSION_DENIED, message);
+  }
+}
+
+/** The broker's session never issued the settled delivery (code
+ * unknown_tag; the Go SDK's ErrUnknownTag). */
+export class UnknownTagError extends BrokerError {
+  override name = "UnknownTagError";
+  constructor(message = "delivery tag unknown to the broker's session") {
+    super(Code.UNKNOWN_TAG, message);
+  }
+}
+
+/** The BrokerError for a code: PermissionDeniedError and UnknownTagError
+ * for their codes, a plain BrokerError otherwise. @internal */
+export function brokerError(code: number, message: string): BrokerError {
+  if (code === Code.PERMISSION_DENIED) return new PermissionDeniedError(message);
+  if (code === Code.UNKNOWN_TAG) return new UnknownTagError(message);
+  return new BrokerError(code, message);
+}
+
+/** An operation given up on because its `signal` aborted (the Go SDK's
+ * context.Canceled). The client's state is as before the call where it
+ * can be (a publish still waiting for a window slot takes none, one not yet
+ * sent is dropped); a request already sent may still take effect at the
+ * broker: `sent` says so. `cause` is the signal's reason. */
+export class AbortError extends SinewError {
+  override name = "AbortError";
+  /** The request had gone out (or may have): its outcome is unknown. */
+  readonly sent: boolean;
+  constructor(message: string, sent: boolean, cause?: unknown) {
+    super(message, true, { cause });
+    this.sent = sent;
+  }
+}
+
+/** An operation given up on because its `timeoutMs` passed (the Go SDK's
+ * context.DeadlineExceeded). An AbortError too. */
+export class TimeoutError extends AbortError {
+  override name = "TimeoutError";
+}
+
+/** A 64-bit number from the broker (an offset, a count) above
+ * Number.MAX_SAFE_INTEGER, which a JavaScript number cannot hold exactly.
+ * `value` holds it as a bigint. */
+export class UnsafeIntegerError extends SinewError {
+  override name = "UnsafeIntegerError";
+  readonly value: bigint;
+  constructor(what: string, value: bigint) {
+    super(`${what} ${value} exceeds Number.MAX_SAFE_INTEGER`, false);
+    this.value = value;
+  }
+}
+
+/** A u64 from the wire as a number, or UnsafeIntegerError. @internal */
+export function safeNumber(what: string, v: bigint): number {
+  if (v > BigInt(Number.MAX_SAFE_INTEGER)) throw new UnsafeIntegerError(what, v);
+  return Number(v);
+}
+
+/** Nothing arrived on a connection for three heartbeat intervals (the Go
+ * SDK's ErrHeartbeatTimeout). The client reconnects. */
+export class HeartbeatTimeoutError extends SinewError {
+  override name = "HeartbeatTimeoutError";
+  constructor() {
+    super("heartbeat timeout: nothing arrived for three intervals", true);
   }
 }
 
@@ -185,9 +261,68 @@ export type SubscriptionEndReason =
 export class SubscriptionEndedError extends SinewError {
   override name = "SubscriptionEndedError";
   readonly reason: SubscriptionEndReason;
+  /** The broker's error code name when the broker ended it with one
+   * (e.g. "permission_denied", "fenced"), else "". */
+  readonly codeName: string;
   constructor(reason: SubscriptionEndReason, message: string, cause?: unknown) {
     super(`subscription ended (${reason}): ${message}`, false, { cause });
     this.reason = reason;
+    this.codeName = cause instanceof BrokerError ? cause.codeName : "";
+  }
+}
+
+/** The subscription was ended by unsubscribe(), by leaving its `for await`
+ * loop, or by the broker on the client's request (the Go SDK's
+ * ErrUnsubscribed). A `for await` loop ends normally on it. */
+export class UnsubscribedError extends SubscriptionEndedError {
+  override name = "UnsubscribedError";
+  constructor() {
+    super("unsubscribed", "unsubscribed");
+  }
+}
+
+/** The broker dropped the subscription while reconciling a resumed session
+ * (the Go SDK's ErrReconciledClosed). */
+export class ReconciledClosedError extends SubscriptionEndedError {
+  override name = "ReconciledClosedError";
+  constructor(message: string, cause?: unknown) {
+    super("reconciled_closed", message, cause);
+  }
+}
+
+/** Reconciliation asked the client to recreate the subscription and the new
+ * subscribe failed (the Go SDK's ErrRecreated; Python's
+ * RecreateFailedError); `cause` says why. */
+export class RecreatedError extends SubscriptionEndedError {
+  override name = "RecreatedError";
+  constructor(message: string, cause?: unknown) {
+    super("recreate_failed", message, cause);
+  }
+}
+
+/** The subscription's queue was deleted (in the Go SDK a BrokerError with
+ * code not_found, "queue deleted"). `code` is not_found. */
+export class QueueDeletedError extends SubscriptionEndedError {
+  override name = "QueueDeletedError";
+  readonly code = Code.NOT_FOUND;
+  constructor(message: string, cause?: unknown) {
+    super("queue_deleted", message, cause);
+  }
+}
+
+/** The subscription end for a reason: the subclass of that reason. @internal */
+export function subscriptionEnded(reason: SubscriptionEndReason, message: string, cause?: unknown): SubscriptionEndedError {
+  switch (reason) {
+    case "unsubscribed":
+      return new UnsubscribedError();
+    case "reconciled_closed":
+      return new ReconciledClosedError(message, cause);
+    case "recreate_failed":
+      return new RecreatedError(message, cause);
+    case "queue_deleted":
+      return new QueueDeletedError(message, cause);
+    default:
+      return new SubscriptionEndedError(reason, message, cause);
   }
 }
 

@@ -1,6 +1,17 @@
 // Sinew client for TypeScript and JavaScript (Node 20+), no runtime dependencies.
 export { connect, Client, Subscription, Message, CLIENT_VERSION } from "./client.js";
-export type { ConnectOptions, TLSOptions, PublishOptions, PublishResult, SubscribeOptions, QueueOptions } from "./client.js";
+export type {
+  ConnectOptions,
+  TLSOptions,
+  PublishOptions,
+  PublishResult,
+  SubscribeOptions,
+  QueueOptions,
+  OperationOptions,
+  SettleOptions,
+  StatusEvent,
+  HeadersInit,
+} from "./client.js";
 export { backoffDelay, reconnectPolicy, RECONNECT_DEFAULTS } from "./backoff.js";
 export type { ReconnectPolicy } from "./backoff.js";
 export {
@@ -15,6 +26,16 @@ export {
   StaleDeliveryError,
   AlreadySettledError,
   SubscriptionEndedError,
+  UnsubscribedError,
+  ReconciledClosedError,
+  RecreatedError,
+  QueueDeletedError,
+  PermissionDeniedError,
+  UnknownTagError,
+  HeartbeatTimeoutError,
+  AbortError,
+  TimeoutError,
+  UnsafeIntegerError,
   isRetryable,
   codeName,
   CODES,

@@ -61,18 +61,18 @@ test("publish resolves on confirm; consume and complete", T, async () => {
   const c = await connect(broker.addr);
   try {
     const r = await c.publish("ts-basic", "hello", { key: "k", headers: { a: "b" }, contentType: "text/plain" });
-    assert.equal(typeof r.offset, "bigint");
+    assert.equal(typeof r.offset, "number");
     assert.equal(r.duplicate, false);
     const sub = await c.subscribe("ts-basic", { prefetch: 8 });
     const [m] = await take(sub[Symbol.asyncIterator](), 1);
-    assert.equal(m!.text(), "hello");
-    assert.equal(m!.headers.a, "b");
+    assert.equal(m!.text, "hello");
+    assert.equal(m!.header("a"), "b");
     assert.equal(m!.contentType, "text/plain");
     assert.equal(m!.offset, r.offset);
     assert.equal(m!.attempt, 1);
     await m!.complete();
     await assert.rejects(m!.complete(), { name: "AlreadySettledError" });
-    assert.equal(await c.purgeQueue("ts-basic"), 0n);
+    assert.equal(await c.purgeQueue("ts-basic"), 0);
   } finally {
     await c.close();
   }
@@ -123,7 +123,7 @@ test("a cut socket inside the grace: no error reaches the application, no redeli
     assert.ok(second.every((r) => !r.duplicate));
     assert.equal(ev.count("session_resumed"), 1);
     assert.equal(ev.count("session_not_resumed"), 0);
-    assert.equal(await c.purgeQueue("ts-cut"), 0n, "nothing went back to the queue");
+    assert.equal(await c.purgeQueue("ts-cut"), 0, "nothing went back to the queue");
   } finally {
     await c.close();
     await proxy.close();
@@ -149,9 +149,9 @@ test("a restart with drain: publishes and settles across it succeed", T, async (
     const during = c.publish("ts-restart", "during"); // waits for the broker to come back
     await b.start();
     const r = await during;
-    assert.equal(typeof r.offset, "bigint");
+    assert.equal(typeof r.offset, "number");
     const [m] = await take(it, 1);
-    assert.equal(m!.text(), "during");
+    assert.equal(m!.text, "during");
     await m!.complete();
     assert.ok(ev.count("reconnected") >= 1);
     assert.equal(ev.count("fatal"), 0);
@@ -295,8 +295,8 @@ test("retry, retryAfter and fail; dead letters carry the reason", T, async () =>
     await assert.rejects(m3!.complete(), { name: "AlreadySettledError" });
     const dead = await c.subscribe("ts-dlq");
     const [d] = await take(dead[Symbol.asyncIterator](), 1);
-    assert.equal(d!.text(), "job");
-    assert.equal(d!.headers["sinew.reason"], "failed");
+    assert.equal(d!.text, "job");
+    assert.equal(d!.header("sinew.reason"), "failed");
     await d!.complete();
   } finally {
     await c.close();
@@ -320,7 +320,7 @@ test("a session the broker lost: held settles fail as stale, the subscription co
     await fresh;
     await assert.rejects(m!.complete(), (e: unknown) => e instanceof StaleDeliveryError);
     const [again] = await take(it, 1);
-    assert.equal(again!.text(), "x");
+    assert.equal(again!.text, "x");
     assert.equal(again!.attempt, 2);
     await again!.complete();
   } finally {

@@ -8,6 +8,9 @@ export class FaultProxy {
   private links = new Set<[net.Socket, net.Socket]>();
   /** Connections accepted so far. */
   accepted = 0;
+  /** Bytes passed from clients to the broker so far. */
+  upBytes = 0;
+  private holding = false;
   port = 0;
 
   constructor(readonly target: { host: string; port: number }) {}
@@ -38,8 +41,25 @@ export class FaultProxy {
     };
     client.on("error", drop).on("close", drop);
     up.on("error", drop).on("close", drop);
+    client.on("data", (b: Buffer) => {
+      this.upBytes += b.length;
+    });
     client.pipe(up);
-    up.pipe(client);
+    if (!this.holding) up.pipe(client);
+  }
+
+  /** hold(true) stops passing the broker's bytes to the clients (they wait
+   * in the proxy); hold(false) passes them on again. */
+  hold(on: boolean): void {
+    this.holding = on;
+    for (const [client, up] of this.links) {
+      if (on) {
+        up.unpipe(client);
+        up.pause();
+      } else {
+        up.pipe(client);
+      }
+    }
   }
 
   /** Resets every proxied connection; returns how many. */

@@ -47,7 +47,7 @@ test("break out of for await ends the subscription and releases its prefetched m
     const sub = await c.subscribe("ts-loop", { prefetch: 16 });
     let completed: Promise<void> | null = null;
     for await (const m of sub) {
-      assert.equal(m.text(), "m0");
+      assert.equal(m.text, "m0");
       // Wait until the other three sit in the client's buffer, prefetched.
       const until = Date.now() + 5000;
       while ((sub as unknown as { buf: Message[] }).buf.length < 3 && Date.now() < until) await new Promise((r) => setTimeout(r, 5));
@@ -58,11 +58,11 @@ test("break out of for await ends the subscription and releases its prefetched m
 
     const next = await c2.subscribe("ts-loop", { prefetch: 16 });
     const got = await takeWithin(next[Symbol.asyncIterator](), 3, 3000);
-    assert.deepEqual(got.map((m) => m.text()).sort(), ["m1", "m2", "m3"]);
+    assert.deepEqual(got.map((m) => m.text).sort(), ["m1", "m2", "m3"]);
     assert.equal(sub.ended, true);
     assert.equal(sub.endReason?.reason, "unsubscribed");
     await Promise.all(got.map((m) => m.complete()));
-    assert.equal(await c.purgeQueue("ts-loop"), 0n);
+    assert.equal(await c.purgeQueue("ts-loop"), 0);
   } finally {
     await c.close();
     await c2.close();
@@ -86,7 +86,7 @@ test("an exception thrown in the loop body ends the subscription too", T, async 
     );
     const again = await c.subscribe("ts-loop-throw", { prefetch: 4 });
     const [m] = await takeWithin(again[Symbol.asyncIterator](), 1, 3000);
-    assert.equal(m!.text(), "m1");
+    assert.equal(m!.text, "m1");
     await m!.complete();
     assert.equal(sub.endReason?.reason, "unsubscribed");
   } finally {

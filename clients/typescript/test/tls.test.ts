@@ -64,7 +64,7 @@ async function roundTrip(c: Client, topic: string): Promise<void> {
     const sub = await c.subscribe(topic, { prefetch: 1 });
     const it = sub[Symbol.asyncIterator]();
     const m = (await it.next()).value;
-    assert.equal(m.text(), "over tls");
+    assert.equal(m.text, "over tls");
     assert.equal(m.offset, r.offset);
     await m.complete();
   } finally {

@@ -74,6 +74,24 @@ function canon(v: unknown): string {
   );
 }
 
+// EXTEND's body is NACK's with delay_ms replaced by extend_ms: the bytes of
+// the shared vector nack/delay with the op byte 0x31 changed to 0x34.
+const extendHex = "0000001b01340000000000000000000f0104b8170105014d80808080802000";
+const extendBody = {
+  tags: [4n],
+  extend_ms: 1500n,
+  leases: [{ sub_id: 5n, partition: 1, offset: 77n, lease_id: 1099511627776n, epoch: 0n }],
+};
+
+test("EXTEND encodes as NACK's layout with extend_ms, and decodes back", () => {
+  assert.equal(hex(encodeFrame(Op.EXTEND, 15n, extendBody)), extendHex);
+  const nack = vectors.find((v) => v.name === "nack/delay")!;
+  assert.equal(extendHex, nack.hex.slice(0, 10) + "34" + nack.hex.slice(12));
+  const f = parseFrame(unhex(extendHex));
+  assert.equal(f.op, Op.EXTEND);
+  assert.equal(canon(fieldsToJSON(schemas[Op.EXTEND]!, decodeBody(f.op, f.body))), canon(fieldsToJSON(schemas[Op.EXTEND]!, extendBody)));
+});
+
 test("the vector file covers every op this codec knows", () => {
   const ops = new Set(vectors.filter((v) => !v.error).map((v) => v.op));
   for (const op of Object.keys(schemas).map(Number)) assert.ok(ops.has(op), `no vector for op 0x${op.toString(16)}`);
