@@ -266,7 +266,8 @@ STATUS_CLOSED = "closed"
 @dataclass(frozen=True)
 class StatusEvent:
     """A change of the client's connection, as :meth:`Client.status` and the
-    ``on_status`` option report it. ``kind`` is one of:
+    ``on_status`` option report it. ``type`` (named as in the TypeScript
+    client) is one of:
 
     - ``"disconnected"``: the connection broke (``error`` says why), or the
       client gave up reconnecting (``error`` is a DisconnectedError);
@@ -281,7 +282,7 @@ class StatusEvent:
       closed it). The last event.
     """
 
-    kind: str
+    type: str
     error: BaseException | None = None
     attempt: int = 0
     delay_ms: int = 0
@@ -289,7 +290,7 @@ class StatusEvent:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-safe data; ``error`` as its class name and text."""
-        return {"kind": self.kind, "error": None if self.error is None else str(self.error),
+        return {"type": self.type, "error": None if self.error is None else str(self.error),
                 "error_type": None if self.error is None else type(self.error).__name__,
                 "attempt": self.attempt, "delay_ms": self.delay_ms, "resumed": self.resumed}
 
@@ -319,7 +320,7 @@ class StatusStream:
             self._buf.popleft()
             self.dropped += 1
         self._buf.append(ev)
-        if ev.kind == STATUS_CLOSED:
+        if ev.type == STATUS_CLOSED:
             self._ended = True
             self._client._status_streams.discard(self)
         if self._waiter is not None and not self._waiter.done():
@@ -1877,7 +1878,7 @@ class Client:
         of :class:`StatusEvent`::
 
             async for ev in client.status():
-                print(ev.kind, ev.error)
+                print(ev.type, ev.error)
 
         Bounded (the oldest of more than 64 unread events are dropped);
         leaving the loop unregisters it. After close() it yields ``"closed"``

@@ -205,12 +205,12 @@ class Status(BrokerCase):
         self.proxy.cut_all()
         kinds = []
         async for ev in st:
-            kinds.append(ev.kind)
-            if ev.kind == "reconnected":
+            kinds.append(ev.type)
+            if ev.type == "reconnected":
                 self.assertTrue(ev.resumed)
                 break
         self.assertEqual(kinds, ["disconnected", "reconnecting", "reconnected"])
-        self.assertEqual([e.kind for e in seen], kinds)
+        self.assertEqual([e.type for e in seen], kinds)
         self.assertEqual((seen[1].attempt, seen[1].delay_ms), (1, 100))
         self.assertIsInstance(seen[0].error, sinew.ConnectionLostError)
         json.dumps([e.to_dict() for e in seen])
@@ -220,9 +220,9 @@ class Status(BrokerCase):
         self.assertEqual(len(c._status_streams), 0, "leaving the loop did not unregister the stream")
         st2 = c.status()
         await c.close()
-        self.assertEqual([e.kind async for e in st2], ["closed"])
-        self.assertEqual(seen[-1].kind, "closed")
-        self.assertEqual([e.kind async for e in c.status()], ["closed"])  # after close: closed, then the end
+        self.assertEqual([e.type async for e in st2], ["closed"])
+        self.assertEqual(seen[-1].type, "closed")
+        self.assertEqual([e.type async for e in c.status()], ["closed"])  # after close: closed, then the end
 
     async def test_going_away_on_a_planned_stop(self) -> None:
         c = await self.client(self.broker.addr, sleep=Recorder())
@@ -230,14 +230,14 @@ class Status(BrokerCase):
         c2 = c.status()
         stopping = asyncio.ensure_future(self.broker.stop())
         async for ev in c2:
-            kinds.append(ev.kind)
-            if ev.kind == "disconnected":
+            kinds.append(ev.type)
+            if ev.type == "disconnected":
                 break
         self.assertEqual(kinds, ["going_away", "disconnected"])
         self.assertEqual(await within(stopping), 0)
         await self.broker.start()
         async for ev in c2:
-            if ev.kind == "reconnected":
+            if ev.type == "reconnected":
                 break
         await c2.aclose()
         self.assertEqual(len(c._status_streams), 0)
