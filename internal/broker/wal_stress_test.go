@@ -1,0 +1,164 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"testing/synctest"
+
+	"github.com/sinewmq/sinew/protocol"
+)
+
+// chanConsumer hands deliveries to the test through a channel; Deliver
+// never blocks (a full channel is a test failure).
+type chanConsumer struct {
+	t  *testing.T
+	ch chan Delivery
+}
+
+func (c *chanConsumer) Deliver(_ *Subscription, d Delivery) {
+	select {
+	case c.ch <- d:
+	default:
+		c.t.Error("delivery channel full")
+	}
+}
+func (c *chanConsumer) Closed(*Subscription, uint8, error) {}
+
+// Crashes in the middle of concurrent publishes and ACKs, with checkpoints
+// every few records, small partition segments (retention drops them) and
+// small journal segments (pressure and trimming), power loss with and
+// without torn writes: after each restart every confirmed publish is there
+// unless its ACK was confirmed, and no message whose ACK was confirmed
+// comes back.
+func TestWALCrashUnderLoadKeepsConfirmedAndSettled(t *testing.T) {
+	seeds := uint64(6)
+	if testing.Short() {
+		seeds = 2
+	}
+	for seed := range seeds {
+		t.Run("seed="+strconv.FormatUint(seed, 10), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { walStressRun(t, seed) })
+		})
+	}
+}
+
+func walStressRun(t *testing.T, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 11))
+	fs := walFS(t)
+	var mu sync.Mutex
+	confirmed := map[string]bool{} // bodies of confirmed publishes to jobs
+	acked := map[string]bool{}     // bodies whose ACK was confirmed
+	otherConfirmed := 0
+	ctx := context.Background()
+	for round := range 6 {
+		cfg := testConfig(fs)
+		cfg.CheckpointEveryRecords = 8 + rng.IntN(64)
+		cfg.SegmentBytes = 4 << 10
+		cfg.walSegmentBytes = 16 << 10
+		b := mustOpen(t, cfg)
+		if _, err := b.Declare(ctx, &protocol.DeclareQueue{Topic: "jobs", Partitions: 3, MaxRetries: -1}); err != nil {
+			t.Fatal(err)
+		}
+		if got := readyTotal(t, b, "other"); got < otherConfirmed {
+			t.Errorf("round %d: queue other has %d ready, %d confirmed", round, got, otherConfirmed)
+		}
+		c := &chanConsumer{t: t, ch: make(chan Delivery, 1<<16)}
+		s, err := b.Subscribe(&protocol.Subscribe{Topic: "jobs", Partition: -1, Prefetch: 64}, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Check: drain the queue, ACKing everything.
+		for {
+			synctest.Wait()
+			n := 0
+			for len(c.ch) > 0 {
+				d := <-c.ch
+				n++
+				body := string(d.Body)
+				if acked[body] {
+					t.Errorf("round %d: %q came back after its ACK was confirmed", round, body)
+				}
+				if code := settleWait(s, protocol.OpAck, d); code != protocol.CodeOK {
+					t.Errorf("round %d: ack %q: %v", round, body, code)
+				}
+				acked[body] = true
+			}
+			if n == 0 {
+				break
+			}
+		}
+		var lost []string
+		for body := range confirmed {
+			if !acked[body] {
+				lost = append(lost, body)
+			}
+		}
+		if len(lost) > 0 {
+			slices.Sort(lost)
+			t.Errorf("round %d: %d confirmed messages lost: %q", round, len(lost), lost[:min(len(lost), 10)])
+		}
+		if t.Failed() {
+			b.Close()
+			return
+		}
+
+		// Load: publishers, an ACKer, and a crash once target publishes
+		// are confirmed.
+		target := 100 + rng.IntN(600)
+		crashAt := make(chan struct{})
+		var once sync.Once
+		count := 0
+		var wg sync.WaitGroup
+		for p := range 3 {
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					m := msg("jobs", fmt.Sprintf("r%d-p%d-%d", round, p, i))
+					if p == 2 && i%5 == 0 {
+						m = msg("other", "x")
+					}
+					if _, err := publish(t, b, m); err != nil {
+						return
+					}
+					mu.Lock()
+					if m.Topic == "other" {
+						otherConfirmed++
+					} else {
+						confirmed[string(m.Body)] = true
+					}
+					count++
+					if count >= target {
+						once.Do(func() { close(crashAt) })
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		stop := make(chan struct{})
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case d := <-c.ch:
+					if settleWait(s, protocol.OpAck, d) == protocol.CodeOK {
+						mu.Lock()
+						acked[string(d.Body)] = true
+						mu.Unlock()
+					}
+				}
+			}
+		})
+		<-crashAt
+		crashed := fs.Crash(rng, rng.IntN(2) == 0)
+		close(stop)
+		b.Close() // the crashed file system refuses everything
+		wg.Wait()
+		fs = crashed
+	}
+	t.Logf("confirmed %d, acked %d, other %d", len(confirmed), len(acked), otherConfirmed)
+}
