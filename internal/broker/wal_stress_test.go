@@ -4,14 +4,69 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
 
+	"github.com/sinewmq/sinew/internal/vfs"
 	"github.com/sinewmq/sinew/protocol"
 )
+
+// crashFS is a MemFS that calls crash just before its n-th durability
+// step (a file or directory sync, a rename, a remove) once armed, so a
+// crash can fall between any two of them: between a release of the
+// journal and the sync it relies on, say.
+type crashFS struct {
+	*vfs.MemFS
+	mu    sync.Mutex
+	left  int // steps until the crash; 0: disarmed
+	crash func()
+}
+
+func (c *crashFS) arm(n int, crash func()) {
+	c.mu.Lock()
+	c.left, c.crash = n, crash
+	c.mu.Unlock()
+}
+
+func (c *crashFS) step() {
+	c.mu.Lock()
+	fire := false
+	if c.left > 0 {
+		c.left--
+		fire = c.left == 0
+	}
+	crash := c.crash
+	c.mu.Unlock()
+	if fire {
+		crash()
+	}
+}
+
+func (c *crashFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
+	f, err := c.MemFS.OpenFile(name, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	return &crashFile{File: f, fs: c}, nil
+}
+func (c *crashFS) Remove(name string) error { c.step(); return c.MemFS.Remove(name) }
+func (c *crashFS) Rename(oldname, newname string) error {
+	c.step()
+	return c.MemFS.Rename(oldname, newname)
+}
+func (c *crashFS) SyncDir(dir string) error { c.step(); return c.MemFS.SyncDir(dir) }
+
+type crashFile struct {
+	vfs.File
+	fs *crashFS
+}
+
+func (f *crashFile) Sync() error               { f.fs.step(); return f.File.Sync() }
+func (f *crashFile) Allocate(size int64) error { return vfs.Allocate(f.File, size) }
 
 // chanConsumer hands deliveries to the test through a channel; Deliver
 // never blocks (a full channel is a test failure).
@@ -59,7 +114,8 @@ func walStressRun(t *testing.T, seed uint64) {
 	otherConfirmed := 0
 	ctx := context.Background()
 	for round := range 6 {
-		cfg := testConfig(fs)
+		cfs := &crashFS{MemFS: fs}
+		cfg := testConfig(cfs)
 		cfg.CheckpointEveryRecords = 8 + rng.IntN(64)
 		if rng.IntN(3) == 0 {
 			// Rare checkpoints: journal pressure releases it.
@@ -114,11 +170,23 @@ func walStressRun(t *testing.T, seed uint64) {
 			return
 		}
 
-		// Load: publishers, an ACKer, and a crash once target publishes
-		// are confirmed.
+		// Load: publishers, an ACKer, and a crash (or a clean stop) once
+		// target publishes are confirmed, or just before the file
+		// system's n-th durability step.
 		target := 100 + rng.IntN(600)
 		crashAt := make(chan struct{})
 		var once sync.Once
+		mode := rng.IntN(4) // 0: clean stop, 1: crash at target, 2 and 3: crash at a step
+		tear := rng.IntN(2) == 0
+		var crashed *vfs.MemFS
+		if mode >= 2 {
+			target = -1
+			crashRng := rand.New(rand.NewPCG(seed, uint64(round)))
+			cfs.arm(1+rng.IntN(1500), func() {
+				crashed = fs.Crash(crashRng, tear)
+				close(crashAt)
+			})
+		}
 		count := 0
 		var wg sync.WaitGroup
 		for p := range 3 {
@@ -138,7 +206,7 @@ func walStressRun(t *testing.T, seed uint64) {
 						confirmed[string(m.Body)] = true
 					}
 					count++
-					if count >= target {
+					if target > 0 && count >= target {
 						once.Do(func() { close(crashAt) })
 					}
 					mu.Unlock()
@@ -166,7 +234,7 @@ func walStressRun(t *testing.T, seed uint64) {
 			}
 		})
 		<-crashAt
-		if rng.IntN(4) == 0 {
+		if mode == 0 {
 			// A clean stop in the middle of the load (the journal is
 			// retired if every partition released it).
 			close(stop)
@@ -176,7 +244,9 @@ func walStressRun(t *testing.T, seed uint64) {
 			wg.Wait()
 			continue
 		}
-		crashed := fs.Crash(rng, rng.IntN(2) == 0)
+		if mode == 1 {
+			crashed = fs.Crash(rng, tear)
+		}
 		close(stop)
 		b.Close() // the crashed file system refuses everything
 		wg.Wait()
