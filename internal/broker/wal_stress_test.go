@@ -84,12 +84,13 @@ func (c *chanConsumer) Deliver(_ *Subscription, d Delivery) {
 }
 func (c *chanConsumer) Closed(*Subscription, uint8, error) {}
 
-// Crashes in the middle of concurrent publishes and ACKs, with checkpoints
-// every few records or rarely, small partition segments (retention drops
-// them) and small journal segments (pressure and trimming), power loss with
-// and without torn writes, and now and then a clean stop under load: after each restart every confirmed publish is there
-// unless its ACK was confirmed, and no message whose ACK was confirmed
-// comes back.
+// Power loss (with and without torn writes) in the middle of concurrent
+// publishes and ACKs, at a confirm count or just before a random durability
+// step, with checkpoints every few records or rarely, small partition
+// segments (retention drops them), small journal segments (pressure and
+// trimming), a queue created at runtime, and now and then a clean stop
+// under load: after each restart every confirmed publish is there unless
+// its ACK was sent, and no message whose ACK was confirmed comes back.
 func TestWALCrashUnderLoadKeepsConfirmedAndSettled(t *testing.T) {
 	seeds := uint64(6)
 	if testing.Short() {
