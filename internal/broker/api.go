@@ -145,6 +145,8 @@ type Config struct {
 	DeadLetterTopic string
 	// deadLetterJobsMax overrides deadLetterJobsMax (tests).
 	deadLetterJobsMax int
+	// walSegmentBytes overrides the node journal's segment size (tests).
+	walSegmentBytes int64
 	// DelayMsMax caps how far ahead a publish may schedule its first
 	// delivery (delay_ms, or not_before_ms from now); TTLMsMax caps a
 	// publish's ttl_ms and a queue's default_ttl_ms; NackDelayMsMax caps

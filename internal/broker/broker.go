@@ -230,7 +230,7 @@ func Open(cfg Config) (b *Broker, err error) {
 	}
 	b.walParts = map[string]*partition.Partition{}
 	b.walStuck = map[string]*wal.Group{}
-	b.wal, err = wal.Open(wal.Options{FS: cfg.FS, Dir: filepath.Join(cfg.DataDir, "wal"), OnPressure: b.walPressure})
+	b.wal, err = wal.Open(wal.Options{FS: cfg.FS, Dir: filepath.Join(cfg.DataDir, "wal"), SegmentBytes: cfg.walSegmentBytes, OnPressure: b.walPressure})
 	if err != nil {
 		return nil, fmt.Errorf("broker: node journal: %w", err)
 	}
