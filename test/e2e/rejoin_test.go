@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"syscall"
 	"testing"
@@ -23,10 +24,12 @@ const rejoinBound = 15 * time.Second
 // seeds: it reaches the nodes its committed table names, through raft and
 // through gossip, sees both alive and the controller's three voters within
 // rejoinBound, answers not_owner for a replicated queue it does not own,
-// and a publish through it succeeds. Twice: stopped with SIGTERM and
-// started at once on the same ports (before the others could declare its
-// previous run dead: that run's address answers their probes), and killed
-// with -9 and started on new ports (a machine whose address changed).
+// and a publish through it succeeds. Stopped with SIGTERM (a drain) and
+// started on the same ports; killed with -9 and started at once on the
+// same ports (before the others declare its previous run dead: the new run
+// answers their probes, so nothing tells it of its peers); and killed with
+// -9 and started on new ports (a machine whose address changed: the
+// others know nothing of its new one).
 func TestClusterBootstrapNodeRejoinsThroughItsTable(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the sinew binary")
@@ -38,6 +41,7 @@ func TestClusterBootstrapNodeRejoinsThroughItsTable(t *testing.T) {
 		newPorts bool
 	}{
 		{"sigterm-same-ports", syscall.SIGTERM, false},
+		{"kill-same-ports", syscall.SIGKILL, false},
 		{"kill-new-ports", syscall.SIGKILL, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) { bootstrapNodeRejoins(t, bin, tc.sig, tc.newPorts) })
@@ -72,12 +76,33 @@ func bootstrapNodeRejoins(t *testing.T, bin string, sig os.Signal, newPorts bool
 		awaitNodes(t, c, "three voters", func(v nodesView) bool { return controllerAgrees(v, three, nil, three, nil) })
 	}
 
-	const topic = "rejoin"
+	// A queue whose preferred owner is another node: its owner stays
+	// there while node 1 restarts (successive queues start on different
+	// nodes, so one of the first three is one).
 	_, _, client := seededClient(t, nodes, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*safetyTimeout)
 	defer cancel()
-	if _, err := client.DeclareQueue(ctx, topic, sinew.QueueConfig{Partitions: 1}); err != nil {
-		t.Fatal(err)
+	topic := ""
+	for i := 0; i < 3 && topic == ""; i++ {
+		name := fmt.Sprintf("rejoin-%d", i)
+		if _, err := client.DeclareQueue(ctx, name, sinew.QueueConfig{Partitions: 1}); err != nil {
+			t.Fatal(err)
+		}
+		var q struct {
+			Partitions []struct {
+				Replicas []string `json:"replicas"`
+			} `json:"partitions"`
+		}
+		getJSONInto(t, "http://"+n2.admin+"/api/v1/queues/"+name, &q)
+		if len(q.Partitions) != 1 || len(q.Partitions[0].Replicas) != 3 {
+			t.Fatalf("queue %s: %+v, want one partition on three replicas", name, q)
+		}
+		if q.Partitions[0].Replicas[0] != n1.addr {
+			topic = name
+		}
+	}
+	if topic == "" {
+		t.Fatal("the first three queues all prefer node 1 as their owner")
 	}
 	if _, err := client.Publish(ctx, topic, []byte("before")); err != nil {
 		t.Fatal(err)
