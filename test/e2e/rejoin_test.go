@@ -37,23 +37,26 @@ func TestClusterBootstrapNodeRejoinsThroughItsTable(t *testing.T) {
 	bin := buildSinew(t)
 	for _, tc := range []struct {
 		name     string
+		profile  string
 		sig      os.Signal
 		newPorts bool
 	}{
-		{"sigterm-same-ports", syscall.SIGTERM, false},
-		{"kill-same-ports", syscall.SIGKILL, false},
-		{"kill-new-ports", syscall.SIGKILL, true},
+		{"sigterm-same-ports", "lan", syscall.SIGTERM, false},
+		{"kill-same-ports", "lan", syscall.SIGKILL, false},
+		{"sigterm-same-ports-seed-profile", "seed", syscall.SIGTERM, false},
+		{"kill-same-ports-seed-profile", "seed", syscall.SIGKILL, false},
+		{"kill-new-ports", "lan", syscall.SIGKILL, true},
 	} {
-		t.Run(tc.name, func(t *testing.T) { bootstrapNodeRejoins(t, bin, tc.sig, tc.newPorts) })
+		t.Run(tc.name, func(t *testing.T) { bootstrapNodeRejoins(t, bin, tc.profile, tc.sig, tc.newPorts) })
 	}
 }
 
-func bootstrapNodeRejoins(t *testing.T, bin string, sig os.Signal, newPorts bool) {
+func bootstrapNodeRejoins(t *testing.T, bin, profile string, sig os.Signal, newPorts bool) {
 	dir1 := t.TempDir()
 	// Node 1's command line, as docs/cluster.md writes it: fixed ports,
 	// no seeds.
 	args := func() []string {
-		return []string{"--listen", freeAddr(t), "--admin-listen", freeAddr(t), "--cluster", "--cluster-profile", "lan",
+		return []string{"--listen", freeAddr(t), "--admin-listen", freeAddr(t), "--cluster", "--cluster-profile", profile,
 			"--cluster-gossip-listen", freeAddr(t), "--cluster-peer-listen", freeAddr(t)}
 	}
 	start1 := func(args []string) *clusterChild {
@@ -63,8 +66,8 @@ func bootstrapNodeRejoins(t *testing.T, bin string, sig os.Signal, newPorts bool
 	}
 	cmdline := args()
 	n1 := start1(cmdline)
-	n2 := startClusterChild(t, bin, t.TempDir(), n1.gossip)
-	n3 := startClusterChild(t, bin, t.TempDir(), n1.gossip)
+	n2 := startClusterChildArgs(t, bin, t.TempDir(), []string{"--cluster-profile", profile}, n1.gossip)
+	n3 := startClusterChildArgs(t, bin, t.TempDir(), []string{"--cluster-profile", profile}, n1.gossip)
 	nodes := []*clusterChild{n1, n2, n3}
 	id := map[*clusterChild]string{}
 	var three []string
