@@ -276,10 +276,11 @@ func (c *Controller) Tick() {
 // Reconcile hands the controller the membership's current view of the
 // nodes. The leader proposes what makes the committed table and the
 // group's configuration match it: a join for a live node it does not hold
-// (or holds with other addresses; an empty GossipAddr is no change), a leave for a node that left on
-// purpose, and one configuration change at a time toward VotersMax live
-// voters and every other member a learner: a voter reported dead
-// gives its seat to a live learner and stays in the table.
+// (or holds with other addresses; an empty GossipAddr is no change), a
+// leave for a node that left on purpose, and one configuration change at
+// a time toward VotersMax live voters and every other member a learner:
+// a voter reported dead gives its seat to a live learner and stays in
+// the table.
 func (c *Controller) Reconcile(view []Member) {
 	c.mu.Lock()
 	c.view = slices.Clone(view)
