@@ -27,7 +27,8 @@ import (
 const raftClusterID = "sinew"
 
 // reconcileEveryMs is how often the membership view is handed to the
-// controller (and new peers to the transport).
+// controller, and the peers of the view and of the committed table to the
+// transport and to membership.
 const reconcileEveryMs = 500
 
 // raftTickMs is the raft host's tick: every group's raft clock.
@@ -118,7 +119,9 @@ func (n *clusterNode) run(ctx context.Context) {
 	warned := false
 	for {
 		n.ctl.SetFenced(n.m.Fenced())
-		n.ctl.Reconcile(n.controllerView())
+		view := n.controllerView()
+		n.knowTablePeers(n.ctl.Status().Table, view)
+		n.ctl.Reconcile(view)
 		if n.ctl.Status().Leader != 0 {
 			since, warned = time.Now(), false
 		} else if !warned && time.Since(since) > noLeaderWarnAfterMs*time.Millisecond {
@@ -135,17 +138,16 @@ func (n *clusterNode) run(ctx context.Context) {
 }
 
 // controllerView is the membership view for Controller.Reconcile: this
-// node and every peer alive, dead or left; each peer's raft address goes
-// to the transport.
+// node and every peer alive, dead or left, with the gossip address each
+// was heard at.
 func (n *clusterNode) controllerView() []controller.Member {
-	view := []controller.Member{{Node: controller.Node{RaftID: n.raftID, ID: n.id, ClientAddr: n.client, PeerAddr: n.peer, Boot: n.boot}}}
+	view := []controller.Member{{Node: controller.Node{RaftID: n.raftID, ID: n.id, ClientAddr: n.client, PeerAddr: n.peer, GossipAddr: n.m.Addr(), Boot: n.boot}}}
 	for _, p := range n.m.Members() {
 		rid, err := controller.RaftIDOf(p.Name)
 		if err != nil || p.MetaErr != nil || p.Meta.PeerAddr == "" || !reachablePeer(p.Addr, p.Meta.PeerAddr) {
 			continue
 		}
-		n.tr.AddPeer(rid, p.Meta.PeerAddr)
-		nd := controller.Node{RaftID: rid, ID: p.Name, ClientAddr: p.Meta.ClientAddr, PeerAddr: p.Meta.PeerAddr, Boot: p.Meta.Boot}
+		nd := controller.Node{RaftID: rid, ID: p.Name, ClientAddr: p.Meta.ClientAddr, PeerAddr: p.Meta.PeerAddr, GossipAddr: p.Addr, Boot: p.Meta.Boot}
 		switch p.State {
 		case membership.StateAlive:
 			view = append(view, controller.Member{Node: nd})
@@ -156,6 +158,62 @@ func (n *clusterNode) controllerView() []controller.Member {
 		}
 	}
 	return view
+}
+
+// knowTablePeers hands the transport every peer's raft address
+// (transportPeers) and membership the gossip addresses of the committed
+// table's nodes (tableGossipAddrs): a node restarted without seeds
+// reaches the nodes its own table holds, through raft and through gossip,
+// before any of them is back in its membership view. The view is this
+// turn's controllerView.
+func (n *clusterNode) knowTablePeers(tbl *controller.Table, view []controller.Member) {
+	for id, addr := range transportPeers(tbl, n.raftID, n.peer, view) {
+		n.tr.AddPeer(id, addr) // a no-op when the address is the one held
+	}
+	n.m.SetKnownPeers(tableGossipAddrs(tbl, n.raftID, view[0].GossipAddr))
+}
+
+// transportPeers is where the raft transport reaches each other node:
+// every node of the committed table that has not left, at its peer
+// address, and every peer of the membership view (after this node, its
+// first member), at the address gossip gives, which wins over the
+// table's. A loopback address names a node on this machine, so the
+// table's is taken only when this node's own peer address is loopback.
+// Partitions' raft groups use the same transport.
+func transportPeers(tbl *controller.Table, self uint64, selfPeer string, view []controller.Member) map[uint64]string {
+	out := map[uint64]string{}
+	if tbl != nil {
+		for _, nd := range tbl.Nodes {
+			if nd.Left || nd.RaftID == self || nd.PeerAddr == "" || !reachablePeer(selfPeer, nd.PeerAddr) {
+				continue
+			}
+			out[nd.RaftID] = nd.PeerAddr
+		}
+	}
+	for _, m := range view {
+		if m.RaftID != self && m.PeerAddr != "" {
+			out[m.RaftID] = m.PeerAddr
+		}
+	}
+	return out
+}
+
+// tableGossipAddrs is the gossip address of every node of the committed
+// table that has not left, other than this node (self, at selfGossip),
+// sorted. A loopback address is taken only when this node's is loopback.
+func tableGossipAddrs(tbl *controller.Table, self uint64, selfGossip string) []string {
+	if tbl == nil {
+		return nil
+	}
+	var out []string
+	for _, nd := range tbl.Nodes {
+		if nd.Left || nd.RaftID == self || nd.GossipAddr == "" || nd.GossipAddr == selfGossip || !reachablePeer(selfGossip, nd.GossipAddr) {
+			continue
+		}
+		out = append(out, nd.GossipAddr)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // stopController stops the host loop, the controller and the transport.

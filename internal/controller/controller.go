@@ -276,10 +276,11 @@ func (c *Controller) Tick() {
 // Reconcile hands the controller the membership's current view of the
 // nodes. The leader proposes what makes the committed table and the
 // group's configuration match it: a join for a live node it does not hold
-// (or holds with other addresses), a leave for a node that left on
-// purpose, and one configuration change at a time toward VotersMax live
-// voters and every other member a learner: a voter reported dead
-// gives its seat to a live learner and stays in the table.
+// (or holds with other addresses; an empty GossipAddr is no change), a
+// leave for a node that left on purpose, and one configuration change at
+// a time toward VotersMax live voters and every other member a learner:
+// a voter reported dead gives its seat to a live learner and stays in
+// the table.
 func (c *Controller) Reconcile(view []Member) {
 	c.mu.Lock()
 	c.view = slices.Clone(view)
@@ -551,14 +552,17 @@ func (c *Controller) reconcile() error {
 			// The run that left, alive while it hands its replicas over
 			// (or seen through a view from before its leave): not back.
 			continue
-		case !m.Gone && (!known || cur.Left || cur.ClientAddr != m.ClientAddr || cur.PeerAddr != m.PeerAddr || cur.Boot != m.Boot):
+		case !m.Gone && (!known || cur.Left || cur.ClientAddr != m.ClientAddr || cur.PeerAddr != m.PeerAddr || cur.Boot != m.Boot ||
+			(m.GossipAddr != "" && cur.GossipAddr != m.GossipAddr)):
+			// An unknown gossip address (empty) changes nothing: the
+			// table keeps the last one heard.
 			n := m.Node
 			n.JoinedAt, n.Left = 0, false
 			cmd = command{Op: opJoin, Node: &n}
 		default:
 			continue
 		}
-		key := fmt.Sprintf("%s/%d/%s/%s/%d", cmd.Op, m.RaftID, m.ClientAddr, m.PeerAddr, m.Boot)
+		key := fmt.Sprintf("%s/%d/%s/%s/%s/%d", cmd.Op, m.RaftID, m.ClientAddr, m.PeerAddr, m.GossipAddr, m.Boot)
 		if _, ok := c.proposed[key]; ok {
 			continue
 		}

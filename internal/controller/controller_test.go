@@ -33,6 +33,8 @@ type cluster struct {
 	boots     map[uint64]uint64
 	snapEvery int
 	segBytes  int64
+	// gossip is each node's gossip address in the view (none: empty).
+	gossip map[uint64]string
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -108,6 +110,7 @@ func (c *cluster) stop(id uint64) {
 func (c *cluster) member(id uint64) Node {
 	n := nodeAt(id, c.epoch)
 	n.Boot = c.boots[id]
+	n.GossipAddr = c.gossip[id]
 	return n
 }
 

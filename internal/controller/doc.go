@@ -12,8 +12,10 @@
 // One node bootstraps the group (Config.Bootstrap, on a data directory
 // without a controller log) as its only voter. The leader then reconciles
 // the table and the group with the membership view it is handed
-// (Controller.Reconcile): a live node it does not hold gets a join entry; a
-// node that left on purpose gets a leave entry; and one configuration change
+// (Controller.Reconcile): a live node it does not hold, or holds at other
+// client, peer or gossip addresses, gets a join entry (a view that does
+// not know a node's gossip address leaves the recorded one); a node that
+// left on purpose gets a leave entry; and one configuration change
 // at a time makes the first VotersMax nodes in join order voters and every
 // other member a learner, so every node receives the table. A voter the
 // view reports dead is demoted to learner when a live member can take its

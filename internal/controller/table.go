@@ -17,6 +17,10 @@ type Node struct {
 	// ClientAddr and PeerAddr are where clients and peer nodes reach it.
 	ClientAddr string `json:"client_addr,omitempty"`
 	PeerAddr   string `json:"peer_addr,omitempty"`
+	// GossipAddr is where the node's membership gossip was last heard
+	// (empty: not known yet). A node that restarts without seeds joins
+	// the gossip addresses of the nodes its own table holds.
+	GossipAddr string `json:"gossip_addr,omitempty"`
 	// JoinedAt is the controller log index of the entry that added it.
 	JoinedAt uint64 `json:"joined_at"`
 	// Left is set once the node left the cluster on purpose.
@@ -152,8 +156,13 @@ func (t *Table) apply(index uint64, c command) error {
 			return nil
 		} else if ok {
 			// A node joining again (new addresses, or back after it
-			// left) keeps its place in the join order.
+			// left) keeps its place in the join order. A join that
+			// names no gossip address (from a leader that does not
+			// know it) keeps the one recorded.
 			t.Nodes[i].ClientAddr, t.Nodes[i].PeerAddr, t.Nodes[i].Left, t.Nodes[i].Boot = n.ClientAddr, n.PeerAddr, false, n.Boot
+			if n.GossipAddr != "" {
+				t.Nodes[i].GossipAddr = n.GossipAddr
+			}
 			return nil
 		}
 		n.JoinedAt, n.Left = index, false

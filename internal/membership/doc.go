@@ -41,9 +41,11 @@
 //
 // memberlist stops probing a node it holds dead, so after a partition
 // heals each side would go on holding the other dead. A reconnect loop
-// joins the dead peers' addresses (and the seeds while fenced) every
-// Profile.ReconnectInterval, at most reconnectPeersMax per round; the full
-// state exchange lets each node refute the other side's verdict on itself.
+// joins the dead peers' addresses (and the seeds and the known peers of
+// SetKnownPeers while this node sees no peer alive, while it is fenced and
+// for a while after start) every Profile.ReconnectInterval, at most
+// reconnectPeersMax per round; the full state exchange lets each node
+// refute the other side's verdict on itself.
 // A dead peer stays in the view, and the loop keeps trying it, until it
 // comes back.
 //

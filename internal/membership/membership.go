@@ -26,6 +26,9 @@ var (
 // a round costs at most this many dial timeouts.
 const reconnectPeersMax = 8
 
+// knownPeersMax bounds the addresses SetKnownPeers keeps.
+const knownPeersMax = 1024
+
 // Config configures a Membership.
 type Config struct {
 	// Meta is this node's metadata; Meta.NodeID is also its memberlist
@@ -162,16 +165,19 @@ type Membership struct {
 	meta     *metaDelegate
 	profile  Profile
 	seeds    []string
+	// selfAddr is Addr, taken once at start (SetKnownPeers drops it).
+	selfAddr string
 
 	// started is when New ran; joinErr is the first join's error (nil
 	// when a seed answered, or when there were no seeds).
 	started time.Time
 	joinErr error
 
-	kick chan struct{} // cap 1: an event is pending
-	out  chan Event
-	stop chan struct{}
-	wg   sync.WaitGroup
+	kick  chan struct{} // cap 1: an event is pending
+	nudge chan struct{} // cap 1: SetKnownPeers brought a new address
+	out   chan Event
+	stop  chan struct{}
+	wg    sync.WaitGroup
 
 	closeOnce sync.Once
 
@@ -189,6 +195,7 @@ type Membership struct {
 	order     []string // pending keys, oldest first
 	stats     Stats
 	rrNext    int
+	known     []string // SetKnownPeers
 }
 
 // New starts a node's membership and joins cfg.Seeds (failing to reach any
@@ -217,6 +224,7 @@ func New(cfg Config) (*Membership, error) {
 		profile:   cfg.Profile,
 		seeds:     append([]string(nil), cfg.Seeds...),
 		kick:      make(chan struct{}, 1),
+		nudge:     make(chan struct{}, 1),
 		out:       make(chan Event),
 		stop:      make(chan struct{}),
 		table:     map[string]*Member{},
@@ -231,6 +239,7 @@ func New(cfg Config) (*Membership, error) {
 		return nil, fmt.Errorf("membership: start memberlist: %w", err)
 	}
 	m.ml = ml
+	m.selfAddr = m.Addr()
 	m.started = time.Now()
 	if len(m.seeds) > 0 {
 		// Best effort: a node may start before its seeds (the reconnect
@@ -292,6 +301,42 @@ func (cfg Config) memberlistConfig(md *metaDelegate, m *Membership) *memberlist.
 func (m *Membership) Addr() string {
 	n := m.ml.LocalNode()
 	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+}
+
+// SetKnownPeers sets the gossip addresses ("host:port") of other nodes
+// this node knows of besides its seeds (sinew serve: the nodes of its
+// committed node table), replacing the previous ones. They are joined as
+// the seeds are: each ReconnectInterval while this node sees no peer
+// alive, while it is fenced, and for a while after start. A list that
+// brings an address not held before starts a reconnect round at once, so
+// a node restarted without seeds need not wait a whole interval. This
+// node's own address and duplicates are dropped; at most knownPeersMax
+// addresses are kept.
+func (m *Membership) SetKnownPeers(addrs []string) {
+	known := make([]string, 0, min(len(addrs), knownPeersMax))
+	seen := map[string]bool{}
+	for _, a := range addrs {
+		if len(known) == knownPeersMax {
+			break
+		}
+		if a != "" && a != m.selfAddr && !seen[a] {
+			seen[a] = true
+			known = append(known, a)
+		}
+	}
+	m.mu.Lock()
+	for _, a := range m.known {
+		delete(seen, a)
+	}
+	fresh := len(seen) > 0
+	m.known = known
+	m.mu.Unlock()
+	if fresh {
+		select {
+		case m.nudge <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // JoinErr is why no seed could be joined at start (nil if one was, or if
@@ -588,7 +633,8 @@ func (m *Membership) pump() {
 	}
 }
 
-// reconnect rejoins peers held dead, and the seeds while fenced. memberlist
+// reconnect rejoins peers held dead, and the seeds and known peers while
+// alone, fenced or newly started (reconnectTargets). memberlist
 // stops probing a dead node, so after a partition heals each side would
 // otherwise go on holding the other dead; a join exchanges full state, and
 // each side then refutes the other's verdict on itself.
@@ -601,6 +647,7 @@ func (m *Membership) reconnect() {
 		case <-m.stop:
 			return
 		case <-t.C:
+		case <-m.nudge:
 		}
 		addrs := m.reconnectTargets()
 		if len(addrs) == 0 {
@@ -617,22 +664,37 @@ func (m *Membership) reconnectTargets() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var dead []string
-	for _, p := range m.table {
-		if p.State == StateDead && p.Addr != "" {
-			dead = append(dead, p.Addr)
+	seen := map[string]bool{}
+	add := func(a string) {
+		if a != "" && !seen[a] {
+			seen[a] = true
+			dead = append(dead, a)
 		}
 	}
-	// The seeds too while fenced, while no peer is alive (the seeds were
-	// not up when this node started), and for a while after start: peers
-	// that still held this node's previous run as alive at another
-	// address refused its first messages, and take the new address once
-	// they have declared the old one dead and hear from it again.
+	for _, p := range m.table {
+		if p.State == StateDead {
+			add(p.Addr)
+		}
+	}
+	// The seeds and the known peers too while fenced, while no peer is
+	// alive (the seeds were not up when this node started; a node started
+	// without seeds learns its peers from SetKnownPeers), and for a while
+	// after start: peers that still held this node's previous run as
+	// alive (at another address, or at this one: a run that answers the
+	// old one's probes is never declared dead, and the peers would not
+	// tell it of each other) refused or missed its first messages, and a
+	// join hands them the new run.
 	alone := true
 	for _, p := range m.table {
 		alone = alone && p.State != StateAlive
 	}
 	if m.fenced || alone || time.Since(m.started) < m.startRejoinFor() {
-		dead = append(dead, m.seeds...)
+		for _, a := range m.seeds {
+			add(a)
+		}
+		for _, a := range m.known {
+			add(a)
+		}
 	}
 	if len(dead) <= reconnectPeersMax {
 		return dead
