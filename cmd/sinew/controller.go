@@ -145,6 +145,9 @@ func (n *clusterNode) controllerView() []controller.Member {
 			continue
 		}
 		n.tr.AddPeer(rid, p.Meta.PeerAddr)
+		// Quiet raft groups with a replica on a peer that died, left or
+		// came back wake at the host's next tick.
+		n.host.SetPeerDown(rid, p.State != membership.StateAlive)
 		nd := controller.Node{RaftID: rid, ID: p.Name, ClientAddr: p.Meta.ClientAddr, PeerAddr: p.Meta.PeerAddr, Boot: p.Meta.Boot}
 		switch p.State {
 		case membership.StateAlive:
