@@ -132,5 +132,6 @@ func sinewFamilies() []struct{ name, help string } {
 	add(ctlTermName, ctlTermHelp)
 	add(ctlMembersName, ctlMembersHelp)
 	add(raftDroppedName, raftDroppedHelp)
+	add(raftTicksName, raftTicksHelp)
 	return out
 }
