@@ -25,6 +25,9 @@ type quiescer struct {
 	// live is the host's Live (UseLive); nil until the partition is
 	// hosted, and a partition without it never goes quiet.
 	live atomic.Pointer[func(node uint64) bool]
+	// preferred is the preferred owner Reconfigure last named (the
+	// actor's preferred, for quietPlaced).
+	preferred atomic.Uint64
 }
 
 // UseLive implements multiraft.LiveUser: the host hands over its Live.
@@ -112,4 +115,26 @@ func (p *Partition) quiesceObserve(m *raftpb.Message) {
 	if was && !p.qz.policy.Quiesced() {
 		p.qz.quiet.Store(false)
 	}
+}
+
+// quietPlaced reports, without a turn of the actor, that Reconfigure has
+// nothing to do: the group is quiet, it already knows want[0] as its
+// preferred owner, and its voters are exactly want with no learner. A
+// quiet leader has no transfer to its preferred owner waiting either
+// (quiesceBusy keeps a leader awake while one is due). So the periodic
+// placement pass costs an idle partition no turn.
+func (p *Partition) quietPlaced(want []uint64) bool {
+	if len(want) == 0 || p.single || !p.qz.quiet.Load() || p.lead.Load() != p.raftID || p.qz.preferred.Load() != want[0] {
+		return false
+	}
+	cs := p.conf.Load()
+	if cs == nil || len(cs.Learners) > 0 || len(cs.VotersOutgoing) > 0 || len(cs.LearnersNext) > 0 || len(cs.Voters) != len(want) {
+		return false
+	}
+	for _, id := range want {
+		if !slices.Contains(cs.Voters, id) {
+			return false
+		}
+	}
+	return true
 }

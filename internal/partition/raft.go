@@ -918,6 +918,9 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 	if err := p.Unavailable(); err != nil {
 		return "", err
 	}
+	if p.quietPlaced(want) {
+		return "", nil
+	}
 	return p.leaderStep(ctx, func() (string, error) {
 		if !p.leads || p.single {
 			return "", ErrNotLeader
@@ -928,6 +931,7 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 				p.wakeQuiet() // the hold-down counts ticks
 			}
 			p.preferred = want[0]
+			p.qz.preferred.Store(want[0])
 		}
 		if p.committed < p.confAt || p.transferring() {
 			return "", nil
