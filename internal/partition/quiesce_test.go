@@ -110,3 +110,30 @@ func TestQuietFollowersElectWhenMembershipReportsTheLeaderDead(t *testing.T) {
 		g.awaitQuiet("after the dead node came back")
 	})
 }
+
+// A follower's node dies: the leader and the other follower, a majority,
+// still go quiet, and a publish still commits. When the node comes back,
+// the change of its liveness wakes the group and the follower catches up.
+func TestQuietGroupLeavesADeadFollowerBehindAndCatchesItUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newRGroup(t, 23, multiraft.Faults{DelayMinMs: 1, DelayMaxMs: 3}, nil)
+		defer g.closeAll()
+		l := g.awaitLeader()
+		var f uint64
+		for _, n := range g.up() {
+			if n != l {
+				f = n.id
+				break
+			}
+		}
+		g.crash(f)
+		if r, ok := awaitRes(g, publish(l.p, "while-down", nil), time.Second); !ok || r.err != nil {
+			t.Fatalf("publish with a follower down: %v (answered %v)", r.err, ok)
+		}
+		g.awaitQuiet("with a follower down")
+		g.restart(f)
+		g.settleReplicas()
+		g.checkAgree(g.awaitLeader())
+		g.awaitQuiet("after the follower came back")
+	})
+}
