@@ -446,6 +446,8 @@ const (
 	ctlMembersHelp    = "Nodes in the controller group's configuration, by role: voter, learner. Served only with cluster.enabled."
 	raftDroppedName   = "sinew_raft_messages_dropped_total"
 	raftDroppedHelp   = "Raft messages this node dropped, by where: inbox (a group's inbound queue full), outbox (a peer's outbound queue full), send_queue (batches the transport's queue to a peer had no room for), write (batches lost with a failed write). Raft resends what is lost, at the cost of a tick or more. Served only with cluster.enabled."
+	raftTicksName     = "sinew_raft_group_ticks_total"
+	raftTicksHelp     = "Raft group ticks on this node, by kind: ticked (a group's raft clock advanced), quiet (a replicated group skipped because it is idle, or a group of one, which never needs one). An idle cluster's ticked rate falls to that of its controller group. Served only with cluster.enabled."
 	ctlHasLeaderName  = "sinew_controller_has_leader"
 	ctlHasLeaderHelp  = "1 while this node knows a leader of the controller group, else 0 (no quorum, or not added yet). Served only with cluster.enabled."
 )
@@ -458,6 +460,7 @@ var (
 	ctlMembersDesc    = prometheus.NewDesc(ctlMembersName, ctlMembersHelp, []string{"role"}, nil)
 	ctlHasLeaderDesc  = prometheus.NewDesc(ctlHasLeaderName, ctlHasLeaderHelp, nil, nil)
 	raftDroppedDesc   = prometheus.NewDesc(raftDroppedName, raftDroppedHelp, []string{"where"}, nil)
+	raftTicksDesc     = prometheus.NewDesc(raftTicksName, raftTicksHelp, []string{"kind"}, nil)
 )
 
 // clusterCollector exports the membership view at scrape time.
@@ -472,6 +475,7 @@ func (c clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- ctlMembersDesc
 	ch <- ctlHasLeaderDesc
 	ch <- raftDroppedDesc
+	ch <- raftTicksDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -505,4 +509,6 @@ func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(raftDroppedDesc, prometheus.CounterValue, float64(hs.OutboxDropped), "outbox")
 	ch <- prometheus.MustNewConstMetric(raftDroppedDesc, prometheus.CounterValue, float64(ts.QueueDropped), "send_queue")
 	ch <- prometheus.MustNewConstMetric(raftDroppedDesc, prometheus.CounterValue, float64(ts.WriteLost), "write")
+	ch <- prometheus.MustNewConstMetric(raftTicksDesc, prometheus.CounterValue, float64(hs.GroupTicks), "ticked")
+	ch <- prometheus.MustNewConstMetric(raftTicksDesc, prometheus.CounterValue, float64(hs.QuietSkips), "quiet")
 }

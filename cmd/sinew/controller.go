@@ -147,6 +147,9 @@ func (n *clusterNode) controllerView() []controller.Member {
 		if err != nil || p.MetaErr != nil || p.Meta.PeerAddr == "" || !reachablePeer(p.Addr, p.Meta.PeerAddr) {
 			continue
 		}
+		// Quiet raft groups with a replica on a peer that died, left or
+		// came back wake at the host's next tick.
+		n.host.SetPeerDown(rid, p.State != membership.StateAlive)
 		nd := controller.Node{RaftID: rid, ID: p.Name, ClientAddr: p.Meta.ClientAddr, PeerAddr: p.Meta.PeerAddr, GossipAddr: p.Addr, Boot: p.Meta.Boot}
 		switch p.State {
 		case membership.StateAlive:

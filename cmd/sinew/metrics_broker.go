@@ -136,5 +136,6 @@ func sinewFamilies() []struct{ name, help string } {
 	for _, m := range budgetMetrics {
 		add(m.name, m.help)
 	}
+	add(raftTicksName, raftTicksHelp)
 	return out
 }

@@ -9,12 +9,16 @@
 //
 //   - Tick: one host tick gives every group one raft tick, in one pass over
 //     the groups. A group that implements Quieter and reports Quiet costs
-//     that one call and nothing else. Today only a partition that is a
-//     group of one reports Quiet (it is its own quorum and never needs a
-//     tick); a partition of a larger group and the controller's group tick,
-//     and so heartbeat, on every host tick, idle or not. The same tick
-//     queues one node heartbeat per known peer node, whatever the number of
-//     groups; Live reports a peer heard from within PeerLiveTicks ticks.
+//     that one call and nothing else: a group of one is its own quorum and
+//     never needs a tick, and a larger group may be quiet while its own
+//     Quiescence finds it idle (a partition replica does this:
+//     internal/partition). The same tick queues one node heartbeat per
+//     known peer node, whatever the number of groups. Live reports a peer
+//     heard from within PeerLiveTicks ticks that membership does not report
+//     dead or left (SetPeerDown); when a peer's Live changes, the tick first
+//     tells every LivenessWatcher group which peers changed, which is how a
+//     quiet follower learns that its leader's node is gone. AddGroup hands
+//     Live to a LiveUser group.
 //   - Process: inbound messages wait in a bounded inbox per group
 //     (Config.InboxMsgsMax); Process steps them into their group in arrival
 //     order. A full inbox drops and counts (HostStats.InboxDropped): raft
@@ -24,7 +28,9 @@
 //     queue per peer node (bounded by Config.OutboxMsgsMax, dropped and
 //     counted beyond), and Flush hands each peer's queue to the Transport
 //     in one Send. So the heartbeats and appends of every group for one
-//     peer leave together, once per loop turn.
+//     peer that are queued when the loop flushes leave together, in as
+//     few transport frames as fit. Each stays a whole raft message in the
+//     frame: heartbeats are batched per peer, not merged into one message.
 //
 // Deliver (called by a transport's reader), Sender's functions, AddGroup,
 // RemoveGroup and Stats are safe from any goroutine; they take Host.mu,
@@ -32,18 +38,21 @@
 //
 // # Quiescence
 //
-// Quiescence is a policy a replica on a raft.RawNode can use for Quiet. No
-// replica in Sinew uses it yet: it is exercised by this package's own tests
-// (replica_test.go, replq_test.go), and partitions of larger groups do not
-// go quiet. With it, an idle leader keeps heartbeating for IdleTicks ticks
-// (so every follower learns the final commit index), then leader and
-// followers stop ticking.
-// Any message other than a heartbeat, or a proposal, wakes a replica. A
-// follower whose leader's node stops being Live ticks again, so its
-// election timer runs; a leader that restarts campaigns, and its vote
-// requests wake the others. Ticks only pace raft; they never decide what
-// is committed, so quiescence cannot cost safety, only liveness if Live
-// were wrong.
+// Quiescence is the policy a replica on a raft.RawNode uses for Quiet: an
+// idle leader keeps heartbeating for IdleTicks ticks (so every follower
+// learns the final commit index), then leader and followers stop ticking.
+// There is no quiesce message: each replica decides on its own, so a
+// follower that missed the last heartbeat is only behind on the commit
+// index until the next append. Any message other than the known leader's
+// heartbeat, or a proposal, wakes a replica. A follower whose leader's
+// node stops being Live ticks again, so its election timer runs; a leader
+// that restarts campaigns, and its vote requests wake the others. A leader
+// may go quiet with a follower on a node that is not Live (if the rest
+// make a majority); the node's return wakes it. Ticks only pace raft; they
+// never decide what is committed, so quiescence cannot cost safety, only
+// liveness if Live were wrong (a leader replica stopped on a node that
+// stays up and keeps sending node heartbeats leaves its quiet followers
+// waiting until something else wakes them).
 //
 // # Transport
 //

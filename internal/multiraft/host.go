@@ -31,6 +31,22 @@ type Quieter interface {
 	Quiet() bool
 }
 
+// LivenessWatcher is a Group told, on the host loop, which peer nodes
+// changed liveness (Live turned true or false) since the last host tick.
+// A quiet group whose replicas sit on one of them wakes: a follower whose
+// leader's node died must run its election timer, and a leader whose
+// follower came back must catch it up. The host calls it at the start of
+// the tick, before it asks Quiet.
+type LivenessWatcher interface {
+	LivenessChanged(nodes []uint64)
+}
+
+// LiveUser is a Group that needs the host's Live function to decide when
+// it may be quiet: AddGroup hands it over.
+type LiveUser interface {
+	UseLive(live func(node uint64) bool)
+}
+
 // Clock is the time source of Run: After returns a channel that receives
 // once d has passed. internal/testkit's fake clock implements it.
 type Clock interface {
@@ -99,6 +115,9 @@ type HostStats struct {
 	// NodeHeartbeats is node heartbeats queued (one per known peer per
 	// tick); they are part of Sent.
 	NodeHeartbeats uint64
+	// LivenessChanges is peer liveness changes (Live turning true or
+	// false) the host passed to its groups (LivenessWatcher).
+	LivenessChanges uint64
 }
 
 // ErrGroupExists is returned by AddGroup for a group id already hosted.
@@ -114,7 +133,8 @@ const nodeGroup = 0
 type slot struct {
 	id      uint64
 	g       Group
-	quiet   Quieter // nil when g cannot be quiet
+	quiet   Quieter         // nil when g cannot be quiet
+	watcher LivenessWatcher // nil when g does not watch liveness
 	inbox   []*raftpb.Message
 	busy    []*raftpb.Message // the batch Process is stepping, outside mu
 	queued  bool              // in h.ready
@@ -144,12 +164,14 @@ type Host struct {
 	peers      []uint64          // peers with a non-empty outbox, in first-send order
 	known      []uint64          // every peer node sent to or heard from, in first-seen order
 	lastHeard  map[uint64]uint64 // peer node -> host tick it was last heard from
+	down       map[uint64]bool   // peer nodes membership reports dead or left (SetPeerDown)
+	wasLive    map[uint64]bool   // Live of each known peer at the last tick
 	tickN      uint64            // host ticks so far
 
 	ticks, groupTicks, quietSkips         atomic.Uint64
 	received, inboxDropped, unknownGroup  atomic.Uint64
 	stepErrors, sent, batches, outDropped atomic.Uint64
-	nodeBeats                             atomic.Uint64
+	nodeBeats, liveChanges                atomic.Uint64
 }
 
 // NewHost returns a host for cfg.
@@ -181,6 +203,8 @@ func NewHost(cfg Config) (*Host, error) {
 		slots:     make(map[uint64]*slot),
 		outbox:    make(map[uint64][]Envelope),
 		lastHeard: make(map[uint64]uint64),
+		down:      make(map[uint64]bool),
+		wasLive:   make(map[uint64]bool),
 	}, nil
 }
 
@@ -200,6 +224,10 @@ func (h *Host) AddGroup(id uint64, g Group) error {
 	}
 	s := &slot{id: id, g: g}
 	s.quiet, _ = g.(Quieter)
+	s.watcher, _ = g.(LivenessWatcher)
+	if u, ok := g.(LiveUser); ok {
+		u.UseLive(h.Live)
+	}
 	h.slots[id] = s
 	i, _ := slices.BinarySearchFunc(h.order, id, func(s *slot, id uint64) int {
 		switch {
@@ -262,16 +290,53 @@ func (h *Host) knowLocked(node uint64) {
 }
 
 // Live reports whether node was heard from (any message) within the last
-// PeerLiveTicks host ticks. This node is always live. Groups use it to
-// decide whether they may be quiet (Quiescence).
+// PeerLiveTicks host ticks and membership does not report it dead or left
+// (SetPeerDown). This node is always live. Groups use it to decide
+// whether they may be quiet (Quiescence).
 func (h *Host) Live(node uint64) bool {
 	if node == h.cfg.NodeID {
 		return true
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.liveLocked(node)
+}
+
+func (h *Host) liveLocked(node uint64) bool {
 	t, ok := h.lastHeard[node]
-	return ok && h.tickN-t <= uint64(h.cfg.PeerLiveTicks)
+	return ok && h.tickN-t <= uint64(h.cfg.PeerLiveTicks) && !h.down[node]
+}
+
+// SetPeerDown records what membership says of peer node: down is true
+// while it is dead or has left. A down node is not Live even while its
+// messages still arrive. The change reaches the groups (LivenessWatcher)
+// at the next host tick. Safe from any goroutine.
+func (h *Host) SetPeerDown(node uint64, down bool) {
+	if node == h.cfg.NodeID {
+		return
+	}
+	h.mu.Lock()
+	if down {
+		h.down[node] = true
+	} else {
+		delete(h.down, node)
+	}
+	h.mu.Unlock()
+}
+
+// livenessChangesLocked returns the known peers whose Live changed since
+// the last tick. A peer first heard of counts as a change when it is
+// live: until then it was not.
+func (h *Host) livenessChangesLocked() []uint64 {
+	var changed []uint64
+	for _, p := range h.known {
+		live := h.liveLocked(p)
+		if h.wasLive[p] != live {
+			h.wasLive[p] = live
+			changed = append(changed, p)
+		}
+	}
+	return changed
 }
 
 func (h *Host) routeLocked(env Envelope) {
@@ -340,6 +405,7 @@ func (h *Host) queueLocked(to uint64, env Envelope) bool {
 func (h *Host) Tick() {
 	h.mu.Lock()
 	h.tickN++
+	changed := h.livenessChangesLocked()
 	order := h.order
 	from := h.cfg.NodeID
 	typ := raftpb.MsgHeartbeat
@@ -350,6 +416,14 @@ func (h *Host) Tick() {
 	}
 	h.mu.Unlock()
 	h.ticks.Add(1)
+	if len(changed) > 0 {
+		h.liveChanges.Add(uint64(len(changed)))
+		for _, s := range order {
+			if s.watcher != nil {
+				s.watcher.LivenessChanged(changed)
+			}
+		}
+	}
 	var ticked, skipped uint64
 	for _, s := range order {
 		if s.quiet != nil && s.quiet.Quiet() {
@@ -468,5 +542,7 @@ func (h *Host) Stats() HostStats {
 		Batches:        h.batches.Load(),
 		OutboxDropped:  h.outDropped.Load(),
 		NodeHeartbeats: h.nodeBeats.Load(),
+
+		LivenessChanges: h.liveChanges.Load(),
 	}
 }

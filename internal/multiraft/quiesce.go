@@ -18,9 +18,12 @@ const IdleTicksDefault = 10
 // liveness in place of its node liveness):
 //
 //   - A leader is idle when its whole log is committed and applied, no
-//     leadership transfer is running, and every follower has matched the
-//     last index, has been heard from recently (RecentActive) and sits on
-//     a live node (Host.Live).
+//     leadership transfer is running, and every follower on a live node
+//     (Host.Live) has matched the last index and has been heard from
+//     recently (RecentActive), and those followers and the leader make a
+//     majority of the voters. A follower on a node that is not live is
+//     left behind: when its node comes back the host reports the change
+//     (LivenessWatcher) and the group wakes to catch it up.
 //   - A follower is idle when it knows a leader on a live node and has
 //     applied everything it knows committed.
 //   - A replica goes quiet after IdleTicks idle checks in a row, so an
@@ -28,7 +31,9 @@ const IdleTicksDefault = 10
 //     index) for IdleTicks ticks before it falls silent.
 //   - Anything but a heartbeat (or its response) wakes it: a proposal
 //     (Wake), an append, a vote request. So does a heartbeat from a
-//     replica other than the leader it knows. A follower whose leader's
+//     replica other than the leader it knows. So does a change in the
+//     liveness of a node it watched when it went quiet (the leader, for a
+//     follower; the followers, for a leader). A follower whose leader's
 //     node stops being live is no longer idle and ticks, so its election
 //     timer runs and the group elects a new leader; a restarted leader's
 //     replica campaigns, and its vote requests wake the others.
@@ -46,7 +51,27 @@ type Quiescence struct {
 	// Quiet only checks that the nodes in watch (the leader, or the
 	// followers) are still live, and asks raft nothing.
 	quiet bool
-	watch []uint64
+	watch []watched
+}
+
+// watched is a node whose liveness kept the replica idle, and that
+// liveness.
+type watched struct {
+	node uint64
+	live bool
+}
+
+// Quiesced reports whether the replica went quiet and nothing woke it
+// since.
+func (q *Quiescence) Quiesced() bool { return q.quiet }
+
+// Watched returns the nodes whose liveness the quiet replica depends on.
+func (q *Quiescence) Watched() []uint64 {
+	out := make([]uint64, len(q.watch))
+	for i, w := range q.watch {
+		out[i] = w.node
+	}
+	return out
 }
 
 // Wake makes the replica tick again until it is idle for IdleTicks checks:
@@ -72,8 +97,8 @@ func (q *Quiescence) Observe(m *raftpb.Message, lead uint64) {
 // whether a node is up (Host.Live).
 func (q *Quiescence) Quiet(rn *raft.RawNode, lastIndex uint64, live func(node uint64) bool) bool {
 	if q.quiet {
-		for _, n := range q.watch {
-			if !live(n) {
+		for _, w := range q.watch {
+			if live(w.node) != w.live {
 				q.Wake()
 				return false
 			}
@@ -107,23 +132,40 @@ func (q *Quiescence) idleNow(rn *raft.RawNode, lastIndex uint64, live func(uint6
 	}
 	switch st.RaftState {
 	case raft.StateFollower:
-		q.watch = append(q.watch, st.Lead)
-		return st.Lead != raft.None && live(st.Lead)
+		if st.Lead == raft.None || !live(st.Lead) {
+			return false
+		}
+		q.watch = append(q.watch, watched{st.Lead, true})
+		return true
 	case raft.StateLeader:
 		if st.LeadTransferee != raft.None || commit != lastIndex {
 			return false
 		}
 		ok := true
-		rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		voters, good := 0, 0
+		rn.WithProgress(func(id uint64, typ raft.ProgressType, pr tracker.Progress) {
+			voter := typ == raft.ProgressTypePeer
+			if voter {
+				voters++
+			}
 			if id == st.ID {
+				if voter {
+					good++
+				}
 				return
 			}
-			q.watch = append(q.watch, id)
-			if pr.Match != lastIndex || !pr.RecentActive || !live(id) {
+			l := live(id)
+			q.watch = append(q.watch, watched{id, l})
+			if !l {
+				return // caught up when its node comes back
+			}
+			if pr.Match != lastIndex || !pr.RecentActive {
 				ok = false
+			} else if voter {
+				good++
 			}
 		})
-		return ok
+		return ok && 2*good > voters
 	}
 	return false // candidates and pre-candidates need their timers
 }

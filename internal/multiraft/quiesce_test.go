@@ -207,3 +207,65 @@ func TestHostsRunElectAndQuiesce(t *testing.T) {
 		}
 	})
 }
+
+// watchGroup is a quiet group that records the liveness changes the host
+// reports and the Live function it was handed.
+type watchGroup struct {
+	stepGroup
+	changes [][]uint64
+	live    func(uint64) bool
+}
+
+func (g *watchGroup) LivenessChanged(nodes []uint64) {
+	g.changes = append(g.changes, append([]uint64(nil), nodes...))
+}
+func (g *watchGroup) UseLive(live func(uint64) bool) { g.live = live }
+
+// Membership's word (SetPeerDown) makes a peer not live even while its
+// messages arrive, and every change of a peer's liveness, from membership
+// or from the host's own window, reaches the groups once, at the next tick.
+func TestHostReportsLivenessChanges(t *testing.T) {
+	h, _ := NewHost(Config{NodeID: 1, Transport: &recordTransport{}, PeerLiveTicks: 3})
+	g := &watchGroup{stepGroup: stepGroup{quiet: true}}
+	if err := h.AddGroup(5, g); err != nil {
+		t.Fatal(err)
+	}
+	if g.live == nil || !g.live(1) {
+		t.Fatal("AddGroup did not hand the group the host's Live")
+	}
+	beat := func(from uint64) { h.Deliver(from, []Envelope{{Group: nodeGroup, Msg: msg(from, 1, 0)}}) }
+	beat(2)
+	beat(3)
+	h.Tick()
+	if len(g.changes) != 1 || len(g.changes[0]) != 2 {
+		t.Fatalf("changes %v, want [[2 3]]: two peers became live", g.changes)
+	}
+	h.Tick()
+	if len(g.changes) != 1 {
+		t.Fatalf("changes %v: nothing changed at the second tick", g.changes)
+	}
+	h.SetPeerDown(3, true)
+	beat(2)
+	beat(3)
+	if h.Live(3) || !h.Live(2) {
+		t.Fatal("a peer membership reports dead is not live, whatever arrives from it")
+	}
+	h.Tick()
+	if len(g.changes) != 2 || len(g.changes[1]) != 1 || g.changes[1][0] != 3 {
+		t.Fatalf("changes %v, want [3] last", g.changes)
+	}
+	h.SetPeerDown(3, false)
+	h.Tick()
+	if len(g.changes) != 3 || g.changes[2][0] != 3 || !h.Live(3) {
+		t.Fatalf("changes %v, want [3] again when it comes back", g.changes)
+	}
+	for range 4 { // 2 and 3 fall silent past PeerLiveTicks
+		h.Tick()
+	}
+	if len(g.changes) != 4 || len(g.changes[3]) != 2 {
+		t.Fatalf("changes %v, want [2 3] when both fell silent", g.changes)
+	}
+	if g.ticks != 0 || h.Stats().LivenessChanges != 6 {
+		t.Fatalf("a quiet group ticked %d times; stats %+v", g.ticks, h.Stats())
+	}
+}

@@ -163,6 +163,22 @@
 // power loss, the truncation of a deposed leader's suffix, and a replica
 // caught up by snapshot.
 //
+// # Quiet groups
+//
+// A replica of a larger group stops taking ticks while its group is idle
+// (quiesce.go): at each host tick with ticks for it, after stepping what
+// arrived, it asks multiraft.Quiescence, with the host's Live (handed over
+// by AddGroup through UseLive), whether it may be quiet, and Quiet then
+// tells the host to skip it. It stays awake while stages wait for a quorum,
+// while a leadership transfer runs, and on a leader whose preferred owner
+// has caught up (the hold-down counts ticks). A proposal, a configuration
+// change, a transfer or a new preferred owner wakes it on the actor; a
+// raft message other than its leader's heartbeat wakes it before it is
+// stepped; a change in the liveness of a node of its group
+// (LivenessChanged, on the host loop) asks the actor to wake it at its next
+// turn. Reconfigure of a quiet leader whose voters already are the
+// placement takes no turn (quietPlaced).
+//
 // # Carried credit
 //
 // A consumer at its prefetch gets credit back only when its settle is

@@ -129,6 +129,8 @@ type raftDriver struct {
 	// named it (0: none yet); preferredSince is the tick count from which
 	// it has been in caught without a break, 0 while it is not.
 	preferred, preferredSince uint64
+	// qz keeps the group quiet while it is idle (quiesce.go).
+	qz quiescer
 }
 
 // startRaft starts the partition's raft node over its recovered log. A
@@ -305,6 +307,7 @@ func (p *Partition) propose() error {
 	p.taken()
 	p.open.records += n
 	p.sinceCkpt += n
+	p.wakeQuiet()
 	err := p.raftSafe(func() error {
 		return p.rn.Step(raftpb.Message{Type: raftpb.MsgProp, From: p.raftID, Entries: ents})
 	})
@@ -807,10 +810,6 @@ func (p *Partition) Tick() {
 	}
 }
 
-// Quiet reports whether the partition needs no ticks: a group of one
-// elects itself and never needs them.
-func (p *Partition) Quiet() bool { return p.single }
-
 // Leader returns the raft id of the replica this one believes leads the
 // group (0: none known) and the current term.
 func (p *Partition) Leader() (id, term uint64) { return p.lead.Load(), p.term.Load() }
@@ -821,9 +820,13 @@ func (p *Partition) raftTurn() error {
 	if p.single {
 		return nil
 	}
+	if p.qz.wakeReq.Swap(false) {
+		p.wakeQuiet()
+	}
 	for range raftInboundMax {
 		select {
 		case m := <-p.inbound:
+			p.quiesceObserve(m)
 			err := p.raftSafe(func() error { return p.rn.Step(*m) })
 			if errors.Is(err, errRaftPanicked) {
 				return err
@@ -842,6 +845,9 @@ func (p *Partition) raftTurn() error {
 		// CheckQuorum clears every follower's RecentActive until it
 		// answers the heartbeat sent with it.
 		p.sampleCaughtUp()
+		if p.quiesceTurn() {
+			return p.pump()
+		}
 		for range min(n, raftTicksPerTurnMax) {
 			if err := p.raftSafe(func() error { p.rn.Tick(); return nil }); err != nil {
 				return err
@@ -891,6 +897,7 @@ func (p *Partition) transferring() bool {
 
 // transferLead asks raft to hand the lead to voter id and reports it.
 func (p *Partition) transferLead(id uint64, why string) (string, error) {
+	p.wakeQuiet()
 	if err := p.raftSafe(func() error { p.rn.TransferLeader(id); return nil }); err != nil {
 		return "", err
 	}
@@ -920,6 +927,9 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 	if err := p.Unavailable(); err != nil {
 		return "", err
 	}
+	if p.quietPlaced(want) {
+		return "", nil
+	}
 	return p.leaderStep(ctx, func() (string, error) {
 		if !p.leads || p.single {
 			return "", ErrNotLeader
@@ -927,8 +937,10 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 		if len(want) > 0 {
 			if p.preferred != want[0] {
 				p.preferredSince = 0
+				p.wakeQuiet() // the hold-down counts ticks
 			}
 			p.preferred = want[0]
+			p.qz.preferred.Store(want[0])
 		}
 		if p.committed < p.confAt || p.transferring() {
 			return "", nil
@@ -1020,6 +1032,7 @@ func (p *Partition) HandLeadOver(ctx context.Context, want []uint64, why string)
 		if !p.leads || p.single {
 			return "", ErrNotLeader
 		}
+		p.wakeQuiet()
 		if p.transferring() {
 			return "", nil
 		}
@@ -1081,6 +1094,7 @@ func (p *Partition) proposeConf(cc raftpb.ConfChange) error {
 	if idx != p.lastLSN+1 {
 		return fmt.Errorf("partition %s: configuration change at %d while the decider is at %d", p, idx, p.lastLSN)
 	}
+	p.wakeQuiet()
 	if err := p.raftSafe(func() error { return p.rn.ProposeConfChange(cc) }); err != nil {
 		return err
 	}

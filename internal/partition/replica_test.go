@@ -53,6 +53,8 @@ type rgroup struct {
 	nodes    [4]*rnode // by raft id 1..3
 	nextTick time.Time
 	hist     *rhistory
+	// peerLiveTicks is the hosts' Config.PeerLiveTicks (0: the default).
+	peerLiveTicks int
 }
 
 func newRGroup(t testing.TB, seed uint64, f multiraft.Faults, mod func(*Config)) *rgroup {
@@ -84,7 +86,7 @@ func (g *rgroup) fatalf(format string, args ...any) {
 // start boots node n from its disk: a new host on the network and the
 // partition reopened from n.fs.
 func (g *rgroup) start(n *rnode) {
-	h, err := multiraft.NewHost(multiraft.Config{NodeID: n.id, Transport: g.net.Endpoint(n.id)})
+	h, err := multiraft.NewHost(multiraft.Config{NodeID: n.id, Transport: g.net.Endpoint(n.id), PeerLiveTicks: g.peerLiveTicks})
 	if err != nil {
 		g.fatalf("host %d: %v", n.id, err)
 	}
