@@ -74,6 +74,7 @@ func TestQuietFollowersElectWhenMembershipReportsTheLeaderDead(t *testing.T) {
 		g.peerLiveTicks = 1 << 30
 		for _, n := range g.nodes[1:] { // restarted with the long window
 			_ = n.p.Close()
+			n.closeJournal()
 			g.start(n)
 		}
 		defer g.closeAll()
