@@ -95,7 +95,12 @@ func decodeCheckpoint(b []byte) (uint64, []byte, []byte, error) {
 
 // readFile returns the whole file, or (nil, nil) if it does not exist.
 func readFile(fsys vfs.FS, name string) ([]byte, error) {
-	b, err := vfs.ReadFileMax(fsys, name, ckptBytesMax)
+	return readFileMax(fsys, name, ckptBytesMax)
+}
+
+// readFileMax is readFile for a file of at most max bytes.
+func readFileMax(fsys vfs.FS, name string, max int) ([]byte, error) {
+	b, err := vfs.ReadFileMax(fsys, name, max)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -112,6 +117,7 @@ func WriteFileAtomic(fsys vfs.FS, name string, data []byte) error {
 type ckptJob struct {
 	covers  uint64 // the queue's NextLSN when the snapshots were taken
 	data    []byte // the framed checkpoint (encodeCheckpoint)
+	acked   []byte // the ACK memory (ackMemory.encode), written first
 	floor   uint64 // retentionFloor(covers) at that moment
 	records int    // sinceCkpt at that moment: what a success accounts for
 }
@@ -140,6 +146,7 @@ func (p *Partition) takeCheckpoint() (ckptJob, bool) {
 	return ckptJob{
 		covers: covers,
 		data:   encodeCheckpoint(covers, p.st.Snapshot(nil), p.dd.Snapshot(nil)),
+		acked:  p.acked.encode(),
 		// raft still hands out entries above the last one it reported
 		// committed: none of those may be dropped.
 		floor:   min(p.retentionFloor(covers), p.committed+1),
@@ -177,6 +184,11 @@ func (p *Partition) writeCheckpoint(j ckptJob) error {
 	if p.cfg.WAL != nil {
 		// The log's own files now hold what the WAL held for it.
 		p.cfg.WAL.ReleaseSince(p.cfg.WALGroup, lsn, mark)
+	}
+	// The ACK memory first: recovery replays the ACKs after the
+	// checkpoint on top of it, so it must hold every one before.
+	if err := WriteFileAtomic(p.cfg.FS, p.ackPath(), j.acked); err != nil {
+		return fmt.Errorf("checkpoint: ACK memory: %w", err)
 	}
 	if err := WriteFileAtomic(p.cfg.FS, p.ckptPath(), j.data); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
@@ -231,7 +243,8 @@ func (p *Partition) checkpointer(done chan<- struct{}) {
 }
 
 // loadCheckpoint reads the checkpoint (if any) into a fresh queue state
-// and dedup table; covers is the LSN it covers (0: no checkpoint).
+// and dedup table, and the ACK memory written with it into p.acked; covers
+// is the LSN it covers (0: no checkpoint).
 func (p *Partition) loadCheckpoint() (st *queue.State, dd *dedup.Table, covers uint64, found bool, err error) {
 	cfg := &p.cfg
 	raw, err := readFile(cfg.FS, p.ckptPath())
@@ -240,6 +253,7 @@ func (p *Partition) loadCheckpoint() (st *queue.State, dd *dedup.Table, covers u
 	}
 	st = queue.New(cfg.Queue)
 	dd = dedup.New(cfg.Dedup)
+	p.acked = newAckMemory()
 	if raw == nil {
 		return st, dd, 0, false, nil
 	}
@@ -259,6 +273,7 @@ func (p *Partition) loadCheckpoint() (st *queue.State, dd *dedup.Table, covers u
 	if st.NextLSN() != c {
 		return nil, nil, 0, true, p.damaged("checkpoint covers lsn %d but its snapshot ends at %d", c, st.NextLSN())
 	}
+	p.acked = p.loadAckMemory()
 	return st, dd, c, true, nil
 }
 
@@ -562,7 +577,6 @@ func (p *Partition) rebuild(commit uint64) error {
 	if err != nil {
 		return err
 	}
-	p.acked = newAckMemory()
 	// Without a checkpoint the log must start at its beginning; with one,
 	// no later than what it covers.
 	if covers < commit+1 && max(covers, 1) < p.log.FirstLSN() {

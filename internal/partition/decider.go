@@ -67,8 +67,8 @@ type decider struct {
 	// acked remembers the lease that ACKed each recently settled offset,
 	// bounded by ackMemoryMax, so that the same ACK sent again (its answer
 	// lost, say in a crash) is answered ok rather than stale_lease. It is
-	// filled by ACKs decided and by those replayed at Open (the records
-	// after the checkpoint).
+	// filled by ACKs decided and, at Open, from the memory the last
+	// checkpoint wrote (ackfile.go) and the ACKs replayed after it.
 	acked ackMemory
 	// recovered lists the leases found by recovery that are still waiting
 	// for the grace to end, by offset; recoveredDueMs is when it ends.
