@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/internal/server"
@@ -238,6 +239,25 @@ func TestRealReservedTopics(t *testing.T) {
 	}
 	if err := recv(t, jobs).Fail(ctx); err != nil {
 		t.Fatal(err)
+	}
+	// The broker's dead-letter worker creates the queue and copies the
+	// message after the FAIL is answered; app may consume the queue but
+	// not create it, so it waits for the copy.
+	for {
+		ready := uint64(0)
+		if q, err := rb.Broker.QueueStatsOf("sinew.dead-letter", ""); err == nil {
+			for _, p := range q.Partitions {
+				ready += uint64(p.Ready)
+			}
+		}
+		if ready > 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the dead-letter copy never arrived")
+		case <-time.After(5 * time.Millisecond): // polling a broker's worker
+		}
 	}
 	dead, err := app.Subscribe(ctx, "sinew.dead-letter")
 	if err != nil {
