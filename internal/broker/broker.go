@@ -230,7 +230,16 @@ func Open(cfg Config) (b *Broker, err error) {
 	}
 	b.walParts = map[string]*partition.Partition{}
 	b.walStuck = map[string]*wal.Group{}
-	b.wal, err = wal.Open(wal.Options{FS: cfg.FS, Dir: filepath.Join(cfg.DataDir, "wal"), SegmentBytes: cfg.walSegmentBytes, OnPressure: b.walPressure})
+	wopts := wal.Options{FS: cfg.FS, Dir: filepath.Join(cfg.DataDir, "wal"), SegmentBytes: cfg.walSegmentBytes, OnPressure: b.walPressure}
+	if cfg.Sync == seglog.SyncInterval {
+		// storage.sync = interval: confirm once written to the OS, the
+		// journal fsyncs every SyncIntervalMs.
+		wopts.SyncIntervalMs = cfg.SyncIntervalMs
+		if wopts.SyncIntervalMs <= 0 {
+			wopts.SyncIntervalMs = seglog.SyncIntervalMsDefault
+		}
+	}
+	b.wal, err = wal.Open(wopts)
 	if err != nil {
 		return nil, fmt.Errorf("broker: node journal: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sinewmq/sinew/internal/vfs"
 )
@@ -55,6 +56,15 @@ type Options struct {
 	// synced in the background before it is needed (see PrepareMode).
 	// Default PrepareOnDisk.
 	Prepare PrepareMode
+	// SyncIntervalMs > 0 trades durability for speed (storage.sync =
+	// interval): Commit returns once its batch is written to the OS, and
+	// the writer fsyncs every SyncIntervalMs, at each roll and at Close. A
+	// process crash loses nothing committed; a power loss may lose up to
+	// one interval. 0 (the default): Commit returns after the fdatasync.
+	SyncIntervalMs int
+	// NewTicker drives SyncIntervalMs; default time.NewTicker. Tests
+	// inject their own.
+	NewTicker func(d time.Duration) (c <-chan time.Time, stop func())
 }
 
 // PrepareMode says how new segments get their space.
@@ -177,6 +187,12 @@ type WAL struct {
 	// that took one.
 	preparing      chan prepared
 	rolledPrepared int
+	// dirty: written since the last fsync (SyncIntervalMs only).
+	dirty bool
+	// syncDue is set by the interval ticker, under mu.
+	syncDue  bool
+	stopTick chan struct{}
+	tickDone chan struct{}
 	// ready is a prepared segment taken from preparing before it was
 	// needed; activePrepared (written under mu, read by the writer
 	// without it) tells whether the active segment was one.
@@ -215,6 +231,12 @@ func Open(opts Options) (*WAL, error) {
 	}
 	if opts.PressureSegments == 0 {
 		opts.PressureSegments = 4
+	}
+	if opts.NewTicker == nil {
+		opts.NewTicker = func(d time.Duration) (<-chan time.Time, func()) {
+			t := time.NewTicker(d)
+			return t.C, t.Stop
+		}
 	}
 	if opts.Prepare == PrepareOnDisk {
 		opts.Prepare = PrepareNever
@@ -280,6 +302,25 @@ func Open(opts Options) (*WAL, error) {
 		w.startPreparing()
 	}
 	go w.run()
+	if opts.SyncIntervalMs > 0 {
+		w.stopTick, w.tickDone = make(chan struct{}), make(chan struct{})
+		c, stop := opts.NewTicker(time.Duration(opts.SyncIntervalMs) * time.Millisecond)
+		go func() {
+			defer close(w.tickDone)
+			defer stop()
+			for {
+				select {
+				case <-w.stopTick:
+					return
+				case <-c:
+				}
+				w.mu.Lock()
+				w.syncDue, w.kick = true, true
+				w.cond.Broadcast()
+				w.mu.Unlock()
+			}
+		}()
+	}
 	return w, nil
 }
 
@@ -486,6 +527,15 @@ func (w *WAL) roll(seq uint64) error {
 		return err
 	}
 	if w.active != nil {
+		if w.dirty {
+			// Under SyncIntervalMs the old segment's last batches are
+			// made durable before the new one takes over.
+			if err := w.active.Sync(); err != nil {
+				f.Close()
+				return err
+			}
+			w.dirty = false
+		}
 		if err := w.active.Close(); err != nil {
 			f.Close()
 			return err
@@ -732,8 +782,18 @@ func (w *WAL) run() {
 		w.queue = nil
 		w.queued = 0
 		w.kick = false
+		syncDue := w.syncDue
+		w.syncDue = false
 		w.cond.Broadcast() // room in the queue
 		w.mu.Unlock()
+
+		if syncDue && w.dirty {
+			if err := w.active.Sync(); err != nil {
+				w.fail("sync", err)
+				return
+			}
+			w.dirty = false
+		}
 
 		if len(batch) > 0 {
 			if err := w.write(batch, &buf); err != nil {
@@ -795,7 +855,9 @@ func (w *WAL) write(batch []*waiter, bufp *[]byte) error {
 	if _, err := w.active.WriteAt(buf, off); err != nil {
 		return err
 	}
-	if err := w.active.Sync(); err != nil {
+	if w.opts.SyncIntervalMs > 0 {
+		w.dirty = true
+	} else if err := w.active.Sync(); err != nil {
 		return err
 	}
 	w.mu.Lock()
@@ -980,9 +1042,17 @@ func (w *WAL) Close() error {
 	w.cond.Broadcast()
 	w.mu.Unlock()
 	<-w.writerDone
+	if w.stopTick != nil {
+		close(w.stopTick)
+		<-w.tickDone
+	}
 	w.pressWG.Wait()
 	err := w.dropPrepared()
 	if w.active != nil {
+		if w.dirty {
+			err = errors.Join(err, w.active.Sync())
+			w.dirty = false
+		}
 		err = errors.Join(err, w.active.Close())
 	}
 	w.mu.Lock()

@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/sinewmq/sinew/internal/vfs"
 )
@@ -706,5 +708,46 @@ func TestPrepareFailureIsNotFatal(t *testing.T) {
 	}
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSyncInterval: with SyncIntervalMs a Commit returns once written, and
+// only a tick (or Close) makes it durable: a power loss before the tick
+// loses it, after the tick keeps it.
+func TestSyncInterval(t *testing.T) {
+	synctest.Test(t, testSyncInterval)
+}
+
+func testSyncInterval(t *testing.T) {
+	for _, tick := range []bool{false, true} {
+		fs := vfs.NewMem()
+		mkData(t, fs)
+		ticks := make(chan time.Time)
+		w, err := Open(Options{FS: fs, Dir: "data/wal", SyncIntervalMs: 100,
+			NewTicker: func(time.Duration) (<-chan time.Time, func()) { return ticks, func() {} }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Commit("g", Batch{Entries: entries("g", 1, 1, 1)}); err != nil {
+			t.Fatal(err)
+		}
+		if tick {
+			ticks <- time.Time{}
+			synctest.Wait() // the writer has acted on the tick
+		}
+		after := fs.Crash(rand.New(rand.NewPCG(1, 1)), false)
+		w.Close() // the crashed FS refuses it
+		w2, err := Open(Options{FS: after, Dir: "data/wal"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, _ := w2.Take("g")
+		w2.Close()
+		if tick && len(g.Entries) != 1 {
+			t.Fatalf("a commit synced by the tick was lost: %+v", g)
+		}
+		if !tick && len(g.Entries) != 0 {
+			t.Fatalf("a commit before any tick survived a power loss: %+v (it was never fsynced)", g)
+		}
 	}
 }
