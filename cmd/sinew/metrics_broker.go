@@ -79,9 +79,9 @@ type syncMetrics struct {
 // The fsync histograms' names and help.
 const (
 	syncBatchName   = "sinew_fsync_batch_records"
-	syncBatchHelp   = "Log records made durable by one fsync (or flush, under storage.sync = interval) of a partition: the group-commit batch size."
+	syncBatchHelp   = "Log records of a partition made durable by one node journal commit (written, under storage.sync = interval): the partition's batch size."
 	syncLatencyName = "sinew_fsync_duration_seconds"
-	syncLatencyHelp = "Time one fsync (or flush, under storage.sync = interval) of a partition log took."
+	syncLatencyHelp = "Time one node journal commit of a partition's batch took, its fsync included (written only, under storage.sync = interval)."
 )
 
 func newSyncMetrics() *syncMetrics {
