@@ -756,73 +756,69 @@ func (d *dec) leaseRef() LeaseRef {
 	return LeaseRef{SubID: d.uvarint(), Partition: d.u32(), Offset: d.uvarint(), LeaseID: d.uvarint(), Epoch: d.uvarint()}
 }
 
-func (m *Settle) Op() Op { return m.Kind }
-func (m *Settle) AppendBody(b []byte) []byte {
+// appendLeaseOp encodes the body shared by the settles and EXTEND: tags, a
+// signed milliseconds field (delay_ms or extend_ms), leases.
+func appendLeaseOp(b []byte, tags []uint64, ms int64, leases []LeaseRef) []byte {
 	e := enc{b}
-	e.uvarint(uint64(len(m.Tags)))
-	for _, t := range m.Tags {
+	e.uvarint(uint64(len(tags)))
+	for _, t := range tags {
 		e.uvarint(t)
 	}
-	e.varint(m.DelayMs)
-	e.uvarint(uint64(len(m.Leases)))
-	for _, r := range m.Leases {
+	e.varint(ms)
+	e.uvarint(uint64(len(leases)))
+	for _, r := range leases {
 		e.leaseRef(r)
 	}
 	return e.b
 }
-func (m *Settle) decode(d *dec) {
+
+func (d *dec) tags() []uint64 {
 	n := d.at("tags").count(listItemsMax, 1)
-	if n > 0 {
-		m.Tags = make([]uint64, n)
-		for i := range m.Tags {
-			m.Tags[i] = d.uvarint()
-		}
+	if n == 0 {
+		return nil
 	}
+	tags := make([]uint64, n)
+	for i := range tags {
+		tags[i] = d.uvarint()
+	}
+	return tags
+}
+
+func (d *dec) leaseRefs() []LeaseRef {
+	n := d.at("leases").count(listItemsMax, leaseRefBytesMin)
+	if n == 0 {
+		return nil
+	}
+	refs := make([]LeaseRef, n)
+	for i := range refs {
+		refs[i] = d.leaseRef()
+	}
+	return refs
+}
+
+func (m *Settle) Op() Op { return m.Kind }
+func (m *Settle) AppendBody(b []byte) []byte {
+	return appendLeaseOp(b, m.Tags, m.DelayMs, m.Leases)
+}
+func (m *Settle) decode(d *dec) {
+	m.Tags = d.tags()
 	m.DelayMs = d.at("delay_ms").varint()
 	if d.optional() {
-		n := d.at("leases").count(listItemsMax, leaseRefBytesMin)
-		if n > 0 {
-			m.Leases = make([]LeaseRef, n)
-			for i := range m.Leases {
-				m.Leases[i] = d.leaseRef()
-			}
-		}
+		m.Leases = d.leaseRefs()
 	}
 }
 
 func (*Extend) Op() Op { return OpExtend }
 func (m *Extend) AppendBody(b []byte) []byte {
-	e := enc{b}
-	e.uvarint(uint64(len(m.Tags)))
-	for _, t := range m.Tags {
-		e.uvarint(t)
-	}
-	e.varint(m.ExtendMs)
-	e.uvarint(uint64(len(m.Leases)))
-	for _, r := range m.Leases {
-		e.leaseRef(r)
-	}
-	return e.b
+	return appendLeaseOp(b, m.Tags, m.ExtendMs, m.Leases)
 }
 
 // decode reads every field: EXTEND was defined with its leases list, so a body
 // without it is malformed (unlike the settles, where the list was appended).
 func (m *Extend) decode(d *dec) {
-	n := d.at("tags").count(listItemsMax, 1)
-	if n > 0 {
-		m.Tags = make([]uint64, n)
-		for i := range m.Tags {
-			m.Tags[i] = d.uvarint()
-		}
-	}
+	m.Tags = d.tags()
 	m.ExtendMs = d.at("extend_ms").varint()
-	n = d.at("leases").count(listItemsMax, leaseRefBytesMin)
-	if n > 0 {
-		m.Leases = make([]LeaseRef, n)
-		for i := range m.Leases {
-			m.Leases[i] = d.leaseRef()
-		}
-	}
+	m.Leases = d.leaseRefs()
 }
 
 func (*SettleResult) Op() Op { return OpSettleResult }

@@ -21,26 +21,8 @@ import (
 // append the stale 10..12 of term 1 after the snapshot: the log's terms
 // would go down and entries raft discarded would come back.
 func TestMergeWALDropsASuffixASnapshotDiscarded(t *testing.T) {
-	fs := vfs.NewMem()
-	for _, d := range []string{"data", "data/p0", "data/p0/log"} {
-		if err := fs.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := fs.SyncDir("."); err != nil {
-		t.Fatal(err)
-	}
-	_ = fs.SyncDir("data")
-	_ = fs.SyncDir("data/p0")
 	group := "queues/t/g/p0"
-	w, err := wal.Open(wal.Options{FS: fs, Dir: "data/wal"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	log, err := seglog.Open(seglog.Options{FS: fs, Dir: "data/p0/log"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fs, w, log := mergeFixture(t, 0)
 	// Entries 1..12: 1..5 of term 1 committed, 6..12 of term 1 from a
 	// leader that was deposed before committing them.
 	var ents []wal.Entry
@@ -90,27 +72,11 @@ func TestMergeWALKeepsTheLaterWriteAndAnAckedEntry(t *testing.T) {
 }
 
 func mergeAfterDeletedRewrite(t *testing.T, covers uint64) {
-	fs := vfs.NewMem()
-	for _, d := range []string{"data", "data/p0", "data/p0/log"} {
-		if err := fs.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	_ = fs.SyncDir(".")
-	_ = fs.SyncDir("data")
-	_ = fs.SyncDir("data/p0")
 	group, other := "queues/t/g/p0", "queues/t/h/p0"
 	pay := func(n int) []byte { return bytes.Repeat([]byte("x"), n) }
 	// Segment sizes: S1 = header + g's 1..5 + h's 1 (then full), S2 = g's
 	// 3..5 (full on its own), S3 = g's 6.
-	w, err := wal.Open(wal.Options{FS: fs, Dir: "data/wal", SegmentBytes: 600})
-	if err != nil {
-		t.Fatal(err)
-	}
-	log, err := seglog.Open(seglog.Options{FS: fs, Dir: "data/p0/log"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fs, w, log := mergeFixture(t, 600)
 	var ents []wal.Entry
 	for i := uint64(1); i <= 5; i++ {
 		ents = append(ents, wal.Entry{Index: i, Term: 1, Payload: pay(20)})
@@ -197,24 +163,8 @@ func crashAndMerge(t *testing.T, fs *vfs.MemFS, w *wal.WAL, log *seglog.Log, gro
 // durable; the overwrite 3@2 and then 4@4 were fsynced only through the
 // journal. Recovery must keep 3@2, not the higher term.
 func TestMergeWALTheJournalIsTheLastWrite(t *testing.T) {
-	fs := vfs.NewMem()
-	for _, d := range []string{"data", "data/p0", "data/p0/log"} {
-		if err := fs.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	_ = fs.SyncDir(".")
-	_ = fs.SyncDir("data")
-	_ = fs.SyncDir("data/p0")
 	group := "queues/t/g/p0"
-	w, err := wal.Open(wal.Options{FS: fs, Dir: "data/wal"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	log, err := seglog.Open(seglog.Options{FS: fs, Dir: "data/p0/log"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fs, w, log := mergeFixture(t, 0)
 	for i, term := range []uint64{1, 1, 3} {
 		if err := log.AppendAt(uint64(i+1), term, 0, []byte("log")); err != nil {
 			t.Fatal(err)
@@ -241,24 +191,8 @@ func TestMergeWALTheJournalIsTheLastWrite(t *testing.T) {
 // file not synced, survives a power loss: recovery takes it from the
 // journal, so the replica never votes twice in one term.
 func TestMergeWALRestoresAVote(t *testing.T) {
-	fs := vfs.NewMem()
-	for _, d := range []string{"data", "data/p0", "data/p0/log"} {
-		if err := fs.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	_ = fs.SyncDir(".")
-	_ = fs.SyncDir("data")
-	_ = fs.SyncDir("data/p0")
 	group := "queues/t/g/p0"
-	w, err := wal.Open(wal.Options{FS: fs, Dir: "data/wal"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	log, err := seglog.Open(seglog.Options{FS: fs, Dir: "data/p0/log"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fs, w, log := mergeFixture(t, 0)
 	if err := log.AppendAt(1, 1, 0, []byte("x")); err != nil {
 		t.Fatal(err)
 	}
@@ -279,4 +213,30 @@ func TestMergeWALRestoresAVote(t *testing.T) {
 	if hs := log2.HardState(); hs.Term != 3 || hs.Vote != 2 || hs.Commit != 1 {
 		t.Fatalf("after recovery the HardState is %+v, want term 3 vote 2 commit 1", hs)
 	}
+}
+
+// mergeFixture makes a durable data directory on MemFS with a replica's
+// journal (segments of segmentBytes, 0: the default) and log in it.
+func mergeFixture(t *testing.T, segmentBytes int64) (*vfs.MemFS, *wal.WAL, *seglog.Log) {
+	t.Helper()
+	fs := vfs.NewMem()
+	for _, d := range []string{"data", "data/p0", "data/p0/log"} {
+		if err := fs.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{".", "data", "data/p0"} {
+		if err := fs.SyncDir(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := wal.Open(wal.Options{FS: fs, Dir: "data/wal", SegmentBytes: segmentBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, err := seglog.Open(seglog.Options{FS: fs, Dir: "data/p0/log"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs, w, log
 }
