@@ -592,6 +592,11 @@ func Open(cfg Config) (*Partition, error) {
 		return nil, err
 	}
 	p.recoveredDueMs = p.nowMs() + max(cfg.RecoveredLeaseGraceMs, 0)
+	// Recovery is not idleness: the records it replayed are checkpointed
+	// once the partition has been idle for idleCheckpointMs after start,
+	// not by its first turn (which would cost every partition a log sync
+	// and a checkpoint write at each start).
+	p.lastBusyMs = p.nowMs()
 	p.publishStats()
 	p.Poke() // the first turn acts on deadlines, recovered leases and dead letters found by recovery
 	go p.run()
