@@ -128,7 +128,10 @@
 // The lead moves on purpose too (Reconfigure): a leader the placement no
 // longer names hands it to a caught-up wanted voter, and a leader that is
 // not the preferred owner hands it to that one once it has been caught up
-// for a hold-down (Config.PreferredOwnerHoldTicks, counted in raft ticks).
+// for a hold-down (Config.PreferredOwnerHoldTicks, counted in raft ticks;
+// two election timeouts under a group's first leader while none of its
+// caught-up voters has fallen behind, so that a queue created while the
+// cluster forms still spreads its owners).
 // raft drops every proposal while a transfer is under way, so the actor
 // then decides nothing (transferTurn): commands are refused with
 // ErrNotLeader, control messages that would decide records wait, and so do

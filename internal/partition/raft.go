@@ -75,6 +75,9 @@ const (
 	// ticks.
 	raftElectionTicks  = 10
 	raftHeartbeatTicks = 1
+	// firstLeadHoldTicks is the preferred owner's hold-down under a
+	// group's first leader: two election timeouts caught up.
+	firstLeadHoldTicks = 2 * raftElectionTicks
 	// committingStagesMax bounds the synced stages waiting for their
 	// entries to be committed by a quorum; beyond it the actor takes no
 	// new commands until one is released.
@@ -125,10 +128,20 @@ type raftDriver struct {
 	// last tick (caughtUpVoters); a leadership transfer goes only to one
 	// of them.
 	caught []uint64
+	// wasCaught is caught as of the tick before (sampleCaughtUp).
+	wasCaught []uint64
 	// preferred is the placement's preferred owner as Reconfigure last
 	// named it (0: none yet); preferredSince is the tick count from which
 	// it has been in caught without a break, 0 while it is not.
 	preferred, preferredSince uint64
+	// firstLead is set on a leader that is the group's first (nothing was
+	// in the log before its term: it won the group's first election, not
+	// one after an owner failed) until one of its caught-up voters falls
+	// behind. Its hold-down is short (firstLeadHoldTicks): a preferred
+	// owner that opened its replica a moment late, while the cluster
+	// formed, gets the lead at once rather than after the hold-down meant
+	// for a node back from a crash.
+	firstLead bool
 	// qz keeps the group quiet while it is idle (quiesce.go).
 	qz quiescer
 }
@@ -699,6 +712,7 @@ func (p *Partition) becomeLeader() error {
 	// up to here is committed. So does a leadership transfer.
 	p.confAt = max(p.confAt, p.lastLSN)
 	p.caught, p.preferredSince = p.caught[:0], 0
+	p.firstLead = p.isFirstLead()
 	if !p.single {
 		p.recovered = p.st.Leases()
 		p.recoveredDueMs = p.nowMs() + max(p.cfg.RecoveredLeaseGraceMs, 0)
@@ -710,13 +724,34 @@ func (p *Partition) becomeLeader() error {
 	return nil
 }
 
+// isFirstLead reports whether this leader's term holds the group's first
+// entry: the log was empty, or starts at LSN 1 with an entry of this term.
+func (p *Partition) isFirstLead() bool {
+	if p.log.FirstLSN() > 1 {
+		return false
+	}
+	if p.log.NextLSN() <= 1 {
+		return true
+	}
+	t, err := p.log.Term(1)
+	return err == nil && t == p.rn.BasicStatus().Term
+}
+
+// holdTicks is the preferred owner's hold-down on this leader.
+func (p *Partition) holdTicks() uint64 {
+	if p.firstLead {
+		return min(uint64(p.cfg.PreferredOwnerHoldTicks), firstLeadHoldTicks)
+	}
+	return uint64(p.cfg.PreferredOwnerHoldTicks)
+}
+
 // stepDown gives up deciding: what was proposed and not committed may be
 // replaced by the next leader, so the state is rebuilt from the checkpoint
 // and the log up to the commit index, every request still waiting is
 // answered with why (ErrNotLeader: its outcome is unknown), and the
 // consumers are detached.
 func (p *Partition) stepDown(why error) error {
-	p.leads = false
+	p.leads, p.firstLead = false, false
 	p.caught, p.preferredSince = p.caught[:0], 0
 	// The committing stages' storage responses were delivered already;
 	// once answered they hold nothing to release. The syncing and the
@@ -867,6 +902,7 @@ func (p *Partition) raftTurn() error {
 // sends them before it hands over (raft's TransferLeader waits for the
 // transferee's log to match the leader's last index).
 func (p *Partition) sampleCaughtUp() {
+	p.wasCaught = append(p.wasCaught[:0], p.caught...)
 	p.caught = p.caught[:0]
 	if !p.leads || p.single {
 		p.preferredSince = 0
@@ -879,6 +915,13 @@ func (p *Partition) sampleCaughtUp() {
 			p.caught = append(p.caught, id)
 		}
 	})
+	for _, id := range p.wasCaught {
+		if !slices.Contains(p.caught, id) {
+			// A replica fell behind or away: the group is past its
+			// forming, and a returning owner waits the whole hold-down.
+			p.firstLead = false
+		}
+	}
 	switch {
 	case p.preferred == 0 || !slices.Contains(p.caught, p.preferred):
 		p.preferredSince = 0
@@ -999,7 +1042,7 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 			}
 		}
 		if cc == nil && len(want) > 0 && want[0] != p.raftID && p.preferredSince != 0 &&
-			p.ticked+1-p.preferredSince >= uint64(p.cfg.PreferredOwnerHoldTicks) && slices.Contains(p.caught, want[0]) {
+			p.ticked+1-p.preferredSince >= p.holdTicks() && slices.Contains(p.caught, want[0]) {
 			// The preferred owner has been caught up for the whole
 			// hold-down. A failed transfer (raft gives up after an
 			// election timeout) is tried again only after another one.

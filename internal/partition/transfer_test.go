@@ -242,6 +242,56 @@ func TestReplicaGroupLeadReturnsToPreferredOwner(t *testing.T) {
 	})
 }
 
+// A queue made while its cluster forms: the preferred owner's replica
+// opens late, after the others elected the group's first leader. Under
+// that first leader, whose voters have not fallen behind, the lead goes to
+// the preferred owner after the short hold-down (firstLeadHoldTicks), not
+// the one meant for a node back from a crash.
+func TestReplicaGroupLateFirstOwnerGetsTheLeadSoon(t *testing.T) {
+	const hold = 400 // raft ticks
+	synctest.Test(t, func(t *testing.T) {
+		g := newRGroup(t, 29, multiraft.Faults{DelayMinMs: 1, DelayMaxMs: 5}, func(c *Config) {
+			c.PreferredOwnerHoldTicks = hold
+		})
+		defer g.closeAll()
+		const pref = 3
+		g.crash(pref) // before the group's first election: it never had a replica
+		l := g.awaitLeader()
+		if l.id == pref {
+			t.Fatalf("replica %d leads while down", pref)
+		}
+		g.publishN(l.p, "m", 10)
+		g.restart(pref)
+		want := []uint64{pref, others(pref)[0], others(pref)[1]}
+		transferAt := -1
+		for k := 0; k < hold; k++ {
+			if k%5 == 0 {
+				what, err := g.reconfigure(l, want)
+				if err != nil {
+					t.Fatalf("tick %d: Reconfigure: %v", k, err)
+				}
+				if what != "" {
+					if !strings.HasPrefix(what, fmt.Sprintf("transfer leadership to %d", pref)) {
+						t.Fatalf("tick %d: step %q, want a transfer to %d", k, what, pref)
+					}
+					transferAt = k
+					break
+				}
+			}
+			g.run(replTick)
+		}
+		if transferAt < firstLeadHoldTicks || transferAt > firstLeadHoldTicks+30 {
+			t.Fatalf("transfer at tick %d after the late replica opened, want within [%d, %d]", transferAt, firstLeadHoldTicks, firstLeadHoldTicks+30)
+		}
+		nl := g.awaitNewLeader(l.id)
+		if nl.id != pref {
+			t.Fatalf("replica %d leads after the transfer, want %d", nl.id, pref)
+		}
+		g.publishN(nl.p, "after", 10)
+		g.drain(nl)
+	})
+}
+
 // A leader whose node is fenced hands its lead to a caught-up voter
 // (HandLeadOver), the first the placement names; a replica that does not
 // lead answers ErrNotLeader, and the new leader serves publishes.

@@ -108,6 +108,22 @@ func TestClusterQueueChangesAndRuntimeSettingsReachEveryNode(t *testing.T) {
 		return v.Config.LeaseMs == 4321 && v.Config.MaxRetries == 7
 	})
 
+	// The preferred owners take their partitions' leads (a replica that
+	// opened a moment late gets it after a short hold-down).
+	awaitAll(t, nodes, "partition owners on several nodes", func(c *clusterChild) bool {
+		var v struct {
+			Partitions []struct {
+				Owner string `json:"owner"`
+			} `json:"partitions"`
+		}
+		getJSONInto(t, queueURL(c), &v)
+		seen := map[string]bool{}
+		for _, p := range v.Partitions {
+			seen[p.Owner] = true
+		}
+		return len(v.Partitions) == 3 && !seen[""] && len(seen) >= 2
+	})
+
 	// Purge, through node 1: every partition's owner discards its part.
 	code, body := adminDo(t, http.MethodPost, queueURL(nodes[1])+"/purge", nil)
 	if code != http.StatusOK || !bytes.Contains(body, []byte(`"purged": 20`)) {
