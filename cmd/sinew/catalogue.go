@@ -16,10 +16,6 @@ import (
 	"github.com/sinewmq/sinew/internal/runtimesettings"
 )
 
-// replicationFactor is how many replicas a partition gets where there are
-// that many live nodes.
-const replicationFactor = 3
-
 // clusterNode is the broker's broker.Cluster.
 var _ broker.Cluster = (*clusterNode)(nil)
 
@@ -51,7 +47,7 @@ func (n *clusterNode) CreateQueue(ctx context.Context, topic, group string, sett
 				live = append(live, rid)
 			}
 		}
-		if placement = controller.Place(st.Table, live, partitions, replicationFactor); placement != nil {
+		if placement = controller.Place(st.Table, live, partitions, n.ctl.ReplicationFactor()); placement != nil {
 			break
 		}
 		select {
@@ -126,6 +122,13 @@ func (n *clusterNode) PlacementDone(topic, group string, partition int, raftGrou
 
 // Self is this node's raft id.
 func (n *clusterNode) Self() uint64 { return n.raftID }
+
+// ReplicationWant is how many replicas a queue should have now: the
+// replication factor, capped by the nodes of the controller's table that
+// have not left.
+func (n *clusterNode) ReplicationWant() int {
+	return n.ctl.Status().Table.ReplicationWant(n.ctl.ReplicationFactor())
+}
 
 // Sender carries a partition group's raft messages through the host.
 func (n *clusterNode) Sender(group uint64) func([]*raftpb.Message) { return n.host.Sender(group) }

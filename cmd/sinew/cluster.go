@@ -329,7 +329,7 @@ func (n *clusterNode) leave(handedOver func() (bool, string), leadsOver func(con
 				alive++
 			}
 		}
-		if alive < replicationFactor {
+		if alive < n.ctl.ReplicationFactor() {
 			// Every other node holds a replica already: there is no one
 			// to hand them to, and the partitions run on the others (one
 			// replica fewer) until a node joins, which the plan then uses.
@@ -448,6 +448,8 @@ const (
 	raftDroppedHelp   = "Raft messages this node dropped, by where: inbox (a group's inbound queue full), outbox (a peer's outbound queue full), send_queue (batches the transport's queue to a peer had no room for), write (batches lost with a failed write). Raft resends what is lost, at the cost of a tick or more. Served only with cluster.enabled."
 	raftTicksName     = "sinew_raft_group_ticks_total"
 	raftTicksHelp     = "Raft group ticks on this node, by kind: ticked (a group's raft clock advanced), quiet (a replicated group skipped because it is idle, or a group of one, which never needs one). An idle cluster's ticked rate falls to that of its controller group. Served only with cluster.enabled."
+	underReplName     = "sinew_queues_under_replicated"
+	underReplHelp     = "Queues with fewer replicas than the replication factor (3, capped by the cluster's nodes), or with a replica move under way, in the catalogue as this node applied it. The controller adds and moves replicas until it is 0. Served only with cluster.enabled."
 	ctlHasLeaderName  = "sinew_controller_has_leader"
 	ctlHasLeaderHelp  = "1 while this node knows a leader of the controller group, else 0 (no quorum, or not added yet). Served only with cluster.enabled."
 )
@@ -461,6 +463,7 @@ var (
 	ctlHasLeaderDesc  = prometheus.NewDesc(ctlHasLeaderName, ctlHasLeaderHelp, nil, nil)
 	raftDroppedDesc   = prometheus.NewDesc(raftDroppedName, raftDroppedHelp, []string{"where"}, nil)
 	raftTicksDesc     = prometheus.NewDesc(raftTicksName, raftTicksHelp, []string{"kind"}, nil)
+	underReplDesc     = prometheus.NewDesc(underReplName, underReplHelp, nil, nil)
 )
 
 // clusterCollector exports the membership view at scrape time.
@@ -476,6 +479,7 @@ func (c clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- ctlHasLeaderDesc
 	ch <- raftDroppedDesc
 	ch <- raftTicksDesc
+	ch <- underReplDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -502,6 +506,7 @@ func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(ctlLeaderDesc, prometheus.GaugeValue, b(st.Leader != 0 && st.Leader == c.n.raftID))
 	ch <- prometheus.MustNewConstMetric(ctlHasLeaderDesc, prometheus.GaugeValue, b(st.Leader != 0))
 	ch <- prometheus.MustNewConstMetric(ctlTermDesc, prometheus.GaugeValue, float64(st.Term))
+	ch <- prometheus.MustNewConstMetric(underReplDesc, prometheus.GaugeValue, float64(st.Table.UnderReplicatedQueues(c.n.ctl.ReplicationFactor())))
 	ch <- prometheus.MustNewConstMetric(ctlMembersDesc, prometheus.GaugeValue, float64(len(st.Voters)), "voter")
 	ch <- prometheus.MustNewConstMetric(ctlMembersDesc, prometheus.GaugeValue, float64(len(st.Learners)), "learner")
 	hs, ts := c.n.host.Stats(), c.n.tr.Stats()

@@ -84,8 +84,10 @@ func (n *clusterNode) startController(cfg settings.Config) error {
 		Dir:       filepath.Join(cfg.DataDir, "cluster", "controller"),
 		Self:      controller.Node{RaftID: rid, ID: n.id, ClientAddr: n.client, PeerAddr: n.peer, Boot: n.boot},
 		Bootstrap: len(cfg.Cluster.Seeds) == 0,
-		Send:      host.Sender(controller.Group),
-		Logger:    n.logger,
+		// Every queue gets three replicas where there are three nodes.
+		ReplicationFactor: controller.ReplicationFactorDefault,
+		Send:              host.Sender(controller.Group),
+		Logger:            n.logger,
 	})
 	if err != nil {
 		tr.Close()

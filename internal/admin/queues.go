@@ -22,14 +22,31 @@ type QueueView struct {
 	DeadLetterQueue bool            `json:"dead_letter_queue"`
 	Config          QueueConfigView `json:"config"`
 	// State is the worst of its partitions' states.
-	State         string          `json:"state"`
-	Ready         int             `json:"ready"`
-	Delayed       int             `json:"delayed"`
-	Inflight      int             `json:"inflight"`
-	DeadLettering int             `json:"dead_lettering"`
-	Consumers     int             `json:"consumers"`
-	BytesOnDisk   int64           `json:"bytes_on_disk"`
-	Partitions    []PartitionView `json:"partitions"`
+	State         string `json:"state"`
+	Ready         int    `json:"ready"`
+	Delayed       int    `json:"delayed"`
+	Inflight      int    `json:"inflight"`
+	DeadLettering int    `json:"dead_lettering"`
+	Consumers     int    `json:"consumers"`
+	BytesOnDisk   int64  `json:"bytes_on_disk"`
+	// Replication is, in a cluster, how many replicas the queue has
+	// against how many it should have; absent on a single node.
+	Replication *ReplicationView `json:"replication,omitempty"`
+	Partitions  []PartitionView  `json:"partitions"`
+}
+
+// ReplicationView is a queue's replication in a cluster.
+type ReplicationView struct {
+	// Factor is how many replicas the queue should have: the replication
+	// factor, capped by the cluster's nodes.
+	Factor int `json:"factor"`
+	// Replicas is how many nodes the placement names for it.
+	Replicas int `json:"replicas"`
+	// UnderReplicated is set while Replicas is below Factor, or a
+	// partition's raft group (as this node applied it) does not yet vote
+	// with exactly its placed replicas: the controller is adding or moving
+	// one.
+	UnderReplicated bool `json:"under_replicated"`
 }
 
 // QueueConfigView is a queue's stored declaration.
@@ -156,6 +173,16 @@ func queueView(qs broker.QueueStats, cfg broker.QueueConfig) QueueView {
 			CheckpointFailures: p.CheckpointFailures, Relocated: p.Relocated,
 			RaftGroup: p.RaftGroup, Replicas: p.Replicas, Owner: p.Owner, Term: p.Term,
 			Voters: p.Voters, Learners: p.Learners})
+	}
+	if qs.ReplicationWant > 0 && len(qs.Partitions) > 0 {
+		r := &ReplicationView{Factor: qs.ReplicationWant, Replicas: len(qs.Partitions[0].Replicas)}
+		r.UnderReplicated = r.Replicas < r.Factor
+		for _, p := range qs.Partitions {
+			if !p.Elsewhere && (len(p.Learners) > 0 || len(p.Voters) != len(p.Replicas)) {
+				r.UnderReplicated = true
+			}
+		}
+		v.Replication = r
 	}
 	return v
 }

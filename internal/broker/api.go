@@ -301,6 +301,9 @@ type PartitionStats struct {
 type QueueStats struct {
 	Topic, Group string
 	Partitions   []PartitionStats
+	// ReplicationWant is, in a cluster, how many replicas the queue
+	// should have (Cluster.ReplicationWant); 0 on a single node.
+	ReplicationWant int
 }
 
 // Stats is a point-in-time view of every queue, ordered by topic and group.

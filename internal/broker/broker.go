@@ -446,6 +446,7 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 			raftGroup = m.Raft[i].RaftGroup
 			pc.RaftID, pc.RaftPeers = b.cfg.Cluster.Self(), m.Raft[i].Replicas
 			pc.Send = b.cfg.Cluster.Sender(raftGroup)
+			pc.Replicated = true // a queue of one replica may grow
 			// A replica placed after the group started (the recovery plan)
 			// starts from the group's first configuration, as the others
 			// did, and waits to be added: it is not a voter there.
@@ -1019,6 +1020,9 @@ func (b *Broker) Stats() Stats {
 // statsOfQueue reads the counters of q's partitions.
 func (b *Broker) statsOfQueue(q *queueEntry) QueueStats {
 	qst := QueueStats{Topic: q.key.topic, Group: q.key.group}
+	if b.cfg.Cluster != nil {
+		qst.ReplicationWant = b.cfg.Cluster.ReplicationWant()
+	}
 	raft := q.meta.Load().Raft
 	for i, p := range q.parts {
 		s := p.Stats()

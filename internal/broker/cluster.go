@@ -28,6 +28,10 @@ type Cluster interface {
 	CreateQueue(ctx context.Context, topic, group string, settings []byte, partitions int) (CatalogueQueue, error)
 	// Self is this node's raft id.
 	Self() uint64
+	// ReplicationWant is how many replicas a queue should have now (the
+	// replication factor, capped by the cluster's nodes); a queue with
+	// fewer is under-replicated until the controller adds them.
+	ReplicationWant() int
 	// Sender returns the function that carries raft group id's messages.
 	Sender(group uint64) func([]*raftpb.Message)
 	// AddGroup registers a replica with the node's raft host; RemoveGroup

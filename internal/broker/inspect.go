@@ -56,7 +56,7 @@ func (b *Broker) Config(topic, group string) (QueueConfig, error) {
 func (b *Broker) QueueStatsOf(topic, group string) (QueueStats, error) {
 	if _, ok := b.catalogueElsewhere(topic, group); ok {
 		if cq, ok := b.cfg.Cluster.Lookup(topic, group); ok {
-			qst := QueueStats{Topic: topic, Group: group}
+			qst := QueueStats{Topic: topic, Group: group, ReplicationWant: b.cfg.Cluster.ReplicationWant()}
 			for i, pl := range cq.Partitions {
 				ps := PartitionStats{Partition: uint32(i), Elsewhere: true, RaftGroup: pl.RaftGroup}
 				for _, r := range pl.Replicas {

@@ -277,6 +277,64 @@ func (t *Table) applyReplaceReplica(c *command) error {
 	return nil
 }
 
+// applyAddReplica adds node To to a queue's replicas, in every partition,
+// after the others (a replica the placement grows by: the queue has fewer
+// than the replication factor, as one created while the cluster formed).
+// It is applied as nothing, the same way on every replica, when the queue
+// holds To already, has ReplicationMax replicas, has a move under way, or
+// To is not a member.
+func (t *Table) applyAddReplica(c *command) error {
+	if c.Queue == nil || c.To == 0 {
+		return fmt.Errorf("%w: add_replica without a queue or node", ErrCommand)
+	}
+	i, ok := t.findQueue(c.Queue.Topic, c.Queue.Group)
+	if !ok {
+		return nil
+	}
+	if n, ok := t.Node(c.To); !ok || n.Left {
+		return nil
+	}
+	q := t.Queues[i]
+	parts := make([]Placement, len(q.Partitions))
+	for p, pl := range q.Partitions {
+		if pl.Moving || len(pl.Replicas) >= ReplicationMax || slices.Contains(pl.Replicas, c.To) {
+			return nil
+		}
+		parts[p] = Placement{RaftGroup: pl.RaftGroup, Replicas: append(slices.Clone(pl.Replicas), c.To), Bootstrap: pl.Bootstrap, Moving: true}
+	}
+	q.Partitions = parts
+	t.Queues = slices.Clone(t.Queues) // a Status may share the old slice
+	t.Queues[i] = q
+	return nil
+}
+
+// ReplicationWant is how many replicas each queue should have: rf, capped
+// by the nodes of the table that have not left and by ReplicationMax.
+func (t *Table) ReplicationWant(rf int) int {
+	return min(max(rf, 1), len(t.members()), ReplicationMax)
+}
+
+// UnderReplicated reports whether q holds fewer replicas than the table
+// wants for it (ReplicationWant) or has a replica move under way.
+func (t *Table) UnderReplicated(q *Queue, rf int) bool {
+	if len(replicaSet(q)) < t.ReplicationWant(rf) {
+		return true
+	}
+	return movingAny(q)
+}
+
+// UnderReplicatedQueues counts the queues UnderReplicated reports, with
+// the replication factor rf.
+func (t *Table) UnderReplicatedQueues(rf int) int {
+	n := 0
+	for i := range t.Queues {
+		if t.UnderReplicated(&t.Queues[i], rf) {
+			n++
+		}
+	}
+	return n
+}
+
 // replicaSet is the nodes holding q's replicas.
 func replicaSet(q *Queue) []uint64 {
 	var set []uint64
@@ -318,11 +376,17 @@ func (t *Table) holdsReplicas(id uint64) bool {
 // restarted at once keeps its replicas.
 const replaceAfterTicks = 60
 
-// planRecovery proposes, as leader, one replica move per queue whose
-// replica set holds a node that left, or that membership has held dead for
-// replaceAfterTicks, when a live member outside the set can take its place
-// (the one holding the fewest replicas, the first in join order among
-// equals).
+// planRecovery proposes, as leader, one replica change per queue at a
+// time (the one holding the fewest replicas, the first in join order among
+// equals, takes what is placed):
+//   - a move for a queue whose replica set holds a node that left, or that
+//     membership has held dead for replaceAfterTicks, when a live member
+//     outside the set can take its place and, for a dead node, the set's
+//     live replicas are a majority (they must elect an owner to catch the
+//     new replica up: a queue whose only replica died waits for it);
+//   - a new replica for a queue with fewer than the replication factor
+//     (ReplicationWant), when every replica it has is live and no move is
+//     under way: a queue created while the cluster formed grows to it.
 func (c *Controller) planRecovery(view []Member) error {
 	live := map[uint64]bool{}
 	for _, m := range view {
@@ -341,14 +405,26 @@ func (c *Controller) planRecovery(view []Member) error {
 	members := c.table.members()
 	load := c.table.replicaCounts()
 	slices.SortStableFunc(members, func(a, b uint64) int { return load[a] - load[b] })
+	want := c.table.ReplicationWant(c.rf)
 	for qi := range c.table.Queues {
 		q := &c.table.Queues[qi]
 		set := replicaSet(q)
+		liveInSet := 0
+		for _, r := range set {
+			if live[r] {
+				liveInSet++
+			}
+		}
+		moved := false
 		for _, r := range set {
 			n, known := c.table.Node(r)
 			since, dead := c.deadSince[r]
 			if !(known && n.Left || dead && c.tickN >= since+replaceAfterTicks) {
 				continue
+			}
+			moved = true
+			if !(known && n.Left) && liveInSet <= len(set)/2 {
+				break
 			}
 			to := uint64(0)
 			for _, id := range members {
@@ -376,8 +452,54 @@ func (c *Controller) planRecovery(view []Member) error {
 				"from", r, "to", to, "from_left", known && n.Left)
 			break // one move per queue at a time
 		}
+		if moved || len(set) >= want || liveInSet < len(set) || movingAny(q) {
+			continue
+		}
+		if err := c.planGrowth(q, set, members, live, want); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// planGrowth proposes one new replica for q, whose replica set (set) is
+// smaller than want: the least loaded live member outside it.
+func (c *Controller) planGrowth(q *Queue, set, members []uint64, live map[uint64]bool, want int) error {
+	to := uint64(0)
+	for _, id := range members {
+		if live[id] && !slices.Contains(set, id) {
+			to = id
+			break
+		}
+	}
+	if to == 0 {
+		return nil
+	}
+	key := fmt.Sprintf("add/%s/%s/%d", q.Topic, q.Group, to)
+	if _, ok := c.proposed[key]; ok {
+		return nil
+	}
+	data, err := encode(command{Op: opAddReplica, Queue: &Queue{Topic: q.Topic, Group: q.Group}, To: to})
+	if err != nil {
+		return err
+	}
+	if err := c.rn.Propose(data); err != nil {
+		return nil
+	}
+	c.proposed[key] = c.tickN
+	c.log.Warn("controller: a queue has fewer replicas than the replication factor: adding one", "topic", q.Topic, "group", q.Group,
+		"replicas", len(set), "want", want, "to", to)
+	return nil
+}
+
+// movingAny reports whether a replica move of q is under way.
+func movingAny(q *Queue) bool {
+	for _, p := range q.Partitions {
+		if p.Moving {
+			return true
+		}
+	}
+	return false
 }
 
 // Leave records in the table that this node leaves the cluster, and

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -354,4 +355,129 @@ func TestLeaveByTheLeader(t *testing.T) {
 		n, ok := st.Table.Node(lead)
 		return ok && !n.Left && slices.Contains(st.Learners, lead)
 	})
+}
+
+// TestRecoveryPlanGrowsAQueueToTheReplicationFactor: a queue placed on one
+// node (created while the cluster formed) gets a second and then a third
+// replica, one at a time: each is added after the others, in every
+// partition, and the next waits until the owners report the last one in
+// place (placement_done). The preferred owners and bootstrap voters stay.
+// The table counts the queue under-replicated until it holds three.
+func TestRecoveryPlanGrowsAQueueToTheReplicationFactor(t *testing.T) {
+	c, n1 := fourNodesWithQueue(t, Placement{Replicas: []uint64{1}}, Placement{Replicas: []uint64{1}})
+	if st := n1.Status(); st.Table.UnderReplicatedQueues(n1.ReplicationFactor()) != 1 {
+		t.Fatalf("under-replicated queues %d, want 1", st.Table.UnderReplicatedQueues(n1.ReplicationFactor()))
+	}
+	most := 0
+	c.until("the queue holds three replicas in every partition, placed", func() bool {
+		q, ok := n1.Status().Table.Queue("q", "")
+		if !ok {
+			return false
+		}
+		done := true
+		for i, p := range q.Partitions {
+			most = max(most, len(p.Replicas))
+			if p.Replicas[0] != 1 || !slices.Equal(p.Bootstrap, []uint64{1}) {
+				t.Fatalf("partition %d: %+v: the preferred owner or bootstrap changed", i, p)
+			}
+			if p.Moving {
+				// As the owner does once the group votes with them.
+				n1.PlacementDone("q", "", i, p.RaftGroup, p.Replicas)
+				done = false
+			}
+			done = done && len(p.Replicas) == 3
+		}
+		return done
+	})
+	if most != 3 {
+		t.Fatalf("a partition held %d replicas, want at most 3", most)
+	}
+	q, _ := n1.Status().Table.Queue("q", "")
+	if !slices.Equal(q.Partitions[0].Replicas, q.Partitions[1].Replicas) {
+		t.Fatalf("partitions placed apart: %+v", q.Partitions)
+	}
+	if n := n1.Status().Table.UnderReplicatedQueues(n1.ReplicationFactor()); n != 0 {
+		t.Fatalf("under-replicated queues %d after growing, want 0", n)
+	}
+	// Nothing more happens: the queue has what it should.
+	before := n1.Status().Applied
+	for range 200 {
+		c.round(time.Millisecond)
+	}
+	q2, _ := n1.Status().Table.Queue("q", "")
+	if !slices.Equal(q2.Partitions[0].Replicas, q.Partitions[0].Replicas) {
+		t.Fatalf("replicas changed again after %d: %v -> %v", before, q.Partitions[0].Replicas, q2.Partitions[0].Replicas)
+	}
+}
+
+// TestRecoveryPlanKeepsALoneDeadReplica: a queue whose only replica's node
+// is dead past the grace is not moved: a new replica could not be caught
+// up by anyone (the group has no live voter to lead it), and moving it
+// would serve an empty queue. A queue of three replicas with one dead is
+// moved as before.
+func TestRecoveryPlanKeepsALoneDeadReplica(t *testing.T) {
+	c, n1 := fourNodesWithQueue(t, Placement{Replicas: []uint64{3}})
+	c.mu.Lock()
+	c.dead[3] = true
+	c.mu.Unlock()
+	for range 3 * replaceAfterTicks {
+		c.round(time.Millisecond)
+	}
+	c.until("a while after the grace", func() bool { return n1.Status().Applied > 0 })
+	// (A replica the plan added before node 3 died, growing the queue,
+	// may be there too: it is not a majority either.)
+	q, _ := n1.Status().Table.Queue("q", "")
+	if rs := q.Partitions[0].Replicas; rs[0] != 3 || len(rs) > 2 {
+		t.Fatalf("replicas %v: the lone dead replica was moved", rs)
+	}
+}
+
+// TestAddReplicaCommand: add_replica appends a member to every partition's
+// replicas and marks them moving; it is applied as nothing for a node that
+// is not a member, one the queue holds, or while a move is under way.
+func TestAddReplicaCommand(t *testing.T) {
+	tb := &Table{}
+	for id := uint64(1); id <= 4; id++ {
+		if err := tb.apply(id, command{Op: opJoin, Node: &Node{RaftID: id, ID: nodeOf(id).ID}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q := Queue{Topic: "q", Partitions: []Placement{{Replicas: []uint64{1}}, {Replicas: []uint64{1}}}}
+	if err := tb.apply(10, command{Op: opCreateQueue, Queue: &q}); err != nil {
+		t.Fatal(err)
+	}
+	add := func(to uint64) Queue {
+		t.Helper()
+		data, err := encode(command{Op: opAddReplica, Queue: &Queue{Topic: "q"}, To: to})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd, err := decode(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tb.apply(11, cmd); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := tb.Queue("q", "")
+		return got
+	}
+	if got := add(9); !slices.Equal(got.Partitions[0].Replicas, []uint64{1}) {
+		t.Fatalf("a node not in the table was added: %v", got.Partitions[0].Replicas)
+	}
+	if got := add(1); !slices.Equal(got.Partitions[0].Replicas, []uint64{1}) {
+		t.Fatalf("a replica the queue holds was added again: %v", got.Partitions[0].Replicas)
+	}
+	got := add(3)
+	for _, p := range got.Partitions {
+		if !slices.Equal(p.Replicas, []uint64{1, 3}) || !p.Moving {
+			t.Fatalf("after add 3: %+v, want replicas [1 3], moving", p)
+		}
+	}
+	if got := add(4); !slices.Equal(got.Partitions[0].Replicas, []uint64{1, 3}) {
+		t.Fatalf("added while a move was under way: %v", got.Partitions[0].Replicas)
+	}
+	if err := tb.apply(12, command{Op: opAddReplica}); !errors.Is(err, ErrCommand) {
+		t.Fatalf("add_replica without a queue: %v, want ErrCommand", err)
+	}
 }

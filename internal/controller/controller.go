@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -29,6 +30,9 @@ const Group = 1
 const (
 	// VotersMaxDefault is how many nodes vote in the controller group.
 	VotersMaxDefault = 3
+	// ReplicationFactorDefault is how many replicas a queue's partitions
+	// get where there are that many nodes.
+	ReplicationFactorDefault = 3
 	// inboundMax bounds the raft messages waiting for the controller's
 	// goroutine; beyond it they are dropped (raft resends).
 	inboundMax = 1024
@@ -76,6 +80,11 @@ type Config struct {
 	// voter when Dir holds no controller log yet. A node without it waits
 	// for the group's leader to add it.
 	Bootstrap bool
+	// ReplicationFactor is how many replicas each queue's partitions
+	// should have where there are that many nodes; 0 means
+	// ReplicationFactorDefault. The recovery plan grows a queue placed
+	// with fewer (while the cluster formed) once nodes are there.
+	ReplicationFactor int
 	// VotersMax is how many nodes vote; 0 means VotersMaxDefault.
 	VotersMax int
 	// SnapshotEvery is how many applied entries pass between two
@@ -89,6 +98,10 @@ type Config struct {
 	// Logger receives changes of leader and configuration.
 	Logger *slog.Logger
 }
+
+// ReplicationFactor is the replication factor the controller plans for
+// (Config.ReplicationFactor with its default).
+func (c *Controller) ReplicationFactor() int { return c.rf }
 
 // Status is what a Controller reports.
 type Status struct {
@@ -137,6 +150,7 @@ type Controller struct {
 	proposed  map[string]uint64   // command key -> tick when proposed, to avoid repeats
 	collided  map[string]struct{} // node ids refused for a raft id collision, logged once
 	deadSince map[uint64]uint64   // raft id -> tick when membership first held it dead
+	rf        int                 // Config.ReplicationFactor with its default
 	lagSince  map[uint64]uint64   // raft id -> tick when a learner was first seen behind (reconcileConf)
 	lagWarned map[uint64]bool     // learners passed over whose lag was logged
 	tickN     uint64              // ticks taken
@@ -180,6 +194,7 @@ func Open(cfg Config) (*Controller, error) {
 		proposed:  map[string]uint64{},
 		collided:  map[string]struct{}{},
 		deadSince: map[uint64]uint64{},
+		rf:        cmp.Or(cfg.ReplicationFactor, ReplicationFactorDefault),
 		lagSince:  map[uint64]uint64{},
 		lagWarned: map[uint64]bool{},
 		changed:   make(chan struct{}),

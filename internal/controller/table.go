@@ -65,6 +65,7 @@ const (
 	opLeave          = "leave"
 	opCreateQueue    = "create_queue"
 	opReplaceReplica = "replace_replica"
+	opAddReplica     = "add_replica"
 	opDeleteQueue    = "delete_queue"
 	opUpdateQueue    = "update_queue"
 	opPlacementDone  = "placement_done"
@@ -94,7 +95,7 @@ type command struct {
 	// Boot is leave's run of the node that leaves (zero: not known).
 	Boot  uint64 `json:"boot,omitempty"`
 	Queue *Queue `json:"queue,omitempty"`
-	// From and To are replace_replica's nodes.
+	// From and To are replace_replica's nodes; To is add_replica's.
 	From uint64 `json:"from,omitempty"`
 	To   uint64 `json:"to,omitempty"`
 	// Partition, RaftGroup and Replicas are placement_done's partition.
@@ -179,6 +180,8 @@ func (t *Table) apply(index uint64, c command) error {
 		return t.applyCreateQueue(index, c.Queue)
 	case opReplaceReplica:
 		return t.applyReplaceReplica(&c)
+	case opAddReplica:
+		return t.applyAddReplica(&c)
 	case opDeleteQueue:
 		return t.applyDeleteQueue(&c)
 	case opUpdateQueue:

@@ -309,6 +309,9 @@ func (p *Partition) replayRecord(st *queue.State, dd *dedup.Table, r seglog.Reco
 // singleReplica reports whether the partition's raft group is this replica
 // alone.
 func (p *Partition) singleReplica() bool {
+	if p.cfg.Replicated {
+		return false
+	}
 	id := max(p.cfg.RaftID, 1)
 	return len(p.cfg.RaftPeers) == 0 || len(p.cfg.RaftPeers) == 1 && p.cfg.RaftPeers[0] == id
 }

@@ -216,6 +216,11 @@ type Config struct {
 	// instead of whoever's election timer fires first.
 	CampaignAtStart bool
 	Send            func([]*raftpb.Message)
+	// Replicated runs the group's raft over Send and the host's ticks even
+	// while it has one voter (a cluster's queue placed on one node, which
+	// the controller grows by adding replicas); without it a group of one
+	// runs inline on its own goroutine and can never grow.
+	Replicated bool
 	// PreferredOwnerHoldTicks is the hold-down, in raft ticks, before a
 	// leader hands its partition back to the placement's preferred owner
 	// (Reconfigure): the preferred replica must have been a caught-up

@@ -155,7 +155,8 @@ func (p *Partition) startRaft(commit uint64) error {
 	if len(peers) == 0 {
 		peers = []uint64{id}
 	}
-	single := len(peers) == 1 && peers[0] == id
+	single := p.singleReplica()
+	replicated := !single
 	s := raftlog.New(p.log, raftlog.Options{CacheBytesMax: p.cfg.raftCacheBytes, Budget: p.cfg.RaftBudget})
 	cs, err := p.log.ConfState()
 	if err != nil {
@@ -195,7 +196,7 @@ func (p *Partition) startRaft(commit uint64) error {
 		// forwarding them: it decided them on a state it must rebuild.
 		DisableProposalForwarding: true,
 		PreVote:                   true,
-		CheckQuorum:               len(peers) > 1,
+		CheckQuorum:               replicated,
 		Logger:                    raftLogger,
 	})
 	if err != nil {
@@ -205,7 +206,7 @@ func (p *Partition) startRaft(commit uint64) error {
 	// Leader reports the stored term until raft moves to another one (a
 	// Ready carries a HardState only when it changes).
 	p.term.Store(rn.BasicStatus().Term)
-	if len(peers) > 1 {
+	if replicated {
 		s.SetSnapshotSource(p.makeSnapshot)
 	}
 	p.single = single

@@ -251,7 +251,10 @@
       const reasons = (q.partitions || []).filter((p) => p.state && p.state !== "ok")
         .map((p) => "partition " + p.partition + ": " + p.state + (p.reason ? " (" + p.reason + ")" : ""));
       tbody.append(h("tr", { class: "queue-row", "data-topic": q.topic, "data-group": q.group || "" },
-        h("td", {}, partitionsDetails(key, q), q.dead_letter_queue ? h("span", { class: "badge", text: "dead-letter queue" }) : null),
+        h("td", {}, partitionsDetails(key, q), q.dead_letter_queue ? h("span", { class: "badge", text: "dead-letter queue" }) : null,
+          q.replication && q.replication.under_replicated ? h("span", { class: "badge quarantined under-replicated",
+            text: "replicas " + q.replication.replicas + " of " + q.replication.factor,
+            title: "fewer replicas than the replication factor, or a replica move under way: the cluster is adding or moving one" }) : null),
         h("td", {}, h("span", { class: "badge " + (q.state || "ok"), text: q.state || "ok", title: reasons.join("\n") })),
         h("td", { class: "num", text: fmtInt(q.partition_count ?? (q.partitions || []).length) }),
         h("td", { class: "num ready", text: fmtInt(q.ready) }),

@@ -1,0 +1,138 @@
+package e2e_test
+
+import (
+	"context"
+	"maps"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sinewmq/sinew"
+)
+
+// A queue created on the first node of a cluster, before any other node
+// joined, has one replica. Once two more nodes join, the controller grows
+// it to three replicas in every partition (its API shows the replication
+// it has against the factor, and /metrics counts it under-replicated
+// until then), with every message still there: after the node that held
+// it alone is killed with -9, every confirmed message is consumed from
+// the others, and publishing goes on.
+func TestClusterQueueCreatedWhileFormingGrowsToThreeReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sinew binary")
+	}
+	bin := buildSinew(t)
+	n1 := startClusterChild(t, bin, t.TempDir())
+	id1 := nodesOf(t, n1.admin).Self.ID
+	awaitNodes(t, n1, "node 1 in its controller's table", func(v nodesView) bool {
+		return controllerAgrees(v, []string{id1}, nil, []string{id1}, nil)
+	})
+	const topic = "formed"
+	queueURL := func(c *clusterChild) string { return "http://" + c.admin + "/api/v1/queues/" + topic }
+	if code, body := adminDo(t, http.MethodPut, queueURL(n1), map[string]any{"partitions": 2}); code != http.StatusCreated {
+		t.Fatalf("PUT queue: %d %s", code, body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	first, err := sinew.Dial(ctx, n1.addr, fastReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	confirmed := publishNumbered(t, ctx, first, topic, "alone", 100)
+	first.Close()
+
+	type replView struct {
+		Replication *struct {
+			Factor          int  `json:"factor"`
+			Replicas        int  `json:"replicas"`
+			UnderReplicated bool `json:"under_replicated"`
+		} `json:"replication"`
+		Partitions []struct {
+			Owner    string   `json:"owner"`
+			Replicas []string `json:"replicas"`
+			Voters   []string `json:"voters"`
+			Learners []string `json:"learners"`
+		} `json:"partitions"`
+	}
+	var alone replView
+	getJSONInto(t, queueURL(n1), &alone)
+	if r := alone.Replication; r == nil || r.Factor != 1 || r.Replicas != 1 || r.UnderReplicated {
+		t.Fatalf("a one-node cluster's queue: replication %+v, want factor 1, 1 replica", r)
+	}
+
+	n2 := startClusterChild(t, bin, t.TempDir(), n1.gossip)
+	n3 := startClusterChild(t, bin, t.TempDir(), n1.gossip)
+	nodes := []*clusterChild{n1, n2, n3}
+	ids := []string{id1, nodesOf(t, n2.admin).Self.ID, nodesOf(t, n3.admin).Self.ID}
+	for _, c := range nodes {
+		awaitNodes(t, c, "three voters", func(v nodesView) bool { return controllerAgrees(v, ids, nil, ids, nil) })
+	}
+	joined := time.Now()
+	grown := func(c *clusterChild) bool {
+		var v replView
+		getJSONInto(t, queueURL(c), &v)
+		if r := v.Replication; r == nil || r.Factor != 3 || r.Replicas != 3 || r.UnderReplicated || len(v.Partitions) != 2 {
+			return false
+		}
+		for _, p := range v.Partitions {
+			if len(p.Replicas) != 3 || len(p.Voters) != 3 || len(p.Learners) != 0 || p.Owner == "" {
+				return false
+			}
+		}
+		return true
+	}
+	for deadline := joined.Add(60 * time.Second); !(grown(n1) && grown(n2) && grown(n3)); {
+		if time.Now().After(deadline) {
+			for _, c := range nodes {
+				for _, l := range strings.Split(c.log(), "\n") {
+					if strings.Contains(l, "replica") || strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+						t.Logf("%s: %s", c.addr, l)
+					}
+				}
+			}
+			for _, c := range nodes {
+				_, body := adminDo(t, http.MethodGet, queueURL(c), nil)
+				t.Logf("%s: %s", c.addr, body)
+			}
+			t.Fatal("the queue did not grow to three voting replicas on every node within 60 s of the third node joining")
+		}
+		time.Sleep(50 * time.Millisecond) // polling real processes
+	}
+	t.Logf("three voting replicas in every partition %v after the third node joined (goal: within 10 s)", time.Since(joined).Round(time.Millisecond))
+	// The owners report the replicas in place (placement_done), which
+	// ends the move in the catalogue, and so the count on every node.
+	awaitAll(t, nodes, "sinew_queues_under_replicated 0", func(c *clusterChild) bool {
+		return strings.Contains(scrape(t, c.admin), "\nsinew_queues_under_replicated 0\n")
+	})
+
+	// The node that held the queue alone dies: the others hold it all.
+	if err := n1.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	n1.cmd.Wait()
+	_, _, client := seededClient(t, nodes[1:], 0)
+	maps.Copy(confirmed, publishNumbered(t, ctx, client, topic, "after", 50))
+	sub, err := client.Subscribe(ctx, topic, sinew.WithPrefetch(64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for !coversAll(got, confirmed) {
+		select {
+		case m, ok := <-sub.Messages():
+			if !ok {
+				t.Fatalf("subscription ended: %v", sub.Err())
+			}
+			if !confirmed[string(m.Body)] {
+				t.Fatalf("delivered %q, never published", m.Body)
+			}
+			got[string(m.Body)] = true
+			if err := m.Complete(ctx); err != nil {
+				t.Fatalf("complete: %v", err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%d of %d confirmed messages delivered after node 1's kill", len(got), len(confirmed))
+		}
+	}
+}
