@@ -398,6 +398,12 @@ func (c *Controller) planRecovery(view []Member) error {
 		case !m.Gone:
 			live[m.RaftID] = true
 			delete(c.deadSince, m.RaftID)
+			if _, ok := c.liveSince[m.RaftID]; !ok {
+				c.liveSince[m.RaftID] = c.tickN
+			}
+		}
+		if !live[m.RaftID] {
+			delete(c.liveSince, m.RaftID)
 		}
 	}
 	// Candidates to take a replica: the least loaded first (replicas
@@ -406,6 +412,7 @@ func (c *Controller) planRecovery(view []Member) error {
 	load := c.table.replicaCounts()
 	slices.SortStableFunc(members, func(a, b uint64) int { return load[a] - load[b] })
 	want := c.table.ReplicationWant(c.rf)
+	settled := true // no queue short of replicas, dead ones or a move
 	for qi := range c.table.Queues {
 		q := &c.table.Queues[qi]
 		set := replicaSet(q)
@@ -452,11 +459,84 @@ func (c *Controller) planRecovery(view []Member) error {
 				"from", r, "to", to, "from_left", known && n.Left)
 			break // one move per queue at a time
 		}
+		if moved || liveInSet < len(set) || movingAny(q) || len(set) < want {
+			settled = false
+		}
 		if moved || len(set) >= want || liveInSet < len(set) || movingAny(q) {
 			continue
 		}
 		if err := c.planGrowth(q, set, members, live, want); err != nil {
 			return err
+		}
+	}
+	if settled {
+		return c.planRebalance(members, live, load)
+	}
+	return nil
+}
+
+// rebalanceAfterTicks is how long every member must have been live before
+// the plan moves a replica to even out the load (10 s at the raft host's
+// 50 ms tick): a node that joins or comes back takes replicas only once it
+// stayed.
+const rebalanceAfterTicks = 200
+
+// planRebalance proposes, as leader, at most one replica move in the
+// cluster to even out the replicas the nodes hold, once nothing else is
+// under way (every queue has its replicas, all live, and no move runs)
+// and every member has been live for rebalanceAfterTicks: the most loaded
+// member (the first in join order among equals) hands a queue's replicas
+// to the least loaded member outside that queue's set, when that narrows
+// the gap between them (the queue's partitions count fewer than it). A
+// node that joins a cluster whose queues have all their replicas so takes
+// its share, one queue at a time, and with the preferred owner's place
+// the leads of the partitions the old node was preferred for.
+func (c *Controller) planRebalance(members []uint64, live map[uint64]bool, load map[uint64]int) error {
+	for _, id := range members {
+		since, ok := c.liveSince[id]
+		if !live[id] || !ok || c.tickN < since+rebalanceAfterTicks {
+			return nil
+		}
+	}
+	if len(members) < 2 {
+		return nil
+	}
+	// members is sorted least loaded first; the most loaded is the last
+	// of the highest load, the first in join order among equals.
+	top := load[members[len(members)-1]]
+	from := uint64(0)
+	for _, id := range c.table.members() {
+		if load[id] == top {
+			from = id
+			break
+		}
+	}
+	for qi := range c.table.Queues {
+		q := &c.table.Queues[qi]
+		set := replicaSet(q)
+		if !slices.Contains(set, from) {
+			continue
+		}
+		n := len(q.Partitions)
+		for _, to := range members {
+			if slices.Contains(set, to) || load[from]-load[to] <= n {
+				continue
+			}
+			key := fmt.Sprintf("rebalance/%s/%s/%d/%d", q.Topic, q.Group, from, to)
+			if _, ok := c.proposed[key]; ok {
+				return nil
+			}
+			data, err := encode(command{Op: opReplaceReplica, Queue: &Queue{Topic: q.Topic, Group: q.Group}, From: from, To: to})
+			if err != nil {
+				return err
+			}
+			if err := c.rn.Propose(data); err != nil {
+				return nil
+			}
+			c.proposed[key] = c.tickN
+			c.log.Info("controller: rebalancing: moving a queue's replicas to a less loaded node", "topic", q.Topic, "group", q.Group,
+				"from", from, "to", to, "from_replicas", load[from], "to_replicas", load[to])
+			return nil
 		}
 	}
 	return nil

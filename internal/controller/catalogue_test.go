@@ -481,3 +481,58 @@ func TestAddReplicaCommand(t *testing.T) {
 		t.Fatalf("add_replica without a queue: %v, want ErrCommand", err)
 	}
 }
+
+// TestRecoveryPlanRebalancesOntoANewNode: two queues of one partition on
+// three of four nodes (loads 2, 2, 2, 0). Once every node has been live
+// for the hold-off, one queue's replica moves from the most loaded node
+// (the first in join order) to the fourth; then the loads (1, 2, 2, 1)
+// leave nothing to narrow, and nothing more moves.
+func TestRecoveryPlanRebalancesOntoANewNode(t *testing.T) {
+	c, n1 := fourNodesWithQueue(t, Placement{Replicas: []uint64{1, 2, 3}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	created := make(chan error, 1)
+	go func() {
+		_, err := n1.CreateQueue(ctx, Queue{Topic: "r", Partitions: []Placement{{Replicas: []uint64{2, 3, 1}}}})
+		created <- err
+	}()
+	c.until("queue r is created", func() bool {
+		select {
+		case err := <-created:
+			if err != nil {
+				t.Fatal(err)
+			}
+			return true
+		default:
+			return false
+		}
+	})
+	// The owners report each move in place, as they do once the group
+	// votes with its replicas.
+	placed := func() {
+		for _, q := range n1.Status().Table.Queues {
+			for i, p := range q.Partitions {
+				if p.Moving {
+					n1.PlacementDone(q.Topic, q.Group, i, p.RaftGroup, p.Replicas)
+				}
+			}
+		}
+	}
+	c.until("node 4 holds a replica", func() bool {
+		placed()
+		return n1.Status().Table.replicaCounts()[4] > 0
+	})
+	for range 3 * rebalanceAfterTicks {
+		placed()
+		c.round(time.Millisecond)
+	}
+	placed()
+	load := n1.Status().Table.replicaCounts()
+	if load[1] != 1 || load[2] != 2 || load[3] != 2 || load[4] != 1 {
+		t.Fatalf("replicas held %v, want node 1's first queue moved to node 4 and nothing more", load)
+	}
+	q, _ := n1.Status().Table.Queue("q", "")
+	if !slices.Equal(q.Partitions[0].Replicas, []uint64{4, 2, 3}) {
+		t.Fatalf("queue q's replicas %v, want node 4 in node 1's place (its preferred owner too)", q.Partitions[0].Replicas)
+	}
+}

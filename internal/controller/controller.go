@@ -150,6 +150,7 @@ type Controller struct {
 	proposed  map[string]uint64   // command key -> tick when proposed, to avoid repeats
 	collided  map[string]struct{} // node ids refused for a raft id collision, logged once
 	deadSince map[uint64]uint64   // raft id -> tick when membership first held it dead
+	liveSince map[uint64]uint64   // raft id -> tick since when membership has held it live
 	rf        int                 // Config.ReplicationFactor with its default
 	lagSince  map[uint64]uint64   // raft id -> tick when a learner was first seen behind (reconcileConf)
 	lagWarned map[uint64]bool     // learners passed over whose lag was logged
@@ -194,6 +195,7 @@ func Open(cfg Config) (*Controller, error) {
 		proposed:  map[string]uint64{},
 		collided:  map[string]struct{}{},
 		deadSince: map[uint64]uint64{},
+		liveSince: map[uint64]uint64{},
 		rf:        cmp.Or(cfg.ReplicationFactor, ReplicationFactorDefault),
 		lagSince:  map[uint64]uint64{},
 		lagWarned: map[uint64]bool{},

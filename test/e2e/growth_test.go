@@ -2,7 +2,10 @@ package e2e_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"maps"
+	"slices"
 	"net/http"
 	"strings"
 	"testing"
@@ -133,6 +136,171 @@ func TestClusterQueueCreatedWhileFormingGrowsToThreeReplicas(t *testing.T) {
 			}
 		case <-ctx.Done():
 			t.Fatalf("%d of %d confirmed messages delivered after node 1's kill", len(got), len(confirmed))
+		}
+	}
+}
+
+// Three nodes hold three queues of one partition each (three replicas
+// apiece); a fourth node joins while a producer publishes to all three.
+// Once every node has been live for the hold-off, the controller moves
+// replicas onto the new node, one queue at a time, until the loads are
+// even (3, 3, 3, 0 becomes 2, 2, 3, 2 or the like), and the new node leads
+// what it took the preferred owner's place in. No publish fails, and every
+// confirmed message is consumed afterwards. The longest pause in confirms
+// around the moves is logged.
+func TestClusterNodeThatJoinsTakesItsShareUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sinew binary")
+	}
+	bin := buildSinew(t)
+	nodes, _, _ := startThreeVoting(t, bin)
+	_, _, client := seededClient(t, nodes, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	topics := []string{"share-a", "share-b", "share-c"}
+	confirmed := map[string]bool{}
+	for _, topic := range topics {
+		maps.Copy(confirmed, publishNumbered(t, ctx, client, topic, topic+"-before", 20))
+	}
+
+	// A producer publishes round the three queues until told to stop.
+	stop := make(chan struct{})
+	type result struct {
+		bodies   []string
+		err      error
+		maxPause time.Duration
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		last := time.Now()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				done <- r
+				return
+			default:
+			}
+			topic := topics[i%len(topics)]
+			b := fmt.Sprintf("%s-during-%d", topic, i)
+			pctx, pcancel := context.WithTimeout(ctx, 30*time.Second)
+			_, err := client.Publish(pctx, topic, []byte(b))
+			pcancel()
+			if err != nil {
+				r.err = fmt.Errorf("publish %s: %w", b, err)
+				done <- r
+				return
+			}
+			now := time.Now()
+			r.maxPause = max(r.maxPause, now.Sub(last))
+			last = now
+			r.bodies = append(r.bodies, b)
+		}
+	}()
+
+	spare := startClusterChild(t, bin, t.TempDir(), nodes[0].gossip)
+	joined := time.Now()
+	all := append(slices.Clone(nodes), spare)
+	holds := func() int {
+		n := 0
+		for _, topic := range topics {
+			var v struct {
+				Replication *struct {
+					UnderReplicated bool `json:"under_replicated"`
+				} `json:"replication"`
+				Partitions []struct {
+					Owner  string   `json:"owner"`
+					Voters []string `json:"voters"`
+				} `json:"partitions"`
+			}
+			code, body := adminDo(t, http.MethodGet, "http://"+spare.admin+"/api/v1/queues/"+topic, nil)
+			if code != http.StatusOK {
+				continue // the new node has not applied the catalogue yet
+			}
+			if err := json.Unmarshal(body, &v); err != nil {
+				t.Fatal(err)
+			}
+			if v.Replication != nil && !v.Replication.UnderReplicated && len(v.Partitions) == 1 &&
+				len(v.Partitions[0].Voters) == 3 && slices.Contains(v.Partitions[0].Voters, spare.addr) {
+				n++
+			}
+		}
+		return n
+	}
+	for deadline := time.Now().Add(90 * time.Second); holds() < 2; {
+		if time.Now().After(deadline) {
+			for _, c := range all {
+				for _, l := range strings.Split(c.log(), "\n") {
+					if strings.Contains(l, "rebalanc") || strings.Contains(l, "replica") || strings.Contains(l, "level=ERROR") {
+						t.Logf("%s: %s", c.addr, l)
+					}
+				}
+			}
+			t.Fatalf("the new node holds voting replicas of %d queues 90 s after it joined, want 2", holds())
+		}
+		time.Sleep(100 * time.Millisecond) // polling real processes
+	}
+	t.Logf("the new node votes in 2 of 3 queues %v after it started", time.Since(joined).Round(time.Millisecond))
+	// Let the loads settle: nothing more moves (3 queues of one
+	// partition over four nodes: 2, 2, 3, 2 or the like).
+	time.Sleep(2 * time.Second) // polling real processes
+	close(stop)
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Logf("published %d during the join and the moves; longest pause between confirms %v", len(r.bodies), r.maxPause.Round(time.Millisecond))
+	for _, b := range r.bodies {
+		confirmed[b] = true
+	}
+	if holds() != 2 {
+		t.Fatalf("the new node holds replicas of %d queues after the loads settled, want 2", holds())
+	}
+
+	consumer, err := sinew.Dial(ctx, spare.addr, fastReconnect(), sinew.WithSeeds(nodes[0].addr, nodes[1].addr, nodes[2].addr, spare.addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	got := map[string]int{}
+	for _, topic := range topics {
+		sub, err := consumer.Subscribe(ctx, topic, sinew.WithPrefetch(64))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		for b := range confirmed {
+			if strings.HasPrefix(b, topic+"-") {
+				want++
+			}
+		}
+		for n := 0; n < want; {
+			select {
+			case m, ok := <-sub.Messages():
+				if !ok {
+					t.Fatalf("subscription to %s ended: %v", topic, sub.Err())
+				}
+				if !confirmed[string(m.Body)] {
+					t.Fatalf("delivered %q, never confirmed", m.Body)
+				}
+				if got[string(m.Body)] == 0 {
+					n++
+				}
+				got[string(m.Body)]++
+				if err := m.Complete(ctx); err != nil {
+					t.Fatalf("complete: %v", err)
+				}
+			case <-ctx.Done():
+				t.Fatalf("%s: %d of %d confirmed messages delivered", topic, n, want)
+			}
+		}
+		if err := sub.Unsubscribe(ctx); err != nil {
+			t.Fatalf("unsubscribe %s: %v", topic, err)
+		}
+	}
+	for b, n := range got {
+		if n > 1 {
+			t.Errorf("%q delivered %d times: stored more than once, or a settle lost", b, n)
 		}
 	}
 }
