@@ -526,9 +526,9 @@ func (b *Broker) HandLeadsOver(ctx context.Context, why string) bool {
 }
 
 // stopHandOverPollMs is how often a stopping node looks whether its
-// partitions' leads have moved, and asks again for those that have not:
-// a raft tick.
-const stopHandOverPollMs = 50
+// partitions' leads have moved (partition.HandOver asks again for those
+// that have not every few looks).
+const stopHandOverPollMs = 10
 
 // HandOverForStop is the first step of a cluster node's planned stop: from
 // now on no replica of this node takes a lead (partition.StopLeading:

@@ -12,6 +12,10 @@ import (
 // waits for its replica's actor to run it between two turns).
 const handOverParallelMax = 32
 
+// handOverAskEvery: HandOver asks a group still led here again at every
+// handOverAskEvery-th look.
+const handOverAskEvery = 5
+
 // StopLeading makes this replica refuse the lead from now on, for a node
 // that is stopping: a leadership transfer to it (raft's MsgTimeoutNow) is
 // ignored, so the leader that asked abandons it after an election timeout,
@@ -55,9 +59,10 @@ type HandoverReport struct {
 // a caught-up voter of its group (HandLeadOver), all at once rather than
 // one group after the other, and waits, looking every poll, until another
 // replica leads every group that was led here or ctx ends, whose deadline
-// bounds the whole. At each look a group still led here is asked again: a
-// transfer raft abandoned (the voter did not take it within an election
-// timeout), or one that found no voter caught up yet, starts again. What
+// bounds the whole. Every handOverAskEvery looks a group still led here is
+// asked again: a transfer raft abandoned (the voter did not take it within
+// an election timeout), or one that found no voter caught up yet, starts
+// again. What
 // is still led here when ctx ends is left to the normal election.
 func HandOver(ctx context.Context, hs []Handover, why string, poll time.Duration) HandoverReport {
 	rep := HandoverReport{NewLeaders: map[uint64]int{}}
@@ -108,8 +113,10 @@ func HandOver(ctx context.Context, hs []Handover, why string, poll time.Duration
 		wg.Wait()
 	}
 	pending := slices.Clone(led)
-	for len(pending) > 0 && ctx.Err() == nil {
-		ask(pending)
+	for look := 0; len(pending) > 0 && ctx.Err() == nil; look++ {
+		if look%handOverAskEvery == 0 {
+			ask(pending)
+		}
 		t := time.NewTimer(poll)
 		select {
 		case <-ctx.Done():
