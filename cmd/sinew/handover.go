@@ -34,9 +34,9 @@ func (n *clusterNode) handOverForStop(b *broker.Broker) (redirect string, took t
 	defer cancel()
 	// A fenced controller leader hands its lead to a caught-up voter and
 	// plans nothing; the run loop keeps it so while the node stops.
+	ctlLed := n.ctl.Status().Leader == n.raftID
 	n.stopping.Store(true)
 	n.ctl.SetFenced(true)
-	ctlLed := n.ctl.Status().Leader == n.raftID
 	ctlDone := make(chan bool, 1)
 	go func() {
 		for ctlLed {
