@@ -1,9 +1,11 @@
 package e2e_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"slices"
 	"sort"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sinewmq/sinew"
+	"github.com/sinewmq/sinew/protocol"
 )
 
 // handoverPartitions is the partitions of the queue a stop trial publishes
@@ -46,6 +49,29 @@ func partitionsOf(t *testing.T, c *clusterChild, topic string) []partitionView {
 	return q.Partitions
 }
 
+// awaitPreferredOwners waits until every partition of topic's queue (of
+// handoverPartitions) is owned by its preferred owner as node c shows it:
+// each partition's first leader hands the lead to the placement's first
+// replica within a second or two. It returns the partitions.
+func awaitPreferredOwners(t *testing.T, c *clusterChild, topic string) []partitionView {
+	t.Helper()
+	deadline := time.Now().Add(safetyTimeout)
+	for {
+		parts := partitionsOf(t, c, topic)
+		settled := len(parts) == handoverPartitions
+		for _, p := range parts {
+			settled = settled && p.Owner != "" && len(p.Replicas) == 3 && p.Owner == p.Replicas[0]
+		}
+		if settled {
+			return parts
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the partitions' owners did not settle on their preferred owners: %+v", parts)
+		}
+		time.Sleep(50 * time.Millisecond) // polling real processes
+	}
+}
+
 // runStopTrial starts three cluster nodes of bin, declares a queue of
 // handoverPartitions partitions, and waits until each is owned by its
 // preferred owner. One publisher per partition then publishes without a
@@ -61,24 +87,7 @@ func runStopTrial(t *testing.T, bin, topic string, after time.Duration) *stopTri
 	if _, err := client.DeclareQueue(ctx, topic, sinew.QueueConfig{Partitions: handoverPartitions}); err != nil {
 		t.Fatal(err)
 	}
-	// Each partition's first leader hands the lead to its preferred owner
-	// (the placement's first replica) within a second or two.
-	var parts []partitionView
-	deadline := time.Now().Add(safetyTimeout)
-	for {
-		parts = partitionsOf(t, nodes[0], topic)
-		settled := len(parts) == handoverPartitions
-		for _, p := range parts {
-			settled = settled && p.Owner != "" && len(p.Replicas) == 3 && p.Owner == p.Replicas[0]
-		}
-		if settled {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the partitions' owners did not settle on their preferred owners: %+v", parts)
-		}
-		time.Sleep(50 * time.Millisecond) // polling real processes
-	}
+	parts := awaitPreferredOwners(t, nodes[0], topic)
 	owned := map[string]int{}
 	for _, p := range parts {
 		owned[p.Owner]++
@@ -203,6 +212,81 @@ func TestClusterSIGTERMHandsLeadsOver(t *testing.T) {
 		t.Fatalf("the stopped node's GOING_AWAY redirect is %q, want another node's address", r)
 	}
 	drainExactlyOnce(t, tr.nodes, x, topic, tr.confirmed)
+}
+
+// The admin API's planned stop (POST /api/v1/drain, which `sinew admin
+// drain` sends) on a partition owner hands its leads over as SIGTERM does,
+// and the GOING_AWAY its clients receive names another node in redirect.
+func TestClusterAdminDrainHandsLeadsOverAndRedirects(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sinew binary")
+	}
+	bin := buildSinew(t)
+	nodes, _, _ := startThreeVoting(t, bin)
+	byAddr, addrs, client := seededClient(t, nodes, 0)
+	const topic = "admin-drain"
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := client.DeclareQueue(ctx, topic, sinew.QueueConfig{Partitions: handoverPartitions}); err != nil {
+		t.Fatal(err)
+	}
+	parts := awaitPreferredOwners(t, nodes[0], topic)
+	x := byAddr[parts[0].Owner]
+	c, err := net.DialTimeout("tcp", x.addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(safetyTimeout))
+	br := bufio.NewReader(c)
+	read := func() protocol.Body {
+		f, _, err := protocol.ReadFrame(br, protocol.FrameBytesDefault, nil)
+		if err != nil {
+			t.Fatalf("read from the draining node: %v", err)
+		}
+		b, err := protocol.Decode(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	if _, err := c.Write(protocol.AppendFrame(nil, 0, 1, &protocol.Hello{ProtocolVersion: protocol.Version, ClientName: "raw"})); err != nil {
+		t.Fatal(err)
+	}
+	if b := read(); b.Op() != protocol.OpHelloOK {
+		t.Fatalf("handshake: %v", b.Op())
+	}
+	if code, body := adminDo(t, "POST", "http://"+x.admin+"/api/v1/drain", nil); code/100 != 2 {
+		t.Fatalf("POST /api/v1/drain: %d %s", code, body)
+	}
+	var away *protocol.GoingAway
+	for away == nil {
+		away, _ = read().(*protocol.GoingAway)
+	}
+	if away.Redirect == "" || away.Redirect == x.addr || !slices.Contains(addrs, away.Redirect) {
+		t.Fatalf("GOING_AWAY redirect %q from %s, want another node's client address (of %v)", away.Redirect, x.addr, addrs)
+	}
+	if status := waitChild(t, x.child); status != 0 {
+		t.Fatalf("the drained node exited %d:\n%s", status, x.log())
+	}
+	const line = "cluster: stopping; leads handed over"
+	if led := logField(t, x.child, line, "partitions_led"); led == "0" || logField(t, x.child, line, "handed_over") != led {
+		t.Fatalf("the drained node's handover line does not count its partitions handed over:\n%s", x.log())
+	}
+	if got := logField(t, x.child, line, "redirect"); got != away.Redirect {
+		t.Fatalf("the log names redirect %s, GOING_AWAY %s", got, away.Redirect)
+	}
+	stay := otherThan(nodes, x)
+	for deadline := time.Now().Add(safetyTimeout); ; {
+		p := partitionsOf(t, stay, topic)[0]
+		if p.Owner != "" && p.Owner != x.addr {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("partition 0 after the drain: %+v; want it owned by another node than %s", p, x.addr)
+		}
+		time.Sleep(50 * time.Millisecond) // polling real processes
+	}
 }
 
 // drainExactlyOnce consumes topic through a client seeded with every node
