@@ -50,7 +50,7 @@ type HandoverReport struct {
 	// the end (handed over or elected), by its raft id.
 	NewLeaders map[uint64]int
 	// Err is the first error a replica answered (nil for none); the
-	// replica is tried again at the next poll.
+	// replica is asked again with the others still led here.
 	Err error
 }
 
@@ -62,8 +62,8 @@ type HandoverReport struct {
 // bounds the whole. Every handOverAskEvery looks a group still led here is
 // asked again: a transfer raft abandoned (the voter did not take it within
 // an election timeout), or one that found no voter caught up yet, starts
-// again. What
-// is still led here when ctx ends is left to the normal election.
+// again. What is still led here when ctx ends is left to the normal
+// election.
 func HandOver(ctx context.Context, hs []Handover, why string, poll time.Duration) HandoverReport {
 	rep := HandoverReport{NewLeaders: map[uint64]int{}}
 	type group struct {
