@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,6 +63,9 @@ type clusterNode struct {
 
 	leaveOnce sync.Once
 	leaveErr  error
+	// stopping is set once the node's planned stop began
+	// (handOverForStop): its controller replica stays fenced.
+	stopping atomic.Bool
 }
 
 // newBoot draws a run's boot value: random, never zero (zero is "none

@@ -120,7 +120,7 @@ func (n *clusterNode) run(ctx context.Context) {
 	since := time.Now()
 	warned := false
 	for {
-		n.ctl.SetFenced(n.m.Fenced())
+		n.ctl.SetFenced(n.m.Fenced() || n.stopping.Load())
 		view := n.controllerView()
 		n.knowTablePeers(n.ctl.Status().Table, view)
 		n.ctl.Reconcile(view)

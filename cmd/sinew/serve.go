@@ -92,7 +92,9 @@ func runServe(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writ
 }
 
 // serve runs the broker until ctx ends, SIGTERM/SIGINT arrives or the admin API
-// asks for a drain, then drains in two phases (see server.Shutdown): GOING_AWAY
+// asks for a drain; a cluster node first hands over the lead of every raft
+// group it leads (handOverForStop, bounded), and its GOING_AWAY names a node
+// that stays up. Then it drains in two phases (see server.Shutdown): GOING_AWAY
 // to every client, nothing new leased or accepted, settles and confirms still
 // served until nothing is in flight or connection.drain_timeout_ms (a runtime
 // setting, read when the drain starts) has passed;
@@ -296,8 +298,15 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		}
 	}()
 
+	// goingAwayRedirect is set by the planned stop's handover, before the
+	// drain sends GOING_AWAY (a cluster node only).
+	goingAwayRedirect := ""
+	var redirect func() string
+	if cn != nil {
+		redirect = func() string { return goingAwayRedirect }
+	}
 	srv, err := server.New(server.Config{
-		Cluster:      cn != nil,
+		Cluster: cn != nil, Redirect: redirect,
 		SessionStore: store, RestartGraceMs: restartGrace, RestartGraceMsNext: func() int64 { return rt.Int(runtimesettings.KeyRestartGraceMs) },
 		Backend: bridge.New(b), OwnerID: owner, Rand: rand.Reader, ServerVersion: serverVersion,
 		Logger: logger.With("component", "server"), AuthTokens: cfg.Auth.Tokens, Users: users, AllowAnonymous: cfg.Auth.AllowAnonymous,
@@ -355,6 +364,14 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		logger.Error("serving stopped", "err", runErr)
 	}
 	deadlineMs, _ := drain.start()
+	if cn != nil {
+		// A cluster node first hands the leads it holds over (bounded),
+		// so that its exit costs no group an election; that time is not
+		// taken from the drain's first phase.
+		var took time.Duration
+		goingAwayRedirect, took = cn.handOverForStop(b)
+		deadlineMs += took.Milliseconds()
+	}
 	dctx, cancel := context.WithDeadline(context.Background(), time.UnixMilli(deadlineMs))
 	defer cancel()
 	if err := srv.Shutdown(dctx); err != nil {

@@ -73,6 +73,9 @@ type Broker struct {
 
 	ready  atomic.Bool
 	closed atomic.Bool
+	// leaving is set once a cluster node's planned stop begins
+	// (HandOverForStop): its replicas take no lead from then on.
+	leaving atomic.Bool
 	// lock is DataDir's exclusive lock, held from Open to Close.
 	lock *DataDirLock
 	// wal is the node journal (DataDir/wal), which every partition on the
@@ -454,7 +457,7 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 			if len(m.Raft[i].Bootstrap) > 0 {
 				pc.RaftPeers = m.Raft[i].Bootstrap
 			}
-			pc.CampaignAtStart = !joins && len(m.Raft[i].Replicas) > 0 && m.Raft[i].Replicas[0] == pc.RaftID
+			pc.CampaignAtStart = !joins && len(m.Raft[i].Replicas) > 0 && m.Raft[i].Replicas[0] == pc.RaftID && !b.leaving.Load()
 		}
 		p, err := partition.Open(pc)
 		if err != nil && errors.Is(err, partition.ErrDamaged) {

@@ -188,6 +188,13 @@ func (b *Broker) openCatalogueQueue(cq CatalogueQueue) (*queueEntry, error) {
 	b.mu.Lock()
 	b.queues[k] = q
 	b.mu.Unlock()
+	if b.leaving.Load() {
+		// Opened while the node stops (HandOverForStop): it takes no
+		// lead either.
+		for _, p := range q.parts {
+			p.StopLeading()
+		}
+	}
 	b.logger.Info("queue replicas opened", "topic", k.topic, "group", k.group, "partitions", len(cq.Partitions))
 	return q, nil
 }
@@ -520,6 +527,43 @@ func (b *Broker) HandLeadsOver(ctx context.Context, why string) bool {
 		}
 	}
 	return none
+}
+
+// stopHandOverPollMs is how often a stopping node looks whether its
+// partitions' leads have moved (partition.HandOver asks again for those
+// that have not every few looks).
+const stopHandOverPollMs = 10
+
+// HandOverForStop is the first step of a cluster node's planned stop: from
+// now on no replica of this node takes a lead (partition.StopLeading:
+// neither by a transfer nor by an election), and the lead of every
+// partition it owns is handed to a caught-up voter of its group, the first
+// its placement names, all groups at once (partition.HandOver). It returns
+// once no partition is owned here any more, or when ctx ends (its deadline
+// bounds the step): what is still owned here is left to the election that
+// follows this node's exit. Meanwhile a publish for a partition already
+// handed over is answered not_owner with its new owner, and one for a
+// partition whose lead is moving unavailable (retryable; nothing stored).
+// A single node has nothing to hand over: it returns an empty report.
+func (b *Broker) HandOverForStop(ctx context.Context) partition.HandoverReport {
+	if b.cfg.Cluster == nil {
+		return partition.HandoverReport{}
+	}
+	// Set before the queues are listed; a queue opened meanwhile looks at
+	// it once it is listed (openCatalogueQueue).
+	b.leaving.Store(true)
+	var hs []partition.Handover
+	for _, q := range b.queueEntries() {
+		raft := q.meta.Load().Raft
+		for i, p := range q.parts {
+			if i < len(raft) {
+				hs = append(hs, partition.Handover{P: p, Want: raft[i].Replicas})
+			} else {
+				p.StopLeading()
+			}
+		}
+	}
+	return partition.HandOver(ctx, hs, "this node is stopping", stopHandOverPollMs*time.Millisecond)
 }
 
 // reportPlaced tells the controller, while the catalogue shows partition i

@@ -144,6 +144,9 @@ type raftDriver struct {
 	firstLead bool
 	// qz keeps the group quiet while it is idle (quiesce.go).
 	qz quiescer
+	// leaving is set once this replica's node is stopping (StopLeading):
+	// it takes no lead from then on.
+	leaving atomic.Bool
 }
 
 // startRaft starts the partition's raft node over its recovered log. A
@@ -382,6 +385,9 @@ func (p *Partition) pump() error {
 					return err
 				}
 			default:
+				if m.Type == raftpb.MsgPreVote && p.leaving.Load() {
+					continue // a stopping node starts no election (StopLeading)
+				}
 				out = append(out, m)
 			}
 		}
@@ -862,6 +868,13 @@ func (p *Partition) raftTurn() error {
 	for range raftInboundMax {
 		select {
 		case m := <-p.inbound:
+			if m.Type == raftpb.MsgTimeoutNow && p.leaving.Load() {
+				// A leadership transfer to a replica whose node is
+				// stopping: refused (raft's leader abandons it after an
+				// election timeout).
+				p.logger.Info("partition replica refuses the lead: its node is stopping", "from", m.From, "term", m.Term)
+				continue
+			}
 			p.quiesceObserve(m)
 			err := p.raftSafe(func() error { return p.rn.Step(*m) })
 			if errors.Is(err, errRaftPanicked) {
@@ -1069,24 +1082,40 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 // messages may still flow when only gossip is cut). A replica that does
 // not lead answers ErrNotLeader.
 func (p *Partition) HandLeadOver(ctx context.Context, want []uint64, why string) (string, error) {
+	what, _, err := p.handLeadOver(ctx, want, why)
+	return what, err
+}
+
+// handLeadOver is HandLeadOver, which also reports the voter the lead is
+// being handed to: the one it chose, or the one of a transfer under way
+// (0 for none).
+func (p *Partition) handLeadOver(ctx context.Context, want []uint64, why string) (string, uint64, error) {
 	if err := p.Unavailable(); err != nil {
-		return "", err
+		return "", 0, err
 	}
-	return p.leaderStep(ctx, func() (string, error) {
+	var to uint64
+	what, err := p.leaderStep(ctx, func() (string, error) {
 		if !p.leads || p.single {
 			return "", ErrNotLeader
 		}
 		p.wakeQuiet()
 		if p.transferring() {
+			to = p.rn.BasicStatus().LeadTransferee
 			return "", nil
 		}
 		for _, id := range slices.Concat(want, p.caught) {
 			if id != p.raftID && slices.Contains(p.caught, id) {
+				to = id
 				return p.transferLead(id, why)
 			}
 		}
 		return "", nil
 	})
+	if err != nil {
+		// to may be written yet: ctx may have ended before the step ran.
+		return "", 0, err
+	}
+	return what, to, nil
 }
 
 // leaderStep runs step on the partition's goroutine (between two turns)

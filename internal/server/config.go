@@ -75,6 +75,10 @@ type Config struct {
 	// deliveries with non-zero epochs (raft terms), which lease references
 	// may then name.
 	Cluster bool
+	// Redirect, on a cluster node, names the client address of a node
+	// that stays up, for GOING_AWAY's redirect field; Shutdown calls it
+	// once. Nil, or "" from it, sends the field empty (a single broker).
+	Redirect func() string
 	// Backend is the broker. Required.
 	Backend session.Backend
 	// OwnerID identifies this broker in resume identities; it must be stable across

@@ -56,3 +56,38 @@ func TestGoingAwayAnnouncesRestartGrace(t *testing.T) {
 		})
 	}
 }
+
+// TestGoingAwayRedirect checks GOING_AWAY's redirect: on a cluster node the
+// address Config.Redirect names (a node that stays up), and empty on a
+// single broker, even with a Redirect set.
+func TestGoingAwayRedirect(t *testing.T) {
+	cases := []struct {
+		name string
+		mod  func(*Config)
+		want string
+	}{
+		{"cluster", func(c *Config) { c.Cluster, c.Redirect = true, func() string { return "127.0.0.1:7002" } }, "127.0.0.1:7002"},
+		{"cluster, no node known", func(c *Config) { c.Cluster, c.Redirect = true, func() string { return "" } }, ""},
+		{"single broker", func(c *Config) { c.Redirect = func() string { return "127.0.0.1:7002" } }, ""},
+		{"single broker, no redirect", nil, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			fx := start(t, tc.mod)
+			c := fx.dial()
+			c.hello(protocol.Hello{})
+			ctx, cancel := context.WithTimeout(context.Background(), safetyTimeout)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- fx.srv.Shutdown(ctx) }()
+			_, away := expect[*protocol.GoingAway](c)
+			if away.Redirect != tc.want {
+				t.Errorf("GOING_AWAY redirect %q, want %q", away.Redirect, tc.want)
+			}
+			c.expectClosed()
+			if err := <-done; err != nil {
+				t.Fatalf("shutdown: %v", err)
+			}
+		})
+	}
+}

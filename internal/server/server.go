@@ -326,9 +326,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		deadline = time.Now().Add(DrainTimeoutMsDefault * time.Millisecond)
 	}
 	if !already {
-		// Redirect is the server reference the protocol reserves for a
-		// cluster; a single broker knows no other endpoint.
-		away := &protocol.GoingAway{DeadlineMs: deadline.UnixMilli(), GraceMs: uint32(s.goingAwayGraceMs()), Reason: "broker shutting down"}
+		// Redirect names a cluster node that stays up; a single broker
+		// knows no other endpoint and sends it empty.
+		redirect := ""
+		if s.cfg.Cluster && s.cfg.Redirect != nil {
+			redirect = s.cfg.Redirect()
+		}
+		away := &protocol.GoingAway{DeadlineMs: deadline.UnixMilli(), GraceMs: uint32(s.goingAwayGraceMs()), Reason: "broker shutting down",
+			Redirect: redirect}
 		for _, c := range conns {
 			c.w.Send(session.Outbound{Body: away})
 		}
