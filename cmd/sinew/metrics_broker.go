@@ -137,5 +137,6 @@ func sinewFamilies() []struct{ name, help string } {
 		add(m.name, m.help)
 	}
 	add(raftTicksName, raftTicksHelp)
+	add(underReplName, underReplHelp)
 	return out
 }
