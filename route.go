@@ -369,7 +369,10 @@ func (r *router) probeNow(ctx context.Context, topic, group string) int32 {
 			r.learn(pm.Replicas...)
 		}
 		r.noteReplicas(topic, group, md)
-		r.probe.CompareAndSwap(probeUnknown, probeCluster)
+		if r.probe.CompareAndSwap(probeUnknown, probeCluster) {
+			r.c.o.logger.Info("sinew: the node is clustered; routing through its nodes", "addr", r.c.ep.addr,
+				"nodes", len(r.nodes()))
+		}
 	case err == nil, errors.As(err, &be) && be.Code == protocol.CodeUnknownOp:
 		r.probe.CompareAndSwap(probeUnknown, probeSingle)
 	}
