@@ -216,3 +216,40 @@ func TestGoingAwayRedirectRoutesNewWorkElsewhere(t *testing.T) {
 		t.Fatalf("stored: stopping node %d, redirect %d; want 1 and 1", na, nb)
 	}
 }
+
+// A quick refusal does not disarm the publish's hedge: the hedge is armed
+// at the first send, and fires publishHedgeAfter later on the client's
+// clock although the refusing node answered at once and the publish went
+// on to a node that is silent; the hedge then reaches the owner METADATA
+// names, whose confirm is the outcome.
+func TestQuickRefusalKeepsTheHedgeArmed(t *testing.T) {
+	ctx := testCtx(t)
+	a, b, d := newFakeBroker(t), newFakeBroker(t), newFakeBroker(t)
+	a.set(func(a *fakeBroker) {
+		a.metadata = ownedBy(d.addr(), a.addr(), b.addr(), d.addr())
+		refuseWith(protocol.CodeFenced, "")(a)
+	})
+	clk := testkit.NewClock(time.Unix(1_700_000_000, 0))
+	c := dialT(t, a.addr(), WithSeeds(b.addr(), d.addr()), WithClock(clk), WithHeartbeat(time.Hour),
+		WithDrainTimeout(200*time.Millisecond))
+	outcomes := make(chan string, 8)
+	c.rt.onHedge = func(o string) { outcomes <- o }
+	b.set(func(b *fakeBroker) { b.silent = true })
+
+	f := c.PublishAsync(ctx, "orders", []byte("one"))
+	a.await(ctx, "the refusal", func(a *fakeBroker) bool { return a.ops[protocol.OpPublish] == 1 })
+	pause := min(routeBackoffMin<<1, routeBackoffMax)
+	awaitTimer(t, clk, pause)
+	clk.Advance(pause)
+	b.await(ctx, "the publish reaches the silent node", func(b *fakeBroker) bool { return b.ops[protocol.OpPublish] == 1 })
+	clk.Advance(publishHedgeAfter - pause) // the first send's hedge is due
+	if _, err := f.Wait(ctx); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if o := nextOutcome(t, outcomes); o != hedgeWon {
+		t.Fatalf("hedge outcome %q, want %q", o, hedgeWon)
+	}
+	if got := d.stored("orders"); len(got) != 1 || got[0].ProducerSeq != 1 {
+		t.Fatalf("the owner stored %+v, want seq 1 once", got)
+	}
+}
