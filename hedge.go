@@ -19,9 +19,12 @@ import (
 // connection goes silent: nothing says the publish failed until the client
 // gives the connection up, three heartbeat intervals later (3 s with
 // seeds). Meanwhile the cluster elects a new owner in about a second. So a
-// publish not confirmed within publishHedgeAfter on its owner's connection
-// is sent once more (the hedge), to the partition's owner as METADATA names
-// it now, and the first confirm is the publish's outcome:
+// publish not confirmed within publishHedgeAfter of its first send is sent
+// once more (the hedge), to the partition's owner as METADATA names it
+// now, and the first confirm is the publish's outcome. The hedge's timer
+// is set once per publish: the resends that follow a quick refusal
+// (unavailable, fenced: see router.retry) do not restart it, and the hedge
+// is measured against the node of the latest send:
 //
 //	send to owner A ──────────── (silence) ──────────── A given up (3 s)
 //	     │ 1 s
@@ -40,6 +43,8 @@ import (
 // A publish without a producer id could be stored twice, so it is never
 // hedged.
 //
+// A node that refused the partition within shunAfterRefusal is never the
+// hedge's target: while METADATA still names it, the hedge looks again.
 // The hedge is skipped when METADATA still names the same owner and its
 // connection read something (a confirm, a pong) within publishHedgeAfter:
 // a slow but live owner gets no second copy (the same connection would

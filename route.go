@@ -23,9 +23,9 @@ import (
 //
 // With seeds a publish is also hedged: one not confirmed within 1 s of
 // its first send (a node cut off says nothing until its connection is
-// given up; a quick refusal does not disarm it) is sent once more, with the same producer id and sequence, to the
-// partition's owner as METADATA names it then, and the first confirm is
-// the outcome. It is not hedged while METADATA still names the same owner
+// given up; a quick refusal does not disarm it) is sent once more, with
+// the same producer id and sequence, to the partition's owner as METADATA
+// names it then, and the first confirm is the outcome. It is not hedged while METADATA still names the same owner
 // and that node answers (a slow owner gets no second copy), nor when it
 // has no producer id (WithProducerSequence with an empty id), since the
 // cluster could then store it twice; at most 256 hedges are in flight per
