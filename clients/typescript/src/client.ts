@@ -73,6 +73,9 @@ const MOVE_PAUSE_MIN_MS = 20;
 const MOVE_PAUSE_MAX_MS = 1_000;
 /** A refused publish goes from node to node for at most this long. */
 const MOVE_BUDGET_MS = 60_000;
+/** A node that refused a publish is not moved to again for this long while
+ * another known node has not refused one. */
+const SHUN_MS = 1_000;
 
 /** Protocol codes the routing below reads (docs/protocol.md §6). */
 const CODE_UNKNOWN_OP = 4;
@@ -926,7 +929,10 @@ export class Client {
   /** Whether the broker is a cluster node; null until it said. */
   private clustered: boolean | null = null;
   private probes = 0;
-  private probing = false;
+  /** The METADATA request in flight asking whether the broker is clustered. */
+  private probing: Promise<void> | null = null;
+  /** When each node last refused a publish (ms; at most LEARNED_MAX + 1 kept). */
+  private refusedBy = new Map<string, number>();
   /** A move to another node is pending. */
   private moving = false;
   /** Refusals since the last confirmed publish. */
@@ -943,47 +949,68 @@ export class Client {
   /** Asks the broker, once, whether it is clustered, and learns the queue's nodes. */
   private probe(topic: string, group: string): void {
     if (this.clustered !== null || this.probing || this.probes >= PROBES_MAX) return;
-    this.probing = true;
     this.probes++;
-    this.request("metadata", { timeoutMs: 5_000 }, Op.METADATA, { topic, group }).then(
+    this.probing = this.request("metadata", { timeoutMs: 5_000 }, Op.METADATA, { topic, group }).then(
       (b) => {
-        this.probing = false;
+        this.probing = null;
         this.clustered = !!b.cluster;
         if (!b.cluster) return;
         for (const pm of (b.partitions ?? []) as Body[]) this.learn(String(pm.owner ?? ""), ...((pm.replicas ?? []) as string[]));
         this.log("clustered", { addr: this.addr, nodes: 1 + this.learned.length });
       },
       (e) => {
-        this.probing = false;
+        this.probing = null;
         if (e instanceof BrokerError && e.code === CODE_UNKNOWN_OP) this.clustered = false;
       },
     );
   }
 
-  /** A cluster node c refused publish p: holds it and moves the connection; false when p is to fail. */
-  private refused(e: unknown, c: Conn, p: PendingPublish): boolean {
-    if (this.clustered !== true || this.closing || this.closed) return false;
+  /**
+   * Node c refused publish p: in a cluster p is held and the connection
+   * moves; false when the refusal is p's outcome (the caller fails it). While
+   * the broker has not said yet whether it is clustered, p waits for that
+   * answer and fail runs if it is not.
+   */
+  private refused(e: unknown, c: Conn, p: PendingPublish, fail: () => void): boolean {
+    if (this.closing || this.closed) return false;
     if (!(e instanceof BrokerError) || ![CODE_UNAVAILABLE, Code.FENCED, Code.NOT_OWNER].includes(e.code)) return false;
+    if (this.clustered === null && this.probing) {
+      this.probing.then(() => {
+        if (!this.refused(e, c, p, fail)) fail();
+      });
+      return true;
+    }
+    if (this.clustered !== true) return false;
     const owner = ownerOf.get(e) ?? "";
     if (!owner && this.learned.length === 0) return false; // nowhere else to go
     const now = this.now();
     p.refusedAt ||= now;
     if (now - p.refusedAt > MOVE_BUDGET_MS) return false;
+    if (e.code !== Code.NOT_OWNER || !owner) {
+      this.refusedBy.delete(this.target);
+      this.refusedBy.set(this.target, now);
+      if (this.refusedBy.size > LEARNED_MAX + 1) this.refusedBy.delete(this.refusedBy.keys().next().value!);
+    }
     this.holdPublish(p);
     this.moveOff(c, owner);
     return true;
   }
 
-  /** Moves the connection off c, to owner if named, else to the next known node. */
+  /** Moves the connection off c: to owner if named and it has not refused a
+   * publish lately, else to the next known node that has not (else the next). */
   private moveOff(c: Conn, owner: string): void {
     if (this.moving || this.conn !== c || c.closed) return;
     this.moving = true;
+    const now = this.now();
+    const fresh = (a: string) => now - (this.refusedBy.get(a) ?? -Infinity) >= SHUN_MS;
     const all = [this.addr, ...this.learned];
-    let next = owner;
-    if (!next || next === this.target) {
+    let next = owner && owner !== this.target && fresh(owner) ? owner : "";
+    if (next) this.learn(next);
+    else {
       const i = all.indexOf(this.target);
-      next = all[(i + 1) % all.length]!;
-    } else this.learn(next);
+      const order = [...all.slice(i + 1), ...all.slice(0, i + 1)];
+      next = order.find((a) => a !== this.target && fresh(a)) ?? order[0]!;
+    }
     const pause = Math.min(MOVE_PAUSE_MIN_MS * 2 ** Math.min(this.refusals, 10), MOVE_PAUSE_MAX_MS);
     this.refusals++;
     this.log("moving", { from: this.target, to: next, pauseMs: pause });
@@ -1065,7 +1092,7 @@ export class Client {
           return;
         }
         // A cluster node that cannot take it: held, and sent to another node.
-        if (this.refused(e, c, p)) return;
+        if (this.refused(e, c, p, () => { finish(); p.reject(e); })) return;
         finish();
         p.reject(e);
       },
