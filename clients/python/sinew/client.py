@@ -97,6 +97,7 @@ PROBES_MAX = 16
 MOVE_PAUSE_MIN_S = 0.02
 MOVE_PAUSE_MAX_S = 1.0
 MOVE_BUDGET_S = 60.0
+SHUN_S = 1.0  # a node that refused a publish is not moved to again for this long while another has not
 REDIRECT_MAX = 512
 _CODE_UNKNOWN_OP = 4
 _CODE_UNAVAILABLE = 15
@@ -1092,7 +1093,7 @@ class _Conn:
                     # Nothing was stored; the publish goes again on the next
                     # connection, under the same producer sequence.
                     self.client._replay.append(call)
-                elif call.kind == "publish" and not body.fatal and self.client._refused(self, call, body):
+                elif call.kind == "publish" and not body.fatal and self.client._refused(self, call, body, err):
                     pass  # a cluster node that cannot take it: sent to another node
                 else:
                     call.fail(err)
@@ -1174,6 +1175,7 @@ class Client:
         self._probe_task: asyncio.Task[None] | None = None
         self._moving: asyncio.TimerHandle | None = None
         self._refusals = 0  # refusals since the last confirmed publish
+        self._refused_by: dict[str, float] = {}  # when each node last refused a publish (monotonic s)
         self.server_generation = 0
         """The broker process's generation at the last handshake."""
         self.last_outcome = 0
@@ -1664,16 +1666,25 @@ class Client:
         self._learn(addr)
         self._set_target(addr)
 
-    def _refused(self, conn: _Conn, call: _Call, body: w.ErrorBody) -> bool:
+    def _refused(self, conn: _Conn, call: _Call, body: w.ErrorBody, err: BaseException) -> bool:
         """A cluster node refused a publish (unavailable, fenced, not_owner):
         keeps it for the next connection and moves the connection, after a
         short pause, to the owner named or else the next known node, where
         it is sent again under the same producer sequence (stored once).
         False when the refusal is the publish's outcome (a single broker's,
-        nowhere else to go, or past MOVE_BUDGET_S)."""
-        if self._clustered is not True or self._closing:
+        nowhere else to go, or past MOVE_BUDGET_S). While the broker has not
+        said yet whether it is clustered, the publish waits for that answer
+        and fails with err if it is not."""
+        if self._closing or body.code not in (_CODE_UNAVAILABLE, _CODE_FENCED, CODE_NOT_OWNER):
             return False
-        if body.code not in (_CODE_UNAVAILABLE, _CODE_FENCED, CODE_NOT_OWNER):
+        probe = self._probe_task
+        if self._clustered is None and probe is not None and not probe.done():
+            def decide(_: object) -> None:
+                if not self._refused(conn, call, body, err):
+                    call.fail(err)
+            probe.add_done_callback(decide)
+            return True
+        if self._clustered is not True:
             return False
         owner = body.owner if body.code == CODE_NOT_OWNER else ""
         if not owner and not self._learned:
@@ -1684,6 +1695,11 @@ class Client:
             call.refused_at = first = now
         if now - first > MOVE_BUDGET_S:
             return False
+        if not owner:
+            self._refused_by.pop(self._target, None)
+            self._refused_by[self._target] = now
+            if len(self._refused_by) > LEARNED_MAX + 1:
+                self._refused_by.pop(next(iter(self._refused_by)))
         self._replay.append(call)
         self._replay.sort(key=lambda c: getattr(c, "seq", 0))
         self._move_off(conn, owner)
@@ -1692,13 +1708,20 @@ class Client:
     def _move_off(self, conn: _Conn, owner: str) -> None:
         if self._moving is not None or self._live is not conn or conn.closed:
             return
+        now = self._monotonic()
+
+        def fresh(a: str) -> bool:
+            at = self._refused_by.get(a)
+            return at is None or now - at >= SHUN_S
+
         nodes = [self.addr, *self._learned]
-        nxt = owner
-        if not nxt or nxt == self._target:
-            i = nodes.index(self._target) if self._target in nodes else -1
-            nxt = nodes[(i + 1) % len(nodes)]
-        else:
+        nxt = owner if owner and owner != self._target and fresh(owner) else ""
+        if nxt:
             self._learn(nxt)
+        else:
+            i = nodes.index(self._target) if self._target in nodes else -1
+            order = nodes[i + 1:] + nodes[:i + 1]
+            nxt = next((a for a in order if a != self._target and fresh(a)), order[0])
         pause = min(MOVE_PAUSE_MIN_S * 2 ** min(self._refusals, 10), MOVE_PAUSE_MAX_S)
         self._refusals += 1
         log.info("sinew: leaving %s, which refused a publish, for %s in %.3fs", self._target, nxt, pause)
