@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -67,73 +68,13 @@ func TestClusterClientWithOneAddressGoesOnPastAStoppedOwner(t *testing.T) {
 	}
 	defer client.Close()
 
-	// The publisher: one publish at a time, each bounded generously; it
-	// records every error and the longest pause between confirms.
-	var (
-		mu        sync.Mutex
-		confirmed []string
-		errs      []error
-		longest   time.Duration
-	)
-	count := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(confirmed)
-	}
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		last := time.Now()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			body := fmt.Sprintf("m-%d", i)
-			pctx, pcancel := context.WithTimeout(ctx, safetyTimeout)
-			_, err := client.Publish(pctx, topic, []byte(body))
-			pcancel()
-			now := time.Now()
-			mu.Lock()
-			if err != nil {
-				errs = append(errs, fmt.Errorf("publish %s: %w", body, err))
-			} else {
-				confirmed = append(confirmed, body)
-				longest = max(longest, now.Sub(last))
-				last = now
-			}
-			mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		<-done
-	}()
+	pub := startPublisher(ctx, client, topic)
+	defer pub.stop()
 	waitFor := func(what string, bound time.Duration, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(bound)
-		for !cond() {
-			mu.Lock()
-			e := errs
-			mu.Unlock()
-			if len(e) > 0 {
-				t.Fatalf("while waiting until %s: %v\nclient log:\n%s", what, e, logs.String())
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within %v\nclient log:\n%s", what, bound, logs.String())
-			}
-			time.Sleep(20 * time.Millisecond) // polling a publisher on real processes
-		}
+		pub.waitFor(t, what, bound, &logs, cond)
 	}
+	count := pub.count
 	waitFor("the client learns the cluster from its one node", safetyTimeout, func() bool {
 		return strings.Contains(logs.String(), "the node is clustered") && count() >= 20
 	})
@@ -174,41 +115,138 @@ func TestClusterClientWithOneAddressGoesOnPastAStoppedOwner(t *testing.T) {
 	resume()
 	after := count()
 	waitFor("publishes go on after the old owner runs again", safetyTimeout, func() bool { return count() >= after+20 })
-	close(stop)
-	<-done
-	mu.Lock()
-	if len(errs) > 0 {
-		mu.Unlock()
-		t.Fatalf("errors reached the application: %v\nclient log:\n%s", errs, logs.String())
-	}
-	want := append([]string(nil), confirmed...)
-	pause := longest
-	mu.Unlock()
+	want, pause := pub.finish(t, &logs)
 	t.Logf("%d publishes confirmed, no error; longest pause between confirms %v (addresses %v)",
 		len(want), pause.Round(time.Millisecond), addrs)
 
 	// Stored exactly once: the owner every node agrees on holds as many
 	// messages as were confirmed, and a consumer receives each once.
 	final := agreedOwner(t, nodes, topic)
-	for deadline := time.Now().Add(safetyTimeout); ; {
+	checkStoredOnce(t, ctx, topic, want, func() (int, bool) {
 		var v struct {
 			Partitions []struct {
 				Ready int `json:"ready"`
 			} `json:"partitions"`
 		}
 		getJSONInto(t, "http://"+byAddr[final].admin+"/api/v1/queues/"+topic, &v)
-		if len(v.Partitions) == 1 && v.Partitions[0].Ready == len(want) {
-			break
+		if len(v.Partitions) != 1 {
+			return 0, false
 		}
-		if len(v.Partitions) == 1 && v.Partitions[0].Ready > len(want) {
-			t.Fatalf("the owner holds %d messages for %d confirmed: stored twice", v.Partitions[0].Ready, len(want))
+		return v.Partitions[0].Ready, true
+	}, func() (*sinew.Client, error) {
+		return sinew.Dial(ctx, final, fastReconnect(), sinew.WithSeeds(addrs...))
+	})
+}
+
+// publisher publishes one message at a time ("m-0" and on), each bounded
+// generously, and records every error and the longest pause between two
+// confirms; it stops at its first error.
+type publisher struct {
+	mu        sync.Mutex
+	confirmed []string
+	errs      []error
+	longest   time.Duration
+	quit      chan struct{}
+	done      chan struct{}
+	once      sync.Once
+}
+
+func startPublisher(ctx context.Context, client *sinew.Client, topic string) *publisher {
+	p := &publisher{quit: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		last := time.Now()
+		for i := 0; ; i++ {
+			select {
+			case <-p.quit:
+				return
+			default:
+			}
+			body := fmt.Sprintf("m-%d", i)
+			pctx, pcancel := context.WithTimeout(ctx, safetyTimeout)
+			_, err := client.Publish(pctx, topic, []byte(body))
+			pcancel()
+			now := time.Now()
+			p.mu.Lock()
+			if err != nil {
+				p.errs = append(p.errs, fmt.Errorf("publish %s: %w", body, err))
+			} else {
+				p.confirmed = append(p.confirmed, body)
+				p.longest = max(p.longest, now.Sub(last))
+				last = now
+			}
+			p.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return p
+}
+
+// stop ends the publisher and waits for it.
+func (p *publisher) stop() {
+	p.once.Do(func() { close(p.quit) })
+	<-p.done
+}
+
+func (p *publisher) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.confirmed)
+}
+
+// waitFor polls cond until it holds, failing the test at the publisher's
+// first error or after bound.
+func (p *publisher) waitFor(t *testing.T, what string, bound time.Duration, logs *lockedBuffer, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		p.mu.Lock()
+		errs := p.errs
+		p.mu.Unlock()
+		if len(errs) > 0 {
+			t.Fatalf("while waiting until %s: %v\nclient log:\n%s", what, errs, logs.String())
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the owner holds %+v, want %d ready", v, len(want))
+			t.Fatalf("%s: not within %v\nclient log:\n%s", what, bound, logs.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling a publisher on real processes
+	}
+}
+
+// finish stops the publisher, fails the test if an error reached it, and
+// returns the confirmed bodies and the longest pause between confirms.
+func (p *publisher) finish(t *testing.T, logs *lockedBuffer) ([]string, time.Duration) {
+	t.Helper()
+	p.stop()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.errs) > 0 {
+		t.Fatalf("errors reached the application: %v\nclient log:\n%s", p.errs, logs.String())
+	}
+	return slices.Clone(p.confirmed), p.longest
+}
+
+// checkStoredOnce waits until ready (the agreed owner's ready count) is
+// len(want), failing at once if it is more (stored twice), then consumes
+// the queue through a client from dial and checks each body arrives once.
+func checkStoredOnce(t *testing.T, ctx context.Context, topic string, want []string, ready func() (int, bool), dial func() (*sinew.Client, error)) {
+	t.Helper()
+	for deadline := time.Now().Add(safetyTimeout); ; {
+		n, ok := ready()
+		if ok && n == len(want) {
+			break
+		}
+		if ok && n > len(want) {
+			t.Fatalf("the owner holds %d messages for %d confirmed: stored twice", n, len(want))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the owner holds %d ready (%v), want %d", n, ok, len(want))
 		}
 		time.Sleep(50 * time.Millisecond) // polling real processes
 	}
-	consumer, err := sinew.Dial(ctx, final, fastReconnect(), sinew.WithSeeds(addrs...))
+	consumer, err := dial()
 	if err != nil {
 		t.Fatal(err)
 	}
