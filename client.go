@@ -83,6 +83,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	c.rt = newRouter(c, o.seeds)
 	c.pool.protected = c.rt.protected
 	c.pool.forget = c.rt.unlearn
+	c.o.redirected = c.rt.away
 	// The connect timeout is real time, like the socket deadlines it bounds.
 	ctx, cancel := context.WithTimeout(ctx, o.connectTimeout)
 	defer cancel()

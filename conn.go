@@ -242,6 +242,10 @@ func (c *conn) sendFrame(frame []byte) {
 	}
 }
 
+// redirectMax bounds the length of a GOING_AWAY redirect the client takes
+// (a host:port); a longer one is ignored.
+const redirectMax = 512
+
 // goAway marks c as draining: new operations wait for the next connection and
 // the endpoint's watch closes c once its work is done, or at deadlineMs (Unix
 // ms).
@@ -323,14 +327,21 @@ func (c *conn) dispatch(f protocol.Frame) error {
 		c.ep.subClosed(c, b)
 	case *protocol.GoingAway:
 		c.goAway(b.DeadlineMs)
-		c.ep.o.logger.Info("sinew: broker going away", "addr", c.ep.addr, "reason", b.Reason, "grace_ms", b.GraceMs)
+		c.ep.o.logger.Info("sinew: broker going away", "addr", c.ep.addr, "reason", b.Reason, "grace_ms", b.GraceMs,
+			"redirect", b.Redirect)
+		if b.Redirect != "" && len(b.Redirect) <= redirectMax && c.ep.o.redirected != nil {
+			// A cluster node names one that stays up: new work for the
+			// partitions it owned is routed through the cluster now,
+			// not held for its return.
+			c.ep.o.redirected(c.ep.addr, b.Redirect)
+		}
 	case *protocol.ErrorBody:
 		be := brokerErr(b.Err())
 		var cl *call
 		if f.RequestID != 0 {
 			cl = c.take(f.RequestID)
 		}
-		if cl != nil && cl.replay && !b.Fatal && b.Code == protocol.CodeShuttingDown && c.refuse(cl) {
+		if cl != nil && cl.replay && cl.reroute == nil && !b.Fatal && b.Code == protocol.CodeShuttingDown && c.refuse(cl) {
 			// A publish that crossed GOING_AWAY on the wire: the broker
 			// refused it before storing anything, so it waits for the next
 			// connection instead of failing. The broker is draining even if
@@ -338,6 +349,12 @@ func (c *conn) dispatch(f protocol.Frame) error {
 			// flight is done, within goingAwayWaitMax until it says more.
 			c.goAway(c.ep.o.clock.Now().Add(goingAwayWaitMax).UnixMilli())
 			break
+		}
+		if cl != nil && cl.reroute != nil && !b.Fatal && b.Code == protocol.CodeShuttingDown && !c.draining.Load() {
+			// The same in a cluster, where another node takes the publish
+			// at once (the router sends it there): the connection is
+			// still left once its work in flight is done.
+			c.goAway(c.ep.o.clock.Now().Add(goingAwayWaitMax).UnixMilli())
 		}
 		if cl != nil {
 			cl.done(nil, be)

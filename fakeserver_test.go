@@ -47,6 +47,9 @@ type fakeBroker struct {
 	// silent drops every frame after the handshake unanswered, as a node
 	// whose link is cut (no reset) looks to the client.
 	silent bool
+	// publishErr, when set and returning non-nil, answers a publish with
+	// that error (nothing stored).
+	publishErr func(m *protocol.Publish) *protocol.ErrorBody
 	// metadata, when set, answers METADATA (unknown_op otherwise).
 	metadata func(m *protocol.Metadata) protocol.Body
 	// ops counts the frames received after the handshake by op, silent
@@ -265,6 +268,12 @@ func (b *fakeBroker) handle(c *fConn, f protocol.Frame, body protocol.Body) bool
 		b.queue(m.Topic)
 		c.write(0, id, &protocol.DeclareOK{Partitions: 1, Created: !existed})
 	case *protocol.Publish:
+		if b.publishErr != nil {
+			if eb := b.publishErr(m); eb != nil {
+				c.write(0, id, eb)
+				return true
+			}
+		}
 		if b.refusePublishes > 0 {
 			b.refusePublishes--
 			c.write(0, id, &protocol.ErrorBody{Code: protocol.CodeShuttingDown, Message: "broker is draining"})
@@ -449,12 +458,16 @@ func (b *fakeBroker) cutAll() {
 }
 
 // goingAway pushes GOING_AWAY to every attached connection.
-func (b *fakeBroker) goingAway(deadlineMs int64) {
+func (b *fakeBroker) goingAway(deadlineMs int64) { b.goingAwayTo(deadlineMs, "") }
+
+// goingAwayTo pushes GOING_AWAY naming redirect to every attached
+// connection.
+func (b *fakeBroker) goingAwayTo(deadlineMs int64, redirect string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for c := range b.conns {
 		if c.sess != nil {
-			c.write(0, 0, &protocol.GoingAway{DeadlineMs: deadlineMs, GraceMs: 5000, Reason: "test"})
+			c.write(0, 0, &protocol.GoingAway{DeadlineMs: deadlineMs, GraceMs: 5000, Reason: "test", Redirect: redirect})
 		}
 	}
 }

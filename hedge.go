@@ -12,15 +12,19 @@ import (
 	"github.com/sinewmq/sinew/protocol"
 )
 
-// Hedged publishes (cluster mode: a client with WithSeeds).
+// Hedged publishes (cluster mode: a client with WithSeeds, or one that
+// learned its node is clustered).
 //
 // When a partition's owner is cut off from the client without a reset, its
 // connection goes silent: nothing says the publish failed until the client
 // gives the connection up, three heartbeat intervals later (3 s with
 // seeds). Meanwhile the cluster elects a new owner in about a second. So a
-// publish not confirmed within publishHedgeAfter on its owner's connection
-// is sent once more (the hedge), to the partition's owner as METADATA names
-// it now, and the first confirm is the publish's outcome:
+// publish not confirmed within publishHedgeAfter of its first send is sent
+// once more (the hedge), to the partition's owner as METADATA names it
+// now, and the first confirm is the publish's outcome. The hedge's timer
+// is set once per publish: the resends that follow a quick refusal
+// (unavailable, fenced: see router.retry) do not restart it, and the hedge
+// is measured against the node of the latest send:
 //
 //	send to owner A ──────────── (silence) ──────────── A given up (3 s)
 //	     │ 1 s
@@ -39,6 +43,8 @@ import (
 // A publish without a producer id could be stored twice, so it is never
 // hedged.
 //
+// A node that refused the partition within shunAfterRefusal is never the
+// hedge's target: while METADATA still names it, the hedge looks again.
 // The hedge is skipped when METADATA still names the same owner and its
 // connection read something (a confirm, a pong) within publishHedgeAfter:
 // a slow but live owner gets no second copy (the same connection would
@@ -101,6 +107,75 @@ type flight struct {
 	// failed is the original path's final error, kept while the hedge
 	// runs.
 	failed error
+	// start is the first send (clock unix ns); cur is the endpoint of
+	// the latest send, the one the hedge is measured against.
+	start int64
+	cur   *endpoint
+	// armed: the hedge's timer was set (once per publish); disarm stops
+	// it, once the publish is resolved.
+	armed  bool
+	disarm func()
+}
+
+// sending records a send of the publish on e at now.
+func (fl *flight) sending(e *endpoint, now int64) {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if fl.start == 0 {
+		fl.start = now
+	}
+	fl.cur = e
+}
+
+// startedAt returns the first send's time (clock unix ns).
+func (fl *flight) startedAt() int64 {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	return fl.start
+}
+
+// endpoint returns the endpoint of the latest send.
+func (fl *flight) endpoint() *endpoint {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	return fl.cur
+}
+
+// arm reports whether the hedge's timer is to be set now (the first time
+// a send may be hedged), and marks it set.
+func (fl *flight) arm() bool {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if fl.armed || fl.done {
+		return false
+	}
+	fl.armed = true
+	return true
+}
+
+// setDisarm keeps stop, the hedge timer's, for when the publish is
+// resolved; it stops it at once if that happened already.
+func (fl *flight) setDisarm(stop func()) {
+	fl.mu.Lock()
+	if !fl.done {
+		fl.disarm = stop
+		fl.mu.Unlock()
+		return
+	}
+	fl.mu.Unlock()
+	stop()
+}
+
+// doneLocked marks fl resolved and returns the hedge timer's stop (or a
+// no-op). fl.mu is held.
+func (fl *flight) doneLocked() func() {
+	fl.done = true
+	stop := fl.disarm
+	fl.disarm = nil
+	if stop == nil {
+		return func() {}
+	}
+	return stop
 }
 
 // resolved reports whether the publish has its outcome.
@@ -123,8 +198,9 @@ func (fl *flight) finish(b protocol.Body, err error) {
 		fl.mu.Unlock()
 		return
 	}
-	fl.done = true
+	stop := fl.doneLocked()
 	fl.mu.Unlock()
+	stop()
 	fl.f.resolve(b, err)
 }
 
@@ -152,25 +228,29 @@ func (fl *flight) hedgeEnd(b protocol.Body, err error) (won bool, resolve func()
 		return false, nil
 	}
 	if err == nil {
-		fl.done = true
+		stop := fl.doneLocked()
 		fl.mu.Unlock()
+		stop()
 		return true, func() { fl.f.resolve(b, nil) }
 	}
 	failed := fl.failed
+	stop := func() {}
 	if failed != nil {
-		fl.done = true
+		stop = fl.doneLocked()
 	}
 	fl.mu.Unlock()
+	stop()
 	if failed != nil {
 		return false, func() { fl.f.resolve(nil, failed) }
 	}
 	return false, nil
 }
 
-// hedgeable reports whether a send of p may be hedged: in cluster mode, a
+// hedgeable reports whether a send of p may be hedged: in cluster mode (a
+// client with seeds, or one that learned its node is clustered), a
 // deduplicated publish not hedged before.
 func (r *router) hedgeable(p *protocol.Publish, fl *flight) bool {
-	if len(r.seeds) == 0 || p.ProducerID == "" {
+	if !r.clustered.Load() || p.ProducerID == "" {
 		return false
 	}
 	fl.mu.Lock()
@@ -214,6 +294,10 @@ look:
 		switch {
 		case owner == "":
 			continue // an election under way
+		case r.isShunned(p, owner):
+			// It refused the partition just now (unavailable, fenced):
+			// the answer is older than its refusal; ask again.
+			continue
 		case owner == from.addr:
 			// Silent for a while: a live node answers a PING at once; a
 			// cut off one does not, and the cluster replaces it.

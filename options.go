@@ -183,6 +183,9 @@ type options struct {
 	drainTimeout     time.Duration
 	producerID       string // "" until Dial picks a random one
 	seeds            []string
+	// redirected, set by Dial, is told a GOING_AWAY's non-empty
+	// redirect: the stopping node's address and the one to use.
+	redirected func(addr, redirect string)
 }
 
 func defaultOptions() options {

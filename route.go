@@ -1,6 +1,7 @@
 package sinew
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -20,11 +21,11 @@ import (
 // until the new owner confirms. A publish keeps its producer id and
 // sequence across these resends, so the cluster stores it once.
 //
-// With seeds a publish is also hedged: one its owner has not confirmed
-// within 1 s (a node cut off says nothing until its connection is given
-// up) is sent once more, with the same producer id and sequence, to the
-// partition's owner as METADATA names it then, and the first confirm is
-// the outcome. It is not hedged while METADATA still names the same owner
+// With seeds a publish is also hedged: one not confirmed within 1 s of
+// its first send (a node cut off says nothing until its connection is
+// given up; a quick refusal does not disarm it) is sent once more, with
+// the same producer id and sequence, to the partition's owner as METADATA
+// names it then, and the first confirm is the outcome. It is not hedged while METADATA still names the same owner
 // and that node answers (a slow owner gets no second copy), nor when it
 // has no producer id (WithProducerSequence with an empty id), since the
 // cluster could then store it twice; at most 256 hedges are in flight per
@@ -48,8 +49,25 @@ import (
 // closed after 30 s idle, so a dead node is not redialled for ever; at
 // most 128 are kept beyond those in use.
 //
-// Without seeds the client also follows not_owner, but has no other node
-// to turn to while its own is down.
+// Without seeds the client learns the cluster from the node it dialled:
+// on its first publish or subscribe it asks that node METADATA for the
+// queue, and when the answer says the node is clustered the client routes
+// as with seeds (hedges included), using the replicas that answer names as
+// its other nodes (at most 64 learned addresses). A single broker answers
+// that it is not clustered, and the client then behaves as before.
+//
+// In a cluster an unavailable, fenced or not_owner (naming no owner) answer
+// drops the node that gave it as the partition's owner: for shunAfterRefusal
+// the publish is sent to the other nodes the client knows instead (a node
+// that names the refusing node as owner counts as naming none), and its
+// hedge stays armed. Retries back off (20 ms growing to 200 ms, then 1 s
+// after 64 sends) and last until the publish's ctx ends, or for
+// routeRetryMax (60 s) from the first send when ctx has no deadline.
+//
+// A node that announces a planned stop (GOING_AWAY) with a redirect, an
+// address of a node that stays up, is left at once: the client learns the
+// redirect, forgets the stopping node as an owner, and routes new work
+// (and publishes the node refuses while draining) through the other nodes.
 func WithSeeds(addrs ...string) Option {
 	return func(o *options) { o.seeds = append(o.seeds, addrs...) }
 }
@@ -60,12 +78,38 @@ const clusterHeartbeatDefault = time.Second
 // Bounds of routing one publish.
 const (
 	// routeHopsMax bounds the sends of one publish: redirects to an owner
-	// and retries while a partition elects one.
-	routeHopsMax = 256
+	// and retries while a partition elects one. With the pauses below it
+	// is reached only after about 16 minutes: ctx, or routeRetryMax, ends
+	// the retries first.
+	routeHopsMax = 1024
 	// routeBackoffMin and routeBackoffMax bound the pause before a retry
-	// that is not a plain redirect (no owner known, or the owner gone).
-	routeBackoffMin = 20 * time.Millisecond
-	routeBackoffMax = 200 * time.Millisecond
+	// that is not a plain redirect (no owner known, or the owner gone);
+	// after routeBackoffSlowAfter sends the pause is routeBackoffSlow, so
+	// a whole cluster down is not asked in a tight loop.
+	routeBackoffMin       = 20 * time.Millisecond
+	routeBackoffMax       = 200 * time.Millisecond
+	routeBackoffSlowAfter = 64
+	routeBackoffSlow      = time.Second
+	// routeRedirectsFree is how many sends of one publish may follow a
+	// not_owner at once, without a pause: past it every retry pauses,
+	// so nodes naming each other as the owner are not asked in a loop.
+	routeRedirectsFree = 8
+	// routeRetryMax bounds the retries of a publish whose ctx has no
+	// deadline, from its first send, on the client's clock.
+	routeRetryMax = time.Minute
+	// shunAfterRefusal is how long a node that refused a partition's
+	// publish (unavailable, fenced, not_owner naming no owner) is passed
+	// over for that partition, and not taken as its owner when another
+	// node names it: about an election, after which it is asked again.
+	shunAfterRefusal = time.Second
+	// shunKeysMax bounds the partitions whose refusing nodes are kept;
+	// shunNodesMax the nodes kept per partition.
+	shunKeysMax  = 256
+	shunNodesMax = 8
+	// probesMax bounds the METADATA requests a client without seeds
+	// sends to find out whether its node is clustered (a queue not found
+	// yet, or a connection lost, leaves it undecided).
+	probesMax = 16
 	// routeOpenTimeout bounds connecting to an owner or a seed for the
 	// first time; a node that does not answer within it is passed over.
 	routeOpenTimeout = 2 * time.Second
@@ -113,7 +157,30 @@ type router struct {
 	// METADATA answer for it named them (at most replicaSetsMax queues):
 	// the nodes the client currently needs. Guarded by mu.
 	replicas map[queueName][]string
+	// shunned are, per partition, the nodes that refused it lately and
+	// until when (clock unix ns): see shunAfterRefusal. Guarded by mu.
+	shunned map[routeKey][]shun
+
+	// probe is what a client without seeds found out about its node:
+	// probeUnknown, probeSingle or probeCluster; probes counts the
+	// METADATA requests sent to find out, probedAt is the last (unix ns).
+	probe    atomic.Int32
+	probes   atomic.Int32
+	probedAt atomic.Int64
 }
+
+// A refusing node and until when it is passed over (clock unix ns).
+type shun struct {
+	addr  string
+	until int64
+}
+
+// States of router.probe.
+const (
+	probeUnknown = iota
+	probeSingle
+	probeCluster
+)
 
 // replicaSetsMax bounds the queues whose replicas the router keeps.
 const replicaSetsMax = 256
@@ -212,9 +279,104 @@ func (r *router) nodes() []string {
 func newRouter(c *Client, seeds []string) *router {
 	r := &router{c: c, seeds: seeds, owners: map[routeKey]string{},
 		hedges: make(chan struct{}, publishHedgesMax), hedgeCache: map[queueName]cachedMetadata{},
-		replicas: map[queueName][]string{}}
+		replicas: map[queueName][]string{}, shunned: map[routeKey][]shun{}}
 	r.clustered.Store(len(seeds) > 0)
+	if len(seeds) > 0 {
+		r.probe.Store(probeCluster)
+	}
 	return r
+}
+
+// shunNode passes addr over as p's partition's node for shunAfterRefusal.
+func (r *router) shunNode(p *protocol.Publish, addr string) {
+	k := keyOf(p)
+	until := r.c.o.clock.Now().Add(shunAfterRefusal).UnixNano()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.shunned[k]; !ok && len(r.shunned) >= shunKeysMax {
+		clear(r.shunned)
+	}
+	l := slices.DeleteFunc(r.shunned[k], func(s shun) bool { return s.addr == addr })
+	if len(l) >= shunNodesMax {
+		l = l[1:]
+	}
+	r.shunned[k] = append(l, shun{addr, until})
+}
+
+// isShunned reports whether addr refused p's partition within
+// shunAfterRefusal.
+func (r *router) isShunned(p *protocol.Publish, addr string) bool {
+	now := r.c.o.clock.Now().UnixNano()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.shunned[keyOf(p)] {
+		if s.addr == addr {
+			return now < s.until
+		}
+	}
+	return false
+}
+
+// maybeProbe asks, in the background, whether a client without seeds
+// dialled a node of a cluster (see WithSeeds), at most once per lookEvery
+// and probesMax times in all, until it knows.
+func (r *router) maybeProbe(topic, group string) {
+	if r.probe.Load() != probeUnknown || r.probes.Load() >= probesMax {
+		return
+	}
+	now := r.c.o.clock.Now().UnixNano()
+	last := r.probedAt.Load()
+	if last != 0 && now-last < int64(lookEvery) || !r.probedAt.CompareAndSwap(last, now) {
+		return
+	}
+	r.probes.Add(1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), routeOpenTimeout)
+		defer cancel()
+		r.probeNow(ctx, topic, group)
+	}()
+}
+
+// clusteredFor reports whether the client routes in a cluster, asking its
+// node first (probeNow) while that is undecided and probes are left.
+func (r *router) clusteredFor(ctx context.Context, topic, group string) bool {
+	if r.clustered.Load() {
+		return true
+	}
+	if r.probe.Load() != probeUnknown || r.probes.Add(1) > probesMax {
+		return false
+	}
+	return r.probeNow(ctx, topic, group) == probeCluster
+}
+
+// probeNow asks the client's node METADATA for a queue and records what
+// the answer says: a cluster (its replicas and owners become known nodes)
+// or a single broker (also one that does not know METADATA). It returns
+// the state it leaves.
+func (r *router) probeNow(ctx context.Context, topic, group string) int32 {
+	if st := r.probe.Load(); st != probeUnknown {
+		return st
+	}
+	actx, cancel := context.WithTimeout(ctx, metadataAskTimeout)
+	md, err := r.c.ep.metadata(actx, topic, group)
+	cancel()
+	var be *BrokerError
+	switch {
+	case err == nil && md.Cluster:
+		r.clustered.Store(true)
+		for _, pm := range md.Partitions {
+			r.learn(pm.Owner)
+			r.learn(pm.Replicas...)
+		}
+		r.noteReplicas(topic, group, md)
+		if r.probe.CompareAndSwap(probeUnknown, probeCluster) {
+			r.c.o.logger.Info("sinew: the node is clustered; routing through its nodes", "addr", r.c.ep.addr,
+				"nodes", len(r.nodes()))
+		}
+	case err == nil, errors.As(err, &be) && be.Code == protocol.CodeUnknownOp:
+		r.probe.CompareAndSwap(probeUnknown, probeSingle)
+	}
+	return r.probe.Load()
 }
 
 // endpointFor is where a publish to p's queue goes first: the client's
@@ -222,6 +384,7 @@ func newRouter(c *Client, seeds []string) *router {
 // down, the first node of the seeds that answers.
 func (r *router) endpointFor(ctx context.Context, p *protocol.Publish) *endpoint {
 	if !r.clustered.Load() {
+		r.maybeProbe(p.Topic, p.Group)
 		return r.c.ep
 	}
 	e, _ := r.pick(ctx, p)
@@ -230,24 +393,30 @@ func (r *router) endpointFor(ctx context.Context, p *protocol.Publish) *endpoint
 
 // send submits p on e, whose window holds size bytes for it; hop counts
 // the sends so far. The outcome resolves fl, unless it says the publish
-// belongs elsewhere: then it is sent again. In a cluster a send not
-// answered within publishHedgeAfter may also be hedged (see hedge.go).
+// belongs elsewhere: then it is sent again. In a cluster a publish not
+// confirmed within publishHedgeAfter of its first send may also be hedged
+// (see hedge.go); a quick refusal does not disarm it.
 func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, fl *flight, size, hop int) {
 	var taken atomic.Bool // done or reroute: exactly one runs
-	stopHedge := func() {}
+	fl.sending(e, r.c.o.clock.Now().UnixNano())
 	cl := &call{body: p, replay: true}
 	cl.done = func(b protocol.Body, err error) {
 		if !taken.CompareAndSwap(false, true) {
 			return
 		}
-		stopHedge()
 		e.window.release(size)
 		if fl.resolved() {
 			return // the hedge was confirmed first: this answer is dropped
 		}
-		if err != nil && r.retry(p, err, e) && hop < routeHopsMax && ctx.Err() == nil {
-			go r.resend(ctx, p, fl, size, hop+1, err)
-			return
+		if err != nil && hop < routeHopsMax && r.inBudget(ctx, fl) {
+			switch r.retry(p, err, e) {
+			case retryNow:
+				go r.resend(ctx, p, fl, size, hop+1, err)
+				return
+			case retryIfClustered:
+				go r.resendIfClustered(ctx, e, p, fl, size, hop+1, err)
+				return
+			}
 		}
 		fl.finish(b, err)
 	}
@@ -259,7 +428,6 @@ func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, fl 
 			if !taken.CompareAndSwap(false, true) {
 				return true
 			}
-			stopHedge()
 			e.window.release(size)
 			r.forget(p, e.addr)
 			if !fl.resolved() {
@@ -268,13 +436,14 @@ func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, fl 
 			return true
 		}
 	}
-	if r.hedgeable(p, fl) {
-		// Armed before the submit, whose answer may come at once.
-		stopHedge = afterFunc(r.c.o.clock, publishHedgeAfter, func() {
-			if !taken.Load() {
-				r.hedge(ctx, e, p, fl, size)
+	if r.hedgeable(p, fl) && fl.arm() {
+		// Armed once per publish, before the submit, whose answer may
+		// come at once; only the publish's outcome disarms it.
+		fl.setDisarm(afterFunc(r.c.o.clock, publishHedgeAfter, func() {
+			if !fl.resolved() {
+				r.hedge(ctx, fl.endpoint(), p, fl, size)
 			}
-		})
+		}))
 	}
 	if r.clustered.Load() {
 		// Never wait for this node's reconnect: it may be gone for good.
@@ -284,42 +453,102 @@ func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, fl 
 	e.submit(ctx, cl)
 }
 
+// inBudget reports whether fl may be sent again: its ctx goes on, and when
+// ctx has no deadline, routeRetryMax has not passed since its first send.
+func (r *router) inBudget(ctx context.Context, fl *flight) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	if _, ok := ctx.Deadline(); ok {
+		return true
+	}
+	return r.c.o.clock.Now().UnixNano()-fl.startedAt() < int64(routeRetryMax)
+}
+
+// What retry decides.
+type retryKind int
+
+const (
+	retryNo          retryKind = iota // the answer is the outcome
+	retryNow                          // send again (resend)
+	retryIfClustered                  // send again if the client's node is clustered (resendIfClustered)
+)
+
 // retry reports whether err means p should be sent again elsewhere, and
-// records what it teaches: a not_owner names the owner.
-func (r *router) retry(p *protocol.Publish, err error, from *endpoint) bool {
+// records what it teaches: a not_owner names the owner; a refusal
+// (unavailable, fenced, not_owner naming no one) drops its node as the
+// owner and passes it over for a while.
+func (r *router) retry(p *protocol.Publish, err error, from *endpoint) retryKind {
 	var be *BrokerError
 	if errors.As(err, &be) {
 		switch be.Code {
 		case protocol.CodeNotOwner:
 			if be.Owner == "" {
-				return false
+				return r.refused(p, from)
 			}
 			r.clustered.Store(true)
+			r.learn(be.Owner)
+			if r.isShunned(p, be.Owner) {
+				// It names a node that refused the partition just now:
+				// its view is older, so it is passed over too, and no
+				// owner is known yet.
+				r.shunNode(p, from.addr)
+				return retryNow
+			}
 			r.mu.Lock()
 			r.owners[keyOf(p)] = be.Owner
 			r.mu.Unlock()
-			r.learn(be.Owner)
-			return true
+			return retryNow
 		case protocol.CodeUnavailable, protocol.CodeFenced:
 			// An election under way, a queue the cluster is creating, or
 			// a node cut off from the cluster's majority.
-			return r.clustered.Load()
+			return r.refused(p, from)
 		case protocol.CodeShuttingDown:
 			// The node is draining (a restart, or leaving the cluster for
 			// good) and stored nothing: another node takes it.
 			if !r.clustered.Load() {
-				return false
+				return retryNo
 			}
 			r.forget(p, from.addr)
-			return true
+			return retryNow
 		}
-		return false
+		return retryNo
 	}
 	if r.clustered.Load() && (errors.Is(err, ErrConnectionLost) || errors.Is(err, ErrNotConnected) || errors.Is(err, ErrDisconnected)) {
 		r.forget(p, from.addr)
-		return true
+		return retryNow
 	}
-	return false
+	return retryNo
+}
+
+// refused handles from's refusal of p's partition: in a cluster the node
+// is dropped as its owner and passed over for shunAfterRefusal, and p is
+// sent to the other nodes. A client without seeds that does not know yet
+// whether its node is clustered asks first (resendIfClustered); a single
+// broker's refusal is the outcome, as it always was.
+func (r *router) refused(p *protocol.Publish, from *endpoint) retryKind {
+	if !r.clustered.Load() {
+		if r.probe.Load() == probeUnknown && r.probes.Load() < probesMax {
+			return retryIfClustered
+		}
+		return retryNo
+	}
+	r.forget(p, from.addr)
+	r.shunNode(p, from.addr)
+	return retryNow
+}
+
+// resendIfClustered asks the client's node whether it is clustered (once
+// per client, up to probesMax times while undecided) and sends p again
+// through the cluster if it is; otherwise cause is p's outcome.
+func (r *router) resendIfClustered(ctx context.Context, from *endpoint, p *protocol.Publish, fl *flight, size, hop int, cause error) {
+	r.probes.Add(1)
+	if r.probeNow(ctx, p.Topic, p.Group) != probeCluster {
+		fl.finish(nil, cause)
+		return
+	}
+	r.refused(p, from)
+	r.resend(ctx, p, fl, size, hop, cause)
 }
 
 // forget drops addr as p's queue's owner.
@@ -332,22 +561,41 @@ func (r *router) forget(p *protocol.Publish, addr string) {
 	r.mu.Unlock()
 }
 
+// away handles a GOING_AWAY whose redirect names a node that stays up:
+// the client learns it, takes addr as an owner of nothing, and so routes
+// new work for addr's partitions through the other nodes at once.
+func (r *router) away(addr, redirect string) {
+	r.clustered.Store(true)
+	r.probe.CompareAndSwap(probeUnknown, probeCluster)
+	r.learn(redirect)
+	r.mu.Lock()
+	for k, a := range r.owners {
+		if a == addr {
+			delete(r.owners, k)
+		}
+	}
+	r.mu.Unlock()
+}
+
 // resend sends p again, after a pause unless the last answer named the
 // owner, to the owner if it is reachable, else to the first node of the
-// client's own and the seeds that is.
+// client's own, the seeds and the learned ones that is, passing over the
+// nodes that refused the partition lately.
 func (r *router) resend(ctx context.Context, p *protocol.Publish, fl *flight, size, hop int, cause error) {
 	var be *BrokerError
-	redirect := errors.As(cause, &be) && be.Code == protocol.CodeNotOwner
+	redirect := errors.As(cause, &be) && be.Code == protocol.CodeNotOwner && be.Owner != "" && !r.isShunned(p, be.Owner)
 	// Ownership moved, or the node is gone or going: the cluster may be
 	// changing around the client (nodes replaced), so learn where the
 	// queue's replicas are now, while some node it knows still answers
 	// (in the background: the publish does not wait for it).
 	go r.look(context.WithoutCancel(ctx), p)
-	e, owner := r.pick(ctx, p)
-	if !redirect || !owner {
+	if !redirect || hop > routeRedirectsFree {
 		// No owner to go to at once: a pause, growing with the hops,
 		// while the partition elects one or the node comes back.
 		d := min(routeBackoffMin<<min(hop, 8), routeBackoffMax)
+		if hop > routeBackoffSlowAfter {
+			d = routeBackoffSlow
+		}
 		select {
 		case <-r.c.o.clock.After(d):
 		case <-fl.f.done:
@@ -357,6 +605,7 @@ func (r *router) resend(ctx context.Context, p *protocol.Publish, fl *flight, si
 			return
 		}
 	}
+	e, _ := r.pick(ctx, p)
 	if err := e.window.acquire(ctx, e.quit, size); err != nil {
 		if errors.Is(err, ErrClientClosed) && !r.c.isClosed() && hop < routeHopsMax {
 			// e was retired from the pool meanwhile (the client is not
@@ -374,22 +623,42 @@ func (r *router) resend(ctx context.Context, p *protocol.Publish, fl *flight, si
 	r.send(ctx, e, p, fl, size, hop)
 }
 
-// pick chooses where to send p: its owner if connected (or connectable),
-// else the first connected (or connectable) of the client's node, the
-// seeds and the nodes it learned, else the client's node, whose reconnects the send then waits for.
-// owner reports whether it is p's owner.
+// pick chooses where to send p: its owner if connected (or connectable)
+// and it has not refused the partition lately, else the first connected
+// (or connectable) of the client's node, the seeds and the nodes it
+// learned that has not, else the first of those that refused it, else the
+// client's node, whose reconnects the send then waits for. owner reports
+// whether it is p's owner.
 func (r *router) pick(ctx context.Context, p *protocol.Publish) (e *endpoint, owner bool) {
 	r.mu.Lock()
 	addr := r.owners[keyOf(p)]
 	r.mu.Unlock()
-	if addr != "" {
+	if addr != "" && !r.isShunned(p, addr) {
 		if e := r.c.pool.get(addr); r.reachable(ctx, e) {
 			return e, true
 		}
 		r.forget(p, addr)
 	}
+	var shunned []string
 	for _, a := range r.nodes() {
+		if r.isShunned(p, a) {
+			shunned = append(shunned, a)
+			continue
+		}
 		if e := r.c.pool.get(a); r.reachable(ctx, e) {
+			return e, false
+		}
+	}
+	// Every node refused it lately: the one that did so first.
+	r.mu.Lock()
+	l := slices.Clone(r.shunned[keyOf(p)])
+	r.mu.Unlock()
+	slices.SortStableFunc(l, func(a, b shun) int { return cmp.Compare(a.until, b.until) })
+	for _, s := range l {
+		if !slices.Contains(shunned, s.addr) {
+			continue
+		}
+		if e := r.c.pool.get(s.addr); r.reachable(ctx, e) {
 			return e, false
 		}
 	}

@@ -168,9 +168,11 @@ func (s *Subscription) release(epoch, tag uint64) {
 // the client reconnects it waits for the connection, and a SUBSCRIBE whose
 // reply was lost in a cut is sent again on the next one.
 //
-// With WithSeeds the client is in a cluster, where each partition has one
-// owner: the subscription then spans the queue's replicas (see span.go),
-// so it receives every partition from whichever node owns it, and follows
+// With WithSeeds, or once a client without seeds learned that its node is
+// clustered (it asks on its first Subscribe or publish; see WithSeeds), the
+// client is in a cluster, where each partition has one owner: the
+// subscription then spans the queue's replicas (see span.go), so it
+// receives every partition from whichever node owns it, and follows
 // ownership as it moves. Subscribe first asks the cluster (METADATA) where
 // the replicas are; while no node gives an answer (all unreachable, or an
 // election under way) it asks again, with backoff from 50 ms to 1 s on the
@@ -182,7 +184,7 @@ func (c *Client) Subscribe(ctx context.Context, topic string, opts ...SubscribeO
 	for _, o := range opts {
 		o(&cfg)
 	}
-	if len(c.rt.seeds) > 0 {
+	if len(c.rt.seeds) > 0 || c.rt.clusteredFor(ctx, topic, cfg.group) {
 		if s, err, ok := c.subscribeSpan(ctx, topic, cfg); ok {
 			return s, err
 		}

@@ -32,6 +32,7 @@ from typing import Any
 from . import _wire as w
 from .errors import (
     CODE_INTERNAL,
+    CODE_NOT_OWNER,
     CODE_SHUTTING_DOWN,
     CODE_STALE_LEASE,
     CODE_UNKNOWN_TAG,
@@ -85,6 +86,22 @@ WRITE_COALESCE_BYTES_MAX = 64 << 10  # frames gathered for one socket write befo
 READ_CHUNK_BYTES = 256 << 10  # most bytes taken from the socket per read
 READ_BUFFER_BYTES = 1 << 20  # the stream's buffer pauses reading past twice this
 PUBLISH_HEADS_CACHED = 256  # encoded publish heads kept for reuse
+# Cluster routing (see Client._refused): at most LEARNED_MAX addresses are
+# learned besides the one dialled, at most PROBES_MAX METADATA requests ask
+# whether the broker is clustered, the pause before leaving a node that
+# refused a publish grows from MOVE_PAUSE_MIN_S to MOVE_PAUSE_MAX_S with each
+# refusal in a row, and a refused publish goes from node to node for at most
+# MOVE_BUDGET_S.
+LEARNED_MAX = 64
+PROBES_MAX = 16
+MOVE_PAUSE_MIN_S = 0.02
+MOVE_PAUSE_MAX_S = 1.0
+MOVE_BUDGET_S = 60.0
+SHUN_S = 1.0  # a node that refused a publish is not moved to again for this long while another has not
+REDIRECT_MAX = 512
+_CODE_UNKNOWN_OP = 4
+_CODE_UNAVAILABLE = 15
+_CODE_FENCED = 25
 GOING_AWAY_WAIT_MAX_S = 30.0  # how long a draining connection is kept for work in flight
 GOING_AWAY_POLL_S = 0.01  # how often a draining connection is checked for idleness
 GOING_AWAY_BACKOFF_MAX_S = 0.5  # reconnect delay cap after a planned stop
@@ -363,12 +380,13 @@ class _Call:
     when its connection breaks: publishes are sent again on the next
     connection, settles are held for the resumed session, the rest fail."""
 
-    __slots__ = ("body", "fut", "kind", "hook", "nbytes", "flags", "head", "seq", "data")
+    __slots__ = ("body", "fut", "kind", "hook", "nbytes", "flags", "head", "seq", "data", "refused_at")
 
     def __init__(self, body: w.Body | None, kind: str = "", hook: Callable[[Any], None] | None = None,
                  nbytes: int = 0) -> None:
         self.body = body
         self.fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.refused_at: float | None = None  # when a cluster node first refused it (a publish)
         self.kind = kind
         self.hook = hook
         self.nbytes = nbytes
@@ -1062,6 +1080,10 @@ class _Conn:
             self.draining = True
             self.away_deadline_ms = body.deadline_ms
             self.going_away.set()
+            if body.redirect and len(body.redirect) <= REDIRECT_MAX:
+                # A cluster node names one that stays up: the next
+                # connection goes there, not back to this node.
+                self.client._redirect(body.redirect)
             return
         if isinstance(body, w.ErrorBody):
             err = broker_error(body.code, body.message, body.owner)
@@ -1071,6 +1093,8 @@ class _Conn:
                     # Nothing was stored; the publish goes again on the next
                     # connection, under the same producer sequence.
                     self.client._replay.append(call)
+                elif call.kind == "publish" and not body.fatal and self.client._refused(self, call, body, err):
+                    pass  # a cluster node that cannot take it: sent to another node
                 else:
                     call.fail(err)
             if body.fatal:
@@ -1141,6 +1165,17 @@ class Client:
         self._producer_seq = 0
         self._heads: dict[tuple[Any, ...] | None, bytes] = {}  # encoded publish heads by their fields
         self._frame_max = w.FRAME_BYTES_DEFAULT  # the broker's frame limit at the last handshake
+        # Cluster routing: the client keeps one connection, but in a cluster
+        # (METADATA says so, or GOING_AWAY names a redirect) it is not
+        # pinned to the address it dialled (see _refused).
+        self._learned: list[str] = []  # nodes learned besides addr, oldest first
+        self._target = addr  # what the next connect dials
+        self._clustered: bool | None = None  # None until the broker said
+        self._probes = 0
+        self._probe_task: asyncio.Task[None] | None = None
+        self._moving: asyncio.TimerHandle | None = None
+        self._refusals = 0  # refusals since the last confirmed publish
+        self._refused_by: dict[str, float] = {}  # when each node last refused a publish (monotonic s)
         self.server_generation = 0
         """The broker process's generation at the last handshake."""
         self.last_outcome = 0
@@ -1553,6 +1588,7 @@ class Client:
         if 16 + len(head_b) + 20 + len(data) > self._frame_max:
             raise InvalidArgumentError("body", f"a message of {len(data)} bytes exceeds the broker's frame "
                                                f"limit of {self._frame_max} bytes")
+        self._probe(topic, group)
         call = _Call(None, kind="publish", nbytes=len(data))
         call.head, call.data = head_b, data
         win = self._window
@@ -1578,9 +1614,126 @@ class Client:
             ok = await call.fut
         finally:
             self._window.release(len(data))
+        self._refusals = 0
         if isinstance(ok, PublishResult):
             return ok  # the reader's fast path made it
         return PublishResult(ok.partition, ok.offset, ok.duplicate)
+
+    # --- cluster routing -------------------------------------------------------
+
+    def _learn(self, *addrs: str) -> None:
+        for a in addrs:
+            if not a or a == self.addr or a in self._learned:
+                continue
+            if len(self._learned) >= LEARNED_MAX:
+                self._learned.pop(0)
+            self._learned.append(a)
+
+    def _set_target(self, addr: str) -> None:
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit():
+            return  # not host:port: ignored
+        self._target = addr
+        self._host, self._port = host.strip("[]"), int(port)
+
+    def _probe(self, topic: str, group: str) -> None:
+        """Asks the broker in the background, once, whether it is clustered,
+        and learns the nodes holding the queue's replicas."""
+        if self._clustered is not None or self._probes >= PROBES_MAX or self._closing:
+            return
+        if self._probe_task is not None and not self._probe_task.done():
+            return
+        self._probes += 1
+        self._probe_task = asyncio.get_running_loop().create_task(self._probe_once(topic, group))
+
+    async def _probe_once(self, topic: str, group: str) -> None:
+        try:
+            md = await asyncio.wait_for(self._request(w.Metadata(topic, group)), 5.0)
+        except BrokerError as e:
+            if e.code == _CODE_UNKNOWN_OP:
+                self._clustered = False
+            return
+        except (SinewError, asyncio.TimeoutError, ConnectionError, OSError):
+            return
+        self._clustered = bool(md.cluster)
+        if md.cluster:
+            for pm in md.partitions:
+                self._learn(pm.owner, *pm.replicas)
+            log.info("sinew: %s is clustered; %d nodes known", self.addr, 1 + len(self._learned))
+
+    def _redirect(self, addr: str) -> None:
+        self._clustered = True
+        self._learn(addr)
+        self._set_target(addr)
+
+    def _refused(self, conn: _Conn, call: _Call, body: w.ErrorBody, err: BaseException) -> bool:
+        """A cluster node refused a publish (unavailable, fenced, not_owner):
+        keeps it for the next connection and moves the connection, after a
+        short pause, to the owner named or else the next known node, where
+        it is sent again under the same producer sequence (stored once).
+        False when the refusal is the publish's outcome (a single broker's,
+        nowhere else to go, or past MOVE_BUDGET_S). While the broker has not
+        said yet whether it is clustered, the publish waits for that answer
+        and fails with err if it is not."""
+        if self._closing or body.code not in (_CODE_UNAVAILABLE, _CODE_FENCED, CODE_NOT_OWNER):
+            return False
+        probe = self._probe_task
+        if self._clustered is None and probe is not None and not probe.done():
+            def decide(_: object) -> None:
+                if not self._refused(conn, call, body, err):
+                    call.fail(err)
+            probe.add_done_callback(decide)
+            return True
+        if self._clustered is not True:
+            return False
+        owner = body.owner if body.code == CODE_NOT_OWNER else ""
+        if not owner and not self._learned:
+            return False
+        now = self._monotonic()
+        first = call.refused_at
+        if first is None:
+            call.refused_at = first = now
+        if now - first > MOVE_BUDGET_S:
+            return False
+        if not owner:
+            self._refused_by.pop(self._target, None)
+            self._refused_by[self._target] = now
+            if len(self._refused_by) > LEARNED_MAX + 1:
+                self._refused_by.pop(next(iter(self._refused_by)))
+        self._replay.append(call)
+        self._replay.sort(key=lambda c: getattr(c, "seq", 0))
+        self._move_off(conn, owner)
+        return True
+
+    def _move_off(self, conn: _Conn, owner: str) -> None:
+        if self._moving is not None or self._live is not conn or conn.closed:
+            return
+        now = self._monotonic()
+
+        def fresh(a: str) -> bool:
+            at = self._refused_by.get(a)
+            return at is None or now - at >= SHUN_S
+
+        nodes = [self.addr, *self._learned]
+        nxt = owner if owner and owner != self._target and fresh(owner) else ""
+        if nxt:
+            self._learn(nxt)
+        else:
+            i = nodes.index(self._target) if self._target in nodes else -1
+            order = nodes[i + 1:] + nodes[:i + 1]
+            nxt = next((a for a in order if a != self._target and fresh(a)), order[0])
+        pause = min(MOVE_PAUSE_MIN_S * 2 ** min(self._refusals, 10), MOVE_PAUSE_MAX_S)
+        self._refusals += 1
+        log.info("sinew: leaving %s, which refused a publish, for %s in %.3fs", self._target, nxt, pause)
+
+        def move() -> None:
+            self._moving = None
+            if self._closing or self._live is not conn or conn.closed:
+                return
+            self._set_target(nxt)
+            conn.close(ConnectionLostError(f"sinew: leaving a node that refused a publish for {nxt}"))
+
+        self._moving = asyncio.get_running_loop().call_later(pause, move)
 
     async def _request(self, body: w.Body) -> Any:
         body.encode()  # checks every field (InvalidArgumentError) before anything happens
@@ -1906,6 +2059,11 @@ class Client:
             await self._closed.wait()  # the first call finishes the job
             return
         self._close_started = True
+        if self._moving is not None:
+            self._moving.cancel()
+            self._moving = None
+        if self._probe_task is not None and not self._probe_task.done():
+            self._probe_task.cancel()
         try:
             await self._close()
         finally:

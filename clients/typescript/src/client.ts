@@ -63,6 +63,27 @@ const SETTLE_BATCH_DEFAULT = 256;
 /** Settle frames awaiting their SETTLE_RESULT at once: while they are out,
  * further settles gather into the next frame (a full batch goes anyway). */
 const SETTLE_FRAMES_MAX = 1;
+/** At most this many cluster addresses are learned besides the one dialled. */
+const LEARNED_MAX = 64;
+/** At most this many METADATA requests ask whether the broker is clustered. */
+const PROBES_MAX = 16;
+/** The pause before leaving a node that refused a publish grows from the
+ * first to the second bound with each refusal in a row. */
+const MOVE_PAUSE_MIN_MS = 20;
+const MOVE_PAUSE_MAX_MS = 1_000;
+/** A refused publish goes from node to node for at most this long. */
+const MOVE_BUDGET_MS = 60_000;
+/** A node that refused a publish is not moved to again for this long while
+ * another known node has not refused one. */
+const SHUN_MS = 1_000;
+
+/** Protocol codes the routing below reads (docs/protocol.md §6). */
+const CODE_UNKNOWN_OP = 4;
+const CODE_UNAVAILABLE = 15;
+
+/** The owner named by a not_owner error, kept beside the error. */
+const ownerOf = new WeakMap<object, string>();
+
 /** How long a connection that got GOING_AWAY waits for work in flight at most. */
 const GOING_AWAY_WAIT_MAX_MS = 30_000;
 /** How often such a connection checks whether its work in flight finished. */
@@ -233,6 +254,8 @@ interface PendingPublish {
   bytes: number;
   resolve(r: PublishResult): void;
   reject(e: unknown): void;
+  /** When a node first refused it (unavailable, fenced, not_owner), in ms; 0 if none did. */
+  refusedAt?: number;
 }
 
 interface SettleReq {
@@ -529,6 +552,7 @@ class Conn {
     this.pending.delete(f.requestId);
     if (f.op === Op.ERROR) {
       const err = brokerError(body.code, body.message);
+      if (body.owner) ownerOf.set(err, String(body.owner));
       p.reject(err);
       if (body.fatal) this.close(err);
       return;
@@ -600,6 +624,7 @@ export class Client {
   constructor(addr: string, o: ConnectOptions) {
     checkConnectOptions(addr, o);
     this.addr = addr;
+    this.target = addr;
     this.o = o;
     this.policy = reconnectPolicy(o.reconnect);
     this.sleep = o.sleep ?? defaultSleep;
@@ -659,7 +684,7 @@ export class Client {
 
   /** One connect attempt: dial, handshake, restore the session. */
   private async attempt(signal?: AbortSignal): Promise<Conn> {
-    const [host, port] = splitAddr(this.addr);
+    const [host, port] = splitAddr(this.target);
     const tlsOpts = this.o.tls === true ? {} : this.o.tls;
     const sock = await dial(host, port, this.o.dialTimeoutMs ?? 10_000, signal, tlsOpts);
     const c = new Conn(this, sock, this.epoch);
@@ -881,7 +906,120 @@ export class Client {
       throw new InvalidArgumentError("body", `a message of ${payload.length} bytes exceeds the broker's frame limit of ${this.frameMax} bytes`);
     }
     const state = { sent: false };
+    this.probe(topic, opts.group ?? "");
     return abortable("publish", oo, state, (signal) => this.publishOn(head, payload, signal, state));
+  }
+
+  // ----- cluster routing -----
+  //
+  // The client keeps one connection. In a cluster (the broker's METADATA
+  // says so, or a GOING_AWAY names a redirect) it is not pinned to the
+  // address it dialled: it learns the nodes holding a queue's replicas
+  // (at most LEARNED_MAX), and a publish a node refuses (unavailable,
+  // fenced, not_owner) is held and the connection moves, after a short
+  // pause, to the owner the refusal names or else to the next known node,
+  // where the publish is sent again with the same producer id and
+  // sequence (the cluster stores it once). A single broker's refusal
+  // still rejects the publish.
+
+  /** Cluster nodes learned besides this.addr, oldest first. */
+  private learned: string[] = [];
+  /** The address the next connect attempt dials. */
+  private target: string;
+  /** Whether the broker is a cluster node; null until it said. */
+  private clustered: boolean | null = null;
+  private probes = 0;
+  /** The METADATA request in flight asking whether the broker is clustered. */
+  private probing: Promise<void> | null = null;
+  /** When each node last refused a publish (ms; at most LEARNED_MAX + 1 kept). */
+  private refusedBy = new Map<string, number>();
+  /** A move to another node is pending. */
+  private moving = false;
+  /** Refusals since the last confirmed publish. */
+  private refusals = 0;
+
+  private learn(...addrs: string[]): void {
+    for (const a of addrs) {
+      if (!a || a === this.addr || this.learned.includes(a)) continue;
+      if (this.learned.length >= LEARNED_MAX) this.learned.shift();
+      this.learned.push(a);
+    }
+  }
+
+  /** Asks the broker, once, whether it is clustered, and learns the queue's nodes. */
+  private probe(topic: string, group: string): void {
+    if (this.clustered !== null || this.probing || this.probes >= PROBES_MAX) return;
+    this.probes++;
+    this.probing = this.request("metadata", { timeoutMs: 5_000 }, Op.METADATA, { topic, group }).then(
+      (b) => {
+        this.probing = null;
+        this.clustered = !!b.cluster;
+        if (!b.cluster) return;
+        for (const pm of (b.partitions ?? []) as Body[]) this.learn(String(pm.owner ?? ""), ...((pm.replicas ?? []) as string[]));
+        this.log("clustered", { addr: this.addr, nodes: 1 + this.learned.length });
+      },
+      (e) => {
+        this.probing = null;
+        if (e instanceof BrokerError && e.code === CODE_UNKNOWN_OP) this.clustered = false;
+      },
+    );
+  }
+
+  /**
+   * Node c refused publish p: in a cluster p is held and the connection
+   * moves; false when the refusal is p's outcome (the caller fails it). While
+   * the broker has not said yet whether it is clustered, p waits for that
+   * answer and fail runs if it is not.
+   */
+  private refused(e: unknown, c: Conn, p: PendingPublish, fail: () => void): boolean {
+    if (this.closing || this.closed) return false;
+    if (!(e instanceof BrokerError) || ![CODE_UNAVAILABLE, Code.FENCED, Code.NOT_OWNER].includes(e.code)) return false;
+    if (this.clustered === null && this.probing) {
+      this.probing.then(() => {
+        if (!this.refused(e, c, p, fail)) fail();
+      });
+      return true;
+    }
+    if (this.clustered !== true) return false;
+    const owner = ownerOf.get(e) ?? "";
+    if (!owner && this.learned.length === 0) return false; // nowhere else to go
+    const now = this.now();
+    p.refusedAt ||= now;
+    if (now - p.refusedAt > MOVE_BUDGET_MS) return false;
+    if (e.code !== Code.NOT_OWNER || !owner) {
+      this.refusedBy.delete(this.target);
+      this.refusedBy.set(this.target, now);
+      if (this.refusedBy.size > LEARNED_MAX + 1) this.refusedBy.delete(this.refusedBy.keys().next().value!);
+    }
+    this.holdPublish(p);
+    this.moveOff(c, owner);
+    return true;
+  }
+
+  /** Moves the connection off c: to owner if named and it has not refused a
+   * publish lately, else to the next known node that has not (else the next). */
+  private moveOff(c: Conn, owner: string): void {
+    if (this.moving || this.conn !== c || c.closed) return;
+    this.moving = true;
+    const now = this.now();
+    const fresh = (a: string) => now - (this.refusedBy.get(a) ?? -Infinity) >= SHUN_MS;
+    const all = [this.addr, ...this.learned];
+    let next = owner && owner !== this.target && fresh(owner) ? owner : "";
+    if (next) this.learn(next);
+    else {
+      const i = all.indexOf(this.target);
+      const order = [...all.slice(i + 1), ...all.slice(0, i + 1)];
+      next = order.find((a) => a !== this.target && fresh(a)) ?? order[0]!;
+    }
+    const pause = Math.min(MOVE_PAUSE_MIN_MS * 2 ** Math.min(this.refusals, 10), MOVE_PAUSE_MAX_MS);
+    this.refusals++;
+    this.log("moving", { from: this.target, to: next, pauseMs: pause });
+    setTimeout(() => {
+      this.moving = false;
+      if (this.closed || this.conn !== c || c.closed) return;
+      this.target = next;
+      c.close(new ConnectionLostError(`leaving a node that refused a publish for ${next}`));
+    }, pause).unref?.();
   }
 
   private async publishOn(head: Uint8Array, payload: Uint8Array, signal: AbortSignal | undefined, state: { sent: boolean }): Promise<PublishResult> {
@@ -937,6 +1075,7 @@ export class Client {
           return;
         }
         finish();
+        this.refusals = 0;
         let offset: number;
         try {
           offset = safeNumber("offset", r.body.offset);
@@ -952,6 +1091,8 @@ export class Client {
           this.holdPublish(p);
           return;
         }
+        // A cluster node that cannot take it: held, and sent to another node.
+        if (this.refused(e, c, p, () => { finish(); p.reject(e); })) return;
         finish();
         p.reject(e);
       },
@@ -1333,7 +1474,14 @@ export class Client {
     if (c.draining) return;
     c.draining = true;
     c.awayDeadline = Number(b.deadline_ms);
-    this.log("going_away", { addr: this.addr, reason: b.reason });
+    this.log("going_away", { addr: this.addr, reason: b.reason, redirect: b.redirect });
+    if (typeof b.redirect === "string" && b.redirect !== "" && b.redirect.length <= 512) {
+      // A cluster node names one that stays up: the next connection goes
+      // there, not back to this node.
+      this.clustered = true;
+      this.learn(b.redirect);
+      this.target = b.redirect;
+    }
     this.emitStatus({ type: "going_away", reason: b.reason, deadlineMs: Number(b.deadline_ms) });
     const wait = Math.max(0, Math.min(c.awayDeadline - this.now(), GOING_AWAY_WAIT_MAX_MS));
     const deadline = setTimeout(() => c.close(new BrokerError(Code.SHUTTING_DOWN, "broker going away")), wait);
