@@ -44,7 +44,7 @@ func (p *Partition) run() {
 	timer.Stop()
 	batch := make([]command, 0, 64)
 	for {
-		inbox := p.inbox
+		inbox := p.inbox.ready
 		if len(p.open.replies) >= stageCommandsMax || len(p.committing) >= committingStagesMax {
 			// Backpressure: the open stage is full until the sync under
 			// way returns, or too many stages wait for a quorum; the
@@ -63,8 +63,8 @@ func (p *Partition) run() {
 		}
 		fromInbox := false
 		select {
-		case c := <-inbox:
-			batch = append(batch, c)
+		case <-inbox:
+			batch = p.inbox.take(batch, batchMax-len(batch))
 			fromInbox = true
 		case res := <-p.synced:
 			p.synced1(res)
@@ -89,14 +89,8 @@ func (p *Partition) run() {
 			p.refusePurges(ErrClosed)
 			return
 		}
-	fill:
-		for inbox != nil && len(batch) < batchMax {
-			select {
-			case c := <-inbox:
-				batch = append(batch, c)
-			default:
-				break fill
-			}
+		if inbox != nil && len(batch) < batchMax {
+			batch = p.inbox.take(batch, batchMax-len(batch))
 		}
 		if fromInbox && p.deferTurn(len(batch)) {
 			// Kept for the turn after the sync under way.
@@ -378,11 +372,12 @@ func (p *Partition) checkpointed(res ckptResult) {
 // new sends.
 func (p *Partition) drainClosed() {
 	for {
-		select {
-		case c := <-p.inbox:
-			refuse(c, ErrClosed)
-		default:
+		cs := p.inbox.take(nil, batchMax)
+		if len(cs) == 0 {
 			return
+		}
+		for _, c := range cs {
+			refuse(c, ErrClosed)
 		}
 	}
 }

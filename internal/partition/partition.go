@@ -412,7 +412,7 @@ type Partition struct {
 
 	sendMu sync.RWMutex
 	closed bool
-	inbox  chan command
+	inbox  *inbox
 
 	ctlMu sync.Mutex
 	ctl   []control
@@ -623,7 +623,7 @@ func newPartition(cfg Config) *Partition {
 	p := &Partition{
 		cfg:         cfg,
 		logger:      cfg.Logger.With("topic", cfg.Topic, "group", cfg.Group, "partition", cfg.Index),
-		inbox:       make(chan command, cfg.InboxMax),
+		inbox:       newInbox(cfg.InboxMax),
 		wake:        make(chan struct{}, 1),
 		syncReq:     make(chan struct{}, 1),
 		synced:      make(chan syncResult, 1),
@@ -780,11 +780,9 @@ func (p *Partition) send(c command, refuse func(error)) {
 		refuse(ErrClosed)
 		return
 	}
-	select {
-	case p.inbox <- c:
-		p.sendMu.RUnlock()
-	default:
-		p.sendMu.RUnlock()
+	ok := p.inbox.put(c)
+	p.sendMu.RUnlock()
+	if !ok {
 		refuse(ErrInboxFull)
 	}
 }
