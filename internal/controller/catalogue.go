@@ -2,9 +2,11 @@ package controller
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"sort"
 	"time"
@@ -388,6 +390,20 @@ const replaceAfterTicks = 60
 //     (ReplicationWant), when every replica it has is live and no move is
 //     under way: a queue created while the cluster formed grows to it.
 func (c *Controller) planRecovery(view []Member) error {
+	// The plan depends on the table, the view and, while a node is dead
+	// or newly live, the clock. With none of them changed since a plan
+	// that found nothing to do, it would find nothing again: skip it
+	// (a leader runs this every turn, and it reads every placement).
+	sig := viewSignature(view)
+	if c.planIdle && c.planApplied == c.applied && c.planView == sig && len(c.proposed) == 0 {
+		return nil
+	}
+	before := len(c.proposed)
+	pending := false
+	defer func() {
+		c.planApplied, c.planView = c.applied, sig
+		c.planIdle = !pending && len(c.proposed) == before
+	}()
 	live := map[uint64]bool{}
 	for _, m := range view {
 		switch {
@@ -404,6 +420,17 @@ func (c *Controller) planRecovery(view []Member) error {
 		}
 		if !live[m.RaftID] {
 			delete(c.liveSince, m.RaftID)
+		}
+	}
+	// A dead node's grace, or a live one's hold-off before rebalancing,
+	// is counted in ticks: the plan runs again at every turn until they
+	// have passed.
+	if len(c.deadSince) > 0 {
+		pending = true
+	}
+	for _, since := range c.liveSince {
+		if c.tickN < since+rebalanceAfterTicks {
+			pending = true
 		}
 	}
 	// Candidates to take a replica: the least loaded first (replicas
@@ -473,6 +500,27 @@ func (c *Controller) planRecovery(view []Member) error {
 		return c.planRebalance(members, live, load)
 	}
 	return nil
+}
+
+// viewSignature hashes what the plan reads from a membership view: each
+// member's raft id and whether it is dead or gone, in any order.
+func viewSignature(view []Member) uint64 {
+	var sum uint64
+	var b [10]byte
+	for _, m := range view {
+		binary.LittleEndian.PutUint64(b[:8], m.RaftID)
+		b[8], b[9] = 0, 0
+		if m.Dead {
+			b[8] = 1
+		}
+		if m.Gone {
+			b[9] = 1
+		}
+		h := fnv.New64a()
+		h.Write(b[:])
+		sum += h.Sum64()
+	}
+	return sum
 }
 
 // rebalanceAfterTicks is how long every member must have been live before

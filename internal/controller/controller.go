@@ -152,15 +152,20 @@ type Controller struct {
 	deadSince map[uint64]uint64   // raft id -> tick when membership first held it dead
 	liveSince map[uint64]uint64   // raft id -> tick since when membership has held it live
 	rf        int                 // Config.ReplicationFactor with its default
-	lagSince  map[uint64]uint64   // raft id -> tick when a learner was first seen behind (reconcileConf)
-	lagWarned map[uint64]bool     // learners passed over whose lag was logged
-	tickN     uint64              // ticks taken
-	leads     bool
-	status    atomic.Pointer[Status]
-	failed    error
-	changed   chan struct{} // closed and replaced whenever Status changes
-	changedMu sync.Mutex
-	closeOnce sync.Once
+	// planApplied and planView are the applied index and view signature
+	// of the last recovery plan; planIdle is set when it proposed
+	// nothing and waited on no clock (planRecovery skips the next then).
+	planApplied, planView uint64
+	planIdle              bool
+	lagSince              map[uint64]uint64 // raft id -> tick when a learner was first seen behind (reconcileConf)
+	lagWarned             map[uint64]bool   // learners passed over whose lag was logged
+	tickN                 uint64            // ticks taken
+	leads                 bool
+	status                atomic.Pointer[Status]
+	failed                error
+	changed               chan struct{} // closed and replaced whenever Status changes
+	changedMu             sync.Mutex
+	closeOnce             sync.Once
 	// snap is the last snapshot (zero: none yet), snapData its encoding.
 	snap     snap
 	snapData []byte

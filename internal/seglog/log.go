@@ -460,6 +460,7 @@ func (l *Log) appendLocked(term uint64, typ uint8, payload []byte, pc uint32) (u
 		l.marks = append(l.marks, mark{pos: len(l.buf), lsn: lsn, off: l.tailOff})
 		l.lastIdxOff = l.tailOff
 	}
+	wasClean := len(l.buf) == 0
 	l.buf = appendRecord(l.buf, lsn, term, typ, payload, pc)
 	l.tailOff += recBytes
 	l.nextLSN++
@@ -467,8 +468,11 @@ func (l *Log) appendLocked(term uint64, typ uint8, payload []byte, pc uint32) (u
 		l.terms = append(l.terms, termRun{first: lsn, term: term})
 		l.lastTerm = term
 	}
-	if len(l.buf) >= l.opts.BufferBytes/2 {
-		l.kickCommitter() // start writing early so appenders rarely block
+	if len(l.buf) >= l.opts.BufferBytes/2 || wasClean && l.opts.Sync != SyncAlways {
+		// Start writing early so appenders rarely block; or, on a log
+		// that writes on its interval, have the committer watch its
+		// ticker now that something waits (a clean log does not wake).
+		l.kickCommitter()
 	}
 	return lsn, nil
 }
@@ -522,9 +526,20 @@ func (l *Log) run() {
 	}
 	for {
 		force := false
+		// The ticker matters only while something waits to be written
+		// or synced: an idle log does not wake on it (a ticker's channel
+		// that no one receives from costs nothing), so an idle partition
+		// costs no CPU. The append that dirties a clean log kicks.
+		l.mu.Lock()
+		dirty := len(l.buf) > 0 || l.opts.Sync == SyncInterval && l.writtenLSN > l.durableLSN
+		l.mu.Unlock()
+		tickC := tick
+		if !dirty {
+			tickC = nil
+		}
 		select {
 		case <-l.kick:
-		case <-tick:
+		case <-tickC:
 			force = true
 		}
 		for l.commitOnce(force) {

@@ -351,6 +351,44 @@ func TestSyncIntervalUsesInjectedTicker(t *testing.T) {
 	l.mu.Unlock()
 }
 
+// A clean log does not take its ticks: with nothing buffered, a tick is
+// not received (an idle partition's log costs no wakeups); the append that
+// dirties it makes the committer take the next one.
+func TestCleanLogTakesNoTick(t *testing.T) {
+	fs := vfs.NewMem()
+	ticks := make(chan time.Time)
+	o := memOpts(fs)
+	o.Sync = SyncManual
+	o.NewTicker = func(time.Duration) (<-chan time.Time, func()) { return ticks, func() {} }
+	l := openT(t, o)
+	defer l.Close()
+	lsn, err := l.Append(0, []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ticks <- time.Time{}
+	l.mu.Lock()
+	for l.writtenLSN < lsn {
+		l.cond.Wait()
+	}
+	l.mu.Unlock()
+	select {
+	case ticks <- time.Time{}:
+		t.Fatal("a clean log took a tick")
+	case <-time.After(50 * time.Millisecond): // no receiver: the committer waits on kick alone
+	}
+	lsn2, err := l.Append(0, []byte("y"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ticks <- time.Time{} // taken: the log is dirty again
+	l.mu.Lock()
+	for l.writtenLSN < lsn2 {
+		l.cond.Wait()
+	}
+	l.mu.Unlock()
+}
+
 // TestSyncManualWritesOnTicksAndSyncsOnlyWhenAsked: under SyncManual an
 // appended record is written to the OS at the next tick without an
 // fdatasync, and becomes durable only through Sync.
@@ -367,8 +405,12 @@ func TestSyncManualWritesOnTicksAndSyncsOnlyWhenAsked(t *testing.T) {
 		t.Fatal(err)
 	}
 	ticks <- time.Time{}
-	ticks <- time.Time{} // the first tick's write is done once the second is taken
+	// Wait for the committer to act on the tick (a clean log does not
+	// take the next one).
 	l.mu.Lock()
+	for l.writtenLSN < lsn {
+		l.cond.Wait()
+	}
 	written, durable := l.writtenLSN, l.durableLSN
 	l.mu.Unlock()
 	if written < lsn || durable >= lsn {
