@@ -27,8 +27,6 @@ func (p *Partition) run() {
 	defer close(p.stopped)
 	syncerDone := make(chan struct{})
 	go p.syncer(syncerDone)
-	ckptDone := make(chan struct{})
-	go p.checkpointer(ckptDone)
 	defer func() {
 		close(p.syncReq)
 		<-syncerDone
@@ -37,8 +35,6 @@ func (p *Partition) run() {
 		if p.ckptBusy {
 			p.checkpointed(<-p.ckptDone)
 		}
-		close(p.ckptReq)
-		<-ckptDone
 	}()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -313,8 +309,7 @@ func (p *Partition) periodicCheckpoint() {
 	if !ok {
 		return
 	}
-	p.ckptBusy = true
-	p.ckptReq <- j
+	p.startCheckpoint(j)
 }
 
 // replicatedCheckpoint is periodicCheckpoint on the leader of a larger
@@ -335,8 +330,7 @@ func (p *Partition) replicatedCheckpoint() {
 		return
 	}
 	p.ckptHold = false
-	p.ckptBusy = true
-	p.ckptReq <- j
+	p.startCheckpoint(j)
 	if _, err := p.relocate(); err != nil {
 		p.fail(err, nil)
 	}

@@ -231,15 +231,17 @@ func (p *Partition) checkpointWritten(j ckptJob) {
 	p.sinceCkpt = max(p.sinceCkpt-j.records, 0)
 }
 
-// checkpointer writes the checkpoints the actor takes, one at a time, so
-// that the file write, its fsyncs and the segment deletions of retention
-// never run on the actor goroutine. It owns nothing: each job carries its
-// bytes, and the answer goes back to the actor (ckptDone).
-func (p *Partition) checkpointer(done chan<- struct{}) {
-	defer close(done)
-	for j := range p.ckptReq {
+// startCheckpoint writes checkpoint j on a goroutine of its own, so that
+// the file write, its fsyncs and the segment deletions of retention never
+// run on the actor goroutine; one at a time (ckptBusy). The goroutine owns
+// nothing: the job carries its bytes, and the answer goes back to the actor
+// (ckptDone). It lives for one checkpoint: an idle partition keeps no
+// goroutine for them.
+func (p *Partition) startCheckpoint(j ckptJob) {
+	p.ckptBusy = true
+	go func() {
 		p.ckptDone <- ckptResult{job: j, err: p.writeCheckpoint(j)}
-	}
+	}()
 }
 
 // loadCheckpoint reads the checkpoint (if any) into a fresh queue state

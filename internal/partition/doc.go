@@ -7,15 +7,17 @@
 // seglog.Log, keeps its timers, its
 // consumer list, its cache of recent payloads (which another partition's
 // goroutine may make give back, under its lock, when the node's budget is
-// full: see cache.go) and its dead-letter bookkeeping. Beside it run two goroutines that own nothing: a syncer,
+// full: see cache.go) and its dead-letter bookkeeping. Beside it run goroutines that own nothing: a syncer,
 // which on request makes the log durable (persist) and reports back, so the
-// actor can work while the disk syncs; and a checkpointer, which writes the
-// checkpoints the actor takes (see Durability). Other goroutines reach the
+// actor can work while the disk syncs; and, while one is under way, a
+// checkpointer, which writes the checkpoint the actor took (see
+// Durability) and ends. Other goroutines reach the
 // actor through:
 //
-//   - the inbox, a bounded channel of publishes, settles and purges. A full inbox is
-//     answered at once with ErrInboxFull (CodeResourceExhausted); it never
-//     grows.
+//   - the inbox, a bounded queue of publishes, settles and purges, whose
+//     buffer grows as they arrive (an idle partition reserves none). A
+//     full inbox (Config.InboxMax waiting) is answered at once with
+//     ErrInboxFull (CodeResourceExhausted); it never holds more.
 //   - the control list: attach, detach, dead-letter confirmations, claims
 //     of recovered leases and configuration changes, which must not be
 //     refused for lack of room. Each comes from a bounded source (one per

@@ -452,11 +452,10 @@ type Partition struct {
 	// ckptHold: a replicated leader's checkpoint is due and waits for its
 	// entries to be committed; the actor takes no command meanwhile.
 	ckptHold bool
-	// ckptBusy: a checkpoint is with the checkpointer goroutine. ckptReq
-	// and ckptDone connect the two; each holds at most one job, since at
-	// most one is under way.
+	// ckptBusy: a checkpoint is with its checkpointer goroutine
+	// (startCheckpoint), which answers on ckptDone; at most one is under
+	// way.
 	ckptBusy bool
-	ckptReq  chan ckptJob
 	ckptDone chan ckptResult
 	// idleShrunkMs is the lastBusyMs of the quiet spell in which the
 	// partition last gave back memory (shrinkIdle), so it does so once
@@ -627,7 +626,6 @@ func newPartition(cfg Config) *Partition {
 		wake:        make(chan struct{}, 1),
 		syncReq:     make(chan struct{}, 1),
 		synced:      make(chan syncResult, 1),
-		ckptReq:     make(chan ckptJob, 1),
 		ckptDone:    make(chan ckptResult, 1),
 		stop:        make(chan struct{}),
 		stopped:     make(chan struct{}),
