@@ -25,11 +25,16 @@ import (
 // run while the disk syncs. See "The pipeline" in doc.go.
 func (p *Partition) run() {
 	defer close(p.stopped)
-	syncerDone := make(chan struct{})
-	go p.syncer(syncerDone)
 	defer func() {
-		close(p.syncReq)
-		<-syncerDone
+		if p.syncerUp {
+			// A sync under way finishes first; its answer waits in
+			// synced.
+			close(p.syncReq)
+			p.syncerUp = false
+		}
+		if p.syncerDone != nil {
+			<-p.syncerDone
+		}
 		// Close writes the last checkpoint itself: the one under way
 		// is awaited first.
 		if p.ckptBusy {
@@ -115,9 +120,11 @@ func (p *Partition) deferTurn(n int) bool {
 
 // syncer makes stages durable (persist) on request, so the actor can run
 // the next turns while fdatasync runs. At most one request is outstanding.
-func (p *Partition) syncer(done chan<- struct{}) {
+// It runs from the first sync after the partition was idle until it is
+// idle again (stopSyncer): an idle partition keeps no syncer.
+func (p *Partition) syncer(req <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
-	for range p.syncReq {
+	for range req {
 		// The actor does not touch the syncing stage until it has the
 		// answer, so reading its size here is safe.
 		records, start := p.syncing.records, time.Now()
@@ -154,7 +161,22 @@ func (p *Partition) startSync() {
 	}
 	p.syncing = p.takeOpen()
 	p.syncBusy = true
+	if !p.syncerUp {
+		p.syncReq, p.syncerDone = make(chan struct{}, 1), make(chan struct{})
+		p.syncerUp = true
+		go p.syncer(p.syncReq, p.syncerDone)
+	}
 	p.syncReq <- struct{}{}
+}
+
+// stopSyncer ends the syncer goroutine when no sync is under way (actor
+// only): the partition is idle, or stopping. The next startSync starts
+// another.
+func (p *Partition) stopSyncer() {
+	if p.syncerUp && !p.syncBusy {
+		close(p.syncReq)
+		p.syncerUp = false
+	}
 }
 
 // synced1 handles the syncer's answer for the syncing stage: its storage
@@ -455,6 +477,9 @@ func (p *Partition) arm(timer *time.Timer) {
 		}
 	}
 	if !ok {
+		// Nothing due: the partition is idle until a command, a control
+		// message or raft wakes it.
+		p.stopSyncer()
 		return
 	}
 	if at <= now {

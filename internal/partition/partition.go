@@ -444,6 +444,11 @@ type Partition struct {
 	raftDriver
 	syncReq chan struct{}
 	synced  chan syncResult
+	// syncerUp is set while a syncer goroutine runs (startSync starts
+	// one, stopSyncer ends it once the partition is idle); syncerDone is
+	// closed when the last one started has ended.
+	syncerUp   bool
+	syncerDone chan struct{}
 	// ckptFailures counts failed checkpoints since Open, ckptStreak the
 	// consecutive ones; no checkpoint is tried before ckptRetryAtMs.
 	ckptFailures  uint64
@@ -624,7 +629,6 @@ func newPartition(cfg Config) *Partition {
 		logger:      cfg.Logger.With("topic", cfg.Topic, "group", cfg.Group, "partition", cfg.Index),
 		inbox:       newInbox(cfg.InboxMax),
 		wake:        make(chan struct{}, 1),
-		syncReq:     make(chan struct{}, 1),
 		synced:      make(chan syncResult, 1),
 		ckptDone:    make(chan ckptResult, 1),
 		stop:        make(chan struct{}),

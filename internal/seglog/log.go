@@ -260,6 +260,10 @@ type Log struct {
 	lastTerm uint64
 
 	kick chan struct{} // cap 1: "there may be work"
+	// running is set while the committer goroutine runs (under mu): it
+	// ends once the log is clean and nothing waits on it, and the next
+	// kick starts it again, so an idle log holds no goroutine.
+	running bool
 	done chan struct{} // closed when the committer returns
 
 	segMu sync.RWMutex
@@ -309,7 +313,6 @@ func Open(opts Options) (*Log, error) {
 		l.closeFiles()
 		return nil, err
 	}
-	go l.run()
 	return l, nil
 }
 
@@ -513,11 +516,32 @@ func (l *Log) kickCommitter() {
 	case l.kick <- struct{}{}:
 	default:
 	}
+	if !l.running {
+		l.running = true
+		go l.run()
+	}
+}
+
+// idleLocked reports whether the committer has nothing to do and nothing
+// to wait for: nothing buffered, written or synced short of what was
+// asked, no op or rotation pending, not closing and no kick waiting.
+// Caller holds mu.
+func (l *Log) idleLocked() bool {
+	if l.err != nil {
+		return !l.closing
+	}
+	return len(l.buf) == 0 && len(l.kick) == 0 && l.op == nil && !l.rotating && !l.closing &&
+		l.wantWritten <= l.writtenLSN && l.wantDurable <= l.durableLSN &&
+		(l.opts.Sync != SyncInterval || l.writtenLSN <= l.durableLSN)
 }
 
 // run is the committer goroutine. It owns writes to segment files.
+//
+// It runs while there is work: once the log is clean and nothing waits on
+// it (idleLocked), it ends, and the next kick starts it again (the append
+// that dirties a clean log kicks), so an idle partition's log holds no
+// goroutine and takes no tick. Close's kick runs it one last time.
 func (l *Log) run() {
-	defer close(l.done)
 	var tick <-chan time.Time
 	if l.opts.Sync == SyncInterval || l.opts.Sync == SyncManual {
 		c, stop := l.opts.NewTicker(time.Duration(l.opts.SyncIntervalMs) * time.Millisecond)
@@ -526,13 +550,16 @@ func (l *Log) run() {
 	}
 	for {
 		force := false
-		// The ticker matters only while something waits to be written
-		// or synced: an idle log does not wake on it (a ticker's channel
-		// that no one receives from costs nothing), so an idle partition
-		// costs no CPU. The append that dirties a clean log kicks.
 		l.mu.Lock()
+		if l.idleLocked() {
+			l.running = false
+			l.mu.Unlock()
+			return
+		}
 		dirty := len(l.buf) > 0 || l.opts.Sync == SyncInterval && l.writtenLSN > l.durableLSN
 		l.mu.Unlock()
+		// The ticker matters only while something waits to be written
+		// or synced.
 		tickC := tick
 		if !dirty {
 			tickC = nil
@@ -561,8 +588,10 @@ func (l *Log) run() {
 			}
 			l.mu.Lock()
 			l.exited = true
+			l.running = false
 			l.cond.Broadcast()
 			l.mu.Unlock()
+			close(l.done)
 			return
 		}
 		l.mu.Unlock()
