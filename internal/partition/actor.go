@@ -43,7 +43,9 @@ func (p *Partition) run() {
 	}()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	batch := make([]command, 0, 64)
+	// On the heap: a command array in this frame would make every
+	// actor's stack 32 KiB for good, idle or not.
+	batch := newBatch()
 	for {
 		inbox := p.inbox.ready
 		if len(p.open.replies) >= stageCommandsMax || len(p.committing) >= committingStagesMax {
@@ -99,12 +101,26 @@ func (p *Partition) run() {
 		}
 		p.turn(batch)
 		clear(batch) // drop references to payloads and callbacks
-		batch = batch[:0]
+		if cap(batch) > batchKeepCap && len(batch) < cap(batch)/8 {
+			// A burst grew it and the load fell: let it go.
+			batch = newBatch()
+		} else {
+			batch = batch[:0]
+		}
 		p.startSync()
 		p.afterTurn()
 		p.arm(timer)
 	}
 }
+
+// newBatch returns the actor's command batch, allocated on the heap.
+//
+//go:noinline
+func newBatch() []command { return make([]command, 0, 16) }
+
+// batchKeepCap is the batch capacity an actor keeps however light its
+// load; a larger one goes once a turn uses less than an eighth of it.
+const batchKeepCap = 64
 
 // deferTurn reports whether the commands taken so far (n of them) wait
 // for the sync under way to return before their turn, on a group of one.
