@@ -31,6 +31,15 @@ type Quieter interface {
 	Quiet() bool
 }
 
+// Waker is a Quieter that says when it stops being quiet: the host hands
+// it wake, which it calls (from any goroutine, after Quiet turned false)
+// when it needs ticks again. A quiet Waker then costs the host nothing at
+// a tick, not even a Quiet call: the host asks only the groups it does
+// not know quiet.
+type Waker interface {
+	UseWake(wake func())
+}
+
 // LivenessWatcher is a Group told, on the host loop, which peer nodes
 // changed liveness (Live turned true or false) since the last host tick.
 // A quiet group whose replicas sit on one of them wakes: a follower whose
@@ -139,6 +148,9 @@ type slot struct {
 	busy    []*raftpb.Message // the batch Process is stepping, outside mu
 	queued  bool              // in h.ready
 	removed bool
+	waker   bool // g is a Waker: a quiet one leaves the awake list
+	inAwake bool // in h.awake (host loop only)
+	pending bool // in h.woken (under h.wokenMu)
 }
 
 // Host drives every raft group replica on one node: one tick for all
@@ -167,6 +179,13 @@ type Host struct {
 	down       map[uint64]bool   // peer nodes membership reports dead or left (SetPeerDown)
 	wasLive    map[uint64]bool   // Live of each known peer at the last tick
 	tickN      uint64            // host ticks so far
+
+	// awake lists the groups Tick asks (host loop only): every group
+	// but the quiet Wakers. woken holds the groups added, or woken since
+	// the last tick, that Tick moves there.
+	awake   []*slot
+	wokenMu sync.Mutex
+	woken   []*slot
 
 	ticks, groupTicks, quietSkips         atomic.Uint64
 	received, inboxDropped, unknownGroup  atomic.Uint64
@@ -228,6 +247,11 @@ func (h *Host) AddGroup(id uint64, g Group) error {
 	if u, ok := g.(LiveUser); ok {
 		u.UseLive(h.Live)
 	}
+	if w, ok := g.(Waker); ok && s.quiet != nil {
+		s.waker = true
+		w.UseWake(func() { h.woke(s) })
+	}
+	h.woke(s)
 	h.slots[id] = s
 	i, _ := slices.BinarySearchFunc(h.order, id, func(s *slot, id uint64) int {
 		switch {
@@ -424,17 +448,54 @@ func (h *Host) Tick() {
 			}
 		}
 	}
-	var ticked, skipped uint64
-	for _, s := range order {
-		if s.quiet != nil && s.quiet.Quiet() {
-			skipped++
-			continue
-		}
-		s.g.Tick()
-		ticked++
+	h.wokenMu.Lock()
+	woken := h.woken
+	h.woken = nil
+	for _, s := range woken {
+		s.pending = false
 	}
+	h.wokenMu.Unlock()
+	for _, s := range woken {
+		if !s.inAwake && !s.removed {
+			s.inAwake = true
+			h.awake = append(h.awake, s)
+		}
+	}
+	var ticked uint64
+	n := 0
+	for _, s := range h.awake {
+		switch {
+		case s.removed:
+			s.inAwake = false
+			continue
+		case s.quiet != nil && s.quiet.Quiet():
+			if s.waker {
+				// It says when it wakes (woke); a wake after this
+				// Quiet call puts it back at the next tick.
+				s.inAwake = false
+				continue
+			}
+		default:
+			s.g.Tick()
+			ticked++
+		}
+		h.awake[n] = s
+		n++
+	}
+	clear(h.awake[n:])
+	h.awake = h.awake[:n]
 	h.groupTicks.Add(ticked)
-	h.quietSkips.Add(skipped)
+	h.quietSkips.Add(uint64(len(order)) - ticked)
+}
+
+// woke puts s on the list Tick moves to the awake ones (any goroutine).
+func (h *Host) woke(s *slot) {
+	h.wokenMu.Lock()
+	if !s.pending {
+		s.pending = true
+		h.woken = append(h.woken, s)
+	}
+	h.wokenMu.Unlock()
 }
 
 // Process steps every queued inbound message into its group, in arrival

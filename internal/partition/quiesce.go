@@ -28,6 +28,22 @@ type quiescer struct {
 	// preferred is the preferred owner Reconfigure last named (the
 	// actor's preferred, for quietPlaced).
 	preferred atomic.Uint64
+	// wake is the host's (UseWake): called when quiet turns false, so
+	// that the host ticks the group again.
+	wake atomic.Pointer[func()]
+}
+
+// UseWake implements multiraft.Waker: the host hands over the function
+// that puts the group back among those it ticks.
+func (p *Partition) UseWake(wake func()) { p.qz.wake.Store(&wake) }
+
+// unquiet clears quiet and, if it was set, tells the host.
+func (p *Partition) unquiet() {
+	if p.qz.quiet.Swap(false) {
+		if w := p.qz.wake.Load(); w != nil {
+			(*w)()
+		}
+	}
 }
 
 // UseLive implements multiraft.LiveUser: the host hands over its Live.
@@ -50,7 +66,7 @@ func (p *Partition) LivenessChanged(nodes []uint64) {
 		return
 	}
 	p.qz.wakeReq.Store(true)
-	p.qz.quiet.Store(false)
+	p.unquiet()
 	p.Poke()
 }
 
@@ -70,7 +86,7 @@ func anyIn(nodes []uint64, sets ...[]uint64) bool {
 // change, a leadership transfer, a placement step).
 func (p *Partition) wakeQuiet() {
 	p.qz.policy.Wake()
-	p.qz.quiet.Store(false)
+	p.unquiet()
 }
 
 // quiesceTurn runs at a turn with host ticks, before raft takes them, and
@@ -92,7 +108,11 @@ func (p *Partition) quiesceTurn() bool {
 		return false
 	}
 	q := p.qz.policy.Quiet(p.rn, last, *live)
-	p.qz.quiet.Store(q)
+	if q {
+		p.qz.quiet.Store(true)
+	} else {
+		p.unquiet()
+	}
 	return q
 }
 
@@ -113,7 +133,7 @@ func (p *Partition) quiesceObserve(m *raftpb.Message) {
 	was := p.qz.policy.Quiesced()
 	p.qz.policy.Observe(m, p.rn.BasicStatus().Lead)
 	if was && !p.qz.policy.Quiesced() {
-		p.qz.quiet.Store(false)
+		p.unquiet()
 	}
 }
 
