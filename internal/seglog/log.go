@@ -264,7 +264,7 @@ type Log struct {
 	// ends once the log is clean and nothing waits on it, and the next
 	// kick starts it again, so an idle log holds no goroutine.
 	running bool
-	done chan struct{} // closed when the committer returns
+	done    chan struct{} // closed when the committer returns
 
 	segMu sync.RWMutex
 	segs  []*segment // ascending base; the last is active
