@@ -222,7 +222,10 @@ func (e *endpoint) inUse() bool {
 // restores subscriptions. Operations pick the current connection with acquire.
 // mu guards every field below it; lock order is endpoint.mu, then conn.mu.
 type endpoint struct {
-	addr   string
+	addr string
+	// single is set while the last HELLO_OK said the node runs alone
+	// (its cluster field false or absent).
+	single atomic.Bool
 	o      *options
 	window *window
 	busy   *tracker // settles in progress, for Close's drain
@@ -610,6 +613,9 @@ func (e *endpoint) connect(ctx context.Context) (*conn, error) {
 	}
 
 	c := newConn(e, nc, hello, epoch, subs)
+	// The node says whether it runs in a cluster: a single broker needs
+	// no METADATA probe (router.probeNow).
+	e.single.Store(!hello.Cluster)
 	c.run()
 	if err := e.restore(ctx, c, resumed); err != nil {
 		c.close(err)

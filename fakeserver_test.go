@@ -238,11 +238,18 @@ func (b *fakeBroker) handle(c *fConn, f protocol.Frame, body protocol.Body) bool
 		}
 		s.conn = c
 		c.sess = s
+		// A fake answering METADATA as a cluster node says it is one.
+		clustered := false
+		if b.metadata != nil {
+			mr, ok := b.metadata(&protocol.Metadata{}).(*protocol.MetadataResult)
+			clustered = ok && mr.Cluster
+		}
 		c.write(0, id, &protocol.HelloOK{ProtocolVersion: 1, ServerVersion: "fake",
 			Resume:  protocol.ResumeIdentity{ClientID: s.id, OwnerID: "fake", Token: []byte(s.token)},
 			Outcome: outcome, ServerGeneration: b.generation, HeartbeatMs: b.heartbeat, ReconnectGraceMs: 5000,
 			Limits: protocol.Limits{FrameBytesMax: 1 << 20, BodyBytesMax: 1 << 19, PrefetchMax: 1000,
-				SettleBatchMax: 64, PublishInflightMax: b.inflight, SubscriptionsMax: 64}})
+				SettleBatchMax: 64, PublishInflightMax: b.inflight, SubscriptionsMax: 64},
+			Cluster: clustered})
 		b.dispatchAll()
 		return true
 	}

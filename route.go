@@ -357,6 +357,11 @@ func (r *router) probeNow(ctx context.Context, topic, group string) int32 {
 	if st := r.probe.Load(); st != probeUnknown {
 		return st
 	}
+	if r.c.ep.single.Load() {
+		// Its HELLO_OK said it runs alone: nothing to ask.
+		r.probe.CompareAndSwap(probeUnknown, probeSingle)
+		return r.probe.Load()
+	}
 	actx, cancel := context.WithTimeout(ctx, metadataAskTimeout)
 	md, err := r.c.ep.metadata(actx, topic, group)
 	cancel()

@@ -138,6 +138,10 @@ type HelloOK struct {
 	HeartbeatMs      uint32 // send something at least this often; silence for 3x this closes the connection
 	ReconnectGraceMs uint32 // how long a dropped session stays resumable; 0 = not at all
 	Limits           Limits
+	// Cluster (appended field) is set when the node runs in a cluster:
+	// a client dialled with one address asks it METADATA to learn the
+	// others. A server that does not send it runs alone.
+	Cluster bool
 }
 
 // Ping asks the peer to answer with Pong. The request id is echoed.
@@ -473,6 +477,7 @@ func (m *HelloOK) AppendBody(b []byte) []byte {
 	for _, v := range []uint32{l.FrameBytesMax, l.BodyBytesMax, l.PrefetchMax, l.SettleBatchMax, l.PublishInflightMax, l.SubscriptionsMax} {
 		e.uvarint(uint64(v))
 	}
+	e.boolean(m.Cluster)
 	return e.b
 }
 func (m *HelloOK) decode(d *dec) {
@@ -489,6 +494,9 @@ func (m *HelloOK) decode(d *dec) {
 	m.ReconnectGraceMs = d.at("reconnect_grace_ms").u32()
 	d.at("limits")
 	m.Limits = Limits{d.u32(), d.u32(), d.u32(), d.u32(), d.u32(), d.u32()}
+	if d.optional() {
+		m.Cluster = d.at("cluster").boolean()
+	}
 }
 
 func (*Ping) Op() Op                     { return OpPing }

@@ -381,7 +381,7 @@ func (c *conn) hello(f protocol.Frame) error {
 		return session.Outbound{RequestID: f.RequestID, Body: &protocol.HelloOK{
 			ProtocolVersion: protocol.Version, ServerVersion: cfg.ServerVersion, Resume: id, Outcome: outcome,
 			ServerGeneration: c.srv.generation, HeartbeatMs: uint32(hb), ReconnectGraceMs: uint32(c.srv.reg.ReconnectGraceMs()),
-			Limits: cfg.limits(),
+			Limits: cfg.limits(), Cluster: cfg.Cluster,
 		}}
 	}
 	sess, outcome, err := c.srv.reg.Open(h.Resume, c.principal.Owner(), c.w, c.id, helloOK)

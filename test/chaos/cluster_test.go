@@ -101,7 +101,7 @@ func loopbackNet(t *testing.T) clusterNet {
 
 // startClusterNodes starts three nodes; the first bootstraps the controller
 // group, and every node names the others as gossip seeds on a restart.
-func startClusterNodes(t *testing.T, bin, base string, cn clusterNet) []*harness.Broker {
+func startClusterNodes(t *testing.T, bin, base string, cn clusterNet, firstWithoutSeeds bool) []*harness.Broker {
 	t.Helper()
 	var nodes []*harness.Broker
 	for i, nn := range cn.nodes {
@@ -115,7 +115,10 @@ func startClusterNodes(t *testing.T, bin, base string, cn clusterNet) []*harness
 		b := newClusterNode(t, bin, filepath.Join(base, fmt.Sprintf("n%d", i+1)), nn, func() []string {
 			// The first node's first start bootstraps the controller;
 			// every later start joins through the others.
-			if i > 0 || started {
+			// With firstWithoutSeeds, the first node keeps its first
+			// command line on every restart: it rejoins through the
+			// peers its own node table records.
+			if i > 0 || started && !firstWithoutSeeds {
 				return others
 			}
 			return nil
@@ -374,6 +377,88 @@ func TestClusterOwnerPause(t *testing.T) {
 	runClusterScenario(t, clusterScenario{name: "cluster-owner-pause", every: 4 * time.Second, fault: ownerPause})
 }
 
+// rollingRestart stops one node at a time with SIGTERM, in turn: a
+// planned stop, which hands the leads the node holds over and drains. The
+// probe's publish to partition 0 runs from the signal on and its confirm
+// is timed; once the node exited (status 0) it restarts and serves again
+// before the next fault. Three faults are one rolling restart of the
+// cluster.
+func rollingRestart(ctx context.Context, e *clusterEnv) error {
+	i := e.faults % len(e.nodes)
+	n := e.nodes[i]
+	at := time.Now()
+	stopped := make(chan error, 1)
+	go func() { stopped <- n.Term(30 * time.Second) }()
+	took, perr := e.probeFailover(at)
+	if err := <-stopped; err != nil {
+		return fmt.Errorf("SIGTERM of node %d: %w", i+1, err)
+	}
+	if perr != nil {
+		return perr
+	}
+	if err := n.Restart(); err != nil {
+		return err
+	}
+	if err := n.WaitReady(startupTimeout); err != nil {
+		return fmt.Errorf("node %d after its restart: %w", i+1, err)
+	}
+	e.logf("stopped node %d with SIGTERM (leads handed over, then a drain; exit 0); a publish to partition 0 was confirmed %v after the signal; restarted it",
+		i+1, took.Round(time.Millisecond))
+	return nil
+}
+
+// bootstrapRestartThenKill restarts the first node, the one that
+// bootstrapped the cluster, with SIGTERM and its first command line (no
+// seeds), waits until it serves again, then kills another node with -9:
+// the first node must have rejoined through the peers its node table
+// records, or the two left would have no quorum. The killed node restarts.
+func bootstrapRestartThenKill(ctx context.Context, e *clusterEnv) error {
+	first := e.nodes[0]
+	if err := first.Term(30 * time.Second); err != nil {
+		return fmt.Errorf("SIGTERM of node 1: %w", err)
+	}
+	if err := first.Restart(); err != nil {
+		return err
+	}
+	if err := first.WaitReady(startupTimeout); err != nil {
+		return fmt.Errorf("node 1 after its restart without seeds: %w", err)
+	}
+	// Its peers see it again: give membership a moment to say so, bounded.
+	hold(ctx, 2*time.Second)
+	victim := 1 + e.faults%2
+	if err := e.nodes[victim].Kill(); err != nil {
+		return err
+	}
+	took, err := e.probeFailover(time.Now())
+	if err != nil {
+		return fmt.Errorf("after node 1 came back without seeds and node %d was killed: %w", victim+1, err)
+	}
+	e.logf("restarted node 1 without seeds, then killed -9 node %d; a publish to partition 0 was confirmed again after %v; restarting it",
+		victim+1, took.Round(time.Millisecond))
+	return e.nodes[victim].Restart()
+}
+
+// clusterScenariosMore gates the scenarios not yet in the default run.
+func clusterScenariosMore(t *testing.T) {
+	if os.Getenv("SINEW_CHAOS_CLUSTER_MORE") == "" {
+		t.Skip("not in the default run yet; SINEW_CHAOS_CLUSTER_MORE=1 runs it (scripts/chaos -r ...)")
+	}
+}
+
+// TestClusterRollingRestart restarts the three nodes in turn with SIGTERM,
+// under publish and consume load through the SDK.
+func TestClusterRollingRestart(t *testing.T) {
+	clusterScenariosMore(t)
+	runClusterScenario(t, clusterScenario{name: "cluster-rolling-restart", every: 8 * time.Second, shortPhase: 24 * time.Second, fault: rollingRestart})
+}
+
+// TestClusterBootstrapRestartThenKill restarts the bootstrap node without
+// seeds, then kills another node with -9, over and over.
+func TestClusterBootstrapRestartThenKill(t *testing.T) {
+	clusterScenariosMore(t)
+	runClusterScenario(t, clusterScenario{name: "cluster-bootstrap-no-seeds", every: 12 * time.Second, fault: bootstrapRestartThenKill, firstWithoutSeeds: true})
+}
+
 // TestClusterControllerLeaderKill9 kills the controller's leader.
 func TestClusterControllerLeaderKill9(t *testing.T) {
 	runClusterScenario(t, clusterScenario{name: "cluster-controller-kill9", every: 3 * time.Second, fault: controllerLeaderKill9})
@@ -543,6 +628,9 @@ type clusterScenario struct {
 	// netns runs the nodes and the clients in network namespaces the test
 	// creates (namespaceNet), instead of on loopback.
 	netns bool
+	// firstWithoutSeeds restarts the first node (the bootstrap node) with
+	// its first command line, without seeds.
+	firstWithoutSeeds bool
 }
 
 func runClusterScenario(t *testing.T, sc clusterScenario) {
@@ -562,7 +650,7 @@ func runClusterScenario(t *testing.T, sc clusterScenario) {
 	if sc.netns {
 		cn = namespaceNet(t, e.lab, bin, base)
 	}
-	nodes := startClusterNodes(t, bin, base, cn)
+	nodes := startClusterNodes(t, bin, base, cn, sc.firstWithoutSeeds)
 	e.nodes, e.bin, e.base = nodes, bin, base
 	var seeds []string
 	for _, n := range nodes {

@@ -439,7 +439,8 @@ class Hello(Body):
 
 
 @_body(HELLO_OK, "protocol_version:u16 server_version:str resume:ResumeIdentity outcome:u8 "
-                 "server_generation:uvarint heartbeat_ms:u32 reconnect_grace_ms:u32 limits:Limits")
+                 "server_generation:uvarint heartbeat_ms:u32 reconnect_grace_ms:u32 limits:Limits "
+                 "cluster:bool", appended=8)
 @dataclass
 class HelloOK(Body):
     """HELLO_OK (0x02)."""
@@ -451,6 +452,7 @@ class HelloOK(Body):
     heartbeat_ms: int = 0
     reconnect_grace_ms: int = 0
     limits: Limits = field(default_factory=Limits)
+    cluster: bool = False  # appended: the node runs in a cluster
 
 
 @_body(PING, "")

@@ -1643,6 +1643,11 @@ class Client:
             return
         if self._probe_task is not None and not self._probe_task.done():
             return
+        conn = self._conn
+        if conn is not None and not conn.hello.cluster:
+            # HELLO_OK said the node runs alone: nothing to ask.
+            self._clustered = False
+            return
         self._probes += 1
         self._probe_task = asyncio.get_running_loop().create_task(self._probe_once(topic, group))
 

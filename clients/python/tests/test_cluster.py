@@ -54,8 +54,10 @@ class Node:
             while True:
                 op, rid, body = await read_frame(r)
                 if op == w.HELLO:
+                    # A node that answers METADATA as a cluster node says it is one.
                     ok = w.HelloOK(1, "scripted", w.ResumeIdentity("c-" + self.addr, "o", b"t"), 0, 1, 0, 0,
-                                   w.Limits(65536, 1 << 20, 1000, 256, 64, 16))
+                                   w.Limits(65536, 1 << 20, 1000, 256, 64, 16),
+                                   cluster=bool(self.metadata is not None and getattr(self.metadata, "cluster", False)))
                     wr.write(w.encode_frame(ok, rid))
                 elif op == w.PING:
                     wr.write(w.encode_frame(w.Pong(), rid))

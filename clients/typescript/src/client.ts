@@ -949,6 +949,11 @@ export class Client {
   /** Asks the broker, once, whether it is clustered, and learns the queue's nodes. */
   private probe(topic: string, group: string): void {
     if (this.clustered !== null || this.probing || this.probes >= PROBES_MAX) return;
+    if (this.conn?.hello && !this.conn.hello.cluster) {
+      // HELLO_OK said the node runs alone: nothing to ask.
+      this.clustered = false;
+      return;
+    }
     this.probes++;
     this.probing = this.request("metadata", { timeoutMs: 5_000 }, Op.METADATA, { topic, group }).then(
       (b) => {

@@ -149,6 +149,7 @@ export const schemas: Record<number, Schema> = {
         ],
       },
     ],
+    ["cluster", "bool", "opt"],
   ],
   [Op.PING]: [],
   [Op.PONG]: [],

@@ -61,6 +61,8 @@ class Node {
               resume: { client_id: `c-${this.port}`, owner_id: "o", token: new Uint8Array(1) },
               heartbeat_ms: 0, reconnect_grace_ms: 0,
               limits: { frame_bytes_max: 1 << 20, body_bytes_max: 1 << 19, prefetch_max: 100, settle_batch_max: 64, publish_inflight_max: 64, subscriptions_max: 8 },
+              // A node that answers METADATA as a cluster node says it is one.
+              cluster: !!(this.metadata && this.metadata.cluster),
             });
             break;
           case Op.PING:
