@@ -160,6 +160,11 @@ type router struct {
 	// shunned are, per partition, the nodes that refused it lately and
 	// until when (clock unix ns): see shunAfterRefusal. Guarded by mu.
 	shunned map[routeKey][]shun
+	// awayUntil holds, for a node that sent GOING_AWAY naming another, until
+	// when (unix ns) it is passed over for every partition: its next
+	// connection, made once the draining one is left, is still the node
+	// about to stop.
+	awayUntil map[string]int64
 
 	// probe is what a client without seeds found out about its node:
 	// probeUnknown, probeSingle or probeCluster; probes counts the
@@ -279,7 +284,7 @@ func (r *router) nodes() []string {
 func newRouter(c *Client, seeds []string) *router {
 	r := &router{c: c, seeds: seeds, owners: map[routeKey]string{},
 		hedges: make(chan struct{}, publishHedgesMax), hedgeCache: map[queueName]cachedMetadata{},
-		replicas: map[queueName][]string{}, shunned: map[routeKey][]shun{}}
+		replicas: map[queueName][]string{}, shunned: map[routeKey][]shun{}, awayUntil: map[string]int64{}}
 	r.clustered.Store(len(seeds) > 0)
 	if len(seeds) > 0 {
 		r.probe.Store(probeCluster)
@@ -309,6 +314,12 @@ func (r *router) isShunned(p *protocol.Publish, addr string) bool {
 	now := r.c.o.clock.Now().UnixNano()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if until, ok := r.awayUntil[addr]; ok {
+		if now < until {
+			return true
+		}
+		delete(r.awayUntil, addr)
+	}
 	for _, s := range r.shunned[keyOf(p)] {
 		if s.addr == addr {
 			return now < s.until
@@ -579,8 +590,15 @@ func (r *router) away(addr, redirect string) {
 			delete(r.owners, k)
 		}
 	}
+	if len(r.awayUntil) < learnedMax {
+		r.awayUntil[addr] = r.c.o.clock.Now().Add(awayShunFor).UnixNano()
+	}
 	r.mu.Unlock()
 }
+
+// awayShunFor is how long a node that sent GOING_AWAY with a redirect is
+// passed over (isShunned): long enough for its drain and restart to begin.
+const awayShunFor = 10 * time.Second
 
 // resend sends p again, after a pause unless the last answer named the
 // owner, to the owner if it is reachable, else to the first node of the
