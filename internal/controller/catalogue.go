@@ -255,6 +255,22 @@ func (t *Table) applyReplaceReplica(c *command) error {
 	if c.Queue == nil || c.From == 0 || c.To == 0 {
 		return fmt.Errorf("%w: replace_replica without a queue or nodes", ErrCommand)
 	}
+	return t.changeReplicas(c, func(pl Placement) ([]uint64, bool) {
+		at := slices.Index(pl.Replicas, c.From)
+		if at < 0 || slices.Contains(pl.Replicas, c.To) {
+			return nil, false
+		}
+		rs := slices.Clone(pl.Replicas)
+		rs[at] = c.To
+		return rs, true
+	})
+}
+
+// changeReplicas gives every partition of c.Queue the replicas change
+// returns for it and marks them moving; it is applied as nothing, the same
+// way on every replica, when the catalogue does not hold the queue, c.To
+// is not a member, or change refuses a partition (false).
+func (t *Table) changeReplicas(c *command, change func(Placement) ([]uint64, bool)) error {
 	i, ok := t.findQueue(c.Queue.Topic, c.Queue.Group)
 	if !ok {
 		return nil
@@ -265,12 +281,10 @@ func (t *Table) applyReplaceReplica(c *command) error {
 	q := t.Queues[i]
 	parts := make([]Placement, len(q.Partitions))
 	for p, pl := range q.Partitions {
-		at := slices.Index(pl.Replicas, c.From)
-		if at < 0 || slices.Contains(pl.Replicas, c.To) {
+		rs, ok := change(pl)
+		if !ok {
 			return nil
 		}
-		rs := slices.Clone(pl.Replicas)
-		rs[at] = c.To
 		parts[p] = Placement{RaftGroup: pl.RaftGroup, Replicas: rs, Bootstrap: pl.Bootstrap, Moving: true}
 	}
 	q.Partitions = parts
@@ -289,25 +303,12 @@ func (t *Table) applyAddReplica(c *command) error {
 	if c.Queue == nil || c.To == 0 {
 		return fmt.Errorf("%w: add_replica without a queue or node", ErrCommand)
 	}
-	i, ok := t.findQueue(c.Queue.Topic, c.Queue.Group)
-	if !ok {
-		return nil
-	}
-	if n, ok := t.Node(c.To); !ok || n.Left {
-		return nil
-	}
-	q := t.Queues[i]
-	parts := make([]Placement, len(q.Partitions))
-	for p, pl := range q.Partitions {
+	return t.changeReplicas(c, func(pl Placement) ([]uint64, bool) {
 		if pl.Moving || len(pl.Replicas) >= ReplicationMax || slices.Contains(pl.Replicas, c.To) {
-			return nil
+			return nil, false
 		}
-		parts[p] = Placement{RaftGroup: pl.RaftGroup, Replicas: append(slices.Clone(pl.Replicas), c.To), Bootstrap: pl.Bootstrap, Moving: true}
-	}
-	q.Partitions = parts
-	t.Queues = slices.Clone(t.Queues) // a Status may share the old slice
-	t.Queues[i] = q
-	return nil
+		return append(slices.Clone(pl.Replicas), c.To), true
+	})
 }
 
 // ReplicationWant is how many replicas each queue should have: rf, capped
@@ -470,20 +471,15 @@ func (c *Controller) planRecovery(view []Member) error {
 			if to == 0 {
 				break
 			}
-			key := fmt.Sprintf("replace/%s/%s/%d/%d", q.Topic, q.Group, r, to)
-			if _, ok := c.proposed[key]; ok {
-				break
-			}
-			data, err := encode(command{Op: opReplaceReplica, Queue: &Queue{Topic: q.Topic, Group: q.Group}, From: r, To: to})
+			ok, err := c.proposeOnce(fmt.Sprintf("replace/%s/%s/%d/%d", q.Topic, q.Group, r, to),
+				command{Op: opReplaceReplica, Queue: &Queue{Topic: q.Topic, Group: q.Group}, From: r, To: to})
 			if err != nil {
 				return err
 			}
-			if err := c.rn.Propose(data); err != nil {
-				return nil
+			if ok {
+				c.log.Info("controller: recovery plan: moving a queue's replicas", "topic", q.Topic, "group", q.Group,
+					"from", r, "to", to, "from_left", known && n.Left)
 			}
-			c.proposed[key] = c.tickN
-			c.log.Info("controller: recovery plan: moving a queue's replicas", "topic", q.Topic, "group", q.Group,
-				"from", r, "to", to, "from_left", known && n.Left)
 			break // one move per queue at a time
 		}
 		if moved || liveInSet < len(set) || movingAny(q) || len(set) < want {
@@ -570,21 +566,13 @@ func (c *Controller) planRebalance(members []uint64, live map[uint64]bool, load 
 			if slices.Contains(set, to) || load[from]-load[to] <= n {
 				continue
 			}
-			key := fmt.Sprintf("rebalance/%s/%s/%d/%d", q.Topic, q.Group, from, to)
-			if _, ok := c.proposed[key]; ok {
-				return nil
+			ok, err := c.proposeOnce(fmt.Sprintf("rebalance/%s/%s/%d/%d", q.Topic, q.Group, from, to),
+				command{Op: opReplaceReplica, Queue: &Queue{Topic: q.Topic, Group: q.Group}, From: from, To: to})
+			if ok {
+				c.log.Info("controller: rebalancing: moving a queue's replicas to a less loaded node", "topic", q.Topic, "group", q.Group,
+					"from", from, "to", to, "from_replicas", load[from], "to_replicas", load[to])
 			}
-			data, err := encode(command{Op: opReplaceReplica, Queue: &Queue{Topic: q.Topic, Group: q.Group}, From: from, To: to})
-			if err != nil {
-				return err
-			}
-			if err := c.rn.Propose(data); err != nil {
-				return nil
-			}
-			c.proposed[key] = c.tickN
-			c.log.Info("controller: rebalancing: moving a queue's replicas to a less loaded node", "topic", q.Topic, "group", q.Group,
-				"from", from, "to", to, "from_replicas", load[from], "to_replicas", load[to])
-			return nil
+			return err
 		}
 	}
 	return nil
@@ -603,21 +591,32 @@ func (c *Controller) planGrowth(q *Queue, set, members []uint64, live map[uint64
 	if to == 0 {
 		return nil
 	}
-	key := fmt.Sprintf("add/%s/%s/%d", q.Topic, q.Group, to)
-	if _, ok := c.proposed[key]; ok {
-		return nil
+	ok, err := c.proposeOnce(fmt.Sprintf("add/%s/%s/%d", q.Topic, q.Group, to),
+		command{Op: opAddReplica, Queue: &Queue{Topic: q.Topic, Group: q.Group}, To: to})
+	if ok {
+		c.log.Warn("controller: a queue has fewer replicas than the replication factor: adding one", "topic", q.Topic, "group", q.Group,
+			"replicas", len(set), "want", want, "to", to)
 	}
-	data, err := encode(command{Op: opAddReplica, Queue: &Queue{Topic: q.Topic, Group: q.Group}, To: to})
+	return err
+}
+
+// proposeOnce proposes cmd, as leader, unless a proposal under key is
+// still waiting to show in the table (c.proposed), and reports whether it
+// did. A proposal raft refuses (the lead was lost meanwhile) is no error:
+// the next leader plans again.
+func (c *Controller) proposeOnce(key string, cmd command) (bool, error) {
+	if _, ok := c.proposed[key]; ok {
+		return false, nil
+	}
+	data, err := encode(cmd)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := c.rn.Propose(data); err != nil {
-		return nil
+		return false, nil
 	}
 	c.proposed[key] = c.tickN
-	c.log.Warn("controller: a queue has fewer replicas than the replication factor: adding one", "topic", q.Topic, "group", q.Group,
-		"replicas", len(set), "want", want, "to", to)
-	return nil
+	return true, nil
 }
 
 // movingAny reports whether a replica move of q is under way.
