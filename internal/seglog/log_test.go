@@ -325,6 +325,30 @@ func TestConcurrentCommitsGroupAndOrder(t *testing.T) {
 	}
 }
 
+// tickedLog opens a log with the sync mode given and a ticker the test
+// drives through the returned channel.
+func tickedLog(t *testing.T, sync SyncPolicy) (*Log, chan time.Time) {
+	t.Helper()
+	ticks := make(chan time.Time)
+	o := memOpts(vfs.NewMem())
+	o.Sync = sync
+	o.NewTicker = func(time.Duration) (<-chan time.Time, func()) { return ticks, func() {} }
+	l := openT(t, o)
+	t.Cleanup(func() { l.Close() })
+	return l, ticks
+}
+
+// waitWritten waits until the committer has written lsn, and returns the
+// written and durable LSNs then.
+func waitWritten(l *Log, lsn uint64) (written, durable uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for l.writtenLSN < lsn {
+		l.cond.Wait()
+	}
+	return l.writtenLSN, l.durableLSN
+}
+
 // TestSyncIntervalUsesInjectedTicker: under SyncInterval a Commit returns once
 // written, and the record becomes durable only at the next (injected) tick.
 func TestSyncIntervalUsesInjectedTicker(t *testing.T) {
@@ -355,23 +379,13 @@ func TestSyncIntervalUsesInjectedTicker(t *testing.T) {
 // not received (an idle partition's log costs no wakeups); the append that
 // dirties it makes the committer take the next one.
 func TestCleanLogTakesNoTick(t *testing.T) {
-	fs := vfs.NewMem()
-	ticks := make(chan time.Time)
-	o := memOpts(fs)
-	o.Sync = SyncManual
-	o.NewTicker = func(time.Duration) (<-chan time.Time, func()) { return ticks, func() {} }
-	l := openT(t, o)
-	defer l.Close()
+	l, ticks := tickedLog(t, SyncManual)
 	lsn, err := l.Append(0, []byte("x"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ticks <- time.Time{}
-	l.mu.Lock()
-	for l.writtenLSN < lsn {
-		l.cond.Wait()
-	}
-	l.mu.Unlock()
+	waitWritten(l, lsn)
 	select {
 	case ticks <- time.Time{}:
 		t.Fatal("a clean log took a tick")
@@ -382,24 +396,14 @@ func TestCleanLogTakesNoTick(t *testing.T) {
 		t.Fatal(err)
 	}
 	ticks <- time.Time{} // taken: the log is dirty again
-	l.mu.Lock()
-	for l.writtenLSN < lsn2 {
-		l.cond.Wait()
-	}
-	l.mu.Unlock()
+	waitWritten(l, lsn2)
 }
 
 // TestSyncManualWritesOnTicksAndSyncsOnlyWhenAsked: under SyncManual an
 // appended record is written to the OS at the next tick without an
 // fdatasync, and becomes durable only through Sync.
 func TestSyncManualWritesOnTicksAndSyncsOnlyWhenAsked(t *testing.T) {
-	fs := vfs.NewMem()
-	ticks := make(chan time.Time)
-	o := memOpts(fs)
-	o.Sync = SyncManual
-	o.NewTicker = func(time.Duration) (<-chan time.Time, func()) { return ticks, func() {} }
-	l := openT(t, o)
-	defer l.Close()
+	l, ticks := tickedLog(t, SyncManual)
 	lsn, err := l.Append(0, []byte("x"))
 	if err != nil {
 		t.Fatal(err)
@@ -407,12 +411,7 @@ func TestSyncManualWritesOnTicksAndSyncsOnlyWhenAsked(t *testing.T) {
 	ticks <- time.Time{}
 	// Wait for the committer to act on the tick (a clean log does not
 	// take the next one).
-	l.mu.Lock()
-	for l.writtenLSN < lsn {
-		l.cond.Wait()
-	}
-	written, durable := l.writtenLSN, l.durableLSN
-	l.mu.Unlock()
+	written, durable := waitWritten(l, lsn)
 	if written < lsn || durable >= lsn {
 		t.Fatalf("after ticks: written %d durable %d, want written %d and not durable", written, durable, lsn)
 	}

@@ -116,28 +116,7 @@ func TestClusterQueueCreatedWhileFormingGrowsToThreeReplicas(t *testing.T) {
 	n1.cmd.Wait()
 	_, _, client := seededClient(t, nodes[1:], 0)
 	maps.Copy(confirmed, publishNumbered(t, ctx, client, topic, "after", 50))
-	sub, err := client.Subscribe(ctx, topic, sinew.WithPrefetch(64))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]bool{}
-	for !coversAll(got, confirmed) {
-		select {
-		case m, ok := <-sub.Messages():
-			if !ok {
-				t.Fatalf("subscription ended: %v", sub.Err())
-			}
-			if !confirmed[string(m.Body)] {
-				t.Fatalf("delivered %q, never published", m.Body)
-			}
-			got[string(m.Body)] = true
-			if err := m.Complete(ctx); err != nil {
-				t.Fatalf("complete: %v", err)
-			}
-		case <-ctx.Done():
-			t.Fatalf("%d of %d confirmed messages delivered after node 1's kill", len(got), len(confirmed))
-		}
-	}
+	drainWith(t, ctx, client, topic, confirmed)
 }
 
 // Three nodes hold three queues of one partition each (three replicas
@@ -264,39 +243,13 @@ func TestClusterNodeThatJoinsTakesItsShareUnderLoad(t *testing.T) {
 	defer consumer.Close()
 	got := map[string]int{}
 	for _, topic := range topics {
-		sub, err := consumer.Subscribe(ctx, topic, sinew.WithPrefetch(64))
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := 0
+		want := map[string]bool{}
 		for b := range confirmed {
 			if strings.HasPrefix(b, topic+"-") {
-				want++
+				want[b] = true
 			}
 		}
-		for n := 0; n < want; {
-			select {
-			case m, ok := <-sub.Messages():
-				if !ok {
-					t.Fatalf("subscription to %s ended: %v", topic, sub.Err())
-				}
-				if !confirmed[string(m.Body)] {
-					t.Fatalf("delivered %q, never confirmed", m.Body)
-				}
-				if got[string(m.Body)] == 0 {
-					n++
-				}
-				got[string(m.Body)]++
-				if err := m.Complete(ctx); err != nil {
-					t.Fatalf("complete: %v", err)
-				}
-			case <-ctx.Done():
-				t.Fatalf("%s: %d of %d confirmed messages delivered", topic, n, want)
-			}
-		}
-		if err := sub.Unsubscribe(ctx); err != nil {
-			t.Fatalf("unsubscribe %s: %v", topic, err)
-		}
+		maps.Copy(got, drainWith(t, ctx, consumer, topic, want))
 	}
 	for b, n := range got {
 		if n > 1 {

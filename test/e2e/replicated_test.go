@@ -199,15 +199,6 @@ func TestClusterReplicatedQueueSurvivesOwnerKill(t *testing.T) {
 	}
 }
 
-func coversAll(got, want map[string]bool) bool {
-	for b := range want {
-		if !got[b] {
-			return false
-		}
-	}
-	return true
-}
-
 // Four `sinew serve --cluster` processes; a queue is placed on three of
 // them. The owner is killed with -9 and not restarted: another replica
 // takes over at once, and once membership has held the node dead for the
@@ -528,37 +519,51 @@ func consumeAll(t *testing.T, addr, topic string, confirmed map[string]bool) {
 		t.Fatal(err)
 	}
 	defer consumer.Close()
-	sub, err := consumer.Subscribe(ctx, topic, sinew.WithPrefetch(64))
+	drainWith(t, ctx, consumer, topic, confirmed)
+}
+
+// drainWith subscribes to topic through client and completes messages
+// until every body in confirmed was delivered (bounded by ctx); a delivered
+// body not in confirmed fails the test. It unsubscribes and returns how
+// many times each body was delivered.
+func drainWith(t *testing.T, ctx context.Context, client *sinew.Client, topic string, confirmed map[string]bool) map[string]int {
+	t.Helper()
+	sub, err := client.Subscribe(ctx, topic, sinew.WithPrefetch(64))
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]bool{}
-	for !coversAll(got, confirmed) {
+	got := map[string]int{}
+	for n := 0; n < len(confirmed); {
 		select {
 		case m, ok := <-sub.Messages():
 			if !ok {
-				t.Fatalf("subscription ended: %v", sub.Err())
+				t.Fatalf("subscription to %s ended: %v", topic, sub.Err())
 			}
-			got[string(m.Body)] = true
+			if !confirmed[string(m.Body)] {
+				t.Fatalf("delivered %q from %s, never published there", m.Body, topic)
+			}
+			if got[string(m.Body)] == 0 {
+				n++
+			}
+			got[string(m.Body)]++
 			if err := m.Complete(ctx); err != nil {
 				t.Fatalf("complete: %v", err)
 			}
 		case <-ctx.Done():
 			var missing []string
 			for b := range confirmed {
-				if !got[b] {
+				if got[b] == 0 {
 					missing = append(missing, b)
 				}
 			}
 			sort.Strings(missing)
-			t.Fatalf("%d of %d confirmed messages not delivered, e.g. %v", len(missing), len(confirmed), missing[:min(10, len(missing))])
+			t.Fatalf("%s: %d of %d confirmed messages not delivered, e.g. %v", topic, len(missing), len(confirmed), missing[:min(10, len(missing))])
 		}
 	}
-	for b := range got {
-		if !confirmed[b] {
-			t.Errorf("delivered %q, never published", b)
-		}
+	if err := sub.Unsubscribe(ctx); err != nil {
+		t.Fatalf("unsubscribe %s: %v", topic, err)
 	}
+	return got
 }
 
 // publishNumbered publishes n messages "prefix-0" and on to topic, each
