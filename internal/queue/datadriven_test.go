@@ -22,7 +22,6 @@ import (
 //	enqueue [n=N] [delay=MS] [ttl=MS] [now=T]
 //	lease owner=O max=N [cohort=C member=M] [now=T]
 //	assign [cohort=C] [member=M] [now=T]
-//	fence epoch=E
 //	ack offset=X lease=L
 //	nack offset=X lease=L [delay=MS] [now=T]
 //	fail | release offset=X lease=L [now=T]
@@ -120,13 +119,7 @@ func TestScenarios(t *testing.T) {
 				d.MaybeScanArgs(t, "cohort", &cohort)
 				d.MaybeScanArgs(t, "member", &member)
 				evs, err = s.Assign(nil, cohort, member, now)
-			case "fence":
-				var epoch uint64
-				d.ScanArgs(t, "epoch", &epoch)
-				if err := s.Fence(epoch); err != nil {
-					return fmt.Sprintf("error %s: %v\n", errName(err), err)
-				}
-				return "ok\n"
+
 			case "ack":
 				evs, err = s.Ack(nil, off, lease)
 			case "nack":
@@ -250,7 +243,6 @@ func errName(err error) string {
 		{ErrInvalidDeadline, "ErrInvalidDeadline"},
 		{ErrCorrupt, "ErrCorrupt"},
 		{ErrGateBusy, "ErrGateBusy"},
-		{ErrFenced, "ErrFenced"},
 	} {
 		if errors.Is(err, e.err) {
 			return e.name

@@ -19,11 +19,11 @@ import (
 // message of the partition is inflight, whoever holds it. So a partition
 // passes from one member to the next only after the first member's leases
 // ended (settled, released or expired), and every inflight lease was granted
-// under the current epoch. Each Assign raises Epoch by one; a delivery
-// carries the epoch it was leased under, and a settle from an older epoch is
-// refused by Fence with ErrFenced: that is how a late ack of a lease that
-// ended before the gate moved is kept from settling a message the next member
-// may already be working on.
+// under the current epoch. Each Assign raises Epoch by one, and a delivery
+// carries the epoch it was leased under. Assign also forgets every lease
+// that ended without a settle (see Ack): a late ack or fail from an earlier
+// assignment of the partition gets ErrStaleLease and changes nothing, so the
+// member the partition moved to is never settled for by another.
 //
 // Under a cohort member the gate also keeps order: Lease hands messages out
 // lowest offset first, as always, and never passes a message that came back
@@ -60,11 +60,6 @@ var (
 	// ErrGateBusy: Assign was called while a message of the partition is
 	// inflight. The caller tries again once the leases ended.
 	ErrGateBusy = errors.New("queue: gate busy: leases inflight")
-
-	// ErrFenced: a settle carries an assignment epoch that is not the
-	// gate's: it comes from a delivery made under an earlier assignment
-	// of the partition. It is refused and changes nothing.
-	ErrFenced = errors.New("queue: settle from an earlier assignment")
 )
 
 // Gate returns the partition's gate.
@@ -88,15 +83,6 @@ func (s *State) Assign(dst []Event, cohort, member string, nowMs int64) ([]Event
 	return append(dst, Event{Kind: KindAssign, Target: cohort, Owner: member, Epoch: s.gate.Epoch + 1, AtMs: nowMs}), nil
 }
 
-// Fence checks a settle's assignment epoch against the gate: nil when they
-// match, ErrFenced otherwise.
-func (s *State) Fence(epoch uint64) error {
-	if epoch != s.gate.Epoch {
-		return fmt.Errorf("settle under assignment epoch %d, gate at %d: %w", epoch, s.gate.Epoch, ErrFenced)
-	}
-	return nil
-}
-
 // applyAssign folds an Assign event at lsn into the state.
 func (s *State) applyAssign(lsn uint64, ev Event) error {
 	if ev.Epoch != s.gate.Epoch+1 {
@@ -107,6 +93,14 @@ func (s *State) applyAssign(lsn uint64, ev Event) error {
 	}
 	s.advance(lsn, true)
 	s.gate = Gate{Cohort: ev.Target, Member: ev.Owner, Epoch: ev.Epoch}
+	// Leases that ended without a settle belong to the earlier assignment:
+	// their late settles are stale from now on. Entries only: a plain
+	// message never had a lease. O(messages with state), once per move.
+	for i := range s.slab {
+		if e := &s.slab[i]; e.phase != 0 && e.queued() {
+			e.leaseID = 0
+		}
+	}
 	return nil
 }
 
