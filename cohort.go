@@ -95,10 +95,10 @@ func (c *Client) checkCohort(cfg *subscribeConfig) error {
 		return nil
 	}
 	if err := cohort.ValidName(cfg.cohort); err != nil {
-		return fmt.Errorf("%w: cohort: %v", ErrInvalidArgument, err)
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	if err := cohort.ValidMemberID(c.o.memberID); err != nil {
-		return fmt.Errorf("%w: member id: %v", ErrInvalidArgument, err)
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	cfg.member = c.o.memberID
 	return nil

@@ -148,3 +148,40 @@ func TestRealCohortSplitsPartitionsAndSurvivesACut(t *testing.T) {
 		}
 	}
 }
+
+// TestRealCohortMemberTakeover: a client that comes back with its member id
+// while its old session still waits out the grace takes the id over: the old
+// subscription ends with conflict and the new one gets the partitions.
+func TestRealCohortMemberTakeover(t *testing.T) {
+	rb := startRealBroker(t, nil)
+	ctx := testCtx(t)
+	p := proxyT(t, rb.Addr)
+	old := dialT(t, p.Addr(), WithMemberID("worker-1"))
+	s1, err := old.Subscribe(ctx, "takeover-q", WithCohort("billing"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s1.Assignments():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first member was never assigned")
+	}
+	// The old process vanishes: its socket goes, its session waits.
+	p.Close()
+	fresh := dialT(t, rb.Addr, WithMemberID("worker-1"))
+	s2, err := fresh.Subscribe(ctx, "takeover-q", WithCohort("billing"))
+	if err != nil {
+		t.Fatalf("subscribe with a member id held by a dormant session: %v", err)
+	}
+	if _, err := fresh.Publish(ctx, "takeover-q", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-s2.Messages():
+		if err := m.Complete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the new member got nothing")
+	}
+}
