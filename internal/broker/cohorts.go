@@ -38,6 +38,28 @@ const cohortPlanDelay = 100 * time.Millisecond
 // have subscribed by then.
 const cohortSweepDelay = 2 * time.Second
 
+// CohortCluster is implemented by a Cluster that plans cohorts across its
+// nodes: each node reports the members it serves, the controller plans
+// every cohort over the members of the live nodes and commits the plan
+// with a generation, and every node steers its replicas to the committed
+// plans. A clustered node whose Cluster does not implement it refuses
+// cohort subscriptions.
+type CohortCluster interface {
+	// ReportCohort reports the members of cohort name on queue
+	// topic/group that this node serves (none: the cohort left it).
+	ReportCohort(topic, group, name string, members []string) error
+	// CohortPlans returns every committed plan.
+	CohortPlans() []CohortPlan
+	// CohortsChanged returns a channel closed when the plans next change.
+	CohortsChanged() <-chan struct{}
+}
+
+// CohortPlan is the committed plan of cohort Cohort on queue Topic/Group.
+type CohortPlan struct {
+	Topic, Group, Cohort string
+	cohort.Plan
+}
+
 // AssignmentConsumer may be implemented by a Consumer: a cohort
 // subscription's consumer is told when one of its partitions is assigned to
 // it or revoked from it (after the move is durable). Called from partition
@@ -69,6 +91,14 @@ type cohorts struct {
 	// plans counts plans that changed an assignment; moves the partitions
 	// they moved.
 	plans, moves atomic.Uint64
+	// applied is the generation of each committed plan this node steered
+	// its replicas to (clustered nodes), with the queue it steered.
+	applied map[cohortKey]appliedPlan
+}
+
+type appliedPlan struct {
+	q          *queueEntry
+	generation uint64
 }
 
 func (c *cohorts) init() {
@@ -84,8 +114,16 @@ func (b *Broker) joinCohort(s *Subscription) error {
 	if s.cohort == "" {
 		return nil
 	}
-	if b.cfg.Cluster != nil {
-		return protocol.Errorf(protocol.CodeBadRequest, "cohorts are not served by a clustered node yet")
+	cc := b.cohortCluster()
+	if b.cfg.Cluster != nil && cc == nil {
+		return protocol.Errorf(protocol.CodeBadRequest, "this node's cluster does not plan cohorts")
+	}
+	if cc != nil {
+		for _, pl := range cc.CohortPlans() {
+			if pl.Topic == s.q.key.topic && pl.Group == s.q.key.group && pl.Cohort != s.cohort && pl.Assigned() {
+				return protocol.Errorf(protocol.CodeConflict, "queue %q group %q is consumed by cohort %q", pl.Topic, pl.Group, pl.Cohort)
+			}
+		}
 	}
 	c := &b.cohorts
 	k := cohortKey{q: s.q.key, cohort: s.cohort}
@@ -149,20 +187,41 @@ func (c *cohorts) poke() {
 	}
 }
 
+// cohortCluster is the node's CohortCluster, nil on a single node.
+func (b *Broker) cohortCluster() CohortCluster {
+	cc, _ := b.cfg.Cluster.(CohortCluster)
+	return cc
+}
+
 // runCohorts is the planner: it plans the cohorts whose members changed,
-// coalescing changes that come together, and once after startup opens the
-// gates of cohorts that have no member any more.
+// coalescing changes that come together (on a clustered node: reports
+// them), and once after startup opens the gates of cohorts that have no
+// member any more. On a clustered node it also steers the replicas to the
+// committed plans as they change.
 func (b *Broker) runCohorts() {
 	c := &b.cohorts
 	defer close(c.done)
-	sweep := time.NewTimer(cohortSweepDelay)
-	defer sweep.Stop()
+	cc := b.cohortCluster()
+	var sweepC <-chan time.Time
+	var changed <-chan struct{}
+	if cc == nil {
+		sweep := time.NewTimer(cohortSweepDelay)
+		defer sweep.Stop()
+		sweepC = sweep.C
+	} else {
+		changed = cc.CohortsChanged()
+		b.applyCohortPlans(cc.CohortPlans())
+	}
 	for {
 		select {
 		case <-c.stop:
 			return
-		case <-sweep.C:
+		case <-sweepC:
 			b.sweepCohorts()
+			continue
+		case <-changed:
+			changed = cc.CohortsChanged()
+			b.applyCohortPlans(cc.CohortPlans())
 			continue
 		case <-c.wake:
 		}
@@ -216,6 +275,17 @@ func (b *Broker) planCohort(k cohortKey) {
 		return
 	}
 	members := slices.Collect(maps.Keys(g.members))
+	if cc := b.cohortCluster(); cc != nil {
+		if len(members) == 0 {
+			delete(c.groups, k)
+		}
+		c.mu.Unlock()
+		slices.Sort(members)
+		if err := cc.ReportCohort(k.q.topic, k.q.group, k.cohort, members); err != nil {
+			b.logger.Warn("cohort members not reported", "topic", k.q.topic, "group", k.q.group, "cohort", k.cohort, "err", err)
+		}
+		return
+	}
 	prev := g.plan
 	next := cohort.Next(prev, len(q.parts), members)
 	g.plan = next
@@ -243,6 +313,45 @@ func (b *Broker) planCohort(k cohortKey) {
 		case i < len(next.Owners):
 			p.Steer(k.cohort, next.Owners[i])
 		}
+	}
+}
+
+// applyCohortPlans steers this node's replicas to the committed plans whose
+// generation it has not applied yet. A plan that assigns nothing (its
+// cohort has no member left) opens the partitions to plain consumers.
+func (b *Broker) applyCohortPlans(plans []CohortPlan) {
+	c := &b.cohorts
+	for _, pl := range plans {
+		k := cohortKey{q: queueKey{topic: pl.Topic, group: pl.Group}, cohort: pl.Cohort}
+		b.mu.RLock()
+		q := b.queues[k.q]
+		b.mu.RUnlock()
+		if q == nil {
+			continue // no replica here
+		}
+		c.mu.Lock()
+		if c.applied == nil {
+			c.applied = make(map[cohortKey]appliedPlan)
+		}
+		was := c.applied[k]
+		if was.q == q && was.generation == pl.Generation {
+			c.mu.Unlock()
+			continue
+		}
+		c.applied[k] = appliedPlan{q: q, generation: pl.Generation}
+		c.mu.Unlock()
+		if was.q == q {
+			c.plans.Add(1)
+		}
+		for i, p := range q.parts {
+			switch {
+			case !pl.Assigned():
+				p.Steer("", "")
+			case i < len(pl.Owners):
+				p.Steer(pl.Cohort, pl.Owners[i])
+			}
+		}
+		b.logger.Info("cohort plan applied", "topic", pl.Topic, "group", pl.Group, "cohort", pl.Cohort, "generation", pl.Generation)
 	}
 }
 
