@@ -450,3 +450,57 @@ func TestReportCohortCoalesces(t *testing.T) {
 		t.Fatalf("%d report entries for a burst of %d reports, want 2 (the one in flight, then the last)", got, calls)
 	}
 }
+
+// TestCohortPlanningIdles: once the plans are settled and no proposal is
+// in flight, the leader's cohort planning is skipped at every turn while
+// neither the table nor the view changes; a change of the view is planned.
+// The harness's rounds can outpace the heartbeats, so the leader may
+// change now and then: only a window whose leader, term and table stayed
+// the same since proposeRetryTicks rounds before it counts, and the test
+// tries at most ten windows.
+func TestCohortPlanningIdles(t *testing.T) {
+	c := cohortCluster(t, 4)
+	report(t, c.node(2), "billing", "a")
+	report(t, c.node(3), "billing", "b")
+	c.until("a and b share", func() bool {
+		p, ok := c.node(1).CohortPlan("q", "", "billing")
+		return ok && slices.Contains(p.Owners, "a") && slices.Contains(p.Owners, "b")
+	})
+	rounds := func(k int) {
+		for range k {
+			c.round(time.Millisecond)
+		}
+	}
+	same := func(a, b Status) bool { return a.Leader == b.Leader && a.Term == b.Term && a.Applied == b.Applied }
+	for try := 0; ; try++ {
+		if try == 10 {
+			t.Fatal("no quiet window in ten tries")
+		}
+		n := c.node(c.node(1).Status().Leader)
+		if n == nil {
+			rounds(10)
+			continue
+		}
+		st0 := n.Status()
+		// Past proposeRetryTicks, every proposal made has left
+		// c.proposed.
+		rounds(2 * proposeRetryTicks)
+		st1, runs := n.Status(), n.cohortPlanRuns.Load()
+		rounds(100)
+		st2 := n.Status()
+		if st0.Leader != n.cfg.Self.RaftID || !same(st0, st1) || !same(st1, st2) {
+			continue
+		}
+		if got := n.cohortPlanRuns.Load(); got != runs {
+			t.Fatalf("cohort planning ran %d times in 100 idle rounds", got-runs)
+		}
+		break
+	}
+	c.mu.Lock()
+	c.dead[3] = true
+	c.mu.Unlock()
+	c.until("a changed view is planned", func() bool {
+		p, ok := c.node(1).CohortPlan("q", "", "billing")
+		return ok && !slices.Contains(p.Owners, "b")
+	})
+}
