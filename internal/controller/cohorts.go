@@ -389,14 +389,21 @@ func (c *Controller) ReportCohort(topic, group, name string, members []string) e
 }
 
 // syncReports proposes, on the controller's goroutine, the reports of
-// ReportCohort that differ from this node's committed ones. It runs when
-// a report was made, the table changed, or a proposal's retry is due.
+// ReportCohort that differ from this node's committed ones, while this
+// node is a member of the table. It runs when a report was made, the
+// table changed, or a proposal's retry is due; it reports whether it
+// proposed.
 func (c *Controller) syncReports() bool {
 	if !c.reportsDirty.Swap(false) && c.reportsApplied == c.applied && (c.reportsRetry == 0 || c.tickN < c.reportsRetry) {
 		return false
 	}
 	c.reportsApplied, c.reportsRetry = c.applied, 0
 	self := c.cfg.Self.RaftID
+	if n, ok := c.table.Node(self); !ok || n.Left {
+		// Not a member (yet, or any more): a report would apply as
+		// nothing. A join changes the table, which runs this again.
+		return false
+	}
 	proposed := false
 	c.rmu.Lock()
 	defer c.rmu.Unlock()

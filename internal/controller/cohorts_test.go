@@ -243,9 +243,10 @@ func TestCohortPlansThroughTheGroup(t *testing.T) {
 	changed := n3.CohortsChanged()
 	report(t, n1, "billing", "a")
 	c.until("a alone holds every partition", c.planIs("billing", 1, []string{"a", "a", "a", "a", "a", "a"}))
+	// The status is published before the channel is closed: wait.
 	select {
 	case <-changed:
-	default:
+	case <-time.After(untilPatience):
 		t.Fatal("CohortsChanged not closed by a new plan")
 	}
 	report(t, n2, "billing", "b")
