@@ -56,6 +56,36 @@ func (s *Subscription) Assignments() <-chan Assignment { return s.assigns }
 // Assignments was not read.
 func (s *Subscription) AssignmentsDropped() uint64 { return s.assignsDropped.Load() }
 
+// noteAssignment records an ASSIGNMENT for the subscription it arrived on
+// and hands it to the application.
+func (s *Subscription) noteAssignment(a Assignment) {
+	s.assignMu.Lock()
+	if a.Assigned {
+		if s.heldParts == nil {
+			s.heldParts = make(map[uint32]uint64)
+		}
+		s.heldParts[a.Partition] = a.Epoch
+	} else {
+		delete(s.heldParts, a.Partition)
+	}
+	s.assignMu.Unlock()
+	s.assigned(a)
+}
+
+// revokeHeld tells the application that every partition this subscription
+// was assigned is no longer its: the broker's subscription it was assigned
+// to is gone (the session ended, or the subscription is made again), and
+// the new one hears of its own assignments afresh.
+func (s *Subscription) revokeHeld() {
+	s.assignMu.Lock()
+	held := s.heldParts
+	s.heldParts = nil
+	s.assignMu.Unlock()
+	for p, epoch := range held {
+		s.assigned(Assignment{Partition: p, Epoch: epoch})
+	}
+}
+
 // assigned hands an assignment event to the application, dropping the
 // oldest when the buffer is full.
 func (s *Subscription) assigned(a Assignment) {
@@ -86,7 +116,7 @@ func (e *endpoint) assignment(c *conn, b *protocol.Assignment) {
 	if s == nil {
 		return
 	}
-	s.assigned(Assignment{Partition: b.Partition, Epoch: b.Epoch, Assigned: b.State == protocol.AssignmentAssigned})
+	s.noteAssignment(Assignment{Partition: b.Partition, Epoch: b.Epoch, Assigned: b.State == protocol.AssignmentAssigned})
 }
 
 // checkCohort validates a subscription's cohort and the client's member id.

@@ -825,6 +825,7 @@ func (e *endpoint) reconcile(ctx context.Context, c *conn) error {
 					// id; its deliveries follow the result.
 					s.serverID = x.ServerSubID
 					c.subs[s.serverID] = s
+					s.revokeHeld()
 				} else {
 					// Resubscribe in restore, before the connection is used.
 					s.serverID = 0

@@ -91,6 +91,10 @@ type Subscription struct {
 	// application (Assignments); bounded, oldest dropped.
 	assigns        chan Assignment
 	assignsDropped atomic.Uint64
+	// held is what the broker's subscription behind this one was assigned
+	// (partition -> epoch), so that losing that subscription revokes it.
+	assignMu  sync.Mutex
+	heldParts map[uint32]uint64
 	// parent is the spanning subscription this one delivers for (nil for
 	// a subscription on one node); span is set on a spanning one.
 	parent *Subscription
@@ -287,6 +291,9 @@ func (e *endpoint) subscribeOn(ctx context.Context, c *conn, s *Subscription) er
 		s.heldMax = 2*int(ok.Prefetch) + heldSlackTags
 		s.heldMu.Unlock()
 		s.recreating = false
+		// A subscription made again (its session ended, or reconciliation
+		// dropped it) starts with no partitions: the old one's are revoked.
+		s.revokeHeld()
 		// A new subscription joins the endpoint here, on the reader, so a
 		// reconnect that starts after this reply always knows about it.
 		if _, known := e.subs[s]; !known {

@@ -767,6 +767,7 @@ func (p *Partition) adopt(c Consumer, now int64) int {
 			Offset: in.Offset, LeaseID: in.LeaseID, Attempt: in.Attempt,
 			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: delivery.Headers(m.Headers),
 			ContentType: m.ContentType, Body: m.Body,
+			Assignment: p.st.Gate().Epoch, // every inflight lease is under the current assignment
 		})
 		n++
 	}
