@@ -70,6 +70,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	pid := fs.Int("pid", 0, "broker process id: report its RSS and CPU from /proc (0 = do not)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	cohortName := fs.String("cohort", "", "drain, mixed: each connection's consumer joins this cohort (consumer group) instead of competing for every partition")
 	tf := addTLSFlags(fs)
 	cf := addCredFlags(fs)
 	fs.Usage = func() {
@@ -119,6 +120,13 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		opts = append(opts, sinew.WithSeeds(addrs[1:]...))
 	}
 	bb := newBenchBroker(addrs[0], opts...)
+	if *cohortName != "" {
+		cs, ok := bb.(interface{ SetCohort(string) })
+		if !ok || mode == benchkit.ModePublish {
+			return fmt.Errorf("%w: --cohort is for drain and mixed", errUsage)
+		}
+		cs.SetCohort(*cohortName)
+	}
 	res, err := benchkit.Run(ctx, bb, cfg)
 	if errors.Is(err, benchkit.ErrConfig) {
 		return fmt.Errorf("%w: %v", errUsage, err)

@@ -207,7 +207,7 @@ func (d *decider) steerGate(now int64) bool {
 	if len(evs) > 0 {
 		d.emit(evs, nil)
 		d.open.gates = append(d.open.gates, gateNote{g: d.st.Gate()})
-		d.logger.Info("partition assigned", "cohort", d.steer.Cohort, "member", d.steer.Member, "epoch", d.st.Gate().Epoch)
+		d.logger.Debug("partition assigned", "cohort", d.steer.Cohort, "member", d.steer.Member, "epoch", d.st.Gate().Epoch)
 	}
 	return true
 }
@@ -546,6 +546,15 @@ func (d *decider) dispatch(now int64) {
 		for range len(d.consumers) {
 			d.rr = (d.rr + 1) % len(d.consumers)
 			c := d.consumers[d.rr]
+			cohort, member := "", ""
+			if cm, ok := c.(CohortMember); ok {
+				cohort, member = cm.Cohort()
+			}
+			if !d.st.Gate().Admits(cohort, member) {
+				// Not its turn: asking for credit would only take it
+				// from the consumer's other partitions.
+				continue
+			}
 			want := min(fairChunkMax, dispatchPerTurnMax-leased)
 			// Credit carried by this stage's settles first: it is
 			// spent only on this stage's leases.
@@ -558,10 +567,6 @@ func (d *decider) dispatch(now int64) {
 				continue
 			}
 			before := len(d.open.deliveries)
-			cohort, member := "", ""
-			if cm, ok := c.(CohortMember); ok {
-				cohort, member = cm.Cohort()
-			}
 			evs := d.st.LeaseAs(d.evs[:0], c.Owner(), cohort, member, got, now)
 			d.emit(evs, c)
 			k := len(d.open.deliveries) - before

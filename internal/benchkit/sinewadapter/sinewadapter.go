@@ -16,7 +16,14 @@ type Broker struct {
 	name string
 	addr string
 	opts []sinew.Option
+	// cohort, when set, makes every consumer a member of this cohort
+	// (each connection is its own client, so its own member).
+	cohort string
 }
+
+// SetCohort makes the consumers of later Connects members of cohort name
+// ("" for plain competing consumers).
+func (b *Broker) SetCohort(name string) { b.cohort = name }
 
 // New returns a broker reached at addr ("127.0.0.1:7654"), reported as name.
 // opts are passed to every sinew.Dial.
@@ -61,7 +68,7 @@ func (b *Broker) Connect(ctx context.Context) (benchkit.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &conn{c: c}, nil
+	return &conn{c: c, cohort: b.cohort}, nil
 }
 
 func (b *Broker) dial(ctx context.Context) (*sinew.Client, error) {
@@ -73,7 +80,10 @@ func (b *Broker) dial(ctx context.Context) (*sinew.Client, error) {
 	return c, nil
 }
 
-type conn struct{ c *sinew.Client }
+type conn struct {
+	c      *sinew.Client
+	cohort string
+}
 
 // Publish returns once the broker confirmed the message durable.
 func (c *conn) Publish(ctx context.Context, topic string, body []byte) error {
@@ -86,7 +96,11 @@ func (c *conn) Publish(ctx context.Context, topic string, body []byte) error {
 // a settle to become durable (the SDK sends the queued settles in one frame).
 // The first settle that fails is kept and returned by Stop.
 func (c *conn) Consume(ctx context.Context, topic string, prefetch int, handle func([]byte)) (benchkit.Subscription, error) {
-	s, err := c.c.Subscribe(ctx, topic, sinew.WithPrefetch(prefetch))
+	opts := []sinew.SubscribeOption{sinew.WithPrefetch(prefetch)}
+	if c.cohort != "" {
+		opts = append(opts, sinew.WithCohort(c.cohort))
+	}
+	s, err := c.c.Subscribe(ctx, topic, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("sinewadapter: subscribe %s: %w", topic, err)
 	}
