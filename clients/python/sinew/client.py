@@ -506,7 +506,7 @@ class Message:
     """
 
     __slots__ = ("topic", "group", "partition", "offset", "attempt", "published_at_ms", "lease_ms", "key",
-                 "headers", "content_type", "body", "tag", "_lease_sub", "_lease_id", "_lease_epoch", "_lease_raw",
+                 "headers", "content_type", "body", "tag", "_assignment", "_lease_sub", "_lease_id", "_lease_epoch", "_lease_raw",
                  "_sub", "_epoch", "_settled", "_stale")
 
     @classmethod
@@ -514,7 +514,8 @@ class Message:
         """A message from w.Deliver.fields(): the consumer's hot path, with no Deliver object."""
         m = cls.__new__(cls)
         (m._lease_sub, m.tag, m.partition, m.offset, m.attempt, m.published_at_ms, m.key, m.headers,
-         m.content_type, m.body, m.topic, m.group, m._lease_id, m._lease_epoch, m.lease_ms, m._lease_raw) = f
+         m.content_type, m.body, m.topic, m.group, m._lease_id, m._lease_epoch, m.lease_ms, m._assignment,
+         m._lease_raw) = f
         if not m.topic:
             m.topic = sub.topic
         if not m._lease_raw:  # a broker that sends no lease_id: the reference by position
@@ -540,12 +541,22 @@ class Message:
         self.content_type = d.content_type
         self.body = d.body
         self.tag = d.tag
+        self._assignment = d.assignment
         self._lease_sub, self._lease_id, self._lease_epoch = d.sub_id, d.lease_id, d.epoch
         self._lease_raw = d.lease_raw or w.LeaseRef(d.sub_id, d.partition, d.offset, d.lease_id, d.epoch).encode()
         self._sub = sub
         self._epoch = epoch
         self._settled = sub.auto_ack
         self._stale = False
+
+    @property
+    def assignment(self) -> int:
+        """The partition's assignment epoch when this delivery was leased
+        (DELIVER's ``assignment``, read-only): it rises each time the
+        partition moves from one cohort member to another, and is 0 while no
+        cohort ever held the partition. Compare it with the ``epoch`` of
+        :meth:`Subscription.assignments` events."""
+        return self._assignment
 
     @property
     def lease(self) -> w.LeaseRef:
