@@ -20,6 +20,7 @@ import collections
 import logging
 import os
 import random
+import re
 import ssl as _ssl
 import time
 import warnings
@@ -82,6 +83,7 @@ PUBLISH_INFLIGHT_DEFAULT = 1024  # publish window when the broker announces none
 PUBLISH_INFLIGHT_BYTES_MAX = 64 << 20  # body bytes of unconfirmed publishes, kept for resending
 SETTLE_BATCH_DEFAULT = 256  # tags per settle frame when the broker announces no limit
 DELIVERY_BUFFER_MAX = 4096  # messages buffered per subscription before the reader waits
+ASSIGNMENT_BUFFER_MAX = 256  # assignment events kept per subscription; the oldest are dropped beyond
 WRITE_COALESCE_BYTES_MAX = 64 << 10  # frames gathered for one socket write before it is made
 READ_CHUNK_BYTES = 256 << 10  # most bytes taken from the socket per read
 READ_BUFFER_BYTES = 1 << 20  # the stream's buffer pauses reading past twice this
@@ -121,6 +123,15 @@ _HEADERS_MAX = 256  # headers per message, as the protocol bounds them
 def _check_str(name: str, v: object) -> None:
     if not isinstance(v, str):
         raise InvalidArgumentError(name, f"want a str, got {v!r}")
+
+
+# A cohort name or member id: 1 to 128 of A-Z a-z 0-9 . _ : - (docs/protocol.md 5.7).
+_COHORT_NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def _check_cohort_name(name: str, v: object) -> None:
+    if not isinstance(v, str) or not _COHORT_NAME.fullmatch(v):
+        raise InvalidArgumentError(name, f"want 1 to 128 characters of A-Z a-z 0-9 . _ : -, got {v!r}")
 
 
 def _check_int(name: str, v: object, lo: int, hi: int) -> None:
@@ -371,6 +382,91 @@ class StatusStream:
         await self.aclose()
 
 
+ASSIGNED = "assigned"
+REVOKED = "revoked"
+
+
+@dataclass(frozen=True)
+class AssignmentEvent:
+    """A partition assigned to or revoked from a cohort subscription (the
+    broker's ASSIGNMENT), as :meth:`Subscription.assignments` yields it.
+
+    ``state`` is ``"assigned"`` (the partition's deliveries come to this
+    subscription now) or ``"revoked"`` (they go to another member, or nowhere
+    until the next plan). ``epoch`` is the partition's assignment epoch after
+    the move: deliveries made under this assignment carry it as
+    :attr:`Message.assignment`. ``dropped`` is how many events were dropped
+    just before this one because the buffer was full."""
+
+    partition: int
+    epoch: int
+    state: str
+    dropped: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe data: ``{"partition", "epoch", "state", "dropped"}``."""
+        return {"partition": self.partition, "epoch": self.epoch, "state": self.state, "dropped": self.dropped}
+
+
+class AssignmentStream:
+    """The assignment events of one subscription: ``async for ev in sub.assignments()``.
+
+    Every :meth:`Subscription.assignments` call reads the same buffer, which
+    keeps events from the moment the broker accepted the subscription (so
+    the first reader also sees those that came before it asked) and holds at
+    most ``ASSIGNMENT_BUFFER_MAX`` (256) unread ones: beyond that the oldest
+    are dropped, counted in :attr:`Subscription.assignments_dropped` and in
+    ``dropped`` of the next event read. One reader at a time. Leaving the loop
+    only stops reading; iteration stops when the subscription ends and the
+    buffer is empty."""
+
+    def __init__(self) -> None:
+        self._buf: collections.deque[AssignmentEvent] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._ended = False
+        self._missed = 0  # dropped since the last event read
+        self.dropped = 0
+        """Events dropped because the buffer was full, in all."""
+
+    def _push(self, ev: AssignmentEvent) -> None:
+        if self._ended:
+            return
+        if len(self._buf) >= ASSIGNMENT_BUFFER_MAX:
+            self._buf.popleft()
+            self._missed += 1
+            self.dropped += 1
+        self._buf.append(ev)
+        self._wake()
+
+    def _end(self) -> None:
+        self._ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def __aiter__(self) -> AssignmentStream:
+        return self
+
+    async def __anext__(self) -> AssignmentEvent:
+        while not self._buf:
+            if self._ended:
+                raise StopAsyncIteration
+            if self._waiter is not None:
+                raise RuntimeError("sinew: a subscription's assignments have one reader at a time")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        ev = self._buf.popleft()
+        if self._missed:
+            ev = dataclasses.replace(ev, dropped=self._missed)
+            self._missed = 0
+        return ev
+
+
 class _ConnClosed(Exception):
     """The connection closed before the request could be written."""
 
@@ -582,7 +678,7 @@ class Message:
         (``key_base64``, ``body_base64``)."""
         return {"topic": self.topic, "group": self.group, "partition": self.partition, "offset": self.offset,
                 "attempt": self.attempt, "published_at_ms": self.published_at_ms, "lease_ms": self.lease_ms,
-                "key_base64": base64.b64encode(self.key).decode("ascii"),
+                "assignment": self._assignment, "key_base64": base64.b64encode(self.key).decode("ascii"),
                 "headers": [[k, v] for k, v in self.headers], "content_type": self.content_type,
                 "body_base64": base64.b64encode(self.body).decode("ascii")}
 
@@ -762,13 +858,18 @@ class Subscription:
     """
 
     def __init__(self, client: Client, topic: str, group: str, partition: int, prefetch: int,
-                 auto_ack: bool) -> None:
+                 auto_ack: bool, cohort: str = "", member_id: str = "") -> None:
         self._client = client
         self.topic = topic
         self.group = group
         self.partition = partition
         self.prefetch = prefetch
         self.auto_ack = auto_ack
+        self.cohort = cohort
+        """The cohort (consumer group) this subscription is a member of; "" for a plain consumer."""
+        self.member_id = member_id
+        """The member id it joined the cohort with; "" for a plain consumer."""
+        self._assignments = AssignmentStream()
         self._server_id = 0
         self._recreating = False
         self._buf = _Buffer(DELIVERY_BUFFER_MAX)
@@ -779,6 +880,28 @@ class Subscription:
     def end_reason(self) -> BaseException | None:
         """Why the subscription ended, or None while it runs."""
         return self._end
+
+    def assignments(self) -> AssignmentStream:
+        """The partitions assigned to and revoked from this cohort
+        subscription, in the order the broker sent them::
+
+            async for ev in sub.assignments():
+                print(ev.partition, ev.state, ev.epoch)
+
+        Bounded and kept from the start (see :class:`AssignmentStream`). A
+        plain subscription (no cohort) gets no events."""
+        return self._assignments
+
+    @property
+    def assignments_dropped(self) -> int:
+        """Assignment events dropped because the buffer (256) was full, in all."""
+        return self._assignments.dropped
+
+    def _assign(self, a: w.Assignment) -> None:
+        if self._end is not None:
+            return
+        self._assignments._push(AssignmentEvent(a.partition, a.epoch,
+                                                ASSIGNED if a.state == w.ASSIGNMENT_ASSIGNED else REVOKED))
 
     def __aiter__(self) -> Subscription:
         return self
@@ -880,6 +1003,7 @@ class Subscription:
         self._end = reason
         self._purge()
         self._buf.force(_END)
+        self._assignments._end()
         self._client._subs.discard(self)
 
 
@@ -1087,6 +1211,11 @@ class _Conn:
         if isinstance(body, w.SubClosed):
             self.client._sub_closed(self, body)
             return
+        if isinstance(body, w.Assignment):
+            sub = self.subs.get(body.sub_id)
+            if sub is not None:  # an unknown sub_id is ignored
+                sub._assign(body)
+            return
         if isinstance(body, w.GoingAway):
             self.draining = True
             self.away_deadline_ms = body.deadline_ms
@@ -1173,6 +1302,9 @@ class Client:
         self._on_settle_error = on_settle_error
         self._status_streams: weakref.WeakSet[StatusStream] = weakref.WeakSet()
         self._producer_id = "py-" + os.urandom(8).hex()
+        self.member_id = "py-" + os.urandom(16).hex()
+        """The member id of this client's cohort subscriptions that name none:
+        random per client, the same across reconnects."""
         self._producer_seq = 0
         self._heads: dict[tuple[Any, ...] | None, bytes] = {}  # encoded publish heads by their fields
         self._frame_max = w.FRAME_BYTES_DEFAULT  # the broker's frame limit at the last handshake
@@ -1358,6 +1490,8 @@ class Client:
     async def _reconcile(self, conn: _Conn) -> None:
         by_id = {s._server_id: s for s in self._subs if s._server_id}
         views = [s._view() for s in by_id.values()]
+        # So that a subscription the broker recreates joins its cohort again.
+        cohorts = [w.SubCohort(i, s.cohort, s.member_id) for i, s in by_id.items() if s.cohort]
 
         # Applied by the reader as soon as the result arrives, before any
         # DELIVER that follows it, so re-sends reach the right subscription.
@@ -1386,7 +1520,7 @@ class Client:
                         s._server_id = 0
                         s._recreating = True
 
-        reply = await self._round_trip(conn, w.Reconcile(self._reconcile_policy, views, True), hook)
+        reply = await self._round_trip(conn, w.Reconcile(self._reconcile_policy, views, True, cohorts), hook)
         if not isinstance(reply, w.ReconcileResult):
             raise ProtocolError("sinew: unexpected answer to RECONCILE")
 
@@ -1783,16 +1917,31 @@ class Client:
         return int(ok.purged)
 
     async def subscribe(self, topic: str, *, group: str = "", partition: int = -1, prefetch: int = 0,
-                        auto_ack: bool = False) -> Subscription:
+                        auto_ack: bool = False, cohort: str | None = None,
+                        member_id: str | None = None) -> Subscription:
         """Subscribes to a queue. The subscription survives reconnects: it is
-        kept on a resumed session and made again on a fresh one."""
+        kept on a resumed session and made again on a fresh one.
+
+        With ``cohort`` it joins that cohort (consumer group): the queue's
+        partitions are shared among the cohort's members, each delivered to
+        one member at a time, in offset order (see :meth:`Subscription.assignments`).
+        ``member_id`` defaults to the client's :attr:`Client.member_id`. Both
+        are 1 to 128 characters of ``A-Z a-z 0-9 . _ : -``; anything else,
+        or a ``member_id`` without a ``cohort``, raises InvalidArgumentError."""
         _check_str("topic", topic)
         _check_str("group", group)
         _check_int("partition", partition, -1, _I32_MAX)
         _check_int("prefetch", prefetch, 0, _U32_MAX)
         if not isinstance(auto_ack, bool):
             raise InvalidArgumentError("auto_ack", f"want a bool, got {auto_ack!r}")
-        s = Subscription(self, topic, group, partition, prefetch, auto_ack)
+        if cohort is not None:
+            _check_cohort_name("cohort", cohort)
+        if member_id is not None:
+            _check_cohort_name("member_id", member_id)
+            if cohort is None:
+                raise InvalidArgumentError("member_id", "a member id needs a cohort")
+        member = "" if cohort is None else (member_id if member_id is not None else self.member_id)
+        s = Subscription(self, topic, group, partition, prefetch, auto_ack, cohort or "", member)
         while True:
             conn = await self._acquire()
             try:
@@ -1804,7 +1953,7 @@ class Client:
                 continue
 
     async def _subscribe_on(self, conn: _Conn, s: Subscription) -> None:
-        body = w.Subscribe(s.topic, s.group, s.partition, 1 if s.auto_ack else 0, s.prefetch)
+        body = w.Subscribe(s.topic, s.group, s.partition, 1 if s.auto_ack else 0, s.prefetch, s.cohort, s.member_id)
 
         def hook(ok: Any) -> None:  # registered before the first DELIVER is read
             if isinstance(ok, w.SubscribeOK):
