@@ -1259,7 +1259,8 @@ class Client:
                  dial_timeout_s: float, handshake_timeout_s: float, drain_timeout_s: float,
                  sleep: Callable[[float], Awaitable[None]], monotonic: Callable[[], float],
                  rand: Callable[[], float], on_status: Callable[[StatusEvent], None] | None = None,
-                 on_settle_error: Callable[[Message, SinewError], None] | None = None) -> None:
+                 on_settle_error: Callable[[Message, SinewError], None] | None = None,
+                 member_id: str | None = None) -> None:
         host, _, port = addr.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"sinew: address {addr!r} is not host:port")
@@ -1302,9 +1303,10 @@ class Client:
         self._on_settle_error = on_settle_error
         self._status_streams: weakref.WeakSet[StatusStream] = weakref.WeakSet()
         self._producer_id = "py-" + os.urandom(8).hex()
-        self.member_id = "py-" + os.urandom(16).hex()
+        self.member_id = member_id if member_id is not None else "m-py-" + os.urandom(16).hex()
         """The member id of this client's cohort subscriptions that name none:
-        random per client, the same across reconnects."""
+        the ``member_id`` of :func:`connect`, else random per client; the same
+        across reconnects."""
         self._producer_seq = 0
         self._heads: dict[tuple[Any, ...] | None, bytes] = {}  # encoded publish heads by their fields
         self._frame_max = w.FRAME_BYTES_DEFAULT  # the broker's frame limit at the last handshake
@@ -1927,7 +1929,9 @@ class Client:
         one member at a time, in offset order (see :meth:`Subscription.assignments`).
         ``member_id`` defaults to the client's :attr:`Client.member_id`. Both
         are 1 to 128 characters of ``A-Z a-z 0-9 . _ : -``; anything else,
-        or a ``member_id`` without a ``cohort``, raises InvalidArgumentError."""
+        or a ``member_id`` without a ``cohort``, raises InvalidArgumentError,
+        as does a ``member_id`` other than the one this client's live cohort
+        subscriptions use (a broker session holds one member id)."""
         _check_str("topic", topic)
         _check_str("group", group)
         _check_int("partition", partition, -1, _I32_MAX)
@@ -1941,6 +1945,13 @@ class Client:
             if cohort is None:
                 raise InvalidArgumentError("member_id", "a member id needs a cohort")
         member = "" if cohort is None else (member_id if member_id is not None else self.member_id)
+        if member:
+            # A broker session uses one member id: refuse a second one here
+            # rather than have the broker refuse it (bad_request).
+            for other in self._subs:
+                if other.member_id and other.member_id != member:
+                    raise InvalidArgumentError("member_id", f"this client's cohort subscriptions are member "
+                                                            f"{other.member_id!r}; a session uses one member id")
         s = Subscription(self, topic, group, partition, prefetch, auto_ack, cohort or "", member)
         while True:
             conn = await self._acquire()
@@ -2269,6 +2280,7 @@ async def connect(addr: str, *, client_name: str = "sinew-python", credentials: 
                   handshake_timeout_ms: int | None = None, drain_timeout_ms: int | None = None,
                   on_status: Callable[[StatusEvent], None] | None = None,
                   on_settle_error: Callable[[Message, SinewError], None] | None = None,
+                  member_id: str | None = None,
                   sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                   monotonic: Callable[[], float] = time.monotonic,
                   rand: Callable[[], float] = random.random,
@@ -2299,6 +2311,10 @@ async def connect(addr: str, *, client_name: str = "sinew-python", credentials: 
     ``on_status`` is called (on the event loop; it must not block) with every
     :class:`StatusEvent`; ``on_settle_error`` with every fast settle that
     failed (see :class:`Message`).
+
+    ``member_id`` is the member id of the client's cohort subscriptions (the
+    Go SDK's ``WithMemberID``): 1 to 128 characters of ``A-Z a-z 0-9 . _ : -``;
+    by default a random one, drawn once per client and kept across reconnects.
     """
     _check_str("addr", addr)
     for name, v in (("client_name", client_name), ("credentials", credentials), ("user", user)):
@@ -2307,6 +2323,8 @@ async def connect(addr: str, *, client_name: str = "sinew-python", credentials: 
         raise InvalidArgumentError("reconnect", f"want a ReconnectPolicy, got {reconnect!r}")
     if reconcile not in (RECONCILE_CONSERVATIVE, RECONCILE_RESTORE) or isinstance(reconcile, bool):
         raise InvalidArgumentError("reconcile", f"want RECONCILE_CONSERVATIVE or RECONCILE_RESTORE, got {reconcile!r}")
+    if member_id is not None:
+        _check_cohort_name("member_id", member_id)
     if ssl is not None and not isinstance(ssl, _ssl.SSLContext):
         raise InvalidArgumentError("ssl", f"want an ssl.SSLContext, got {ssl!r}")
     for name, cb in (("on_status", on_status), ("on_settle_error", on_settle_error)):
@@ -2324,6 +2342,7 @@ async def connect(addr: str, *, client_name: str = "sinew-python", credentials: 
                reconnect=reconnect or ReconnectPolicy(),
                reconcile=reconcile, ssl=ssl, heartbeat_s=heartbeat / 1000, dial_timeout_s=dial_timeout / 1000,
                handshake_timeout_s=handshake_timeout / 1000, drain_timeout_s=drain_timeout / 1000, sleep=sleep,
-               monotonic=monotonic, rand=rand, on_status=on_status, on_settle_error=on_settle_error)
+               monotonic=monotonic, rand=rand, on_status=on_status, on_settle_error=on_settle_error,
+               member_id=member_id)
     await c._open(connect_timeout / 1000)
     return c

@@ -13,6 +13,8 @@ from typing import Any
 import sinew
 from sinew import _wire as w
 
+from harness import Broker
+
 WAIT_S = 10.0
 
 
@@ -113,26 +115,47 @@ def deliver(sub_id: int, tag: int, assignment: int) -> w.Deliver:
 class Cohorts(unittest.IsolatedAsyncioTestCase):
     async def asyncSetUp(self) -> None:
         self.fb = FakeBroker()
-        addr = await self.fb.start()
-        self.c = await sinew.connect(addr, sleep=no_sleep, drain_timeout_ms=100)
+        self.addr = await self.fb.start()
+        self.c = await sinew.connect(self.addr, sleep=no_sleep, drain_timeout_ms=100)
+        self.more: list[sinew.Client] = []
 
     async def asyncTearDown(self) -> None:
-        await self.c.close()
+        for c in [self.c, *self.more]:
+            await c.close()
         await self.fb.stop()
+
+    async def connect(self, **kw: Any) -> sinew.Client:
+        c = await sinew.connect(self.addr, sleep=no_sleep, drain_timeout_ms=100, **kw)
+        self.more.append(c)
+        return c
 
     def subscribes(self, conn: int | None = None) -> list[w.Subscribe]:
         return [r.body for r in self.fb.got if r.op == w.SUBSCRIBE and (conn is None or r.conn == conn)]
 
     async def test_subscribe_sends_cohort_and_member(self) -> None:
         c = self.c
+        c2 = await self.connect(member_id="worker-7")
+        c3 = await self.connect()
         self.assertRegex(c.member_id, r"^[A-Za-z0-9._:-]{1,128}$")
+        self.assertNotEqual(c.member_id, c3.member_id)
+        self.assertEqual(c2.member_id, "worker-7")
         plain = await c.subscribe("orders")
         a = await c.subscribe("orders", cohort="billing")
-        b = await c.subscribe("orders", cohort="audit", member_id="worker-7")
-        self.assertEqual([(s.cohort, s.member) for s in self.subscribes()],
-                         [("", ""), ("billing", c.member_id), ("audit", "worker-7")])
-        self.assertEqual([(s.cohort, s.member_id) for s in (plain, a, b)],
-                         [("", ""), ("billing", c.member_id), ("audit", "worker-7")])
+        b = await c.subscribe("orders", cohort="audit")
+        d = await c2.subscribe("orders", cohort="billing")
+        e = await c3.subscribe("orders", cohort="billing", member_id="w-3")
+        want = [("", ""), ("billing", c.member_id), ("audit", c.member_id), ("billing", "worker-7"), ("billing", "w-3")]
+        self.assertEqual([(s.cohort, s.member) for s in self.subscribes()], want)
+        self.assertEqual([(s.cohort, s.member_id) for s in (plain, a, b, d, e)], want)
+        # A session uses one member id: a second one is refused at the call.
+        with self.assertRaises(sinew.InvalidArgumentError):
+            await c3.subscribe("jobs", cohort="billing")
+        with self.assertRaises(sinew.InvalidArgumentError):
+            await c.subscribe("jobs", cohort="billing", member_id="w-4")
+        self.assertEqual(len(self.subscribes()), 5)
+        with self.assertRaises(sinew.InvalidArgumentError) as cm:
+            await sinew.connect(self.addr, member_id="bad id")
+        self.assertEqual(cm.exception.argument, "member_id")
 
     async def test_bad_names_are_refused_at_the_call_and_send_nothing(self) -> None:
         bad: list[tuple[dict[str, Any], str]] = [
@@ -202,7 +225,8 @@ class Cohorts(unittest.IsolatedAsyncioTestCase):
 
     async def test_resumed_session_reconciles_cohorts_and_recreates_with_cohort(self) -> None:
         fb = self.fb
-        fb.outcome = lambda conn: 0 if conn == 0 else 1
+        fb.outcome = lambda conn: 0 if conn < 2 else 1  # connection 2: c's second
+        c = await self.connect(member_id="w-2")
 
         def entries(body: w.Reconcile) -> list[w.ReconcileEntry]:
             # The broker lost sub 101 and asks the client to subscribe it again.
@@ -210,18 +234,17 @@ class Cohorts(unittest.IsolatedAsyncioTestCase):
                     w.ReconcileEntry(1, v.sub_id, v.sub_id, v, v, "matched") for v in body.subs]
 
         fb.reconcile_entries = entries
-        await self.c.subscribe("plain")
-        await self.c.subscribe("orders", cohort="billing")
-        await self.c.subscribe("orders", cohort="audit", member_id="w-2")
-        fb.writers[0].transport.abort()
+        await c.subscribe("plain")
+        await c.subscribe("orders", cohort="billing")
+        await c.subscribe("orders", cohort="audit", member_id="w-2")
+        fb.writers[1].transport.abort()  # connection 0 is self.c's
         rec = await fb.wait_for(lambda r: r.op == w.RECONCILE, "RECONCILE")
-        self.assertEqual(rec.conn, 1)
+        self.assertEqual(rec.conn, 2)
         self.assertEqual(sorted(v.sub_id for v in rec.body.subs), [100, 101, 102])
         self.assertEqual(sorted(rec.body.cohorts, key=lambda x: x.sub_id),
-                         [w.SubCohort(101, "billing", self.c.member_id), w.SubCohort(102, "audit", "w-2")])
-        again = await fb.wait_for(lambda r: r.op == w.SUBSCRIBE and r.conn == 1, "SUBSCRIBE on the new connection")
-        self.assertEqual((again.body.topic, again.body.cohort, again.body.member),
-                         ("orders", "billing", self.c.member_id))
+                         [w.SubCohort(101, "billing", "w-2"), w.SubCohort(102, "audit", "w-2")])
+        again = await fb.wait_for(lambda r: r.op == w.SUBSCRIBE and r.conn == 2, "SUBSCRIBE on the new connection")
+        self.assertEqual((again.body.topic, again.body.cohort, again.body.member), ("orders", "billing", "w-2"))
 
     async def test_fresh_session_subscribes_again_with_cohort(self) -> None:
         await self.c.subscribe("orders", cohort="billing")
@@ -232,6 +255,63 @@ class Cohorts(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(sorted((s.topic, s.cohort, s.member) for s in self.subscribes(1)),
                          [("jobs", "billing", self.c.member_id), ("orders", "billing", self.c.member_id)])
         self.assertFalse(any(r.op == w.RECONCILE for r in self.fb.got))
+
+
+async def read_assignments(it: sinew.AssignmentStream, owned: dict[int, int], done: Callable[[], bool]) -> None:
+    """Applies assignment events to owned (partition -> epoch) until done(); bounded."""
+    async def run() -> None:
+        while not done():
+            ev = await it.__anext__()
+            if ev.state == sinew.ASSIGNED:
+                owned[ev.partition] = ev.epoch
+            else:
+                owned.pop(ev.partition, None)
+    try:
+        await asyncio.wait_for(run(), 15.0)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"assignments incomplete: {owned}") from None
+
+
+class RealBroker(unittest.IsolatedAsyncioTestCase):
+    async def test_two_cohort_subscriptions_of_one_client_then_a_second_member(self) -> None:
+        broker = Broker()
+        await broker.start()
+        self.addCleanup(broker.data.cleanup)
+        self.addAsyncCleanup(broker.kill)
+        a = await sinew.connect(broker.addr, member_id="worker-a", drain_timeout_ms=1000)
+        self.addAsyncCleanup(a.close)
+        b = await sinew.connect(broker.addr, member_id="worker-b", drain_timeout_ms=1000)
+        self.addAsyncCleanup(b.close)
+        await a.declare_queue("py-cohort-1", partitions=2)
+        await a.declare_queue("py-cohort-2", partitions=2)
+        s1 = await a.subscribe("py-cohort-1", cohort="billing", prefetch=16)
+        s2 = await a.subscribe("py-cohort-2", cohort="audit", prefetch=16)
+        owned1: dict[int, int] = {}
+        owned2: dict[int, int] = {}
+        await read_assignments(s1.assignments(), owned1, lambda: len(owned1) == 2)
+        await read_assignments(s2.assignments(), owned2, lambda: len(owned2) == 2)
+        # Each subscription gets its own queue's messages, under the epoch it was told.
+        await a.publish("py-cohort-1", "1/x", partition=0)
+        await a.publish("py-cohort-1", "1/y", partition=1)
+        await a.publish("py-cohort-2", "2/z", partition=0)
+        got1 = [await asyncio.wait_for(s1.__anext__(), WAIT_S) for _ in range(2)]
+        m2 = await asyncio.wait_for(s2.__anext__(), WAIT_S)
+        self.assertEqual(sorted(m.text for m in got1), ["1/x", "1/y"])
+        self.assertEqual(m2.text, "2/z")
+        for m in got1:
+            self.assertEqual(m.assignment, owned1[m.partition])
+        self.assertEqual(m2.assignment, owned2[m2.partition])
+        for m in [*got1, m2]:
+            await m.complete(confirmed=True)
+        # A second member of "billing": one partition moves to it, and worker-a hears the revoke.
+        sb = await b.subscribe("py-cohort-1", cohort="billing", prefetch=16)
+        owned_b: dict[int, int] = {}
+        await read_assignments(sb.assignments(), owned_b, lambda: len(owned_b) == 1)
+        await read_assignments(s1.assignments(), owned1, lambda: len(owned1) == 1)
+        (pb,) = owned_b
+        self.assertNotIn(pb, owned1)
+        self.assertGreater(owned_b[pb], 0)
+        self.assertEqual(s1.assignments_dropped + s2.assignments_dropped + sb.assignments_dropped, 0)
 
 
 if __name__ == "__main__":

@@ -119,6 +119,10 @@ export interface ConnectOptions {
   reconcilePolicy?: "restore" | "conservative";
   /** Producer id stamped on publishes for deduplication (default: random per client). */
   producerId?: string;
+  /** The member id of this client's cohort subscriptions (the Go SDK's
+   * WithMemberID), 1 to 128 of A-Z a-z 0-9 . _ : - (default: random per
+   * client, kept across reconnects). A broker session uses one member id. */
+  memberId?: string;
   /** Most unconfirmed publishes at once (default 1024, never above the broker's limit). */
   publishWindow?: number;
   /** Bounds the first connect, attempts and sleeps together (default 30 000 ms). */
@@ -617,8 +621,8 @@ export class Client {
   readonly addr: string;
   readonly producerId: string;
   /** The member id of this client's cohort subscriptions that name none:
-   * random per client, the same across reconnects. */
-  readonly memberId = `ts-${randomUUID()}`;
+   * the `memberId` option, else random per client; the same across reconnects. */
+  readonly memberId: string;
   private readonly o: ConnectOptions;
   private readonly policy: ReconnectPolicy;
   private readonly sleep: (ms: number, signal?: AbortSignal) => Promise<void>;
@@ -675,6 +679,7 @@ export class Client {
         }
       : () => {};
     this.producerId = o.producerId ?? `ts-${randomUUID()}`;
+    this.memberId = o.memberId ?? `m-ts-${randomUUID()}`;
     this.windowMax = o.publishWindow && o.publishWindow > 0 ? o.publishWindow : PUBLISH_WINDOW_DEFAULT;
   }
 
@@ -1278,6 +1283,16 @@ export class Client {
     checkCohortName("opts.cohort", o.cohort);
     checkCohortName("opts.memberId", o.memberId);
     if (o.memberId !== undefined && o.cohort === undefined) throw new InvalidArgumentError("opts.memberId", "a member id needs a cohort (opts.cohort)");
+    if (o.cohort !== undefined) {
+      // A broker session uses one member id: refuse a second one here
+      // rather than have the broker refuse it (bad_request).
+      const member = o.memberId ?? this.memberId;
+      for (const s of this.subs) {
+        if (s.memberId && s.memberId !== member) {
+          throw new InvalidArgumentError("opts.memberId", `this client's cohort subscriptions are member ${JSON.stringify(s.memberId)}; a session uses one member id`);
+        }
+      }
+    }
     const oo = operationOptions(o, "opts");
     const err = this.stateError();
     if (err) throw err;
@@ -2329,6 +2344,7 @@ function checkConnectOptions(addr: string, opts: ConnectOptions): void {
   if (o.producerId !== undefined && utf8.encode(o.producerId).length > 255) {
     throw new InvalidArgumentError("opts.producerId", "at most 255 bytes");
   }
+  checkCohortName("opts.memberId", o.memberId);
   if (o.reconcilePolicy !== undefined && o.reconcilePolicy !== "restore" && o.reconcilePolicy !== "conservative") {
     throw new InvalidArgumentError("opts.reconcilePolicy", `want "restore" or "conservative", got ${describe(o.reconcilePolicy)}`);
   }

@@ -112,10 +112,10 @@ class FakeBroker {
   }
 }
 
-async function setup(): Promise<{ fb: FakeBroker; c: Client; done: () => Promise<void> }> {
+async function setup(opts: { memberId?: string } = {}): Promise<{ fb: FakeBroker; c: Client; done: () => Promise<void> }> {
   const fb = new FakeBroker();
   const addr = await fb.start();
-  const c = await connect(addr, { sleep: () => Promise.resolve(), handshakeTimeoutMs: 5_000, drainTimeoutMs: 100 });
+  const c = await connect(addr, { sleep: () => Promise.resolve(), handshakeTimeoutMs: 5_000, drainTimeoutMs: 100, ...opts });
   return {
     fb,
     c,
@@ -126,26 +126,43 @@ async function setup(): Promise<{ fb: FakeBroker; c: Client; done: () => Promise
   };
 }
 
-test("subscribe sends the cohort and member: the client's default id, or the one given", T, async () => {
+test("subscribe sends the cohort and member: the client's default id, the connect option, or the one given", T, async () => {
   const { fb, c, done } = await setup();
+  const c2 = await connect(`127.0.0.1:${fb.port}`, { memberId: "worker-7", drainTimeoutMs: 100 });
+  const c3 = await connect(`127.0.0.1:${fb.port}`, { drainTimeoutMs: 100 });
   try {
     assert.match(c.memberId, /^[A-Za-z0-9._:-]{1,128}$/);
+    assert.notEqual(c.memberId, c3.memberId);
+    assert.equal(c2.memberId, "worker-7");
     const plain = await c.subscribe("orders");
     const a = await c.subscribe("orders", { cohort: "billing" });
-    const b = await c.subscribe("orders", { cohort: "audit", memberId: "worker-7" });
+    const b = await c.subscribe("orders", { cohort: "audit" });
+    const d = await c2.subscribe("orders", { cohort: "billing" });
+    const e = await c3.subscribe("orders", { cohort: "billing", memberId: "w-3" });
     const subs = fb.got.filter((r) => r.op === Op.SUBSCRIBE).map((r) => r.body);
     assert.deepEqual(
       subs.map((x) => [x.cohort, x.member]),
       [
         ["", ""],
         ["billing", c.memberId],
-        ["audit", "worker-7"],
+        ["audit", c.memberId],
+        ["billing", "worker-7"],
+        ["billing", "w-3"],
       ],
     );
     assert.deepEqual([plain.cohort, plain.memberId], ["", ""]);
     assert.deepEqual([a.cohort, a.memberId], ["billing", c.memberId]);
-    assert.deepEqual([b.cohort, b.memberId], ["audit", "worker-7"]);
+    assert.deepEqual([b.cohort, b.memberId], ["audit", c.memberId]);
+    assert.deepEqual([d.cohort, d.memberId], ["billing", "worker-7"]);
+    assert.deepEqual([e.cohort, e.memberId], ["billing", "w-3"]);
+    // A session uses one member id: a second one is refused at the call.
+    await assert.rejects(() => c3.subscribe("jobs", { cohort: "billing" }), InvalidArgumentError);
+    await assert.rejects(() => c.subscribe("jobs", { cohort: "billing", memberId: "w-4" }), InvalidArgumentError);
+    assert.equal(fb.got.filter((r) => r.op === Op.SUBSCRIBE).length, 5);
+    await assert.rejects(() => connect(`127.0.0.1:${fb.port}`, { memberId: "bad id" }), InvalidArgumentError);
   } finally {
+    await c2.close();
+    await c3.close();
     await done();
   }
 });
@@ -235,7 +252,7 @@ test("assignment events are bounded: the oldest are dropped and counted", T, asy
 });
 
 test("a resumed session's RECONCILE lists the cohort of each cohort subscription; one recreated subscribes with its cohort", T, async () => {
-  const { fb, c, done } = await setup();
+  const { fb, c, done } = await setup({ memberId: "w-2" });
   try {
     fb.outcome = (conn) => (conn === 0 ? 0 : 1);
     // The broker lost sub 101 and asks the client to subscribe it again.
@@ -248,6 +265,7 @@ test("a resumed session's RECONCILE lists the cohort of each cohort subscription
     await c.subscribe("plain");
     await c.subscribe("orders", { cohort: "billing" });
     await c.subscribe("orders", { cohort: "audit", memberId: "w-2" });
+    assert.equal(c.memberId, "w-2");
     fb.socks[0]!.destroy();
     const rec = await fb.waitFor((r) => r.op === Op.RECONCILE, "RECONCILE");
     assert.equal(rec.conn, 1);
@@ -256,11 +274,11 @@ test("a resumed session's RECONCILE lists the cohort of each cohort subscription
       [100n, 101n, 102n],
     );
     assert.deepEqual(rec.body.cohorts, [
-      { sub_id: 101n, cohort: "billing", member: c.memberId },
+      { sub_id: 101n, cohort: "billing", member: "w-2" },
       { sub_id: 102n, cohort: "audit", member: "w-2" },
     ]);
     const again = await fb.waitFor((r) => r.op === Op.SUBSCRIBE && r.conn === 1, "SUBSCRIBE on the new connection");
-    assert.deepEqual([again.body.topic, again.body.cohort, again.body.member], ["orders", "billing", c.memberId]);
+    assert.deepEqual([again.body.topic, again.body.cohort, again.body.member], ["orders", "billing", "w-2"]);
   } finally {
     await done();
   }
@@ -270,16 +288,85 @@ test("a fresh session subscribes every cohort subscription again with its cohort
   const { fb, c, done } = await setup();
   try {
     await c.subscribe("orders", { cohort: "billing" });
-    await c.subscribe("orders", { cohort: "billing", memberId: "w-9" });
+    await c.subscribe("jobs", { cohort: "audit" });
     fb.socks[0]!.destroy(); // outcome stays 0: the session is not resumed
-    await fb.waitFor((r) => r.op === Op.SUBSCRIBE && r.conn === 1 && r.body.member === "w-9", "second SUBSCRIBE");
-    const again = fb.got.filter((r) => r.op === Op.SUBSCRIBE && r.conn === 1).map((r) => [r.body.cohort, r.body.member]);
+    await fb.waitFor((r) => r.op === Op.SUBSCRIBE && r.conn === 1 && r.body.topic === "jobs", "SUBSCRIBE of jobs");
+    await fb.waitFor((r) => r.op === Op.SUBSCRIBE && r.conn === 1 && r.body.topic === "orders", "SUBSCRIBE of orders");
+    const again = fb.got.filter((r) => r.op === Op.SUBSCRIBE && r.conn === 1).map((r) => [r.body.topic, r.body.cohort, r.body.member]);
     assert.deepEqual(again.sort(), [
-      ["billing", c.memberId],
-      ["billing", "w-9"],
-    ].sort());
+      ["jobs", "audit", c.memberId],
+      ["orders", "billing", c.memberId],
+    ]);
     assert.equal(fb.got.filter((r) => r.op === Op.RECONCILE).length, 0);
   } finally {
     await done();
+  }
+});
+
+/** Reads assignment events until `done` says the picture is complete; bounded. */
+async function readAssignments(it: AsyncIterator<AssignmentEvent>, owned: Map<number, number>, done: () => boolean): Promise<void> {
+  const until = Date.now() + 15_000;
+  while (!done()) {
+    const left = until - Date.now();
+    if (left <= 0) throw new Error(`assignments incomplete: ${JSON.stringify([...owned])}`);
+    let t: NodeJS.Timeout | undefined;
+    const r = await Promise.race([
+      it.next(),
+      new Promise<never>((_, reject) => {
+        t = setTimeout(() => reject(new Error(`no assignment event; owned ${JSON.stringify([...owned])}`)), left);
+      }),
+    ]).finally(() => clearTimeout(t));
+    if (r.done) throw new Error("assignments ended");
+    if (r.value.state === "assigned") owned.set(r.value.partition, r.value.epoch);
+    else owned.delete(r.value.partition);
+  }
+}
+
+test("real broker: two cohort subscriptions of one client each get their queue's partitions; a second member takes half", T, async () => {
+  const { Broker } = await import("./broker.js");
+  const broker = new Broker();
+  await broker.start();
+  const a = await connect(broker.addr, { memberId: "worker-a", drainTimeoutMs: 1_000 });
+  const b = await connect(broker.addr, { memberId: "worker-b", drainTimeoutMs: 1_000 });
+  try {
+    await a.declareQueue("ts-cohort-1", { partitions: 2 });
+    await a.declareQueue("ts-cohort-2", { partitions: 2 });
+    const s1 = await a.subscribe("ts-cohort-1", { cohort: "billing", prefetch: 16 });
+    const s2 = await a.subscribe("ts-cohort-2", { cohort: "audit", prefetch: 16 });
+    const owned1 = new Map<number, number>();
+    const owned2 = new Map<number, number>();
+    const it1 = s1.assignments()[Symbol.asyncIterator]();
+    await readAssignments(it1, owned1, () => owned1.size === 2);
+    await readAssignments(s2.assignments()[Symbol.asyncIterator](), owned2, () => owned2.size === 2);
+    // Each subscription gets its own queue's messages, under the epoch it was told.
+    for (const [q, k] of [
+      ["ts-cohort-1", "x"],
+      ["ts-cohort-1", "y"],
+      ["ts-cohort-2", "z"],
+    ] as const) {
+      await a.publish(q, `${q}/${k}`, { key: k, partition: k === "y" ? 1 : 0 });
+    }
+    const got1 = [];
+    const it = s1[Symbol.asyncIterator]();
+    for (let i = 0; i < 2; i++) got1.push((await it.next()).value!);
+    const m2 = (await s2[Symbol.asyncIterator]().next()).value!;
+    assert.deepEqual(got1.map((m) => m.text).sort(), ["ts-cohort-1/x", "ts-cohort-1/y"]);
+    assert.equal(m2.text, "ts-cohort-2/z");
+    for (const m of got1) assert.equal(m.assignment, owned1.get(m.partition), `partition ${m.partition}`);
+    assert.equal(m2.assignment, owned2.get(m2.partition));
+    for (const m of [...got1, m2]) await m.complete({ confirmed: true });
+    // A second member of "billing": one partition moves to it, and worker-a hears the revoke.
+    const sb = await b.subscribe("ts-cohort-1", { cohort: "billing", prefetch: 16 });
+    const ownedB = new Map<number, number>();
+    await readAssignments(sb.assignments()[Symbol.asyncIterator](), ownedB, () => ownedB.size === 1);
+    await readAssignments(it1, owned1, () => owned1.size === 1);
+    const [pb] = [...ownedB.keys()];
+    assert.ok(!owned1.has(pb!), `partition ${pb} held by both members`);
+    assert.ok(ownedB.get(pb!)! > 0);
+    assert.equal(s1.assignmentsDropped + s2.assignmentsDropped + sb.assignmentsDropped, 0);
+  } finally {
+    await a.close();
+    await b.close();
+    await broker.destroy();
   }
 });
