@@ -264,6 +264,7 @@ func (c *Controller) planCohorts(view []Member) error {
 	defer func() {
 		c.cohortApplied, c.cohortView, c.cohortIdle = c.applied, sig, !proposed
 	}()
+	c.cohortPlanRuns.Add(1)
 	t := c.table
 	if len(t.CohortReports) == 0 && len(t.CohortPlans) == 0 {
 		return nil
@@ -352,7 +353,9 @@ type localReport struct {
 // (later calls are coalesced: the latest members follow once it is
 // committed, or after proposeRetryTicks if it was lost), and proposes
 // again until the table shows it. A report for a queue the catalogue does
-// not hold waits for the queue. It returns an error wrapping
+// not hold waits for the queue. A report stands until replaced: report
+// none once the node serves no member of the cohort (after its queue was
+// deleted too), which also frees its place among the 4,096. It returns an error wrapping
 // ErrCohortReport for an empty topic, a name cohort.ValidName refuses, an
 // id cohort.ValidMemberID refuses, more than CohortMembersMax members, or
 // more than 4,096 cohorts with reports to make on this node.
@@ -386,14 +389,21 @@ func (c *Controller) ReportCohort(topic, group, name string, members []string) e
 }
 
 // syncReports proposes, on the controller's goroutine, the reports of
-// ReportCohort that differ from this node's committed ones. It runs when
-// a report was made, the table changed, or a proposal's retry is due.
+// ReportCohort that differ from this node's committed ones, while this
+// node is a member of the table. It runs when a report was made, the
+// table changed, or a proposal's retry is due; it reports whether it
+// proposed.
 func (c *Controller) syncReports() bool {
 	if !c.reportsDirty.Swap(false) && c.reportsApplied == c.applied && (c.reportsRetry == 0 || c.tickN < c.reportsRetry) {
 		return false
 	}
 	c.reportsApplied, c.reportsRetry = c.applied, 0
 	self := c.cfg.Self.RaftID
+	if n, ok := c.table.Node(self); !ok || n.Left {
+		// Not a member (yet, or any more): a report would apply as
+		// nothing. A join changes the table, which runs this again.
+		return false
+	}
 	proposed := false
 	c.rmu.Lock()
 	defer c.rmu.Unlock()

@@ -243,9 +243,10 @@ func TestCohortPlansThroughTheGroup(t *testing.T) {
 	changed := n3.CohortsChanged()
 	report(t, n1, "billing", "a")
 	c.until("a alone holds every partition", c.planIs("billing", 1, []string{"a", "a", "a", "a", "a", "a"}))
+	// The status is published before the channel is closed: wait.
 	select {
 	case <-changed:
-	default:
+	case <-time.After(untilPatience):
 		t.Fatal("CohortsChanged not closed by a new plan")
 	}
 	report(t, n2, "billing", "b")
@@ -449,4 +450,58 @@ func TestReportCohortCoalesces(t *testing.T) {
 	if got := n.reportEntries.Load() - before; got != 2 {
 		t.Fatalf("%d report entries for a burst of %d reports, want 2 (the one in flight, then the last)", got, calls)
 	}
+}
+
+// TestCohortPlanningIdles: once the plans are settled and no proposal is
+// in flight, the leader's cohort planning is skipped at every turn while
+// neither the table nor the view changes; a change of the view is planned.
+// The harness's rounds can outpace the heartbeats, so the leader may
+// change now and then: only a window whose leader, term and table stayed
+// the same since proposeRetryTicks rounds before it counts, and the test
+// tries at most ten windows.
+func TestCohortPlanningIdles(t *testing.T) {
+	c := cohortCluster(t, 4)
+	report(t, c.node(2), "billing", "a")
+	report(t, c.node(3), "billing", "b")
+	c.until("a and b share", func() bool {
+		p, ok := c.node(1).CohortPlan("q", "", "billing")
+		return ok && slices.Contains(p.Owners, "a") && slices.Contains(p.Owners, "b")
+	})
+	rounds := func(k int) {
+		for range k {
+			c.round(time.Millisecond)
+		}
+	}
+	same := func(a, b Status) bool { return a.Leader == b.Leader && a.Term == b.Term && a.Applied == b.Applied }
+	for try := 0; ; try++ {
+		if try == 10 {
+			t.Fatal("no quiet window in ten tries")
+		}
+		n := c.node(c.node(1).Status().Leader)
+		if n == nil {
+			rounds(10)
+			continue
+		}
+		st0 := n.Status()
+		// Past proposeRetryTicks, every proposal made has left
+		// c.proposed.
+		rounds(2 * proposeRetryTicks)
+		st1, runs := n.Status(), n.cohortPlanRuns.Load()
+		rounds(100)
+		st2 := n.Status()
+		if st0.Leader != n.cfg.Self.RaftID || !same(st0, st1) || !same(st1, st2) {
+			continue
+		}
+		if got := n.cohortPlanRuns.Load(); got != runs {
+			t.Fatalf("cohort planning ran %d times in 100 idle rounds", got-runs)
+		}
+		break
+	}
+	c.mu.Lock()
+	c.dead[3] = true
+	c.mu.Unlock()
+	c.until("a changed view is planned", func() bool {
+		p, ok := c.node(1).CohortPlan("q", "", "billing")
+		return ok && !slices.Contains(p.Owners, "b")
+	})
 }

@@ -190,6 +190,9 @@ type Controller struct {
 	plansSeq  uint64
 	// reportEntries counts the cohort_report entries applied.
 	reportEntries atomic.Uint64
+	// cohortPlanRuns counts the runs of planCohorts that were not
+	// skipped.
+	cohortPlanRuns atomic.Uint64
 }
 
 var raftLogger = &raft.DefaultLogger{Logger: log.New(io.Discard, "", 0)}
