@@ -10,6 +10,7 @@
 """
 
 from .client import (
+    ASSIGNED,
     CLIENT_VERSION,
     DEAD_LETTER_DEFAULT,
     DEAD_LETTER_DISCARD,
@@ -17,6 +18,9 @@ from .client import (
     DEAD_LETTER_QUEUE,
     RECONCILE_CONSERVATIVE,
     RECONCILE_RESTORE,
+    REVOKED,
+    AssignmentEvent,
+    AssignmentStream,
     Client,
     DeclareResult,
     Message,
@@ -60,7 +64,7 @@ from .errors import (
 )
 
 __all__ = [
-    "CLIENT_VERSION", "DEAD_LETTER_DEFAULT", "DEAD_LETTER_DISCARD", "DEAD_LETTER_GLOBAL", "DEAD_LETTER_QUEUE",
+    "ASSIGNED", "REVOKED", "AssignmentEvent", "AssignmentStream", "CLIENT_VERSION", "DEAD_LETTER_DEFAULT", "DEAD_LETTER_DISCARD", "DEAD_LETTER_GLOBAL", "DEAD_LETTER_QUEUE",
     "RECONCILE_CONSERVATIVE", "RECONCILE_RESTORE", "Client", "DeclareResult", "Message", "PublishResult",
     "ReconnectPolicy", "Subscription", "connect", "Processing", "StatusEvent", "StatusStream",
     "STATUS_CLOSED", "STATUS_DISCONNECTED", "STATUS_GOING_AWAY", "STATUS_RECONNECTED", "STATUS_RECONNECTING",

@@ -36,11 +36,14 @@ LIST_ITEMS_MAX = 1 << 20  # a decoded list never claims more items than this
 HELLO, HELLO_OK, PING, PONG, ERROR, OK = 0x01, 0x02, 0x03, 0x04, 0x05, 0x06
 DECLARE_QUEUE, DECLARE_OK, PUBLISH, PUBLISH_OK = 0x10, 0x11, 0x12, 0x13
 DELETE_QUEUE, PURGE_QUEUE, PURGE_OK = 0x14, 0x15, 0x16
-SUBSCRIBE, SUBSCRIBE_OK, UNSUBSCRIBE, SUB_CLOSED, DELIVER = 0x20, 0x21, 0x22, 0x23, 0x24
+SUBSCRIBE, SUBSCRIBE_OK, UNSUBSCRIBE, SUB_CLOSED, DELIVER, ASSIGNMENT = 0x20, 0x21, 0x22, 0x23, 0x24, 0x25
 ACK, NACK, FAIL, SETTLE_RESULT, EXTEND = 0x30, 0x31, 0x32, 0x33, 0x34
 GOING_AWAY, RECONCILE, RECONCILE_RESULT, END_SESSION, INFLIGHT, INFLIGHT_RESULT = (
     0x40, 0x41, 0x42, 0x43, 0x44, 0x45)
 METADATA, METADATA_RESULT = 0x50, 0x51
+
+# ASSIGNMENT states (protocol section 5.7a).
+ASSIGNMENT_ASSIGNED, ASSIGNMENT_REVOKED = 1, 2
 
 U32_MAX = 0xFFFFFFFF
 U64_MAX = 0xFFFFFFFFFFFFFFFF
@@ -287,9 +290,15 @@ class Body:
     OP: ClassVar[int] = 0
     _FIELDS: ClassVar[tuple[tuple[str, Any], ...]] = ()
     _APPENDED: ClassVar[int | None] = None  # index of the first appended field
+    # Index of the first appended field that is written only when it or a
+    # field after it is set (not zero or empty), as the protocol asks of
+    # SUBSCRIBE's cohort and RECONCILE's cohorts.
+    _WRITTEN_IF_SET: ClassVar[int | None] = None
 
     def _encode_into(self, out: bytearray) -> None:
-        for name, typ in self._FIELDS:
+        for i, (name, typ) in enumerate(self._FIELDS):
+            if i == self._WRITTEN_IF_SET and not any(getattr(self, n) for n, _ in self._FIELDS[i:]):
+                return
             try:
                 _enc(out, typ, getattr(self, name))
             except InvalidArgumentError:
@@ -321,17 +330,20 @@ class Body:
         return cls._decode_from(Reader(body))
 
 
-def _body(op: int, fields: str, appended: int | None = None) -> Any:
+def _body(op: int, fields: str, appended: int | None = None, written_if_set: int | None = None) -> Any:
     """Class decorator: attaches the op code and the wire field table.
 
     ``fields`` is "name:type name:type ..." in wire order; struct types are
-    resolved by name from this module at first use.
+    resolved by name from this module at first use. ``written_if_set`` (at
+    or after ``appended``) is the index of the first field the encoder
+    leaves out, with those after it, when none of them is set.
     """
 
     def wrap(cls: Any) -> Any:
         cls.OP = op
         cls._FIELD_SPEC = fields
         cls._APPENDED = appended
+        cls._WRITTEN_IF_SET = written_if_set
         return cls
 
     return wrap
@@ -400,6 +412,15 @@ class SubView(Body):
     partition: int = 0
     ack_mode: int = 0
     prefetch: int = 0
+
+
+@_body(0, "sub_id:uvarint cohort:str member:str")
+@dataclass
+class SubCohort(Body):
+    """The cohort and member of one subscription, as RECONCILE lists them."""
+    sub_id: int = 0
+    cohort: str = ""
+    member: str = ""
 
 
 @_body(0, "action:u8 client_sub_id:uvarint server_sub_id:uvarint client:SubView server:SubView reason:str")
@@ -587,15 +608,38 @@ class PurgeOK(Body):
     purged: int = 0
 
 
-@_body(SUBSCRIBE, "topic:str group:str partition:i32 ack_mode:u8 prefetch:u32")
+@_body(SUBSCRIBE, "topic:str group:str partition:i32 ack_mode:u8 prefetch:u32 cohort:str member:str",
+       appended=5, written_if_set=5)
 @dataclass
 class Subscribe(Body):
-    """SUBSCRIBE (0x20)."""
+    """SUBSCRIBE (0x20). ``cohort`` and ``member`` (appended) are written
+    only when one is set: a member of that cohort (section 5.7a)."""
     topic: str = ""
     group: str = ""
     partition: int = -1
     ack_mode: int = 0
     prefetch: int = 0
+    cohort: str = ""
+    member: str = ""
+
+
+@_body(ASSIGNMENT, "sub_id:uvarint partition:u32 epoch:uvarint state:u8")
+@dataclass
+class Assignment(Body):
+    """ASSIGNMENT (0x25, push): a partition assigned to (state 1) or revoked
+    from (state 2) a cohort subscription; any other state is malformed."""
+    sub_id: int = 0
+    partition: int = 0
+    epoch: int = 0
+    state: int = 0
+
+    @classmethod
+    def _decode_from(cls, r: Reader) -> Any:
+        m = super()._decode_from(r)
+        if m.state not in (ASSIGNMENT_ASSIGNED, ASSIGNMENT_REVOKED):
+            r.field = "state"
+            raise r.fail("out of range")
+        return m
 
 
 @_body(SUBSCRIBE_OK, "sub_id:uvarint partitions:list<u32> prefetch:u32")
@@ -626,7 +670,7 @@ class SubClosed(Body):
 
 @_body(DELIVER, "sub_id:uvarint tag:uvarint partition:u32 offset:uvarint attempt:u32 published_at_ms:varint "
                 "key:bytes headers:list<header> content_type:str body:bytes topic:str group:str "
-                "lease_id:uvarint epoch:uvarint lease_ms:u32", appended=12)
+                "lease_id:uvarint epoch:uvarint lease_ms:u32 assignment:uvarint", appended=12)
 @dataclass
 class Deliver(Body):
     """DELIVER (0x24)."""
@@ -645,6 +689,9 @@ class Deliver(Body):
     lease_id: int = 0
     epoch: int = 0
     lease_ms: int = 0
+    assignment: int = 0
+    """The partition's assignment epoch when the lease was granted (appended; 0
+    while no cohort ever held the partition)."""
     lease_raw: bytes = field(default=b"", compare=False, repr=False)
     """sub_id, partition, offset, lease_id and epoch as encoded in this
     frame: the bytes of the lease_ref that names this delivery (LeaseRef.raw)."""
@@ -778,7 +825,7 @@ class Deliver(Body):
             raise r.fail("truncated") from None
         except UnicodeDecodeError:
             raise r.fail("invalid UTF-8") from None
-        lease_id = epoch = lease_ms = 0
+        lease_id = epoch = lease_ms = assignment = 0
         lease_raw = b""
         if p < end:
             r.field = "lease_id"
@@ -802,9 +849,16 @@ class Deliver(Body):
                     lease_ms, p = uv(buf, p, r)
                     if lease_ms > U32_MAX:
                         raise r.fail("out of range")
+                if p < end:
+                    r.field = "assignment"
+                    if buf[p] < 0x80:
+                        assignment = buf[p]
+                        p += 1
+                    else:
+                        assignment, p = uv(buf, p, r)
         r.pos = p
         return (sub_id, tag, partition, offset, attempt, pub, key, headers, content_type, body, topic, group,
-                lease_id, epoch, lease_ms, lease_raw)
+                lease_id, epoch, lease_ms, assignment, lease_raw)
 
 
 @_body(ACK, "tags:list<uvarint> delay_ms:varint leases:list<LeaseRef>", appended=2)
@@ -888,13 +942,16 @@ class GoingAway(Body):
     redirect: str = ""
 
 
-@_body(RECONCILE, "policy:u8 subs:list<SubView> inflight_follows:bool", appended=2)
+@_body(RECONCILE, "policy:u8 subs:list<SubView> inflight_follows:bool cohorts:list<SubCohort>",
+       appended=2, written_if_set=3)
 @dataclass
 class Reconcile(Body):
-    """RECONCILE (0x41)."""
+    """RECONCILE (0x41). ``cohorts`` (appended, written only when not empty)
+    names the cohort and member of each listed subscription that has one."""
     policy: int = 0
     subs: list[SubView] = field(default_factory=list)
     inflight_follows: bool = False
+    cohorts: list[SubCohort] = field(default_factory=list)
 
 
 @_body(RECONCILE_RESULT, "entries:list<ReconcileEntry>")
@@ -956,7 +1013,7 @@ _resolve()
 
 _OP_BODIES: tuple[type[Body], ...] = (
     Hello, HelloOK, Ping, Pong, ErrorBody, Ok, DeclareQueue, DeclareOK, Publish, PublishOK, DeleteQueue, PurgeQueue,
-    PurgeOK, Subscribe, SubscribeOK, Unsubscribe, SubClosed, Deliver, Extend, SettleResult, GoingAway, Reconcile,
+    PurgeOK, Subscribe, SubscribeOK, Unsubscribe, SubClosed, Deliver, Assignment, Extend, SettleResult, GoingAway, Reconcile,
     ReconcileResult, EndSession, Inflight, InflightResult, Metadata, MetadataResult)
 BODIES: dict[int, type[Body]] = {c.OP: c for c in _OP_BODIES}
 BODIES[ACK] = Settle
@@ -968,6 +1025,7 @@ OP_NAMES = {
     DECLARE_QUEUE: "DECLARE_QUEUE", DECLARE_OK: "DECLARE_OK", PUBLISH: "PUBLISH", PUBLISH_OK: "PUBLISH_OK",
     DELETE_QUEUE: "DELETE_QUEUE", PURGE_QUEUE: "PURGE_QUEUE", PURGE_OK: "PURGE_OK", SUBSCRIBE: "SUBSCRIBE",
     SUBSCRIBE_OK: "SUBSCRIBE_OK", UNSUBSCRIBE: "UNSUBSCRIBE", SUB_CLOSED: "SUB_CLOSED", DELIVER: "DELIVER",
+    ASSIGNMENT: "ASSIGNMENT",
     ACK: "ACK", NACK: "NACK", FAIL: "FAIL", SETTLE_RESULT: "SETTLE_RESULT", EXTEND: "EXTEND", GOING_AWAY: "GOING_AWAY",
     RECONCILE: "RECONCILE", RECONCILE_RESULT: "RECONCILE_RESULT", END_SESSION: "END_SESSION",
     INFLIGHT: "INFLIGHT", INFLIGHT_RESULT: "INFLIGHT_RESULT", METADATA: "METADATA", METADATA_RESULT: "METADATA_RESULT",

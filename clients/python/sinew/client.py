@@ -20,6 +20,7 @@ import collections
 import logging
 import os
 import random
+import re
 import ssl as _ssl
 import time
 import warnings
@@ -82,6 +83,7 @@ PUBLISH_INFLIGHT_DEFAULT = 1024  # publish window when the broker announces none
 PUBLISH_INFLIGHT_BYTES_MAX = 64 << 20  # body bytes of unconfirmed publishes, kept for resending
 SETTLE_BATCH_DEFAULT = 256  # tags per settle frame when the broker announces no limit
 DELIVERY_BUFFER_MAX = 4096  # messages buffered per subscription before the reader waits
+ASSIGNMENT_BUFFER_MAX = 256  # assignment events kept per subscription; the oldest are dropped beyond
 WRITE_COALESCE_BYTES_MAX = 64 << 10  # frames gathered for one socket write before it is made
 READ_CHUNK_BYTES = 256 << 10  # most bytes taken from the socket per read
 READ_BUFFER_BYTES = 1 << 20  # the stream's buffer pauses reading past twice this
@@ -121,6 +123,15 @@ _HEADERS_MAX = 256  # headers per message, as the protocol bounds them
 def _check_str(name: str, v: object) -> None:
     if not isinstance(v, str):
         raise InvalidArgumentError(name, f"want a str, got {v!r}")
+
+
+# A cohort name or member id: 1 to 128 of A-Z a-z 0-9 . _ : - (docs/protocol.md 5.7).
+_COHORT_NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def _check_cohort_name(name: str, v: object) -> None:
+    if not isinstance(v, str) or not _COHORT_NAME.fullmatch(v):
+        raise InvalidArgumentError(name, f"want 1 to 128 characters of A-Z a-z 0-9 . _ : -, got {v!r}")
 
 
 def _check_int(name: str, v: object, lo: int, hi: int) -> None:
@@ -371,6 +382,91 @@ class StatusStream:
         await self.aclose()
 
 
+ASSIGNED = "assigned"
+REVOKED = "revoked"
+
+
+@dataclass(frozen=True)
+class AssignmentEvent:
+    """A partition assigned to or revoked from a cohort subscription (the
+    broker's ASSIGNMENT), as :meth:`Subscription.assignments` yields it.
+
+    ``state`` is ``"assigned"`` (the partition's deliveries come to this
+    subscription now) or ``"revoked"`` (they go to another member, or nowhere
+    until the next plan). ``epoch`` is the partition's assignment epoch after
+    the move: deliveries made under this assignment carry it as
+    :attr:`Message.assignment`. ``dropped`` is how many events were dropped
+    just before this one because the buffer was full."""
+
+    partition: int
+    epoch: int
+    state: str
+    dropped: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe data: ``{"partition", "epoch", "state", "dropped"}``."""
+        return {"partition": self.partition, "epoch": self.epoch, "state": self.state, "dropped": self.dropped}
+
+
+class AssignmentStream:
+    """The assignment events of one subscription: ``async for ev in sub.assignments()``.
+
+    Every :meth:`Subscription.assignments` call reads the same buffer, which
+    keeps events from the moment the broker accepted the subscription (so
+    the first reader also sees those that came before it asked) and holds at
+    most ``ASSIGNMENT_BUFFER_MAX`` (256) unread ones: beyond that the oldest
+    are dropped, counted in :attr:`Subscription.assignments_dropped` and in
+    ``dropped`` of the next event read. One reader at a time. Leaving the loop
+    only stops reading; iteration stops when the subscription ends and the
+    buffer is empty."""
+
+    def __init__(self) -> None:
+        self._buf: collections.deque[AssignmentEvent] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._ended = False
+        self._missed = 0  # dropped since the last event read
+        self.dropped = 0
+        """Events dropped because the buffer was full, in all."""
+
+    def _push(self, ev: AssignmentEvent) -> None:
+        if self._ended:
+            return
+        if len(self._buf) >= ASSIGNMENT_BUFFER_MAX:
+            self._buf.popleft()
+            self._missed += 1
+            self.dropped += 1
+        self._buf.append(ev)
+        self._wake()
+
+    def _end(self) -> None:
+        self._ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def __aiter__(self) -> AssignmentStream:
+        return self
+
+    async def __anext__(self) -> AssignmentEvent:
+        while not self._buf:
+            if self._ended:
+                raise StopAsyncIteration
+            if self._waiter is not None:
+                raise RuntimeError("sinew: a subscription's assignments have one reader at a time")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        ev = self._buf.popleft()
+        if self._missed:
+            ev = dataclasses.replace(ev, dropped=self._missed)
+            self._missed = 0
+        return ev
+
+
 class _ConnClosed(Exception):
     """The connection closed before the request could be written."""
 
@@ -506,7 +602,7 @@ class Message:
     """
 
     __slots__ = ("topic", "group", "partition", "offset", "attempt", "published_at_ms", "lease_ms", "key",
-                 "headers", "content_type", "body", "tag", "_lease_sub", "_lease_id", "_lease_epoch", "_lease_raw",
+                 "headers", "content_type", "body", "tag", "_assignment", "_lease_sub", "_lease_id", "_lease_epoch", "_lease_raw",
                  "_sub", "_epoch", "_settled", "_stale")
 
     @classmethod
@@ -514,7 +610,8 @@ class Message:
         """A message from w.Deliver.fields(): the consumer's hot path, with no Deliver object."""
         m = cls.__new__(cls)
         (m._lease_sub, m.tag, m.partition, m.offset, m.attempt, m.published_at_ms, m.key, m.headers,
-         m.content_type, m.body, m.topic, m.group, m._lease_id, m._lease_epoch, m.lease_ms, m._lease_raw) = f
+         m.content_type, m.body, m.topic, m.group, m._lease_id, m._lease_epoch, m.lease_ms, m._assignment,
+         m._lease_raw) = f
         if not m.topic:
             m.topic = sub.topic
         if not m._lease_raw:  # a broker that sends no lease_id: the reference by position
@@ -540,12 +637,22 @@ class Message:
         self.content_type = d.content_type
         self.body = d.body
         self.tag = d.tag
+        self._assignment = d.assignment
         self._lease_sub, self._lease_id, self._lease_epoch = d.sub_id, d.lease_id, d.epoch
         self._lease_raw = d.lease_raw or w.LeaseRef(d.sub_id, d.partition, d.offset, d.lease_id, d.epoch).encode()
         self._sub = sub
         self._epoch = epoch
         self._settled = sub.auto_ack
         self._stale = False
+
+    @property
+    def assignment(self) -> int:
+        """The partition's assignment epoch when this delivery was leased
+        (DELIVER's ``assignment``, read-only): it rises each time the
+        partition moves from one cohort member to another, and is 0 while no
+        cohort ever held the partition. Compare it with the ``epoch`` of
+        :meth:`Subscription.assignments` events."""
+        return self._assignment
 
     @property
     def lease(self) -> w.LeaseRef:
@@ -571,7 +678,7 @@ class Message:
         (``key_base64``, ``body_base64``)."""
         return {"topic": self.topic, "group": self.group, "partition": self.partition, "offset": self.offset,
                 "attempt": self.attempt, "published_at_ms": self.published_at_ms, "lease_ms": self.lease_ms,
-                "key_base64": base64.b64encode(self.key).decode("ascii"),
+                "assignment": self._assignment, "key_base64": base64.b64encode(self.key).decode("ascii"),
                 "headers": [[k, v] for k, v in self.headers], "content_type": self.content_type,
                 "body_base64": base64.b64encode(self.body).decode("ascii")}
 
@@ -751,13 +858,18 @@ class Subscription:
     """
 
     def __init__(self, client: Client, topic: str, group: str, partition: int, prefetch: int,
-                 auto_ack: bool) -> None:
+                 auto_ack: bool, cohort: str = "", member_id: str = "") -> None:
         self._client = client
         self.topic = topic
         self.group = group
         self.partition = partition
         self.prefetch = prefetch
         self.auto_ack = auto_ack
+        self.cohort = cohort
+        """The cohort (consumer group) this subscription is a member of; "" for a plain consumer."""
+        self.member_id = member_id
+        """The member id it joined the cohort with; "" for a plain consumer."""
+        self._assignments = AssignmentStream()
         self._server_id = 0
         self._recreating = False
         self._buf = _Buffer(DELIVERY_BUFFER_MAX)
@@ -768,6 +880,28 @@ class Subscription:
     def end_reason(self) -> BaseException | None:
         """Why the subscription ended, or None while it runs."""
         return self._end
+
+    def assignments(self) -> AssignmentStream:
+        """The partitions assigned to and revoked from this cohort
+        subscription, in the order the broker sent them::
+
+            async for ev in sub.assignments():
+                print(ev.partition, ev.state, ev.epoch)
+
+        Bounded and kept from the start (see :class:`AssignmentStream`). A
+        plain subscription (no cohort) gets no events."""
+        return self._assignments
+
+    @property
+    def assignments_dropped(self) -> int:
+        """Assignment events dropped because the buffer (256) was full, in all."""
+        return self._assignments.dropped
+
+    def _assign(self, a: w.Assignment) -> None:
+        if self._end is not None:
+            return
+        self._assignments._push(AssignmentEvent(a.partition, a.epoch,
+                                                ASSIGNED if a.state == w.ASSIGNMENT_ASSIGNED else REVOKED))
 
     def __aiter__(self) -> Subscription:
         return self
@@ -869,6 +1003,7 @@ class Subscription:
         self._end = reason
         self._purge()
         self._buf.force(_END)
+        self._assignments._end()
         self._client._subs.discard(self)
 
 
@@ -1076,6 +1211,11 @@ class _Conn:
         if isinstance(body, w.SubClosed):
             self.client._sub_closed(self, body)
             return
+        if isinstance(body, w.Assignment):
+            sub = self.subs.get(body.sub_id)
+            if sub is not None:  # an unknown sub_id is ignored
+                sub._assign(body)
+            return
         if isinstance(body, w.GoingAway):
             self.draining = True
             self.away_deadline_ms = body.deadline_ms
@@ -1119,7 +1259,8 @@ class Client:
                  dial_timeout_s: float, handshake_timeout_s: float, drain_timeout_s: float,
                  sleep: Callable[[float], Awaitable[None]], monotonic: Callable[[], float],
                  rand: Callable[[], float], on_status: Callable[[StatusEvent], None] | None = None,
-                 on_settle_error: Callable[[Message, SinewError], None] | None = None) -> None:
+                 on_settle_error: Callable[[Message, SinewError], None] | None = None,
+                 member_id: str | None = None) -> None:
         host, _, port = addr.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"sinew: address {addr!r} is not host:port")
@@ -1162,6 +1303,10 @@ class Client:
         self._on_settle_error = on_settle_error
         self._status_streams: weakref.WeakSet[StatusStream] = weakref.WeakSet()
         self._producer_id = "py-" + os.urandom(8).hex()
+        self.member_id = member_id if member_id is not None else "m-py-" + os.urandom(16).hex()
+        """The member id of this client's cohort subscriptions that name none:
+        the ``member_id`` of :func:`connect`, else random per client; the same
+        across reconnects."""
         self._producer_seq = 0
         self._heads: dict[tuple[Any, ...] | None, bytes] = {}  # encoded publish heads by their fields
         self._frame_max = w.FRAME_BYTES_DEFAULT  # the broker's frame limit at the last handshake
@@ -1347,6 +1492,8 @@ class Client:
     async def _reconcile(self, conn: _Conn) -> None:
         by_id = {s._server_id: s for s in self._subs if s._server_id}
         views = [s._view() for s in by_id.values()]
+        # So that a subscription the broker recreates joins its cohort again.
+        cohorts = [w.SubCohort(i, s.cohort, s.member_id) for i, s in by_id.items() if s.cohort]
 
         # Applied by the reader as soon as the result arrives, before any
         # DELIVER that follows it, so re-sends reach the right subscription.
@@ -1375,7 +1522,7 @@ class Client:
                         s._server_id = 0
                         s._recreating = True
 
-        reply = await self._round_trip(conn, w.Reconcile(self._reconcile_policy, views, True), hook)
+        reply = await self._round_trip(conn, w.Reconcile(self._reconcile_policy, views, True, cohorts), hook)
         if not isinstance(reply, w.ReconcileResult):
             raise ProtocolError("sinew: unexpected answer to RECONCILE")
 
@@ -1772,16 +1919,40 @@ class Client:
         return int(ok.purged)
 
     async def subscribe(self, topic: str, *, group: str = "", partition: int = -1, prefetch: int = 0,
-                        auto_ack: bool = False) -> Subscription:
+                        auto_ack: bool = False, cohort: str | None = None,
+                        member_id: str | None = None) -> Subscription:
         """Subscribes to a queue. The subscription survives reconnects: it is
-        kept on a resumed session and made again on a fresh one."""
+        kept on a resumed session and made again on a fresh one.
+
+        With ``cohort`` it joins that cohort (consumer group): the queue's
+        partitions are shared among the cohort's members, each delivered to
+        one member at a time, in offset order (see :meth:`Subscription.assignments`).
+        ``member_id`` defaults to the client's :attr:`Client.member_id`. Both
+        are 1 to 128 characters of ``A-Z a-z 0-9 . _ : -``; anything else,
+        or a ``member_id`` without a ``cohort``, raises InvalidArgumentError,
+        as does a ``member_id`` other than the one this client's live cohort
+        subscriptions use (a broker session holds one member id)."""
         _check_str("topic", topic)
         _check_str("group", group)
         _check_int("partition", partition, -1, _I32_MAX)
         _check_int("prefetch", prefetch, 0, _U32_MAX)
         if not isinstance(auto_ack, bool):
             raise InvalidArgumentError("auto_ack", f"want a bool, got {auto_ack!r}")
-        s = Subscription(self, topic, group, partition, prefetch, auto_ack)
+        if cohort is not None:
+            _check_cohort_name("cohort", cohort)
+        if member_id is not None:
+            _check_cohort_name("member_id", member_id)
+            if cohort is None:
+                raise InvalidArgumentError("member_id", "a member id needs a cohort")
+        member = "" if cohort is None else (member_id if member_id is not None else self.member_id)
+        if member:
+            # A broker session uses one member id: refuse a second one here
+            # rather than have the broker refuse it (bad_request).
+            for other in self._subs:
+                if other.member_id and other.member_id != member:
+                    raise InvalidArgumentError("member_id", f"this client's cohort subscriptions are member "
+                                                            f"{other.member_id!r}; a session uses one member id")
+        s = Subscription(self, topic, group, partition, prefetch, auto_ack, cohort or "", member)
         while True:
             conn = await self._acquire()
             try:
@@ -1793,7 +1964,7 @@ class Client:
                 continue
 
     async def _subscribe_on(self, conn: _Conn, s: Subscription) -> None:
-        body = w.Subscribe(s.topic, s.group, s.partition, 1 if s.auto_ack else 0, s.prefetch)
+        body = w.Subscribe(s.topic, s.group, s.partition, 1 if s.auto_ack else 0, s.prefetch, s.cohort, s.member_id)
 
         def hook(ok: Any) -> None:  # registered before the first DELIVER is read
             if isinstance(ok, w.SubscribeOK):
@@ -2109,6 +2280,7 @@ async def connect(addr: str, *, client_name: str = "sinew-python", credentials: 
                   handshake_timeout_ms: int | None = None, drain_timeout_ms: int | None = None,
                   on_status: Callable[[StatusEvent], None] | None = None,
                   on_settle_error: Callable[[Message, SinewError], None] | None = None,
+                  member_id: str | None = None,
                   sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                   monotonic: Callable[[], float] = time.monotonic,
                   rand: Callable[[], float] = random.random,
@@ -2139,6 +2311,10 @@ async def connect(addr: str, *, client_name: str = "sinew-python", credentials: 
     ``on_status`` is called (on the event loop; it must not block) with every
     :class:`StatusEvent`; ``on_settle_error`` with every fast settle that
     failed (see :class:`Message`).
+
+    ``member_id`` is the member id of the client's cohort subscriptions (the
+    Go SDK's ``WithMemberID``): 1 to 128 characters of ``A-Z a-z 0-9 . _ : -``;
+    by default a random one, drawn once per client and kept across reconnects.
     """
     _check_str("addr", addr)
     for name, v in (("client_name", client_name), ("credentials", credentials), ("user", user)):
@@ -2147,6 +2323,8 @@ async def connect(addr: str, *, client_name: str = "sinew-python", credentials: 
         raise InvalidArgumentError("reconnect", f"want a ReconnectPolicy, got {reconnect!r}")
     if reconcile not in (RECONCILE_CONSERVATIVE, RECONCILE_RESTORE) or isinstance(reconcile, bool):
         raise InvalidArgumentError("reconcile", f"want RECONCILE_CONSERVATIVE or RECONCILE_RESTORE, got {reconcile!r}")
+    if member_id is not None:
+        _check_cohort_name("member_id", member_id)
     if ssl is not None and not isinstance(ssl, _ssl.SSLContext):
         raise InvalidArgumentError("ssl", f"want an ssl.SSLContext, got {ssl!r}")
     for name, cb in (("on_status", on_status), ("on_settle_error", on_settle_error)):
@@ -2164,6 +2342,7 @@ async def connect(addr: str, *, client_name: str = "sinew-python", credentials: 
                reconnect=reconnect or ReconnectPolicy(),
                reconcile=reconcile, ssl=ssl, heartbeat_s=heartbeat / 1000, dial_timeout_s=dial_timeout / 1000,
                handshake_timeout_s=handshake_timeout / 1000, drain_timeout_s=drain_timeout / 1000, sleep=sleep,
-               monotonic=monotonic, rand=rand, on_status=on_status, on_settle_error=on_settle_error)
+               monotonic=monotonic, rand=rand, on_status=on_status, on_settle_error=on_settle_error,
+               member_id=member_id)
     await c._open(connect_timeout / 1000)
     return c

@@ -89,17 +89,20 @@ class Bodies(unittest.TestCase):
                       "p", 2**64 - 1, b""),
             w.PublishOK(2**32 - 1, 2**64 - 1, True),
             w.DeleteQueue("t", "g"), w.PurgeQueue("t", ""), w.PurgeOK(2**64 - 1),
-            w.Subscribe("t", "g", 2**31 - 1, 0, 0),
+            w.Subscribe("t", "g", 2**31 - 1, 0, 0), w.Subscribe("t", "", -1, 1, 3, "billing", "a.b:c-d_1"),
+            w.Assignment(2**64 - 1, 2**32 - 1, 2**64 - 1, w.ASSIGNMENT_REVOKED), w.Assignment(1, 0, 0, w.ASSIGNMENT_ASSIGNED),
             w.SubscribeOK(1, [], 0), w.SubscribeOK(1, [0, 2**32 - 1], 5),
             w.Unsubscribe(2**64 - 1),
             w.SubClosed(1, 4, 15, "gone"),
             w.Deliver(1, 2, 3, 4, 5, -6, b"k", [("h", "v")], "ct", b"body", "t", "g", 9, 0),
+            w.Deliver(1, 2, 3, 4, 5, -6, b"k", [("h", "v")], "ct", b"body", "t", "g", 9, 0, 2**32 - 1, 2**64 - 1),
             w.Settle([1, 2**64 - 1], 0, [ref, ref], w.ACK), w.Settle([], -1, [], w.NACK),
             w.Settle([3], 0, [], w.FAIL),
             w.SettleResult([0, 12, 13]),
             w.Extend([1, 2**64 - 1], 2**63 - 1, [ref, ref]), w.Extend([], 0, []),
             w.GoingAway(2**63 - 1, 0, "shutdown", ""),
             w.Reconcile(1, [view, w.SubView()], True),
+            w.Reconcile(0, [view], False, [w.SubCohort(7, "billing", "m"), w.SubCohort(2**64 - 1, "é", "x" * 128)]),
             w.ReconcileResult([w.ReconcileEntry(4, 1, 2, view, w.SubView(), "missing")]),
             w.Inflight([w.InflightEntry(5, ref)]), w.Inflight(),
             w.InflightResult([1, 2], 3, 4),
@@ -114,10 +117,22 @@ class Bodies(unittest.TestCase):
         self.assertEqual(seen, set(w.OP_NAMES), "an op has no round-trip case")
 
     def test_appended_fields_may_be_absent(self) -> None:
-        full = w.Deliver(1, 2, 3, 4, 5, 6, b"", [], "", b"b", "t", "g", 77, 0, 0).encode()
-        old = full[:-3]  # a broker from before lease_id, epoch and lease_ms
+        full = w.Deliver(1, 2, 3, 4, 5, 6, b"", [], "", b"b", "t", "g", 77, 0, 0, 9).encode()
+        old = full[:-4]  # a broker from before lease_id, epoch, lease_ms and assignment
         self.assertEqual(w.Deliver.decode(old), w.Deliver(1, 2, 3, 4, 5, 6, b"", [], "", b"b", "t", "g", 0, 0))
-        self.assertEqual(w.Deliver.decode(full[:-1]), w.Deliver(1, 2, 3, 4, 5, 6, b"", [], "", b"b", "t", "g", 77, 0))
+        self.assertEqual(w.Deliver.decode(full[:-2]), w.Deliver(1, 2, 3, 4, 5, 6, b"", [], "", b"b", "t", "g", 77, 0))
+        self.assertEqual(w.Deliver.decode(full[:-1]).assignment, 0)
+        self.assertEqual(w.Deliver.decode(full).assignment, 9)
+        # SUBSCRIBE's cohort and member and RECONCILE's cohorts are written
+        # only when set, so a plain subscription is the bytes an older
+        # broker knows; absent, they decode as unset.
+        plain = w.Subscribe("t", "", -1, 0, 5)
+        self.assertEqual(plain.encode(), b"\x01t\x00\x01\x00\x05")
+        self.assertEqual(w.Subscribe.decode(plain.encode()), plain)
+        cohort = w.Subscribe("t", "", -1, 0, 5, "billing", "m-1")
+        self.assertEqual(cohort.encode(), plain.encode() + b"\x07billing\x03m-1")
+        self.assertEqual(w.Reconcile(1, [], True).encode(), b"\x01\x00\x01")
+        self.assertEqual(w.Reconcile(1, [], True, [w.SubCohort(3, "c", "m")]).encode(), b"\x01\x00\x01\x01\x03\x01c\x01m")
         s = w.Settle([1], 5, [], w.ACK).encode()
         self.assertEqual(w.decode_body(w.NACK, s[:-1]), w.Settle([1], 5, [], w.NACK))
 
@@ -135,7 +150,7 @@ class Bodies(unittest.TestCase):
         for i in range(300):
             d = w.Deliver(bits(3, 10, 64), bits(3, 20, 64), bits(3, 32), bits(3, 20, 64), bits(3, 32),
                           rng.choice([-1, 0, 1]) * bits(3, 41, 63), bytes(bits(3)), [("k%d" % j, "é" * j) for j in range(bits(2))],
-                          "ct", os.urandom(bits(3, 9)), "t", "g", bits(1, 64), bits(1, 40), bits(3, 32))
+                          "ct", os.urandom(bits(3, 9)), "t", "g", bits(1, 64), bits(1, 40), bits(3, 32), bits(1, 3, 64))
             raw = d.encode()
             got = w.Deliver.decode(raw)
             self.assertEqual(got, d)
@@ -199,6 +214,10 @@ class Bodies(unittest.TestCase):
             "list beyond body": (w.SETTLE_RESULT, uv(1000) + b"\x00"),
             "i32 too big": (w.SUBSCRIBE, b"\x01t\x00" + sv(2**31) + b"\x00\x00"),
             "missing field": (w.ERROR, b"\x01"),
+            "assignment state 0": (w.ASSIGNMENT, b"\x01\x00\x01\x00"),
+            "assignment state 3": (w.ASSIGNMENT, b"\x01\x00\x01\x03"),
+            "assignment truncated": (w.ASSIGNMENT, b"\x01\x00\x01"),
+            "reconcile cohorts beyond body": (w.RECONCILE, b"\x01\x00\x01" + uv(1000) + b"\x00"),
             "unknown op": (0x7F, b""),
         }
         for name, (op, body) in cases.items():

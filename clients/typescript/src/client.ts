@@ -21,6 +21,7 @@ import {
   encodePublishFrame,
   encodePublishHead,
   opName,
+  ASSIGNMENT_ASSIGNED,
   type Body,
   type Frame,
 } from "./codec.js";
@@ -58,6 +59,10 @@ const PUBLISH_WINDOW_DEFAULT = 1024;
 const PUBLISH_INFLIGHT_BYTES_MAX = 64 << 20;
 /** Messages buffered per subscription before the socket stops being read. */
 const DELIVERY_BUFFER_MAX = 4096;
+/** Assignment events buffered per cohort subscription before the oldest are dropped. */
+const ASSIGNMENT_BUFFER_MAX = 256;
+/** A cohort name or member id: 1 to 128 of A-Z a-z 0-9 . _ : - (docs/protocol.md 5.7). */
+const COHORT_NAME = /^[A-Za-z0-9._:-]{1,128}$/;
 /** Settle tags per frame when the broker announces no limit. */
 const SETTLE_BATCH_DEFAULT = 256;
 /** Settle frames awaiting their SETTLE_RESULT at once: while they are out,
@@ -114,6 +119,10 @@ export interface ConnectOptions {
   reconcilePolicy?: "restore" | "conservative";
   /** Producer id stamped on publishes for deduplication (default: random per client). */
   producerId?: string;
+  /** The member id of this client's cohort subscriptions (the Go SDK's
+   * WithMemberID), 1 to 128 of A-Z a-z 0-9 . _ : - (default: random per
+   * client, kept across reconnects). A broker session uses one member id. */
+  memberId?: string;
   /** Most unconfirmed publishes at once (default 1024, never above the broker's limit). */
   publishWindow?: number;
   /** Bounds the first connect, attempts and sleeps together (default 30 000 ms). */
@@ -228,6 +237,28 @@ export interface SubscribeOptions extends OperationOptions {
   prefetch?: number;
   /** The broker settles each delivery when it sends it. */
   autoAck?: boolean;
+  /** Join this cohort (consumer group): the queue's partitions are shared
+   * among the cohort's members, each partition delivered to one member at a
+   * time, in offset order. 1 to 128 of A-Z a-z 0-9 . _ : - */
+  cohort?: string;
+  /** The member id within the cohort (same alphabet); default: the client's
+   * `memberId`, random per client and kept across reconnects. Only with `cohort`. */
+  memberId?: string;
+}
+
+/** A partition assigned to or revoked from a cohort subscription (the
+ * ASSIGNMENT push), from Subscription.assignments(). */
+export interface AssignmentEvent {
+  readonly partition: number;
+  /** The partition's assignment epoch after the move; deliveries made under
+   * this assignment carry it as Message.assignment. Reading it throws
+   * UnsafeIntegerError above Number.MAX_SAFE_INTEGER. */
+  readonly epoch: number;
+  /** "assigned": the partition's deliveries come to this subscription now;
+   * "revoked": they go to another member (or nowhere until the next plan). */
+  readonly state: "assigned" | "revoked";
+  /** Events dropped just before this one because the buffer was full. */
+  readonly dropped?: number;
 }
 
 /** Settings of declareQueue; unset means the broker's default. */
@@ -533,6 +564,9 @@ class Conn {
       case Op.DELIVER:
         this.subs.get(body.sub_id as bigint)?.deliver(this, body);
         return;
+      case Op.ASSIGNMENT:
+        this.subs.get(body.sub_id as bigint)?.assignment(body); // an unknown sub_id is ignored
+        return;
       case Op.SUB_CLOSED:
         this.client.subClosed(this, body);
         return;
@@ -586,6 +620,9 @@ class Conn {
 export class Client {
   readonly addr: string;
   readonly producerId: string;
+  /** The member id of this client's cohort subscriptions that name none:
+   * the `memberId` option, else random per client; the same across reconnects. */
+  readonly memberId: string;
   private readonly o: ConnectOptions;
   private readonly policy: ReconnectPolicy;
   private readonly sleep: (ms: number, signal?: AbortSignal) => Promise<void>;
@@ -642,6 +679,7 @@ export class Client {
         }
       : () => {};
     this.producerId = o.producerId ?? `ts-${randomUUID()}`;
+    this.memberId = o.memberId ?? `m-ts-${randomUUID()}`;
     this.windowMax = o.publishWindow && o.publishWindow > 0 ? o.publishWindow : PUBLISH_WINDOW_DEFAULT;
   }
 
@@ -803,17 +841,20 @@ export class Client {
   private async reconcile(c: Conn): Promise<void> {
     const byId = new Map<bigint, Subscription>();
     const subs = [];
+    const cohorts = [];
     for (const s of this.subs) {
       if (s.serverId === null) continue;
       byId.set(s.serverId, s);
       subs.push(s.view());
+      // So that a subscription the broker recreates joins its cohort again.
+      if (s.cohort) cohorts.push({ sub_id: s.serverId, cohort: s.cohort, member: s.memberId });
     }
     const policy = this.o.reconcilePolicy === "conservative" ? 0 : 1;
     // Applied in the hook: deliveries of a recreated subscription follow the result.
     const hook = (op: number, b: Body) => {
       if (op === Op.RECONCILE_RESULT) this.applyReconcile(c, byId, b.entries as Body[]);
     };
-    const r = await c.call(Op.RECONCILE, { policy, subs, inflight_follows: true }, undefined, hook);
+    const r = await c.call(Op.RECONCILE, { policy, subs, inflight_follows: true, cohorts }, undefined, hook);
     if (r.op !== Op.RECONCILE_RESULT) throw new ProtocolError(`${opName(r.op)} in answer to RECONCILE`);
   }
 
@@ -1239,6 +1280,19 @@ export class Client {
     checkInt("opts.partition", o.partition, -1, 2 ** 31 - 1);
     checkInt("opts.prefetch", o.prefetch, 0, 0xffffffff);
     if (o.autoAck !== undefined && typeof o.autoAck !== "boolean") throw new InvalidArgumentError("opts.autoAck", `want a boolean, got ${describe(o.autoAck)}`);
+    checkCohortName("opts.cohort", o.cohort);
+    checkCohortName("opts.memberId", o.memberId);
+    if (o.memberId !== undefined && o.cohort === undefined) throw new InvalidArgumentError("opts.memberId", "a member id needs a cohort (opts.cohort)");
+    if (o.cohort !== undefined) {
+      // A broker session uses one member id: refuse a second one here
+      // rather than have the broker refuse it (bad_request).
+      const member = o.memberId ?? this.memberId;
+      for (const s of this.subs) {
+        if (s.memberId && s.memberId !== member) {
+          throw new InvalidArgumentError("opts.memberId", `this client's cohort subscriptions are member ${JSON.stringify(s.memberId)}; a session uses one member id`);
+        }
+      }
+    }
     const oo = operationOptions(o, "opts");
     const err = this.stateError();
     if (err) throw err;
@@ -1293,7 +1347,15 @@ export class Client {
       s.recreating = false;
       c.subs.set(b.sub_id, s);
     };
-    const body = { topic: s.topic, group: s.group, partition: s.partition, ack_mode: s.autoAck ? 1 : 0, prefetch: s.prefetchAsked };
+    const body = {
+      topic: s.topic,
+      group: s.group,
+      partition: s.partition,
+      ack_mode: s.autoAck ? 1 : 0,
+      prefetch: s.prefetchAsked,
+      cohort: s.cohort,
+      member: s.memberId,
+    };
     const r = await c.call(Op.SUBSCRIBE, body, undefined, hook);
     if (r.op !== Op.SUBSCRIBE_OK) throw new ProtocolError(`${opName(r.op)} in answer to SUBSCRIBE`);
   }
@@ -1436,7 +1498,7 @@ export class Client {
 
   // ----- connection status -----
 
-  private statusSinks = new Set<StatusSink>();
+  private statusSinks = new Set<EventSink<StatusEvent>>();
 
   /** @internal Tells onStatus and every status() iterator. */
   emitStatus(ev: StatusEvent): void {
@@ -1466,7 +1528,7 @@ export class Client {
   status(opts: { bufferSize?: number } = {}): AsyncIterableIterator<StatusEvent> {
     const o = options(opts, "opts");
     checkInt("opts.bufferSize", o.bufferSize, 1, 1 << 20);
-    const sink = new StatusSink(o.bufferSize ?? STATUS_BUFFER_DEFAULT, () => this.statusSinks.delete(sink));
+    const sink = new EventSink<StatusEvent>(o.bufferSize ?? STATUS_BUFFER_DEFAULT, () => this.statusSinks.delete(sink));
     if (this.closed) sink.push({ type: "closed", error: this.fatal ?? new ClientClosedError() });
     else this.statusSinks.add(sink);
     return sink;
@@ -1687,6 +1749,12 @@ export class Subscription implements AsyncIterable<Message> {
   prefetch = 0;
   /** The partitions the broker assigned. */
   partitions: number[] = [];
+  /** The cohort this subscription is a member of; "" for a plain consumer. */
+  readonly cohort: string;
+  /** The member id it joined the cohort with; "" for a plain consumer. */
+  readonly memberId: string;
+  /** Assignment events dropped because the buffer (256) was full, in all. */
+  assignmentsDropped = 0;
   /** @internal */ serverId: bigint | null = null;
   /** @internal */ recreating = false;
   /** Set once the subscription ended: why. */
@@ -1695,6 +1763,7 @@ export class Subscription implements AsyncIterable<Message> {
   private waiter: { resolve(r: IteratorResult<Message>): void; reject(e: unknown): void } | null = null;
   private held = new Map<bigint, Message>();
   private pausedConn: Conn | null = null;
+  private assigned: EventSink<AssignmentEvent> = new EventSink(ASSIGNMENT_BUFFER_MAX, () => {}, "an assignments iterator");
 
   /** @internal */
   constructor(
@@ -1707,6 +1776,48 @@ export class Subscription implements AsyncIterable<Message> {
     this.partition = o.partition ?? -1;
     this.autoAck = o.autoAck ?? false;
     this.prefetchAsked = o.prefetch ?? 0;
+    this.cohort = o.cohort ?? "";
+    this.memberId = o.cohort === undefined ? "" : (o.memberId ?? client.memberId);
+    this.assigned.onDrop = () => this.assignmentsDropped++;
+  }
+
+  /**
+   * The partitions assigned to and revoked from this cohort subscription, in
+   * the order the broker sent them, as an async iterator of AssignmentEvent.
+   * Events are kept from the moment the broker accepted the subscription, so
+   * the first iterator also sees those that came before it was made. The
+   * buffer holds 256 unread events; beyond that the oldest are dropped,
+   * counted in `assignmentsDropped` and in `dropped` of the next event read.
+   * One reader at a time. Leaving the loop stops reading (the subscription
+   * goes on; a later call reads on from there); the iterator ends when the
+   * subscription ends. A plain subscription (no cohort) gets no events.
+   */
+  assignments(): AsyncIterableIterator<AssignmentEvent> {
+    const sink = this.assigned;
+    return {
+      next: () => sink.next(),
+      return: () => {
+        sink.detach();
+        return Promise.resolve({ value: undefined, done: true });
+      },
+      [Symbol.asyncIterator]() {
+        return this;
+      },
+    };
+  }
+
+  /** @internal An ASSIGNMENT for this subscription. */
+  assignment(b: Body): void {
+    if (this.ended) return;
+    const epoch = b.epoch as bigint;
+    const ev: { partition: number; epoch: number; state: "assigned" | "revoked" } = {
+      partition: b.partition,
+      epoch: 0,
+      state: b.state === ASSIGNMENT_ASSIGNED ? "assigned" : "revoked",
+    };
+    if (epoch <= BigInt(Number.MAX_SAFE_INTEGER)) ev.epoch = Number(epoch);
+    else Object.defineProperty(ev, "epoch", { enumerable: true, get: () => safeNumber("epoch", epoch) });
+    this.assigned.push(ev);
   }
 
   /** Whether the subscription has ended. */
@@ -1800,6 +1911,7 @@ export class Subscription implements AsyncIterable<Message> {
     const msg = (cause as Error | null)?.message ?? reason;
     this.endReason = subscriptionEnded(reason, msg, cause ?? undefined);
     this.client.subs.delete(this);
+    this.assigned.end();
     if (reason === "unsubscribed") {
       // The broker takes these back; handing them out would only lead to
       // settles that fail.
@@ -1881,6 +1993,8 @@ export class Message {
   readonly publishedAtMs: number;
   /** The lease the broker granted, in ms (0 if the broker did not say). */
   readonly leaseMs: number;
+  /** @internal DELIVER's assignment field. */
+  readonly assignmentEpoch: bigint;
   readonly key: Uint8Array;
   /** Headers as [key, value] pairs in the order published (a key may repeat),
    * then the broker's `sinew.*` headers. */
@@ -1916,10 +2030,19 @@ export class Message {
     this.attempt = d.attempt;
     this.publishedAtMs = Number(d.published_at_ms);
     this.leaseMs = d.lease_ms;
+    this.assignmentEpoch = d.assignment;
     this.key = d.key;
     this.headers = (d.headers as Array<{ key: string; value: string }>).map((h) => [h.key, h.value] as const);
     this.contentType = d.content_type;
     this.body = d.body;
+  }
+
+  /** The partition's assignment epoch when this delivery was leased (0
+   * while no cohort ever held the partition), read-only: compare it with the
+   * `epoch` of Subscription.assignments() events. Reading it throws
+   * UnsafeIntegerError above Number.MAX_SAFE_INTEGER. */
+  get assignment(): number {
+    return safeNumber("assignment", this.assignmentEpoch);
   }
 
   /** The body as UTF-8 text. */
@@ -1990,6 +2113,14 @@ function options<T extends object>(v: T | undefined, name: string): Partial<T> {
 
 function checkString(name: string, v: unknown): void {
   if (v !== undefined && typeof v !== "string") throw new InvalidArgumentError(name, `want a string, got ${describe(v)}`);
+}
+
+/** A cohort name or member id: unset, or 1 to 128 of A-Z a-z 0-9 . _ : - */
+function checkCohortName(name: string, v: unknown): void {
+  if (v === undefined) return;
+  if (typeof v !== "string" || !COHORT_NAME.test(v)) {
+    throw new InvalidArgumentError(name, `want 1 to 128 characters of A-Z a-z 0-9 . _ : -, got ${describe(v)}`);
+  }
 }
 
 function checkInt(name: string, v: unknown, min: number, max: number): void {
@@ -2068,19 +2199,24 @@ function abortable<T>(
   });
 }
 
-/** The events of one status() iterator, bounded. */
-class StatusSink implements AsyncIterableIterator<StatusEvent> {
-  private buf: StatusEvent[] = [];
+/** Events for one reader, bounded: past `max` unread the oldest are
+ * dropped, and the next event read carries `dropped`, how many. Used by
+ * status() iterators and a subscription's assignments. */
+class EventSink<T extends { dropped?: number }> implements AsyncIterableIterator<T> {
+  private buf: T[] = [];
   private missed = 0;
   private ended = false;
-  private waiter: ((r: IteratorResult<StatusEvent>) => void) | null = null;
+  private waiter: ((r: IteratorResult<T>) => void) | null = null;
+  /** Called for each event dropped. */
+  onDrop: () => void = () => {};
 
   constructor(
     private readonly max: number,
     private readonly unregister: () => void,
+    private readonly what = "a status iterator",
   ) {}
 
-  push(ev: StatusEvent): void {
+  push(ev: T): void {
     if (this.ended) return;
     if (this.waiter) {
       const w = this.waiter;
@@ -2091,11 +2227,21 @@ class StatusSink implements AsyncIterableIterator<StatusEvent> {
     if (this.buf.length >= this.max) {
       this.buf.shift();
       this.missed++;
+      this.onDrop();
     }
     this.buf.push(ev);
   }
 
-  private withMissed(ev: StatusEvent): StatusEvent {
+  /** The reader left: a waiting next() ends, the events stay buffered. */
+  detach(): void {
+    if (this.waiter) {
+      const w = this.waiter;
+      this.waiter = null;
+      w({ value: undefined, done: true });
+    }
+  }
+
+  private withMissed(ev: T): T {
     if (this.missed === 0) return ev;
     const out = { ...ev, dropped: this.missed };
     this.missed = 0;
@@ -2112,24 +2258,24 @@ class StatusSink implements AsyncIterableIterator<StatusEvent> {
     }
   }
 
-  next(): Promise<IteratorResult<StatusEvent>> {
+  next(): Promise<IteratorResult<T>> {
     const ev = this.buf.shift();
     if (ev) return Promise.resolve({ value: this.withMissed(ev), done: false });
     if (this.ended) return Promise.resolve({ value: undefined, done: true });
-    if (this.waiter) return Promise.reject(new Error("sinew: a status iterator has one reader at a time"));
+    if (this.waiter) return Promise.reject(new Error(`sinew: ${this.what} has one reader at a time`));
     return new Promise((resolve) => {
       this.waiter = resolve;
     });
   }
 
-  return(): Promise<IteratorResult<StatusEvent>> {
+  return(): Promise<IteratorResult<T>> {
     this.unregister();
     this.buf = [];
     this.end();
     return Promise.resolve({ value: undefined, done: true });
   }
 
-  [Symbol.asyncIterator](): AsyncIterableIterator<StatusEvent> {
+  [Symbol.asyncIterator](): AsyncIterableIterator<T> {
     return this;
   }
 }
@@ -2198,6 +2344,7 @@ function checkConnectOptions(addr: string, opts: ConnectOptions): void {
   if (o.producerId !== undefined && utf8.encode(o.producerId).length > 255) {
     throw new InvalidArgumentError("opts.producerId", "at most 255 bytes");
   }
+  checkCohortName("opts.memberId", o.memberId);
   if (o.reconcilePolicy !== undefined && o.reconcilePolicy !== "restore" && o.reconcilePolicy !== "conservative") {
     throw new InvalidArgumentError("opts.reconcilePolicy", `want "restore" or "conservative", got ${describe(o.reconcilePolicy)}`);
   }

@@ -42,6 +42,7 @@ export const Op = {
   UNSUBSCRIBE: 0x22,
   SUB_CLOSED: 0x23,
   DELIVER: 0x24,
+  ASSIGNMENT: 0x25,
   ACK: 0x30,
   NACK: 0x31,
   FAIL: 0x32,
@@ -85,8 +86,12 @@ export type WireType =
   | { record: Schema };
 
 /** A body layout: fields in wire order. `opt` marks the first of the fields
- * appended to the body later; a decoder reads them only when bytes remain. @internal */
-export type Schema = ReadonlyArray<readonly [string, WireType] | readonly [string, WireType, "opt"]>;
+ * appended to the body later; a decoder reads them only when bytes remain.
+ * `optSet` marks appended fields the same way, and also tells the encoder to
+ * write this field and those after it only when one of them is set (not
+ * zero, empty or absent), as the protocol asks of SUBSCRIBE's cohort and
+ * RECONCILE's cohorts. @internal */
+export type Schema = ReadonlyArray<readonly [string, WireType] | readonly [string, WireType, "opt" | "optSet"]>;
 
 const resume: Schema = [
   ["client_id", "string"],
@@ -111,6 +116,11 @@ const subView: Schema = [
   ["partition", "i32"],
   ["ack_mode", "u8"],
   ["prefetch", "u32"],
+];
+const subCohort: Schema = [
+  ["sub_id", "uvarint"],
+  ["cohort", "string"],
+  ["member", "string"],
 ];
 const settle: Schema = [
   ["tags", { list: "uvarint" }],
@@ -208,6 +218,8 @@ export const schemas: Record<number, Schema> = {
     ["partition", "i32"],
     ["ack_mode", "u8"],
     ["prefetch", "u32"],
+    ["cohort", "string", "optSet"],
+    ["member", "string"],
   ],
   [Op.SUBSCRIBE_OK]: [
     ["sub_id", "uvarint"],
@@ -237,6 +249,13 @@ export const schemas: Record<number, Schema> = {
     ["lease_id", "uvarint", "opt"],
     ["epoch", "uvarint"],
     ["lease_ms", "u32", "opt"],
+    ["assignment", "uvarint", "opt"],
+  ],
+  [Op.ASSIGNMENT]: [
+    ["sub_id", "uvarint"],
+    ["partition", "u32"],
+    ["epoch", "uvarint"],
+    ["state", "u8"], // 1 assigned, 2 revoked; anything else is malformed (bodyChecks)
   ],
   [Op.ACK]: settle,
   [Op.NACK]: settle,
@@ -257,6 +276,7 @@ export const schemas: Record<number, Schema> = {
     ["policy", "u8"],
     ["subs", { list: { record: subView } }],
     ["inflight_follows", "bool", "opt"],
+    ["cohorts", { list: { record: subCohort } }, "optSet"],
   ],
   [Op.RECONCILE_RESULT]: [
     [
@@ -492,8 +512,19 @@ function encodeValue(w: Writer, t: WireType, v: unknown, field: string): void {
   throw new Error(`codec: field ${field}: unknown type ${String(t)}`);
 }
 
+/** Whether a value is its type's zero: what an `optSet` field leaves out. */
+function isUnset(v: unknown): boolean {
+  if (v === undefined || v === null || v === "" || v === 0 || v === 0n || v === false) return true;
+  if (Array.isArray(v) || v instanceof Uint8Array) return v.length === 0;
+  return false;
+}
+
 function encodeFields(w: Writer, schema: Schema, body: Body): void {
-  for (const [name, t] of schema) encodeValue(w, t, body[name], name);
+  for (let i = 0; i < schema.length; i++) {
+    const [name, t, mark] = schema[i]!;
+    if (mark === "optSet" && schema.slice(i).every(([n]) => isUnset(body[n]))) return;
+    encodeValue(w, t, body[name], name);
+  }
 }
 
 /** Encodes a complete frame: length prefix, header and body. @internal */
@@ -712,7 +743,7 @@ function decodeFields(r: Reader, schema: Schema): Body {
   let absent = false;
   for (const f of schema) {
     const [name, t] = f;
-    if (f[2] === "opt" && r.left() === 0) absent = true;
+    if ((f[2] === "opt" || f[2] === "optSet") && r.left() === 0) absent = true;
     out[name] = absent ? zeroValue(t) : decodeValue(r, t, name);
   }
   return out;
@@ -724,12 +755,26 @@ export function decodeBody(op: number, body: Uint8Array): Body {
   const schema = schemas[op];
   if (!schema) throw new UnknownOpError(op);
   try {
-    return decodeFields(new Reader(body), schema);
+    const out = decodeFields(new Reader(body), schema);
+    bodyChecks[op]?.(out);
+    return out;
   } catch (e) {
     if (e instanceof DecodeError) throw new DecodeError(`${opName(op)}: ${e.message}`);
     throw e;
   }
 }
+
+/** Checks of decoded values beyond their wire types. */
+const bodyChecks: Record<number, (b: Body) => void> = {
+  [Op.ASSIGNMENT]: (b) => {
+    if (b.state !== ASSIGNMENT_ASSIGNED && b.state !== ASSIGNMENT_REVOKED) throw malformed("state", "out of range");
+  },
+};
+
+/** ASSIGNMENT states (docs/protocol.md 5.7a). @internal */
+export const ASSIGNMENT_ASSIGNED = 1;
+/** @internal */
+export const ASSIGNMENT_REVOKED = 2;
 
 /** An op code this client does not know (protocol code unknown_op). */
 export class UnknownOpError extends SinewError {

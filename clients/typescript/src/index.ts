@@ -6,6 +6,7 @@ export type {
   PublishOptions,
   PublishResult,
   SubscribeOptions,
+  AssignmentEvent,
   QueueOptions,
   OperationOptions,
   SettleOptions,

@@ -126,3 +126,26 @@ for (const v of vectors) {
     }
   });
 }
+
+test("SUBSCRIBE's cohort and RECONCILE's cohorts are written only when set", () => {
+  const plain = { topic: "t", group: "", partition: -1, ack_mode: 0, prefetch: 5 };
+  const plainHex = hex(encodeFrame(Op.SUBSCRIBE, 1n, plain)).slice(32);
+  assert.equal(plainHex, "0174000100" + "05");
+  const f = parseFrame(encodeFrame(Op.SUBSCRIBE, 1n, plain));
+  assert.deepEqual(decodeBody(f.op, f.body), { ...plain, cohort: "", member: "" });
+  const cohort = hex(encodeFrame(Op.SUBSCRIBE, 1n, { ...plain, cohort: "billing", member: "m-1" })).slice(32);
+  assert.equal(cohort, plainHex + "0762696c6c696e67" + "036d2d31");
+  assert.equal(hex(encodeFrame(Op.RECONCILE, 1n, { policy: 1, subs: [], inflight_follows: true, cohorts: [] })).slice(32), "010001");
+  assert.equal(
+    hex(encodeFrame(Op.RECONCILE, 1n, { policy: 1, subs: [], inflight_follows: true, cohorts: [{ sub_id: 3n, cohort: "c", member: "m" }] })).slice(32),
+    "010001" + "0103" + "0163" + "016d",
+  );
+});
+
+test("ASSIGNMENT with a state other than assigned or revoked is bad_frame", () => {
+  for (const state of [0, 3, 255]) {
+    assert.throws(() => decodeBody(Op.ASSIGNMENT, new Uint8Array([1, 0, 1, state])), DecodeError);
+  }
+  assert.throws(() => decodeBody(Op.ASSIGNMENT, new Uint8Array([1, 0, 1])), DecodeError);
+  assert.deepEqual(decodeBody(Op.ASSIGNMENT, new Uint8Array([1, 0, 1, 2])), { sub_id: 1n, partition: 0, epoch: 1n, state: 2 });
+});
