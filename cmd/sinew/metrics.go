@@ -265,7 +265,7 @@ func metricsRegistry(b *broker.Broker, srv *server.Server, sm *syncMetrics, queu
 		reg.MustRegister(gateCollector{gate})
 	}
 	if b != nil {
-		reg.MustRegister(budgetCollector{b})
+		reg.MustRegister(budgetCollector{b}, cohortCollector{b})
 	}
 	if sm != nil {
 		reg.MustRegister(sm.batch, sm.latency)

@@ -138,5 +138,9 @@ func sinewFamilies() []struct{ name, help string } {
 	}
 	add(raftTicksName, raftTicksHelp)
 	add(underReplName, underReplHelp)
+	add(cohortPlansName, cohortPlansHelp)
+	add(cohortMovedName, cohortMovedHelp)
+	add(cohortPausedName, cohortPausedHelp)
+	add(cohortMembersName, cohortMembersHelp)
 	return out
 }

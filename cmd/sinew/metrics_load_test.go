@@ -49,6 +49,7 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 		{"exhaust", sinew.QueueConfig{MaxRetries: sinew.RetriesNone}},
 		{"lease", sinew.QueueConfig{Lease: time.Millisecond}},
 		{"ttl", sinew.QueueConfig{}},
+		{"cohort", sinew.QueueConfig{}},
 	} {
 		if _, err := c.DeclareQueue(ctx, q.topic, q.cfg); err != nil {
 			t.Fatalf("declare %s: %v", q.topic, err)
@@ -105,6 +106,10 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 	// released (then it is not sent), and again on every redelivery while
 	// fsyncs take longer than that; either way the expiry is counted.
 	if _, err := c.Subscribe(ctx, "lease", sinew.WithPrefetch(1)); err != nil {
+		t.Fatal(err)
+	}
+	// A cohort member: the per-cohort gauges get their series.
+	if _, err := c.Subscribe(ctx, "cohort", sinew.WithCohort("billing")); err != nil {
 		t.Fatal(err)
 	}
 	// A message with a 1 ms TTL and no consumer expires.
@@ -182,6 +187,8 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 		"sinew_raft_messages_dropped_total":          "needs a cluster whose raft queues overflow",
 		"sinew_memory_budget_bytes":                  "a configured limit (TestMemoryBudgetsServed)",
 		"sinew_memory_budget_evicted_bytes_total":    "needs a full budget (internal/partition TestPartitionsShareBodyBudget)",
+		"sinew_cohort_plans_total":                   "a cluster node counts the committed plans after the first (TestCohortMetrics counts a single node's)",
+		"sinew_cohort_partitions_moved_total":        "0 on a cluster node, where the controller plans (TestCohortMetrics counts a single node's)",
 	}
 	for _, f := range sinewFamilies() {
 		if _, ok := still[f.name]; ok {

@@ -130,6 +130,8 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("DELETE /api/v1/queues/{topic}", a.needBroker(a.deleteQueue))
 	mux.HandleFunc("POST /api/v1/queues/{topic}/purge", a.needBroker(a.purgeQueue))
 	mux.HandleFunc("GET /api/v1/queues/{topic}/messages", a.needBroker(a.messages))
+	mux.HandleFunc("GET /api/v1/cohorts", a.needBroker(a.listCohorts))
+	mux.HandleFunc("GET /api/v1/cohorts/{topic}", a.needBroker(a.queueCohorts))
 	mux.HandleFunc("GET /api/v1/deadletters", a.needBroker(a.deadLetters))
 	mux.HandleFunc("POST /api/v1/deadletters/replay", a.needBroker(a.replay))
 	mux.HandleFunc("GET /api/v1/connections", a.connections)

@@ -106,7 +106,7 @@ func errorCode(t *testing.T, res *http.Response) string {
 // who may not manage every topic 403.
 func TestGateRequiresCredentials(t *testing.T) {
 	fx := newGateFixture(t, nil)
-	for _, path := range []string{"/api/v1/version", "/metrics", "/", "/api/v1/queues"} {
+	for _, path := range []string{"/api/v1/version", "/metrics", "/", "/api/v1/queues", "/api/v1/cohorts"} {
 		res := fx.do(path, "")
 		if res.StatusCode != http.StatusUnauthorized || errorCode(t, res) != "unauthorized" {
 			t.Fatalf("%s without credentials: %d", path, res.StatusCode)
@@ -165,7 +165,7 @@ func TestGateRequiresCredentials(t *testing.T) {
 		t.Fatalf("reader: %d", res.StatusCode)
 	}
 	st := fx.gate.Stats()
-	if st.Missing != 4 || st.Failed != uint64(len(wrong)) || st.Denied != 1 || st.Busy != 0 {
+	if st.Missing != 5 || st.Failed != uint64(len(wrong)) || st.Denied != 1 || st.Busy != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 }

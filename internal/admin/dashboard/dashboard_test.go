@@ -81,3 +81,29 @@ func TestNoExternalResources(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The cohorts section starts hidden, is filled from /api/v1/cohorts and
+// shown only while there is a cohort, and the stylesheet keeps the hidden
+// attribute above any class's display (a .badge{display:inline-block} once
+// showed hidden badges).
+func TestCohortsSectionHiddenUntilUsed(t *testing.T) {
+	read := func(name string) string {
+		data, err := fs.ReadFile(files, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data)
+	}
+	page, js, css := read("index.html"), read("app.js"), read("app.css")
+	if !strings.Contains(page, `<section id="cohorts" hidden>`) || !strings.Contains(page, `<p id="cohorts-msg" class="msg"></p>`) {
+		t.Errorf("index.html lacks the hidden cohorts section")
+	}
+	for _, want := range []string{`api("GET", "/api/v1/cohorts")`, `$("#cohorts").hidden = cohorts.length === 0;`, "loadCohorts(),"} {
+		if !strings.Contains(js, want) {
+			t.Errorf("app.js lacks %q", want)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^\[hidden\] \{ display: none !important; \}$`).MatchString(css) {
+		t.Errorf("app.css lacks [hidden] { display: none !important; }")
+	}
+}

@@ -325,6 +325,40 @@
     box.hidden = false;
   }
 
+  // ---- cohorts ----
+  // The section shows only while the broker knows a cohort.
+  async function loadCohorts() {
+    const r = await api("GET", "/api/v1/cohorts");
+    if (!r.ok) {
+      setMsg("cohorts-msg", "cohorts: " + errText(r), "error");
+      return r.status !== 0;
+    }
+    setMsg("cohorts-msg", "");
+    const cohorts = (r.data && r.data.cohorts) || [];
+    $("#cohorts").hidden = cohorts.length === 0;
+    const tbody = $("#cohorts tbody");
+    tbody.replaceChildren();
+    for (const c of cohorts) {
+      const lines = (c.partitions || []).map((p) => h("li", { class: "cohort-partition", "data-partition": p.partition,
+        "data-member": p.member || "", "data-paused": String(!!p.paused) },
+        "partition " + p.partition + ": " + (p.held ? (p.member ? "member " + p.member : "held for nobody") : "not held by the cohort") +
+        " · epoch " + fmtInt(p.epoch) + " · lag " + fmtInt(p.lag) +
+        (p.planned && p.planned !== p.member ? " · planned for " + p.planned : "") +
+        (p.owned ? "" : " · owner " + (p.owner || "unknown")) + " ",
+        p.paused ? h("span", { class: "badge dormant", text: "paused" }) : null));
+      tbody.append(h("tr", { class: "cohort-row", "data-topic": c.topic, "data-group": c.group || "", "data-cohort": c.cohort },
+        h("td", {}, h("strong", { text: c.cohort })),
+        h("td", { text: queueName(c.topic, c.group) }),
+        h("td", { text: c.planner }),
+        h("td", { class: "num", text: String(c.generation) }),
+        h("td", { class: "members", text: (c.members || []).join(", ") || "–" }),
+        h("td", { class: "num paused", text: fmtInt(c.paused) + " of " + fmtInt((c.partitions || []).length) }),
+        h("td", { class: "num lag", "data-lag": c.lag, text: fmtInt(c.lag) }),
+        h("td", {}, h("ul", { class: "partitions" }, lines))));
+    }
+    return true;
+  }
+
   // ---- nodes ----
   // A node that runs alone (cluster false) hides the section.
   async function loadNodes() {
@@ -586,7 +620,7 @@
     if (state.busy) return;
     state.busy = true;
     try {
-      const results = await Promise.all([loadOverview(), loadQueues(), loadNodes(), loadSessions(), loadDeadLetters(), loadSettings(false)]);
+      const results = await Promise.all([loadOverview(), loadQueues(), loadCohorts(), loadNodes(), loadSessions(), loadDeadLetters(), loadSettings(false)]);
       const banner = $("#banner");
       if (results.some((ok) => !ok)) {
         banner.textContent = "The broker's admin API is unreachable; showing the last data received.";
