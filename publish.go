@@ -86,6 +86,9 @@ type PublishFuture struct {
 	done chan struct{}
 	res  PublishResult
 	err  error
+	// leave, when set, takes the publish out of its ordering lane
+	// (order.go); it runs before done closes.
+	leave func()
 }
 
 // Done is closed when the publish is confirmed or has failed.
@@ -121,6 +124,9 @@ func (f *PublishFuture) resolve(b protocol.Body, err error) {
 		}
 	}
 	f.err = err
+	if f.leave != nil {
+		f.leave()
+	}
 	close(f.done)
 }
 
@@ -169,13 +175,15 @@ func (c *Client) PublishAsync(ctx context.Context, topic string, body []byte, op
 			return f
 		}
 	}
+	fl := &flight{f: f}
 	if p.ProducerID == c.o.producerID && p.ProducerSeq == 0 {
 		// Numbered only once it holds a window slot: the sequences in
 		// flight then stay within the publish window, which the broker's
-		// deduplication window covers, however long acquire waited.
-		p.ProducerSeq = c.seq.Add(1)
+		// deduplication window covers, however long acquire waited. The
+		// number enters the publish's ordering lane (order.go).
+		c.lanes.number(c, p, fl)
 	}
-	c.rt.send(ctx, e, p, &flight{f: f}, size, 0)
+	c.rt.send(ctx, e, p, fl, size, 0)
 	return f
 }
 
