@@ -1,0 +1,294 @@
+package e2e_test
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sinewmq/sinew"
+	"github.com/sinewmq/sinew/internal/testkit"
+)
+
+// storedMsg is a message as its first delivery showed where it is stored.
+type storedMsg struct {
+	partition uint32
+	offset    uint64
+	body      string
+}
+
+// storedInOrder subscribes to topic through client and completes messages
+// until want distinct bodies were delivered (bounded by ctx); it returns
+// them as stored, sorted by partition and offset. A body delivered at two
+// positions fails the test: it was stored twice.
+func storedInOrder(t *testing.T, ctx context.Context, client *sinew.Client, topic string, want int) []storedMsg {
+	t.Helper()
+	sub, err := client.Subscribe(ctx, topic, sinew.WithPrefetch(256))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe(context.WithoutCancel(ctx))
+	at := map[string]storedMsg{}
+	for len(at) < want {
+		select {
+		case m, ok := <-sub.Messages():
+			if !ok {
+				t.Fatalf("subscription to %s ended: %v", topic, sub.Err())
+			}
+			s := storedMsg{m.Partition, m.Offset, string(m.Body)}
+			if prev, seen := at[s.body]; seen && (prev.partition != s.partition || prev.offset != s.offset) {
+				t.Fatalf("%s: %q stored twice, at %d/%d and %d/%d", topic, s.body, prev.partition, prev.offset, s.partition, s.offset)
+			}
+			at[s.body] = s
+			if err := m.Complete(ctx); err != nil {
+				t.Fatalf("complete: %v", err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s: %d of %d messages delivered", topic, len(at), want)
+		}
+	}
+	out := make([]storedMsg, 0, len(at))
+	for _, s := range at {
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b storedMsg) int {
+		return cmp.Or(cmp.Compare(a.partition, b.partition), cmp.Compare(a.offset, b.offset))
+	})
+	return out
+}
+
+// awaitOwner waits (bounded) until some node names an owner of topic's
+// partition 0, and returns its client address.
+func awaitOwner(t *testing.T, nodes []*clusterChild, topic string) string {
+	t.Helper()
+	deadline := time.Now().Add(safetyTimeout)
+	for time.Now().Before(deadline) {
+		for _, c := range nodes {
+			if o := queuePartition(t, c, topic).Owner; o != "" {
+				return o
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // polling real processes
+	}
+	t.Fatalf("no owner of %s within %v", topic, safetyTimeout)
+	return ""
+}
+
+// The issue's case: `printf 'a\nb\nc\n' | sinew publish` through a node
+// that does not own the queue's partition, for several topics of one
+// partition on a three-node cluster. The non-owner answers not_owner to each
+// of the three, the client sends each to the owner on its own, and the owner
+// stores them in the order sent: a, b, c.
+func TestClusterOrderedPublishThroughNonOwner(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sinew binary")
+	}
+	bin := buildSinew(t)
+	nodes, _, _ := startThreeVoting(t, bin)
+	byAddr, _, client := seededClient(t, nodes, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const topics = 5
+	for i := range topics {
+		topic := "abc-" + strconv.Itoa(i)
+		if _, err := client.DeclareQueue(ctx, topic, sinew.QueueConfig{Partitions: 1}); err != nil {
+			t.Fatal(err)
+		}
+		owner := awaitOwner(t, nodes, topic)
+		var via *clusterChild
+		for a, c := range byAddr {
+			if a != owner {
+				via = c
+				break
+			}
+		}
+		cmd := exec.CommandContext(ctx, bin, "publish", "--topic", topic, "--addr", via.addr)
+		cmd.Stdin = strings.NewReader("a\nb\nc\n")
+		if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "confirmed 3, failed 0") {
+			t.Fatalf("sinew publish to %s through %s (owner %s): %v\n%s", topic, via.addr, owner, err, out)
+		}
+		got := storedInOrder(t, ctx, client, topic, 3)
+		var bodies []string
+		for _, s := range got {
+			bodies = append(bodies, s.body)
+		}
+		if strings.Join(bodies, " ") != "a b c" {
+			t.Errorf("%s published through %s (owner %s): stored as %v, want a b c", topic, via.addr, owner, bodies)
+		}
+	}
+}
+
+// Producers publish numbered messages, pipelined, to queues whose owners
+// are spread over a three-node cluster, each producer dialled through a
+// fault proxy in front of one node (the others its seeds, also proxied), so
+// its publishes go through redirects (not_owner), while a chaos loop cuts a
+// proxy's connections, or holds a node's answers back for longer than the
+// hedge delay (the client hedges, then gives the connection up and resends
+// through the cluster). Every producer's messages must be stored in the
+// order it sent them: per partition for the keyless queues of one
+// partition, per key for the keyed queue of three.
+func TestClusterOrderedPublishUnderRedirectsAndCuts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sinew binary")
+	}
+	bin := buildSinew(t)
+	nodes, _, _ := startThreeVoting(t, bin)
+	_, _, admin := seededClient(t, nodes, 0)
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 28))
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+
+	proxies := make([]*testkit.Proxy, len(nodes))
+	var paddrs []string
+	for i, n := range nodes {
+		p, err := testkit.NewProxy(n.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		proxies[i] = p
+		paddrs = append(paddrs, p.Addr())
+	}
+	type queueSpec struct {
+		topic string
+		parts int
+		keys  int // 0: keyless
+	}
+	queues := []queueSpec{{"ord-a", 1, 0}, {"ord-b", 1, 0}, {"ord-c", 1, 0}, {"ord-keyed", 3, 4}}
+	for _, q := range queues {
+		if _, err := admin.DeclareQueue(ctx, q.topic, sinew.QueueConfig{Partitions: q.parts}); err != nil {
+			t.Fatal(err)
+		}
+		awaitOwner(t, nodes, q.topic)
+	}
+
+	const producers, perProducer, pipeline = 3, 400, 32
+	stop := make(chan struct{})
+	var chaos sync.WaitGroup
+	chaos.Add(1)
+	cuts, holds := 0, 0
+	go func() {
+		defer chaos.Done()
+		for i := 0; i < 200; i++ { // bounded; ends sooner when the producers are done
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(50+rng.IntN(250)) * time.Millisecond):
+			}
+			p := proxies[rng.IntN(len(proxies))]
+			if rng.IntN(4) == 0 {
+				// Requests arrive and take effect, answers do not.
+				p.SetDownStalled(true)
+				select {
+				case <-stop:
+				case <-time.After(1500 * time.Millisecond):
+				}
+				p.SetDownStalled(false)
+				p.CutAll()
+				holds++
+				continue
+			}
+			p.CutAll()
+			cuts++
+		}
+	}()
+
+	type sent struct {
+		topic, body string
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, producers)
+	for pi := range producers {
+		seeds := slices.Concat(paddrs[:pi], paddrs[pi+1:])
+		dctx, dcancel := context.WithTimeout(ctx, 30*time.Second)
+		c, err := sinew.Dial(dctx, paddrs[pi], fastReconnect(), sinew.WithSeeds(seeds...))
+		dcancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		order := rand.New(rand.NewPCG(uint64(seed), uint64(pi)))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var inflight []*sinew.PublishFuture
+			for n := range perProducer {
+				q := queues[order.IntN(len(queues))]
+				var opts []sinew.PublishOption
+				body := fmt.Sprintf("p%d-%d", pi, n)
+				if q.keys > 0 {
+					k := "k" + strconv.Itoa(order.IntN(q.keys))
+					opts = append(opts, sinew.WithKey([]byte(k)))
+					body = fmt.Sprintf("p%d-%s-%d", pi, k, n)
+				}
+				inflight = append(inflight, c.PublishAsync(ctx, q.topic, []byte(body), opts...))
+				if len(inflight) == pipeline {
+					if _, err := inflight[0].Wait(ctx); err != nil {
+						errs <- fmt.Errorf("producer %d, a publish before %s: %w", pi, body, err)
+						return
+					}
+					inflight = inflight[1:]
+				}
+			}
+			for _, f := range inflight {
+				if _, err := f.Wait(ctx); err != nil {
+					errs <- fmt.Errorf("producer %d: %w", pi, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	chaos.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	t.Logf("%d producers x %d publishes confirmed through %d cuts and %d held answers", producers, perProducer, cuts, holds)
+
+	total := 0
+	// What each queue was sent, from the same seeded choices.
+	perQueue := map[string]int{}
+	for pi := range producers {
+		order := rand.New(rand.NewPCG(uint64(seed), uint64(pi)))
+		for range perProducer {
+			q := queues[order.IntN(len(queues))]
+			if q.keys > 0 {
+				order.IntN(q.keys)
+			}
+			perQueue[q.topic]++
+		}
+	}
+	for _, q := range queues {
+		got := storedInOrder(t, ctx, admin, q.topic, perQueue[q.topic])
+		total += len(got)
+		// lane: producer (and key); last: the last number seen in it, per
+		// partition.
+		last := map[string]int{}
+		for _, s := range got {
+			i := strings.LastIndexByte(s.body, '-')
+			n, err := strconv.Atoi(s.body[i+1:])
+			if err != nil {
+				t.Fatalf("%s: body %q", q.topic, s.body)
+			}
+			lane := fmt.Sprintf("%d/%s", s.partition, s.body[:i])
+			if prev, ok := last[lane]; ok && n <= prev {
+				t.Errorf("%s partition %d: %q stored after %s-%d", q.topic, s.partition, s.body, s.body[:i], prev)
+			}
+			last[lane] = n
+		}
+	}
+	if total != producers*perProducer {
+		t.Fatalf("%d messages stored, want %d", total, producers*perProducer)
+	}
+}
