@@ -171,26 +171,32 @@ func TestClusterOrderedPublishUnderRedirectsAndCuts(t *testing.T) {
 		awaitOwner(t, nodes, q.topic)
 	}
 
-	const producers, perProducer, pipeline = 3, 400, 32
+	// Each round runs fresh producers (new clients: they know only the
+	// proxies, so their publishes meet the faults and the redirects again;
+	// once a client learns an owner from not_owner it reaches it directly,
+	// past the proxies).
+	const rounds, producers, perProducer, pipeline = 8, 3, 150, 32
 	stop := make(chan struct{})
 	var chaos sync.WaitGroup
 	chaos.Add(1)
 	cuts, holds := 0, 0
+	chaosRng := rand.New(rand.NewPCG(uint64(seed), 1<<32))
 	go func() {
 		defer chaos.Done()
-		for i := 0; i < 200; i++ { // bounded; ends sooner when the producers are done
+		for range 2000 { // bounded; ends when the producers are done
 			select {
 			case <-stop:
 				return
-			case <-time.After(time.Duration(50+rng.IntN(250)) * time.Millisecond):
+			case <-time.After(time.Duration(20+chaosRng.IntN(150)) * time.Millisecond):
 			}
-			p := proxies[rng.IntN(len(proxies))]
-			if rng.IntN(4) == 0 {
-				// Requests arrive and take effect, answers do not.
+			p := proxies[chaosRng.IntN(len(proxies))]
+			if chaosRng.IntN(4) == 0 {
+				// Requests arrive and take effect, answers do not: past
+				// the hedge delay, then the connection is cut.
 				p.SetDownStalled(true)
 				select {
 				case <-stop:
-				case <-time.After(1500 * time.Millisecond):
+				case <-time.After(1200 * time.Millisecond):
 				}
 				p.SetDownStalled(false)
 				p.CutAll()
@@ -202,78 +208,89 @@ func TestClusterOrderedPublishUnderRedirectsAndCuts(t *testing.T) {
 		}
 	}()
 
-	type sent struct {
-		topic, body string
-	}
-	var wg sync.WaitGroup
-	errs := make(chan error, producers)
-	for pi := range producers {
-		seeds := slices.Concat(paddrs[:pi], paddrs[pi+1:])
-		dctx, dcancel := context.WithTimeout(ctx, 30*time.Second)
-		c, err := sinew.Dial(dctx, paddrs[pi], fastReconnect(), sinew.WithSeeds(seeds...))
-		dcancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		order := rand.New(rand.NewPCG(uint64(seed), uint64(pi)))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var inflight []*sinew.PublishFuture
-			for n := range perProducer {
-				q := queues[order.IntN(len(queues))]
-				var opts []sinew.PublishOption
-				body := fmt.Sprintf("p%d-%d", pi, n)
-				if q.keys > 0 {
-					k := "k" + strconv.Itoa(order.IntN(q.keys))
-					opts = append(opts, sinew.WithKey([]byte(k)))
-					body = fmt.Sprintf("p%d-%s-%d", pi, k, n)
-				}
-				inflight = append(inflight, c.PublishAsync(ctx, q.topic, []byte(body), opts...))
-				if len(inflight) == pipeline {
-					if _, err := inflight[0].Wait(ctx); err != nil {
-						errs <- fmt.Errorf("producer %d, a publish before %s: %w", pi, body, err)
-						return
+	var mu sync.Mutex
+	perQueue := map[string]int{}
+	var firstErr error
+	for round := range rounds {
+		var wg sync.WaitGroup
+		for pi := range producers {
+			dial := rng.IntN(len(paddrs))
+			seeds := slices.Concat(paddrs[:dial], paddrs[dial+1:])
+			order := rand.New(rand.NewPCG(uint64(seed), uint64(round*producers+pi)))
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				fail := func(err error) {
+					mu.Lock()
+					defer mu.Unlock()
+					if firstErr == nil {
+						firstErr = err
 					}
-					inflight = inflight[1:]
 				}
-			}
-			for _, f := range inflight {
-				if _, err := f.Wait(ctx); err != nil {
-					errs <- fmt.Errorf("producer %d: %w", pi, err)
+				// A cut may land on the dial itself: retried (bounded).
+				var c *sinew.Client
+				var err error
+				for range 20 {
+					dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
+					c, err = sinew.Dial(dctx, paddrs[dial], fastReconnect(), sinew.WithSeeds(seeds...))
+					dcancel()
+					if err == nil {
+						break
+					}
+				}
+				if err != nil {
+					fail(fmt.Errorf("round %d producer %d: dial: %w", round, pi, err))
 					return
 				}
-			}
-		}()
+				defer c.Close()
+				var inflight []*sinew.PublishFuture
+				for n := range perProducer {
+					q := queues[order.IntN(len(queues))]
+					var opts []sinew.PublishOption
+					lane := fmt.Sprintf("r%dp%d", round, pi)
+					if q.keys > 0 {
+						k := "k" + strconv.Itoa(order.IntN(q.keys))
+						opts = append(opts, sinew.WithKey([]byte(k)))
+						lane += "-" + k
+					}
+					mu.Lock()
+					perQueue[q.topic]++
+					mu.Unlock()
+					body := fmt.Sprintf("%s-%d", lane, n)
+					inflight = append(inflight, c.PublishAsync(ctx, q.topic, []byte(body), opts...))
+					if len(inflight) == pipeline {
+						if _, err := inflight[0].Wait(ctx); err != nil {
+							fail(fmt.Errorf("round %d producer %d, a publish before %s: %w", round, pi, body, err))
+							return
+						}
+						inflight = inflight[1:]
+					}
+					time.Sleep(time.Millisecond) // pacing, so the faults land amid the publishes
+				}
+				for _, f := range inflight {
+					if _, err := f.Wait(ctx); err != nil {
+						fail(fmt.Errorf("round %d producer %d: %w", round, pi, err))
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 	close(stop)
 	chaos.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
+	if firstErr != nil {
+		t.Fatal(firstErr)
 	}
-	t.Logf("%d producers x %d publishes confirmed through %d cuts and %d held answers", producers, perProducer, cuts, holds)
+	t.Logf("%d rounds of %d producers x %d publishes confirmed through %d cuts and %d held answers",
+		rounds, producers, perProducer, cuts, holds)
 
 	total := 0
-	// What each queue was sent, from the same seeded choices.
-	perQueue := map[string]int{}
-	for pi := range producers {
-		order := rand.New(rand.NewPCG(uint64(seed), uint64(pi)))
-		for range perProducer {
-			q := queues[order.IntN(len(queues))]
-			if q.keys > 0 {
-				order.IntN(q.keys)
-			}
-			perQueue[q.topic]++
-		}
-	}
 	for _, q := range queues {
 		got := storedInOrder(t, ctx, admin, q.topic, perQueue[q.topic])
 		total += len(got)
-		// lane: producer (and key); last: the last number seen in it, per
-		// partition.
+		// last: per partition and lane (round, producer and key), the
+		// last number stored.
 		last := map[string]int{}
 		for _, s := range got {
 			i := strings.LastIndexByte(s.body, '-')
@@ -288,7 +305,7 @@ func TestClusterOrderedPublishUnderRedirectsAndCuts(t *testing.T) {
 			last[lane] = n
 		}
 	}
-	if total != producers*perProducer {
-		t.Fatalf("%d messages stored, want %d", total, producers*perProducer)
+	if total != rounds*producers*perProducer {
+		t.Fatalf("%d messages stored, want %d", total, rounds*producers*perProducer)
 	}
 }
