@@ -131,7 +131,8 @@ func TestClusterOrderedPublishThroughNonOwner(t *testing.T) {
 // its publishes go through redirects (not_owner), while a chaos loop cuts a
 // proxy's connections, or holds a node's answers back for longer than the
 // hedge delay (the client hedges, then gives the connection up and resends
-// through the cluster). Every producer's messages must be stored in the
+// through the cluster); midway the owner of one queue is killed with -9.
+// Every producer's messages must be stored in the
 // order it sent them: per partition for the keyless queues of one
 // partition, per key for the keyed queue of three.
 func TestClusterOrderedPublishUnderRedirectsAndCuts(t *testing.T) {
@@ -140,7 +141,7 @@ func TestClusterOrderedPublishUnderRedirectsAndCuts(t *testing.T) {
 	}
 	bin := buildSinew(t)
 	nodes, _, _ := startThreeVoting(t, bin)
-	_, _, admin := seededClient(t, nodes, 0)
+	_, _, admin := seededClient(t, nodes, 0) // its seeds find the queues after the kill
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 28))
@@ -211,11 +212,33 @@ func TestClusterOrderedPublishUnderRedirectsAndCuts(t *testing.T) {
 	var mu sync.Mutex
 	perQueue := map[string]int{}
 	var firstErr error
+	// In round killRound the owner of the first queue is killed with -9
+	// while the producers publish: the cluster elects another, and the
+	// producers resend what the dead node had not confirmed.
+	const killRound = rounds / 2
+	killed := -1
 	for round := range rounds {
 		var wg sync.WaitGroup
+		if round == killRound {
+			owner := awaitOwner(t, nodes, queues[0].topic)
+			killed = slices.IndexFunc(nodes, func(c *clusterChild) bool { return c.addr == owner })
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				time.Sleep(100 * time.Millisecond) // amid the round's publishes
+				if err := nodes[killed].cmd.Process.Kill(); err != nil {
+					t.Error(err)
+				}
+				nodes[killed].cmd.Wait()
+			}()
+		}
+		live := slices.Clone(paddrs)
+		if killed >= 0 {
+			live = slices.Delete(live, killed, killed+1)
+		}
 		for pi := range producers {
-			dial := rng.IntN(len(paddrs))
-			seeds := slices.Concat(paddrs[:dial], paddrs[dial+1:])
+			dial := rng.IntN(len(live))
+			seeds := slices.Concat(live[:dial], live[dial+1:])
 			order := rand.New(rand.NewPCG(uint64(seed), uint64(round*producers+pi)))
 			wg.Add(1)
 			go func() {
@@ -232,7 +255,7 @@ func TestClusterOrderedPublishUnderRedirectsAndCuts(t *testing.T) {
 				var err error
 				for range 20 {
 					dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
-					c, err = sinew.Dial(dctx, paddrs[dial], fastReconnect(), sinew.WithSeeds(seeds...))
+					c, err = sinew.Dial(dctx, live[dial], fastReconnect(), sinew.WithSeeds(seeds...))
 					dcancel()
 					if err == nil {
 						break
@@ -282,8 +305,8 @@ func TestClusterOrderedPublishUnderRedirectsAndCuts(t *testing.T) {
 	if firstErr != nil {
 		t.Fatal(firstErr)
 	}
-	t.Logf("%d rounds of %d producers x %d publishes confirmed through %d cuts and %d held answers",
-		rounds, producers, perProducer, cuts, holds)
+	t.Logf("%d rounds of %d producers x %d publishes confirmed through %d cuts, %d held answers and the kill of %s (round %d)",
+		rounds, producers, perProducer, cuts, holds, nodes[killed].addr, killRound)
 
 	total := 0
 	for _, q := range queues {
