@@ -14,7 +14,8 @@ import (
 type PublishOption func(*protocol.Publish)
 
 // WithKey sets the partition key: messages with the same key go to the same
-// partition, and so keep their order.
+// partition, and are stored in the order they were published (see Publish
+// order in the package documentation).
 func WithKey(key []byte) PublishOption { return func(p *protocol.Publish) { p.Key = key } }
 
 // WithHeader adds one header. Keys starting with "sinew." are reserved.
@@ -69,7 +70,9 @@ func WithPartition(n int) PublishOption { return func(p *protocol.Publish) { p.P
 // after the producer's last publish; a sequence below that window fails with
 // sequence_too_old instead of being stored again. The same (id, seq) must
 // always be sent with the same body, key and partition choice. An empty id
-// turns deduplication off for this publish. PublishNoConfirm ignores it.
+// turns deduplication off for this publish. Publishes numbered this way are
+// not ordered by the Client (see Publish order in the package
+// documentation). PublishNoConfirm ignores it.
 func WithProducerSequence(id string, seq uint64) PublishOption {
 	return func(p *protocol.Publish) { p.ProducerID = id; p.ProducerSeq = seq }
 }
