@@ -15,8 +15,20 @@ import (
 // partition sees a producer's sequences increasing but with gaps. Order is
 // therefore kept by a link: every send of a publish names in producer_prev
 // the highest sequence below its own that is still unconfirmed in the same
-// lane, and the partition stores it only once it holds that sequence,
-// answering out_of_sequence otherwise (docs/protocol.md, Ordered publish).
+// lane and was sent already, and the partition stores it only once it holds
+// that sequence, answering out_of_sequence otherwise (docs/protocol.md,
+// Ordered publish).
+//
+// Only publishes sent already are linked to: marked sent once their first
+// frame is queued on a connection (router.send). A publish numbered before
+// another but not yet queued was published concurrently with it
+// (PublishAsync had not returned), and the two are ordered as they reach
+// the connection. Linking to it would make the broker refuse the other
+// until it arrived, which costs a refusal and a resend per publish when many
+// goroutines share a Client, and orders nothing the application could have
+// observed. A publish made after another's PublishAsync returned always
+// finds that one sent, its frame queued ahead on the same connection when
+// both go to the same node, so in the steady state nothing is refused.
 //
 // A lane is what fixes a publish's partition: its queue and explicit
 // partition (WithPartition), else its queue and key (WithKey), else its
@@ -56,10 +68,12 @@ func laneOf(p *protocol.Publish) laneKey {
 	return k
 }
 
-// laneEntry is one unresolved publish of a lane.
+// laneEntry is one unresolved publish of a lane; sent once its first frame
+// was queued on a connection.
 type laneEntry struct {
 	seq  uint64
 	done <-chan struct{}
+	sent bool
 }
 
 // lanes holds, per lane, the Client's unresolved publishes in ascending
@@ -111,18 +125,39 @@ func (l *lanes) leave(k laneKey, seq uint64) {
 	l.m[k] = es
 }
 
-// prev returns the link for a send of seq in lane k: the highest unresolved
-// sequence below it (0: none), and a channel closed when that one resolves.
+// prev returns the link for a send of seq in lane k: the highest sequence
+// below it that is unresolved and was sent (0: none), and a channel closed
+// when that one resolves.
 func (l *lanes) prev(k laneKey, seq uint64) (uint64, <-chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	es := l.m[k]
 	for i := len(es) - 1; i >= 0; i-- {
-		if es[i].seq < seq {
+		if es[i].seq < seq && es[i].sent {
 			return es[i].seq, es[i].done
 		}
 	}
 	return 0, nil
+}
+
+// sent marks fl's publish sent: its frame was queued on a connection (or
+// its submit failed, and a resend follows).
+func (l *lanes) sent(fl *flight, seq uint64) {
+	if !fl.ordered {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	es := l.m[fl.lane]
+	for i := len(es) - 1; i >= 0; i-- {
+		if es[i].seq == seq {
+			es[i].sent = true
+			return
+		}
+		if es[i].seq < seq {
+			return
+		}
+	}
 }
 
 // size returns how many publishes the lanes hold (tests).

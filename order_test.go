@@ -98,7 +98,17 @@ func TestLaneLinksToTheHighestUnresolved(t *testing.T) {
 	d, fd := mk("t", -1, "")
 	p0, f0 := mk("t", 0, "")
 	other, fo := mk("u", -1, "")
-	link := func(p *protocol.Publish, fl *flight) uint64 { return c.stamped(p, fl).ProducerPrev }
+	// link stamps a send of p and then marks it queued, as router.send.
+	link := func(p *protocol.Publish, fl *flight) uint64 {
+		prev := c.stamped(p, fl).ProducerPrev
+		c.lanes.sent(fl, p.ProducerSeq)
+		return prev
+	}
+	// b is sent before a: a publish not sent yet is concurrent, never
+	// linked to.
+	if got := link(b, fb); got != 0 {
+		t.Errorf("b sent before a links to %d, want 0", got)
+	}
 	for _, tc := range []struct {
 		name string
 		got  uint64

@@ -467,9 +467,11 @@ func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, fl 
 	if r.clustered.Load() {
 		// Never wait for this node's reconnect: it may be gone for good.
 		e.submitNow(ctx, cl)
-		return
+	} else {
+		e.submit(ctx, cl)
 	}
-	e.submit(ctx, cl)
+	// Queued: later publishes of its lane link to it (order.go).
+	r.c.lanes.sent(fl, p.ProducerSeq)
 }
 
 // inBudget reports whether fl may be sent again: its ctx goes on, and when
