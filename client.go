@@ -79,6 +79,9 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	if o.producerID == "" {
 		o.producerID = randomProducerID()
 	}
+	if o.memberID == "" {
+		o.memberID = "m-" + randomProducerID()
+	}
 	c := &Client{o: o}
 	c.pool = newPool(&c.o)
 	c.ep = c.pool.get(addr)

@@ -325,6 +325,8 @@ func (c *conn) dispatch(f protocol.Frame) error {
 		c.deliver(b)
 	case *protocol.SubClosed:
 		c.ep.subClosed(c, b)
+	case *protocol.Assignment:
+		c.ep.assignment(c, b)
 	case *protocol.GoingAway:
 		c.goAway(b.DeadlineMs)
 		c.ep.o.logger.Info("sinew: broker going away", "addr", c.ep.addr, "reason", b.Reason, "grace_ms", b.GraceMs,

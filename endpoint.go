@@ -787,10 +787,14 @@ func (e *endpoint) reconcile(ctx context.Context, c *conn) error {
 	e.mu.Lock()
 	byID := make(map[uint64]*Subscription)
 	var views []protocol.SubView
+	var cohorts []protocol.SubCohort
 	for s := range e.subs {
 		if s.serverID != 0 {
 			byID[s.serverID] = s
 			views = append(views, s.view())
+			if s.cfg.cohort != "" {
+				cohorts = append(cohorts, protocol.SubCohort{SubID: s.serverID, Cohort: s.cfg.cohort, Member: s.cfg.member})
+			}
 		}
 	}
 	e.mu.Unlock()
@@ -829,6 +833,7 @@ func (e *endpoint) reconcile(ctx context.Context, c *conn) error {
 					// id; its deliveries follow the result.
 					s.serverID = x.ServerSubID
 					c.subs[s.serverID] = s
+					s.revokeHeld()
 				} else {
 					// Resubscribe in restore, before the connection is used.
 					s.serverID = 0
@@ -837,7 +842,7 @@ func (e *endpoint) reconcile(ctx context.Context, c *conn) error {
 			}
 		}
 	}
-	body := &protocol.Reconcile{Policy: uint8(e.o.reconcile), Subs: views, InflightFollows: true}
+	body := &protocol.Reconcile{Policy: uint8(e.o.reconcile), Subs: views, InflightFollows: true, Cohorts: cohorts}
 	reply, err := c.roundTrip(ctx, body, hook)
 	if err != nil {
 		return err

@@ -75,6 +75,10 @@ var (
 	// permission_denied. Only that request failed; the connection, the
 	// session and its other subscriptions carry on. Not retryable.
 	ErrPermissionDenied = errors.New("sinew: permission denied")
+
+	// ErrInvalidArgument reports an argument the client refuses before
+	// sending anything (a malformed cohort name or member id).
+	ErrInvalidArgument = errors.New("sinew: invalid argument")
 )
 
 // BrokerError is an error reported by the broker: an ERROR frame, a failed

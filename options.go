@@ -182,6 +182,7 @@ type options struct {
 	handshakeTimeout time.Duration
 	drainTimeout     time.Duration
 	producerID       string // "" until Dial picks a random one
+	memberID         string // cohort member id; "" until Dial picks a random one
 	seeds            []string
 	// redirected, set by Dial, is told a GOING_AWAY's non-empty
 	// redirect: the stopping node's address and the one to use.

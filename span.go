@@ -107,7 +107,7 @@ func (c *Client) subscribeSpan(ctx context.Context, topic string, cfg subscribeC
 		return nil, nil, false
 	}
 	s = &Subscription{e: c.ep, topic: topic, cfg: cfg, out: make(chan *Message), done: make(chan struct{}),
-		pumpDone: make(chan struct{})}
+		pumpDone: make(chan struct{}), assigns: make(chan Assignment, assignmentBufferMax)}
 	sp := &span{c: c, s: s, group: cfg.group, poke: make(chan struct{}, 1), stop: make(chan struct{}),
 		ran: make(chan struct{}), parts: map[string]*Subscription{}, owners: map[uint32]owned{}}
 	s.span = sp

@@ -21,6 +21,9 @@ type subscribeConfig struct {
 	partition int32
 	prefetch  uint32
 	autoAck   bool
+	// cohort and member: the cohort the subscription joins (WithCohort)
+	// and the client's member id; "" for a plain subscription.
+	cohort, member string
 }
 
 // WithPrefetch sets the most unsettled deliveries the broker sends this
@@ -84,6 +87,14 @@ type Subscription struct {
 
 	// pumpDone is closed when pump returns.
 	pumpDone chan struct{}
+	// assigns holds the assignment events of a cohort subscription for the
+	// application (Assignments); bounded, oldest dropped.
+	assigns        chan Assignment
+	assignsDropped atomic.Uint64
+	// held is what the broker's subscription behind this one was assigned
+	// (partition -> epoch), so that losing that subscription revokes it.
+	assignMu  sync.Mutex
+	heldParts map[uint32]uint64
 	// parent is the spanning subscription this one delivers for (nil for
 	// a subscription on one node); span is set on a spanning one.
 	parent *Subscription
@@ -184,6 +195,9 @@ func (c *Client) Subscribe(ctx context.Context, topic string, opts ...SubscribeO
 	for _, o := range opts {
 		o(&cfg)
 	}
+	if err := c.checkCohort(&cfg); err != nil {
+		return nil, err
+	}
 	if len(c.rt.seeds) > 0 || c.rt.clusteredFor(ctx, topic, cfg.group) {
 		if s, err, ok := c.subscribeSpan(ctx, topic, cfg); ok {
 			return s, err
@@ -205,6 +219,7 @@ func (c *Client) subscribeAt(ctx context.Context, e *endpoint, topic string, cfg
 		out:      make(chan *Message),
 		done:     make(chan struct{}),
 		pumpDone: make(chan struct{}),
+		assigns:  make(chan Assignment, assignmentBufferMax),
 	}
 	if parent != nil {
 		s.parent, s.out = parent, parent.out
@@ -252,7 +267,7 @@ func (e *endpoint) subscribeOn(ctx context.Context, c *conn, s *Subscription) er
 		ackMode = protocol.AckAuto
 	}
 	body := &protocol.Subscribe{Topic: s.topic, Group: s.cfg.group, Partition: s.cfg.partition,
-		AckMode: ackMode, Prefetch: s.cfg.prefetch}
+		AckMode: ackMode, Prefetch: s.cfg.prefetch, Cohort: s.cfg.cohort, Member: s.cfg.member}
 	var orphan uint64
 	var closing bool
 	hook := func(b protocol.Body) {
@@ -276,6 +291,9 @@ func (e *endpoint) subscribeOn(ctx context.Context, c *conn, s *Subscription) er
 		s.heldMax = 2*int(ok.Prefetch) + heldSlackTags
 		s.heldMu.Unlock()
 		s.recreating = false
+		// A subscription made again (its session ended, or reconciliation
+		// dropped it) starts with no partitions: the old one's are revoked.
+		s.revokeHeld()
 		// A new subscription joins the endpoint here, on the reader, so a
 		// reconnect that starts after this reply always knows about it.
 		if _, known := e.subs[s]; !known {
@@ -517,6 +535,9 @@ type Message struct {
 	ContentType string
 	Body        []byte
 	PublishedAt time.Time
+	// Assignment is the partition's assignment epoch when the message was
+	// leased (see Assignment); 0 while no cohort ever held the partition.
+	Assignment uint64
 
 	sub     *Subscription
 	tag     uint64
@@ -535,8 +556,8 @@ func newMessage(s *Subscription, epoch uint64, d *protocol.Deliver) *Message {
 	m := &Message{
 		Topic: d.Topic, Group: d.Group, Partition: d.Partition, Offset: d.Offset, Attempt: d.Attempt,
 		Key: d.Key, ContentType: d.ContentType, Body: d.Body,
-		PublishedAt: time.UnixMilli(d.PublishedAtMs),
-		sub:         s, tag: d.Tag, epoch: epoch, autoAck: s.cfg.autoAck,
+		PublishedAt: time.UnixMilli(d.PublishedAtMs), Assignment: d.Assignment,
+		sub: s, tag: d.Tag, epoch: epoch, autoAck: s.cfg.autoAck,
 		lease: protocol.LeaseRef{SubID: d.SubID, Partition: d.Partition, Offset: d.Offset,
 			LeaseID: d.LeaseID, Epoch: d.Epoch},
 		settled: make(chan struct{}, 1),

@@ -183,6 +183,8 @@ func Decode(f Frame) (Body, error) {
 		b = new(SubClosed)
 	case OpDeliver:
 		b = new(Deliver)
+	case OpAssignment:
+		b = new(Assignment)
 	case OpAck, OpNack, OpFail:
 		b = &Settle{Kind: f.Op}
 	case OpSettleResult:

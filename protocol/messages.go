@@ -33,6 +33,7 @@ const (
 	OpUnsubscribe     Op = 0x22 // client -> server, answered by OK
 	OpSubClosed       Op = 0x23 // server -> client push
 	OpDeliver         Op = 0x24 // server -> client push
+	OpAssignment      Op = 0x25 // server -> client push: a cohort subscription was assigned or revoked a partition
 	OpAck             Op = 0x30 // client -> server
 	OpNack            Op = 0x31 // client -> server
 	OpFail            Op = 0x32 // client -> server
@@ -57,7 +58,7 @@ var opNames = map[Op]string{
 	OpGoingAway: "GOING_AWAY", OpReconcile: "RECONCILE", OpReconcileResult: "RECONCILE_RESULT",
 	OpDeleteQueue: "DELETE_QUEUE", OpPurgeQueue: "PURGE_QUEUE", OpPurgeOK: "PURGE_OK",
 	OpEndSession: "END_SESSION", OpInflight: "INFLIGHT", OpInflightResult: "INFLIGHT_RESULT",
-	OpMetadata: "METADATA", OpMetadataResult: "METADATA_RESULT",
+	OpMetadata: "METADATA", OpMetadataResult: "METADATA_RESULT", OpAssignment: "ASSIGNMENT",
 }
 
 func (o Op) String() string {
@@ -251,12 +252,33 @@ const (
 )
 
 // Subscribe attaches a consumer. Partition < 0 means every partition of the queue.
+// With a Cohort (appended field, with Member) the subscription is a member of
+// that cohort: it is delivered only the partitions assigned to it (see
+// Assignment). Both are encoded only when Cohort is set.
 type Subscribe struct {
 	Topic     string
 	Group     string
 	Partition int32
 	AckMode   uint8
 	Prefetch  uint32 // most unsettled deliveries at once; 0 = server default
+	Cohort    string // the cohort (consumer group) to join; "" for a plain consumer (appended field)
+	Member    string // the member id within the cohort (appended field)
+}
+
+// Assignment states.
+const (
+	AssignmentAssigned uint8 = 1 // the partition is this subscription's now
+	AssignmentRevoked  uint8 = 2 // the partition passed to another member, or to nobody
+)
+
+// Assignment tells a cohort subscription that one partition was assigned to
+// it or revoked from it. Epoch is the partition's assignment epoch, which
+// rises with every move; deliveries carry it too (Deliver.Assignment).
+type Assignment struct {
+	SubID     uint64
+	Partition uint32
+	Epoch     uint64
+	State     uint8
 }
 
 // SubscribeOK answers Subscribe.
@@ -310,6 +332,10 @@ type Deliver struct {
 	// drops a delivery it could not hand to the application in that time:
 	// the message has gone back to the queue.
 	LeaseMs uint32
+	// Assignment (appended field) is the partition's assignment epoch when
+	// the lease was granted (see Assignment); 0 while no cohort ever held
+	// the partition.
+	Assignment uint64
 }
 
 // LeaseRef names one lease: the subscription and partition it was delivered on,
@@ -380,10 +406,22 @@ type SubView struct {
 // InflightFollows says that the client sends INFLIGHT next: the server then
 // holds back its re-sends until INFLIGHT tells it which deliveries the client
 // lacks, instead of re-sending every unsettled one after RECONCILE_RESULT.
+//
+// Cohorts (appended field, encoded only when not empty) names the cohort
+// and member of each listed subscription that is a cohort member, so a
+// recreated subscription joins its cohort again.
 type Reconcile struct {
 	Policy          uint8
 	Subs            []SubView
 	InflightFollows bool // appended field
+	Cohorts         []SubCohort
+}
+
+// SubCohort names the cohort and member of subscription SubID.
+type SubCohort struct {
+	SubID  uint64
+	Cohort string
+	Member string
 }
 
 // Reconciliation actions.
@@ -661,6 +699,10 @@ func (m *Subscribe) AppendBody(b []byte) []byte {
 	e.varint(int64(m.Partition))
 	e.u8(m.AckMode)
 	e.uvarint(uint64(m.Prefetch))
+	if m.Cohort != "" || m.Member != "" {
+		e.str(m.Cohort)
+		e.str(m.Member)
+	}
 	return e.b
 }
 func (m *Subscribe) decode(d *dec) {
@@ -669,6 +711,29 @@ func (m *Subscribe) decode(d *dec) {
 	m.Partition = d.at("partition").i32()
 	m.AckMode = d.at("ack_mode").u8()
 	m.Prefetch = d.at("prefetch").u32()
+	if d.optional() {
+		m.Cohort = d.at("cohort").str()
+		m.Member = d.at("member").str()
+	}
+}
+
+func (*Assignment) Op() Op { return OpAssignment }
+func (m *Assignment) AppendBody(b []byte) []byte {
+	e := enc{b}
+	e.uvarint(m.SubID)
+	e.uvarint(uint64(m.Partition))
+	e.uvarint(m.Epoch)
+	e.u8(m.State)
+	return e.b
+}
+func (m *Assignment) decode(d *dec) {
+	m.SubID = d.at("sub_id").uvarint()
+	m.Partition = d.at("partition").u32()
+	m.Epoch = d.at("epoch").uvarint()
+	m.State = d.at("state").u8()
+	if d.err == nil && m.State != AssignmentAssigned && m.State != AssignmentRevoked {
+		d.fail("out of range")
+	}
 }
 
 func (*SubscribeOK) Op() Op { return OpSubscribeOK }
@@ -736,6 +801,7 @@ func (m *Deliver) AppendBody(b []byte) []byte {
 	e.uvarint(m.LeaseID)
 	e.uvarint(m.Epoch)
 	e.uvarint(uint64(m.LeaseMs))
+	e.uvarint(m.Assignment)
 	return e.b
 }
 func (m *Deliver) decode(d *dec) {
@@ -757,6 +823,9 @@ func (m *Deliver) decode(d *dec) {
 	}
 	if d.optional() {
 		m.LeaseMs = d.at("lease_ms").u32()
+	}
+	if d.optional() {
+		m.Assignment = d.at("assignment").uvarint()
 	}
 }
 
@@ -899,6 +968,14 @@ func (m *Reconcile) AppendBody(b []byte) []byte {
 		e.subView(s)
 	}
 	e.boolean(m.InflightFollows)
+	if len(m.Cohorts) > 0 {
+		e.uvarint(uint64(len(m.Cohorts)))
+		for _, c := range m.Cohorts {
+			e.uvarint(c.SubID)
+			e.str(c.Cohort)
+			e.str(c.Member)
+		}
+	}
 	return e.b
 }
 func (m *Reconcile) decode(d *dec) {
@@ -909,6 +986,12 @@ func (m *Reconcile) decode(d *dec) {
 	}
 	if d.optional() {
 		m.InflightFollows = d.at("inflight_follows").boolean()
+	}
+	if d.optional() {
+		n := d.at("cohorts").count(listItemsMax, 3)
+		for i := 0; i < n && d.err == nil; i++ {
+			m.Cohorts = append(m.Cohorts, SubCohort{SubID: d.uvarint(), Cohort: d.str(), Member: d.str()})
+		}
 	}
 }
 

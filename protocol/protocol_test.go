@@ -248,7 +248,7 @@ func normalize(b Body) Body {
 // and the settles' leases were appended still decode, with the new fields zero.
 func TestAppendedFieldsOptional(t *testing.T) {
 	full := (&Deliver{SubID: 1, Tag: 2, Offset: 3, Topic: "t", Group: "g", LeaseID: 300, Epoch: 0, LeaseMs: 0}).AppendBody(nil)
-	old := full[:len(full)-4] // lease_id 300 is two bytes, epoch 0 and lease_ms 0 one each
+	old := full[:len(full)-5] // lease_id 300 is two bytes, epoch 0, lease_ms 0 and assignment 0 one each
 	got, err := Decode(Frame{FrameHeader: FrameHeader{Version: Version, Op: OpDeliver}, Body: old})
 	if err != nil {
 		t.Fatal(err)
@@ -256,7 +256,7 @@ func TestAppendedFieldsOptional(t *testing.T) {
 	if d := got.(*Deliver); d.LeaseID != 0 || d.Epoch != 0 || d.Group != "g" {
 		t.Fatalf("old DELIVER decoded as %+v", d)
 	}
-	got, err = Decode(Frame{FrameHeader: FrameHeader{Version: Version, Op: OpDeliver}, Body: full[:len(full)-1]})
+	got, err = Decode(Frame{FrameHeader: FrameHeader{Version: Version, Op: OpDeliver}, Body: full[:len(full)-2]})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -118,6 +118,9 @@ func vectorCases() []vectorCase {
 		{name: "purge_ok", requestID: 8, body: &PurgeOK{Purged: u64max}},
 		{name: "subscribe/manual", requestID: 10, body: &Subscribe{Topic: "orders", Group: "g", Partition: -1, AckMode: AckManual, Prefetch: 64}},
 		{name: "subscribe/edge", requestID: 10, body: &Subscribe{Topic: "t", Partition: math.MaxInt32, AckMode: AckAuto, Prefetch: u32max}},
+		{name: "subscribe/cohort", requestID: 10, body: &Subscribe{Topic: "orders", Partition: -1, Prefetch: 64, Cohort: "billing", Member: "worker-1"}},
+		{name: "assignment/assigned", body: &Assignment{SubID: 5, Partition: 3, Epoch: 7, State: AssignmentAssigned}},
+		{name: "assignment/revoked", body: &Assignment{SubID: u64max, Partition: u32max, Epoch: u64max, State: AssignmentRevoked}},
 		{name: "subscribe_ok", requestID: 10, body: &SubscribeOK{SubID: 5, Partitions: []uint32{0, 1, 2, u32max}, Prefetch: 64}},
 		{name: "subscribe_ok/no_partitions", requestID: 10, body: &SubscribeOK{SubID: u64max}},
 		{name: "unsubscribe", requestID: 11, body: &Unsubscribe{SubID: 5}},
@@ -125,9 +128,10 @@ func vectorCases() []vectorCase {
 		{name: "sub_closed/deleted", body: &SubClosed{SubID: u64max, Reason: SubClosedQueueDeleted, Code: CodeNotFound}},
 		{name: "deliver/full", body: &Deliver{SubID: 5, Tag: 9, Partition: 1, Offset: 77, Attempt: 2, PublishedAtMs: 1_700_000_000_000,
 			Key: []byte("k"), Headers: []Header{{"sinew.reason", "failed"}, {"x", ""}}, ContentType: "text/plain", Body: []byte("hello"),
-			Topic: "orders", Group: "g", LeaseID: 1 << 40, Epoch: 0}},
+			Topic: "orders", Group: "g", LeaseID: 1 << 40, Epoch: 0, LeaseMs: 30_000, Assignment: 3}},
 		{name: "deliver/edge", body: &Deliver{SubID: u64max, Tag: u64max, Partition: u32max, Offset: u64max, Attempt: u32max,
-			PublishedAtMs: math.MinInt64, Key: allBytes, Body: allBytes, Topic: long, Group: uni, LeaseID: u64max, Epoch: u64max}},
+			PublishedAtMs: math.MinInt64, Key: allBytes, Body: allBytes, Topic: long, Group: uni, LeaseID: u64max, Epoch: u64max,
+			LeaseMs: u32max, Assignment: u64max}},
 		{name: "ack", requestID: 12, body: &Settle{Kind: OpAck, Tags: []uint64{1, 2, 3}}},
 		{name: "ack/leases", requestID: 13, body: &Settle{Kind: OpAck, Tags: []uint64{9, u64max}, Leases: []LeaseRef{lr, lrEdge}}},
 		{name: "ack/no_reply", flags: FlagNoReply, requestID: 14, body: &Settle{Kind: OpAck, Tags: []uint64{1}}},
@@ -144,6 +148,8 @@ func vectorCases() []vectorCase {
 		{name: "going_away/edge", body: &GoingAway{DeadlineMs: -1, GraceMs: u32max, Reason: uni, Redirect: "127.0.0.1:7000"}},
 		{name: "reconcile/restore", requestID: 20, body: &Reconcile{Policy: ReconcileRestore, Subs: []SubView{sv, svEdge}}},
 		{name: "reconcile/inflight_follows", requestID: 20, body: &Reconcile{Policy: ReconcileConservative, InflightFollows: true}},
+		{name: "reconcile/cohorts", requestID: 20, body: &Reconcile{Policy: ReconcileRestore, Subs: []SubView{sv}, InflightFollows: true,
+			Cohorts: []SubCohort{{SubID: sv.SubID, Cohort: "billing", Member: "worker-1"}, {SubID: u64max, Cohort: uni, Member: long}}}},
 		{name: "reconcile_result", requestID: 20, body: &ReconcileResult{Entries: []ReconcileEntry{
 			{Action: ActionKeep, ClientSubID: 7, ServerSubID: 8, Client: sv, Server: sv, Reason: "matched"},
 			{Action: ActionCloseServerSide, ServerSubID: 9, Server: svEdge, Reason: "missing"},
@@ -168,8 +174,9 @@ func vectorCases() []vectorCase {
 		return vectorCase{name: name, requestID: 1, op: b.Op(), raw: enc[:len(enc)-cut]}
 	}
 	cs = append(cs,
-		legacy("deliver/without_lease", &Deliver{SubID: 5, Tag: 9, Partition: 1, Offset: 77, Attempt: 1, Topic: "orders"}, 3),
-		legacy("deliver/without_lease_ms", &Deliver{SubID: 5, Tag: 9, Partition: 1, Offset: 77, Attempt: 1, Topic: "orders", LeaseID: 3, Epoch: 2}, 1),
+		legacy("deliver/without_lease", &Deliver{SubID: 5, Tag: 9, Partition: 1, Offset: 77, Attempt: 1, Topic: "orders"}, 4),
+		legacy("deliver/without_lease_ms", &Deliver{SubID: 5, Tag: 9, Partition: 1, Offset: 77, Attempt: 1, Topic: "orders", LeaseID: 3, Epoch: 2}, 2),
+		legacy("deliver/without_assignment", &Deliver{SubID: 5, Tag: 9, Partition: 1, Offset: 77, Attempt: 1, Topic: "orders", LeaseID: 3, Epoch: 2, LeaseMs: 100}, 1),
 		legacy("ack/without_leases", &Settle{Kind: OpAck, Tags: []uint64{1, 2}}, 1),
 		legacy("reconcile/without_inflight_follows", &Reconcile{Policy: ReconcileRestore, Subs: []SubView{sv}}, 1),
 		legacy("publish/without_producer_prev", &Publish{Topic: "orders", Partition: -1, ProducerID: "p-1", ProducerSeq: 3, Body: []byte("x")}, 1),
@@ -197,6 +204,7 @@ func vectorCases() []vectorCase {
 		bad("empty_body", OpPublishOK),
 		bad("extend_without_leases_list", OpExtend, 0x01, 0x09, 0xe0, 0xd4, 0x03),
 		bad("extend_without_extend_ms", OpExtend, 0x01, 0x09),
+		bad("assignment_state", OpAssignment, 0x01, 0x00, 0x01, 0x03),
 	)
 	return cs
 }

@@ -232,3 +232,23 @@ func (n *clusterNode) commitRuntime(expected uint64, next runtimesettings.Doc) (
 // reconfigureEvery is how often the partitions this node owns are moved a
 // step toward their placement.
 const reconfigureEvery = 500 * time.Millisecond
+
+var _ broker.CohortCluster = (*clusterNode)(nil)
+
+// ReportCohort reports the cohort members this node serves.
+func (n *clusterNode) ReportCohort(topic, group, name string, members []string) error {
+	return n.ctl.ReportCohort(topic, group, name, members)
+}
+
+// CohortPlans returns the controller's committed cohort plans.
+func (n *clusterNode) CohortPlans() []broker.CohortPlan {
+	ps := n.ctl.CohortPlans()
+	out := make([]broker.CohortPlan, len(ps))
+	for i, p := range ps {
+		out[i] = broker.CohortPlan{Topic: p.Topic, Group: p.Group, Cohort: p.Cohort, Plan: p.Plan}
+	}
+	return out
+}
+
+// CohortsChanged returns a channel closed when the committed plans change.
+func (n *clusterNode) CohortsChanged() <-chan struct{} { return n.ctl.CohortsChanged() }

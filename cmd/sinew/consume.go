@@ -110,6 +110,8 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 	peek := fs.Bool("peek", false, "show messages with their key and headers and settle none: they go back to the queue, no retry used (default --count 10, --idle-exit 2s)")
 	bodyFormat := fs.String("body", "auto", "how --peek shows bodies: auto (text as it is, anything else escaped), escaped or base64")
 	execCmd := fs.String("exec", "", "run this shell command (sh -c) once per message, the body on its stdin: exit 0 completes the message, any other exit retries it (default --prefetch 1)")
+	cohortName := fs.String("cohort", "", "join this cohort (consumer group): its members share the queue's partitions, one member per partition, in order; assignments are reported on stderr")
+	memberID := fs.String("member", "", "with --cohort: this consumer's member id (default: a random one)")
 	extendEvery := fs.Duration("extend-every", 0, "with --exec: while the command runs, extend the message's lease every this long, each time to 3x this from now (0 = never; use a third of the queue's lease)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, consumeHelp)
@@ -137,6 +139,8 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 		return fmt.Errorf("%w: --exec settles each message by the command's exit status; it does not go with --peek, --auto-ack or --json", errUsage)
 	case set["extend-every"] && *execCmd == "":
 		return fmt.Errorf("%w: --extend-every extends the lease while an --exec command runs; it needs --exec", errUsage)
+	case set["member"] && *cohortName == "":
+		return fmt.Errorf("%w: --member names this consumer in a cohort; it needs --cohort", errUsage)
 	case *extendEvery < 0:
 		return fmt.Errorf("%w: --extend-every must not be negative, got %v", errUsage, *extendEvery)
 	case *extendEvery > 0 && *extendEvery < time.Millisecond:
@@ -172,12 +176,19 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 		return err
 	}
 
-	c, err := cf.dial(ctx, "sinew-consume", stderr)
+	var dialOpts []sinew.Option
+	if *memberID != "" {
+		dialOpts = append(dialOpts, sinew.WithMemberID(*memberID))
+	}
+	c, err := cf.dial(ctx, "sinew-consume", stderr, dialOpts...)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	opts := []sinew.SubscribeOption{sinew.WithPrefetch(*prefetch)}
+	if *cohortName != "" {
+		opts = append(opts, sinew.WithCohort(*cohortName))
+	}
 	if *group != "" {
 		opts = append(opts, sinew.WithSubscribeGroup(*group))
 	}
@@ -186,7 +197,13 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 	}
 	sub, err := c.Subscribe(ctx, *topic, opts...)
 	if err != nil {
+		if errors.Is(err, sinew.ErrInvalidArgument) {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
 		return describeClientErr(*cf.addr, err)
+	}
+	if *cohortName != "" {
+		fmt.Fprintf(stderr, "joined cohort %s as member %s\n", *cohortName, c.MemberID())
 	}
 
 	if *execCmd != "" {
@@ -226,6 +243,11 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 			}
 			select {
 			case m = <-sub.Messages():
+			case as := <-sub.Assignments():
+				// Not a message: report it and wait again.
+				reportAssignment(stderr, as)
+				n--
+				continue
 			case <-idle:
 				if err := a.finish(ctx); err != nil {
 					return err
@@ -408,8 +430,24 @@ messages it holds are leased to it and other consumers of the queue do not get
 them, and each one's attempt number rises by one. To read messages without
 leasing them at all, use sinew admin messages peek, which reads the log.
 
+--cohort NAME joins cohort NAME (a consumer group): the members of one cohort
+share the queue's partitions, each partition delivered to one member at a
+time, in offset order (docs/cohorts.md). Each partition assigned to or revoked
+from this consumer is reported on stderr. --member sets this consumer's member
+id (default: a random one); two consumers running at once need different ids.
+
 flags:
 `
+
+// reportAssignment tells the user on stderr that a partition of the
+// cohort came or went.
+func reportAssignment(w io.Writer, a sinew.Assignment) {
+	what := "revoked"
+	if a.Assigned {
+		what = "assigned"
+	}
+	fmt.Fprintf(w, "partition %d %s (assignment epoch %d)\n", a.Partition, what, a.Epoch)
+}
 
 // consumeExtendEveryMax bounds --extend-every: each extension asks for 3x
 // it, and a lease is at most a week.

@@ -118,7 +118,7 @@ func addClientFlags(fs *flag.FlagSet) clientFlags {
 // to someone who only mistyped an address or has not started the broker.
 // Reconnects after a cut are not logged either (the client rides through
 // them); other warnings of the client are.
-func (f clientFlags) dial(ctx context.Context, name string, stderr io.Writer) (*sinew.Client, error) {
+func (f clientFlags) dial(ctx context.Context, name string, stderr io.Writer, extra ...sinew.Option) (*sinew.Client, error) {
 	if *f.timeout <= 0 {
 		return nil, fmt.Errorf("%w: --connect-timeout must be positive", errUsage)
 	}
@@ -148,6 +148,7 @@ func (f clientFlags) dial(ctx context.Context, name string, stderr io.Writer) (*
 	if len(addrs) > 1 {
 		opts = append(opts, sinew.WithSeeds(addrs[1:]...))
 	}
+	opts = append(opts, extra...)
 	c, err := sinew.Dial(ctx, addrs[0], opts...)
 	if err != nil {
 		return nil, describeClientErr(addrs[0], err)

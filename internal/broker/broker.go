@@ -101,6 +101,8 @@ type Broker struct {
 	// testCreateHook, when set (by tests), runs before a dead-letter queue
 	// is created.
 	testCreateHook func(topic string)
+	// cohorts plans and steers the cohorts' partitions (cohorts.go).
+	cohorts cohorts
 }
 
 type queueKey struct{ topic, group string }
@@ -260,6 +262,8 @@ func Open(cfg Config) (b *Broker, err error) {
 		}
 	}
 	b.dl.start(b)
+	b.cohorts.init()
+	go b.runCohorts()
 	b.ready.Store(true)
 	for _, q := range b.queues {
 		for _, p := range q.parts {
@@ -587,6 +591,7 @@ func (b *Broker) Close() error {
 		return nil
 	}
 	b.ready.Store(false)
+	b.stopCohorts()
 	b.subsMu.Lock()
 	subs := make([]*Subscription, 0, len(b.subs))
 	for _, s := range b.subs {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/cohort"
 	"github.com/sinewmq/sinew/internal/partition"
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/protocol"
@@ -56,6 +57,11 @@ type Subscription struct {
 	// adopted counts the recovered leases SubscribeWith adopted (written
 	// before it returns).
 	adopted int
+	// cohort and member: the cohort the subscription is a member of, and
+	// its member id (cohorts.go); "" for a plain one. joined once the
+	// broker counts it as a member.
+	cohort, member string
+	joined         bool
 
 	mu sync.Mutex
 	// outstanding holds the deliveries not yet settled; true marks one
@@ -75,6 +81,10 @@ type attachment struct {
 	s   *Subscription
 	idx uint32
 	p   *partition.Partition
+	// told, assigned and epoch: what the consumer was last told of its
+	// assignment of this partition (cohorts.go). Partition goroutine only.
+	told, assigned bool
+	epoch          uint64
 }
 
 // Subscribe attaches c to one partition of a queue, or to all of them when
@@ -168,6 +178,19 @@ func (b *Broker) SubscribeWith(req *protocol.Subscribe, c Consumer, opts Subscri
 		view: protocol.SubView{SubID: id, Topic: req.Topic, Group: req.Group, Partition: req.Partition,
 			AckMode: req.AckMode, Prefetch: uint32(prefetch)},
 		outstanding: make(map[leaseKey]bool),
+		cohort:      req.Cohort,
+		member:      req.Member,
+	}
+	if (s.cohort == "") != (s.member == "") {
+		return nil, protocol.Errorf(protocol.CodeBadRequest, "a cohort member needs both a cohort and a member id")
+	}
+	if s.cohort != "" {
+		if err := cohort.ValidName(s.cohort); err != nil {
+			return nil, protocol.Errorf(protocol.CodeBadRequest, "cohort %q: %v", s.cohort, err)
+		}
+		if err := cohort.ValidMemberID(s.member); err != nil {
+			return nil, protocol.Errorf(protocol.CodeBadRequest, "member %q: %v", s.member, err)
+		}
 	}
 	s.view.Partition = max(req.Partition, -1)
 	s.pause, _ = c.(PausableConsumer)
@@ -210,6 +233,11 @@ func (b *Broker) SubscribeWith(req *protocol.Subscribe, c Consumer, opts Subscri
 	}
 	b.subs[id] = s
 	b.subsMu.Unlock()
+	if err := b.joinCohort(s); err != nil {
+		b.unregister(s)
+		return nil, err
+	}
+	s.joined = s.cohort != ""
 	for i, a := range s.atts {
 		if err := a.p.Attach(a); err != nil {
 			for _, a := range s.atts[:i] {
@@ -488,6 +516,7 @@ func (b *Broker) unregister(s *Subscription) {
 	b.subsMu.Lock()
 	delete(b.subs, s.id)
 	b.subsMu.Unlock()
+	b.leaveCohort(s)
 }
 
 // returnCredit gives n deliveries back and wakes partitions that found the

@@ -45,6 +45,7 @@ func (t *Table) applyDeleteQueue(c *command) error {
 		return nil
 	}
 	t.Queues = slices.Delete(slices.Clone(t.Queues), i, i+1) // a Status may share the old slice
+	t.dropCohorts(c.Queue.Topic, c.Queue.Group)
 	return nil
 }
 

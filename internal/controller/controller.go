@@ -169,6 +169,30 @@ type Controller struct {
 	// snap is the last snapshot (zero: none yet), snapData its encoding.
 	snap     snap
 	snapData []byte
+
+	// Cohorts (cohorts.go). cohortApplied and cohortView are the applied
+	// index and view signature of the last cohort plan; cohortIdle is set
+	// when it proposed nothing (planCohorts skips the next then).
+	cohortApplied, cohortView uint64
+	cohortIdle                bool
+	// reports is this node's ReportCohort input (under rmu);
+	// reportsDirty is set by ReportCohort; reportsApplied is the applied
+	// index syncReports last ran at, and reportsRetry the tick it must
+	// run again at (0: none).
+	rmu                          sync.Mutex
+	reports                      map[cohortKey]*localReport
+	reportsDirty                 atomic.Bool
+	reportsApplied, reportsRetry uint64
+	// cohortsCh is closed and replaced whenever the committed plans
+	// change (under changedMu); plansSeq is the Table.plansSeq it was
+	// last closed for.
+	cohortsCh chan struct{}
+	plansSeq  uint64
+	// reportEntries counts the cohort_report entries applied.
+	reportEntries atomic.Uint64
+	// cohortPlanRuns counts the runs of planCohorts that were not
+	// skipped.
+	cohortPlanRuns atomic.Uint64
 }
 
 var raftLogger = &raft.DefaultLogger{Logger: log.New(io.Discard, "", 0)}
@@ -205,6 +229,8 @@ func Open(cfg Config) (*Controller, error) {
 		lagSince:  map[uint64]uint64{},
 		lagWarned: map[uint64]bool{},
 		changed:   make(chan struct{}),
+		reports:   map[cohortKey]*localReport{},
+		cohortsCh: make(chan struct{}),
 	}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
@@ -423,6 +449,11 @@ func (c *Controller) turn() error {
 		}
 		break
 	}
+	if c.syncReports() {
+		if err := c.handleReady(); err != nil {
+			return err
+		}
+	}
 	if c.leads && c.fenced.Load() {
 		c.handLeadOver()
 		if err := c.handleReady(); err != nil {
@@ -453,6 +484,7 @@ func (c *Controller) handleReady() error {
 			if leads != c.leads {
 				c.leads = leads
 				clear(c.proposed)
+				c.cohortIdle = false
 				if leads {
 					c.log.Info("controller leader", "node", c.cfg.Self.ID, "term", c.rn.BasicStatus().Term)
 				}
@@ -543,6 +575,9 @@ func (c *Controller) applyEntry(e *raftpb.Entry) error {
 	if err := c.table.apply(e.Index, cmd); err != nil {
 		return fmt.Errorf("controller: entry %d: %w", e.Index, err)
 	}
+	if cmd.Op == opCohortReport {
+		c.reportEntries.Add(1)
+	}
 	return nil
 }
 
@@ -598,6 +633,9 @@ func (c *Controller) reconcile() error {
 		c.proposed[key] = c.tickN
 	}
 	if err := c.planRecovery(view); err != nil {
+		return err
+	}
+	if err := c.planCohorts(view); err != nil {
 		return err
 	}
 	// A proposal not seen in the table within proposeRetryTicks (lost
@@ -738,5 +776,10 @@ func (c *Controller) publish() {
 	c.changedMu.Lock()
 	close(c.changed)
 	c.changed = make(chan struct{})
+	if c.table.plansSeq != c.plansSeq {
+		c.plansSeq = c.table.plansSeq
+		close(c.cohortsCh)
+		c.cohortsCh = make(chan struct{})
+	}
 	c.changedMu.Unlock()
 }

@@ -43,7 +43,9 @@
 // node, "leave" with its raft id; "create_queue", "update_queue",
 // "delete_queue", "purge_queue", "purge_done", "placement_done" and
 // "replace_replica" for the catalogue; "set_runtime" for the runtime
-// settings. A replica refuses an entry it cannot apply, rather than skip
+// settings; "cohort_report" and "cohort_plan" for the cohorts (consumer
+// groups, cohorts.go): the members a node serves, and each cohort's
+// assignment plan, fenced by its generation. A replica refuses an entry it cannot apply, rather than skip
 // it, and then stops (Status.Err).
 //
 // Raft ids are derived from node ids (RaftIDOf): the first 64 bits of the

@@ -122,6 +122,7 @@ func (c *Controller) restoreSnap(s snap, data []byte) error {
 // useSnap makes s the controller's state.
 func (c *Controller) useSnap(s snap, data []byte) {
 	t := s.Table
+	t.plansSeq = c.table.plansSeq
 	c.table = &t
 	c.applied, c.cs = s.Index, s.Conf
 	c.snap, c.snapData = s, data
@@ -200,6 +201,7 @@ func (c *Controller) installSnap(rs *raftpb.Snapshot) error {
 		return fmt.Errorf("controller: apply snapshot: %w", err)
 	}
 	c.useSnap(s, data)
+	c.table.plansSeq++ // the plans may have changed: CohortsChanged's waiters look again
 	return nil
 }
 

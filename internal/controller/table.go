@@ -46,6 +46,15 @@ type Table struct {
 	// Runtime is the cluster's runtime settings (nil until the first
 	// node's are committed).
 	Runtime *Runtime `json:"runtime,omitempty"`
+	// CohortReports is the cohort members each node serves (cohorts.go),
+	// sorted by topic, group, cohort then node.
+	CohortReports []CohortReport `json:"cohort_reports,omitempty"`
+	// CohortPlans is the committed plan of each cohort of a queue
+	// (cohorts.go), sorted by topic, group then cohort.
+	CohortPlans []CohortPlan `json:"cohort_plans,omitempty"`
+	// plansSeq counts the changes of CohortPlans this replica applied
+	// (not stored: it only tells publish that they changed).
+	plansSeq uint64
 }
 
 // Member is a node as the cluster's membership currently sees it, the input
@@ -72,6 +81,8 @@ const (
 	opSetRuntime     = "set_runtime"
 	opPurgeQueue     = "purge_queue"
 	opPurgeDone      = "purge_done"
+	opCohortReport   = "cohort_report"
+	opCohortPlan     = "cohort_plan"
 )
 
 // commandVersion is the encoding version of a controller command; a
@@ -110,6 +121,13 @@ type command struct {
 	// (with Partition).
 	Seq   uint64 `json:"seq,omitempty"`
 	Count uint64 `json:"count,omitempty"`
+	// Cohort names cohort_report's and cohort_plan's cohort (of Queue);
+	// Members are cohort_report's member ids (RaftID its node);
+	// Generation and Owners are cohort_plan's plan.
+	Cohort     string   `json:"cohort,omitempty"`
+	Members    []string `json:"members,omitempty"`
+	Generation uint64   `json:"generation,omitempty"`
+	Owners     []string `json:"owners,omitempty"`
 }
 
 // ErrCommand reports a committed entry the table cannot apply: of an
@@ -175,6 +193,7 @@ func (t *Table) apply(index uint64, c command) error {
 			if c.Boot != 0 {
 				t.Nodes[i].Boot = c.Boot
 			}
+			t.dropReportsOf(c.RaftID)
 		}
 	case opCreateQueue:
 		return t.applyCreateQueue(index, c.Queue)
@@ -194,6 +213,10 @@ func (t *Table) apply(index uint64, c command) error {
 		return t.applyPurgeQueue(index, &c)
 	case opPurgeDone:
 		return t.applyPurgeDone(&c)
+	case opCohortReport:
+		return t.applyCohortReport(&c)
+	case opCohortPlan:
+		return t.applyCohortPlan(&c)
 	default:
 		return fmt.Errorf("%w: op %q", ErrCommand, c.Op)
 	}
@@ -217,7 +240,8 @@ func (t *Table) Node(raftID uint64) (Node, bool) {
 // clone copies the table's lists; their Queue entries are shared, as
 // applied entries are never changed in place.
 func (t *Table) clone() *Table {
-	return &Table{Nodes: slices.Clone(t.Nodes), Queues: slices.Clone(t.Queues), NextRaftGroup: t.NextRaftGroup, Runtime: t.Runtime}
+	return &Table{Nodes: slices.Clone(t.Nodes), Queues: slices.Clone(t.Queues), NextRaftGroup: t.NextRaftGroup, Runtime: t.Runtime,
+		CohortReports: slices.Clone(t.CohortReports), CohortPlans: slices.Clone(t.CohortPlans), plansSeq: t.plansSeq}
 }
 
 // members returns the raft ids of the nodes that have not left, in join

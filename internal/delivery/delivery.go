@@ -25,6 +25,10 @@ type Delivery struct {
 	// Epoch is the raft term of the owner that granted the lease (a replica
 	// of a larger group's), the DELIVER's epoch; 0 on a group of one.
 	Epoch uint64
+	// Assignment is the partition's assignment epoch (queue.Gate) the lease
+	// was granted under: it rises each time the partition passes to
+	// another cohort member.
+	Assignment uint64
 }
 
 // Headers converts a message's stored headers (any struct with the same

@@ -282,6 +282,15 @@ func (p *Partition) releaseStage(st *stage) {
 	}
 	clear(st.ended)
 	st.ended = st.ended[:0]
+	for _, n := range st.gates {
+		for _, c := range p.consumers {
+			if w, ok := c.(GateWatcher); ok && (n.c == nil || n.c == c) {
+				w.GateMoved(n.g)
+			}
+		}
+	}
+	clear(st.gates)
+	st.gates = st.gates[:0]
 	st.entries = 0
 	if len(st.newDead) > 0 {
 		now := p.nowMs()
@@ -600,7 +609,7 @@ func (p *Partition) transferTurn(ctl []control, batch []command) {
 	var held []control
 	for _, m := range ctl {
 		switch m.kind {
-		case ctlAttach, ctlSetConfig, ctlClaim:
+		case ctlAttach, ctlSetConfig, ctlClaim, ctlSteer:
 			p.onControl(m, now)
 		case ctlInspect:
 			m.fn()
@@ -634,6 +643,8 @@ func (p *Partition) followerTurn(batch []command) {
 			}
 		case ctlSetConfig:
 			p.st.SetConfig(m.cfg)
+		case ctlSteer:
+			p.onControl(m, 0)
 		case ctlClaim:
 			m.claimed(nil)
 		case ctlAdopt:
@@ -756,6 +767,7 @@ func (p *Partition) adopt(c Consumer, now int64) int {
 			Offset: in.Offset, LeaseID: in.LeaseID, Attempt: in.Attempt,
 			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: delivery.Headers(m.Headers),
 			ContentType: m.ContentType, Body: m.Body,
+			Assignment: p.st.Gate().Epoch, // every inflight lease is under the current assignment
 		})
 		n++
 	}
@@ -807,6 +819,7 @@ func (p *Partition) deliver(ds []pending) {
 			Offset: d.offset, LeaseID: d.leaseID, Attempt: d.attempt,
 			PublishedAtMs: m.PublishedAtMs, Key: m.Key, Headers: delivery.Headers(m.Headers),
 			ContentType: m.ContentType, Body: m.Body, ExpiresAtMs: expires, Epoch: term,
+			Assignment: d.assignment,
 		})
 	}
 }
@@ -989,6 +1002,8 @@ func (p *Partition) failStage(st *stage, safe uint64, err error) {
 	st.deliveries = st.deliveries[:0]
 	clear(st.ended)
 	st.ended = st.ended[:0]
+	clear(st.gates)
+	st.gates = st.gates[:0]
 	st.newDead = st.newDead[:0]
 	st.records, st.entries = 0, 0
 	clear(st.resps)

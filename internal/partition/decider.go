@@ -97,6 +97,11 @@ type decider struct {
 	more bool
 	// duplicates counts publishes answered from the dedup window.
 	duplicates uint64
+	// steer is where Steer last asked the gate to go (Epoch unused;
+	// steerSet once it did). While the gate is elsewhere the partition
+	// leases nothing until the move is made.
+	steer    queue.Gate
+	steerSet bool
 }
 
 // keptLease is a lease of a consumer detached with DetachKeeping, released
@@ -113,7 +118,12 @@ func (d *decider) onControl(m control, now int64) {
 	case ctlAttach:
 		if !slices.Contains(d.consumers, m.c) {
 			d.consumers = append(d.consumers, m.c)
+			if _, ok := m.c.(GateWatcher); ok {
+				d.open.gates = append(d.open.gates, gateNote{c: m.c, g: d.st.Gate()})
+			}
 		}
+	case ctlSteer:
+		d.steer, d.steerSet = m.gate, true
 	case ctlDetach:
 		if i := slices.Index(d.consumers, m.c); i >= 0 {
 			d.consumers = slices.Delete(d.consumers, i, i+1)
@@ -176,7 +186,30 @@ func (d *decider) decide(batch []command, now int64) {
 		d.more = true
 	}
 	d.emit(evs, nil)
+	if d.steerSet && !d.steerGate(now) {
+		return // the holder's leases are still out: nothing more is leased
+	}
 	d.dispatch(now)
+}
+
+// steerGate moves the gate where Steer asked once nothing is inflight, and
+// reports whether it is there.
+func (d *decider) steerGate(now int64) bool {
+	evs, err := d.st.Assign(d.evs[:0], d.steer.Cohort, d.steer.Member, now)
+	if errors.Is(err, queue.ErrGateBusy) {
+		return false
+	}
+	if err != nil {
+		d.steerSet = false
+		d.logger.Error("cannot steer the gate", "cohort", d.steer.Cohort, "member", d.steer.Member, "err", err)
+		return true
+	}
+	if len(evs) > 0 {
+		d.emit(evs, nil)
+		d.open.gates = append(d.open.gates, gateNote{g: d.st.Gate()})
+		d.logger.Info("partition assigned", "cohort", d.steer.Cohort, "member", d.steer.Member, "epoch", d.st.Gate().Epoch)
+	}
+	return true
 }
 
 // command decides one inbox command. Every command but a purge gets its
@@ -449,7 +482,8 @@ func (d *decider) emit(evs []queue.Event, c Consumer) int {
 				panic("partition: lease event without a consumer")
 			}
 			d.holders[ev.Offset] = holder{c: c, leaseID: ev.LeaseID}
-			d.open.deliveries = append(d.open.deliveries, pending{c: c, offset: ev.Offset, leaseID: ev.LeaseID, attempt: ev.Attempt})
+			d.open.deliveries = append(d.open.deliveries, pending{c: c, offset: ev.Offset, leaseID: ev.LeaseID,
+				attempt: ev.Attempt, assignment: d.st.Gate().Epoch})
 		case queue.KindRequeue:
 			d.leaseEnded(ev.Offset, ev.LeaseID)
 		case queue.KindDeadLetter:
@@ -529,7 +563,11 @@ func (d *decider) dispatch(now int64) {
 				continue
 			}
 			before := len(d.open.deliveries)
-			evs := d.st.Lease(d.evs[:0], c.Owner(), got, now)
+			cohort, member := "", ""
+			if cm, ok := c.(CohortMember); ok {
+				cohort, member = cm.Cohort()
+			}
+			evs := d.st.LeaseAs(d.evs[:0], c.Owner(), cohort, member, got, now)
 			d.emit(evs, c)
 			k := len(d.open.deliveries) - before
 			if k < got {

@@ -287,6 +287,22 @@ type Consumer interface {
 	Detached(err error)
 }
 
+// CohortMember is a Consumer that consumes as a member of a cohort. The
+// partition's gate (queue.Gate) admits it only while the partition is
+// assigned to it; a Consumer that is not a CohortMember is a plain one,
+// served while the gate is open.
+type CohortMember interface {
+	// Cohort returns the cohort and the member id the consumer is.
+	Cohort() (cohort, member string)
+}
+
+// GateWatcher is a Consumer that is told where the partition's gate
+// stands: once when it attaches, and each time the gate moves, after the
+// move is durable. Called on the partition's goroutine; must not block.
+type GateWatcher interface {
+	GateMoved(g queue.Gate)
+}
+
 // CreditCarrier is a Consumer that lets a settle's freed credit lease its
 // next message in the same stage, which saves a whole sync per message
 // cycle when the consumer is at its prefetch.
@@ -329,6 +345,8 @@ type Stats struct {
 	// Duplicates counts publishes answered with the offset of an earlier
 	// store of the same producer sequence since Open.
 	Duplicates uint64
+	// Gate is who the partition delivers to (see queue.Gate).
+	Gate queue.Gate
 	// BytesOnDisk is the size of the log segments the partition keeps,
 	// counting the records the node journal holds for them that they have
 	// not written yet.
@@ -373,6 +391,7 @@ const (
 	ctlClaim
 	ctlAdopt
 	ctlInspect // run fn on the actor goroutine between turns (Peek, tests)
+	ctlSteer   // move the gate to gate.Cohort/gate.Member once nothing is inflight
 )
 
 // control is a message that must not be refused for lack of inbox room.
@@ -390,6 +409,8 @@ type control struct {
 	adopted func(int)
 	// ctlDetachKeep
 	keepMs int64
+	// ctlSteer
+	gate queue.Gate
 }
 
 // Partition is the actor that owns one queue partition.
@@ -507,6 +528,9 @@ type stage struct {
 	deliveries []pending
 	ended      []pending // leases that ended, told to their holders after deliveries
 	newDead    []uint64
+	// gates are the gate's moves and positions to tell watchers once
+	// the stage is durable (see GateWatcher).
+	gates []gateNote
 	// carried is prefetch credit freed by settles in this stage (see
 	// CreditCarrier) and not yet spent on its leases; it goes back to
 	// its consumers after the stage's replies.
@@ -517,7 +541,13 @@ type stage struct {
 // lease end, dead letter or credit. Such a stage need not wait in line.
 func (st *stage) idle() bool {
 	return len(st.replies) == 0 && len(st.deliveries) == 0 && len(st.ended) == 0 &&
-		len(st.newDead) == 0 && len(st.carried) == 0
+		len(st.newDead) == 0 && len(st.carried) == 0 && len(st.gates) == 0
+}
+
+// gateNote tells c (nil: every attached consumer) that the gate is at g.
+type gateNote struct {
+	c Consumer
+	g queue.Gate
 }
 
 // carry is credit a consumer's settles in a stage freed for that stage's
@@ -548,10 +578,11 @@ type syncResult struct {
 }
 
 type pending struct {
-	c       Consumer
-	offset  uint64
-	leaseID uint64
-	attempt uint32
+	c          Consumer
+	offset     uint64
+	leaseID    uint64
+	attempt    uint32
+	assignment uint64 // the gate's epoch when leased
 }
 
 // holder is the consumer a current lease was granted to.
@@ -801,6 +832,18 @@ func (p *Partition) send(c command, refuse func(error)) {
 	}
 }
 
+// Steer asks the partition to move its gate (queue.Gate) to member of
+// cohort (cohort "": open it to plain consumers; member "": hold it for
+// the cohort, delivering to nobody). While the gate is not there yet, the
+// partition leases nothing, and the move is made, as one durable Assign
+// record, once nothing of the partition is inflight: the holder's leases
+// end by settles, releases or expiry. A later Steer replaces an earlier
+// one. Only the group's leader acts on it; every replica keeps the latest
+// so that a new leader carries it on. A failed partition ignores it.
+func (p *Partition) Steer(cohort, member string) {
+	_ = p.control(control{kind: ctlSteer, gate: queue.Gate{Cohort: cohort, Member: member}})
+}
+
 // Attach adds a consumer; the actor starts dispatching to it on its next
 // turn. A parked or failed partition refuses at once with ErrUnavailable; one
 // that fails before the attach is processed calls c.Detached instead, so an
@@ -1001,6 +1044,7 @@ func (p *Partition) publishStats() {
 		s.Err = p.parked.Error()
 	case p.st != nil:
 		s.Stats = p.st.Stats(p.nowMs())
+		s.Gate = p.st.Gate()
 		s.Dedup = p.dd.Stats()
 		for _, seg := range p.log.Segments() {
 			s.BytesOnDisk += seg.Bytes

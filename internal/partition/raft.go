@@ -720,6 +720,9 @@ func (p *Partition) becomeLeader() error {
 	p.confAt = max(p.confAt, p.lastLSN)
 	p.caught, p.preferredSince = p.caught[:0], 0
 	p.firstLead = p.isFirstLead()
+	// Consumers attached while this replica followed learn where the gate
+	// stands (GateWatcher).
+	p.open.gates = append(p.open.gates, gateNote{g: p.st.Gate()})
 	if !p.single {
 		p.recovered = p.st.Leases()
 		p.recoveredDueMs = p.nowMs() + max(p.cfg.RecoveredLeaseGraceMs, 0)

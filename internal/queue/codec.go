@@ -28,6 +28,7 @@ const eventVersion = 1
 //	DeadLetterDone  offset uv | at v
 //	Relocate        offset uv | the Enqueue fields above, published .. body
 //	Extend          offset uv | leaseID uv | deadline v | at v
+//	Assign          epoch uv | at v | cohort str | member str
 //
 // The body is last so a reader can alias it without copying.
 
@@ -72,6 +73,11 @@ func (e *Event) Marshal(dst []byte) []byte {
 		dst = binary.AppendUvarint(dst, e.LeaseID)
 		dst = binary.AppendVarint(dst, e.DeadlineMs)
 		dst = binary.AppendVarint(dst, e.AtMs)
+	case KindAssign:
+		dst = binary.AppendUvarint(dst, e.Epoch)
+		dst = binary.AppendVarint(dst, e.AtMs)
+		dst = appendStr(dst, e.Target)
+		dst = appendStr(dst, e.Owner)
 	}
 	return dst
 }
@@ -163,6 +169,14 @@ func DecodeEvent(kind uint8, b []byte) (Event, error) {
 		ev.LeaseID = d.uvarint()
 		ev.DeadlineMs = d.varint()
 		ev.AtMs = d.varint()
+	case KindAssign:
+		ev.Epoch = d.uvarint()
+		ev.AtMs = d.varint()
+		ev.Target = string(d.bytes())
+		ev.Owner = string(d.bytes())
+		if d.err == nil && (len(ev.Target) > GateFieldMax || len(ev.Owner) > GateFieldMax || ev.Target == "" && ev.Owner != "") {
+			d.fail("assign cohort %q member %q", ev.Target, ev.Owner)
+		}
 	default:
 		return Event{}, fmt.Errorf("%w: unknown event kind %d", ErrCorrupt, kind)
 	}

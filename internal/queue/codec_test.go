@@ -31,6 +31,8 @@ func sampleEvents() []Event {
 		{Kind: KindRelocate, Offset: 3, Msg: &Message{}},
 		{Kind: KindExtend, Offset: 12, LeaseID: 99, DeadlineMs: 1_700_000_090_000, AtMs: 1_700_000_000_000},
 		{Kind: KindExtend, Offset: 1 << 60, LeaseID: 1<<64 - 1, DeadlineMs: -5, AtMs: 1 << 62},
+		{Kind: KindAssign, Target: "billing", Owner: "worker-1", Epoch: 7, AtMs: 1_700_000_000_000},
+		{Kind: KindAssign, Epoch: 1 << 63},
 	}
 }
 

@@ -43,13 +43,26 @@ func (s *State) Enqueue(dst []Event, m *Message, nowMs int64) ([]Event, error) {
 // SetLeaseIDs (random, so that nobody can guess another consumer's lease);
 // without one they are consecutive after the highest one applied, and must
 // then be applied in the order returned. An expired message met on the way
-// is dead-lettered (ReasonExpired) instead of leased.
+// is dead-lettered (ReasonExpired) instead of leased. Lease serves a plain
+// consumer: it returns nothing while a cohort holds the gate (see LeaseAs).
 func (s *State) Lease(dst []Event, owner string, max int, nowMs int64) []Event {
-	if max <= 0 {
+	return s.LeaseAs(dst, owner, "", "", max, nowMs)
+}
+
+// LeaseAs is Lease for a consumer that is member of cohort (plain: both
+// ""). It returns nothing unless the gate admits the consumer, and under a
+// cohort member it stops at a message waiting out a retry delay, so the
+// member receives the partition's messages in order (see Gate).
+func (s *State) LeaseAs(dst []Event, owner, cohort, member string, max int, nowMs int64) []Event {
+	if max <= 0 || !s.gate.Admits(cohort, member) {
 		return dst
 	}
 	max = min(max, LeaseBatchMax)
 	s.promote(nowMs)
+	barrier, barred := uint64(0), false
+	if cohort != "" {
+		barrier, barred = s.retryBarrier()
+	}
 	popped := s.scratch[:0]
 	leased, expired := 0, 0
 	// Two sources, merged by offset: ready entries in their index, and
@@ -62,6 +75,9 @@ func (s *State) Lease(dst []Event, owner string, max int, nowMs int64) []Event {
 	for leased < max && expired < leaseExpiredScanMax {
 		it, e, ok := s.top(&s.ready, phaseReady)
 		if waitOK && (!ok || waitOff < it.off) {
+			if barred && waitOff > barrier {
+				break
+			}
 			off := waitOff
 			waitOff, waitOK = s.bits.nextOf(off+1, waiting)
 			_, w, _ := s.get(off)
@@ -82,7 +98,7 @@ func (s *State) Lease(dst []Event, owner string, max int, nowMs int64) []Event {
 			})
 			continue
 		}
-		if !ok {
+		if !ok || barred && it.off > barrier {
 			break
 		}
 		// Take the item out so the next one surfaces; it goes back below.

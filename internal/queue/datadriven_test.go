@@ -20,7 +20,8 @@ import (
 //
 //	config [max-retries=N] [unlimited] [keep] [lease-ms=N] [ttl-ms=N] [target=NAME]
 //	enqueue [n=N] [delay=MS] [ttl=MS] [now=T]
-//	lease owner=O max=N [now=T]
+//	lease owner=O max=N [cohort=C member=M] [now=T]
+//	assign [cohort=C] [member=M] [now=T]
 //	ack offset=X lease=L
 //	nack offset=X lease=L [delay=MS] [now=T]
 //	fail | release offset=X lease=L [now=T]
@@ -106,11 +107,19 @@ func TestScenarios(t *testing.T) {
 					}
 				}
 			case "lease":
-				var owner string
+				var owner, cohort, member string
 				var max int
 				d.ScanArgs(t, "owner", &owner)
 				d.ScanArgs(t, "max", &max)
-				evs = s.Lease(nil, owner, max, now)
+				d.MaybeScanArgs(t, "cohort", &cohort)
+				d.MaybeScanArgs(t, "member", &member)
+				evs = s.LeaseAs(nil, owner, cohort, member, max, now)
+			case "assign":
+				var cohort, member string
+				d.MaybeScanArgs(t, "cohort", &cohort)
+				d.MaybeScanArgs(t, "member", &member)
+				evs, err = s.Assign(nil, cohort, member, now)
+
 			case "ack":
 				evs, err = s.Ack(nil, off, lease)
 			case "nack":
@@ -233,6 +242,7 @@ func errName(err error) string {
 		{ErrInvalidMessage, "ErrInvalidMessage"},
 		{ErrInvalidDeadline, "ErrInvalidDeadline"},
 		{ErrCorrupt, "ErrCorrupt"},
+		{ErrGateBusy, "ErrGateBusy"},
 	} {
 		if errors.Is(err, e.err) {
 			return e.name

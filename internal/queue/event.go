@@ -79,11 +79,12 @@ const (
 	KindDeadLetterDone                 // the dead-letter copy is durable: settled
 	KindRelocate                       // a live message's body was copied to this record; its offset is unchanged
 	KindExtend                         // the lease holder moved its lease's deadline; nothing else changes
+	KindAssign                         // the partition's gate moved to another cohort member (see Gate)
 	kindEnd
 )
 
 var kindNames = [kindEnd]string{
-	"", "enqueue", "lease", "ack", "requeue", "dead_letter", "dead_letter_done", "relocate", "extend",
+	"", "enqueue", "lease", "ack", "requeue", "dead_letter", "dead_letter_done", "relocate", "extend", "assign",
 }
 
 // IsEventType reports whether a seglog record type byte is a queue event
@@ -111,6 +112,7 @@ func (k Kind) String() string {
 //	DeadLetterDone  Offset AtMs
 //	Relocate        Offset Msg  (Msg is the body copied; Apply keeps only its new location)
 //	Extend          Offset LeaseID DeadlineMs AtMs
+//	Assign          Target (the cohort) Owner (the member) Epoch AtMs
 type Event struct {
 	Kind        Kind
 	Offset      uint64
@@ -122,6 +124,7 @@ type Event struct {
 	Attempt     uint32
 	Reason      Reason
 	Target      string
+	Epoch       uint64
 	Msg         *Message
 }
 

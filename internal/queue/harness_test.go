@@ -138,6 +138,8 @@ func formatEvent(ev Event) string {
 		fmt.Fprintf(&b, " offset=%d", ev.Offset)
 	case KindExtend:
 		fmt.Fprintf(&b, " offset=%d lease=%d deadline=%d", ev.Offset, ev.LeaseID, ev.DeadlineMs)
+	case KindAssign:
+		fmt.Fprintf(&b, " cohort=%q member=%q epoch=%d", ev.Target, ev.Owner, ev.Epoch)
 	}
 	return b.String()
 }
@@ -151,6 +153,9 @@ func dump(s *State, nowMs int64) string {
 		st.NextLSN, st.Frontier, s.leaseSeq, st.Ready, st.Delayed, st.Inflight, st.DeadLettering, st.SettledRanges)
 	if at, ok := s.NextDeadlineMs(); ok {
 		fmt.Fprintf(&b, "next-deadline=%d\n", at)
+	}
+	if g := s.Gate(); g != (Gate{}) {
+		fmt.Fprintf(&b, "gate cohort=%q member=%q epoch=%d\n", g.Cohort, g.Member, g.Epoch)
 	}
 	// Walk the unsettled offsets only: a restored state may span a huge LSN
 	// range. The model test checks Lookup of every single offset instead.

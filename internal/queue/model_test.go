@@ -37,6 +37,8 @@ type model struct {
 	// body maps offsets to the LSN of the Relocate record that last
 	// copied their body; only offsets still in msgs count.
 	body map[uint64]uint64
+	// gate: who may lease (see Gate).
+	gate Gate
 }
 
 // bodyLSN is where the body of offset lives.
@@ -83,11 +85,22 @@ func (m *model) enqueue(msg *Message, now int64) Event {
 	return Event{Kind: KindEnqueue, Msg: &c}
 }
 
-func (m *model) lease(owner string, max int, now int64) []Event {
+func (m *model) lease(owner, cohort, member string, max int, now int64) []Event {
 	var out []Event
+	if !m.gate.Admits(cohort, member) {
+		return nil
+	}
+	// Under a member nothing passes a message waiting out a retry delay.
+	barrier, barred := uint64(0), false
+	for _, off := range m.sortedOffsets() {
+		if x := m.msgs[off]; cohort != "" && x.state == StateReady && x.notBefore > now && x.attempt > 0 {
+			barrier, barred = off, true
+			break
+		}
+	}
 	leased, expired := 0, 0
 	for _, off := range m.sortedOffsets() {
-		if leased == max || expired == leaseExpiredScanMax {
+		if leased == max || expired == leaseExpiredScanMax || barred && off > barrier {
 			break
 		}
 		x := m.msgs[off]
@@ -192,6 +205,21 @@ func (m *model) apply(lsn uint64, ev Event) error {
 		return fmt.Errorf("model: lsn %d below next %d", lsn, m.next)
 	}
 	m.next = lsn + 1
+	if ev.Kind == KindAssign {
+		for off, x := range m.msgs {
+			if x.state == StateInflight {
+				return fmt.Errorf("model: assign with offset %d inflight", off)
+			}
+		}
+		if ev.Epoch != m.gate.Epoch+1 {
+			return fmt.Errorf("model: assign epoch %d after %d", ev.Epoch, m.gate.Epoch)
+		}
+		m.gate = Gate{Cohort: ev.Target, Member: ev.Owner, Epoch: ev.Epoch}
+		for _, x := range m.msgs {
+			x.ended = 0 // late settles of earlier assignments are stale
+		}
+		return nil
+	}
 	if ev.Kind == KindEnqueue {
 		m.msgs[lsn] = &mmsg{state: StateReady, notBefore: ev.Msg.NotBeforeMs, expires: ev.Msg.ExpiresAtMs}
 		return nil
@@ -284,6 +312,8 @@ func (m *model) settledRanges() int {
 func TestModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		owners := []string{"a", "b", "c"}
+		// members are (cohort, member) pairs a consumer may lease as.
+		members := [][2]string{{"", ""}, {"c1", "m1"}, {"c1", "m2"}, {"c1", ""}, {"c2", "m1"}}
 		cfg := Config{
 			MaxRetries:   rapid.SampledFrom([]int{NoRetries, 1, 2, 0}).Draw(t, "maxRetries"),
 			LeaseMs:      1000,
@@ -385,8 +415,32 @@ func TestModel(t *testing.T) {
 			"lease": func(t *rapid.T) {
 				owner := rapid.SampledFrom(owners).Draw(t, "owner")
 				max := rapid.SampledFrom([]int{0, 1, 2, 3, 3, chunkLSNs + 5}).Draw(t, "max")
-				run(t, s.Lease(nil, owner, max, now), m.lease(owner, max, now), nil, nil)
+				// Mostly what the gate admits, sometimes someone else.
+				who := rapid.SampledFrom(members).Draw(t, "who")
+				if rapid.IntRange(0, 2).Draw(t, "admitted") > 0 {
+					who = [2]string{m.gate.Cohort, m.gate.Member}
+				}
+				run(t, s.LeaseAs(nil, owner, who[0], who[1], max, now), m.lease(owner, who[0], who[1], max, now), nil, nil)
 			},
+			"assign": func(t *rapid.T) {
+				to := rapid.SampledFrom(members).Draw(t, "to")
+				got, err := s.Assign(nil, to[0], to[1], now)
+				var want []Event
+				var wantErr error
+				inflight := false
+				for _, x := range m.msgs {
+					inflight = inflight || x.state == StateInflight
+				}
+				switch {
+				case to[0] == m.gate.Cohort && to[1] == m.gate.Member:
+				case inflight:
+					wantErr = ErrGateBusy
+				default:
+					want = []Event{{Kind: KindAssign, Target: to[0], Owner: to[1], Epoch: m.gate.Epoch + 1, AtMs: now}}
+				}
+				run(t, got, want, err, wantErr)
+			},
+
 			"ack": func(t *rapid.T) {
 				off, lease := pick(t)
 				got, err := s.Ack(nil, off, lease)

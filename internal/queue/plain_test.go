@@ -159,7 +159,8 @@ func TestRestoreRejectsBadRuns(t *testing.T) {
 		b = append(b, 10, 0, 0, 1)                  // next lsn 10, no leases, no strings, one entry
 		b = append(b, 4, snapQueued, 0, 0, 2, 0, 0) // 4: delayed until 1
 		b = append(b, runs...)
-		b = append(b, 0) // no moved bodies
+		b = append(b, 0)       // no moved bodies
+		b = append(b, 0, 0, 0) // gate open at epoch 0
 		return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 	}
 	if s, err := Restore(Config{}, build(2, 1, 2, 2, 3)); err != nil || s.nPlain != 5 {

@@ -8,18 +8,19 @@ import (
 	"slices"
 )
 
-// Snapshot layout (version 5). uv = unsigned varint, v = signed varint,
+// Snapshot layout (version 6). uv = unsigned varint, v = signed varint,
 // str = uv length + bytes. Settled LSNs are not listed: every LSN below
 // nextLSN that is neither an entry nor in a plain run is settled, so the
 // snapshot is as large as the unsettled set, however long the history, and
 // a backlog of plain messages takes a few bytes per run of them.
 //
-//	+--------+-----+---------+----------+-------+-------------+----------+---------+-------+------+--------+-------+--------+
-//	| "SNWQ" | ver | nextLSN | leaseSeq | nStrs | str * nStrs | nEntries | entries | nRuns | runs | nMoved | moved | crc32c |
-//	| 4 B    | u8  | uv      | uv       | uv    |             | uv       |         | uv    |      | uv     |       | u32 LE |
-//	+--------+-----+---------+----------+-------+-------------+----------+---------+-------+------+--------+-------+--------+
+//	+--------+-----+---------+----------+-------+-------------+----------+---------+-------+------+--------+-------+------+--------+
+//	| "SNWQ" | ver | nextLSN | leaseSeq | nStrs | str * nStrs | nEntries | entries | nRuns | runs | nMoved | moved | gate | crc32c |
+//	| 4 B    | u8  | uv      | uv       | uv    |             | uv       |         | uv    |      | uv     |       |      | u32 LE |
+//	+--------+-----+---------+----------+-------+-------------+----------+---------+-------+------+--------+-------+------+--------+
 //	crc32c (Castagnoli) covers every byte before it. nMoved and moved are in
-//	version >= 3 only, nRuns and runs in version >= 5 only.
+//	version >= 3 only, nRuns and runs in version >= 5 only, gate in version
+//	>= 6 only: epoch uv | cohort str | member str (see Gate).
 //
 //	entry, one per message with state of its own, in ascending offset order:
 //	  offDelta uv      offset - previous offset (first: offset itself); > 0 after the first
@@ -50,11 +51,12 @@ import (
 // endedLease to queued entries; older versions restore with none, so a late
 // ack of a lease that ended before the checkpoint is stale. 5 moved plain
 // messages from entries to runs; an older snapshot's queued entry that is
-// plain restores as a plain message, which nothing can tell apart. Snapshot
-// always writes the current version.
+// plain restores as a plain message, which nothing can tell apart. 6 added
+// the gate; older versions restore it open at epoch 0. Snapshot always
+// writes the current version.
 const (
 	snapshotMagic   = "SNWQ"
-	snapshotVersion = 5
+	snapshotVersion = 6
 	// snapshotVersionMin is the oldest version Restore reads.
 	snapshotVersionMin = 1
 	snapQueued         = 1
@@ -177,6 +179,9 @@ func (s *State) Snapshot(dst []byte) []byte {
 			prev = m.Offset
 		}
 	}
+	dst = binary.AppendUvarint(dst, s.gate.Epoch)
+	dst = appendStr(dst, s.gate.Cohort)
+	dst = appendStr(dst, s.gate.Member)
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
 }
 
@@ -405,6 +410,14 @@ func Restore(cfg Config, b []byte) (*State, error) {
 	}
 	if ver >= 3 {
 		restoreMoved(s, &d)
+	}
+	if ver >= 6 && d.err == nil {
+		s.gate.Epoch = d.uvarint()
+		s.gate.Cohort = string(d.bytes())
+		s.gate.Member = string(d.bytes())
+		if g := s.gate; d.err == nil && (len(g.Cohort) > GateFieldMax || len(g.Member) > GateFieldMax || g.Cohort == "" && g.Member != "") {
+			d.fail("gate cohort %q member %q", g.Cohort, g.Member)
+		}
 	}
 	if d.err == nil && d.remaining() != 0 {
 		d.fail("%d trailing bytes", d.remaining())

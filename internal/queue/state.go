@@ -173,6 +173,7 @@ type State struct {
 
 	nextLSN  uint64
 	leaseSeq uint64 // highest lease id applied
+	gate     Gate   // who may lease (see Gate)
 
 	// leaseIDs draws the id of each new lease (SetLeaseIDs); nil numbers
 	// them consecutively after leaseSeq.
@@ -319,6 +320,9 @@ func (s *State) Apply(lsn uint64, ev Event) error {
 		s.advance(lsn, false)
 		s.insert(lsn, ev.Msg.NotBeforeMs, ev.Msg.ExpiresAtMs)
 		return nil
+	}
+	if ev.Kind == KindAssign {
+		return s.applyAssign(lsn, ev)
 	}
 	pos, e, ok := s.get(ev.Offset)
 	if !ok {

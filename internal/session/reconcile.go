@@ -51,6 +51,7 @@ func (s *Session) ReconcileWith(sink Sink, reqID uint64, req *protocol.Reconcile
 		return protocol.Errorf(protocol.CodeBadRequest, "reconcile policy %d", req.Policy)
 	}
 	restore := req.Policy == protocol.ReconcileRestore
+	cohorts := cohortsOf(req)
 	seen := make(map[uint64]bool, len(req.Subs))
 	for _, c := range req.Subs {
 		if seen[c.SubID] {
@@ -86,7 +87,7 @@ func (s *Session) ReconcileWith(sink Sink, reqID uint64, req *protocol.Reconcile
 		st := server[c.SubID]
 		if st != nil {
 			e.Server = st.view
-			if sameSub(c, st.view) {
+			if sameSub(c, st.view) && cohorts[c.SubID].Cohort == st.cohort && cohorts[c.SubID].Member == st.member {
 				e.Action, e.ServerSubID, e.Reason = protocol.ActionKeep, st.id, "matches"
 				entries = append(entries, e)
 				continue
@@ -143,7 +144,9 @@ func (s *Session) ReconcileWith(sink Sink, reqID uint64, req *protocol.Reconcile
 				continue
 			}
 		}
-		nst, err := s.openSub(protocol.Subscribe{Topic: c.Topic, Group: c.Group, Partition: c.Partition, AckMode: c.AckMode, Prefetch: c.Prefetch}, mayCreate)
+		co := cohorts[c.SubID]
+		nst, err := s.openSub(protocol.Subscribe{Topic: c.Topic, Group: c.Group, Partition: c.Partition, AckMode: c.AckMode, Prefetch: c.Prefetch,
+			Cohort: co.Cohort, Member: co.Member}, mayCreate)
 		if err != nil {
 			e.Reason = "recreate failed: " + err.Error()
 			continue

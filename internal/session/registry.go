@@ -191,6 +191,8 @@ type Stats struct {
 type Registry struct {
 	cfg Config
 	log *slog.Logger
+	// members holds the cohort member ids in use (cohort.go).
+	members members
 
 	mu       sync.Mutex
 	sessions map[string]*Session

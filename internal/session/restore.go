@@ -81,10 +81,19 @@ func (r *Registry) restore() {
 		r.dormant.Add(1)
 		r.sessions[x.ClientID] = s
 		for _, sub := range x.Subs {
-			req := protocol.Subscribe{Topic: sub.Topic, Group: sub.Group, Partition: sub.Partition, AckMode: sub.AckMode, Prefetch: sub.Prefetch}
-			ss := &subState{id: sub.ID, autoAck: sub.AckMode == protocol.AckAuto, prefetch: sub.Prefetch, announced: true}
+			req := protocol.Subscribe{Topic: sub.Topic, Group: sub.Group, Partition: sub.Partition, AckMode: sub.AckMode, Prefetch: sub.Prefetch,
+				Cohort: sub.Cohort, Member: sub.Member}
+			ss := &subState{id: sub.ID, autoAck: sub.AckMode == protocol.AckAuto, prefetch: sub.Prefetch, announced: true,
+				cohort: sub.Cohort, member: sub.Member}
+			if err := s.checkCohort(&req); err != nil {
+				failed++
+				r.log.Warn("subscription not restored", "client_id", x.ClientID, "sub_id", sub.ID, "topic", sub.Topic, "group", sub.Group, "err", err)
+				r.storeErr(st.Unsubscribe(x.ClientID, sub.ID), "unsubscribe", x.ClientID)
+				continue
+			}
 			bs, n, err := sb.SubscribeStable(&req, &subConsumer{s: s, st: ss}, StableSub{ID: sub.ID, OwnerPrefix: s.ownerPrefix(), Adopt: true})
 			if err != nil {
+				s.releaseMember(ss.member)
 				failed++
 				r.log.Warn("subscription not restored", "client_id", x.ClientID, "sub_id", sub.ID, "topic", sub.Topic, "group", sub.Group, "err", err)
 				r.storeErr(st.Unsubscribe(x.ClientID, sub.ID), "unsubscribe", x.ClientID)

@@ -37,7 +37,10 @@ type Session struct {
 	// resume. Set at creation or restore, then read-only.
 	principal string
 
-	mu        sync.Mutex
+	mu sync.Mutex
+	// member is the member id of the session's cohort subscriptions, once
+	// it opened one (cohort.go).
+	member    string
 	state     state
 	sink      Sink
 	connID    uint64
@@ -115,6 +118,9 @@ type subState struct {
 	// for good, as the client was told the subscription is gone (see
 	// forgetSubLocked).
 	reconciled bool
+	// cohort and member: the cohort the subscription is a member of, and
+	// its member id (cohort.go); "" for a plain one.
+	cohort, member string
 }
 
 // tagEntry is what a delivery tag stands for.
@@ -402,6 +408,7 @@ func (s *Session) cleanupAs(reason string, byClient bool) int {
 	for _, st := range s.subs {
 		st.closed = true
 		s.reg.subClosed(st.id, false)
+		s.releaseMember(st.member)
 		subs = append(subs, st)
 	}
 	held := len(s.tags)
@@ -633,6 +640,7 @@ func (s *Session) deliver(st *subState, sub Subscription, d Delivery) {
 		SubID: st.id, Tag: tag, Partition: d.Partition, Offset: d.Offset, Attempt: d.Attempt,
 		PublishedAtMs: d.PublishedAtMs, Key: d.Key, Headers: d.Headers, ContentType: d.ContentType,
 		Body: d.Body, Topic: d.Topic, Group: d.Group, LeaseID: d.LeaseID, Epoch: d.Epoch, // 0 on a single node
+		Assignment: d.Assignment,
 	}
 	o := Outbound{Body: body, NotAfterMs: d.ExpiresAtMs}
 	e := tagEntry{st: st, partition: d.Partition, offset: d.Offset, leaseID: d.LeaseID, gen: s.attachGen, notAfterMs: d.ExpiresAtMs, epoch: d.Epoch}
@@ -732,6 +740,7 @@ func (s *Session) backendClosed(st *subState, sub Subscription, reason uint8, er
 func (s *Session) forgetSubLocked(st *subState) {
 	if s.subs[st.id] == st {
 		delete(s.subs, st.id)
+		s.releaseMember(st.member)
 		s.prefetches -= uint64(st.prefetch)
 		if store := s.reg.cfg.Store; store != nil && !s.reg.persisted.Load() {
 			s.reg.storeErr(store.Unsubscribe(s.clientID, st.id), "unsubscribe", s.clientID)
@@ -779,8 +788,14 @@ func (s *Session) openSub(req protocol.Subscribe, mayCreate MayCreate) (*subStat
 	}
 	s.subsOpen++
 	s.mu.Unlock()
+	if err := s.checkCohort(&req); err != nil {
+		s.mu.Lock()
+		s.subsOpen--
+		s.mu.Unlock()
+		return nil, err
+	}
 
-	st := &subState{autoAck: req.AckMode == protocol.AckAuto, prefetch: req.Prefetch}
+	st := &subState{autoAck: req.AckMode == protocol.AckAuto, prefetch: req.Prefetch, cohort: req.Cohort, member: req.Member}
 	var sub Subscription
 	var err error
 	if sb, ok := cfg.Backend.(StableBackend); ok {
@@ -794,6 +809,7 @@ func (s *Session) openSub(req protocol.Subscribe, mayCreate MayCreate) (*subStat
 	s.subsOpen--
 	if err != nil {
 		s.mu.Unlock()
+		s.releaseMember(st.member)
 		return nil, err
 	}
 	st.sub, st.id, st.view, st.parts = sub, sub.ID(), sub.View(), sub.Partitions()
@@ -802,10 +818,13 @@ func (s *Session) openSub(req protocol.Subscribe, mayCreate MayCreate) (*subStat
 	}
 	if s.state == stateClosed {
 		s.mu.Unlock()
+		s.releaseMember(st.member)
 		sub.Close()
 		return nil, ErrClosed
 	}
-	if !st.closed {
+	if st.closed {
+		s.releaseMember(st.member)
+	} else {
 		s.subs[st.id] = st
 		s.prefetches += uint64(st.prefetch)
 		s.reg.subOpened(st.id, sub, s)
@@ -818,7 +837,7 @@ func (s *Session) openSub(req protocol.Subscribe, mayCreate MayCreate) (*subStat
 		// client may name. Outside mu: it waits for an fsync.
 		s.reg.storeErr(store.Subscribe(s.clientID, sessionstore.Sub{
 			ID: st.id, Topic: st.view.Topic, Group: st.view.Group, Partition: st.view.Partition,
-			AckMode: st.view.AckMode, Prefetch: st.prefetch,
+			AckMode: st.view.AckMode, Prefetch: st.prefetch, Cohort: st.cohort, Member: st.member,
 		}), "subscribe", s.clientID)
 	}
 	return st, nil

@@ -18,15 +18,20 @@ import (
 //	+--------+-----+--------+--------+-------------+----------+=========+--------+
 //	session: client_id str | owner_id str | token_hash 32 B | principal str |
 //	         subs uvarint | sub ...
-//	sub: as in a subscribe record after the client id (record.go)
+//	sub: as in a subscribe record after the client id (record.go), then
+//	     cohort str | member str (version >= 3; "" for a plain one)
 //	ver 1 (still read) has no principal: its sessions get principal "".
+//	ver 2 (still read) has no cohorts: its subscriptions are plain.
 //	crc32c (Castagnoli) covers every byte before it.
 //
 // covers is the log's NextLSN when the checkpoint was taken: it reflects
 // every record below it, and Open replays the log from there.
 const (
 	ckptMagic   = "SNSS"
-	ckptVersion = 2
+	ckptVersion = 3
+	// ckptVersionCohorts is the first version whose subscriptions carry
+	// their cohort and member.
+	ckptVersionCohorts = 3
 	// ckptVersionNoPrincipal is the version before sessions recorded their
 	// principal; Open still reads it.
 	ckptVersionNoPrincipal = 1
@@ -57,7 +62,7 @@ func encodeCheckpoint(st *state, covers uint64) []byte {
 		b = appendStr(b, s.Principal)
 		b = binary.AppendUvarint(b, uint64(len(s.Subs)))
 		for _, sub := range s.Subs {
-			b = appendSub(b, sub)
+			b = appendCohort(appendSub(b, sub), sub)
 		}
 	}
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
@@ -68,8 +73,8 @@ func decodeCheckpoint(b []byte) (*state, uint64, error) {
 		return nil, 0, errors.New("not a session checkpoint")
 	}
 	ver := b[4]
-	if ver != ckptVersion && ver != ckptVersionNoPrincipal {
-		return nil, 0, fmt.Errorf("session checkpoint version %d, want %d or %d", ver, ckptVersionNoPrincipal, ckptVersion)
+	if ver < ckptVersionNoPrincipal || ver > ckptVersion {
+		return nil, 0, fmt.Errorf("session checkpoint version %d, want %d to %d", ver, ckptVersionNoPrincipal, ckptVersion)
 	}
 	body := b[:len(b)-4]
 	if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(b[len(b)-4:]) {
@@ -92,7 +97,11 @@ func decodeCheckpoint(b []byte) (*state, uint64, error) {
 			r.err = fmt.Errorf("session %q has %d subscriptions", s.ClientID, k)
 		}
 		for j := uint64(0); j < k && r.err == nil; j++ {
-			s.Subs = append(s.Subs, r.sub())
+			sub := r.sub()
+			if ver >= ckptVersionCohorts {
+				r.cohort(&sub)
+			}
+			s.Subs = append(s.Subs, sub)
 		}
 		if r.err == nil {
 			st.sessions[s.ClientID] = s

@@ -13,6 +13,7 @@ import (
 //	create_owned: client_id str | owner_id str | token_hash 32 B | principal str
 //	subscribe:   client_id str | sub_id uvarint | topic str | group str |
 //	             partition varint | ack_mode u8 | prefetch uvarint
+//	subscribe_cohort: the subscribe fields | cohort str | member str
 //	unsubscribe: client_id str | sub_id uvarint
 //	end:         client_id str
 //
@@ -24,6 +25,8 @@ const (
 	recUnsubscribe uint8 = 3
 	recEnd         uint8 = 4
 	recCreateOwned uint8 = 5
+	// recSubscribeCohort is recSubscribe for a cohort member.
+	recSubscribeCohort uint8 = 6
 )
 
 // stringBytesMax bounds a decoded string: names are at most 255 bytes and
@@ -41,6 +44,9 @@ type Sub struct {
 	Partition int32 // -1: every partition
 	AckMode   uint8
 	Prefetch  uint32
+	// Cohort and Member: the cohort the subscription is a member of, and
+	// its member id; "" for a plain subscription.
+	Cohort, Member string
 }
 
 // Session is what the store keeps of one session.
@@ -68,6 +74,11 @@ func appendSub(b []byte, s Sub) []byte {
 	b = append(b, s.AckMode)
 	return binary.AppendUvarint(b, uint64(s.Prefetch))
 }
+
+// appendCohort appends a subscription's cohort fields.
+func appendCohort(b []byte, s Sub) []byte { return appendStr(appendStr(b, s.Cohort), s.Member) }
+
+func (r *reader) cohort(s *Sub) { s.Cohort, s.Member = r.str(), r.str() }
 
 // reader decodes a payload; the first error sticks.
 type reader struct {
@@ -179,8 +190,11 @@ func (st *state) apply(typ uint8, payload []byte) error {
 		if r.err == nil {
 			st.sessions[id] = s
 		}
-	case recSubscribe:
+	case recSubscribe, recSubscribeCohort:
 		sub := r.sub()
+		if typ == recSubscribeCohort {
+			r.cohort(&sub)
+		}
 		if r.err != nil {
 			break
 		}

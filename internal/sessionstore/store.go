@@ -189,7 +189,11 @@ func (s *Store) Create(clientID, ownerID, principal string, tokenHash [TokenHash
 func (s *Store) Subscribe(clientID string, sub Sub) error {
 	s.mu.Lock()
 	b := appendSub(appendStr(s.buf[:0], clientID), sub)
-	err := s.appendLocked(recSubscribe, b)
+	typ := recSubscribe
+	if sub.Cohort != "" || sub.Member != "" {
+		b, typ = appendCohort(b, sub), recSubscribeCohort
+	}
+	err := s.appendLocked(typ, b)
 	s.mu.Unlock()
 	if err != nil {
 		return err

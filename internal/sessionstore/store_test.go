@@ -297,3 +297,27 @@ func TestReadsFormatWithoutPrincipal(t *testing.T) {
 		t.Fatalf("boot %d next %d, want 6 and 9", s.Boot(), s.NextSubID())
 	}
 }
+
+// TestCohortSubscriptionsSurvive: a cohort member's subscription keeps its
+// cohort and member id through the log and through a checkpoint.
+func TestCohortSubscriptionsSurvive(t *testing.T) {
+	for _, every := range []int{0, 1} {
+		fsys := vfs.NewMem()
+		s := openMem(t, fsys, every)
+		must(t, s.Create("c-1", "own", "user:alice", hashOf(1)))
+		want := []Sub{
+			{ID: 1, Topic: "orders", Partition: -1, Prefetch: 8, Cohort: "billing", Member: "worker-1"},
+			{ID: 2, Topic: "audit", Partition: 0, Prefetch: 1},
+		}
+		for _, sub := range want {
+			must(t, s.Subscribe("c-1", sub))
+		}
+		must(t, s.Close())
+		s = openMem(t, fsys, every)
+		got := s.Restored()
+		s.Close()
+		if len(got) != 1 || !slices.Equal(got[0].Subs, want) {
+			t.Fatalf("checkpoint every %d: restored %+v, want subs %+v", every, got, want)
+		}
+	}
+}

@@ -96,3 +96,11 @@ func (k consumer) LeaseEnded(s *broker.Subscription, partition uint32, offset, l
 func (k consumer) Closed(s *broker.Subscription, reason uint8, err error) {
 	k.c.Closed(sub{s}, reason, err)
 }
+
+// Assignment implements broker.AssignmentConsumer for consumers that
+// implement session.AssignmentConsumer.
+func (k consumer) Assignment(s *broker.Subscription, partition uint32, epoch uint64, assigned bool) {
+	if ac, ok := k.c.(session.AssignmentConsumer); ok {
+		ac.Assignment(sub{s}, partition, epoch, assigned)
+	}
+}
