@@ -22,6 +22,8 @@ type Client struct {
 	rt   *router
 	// seq numbers the Client's confirmed publishes under o.producerID.
 	seq atomic.Uint64
+	// lanes order the publishes seq numbers (order.go).
+	lanes lanes
 	// spans are the live spanning subscriptions, which Close ends;
 	// closed refuses new ones. Guarded by spansMu.
 	spansMu sync.Mutex

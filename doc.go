@@ -123,6 +123,32 @@
 // Close ends the broker's session with END_SESSION, so its unsettled messages
 // go to other consumers at once instead of after the reconnect grace.
 //
+// # Publish order
+//
+// The publishes of one Client that go to one partition are stored in the
+// order they were made, through redirects to the partition's owner,
+// hedges, cut connections and a new owner after a failover: a publish
+// whose PublishAsync (or Publish) returned before another's began is
+// stored before it. Publishes made concurrently, from goroutines sharing
+// the Client, are not ordered against each other. Which publishes go to
+// one partition: those with the same explicit partition (WithPartition),
+// those with the same key (WithKey, so order per key), and the keyless ones
+// of a queue of one partition. Keyless publishes on a queue of several
+// partitions are spread by the broker and not ordered against each other;
+// publishes from different Clients, or numbered by the application
+// (WithProducerSequence), are not ordered either.
+//
+// The Client does it as an idempotent producer would: every send of a
+// publish names the highest sequence of the same key or partition that is
+// still unconfirmed and was sent already (PUBLISH producer_prev,
+// docs/protocol.md 5.6), and the partition stores it only after that one,
+// answering out_of_sequence otherwise. The Client then waits for that
+// publish's outcome (at most 200 ms at a time) and sends again. A publish
+// that failed releases the ones after it: they are stored without it. The
+// cost is one map entry per publish in flight and, when publishes arrive out
+// of order, a refusal and a resend each; on one connection to the owner
+// they arrive in order and nothing is refused.
+//
 // # Errors
 //
 // Operations return typed errors: sentinels (ErrClientClosed, ErrStaleDelivery,

@@ -95,6 +95,14 @@ func (p *pool) get(addr string) *endpoint {
 	e, ok := p.eps[addr]
 	if !ok {
 		e = newEndpoint(addr, p.o)
+		if p.closed {
+			// Close has taken its list of endpoints: one made now (by a
+			// resend or lookup still running) would never be shut, and
+			// its supervisor would outlive the client. It is born shut.
+			p.mu.Unlock()
+			e.shutdown()
+			return e
+		}
 		p.eps[addr] = e
 	}
 	e.usedAt.Store(p.o.clock.Now().UnixNano())

@@ -76,6 +76,9 @@ const (
 	// hedgeHopsMax bounds the sends of one hedge (a not_owner answer is
 	// followed, never back to the silent node).
 	hedgeHopsMax = 2
+	// hedgeOrderWaitsMax bounds the out_of_sequence refusals one hedge
+	// waits out (order.go) before it is dropped.
+	hedgeOrderWaitsMax = 16
 	// hedgeCacheMax bounds the queues whose METADATA answer is cached.
 	hedgeCacheMax = 256
 )
@@ -115,6 +118,10 @@ type flight struct {
 	// it, once the publish is resolved.
 	armed  bool
 	disarm func()
+	// ordered: the publish is numbered by the Client and linked to its
+	// lane's unresolved publishes on every send (order.go).
+	ordered bool
+	lane    laneKey
 }
 
 // sending records a send of the publish on e at now.
@@ -333,6 +340,7 @@ func (r *router) hedged(p *protocol.Publish, from, to, outcome string) {
 // silent), and waits for the answer or for the publish to be resolved
 // otherwise.
 func (r *router) hedgeSend(ctx context.Context, silent, owner string, p *protocol.Publish, fl *flight, size int) (string, protocol.Body, error) {
+	waits := 0
 	for hop := 0; ; hop++ {
 		e := r.c.pool.get(owner)
 		if !r.reachable(ctx, e) {
@@ -348,7 +356,7 @@ func (r *router) hedgeSend(ctx context.Context, silent, owner string, p *protoco
 		res := make(chan answer, 1)
 		// Not replayed: a hedge whose connection breaks is dropped, and
 		// the original path goes on.
-		cl := &call{body: p, done: func(b protocol.Body, err error) {
+		cl := &call{body: r.c.stamped(p, fl), done: func(b protocol.Body, err error) {
 			e.window.release(size)
 			res <- answer{b, err}
 		}}
@@ -374,6 +382,17 @@ func (r *router) hedgeSend(ctx context.Context, silent, owner string, p *protoco
 			be.Owner != silent && be.Owner != owner && hop+1 < hedgeHopsMax {
 			r.learn(be.Owner)
 			owner = be.Owner
+			continue
+		}
+		if errors.As(a.err, &be) && be.Code == protocol.CodeOutOfSequence && waits < hedgeOrderWaitsMax {
+			// The owner answers; the publish this one follows is not
+			// there yet (order.go): once it resolves, the same owner
+			// again, with a new link.
+			waits++
+			hop--
+			if !r.c.waitPrev(ctx, p, fl) {
+				return hedgeLost, nil, errHedgeNotSent
+			}
 			continue
 		}
 		return hedgeLost, nil, a.err

@@ -14,7 +14,8 @@ import (
 type PublishOption func(*protocol.Publish)
 
 // WithKey sets the partition key: messages with the same key go to the same
-// partition, and so keep their order.
+// partition, and are stored in the order they were published (see Publish
+// order in the package documentation).
 func WithKey(key []byte) PublishOption { return func(p *protocol.Publish) { p.Key = key } }
 
 // WithHeader adds one header. Keys starting with "sinew." are reserved.
@@ -69,7 +70,9 @@ func WithPartition(n int) PublishOption { return func(p *protocol.Publish) { p.P
 // after the producer's last publish; a sequence below that window fails with
 // sequence_too_old instead of being stored again. The same (id, seq) must
 // always be sent with the same body, key and partition choice. An empty id
-// turns deduplication off for this publish. PublishNoConfirm ignores it.
+// turns deduplication off for this publish. Publishes numbered this way are
+// not ordered by the Client (see Publish order in the package
+// documentation). PublishNoConfirm ignores it.
 func WithProducerSequence(id string, seq uint64) PublishOption {
 	return func(p *protocol.Publish) { p.ProducerID = id; p.ProducerSeq = seq }
 }
@@ -86,6 +89,9 @@ type PublishFuture struct {
 	done chan struct{}
 	res  PublishResult
 	err  error
+	// leave, when set, takes the publish out of its ordering lane
+	// (order.go); it runs before done closes.
+	leave func()
 }
 
 // Done is closed when the publish is confirmed or has failed.
@@ -121,6 +127,9 @@ func (f *PublishFuture) resolve(b protocol.Body, err error) {
 		}
 	}
 	f.err = err
+	if f.leave != nil {
+		f.leave()
+	}
 	close(f.done)
 }
 
@@ -169,13 +178,15 @@ func (c *Client) PublishAsync(ctx context.Context, topic string, body []byte, op
 			return f
 		}
 	}
+	fl := &flight{f: f}
 	if p.ProducerID == c.o.producerID && p.ProducerSeq == 0 {
 		// Numbered only once it holds a window slot: the sequences in
 		// flight then stay within the publish window, which the broker's
-		// deduplication window covers, however long acquire waited.
-		p.ProducerSeq = c.seq.Add(1)
+		// deduplication window covers, however long acquire waited. The
+		// number enters the publish's ordering lane (order.go).
+		c.lanes.number(c, p, fl)
 	}
-	c.rt.send(ctx, e, p, &flight{f: f}, size, 0)
+	c.rt.send(ctx, e, p, fl, size, 0)
 	return f
 }
 

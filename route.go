@@ -415,7 +415,7 @@ func (r *router) endpointFor(ctx context.Context, p *protocol.Publish) *endpoint
 func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, fl *flight, size, hop int) {
 	var taken atomic.Bool // done or reroute: exactly one runs
 	fl.sending(e, r.c.o.clock.Now().UnixNano())
-	cl := &call{body: p, replay: true}
+	cl := &call{body: r.c.stamped(p, fl), replay: true}
 	cl.done = func(b protocol.Body, err error) {
 		if !taken.CompareAndSwap(false, true) {
 			return
@@ -431,6 +431,9 @@ func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, fl 
 				return
 			case retryIfClustered:
 				go r.resendIfClustered(ctx, e, p, fl, size, hop+1, err)
+				return
+			case retryInOrder:
+				go r.resendInOrder(ctx, p, fl, size, hop+1, err)
 				return
 			}
 		}
@@ -464,9 +467,11 @@ func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, fl 
 	if r.clustered.Load() {
 		// Never wait for this node's reconnect: it may be gone for good.
 		e.submitNow(ctx, cl)
-		return
+	} else {
+		e.submit(ctx, cl)
 	}
-	e.submit(ctx, cl)
+	// Queued: later publishes of its lane link to it (order.go).
+	r.c.lanes.sent(fl, p.ProducerSeq)
 }
 
 // inBudget reports whether fl may be sent again: its ctx goes on, and when
@@ -488,6 +493,7 @@ const (
 	retryNo          retryKind = iota // the answer is the outcome
 	retryNow                          // send again (resend)
 	retryIfClustered                  // send again if the client's node is clustered (resendIfClustered)
+	retryInOrder                      // send again once the publish it follows resolves (resendInOrder)
 )
 
 // retry reports whether err means p should be sent again elsewhere, and
@@ -519,6 +525,10 @@ func (r *router) retry(p *protocol.Publish, err error, from *endpoint) retryKind
 			// An election under way, a queue the cluster is creating, or
 			// a node cut off from the cluster's majority.
 			return r.refused(p, from)
+		case protocol.CodeOutOfSequence:
+			// The publish it follows is not stored yet (order.go): the
+			// node is right, the order of arrival was not.
+			return retryInOrder
 		case protocol.CodeShuttingDown:
 			// The node is draining (a restart, or leaving the cluster for
 			// good) and stored nothing: another node takes it.
@@ -567,6 +577,16 @@ func (r *router) resendIfClustered(ctx context.Context, from *endpoint, p *proto
 	r.resend(ctx, p, fl, size, hop, cause)
 }
 
+// resendInOrder sends p again after an out_of_sequence refusal, once the
+// publish it follows resolved (at most orderWaitMax), with a new link and
+// without resend's pause: the wait was the pause.
+func (r *router) resendInOrder(ctx context.Context, p *protocol.Publish, fl *flight, size, hop int, cause error) {
+	if !r.c.waitPrev(ctx, p, fl) {
+		return
+	}
+	r.resend(ctx, p, fl, size, hop, cause)
+}
+
 // forget drops addr as p's queue's owner.
 func (r *router) forget(p *protocol.Publish, addr string) {
 	k := keyOf(p)
@@ -607,12 +627,15 @@ const awayShunFor = 10 * time.Second
 func (r *router) resend(ctx context.Context, p *protocol.Publish, fl *flight, size, hop int, cause error) {
 	var be *BrokerError
 	redirect := errors.As(cause, &be) && be.Code == protocol.CodeNotOwner && be.Owner != "" && !r.isShunned(p, be.Owner)
+	inOrder := errors.As(cause, &be) && be.Code == protocol.CodeOutOfSequence
 	// Ownership moved, or the node is gone or going: the cluster may be
 	// changing around the client (nodes replaced), so learn where the
 	// queue's replicas are now, while some node it knows still answers
 	// (in the background: the publish does not wait for it).
-	go r.look(context.WithoutCancel(ctx), p)
-	if !redirect || hop > routeRedirectsFree {
+	if !inOrder {
+		go r.look(context.WithoutCancel(ctx), p)
+	}
+	if !inOrder && (!redirect || hop > routeRedirectsFree) {
 		// No owner to go to at once: a pause, growing with the hops,
 		// while the partition elects one or the node comes back.
 		d := min(routeBackoffMin<<min(hop, 8), routeBackoffMax)

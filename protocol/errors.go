@@ -39,6 +39,7 @@ const (
 	CodePermissionDenied  Code = 23 // the connection's principal may not do this to this topic
 	CodeNotOwner          Code = 24 // another node owns the partition; Error.Owner says where it is reached
 	CodeFenced            Code = 25 // this node may not serve the partition now (it lost its lead, or is cut off from its cluster); nothing took effect
+	CodeOutOfSequence     Code = 26 // the publish named by producer_prev is not stored in the partition yet; nothing was stored, send it again after that one
 )
 
 type codeInfo struct {
@@ -73,6 +74,7 @@ var codeTable = map[Code]codeInfo{
 	CodePermissionDenied:  {"permission_denied", false},
 	CodeNotOwner:          {"not_owner", true},
 	CodeFenced:            {"fenced", true},
+	CodeOutOfSequence:     {"out_of_sequence", true},
 }
 
 // Codes returns every defined code in ascending order.

@@ -208,6 +208,12 @@ type Publish struct {
 	ProducerID  string
 	ProducerSeq uint64
 	Body        []byte
+	// ProducerPrev, when not 0, is the sequence of the same producer's
+	// publish this one must be stored after, in the same partition: the
+	// partition stores this one only once it holds (producer_id,
+	// producer_prev), and answers out_of_sequence otherwise. Appended
+	// after body; 0 (or absent) asks for no order.
+	ProducerPrev uint64
 }
 
 // PublishOK confirms that a message is durable.
@@ -622,6 +628,7 @@ func (m *Publish) AppendBody(b []byte) []byte {
 	e.str(m.ProducerID)
 	e.uvarint(m.ProducerSeq)
 	e.bytes(m.Body)
+	e.uvarint(m.ProducerPrev)
 	return e.b
 }
 func (m *Publish) decode(d *dec) {
@@ -637,6 +644,9 @@ func (m *Publish) decode(d *dec) {
 	m.ProducerID = d.at("producer_id").str()
 	m.ProducerSeq = d.at("producer_seq").uvarint()
 	m.Body = d.at("body").bytes()
+	if d.optional() {
+		m.ProducerPrev = d.at("producer_prev").uvarint()
+	}
 }
 
 func (*PublishOK) Op() Op { return OpPublishOK }

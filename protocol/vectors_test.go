@@ -96,6 +96,7 @@ func vectorCases() []vectorCase {
 		{name: "ok", requestID: 3, body: &OK{}},
 		{name: "error/request", requestID: 9, body: &ErrorBody{Code: CodeNotFound, Message: "no queue orders/g"}},
 		{name: "error/fatal", requestID: 0, body: &ErrorBody{Code: CodeSequenceTooOld, Message: uni, Fatal: true}},
+		{name: "error/out_of_sequence", requestID: 7, body: &ErrorBody{Code: CodeOutOfSequence, Message: "producer \"p-1\" sequence 12 follows 11, not stored yet"}},
 		{name: "error/not_owner", requestID: 7, body: &ErrorBody{Code: CodeNotOwner, Message: "queue \"orders\" group \"\" partition 0 is served by 10.0.0.2:7654", Owner: "10.0.0.2:7654"}},
 		{name: "declare_queue/defaults", requestID: 2, body: &DeclareQueue{Topic: "orders", MaxRetries: -1}},
 		{name: "declare_queue/edge", requestID: 2, body: &DeclareQueue{Topic: long, Group: "g", Partitions: u32max, DeadLetterMode: DeadLetterQueue,
@@ -108,6 +109,8 @@ func vectorCases() []vectorCase {
 			DelayMs: 1500, NotBeforeMs: 0, TTLMs: 60_000, ProducerID: "p-1", ProducerSeq: 1 << 40, Body: []byte(`{"amount":12}`)}},
 		{name: "publish/edge", flags: FlagNoReply, requestID: u64max, body: &Publish{Topic: "t", Partition: math.MaxInt32, Key: allBytes,
 			DelayMs: math.MinInt64, NotBeforeMs: math.MaxInt64, TTLMs: -1, ProducerID: long, ProducerSeq: u64max, Body: allBytes}},
+		{name: "publish/ordered", requestID: 7, body: &Publish{Topic: "orders", Partition: -1, Key: []byte("customer-7"),
+			ProducerID: "p-1", ProducerSeq: 12, ProducerPrev: 11, Body: []byte("b")}},
 		{name: "publish_ok", requestID: 6, body: &PublishOK{Partition: 3, Offset: 1 << 50}},
 		{name: "publish_ok/duplicate", requestID: 6, body: &PublishOK{Partition: u32max, Offset: u64max, Duplicate: true}},
 		{name: "delete_queue", requestID: 7, body: &DeleteQueue{Topic: "orders", Group: "g"}},
@@ -176,6 +179,7 @@ func vectorCases() []vectorCase {
 		legacy("deliver/without_assignment", &Deliver{SubID: 5, Tag: 9, Partition: 1, Offset: 77, Attempt: 1, Topic: "orders", LeaseID: 3, Epoch: 2, LeaseMs: 100}, 1),
 		legacy("ack/without_leases", &Settle{Kind: OpAck, Tags: []uint64{1, 2}}, 1),
 		legacy("reconcile/without_inflight_follows", &Reconcile{Policy: ReconcileRestore, Subs: []SubView{sv}}, 1),
+		legacy("publish/without_producer_prev", &Publish{Topic: "orders", Partition: -1, ProducerID: "p-1", ProducerSeq: 3, Body: []byte("x")}, 1),
 		legacy("hello/without_user", &Hello{ProtocolVersion: 1, ClientName: "old-client", Credentials: "token-1"}, 1),
 	)
 	// A frame a newer encoder writes: bytes after the known fields are ignored.

@@ -891,7 +891,9 @@ func producerPartition(producer string, seq uint64, n int) int {
 // a producer id whose sequence the partition remembers is answered with the
 // original partition and offset and Duplicate set, and stores nothing; one
 // below the producer's window fails with sequence_too_old (see
-// internal/dedup). The broker copies what it keeps; the caller may reuse p
+// internal/dedup). One whose ProducerPrev the partition does not hold yet
+// fails with out_of_sequence and stores nothing (docs/protocol.md, Ordered
+// publish). The broker copies what it keeps; the caller may reuse p
 // after Publish returns.
 func (b *Broker) Publish(p *protocol.Publish, done func(protocol.PublishOK, error)) {
 	b.PublishChecked(p, nil, done)
@@ -942,7 +944,14 @@ func (b *Broker) PublishChecked(p *protocol.Publish, mayCreate CreateCheck, done
 		}
 	}
 	idx := part.Index()
-	part.PublishOnce(&m, func(off uint64, dup bool, err error) {
+	prev := p.ProducerPrev
+	if prev != 0 && p.Partition < 0 && len(p.Key) == 0 &&
+		producerPartition(p.ProducerID, prev, len(q.parts)) != int(idx) {
+		// A keyless link whose predecessor the hash placed in another
+		// partition: there is no order between partitions to keep.
+		prev = 0
+	}
+	part.PublishAfter(&m, prev, func(off uint64, dup bool, err error) {
 		if err != nil {
 			done(protocol.PublishOK{}, b.publishError(q, idx, err))
 			return
@@ -996,6 +1005,9 @@ func (b *Broker) checkPublish(p *protocol.Publish) error {
 	}
 	if len(p.ProducerID) > dedup.ProducerIDBytesMax {
 		return protocol.Errorf(protocol.CodeBadRequest, "producer id is %d bytes, more than %d", len(p.ProducerID), dedup.ProducerIDBytesMax)
+	}
+	if p.ProducerPrev != 0 && (p.ProducerID == "" || p.ProducerPrev >= p.ProducerSeq) {
+		return protocol.Errorf(protocol.CodeBadRequest, "producer_prev %d needs a producer id and a higher producer_seq (%d)", p.ProducerPrev, p.ProducerSeq)
 	}
 	if p.DelayMs < 0 || p.NotBeforeMs < 0 || p.TTLMs < 0 {
 		return protocol.Errorf(protocol.CodeBadRequest, "negative delay_ms, not_before_ms or ttl_ms")

@@ -35,6 +35,13 @@
 // producer has in flight at once must therefore stay below WindowSeqs; the
 // Go SDK's limit (the broker's announced publish_inflight_max) does.
 //
+// Holds answers the ordering link of a publish (its producer_prev, see
+// docs/protocol.md): a sequence remembered or at or below the floor is held;
+// one above the floor and not remembered, or of an unknown producer, is not,
+// and the partition refuses the follower with out_of_sequence. Holds never
+// refuses for good: the producer links only to publishes still unconfirmed,
+// and drops the link once that one is confirmed or failed.
+//
 // The offsets remembered outlive the messages: an acked message whose log
 // segment retention has dropped is still answered as a duplicate, because
 // the table travels in the partition's checkpoint, not only in the log.

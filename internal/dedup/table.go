@@ -134,6 +134,23 @@ func (t *Table) Check(id string, seq uint64, nowMs int64) (Verdict, uint64) {
 	return Fresh, 0
 }
 
+// Holds reports whether the partition holds (id, seq) as far as a link
+// from a later publish is concerned (see Ordered publish in
+// docs/protocol.md): seq is remembered, or at or below the producer's floor
+// (it left the window: stored, or refused as too old should it come now).
+// An unknown or idle-expired producer holds nothing. It changes nothing.
+func (t *Table) Holds(id string, seq uint64, nowMs int64) bool {
+	p := t.byID[id]
+	if id == "" || p == nil || p.lastMs+t.cfg.IdleMs <= nowMs {
+		return false
+	}
+	if seq <= p.floor {
+		return true
+	}
+	_, ok := p.find(seq)
+	return ok
+}
+
 func (p *producer) find(seq uint64) (int, bool) {
 	return slices.BinarySearchFunc(p.seqs, seq, func(e entry, s uint64) int {
 		switch {

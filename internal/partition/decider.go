@@ -235,6 +235,11 @@ func (d *decider) command(c *command, now int64) {
 					err: fmt.Errorf("%w: producer %q sequence %d", ErrSequenceTooOld, m.ProducerID, m.ProducerSeq)})
 				return
 			}
+			if c.prev != 0 && !d.dd.Holds(m.ProducerID, c.prev, now) {
+				d.open.replies = append(d.open.replies, reply{published: c.published, lsn: d.lastLSN,
+					err: fmt.Errorf("%w: producer %q sequence %d follows %d", ErrOutOfSequence, m.ProducerID, m.ProducerSeq, c.prev)})
+				return
+			}
 		}
 		evs, err := d.st.Enqueue(d.evs[:0], &m, now)
 		if err != nil {

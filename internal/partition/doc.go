@@ -303,6 +303,13 @@
 // sequence stays remembered after its message was acked and retention
 // dropped its segment.
 //
+// PublishAfter adds the ordering link of docs/protocol.md: a publish that
+// names the producer's previous sequence is refused with ErrOutOfSequence,
+// storing nothing, until the table holds that sequence. The check runs on
+// the actor against the state decided so far, so a follower is never
+// decided before its predecessor's record, and a leader change that drops
+// the predecessor's uncommitted record drops the follower's with it.
+//
 // # Inspection and counters
 //
 // Peek runs on the actor between two turns (a control message), walks at

@@ -105,6 +105,9 @@ var (
 	// producer's deduplication window; it may have been stored, so it is
 	// refused rather than stored again (see internal/dedup).
 	ErrSequenceTooOld = &protocol.Error{Code: protocol.CodeSequenceTooOld, Message: "producer sequence is below the deduplication window"}
+	// ErrOutOfSequence: a publish names a predecessor (PublishAfter) that
+	// the partition does not hold yet; nothing was stored.
+	ErrOutOfSequence = &protocol.Error{Code: protocol.CodeOutOfSequence, Message: "the producer's previous publish is not stored yet"}
 	// ErrDamaged is wrapped by Open when the log or checkpoint fails
 	// verification: the partition must be quarantined, refused or
 	// reopened with seglog.CorruptionTruncate.
@@ -367,6 +370,7 @@ type command struct {
 	payload   []byte
 	framed    []byte // payload behind its record type byte
 	published func(offset uint64, duplicate bool, err error)
+	prev      uint64 // the producer sequence this publish must follow; 0: none
 	// settle
 	op          SettleOp
 	offset      uint64
@@ -745,6 +749,14 @@ func (p *Partition) Publish(m *queue.Message, done func(offset uint64, err error
 // the producer's window gets ErrSequenceTooOld. Otherwise m is stored and
 // its sequence remembered (see internal/dedup for the window's bounds).
 func (p *Partition) PublishOnce(m *queue.Message, done func(offset uint64, duplicate bool, err error)) {
+	p.PublishAfter(m, 0, done)
+}
+
+// PublishAfter is PublishOnce for a publish that must follow the same
+// producer's sequence prev (0: none) in this partition. After the duplicate
+// and too-old checks, a prev the partition does not hold (dedup.Table.Holds)
+// gets ErrOutOfSequence and nothing is stored.
+func (p *Partition) PublishAfter(m *queue.Message, prev uint64, done func(offset uint64, duplicate bool, err error)) {
 	if p.parked != nil {
 		done(0, false, ErrUnavailable)
 		return
@@ -764,7 +776,7 @@ func (p *Partition) PublishOnce(m *queue.Message, done func(offset uint64, dupli
 	// Encoded behind the record type byte, as the raft entry carries it,
 	// so that the actor proposes it without a copy.
 	framed := ev.Marshal(append(make([]byte, 0, 65+len(m.Body)+len(m.Key)), uint8(queue.KindEnqueue)))
-	p.send(command{kind: cmdPublish, msg: c, payload: framed[1:], framed: framed, published: done}, func(err error) { done(0, false, err) })
+	p.send(command{kind: cmdPublish, msg: c, payload: framed[1:], framed: framed, published: done, prev: prev}, func(err error) { done(0, false, err) })
 }
 
 // Settle settles the lease leaseID on offset. notBeforeMs applies to Nack

@@ -528,7 +528,8 @@ class DeclareOK(Body):
 
 
 @_body(PUBLISH, "topic:str group:str partition:i32 key:bytes headers:list<header> content_type:str "
-                "delay_ms:varint not_before_ms:varint ttl_ms:varint producer_id:str producer_seq:uvarint body:bytes")
+                "delay_ms:varint not_before_ms:varint ttl_ms:varint producer_id:str producer_seq:uvarint body:bytes "
+                "producer_prev:uvarint", appended=12)
 @dataclass
 class Publish(Body):
     """PUBLISH (0x12)."""
@@ -544,11 +545,16 @@ class Publish(Body):
     producer_id: str = ""
     producer_seq: int = 0
     body: bytes = b""
+    # appended: the producer's publish this one must follow in its
+    # partition; 0 asks for no order (docs/protocol.md 5.6). The client
+    # sends 0.
+    producer_prev: int = 0
 
     def _encode_into(self, out: bytearray) -> None:
         self.encode_head(out)
         put_uvarint(out, self.producer_seq)
         put_bytes(out, self.body)
+        put_uvarint(out, self.producer_prev)
 
     def encode_head(self, out: bytearray) -> None:
         """Encodes the fields before producer_seq. The hot path of a
@@ -1044,14 +1050,15 @@ def encode_frame(body: Body, req_id: int, flags: int = 0) -> bytes:
     return head + payload
 
 
-def publish_frame(req_id: int, head: bytes, seq: int, data: bytes, flags: int = 0) -> bytes:
+def publish_frame(req_id: int, head: bytes, seq: int, data: bytes, flags: int = 0, prev: int = 0) -> bytes:
     """A PUBLISH frame from the encoded fields before producer_seq (see
-    Publish.encode_head), the sequence and the message body: the same bytes
-    encode_frame makes of the whole Publish."""
+    Publish.encode_head), the sequence, the message body and producer_prev:
+    the same bytes encode_frame makes of the whole Publish."""
     out = bytearray(struct.pack(">IBBHQ", 0, VERSION, PUBLISH, flags, req_id))
     out += head
     put_uvarint(out, seq)
     put_bytes(out, data)
+    put_uvarint(out, prev)
     struct.pack_into(">I", out, 0, len(out) - 4)
     return bytes(out)
 

@@ -59,6 +59,7 @@ CODES: dict[int, tuple[str, bool]] = {
     23: ("permission_denied", False),
     24: ("not_owner", True),
     25: ("fenced", True),
+    26: ("out_of_sequence", True),
 }
 
 CODE_OK = 0

@@ -295,7 +295,7 @@ class Vectors(unittest.TestCase):
                     # sequence and body added per send.
                     head = bytearray()
                     body.encode_head(head)
-                    frame = w.publish_frame(int(v["request_id"]), bytes(head), body.producer_seq, body.body, v["flags"])
+                    frame = w.publish_frame(int(v["request_id"]), bytes(head), body.producer_seq, body.body, v["flags"], body.producer_prev)
                     self.assertEqual(frame.hex(), v["hex"])
         self.assertEqual(ops, set(w.OP_NAMES), "the vectors do not cover every op")
 

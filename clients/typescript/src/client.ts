@@ -942,7 +942,7 @@ export class Client {
     if (err) throw err;
     const { head, payload } = encodePublish(topic, body, opts, this.producerId);
     const oo = operationOptions(opts, "opts");
-    const frameBytes = 16 + head.length + 10 + 10 + payload.length;
+    const frameBytes = 16 + head.length + 10 + 10 + payload.length + 1;
     if (frameBytes > this.frameMax) {
       throw new InvalidArgumentError("body", `a message of ${payload.length} bytes exceeds the broker's frame limit of ${this.frameMax} bytes`);
     }

@@ -197,6 +197,7 @@ export const schemas: Record<number, Schema> = {
     ["producer_id", "string"],
     ["producer_seq", "uvarint"],
     ["body", "bytes"],
+    ["producer_prev", "uvarint", "opt"],
   ],
   [Op.PUBLISH_OK]: [
     ["partition", "u32"],
@@ -553,16 +554,18 @@ export function encodePublishHead(body: Body): Uint8Array {
   return w.buf.slice(0, w.n);
 }
 
-const PUBLISH_HEAD: Schema = schemas[Op.PUBLISH]!.slice(0, -2);
+const PUBLISH_HEAD: Schema = schemas[Op.PUBLISH]!.slice(0, -3);
 
 /** A PUBLISH frame from its encoded head, sequence and body; the same bytes
- * encodeFrame makes of the whole body. @internal */
-export function encodePublishFrame(requestId: bigint, head: Uint8Array, seq: bigint, payload: Uint8Array, flags = 0): Uint8Array {
-  const w = new Writer(LENGTH_BYTES + HEADER_BYTES + head.length + payload.length + 20);
+ * encodeFrame makes of the whole body. The client sends producer_prev 0:
+ * it asks for no ordering link (docs/protocol.md 5.6). @internal */
+export function encodePublishFrame(requestId: bigint, head: Uint8Array, seq: bigint, payload: Uint8Array, flags = 0, prev = 0n): Uint8Array {
+  const w = new Writer(LENGTH_BYTES + HEADER_BYTES + head.length + payload.length + 21);
   w.n = LENGTH_BYTES + HEADER_BYTES;
   w.bytesRaw(head);
   w.uvarint(seq);
   w.raw(payload);
+  w.uvarint(prev);
   const out = w.buf.subarray(0, w.n);
   const dv = new DataView(out.buffer, out.byteOffset, out.byteLength);
   dv.setUint32(0, w.n - LENGTH_BYTES);

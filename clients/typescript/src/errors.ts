@@ -30,6 +30,7 @@ export const CODES: ReadonlyArray<readonly [code: number, name: string, retryabl
   [23, "permission_denied", false],
   [24, "not_owner", true],
   [25, "fenced", true],
+  [26, "out_of_sequence", true],
 ];
 
 /** Named error codes used by the client. @internal */

@@ -121,7 +121,7 @@ for (const v of vectors) {
     if (f.op === Op.PUBLISH && !v.decode_only) {
       // The client's publish path: the head encoded once, the sequence and body added per send.
       const b = fieldsFromJSON(schema, v.fields!);
-      const viaHead = encodePublishFrame(f.requestId, encodePublishHead(b), b.producer_seq as bigint, b.body as Uint8Array, f.flags);
+      const viaHead = encodePublishFrame(f.requestId, encodePublishHead(b), b.producer_seq as bigint, b.body as Uint8Array, f.flags, b.producer_prev as bigint);
       assert.equal(hex(viaHead), v.hex);
     }
   });
