@@ -158,7 +158,7 @@ type Controller struct {
 	// nothing and waited on no clock (planRecovery skips the next then).
 	planApplied, planView uint64
 	planIdle              bool
-	usedLoads             NodeLoads // the loads the recovery plan uses (planLoads)
+	usedLoads             NodeLoads         // the loads the recovery plan uses (planLoads)
 	lagSince              map[uint64]uint64 // raft id -> tick when a learner was first seen behind (reconcileConf)
 	lagWarned             map[uint64]bool   // learners passed over whose lag was logged
 	tickN                 uint64            // ticks taken
