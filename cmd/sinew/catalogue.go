@@ -25,7 +25,8 @@ const placementWaitMs = 5000
 
 // CreateQueue places a new queue's partitions spread first over the live
 // nodes (this one and every peer membership sees alive that the table
-// holds) and commits it to the controller's catalogue.
+// holds), the less loaded by their fresh reports first among equals, and
+// commits it to the controller's catalogue.
 func (n *clusterNode) CreateQueue(ctx context.Context, topic, group string, settings []byte, partitions int) (broker.CatalogueQueue, error) {
 	var placement []controller.Placement
 	// A node that has just started may not be in the controller's table
@@ -47,7 +48,7 @@ func (n *clusterNode) CreateQueue(ctx context.Context, topic, group string, sett
 				live = append(live, rid)
 			}
 		}
-		if placement = controller.Place(st.Table, live, partitions, n.ctl.ReplicationFactor()); placement != nil {
+		if placement = controller.PlaceLoaded(st.Table, live, partitions, n.ctl.ReplicationFactor(), n.nodeLoads()); placement != nil {
 			break
 		}
 		select {

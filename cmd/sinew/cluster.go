@@ -305,8 +305,9 @@ func (n *clusterNode) watch() {
 func (n *clusterNode) view() admin.NodesView {
 	v := admin.NodesView{Cluster: true, Fenced: n.m.Fenced(),
 		Self: admin.NodeView{ID: n.id, State: "self", GossipAddr: n.m.Addr(), ClientAddr: n.client}}
+	loads := n.peerLoadViews()
 	for _, p := range n.m.Members() {
-		v.Nodes = append(v.Nodes, admin.NodeView{ID: p.Name, State: p.State.String(), GossipAddr: p.Addr, ClientAddr: p.Meta.ClientAddr})
+		v.Nodes = append(v.Nodes, admin.NodeView{ID: p.Name, State: p.State.String(), GossipAddr: p.Addr, ClientAddr: p.Meta.ClientAddr, Load: loads[p.Name]})
 	}
 	slices.SortFunc(v.Nodes, func(a, b admin.NodeView) int { return strings.Compare(a.ID, b.ID) })
 	v.Controller = n.controllerAdminView()

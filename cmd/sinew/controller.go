@@ -123,6 +123,7 @@ func (n *clusterNode) run(ctx context.Context) {
 		n.ctl.SetFenced(n.m.Fenced() || n.stopping.Load())
 		view := n.controllerView()
 		n.knowTablePeers(n.ctl.Status().Table, view)
+		n.ctl.SetNodeLoads(n.nodeLoads())
 		n.ctl.Reconcile(view)
 		if n.ctl.Status().Leader != 0 {
 			since, warned = time.Now(), false

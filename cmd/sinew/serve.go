@@ -266,6 +266,8 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	}
 	logger.Info("broker recovered", "data_dir", cfg.DataDir, "owner_id", owner, "took_ms", time.Since(start).Milliseconds())
 	if cn != nil {
+		cn.reportLoad(b)
+		defer cn.reportLoad(nil)
 		rt.SetCommitter(cn.commitRuntime)
 		syncCtx, stopSync := context.WithCancel(context.Background())
 		syncDone := make(chan struct{})

@@ -54,6 +54,24 @@ type NodeView struct {
 	State      string `json:"state"`
 	GossipAddr string `json:"gossip_addr"`
 	ClientAddr string `json:"client_addr,omitempty"`
+	// Load is the last load report this node received from the peer
+	// (absent for self, for a peer not alive, and before a first report).
+	Load *NodeLoadView `json:"load,omitempty"`
+}
+
+// NodeLoadView is a peer's last load report (docs/cluster.md, "Load
+// signals"): advisory numbers placement uses among otherwise equal nodes.
+type NodeLoadView struct {
+	// PartitionsLed is the partitions the peer leads; Backlog their ready
+	// and in-flight messages; AppendRate the records it appended per
+	// second over its last interval.
+	PartitionsLed uint32 `json:"partitions_led"`
+	Backlog       uint64 `json:"backlog"`
+	AppendRate    uint32 `json:"append_rate"`
+	// AgeMs is how long ago this node received it; Stale is set past
+	// three report intervals, when placement ignores it.
+	AgeMs int64 `json:"age_ms"`
+	Stale bool  `json:"stale"`
 }
 
 // ErrNotClustered is what Config.LeaveCluster returns on a node that is

@@ -103,6 +103,8 @@ type Broker struct {
 	testCreateHook func(topic string)
 	// cohorts plans and steers the cohorts' partitions (cohorts.go).
 	cohorts cohorts
+	// load samples the node's load for its cluster peers (load.go).
+	load loadSampler
 }
 
 type queueKey struct{ topic, group string }
@@ -829,7 +831,9 @@ func (b *Broker) metaFor(d *protocol.DeclareQueue) (*queueMeta, error) {
 }
 
 // pick chooses the partition for a publish: the requested one, the key's
-// hash, or round-robin over the partitions that are served.
+// hash, the producer's hash, or round-robin over the partitions that are
+// served, taking the next one instead when its backlog is smaller
+// (lighter, load.go).
 func (q *queueEntry) pick(want int32, key []byte, producer string, seq uint64) (*partition.Partition, error) {
 	n := len(q.parts)
 	switch {
@@ -850,7 +854,7 @@ func (q *queueEntry) pick(want int32, key []byte, producer string, seq uint64) (
 	for i := range n {
 		p := q.parts[(start+uint64(i))%uint64(n)]
 		if p.Quarantined() == nil && q.leadsHere(p) {
-			return p, nil
+			return q.lighter(p, start+uint64(i)), nil
 		}
 	}
 	for i := range n {

@@ -135,6 +135,13 @@ func (t *Table) applyCreateQueue(index uint64, q *Queue) error {
 // it. rf is capped by the live members; live lists the members that may
 // hold a replica.
 func Place(t *Table, live []uint64, n, rf int) []Placement {
+	return PlaceLoaded(t, live, n, rf, nil)
+}
+
+// PlaceLoaded is Place where, among members holding as many replicas,
+// the less loaded by their reports (loads) come first, when every one of
+// them has a report; otherwise, and with no loads, it is Place.
+func PlaceLoaded(t *Table, live []uint64, n, rf int, loads NodeLoads) []Placement {
 	members := make([]uint64, 0, len(live))
 	for _, id := range t.members() {
 		if slices.Contains(live, id) {
@@ -150,8 +157,7 @@ func Place(t *Table, live []uint64, n, rf int) []Placement {
 	for i := range order {
 		order[i] = members[(start+i)%len(members)]
 	}
-	load := t.replicaCounts()
-	slices.SortStableFunc(order, func(a, b uint64) int { return load[a] - load[b] })
+	orderBy(order, t.replicaCounts(), loads)
 	set := order[:rf]
 	out := make([]Placement, n)
 	for p := range out {
@@ -435,10 +441,12 @@ func (c *Controller) planRecovery(view []Member) error {
 		}
 	}
 	// Candidates to take a replica: the least loaded first (replicas
-	// held), in join order among equals.
+	// held), among equals the less loaded by their reports when all of
+	// them have one, else in join order.
 	members := c.table.members()
 	load := c.table.replicaCounts()
-	slices.SortStableFunc(members, func(a, b uint64) int { return load[a] - load[b] })
+	loads := c.planLoads()
+	orderBy(members, load, loads)
 	want := c.table.ReplicationWant(c.rf)
 	settled := true // no queue short of replicas, dead ones or a move
 	for qi := range c.table.Queues {
@@ -493,7 +501,7 @@ func (c *Controller) planRecovery(view []Member) error {
 		}
 	}
 	if settled {
-		return c.planRebalance(members, live, load)
+		return c.planRebalance(members, live, load, loads)
 	}
 	return nil
 }
@@ -535,7 +543,7 @@ const rebalanceAfterTicks = 200
 // node that joins a cluster whose queues have all their replicas so takes
 // its share, one queue at a time, and with the preferred owner's place
 // the leads of the partitions the old node was preferred for.
-func (c *Controller) planRebalance(members []uint64, live map[uint64]bool, load map[uint64]int) error {
+func (c *Controller) planRebalance(members []uint64, live map[uint64]bool, load map[uint64]int, loads NodeLoads) error {
 	for _, id := range members {
 		since, ok := c.liveSince[id]
 		if !live[id] || !ok || c.tickN < since+rebalanceAfterTicks {
@@ -548,13 +556,7 @@ func (c *Controller) planRebalance(members []uint64, live map[uint64]bool, load 
 	// members is sorted least loaded first; the most loaded is the last
 	// of the highest load, the first in join order among equals.
 	top := load[members[len(members)-1]]
-	from := uint64(0)
-	for _, id := range c.table.members() {
-		if load[id] == top {
-			from = id
-			break
-		}
-	}
+	from := rebalanceSource(c.table.members(), members, load, loads, top)
 	for qi := range c.table.Queues {
 		q := &c.table.Queues[qi]
 		set := replicaSet(q)
@@ -576,6 +578,28 @@ func (c *Controller) planRebalance(members []uint64, live map[uint64]bool, load 
 		}
 	}
 	return nil
+}
+
+// rebalanceSource is the member that hands replicas over: of those
+// holding the most (top), the most loaded by their reports when every one
+// of them has a report (the last of them in members, which orderBy
+// sorted), else the first in join order (joined).
+func rebalanceSource(joined, members []uint64, load map[uint64]int, loads NodeLoads, top int) uint64 {
+	all := len(loads) > 0
+	for _, id := range members {
+		if _, ok := loads[id]; load[id] == top && !ok {
+			all = false
+		}
+	}
+	if all {
+		return members[len(members)-1]
+	}
+	for _, id := range joined {
+		if load[id] == top {
+			return id
+		}
+	}
+	return 0
 }
 
 // planGrowth proposes one new replica for q, whose replica set (set) is

@@ -139,8 +139,9 @@ type Controller struct {
 	stop      chan struct{}
 	done      chan struct{}
 
-	mu   sync.Mutex
-	view []Member // latest Reconcile input, taken by the loop
+	mu    sync.Mutex
+	view  []Member  // latest Reconcile input, taken by the loop
+	loads NodeLoads // latest SetNodeLoads input (load.go)
 
 	// Loop-owned.
 	table     *Table
@@ -157,6 +158,7 @@ type Controller struct {
 	// nothing and waited on no clock (planRecovery skips the next then).
 	planApplied, planView uint64
 	planIdle              bool
+	usedLoads             NodeLoads         // the loads the recovery plan uses (planLoads)
 	lagSince              map[uint64]uint64 // raft id -> tick when a learner was first seen behind (reconcileConf)
 	lagWarned             map[uint64]bool   // learners passed over whose lag was logged
 	tickN                 uint64            // ticks taken

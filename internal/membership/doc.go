@@ -51,13 +51,41 @@
 //
 // # Goroutines
 //
-// Besides memberlist's own, a Membership runs two goroutines, stopped by
-// Close: pump (hands pending events to the reader) and reconnect. The view
+// Besides memberlist's own, a Membership runs three goroutines, stopped by
+// Close: pump (hands pending events to the reader), reconnect and
+// loadLoop (sends the load reports). The view
 // is updated inside memberlist's event delegate, the one place where
 // memberlist's Node values may be read without a race. Membership.mu
 // guards the view; it is never held while calling memberlist, and
 // memberlist's delegates take only it (lock order: memberlist's node lock,
 // then mu).
+//
+// # Load reports
+//
+// Every Config.LoadInterval (2 s by default) a node samples its load
+// through the function SetLoadSource gave (partitions led, their ready
+// and in-flight messages, records appended per second: a Load) and sends
+// it to each peer alive in its view as one small memberlist user message
+// over UDP, best effort (SendBestEffort; encrypted like all gossip when a
+// key is set). A peer keeps the last report of each alive peer with the
+// time it arrived; Loads gives them with their age, and FreshLoads drops
+// those older than three intervals, so a peer whose reports stop (lost,
+// a node of an older version, no source set) falls back to having none.
+// A report is dropped when it does not decode (Stats.BadLoads), names a
+// node not alive in the view, or is not newer than the kept one of the
+// same run (Load.Boot, Load.Seq).
+//
+// Why a message of its own rather than memberlist's other channels: the
+// node metadata would need UpdateNode, which bumps the node's incarnation
+// and gossips an alive message through the cluster at every change, and
+// a new metadata version that older nodes refuse; LocalState and
+// MergeRemoteState ride only the full state exchange (every 30 s); a
+// ping's ack payload reaches a peer only when that peer probes this node
+// (every (n-1) probe intervals, 8 s each under SeedProfile); queued
+// broadcasts reach only a few random peers unless every peer relays them.
+// A direct report costs one packet (a dozen bytes and the node id) per peer per
+// interval, with no retransmission and no state beyond the last report.
+// Reports are advisory: nothing here fences, elects or refuses on them.
 //
 // # Durability
 //

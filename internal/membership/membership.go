@@ -54,6 +54,9 @@ type Config struct {
 	// every gossip message with memberlist's AES-GCM keyring; a node without
 	// the same key is not heard. Nil: gossip in the clear.
 	SecretKey []byte
+	// LoadInterval is how often the node sends its load report (see
+	// SetLoadSource); zero means LoadIntervalDefault.
+	LoadInterval time.Duration
 }
 
 // State is a peer's state in this node's view.
@@ -155,6 +158,9 @@ type Stats struct {
 	Coalesced uint64
 	// ReconnectAttempts is the number of peers a reconnect round tried.
 	ReconnectAttempts uint64
+	// BadLoads is the number of load reports from peers that did not
+	// decode (and were dropped).
+	BadLoads uint64
 }
 
 // Membership is one node's view of the cluster. See the package doc.
@@ -196,6 +202,15 @@ type Membership struct {
 	stats     Stats
 	rrNext    int
 	known     []string // SetKnownPeers
+
+	// Load reports (load.go): loadSource samples this node's load;
+	// loads keeps each alive peer's last report, localLoad this node's.
+	loadSource   atomic.Pointer[func() Load]
+	loadInterval time.Duration
+	now          func() time.Time
+	loads        map[string]peerLoad
+	localLoad    Load
+	loadSeq      uint64
 }
 
 // New starts a node's membership and joins cfg.Seeds (failing to reach any
@@ -210,6 +225,12 @@ func New(cfg Config) (*Membership, error) {
 	}
 	if cfg.Meta.NodeID == "" {
 		return nil, fmt.Errorf("%w: empty node id", ErrBadConfig)
+	}
+	if cfg.LoadInterval < 0 {
+		return nil, fmt.Errorf("%w: negative load interval", ErrBadConfig)
+	}
+	if cfg.LoadInterval == 0 {
+		cfg.LoadInterval = LoadIntervalDefault
 	}
 	if n := len(cfg.SecretKey); n != 0 && n != 16 && n != 24 && n != 32 {
 		return nil, fmt.Errorf("%w: a gossip key of %d bytes, not 16, 24 or 32", ErrBadConfig, n)
@@ -231,6 +252,10 @@ func New(cfg Config) (*Membership, error) {
 		leaving:   map[string]bool{},
 		resending: map[string]bool{},
 		pending:   map[string]*Event{},
+
+		loadInterval: cfg.LoadInterval,
+		now:          time.Now,
+		loads:        map[string]peerLoad{},
 	}
 	m.meta = newMetaDelegate(meta)
 	mc := cfg.memberlistConfig(m.meta, m)
@@ -249,9 +274,10 @@ func New(cfg Config) (*Membership, error) {
 			m.joinErr = err
 		}
 	}
-	m.wg.Add(2)
+	m.wg.Add(3)
 	go m.pump()
 	go m.reconnect()
+	go m.loadLoop()
 	return m, nil
 }
 
@@ -543,6 +569,9 @@ func (m *Membership) setLocked(name string, s State, addr string, meta Meta, mer
 	if old == s {
 		return
 	}
+	if s != StateAlive {
+		m.dropLoadLocked(name)
+	}
 	var k EventKind
 	switch s {
 	case StateDead:
@@ -783,6 +812,10 @@ func (d *delegate) NodeMeta(limit int) []byte { return d.meta.NodeMeta(limit) }
 
 func (d *delegate) NotifyMsg(b []byte) {
 	if len(b) < 2 {
+		return
+	}
+	if b[0] == msgLoad {
+		d.m.takeLoad(b)
 		return
 	}
 	name := string(b[1:])
