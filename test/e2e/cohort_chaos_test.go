@@ -503,6 +503,14 @@ func TestCohortChaosThreeNodes(t *testing.T) {
 	if leader == nil {
 		t.Fatalf("no node is the controller leader %q", leaderID)
 	}
+	var other *clusterChild // a node that stays up, to read the plan's generation from
+	for _, n := range nodes {
+		if n != leader {
+			other = n
+			break
+		}
+	}
+	genBefore := cohortGeneration(t, other, topic)
 	killedAt := time.Now()
 	back := restart(leader)
 	replace(leader, back)
@@ -514,6 +522,11 @@ func TestCohortChaosThreeNodes(t *testing.T) {
 		t.Errorf("a controller leader change with unchanged membership changed %d assignments, want 0", n)
 	} else {
 		t.Logf("figure: controller leader killed and replaced, membership unchanged: 0 assignment changes")
+	}
+	if genAfter := cohortGeneration(t, other, topic); genAfter != genBefore {
+		t.Errorf("a controller leader change with unchanged membership moved the plan's generation from %d to %d", genBefore, genAfter)
+	} else {
+		t.Logf("figure: controller leader killed and replaced, membership unchanged: generation stayed %d", genAfter)
 	}
 
 	// The owner of partition 0 dies and comes back.
@@ -541,4 +554,27 @@ func TestCohortChaosThreeNodes(t *testing.T) {
 	t.Logf("published %d confirmed", n)
 	k.waitAllCompleted(t, 90*time.Second)
 	k.check(t)
+}
+
+// cohortGeneration is the generation of the plan of the one cohort on
+// topic, as node c's GET /api/v1/cohorts reports it (the committed plan).
+func cohortGeneration(t *testing.T, c *clusterChild, topic string) uint64 {
+	t.Helper()
+	var v struct {
+		Cohorts []struct {
+			Topic      string `json:"topic"`
+			Generation uint64 `json:"generation"`
+		} `json:"cohorts"`
+	}
+	getJSONInto(t, "http://"+c.admin+"/api/v1/cohorts", &v)
+	for _, co := range v.Cohorts {
+		if co.Topic == topic {
+			if co.Generation == 0 {
+				t.Fatalf("cohort of %s on %s has no plan yet", topic, c.admin)
+			}
+			return co.Generation
+		}
+	}
+	t.Fatalf("%s lists no cohort of %s", c.admin, topic)
+	return 0
 }
