@@ -24,6 +24,8 @@ type Client struct {
 	seq atomic.Uint64
 	// lanes order the publishes seq numbers (order.go).
 	lanes lanes
+	// hints are the brokers' last partition hints per queue (hint.go).
+	hints hints
 	// spans are the live spanning subscriptions, which Close ends;
 	// closed refuses new ones. Guarded by spansMu.
 	spansMu sync.Mutex

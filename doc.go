@@ -138,6 +138,14 @@
 // publishes from different Clients, or numbered by the application
 // (WithProducerSequence), are not ordered either.
 //
+// Where a keyless publish goes: the first to a queue is placed by the
+// broker by the hash of the Client's producer id and its sequence; each
+// answer then names the partition the broker would choose next, the less
+// loaded of two (docs/protocol.md 5.6, "Partition hints"), and the Client
+// sends its next keyless publish to that queue there, explicitly, so that
+// a resend keeps it. A partition with a backlog the others lack thus gets
+// fewer new keyless messages.
+//
 // The Client does it as an idempotent producer would: every send of a
 // publish names the highest sequence of the same key or partition that is
 // still unconfirmed and was sent already (PUBLISH producer_prev,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sinewmq/sinew/protocol"
@@ -122,6 +123,9 @@ type flight struct {
 	// lane's unresolved publishes on every send (order.go).
 	ordered bool
 	lane    laneKey
+	// hinted: the publish's partition came from a broker's hint, not the
+	// application (hint.go); cleared when a not_found sends it unhinted.
+	hinted atomic.Bool
 }
 
 // sending records a send of the publish on e at now.

@@ -337,7 +337,8 @@ func TestHedgeWaitsForTheClusterToNameANewOwner(t *testing.T) {
 
 // partitionOf places a publish where the real broker does, so that a hedge
 // asks for the right partition's owner: keyed publishes by the key's hash,
-// keyless idempotent ones by their (producer id, sequence).
+// keyless idempotent ones by their (producer id, sequence), or by the
+// partition hint the Client sent them to.
 func TestPartitionOfMatchesTheBroker(t *testing.T) {
 	ctx := testCtx(t)
 	rb := startRealBroker(t, nil)
@@ -349,10 +350,20 @@ func TestPartitionOfMatchesTheBroker(t *testing.T) {
 	for i := range 40 {
 		var opts []PublishOption
 		p := &protocol.Publish{Partition: -1, ProducerID: c.ProducerID(), ProducerSeq: c.seq.Load() + 1}
-		if i%2 == 0 {
+		switch {
+		case i%2 == 0:
 			key := []byte(fmt.Sprintf("key-%d", i))
 			opts = append(opts, WithKey(key))
 			p.Key = key
+		case i%4 == 1:
+			c.hints.drop("placed", "") // placed by the hash of (producer id, sequence)
+		default:
+			// Sent to the partition the broker hinted (hint.go).
+			h, ok := c.hints.take("placed", "")
+			if !ok {
+				t.Fatalf("publish %d: no partition hint after a keyless publish", i)
+			}
+			p.Partition = h
 		}
 		res, err := c.Publish(ctx, "placed", []byte("m"), opts...)
 		if err != nil {

@@ -161,6 +161,14 @@ func (c *Client) PublishAsync(ctx context.Context, topic string, body []byte, op
 	for _, o := range opts {
 		o(p)
 	}
+	hinted := false
+	if c.hintable(p) {
+		// The partition the broker hinted in its last answer for this
+		// queue, explicitly, so resends keep it (hint.go).
+		if h, ok := c.hints.take(p.Topic, p.Group); ok {
+			p.Partition, hinted = h, true
+		}
+	}
 	f := &PublishFuture{done: make(chan struct{})}
 	e := c.rt.endpointFor(ctx, p)
 	size := len(body)
@@ -179,6 +187,7 @@ func (c *Client) PublishAsync(ctx context.Context, topic string, body []byte, op
 		}
 	}
 	fl := &flight{f: f}
+	fl.hinted.Store(hinted)
 	if p.ProducerID == c.o.producerID && p.ProducerSeq == 0 {
 		// Numbered only once it holds a window slot: the sequences in
 		// flight then stay within the publish window, which the broker's

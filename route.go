@@ -421,8 +421,21 @@ func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, fl 
 			return
 		}
 		e.window.release(size)
+		if ok, isOK := b.(*protocol.PublishOK); isOK && err == nil && len(p.Key) == 0 {
+			r.c.hints.note(p.Topic, p.Group, ok.Next)
+		}
 		if fl.resolved() {
 			return // the hedge was confirmed first: this answer is dropped
+		}
+		if err != nil && fl.hinted.Load() && protocol.CodeOf(err) == protocol.CodeNotFound && r.inBudget(ctx, fl) && fl.hinted.CompareAndSwap(true, false) {
+			// The hinted partition is gone (the queue was declared
+			// again with fewer): nothing was stored, so the publish goes
+			// again as the application sent it, without a partition.
+			r.c.hints.drop(p.Topic, p.Group)
+			unhinted := *p
+			unhinted.Partition = -1
+			go r.resend(ctx, &unhinted, fl, size, hop+1, err)
+			return
 		}
 		if err != nil && hop < routeHopsMax && r.inBudget(ctx, fl) {
 			switch r.retry(p, err, e) {

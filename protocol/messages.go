@@ -221,6 +221,11 @@ type PublishOK struct {
 	Partition uint32
 	Offset    uint64
 	Duplicate bool // the producer id and sequence had been seen; Offset is the original's
+	// Next is an appended field: 1 + the partition the broker would choose
+	// now for a keyless publish to the same queue (the less loaded of two,
+	// docs/protocol.md 5.6, "Partition hints"), or 0 for no hint. A client
+	// may send its next keyless publish to that partition.
+	Next uint32
 }
 
 // DeleteQueue removes a queue with every message in it (ready, delayed,
@@ -655,12 +660,18 @@ func (m *PublishOK) AppendBody(b []byte) []byte {
 	e.uvarint(uint64(m.Partition))
 	e.uvarint(m.Offset)
 	e.boolean(m.Duplicate)
+	if m.Next != 0 {
+		e.uvarint(uint64(m.Next))
+	}
 	return e.b
 }
 func (m *PublishOK) decode(d *dec) {
 	m.Partition = d.at("partition").u32()
 	m.Offset = d.at("offset").uvarint()
 	m.Duplicate = d.at("duplicate").boolean()
+	if d.optional() {
+		m.Next = d.at("next").u32()
+	}
 }
 
 func (*DeleteQueue) Op() Op { return OpDeleteQueue }

@@ -113,6 +113,8 @@ func vectorCases() []vectorCase {
 			ProducerID: "p-1", ProducerSeq: 12, ProducerPrev: 11, Body: []byte("b")}},
 		{name: "publish_ok", requestID: 6, body: &PublishOK{Partition: 3, Offset: 1 << 50}},
 		{name: "publish_ok/duplicate", requestID: 6, body: &PublishOK{Partition: u32max, Offset: u64max, Duplicate: true}},
+		{name: "publish_ok/next", requestID: 6, body: &PublishOK{Partition: 2, Offset: 40, Next: 4}},
+		{name: "publish_ok/next_max", requestID: 6, body: &PublishOK{Partition: 0, Offset: 1, Next: u32max}},
 		{name: "delete_queue", requestID: 7, body: &DeleteQueue{Topic: "orders", Group: "g"}},
 		{name: "purge_queue", requestID: 8, body: &PurgeQueue{Topic: "orders"}},
 		{name: "purge_ok", requestID: 8, body: &PurgeOK{Purged: u64max}},
@@ -183,7 +185,7 @@ func vectorCases() []vectorCase {
 		legacy("hello/without_user", &Hello{ProtocolVersion: 1, ClientName: "old-client", Credentials: "token-1"}, 1),
 	)
 	// A frame a newer encoder writes: bytes after the known fields are ignored.
-	newer := (&PublishOK{Partition: 1, Offset: 2}).AppendBody(nil)
+	newer := (&PublishOK{Partition: 1, Offset: 2, Next: 3}).AppendBody(nil)
 	cs = append(cs, vectorCase{name: "publish_ok/trailing_bytes", requestID: 6, op: OpPublishOK, raw: append(newer, 0x07, 0xff, 0x01)})
 
 	// Malformed bodies: every decoder must refuse them with bad_frame.
@@ -196,6 +198,7 @@ func vectorCases() []vectorCase {
 		bad("truncated_uvarint", OpUnsubscribe, 0x80),
 		bad("uvarint_over_10_bytes", OpUnsubscribe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01),
 		bad("u32_overflow", OpPublishOK, 0x80, 0x80, 0x80, 0x80, 0x10, 0x00, 0x00),
+		bad("publish_ok_next_u32_overflow", OpPublishOK, 0x01, 0x02, 0x00, 0x80, 0x80, 0x80, 0x80, 0x10),
 		bad("i32_overflow", OpSubscribe, 0x01, 't', 0x00, 0x80, 0x80, 0x80, 0x80, 0x10, 0x00, 0x00),
 		bad("bytes_longer_than_frame", OpPurgeQueue, 0x05, 'a', 'b'),
 		bad("list_longer_than_frame", OpSettleResult, 0x03, 0x00),

@@ -119,6 +119,7 @@ type queueEntry struct {
 	// walGroups names the partitions' node WAL groups (nil without one).
 	walGroups []string
 	rr        atomic.Uint64
+	hintRR    atomic.Uint64 // the round-robin counter of partition hints (load.go)
 	// deleted is set when Delete takes the queue out of the map.
 	deleted atomic.Bool
 	// self is this node's raft id in a cluster (0 on a single node).
@@ -955,12 +956,17 @@ func (b *Broker) PublishChecked(p *protocol.Publish, mayCreate CreateCheck, done
 		// partition: there is no order between partitions to keep.
 		prev = 0
 	}
+	keyless := len(p.Key) == 0
 	part.PublishAfter(&m, prev, func(off uint64, dup bool, err error) {
 		if err != nil {
 			done(protocol.PublishOK{}, b.publishError(q, idx, err))
 			return
 		}
-		done(protocol.PublishOK{Partition: idx, Offset: off, Duplicate: dup}, nil)
+		ok := protocol.PublishOK{Partition: idx, Offset: off, Duplicate: dup}
+		if keyless {
+			ok.Next = q.hint() // load.go
+		}
+		done(ok, nil)
 	})
 }
 

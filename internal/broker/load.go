@@ -138,6 +138,46 @@ func (q *queueEntry) lighter(p *partition.Partition, at uint64) *partition.Parti
 	return p
 }
 
+// hint is the PUBLISH_OK partition hint for a keyless publish (1 + the
+// partition, 0 for none; docs/protocol.md 5.6, "Partition hints"): the
+// partition the round-robin counter reaches, or the next one when its
+// backlog is smaller, over every partition that is not parked. Unlike
+// lighter it does not ask for partitions led here: a client sends a hinted
+// publish to the partition's owner, and in a cluster every node holding
+// the queue holds a replica of each of its partitions, whose applied
+// backlog is near enough the owner's. A queue of one partition, or one
+// whose partitions are all parked, gives no hint. Called from partition
+// goroutines: atomic loads only.
+func (q *queueEntry) hint() uint32 {
+	n := uint64(len(q.parts))
+	if n < 2 {
+		return 0
+	}
+	start := q.hintRR.Add(1)
+	for i := range n {
+		at := (start + i) % n
+		p := q.parts[at]
+		if p.Quarantined() != nil {
+			continue
+		}
+		if roundRobinOnly.Load() {
+			return uint32(at) + 1
+		}
+		for j := uint64(1); j < n; j++ {
+			c := q.parts[(at+j)%n]
+			if c.Quarantined() != nil {
+				continue
+			}
+			if partitionBacklog(c) < partitionBacklog(p) {
+				return uint32((at+j)%n) + 1
+			}
+			break
+		}
+		return uint32(at) + 1
+	}
+	return 0
+}
+
 // roundRobinOnly turns lighter off, for tests and benchmarks that compare
 // the two in the same run.
 var roundRobinOnly atomic.Bool

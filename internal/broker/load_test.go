@@ -216,3 +216,54 @@ func TestLoadSample(t *testing.T) {
 		}
 	})
 }
+
+// TestPublishOKHintsTheLighterPartition: the answer to a keyless publish
+// names a partition (PublishOK.Next, 1 + its index) chosen by round-robin
+// and the less backlogged of two, so a partition holding a backlog is not
+// hinted while its neighbours are emptier; a keyed publish gets no hint,
+// and neither does a queue of one partition.
+func TestPublishOKHintsTheLighterPartition(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := mustOpen(t, testConfig(vfs.NewMem()))
+		defer b.Close()
+		ctx := context.Background()
+		for _, d := range []*protocol.DeclareQueue{{Topic: "h", Partitions: 4, MaxRetries: -1}, {Topic: "one", Partitions: 1, MaxRetries: -1}} {
+			if _, err := b.Declare(ctx, d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 50 {
+			p := msg("h", "heavy")
+			p.Partition = 2
+			mustPublish(t, b, p)
+		}
+		synctest.Wait()
+		hinted := make([]int, 4)
+		for i := range 40 {
+			p := msg("h", "v")
+			p.ProducerID, p.ProducerSeq = "hint-test", uint64(i+1)
+			ok := mustPublish(t, b, p)
+			if ok.Next < 1 || ok.Next > 4 {
+				t.Fatalf("publish %d: next %d, want 1 to 4", i, ok.Next)
+			}
+			hinted[ok.Next-1]++
+			synctest.Wait()
+		}
+		if hinted[2] != 0 {
+			t.Fatalf("hints per partition %v: the backlogged partition 2 was hinted", hinted)
+		}
+		for _, n := range []int{0, 1, 3} {
+			if hinted[n] == 0 {
+				t.Fatalf("hints per partition %v: partition %d never hinted", hinted, n)
+			}
+		}
+		keyed := msg("h", "v")
+		keyed.Key = []byte("k")
+		if ok := mustPublish(t, b, keyed); ok.Next != 0 {
+			t.Fatalf("keyed publish got hint %d, want none", ok.Next)
+		}
+		if ok := mustPublish(t, b, msg("one", "v")); ok.Next != 0 {
+			t.Fatalf("publish to a queue of one partition got hint %d, want none", ok.Next)
+		}
+	})
+}

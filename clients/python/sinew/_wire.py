@@ -576,19 +576,25 @@ class Publish(Body):
         put_str(out, self.producer_id)
 
 
-@_body(PUBLISH_OK, "partition:u32 offset:uvarint duplicate:bool")
+@_body(PUBLISH_OK, "partition:u32 offset:uvarint duplicate:bool next:u32", appended=3, written_if_set=3)
 @dataclass
 class PublishOK(Body):
-    """PUBLISH_OK (0x13)."""
+    """PUBLISH_OK (0x13). ``next`` is the broker's partition hint (1 +
+    partition, 0 for none); this client keeps placing keyless publishes by
+    their hash."""
     partition: int = 0
     offset: int = 0
     duplicate: bool = False
+    next: int = 0
 
     @classmethod
     def _decode_from(cls, r: Reader) -> Any:
         # The hot path of a publisher, written out.
         r.field = "publish_ok"
-        return cls(r.u32(), r.uvarint(), r.boolean())
+        ok = cls(r.u32(), r.uvarint(), r.boolean())
+        if not r.at_end():
+            ok.next = r.u32()
+        return ok
 
 
 @_body(DELETE_QUEUE, "topic:str group:str")

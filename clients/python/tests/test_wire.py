@@ -202,8 +202,8 @@ class Bodies(unittest.TestCase):
             w.Extend([1], 1.5, []).encode()  # type: ignore[arg-type]
 
     def test_trailing_bytes_are_ignored(self) -> None:
-        body = w.PublishOK(1, 2, False).encode() + b"\x01\x02\x03"
-        self.assertEqual(w.decode_body(w.PUBLISH_OK, body), w.PublishOK(1, 2, False))
+        body = w.PublishOK(1, 2, False, 5).encode() + b"\x01\x02\x03"
+        self.assertEqual(w.decode_body(w.PUBLISH_OK, body), w.PublishOK(1, 2, False, 5))
 
     def test_malformed_bodies_are_protocol_errors(self) -> None:
         cases = {

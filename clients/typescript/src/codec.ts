@@ -203,6 +203,8 @@ export const schemas: Record<number, Schema> = {
     ["partition", "u32"],
     ["offset", "uvarint"],
     ["duplicate", "bool"],
+    // A partition hint (1 + partition, 0 none); this client keeps hashing.
+    ["next", "u32", "optSet"],
   ],
   [Op.DELETE_QUEUE]: [
     ["topic", "string"],
