@@ -33,7 +33,9 @@ func (c *Client) MemberID() string { return c.o.memberID }
 // assigned to it (Assigned) or revoked from it: the partition's deliveries
 // come to this member from now on, or go elsewhere. Epoch is the
 // partition's assignment epoch after the move (Message.Assignment carries
-// the one a delivery was made under).
+// the one a delivery was made under); a revoke the Client makes itself,
+// because its session was lost and it subscribed again, carries the epoch
+// of the assignment it held.
 type Assignment struct {
 	Partition uint32
 	Epoch     uint64

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sinewmq/sinew"
@@ -139,6 +140,10 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 		return fmt.Errorf("%w: --exec settles each message by the command's exit status; it does not go with --peek, --auto-ack or --json", errUsage)
 	case set["extend-every"] && *execCmd == "":
 		return fmt.Errorf("%w: --extend-every extends the lease while an --exec command runs; it needs --exec", errUsage)
+	case set["cohort"] && *cohortName == "":
+		return fmt.Errorf("%w: --cohort needs a name (leave it out to compete for every partition)", errUsage)
+	case set["member"] && *memberID == "":
+		return fmt.Errorf("%w: --member needs an id (leave it out for a random one)", errUsage)
 	case set["member"] && *cohortName == "":
 		return fmt.Errorf("%w: --member names this consumer in a cohort; it needs --cohort", errUsage)
 	case *extendEvery < 0:
@@ -208,6 +213,15 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 
 	if *execCmd != "" {
 		x := &consumeExec{cmd: *execCmd, extendEvery: *extendEvery, stdout: stdout, stderr: stderr, addr: *cf.addr}
+		if *cohortName != "" {
+			// Commands run one at a time on this goroutine: the
+			// assignments are reported beside them, on a stderr both
+			// share.
+			lw := &lockedWriter{w: stderr}
+			x.stderr = lw
+			stop := reportAssignments(lw, sub)
+			defer stop()
+		}
 		return x.run(ctx, sub, *count, *idleExit)
 	}
 
@@ -434,13 +448,51 @@ leasing them at all, use sinew admin messages peek, which reads the log.
 share the queue's partitions, each partition delivered to one member at a
 time, in offset order (docs/cohorts.md). Each partition assigned to or revoked
 from this consumer is reported on stderr. --member sets this consumer's member
-id (default: a random one); two consumers running at once need different ids.
+id (default: a random one); two consumers running at once need different ids:
+a second consumer started with the same id takes it over, and the first one
+ends with a conflict error.
 
 flags:
 `
 
 // reportAssignment tells the user on stderr that a partition of the
 // cohort came or went.
+// reportAssignments reports sub's assignments on w as they come, until
+// the returned func is called (which waits for the reporter to end) or the
+// subscription ends.
+func reportAssignments(w io.Writer, sub *sinew.Subscription) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case as := <-sub.Assignments():
+				reportAssignment(w, as)
+			case <-sub.Done():
+				return
+			case <-quit:
+				return
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+	}
+}
+
+// lockedWriter serialises the writes of goroutines that share a writer.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
 func reportAssignment(w io.Writer, a sinew.Assignment) {
 	what := "revoked"
 	if a.Assigned {

@@ -164,7 +164,7 @@ func valid(s string, kind error) error {
 	}
 	for i := 0; i < len(s); i++ {
 		if !idByte(s[i]) {
-			return fmt.Errorf("%w: byte %d is %q; use letters, digits, '.', '_', ':' and '-'", kind, i, s[i])
+			return fmt.Errorf("%w: byte %d is %q; use letters, digits, '.', '_', ':' and '-'", kind, i, s[i:i+1])
 		}
 	}
 	return nil
