@@ -26,6 +26,7 @@ import {
   type Frame,
 } from "./codec.js";
 import { backoffDelay, reconnectPolicy, type ReconnectPolicy } from "./backoff.js";
+import { PartitionHints, queueKey } from "./hints.js";
 import {
   AbortError,
   AlreadySettledError,
@@ -287,6 +288,11 @@ interface PendingPublish {
   reject(e: unknown): void;
   /** When a node first refused it (unavailable, fenced, not_owner), in ms; 0 if none did. */
   refusedAt?: number;
+  /** A keyless publish: its queue's key in the partition hints (hints.ts). */
+  queue?: string;
+  /** Sent to a hinted partition: its fields with the application's
+   * partition (-1), to encode the head again if that partition is gone. */
+  unhinted?: Body;
 }
 
 interface SettleReq {
@@ -940,7 +946,7 @@ export class Client {
     // one throws InvalidArgumentError here and leaves no trace.
     const err = this.stateError();
     if (err) throw err;
-    const { head, payload } = encodePublish(topic, body, opts, this.producerId);
+    const { head, payload, queue, unhinted } = encodePublish(topic, body, opts, this.producerId, this.hints);
     const oo = operationOptions(opts, "opts");
     const frameBytes = 16 + head.length + 10 + 10 + payload.length + 1;
     if (frameBytes > this.frameMax) {
@@ -948,7 +954,16 @@ export class Client {
     }
     const state = { sent: false };
     this.probe(topic, opts.group ?? "");
-    return abortable("publish", oo, state, (signal) => this.publishOn(head, payload, signal, state));
+    return abortable("publish", oo, state, (signal) => this.publishOn(head, payload, queue, unhinted, signal, state));
+  }
+
+  /** The last partition hint per queue (hints.ts). */
+  private readonly hints = new PartitionHints();
+
+  /** @internal The partition the next keyless publish to the queue goes to,
+   * as the broker hinted; undefined if none. */
+  partitionHint(topic: string, group = ""): number | undefined {
+    return this.hints.take(queueKey(topic, group));
   }
 
   // ----- cluster routing -----
@@ -1068,7 +1083,14 @@ export class Client {
     }, pause).unref?.();
   }
 
-  private async publishOn(head: Uint8Array, payload: Uint8Array, signal: AbortSignal | undefined, state: { sent: boolean }): Promise<PublishResult> {
+  private async publishOn(
+    head: Uint8Array,
+    payload: Uint8Array,
+    queue: string | undefined,
+    unhinted: Body | undefined,
+    signal: AbortSignal | undefined,
+    state: { sent: boolean },
+  ): Promise<PublishResult> {
     await this.windowAcquire(payload.length, signal);
     const err2 = this.stateError();
     if (err2) {
@@ -1077,7 +1099,7 @@ export class Client {
     }
     this.seq++;
     const d = deferred<PublishResult>();
-    const p: PendingPublish = { sent: false, head, seq: this.seq, payload, bytes: payload.length, resolve: d.resolve, reject: d.reject };
+    const p: PendingPublish = { sent: false, head, seq: this.seq, payload, bytes: payload.length, resolve: d.resolve, reject: d.reject, queue, unhinted };
     this.inflight.add(p);
     const c = this.usable();
     if (c) this.sendPublish(p, c);
@@ -1122,6 +1144,7 @@ export class Client {
         }
         finish();
         this.refusals = 0;
+        if (p.queue !== undefined) this.hints.note(p.queue, r.body.next);
         let offset: number;
         try {
           offset = safeNumber("offset", r.body.offset);
@@ -1135,6 +1158,19 @@ export class Client {
         if (e instanceof BrokerError && e.code === Code.SHUTTING_DOWN && !this.closing) {
           // Refused by a draining broker: nothing was stored. Send it on the next connection.
           this.holdPublish(p);
+          return;
+        }
+        if (p.unhinted && e instanceof BrokerError && e.code === Code.NOT_FOUND) {
+          // The hinted partition is gone (the queue was declared again with
+          // fewer): nothing was stored, so the publish goes again as the
+          // application sent it, without a partition, in the same window
+          // slot and with the same sequence.
+          this.hints.drop(p.queue!);
+          p.head = encodePublishHead(p.unhinted);
+          p.unhinted = undefined;
+          const next = this.usable();
+          if (next) this.sendPublish(p, next);
+          else this.holdPublish(p);
           return;
         }
         // A cluster node that cannot take it: held, and sent to another node.
@@ -2283,8 +2319,17 @@ class EventSink<T extends { dropped?: number }> implements AsyncIterableIterator
 /** Headers per message, as the protocol bounds them. */
 const HEADERS_MAX = 256;
 
-/** Checks a publish and encodes its fields before producer_seq. */
-function encodePublish(topic: string, body: Uint8Array | string, opts: PublishOptions, producerId: string): { head: Uint8Array; payload: Uint8Array } {
+/** Checks a publish and encodes its fields before producer_seq. A keyless
+ * publish whose partition the application left to the broker goes to the
+ * queue's hinted partition, if hints holds one: unhinted keeps its fields
+ * as the application gave them. queue is set for every keyless publish. */
+function encodePublish(
+  topic: string,
+  body: Uint8Array | string,
+  opts: PublishOptions,
+  producerId: string,
+  hints: PartitionHints,
+): { head: Uint8Array; payload: Uint8Array; queue?: string; unhinted?: Body } {
   const o = options(opts, "opts");
   checkString("topic", topic);
   if (typeof body !== "string" && !(body instanceof Uint8Array)) throw new InvalidArgumentError("body", `want a Uint8Array or a string, got ${describe(body)}`);
@@ -2320,7 +2365,7 @@ function encodePublish(topic: string, body: Uint8Array | string, opts: PublishOp
   checkString("opts.contentType", o.contentType);
   checkInt("opts.delayMs", o.delayMs, 0, Number.MAX_SAFE_INTEGER);
   checkInt("opts.ttlMs", o.ttlMs, 0, Number.MAX_SAFE_INTEGER);
-  const head = encodePublishHead({
+  const fields: Body = {
     topic,
     group: o.group ?? "",
     partition: o.partition ?? -1,
@@ -2331,8 +2376,15 @@ function encodePublish(topic: string, body: Uint8Array | string, opts: PublishOp
     not_before_ms: 0,
     ttl_ms: o.ttlMs ?? 0,
     producer_id: producerId,
-  });
-  return { head, payload: toBytes(body) };
+  };
+  const payload = toBytes(body);
+  if ((fields.key as Uint8Array).length > 0) return { head: encodePublishHead(fields), payload };
+  // Keyless: the client numbers every publish with its own producer id, so
+  // one the application left unplaced may take the queue's hint.
+  const queue = queueKey(topic, fields.group as string);
+  const hint = fields.partition === -1 ? hints.take(queue) : undefined;
+  if (hint === undefined) return { head: encodePublishHead(fields), payload, queue };
+  return { head: encodePublishHead({ ...fields, partition: hint }), payload, queue, unhinted: fields };
 }
 
 /** Checks connect's arguments, so that a bad one fails connect() at once

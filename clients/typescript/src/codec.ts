@@ -203,7 +203,8 @@ export const schemas: Record<number, Schema> = {
     ["partition", "u32"],
     ["offset", "uvarint"],
     ["duplicate", "bool"],
-    // A partition hint (1 + partition, 0 none); this client keeps hashing.
+    // A partition hint (1 + partition, 0 none): the next keyless publish to
+    // the queue goes there (hints.ts).
     ["next", "u32", "optSet"],
   ],
   [Op.DELETE_QUEUE]: [
