@@ -1713,6 +1713,11 @@ class Client:
         original answers with its position and ``duplicate=True``. Cut-off
         publishes are resent automatically; this call does not fail because a
         connection broke.
+
+        A publish with no ``key`` and no ``partition`` goes to the partition
+        the broker hinted in its answer to the last one to the queue (the
+        less loaded of two), explicitly, so its resends keep it; without a
+        hint the broker places it by its hash.
         """
         # Every argument is checked and encoded before anything changes: a
         # bad one raises InvalidArgumentError here and leaves no trace.
