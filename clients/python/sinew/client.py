@@ -270,11 +270,10 @@ class DeclareResult:
         return {"partitions": self.partitions, "created": self.created}
 
 
-def _publish_result(raw: bytes) -> tuple[PublishResult, int]:
+def _publish_ok(raw: bytes) -> w.PublishOK:
     """A PUBLISH_OK body (partition:u32 offset:uvarint duplicate:bool, then
-    the appended next:u32 when the broker names a partition hint) made
-    straight into the PublishResult publish() returns, with next (0 when
-    absent)."""
+    the appended next:u32 when the broker names a partition hint), decoded
+    as PublishOK's generic decoder would, with the usual bodies written out."""
     n = len(raw)
     if n >= 3 and raw[0] < 0x80:
         # One-byte partition, then the offset, duplicate and a one-byte next
@@ -285,13 +284,10 @@ def _publish_result(raw: bytes) -> tuple[PublishResult, int]:
         offset = r.uvarint()
         pos = r.pos
         if pos == n - 1 and raw[pos] <= 1:
-            return PublishResult(raw[0], offset, raw[pos] == 1), 0
+            return w.PublishOK(raw[0], offset, raw[pos] == 1)
         if pos == n - 2 and raw[pos] <= 1 and raw[pos + 1] < 0x80:
-            return PublishResult(raw[0], offset, raw[pos] == 1), raw[pos + 1]
-    r = w.Reader(raw)
-    r.field = "publish_ok"
-    res = PublishResult(r.u32(), r.uvarint(), r.boolean())
-    return res, (r.u32() if not r.at_end() else 0)
+            return w.PublishOK(raw[0], offset, raw[pos] == 1, raw[pos + 1])
+    return w.PublishOK.decode(raw)  # type: ignore[no-any-return]
 
 
 STATUS_DISCONNECTED = "disconnected"
@@ -1162,7 +1158,7 @@ class _Conn:
 
     async def _read_loop(self) -> None:
         deliver_fields = w.Deliver.fields
-        fast_replies = {w.PUBLISH_OK: _publish_result, w.SETTLE_RESULT: w.SettleResult.decode}
+        fast_replies = {w.PUBLISH_OK: _publish_ok, w.SETTLE_RESULT: w.SettleResult.decode}
         try:
             buf = b""
             while True:
@@ -1794,13 +1790,9 @@ class Client:
         finally:
             self._window.release(len(data))
         self._refusals = 0
-        if isinstance(ok, tuple):  # the reader's fast path made it
-            res, nxt = ok
-        else:
-            res, nxt = PublishResult(ok.partition, ok.offset, ok.duplicate), ok.next
         if not key_b:
-            self._note_hint(hkey, nxt)
-        return res
+            self._note_hint(hkey, ok.next)
+        return PublishResult(ok.partition, ok.offset, ok.duplicate)
 
     def _publish_head(self, topic: str, group: str, partition: int, key_b: bytes, hs: list[tuple[str, str]],
                       content_type: str, delay_ms: int, not_before_ms: int, ttl_ms: int) -> bytes:
