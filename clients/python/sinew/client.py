@@ -1741,8 +1741,11 @@ class Client:
             h = self._hints.get(hkey)
             if h is not None:
                 partition, hinted = h, True
-        head_b = self._publish_head(topic, group, partition, key_b, hs, content_type, delay_ms, not_before_ms,
-                                    ttl_ms)
+        ck = (topic, group, partition, key_b, content_type, delay_ms, not_before_ms, ttl_ms) if not hs else None
+        head_b = self._heads.get(ck) if ck is not None else None
+        if head_b is None:
+            head_b = self._publish_head(topic, group, partition, key_b, hs, content_type, delay_ms,
+                                        not_before_ms, ttl_ms)
         if 16 + len(head_b) + 20 + len(data) > self._frame_max:
             raise InvalidArgumentError("body", f"a message of {len(data)} bytes exceeds the broker's frame "
                                                f"limit of {self._frame_max} bytes")
@@ -1791,7 +1794,11 @@ class Client:
             self._window.release(len(data))
         self._refusals = 0
         if not key_b:
-            self._note_hint(hkey, ok.next)
+            nxt = ok.next
+            if 0 < nxt <= _I32_MAX and (hkey in self._hints or len(self._hints) < HINTS_MAX):
+                self._hints[hkey] = nxt - 1  # the usual case of _note_hint, written out
+            else:
+                self._note_hint(hkey, nxt)
         return PublishResult(ok.partition, ok.offset, ok.duplicate)
 
     def _publish_head(self, topic: str, group: str, partition: int, key_b: bytes, hs: list[tuple[str, str]],
