@@ -147,6 +147,23 @@ class ScriptedHints(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(self.seen[3][0], 2)
         self.assertEqual((c._window.n, c._window.bytes), (0, 0))
 
+    async def test_hints_are_bounded_and_start_over(self) -> None:
+        def answer(p: w.Publish, conn: int) -> w.Body | None:
+            return w.PublishOK(0, len(self.seen), False, 0 if p.body == b"none" else 2)
+
+        c = await sinew.connect(await self.serve(answer), sleep=no_sleep)
+        self.addAsyncCleanup(c.close)
+        bound = sinew.client.HINTS_MAX
+        sinew.client.HINTS_MAX = 2
+        self.addCleanup(setattr, sinew.client, "HINTS_MAX", bound)
+        for topic in ("a", "b", "a"):  # a known queue past the bound is kept
+            await asyncio.wait_for(c.publish(topic, b"x"), WAIT_S)
+        self.assertEqual(c._hints, {("a", ""): 1, ("b", ""): 1})
+        await asyncio.wait_for(c.publish("c", b"x"), WAIT_S)  # a new one starts over
+        self.assertEqual(c._hints, {("c", ""): 1})
+        await asyncio.wait_for(c.publish("c", b"none"), WAIT_S)  # no hint in the answer: dropped
+        self.assertEqual(c._hints, {})
+
 
 if __name__ == "__main__":
     unittest.main()
