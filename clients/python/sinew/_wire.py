@@ -580,8 +580,8 @@ class Publish(Body):
 @dataclass
 class PublishOK(Body):
     """PUBLISH_OK (0x13). ``next`` is the broker's partition hint (1 +
-    partition, 0 for none); this client keeps placing keyless publishes by
-    their hash."""
+    partition, 0 for none), where the client sends its next keyless publish
+    to the queue."""
     partition: int = 0
     offset: int = 0
     duplicate: bool = False

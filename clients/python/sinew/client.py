@@ -33,6 +33,7 @@ from typing import Any
 from . import _wire as w
 from .errors import (
     CODE_INTERNAL,
+    CODE_NOT_FOUND,
     CODE_NOT_OWNER,
     CODE_SHUTTING_DOWN,
     CODE_STALE_LEASE,
@@ -88,6 +89,7 @@ WRITE_COALESCE_BYTES_MAX = 64 << 10  # frames gathered for one socket write befo
 READ_CHUNK_BYTES = 256 << 10  # most bytes taken from the socket per read
 READ_BUFFER_BYTES = 1 << 20  # the stream's buffer pauses reading past twice this
 PUBLISH_HEADS_CACHED = 256  # encoded publish heads kept for reuse
+HINTS_MAX = 4096  # queues whose partition hint a client keeps; past it the hints start over
 # Cluster routing (see Client._refused): at most LEARNED_MAX addresses are
 # learned besides the one dialled, at most PROBES_MAX METADATA requests ask
 # whether the broker is clustered, the pause before leaving a node that
@@ -268,20 +270,24 @@ class DeclareResult:
         return {"partitions": self.partitions, "created": self.created}
 
 
-def _publish_result(raw: bytes) -> PublishResult:
-    """A PUBLISH_OK body (partition:u32 offset:uvarint duplicate:bool) made
-    straight into the PublishResult publish() returns."""
-    if len(raw) >= 3 and raw[0] < 0x80 and raw[-1] <= 1 and (len(raw) == 3 or raw[-2] < 0x80):
-        # One-byte partition, the offset up to the last byte: the usual body.
+def _publish_ok(raw: bytes) -> w.PublishOK:
+    """A PUBLISH_OK body (partition:u32 offset:uvarint duplicate:bool, then
+    the appended next:u32 when the broker names a partition hint), decoded
+    as PublishOK's generic decoder would, with the usual bodies written out."""
+    n = len(raw)
+    if n >= 3 and raw[0] < 0x80:
+        # One-byte partition, then the offset, duplicate and a one-byte next
+        # or none: the usual body.
         r = w.Reader(raw)
         r.pos = 1
         r.field = "offset"
         offset = r.uvarint()
-        if r.pos == len(raw) - 1:
-            return PublishResult(raw[0], offset, raw[-1] == 1)
-    r = w.Reader(raw)
-    r.field = "publish_ok"
-    return PublishResult(r.u32(), r.uvarint(), r.boolean())
+        pos = r.pos
+        if pos == n - 1 and raw[pos] <= 1:
+            return w.PublishOK(raw[0], offset, raw[pos] == 1)
+        if pos == n - 2 and raw[pos] <= 1 and raw[pos + 1] < 0x80:
+            return w.PublishOK(raw[0], offset, raw[pos] == 1, raw[pos + 1])
+    return w.PublishOK.decode(raw)  # type: ignore[no-any-return]
 
 
 STATUS_DISCONNECTED = "disconnected"
@@ -1152,7 +1158,7 @@ class _Conn:
 
     async def _read_loop(self) -> None:
         deliver_fields = w.Deliver.fields
-        fast_replies = {w.PUBLISH_OK: _publish_result, w.SETTLE_RESULT: w.SettleResult.decode}
+        fast_replies = {w.PUBLISH_OK: _publish_ok, w.SETTLE_RESULT: w.SettleResult.decode}
         try:
             buf = b""
             while True:
@@ -1309,6 +1315,7 @@ class Client:
         across reconnects."""
         self._producer_seq = 0
         self._heads: dict[tuple[Any, ...] | None, bytes] = {}  # encoded publish heads by their fields
+        self._hints: dict[tuple[str, str], int] = {}  # the broker's partition hint by (topic, group)
         self._frame_max = w.FRAME_BYTES_DEFAULT  # the broker's frame limit at the last handshake
         # Cluster routing: the client keeps one connection, but in a cluster
         # (METADATA says so, or GOING_AWAY names a redirect) it is not
@@ -1702,6 +1709,11 @@ class Client:
         original answers with its position and ``duplicate=True``. Cut-off
         publishes are resent automatically; this call does not fail because a
         connection broke.
+
+        A publish with no ``key`` and no ``partition`` goes to the partition
+        the broker hinted in its answer to the last one to the queue (the
+        less loaded of two), explicitly, so its resends keep it; without a
+        hint the broker places it by its hash.
         """
         # Every argument is checked and encoded before anything changes: a
         # bad one raises InvalidArgumentError here and leaves no trace.
@@ -1719,19 +1731,21 @@ class Client:
         _check_int("delay_ms", delay_ms, 0, _I64_MAX)
         _check_int("not_before_ms", not_before_ms, 0, _I64_MAX)
         _check_int("ttl_ms", ttl_ms, 0, _I64_MAX)
-        # The fields before producer_seq, encoded once per distinct set
-        # (a publisher usually repeats them).
+        # A keyless publish goes to the partition the broker hinted in its
+        # answer to the last one to this queue, explicitly (docs/protocol.md
+        # 5.6, "Partition hints"): its resends keep the partition, so the
+        # broker's deduplication holds. Without a hint the broker hashes it.
+        hkey = (topic, group)
+        hinted = False
+        if partition == -1 and not key_b:
+            h = self._hints.get(hkey)
+            if h is not None:
+                partition, hinted = h, True
         ck = (topic, group, partition, key_b, content_type, delay_ms, not_before_ms, ttl_ms) if not hs else None
         head_b = self._heads.get(ck) if ck is not None else None
         if head_b is None:
-            head = bytearray()
-            w.Publish(topic, group, partition, key_b, hs, content_type, delay_ms, not_before_ms, ttl_ms,
-                      self._producer_id).encode_head(head)
-            head_b = bytes(head)
-            if ck is not None:
-                if len(self._heads) >= PUBLISH_HEADS_CACHED:
-                    self._heads.clear()
-                self._heads[ck] = head_b
+            head_b = self._publish_head(topic, group, partition, key_b, hs, content_type, delay_ms,
+                                        not_before_ms, ttl_ms)
         if 16 + len(head_b) + 20 + len(data) > self._frame_max:
             raise InvalidArgumentError("body", f"a message of {len(data)} bytes exceeds the broker's frame "
                                                f"limit of {self._frame_max} bytes")
@@ -1748,23 +1762,72 @@ class Client:
             self._producer_seq += 1
             call.seq = self._producer_seq
             while True:
-                conn = self._live
-                if conn is None or conn.closed or conn.draining or self._closing or self._fatal is not None:
-                    conn = await self._acquire()
+                while True:
+                    conn = self._live
+                    if conn is None or conn.closed or conn.draining or self._closing or self._fatal is not None:
+                        conn = await self._acquire()
+                    try:
+                        conn.start(call)
+                        break
+                    except _ConnClosed:
+                        continue
+                if conn.backlogged():
+                    await conn.drain()
                 try:
-                    conn.start(call)
+                    ok = await call.fut
                     break
-                except _ConnClosed:
-                    continue
-            if conn.backlogged():
-                await conn.drain()
-            ok = await call.fut
+                except BrokerError as e:
+                    if not hinted or e.code != CODE_NOT_FOUND:
+                        raise
+                # The hinted partition is gone (the queue was deleted and
+                # declared again with fewer): nothing was stored, so the
+                # publish goes again, under the same sequence and window
+                # slot, without a partition, and the hint is dropped.
+                hinted = False
+                self._hints.pop(hkey, None)
+                again = _Call(None, kind="publish", nbytes=len(data))
+                again.head = self._publish_head(topic, group, -1, key_b, hs, content_type, delay_ms,
+                                                not_before_ms, ttl_ms)
+                again.seq, again.data = call.seq, data
+                call = again
         finally:
             self._window.release(len(data))
         self._refusals = 0
-        if isinstance(ok, PublishResult):
-            return ok  # the reader's fast path made it
+        if not key_b:
+            nxt = ok.next
+            if 0 < nxt <= _I32_MAX and (hkey in self._hints or len(self._hints) < HINTS_MAX):
+                self._hints[hkey] = nxt - 1  # the usual case of _note_hint, written out
+            else:
+                self._note_hint(hkey, nxt)
         return PublishResult(ok.partition, ok.offset, ok.duplicate)
+
+    def _publish_head(self, topic: str, group: str, partition: int, key_b: bytes, hs: list[tuple[str, str]],
+                      content_type: str, delay_ms: int, not_before_ms: int, ttl_ms: int) -> bytes:
+        """The fields of a publish before producer_seq, encoded once per
+        distinct set (a publisher usually repeats them)."""
+        ck = (topic, group, partition, key_b, content_type, delay_ms, not_before_ms, ttl_ms) if not hs else None
+        head_b = self._heads.get(ck) if ck is not None else None
+        if head_b is None:
+            head = bytearray()
+            w.Publish(topic, group, partition, key_b, hs, content_type, delay_ms, not_before_ms, ttl_ms,
+                      self._producer_id).encode_head(head)
+            head_b = bytes(head)
+            if ck is not None:
+                if len(self._heads) >= PUBLISH_HEADS_CACHED:
+                    self._heads.clear()
+                self._heads[ck] = head_b
+        return head_b
+
+    def _note_hint(self, hkey: tuple[str, str], nxt: int) -> None:
+        """Keeps the partition hint of the answer to a keyless publish: nxt
+        is PUBLISH_OK's next (1 + the partition; 0, none, drops the hint)."""
+        hints = self._hints
+        if nxt == 0 or nxt > _I32_MAX:
+            hints.pop(hkey, None)
+            return
+        if len(hints) >= HINTS_MAX and hkey not in hints:
+            hints.clear()
+        hints[hkey] = nxt - 1
 
     # --- cluster routing -------------------------------------------------------
 

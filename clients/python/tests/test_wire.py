@@ -176,15 +176,18 @@ class Bodies(unittest.TestCase):
                 w.SettleResult.decode(body[:-1] if codes else b"\x01")
 
     def test_publish_ok_fast_path_agrees(self) -> None:
-        from sinew.client import _publish_result
+        from sinew.client import _publish_ok
         for part, off, dup in ((0, 0, False), (1, 127, True), (200, 2**64 - 1, False), (2**32 - 1, 128, True)):
-            body = w.PublishOK(part, off, dup).encode()
-            for extra in (b"", b"\x01", b"\x00\x05"):  # later fields are ignored
-                got = _publish_result(body + extra)
-                self.assertEqual((got.partition, got.offset, got.duplicate), (part, off, dup))
-        for bad in (b"\x01\x02\x02", b"\x01\x80", b""):
+            for nxt in (0, 1, 4, 127, 128, 2**32 - 1):
+                body = w.PublishOK(part, off, dup, nxt).encode()
+                # Fields appended after next are ignored (next is 0 if absent).
+                for extra in (b"", b"\x01", b"\x00\x05") if nxt else (b"",):
+                    got = _publish_ok(body + extra)
+                    self.assertEqual(got, w.PublishOK(part, off, dup, nxt))
+                    self.assertEqual(w.decode_body(w.PUBLISH_OK, body + extra), got)
+        for bad in (b"\x01\x02\x02", b"\x01\x80", b"", b"\x01\x02\x00\x80", b"\x01\x02\x00" + b"\xff" * 5 + b"\x0f"):
             with self.assertRaises(ProtocolError):
-                _publish_result(bad)
+                _publish_ok(bad)
 
     def test_extend_is_nack_with_extend_ms(self) -> None:
         # EXTEND (0x34) has NACK's layout (docs/protocol.md 5.9) with
