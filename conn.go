@@ -42,6 +42,9 @@ type call struct {
 	// called. Unset, the call waits for this endpoint's next connection.
 	reroute func(cause error) bool
 	id      uint64 // request id on the connection it was last sent on
+	// uncertain is set when the call is sent again after its connection
+	// broke before the answer: an earlier send may have taken effect.
+	uncertain bool
 }
 
 // conn is one socket and the goroutines that serve it:
@@ -171,6 +174,7 @@ func (c *conn) close(err error) {
 	replay := refused
 	for _, cl := range pending {
 		if cl.replay && IsRetryable(err) {
+			cl.uncertain = true
 			replay = append(replay, cl)
 			continue
 		}

@@ -126,6 +126,25 @@ type flight struct {
 	// hinted: the publish's partition came from a broker's hint, not the
 	// application (hint.go); cleared when a not_found sends it unhinted.
 	hinted atomic.Bool
+	// uncertain is set once a send of the publish broke off before its
+	// answer (rerouted): that send may have stored it.
+	uncertain atomic.Bool
+}
+
+// unhint reports whether the publish, refused with not_found at its
+// hinted partition, may go again without a partition: only while no
+// hedge was started and no earlier send may have stored it (a send whose
+// outcome is unknown could have reached a node with a newer catalogue).
+// It then also bars any later hedge, which would carry the hinted
+// partition.
+func (fl *flight) unhint() bool {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if fl.hedged || fl.uncertain.Load() || !fl.hinted.CompareAndSwap(true, false) {
+		return false
+	}
+	fl.hedged = true // no hedge from now on: it would use the hinted partition
+	return true
 }
 
 // sending records a send of the publish on e at now.
@@ -377,7 +396,7 @@ func (r *router) hedgeSend(ctx context.Context, silent, owner string, p *protoco
 			// It confirmed, so it owns the partition: later publishes go
 			// there first (set before the outcome is reported).
 			r.mu.Lock()
-			r.owners[keyOf(p)] = owner
+			r.setOwnerLocked(keyOf(p), owner)
 			r.mu.Unlock()
 			return hedgeWon, a.b, nil
 		}

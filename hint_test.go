@@ -84,3 +84,41 @@ func TestHintedPartitionGoneIsSentAgainUnhinted(t *testing.T) {
 		t.Fatalf("the queue held %d messages, want 1", n)
 	}
 }
+
+// A publish refused with not_found at its hinted partition goes again
+// without a partition only when no send of it may have been stored: not
+// after a send whose answer never came, and not once a hedge (which
+// carries the hinted partition) was started. Going again bars later
+// hedges.
+func TestUnhintOnlyWhenNothingMayBeStored(t *testing.T) {
+	hinted := func() *flight {
+		fl := &flight{f: &PublishFuture{done: make(chan struct{})}}
+		fl.hinted.Store(true)
+		return fl
+	}
+	if fl := (&flight{}); fl.unhint() {
+		t.Fatal("a publish that was not hinted was unhinted")
+	}
+	fl := hinted()
+	fl.uncertain.Store(true)
+	if fl.unhint() {
+		t.Fatal("unhinted after a send whose outcome is unknown")
+	}
+	fl = hinted()
+	if !fl.startHedge() {
+		t.Fatal("no hedge could start")
+	}
+	if fl.unhint() {
+		t.Fatal("unhinted while a hedge with the hinted partition was started")
+	}
+	fl = hinted()
+	if !fl.unhint() {
+		t.Fatal("a hinted publish refused at once was not unhinted")
+	}
+	if fl.startHedge() {
+		t.Fatal("a hedge started after the publish went without its hint")
+	}
+	if fl.unhint() {
+		t.Fatal("unhinted twice")
+	}
+}

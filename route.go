@@ -237,6 +237,19 @@ func (r *router) unlearn(addr string) {
 	r.learned = slices.DeleteFunc(r.learned, func(a string) bool { return a == addr })
 }
 
+// ownersMax bounds the partitions whose owner a client remembers: past it
+// the map starts over (an owner not known is asked for, or found by a
+// not_owner answer).
+const ownersMax = 65536
+
+// setOwnerLocked records addr as the owner of k's partition. r.mu held.
+func (r *router) setOwnerLocked(k routeKey, addr string) {
+	if _, known := r.owners[k]; !known && len(r.owners) >= ownersMax {
+		r.owners = make(map[routeKey]string)
+	}
+	r.owners[k] = addr
+}
+
 // learnedMax bounds the node addresses a client learns.
 const learnedMax = 64
 
@@ -427,10 +440,12 @@ func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, fl 
 		if fl.resolved() {
 			return // the hedge was confirmed first: this answer is dropped
 		}
-		if err != nil && fl.hinted.Load() && protocol.CodeOf(err) == protocol.CodeNotFound && r.inBudget(ctx, fl) && fl.hinted.CompareAndSwap(true, false) {
+		if err != nil && fl.hinted.Load() && protocol.CodeOf(err) == protocol.CodeNotFound && !cl.uncertain &&
+			r.inBudget(ctx, fl) && fl.unhint() {
 			// The hinted partition is gone (the queue was declared
-			// again with fewer): nothing was stored, so the publish goes
-			// again as the application sent it, without a partition.
+			// again with fewer) and no send of this publish may have
+			// been stored: it goes again as the application sent it,
+			// without a partition.
 			r.c.hints.drop(p.Topic, p.Group)
 			unhinted := *p
 			unhinted.Partition = -1
@@ -462,6 +477,7 @@ func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, fl 
 			}
 			e.window.release(size)
 			r.forget(p, e.addr)
+			fl.uncertain.Store(true)
 			if !fl.resolved() {
 				go r.resend(ctx, p, fl, size, hop+1, cause)
 			}
@@ -531,7 +547,7 @@ func (r *router) retry(p *protocol.Publish, err error, from *endpoint) retryKind
 				return retryNow
 			}
 			r.mu.Lock()
-			r.owners[keyOf(p)] = be.Owner
+			r.setOwnerLocked(keyOf(p), be.Owner)
 			r.mu.Unlock()
 			return retryNow
 		case protocol.CodeUnavailable, protocol.CodeFenced:

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -181,6 +182,16 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 		return err
 	}
 
+	if *execCmd != "" && *cohortName != "" {
+		// Commands run one at a time on this goroutine while another
+		// reports the assignments: both write to stderr, and so does the
+		// client's log. A file takes concurrent writes as they are, and
+		// the commands then get it itself (a pipe would make them wait
+		// for anything they left running); another writer is locked.
+		if _, isFile := stderr.(*os.File); !isFile {
+			stderr = &lockedWriter{w: stderr}
+		}
+	}
 	var dialOpts []sinew.Option
 	if *memberID != "" {
 		dialOpts = append(dialOpts, sinew.WithMemberID(*memberID))
@@ -214,12 +225,7 @@ func runConsume(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 	if *execCmd != "" {
 		x := &consumeExec{cmd: *execCmd, extendEvery: *extendEvery, stdout: stdout, stderr: stderr, addr: *cf.addr}
 		if *cohortName != "" {
-			// Commands run one at a time on this goroutine: the
-			// assignments are reported beside them, on a stderr both
-			// share.
-			lw := &lockedWriter{w: stderr}
-			x.stderr = lw
-			stop := reportAssignments(lw, sub)
+			stop := reportAssignments(stderr, sub)
 			defer stop()
 		}
 		return x.run(ctx, sub, *count, *idleExit)
@@ -458,8 +464,8 @@ flags:
 // reportAssignment tells the user on stderr that a partition of the
 // cohort came or went.
 // reportAssignments reports sub's assignments on w as they come, until
-// the returned func is called (which waits for the reporter to end) or the
-// subscription ends.
+// the returned func is called (which waits for the reporter to end, then
+// reports those still buffered) or the subscription ends.
 func reportAssignments(w io.Writer, sub *sinew.Subscription) (stop func()) {
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -478,6 +484,14 @@ func reportAssignments(w io.Writer, sub *sinew.Subscription) (stop func()) {
 	return func() {
 		close(quit)
 		<-done
+		for { // what came before the end is reported too
+			select {
+			case as := <-sub.Assignments():
+				reportAssignment(w, as)
+			default:
+				return
+			}
+		}
 	}
 }
 

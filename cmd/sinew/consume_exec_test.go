@@ -104,11 +104,45 @@ func TestConsumeExecUsage(t *testing.T) {
 		{[]string{"--exec", "cat", "--peek"}, "does not go with"},
 		{[]string{"--exec", "cat", "--auto-ack"}, "does not go with"},
 		{[]string{"--exec", "cat", "--extend-every", "soon"}, "invalid value"},
+		{[]string{"--cohort", ""}, "--cohort needs a name"},
+		{[]string{"--cohort", "c", "--member", ""}, "--member needs an id"},
+		{[]string{"--member", "m"}, "it needs --cohort"},
 	} {
 		args := append([]string{"consume", "--addr", "127.0.0.1:1", "--topic", "t"}, tc.args...)
 		code, _, errOut := runCmd(t, "", args...)
 		if code != 2 || !strings.Contains(errOut, tc.want) {
 			t.Errorf("%v: exit %d, stderr %q; want exit 2 mentioning %q", tc.args, code, errOut, tc.want)
+		}
+	}
+}
+
+// TestConsumeExecReportsCohortAssignments: with --exec, a cohort member
+// still reports its partitions on stderr, beside the commands it runs.
+func TestConsumeExecReportsCohortAssignments(t *testing.T) {
+	addr := startClientTestBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := sinew.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.DeclareQueue(ctx, "exco", sinew.QueueConfig{Partitions: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []int{0, 1} {
+		if _, err := c.Publish(ctx, "exco", []byte("m"), sinew.WithPartition(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	code, out, errOut := runCmd(t, "", "consume", "--addr", addr, "--topic", "exco", "--cohort", "co", "--member", "x",
+		"--count", "2", "--exec", "cat")
+	if code != 0 || out != "mm" {
+		t.Fatalf("consume --exec --cohort exit %d, out %q, err %q", code, out, errOut)
+	}
+	for _, want := range []string{"joined cohort co as member x", "partition 0 assigned", "partition 1 assigned"} {
+		if !strings.Contains(errOut, want) {
+			t.Fatalf("stderr %q does not report %q", errOut, want)
 		}
 	}
 }

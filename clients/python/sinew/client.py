@@ -482,13 +482,16 @@ class _Call:
     when its connection breaks: publishes are sent again on the next
     connection, settles are held for the resumed session, the rest fail."""
 
-    __slots__ = ("body", "fut", "kind", "hook", "nbytes", "flags", "head", "seq", "data", "refused_at")
+    __slots__ = ("body", "fut", "kind", "hook", "nbytes", "flags", "head", "seq", "data", "refused_at", "uncertain")
 
     def __init__(self, body: w.Body | None, kind: str = "", hook: Callable[[Any], None] | None = None,
                  nbytes: int = 0) -> None:
         self.body = body
         self.fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.refused_at: float | None = None  # when a cluster node first refused it (a publish)
+        # A send of it (a publish) was cut off before its answer: that send
+        # may have stored it.
+        self.uncertain = False
         self.kind = kind
         self.hook = hook
         self.nbytes = nbytes
@@ -1646,6 +1649,7 @@ class Client:
             if self._closing or self._fatal is not None:
                 c.fail(self._fatal or ClientClosedError("sinew: client closed"))
             elif c.kind == "publish":
+                c.uncertain = True
                 self._replay.append(c)
             elif c.kind == "settle":
                 self._held.append(c)
@@ -1777,10 +1781,11 @@ class Client:
                     ok = await call.fut
                     break
                 except BrokerError as e:
-                    if not hinted or e.code != CODE_NOT_FOUND:
+                    if not hinted or e.code != CODE_NOT_FOUND or call.uncertain:
                         raise
                 # The hinted partition is gone (the queue was deleted and
-                # declared again with fewer): nothing was stored, so the
+                # declared again with fewer) and no send of it was cut off
+                # (one could have reached a node that stored it): the
                 # publish goes again, under the same sequence and window
                 # slot, without a partition, and the hint is dropped.
                 hinted = False

@@ -147,6 +147,30 @@ class ScriptedHints(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(self.seen[3][0], 2)
         self.assertEqual((c._window.n, c._window.bytes), (0, 0))
 
+    async def test_not_found_after_a_cut_send_is_the_outcome(self) -> None:
+        # The first send to the hinted partition is cut off before its
+        # answer: it may have been stored (a node with a newer catalogue),
+        # so a not_found for the resend is the publish's outcome, never a
+        # second send elsewhere.
+        cut = [True]
+
+        def answer(p: w.Publish, conn: int) -> w.Body | None:
+            if p.partition == 3 and cut[0]:
+                cut[0] = False
+                return None
+            if p.partition == 3:
+                return w.ErrorBody(CODE_NOT_FOUND, "partition 3 does not exist", False)
+            return w.PublishOK(0, len(self.seen), False, 4)  # 4: partition 3
+
+        c = await sinew.connect(await self.serve(answer), sleep=no_sleep)
+        self.addAsyncCleanup(c.close)
+        await asyncio.wait_for(c.publish("t", b"a"), WAIT_S)
+        with self.assertRaises(sinew.BrokerError) as cm:
+            await asyncio.wait_for(c.publish("t", b"b"), WAIT_S)
+        self.assertEqual(cm.exception.code, CODE_NOT_FOUND)
+        self.assertEqual([part for part, _, _ in self.seen], [-1, 3, 3])
+        self.assertEqual((c._window.n, c._window.bytes), (0, 0))
+
     async def test_hints_are_bounded_and_start_over(self) -> None:
         def answer(p: w.Publish, conn: int) -> w.Body | None:
             return w.PublishOK(0, len(self.seen), False, 0 if p.body == b"none" else 2)

@@ -293,6 +293,9 @@ interface PendingPublish {
   /** Sent to a hinted partition: its fields with the application's
    * partition (-1), to encode the head again if that partition is gone. */
   unhinted?: Body;
+  /** A send of it was cut off before its answer: that send may have
+   * stored it, so a not_found later does not send it unhinted. */
+  uncertain?: boolean;
 }
 
 interface SettleReq {
@@ -1135,7 +1138,11 @@ export class Client {
       this.inflight.delete(p);
       this.windowRelease(p.bytes);
     };
-    c.call(Op.PUBLISH, (id) => encodePublishFrame(id, p.head, p.seq, p.payload), () => this.holdPublish(p)).then(
+    const cut = () => {
+      p.uncertain = true;
+      this.holdPublish(p);
+    };
+    c.call(Op.PUBLISH, (id) => encodePublishFrame(id, p.head, p.seq, p.payload), cut).then(
       (r) => {
         if (r.op !== Op.PUBLISH_OK) {
           finish();
@@ -1160,9 +1167,10 @@ export class Client {
           this.holdPublish(p);
           return;
         }
-        if (p.unhinted && e instanceof BrokerError && e.code === Code.NOT_FOUND) {
+        if (p.unhinted && !p.uncertain && e instanceof BrokerError && e.code === Code.NOT_FOUND) {
           // The hinted partition is gone (the queue was declared again with
-          // fewer): nothing was stored, so the publish goes again as the
+          // fewer) and no send of it was cut off (one could have reached a
+          // node that stored it): the publish goes again as the
           // application sent it, without a partition, in the same window
           // slot and with the same sequence.
           this.hints.drop(p.queue!);

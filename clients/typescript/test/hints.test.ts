@@ -5,7 +5,10 @@ import { test, before, after } from "node:test";
 import { strict as assert } from "node:assert";
 import { Broker } from "./broker.js";
 import { FaultProxy } from "./faultproxy.js";
-import { connect } from "../src/index.js";
+import * as net from "node:net";
+import { connect, BrokerError } from "../src/index.js";
+import { Code } from "../src/errors.js";
+import { FrameSplitter, Op, decodeBody, encodeFrame, type Body } from "../src/codec.js";
 import { PartitionHints, HINTS_MAX, queueKey } from "../src/hints.js";
 
 const T = { timeout: 30_000 };
@@ -142,4 +145,55 @@ test("the hint map is bounded: full, a new queue starts it over", () => {
   // Topic and group do not run together.
   h.note(queueKey("ab", "c"), 1);
   assert.equal(h.take(queueKey("a", "bc")), undefined);
+});
+
+test("a not_found after a send that was cut off is the publish's outcome", T, async () => {
+  // The first send to the hinted partition is cut off before its answer:
+  // it may have been stored (by a node whose catalogue is newer), so the
+  // resend's not_found fails the publish instead of a second send elsewhere.
+  const seen: number[] = [];
+  let cut = true;
+  const socks: net.Socket[] = [];
+  const server = net.createServer((s) => {
+    socks.push(s);
+    const split = new FrameSplitter();
+    s.on("error", () => {});
+    s.on("data", (chunk: Buffer) => {
+      for (const f of split.push(new Uint8Array(chunk))) {
+        const body = decodeBody(f.op, f.body);
+        const reply = (op: number, b: Body) => s.write(encodeFrame(op, f.requestId, b));
+        if (f.op === Op.HELLO) {
+          reply(Op.HELLO_OK, {
+            protocol_version: 1, server_version: "scripted",
+            resume: { client_id: "c-1", owner_id: "o-1", token: new Uint8Array([1]) },
+            outcome: 0, server_generation: 1n, heartbeat_ms: 0, reconnect_grace_ms: 30_000,
+            limits: { frame_bytes_max: 1 << 20, body_bytes_max: 1 << 20, prefetch_max: 1000, settle_batch_max: 256, publish_inflight_max: 64, subscriptions_max: 64 },
+          });
+        } else if (f.op === Op.PUBLISH) {
+          const part = body.partition as number;
+          seen.push(part);
+          if (part === 3 && cut) {
+            cut = false;
+            s.destroy();
+            return;
+          }
+          if (part === 3) reply(Op.ERROR, { code: Code.NOT_FOUND, message: "partition 3 does not exist", fatal: false, owner: "" });
+          else reply(Op.PUBLISH_OK, { partition: 0, offset: BigInt(seen.length), duplicate: false, next: 4 });
+        } else if (f.op === Op.END_SESSION) {
+          reply(Op.OK, {});
+        }
+      }
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", () => r()));
+  const c = await connect(`127.0.0.1:${(server.address() as net.AddressInfo).port}`, { sleep: () => Promise.resolve(), handshakeTimeoutMs: 5_000, drainTimeoutMs: 100 });
+  try {
+    await c.publish("t", "a");
+    await assert.rejects(c.publish("t", "b"), (e: unknown) => e instanceof BrokerError && e.code === Code.NOT_FOUND);
+    assert.deepEqual(seen, [-1, 3, 3]);
+  } finally {
+    await c.close();
+    for (const s of socks) s.destroy();
+    await new Promise<void>((r) => server.close(() => r()));
+  }
 });
