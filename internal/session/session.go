@@ -710,7 +710,9 @@ func (s *Session) backendClosed(st *subState, sub Subscription, reason uint8, er
 	s.forgetSubLocked(st)
 	code := protocol.CodeOf(err)
 	msg := ""
-	if err != nil {
+	if pe, ok := err.(*protocol.Error); ok {
+		msg = pe.Message // the code travels beside it: no "sinew: <code>:" prefix twice
+	} else if err != nil {
 		msg = err.Error()
 	}
 	closed := &protocol.SubClosed{SubID: st.id, Reason: reason, Code: code, Message: msg}
