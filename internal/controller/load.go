@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"maps"
 	"slices"
 	"strings"
@@ -21,21 +22,11 @@ type NodeLoad struct {
 func (l NodeLoad) compare(o NodeLoad) int {
 	switch {
 	case l.AppendRate != o.AppendRate:
-		return cmpU(uint64(l.AppendRate), uint64(o.AppendRate))
+		return cmp.Compare(l.AppendRate, o.AppendRate)
 	case l.Backlog != o.Backlog:
-		return cmpU(l.Backlog, o.Backlog)
+		return cmp.Compare(l.Backlog, o.Backlog)
 	}
-	return cmpU(uint64(l.PartitionsLed), uint64(o.PartitionsLed))
-}
-
-func cmpU(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
+	return cmp.Compare(l.PartitionsLed, o.PartitionsLed)
 }
 
 // NodeLoads maps a node's raft id to its fresh report. A node missing has
