@@ -44,8 +44,9 @@ func (p *Partition) run() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	// On the heap: a command array in this frame would make every
-	// actor's stack 32 KiB for good, idle or not.
-	batch := newBatch()
+	// actor's stack 32 KiB for good, idle or not. Made at the first
+	// command: a partition that never gets one keeps none.
+	var batch []command
 	for {
 		inbox := p.inbox.ready
 		if len(p.open.replies) >= stageCommandsMax || len(p.committing) >= committingStagesMax {
@@ -67,6 +68,9 @@ func (p *Partition) run() {
 		fromInbox := false
 		select {
 		case <-inbox:
+			if batch == nil {
+				batch = newBatch()
+			}
 			batch = p.inbox.take(batch, batchMax-len(batch))
 			fromInbox = true
 		case res := <-p.synced:

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"go.etcd.io/raft/v3"
@@ -113,7 +114,7 @@ type raftDriver struct {
 	committing []stage
 	// inbound holds messages from other replicas (Step); ticks counts
 	// host ticks not yet taken (Tick).
-	inbound chan *raftpb.Message
+	inbound raftInbox
 	ticks   atomic.Int32
 	// lead and term are what Leader reports.
 	lead, term atomic.Uint64
@@ -214,7 +215,6 @@ func (p *Partition) startRaft(commit uint64) error {
 	}
 	p.single = single
 	p.committed, p.applied = commit, commit
-	p.inbound = make(chan *raftpb.Message, raftInboundMax)
 	p.nextLSN, p.lastLSN = commit+1, commit
 	if !p.single {
 		if p.cfg.CampaignAtStart && len(cs.Voters) == 0 {
@@ -835,14 +835,65 @@ func (p *Partition) Step(m *raftpb.Message) error {
 	if p.rn == nil {
 		return ErrUnavailable
 	}
-	select {
-	case p.inbound <- m:
-		p.Poke()
-		return nil
-	default:
+	if !p.inbound.put(m) {
 		p.dropped.Add(1)
 		return ErrInboxFull
 	}
+	p.Poke()
+	return nil
+}
+
+// raftInbox holds the raft messages other replicas sent a partition until
+// its next turn, at most raftInboundMax. It grows with what waits and
+// gives its room back once drained, so that thousands of idle partitions
+// keep no buffer each (a channel of raftInboundMax pointers was 8 KiB a
+// partition for good).
+type raftInbox struct {
+	mu sync.Mutex
+	q  []*raftpb.Message
+	// spare is the slice the last turn processed, cleared, to take the
+	// next messages without an allocation (at most raftInboxKeepCap).
+	spare []*raftpb.Message
+}
+
+// raftInboxKeepCap is the largest slice a raftInbox keeps for reuse.
+const raftInboxKeepCap = 64
+
+// put queues m; false when raftInboundMax messages already wait.
+func (b *raftInbox) put(m *raftpb.Message) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.q) >= raftInboundMax {
+		return false
+	}
+	if b.q == nil && b.spare != nil {
+		b.q, b.spare = b.spare, nil
+	}
+	b.q = append(b.q, m)
+	return true
+}
+
+// take returns the messages waiting, oldest first, and empties the inbox;
+// give the slice back with done once they are processed.
+func (b *raftInbox) take() []*raftpb.Message {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	q := b.q
+	b.q = nil
+	return q
+}
+
+// done takes back a slice take returned, for reuse when it is small.
+func (b *raftInbox) done(q []*raftpb.Message) {
+	clear(q)
+	if cap(q) > raftInboxKeepCap {
+		return
+	}
+	b.mu.Lock()
+	if b.spare == nil {
+		b.spare = q[:0]
+	}
+	b.mu.Unlock()
 }
 
 // Tick advances the partition's raft clock by one tick, on its next turn.
@@ -868,29 +919,25 @@ func (p *Partition) raftTurn() error {
 	if p.qz.wakeReq.Swap(false) {
 		p.wakeQuiet()
 	}
-	for range raftInboundMax {
-		select {
-		case m := <-p.inbound:
-			if m.Type == raftpb.MsgTimeoutNow && p.leaving.Load() {
-				// A leadership transfer to a replica whose node is
-				// stopping: refused (raft's leader abandons it after an
-				// election timeout).
-				p.logger.Info("partition replica refuses the lead: its node is stopping", "from", m.From, "term", m.Term)
-				continue
-			}
-			p.quiesceObserve(m)
-			err := p.raftSafe(func() error { return p.rn.Step(*m) })
-			if errors.Is(err, errRaftPanicked) {
-				return err
-			}
-			if err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) &&
-				!errors.Is(err, raft.ErrStepLocalMsg) && !errors.Is(err, raft.ErrProposalDropped) {
-				p.logger.Debug("raft message refused", "err", err)
-			}
+	msgs := p.inbound.take()
+	defer p.inbound.done(msgs)
+	for _, m := range msgs {
+		if m.Type == raftpb.MsgTimeoutNow && p.leaving.Load() {
+			// A leadership transfer to a replica whose node is
+			// stopping: refused (raft's leader abandons it after an
+			// election timeout).
+			p.logger.Info("partition replica refuses the lead: its node is stopping", "from", m.From, "term", m.Term)
 			continue
-		default:
 		}
-		break
+		p.quiesceObserve(m)
+		err := p.raftSafe(func() error { return p.rn.Step(*m) })
+		if errors.Is(err, errRaftPanicked) {
+			return err
+		}
+		if err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) &&
+			!errors.Is(err, raft.ErrStepLocalMsg) && !errors.Is(err, raft.ErrProposalDropped) {
+			p.logger.Debug("raft message refused", "err", err)
+		}
 	}
 	if n := p.ticks.Swap(0); n > 0 {
 		// Sampled before the ticks: the tick that runs raft's
