@@ -843,6 +843,31 @@ func (p *Partition) Step(m *raftpb.Message) error {
 	return nil
 }
 
+// stepInbound steps the messages other replicas sent, in order, and gives
+// the slice back to the inbox.
+func (p *Partition) stepInbound(msgs []*raftpb.Message) error {
+	defer p.inbound.done(msgs)
+	for _, m := range msgs {
+		if m.Type == raftpb.MsgTimeoutNow && p.leaving.Load() {
+			// A leadership transfer to a replica whose node is
+			// stopping: refused (raft's leader abandons it after an
+			// election timeout).
+			p.logger.Info("partition replica refuses the lead: its node is stopping", "from", m.From, "term", m.Term)
+			continue
+		}
+		p.quiesceObserve(m)
+		err := p.raftSafe(func() error { return p.rn.Step(*m) })
+		if errors.Is(err, errRaftPanicked) {
+			return err
+		}
+		if err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) &&
+			!errors.Is(err, raft.ErrStepLocalMsg) && !errors.Is(err, raft.ErrProposalDropped) {
+			p.logger.Debug("raft message refused", "err", err)
+		}
+	}
+	return nil
+}
+
 // raftInbox holds the raft messages other replicas sent a partition until
 // its next turn, at most raftInboundMax. It grows with what waits and
 // gives its room back once drained, so that thousands of idle partitions
@@ -919,24 +944,16 @@ func (p *Partition) raftTurn() error {
 	if p.qz.wakeReq.Swap(false) {
 		p.wakeQuiet()
 	}
-	msgs := p.inbound.take()
-	defer p.inbound.done(msgs)
-	for _, m := range msgs {
-		if m.Type == raftpb.MsgTimeoutNow && p.leaving.Load() {
-			// A leadership transfer to a replica whose node is
-			// stopping: refused (raft's leader abandons it after an
-			// election timeout).
-			p.logger.Info("partition replica refuses the lead: its node is stopping", "from", m.From, "term", m.Term)
-			continue
+	// Messages that arrive while these are stepped join this turn too, up
+	// to raftInboundMax in all, as a channel read until empty would.
+	for stepped := 0; stepped < raftInboundMax; {
+		msgs := p.inbound.take()
+		if len(msgs) == 0 {
+			break
 		}
-		p.quiesceObserve(m)
-		err := p.raftSafe(func() error { return p.rn.Step(*m) })
-		if errors.Is(err, errRaftPanicked) {
+		stepped += len(msgs)
+		if err := p.stepInbound(msgs); err != nil {
 			return err
-		}
-		if err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) &&
-			!errors.Is(err, raft.ErrStepLocalMsg) && !errors.Is(err, raft.ErrProposalDropped) {
-			p.logger.Debug("raft message refused", "err", err)
 		}
 	}
 	if n := p.ticks.Swap(0); n > 0 {
