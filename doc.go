@@ -150,8 +150,11 @@
 // publish names the highest sequence of the same key or partition that is
 // still unconfirmed and was sent already (PUBLISH producer_prev,
 // docs/protocol.md 5.6), and the partition stores it only after that one,
-// answering out_of_sequence otherwise. The Client then waits for that
-// publish's outcome (at most 200 ms at a time) and sends again. A publish
+// answering out_of_sequence otherwise. The Client then waits until that
+// publish is queued again when it was itself refused, redirected or cut
+// off (so a burst of followers of one refused publish goes again in one
+// round), or else for its outcome (at most 200 ms at a time), and sends
+// again. A publish
 // that failed releases the ones after it: they are stored without it. The
 // cost is one map entry per publish in flight and, when publishes arrive out
 // of order, a refusal and a resend each; on one connection to the owner

@@ -129,6 +129,8 @@ type flight struct {
 	// uncertain is set once a send of the publish broke off before its
 	// answer (rerouted): that send may have stored it.
 	uncertain atomic.Bool
+	// outOfOrder counts its out_of_sequence refusals (order.go).
+	outOfOrder atomic.Int32
 }
 
 // unhint reports whether the publish, refused with not_found at its

@@ -74,6 +74,11 @@ type laneEntry struct {
 	seq  uint64
 	done <-chan struct{}
 	sent bool
+	// again is set while the publish waits to be sent again after an
+	// answer that stored nothing (a refusal, a redirect, a cut), and
+	// closed when it is queued again: a follower refused because it
+	// arrived first waits for that, not for the publish's confirm.
+	again chan struct{}
 }
 
 // lanes holds, per lane, the Client's unresolved publishes in ascending
@@ -129,15 +134,26 @@ func (l *lanes) leave(k laneKey, seq uint64) {
 // below it that is unresolved and was sent (0: none), and a channel closed
 // when that one resolves.
 func (l *lanes) prev(k laneKey, seq uint64) (uint64, <-chan struct{}) {
+	s, done, _ := l.prevAgain(k, seq)
+	return s, done
+}
+
+// prevAgain is prev, with the channel that closes when that publish is
+// queued again (nil when it is not waiting to be sent again).
+func (l *lanes) prevAgain(k laneKey, seq uint64) (uint64, <-chan struct{}, <-chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	es := l.m[k]
 	for i := len(es) - 1; i >= 0; i-- {
 		if es[i].seq < seq && es[i].sent {
-			return es[i].seq, es[i].done
+			var again <-chan struct{}
+			if es[i].again != nil {
+				again = es[i].again
+			}
+			return es[i].seq, es[i].done, again
 		}
 	}
-	return 0, nil
+	return 0, nil, nil
 }
 
 // sent marks fl's publish sent: its frame was queued on a connection (or
@@ -152,6 +168,34 @@ func (l *lanes) sent(fl *flight, seq uint64) {
 	for i := len(es) - 1; i >= 0; i-- {
 		if es[i].seq == seq {
 			es[i].sent = true
+			if es[i].again != nil {
+				close(es[i].again)
+				es[i].again = nil
+			}
+			return
+		}
+		if es[i].seq < seq {
+			return
+		}
+	}
+}
+
+// unsent records that the publish fl (sequence seq) will be sent again:
+// its last send stored nothing, or may not reach the broker. Called where
+// the answer arrives, before the resend starts, so that a follower whose
+// refusal comes next on the same connection finds it waiting.
+func (l *lanes) unsent(fl *flight, seq uint64) {
+	if !fl.ordered {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	es := l.m[fl.lane]
+	for i := len(es) - 1; i >= 0; i-- {
+		if es[i].seq == seq {
+			if es[i].again == nil {
+				es[i].again = make(chan struct{})
+			}
 			return
 		}
 		if es[i].seq < seq {
@@ -188,13 +232,38 @@ func (c *Client) stamped(p *protocol.Publish, fl *flight) *protocol.Publish {
 // now follows resolves, at most orderWaitMax. It reports false when fl was
 // resolved meanwhile or ctx ended (fl is then finished with ctx's error).
 func (c *Client) waitPrev(ctx context.Context, p *protocol.Publish, fl *flight) bool {
-	var done <-chan struct{}
+	var done, again <-chan struct{}
 	if fl.ordered {
-		_, done = c.lanes.prev(fl.lane, p.ProducerSeq)
+		_, done, again = c.lanes.prevAgain(fl.lane, p.ProducerSeq)
 	}
 	if done == nil {
 		return !fl.resolved()
 	}
+	if fl.outOfOrder.Add(1) == 1 {
+		// The first refusal: the publish it follows was refused too (or
+		// redirected, or cut off) and waits to be sent again, or is
+		// queued already. Sent again right after it, on the same
+		// connection, this one arrives in order: a burst of followers
+		// of one refused publish costs one round each, not one confirm
+		// each in a row.
+		if again == nil {
+			return !fl.resolved()
+		}
+		select {
+		case <-again:
+			return !fl.resolved()
+		case <-done:
+			return !fl.resolved()
+		case <-c.o.clock.After(orderWaitMax):
+			return !fl.resolved()
+		case <-fl.f.done:
+			return false
+		case <-ctx.Done():
+			fl.finish(nil, ctx.Err())
+			return false
+		}
+	}
+	// Refused again: wait for the publish it follows to be resolved.
 	select {
 	case <-done:
 	case <-c.o.clock.After(orderWaitMax):

@@ -449,18 +449,24 @@ func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, fl 
 			r.c.hints.drop(p.Topic, p.Group)
 			unhinted := *p
 			unhinted.Partition = -1
+			r.c.lanes.unsent(fl, p.ProducerSeq)
 			go r.resend(ctx, &unhinted, fl, size, hop+1, err)
 			return
 		}
 		if err != nil && hop < routeHopsMax && r.inBudget(ctx, fl) {
+			// Marked before the resend starts, here where the answers
+			// arrive in order (order.go, unsent).
 			switch r.retry(p, err, e) {
 			case retryNow:
+				r.c.lanes.unsent(fl, p.ProducerSeq)
 				go r.resend(ctx, p, fl, size, hop+1, err)
 				return
 			case retryIfClustered:
+				r.c.lanes.unsent(fl, p.ProducerSeq)
 				go r.resendIfClustered(ctx, e, p, fl, size, hop+1, err)
 				return
 			case retryInOrder:
+				r.c.lanes.unsent(fl, p.ProducerSeq)
 				go r.resendInOrder(ctx, p, fl, size, hop+1, err)
 				return
 			}
@@ -478,6 +484,7 @@ func (r *router) send(ctx context.Context, e *endpoint, p *protocol.Publish, fl 
 			e.window.release(size)
 			r.forget(p, e.addr)
 			fl.uncertain.Store(true)
+			r.c.lanes.unsent(fl, p.ProducerSeq)
 			if !fl.resolved() {
 				go r.resend(ctx, p, fl, size, hop+1, cause)
 			}
