@@ -164,20 +164,25 @@ func (l *lanes) sent(fl *flight, seq uint64) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	es := l.m[fl.lane]
-	for i := len(es) - 1; i >= 0; i-- {
-		if es[i].seq == seq {
-			es[i].sent = true
-			if es[i].again != nil {
-				close(es[i].again)
-				es[i].again = nil
-			}
-			return
-		}
-		if es[i].seq < seq {
-			return
+	if e := l.entryLocked(fl.lane, seq); e != nil {
+		e.sent = true
+		if e.again != nil {
+			close(e.again)
+			e.again = nil
 		}
 	}
+}
+
+// entryLocked is the entry of sequence seq in lane k, nil when it left.
+// l.mu held.
+func (l *lanes) entryLocked(k laneKey, seq uint64) *laneEntry {
+	es := l.m[k]
+	for i := len(es) - 1; i >= 0 && es[i].seq >= seq; i-- {
+		if es[i].seq == seq {
+			return &es[i]
+		}
+	}
+	return nil
 }
 
 // unsent records that the publish fl (sequence seq) will be sent again:
@@ -190,17 +195,8 @@ func (l *lanes) unsent(fl *flight, seq uint64) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	es := l.m[fl.lane]
-	for i := len(es) - 1; i >= 0; i-- {
-		if es[i].seq == seq {
-			if es[i].again == nil {
-				es[i].again = make(chan struct{})
-			}
-			return
-		}
-		if es[i].seq < seq {
-			return
-		}
+	if e := l.entryLocked(fl.lane, seq); e != nil && e.again == nil {
+		e.again = make(chan struct{})
 	}
 }
 

@@ -4,11 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
 	"time"
-
-	"github.com/hashicorp/memberlist"
 )
 
 // Load is a node's load report: advisory numbers its peers use to prefer
@@ -222,16 +218,7 @@ func (m *Membership) reportLoad() {
 	if err != nil {
 		return // New checked the id's length
 	}
-	for _, q := range m.Members() {
-		if q.State != StateAlive {
-			continue
-		}
-		host, port, err := net.SplitHostPort(q.Addr)
-		pn, perr := strconv.ParseUint(port, 10, 16)
-		if err != nil || perr != nil {
-			continue
-		}
-		to := &memberlist.Node{Name: q.Name, Addr: net.ParseIP(host), Port: uint16(pn)}
+	for _, to := range m.alivePeers() {
 		_ = m.ml.SendBestEffort(to, msg)
 	}
 }

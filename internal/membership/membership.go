@@ -418,6 +418,16 @@ func (m *Membership) Leave(timeout time.Duration) error {
 		return fmt.Errorf("membership: announce leaving: %w", err)
 	}
 	notice := append([]byte{msgLeaving}, m.self...)
+	for _, to := range m.alivePeers() {
+		_ = m.ml.SendReliable(to, notice) // a peer that misses it sees a crash
+	}
+	return m.ml.Leave(timeout)
+}
+
+// alivePeers is every peer alive in this node's view, addressed for a
+// direct message.
+func (m *Membership) alivePeers() []*memberlist.Node {
+	var out []*memberlist.Node
 	for _, p := range m.Members() {
 		if p.State != StateAlive {
 			continue
@@ -427,10 +437,9 @@ func (m *Membership) Leave(timeout time.Duration) error {
 		if err != nil || perr != nil {
 			continue
 		}
-		to := &memberlist.Node{Name: p.Name, Addr: net.ParseIP(host), Port: uint16(pn)}
-		_ = m.ml.SendReliable(to, notice) // a peer that misses it sees a crash
+		out = append(out, &memberlist.Node{Name: p.Name, Addr: net.ParseIP(host), Port: uint16(pn)})
 	}
-	return m.ml.Leave(timeout)
+	return out
 }
 
 // startRejoinFor is how long after start a node keeps joining its seeds
