@@ -163,14 +163,25 @@ func (n *clusterNode) Fenced() bool { return n.m != nil && n.m.Fenced() }
 
 // syncCatalogue hands the broker every new state of the catalogue, so it
 // opens the replicas placed on this node, records moved ones and drops
-// those it no longer needs, and every reconfigureEvery asks it to carry
-// placements out on the partitions this node owns, until ctx ends. It also
+// those it no longer needs, and every reconfigureEvery (reconfigureIdleEvery
+// while settled) asks it to carry placements out on the partitions this
+// node owns, until ctx ends. It also
 // adopts the committed runtime settings into rt and, while the controller
 // holds none and this node leads it, commits rt's.
 func (n *clusterNode) syncCatalogue(ctx context.Context, b *broker.Broker, rt *runtimesettings.Store) {
 	applied := uint64(0)
-	tick := time.NewTicker(reconfigureEvery)
-	defer tick.Stop()
+	// pace is the next placement pass: reconfigureEvery while anything is
+	// under way, reconfigureIdleEvery once a pass found the node settled,
+	// until a group wakes or the controller's status changes.
+	pace := time.NewTimer(reconfigureEvery)
+	defer pace.Stop()
+	idle := false
+	hurry := func() {
+		if idle {
+			idle = false
+			pace.Reset(reconfigureEvery)
+		}
+	}
 	var seeding atomic.Bool
 	for {
 		changed := n.ctl.Changed()
@@ -203,10 +214,18 @@ func (n *clusterNode) syncCatalogue(ctx context.Context, b *broker.Broker, rt *r
 		case <-ctx.Done():
 			return
 		case <-changed:
-		case <-tick.C:
+			hurry()
+		case <-b.PlacementStirred():
+			hurry()
+		case <-pace.C:
 			rctx, cancel := context.WithTimeout(ctx, reconfigureEvery)
-			b.Reconfigure(rctx)
+			idle = b.Reconfigure(rctx)
 			cancel()
+			if idle {
+				pace.Reset(reconfigureIdleEvery)
+			} else {
+				pace.Reset(reconfigureEvery)
+			}
 		}
 	}
 }
@@ -231,8 +250,13 @@ func (n *clusterNode) commitRuntime(expected uint64, next runtimesettings.Doc) (
 }
 
 // reconfigureEvery is how often the partitions this node owns are moved a
-// step toward their placement.
-const reconfigureEvery = 500 * time.Millisecond
+// step toward their placement; reconfigureIdleEvery is the pace once a
+// pass found nothing to do (broker.Broker.Reconfigure reports it), which a
+// group's waking or a change in the controller's status cuts short.
+const (
+	reconfigureEvery     = 500 * time.Millisecond
+	reconfigureIdleEvery = 5 * time.Second
+)
 
 var _ broker.CohortCluster = (*clusterNode)(nil)
 

@@ -105,6 +105,9 @@ type Broker struct {
 	cohorts cohorts
 	// load samples the node's load for its cluster peers (load.go).
 	load loadSampler
+	// stir is signalled when a quiet group of this node wakes
+	// (PlacementStirred).
+	stir chan struct{}
 }
 
 type queueKey struct{ topic, group string }
@@ -217,6 +220,7 @@ func Open(cfg Config) (b *Broker, err error) {
 		deleting: make(map[queueKey]chan struct{}),
 		subs:     make(map[uint64]*Subscription),
 		counters: new(partition.Counters),
+		stir:     make(chan struct{}, 1),
 		budgets:  newNodeBudgets(&cfg),
 	}
 	if b.users = cfg.Users; b.users == nil {
@@ -433,6 +437,7 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 			RecoveredLeaseGraceMs: b.cfg.RecoveredLeaseGraceMs,
 			DeadLetter:            b.deadLetter,
 			Counters:              b.counters, OnSync: b.cfg.OnSync,
+			OnStir:                b.stirPlacement,
 		}
 		pc.BodyBudget, pc.RaftBudget = b.budgets.body, b.budgets.raft
 		if b.wal != nil {

@@ -468,22 +468,52 @@ func (b *Broker) notePlacement(q *queueEntry, pl []RaftPlacement) {
 // wiring calls it periodically. A fenced node instead hands the lead of
 // every partition it owns to a caught-up voter (partition.HandLeadOver):
 // it stops leading while it sees a majority of the cluster dead.
-func (b *Broker) Reconfigure(ctx context.Context) {
+//
+// It reports whether the node is settled: every group of the node is
+// quiet, every one it owns already has its placement (nothing to step),
+// and no queue it holds is moving or purging in the catalogue. Until a
+// group wakes (PlacementStirred) or the catalogue changes, another pass
+// would then do nothing, so the caller may wait longer for the next.
+func (b *Broker) Reconfigure(ctx context.Context) (settled bool) {
 	if b.cfg.Cluster == nil || b.closed.Load() {
-		return
+		return false
 	}
 	if b.fenced() {
 		b.HandLeadsOver(ctx, "this node is fenced")
-		return
+		return false
 	}
+	settled = true
 	qs := b.queueEntries()
 	for _, q := range qs {
 		raft := q.meta.Load().Raft
-		cq, inCatalogue := b.cfg.Cluster.Lookup(q.key.topic, q.key.group)
+		var cq CatalogueQueue
+		inCatalogue, looked := false, false
+		lookup := func() {
+			if !looked {
+				cq, inCatalogue = b.cfg.Cluster.Lookup(q.key.topic, q.key.group)
+				looked = true
+			}
+		}
 		for i, p := range q.parts {
-			if i >= len(raft) || !q.leadsHere(p) {
+			if i >= len(raft) {
 				continue
 			}
+			if !q.leadsHere(p) {
+				settled = settled && p.Quiet()
+				continue
+			}
+			if p.QuietPlaced(raft[i].Replicas) {
+				// Already placed, so no step to take; only the catalogue
+				// can still be waiting for its report (a move's end).
+				lookup()
+				if inCatalogue && i < len(cq.Partitions) && cq.Partitions[i].Moving {
+					settled = false
+					b.reportPlaced(q, &cq, i, p)
+				}
+				continue
+			}
+			settled = false
+			lookup()
 			what, err := p.Reconfigure(ctx, raft[i].Replicas)
 			switch {
 			case err != nil && !errors.Is(err, partition.ErrNotLeader):
@@ -494,11 +524,26 @@ func (b *Broker) Reconfigure(ctx context.Context) {
 				b.reportPlaced(q, &cq, i, p)
 			}
 		}
-		if inCatalogue {
-			b.carryPurges(q, &cq)
+		lookup()
+		if inCatalogue && b.carryPurges(q, &cq) {
+			settled = false
 		}
 	}
+	return settled
 }
+
+// stirPlacement is every partition's OnStir: a quiet group woke.
+func (b *Broker) stirPlacement() {
+	select {
+	case b.stir <- struct{}{}:
+	default:
+	}
+}
+
+// PlacementStirred is signalled (at most one signal waits) when a quiet
+// group of this node wakes: after a settled Reconfigure, the next pass is
+// due again.
+func (b *Broker) PlacementStirred() <-chan struct{} { return b.stir }
 
 // HandLeadsOver hands the lead of every partition this node owns to a
 // caught-up voter of its group (partition.HandLeadOver), and reports
@@ -699,16 +744,18 @@ type purgeMemo struct {
 
 // carryPurges carries out, on every partition of q this node owns, the
 // catalogue's last purge when the catalogue does not show it done, and
-// reports it done (again, until the catalogue shows it).
-func (b *Broker) carryPurges(q *queueEntry, cq *CatalogueQueue) {
+// reports it done (again, until the catalogue shows it). It reports
+// whether any such purge is still pending.
+func (b *Broker) carryPurges(q *queueEntry, cq *CatalogueQueue) (pending bool) {
 	seq := cq.PurgeSeq
 	if seq == 0 || len(cq.PurgeDone) != len(q.parts) {
-		return
+		return false
 	}
 	for i, p := range q.parts {
 		if cq.PurgeDone[i] >= seq || !q.leadsHere(p) {
 			continue
 		}
+		pending = true
 		q.purgeMu.Lock()
 		if q.purges == nil {
 			q.purges = map[int]purgeMemo{}
@@ -738,6 +785,7 @@ func (b *Broker) carryPurges(q *queueEntry, cq *CatalogueQueue) {
 			b.cfg.Cluster.PurgeDone(q.key.topic, q.key.group, i, seq, n)
 		})
 	}
+	return pending
 }
 
 // clusterPurgeWait bounds how long a purge in a cluster waits for every

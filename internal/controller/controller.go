@@ -42,7 +42,9 @@ const (
 	// few and small.
 	segmentBytes   = 1 << 20
 	electionTicks  = 10
-	heartbeatTicks = 1
+	// heartbeatTicks: the leader's heartbeat every 100 ms, five to an election
+	// timeout; the controller group ticks on every node all the time.
+	heartbeatTicks = 2
 	// proposeRetryTicks is how long a proposed join or leave is not
 	// proposed again while the table does not show it.
 	proposeRetryTicks = 50
@@ -763,6 +765,13 @@ const lagSkipTicks = 200
 // publish stores a fresh Status and wakes Changed's waiters.
 func (c *Controller) publish() {
 	bs := c.rn.BasicStatus()
+	if prev := c.status.Load(); prev != nil && prev.Leader == bs.Lead && prev.Term == bs.Term && prev.Applied == c.applied &&
+		slices.Equal(prev.Voters, c.cs.Voters) && slices.Equal(prev.Learners, c.cs.Learners) && (c.failed == nil) == (prev.Err == "") {
+		// Nothing a reader sees changed (the table changes only with
+		// Applied): a heartbeat's Ready neither copies the table nor
+		// wakes those that wait on Changed.
+		return
+	}
 	st := &Status{
 		Leader:   bs.Lead,
 		Term:     bs.Term,

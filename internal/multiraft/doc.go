@@ -12,8 +12,10 @@
 //     that one call and nothing else: a group of one is its own quorum and
 //     never needs a tick, and a larger group may be quiet while its own
 //     Quiescence finds it idle (a partition replica does this:
-//     internal/partition). The same tick queues one node heartbeat per
-//     known peer node, whatever the number of groups. Live reports a peer
+//     internal/partition). The same tick queues one node heartbeat for
+//     each known peer node that nothing was queued for in the last quarter
+//     of PeerLiveTicks (rounded down), whatever the number of groups: a peer that gets
+//     groups' messages needs no other sign of life. Live reports a peer
 //     heard from within PeerLiveTicks ticks that membership does not report
 //     dead or left (SetPeerDown); when a peer's Live changes, the tick first
 //     tells every LivenessWatcher group which peers changed, which is how a

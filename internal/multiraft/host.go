@@ -176,6 +176,7 @@ type Host struct {
 	peers      []uint64          // peers with a non-empty outbox, in first-send order
 	known      []uint64          // every peer node sent to or heard from, in first-seen order
 	lastHeard  map[uint64]uint64 // peer node -> host tick it was last heard from
+	lastSent   map[uint64]uint64 // peer node -> host tick something was last queued for it
 	down       map[uint64]bool   // peer nodes membership reports dead or left (SetPeerDown)
 	wasLive    map[uint64]bool   // Live of each known peer at the last tick
 	tickN      uint64            // host ticks so far
@@ -222,6 +223,7 @@ func NewHost(cfg Config) (*Host, error) {
 		slots:     make(map[uint64]*slot),
 		outbox:    make(map[uint64][]Envelope),
 		lastHeard: make(map[uint64]uint64),
+		lastSent:  make(map[uint64]uint64),
 		down:      make(map[uint64]bool),
 		wasLive:   make(map[uint64]bool),
 	}, nil
@@ -421,11 +423,24 @@ func (h *Host) queueLocked(to uint64, env Envelope) bool {
 		h.peers = append(h.peers, to)
 	}
 	h.outbox[to] = append(q, env)
+	h.lastSent[to] = h.tickN
 	return true
 }
 
-// Tick queues one node heartbeat for every known peer node and gives every
-// hosted group one raft tick, skipping quiet ones (host loop only).
+// nodeBeatQuietTicks is how many ticks after something was queued for a
+// peer no node heartbeat follows it: a quarter of PeerLiveTicks (rounded
+// down), so a peer hears from this node at least every quarter plus one
+// tick and its view of this node stays live through two lost or late
+// heartbeats, while a peer that gets groups' messages that often gets no
+// node heartbeat besides them. With PeerLiveTicks under 4, every tick
+// sends one.
+func (h *Host) nodeBeatQuietTicks() uint64 {
+	return uint64(h.cfg.PeerLiveTicks / 4)
+}
+
+// Tick queues a node heartbeat for every known peer node that nothing was
+// queued for in the last nodeBeatQuietTicks ticks, and gives every hosted group
+// one raft tick, skipping quiet ones (host loop only).
 func (h *Host) Tick() {
 	h.mu.Lock()
 	h.tickN++
@@ -433,7 +448,11 @@ func (h *Host) Tick() {
 	order := h.order
 	from := h.cfg.NodeID
 	typ := raftpb.MsgHeartbeat
+	quietFor := h.nodeBeatQuietTicks()
 	for _, p := range h.known {
+		if t, ok := h.lastSent[p]; ok && h.tickN-t <= quietFor {
+			continue // what went to p lately shows it this node is up
+		}
 		if h.queueLocked(p, Envelope{Group: nodeGroup, Msg: &raftpb.Message{Type: typ, From: from, To: p}}) {
 			h.nodeBeats.Add(1)
 		}

@@ -182,7 +182,7 @@
 // stepped; a change in the liveness of a node of its group
 // (LivenessChanged, on the host loop) asks the actor to wake it at its next
 // turn. Reconfigure of a quiet leader whose voters already are the
-// placement takes no turn (quietPlaced).
+// placement takes no turn (QuietPlaced).
 //
 // # Carried credit
 //

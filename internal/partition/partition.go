@@ -204,6 +204,12 @@ type Config struct {
 	Counters *Counters
 	// OnSync, when set, is told of every sync that made a stage durable.
 	OnSync SyncObserver
+	// OnStir, when set, is called (from any goroutine; it must not block)
+	// each time a quiet replicated group wakes: a proposal, a
+	// configuration change, an election, a node's liveness. The broker's
+	// placement pass slows down while every group is quiet and speeds up
+	// again at this call.
+	OnStir func()
 
 	// RaftID is this replica's id in the partition's raft group; 0 means
 	// 1. RaftPeers are the group's voters when it was created (also for a

@@ -26,7 +26,7 @@ type quiescer struct {
 	// hosted, and a partition without it never goes quiet.
 	live atomic.Pointer[func(node uint64) bool]
 	// preferred is the preferred owner Reconfigure last named (the
-	// actor's preferred, for quietPlaced).
+	// actor's preferred, for QuietPlaced).
 	preferred atomic.Uint64
 	// wake is the host's (UseWake): called when quiet turns false, so
 	// that the host ticks the group again.
@@ -42,6 +42,9 @@ func (p *Partition) unquiet() {
 	if p.qz.quiet.Swap(false) {
 		if w := p.qz.wake.Load(); w != nil {
 			(*w)()
+		}
+		if p.cfg.OnStir != nil {
+			p.cfg.OnStir()
 		}
 	}
 }
@@ -137,13 +140,13 @@ func (p *Partition) quiesceObserve(m *raftpb.Message) {
 	}
 }
 
-// quietPlaced reports, without a turn of the actor, that Reconfigure has
+// QuietPlaced reports, without a turn of the actor, that Reconfigure has
 // nothing to do: the group is quiet, it already knows want[0] as its
 // preferred owner, and its voters are exactly want with no learner. A
 // quiet leader has no transfer to its preferred owner waiting either
 // (quiesceBusy keeps a leader awake while one is due). So the periodic
 // placement pass costs an idle partition no turn.
-func (p *Partition) quietPlaced(want []uint64) bool {
+func (p *Partition) QuietPlaced(want []uint64) bool {
 	if len(want) == 0 || p.single || !p.qz.quiet.Load() || p.lead.Load() != p.raftID || p.qz.preferred.Load() != want[0] {
 		return false
 	}

@@ -1051,7 +1051,7 @@ func (p *Partition) Reconfigure(ctx context.Context, want []uint64) (string, err
 	if err := p.Unavailable(); err != nil {
 		return "", err
 	}
-	if p.quietPlaced(want) {
+	if p.QuietPlaced(want) {
 		return "", nil
 	}
 	return p.leaderStep(ctx, func() (string, error) {
