@@ -437,7 +437,7 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 			RecoveredLeaseGraceMs: b.cfg.RecoveredLeaseGraceMs,
 			DeadLetter:            b.deadLetter,
 			Counters:              b.counters, OnSync: b.cfg.OnSync,
-			OnStir:                b.stirPlacement,
+			OnStir: b.stirPlacement,
 		}
 		pc.BodyBudget, pc.RaftBudget = b.budgets.body, b.budgets.raft
 		if b.wal != nil {

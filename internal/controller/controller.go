@@ -40,8 +40,8 @@ const (
 	ticksPerTurnMax = 16
 	// segmentBytes is the controller log's segment size: its entries are
 	// few and small.
-	segmentBytes   = 1 << 20
-	electionTicks  = 10
+	segmentBytes  = 1 << 20
+	electionTicks = 10
 	// heartbeatTicks: the leader's heartbeat every 100 ms, five to an election
 	// timeout; the controller group ticks on every node all the time.
 	heartbeatTicks = 2
