@@ -492,4 +492,3 @@ func (c *Controller) planMoves(q *Queue) (bool, error) {
 	}
 	return true, err
 }
-
