@@ -205,4 +205,3 @@ func moveSteps(m admin.MoveView) string {
 	}
 	return strings.Join(parts, ", ")
 }
-
