@@ -107,7 +107,7 @@ func moveAPIError(err error) error {
 		case controller.ErrMovePerQueue.Code:
 			status = http.StatusBadRequest
 		}
-		return &admin.Error{Status: status, Code: me.Code, Msg: me.Error()}
+		return &admin.Error{Status: status, Code: me.Code, Msg: me.Msg}
 	}
 	return err
 }
