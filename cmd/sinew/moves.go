@@ -10,6 +10,7 @@ import (
 	"github.com/sinewmq/sinew/internal/admin"
 	"github.com/sinewmq/sinew/internal/broker"
 	"github.com/sinewmq/sinew/internal/controller"
+	"github.com/sinewmq/sinew/internal/membership"
 )
 
 // moveNodePrefixMin is the shortest node id prefix a move may name a node
@@ -45,7 +46,11 @@ func (n *clusterNode) adminMoves(acfg *admin.Config) {
 		if r.Partition != nil {
 			part = *r.Partition
 		}
-		m, err := n.ctl.StartMove(ctx, controller.MoveRequest{Topic: r.Topic, Group: r.Group, Partition: part, From: from, To: to})
+		m, err := n.ctl.StartMove(ctx, controller.MoveRequest{Topic: r.Topic, Group: r.Group, Partition: part, From: from, To: to, Live: n.aliveNow})
+		if errors.Is(err, controller.ErrMoveNodeNotLive) {
+			return admin.MoveView{}, &admin.Error{Status: http.StatusConflict, Code: controller.ErrMoveNodeNotLive.Code,
+				Msg: fmt.Sprintf("the target node %s is not alive in this node's membership view (sinew admin nodes shows it); a node that just joined is seen within a few seconds", r.To)}
+		}
 		if err != nil {
 			return admin.MoveView{}, moveAPIError(err)
 		}
@@ -65,6 +70,20 @@ func (n *clusterNode) adminMoves(acfg *admin.Config) {
 		st := n.ctl.Status()
 		return moveView(ctx, st.Table, m, b()), nil
 	}
+}
+
+// aliveNow reports whether this node's membership holds node raftID alive
+// now (this node is).
+func (n *clusterNode) aliveNow(raftID uint64) bool {
+	if raftID == n.raftID {
+		return true
+	}
+	for _, p := range n.m.Members() {
+		if rid, err := controller.RaftIDOf(p.Name); err == nil && rid == raftID {
+			return p.State == membership.StateAlive
+		}
+	}
+	return false
 }
 
 // resolveMoveNode finds the node a move names (what: from or to): by node

@@ -140,6 +140,9 @@ type MoveRequest struct {
 	From uint64
 	// To is the node that takes it.
 	To uint64
+	// Live reports whether membership holds a node live now; nil uses
+	// the view the controller was last handed (Reconcile).
+	Live func(raftID uint64) bool
 }
 
 // MoveOf returns the move with id.
@@ -372,7 +375,11 @@ func (t *Table) advanceMoves(index uint64) {
 // would not apply with a *MoveError (ErrNoQueue for an unknown queue), and
 // one whose target membership does not hold live (ErrMoveNodeNotLive).
 func (c *Controller) StartMove(ctx context.Context, r MoveRequest) (Move, error) {
-	from, err := c.Status().Table.checkMove(r, c.liveMember)
+	live := r.Live
+	if live == nil {
+		live = c.liveMember
+	}
+	from, err := c.Status().Table.checkMove(r, live)
 	if err != nil {
 		return Move{}, err
 	}
