@@ -197,6 +197,10 @@ func TestMoveThroughTheController(t *testing.T) {
 	c.mu.Lock()
 	n2 := c.nodes[2]
 	c.mu.Unlock()
+	c.until("node 2 holds the queue", func() bool {
+		_, ok := n2.Status().Table.Queue("q", "")
+		return ok
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	type res struct {
