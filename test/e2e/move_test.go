@@ -514,6 +514,26 @@ func TestClusterOperatorMoveSurvivesAKilledController(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the sinew binary")
 	}
+	moveThroughAKill(t, false)
+}
+
+// TestClusterOperatorMoveSurvivesAKilledSource: the move's source, the
+// queue's owner, is killed with -9 mid-move and started again: the
+// partition elects another owner, which carries the move on, and the
+// source is removed as planned.
+func TestClusterOperatorMoveSurvivesAKilledSource(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sinew binary")
+	}
+	moveThroughAKill(t, true)
+}
+
+// moveThroughAKill freezes a spare node, starts a move of a queue to it
+// through the CLI (--wait), kills a node with -9 (the queue's owner, which
+// the move names as its source, with source; else the controller's
+// leader), lets the spare go, starts the killed node again, and checks the
+// move ends done with every confirmed message there.
+func moveThroughAKill(t *testing.T, source bool) {
 	bin := buildSinew(t)
 	const topic = "survivor"
 	nodes, spare := threeWithQueuesThenSpare(t, bin, map[string]int{topic: 1})
@@ -533,19 +553,34 @@ func TestClusterOperatorMoveSurvivesAKilledController(t *testing.T) {
 	if leader == nil {
 		t.Fatalf("the controller's leader %q is none of the three", v.Controller.Leader)
 	}
+	args := []string{"admin", "partition", "move", "--topic", topic, "--to", spareID[:12], "--wait", "--wait-timeout", "90s"}
+	if source {
+		owner, _, _, _ := queueOwner(t, nodes[0], topic)
+		leader = nil
+		for _, c := range three {
+			if c.addr == owner {
+				leader = c
+			}
+		}
+		if leader == nil {
+			t.Fatalf("the queue's owner %q is none of the three", owner)
+		}
+		args = append(args, "--from", leader.addr)
+	}
+	victim := leader
 	var other *clusterChild
 	for _, c := range three {
-		if c != leader {
+		if c != victim {
 			other = c
 			break
 		}
 	}
 	// Freeze the target so that the move is caught mid-way, start it
-	// through the CLI, kill the controller's leader, then let the target go.
+	// through the CLI, kill the victim, then let the target go.
 	if err := spare.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	cli := exec.Command(bin, "admin", "partition", "move", "--admin-addr", other.admin, "--topic", topic, "--to", spareID[:12], "--wait", "--wait-timeout", "90s")
+	cli := exec.Command(bin, append(args, "--admin-addr", other.admin)...)
 	var out strings.Builder
 	cli.Stdout, cli.Stderr = &out, &out
 	if err := cli.Start(); err != nil {
