@@ -76,7 +76,7 @@ func (b *Broker) MoveSteps(ctx context.Context, topic, group string, from, to ui
 		default:
 			s.Step = MoveStepInPlace
 		}
-		if s.Step == MoveStepCatchingUp || s.Step == MoveStepAdding {
+		if (s.Step == MoveStepCatchingUp || s.Step == MoveStepAdding) && lead == b.cfg.Cluster.Self() {
 			if match, commit, ok, err := p.ReplicaProgress(ctx, to); err == nil && ok {
 				s.Progress, s.Match, s.Commit = true, match, commit
 			}
