@@ -273,4 +273,3 @@ func (e *clusterEnv) awaitMove(ctx context.Context, via *harness.Broker, topic s
 		time.Sleep(50 * time.Millisecond) // polling a real process
 	}
 }
-
