@@ -329,11 +329,17 @@ func (t *Table) endMove(mi int, index uint64, state, reason string) {
 // cut over, ends done and pins its queue. A move whose queue was deleted
 // ends failed.
 func (t *Table) advanceMoves(index uint64) {
-	for mi := 0; mi < len(t.Moves); mi++ {
-		m := t.Moves[mi]
-		if !m.Running() {
-			continue
+	var running []uint64
+	for _, m := range t.Moves {
+		if m.Running() {
+			running = append(running, m.ID)
 		}
+	}
+	// By id: ending a move may drop older ended ones, which shifts the
+	// list.
+	for _, id := range running {
+		mi := slices.IndexFunc(t.Moves, func(m Move) bool { return m.ID == id })
+		m := t.Moves[mi]
 		qi, ok := t.findQueue(m.Topic, m.Group)
 		if !ok {
 			t.endMove(mi, index, MoveFailed, "the queue was deleted")
