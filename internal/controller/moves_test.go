@@ -310,3 +310,71 @@ func TestMoveFailsWhenItsTargetDies(t *testing.T) {
 		t.Fatalf("after the failed move: %+v, move %+v, want [1 2 3] and a reason", q.Partitions[0], cur)
 	}
 }
+
+// TestRebalancerLeavesAPinnedQueue: queue q on nodes 1, 2 and 4, queues r
+// and s on 1, 2 and 3; an operator moves q's replica on node 4 to node 3
+// (loads 3, 3, 3, 0). Once every node has been live for the hold-off the
+// rebalancer evens the load out with the other queues, and never moves the
+// pinned q (the first queue it would otherwise take from node 1).
+func TestRebalancerLeavesAPinnedQueue(t *testing.T) {
+	c, n1 := fourNodesWithQueue(t, Placement{Replicas: []uint64{1, 2, 4}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, topic := range []string{"r", "s"} {
+		created := make(chan error, 1)
+		go func() {
+			_, err := n1.CreateQueue(ctx, Queue{Topic: topic, Partitions: []Placement{{Replicas: []uint64{1, 2, 3}}}})
+			created <- err
+		}()
+		c.until("queue "+topic+" is created", func() bool {
+			select {
+			case err := <-created:
+				if err != nil {
+					t.Fatal(err)
+				}
+				return true
+			default:
+				return false
+			}
+		})
+	}
+	placed := func() {
+		for _, q := range n1.Status().Table.Queues {
+			for i, p := range q.Partitions {
+				if p.Moving {
+					n1.PlacementDone(q.Topic, q.Group, i, p.RaftGroup, p.Replicas)
+				}
+			}
+		}
+	}
+	started := make(chan error, 1)
+	go func() {
+		_, err := n1.StartMove(ctx, MoveRequest{Topic: "q", Partition: -1, From: 4, To: 3})
+		started <- err
+	}()
+	c.until("the move is done", func() bool {
+		placed()
+		select {
+		case err := <-started:
+			if err != nil {
+				t.Fatal(err)
+			}
+		default:
+		}
+		q, _ := n1.Status().Table.Queue("q", "")
+		return q.Pinned
+	})
+	for range 3 * rebalanceAfterTicks {
+		placed()
+		c.round(time.Millisecond)
+	}
+	placed()
+	tb := n1.Status().Table
+	q, _ := tb.Queue("q", "")
+	if !slices.Equal(q.Partitions[0].Replicas, []uint64{1, 2, 3}) {
+		t.Fatalf("the pinned queue's replicas %v, want [1 2 3] as the operator placed them", q.Partitions[0].Replicas)
+	}
+	if load := tb.replicaCounts(); load[4] == 0 {
+		t.Fatalf("replicas held %v: the rebalancer moved nothing else onto node 4", load)
+	}
+}
