@@ -17,10 +17,11 @@ import (
 // (docs/cluster.md, "Moving a queue's replicas").
 
 func init() {
-	adminCommands["partition"] = adminCommand{summary: "move a queue's replicas between cluster nodes: move | moves | cancel", verbs: map[string]adminCommand{
+	adminCommands["partition"] = adminCommand{summary: "move a queue's replicas between cluster nodes: move | moves | cancel | unpin", verbs: map[string]adminCommand{
 		"move":   {summary: "move a queue's replica to another node: move --topic T [--partition N] [--from NODE] --to NODE [--wait]", run: adminPartitionMove},
 		"moves":  {summary: "the running moves and the last ended ones, with each partition's step", run: adminPartitionMoves},
 		"cancel": {summary: "cancel a move that has not cut over: cancel ID", run: adminPartitionCancel},
+		"unpin":  {summary: "hand a queue an operator moved back to the rebalancer: unpin --topic T", run: adminPartitionUnpin},
 	}}
 }
 
@@ -131,18 +132,51 @@ func adminPartitionMoves(ctx context.Context, name string, args []string, stdout
 		return err
 	}
 	if len(v.Moves) == 0 {
-		_, err := fmt.Fprintln(stdout, "no moves")
+		fmt.Fprintln(stdout, "no moves")
+	} else {
+		t := newTable(stdout, "ID", "QUEUE", "FROM", "TO", "STATE", "STEPS")
+		for _, m := range v.Moves {
+			state := m.State
+			if m.Reason != "" {
+				state += " (" + m.Reason + ")"
+			}
+			t.row(m.ID, queueName(m.Topic, m.Group), nodeLabel(m.From, m.FromAddr), nodeLabel(m.To, m.ToAddr), state, moveSteps(m))
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
+	}
+	if len(v.Pinned) > 0 {
+		names := make([]string, 0, len(v.Pinned))
+		for _, q := range v.Pinned {
+			names = append(names, queueName(q.Topic, q.Group))
+		}
+		_, err := fmt.Fprintf(stdout, "pinned (the rebalancer leaves them; sinew admin partition unpin hands one back): %s\n", strings.Join(names, ", "))
 		return err
 	}
-	t := newTable(stdout, "ID", "QUEUE", "FROM", "TO", "STATE", "STEPS")
-	for _, m := range v.Moves {
-		state := m.State
-		if m.Reason != "" {
-			state += " (" + m.Reason + ")"
-		}
-		t.row(m.ID, queueName(m.Topic, m.Group), nodeLabel(m.From, m.FromAddr), nodeLabel(m.To, m.ToAddr), state, moveSteps(m))
+	return nil
+}
+
+func adminPartitionUnpin(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet(name, stderr)
+	f := addAdminFlags(fs)
+	q := addQueueFlags(fs)
+	c, err := adminSetup(fs, f, args)
+	if err != nil {
+		return err
 	}
-	return t.flush()
+	if err := q.check(); err != nil {
+		return err
+	}
+	var raw json.RawMessage
+	if _, err := c.do(ctx, http.MethodPost, "/api/v1/moves/unpin", nil, admin.QueueRef{Topic: *q.topic, Group: *q.group}, &raw); err != nil {
+		return err
+	}
+	if *f.json {
+		return printRaw(stdout, raw)
+	}
+	_, err = fmt.Fprintf(stdout, "%s is not pinned: the rebalancer may move its replicas again\n", q)
+	return err
 }
 
 func adminPartitionCancel(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {

@@ -23,10 +23,15 @@ func (n *clusterNode) adminMoves(acfg *admin.Config) {
 	b := func() *broker.Broker { return acfg.Broker }
 	acfg.Moves = func(ctx context.Context) admin.MovesView {
 		st := n.ctl.Status()
-		v := admin.MovesView{Cluster: true, Moves: []admin.MoveView{}}
+		v := admin.MovesView{Cluster: true, Moves: []admin.MoveView{}, Pinned: []admin.QueueRef{}}
 		// Newest first: the running ones are the operator's concern.
 		for i := len(st.Table.Moves) - 1; i >= 0; i-- {
 			v.Moves = append(v.Moves, moveView(ctx, st.Table, st.Table.Moves[i], b()))
+		}
+		for _, q := range st.Table.Queues {
+			if q.Pinned {
+				v.Pinned = append(v.Pinned, admin.QueueRef{Topic: q.Topic, Group: q.Group})
+			}
 		}
 		return v
 	}
@@ -57,6 +62,13 @@ func (n *clusterNode) adminMoves(acfg *admin.Config) {
 		n.logger.Info("cluster: operator move started", "move", m.ID, "topic", m.Topic, "group", m.Group, "from", m.From, "to", m.To)
 		st := n.ctl.Status()
 		return moveView(ctx, st.Table, m, b()), nil
+	}
+	acfg.UnpinQueue = func(ctx context.Context, topic, group string) error {
+		if err := n.ctl.UnpinQueue(ctx, topic, group); err != nil {
+			return moveAPIError(err)
+		}
+		n.logger.Info("cluster: queue unpinned: the rebalancer may move its replicas again", "topic", topic, "group", group)
+		return nil
 	}
 	acfg.CancelMove = func(ctx context.Context, id uint64, reason string) (admin.MoveView, error) {
 		if reason == "" {

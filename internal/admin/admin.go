@@ -82,6 +82,9 @@ type Config struct {
 	Moves      func(ctx context.Context) MovesView
 	StartMove  func(ctx context.Context, r MoveRequest) (MoveView, error)
 	CancelMove func(ctx context.Context, id uint64, reason string) (MoveView, error)
+	// UnpinQueue hands a queue an operator moved back to the rebalancer
+	// (POST /api/v1/moves/unpin); nil: 409 not_clustered.
+	UnpinQueue func(ctx context.Context, topic, group string) error
 }
 
 // Handler returns the admin HTTP handler.
@@ -151,6 +154,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("POST /api/v1/moves", a.startMove)
 	mux.HandleFunc("GET /api/v1/moves/{id}", a.getMove)
 	mux.HandleFunc("POST /api/v1/moves/{id}/cancel", a.cancelMove)
+	mux.HandleFunc("POST /api/v1/moves/unpin", a.unpinQueue)
 	mux.HandleFunc("GET /api/v1/users", a.needBroker(a.listUsers))
 	mux.HandleFunc("POST /api/v1/users", a.needBroker(a.addUser))
 	mux.HandleFunc("GET /api/v1/users/{name}", a.needBroker(a.getUser))

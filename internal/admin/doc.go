@@ -28,6 +28,7 @@
 //	POST   /api/v1/moves                      move a queue's replica from one node to another (202)
 //	GET    /api/v1/moves/{id}                 one move
 //	POST   /api/v1/moves/{id}/cancel          cancel a move that has not cut over
+//	POST   /api/v1/moves/unpin                hand a queue an operator moved back to the rebalancer
 //	GET    /api/v1/users                      every user with its permissions (never a password or hash)
 //	POST   /api/v1/users                      add a user (the password only in the body)
 //	GET    /api/v1/users/{name}               one user

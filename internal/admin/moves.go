@@ -15,12 +15,22 @@ import (
 //	POST /api/v1/moves              start one (202 with the move)
 //	GET  /api/v1/moves/{id}         one move
 //	POST /api/v1/moves/{id}/cancel  cancel one that has not cut over
+//	POST /api/v1/moves/unpin        hand a queue an operator moved back to the rebalancer
 
 // MovesView is the JSON of GET /api/v1/moves.
 type MovesView struct {
 	// Cluster is false on a node that runs alone; Moves is then empty.
 	Cluster bool       `json:"cluster"`
 	Moves   []MoveView `json:"moves"`
+	// Pinned is the queues an operator moved, which the rebalancer leaves
+	// where they are until they are unpinned.
+	Pinned []QueueRef `json:"pinned"`
+}
+
+// QueueRef names a queue; it is also the body of POST /api/v1/moves/unpin.
+type QueueRef struct {
+	Topic string `json:"topic"`
+	Group string `json:"group"`
 }
 
 // MoveView is one operator move.
@@ -106,13 +116,16 @@ func (e *Error) Error() string { return e.Msg }
 const moveReasonBytesMax = 256
 
 func (a *api) listMoves(w http.ResponseWriter, r *http.Request) {
-	v := MovesView{Moves: []MoveView{}}
+	v := MovesView{Moves: []MoveView{}, Pinned: []QueueRef{}}
 	if a.cfg.Moves != nil {
 		ctx, cancel := requestContext(r)
 		defer cancel()
 		v = a.cfg.Moves(ctx)
 		if v.Moves == nil {
 			v.Moves = []MoveView{}
+		}
+		if v.Pinned == nil {
+			v.Pinned = []QueueRef{}
 		}
 	}
 	writeJSON(w, http.StatusOK, v)
@@ -191,6 +204,28 @@ func (a *api) cancelMove(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, m)
+}
+
+func (a *api) unpinQueue(w http.ResponseWriter, r *http.Request) {
+	var q QueueRef
+	if !decodeBody(w, r, &q, false) {
+		return
+	}
+	if q.Topic == "" {
+		writeError(w, http.StatusBadRequest, "bad_request", "topic is required")
+		return
+	}
+	if a.cfg.UnpinQueue == nil {
+		writeError(w, http.StatusConflict, "not_clustered", ErrNotClustered.Error())
+		return
+	}
+	ctx, cancel := requestContext(r)
+	defer cancel()
+	if err := a.cfg.UnpinQueue(ctx, q.Topic, q.Group); err != nil {
+		writeMoveError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"topic": q.Topic, "group": q.Group, "pinned": false})
 }
 
 func moveID(w http.ResponseWriter, r *http.Request) (uint64, bool) {

@@ -43,6 +43,35 @@ func TestMovesOnANodeAlone(t *testing.T) {
 	if code, e, body := moveDo(t, h, "GET", "/api/v1/moves/3", ""); code != 404 || e.Code != "unknown_move" {
 		t.Fatalf("GET a move alone: %d %s", code, body)
 	}
+	if code, e, body := moveDo(t, h, "POST", "/api/v1/moves/unpin", `{"topic":"t"}`); code != 409 || e.Code != "not_clustered" {
+		t.Fatalf("unpin alone: %d %s", code, body)
+	}
+	if !strings.Contains(body, `"pinned": []`) {
+		t.Fatalf("GET moves alone lists no pinned queues as []: %s", body)
+	}
+}
+
+// TestUnpinRequests: an unpin names a topic; the cluster's refusal is
+// answered with its code.
+func TestUnpinRequests(t *testing.T) {
+	var got [2]string
+	var answer error
+	h := Handler(Config{UnpinQueue: func(_ context.Context, topic, group string) error {
+		got = [2]string{topic, group}
+		return answer
+	}})
+	for _, body := range []string{"", `{"group":"g"}`, `{"topic":"t","x":1}`} {
+		if code, e, out := moveDo(t, h, "POST", "/api/v1/moves/unpin", body); code != 400 || e.Code != "bad_request" {
+			t.Errorf("unpin %q: %d %s, want 400 bad_request", body, code, out)
+		}
+	}
+	if code, _, out := moveDo(t, h, "POST", "/api/v1/moves/unpin", `{"topic":"t","group":"g"}`); code != 200 || got != [2]string{"t", "g"} || !strings.Contains(out, `"pinned": false`) {
+		t.Fatalf("unpin: %d %s (asked %v)", code, out, got)
+	}
+	answer = &Error{Status: 404, Code: "not_found", Msg: "no queue"}
+	if code, e, out := moveDo(t, h, "POST", "/api/v1/moves/unpin", `{"topic":"t"}`); code != 404 || e.Code != "not_found" {
+		t.Fatalf("unpin of an unknown queue: %d %s", code, out)
+	}
 }
 
 // TestMoveRequests: bad bodies and ids are 400 bad_request before the

@@ -25,7 +25,8 @@ import (
 //  3. The placement_done that clears the last moving partition after the
 //     cut-over ends the move (state done) and pins the queue: the
 //     rebalancer leaves its replicas where the operator put them (the
-//     recovery plan still replaces a replica whose node dies or leaves).
+//     recovery plan still replaces a replica whose node dies or leaves),
+//     until an operator unpins it (unpin_queue).
 //
 // A move may be cancelled while it catches up (cancel_move): the target is
 // taken out of every partition's replicas again, and the owners remove it.
@@ -374,6 +375,45 @@ func (t *Table) advanceMoves(index uint64) {
 			t.endMove(mi, index, MoveFailed, "the queue's replicas changed under the move")
 		}
 	}
+}
+
+// applyUnpinQueue clears a queue's Pinned flag: the rebalancer may move its
+// replicas again. A queue the catalogue does not hold is applied as
+// nothing.
+func (t *Table) applyUnpinQueue(c *command) error {
+	if c.Queue == nil || c.Queue.Topic == "" {
+		return errCommandf("unpin_queue without a queue")
+	}
+	i, ok := t.findQueue(c.Queue.Topic, c.Queue.Group)
+	if !ok || !t.Queues[i].Pinned {
+		return nil
+	}
+	q := t.Queues[i]
+	q.Pinned = false
+	t.Queues = slices.Clone(t.Queues) // a Status may share the old slice
+	t.Queues[i] = q
+	return nil
+}
+
+// UnpinQueue hands a pinned queue back to the rebalancer and returns once
+// this node applied that, or ctx ends. A queue the catalogue does not hold
+// is ErrNoQueue; one that is not pinned is left as it is.
+func (c *Controller) UnpinQueue(ctx context.Context, topic, group string) error {
+	q, ok := c.Status().Table.Queue(topic, group)
+	if !ok {
+		return fmt.Errorf("%w: topic %q group %q", ErrNoQueue, topic, group)
+	}
+	if !q.Pinned {
+		return nil
+	}
+	data, err := encode(command{Op: opUnpinQueue, Queue: &Queue{Topic: topic, Group: group}})
+	if err != nil {
+		return err
+	}
+	return c.proposeUntil(ctx, data, func(st Status) bool {
+		cur, ok := st.Table.Queue(topic, group)
+		return !ok || !cur.Pinned
+	})
 }
 
 // StartMove starts an operator move (see the top of this file) and returns

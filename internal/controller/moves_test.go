@@ -152,6 +152,14 @@ func TestMoveSteps(t *testing.T) {
 	if m, _ := tb.MoveOf(20); m.State != MoveDone || m.EndedAt != 24 || !q.Pinned || q.Partitions[0].Moving {
 		t.Fatalf("after the cut-over: move %+v, queue %+v, want done at 24 and pinned", m, q)
 	}
+	applyCmd(t, tb, 25, command{Op: opUnpinQueue, Queue: &Queue{Topic: "q"}})
+	if q, _ := tb.Queue("q", ""); q.Pinned || !slices.Equal(q.Partitions[0].Replicas, []uint64{4, 2, 3}) {
+		t.Fatalf("after unpin_queue: %+v, want not pinned, replicas as they were", q)
+	}
+	applyCmd(t, tb, 26, command{Op: opUnpinQueue, Queue: &Queue{Topic: "nope"}}) // applied as nothing
+	if err := tb.apply(27, command{Op: opUnpinQueue}); !errors.Is(err, ErrCommand) {
+		t.Fatalf("unpin_queue without a queue: %v, want ErrCommand", err)
+	}
 }
 
 // TestMoveCancelAndBound: a cancel while catching up takes the target out
@@ -377,4 +385,21 @@ func TestRebalancerLeavesAPinnedQueue(t *testing.T) {
 	if load := tb.replicaCounts(); load[4] == 0 {
 		t.Fatalf("replicas held %v: the rebalancer moved nothing else onto node 4", load)
 	}
+	if err := n1.UnpinQueue(ctx, "nope", ""); !errors.Is(err, ErrNoQueue) {
+		t.Fatalf("UnpinQueue of an unknown queue: %v, want ErrNoQueue", err)
+	}
+	unpinned := make(chan error, 1)
+	go func() { unpinned <- n1.UnpinQueue(ctx, "q", "") }()
+	c.until("q is unpinned", func() bool {
+		select {
+		case err := <-unpinned:
+			if err != nil {
+				t.Fatal(err)
+			}
+			q, _ := n1.Status().Table.Queue("q", "")
+			return !q.Pinned
+		default:
+			return false
+		}
+	})
 }

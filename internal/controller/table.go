@@ -88,6 +88,7 @@ const (
 	opCohortPlan     = "cohort_plan"
 	opStartMove      = "start_move"
 	opCancelMove     = "cancel_move"
+	opUnpinQueue     = "unpin_queue"
 )
 
 // commandVersion is the encoding version of a controller command; a
@@ -235,6 +236,8 @@ func (t *Table) apply(index uint64, c command) error {
 		return t.applyStartMove(index, &c)
 	case opCancelMove:
 		return t.applyCancelMove(index, &c)
+	case opUnpinQueue:
+		return t.applyUnpinQueue(&c)
 	default:
 		return fmt.Errorf("%w: op %q", ErrCommand, c.Op)
 	}

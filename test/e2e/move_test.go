@@ -391,13 +391,35 @@ func TestClusterOperatorMovesUnderLoad(t *testing.T) {
 	}
 	// The moved queues are pinned: nothing moves them back once every
 	// node has been live for the rebalancer's hold-off.
-	var mv struct {
-		Moves []moveView `json:"moves"`
+	type pinnedView struct {
+		Moves  []moveView `json:"moves"`
+		Pinned []struct {
+			Topic string `json:"topic"`
+		} `json:"pinned"`
 	}
+	var mv pinnedView
 	getJSONInto(t, "http://"+spare.admin+"/api/v1/moves", &mv)
-	if len(mv.Moves) != len(topics) {
-		t.Errorf("the new node lists %d moves, want %d: %+v", len(mv.Moves), len(topics), mv.Moves)
+	if len(mv.Moves) != len(topics) || len(mv.Pinned) != len(topics) {
+		t.Errorf("the new node lists %d moves and %d pinned queues, want %d of each: %+v", len(mv.Moves), len(mv.Pinned), len(topics), mv)
 	}
+	// An operator hands one back to the rebalancer through the CLI.
+	if out, err := exec.Command(bin, "admin", "partition", "unpin", "--admin-addr", nodes[1].admin, "--topic", topics[0]).CombinedOutput(); err != nil {
+		t.Fatalf("sinew admin partition unpin: %v\n%s", err, out)
+	}
+	getJSONInto(t, "http://"+nodes[1].admin+"/api/v1/moves", &mv)
+	for _, p := range mv.Pinned {
+		if p.Topic == topics[0] {
+			t.Errorf("%s is still pinned after the unpin: %+v", topics[0], mv.Pinned)
+		}
+	}
+	if len(mv.Pinned) != len(topics)-1 {
+		t.Errorf("pinned after one unpin: %+v, want %d", mv.Pinned, len(topics)-1)
+	}
+	out, err := exec.Command(bin, "admin", "partition", "moves", "--admin-addr", nodes[1].admin).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "pinned (") || !strings.Contains(string(out), "done") {
+		t.Errorf("sinew admin partition moves: %v\n%s", err, out)
+	}
+	t.Logf("sinew admin partition moves:\n%s", out)
 }
 
 // TestClusterOperatorMoveCancelAndBadInput: a move is cancelled while it
