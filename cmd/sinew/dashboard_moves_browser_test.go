@@ -47,7 +47,9 @@ func TestDashboardShowsMoves(t *testing.T) {
 	}
 	h := admin.Handler(admin.Config{
 		Ready: func() bool { return true },
-		Moves: func(context.Context) admin.MovesView { return admin.MovesView{Cluster: true, Moves: moves()} },
+		Moves: func(context.Context) admin.MovesView {
+			return admin.MovesView{Cluster: true, Moves: moves(), Pinned: []admin.QueueRef{{Topic: "audit"}}}
+		},
 		CancelMove: func(_ context.Context, id uint64, reason string) (admin.MoveView, error) {
 			mu.Lock()
 			cancelled[id] = "cancelled by an operator"
@@ -97,7 +99,8 @@ func TestDashboardShowsMoves(t *testing.T) {
 		return !sec.hidden && document.querySelector("#moves-empty").hidden && run && done &&
 			run.dataset.state === "catching_up" && run.textContent.includes("0: catching_up (lag 42)") &&
 			run.textContent.includes("127.0.0.1:7004") && run.querySelector("button.move-cancel") !== null &&
-			done.dataset.state === "done" && done.querySelector("button.move-cancel") === null;
+			done.dataset.state === "done" && done.querySelector("button.move-cancel") === null &&
+			!document.querySelector("#moves-pinned").hidden && document.querySelector("#moves-pinned").textContent.includes("audit");
 	})()`)
 	_ = p.Screenshot(ctx, filepath.Join(dir, "1-moves.png"))
 	if err := p.Eval(ctx, `document.querySelector('#moves button.move-cancel[data-move-id="12"]').click()`, nil); err != nil {

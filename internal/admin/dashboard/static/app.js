@@ -417,6 +417,9 @@
     if (!v.cluster) return true;
     const moves = v.moves || [];
     $("#moves-empty").hidden = moves.length > 0;
+    const pinned = (v.pinned || []).map((q) => queueName(q.topic, q.group));
+    $("#moves-pinned").hidden = pinned.length === 0;
+    $("#moves-pinned").textContent = "Pinned (the rebalancer leaves them; sinew admin partition unpin hands one back): " + pinned.join(", ");
     const tbody = $("#moves tbody");
     tbody.replaceChildren();
     for (const m of moves) {
