@@ -40,7 +40,7 @@ const (
 
 func init() {
 	commands["admin"] = command{
-		summary: "operate a broker over its admin API: queues, cohorts, sessions, messages, dlq, settings, drain, users, nodes",
+		summary: "operate a broker over its admin API: queues, cohorts, sessions, messages, dlq, settings, drain, users, nodes, partition moves",
 		run:     runAdmin,
 	}
 }

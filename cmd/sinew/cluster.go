@@ -432,6 +432,7 @@ func clusterAdmin(acfg *admin.Config, n *clusterNode, handedOver func() (bool, s
 		n.logger.Info("cluster: node forgotten: it counts as left", "node_id", id)
 		return nil
 	}
+	n.adminMoves(acfg)
 	if reg, ok := acfg.Metrics.(*prometheus.Registry); ok {
 		reg.MustRegister(clusterCollector{n})
 	}

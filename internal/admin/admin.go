@@ -75,6 +75,16 @@ type Config struct {
 	// node, for POST /api/v1/nodes/{id}/forget; nil answers 409 conflict.
 	// An error wrapping membership.ErrNotDead is a 409 too.
 	ForgetNode func(id string) error
+	// Moves lists the operator moves for GET /api/v1/moves; StartMove
+	// and CancelMove start and cancel one (moves.go). An *Error they
+	// return is answered with its status and code. Nil: a node that runs
+	// alone (no moves; starting one is 409 not_clustered).
+	Moves      func(ctx context.Context) MovesView
+	StartMove  func(ctx context.Context, r MoveRequest) (MoveView, error)
+	CancelMove func(ctx context.Context, id uint64, reason string) (MoveView, error)
+	// UnpinQueue hands a queue an operator moved back to the rebalancer
+	// (POST /api/v1/moves/unpin); nil: 409 not_clustered.
+	UnpinQueue func(ctx context.Context, topic, group string) error
 }
 
 // Handler returns the admin HTTP handler.
@@ -140,6 +150,11 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("GET /api/v1/nodes", a.nodes)
 	mux.HandleFunc("POST /api/v1/nodes/self/leave", a.leave)
 	mux.HandleFunc("POST /api/v1/nodes/{id}/forget", a.forget)
+	mux.HandleFunc("GET /api/v1/moves", a.listMoves)
+	mux.HandleFunc("POST /api/v1/moves", a.startMove)
+	mux.HandleFunc("GET /api/v1/moves/{id}", a.getMove)
+	mux.HandleFunc("POST /api/v1/moves/{id}/cancel", a.cancelMove)
+	mux.HandleFunc("POST /api/v1/moves/unpin", a.unpinQueue)
 	mux.HandleFunc("GET /api/v1/users", a.needBroker(a.listUsers))
 	mux.HandleFunc("POST /api/v1/users", a.needBroker(a.addUser))
 	mux.HandleFunc("GET /api/v1/users/{name}", a.needBroker(a.getUser))

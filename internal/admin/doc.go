@@ -21,6 +21,14 @@
 //	GET    /api/v1/settings                   runtime settings and their version
 //	PUT    /api/v1/settings                   change runtime settings (409 on a version race)
 //	POST   /api/v1/drain                      start the planned drain, as SIGTERM does (202; 501 when not wired)
+//	GET    /api/v1/nodes                      this node's cluster membership and controller
+//	POST   /api/v1/nodes/self/leave           leave the cluster, then drain
+//	POST   /api/v1/nodes/{id}/forget          record a dead node as left
+//	GET    /api/v1/moves                      operator moves of queue replicas, with each partition's step
+//	POST   /api/v1/moves                      move a queue's replica from one node to another (202)
+//	GET    /api/v1/moves/{id}                 one move
+//	POST   /api/v1/moves/{id}/cancel          cancel a move that has not cut over
+//	POST   /api/v1/moves/unpin                hand a queue an operator moved back to the rebalancer
 //	GET    /api/v1/users                      every user with its permissions (never a password or hash)
 //	POST   /api/v1/users                      add a user (the password only in the body)
 //	GET    /api/v1/users/{name}               one user

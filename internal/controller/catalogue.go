@@ -32,6 +32,9 @@ type Queue struct {
 	PurgeSeq   uint64   `json:"purge_seq,omitempty"`
 	PurgeDone  []uint64 `json:"purge_done,omitempty"`
 	PurgeCount []uint64 `json:"purge_count,omitempty"`
+	// Pinned is set once an operator move of the queue is done
+	// (moves.go): the rebalancer leaves its replicas where they are.
+	Pinned bool `json:"pinned,omitempty"`
 }
 
 // Placement is one partition's raft group and its replicas.
@@ -451,6 +454,12 @@ func (c *Controller) planRecovery(view []Member) error {
 	settled := true // no queue short of replicas, dead ones or a move
 	for qi := range c.table.Queues {
 		q := &c.table.Queues[qi]
+		if busy, err := c.planMoves(q); err != nil {
+			return err
+		} else if busy {
+			settled = false // an operator move carries it on
+			continue
+		}
 		set := replicaSet(q)
 		liveInSet := 0
 		for _, r := range set {
@@ -560,8 +569,8 @@ func (c *Controller) planRebalance(members []uint64, live map[uint64]bool, load 
 	for qi := range c.table.Queues {
 		q := &c.table.Queues[qi]
 		set := replicaSet(q)
-		if !slices.Contains(set, from) {
-			continue
+		if q.Pinned || !slices.Contains(set, from) {
+			continue // an operator placed a pinned queue's replicas
 		}
 		n := len(q.Partitions)
 		for _, to := range members {

@@ -41,8 +41,9 @@
 // A table entry's data is the record type byte 1 followed by a JSON
 // command with a version ("v": 1) and an op (table.go): "join" with the
 // node, "leave" with its raft id; "create_queue", "update_queue",
-// "delete_queue", "purge_queue", "purge_done", "placement_done" and
-// "replace_replica" for the catalogue; "set_runtime" for the runtime
+// "delete_queue", "purge_queue", "purge_done", "placement_done",
+// "replace_replica" and "add_replica" for the catalogue; "start_move",
+// "cancel_move" and "unpin_queue" for operator moves (moves.go); "set_runtime" for the runtime
 // settings; "cohort_report" and "cohort_plan" for the cohorts (consumer
 // groups, cohorts.go): the members a node serves, and each cohort's
 // assignment plan, fenced by its generation. A replica refuses an entry it cannot apply, rather than skip

@@ -52,6 +52,9 @@ type Table struct {
 	// CohortPlans is the committed plan of each cohort of a queue
 	// (cohorts.go), sorted by topic, group then cohort.
 	CohortPlans []CohortPlan `json:"cohort_plans,omitempty"`
+	// Moves is the operator moves (moves.go): the running ones and the
+	// last ended ones, in the order they started.
+	Moves []Move `json:"moves,omitempty"`
 	// plansSeq counts the changes of CohortPlans this replica applied
 	// (not stored: it only tells publish that they changed).
 	plansSeq uint64
@@ -83,6 +86,9 @@ const (
 	opPurgeDone      = "purge_done"
 	opCohortReport   = "cohort_report"
 	opCohortPlan     = "cohort_plan"
+	opStartMove      = "start_move"
+	opCancelMove     = "cancel_move"
+	opUnpinQueue     = "unpin_queue"
 )
 
 // commandVersion is the encoding version of a controller command; a
@@ -128,6 +134,9 @@ type command struct {
 	Members    []string `json:"members,omitempty"`
 	Generation uint64   `json:"generation,omitempty"`
 	Owners     []string `json:"owners,omitempty"`
+	// Move is start_move's move, or cancel_move's (its ID, the state it
+	// ends in and why).
+	Move *Move `json:"move,omitempty"`
 }
 
 // ErrCommand reports a committed entry the table cannot apply: of an
@@ -202,11 +211,17 @@ func (t *Table) apply(index uint64, c command) error {
 	case opAddReplica:
 		return t.applyAddReplica(&c)
 	case opDeleteQueue:
-		return t.applyDeleteQueue(&c)
+		if err := t.applyDeleteQueue(&c); err != nil {
+			return err
+		}
+		t.advanceMoves(index)
 	case opUpdateQueue:
 		return t.applyUpdateQueue(&c)
 	case opPlacementDone:
-		return t.applyPlacementDone(&c)
+		if err := t.applyPlacementDone(&c); err != nil {
+			return err
+		}
+		t.advanceMoves(index)
 	case opSetRuntime:
 		return t.applySetRuntime(&c)
 	case opPurgeQueue:
@@ -217,6 +232,12 @@ func (t *Table) apply(index uint64, c command) error {
 		return t.applyCohortReport(&c)
 	case opCohortPlan:
 		return t.applyCohortPlan(&c)
+	case opStartMove:
+		return t.applyStartMove(index, &c)
+	case opCancelMove:
+		return t.applyCancelMove(index, &c)
+	case opUnpinQueue:
+		return t.applyUnpinQueue(&c)
 	default:
 		return fmt.Errorf("%w: op %q", ErrCommand, c.Op)
 	}
@@ -241,7 +262,7 @@ func (t *Table) Node(raftID uint64) (Node, bool) {
 // applied entries are never changed in place.
 func (t *Table) clone() *Table {
 	return &Table{Nodes: slices.Clone(t.Nodes), Queues: slices.Clone(t.Queues), NextRaftGroup: t.NextRaftGroup, Runtime: t.Runtime,
-		CohortReports: slices.Clone(t.CohortReports), CohortPlans: slices.Clone(t.CohortPlans), plansSeq: t.plansSeq}
+		CohortReports: slices.Clone(t.CohortReports), CohortPlans: slices.Clone(t.CohortPlans), Moves: slices.Clone(t.Moves), plansSeq: t.plansSeq}
 }
 
 // members returns the raft ids of the nodes that have not left, in join

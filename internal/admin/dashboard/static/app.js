@@ -402,6 +402,49 @@
     return true;
   }
 
+  // ---- moves ----
+  // Operator moves of a queue's replicas: each partition's step (with the
+  // target's lag where this node owns the partition), and a cancel button
+  // while a move has not cut over. A node that runs alone hides the section.
+  async function loadMoves() {
+    const r = await api("GET", "/api/v1/moves");
+    if (!r.ok) {
+      setMsg("moves-msg", "moves: " + errText(r), "error");
+      return r.status !== 0;
+    }
+    const v = r.data || {};
+    $("#moves").hidden = !v.cluster;
+    if (!v.cluster) return true;
+    const moves = v.moves || [];
+    $("#moves-empty").hidden = moves.length > 0;
+    const pinned = (v.pinned || []).map((q) => queueName(q.topic, q.group));
+    $("#moves-pinned").hidden = pinned.length === 0;
+    $("#moves-pinned").textContent = "Pinned (the rebalancer leaves them; sinew admin partition unpin hands one back): " + pinned.join(", ");
+    const tbody = $("#moves tbody");
+    tbody.replaceChildren();
+    for (const m of moves) {
+      const steps = m.ended_at ? "–" : !(m.partitions || []).length ? "known to the queue's replicas"
+        : m.partitions.map((p) => p.partition + ": " + p.step + (p.lag != null ? " (lag " + fmtInt(p.lag) + ")" : "")).join(", ");
+      const cancel = m.cancellable ? h("button", { class: "move-cancel", "data-move-id": m.id, text: "cancel" }) : "";
+      if (cancel) {
+        cancel.addEventListener("click", async () => {
+          const c = await api("POST", "/api/v1/moves/" + m.id + "/cancel");
+          setMsg("moves-msg", c.ok ? "move " + m.id + " cancelled" : "cancel: " + errText(c), c.ok ? "" : "error");
+          loadMoves();
+        });
+      }
+      tbody.append(h("tr", { class: "move-row", "data-move-id": m.id, "data-state": m.state },
+        h("td", { class: "num", text: String(m.id) }),
+        h("td", { text: queueName(m.topic, m.group) }),
+        h("td", { text: m.from_addr || m.from }),
+        h("td", { text: m.to_addr || m.to }),
+        h("td", { title: m.reason || "" }, h("span", { class: "badge " + m.state, text: m.state + (m.reason ? ": " + m.reason : "") })),
+        h("td", { text: steps }),
+        h("td", {}, cancel)));
+    }
+    return true;
+  }
+
   // ---- sessions ----
   async function loadSessions() {
     const r = await api("GET", "/api/v1/sessions");
@@ -620,7 +663,7 @@
     if (state.busy) return;
     state.busy = true;
     try {
-      const results = await Promise.all([loadOverview(), loadQueues(), loadCohorts(), loadNodes(), loadSessions(), loadDeadLetters(), loadSettings(false)]);
+      const results = await Promise.all([loadOverview(), loadQueues(), loadCohorts(), loadNodes(), loadMoves(), loadSessions(), loadDeadLetters(), loadSettings(false)]);
       const banner = $("#banner");
       if (results.some((ok) => !ok)) {
         banner.textContent = "The broker's admin API is unreachable; showing the last data received.";
