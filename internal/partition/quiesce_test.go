@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -136,5 +137,53 @@ func TestQuietGroupLeavesADeadFollowerBehindAndCatchesItUp(t *testing.T) {
 		g.settleReplicas()
 		g.checkAgree(g.awaitLeader())
 		g.awaitQuiet("after the follower came back")
+	})
+}
+
+// OnStir tells the broker that a quiet group woke, once per waking: a
+// publish to a quiet group stirs its leader, and a group that stays quiet
+// stirs nothing. QuietPlaced holds for the quiet leader with its own
+// placement and not for another.
+func TestQuietGroupStirsOncePerWaking(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var stirs [4]atomic.Int32
+		g := newRGroup(t, 23, multiraft.Faults{DelayMinMs: 1, DelayMaxMs: 3}, func(c *Config) {
+			id := c.RaftID
+			c.OnStir = func() { stirs[id].Add(1) }
+		})
+		defer g.closeAll()
+		l := g.awaitLeader()
+		if r, ok := awaitRes(g, publish(l.p, "before", nil), time.Second); !ok || r.err != nil {
+			t.Fatalf("publish: %v (answered %v)", r.err, ok)
+		}
+		g.awaitQuiet("after the first publish")
+		want := []uint64{l.id}
+		for _, n := range g.up() {
+			if n.id != l.id {
+				want = append(want, n.id)
+			}
+		}
+		if _, err := l.p.Reconfigure(t.Context(), want); err != nil {
+			t.Fatal(err)
+		}
+		g.awaitQuiet("after the placement")
+		if !l.p.QuietPlaced(want) {
+			t.Fatal("the quiet leader with its placement is not QuietPlaced")
+		}
+		if l.p.QuietPlaced([]uint64{want[1], want[0], want[2]}) {
+			t.Fatal("QuietPlaced with another preferred owner")
+		}
+		before := stirs[l.id].Load()
+		g.run(40 * replTick)
+		if got := stirs[l.id].Load(); got != before {
+			t.Fatalf("a quiet group stirred %d times", got-before)
+		}
+		if r, ok := awaitRes(g, publish(l.p, "wakes", nil), time.Second); !ok || r.err != nil {
+			t.Fatalf("publish to a quiet group: %v (answered %v)", r.err, ok)
+		}
+		if got := stirs[l.id].Load(); got != before+1 {
+			t.Fatalf("a publish to a quiet group stirred its leader %d times, want 1", got-before)
+		}
+		g.awaitQuiet("after the second publish")
 	})
 }
