@@ -20,5 +20,5 @@ mod error;
 #[allow(missing_docs)]
 pub mod wire;
 
-// client
+pub use client::*;
 pub use error::{Code, Error, Result};

@@ -1,0 +1,362 @@
+//! The client against a real `sinew serve` built from this tree, through a
+//! loopback fault proxy.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use futures::StreamExt;
+use sinew::{Code, ConnectOptions, DeadLetter, Error, PublishOptions, QueueOptions, Status, SubscribeOptions};
+
+async fn setup() -> (Broker, FaultProxy) {
+    let mut b = Broker::new(&[]);
+    let addr = b.start().await;
+    let p = FaultProxy::start(&addr).await;
+    (b, p)
+}
+
+async fn next(sub: &mut sinew::Subscription) -> sinew::Message {
+    within(10, sub.next()).await.expect("stream ended").expect("stream error")
+}
+
+#[tokio::test]
+async fn publish_worker_retry_and_dead_letter() {
+    let (_b, p) = setup().await;
+    let c = sinew::connect(p.addr.clone()).await.unwrap();
+    let d = c
+        .declare_queue("jobs", QueueOptions { dead_letter: DeadLetter::Queue("jobs-dead".into()), ..Default::default() })
+        .await
+        .unwrap();
+    assert!(d.created);
+    let conf = c.publish_with("jobs", "job-1", PublishOptions::new().header("kind", "demo")).await.unwrap();
+    assert!(!conf.duplicate);
+    let mut sub = c.subscribe_with("jobs", SubscribeOptions::new().prefetch(8)).await.unwrap();
+    let m = next(&mut sub).await;
+    assert_eq!((m.body.as_slice(), m.attempt, m.header("kind")), (&b"job-1"[..], 1, Some("demo")));
+    assert_eq!((m.partition, m.offset), (conf.partition, conf.offset));
+    within(10, m.retry()).await.unwrap();
+    let m = next(&mut sub).await;
+    assert_eq!(m.attempt, 2);
+    within(10, m.fail()).await.unwrap();
+    let mut dead = c.subscribe("jobs-dead").await.unwrap();
+    let m = next(&mut dead).await;
+    assert_eq!(m.body, b"job-1");
+    assert_eq!(m.header("sinew.reason"), Some("failed"));
+    assert_eq!(m.header("sinew.source.topic"), Some("jobs"));
+    within(10, m.complete()).await.unwrap();
+    // A settled message cannot be settled again: settling consumes it, and an
+    // auto-ack delivery refuses it.
+    c.publish("auto", "a").await.unwrap();
+    let mut auto = c.subscribe_with("auto", SubscribeOptions::new().auto_ack(true)).await.unwrap();
+    let m = next(&mut auto).await;
+    assert!(matches!(m.complete().await, Err(Error::AlreadySettled)));
+    // Reserved headers are refused before anything is sent.
+    let e = c.publish_with("jobs", "x", PublishOptions::new().header("sinew.reason", "x")).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { argument: "headers", .. }), "{:?}", e);
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn publish_resend_after_cut_is_stored_once() {
+    let (_b, p) = setup().await;
+    let c = sinew::connect(p.addr.clone()).await.unwrap();
+    let first = c.publish("idem", "warm").await.unwrap();
+    // The broker stores the publish, but its confirm is held in the proxy and
+    // lost with the cut: the client sends it again under the same producer
+    // id and sequence, and the broker answers with the original.
+    p.hold(true);
+    let c2 = c.clone();
+    let pubf = tokio::spawn(async move { c2.publish("idem", "once").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    p.cut_all();
+    p.hold(false);
+    let conf = within(20, pubf).await.unwrap().unwrap();
+    assert!(conf.duplicate, "the resend was stored again: {:?}", conf);
+    assert!(conf.offset > first.offset);
+    let mut sub = c.subscribe("idem").await.unwrap();
+    let mut bodies = vec![next(&mut sub).await.body, next(&mut sub).await.body];
+    bodies.sort();
+    assert_eq!(bodies, vec![b"once".to_vec(), b"warm".to_vec()]);
+    assert!(tokio::time::timeout(Duration::from_millis(500), sub.next()).await.is_err(), "a third message");
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn cut_inside_grace_is_invisible_and_acked_messages_never_return() {
+    let (_b, p) = setup().await;
+    let c = sinew::connect(p.addr.clone()).await.unwrap();
+    let mut status = c.status();
+    for i in 0..40 {
+        c.publish("grace", format!("{}", i)).await.unwrap();
+    }
+    let mut sub = c.subscribe_with("grace", SubscribeOptions::new().prefetch(8)).await.unwrap();
+    let mut seen: HashMap<String, u32> = HashMap::new();
+    for i in 0..40 {
+        let m = next(&mut sub).await;
+        *seen.entry(m.text().unwrap().to_string()).or_default() += 1;
+        // Cut while deliveries and settles are in flight.
+        if i % 10 == 5 {
+            p.cut_all();
+        }
+        within(20, m.complete()).await.expect("settle across a cut");
+    }
+    assert_eq!(seen.len(), 40);
+    assert!(seen.values().all(|n| *n == 1), "{:?}", seen);
+    assert!(tokio::time::timeout(Duration::from_millis(700), sub.next()).await.is_err(), "an acked message came back");
+    let mut resumed = 0;
+    while let Ok(s) = status.try_recv() {
+        if let Status::Connected { resumed: r } = s {
+            assert!(r, "a cut inside the grace must resume the session");
+            resumed += 1;
+        }
+    }
+    assert!(resumed >= 3, "{} resumes", resumed);
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn restart_with_drain_pauses_and_resumes() {
+    let mut b = Broker::new(&[]);
+    b.start().await;
+    let c = sinew::connect(b.addr.clone()).await.unwrap();
+    let mut status = c.status();
+    let mut sub = c.subscribe_with("drain", SubscribeOptions::new().prefetch(4)).await.unwrap();
+    c.publish("drain", "before").await.unwrap();
+    let m = next(&mut sub).await;
+    within(10, m.complete()).await.unwrap();
+    within(40, b.stop()).await; // SIGTERM: GOING_AWAY, drain, exit
+    // A publish now waits for the broker to come back.
+    let c2 = c.clone();
+    let pubf = tokio::spawn(async move { c2.publish("drain", "during").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.start().await;
+    within(30, pubf).await.unwrap().unwrap();
+    let m = next(&mut sub).await;
+    assert_eq!(m.body, b"during");
+    within(10, m.complete()).await.unwrap();
+    let mut away = false;
+    let mut resumed = false;
+    while let Ok(s) = status.try_recv() {
+        match s {
+            Status::GoingAway => away = true,
+            Status::Connected { resumed: r } => resumed |= r,
+            _ => {}
+        }
+    }
+    assert!(away && resumed, "going away {} resumed {}", away, resumed);
+    assert!(tokio::time::timeout(Duration::from_millis(500), sub.next()).await.is_err());
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn kill_9_restart_resumes_and_acked_stays_acked() {
+    let mut b = Broker::new(&[]);
+    b.start().await;
+    let c = sinew::connect(b.addr.clone()).await.unwrap();
+    let mut sub = c.subscribe_with("crash", SubscribeOptions::new().prefetch(4)).await.unwrap();
+    for i in 0..6 {
+        c.publish("crash", format!("{}", i)).await.unwrap();
+    }
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let m = next(&mut sub).await;
+        got.push(m.text().unwrap().to_string());
+        within(10, m.complete()).await.unwrap();
+    }
+    b.kill().await;
+    b.start().await;
+    for _ in 0..3 {
+        let m = next(&mut sub).await;
+        got.push(m.text().unwrap().to_string());
+        within(20, m.complete()).await.unwrap();
+    }
+    got.sort();
+    assert_eq!(got, vec!["0", "1", "2", "3", "4", "5"]);
+    assert!(tokio::time::timeout(Duration::from_millis(700), sub.next()).await.is_err(), "an acked message came back");
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn refused_connection_backs_off_on_the_injected_clock() {
+    let (_b, mut p) = setup().await;
+    p.refuse(true).await;
+    let (clock, mut waits) = StepClock::new();
+    let opts = ConnectOptions::new(p.addr.clone()).clock(clock.clone()).rand(|| 0.5);
+    let connecting = tokio::spawn(sinew::connect_with(opts));
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let (d, go) = within(10, waits.recv()).await.unwrap();
+        seen.push(d);
+        if seen.len() == 4 {
+            p.refuse(false).await;
+        }
+        let _ = go.send(());
+    }
+    let c = within(10, connecting).await.unwrap().unwrap();
+    // rand 0.5 puts the jitter at zero: 100 ms, then x2 each failure.
+    let ms: Vec<u128> = seen.iter().map(|d| d.as_millis()).collect();
+    assert_eq!(ms, vec![100, 200, 400, 800]);
+
+    // Failures in a row keep growing the wait while the connection has not
+    // stayed up for 10 s...
+    p.refuse(true).await;
+    p.cut_all();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let (d, go) = within(10, waits.recv()).await.unwrap();
+        seen.push(d.as_millis());
+        if seen.len() == 3 {
+            p.refuse(false).await;
+        }
+        let _ = go.send(());
+    }
+    // The first wait follows the cut; each refusal doubles the next.
+    assert_eq!(seen, vec![100, 200, 400]);
+    c.publish("bo", "x").await.unwrap();
+    p.refuse(true).await;
+    p.cut_all();
+    let (d, go) = within(10, waits.recv()).await.unwrap();
+    // Two failures in a row before the last connection, which did not stay
+    // up for 10 s: the count goes on.
+    assert_eq!(d.as_millis(), 400, "no reset before 10 s connected");
+    p.refuse(false).await;
+    let _ = go.send(());
+    c.publish("bo", "y").await.unwrap();
+    // ...and start over once it has.
+    clock.advance(Duration::from_secs(11));
+    p.cut_all();
+    let (d, go) = within(10, waits.recv()).await.unwrap();
+    assert_eq!(d.as_millis(), 100, "reset after 10 s connected");
+    let _ = go.send(());
+    c.publish("bo", "z").await.unwrap();
+    c.close().await.unwrap();
+
+    // Jitter stays within +/-10 %.
+    let pol = sinew::ReconnectPolicy::default();
+    assert_eq!(pol.delay(0, 0.0).as_millis(), 90);
+    assert_eq!(pol.delay(0, 0.999_999).as_millis(), 109);
+    assert_eq!(pol.delay(20, 0.5), Duration::from_secs(30));
+}
+
+#[tokio::test]
+async fn auth_failed_is_fatal_and_typed() {
+    let mut b = Broker::new(&[]);
+    let bin = tokio::task::spawn_blocking(broker_binary).await.unwrap();
+    let mut child = tokio::process::Command::new(bin)
+        .args(["admin", "user", "add", "alice", "--data-dir"])
+        .arg(&b.data)
+        .args(["--publish", "*", "--consume", "*", "--manage", "*", "--password-stdin"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"correct horse\n").await.unwrap();
+    }
+    assert!(child.wait().await.unwrap().success());
+    b.start().await;
+    for (user, pass) in [("alice", "wrong horse"), ("mallory", "correct horse"), ("", "")] {
+        let clock = Arc::new(RecordClock::default());
+        let opts = ConnectOptions::new(b.addr.clone()).user(user, pass).clock(clock.clone());
+        let e = within(20, sinew::connect_with(opts)).await.unwrap_err();
+        assert_eq!(e.code(), Some(Code::AUTH_FAILED), "{:?}", e);
+        assert_eq!(e.code().unwrap().name(), "auth_failed");
+        assert!(!e.is_retryable());
+        assert!(clock.waits.lock().unwrap().is_empty(), "auth_failed was retried");
+    }
+    let c = within(20, sinew::connect_with(ConnectOptions::new(b.addr.clone()).user("alice", "correct horse")))
+        .await
+        .unwrap();
+    c.publish("auth", "as alice").await.unwrap();
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn typed_subscription_ends() {
+    let (_b, p) = setup().await;
+    let c = sinew::connect(p.addr.clone()).await.unwrap();
+    let mut a = c.subscribe("ends-a").await.unwrap();
+    assert!(a.end_reason().is_none());
+    let a2 = c.subscribe("ends-a2").await.unwrap();
+    a2.unsubscribe().await.unwrap();
+    // Ended by the broker's queue deletion: the stream yields not_found once.
+    c.declare_queue("ends-b", QueueOptions::default()).await.unwrap();
+    let mut b = c.subscribe("ends-b").await.unwrap();
+    c.delete_queue("ends-b", "").await.unwrap();
+    let e = within(10, b.next()).await.unwrap().unwrap_err();
+    assert_eq!(e.code(), Some(Code::NOT_FOUND), "{:?}", e);
+    assert!(within(10, b.next()).await.is_none());
+    // Closing the client ends the others cleanly.
+    c.close().await.unwrap();
+    assert!(within(10, a.next()).await.is_none());
+    assert!(matches!(a.end_reason(), Some(Error::ClientClosed)), "{:?}", a.end_reason());
+    assert!(matches!(c.publish("ends-a", "x").await, Err(Error::ClientClosed)));
+}
+
+#[tokio::test]
+async fn dropping_a_subscription_hands_its_prefetched_messages_back() {
+    let (_b, p) = setup().await;
+    let c = sinew::connect(p.addr.clone()).await.unwrap();
+    for i in 0..5 {
+        c.publish("handback", format!("{}", i)).await.unwrap();
+    }
+    let mut sub = c.subscribe_with("handback", SubscribeOptions::new().prefetch(10)).await.unwrap();
+    let first = next(&mut sub).await;
+    // Prefetched: the rest are leased to this subscription too.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    within(10, first.complete()).await.unwrap();
+    drop(sub);
+    // The queue's lease is 30 s: getting them at once shows they were released.
+    let mut other = c.subscribe("handback").await.unwrap();
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let m = next(&mut other).await;
+        got.push(m.text().unwrap().to_string());
+        within(10, m.complete()).await.unwrap();
+    }
+    got.sort();
+    assert_eq!(got, vec!["1", "2", "3", "4"]);
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn tls_with_a_ca_file_and_typed_tls_failures() {
+    let dir = temp_dir("sinew-rs-tls");
+    let bin = tokio::task::spawn_blocking(broker_binary).await.unwrap();
+    let st = std::process::Command::new(&bin).args(["cert", "generate", "--dir"]).arg(&dir).output().unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let cert = dir.join("server.pem");
+    let key = dir.join("server-key.pem");
+    let ca = dir.join("ca.pem");
+    let mut b = Broker::new(&["--tls-cert-file", cert.to_str().unwrap(), "--tls-key-file", key.to_str().unwrap()]);
+    b.start().await;
+    let opts = ConnectOptions::new(b.addr.clone()).tls_ca_file(&ca).tls_server_name("localhost");
+    let c = within(20, sinew::connect_with(opts)).await.unwrap();
+    c.publish("tls", "sealed").await.unwrap();
+    let mut sub = c.subscribe("tls").await.unwrap();
+    let m = next(&mut sub).await;
+    assert_eq!(m.body, b"sealed");
+    within(10, m.complete()).await.unwrap();
+    c.close().await.unwrap();
+    // A certificate from another CA: fatal, typed, not retried.
+    let clock = Arc::new(RecordClock::default());
+    let opts = ConnectOptions::new(b.addr.clone()).tls_system_roots().tls_server_name("localhost").clock(clock.clone());
+    let e = within(20, sinew::connect_with(opts)).await.unwrap_err();
+    assert!(matches!(e, Error::Tls(_)), "{:?}", e);
+    assert!(!e.is_retryable());
+    assert!(clock.waits.lock().unwrap().is_empty());
+    // TLS to a plaintext port.
+    let mut plain = Broker::new(&[]);
+    plain.start().await;
+    let opts = ConnectOptions::new(plain.addr.clone()).tls_ca_file(&ca).tls_server_name("localhost");
+    let e = within(20, sinew::connect_with(opts)).await.unwrap_err();
+    assert!(matches!(e, Error::ServerNotTls | Error::Tls(_)), "{:?}", e);
+    assert!(!e.is_retryable());
+    let _ = std::fs::remove_dir_all(&dir);
+}
