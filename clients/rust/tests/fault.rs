@@ -111,9 +111,9 @@ async fn fault_run_5000_messages_through_cuts_a_drain_and_a_kill() {
         if acked >= N || errors > 0 || started.elapsed() > RUN_LIMIT {
             break;
         }
-        proxy.cut_all();
-        cuts += 1;
         if !drained && started.elapsed() > Duration::from_millis(1500) {
+            // SIGTERM with the client connected: it gets GOING_AWAY, lets its
+            // work in flight finish, and resumes on the restarted broker.
             drained = true;
             within(60, broker.stop()).await;
             broker.start().await;
@@ -121,6 +121,9 @@ async fn fault_run_5000_messages_through_cuts_a_drain_and_a_kill() {
             killed = true;
             broker.kill().await;
             broker.start().await;
+        } else {
+            proxy.cut_all();
+            cuts += 1;
         }
     }
     // A while longer: an acked message that came back now is counted too.
@@ -130,26 +133,27 @@ async fn fault_run_5000_messages_through_cuts_a_drain_and_a_kill() {
     let elapsed = started.elapsed();
     let mut resumed = 0;
     let mut fresh = 0;
+    let mut going_away = 0;
     while let Ok(s) = status.try_recv() {
-        if let Status::Connected { resumed: r } = s {
-            if r {
-                resumed += 1
-            } else {
-                fresh += 1
-            }
+        match s {
+            Status::Connected { resumed: true } => resumed += 1,
+            Status::Connected { resumed: false } => fresh += 1,
+            Status::GoingAway => going_away += 1,
+            _ => {}
         }
     }
     let t = tally.lock().unwrap();
     let lost = (0..N).filter(|n| !t.acked.contains(n)).count();
     let stored_twice = t.delivered.values().filter(|s| s.len() > 1).count();
     eprintln!(
-        "fault run: {} messages, {:.1} s, {} cuts, drain restart {}, kill -9 restart {}, {} resumes, {} fresh sessions, \
+        "fault run: {} messages, {:.1} s, {} cuts, drain restart {}, kill -9 restart {}, {} going away, {} resumes, {} fresh sessions, \
          {} deliveries, {} duplicate confirms; lost {}, redelivered after ack {}, stored twice {}, application errors {}",
         N,
         elapsed.as_secs_f64(),
         cuts,
         drained,
         killed,
+        going_away,
         resumed,
         fresh,
         t.deliveries,
@@ -161,6 +165,8 @@ async fn fault_run_5000_messages_through_cuts_a_drain_and_a_kill() {
     );
     assert!(t.app_errors.is_empty(), "application errors: {:?}", &t.app_errors[..t.app_errors.len().min(10)]);
     assert!(drained && killed, "the run ended before both restarts");
+    assert!(going_away >= 1, "the drain restart sent no GOING_AWAY to the client");
+    assert!(resumed >= cuts + 2, "{} resumes for {} cuts and 2 restarts", resumed, cuts);
     assert_eq!(lost, 0, "lost messages");
     assert_eq!(t.redelivered_after_ack, 0, "acked messages delivered again");
     assert_eq!(stored_twice, 0, "messages stored twice");
