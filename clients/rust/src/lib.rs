@@ -22,3 +22,8 @@ pub mod wire;
 
 pub use client::*;
 pub use error::{Code, Error, Result};
+
+/// The README's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
