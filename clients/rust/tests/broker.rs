@@ -360,3 +360,120 @@ async fn tls_with_a_ca_file_and_typed_tls_failures() {
     assert!(!e.is_retryable());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A stand-in broker that greets one client and at once announces a planned
+/// stop naming `redirect`: the client must move there.
+async fn going_away_server(redirect: String) -> (String, Arc<std::sync::Mutex<u32>>) {
+    use sinew::wire::{self, Body};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let accepted = Arc::new(std::sync::Mutex::new(0u32));
+    let acc = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = l.accept().await.unwrap();
+            *acc.lock().unwrap() += 1;
+            let redirect = redirect.clone();
+            tokio::spawn(async move {
+                let mut head = [0u8; 16];
+                if s.read_exact(&mut head).await.is_err() {
+                    return;
+                }
+                let h = wire::parse_header(&head, wire::FRAME_BYTES_DEFAULT).unwrap();
+                let mut body = vec![0u8; h.body_len];
+                s.read_exact(&mut body).await.unwrap();
+                assert!(matches!(Body::decode(h.op, &body).unwrap(), Body::Hello(_)));
+                let ok = wire::HelloOk {
+                    protocol_version: 1,
+                    server_version: "stand-in".into(),
+                    resume: wire::ResumeIdentity { client_id: "c-1".into(), owner_id: "o-1".into(), token: vec![1; 16] },
+                    ..Default::default()
+                };
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+                let away = wire::GoingAway { deadline_ms: now + 5000, grace_ms: 0, reason: "shutdown".into(), redirect };
+                let mut out = wire::encode_frame(&Body::HelloOk(ok), h.req_id, 0);
+                out.extend(wire::encode_frame(&Body::GoingAway(away), 0, 0));
+                s.write_all(&out).await.unwrap();
+                // Keep the socket open: the client closes it itself.
+                let mut sink = vec![0u8; 4096];
+                while let Ok(n) = s.read(&mut sink).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test]
+async fn going_away_with_a_redirect_moves_the_client() {
+    let (_b, p) = setup().await;
+    let (away_addr, accepted) = going_away_server(p.addr.clone()).await;
+    let c = sinew::connect(away_addr).await.unwrap();
+    let mut status = c.status();
+    // The publish waits for the next connection, which goes to the redirect.
+    let conf = within(20, c.publish("moved", "here")).await.unwrap();
+    assert!(!conf.duplicate);
+    let mut sub = c.subscribe("moved").await.unwrap();
+    assert_eq!(next(&mut sub).await.body, b"here");
+    assert_eq!(*accepted.lock().unwrap(), 1, "the client went back to the node going away");
+    let mut connected = false;
+    while let Ok(s) = status.try_recv() {
+        connected |= matches!(s, Status::Connected { .. });
+    }
+    assert!(connected);
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn seed_addresses_are_tried_in_turn() {
+    let (_b, p) = setup().await;
+    // A port nothing listens on: bound, then closed.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let clock = Arc::new(RecordClock::default());
+    let opts = ConnectOptions::new(dead.clone()).addresses([dead, p.addr.clone()]).clock(clock.clone());
+    let c = within(20, sinew::connect_with(opts)).await.unwrap();
+    assert_eq!(clock.waits.lock().unwrap().len(), 1, "one refused seed, one wait");
+    c.publish("seeds", "x").await.unwrap();
+    c.close().await.unwrap();
+    // Not host:port: refused before anything is dialled.
+    let e = sinew::connect("no-port").await.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { argument: "address", .. }), "{:?}", e);
+}
+
+#[tokio::test]
+async fn silent_connection_is_ended_by_the_heartbeat_and_resumed() {
+    let (_b, p) = setup().await;
+    let c = sinew::connect_with(ConnectOptions::new(p.addr.clone()).heartbeat(Duration::from_millis(200))).await.unwrap();
+    let mut status = c.status();
+    c.publish("hb", "before").await.unwrap();
+    // Nothing from the broker reaches the client any more.
+    p.hold(true);
+    let why = within(10, async {
+        loop {
+            if let Some(Status::Disconnected(why)) = status.recv().await {
+                return why;
+            }
+        }
+    })
+    .await;
+    p.hold(false);
+    assert!(why.contains("heartbeat"), "{}", why);
+    let resumed = within(20, async {
+        loop {
+            if let Some(Status::Connected { resumed }) = status.recv().await {
+                return resumed;
+            }
+        }
+    })
+    .await;
+    assert!(resumed);
+    c.publish("hb", "after").await.unwrap();
+    c.close().await.unwrap();
+}
