@@ -147,7 +147,14 @@ async fn drain(addr: &str, topic: &str, count: usize, prefetch: u32, size: usize
 fn go_bench(a: &Args, mode: &str) -> f64 {
     let mut args: Vec<String> = vec!["bench".into(), mode.into()];
     if mode == "publish" {
-        args.extend(["--window".into(), a.window.to_string(), "--duration".into(), format!("{}s", a.duration), "--warmup".into(), "1s".into()]);
+        args.extend([
+            "--window".into(),
+            a.window.to_string(),
+            "--duration".into(),
+            format!("{}s", a.duration),
+            "--warmup".into(),
+            "1s".into(),
+        ]);
     } else {
         args.extend(["--count".into(), a.count.to_string(), "--prefetch".into(), a.prefetch.to_string()]);
     }
@@ -158,7 +165,9 @@ fn go_bench(a: &Args, mode: &str) -> f64 {
     // The one figure needed from the JSON result: "msg_per_sec": <number>.
     let i = doc.find("\"msg_per_sec\"").expect("msg_per_sec in sinew bench --json");
     let rest = doc[i + 13..].trim_start_matches(|c: char| c == ':' || c.is_whitespace());
-    let end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == '-' || c == '+')).unwrap_or(rest.len());
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == '-' || c == '+'))
+        .unwrap_or(rest.len());
     let rate: f64 = rest[..end].parse().expect("msg_per_sec number");
     println!("go     {}: {:.0} msg/s  ({} {})", mode, rate, a.sinew, args.join(" "));
     rate

@@ -260,8 +260,10 @@ impl ConnectOptions {
                 for c in certs {
                     let _ = roots.add(&rustls::Certificate(c.0));
                 }
-                let cfg =
-                    rustls::ClientConfig::builder().with_safe_defaults().with_root_certificates(roots).with_no_client_auth();
+                let cfg = rustls::ClientConfig::builder()
+                    .with_safe_defaults()
+                    .with_root_certificates(roots)
+                    .with_no_client_auth();
                 self.tls = Some(Arc::new(cfg));
             }
             Err(e) => self.tls_error = Some(format!("system certificates: {}", e)),
@@ -371,9 +373,9 @@ fn tls_config_from(
             let mut keys = Vec::new();
             for item in rustls_pemfile::read_all(&mut &pem[..]).map_err(|e| format!("{}: {}", key.display(), e))? {
                 match item {
-                    rustls_pemfile::Item::PKCS8Key(k) | rustls_pemfile::Item::RSAKey(k) | rustls_pemfile::Item::ECKey(k) => {
-                        keys.push(k)
-                    }
+                    rustls_pemfile::Item::PKCS8Key(k)
+                    | rustls_pemfile::Item::RSAKey(k)
+                    | rustls_pemfile::Item::ECKey(k) => keys.push(k),
                     _ => {}
                 }
             }
@@ -500,9 +502,10 @@ impl SubscribeOptions {
 }
 
 /// Dead-letter policy of [`QueueOptions`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum DeadLetter {
     /// The broker's default.
+    #[default]
     Default,
     /// Failed messages are dropped.
     Discard,
@@ -510,12 +513,6 @@ pub enum DeadLetter {
     Global,
     /// Failed messages go to the named queue.
     Queue(String),
-}
-
-impl Default for DeadLetter {
-    fn default() -> Self {
-        DeadLetter::Default
-    }
 }
 
 /// Settings of [`Client::declare_queue`]; zero values take the broker's defaults.
@@ -854,7 +851,8 @@ pub async fn connect_with(opts: ConnectOptions) -> Result<Client> {
 }
 
 fn split_addr(a: &str) -> Result<(String, u16)> {
-    let (host, port) = a.rsplit_once(':').ok_or_else(|| Error::invalid("address", format!("{:?} is not host:port", a)))?;
+    let (host, port) =
+        a.rsplit_once(':').ok_or_else(|| Error::invalid("address", format!("{:?} is not host:port", a)))?;
     let port: u16 = port.parse().map_err(|_| Error::invalid("address", format!("{:?} is not host:port", a)))?;
     if host.is_empty() {
         return Err(Error::invalid("address", format!("{:?} is not host:port", a)));
@@ -968,7 +966,8 @@ async fn attempt(shared: &Arc<Shared>) -> Result<Arc<Conn>> {
                 s.held.clear();
             }
         }
-        let mut hb = if hello.heartbeat_ms > 0 { Some(Duration::from_millis(u64::from(hello.heartbeat_ms))) } else { None };
+        let mut hb =
+            if hello.heartbeat_ms > 0 { Some(Duration::from_millis(u64::from(hello.heartbeat_ms))) } else { None };
         if let Some(mine) = shared.opts.heartbeat {
             hb = Some(hb.map_or(mine, |b| b.min(mine)));
         }
@@ -1329,7 +1328,13 @@ fn dispatch(
     Ok(())
 }
 
-fn deliver(shared: &Arc<Shared>, st: &mut State, conn: &Conn, d: wire::Deliver, slow: &mut Vec<(mpsc::Sender<Message>, Message)>) {
+fn deliver(
+    shared: &Arc<Shared>,
+    st: &mut State,
+    conn: &Conn,
+    d: wire::Deliver,
+    slow: &mut Vec<(mpsc::Sender<Message>, Message)>,
+) {
     let local = match st.by_server.get(&d.sub_id) {
         Some(l) => *l,
         None => return, // an ended subscription: the broker takes it back
@@ -1524,10 +1529,18 @@ async fn heartbeat(shared: Arc<Shared>, conn: Arc<Conn>, every: Duration) {
 
 /// Sends a request on `conn` (which must be the current one) and returns the
 /// receiver of its reply.
-fn start(shared: &Shared, conn: &Arc<Conn>, body: &Body, kind: fn(Reply) -> Pending) -> Result<oneshot::Receiver<Result<Body>>> {
+fn start(
+    shared: &Shared,
+    conn: &Arc<Conn>,
+    body: &Body,
+    kind: fn(Reply) -> Pending,
+) -> Result<oneshot::Receiver<Result<Body>>> {
     let frame_probe = wire::encode_frame(body, 0, 0);
     if frame_probe.len() > conn.frame_max {
-        return Err(Error::invalid("body", format!("a frame of {} bytes exceeds the broker's limit of {}", frame_probe.len(), conn.frame_max)));
+        return Err(Error::invalid(
+            "body",
+            format!("a frame of {} bytes exceeds the broker's limit of {}", frame_probe.len(), conn.frame_max),
+        ));
     }
     let mut st = shared.lock();
     if conn.is_closed() || !st.conn.as_ref().map_or(false, |c| Arc::ptr_eq(c, conn)) {
@@ -1553,14 +1566,18 @@ async fn restore(shared: &Arc<Shared>, conn: &Arc<Conn>, resumed: bool) -> Resul
     if resumed {
         let (views, manual): (Vec<wire::SubView>, bool) = {
             let st = shared.lock();
-            (st.subs.values().filter(|s| s.server_id != 0).map(|s| s.view()).collect(), st.subs.values().any(|s| !s.auto_ack))
+            (
+                st.subs.values().filter(|s| s.server_id != 0).map(|s| s.view()).collect(),
+                st.subs.values().any(|s| !s.auto_ack),
+            )
         };
         if !views.is_empty() {
             let policy = match shared.opts.reconcile {
                 ReconcilePolicy::Conservative => 0,
                 ReconcilePolicy::Restore => 1,
             };
-            let rc = Body::Reconcile(wire::Reconcile { policy, subs: views, inflight_follows: true, cohorts: Vec::new() });
+            let rc =
+                Body::Reconcile(wire::Reconcile { policy, subs: views, inflight_follows: true, cohorts: Vec::new() });
             match reply(start(shared, conn, &rc, Pending::Reconcile)?).await? {
                 Body::ReconcileResult(_) => {}
                 _ => return Err(Error::Protocol("unexpected answer to RECONCILE".into())),
@@ -1673,7 +1690,12 @@ async fn supervise(shared: Arc<Shared>, first: Arc<Conn>) {
     loop {
         let connected_at = clock.now();
         let planned = watch_conn(&shared, &conn).await;
-        let err = conn.reason.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or(Error::ConnectionLost("closed".into()));
+        let err = conn
+            .reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or(Error::ConnectionLost("closed".into()));
         if shared.lock().closing {
             return;
         }
@@ -1785,6 +1807,11 @@ fn give_up(shared: &Arc<Shared>, err: Error) {
                 }
             }
         }
+        for (_, _, i) in std::mem::take(&mut st.settle_q) {
+            if let Some(tx) = i.tx {
+                let _ = tx.send(Err(err.clone()));
+            }
+        }
         shared.status(&mut st, Status::Disconnected(err.to_string()));
     }
     shared.bump();
@@ -1882,7 +1909,12 @@ impl Client {
     /// original's position and `duplicate = true`. Cut-off publishes are
     /// resent automatically; this call does not fail because a connection
     /// broke.
-    pub async fn publish_with(&self, topic: &str, body: impl Into<Vec<u8>>, o: PublishOptions) -> Result<PublishConfirm> {
+    pub async fn publish_with(
+        &self,
+        topic: &str,
+        body: impl Into<Vec<u8>>,
+        o: PublishOptions,
+    ) -> Result<PublishConfirm> {
         let shared = self.shared();
         let body = body.into();
         if o.headers.len() > HEADERS_MAX {
@@ -1893,7 +1925,9 @@ impl Client {
         }
         let partition = match o.partition {
             None => -1,
-            Some(p) => i32::try_from(p).map_err(|_| Error::invalid("partition", format!("{} is above {}", p, i32::MAX)))?,
+            Some(p) => {
+                i32::try_from(p).map_err(|_| Error::invalid("partition", format!("{} is above {}", p, i32::MAX)))?
+            }
         };
         let p = wire::Publish {
             topic: topic.to_string(),
@@ -1919,10 +1953,13 @@ impl Client {
             }
         };
         if 16 + head.len() + 30 + body.len() > frame_max {
-            return Err(Error::invalid("body", format!("a message of {} bytes exceeds the broker's frame limit of {} bytes", body.len(), frame_max)));
+            return Err(Error::invalid(
+                "body",
+                format!("a message of {} bytes exceeds the broker's frame limit of {} bytes", body.len(), frame_max),
+            ));
         }
         let _slot = shared.window.acquire().await.map_err(|_| Error::ClientClosed)?;
-        let nbytes = body.len().min(PUBLISH_WINDOW_BYTES).max(1) as u32;
+        let nbytes = body.len().clamp(1, PUBLISH_WINDOW_BYTES) as u32;
         let _bytes = shared.window_bytes.acquire_many(nbytes).await.map_err(|_| Error::ClientClosed)?;
         let (tx, rx) = oneshot::channel();
         let mut call = Some(PubCall { head: Arc::new(head), seq: 0, body: Arc::new(body), tx });
@@ -2027,7 +2064,9 @@ impl Client {
         let shared = self.shared();
         let partition = match o.partition {
             None => -1,
-            Some(p) => i32::try_from(p).map_err(|_| Error::invalid("partition", format!("{} is above {}", p, i32::MAX)))?,
+            Some(p) => {
+                i32::try_from(p).map_err(|_| Error::invalid("partition", format!("{} is above {}", p, i32::MAX)))?
+            }
         };
         loop {
             let conn = acquire(shared, false).await?;

@@ -1054,11 +1054,8 @@ impl Body {
                 Body::Assignment(a)
             }
             ACK | NACK | FAIL => {
-                let mut s = Settle {
-                    tags: r.at("tags").uvarints()?,
-                    delay_ms: r.at("delay_ms").varint()?,
-                    leases: Vec::new(),
-                };
+                let mut s =
+                    Settle { tags: r.at("tags").uvarints()?, delay_ms: r.at("delay_ms").varint()?, leases: Vec::new() };
                 if !r.at_end() {
                     s.leases = dec_leases(r)?;
                 }
@@ -1114,9 +1111,9 @@ impl Body {
                 })?,
             }),
             INFLIGHT => Body::Inflight(Inflight {
-                entries: r.at("entries").list(6, |r| {
-                    Ok(InflightEntry { tag: r.at("tag").uvarint()?, lease: LeaseRef::decode(r)? })
-                })?,
+                entries: r
+                    .at("entries")
+                    .list(6, |r| Ok(InflightEntry { tag: r.at("tag").uvarint()?, lease: LeaseRef::decode(r)? }))?,
             }),
             INFLIGHT_RESULT => Body::InflightResult(InflightResult {
                 stale: r.at("stale").uvarints()?,
@@ -1215,11 +1212,7 @@ pub fn parse_header(h: &[u8], frame_bytes_max: usize) -> Result<Header> {
         return Err(WireError(format!("length {} below the header size", length)));
     }
     if length + 4 > frame_bytes_max {
-        return Err(WireError(format!(
-            "frame of {} bytes exceeds the limit of {}",
-            length + 4,
-            frame_bytes_max
-        )));
+        return Err(WireError(format!("frame of {} bytes exceeds the limit of {}", length + 4, frame_bytes_max)));
     }
     let ver = h[4];
     if ver != VERSION {
@@ -1292,7 +1285,13 @@ mod tests {
 
     #[test]
     fn truncated_bodies_are_refused() {
-        let d = Body::Deliver(Deliver { sub_id: 1, tag: 2, body: b"hello".to_vec(), topic: "t".into(), ..Default::default() });
+        let d = Body::Deliver(Deliver {
+            sub_id: 1,
+            tag: 2,
+            body: b"hello".to_vec(),
+            topic: "t".into(),
+            ..Default::default()
+        });
         let f = encode_frame(&d, 0, 0);
         let body = &f[16..];
         // Every cut before the appended fields is malformed, never a panic.

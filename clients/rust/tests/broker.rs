@@ -27,7 +27,10 @@ async fn publish_worker_retry_and_dead_letter() {
     let (_b, p) = setup().await;
     let c = sinew::connect(p.addr.clone()).await.unwrap();
     let d = c
-        .declare_queue("jobs", QueueOptions { dead_letter: DeadLetter::Queue("jobs-dead".into()), ..Default::default() })
+        .declare_queue(
+            "jobs",
+            QueueOptions { dead_letter: DeadLetter::Queue("jobs-dead".into()), ..Default::default() },
+        )
         .await
         .unwrap();
     assert!(d.created);
@@ -128,7 +131,7 @@ async fn restart_with_drain_pauses_and_resumes() {
     let m = next(&mut sub).await;
     within(10, m.complete()).await.unwrap();
     within(40, b.stop()).await; // SIGTERM: GOING_AWAY, drain, exit
-    // A publish now waits for the broker to come back.
+                                // A publish now waits for the broker to come back.
     let c2 = c.clone();
     let pubf = tokio::spawn(async move { c2.publish("drain", "during").await });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -387,11 +390,17 @@ async fn going_away_server(redirect: String) -> (String, Arc<std::sync::Mutex<u3
                 let ok = wire::HelloOk {
                     protocol_version: 1,
                     server_version: "stand-in".into(),
-                    resume: wire::ResumeIdentity { client_id: "c-1".into(), owner_id: "o-1".into(), token: vec![1; 16] },
+                    resume: wire::ResumeIdentity {
+                        client_id: "c-1".into(),
+                        owner_id: "o-1".into(),
+                        token: vec![1; 16],
+                    },
                     ..Default::default()
                 };
-                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
-                let away = wire::GoingAway { deadline_ms: now + 5000, grace_ms: 0, reason: "shutdown".into(), redirect };
+                let now =
+                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+                let away =
+                    wire::GoingAway { deadline_ms: now + 5000, grace_ms: 0, reason: "shutdown".into(), redirect };
                 let mut out = wire::encode_frame(&Body::HelloOk(ok), h.req_id, 0);
                 out.extend(wire::encode_frame(&Body::GoingAway(away), 0, 0));
                 s.write_all(&out).await.unwrap();
@@ -450,7 +459,8 @@ async fn seed_addresses_are_tried_in_turn() {
 #[tokio::test]
 async fn silent_connection_is_ended_by_the_heartbeat_and_resumed() {
     let (_b, p) = setup().await;
-    let c = sinew::connect_with(ConnectOptions::new(p.addr.clone()).heartbeat(Duration::from_millis(200))).await.unwrap();
+    let c =
+        sinew::connect_with(ConnectOptions::new(p.addr.clone()).heartbeat(Duration::from_millis(200))).await.unwrap();
     let mut status = c.status();
     c.publish("hb", "before").await.unwrap();
     // Nothing from the broker reaches the client any more.
@@ -476,4 +486,43 @@ async fn silent_connection_is_ended_by_the_heartbeat_and_resumed() {
     assert!(resumed);
     c.publish("hb", "after").await.unwrap();
     c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn mutual_tls_client_certificate() {
+    let dir = temp_dir("sinew-rs-mtls");
+    let bin = tokio::task::spawn_blocking(broker_binary).await.unwrap();
+    let st = std::process::Command::new(&bin).args(["cert", "generate", "--dir"]).arg(&dir).output().unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let f = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    let mut b = Broker::new(&[
+        "--tls-cert-file",
+        &f("server.pem"),
+        "--tls-key-file",
+        &f("server-key.pem"),
+        "--tls-client-ca-file",
+        &f("ca.pem"),
+        "--tls-client-auth",
+        "require",
+    ]);
+    b.start().await;
+    let opts = ConnectOptions::new(b.addr.clone())
+        .tls_client_cert(f("ca.pem"), f("client.pem"), f("client-key.pem"))
+        .tls_server_name("localhost");
+    let c = within(20, sinew::connect_with(opts)).await.unwrap();
+    c.publish("mtls", "with a certificate").await.unwrap();
+    c.close().await.unwrap();
+    // Without a client certificate the broker refuses the handshake: fatal.
+    let clock = Arc::new(RecordClock::default());
+    let opts =
+        ConnectOptions::new(b.addr.clone()).tls_ca_file(f("ca.pem")).tls_server_name("localhost").clock(clock.clone());
+    let e = within(20, sinew::connect_with(opts)).await.unwrap_err();
+    assert!(matches!(e, Error::Tls(_)), "{:?}", e);
+    assert!(clock.waits.lock().unwrap().is_empty());
+    // A CA file that does not exist is a typed error before anything is dialled.
+    let e = sinew::connect_with(ConnectOptions::new(b.addr.clone()).tls_ca_file(dir.join("missing.pem")))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Tls(_)), "{:?}", e);
+    let _ = std::fs::remove_dir_all(&dir);
 }

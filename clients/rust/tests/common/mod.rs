@@ -37,7 +37,8 @@ pub fn broker_binary() -> PathBuf {
     }
     let dir = temp_dir("sinew-rs-bin");
     let out = dir.join("sinew");
-    let go = if Path::new("/usr/local/go/bin/go").exists() { "/usr/local/go/bin/go".to_string() } else { "go".to_string() };
+    let go =
+        if Path::new("/usr/local/go/bin/go").exists() { "/usr/local/go/bin/go".to_string() } else { "go".to_string() };
     let st = std::process::Command::new(go)
         .args(["build", "-o"])
         .arg(&out)
