@@ -64,21 +64,29 @@ async fn publish_worker_retry_and_dead_letter() {
 
 #[tokio::test]
 async fn publish_resend_after_cut_is_stored_once() {
-    let (_b, p) = setup().await;
+    let (b, p) = setup().await;
     let c = sinew::connect(p.addr.clone()).await.unwrap();
+    // An observer straight on the broker sees each message once it is stored.
+    let observer = sinew::connect(b.addr.clone()).await.unwrap();
+    let mut seen = observer.subscribe("idem").await.unwrap();
     let first = c.publish("idem", "warm").await.unwrap();
+    assert_eq!(next(&mut seen).await.body, b"warm");
     // The broker stores the publish, but its confirm is held in the proxy and
     // lost with the cut: the client sends it again under the same producer
     // id and sequence, and the broker answers with the original.
     p.hold(true);
     let c2 = c.clone();
     let pubf = tokio::spawn(async move { c2.publish("idem", "once").await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stored = next(&mut seen).await;
+    assert_eq!(stored.body, b"once");
     p.cut_all();
     p.hold(false);
     let conf = within(20, pubf).await.unwrap().unwrap();
     assert!(conf.duplicate, "the resend was stored again: {:?}", conf);
+    assert_eq!((conf.partition, conf.offset), (stored.partition, stored.offset));
     assert!(conf.offset > first.offset);
+    // The observer's session ends: its two leases go back to the queue.
+    observer.close().await.unwrap();
     let mut sub = c.subscribe("idem").await.unwrap();
     let mut bodies = vec![next(&mut sub).await.body, next(&mut sub).await.body];
     bodies.sort();
@@ -525,4 +533,39 @@ async fn mutual_tls_client_certificate() {
         .unwrap_err();
     assert!(matches!(e, Error::Tls(_)), "{:?}", e);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn an_outage_past_the_grace_starts_a_fresh_session() {
+    let mut b = Broker::new(&[]);
+    b.grace_ms = 300;
+    b.start().await;
+    let mut p = FaultProxy::start(&b.addr).await;
+    let c = sinew::connect(p.addr.clone()).await.unwrap();
+    let mut status = c.status();
+    let mut sub = c.subscribe("fresh").await.unwrap();
+    c.publish("fresh", "held").await.unwrap();
+    let m = next(&mut sub).await;
+    assert_eq!(m.attempt, 1);
+    // Away for longer than the broker keeps the session.
+    p.refuse(true).await;
+    p.cut_all();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    p.refuse(false).await;
+    let resumed = within(30, async {
+        loop {
+            if let Some(Status::Connected { resumed }) = status.recv().await {
+                return resumed;
+            }
+        }
+    })
+    .await;
+    assert!(!resumed, "the session outlived its grace");
+    // The old lease is gone: its settle fails, and the message comes again
+    // on the subscription the client made again.
+    assert!(matches!(m.complete().await, Err(Error::StaleDelivery)));
+    let again = next(&mut sub).await;
+    assert_eq!((again.body.as_slice(), again.attempt), (&b"held"[..], 2));
+    within(10, again.complete()).await.unwrap();
+    c.close().await.unwrap();
 }
