@@ -742,8 +742,10 @@ fn ms(d: Duration) -> i64 {
 // --- the client -------------------------------------------------------------------
 
 /// A connection to a Sinew broker. Cheap to clone; every clone is the same
-/// client. Dropping the last clone closes it (without waiting, as
-/// [`Client::close`] would).
+/// client. Dropping the last clone closes it at once, without the
+/// `END_SESSION` of [`Client::close`]: the broker then keeps the session and
+/// its unsettled leases for the reconnect grace. Call `close` to end it
+/// cleanly.
 #[derive(Clone)]
 pub struct Client {
     handle: Arc<Handle>,
@@ -1672,7 +1674,9 @@ async fn restore(shared: &Arc<Shared>, conn: &Arc<Conn>, resumed: bool) -> Resul
     replay.sort_by_key(|c| c.seq);
     for c in replay {
         if c.tx.is_closed() {
-            continue; // nobody waits for it, but it was maybe stored: send anyway
+            // The application dropped the publish: it is not sent again (the
+            // cut-off send may or may not have stored it).
+            continue;
         }
         let r = rid(&mut st);
         conn.send(c.frame(r));
