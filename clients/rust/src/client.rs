@@ -39,6 +39,7 @@ const GOING_AWAY_BACKOFF_MAX: Duration = Duration::from_millis(500);
 const END_SESSION_TIMEOUT: Duration = Duration::from_secs(2);
 const HEADERS_MAX: usize = 256;
 const REDIRECT_MAX: usize = 512;
+const HINTS_MAX: usize = 4096; // queues whose partition hint a client keeps
 
 // --- clock and options -----------------------------------------------------------
 
@@ -565,7 +566,9 @@ struct PubCall {
     head: Arc<Vec<u8>>,
     seq: u64,
     body: Arc<Vec<u8>>,
-    tx: oneshot::Sender<Result<wire::PublishOk>>,
+    tx: oneshot::Sender<(Result<wire::PublishOk>, bool)>,
+    /// A send of it was cut off before its answer: that send may have stored it.
+    uncertain: bool,
 }
 
 impl PubCall {
@@ -693,6 +696,7 @@ struct State {
     redirect: Option<String>,
     hello: wire::HelloOk,
     status: Vec<mpsc::Sender<Status>>,
+    hints: HashMap<(String, String), i32>, // the broker's partition hint per queue
 }
 
 struct Shared {
@@ -723,6 +727,19 @@ impl Shared {
             Err(mpsc::error::TrySendError::Closed(_)) => false,
         });
     }
+}
+
+/// Keeps the partition hint of the answer to a keyless publish: `next` is
+/// `PUBLISH_OK.next`, 1 + the partition; 0 (none) drops the hint.
+fn note_hint(hints: &mut HashMap<(String, String), i32>, key: (String, String), next: u32) {
+    if next == 0 || next > i32::MAX as u32 {
+        hints.remove(&key);
+        return;
+    }
+    if hints.len() >= HINTS_MAX && !hints.contains_key(&key) {
+        hints.clear(); // a hint is advice: without one a publish is hashed
+    }
+    hints.insert(key, (next - 1) as i32);
 }
 
 fn rid(st: &mut State) -> u64 {
@@ -810,6 +827,7 @@ pub async fn connect_with(opts: ConnectOptions) -> Result<Client> {
             redirect: None,
             hello: wire::HelloOk::default(),
             status: Vec::new(),
+            hints: HashMap::new(),
         }),
         changed,
         window: Semaphore::new(PUBLISH_WINDOW),
@@ -894,7 +912,7 @@ fn end_all(shared: &Shared, reason: Error) {
         end_sub(&mut st, l, reason.clone());
     }
     for c in std::mem::take(&mut st.replay) {
-        let _ = c.tx.send(Err(reason.clone()));
+        let _ = c.tx.send((Err(reason.clone()), true));
     }
     for b in std::mem::take(&mut st.held) {
         for i in b.items {
@@ -1224,7 +1242,7 @@ fn dispatch(
             let ok = wire::decode_publish_ok_body(body)?;
             match st.pending.remove(&h.req_id) {
                 Some(Pending::Publish(c)) => {
-                    let _ = c.tx.send(Ok(ok));
+                    let _ = c.tx.send((Ok(ok), c.uncertain));
                 }
                 Some(_) => return Err(Error::Protocol("PUBLISH_OK in answer to another request".into())),
                 None => {}
@@ -1439,7 +1457,8 @@ fn apply_reconcile(st: &mut State, rr: &wire::ReconcileResult) {
 fn fail_pending(st: &mut State, p: Pending, err: Error) {
     match p {
         Pending::Publish(c) => {
-            let _ = c.tx.send(Err(err));
+            let uncertain = c.uncertain;
+            let _ = c.tx.send((Err(err), uncertain));
         }
         Pending::Settle(b) => settle_done(st, b, None, Some(err)),
         Pending::Reply(tx) | Pending::Reconcile(tx) | Pending::Subscribe { tx, .. } => {
@@ -1497,7 +1516,10 @@ fn close_conn(shared: &Arc<Shared>, conn: &Arc<Conn>, reason: Error) {
                 continue;
             }
             match p {
-                Pending::Publish(c) => st.replay.push(c),
+                Pending::Publish(mut c) => {
+                    c.uncertain = true;
+                    st.replay.push(c);
+                }
                 Pending::Settle(b) => st.held.push(b),
                 other => fail_pending(&mut st, other, lost.clone()),
             }
@@ -1802,7 +1824,7 @@ fn give_up(shared: &Arc<Shared>, err: Error) {
             end_sub(&mut st, l, err.clone());
         }
         for c in std::mem::take(&mut st.replay) {
-            let _ = c.tx.send(Err(err.clone()));
+            let _ = c.tx.send((Err(err.clone()), true));
         }
         for b in std::mem::take(&mut st.held) {
             for i in b.items {
@@ -1927,13 +1949,33 @@ impl Client {
         if let Some((k, _)) = o.headers.iter().find(|(k, _)| k.starts_with("sinew.")) {
             return Err(Error::invalid("headers", format!("key {:?}: keys starting with \"sinew.\" are reserved", k)));
         }
-        let partition = match o.partition {
+        let mut partition = match o.partition {
             None => -1,
             Some(p) => {
                 i32::try_from(p).map_err(|_| Error::invalid("partition", format!("{} is above {}", p, i32::MAX)))?
             }
         };
-        let p = wire::Publish {
+        let keyless = o.key.is_empty();
+        let hkey = (topic.to_string(), o.group.clone());
+        let (frame_max, hint) = {
+            let st = shared.lock();
+            let fm = if st.hello.limits.frame_bytes_max > 0 {
+                st.hello.limits.frame_bytes_max as usize
+            } else {
+                wire::FRAME_BYTES_DEFAULT
+            };
+            (fm, if keyless && partition == -1 { st.hints.get(&hkey).copied() } else { None })
+        };
+        // A keyless publish goes to the partition the broker hinted in its
+        // answer to the last one to this queue, explicitly (docs/protocol.md
+        // 5.6, "Partition hints"): its resends keep the partition, so the
+        // broker's deduplication holds. Without a hint the broker hashes it.
+        let mut hinted = false;
+        if let Some(h) = hint {
+            partition = h;
+            hinted = true;
+        }
+        let mut p = wire::Publish {
             topic: topic.to_string(),
             group: o.group,
             partition,
@@ -1948,14 +1990,6 @@ impl Client {
         };
         let mut head = Vec::with_capacity(64);
         p.encode_head(&mut head);
-        let frame_max = {
-            let st = shared.lock();
-            if st.hello.limits.frame_bytes_max > 0 {
-                st.hello.limits.frame_bytes_max as usize
-            } else {
-                wire::FRAME_BYTES_DEFAULT
-            }
-        };
         if 16 + head.len() + 30 + body.len() > frame_max {
             return Err(Error::invalid(
                 "body",
@@ -1965,8 +1999,42 @@ impl Client {
         let _slot = shared.window.acquire().await.map_err(|_| Error::ClientClosed)?;
         let nbytes = body.len().clamp(1, PUBLISH_WINDOW_BYTES) as u32;
         let _bytes = shared.window_bytes.acquire_many(nbytes).await.map_err(|_| Error::ClientClosed)?;
-        let (tx, rx) = oneshot::channel();
-        let mut call = Some(PubCall { head: Arc::new(head), seq: 0, body: Arc::new(body), tx });
+        let body = Arc::new(body);
+        let mut seq = 0u64;
+        loop {
+            let (tx, rx) = oneshot::channel();
+            let pc = PubCall { head: Arc::new(head.clone()), seq, body: body.clone(), tx, uncertain: false };
+            seq = self.send_publish(pc).await?;
+            let (res, uncertain) = rx.await.map_err(|_| Error::ClientClosed)?;
+            match res {
+                Ok(ok) => {
+                    if keyless {
+                        let mut st = shared.lock();
+                        note_hint(&mut st.hints, hkey, ok.next);
+                    }
+                    return Ok(PublishConfirm { partition: ok.partition, offset: ok.offset, duplicate: ok.duplicate });
+                }
+                // The hinted partition is gone (the queue was deleted and
+                // declared again with fewer) and no send of it was cut off
+                // (one could have been stored): it goes again, under the same
+                // sequence, without a partition, and the hint is dropped.
+                Err(e) if hinted && !uncertain && e.code() == Some(Code::NOT_FOUND) => {
+                    shared.lock().hints.remove(&hkey);
+                    hinted = false;
+                    p.partition = -1;
+                    head.clear();
+                    p.encode_head(&mut head);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Sends a publish on the live connection once there is one, numbering
+    /// it on its first send; returns its sequence.
+    async fn send_publish(&self, pc: PubCall) -> Result<u64> {
+        let shared = self.shared();
+        let mut call = Some(pc);
         loop {
             let wait = {
                 let mut st = shared.lock();
@@ -1984,10 +2052,11 @@ impl Client {
                             st.seq += 1;
                             pc.seq = st.seq;
                         }
+                        let seq = pc.seq;
                         let r = rid(&mut st);
                         c.send(pc.frame(r));
                         st.pending.insert(r, Pending::Publish(pc));
-                        break;
+                        return Ok(seq);
                     }
                     None if st.gave_up.is_some() => None,
                     None => Some(shared.changed.subscribe()),
@@ -2001,11 +2070,6 @@ impl Client {
                     acquire(shared, false).await?;
                 }
             }
-        }
-        match rx.await {
-            Ok(Ok(ok)) => Ok(PublishConfirm { partition: ok.partition, offset: ok.offset, duplicate: ok.duplicate }),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(Error::ClientClosed),
         }
     }
 
@@ -2155,6 +2219,12 @@ impl Client {
     /// every broker process start).
     pub fn server_generation(&self) -> u64 {
         self.shared().lock().hello.server_generation
+    }
+
+    /// The partition the broker hinted for the next keyless publish to
+    /// `topic`/`group`, if it did (docs/protocol.md 5.6, "Partition hints").
+    pub fn partition_hint(&self, topic: &str, group: &str) -> Option<u32> {
+        self.shared().lock().hints.get(&(topic.to_string(), group.to_string())).map(|p| *p as u32)
     }
 
     /// The producer id stamped on this client's publishes.

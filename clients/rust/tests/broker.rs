@@ -569,3 +569,33 @@ async fn an_outage_past_the_grace_starts_a_fresh_session() {
     within(10, again.complete()).await.unwrap();
     c.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn keyless_publishes_follow_the_partition_hint_and_drop_a_stale_one() {
+    let (_b, p) = setup().await;
+    let c = sinew::connect(p.addr.clone()).await.unwrap();
+    c.declare_queue("hints", QueueOptions { partitions: 4, ..Default::default() }).await.unwrap();
+    let mut parts = std::collections::HashSet::new();
+    for i in 0..40 {
+        let hint = c.partition_hint("hints", "");
+        let conf = c.publish("hints", format!("{}", i)).await.unwrap();
+        if let Some(h) = hint {
+            assert_eq!(conf.partition, h, "a keyless publish went elsewhere than its hint");
+        }
+        parts.insert(conf.partition);
+        if c.partition_hint("hints", "").map_or(false, |h| h > 0) && i >= 8 {
+            break;
+        }
+    }
+    assert!(parts.len() > 1, "keyless publishes all went to {:?}", parts);
+    let hint = c.partition_hint("hints", "").expect("a hint");
+    assert!(hint > 0);
+    // The queue comes back with one partition: the hinted one is gone, and
+    // the publish goes again without it.
+    c.delete_queue("hints", "").await.unwrap();
+    c.declare_queue("hints", QueueOptions { partitions: 1, ..Default::default() }).await.unwrap();
+    let conf = c.publish("hints", "after").await.unwrap();
+    assert_eq!(conf.partition, 0);
+    assert!(!conf.duplicate);
+    c.close().await.unwrap();
+}
