@@ -599,3 +599,27 @@ async fn keyless_publishes_follow_the_partition_hint_and_drop_a_stale_one() {
     assert!(!conf.duplicate);
     c.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn giving_up_after_max_attempts_ends_subscriptions_typed() {
+    let (_b, mut p) = setup().await;
+    let clock = Arc::new(RecordClock::default());
+    let pol = sinew::ReconnectPolicy { max_attempts: 3, ..Default::default() };
+    let c = sinew::connect_with(ConnectOptions::new(p.addr.clone()).reconnect(pol).clock(clock.clone())).await.unwrap();
+    let mut sub = c.subscribe("give-up").await.unwrap();
+    p.refuse(true).await;
+    p.cut_all();
+    let e = within(20, sub.next()).await.expect("an end").unwrap_err();
+    assert!(matches!(e, Error::Disconnected(_)), "{:?}", e);
+    assert!(e.is_retryable());
+    assert!(within(10, sub.next()).await.is_none());
+    // Three failures, three waits: the one after the cut and two more.
+    assert_eq!(clock.waits.lock().unwrap().len(), 3);
+    // An operation asks for one fresh attempt, which fails too.
+    let e = within(20, c.publish("give-up", "x")).await.unwrap_err();
+    assert!(matches!(e, Error::Disconnected(_)), "{:?}", e);
+    // Once the broker is reachable again, the next operation's fresh attempt connects.
+    p.refuse(false).await;
+    within(20, c.publish("give-up", "y")).await.unwrap();
+    c.close().await.unwrap();
+}
