@@ -623,3 +623,115 @@ async fn giving_up_after_max_attempts_ends_subscriptions_typed() {
     within(20, c.publish("give-up", "y")).await.unwrap();
     c.close().await.unwrap();
 }
+
+/// A scripted stand-in broker for the reconciliation outcomes a real one
+/// gives only in rare states: the first connection takes two subscriptions
+/// and is cut; the resumed session's RECONCILE closes the first on the client
+/// side and asks the client to recreate the second, whose new SUBSCRIBE is
+/// refused.
+async fn reconciling_server() -> String {
+    use sinew::wire::{self, Body};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut conns = 0;
+        loop {
+            let (mut s, _) = l.accept().await.unwrap();
+            conns += 1;
+            let first = conns == 1;
+            tokio::spawn(async move {
+                let mut subscribed = 0;
+                loop {
+                    let mut head = [0u8; 16];
+                    if s.read_exact(&mut head).await.is_err() {
+                        return;
+                    }
+                    let h = wire::parse_header(&head, wire::FRAME_BYTES_DEFAULT).unwrap();
+                    let mut body = vec![0u8; h.body_len];
+                    s.read_exact(&mut body).await.unwrap();
+                    let view = |id: u64, topic: &str| wire::SubView {
+                        sub_id: id,
+                        topic: topic.into(),
+                        partition: -1,
+                        ..Default::default()
+                    };
+                    let answer = match Body::decode(h.op, &body).unwrap() {
+                        Body::Hello(hello) => Body::HelloOk(wire::HelloOk {
+                            protocol_version: 1,
+                            resume: wire::ResumeIdentity {
+                                client_id: "c-1".into(),
+                                owner_id: "o-1".into(),
+                                token: vec![7; 16],
+                            },
+                            outcome: if hello.resume.client_id.is_empty() { 0 } else { 1 },
+                            ..Default::default()
+                        }),
+                        Body::Subscribe(sb) if first => {
+                            subscribed += 1;
+                            let id = if sb.topic == "a" { 11 } else { 12 };
+                            Body::SubscribeOk(wire::SubscribeOk { sub_id: id, partitions: vec![0], prefetch: 10 })
+                        }
+                        Body::Subscribe(_) => Body::Error(wire::ErrorBody {
+                            code: 9,
+                            message: "no such queue".into(),
+                            ..Default::default()
+                        }),
+                        Body::Reconcile(rc) => {
+                            assert!(rc.inflight_follows);
+                            assert_eq!(rc.subs.len(), 2);
+                            Body::ReconcileResult(wire::ReconcileResult {
+                                entries: vec![
+                                    wire::ReconcileEntry {
+                                        action: 2,
+                                        client_sub_id: 11,
+                                        client: view(11, "a"),
+                                        reason: "mismatched".into(),
+                                        ..Default::default()
+                                    },
+                                    wire::ReconcileEntry {
+                                        action: 4,
+                                        client_sub_id: 12,
+                                        client: view(12, "b"),
+                                        reason: "missing".into(),
+                                        ..Default::default()
+                                    },
+                                ],
+                            })
+                        }
+                        Body::Inflight(_) => Body::InflightResult(wire::InflightResult::default()),
+                        Body::Ping => Body::Pong,
+                        _ => Body::Ok,
+                    };
+                    let out = wire::encode_frame(&answer, h.req_id, 0);
+                    if s.write_all(&out).await.is_err() {
+                        return;
+                    }
+                    if first && subscribed == 2 {
+                        return; // the cut: the socket closes
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn reconciliation_ends_subscriptions_typed() {
+    let addr = reconciling_server().await;
+    let c = sinew::connect(addr).await.unwrap();
+    let mut a = c.subscribe("a").await.unwrap();
+    let mut b = c.subscribe("b").await.unwrap();
+    let e = within(20, a.next()).await.expect("an end").unwrap_err();
+    assert!(matches!(&e, Error::ReconciledClosed(why) if why == "mismatched"), "{:?}", e);
+    assert!(!e.is_retryable());
+    let e = within(20, b.next()).await.expect("an end").unwrap_err();
+    match &e {
+        Error::Recreated(inner) => assert_eq!(inner.code(), Some(Code::NOT_FOUND)),
+        other => panic!("{:?}", other),
+    }
+    assert!(within(10, a.next()).await.is_none());
+    assert!(within(10, b.next()).await.is_none());
+    c.close().await.unwrap();
+}
