@@ -145,6 +145,7 @@ pub struct ConnectOptions {
     handshake_timeout: Duration,
     drain_timeout: Duration,
     producer_id: Option<String>,
+    member_id: Option<String>,
     clock: Arc<dyn Clock>,
     rand: RandFn,
 }
@@ -180,6 +181,7 @@ impl ConnectOptions {
             handshake_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(5),
             producer_id: None,
+            member_id: None,
             clock: Arc::new(SystemClock),
             rand: Arc::new(rand::random::<f64>),
         }
@@ -332,6 +334,15 @@ impl ConnectOptions {
         self
     }
 
+    /// The member id of this client's cohort subscriptions that name none:
+    /// 1 to 128 characters of `A-Z a-z 0-9 . _ : -`. By default a random one,
+    /// drawn once per client and kept across reconnects; set a stable one so
+    /// a worker restarted under the same name finds its partitions again.
+    pub fn member_id(mut self, id: impl Into<String>) -> Self {
+        self.member_id = Some(id.into());
+        self
+    }
+
     /// Replaces the clock of the reconnect backoff (a test seam).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
@@ -472,6 +483,13 @@ pub struct SubscribeOptions {
     pub prefetch: u32,
     /// The broker settles each delivery once it is sent.
     pub auto_ack: bool,
+    /// Joins this cohort (consumer group): the queue's partitions are shared
+    /// among its members, each partition delivered to one member at a time,
+    /// in offset order (docs/cohorts.md).
+    pub cohort: Option<String>,
+    /// The member id within the cohort; the client's
+    /// ([`ConnectOptions::member_id`]) by default. One session holds one.
+    pub member_id: Option<String>,
 }
 
 impl SubscribeOptions {
@@ -498,6 +516,16 @@ impl SubscribeOptions {
     /// Lets the broker settle each delivery as it is sent.
     pub fn auto_ack(mut self, on: bool) -> Self {
         self.auto_ack = on;
+        self
+    }
+    /// Joins a cohort.
+    pub fn cohort(mut self, c: impl Into<String>) -> Self {
+        self.cohort = Some(c.into());
+        self
+    }
+    /// Sets the member id within the cohort.
+    pub fn member_id(mut self, m: impl Into<String>) -> Self {
+        self.member_id = Some(m.into());
         self
     }
 }
@@ -540,6 +568,90 @@ pub struct DeclareResult {
     pub partitions: u32,
     /// The queue was created by this declaration.
     pub created: bool,
+}
+
+/// A partition assigned to or revoked from a cohort subscription (the
+/// broker's `ASSIGNMENT`), as [`Subscription::assignments`] yields it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AssignmentEvent {
+    /// The partition.
+    pub partition: u32,
+    /// The partition's assignment epoch after the move; deliveries made
+    /// under this assignment carry it as [`Message::assignment`].
+    pub epoch: u64,
+    /// `true`: the partition's deliveries come to this subscription now;
+    /// `false`: revoked, they go to another member (or nowhere until the
+    /// next plan).
+    pub assigned: bool,
+    /// Events dropped just before this one because the buffer was full.
+    pub dropped: u64,
+}
+
+const ASSIGNMENT_BUFFER: usize = 256; // assignment events kept per subscription
+
+#[derive(Default)]
+struct AssignBuf {
+    buf: std::collections::VecDeque<AssignmentEvent>,
+    missed: u64,
+    dropped: u64,
+    ended: bool,
+    waker: Option<std::task::Waker>,
+}
+
+impl AssignBuf {
+    fn push(&mut self, ev: AssignmentEvent) {
+        if self.ended {
+            return;
+        }
+        if self.buf.len() >= ASSIGNMENT_BUFFER {
+            self.buf.pop_front();
+            self.missed += 1;
+            self.dropped += 1;
+        }
+        self.buf.push_back(ev);
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+    fn end(&mut self) {
+        self.ended = true;
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+/// The assignment events of one cohort subscription, in the order the
+/// broker sent them, as a [`futures_core::Stream`]. Every
+/// [`Subscription::assignments`] reads the same buffer, which keeps events
+/// from the moment the broker accepted the subscription and holds at most
+/// 256 unread ones: beyond that the oldest are dropped and counted in the
+/// next event's `dropped`. One reader at a time. It ends when the
+/// subscription ends and the buffer is empty.
+pub struct Assignments {
+    buf: Arc<Mutex<AssignBuf>>,
+}
+
+impl fmt::Debug for Assignments {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Assignments").finish_non_exhaustive()
+    }
+}
+
+impl futures_core::Stream for Assignments {
+    type Item = AssignmentEvent;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<AssignmentEvent>> {
+        let mut b = self.buf.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut ev) = b.buf.pop_front() {
+            ev.dropped = std::mem::take(&mut b.missed);
+            return Poll::Ready(Some(ev));
+        }
+        if b.ended {
+            return Poll::Ready(None);
+        }
+        b.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
 }
 
 /// A connection status change, as [`Client::status`] reports them.
@@ -635,6 +747,9 @@ struct SubState {
     recreating: bool,
     held: HashMap<u64, LeaseRef>, // manual-ack deliveries of the current epoch, unsettled
     tx: mpsc::Sender<Message>,
+    cohort: String,
+    member: String,
+    assign: Arc<Mutex<AssignBuf>>,
 }
 
 impl SubState {
@@ -702,6 +817,7 @@ struct State {
 struct Shared {
     opts: ConnectOptions,
     producer_id: String,
+    member_id: String,
     st: Mutex<State>,
     changed: watch::Sender<u64>,
     window: Semaphore,
@@ -802,8 +918,13 @@ pub async fn connect_with(opts: ConnectOptions) -> Result<Client> {
     }
     let producer_id = opts.producer_id.clone().unwrap_or_else(|| format!("rs-{:016x}", rand::random::<u64>()));
     let (changed, _) = watch::channel(0u64);
+    if let Some(m) = &opts.member_id {
+        check_cohort_name("member_id", m)?;
+    }
+    let member_id = opts.member_id.clone().unwrap_or_else(|| format!("m-rs-{:032x}", rand::random::<u128>()));
     let shared = Arc::new(Shared {
         producer_id,
+        member_id,
         st: Mutex::new(State {
             live: None,
             conn: None,
@@ -870,6 +991,19 @@ pub async fn connect_with(opts: ConnectOptions) -> Result<Client> {
     Ok(Client { handle: Arc::new(Handle { shared }) })
 }
 
+/// A cohort name or member id: 1 to 128 of `A-Z a-z 0-9 . _ : -`
+/// (docs/protocol.md 5.7).
+fn check_cohort_name(argument: &'static str, v: &str) -> Result<()> {
+    let ok = !v.is_empty()
+        && v.len() <= 128
+        && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b':' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(argument, format!("want 1 to 128 characters of A-Z a-z 0-9 . _ : -, got {:?}", v)))
+    }
+}
+
 fn split_addr(a: &str) -> Result<(String, u16)> {
     let (host, port) =
         a.rsplit_once(':').ok_or_else(|| Error::invalid("address", format!("{:?} is not host:port", a)))?;
@@ -934,6 +1068,7 @@ fn end_all(shared: &Shared, reason: Error) {
 
 fn end_sub(st: &mut State, local: u64, reason: Error) {
     if let Some(s) = st.subs.remove(&local) {
+        s.assign.lock().unwrap_or_else(|e| e.into_inner()).end();
         if s.server_id != 0 {
             st.by_server.remove(&s.server_id);
         }
@@ -1297,7 +1432,18 @@ fn dispatch(
                     conn.away.send_replace(true);
                     shared.status(st, Status::GoingAway);
                 }
-                Body::Assignment(_) => {} // cohort assignments: not used by this client
+                Body::Assignment(a) => {
+                    // An unknown sub_id is ignored.
+                    let s = st.by_server.get(&a.sub_id).and_then(|l| st.subs.get(l));
+                    if let Some(s) = s {
+                        s.assign.lock().unwrap_or_else(|e| e.into_inner()).push(AssignmentEvent {
+                            partition: a.partition,
+                            epoch: a.epoch,
+                            assigned: a.state == 1,
+                            dropped: 0,
+                        });
+                    }
+                }
                 Body::Hello(_)
                 | Body::DeclareQueue(_)
                 | Body::Publish(_)
@@ -1387,6 +1533,7 @@ fn deliver(
         headers: d.headers,
         content_type: d.content_type,
         body: d.body,
+        assignment: d.assignment,
     };
     if !slow.is_empty() {
         slow.push((s.tx.clone(), m));
@@ -1588,11 +1735,20 @@ async fn reply(rx: oneshot::Receiver<Result<Body>>) -> Result<Body> {
 
 async fn restore(shared: &Arc<Shared>, conn: &Arc<Conn>, resumed: bool) -> Result<()> {
     if resumed {
-        let (views, manual): (Vec<wire::SubView>, bool) = {
+        let (views, cohorts): (Vec<wire::SubView>, Vec<wire::SubCohort>) = {
             let st = shared.lock();
+            let live = || st.subs.values().filter(|s| s.server_id != 0);
             (
-                st.subs.values().filter(|s| s.server_id != 0).map(|s| s.view()).collect(),
-                st.subs.values().any(|s| !s.auto_ack),
+                live().map(|s| s.view()).collect(),
+                // So that a subscription the broker recreates joins its cohort again.
+                live()
+                    .filter(|s| !s.cohort.is_empty())
+                    .map(|s| wire::SubCohort {
+                        sub_id: s.server_id,
+                        cohort: s.cohort.clone(),
+                        member: s.member.clone(),
+                    })
+                    .collect(),
             )
         };
         if !views.is_empty() {
@@ -1600,13 +1756,11 @@ async fn restore(shared: &Arc<Shared>, conn: &Arc<Conn>, resumed: bool) -> Resul
                 ReconcilePolicy::Conservative => 0,
                 ReconcilePolicy::Restore => 1,
             };
-            let rc =
-                Body::Reconcile(wire::Reconcile { policy, subs: views, inflight_follows: true, cohorts: Vec::new() });
+            let rc = Body::Reconcile(wire::Reconcile { policy, subs: views, inflight_follows: true, cohorts });
             match reply(start(shared, conn, &rc, Pending::Reconcile)?).await? {
                 Body::ReconcileResult(_) => {}
                 _ => return Err(Error::Protocol("unexpected answer to RECONCILE".into())),
             }
-            let _ = manual;
             // The deliveries the client holds unsettled, so the broker
             // re-sends only what it lacks (and binds these tags again after
             // a restart).
@@ -1648,8 +1802,8 @@ async fn restore(shared: &Arc<Shared>, conn: &Arc<Conn>, resumed: bool) -> Resul
                         partition: s.partition,
                         ack_mode: s.auto_ack as u8,
                         prefetch: s.prefetch,
-                        cohort: String::new(),
-                        member: String::new(),
+                        cohort: s.cohort.clone(),
+                        member: s.member.clone(),
                     },
                     s.recreating,
                 )
@@ -2136,10 +2290,39 @@ impl Client {
                 i32::try_from(p).map_err(|_| Error::invalid("partition", format!("{} is above {}", p, i32::MAX)))?
             }
         };
+        if let Some(c) = &o.cohort {
+            check_cohort_name("cohort", c)?;
+        }
+        if let Some(m) = &o.member_id {
+            check_cohort_name("member_id", m)?;
+            if o.cohort.is_none() {
+                return Err(Error::invalid("member_id", "a member id needs a cohort"));
+            }
+        }
+        let cohort = o.cohort.clone().unwrap_or_default();
+        let member = match &o.cohort {
+            None => String::new(),
+            Some(_) => o.member_id.clone().unwrap_or_else(|| shared.member_id.clone()),
+        };
+        if !member.is_empty() {
+            // A broker session holds one member id: refuse a second one here
+            // rather than have the broker refuse it.
+            let st = shared.lock();
+            if let Some(other) = st.subs.values().find(|s| !s.member.is_empty() && s.member != member) {
+                return Err(Error::invalid(
+                    "member_id",
+                    format!("this client's cohort subscriptions are member {:?}; a session uses one", other.member),
+                ));
+            }
+        }
         loop {
             let conn = acquire(shared, false).await?;
             let (mtx, mrx) = mpsc::channel(DELIVERY_BUFFER);
+            let assign = Arc::new(Mutex::new(AssignBuf::default()));
             let state = SubState {
+                cohort: cohort.clone(),
+                member: member.clone(),
+                assign: assign.clone(),
                 topic: topic.into(),
                 group: o.group.clone(),
                 partition,
@@ -2156,8 +2339,8 @@ impl Client {
                 partition,
                 ack_mode: o.auto_ack as u8,
                 prefetch: o.prefetch,
-                cohort: String::new(),
-                member: String::new(),
+                cohort: cohort.clone(),
+                member: member.clone(),
             });
             let rx = {
                 let mut st = shared.lock();
@@ -2184,6 +2367,9 @@ impl Client {
                         topic: topic.into(),
                         partitions: ok.partitions,
                         prefetch: ok.prefetch,
+                        cohort: cohort.clone(),
+                        member: member.clone(),
+                        assign,
                     })
                 }
                 Ok(_) => return Err(Error::Protocol("unexpected answer to SUBSCRIBE".into())),
@@ -2225,6 +2411,12 @@ impl Client {
     /// `topic`/`group`, if it did (docs/protocol.md 5.6, "Partition hints").
     pub fn partition_hint(&self, topic: &str, group: &str) -> Option<u32> {
         self.shared().lock().hints.get(&(topic.to_string(), group.to_string())).map(|p| *p as u32)
+    }
+
+    /// The member id of this client's cohort subscriptions that name none
+    /// (the same across reconnects).
+    pub fn member_id(&self) -> &str {
+        &self.shared().member_id
     }
 
     /// The producer id stamped on this client's publishes.
@@ -2294,6 +2486,9 @@ pub struct Subscription {
     topic: String,
     partitions: Vec<u32>,
     prefetch: u32,
+    cohort: String,
+    member: String,
+    assign: Arc<Mutex<AssignBuf>>,
 }
 
 impl fmt::Debug for Subscription {
@@ -2316,6 +2511,27 @@ impl Subscription {
     /// The prefetch in force, after the broker's default and clamp.
     pub fn prefetch(&self) -> u32 {
         self.prefetch
+    }
+
+    /// The cohort this subscription is a member of; "" for a plain consumer.
+    pub fn cohort(&self) -> &str {
+        &self.cohort
+    }
+
+    /// The member id it joined its cohort with; "" for a plain consumer.
+    pub fn member_id(&self) -> &str {
+        &self.member
+    }
+
+    /// The partitions assigned to and revoked from this cohort
+    /// subscription (see [`Assignments`]). A plain subscription gets none.
+    pub fn assignments(&self) -> Assignments {
+        Assignments { buf: self.assign.clone() }
+    }
+
+    /// Assignment events dropped because the buffer (256) was full, in all.
+    pub fn assignments_dropped(&self) -> u64 {
+        self.assign.lock().unwrap_or_else(|e| e.into_inner()).dropped
     }
 
     /// Why the subscription ended, or `None` while it runs.
@@ -2461,6 +2677,9 @@ pub struct Message {
     pub content_type: String,
     /// The payload.
     pub body: Vec<u8>,
+    /// The partition's assignment epoch when the lease was granted (a
+    /// cohort's; 0 while no cohort ever held the partition).
+    pub assignment: u64,
 }
 
 impl fmt::Debug for Message {

@@ -735,3 +735,101 @@ async fn reconciliation_ends_subscriptions_typed() {
     assert!(within(10, b.next()).await.is_none());
     c.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn cohort_members_share_the_partitions() {
+    let (_b, p) = setup().await;
+    let a = sinew::connect_with(ConnectOptions::new(p.addr.clone()).member_id("member-a")).await.unwrap();
+    let b = sinew::connect_with(ConnectOptions::new(p.addr.clone()).member_id("member-b")).await.unwrap();
+    assert_eq!(a.member_id(), "member-a");
+    a.declare_queue("cohort", QueueOptions { partitions: 2, ..Default::default() }).await.unwrap();
+    let opts = SubscribeOptions::new().cohort("billing").prefetch(16);
+    let mut sa = a.subscribe_with("cohort", opts.clone()).await.unwrap();
+    let mut sb = b.subscribe_with("cohort", opts).await.unwrap();
+    assert_eq!((sa.cohort(), sa.member_id()), ("billing", "member-a"));
+    // Each member is assigned one of the two partitions.
+    let mut held: HashMap<&str, std::collections::HashSet<u32>> = HashMap::new();
+    let mut ea = sa.assignments();
+    let mut eb = sb.assignments();
+    within(20, async {
+        while held.get("a").map_or(0, |s| s.len()) + held.get("b").map_or(0, |s| s.len()) < 2
+            || held.get("a").map_or(true, |s| s.is_empty())
+            || held.get("b").map_or(true, |s| s.is_empty())
+        {
+            let (who, ev) = tokio::select! {
+                Some(ev) = ea.next() => ("a", ev),
+                Some(ev) = eb.next() => ("b", ev),
+            };
+            let set = held.entry(who).or_default();
+            if ev.assigned {
+                set.insert(ev.partition);
+            } else {
+                set.remove(&ev.partition);
+            }
+        }
+    })
+    .await;
+    let (pa, pb) = (held["a"].clone(), held["b"].clone());
+    assert!(pa.is_disjoint(&pb), "{:?} {:?}", pa, pb);
+    // Keyed messages reach only the member holding their partition.
+    for i in 0..20 {
+        a.publish_with("cohort", format!("{}", i), PublishOptions::new().key(format!("acct-{}", i % 5))).await.unwrap();
+    }
+    let mut got = 0;
+    within(20, async {
+        while got < 20 {
+            let (who, m) = tokio::select! {
+                Some(m) = sa.next() => ("a", m.unwrap()),
+                Some(m) = sb.next() => ("b", m.unwrap()),
+            };
+            let mine = if who == "a" { &pa } else { &pb };
+            assert!(mine.contains(&m.partition), "member {} got partition {}", who, m.partition);
+            assert!(m.assignment > 0, "a cohort delivery without its assignment epoch");
+            m.complete().await.unwrap();
+            got += 1;
+        }
+    })
+    .await;
+    // A cut inside the grace moves nothing: the members keep their partitions.
+    p.cut_all();
+    for i in 20..24 {
+        a.publish_with("cohort", format!("{}", i), PublishOptions::new().key(format!("acct-{}", i % 5))).await.unwrap();
+    }
+    within(20, async {
+        while got < 24 {
+            let (who, m) = tokio::select! {
+                Some(m) = sa.next() => ("a", m.unwrap()),
+                Some(m) = sb.next() => ("b", m.unwrap()),
+            };
+            let mine = if who == "a" { &pa } else { &pb };
+            assert!(mine.contains(&m.partition), "after the cut member {} got partition {}", who, m.partition);
+            m.complete().await.unwrap();
+            got += 1;
+        }
+    })
+    .await;
+    // Member b leaves: member a is assigned its partition too.
+    b.close().await.unwrap();
+    within(20, async {
+        let mut mine = pa.clone();
+        while mine.len() < 2 {
+            let ev = ea.next().await.unwrap();
+            if ev.assigned {
+                mine.insert(ev.partition);
+            }
+        }
+    })
+    .await;
+    // Bad names are refused before anything is sent.
+    for (c, m) in [("bad name", None), ("ok", Some("bad/member"))] {
+        let mut o = SubscribeOptions::new().cohort(c);
+        o.member_id = m.map(String::from);
+        assert!(matches!(a.subscribe_with("cohort", o).await, Err(Error::InvalidArgument { .. })));
+    }
+    let e = a.subscribe_with("cohort", SubscribeOptions::new().member_id("x")).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { argument: "member_id", .. }), "{:?}", e);
+    let e = a.subscribe_with("cohort", SubscribeOptions::new().cohort("billing").member_id("other")).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { argument: "member_id", .. }), "{:?}", e);
+    drop(ea);
+    a.close().await.unwrap();
+}
