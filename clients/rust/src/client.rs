@@ -702,6 +702,23 @@ struct SettleItem {
     lease: LeaseRef,
     epoch: u64,
     tx: Option<oneshot::Sender<Result<()>>>,
+    settled: Option<Arc<AtomicBool>>, // the message's flag; None for EXTEND
+}
+
+impl SettleItem {
+    /// Hands the settle its outcome. A refusal that leaves the lease held
+    /// (a broker code such as `bad_request`, giving up reconnecting) lets
+    /// the message be settled again.
+    fn finish(self, out: Result<()>) {
+        if let (Err(e), Some(flag)) = (&out, &self.settled) {
+            if !matches!(e, Error::StaleDelivery | Error::UnknownTag | Error::ClientClosed) {
+                flag.store(false, Ordering::SeqCst);
+            }
+        }
+        if let Some(tx) = self.tx {
+            let _ = tx.send(out);
+        }
+    }
 }
 
 struct SettleBatch {
@@ -1050,15 +1067,11 @@ fn end_all(shared: &Shared, reason: Error) {
     }
     for b in std::mem::take(&mut st.held) {
         for i in b.items {
-            if let Some(tx) = i.tx {
-                let _ = tx.send(Err(reason.clone()));
-            }
+            i.finish(Err(reason.clone()));
         }
     }
     for (_, _, i) in std::mem::take(&mut st.settle_q) {
-        if let Some(tx) = i.tx {
-            let _ = tx.send(Err(reason.clone()));
-        }
+        i.finish(Err(reason.clone()));
     }
     let closed = matches!(reason, Error::ClientClosed);
     let msg = if closed { None } else { Some(reason.to_string()) };
@@ -1099,18 +1112,14 @@ async fn attempt(shared: &Arc<Shared>) -> Result<Arc<Conn>> {
             // buffered deliveries are dropped, its subscriptions are made again.
             for b in std::mem::take(&mut st.held) {
                 for i in b.items {
-                    if let Some(tx) = i.tx {
-                        let _ = tx.send(Err(Error::StaleDelivery));
-                    }
+                    i.finish(Err(Error::StaleDelivery));
                 }
             }
             let epoch = st.epoch;
             let q = std::mem::take(&mut st.settle_q);
             for (o, d, i) in q {
                 if i.epoch != epoch {
-                    if let Some(tx) = i.tx {
-                        let _ = tx.send(Err(Error::StaleDelivery));
-                    }
+                    i.finish(Err(Error::StaleDelivery));
                 } else {
                     st.settle_q.push((o, d, i));
                 }
@@ -1521,6 +1530,7 @@ fn deliver(
         local,
         epoch: conn.epoch,
         auto_ack: s.auto_ack,
+        settled: Arc::new(AtomicBool::new(false)),
         tag: d.tag,
         lease,
         topic: d.topic,
@@ -1633,9 +1643,7 @@ fn settle_done(st: &mut State, b: SettleBatch, codes: Option<&[u16]>, err: Optio
             u16::MAX => Err(err.clone().unwrap_or_else(|| Error::ConnectionLost("settle".into()))),
             c => Err(Error::broker(c, "settle refused", "")),
         };
-        if let Some(tx) = it.tx {
-            let _ = tx.send(out);
-        }
+        it.finish(out);
     }
 }
 
@@ -1982,15 +1990,11 @@ fn give_up(shared: &Arc<Shared>, err: Error) {
         }
         for b in std::mem::take(&mut st.held) {
             for i in b.items {
-                if let Some(tx) = i.tx {
-                    let _ = tx.send(Err(err.clone()));
-                }
+                i.finish(Err(err.clone()));
             }
         }
         for (_, _, i) in std::mem::take(&mut st.settle_q) {
-            if let Some(tx) = i.tx {
-                let _ = tx.send(Err(err.clone()));
-            }
+            i.finish(Err(err.clone()));
         }
         shared.status(&mut st, Status::Disconnected(err.to_string()));
     }
@@ -2055,9 +2059,7 @@ fn flush_settles(st: &mut State, conn: &Arc<Conn>) {
     let mut groups: Vec<SettleBatch> = Vec::new();
     for (o, d, it) in items {
         if it.epoch != st.epoch {
-            if let Some(tx) = it.tx {
-                let _ = tx.send(Err(Error::StaleDelivery));
-            }
+            it.finish(Err(Error::StaleDelivery));
             continue;
         }
         match groups.iter_mut().find(|g| g.op == o && g.delay == d && g.items.len() < conn.settle_batch_max) {
@@ -2642,8 +2644,10 @@ impl futures_core::Stream for Subscription {
 
 /// A delivery. A manual-ack message is settled once, by
 /// [`complete`](Message::complete), [`retry`](Message::retry),
-/// [`retry_after`](Message::retry_after) or [`fail`](Message::fail), each of
-/// which consumes it.
+/// [`retry_after`](Message::retry_after) or [`fail`](Message::fail); a
+/// second settle gets [`Error::AlreadySettled`], unless the first was
+/// refused with the lease still held (a `retry_after` delay above the
+/// broker's cap, say), which lets it be settled again.
 ///
 /// A settle is queued when the method is called and sent in a batch with
 /// others of the same moment; the returned [`SettleFuture`] resolves with
@@ -2655,6 +2659,7 @@ pub struct Message {
     local: u64,
     epoch: u64,
     auto_ack: bool,
+    settled: Arc<AtomicBool>,
     tag: u64,
     lease: LeaseRef,
     /// The message's topic.
@@ -2732,46 +2737,46 @@ impl Message {
     }
 
     /// Settles the message as done (`ACK`).
-    pub fn complete(self) -> SettleFuture {
+    pub fn complete(&self) -> SettleFuture {
         self.settle(op::ACK, 0)
     }
 
     /// Returns the message to the queue for another attempt (`NACK`); once
     /// the queue's retries are used up, it is dead-lettered.
-    pub fn retry(self) -> SettleFuture {
+    pub fn retry(&self) -> SettleFuture {
         self.settle(op::NACK, 0)
     }
 
     /// [`retry`](Message::retry) with a delay before the message is delivered
     /// again. The broker caps the delay (30 days by default); one above the
     /// cap is refused with `bad_request`.
-    pub fn retry_after(self, delay: Duration) -> SettleFuture {
+    pub fn retry_after(&self, delay: Duration) -> SettleFuture {
         self.settle(op::NACK, ms(delay))
     }
 
     /// Settles the message as failed for good: it is dead-lettered (`FAIL`).
-    pub fn fail(self) -> SettleFuture {
+    pub fn fail(&self) -> SettleFuture {
         self.settle(op::FAIL, 0)
     }
 
     /// Renews the message's lease to `d` from now (`EXTEND`), without
     /// settling it.
     pub async fn extend(&self, d: Duration) -> Result<()> {
-        if self.auto_ack {
+        if self.auto_ack || self.settled.load(Ordering::SeqCst) {
             return Err(Error::AlreadySettled);
         }
-        let f = self.queue(op::EXTEND, ms(d).max(1));
+        let f = self.queue(op::EXTEND, ms(d).max(1), None);
         f.await
     }
 
-    fn settle(self, kind: u8, delay: i64) -> SettleFuture {
-        if self.auto_ack {
+    fn settle(&self, kind: u8, delay: i64) -> SettleFuture {
+        if self.auto_ack || self.settled.swap(true, Ordering::SeqCst) {
             return SettleFuture { inner: SettleInner::Ready(Some(Err(Error::AlreadySettled))) };
         }
-        self.queue(kind, delay)
+        self.queue(kind, delay, Some(self.settled.clone()))
     }
 
-    fn queue(&self, kind: u8, delay: i64) -> SettleFuture {
+    fn queue(&self, kind: u8, delay: i64, settled: Option<Arc<AtomicBool>>) -> SettleFuture {
         let shared = &self.shared;
         let mut st = shared.lock();
         let err = if st.closing {
@@ -2789,10 +2794,20 @@ impl Message {
             }
         };
         if let Some(e) = err {
+            if let Some(f) = &settled {
+                f.store(false, Ordering::SeqCst); // nothing was queued
+            }
             return SettleFuture { inner: SettleInner::Ready(Some(Err(e))) };
         }
         let (tx, rx) = oneshot::channel();
-        let item = SettleItem { local: self.local, tag: self.tag, lease: self.lease, epoch: self.epoch, tx: Some(tx) };
+        let item = SettleItem {
+            local: self.local,
+            tag: self.tag,
+            lease: self.lease,
+            epoch: self.epoch,
+            tx: Some(tx),
+            settled,
+        };
         st.settle_q.push((kind, delay, item));
         if !st.settle_kicked {
             st.settle_kicked = true;

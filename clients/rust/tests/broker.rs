@@ -833,3 +833,27 @@ async fn cohort_members_share_the_partitions() {
     drop(ea);
     a.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn extend_renews_a_lease_and_refusals_are_typed() {
+    let (_b, p) = setup().await;
+    let c = sinew::connect(p.addr.clone()).await.unwrap();
+    c.publish("ext", "long job").await.unwrap();
+    let mut sub = c.subscribe("ext").await.unwrap();
+    let m = next(&mut sub).await;
+    within(10, m.extend(Duration::from_secs(60))).await.unwrap();
+    // Above the broker's lease cap (12 h): refused, and the lease is still held.
+    let e = within(10, m.extend(Duration::from_secs(13 * 3600))).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::BAD_REQUEST), "{:?}", e);
+    assert!(!e.is_retryable());
+    // A retry delay above the broker's cap (30 days) is refused too.
+    let e = within(10, m.retry_after(Duration::from_secs(31 * 24 * 3600))).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::BAD_REQUEST), "{:?}", e);
+    // The refused settle left the lease held: the message can be settled
+    // again, and then only once.
+    within(10, m.complete()).await.unwrap();
+    assert!(matches!(m.complete().await, Err(Error::AlreadySettled)));
+    assert!(matches!(m.extend(Duration::from_secs(1)).await, Err(Error::AlreadySettled)));
+    assert!(tokio::time::timeout(Duration::from_millis(300), sub.next()).await.is_err());
+    c.close().await.unwrap();
+}
