@@ -767,6 +767,7 @@ struct SubState {
     cohort: String,
     member: String,
     assign: Arc<Mutex<AssignBuf>>,
+    alive: Arc<AtomicBool>, // false once ended
 }
 
 impl SubState {
@@ -833,6 +834,7 @@ struct State {
 
 struct Shared {
     opts: ConnectOptions,
+    stale_gen: AtomicU64, // bumped (under the state lock) when held leases may have gone
     producer_id: String,
     member_id: String,
     st: Mutex<State>,
@@ -940,6 +942,7 @@ pub async fn connect_with(opts: ConnectOptions) -> Result<Client> {
     }
     let member_id = opts.member_id.clone().unwrap_or_else(|| format!("m-rs-{:032x}", rand::random::<u128>()));
     let shared = Arc::new(Shared {
+        stale_gen: AtomicU64::new(0),
         producer_id,
         member_id,
         st: Mutex::new(State {
@@ -1082,6 +1085,7 @@ fn end_all(shared: &Shared, reason: Error) {
 fn end_sub(st: &mut State, local: u64, reason: Error) {
     if let Some(s) = st.subs.remove(&local) {
         s.assign.lock().unwrap_or_else(|e| e.into_inner()).end();
+        s.alive.store(false, Ordering::SeqCst);
         if s.server_id != 0 {
             st.by_server.remove(&s.server_id);
         }
@@ -1108,6 +1112,7 @@ async fn attempt(shared: &Arc<Shared>) -> Result<Arc<Conn>> {
         st.identity = hello.resume.clone();
         if !resumed {
             st.epoch += 1;
+            shared.stale_gen.fetch_add(1, Ordering::SeqCst);
             // The old session's leases are gone: its settles fail, its
             // buffered deliveries are dropped, its subscriptions are made again.
             for b in std::mem::take(&mut st.held) {
@@ -1531,6 +1536,7 @@ fn deliver(
         epoch: conn.epoch,
         auto_ack: s.auto_ack,
         settled: Arc::new(AtomicBool::new(false)),
+        gen: shared.stale_gen.load(Ordering::SeqCst),
         tag: d.tag,
         lease,
         topic: d.topic,
@@ -1783,6 +1789,9 @@ async fn restore(shared: &Arc<Shared>, conn: &Arc<Conn>, resumed: bool) -> Resul
             match reply(start(shared, conn, &Body::Inflight(wire::Inflight { entries }), Pending::Reply)?).await {
                 Ok(Body::InflightResult(ir)) => {
                     let mut st = shared.lock();
+                    if !ir.stale.is_empty() {
+                        shared.stale_gen.fetch_add(1, Ordering::SeqCst);
+                    }
                     for t in ir.stale {
                         for s in st.subs.values_mut() {
                             s.held.remove(&t);
@@ -2321,7 +2330,9 @@ impl Client {
             let conn = acquire(shared, false).await?;
             let (mtx, mrx) = mpsc::channel(DELIVERY_BUFFER);
             let assign = Arc::new(Mutex::new(AssignBuf::default()));
+            let alive = Arc::new(AtomicBool::new(true));
             let state = SubState {
+                alive: alive.clone(),
                 cohort: cohort.clone(),
                 member: member.clone(),
                 assign: assign.clone(),
@@ -2372,6 +2383,7 @@ impl Client {
                         cohort: cohort.clone(),
                         member: member.clone(),
                         assign,
+                        alive,
                     })
                 }
                 Ok(_) => return Err(Error::Protocol("unexpected answer to SUBSCRIBE".into())),
@@ -2491,6 +2503,7 @@ pub struct Subscription {
     cohort: String,
     member: String,
     assign: Arc<Mutex<AssignBuf>>,
+    alive: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for Subscription {
@@ -2605,13 +2618,22 @@ impl futures_core::Stream for Subscription {
             match self.rx.poll_recv(cx) {
                 Poll::Pending => {
                     // An ended subscription whose sender a reader still holds.
-                    if self.shared.lock().subs.contains_key(&self.local) {
+                    if self.alive.load(Ordering::SeqCst) {
                         return Poll::Pending;
                     }
                     self.rx.close();
                     continue;
                 }
                 Poll::Ready(Some(m)) => {
+                    if !self.alive.load(Ordering::SeqCst) {
+                        self.rx.close();
+                        continue; // ended: buffered deliveries are dropped
+                    }
+                    // The state is looked at only when leases may have gone
+                    // since the delivery (a fresh session, INFLIGHT's stale).
+                    if m.auto_ack || m.gen == self.shared.stale_gen.load(Ordering::SeqCst) {
+                        return Poll::Ready(Some(Ok(m)));
+                    }
                     let st = self.shared.lock();
                     match st.subs.get(&self.local) {
                         None => {
@@ -2660,6 +2682,7 @@ pub struct Message {
     epoch: u64,
     auto_ack: bool,
     settled: Arc<AtomicBool>,
+    gen: u64, // Shared::stale_gen when it was delivered
     tag: u64,
     lease: LeaseRef,
     /// The message's topic.
