@@ -791,6 +791,7 @@ struct Conn {
     draining: AtomicBool,
     away_deadline_ms: AtomicI64,
     last_read: AtomicU64, // ms since `born`
+    paused: AtomicBool,   // the reader waits for the application to take deliveries
     born: Instant,
     closed: watch::Sender<bool>,
     away: watch::Sender<bool>,
@@ -1157,6 +1158,7 @@ async fn attempt(shared: &Arc<Shared>) -> Result<Arc<Conn>> {
             draining: AtomicBool::new(false),
             away_deadline_ms: AtomicI64::new(0),
             last_read: AtomicU64::new(0),
+            paused: AtomicBool::new(false),
             born: Instant::now(),
             closed: watch::channel(false).0,
             away: watch::channel(false).0,
@@ -1360,11 +1362,18 @@ async fn read_loop(shared: Arc<Shared>, conn: Arc<Conn>, mut rd: Rd) {
         }
         // Deliveries a full buffer did not take: the reader waits, which is
         // backpressure on the broker.
-        for (tx, m) in slow {
-            tokio::select! {
-                _ = tx.send(m) => {},
-                _ = closed.changed() => return,
+        if !slow.is_empty() {
+            // Not reading by choice is not a silent broker: the heartbeat
+            // check waits while the reader does.
+            conn.paused.store(true, Ordering::SeqCst);
+            for (tx, m) in slow {
+                tokio::select! {
+                    _ = tx.send(m) => {},
+                    _ = closed.changed() => return,
+                }
             }
+            conn.last_read.store(conn.born.elapsed().as_millis() as u64, Ordering::Relaxed);
+            conn.paused.store(false, Ordering::SeqCst);
         }
     };
     close_conn(&shared, &conn, err);
@@ -1698,8 +1707,8 @@ async fn heartbeat(shared: Arc<Shared>, conn: Arc<Conn>, every: Duration) {
             _ = tokio::time::sleep(every) => {},
             _ = closed.changed() => return,
         }
-        let idle = conn.born.elapsed().as_millis() as u64 - conn.last_read.load(Ordering::Relaxed);
-        if idle > 3 * every.as_millis() as u64 {
+        let idle = (conn.born.elapsed().as_millis() as u64).saturating_sub(conn.last_read.load(Ordering::Relaxed));
+        if idle > 3 * every.as_millis() as u64 && !conn.paused.load(Ordering::SeqCst) {
             close_conn(&shared, &conn, Error::HeartbeatTimeout);
             return;
         }

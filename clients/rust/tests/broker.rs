@@ -857,3 +857,32 @@ async fn extend_renews_a_lease_and_refusals_are_typed() {
     assert!(tokio::time::timeout(Duration::from_millis(300), sub.next()).await.is_err());
     c.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_slow_application_is_not_a_silent_broker() {
+    let (_b, p) = setup().await;
+    let c =
+        sinew::connect_with(ConnectOptions::new(p.addr.clone()).heartbeat(Duration::from_millis(100))).await.unwrap();
+    let mut status = c.status();
+    let n = 6000; // more than a subscription buffers (4096): the reader waits
+    futures::stream::iter(0..n)
+        .map(|i| c.publish("slow-app", format!("{}", i)))
+        .buffer_unordered(64)
+        .for_each(|r| {
+            r.unwrap();
+            async {}
+        })
+        .await;
+    let mut sub = c.subscribe_with("slow-app", SubscribeOptions::new().auto_ack(true)).await.unwrap();
+    // The application reads nothing for ten heartbeat intervals.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let mut got = 0;
+    while got < n {
+        within(10, sub.next()).await.unwrap().unwrap();
+        got += 1;
+    }
+    while let Ok(s) = status.try_recv() {
+        assert!(!matches!(s, Status::Disconnected(_)), "{:?}", s);
+    }
+    c.close().await.unwrap();
+}
