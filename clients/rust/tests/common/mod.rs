@@ -35,18 +35,25 @@ pub fn broker_binary() -> PathBuf {
         *b = Some(PathBuf::from(p));
         return b.clone().unwrap();
     }
-    let dir = temp_dir("sinew-rs-bin");
+    // In cargo's scratch directory for integration tests (target/tmp), so
+    // runs reuse it instead of leaving a binary behind each time; go build
+    // rebuilds it when the tree changed.
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("sinew");
+    let tmp = dir.join(format!("sinew.{}.tmp", std::process::id()));
     let go =
         if Path::new("/usr/local/go/bin/go").exists() { "/usr/local/go/bin/go".to_string() } else { "go".to_string() };
     let st = std::process::Command::new(go)
         .args(["build", "-o"])
-        .arg(&out)
+        .arg(&tmp)
         .arg("./cmd/sinew")
         .current_dir(repo())
         .status()
         .expect("go build");
     assert!(st.success(), "go build failed");
+    // Renamed into place: a broker another test process runs keeps its file.
+    std::fs::rename(&tmp, &out).unwrap();
     *b = Some(out.clone());
     out
 }
