@@ -1546,6 +1546,11 @@ fn deliver(
         auto_ack: s.auto_ack,
         settled: Arc::new(AtomicBool::new(false)),
         gen: shared.stale_gen.load(Ordering::SeqCst),
+        lease_ends: if d.lease_ms > 0 && !s.auto_ack {
+            Some(Instant::now() + Duration::from_millis(u64::from(d.lease_ms)))
+        } else {
+            None
+        },
         tag: d.tag,
         lease,
         topic: d.topic,
@@ -2638,6 +2643,18 @@ impl futures_core::Stream for Subscription {
                         self.rx.close();
                         continue; // ended: buffered deliveries are dropped
                     }
+                    if let Some(t) = m.lease_ends {
+                        if Instant::now() >= t {
+                            // Its lease ran out before the application took it:
+                            // the message is back in the queue (perhaps leased
+                            // to another consumer already), so handing it over
+                            // now would only have it processed twice.
+                            if let Some(s) = self.shared.lock().subs.get_mut(&self.local) {
+                                s.held.remove(&m.tag);
+                            }
+                            continue;
+                        }
+                    }
                     // The state is looked at only when leases may have gone
                     // since the delivery (a fresh session, INFLIGHT's stale).
                     if m.auto_ack || m.gen == self.shared.stale_gen.load(Ordering::SeqCst) {
@@ -2691,7 +2708,8 @@ pub struct Message {
     epoch: u64,
     auto_ack: bool,
     settled: Arc<AtomicBool>,
-    gen: u64, // Shared::stale_gen when it was delivered
+    gen: u64,                    // Shared::stale_gen when it was delivered
+    lease_ends: Option<Instant>, // from the DELIVER's lease_ms, when given
     tag: u64,
     lease: LeaseRef,
     /// The message's topic.

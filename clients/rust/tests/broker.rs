@@ -886,3 +886,63 @@ async fn a_slow_application_is_not_a_silent_broker() {
     }
     c.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_delivery_whose_lease_ran_out_unread_is_dropped() {
+    use sinew::wire::{self, Body};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A stand-in broker that, like a cluster node, says how much of each
+    // lease is left: 50 ms for the first delivery, nothing for the second.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        loop {
+            let mut head = [0u8; 16];
+            if s.read_exact(&mut head).await.is_err() {
+                return;
+            }
+            let h = wire::parse_header(&head, wire::FRAME_BYTES_DEFAULT).unwrap();
+            let mut body = vec![0u8; h.body_len];
+            s.read_exact(&mut body).await.unwrap();
+            let mut out = Vec::new();
+            match Body::decode(h.op, &body).unwrap() {
+                Body::Hello(_) => out.extend(wire::encode_frame(
+                    &Body::HelloOk(wire::HelloOk { protocol_version: 1, ..Default::default() }),
+                    h.req_id,
+                    0,
+                )),
+                Body::Subscribe(_) => {
+                    let ok = wire::SubscribeOk { sub_id: 5, partitions: vec![0], prefetch: 10 };
+                    out.extend(wire::encode_frame(&Body::SubscribeOk(ok), h.req_id, 0));
+                    for (tag, lease_ms, text) in [(1u64, 50u32, "expired"), (2, 0, "fresh")] {
+                        let d = wire::Deliver {
+                            sub_id: 5,
+                            tag,
+                            offset: tag,
+                            attempt: 1,
+                            body: text.as_bytes().to_vec(),
+                            topic: "lease".into(),
+                            lease_id: 100 + tag,
+                            lease_ms,
+                            ..Default::default()
+                        };
+                        out.extend(wire::encode_frame(&Body::Deliver(d), 0, 0));
+                    }
+                }
+                _ => out.extend(wire::encode_frame(&Body::Ok, h.req_id, 0)),
+            }
+            if s.write_all(&out).await.is_err() {
+                return;
+            }
+        }
+    });
+    let c = sinew::connect(addr).await.unwrap();
+    let mut sub = c.subscribe("lease").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await; // the application is busy
+    let m = next(&mut sub).await;
+    assert_eq!(m.body, b"fresh");
+    assert!(tokio::time::timeout(Duration::from_millis(200), sub.next()).await.is_err());
+    drop(sub);
+    drop(c);
+}
