@@ -275,7 +275,8 @@ type QueueInfo struct {
 // DeclareQueue creates the queue topic (in cfg.Group) or checks that the
 // existing one is compatible: a different partition count is a conflict
 // (*BrokerError with protocol.CodeConflict); retries, TTL, lease and dead-letter
-// settings are updated.
+// settings are updated. In a cluster the node the client is connected to
+// takes the declaration whether or not it holds a replica of the queue.
 func (c *Client) DeclareQueue(ctx context.Context, topic string, cfg QueueConfig) (QueueInfo, error) {
 	retries := int32(-1)
 	switch {

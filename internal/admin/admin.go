@@ -237,6 +237,9 @@ type ErrorBody struct {
 	Code string `json:"code"`
 	// Error is a readable sentence for people.
 	Error string `json:"error"`
+	// Owner is set with code not_owner: the client address of a node
+	// that serves the queue's partition.
+	Owner string `json:"owner,omitempty"`
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {
@@ -251,22 +254,38 @@ func writeBrokerError(w http.ResponseWriter, err error) {
 		return
 	}
 	code := protocol.CodeOf(err)
-	status := http.StatusInternalServerError
+	writeJSON(w, brokerStatus(code), ErrorBody{Code: code.String(), Error: err.Error(), Owner: ownerOf(err)})
+}
+
+// brokerStatus is the HTTP status of a broker error with protocol code
+// code. Only internal (a failure inside the broker, or an error without a
+// code) is 500: another node's answer (not_owner, fenced) and every other
+// retryable code is 503, any other code the broker refuses the request
+// with is 400.
+func brokerStatus(code protocol.Code) int {
 	switch code {
-	case protocol.CodeBadRequest, protocol.CodeLimitExceeded, protocol.CodeMessageTooLarge:
-		status = http.StatusBadRequest
+	case protocol.CodeInternal:
+		return http.StatusInternalServerError
 	case protocol.CodeNotFound:
-		status = http.StatusNotFound
+		return http.StatusNotFound
 	case protocol.CodeConflict:
-		status = http.StatusConflict
-	case protocol.CodeUnavailable, protocol.CodeShuttingDown, protocol.CodeResourceExhausted:
-		status = http.StatusServiceUnavailable
+		return http.StatusConflict
+	case protocol.CodePermissionDenied:
+		return http.StatusForbidden
 	}
-	name := code.String()
-	if status == http.StatusInternalServerError {
-		name = "internal"
+	if code.Retryable() {
+		return http.StatusServiceUnavailable
 	}
-	writeError(w, status, name, err.Error())
+	return http.StatusBadRequest
+}
+
+// ownerOf is the owner address a not_owner error names ("" otherwise).
+func ownerOf(err error) string {
+	var pe *protocol.Error
+	if errors.As(err, &pe) && pe.Code == protocol.CodeNotOwner {
+		return pe.Owner
+	}
+	return ""
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -245,6 +245,6 @@ func writeMoveError(w http.ResponseWriter, err error) {
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "the controller did not apply it in time (is there a controller leader?): "+err.Error())
 	default:
-		writeError(w, http.StatusInternalServerError, "internal", err.Error())
+		writeBrokerError(w, err) // a coded error keeps its code; others are internal
 	}
 }

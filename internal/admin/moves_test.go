@@ -9,6 +9,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/sinewmq/sinew/protocol"
 )
 
 func moveDo(t *testing.T, h http.Handler, method, path, body string) (int, ErrorBody, string) {
@@ -125,6 +127,10 @@ func TestMoveRequests(t *testing.T) {
 	answer = context.DeadlineExceeded
 	if code, e, body := moveDo(t, h, "POST", "/api/v1/moves", `{"topic":"t","to":"n"}`); code != 503 || e.Code != "unavailable" {
 		t.Fatalf("a start that timed out: %d %s", code, body)
+	}
+	answer = protocol.Errorf(protocol.CodeFenced, "cut off")
+	if code, e, body := moveDo(t, h, "POST", "/api/v1/moves", `{"topic":"t","to":"n"}`); code != 503 || e.Code != "fenced" {
+		t.Fatalf("a start refused by a fenced node: %d %s", code, body)
 	}
 	answer = errors.New("disk on fire")
 	if code, e, body := moveDo(t, h, "POST", "/api/v1/moves", `{"topic":"t","to":"n"}`); code != 500 || e.Code != "internal" {

@@ -664,6 +664,18 @@ func (b *Broker) Declare(ctx context.Context, d *protocol.DeclareQueue) (protoco
 		return ok, err
 	}
 	q, created, err := b.declare(d, true)
+	if pe := (*placedElsewhere)(nil); errors.As(err, &pe) {
+		// Committed to the catalogue and placed on other nodes: the
+		// declaration is done. Another node's proposal may have come
+		// first; the declaration is then checked against it (and its
+		// settings updated) as for any queue held elsewhere.
+		ok, handled, err := b.declareElsewhere(d)
+		if !handled {
+			return protocol.DeclareOK{}, errDeletedMeanwhile(queueKey{d.Topic, d.Group})
+		}
+		ok.Created = err == nil && pe.mine
+		return ok, err
+	}
 	if err != nil {
 		return protocol.DeclareOK{}, err
 	}

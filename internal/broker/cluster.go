@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -108,14 +109,45 @@ func settingsOf(m *queueMeta) []byte {
 	return b
 }
 
+// placedElsewhere is createInCluster's error for a queue committed to the
+// catalogue with no replica on this node (placement picked other nodes).
+// It wraps the not_owner that a request needing a replica here (a first
+// publish or subscribe) is answered; a declaration is a success
+// (Declare), since the queue exists now.
+type placedElsewhere struct {
+	err error
+	// mine is set when the catalogue's entry carries the settings this
+	// node proposed: its proposal created the queue.
+	mine bool
+}
+
+func (e *placedElsewhere) Error() string { return e.err.Error() }
+func (e *placedElsewhere) Unwrap() error { return e.err }
+
+// placedOn reports whether every partition of cq is placed on node self
+// (a node holds all of a queue's partitions or none).
+func placedOn(cq *CatalogueQueue, self uint64) bool {
+	for _, p := range cq.Partitions {
+		if !slices.Contains(p.Replicas, self) {
+			return false
+		}
+	}
+	return true
+}
+
 // createInCluster commits a new queue to the catalogue, then opens the
-// replicas placed on this node. createMu is held.
+// replicas placed on this node. A queue placed on other nodes only is
+// a *placedElsewhere. createMu is held.
 func (b *Broker) createInCluster(k queueKey, want *queueMeta) (*queueEntry, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), clusterCreateTimeout)
 	defer cancel()
-	cq, err := b.cfg.Cluster.CreateQueue(ctx, k.topic, k.group, settingsOf(want), int(want.Partitions))
+	settings := settingsOf(want)
+	cq, err := b.cfg.Cluster.CreateQueue(ctx, k.topic, k.group, settings, int(want.Partitions))
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "queue %q group %q: the cluster did not commit it: %v; retry", k.topic, k.group, err)
+	}
+	if !placedOn(&cq, b.cfg.Cluster.Self()) {
+		return nil, &placedElsewhere{err: b.elsewhereError(k, &cq), mine: bytes.Equal(cq.Settings, settings)}
 	}
 	q, err := b.openCatalogueQueue(cq)
 	if err != nil {
@@ -146,21 +178,8 @@ func (b *Broker) openCatalogueQueue(cq CatalogueQueue) (*queueEntry, error) {
 	if q != nil {
 		return q, nil
 	}
-	self := b.cfg.Cluster.Self()
-	here := true
-	for _, p := range cq.Partitions {
-		found := false
-		for _, r := range p.Replicas {
-			found = found || r == self
-		}
-		here = here && found
-	}
-	if !here {
-		owner := uint64(0)
-		if len(cq.Partitions) > 0 && len(cq.Partitions[0].Replicas) > 0 {
-			owner = cq.Partitions[0].Replicas[0]
-		}
-		return nil, b.notOwner(k, 0, owner)
+	if !placedOn(&cq, b.cfg.Cluster.Self()) {
+		return nil, b.elsewhereError(k, &cq)
 	}
 	var m queueMeta
 	if err := json.Unmarshal(cq.Settings, &m); err != nil || m.Topic != cq.Topic || m.Group != cq.Group ||
@@ -381,6 +400,17 @@ func (b *Broker) storeSettings(q *queueEntry, want *queueMeta) error {
 		p.SetConfig(qc)
 	}
 	return nil
+}
+
+// elsewhereError is the error for a request that needs a replica of
+// catalogue queue k, which is placed on other nodes only: not_owner naming
+// its partition 0's preferred owner (unavailable when that is unknown).
+func (b *Broker) elsewhereError(k queueKey, cq *CatalogueQueue) error {
+	owner := uint64(0)
+	if len(cq.Partitions) > 0 && len(cq.Partitions[0].Replicas) > 0 {
+		owner = cq.Partitions[0].Replicas[0]
+	}
+	return b.notOwner(k, 0, owner)
 }
 
 // notOwner is the error for a request this node cannot serve because

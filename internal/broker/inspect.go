@@ -81,10 +81,17 @@ func (b *Broker) DeadLetterTopic() string { return b.cfg.DeadLetterTopic }
 // Counters returns the counters that all the broker's partitions share.
 func (b *Broker) Counters() *partition.Counters { return b.counters }
 
-// partitionOf finds partition idx of queue topic/group.
+// partitionOf finds partition idx of queue topic/group. In a cluster, a
+// queue of the catalogue that this node holds no replica of is not_owner,
+// naming a node that holds one.
 func (b *Broker) partitionOf(topic, group string, idx uint32) (*queueEntry, *partition.Partition, error) {
 	q, err := b.lookup(topic, group)
 	if err != nil {
+		if _, elsewhere := b.catalogueElsewhere(topic, group); elsewhere {
+			if cq, ok := b.cfg.Cluster.Lookup(topic, group); ok {
+				return nil, nil, b.elsewhereError(queueKey{topic, group}, &cq)
+			}
+		}
 		return nil, nil, err
 	}
 	if idx >= uint32(len(q.parts)) {
