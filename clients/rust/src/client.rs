@@ -41,6 +41,24 @@ const HEADERS_MAX: usize = 256;
 const REDIRECT_MAX: usize = 512;
 const HINTS_MAX: usize = 4096; // queues whose partition hint a client keeps
 
+// Cluster routing (see `refused`): at most LEARNED_MAX addresses are learned
+// besides the seeds; the pause before leaving a node that refused a publish
+// grows from MOVE_PAUSE_MIN to MOVE_PAUSE_MAX with each refusal in a row; a
+// refused publish goes from node to node for at most MOVE_BUDGET before the
+// refusal becomes its outcome; a node that refused one is not moved to again
+// for SHUN while another is not; METADATA is asked at most every
+// PROBE_EVERY and waited for at most PROBE_TIMEOUT.
+const LEARNED_MAX: usize = 64;
+const MOVE_PAUSE_MIN: Duration = Duration::from_millis(20);
+const MOVE_PAUSE_MAX: Duration = Duration::from_secs(1);
+/// How long a publish a cluster refuses (`not_owner`, `fenced`,
+/// `unavailable`) is carried from node to node before the refusal is
+/// returned to the application.
+pub const MOVE_BUDGET: Duration = Duration::from_secs(30);
+const SHUN: Duration = Duration::from_secs(1);
+const PROBE_EVERY: Duration = Duration::from_millis(500);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
 // --- clock and options -----------------------------------------------------------
 
 /// The time source of reconnect backoff: when to try again and how long a
@@ -681,6 +699,8 @@ struct PubCall {
     tx: oneshot::Sender<(Result<wire::PublishOk>, bool)>,
     /// A send of it was cut off before its answer: that send may have stored it.
     uncertain: bool,
+    /// When a cluster node first refused it (see `refused`).
+    refused_at: Option<Instant>,
 }
 
 impl PubCall {
@@ -796,6 +816,9 @@ struct Conn {
     closed: watch::Sender<bool>,
     away: watch::Sender<bool>,
     reason: Mutex<Option<Error>>,
+    /// Closed by the client to move to another cluster node: the next
+    /// connect is made at once.
+    moved: AtomicBool,
 }
 
 impl Conn {
@@ -826,8 +849,16 @@ struct State {
     closing: bool,
     fatal: Option<Error>,
     gave_up: Option<Error>,
-    target: usize,
-    redirect: Option<String>,
+    target: usize,            // index into the known nodes (seeds, then learned) of the next dial
+    redirect: Option<String>, // dialled next instead of the target
+    addr: String,             // the node the current connection goes to
+    learned: Vec<String>,     // cluster nodes learned besides the seeds, oldest first
+    refused_by: HashMap<String, Instant>, // when each node last refused a publish without naming an owner
+    refusals: u32,            // refusals since the last confirmed publish
+    moving: bool,             // a move to another node is scheduled
+    probing: bool,            // a METADATA request is in flight
+    probed_at: Option<Instant>,
+    probe_wanted: bool, // the nodes known may be out of date: ask METADATA again
     hello: wire::HelloOk,
     status: Vec<mpsc::Sender<Status>>,
     hints: HashMap<(String, String), i32>, // the broker's partition hint per queue
@@ -967,6 +998,14 @@ pub async fn connect_with(opts: ConnectOptions) -> Result<Client> {
             gave_up: None,
             target: 0,
             redirect: None,
+            addr: String::new(),
+            learned: Vec::new(),
+            refused_by: HashMap::new(),
+            refusals: 0,
+            moving: false,
+            probing: false,
+            probed_at: None,
+            probe_wanted: true,
             hello: wire::HelloOk::default(),
             status: Vec::new(),
             hints: HashMap::new(),
@@ -1035,10 +1074,33 @@ fn split_addr(a: &str) -> Result<(String, u16)> {
     Ok((host.trim_start_matches('[').trim_end_matches(']').to_string(), port))
 }
 
+/// The nodes the client knows: its seeds, then the cluster nodes it learned.
+fn known_nodes(opts: &ConnectOptions, st: &State) -> Vec<String> {
+    opts.addresses.iter().chain(st.learned.iter()).cloned().collect()
+}
+
+/// Adds cluster nodes (client addresses) to those known; at most
+/// LEARNED_MAX are kept besides the seeds, the oldest dropped first.
+fn learn<'a>(opts: &ConnectOptions, st: &mut State, addrs: impl IntoIterator<Item = &'a str>) {
+    for a in addrs {
+        if a.is_empty() || a.len() > REDIRECT_MAX || split_addr(a).is_err() {
+            continue;
+        }
+        if opts.addresses.iter().any(|x| x == a) || st.learned.iter().any(|x| x == a) {
+            continue;
+        }
+        if st.learned.len() >= LEARNED_MAX {
+            st.learned.remove(0);
+        }
+        st.learned.push(a.to_string());
+    }
+}
+
 fn next_address(shared: &Shared) {
     let mut st = shared.lock();
     if st.redirect.take().is_none() {
-        st.target = (st.target + 1) % shared.opts.addresses.len();
+        let n = shared.opts.addresses.len() + st.learned.len();
+        st.target = (st.target + 1) % n;
     }
 }
 
@@ -1101,7 +1163,8 @@ async fn attempt(shared: &Arc<Shared>) -> Result<Arc<Conn>> {
         if st.closing {
             return Err(Error::ClientClosed);
         }
-        st.redirect.clone().unwrap_or_else(|| shared.opts.addresses[st.target].clone())
+        let nodes = known_nodes(&shared.opts, &st);
+        st.redirect.clone().unwrap_or_else(|| nodes[st.target % nodes.len()].clone())
     };
     let (rd, wr, hello) = dial(shared, &addr).await?;
     let (conn, resumed) = {
@@ -1109,6 +1172,17 @@ async fn attempt(shared: &Arc<Shared>) -> Result<Arc<Conn>> {
         if st.closing {
             return Err(Error::ClientClosed);
         }
+        // Reconnects start from this node and go on from it through the
+        // known nodes in turn.
+        st.redirect = None;
+        if hello.cluster {
+            learn(&shared.opts, &mut st, [addr.as_str()]);
+        }
+        let nodes = known_nodes(&shared.opts, &st);
+        if let Some(i) = nodes.iter().position(|a| *a == addr) {
+            st.target = i;
+        }
+        st.addr = addr.clone();
         let resumed = hello.outcome == 1 && !st.identity.client_id.is_empty();
         st.identity = hello.resume.clone();
         if !resumed {
@@ -1163,6 +1237,7 @@ async fn attempt(shared: &Arc<Shared>) -> Result<Arc<Conn>> {
             closed: watch::channel(false).0,
             away: watch::channel(false).0,
             reason: Mutex::new(None),
+            moved: AtomicBool::new(false),
         });
         st.conn = Some(conn.clone());
         st.pending.clear();
@@ -1400,6 +1475,7 @@ fn dispatch(
             let ok = wire::decode_publish_ok_body(body)?;
             match st.pending.remove(&h.req_id) {
                 Some(Pending::Publish(c)) => {
+                    st.refusals = 0;
                     let _ = c.tx.send((Ok(ok), c.uncertain));
                 }
                 Some(_) => return Err(Error::Protocol("PUBLISH_OK in answer to another request".into())),
@@ -1435,6 +1511,15 @@ fn dispatch(
                                 // connection under the same producer sequence.
                                 st.replay.push(c);
                             }
+                            Some(Pending::Publish(mut c)) if !e.fatal => {
+                                if refused(shared, st, conn, &mut c, &e) {
+                                    // A cluster node that cannot take it: it
+                                    // goes to another node.
+                                    st.replay.push(c);
+                                } else {
+                                    fail_pending(st, Pending::Publish(c), err.clone());
+                                }
+                            }
                             Some(p) => fail_pending(st, p, err.clone()),
                             None => {}
                         }
@@ -1451,6 +1536,7 @@ fn dispatch(
                         // A cluster node names one that stays up: the next
                         // connection goes there.
                         st.redirect = Some(g.redirect.clone());
+                        learn(&shared.opts, st, [g.redirect.as_str()]);
                     }
                     conn.away.send_replace(true);
                     shared.status(st, Status::GoingAway);
@@ -1703,6 +1789,135 @@ fn close_conn(shared: &Arc<Shared>, conn: &Arc<Conn>, reason: Error) {
     }
     drop(st);
     shared.bump();
+}
+
+// --- cluster routing ------------------------------------------------------------
+//
+// The client keeps one connection. In a cluster (HELLO_OK says so) it is not
+// pinned to the addresses it was given: it learns the cluster's nodes (the
+// owners and replicas METADATA lists, owners named by `not_owner`, GOING_AWAY
+// redirects), and a publish a node refuses with `not_owner`, `fenced` or
+// `unavailable` is kept and the connection moves, after a short pause, to the
+// owner the refusal names or else to the next known node, where the publish
+// is sent again under the same producer id and sequence (stored once).
+
+/// A cluster node refused a publish: keeps it for the next connection and
+/// moves the connection (see above). False when the refusal is the
+/// publish's outcome: another code, a single broker, or MOVE_BUDGET spent.
+fn refused(shared: &Arc<Shared>, st: &mut State, conn: &Arc<Conn>, c: &mut PubCall, e: &wire::ErrorBody) -> bool {
+    let code = Code(e.code);
+    if st.closing
+        || !st.hello.cluster
+        || !(code == Code::NOT_OWNER || code == Code::FENCED || code == Code::UNAVAILABLE)
+    {
+        return false;
+    }
+    let now = Instant::now();
+    let first = *c.refused_at.get_or_insert(now);
+    if now.saturating_duration_since(first) > MOVE_BUDGET {
+        return false;
+    }
+    let owner = if code == Code::NOT_OWNER && split_addr(&e.owner).is_ok() { e.owner.clone() } else { String::new() };
+    if owner.is_empty() {
+        let here = st.addr.clone();
+        st.refused_by.insert(here, now);
+        if st.refused_by.len() > LEARNED_MAX + shared.opts.addresses.len() {
+            st.refused_by.retain(|_, at| now.saturating_duration_since(*at) < SHUN);
+        }
+    }
+    st.probe_wanted = true;
+    move_off(shared, st, conn, owner, now);
+    true
+}
+
+/// Schedules the move of `conn` to `owner`, or when none is named (or it is
+/// the node already dialled, or refused a moment ago) to the next known
+/// node that has not refused a publish within SHUN.
+fn move_off(shared: &Arc<Shared>, st: &mut State, conn: &Arc<Conn>, owner: String, now: Instant) {
+    let current = st.live.as_ref().map_or(false, |c| Arc::ptr_eq(c, conn));
+    if st.moving || !current || conn.is_closed() {
+        return;
+    }
+    let fresh = |a: &str| st.refused_by.get(a).map_or(true, |at| now.saturating_duration_since(*at) >= SHUN);
+    let nxt = if !owner.is_empty() && owner != st.addr && fresh(&owner) {
+        owner
+    } else {
+        let nodes = known_nodes(&shared.opts, st);
+        let i = nodes.iter().position(|a| *a == st.addr).map_or(0, |i| i + 1);
+        let order: Vec<&String> = nodes[i..].iter().chain(nodes[..i].iter()).collect();
+        order.iter().find(|a| ***a != st.addr && fresh(a)).map(|a| (*a).clone()).unwrap_or_else(|| order[0].clone())
+    };
+    learn(&shared.opts, st, [nxt.as_str()]);
+    let pause = MOVE_PAUSE_MIN.saturating_mul(1u32 << st.refusals.min(10)).min(MOVE_PAUSE_MAX);
+    st.refusals = st.refusals.saturating_add(1);
+    st.moving = true;
+    let (shared, conn) = (shared.clone(), conn.clone());
+    let sleep = shared.opts.clock.sleep(pause);
+    tokio::spawn(async move {
+        sleep.await;
+        {
+            let mut st = shared.lock();
+            st.moving = false;
+            let current = st.live.as_ref().map_or(false, |c| Arc::ptr_eq(c, &conn));
+            if st.closing || !current || conn.is_closed() {
+                return;
+            }
+            st.redirect = Some(nxt.clone());
+            conn.moved.store(true, Ordering::SeqCst);
+        }
+        close_conn(&shared, &conn, Error::ConnectionLost(format!("leaving a node that refused a publish for {}", nxt)));
+    });
+}
+
+/// Asks the connected cluster node in the background where the queue's
+/// partitions are served, to learn the nodes holding them; at most once
+/// per PROBE_EVERY, and only while the nodes known may be out of date.
+fn probe(shared: &Arc<Shared>, topic: &str, group: &str) {
+    {
+        let mut st = shared.lock();
+        if !st.hello.cluster || st.probing || !st.probe_wanted || st.closing {
+            return;
+        }
+        if st.probed_at.map_or(false, |at| at.elapsed() < PROBE_EVERY) {
+            return;
+        }
+        st.probing = true;
+        st.probed_at = Some(Instant::now());
+    }
+    let shared = shared.clone();
+    let q = wire::QueueRef { topic: topic.to_string(), group: group.to_string() };
+    tokio::spawn(async move {
+        let r = tokio::time::timeout(PROBE_TIMEOUT, metadata(&shared, q)).await;
+        let mut st = shared.lock();
+        st.probing = false;
+        if let Ok(Ok(md)) = r {
+            if md.cluster {
+                st.probe_wanted = false;
+            }
+        }
+    });
+}
+
+/// METADATA on the live connection; a cluster's answer teaches the client
+/// the nodes it names.
+async fn metadata(shared: &Arc<Shared>, q: wire::QueueRef) -> Result<wire::MetadataResult> {
+    let conn = acquire(shared, false).await?;
+    match reply(start(shared, &conn, &Body::Metadata(q), Pending::Reply)?).await? {
+        Body::MetadataResult(md) => {
+            if md.cluster {
+                let mut st = shared.lock();
+                for pm in &md.partitions {
+                    learn(
+                        &shared.opts,
+                        &mut st,
+                        std::iter::once(pm.owner.as_str()).chain(pm.replicas.iter().map(|s| s.as_str())),
+                    );
+                }
+            }
+            Ok(md)
+        }
+        _ => Err(Error::Protocol("unexpected answer to METADATA".into())),
+    }
 }
 
 async fn heartbeat(shared: Arc<Shared>, conn: Arc<Conn>, every: Duration) {
@@ -1970,7 +2185,7 @@ async fn watch_conn(shared: &Arc<Shared>, conn: &Arc<Conn>) -> bool {
         }
     }
     if !*conn.away.borrow() {
-        return false;
+        return conn.moved.load(Ordering::SeqCst);
     }
     shared.bump(); // publishers move to wait for the next connection
     let left = conn.away_deadline_ms.load(Ordering::SeqCst) - now_ms();
@@ -2175,6 +2390,7 @@ impl Client {
                 format!("a message of {} bytes exceeds the broker's frame limit of {} bytes", body.len(), frame_max),
             ));
         }
+        probe(shared, &p.topic, &p.group);
         let _slot = shared.window.acquire().await.map_err(|_| Error::ClientClosed)?;
         let nbytes = body.len().clamp(1, PUBLISH_WINDOW_BYTES) as u32;
         let _bytes = shared.window_bytes.acquire_many(nbytes).await.map_err(|_| Error::ClientClosed)?;
@@ -2182,7 +2398,14 @@ impl Client {
         let mut seq = 0u64;
         loop {
             let (tx, rx) = oneshot::channel();
-            let pc = PubCall { head: Arc::new(head.clone()), seq, body: body.clone(), tx, uncertain: false };
+            let pc = PubCall {
+                head: Arc::new(head.clone()),
+                seq,
+                body: body.clone(),
+                tx,
+                uncertain: false,
+                refused_at: None,
+            };
             seq = self.send_publish(pc).await?;
             let (res, uncertain) = rx.await.map_err(|_| Error::ClientClosed)?;
             match res {
@@ -2309,6 +2532,7 @@ impl Client {
     /// kept on a resumed session and made again on a fresh one.
     pub async fn subscribe_with(&self, topic: &str, o: SubscribeOptions) -> Result<Subscription> {
         let shared = self.shared();
+        probe(shared, topic, &o.group);
         let partition = match o.partition {
             None => -1,
             Some(p) => {
@@ -2445,6 +2669,31 @@ impl Client {
     /// (the same across reconnects).
     pub fn member_id(&self) -> &str {
         &self.shared().member_id
+    }
+
+    /// The nodes this client knows: the addresses it was given, then (in a
+    /// cluster) those it learned, at most 64 of them: the owners and
+    /// replicas `METADATA` names, owners named by `not_owner`, `GOING_AWAY`
+    /// redirects. A reconnect goes through them in turn.
+    pub fn nodes(&self) -> Vec<String> {
+        let shared = self.shared();
+        let st = shared.lock();
+        known_nodes(&shared.opts, &st)
+    }
+
+    /// The address of the node the client is connected to (the last one,
+    /// while it reconnects).
+    pub fn connected_node(&self) -> String {
+        self.shared().lock().addr.clone()
+    }
+
+    /// Asks the connected node where the queue's partitions are served
+    /// (`METADATA`, docs/protocol.md 5.13): on a single broker `cluster` is
+    /// false and the owners are empty; a cluster's answer names each
+    /// partition's owner and replicas, which the client learns. A queue that
+    /// does not exist is `not_found`.
+    pub async fn metadata(&self, topic: &str, group: &str) -> Result<wire::MetadataResult> {
+        metadata(self.shared(), wire::QueueRef { topic: topic.to_string(), group: group.to_string() }).await
     }
 
     /// The producer id stamped on this client's publishes.

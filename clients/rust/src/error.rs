@@ -54,6 +54,7 @@ impl Code {
     pub const SHUTTING_DOWN: Code = Code(16);
     pub const PERMISSION_DENIED: Code = Code(23);
     pub const NOT_OWNER: Code = Code(24);
+    pub const FENCED: Code = Code(25);
 
     /// The code's stable name, such as `"stale_lease"`; `"unknown"` for a
     /// code this crate does not know.

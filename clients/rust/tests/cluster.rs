@@ -1,0 +1,377 @@
+//! Cluster routing against three real `sinew serve --cluster` processes on
+//! loopback: a publish sent to a node that does not own the partition
+//! follows `not_owner` to the owner, the owner killed with SIGKILL while
+//! publishing costs the application no error and no message, and a client
+//! given one node's address learns the others.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use sinew::{ConnectOptions, QueueOptions, SubscribeOptions};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, Command};
+
+const READY: Duration = Duration::from_secs(30);
+
+// One cluster at a time: the machine's cores are shared.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+async fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port()
+}
+
+struct Node {
+    addr: String,
+    admin: String,
+    gossip: String,
+    peer: String,
+    data: PathBuf,
+    child: Option<Child>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Node {
+    async fn start(&mut self, seeds: &[String]) {
+        let bin = tokio::task::spawn_blocking(common::broker_binary).await.unwrap();
+        let mut cmd = Command::new(bin);
+        cmd.args(["serve", "--listen", &self.addr, "--admin-listen", &self.admin])
+            .arg("--data-dir")
+            .arg(&self.data)
+            .args(["--cluster", "--cluster-profile", "lan"])
+            .args(["--cluster-gossip-listen", &self.gossip, "--cluster-peer-listen", &self.peer])
+            .args(["--connection-heartbeat-ms", "1000"]);
+        if !seeds.is_empty() {
+            cmd.args(["--cluster-seeds", &seeds.join(",")]);
+        }
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).kill_on_drop(true);
+        let mut child = cmd.spawn().expect("start sinew serve --cluster");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let log = self.log.clone();
+        tokio::time::timeout(READY, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let serving = line.contains("msg=serving listen=");
+                log.lock().unwrap().push(line);
+                if serving {
+                    return;
+                }
+            }
+            panic!("node exited:\n{}", log.lock().unwrap().join("\n"));
+        })
+        .await
+        .expect("node did not start in time");
+        let log = self.log.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut l = log.lock().unwrap();
+                if l.len() < 10_000 {
+                    l.push(line);
+                }
+            }
+        });
+        self.child = Some(child);
+    }
+
+    async fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill().await;
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+/// GET on a node's admin API, parsed as JSON.
+async fn get_json(admin: &str, path: &str) -> Option<serde_json::Value> {
+    let mut s = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(admin)).await.ok()?.ok()?;
+    let req = format!("GET {} HTTP/1.0\r\nHost: {}\r\n\r\n", path, admin);
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut out)).await.ok()?.ok()?;
+    let text = String::from_utf8_lossy(&out);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        return None;
+    }
+    serde_json::from_str(body).ok()
+}
+
+struct Cluster {
+    nodes: Vec<Node>,
+}
+
+impl Cluster {
+    /// Three nodes; the first bootstraps the controller, the others join it.
+    /// Returns once the controller has a leader and three voters.
+    async fn start() -> Cluster {
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            nodes.push(Node {
+                addr: format!("127.0.0.1:{}", free_port().await),
+                admin: format!("127.0.0.1:{}", free_port().await),
+                gossip: format!("127.0.0.1:{}", free_port().await),
+                peer: format!("127.0.0.1:{}", free_port().await),
+                data: common::temp_dir("sinew-rs-cluster"),
+                child: None,
+                log: Arc::new(Mutex::new(Vec::new())),
+            });
+        }
+        let first = vec![nodes[0].gossip.clone()];
+        for (i, n) in nodes.iter_mut().enumerate() {
+            n.start(if i == 0 { &[] } else { &first }).await;
+        }
+        let c = Cluster { nodes };
+        let deadline = Instant::now() + READY;
+        loop {
+            if let Some(v) = get_json(&c.nodes[0].admin, "/api/v1/nodes").await {
+                let ctl = &v["controller"];
+                let voters = ctl["voters"].as_array().map_or(0, |a| a.len());
+                if ctl["leader"].as_str().map_or(false, |l| !l.is_empty()) && voters == 3 {
+                    return c;
+                }
+            }
+            assert!(Instant::now() < deadline, "the controller did not reach three voters:\n{}", c.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn addrs(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.addr.clone()).collect()
+    }
+
+    fn index(&self, addr: &str) -> usize {
+        self.nodes.iter().position(|n| n.addr == addr).unwrap_or_else(|| panic!("{} is no node of the cluster", addr))
+    }
+
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            let l = n.log.lock().unwrap();
+            let tail = &l[l.len().saturating_sub(30)..];
+            out += &format!("--- node {} ({}):\n{}\n", i, n.addr, tail.join("\n"));
+        }
+        out
+    }
+}
+
+fn opts(addrs: &[String]) -> ConnectOptions {
+    ConnectOptions::new(addrs[0].clone()).addresses(addrs.to_vec()).connect_timeout(Duration::from_secs(20))
+}
+
+/// Declares a one-partition queue through `via` and returns the client
+/// address of its owner once the cluster has elected one.
+async fn declare_and_find_owner(via: &sinew::Client, topic: &str) -> String {
+    via.declare_queue(topic, QueueOptions { partitions: 1, ..Default::default() }).await.expect("declare");
+    owner_of(via, topic, None).await
+}
+
+/// The owner of the queue's partition 0, as METADATA names it, waiting
+/// while there is none (or it is still `not`).
+async fn owner_of(via: &sinew::Client, topic: &str, not: Option<&str>) -> String {
+    let deadline = Instant::now() + READY;
+    loop {
+        if let Ok(md) = via.metadata(topic, "").await {
+            assert!(md.cluster, "METADATA of a cluster node says cluster = false");
+            if let Some(p) = md.partitions.first() {
+                if !p.owner.is_empty() && Some(p.owner.as_str()) != not {
+                    return p.owner.clone();
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "no owner for {} within {:?}", topic, READY);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Reads the queue through its owner until `want` distinct bodies arrived
+/// (or nothing came for `quiet`); returns body -> the offsets it was stored at.
+async fn consume_all(owner: &str, topic: &str, want: usize, quiet: Duration) -> HashMap<String, HashSet<u64>> {
+    let c = sinew::connect(owner).await.expect("connect the consumer");
+    let mut sub = c.subscribe_with(topic, SubscribeOptions::new().prefetch(1000)).await.expect("subscribe");
+    let mut seen: HashMap<String, HashSet<u64>> = HashMap::new();
+    while seen.len() < want {
+        match tokio::time::timeout(quiet, sub.next()).await {
+            Ok(Some(Ok(m))) => {
+                seen.entry(m.text().unwrap_or("").to_string()).or_default().insert(m.offset);
+                let _ = m.complete(); // sent in the next batch
+            }
+            Ok(Some(Err(e))) => panic!("subscription ended: {}", e),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    // Anything more (a second copy) arrives within a short wait.
+    while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(500), sub.next()).await {
+        seen.entry(m.text().unwrap_or("").to_string()).or_default().insert(m.offset);
+        let _ = m.complete();
+    }
+    let _ = c.close().await;
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_publish_through_a_node_that_does_not_own_the_partition() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cl = Cluster::start().await;
+    let admin = sinew::connect_with(opts(&cl.addrs())).await.unwrap();
+    let owner = declare_and_find_owner(&admin, "routed").await;
+    let other = cl.addrs().into_iter().find(|a| *a != owner).unwrap();
+
+    // A client given only a node that does not own the partition.
+    let c = sinew::connect_with(opts(&[other.clone()])).await.unwrap();
+    assert_eq!(c.connected_node(), other);
+    let mut offsets = HashSet::new();
+    for i in 0..50 {
+        let ok = tokio::time::timeout(Duration::from_secs(20), c.publish("routed", format!("r-{}", i)))
+            .await
+            .expect("publish timed out")
+            .unwrap_or_else(|e| panic!("publish {} through {}: {}\n{}", i, other, e, cl.logs()));
+        assert_eq!(ok.partition, 0);
+        assert!(!ok.duplicate, "publish {} answered as a duplicate", i);
+        assert!(offsets.insert(ok.offset), "offset {} confirmed twice", ok.offset);
+    }
+    assert_eq!(c.connected_node(), owner, "the client did not move to the owner");
+    let seen = consume_all(&owner, "routed", 50, Duration::from_secs(10)).await;
+    assert_eq!(seen.len(), 50);
+    assert!(seen.values().all(|o| o.len() == 1), "a message stored twice");
+    c.close().await.unwrap();
+    admin.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_client_given_one_address_learns_the_others() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cl = Cluster::start().await;
+    let all: HashSet<String> = cl.addrs().into_iter().collect();
+    let seed = cl.nodes[0].addr.clone();
+    let c = sinew::connect_with(opts(&[seed.clone()])).await.unwrap();
+    c.declare_queue("learn", QueueOptions { partitions: 1, ..Default::default() }).await.unwrap();
+    c.publish("learn", "first").await.unwrap();
+    // The publish asked METADATA in the background; its answer names every
+    // replica of the queue (three nodes, replication factor 3).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.nodes().iter().cloned().collect::<HashSet<_>>() != all {
+        assert!(Instant::now() < deadline, "known {:?}, want {:?}", c.nodes(), all);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(c.nodes()[0], seed, "the seed comes first");
+    assert_eq!(c.nodes().len(), 3);
+
+    // Without the node it was given, it still reaches the cluster.
+    cl.nodes[0].kill9().await;
+    let ok = tokio::time::timeout(Duration::from_secs(40), c.publish("learn", "second"))
+        .await
+        .expect("publish after the seed died timed out")
+        .unwrap_or_else(|e| panic!("publish after the seed died: {}\n{}", e, cl.logs()));
+    assert_eq!(ok.partition, 0);
+    assert_ne!(c.connected_node(), seed);
+    c.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_owner_kill9_while_publishing() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cl = Cluster::start().await;
+    let admin = sinew::connect_with(opts(&cl.addrs())).await.unwrap();
+    let owner = declare_and_find_owner(&admin, "failover").await;
+    let victim = cl.index(&owner);
+    // The publisher is given only the owner: it learns the others.
+    let publisher = Arc::new(sinew::connect_with(opts(&[owner.clone()])).await.unwrap());
+
+    const IN_FLIGHT: usize = 16;
+    const BEFORE_KILL: Duration = Duration::from_millis(1500);
+    const AFTER_RECOVERY: Duration = Duration::from_secs(1);
+    const LIMIT: Duration = Duration::from_secs(40);
+    let started = Instant::now();
+    let mut killed_at: Option<Instant> = None;
+    let mut recovered_at: Option<Instant> = None;
+    let mut confirmed: Vec<String> = Vec::new();
+    let mut errors: Vec<String> = Vec::new();
+    let mut last_confirm = Instant::now();
+    let mut longest_pause = Duration::ZERO;
+    let mut inflight = FuturesUnordered::new();
+    let mut next = 0u64;
+    let mut after_kill = 0u64;
+    loop {
+        let now = Instant::now();
+        let stop = now.duration_since(started) > LIMIT
+            || recovered_at.map_or(false, |r| now.duration_since(r) > AFTER_RECOVERY);
+        if killed_at.is_none() && now.duration_since(started) >= BEFORE_KILL {
+            cl.nodes[victim].kill9().await;
+            killed_at = Some(Instant::now());
+        }
+        while !stop && inflight.len() < IN_FLIGHT {
+            let body = format!("f-{}", next);
+            next += 1;
+            let p = publisher.clone();
+            let sent = Instant::now();
+            inflight.push(async move {
+                let r = p.publish("failover", body.clone()).await;
+                (body, r, sent, Instant::now())
+            });
+        }
+        let (body, r, sent, at) = match inflight.next().await {
+            Some(x) => x,
+            None => break,
+        };
+        match r {
+            Ok(_) => {
+                confirmed.push(body);
+                longest_pause = longest_pause.max(at.saturating_duration_since(last_confirm));
+                last_confirm = last_confirm.max(at);
+                // Recovered: a publish made after the kill is confirmed.
+                if killed_at.map_or(false, |k| sent > k) && recovered_at.is_none() {
+                    recovered_at = Some(at);
+                }
+                if killed_at.map_or(false, |k| sent > k) {
+                    after_kill += 1;
+                }
+            }
+            Err(e) => errors.push(format!("{}: {}", body, e)),
+        }
+    }
+    let killed_at = killed_at.expect("the owner was killed");
+    let recovered_at = recovered_at.unwrap_or_else(|| panic!("no publish confirmed after the kill:\n{}", cl.logs()));
+    assert!(errors.is_empty(), "{} application errors, first: {}", errors.len(), errors[0]);
+
+    assert_ne!(publisher.connected_node(), owner, "the publisher is still on the killed node");
+    let new_owner = owner_of(&admin, "failover", Some(&owner)).await;
+    let consume_started = Instant::now();
+    let seen = consume_all(&new_owner, "failover", confirmed.len(), Duration::from_secs(10)).await;
+    println!("failover: consumed in {:?}, test time {:?}", consume_started.elapsed(), started.elapsed());
+    let lost: Vec<&String> = confirmed.iter().filter(|b| !seen.contains_key(*b)).collect();
+    let duplicates = seen.values().filter(|o| o.len() > 1).count();
+    println!(
+        "failover: {} published, {} confirmed ({} of them made after the kill), {} lost, {} stored twice, {} application errors; \
+         owner {} killed {:?} after the start, first publish made after the kill confirmed {:?} after it; \
+         longest pause between confirms {:?}; now owned by {}",
+        next,
+        confirmed.len(),
+        after_kill,
+        lost.len(),
+        duplicates,
+        errors.len(),
+        owner,
+        killed_at.duration_since(started),
+        recovered_at.duration_since(killed_at),
+        longest_pause,
+        new_owner
+    );
+    assert!(lost.is_empty(), "{} confirmed messages not consumed, first {}", lost.len(), lost[0]);
+    assert_eq!(duplicates, 0, "messages stored twice");
+    assert!(seen.len() >= confirmed.len());
+    publisher.close().await.unwrap();
+    admin.close().await.unwrap();
+}
