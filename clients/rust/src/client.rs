@@ -58,6 +58,10 @@ pub const MOVE_BUDGET: Duration = Duration::from_secs(30);
 const SHUN: Duration = Duration::from_secs(1);
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+// A subscription in a cluster (see `subscribe_span`): the wait for METADATA to
+// name the queue's nodes, and for the connect to each node.
+const SPAN_RESOLVE: Duration = Duration::from_secs(30);
+const SPAN_CONNECT: Duration = Duration::from_secs(3);
 
 // --- clock and options -----------------------------------------------------------
 
@@ -166,6 +170,9 @@ pub struct ConnectOptions {
     member_id: Option<String>,
     clock: Arc<dyn Clock>,
     rand: RandFn,
+    /// A client of a spanning subscription: it stays on its one node (it
+    /// learns no nodes and does not move).
+    pinned: bool,
 }
 
 impl fmt::Debug for ConnectOptions {
@@ -202,6 +209,7 @@ impl ConnectOptions {
             member_id: None,
             clock: Arc::new(SystemClock),
             rand: Arc::new(rand::random::<f64>),
+            pinned: false,
         }
     }
 
@@ -876,6 +884,7 @@ struct Shared {
     settle_kick: Notify,
     kick: Notify,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    spans: Mutex<Vec<std::sync::Weak<Shared>>>, // the clients of this client's spanning subscriptions
 }
 
 impl Shared {
@@ -1016,6 +1025,7 @@ pub async fn connect_with(opts: ConnectOptions) -> Result<Client> {
         settle_kick: Notify::new(),
         kick: Notify::new(),
         tasks: Mutex::new(Vec::new()),
+        spans: Mutex::new(Vec::new()),
         opts,
     });
     let clock = shared.opts.clock.clone();
@@ -1082,6 +1092,9 @@ fn known_nodes(opts: &ConnectOptions, st: &State) -> Vec<String> {
 /// Adds cluster nodes (client addresses) to those known; at most
 /// LEARNED_MAX are kept besides the seeds, the oldest dropped first.
 fn learn<'a>(opts: &ConnectOptions, st: &mut State, addrs: impl IntoIterator<Item = &'a str>) {
+    if opts.pinned {
+        return;
+    }
     for a in addrs {
         if a.is_empty() || a.len() > REDIRECT_MAX || split_addr(a).is_err() {
             continue;
@@ -1114,6 +1127,10 @@ fn shutdown(shared: &Arc<Shared>, reason: Error) {
     };
     if let Some(c) = conn {
         close_conn(shared, &c, reason.clone());
+    }
+    let spans = std::mem::take(&mut *shared.spans.lock().unwrap_or_else(|e| e.into_inner()));
+    for s in spans.iter().filter_map(|w| w.upgrade()) {
+        shutdown(&s, reason.clone());
     }
     end_all(shared, reason);
     for t in tasks {
@@ -1807,6 +1824,7 @@ fn close_conn(shared: &Arc<Shared>, conn: &Arc<Conn>, reason: Error) {
 fn refused(shared: &Arc<Shared>, st: &mut State, conn: &Arc<Conn>, c: &mut PubCall, e: &wire::ErrorBody) -> bool {
     let code = Code(e.code);
     if st.closing
+        || shared.opts.pinned
         || !st.hello.cluster
         || !(code == Code::NOT_OWNER || code == Code::FENCED || code == Code::UNAVAILABLE)
     {
@@ -1875,7 +1893,7 @@ fn move_off(shared: &Arc<Shared>, st: &mut State, conn: &Arc<Conn>, owner: Strin
 fn probe(shared: &Arc<Shared>, topic: &str, group: &str) {
     {
         let mut st = shared.lock();
-        if !st.hello.cluster || st.probing || !st.probe_wanted || st.closing {
+        if shared.opts.pinned || !st.hello.cluster || st.probing || !st.probe_wanted || st.closing {
             return;
         }
         if st.probed_at.map_or(false, |at| at.elapsed() < PROBE_EVERY) {
@@ -2530,9 +2548,118 @@ impl Client {
 
     /// Subscribes with options. The subscription survives reconnects: it is
     /// kept on a resumed session and made again on a fresh one.
+    ///
+    /// In a cluster the subscription spans the queue's nodes: the client
+    /// asks `METADATA` which nodes hold the queue's replicas and subscribes
+    /// on each of them through a connection of its own, so the one stream
+    /// receives every partition from whichever node owns it, and goes on
+    /// receiving a partition from its new owner when ownership moves. A
+    /// message is settled on the connection that delivered it.
     pub async fn subscribe_with(&self, topic: &str, o: SubscribeOptions) -> Result<Subscription> {
         let shared = self.shared();
-        probe(shared, topic, &o.group);
+        let clustered = {
+            let st = shared.lock();
+            !shared.opts.pinned && st.hello.cluster
+        };
+        if clustered {
+            return self.subscribe_span(topic, o).await;
+        }
+        self.subscribe_here(topic, o).await
+    }
+
+    /// A subscription on each node holding a replica of the queue, merged.
+    async fn subscribe_span(&self, topic: &str, o: SubscribeOptions) -> Result<Subscription> {
+        let shared = self.shared();
+        let q = wire::QueueRef { topic: topic.to_string(), group: o.group.clone() };
+        let until = Instant::now() + SPAN_RESOLVE;
+        let mut pause = Duration::from_millis(50);
+        let mut created = false;
+        let nodes = loop {
+            let last = match tokio::time::timeout(PROBE_TIMEOUT, metadata(shared, q.clone())).await {
+                Ok(Ok(md)) if !md.cluster => return self.subscribe_here(topic, o).await,
+                Ok(Ok(md)) => {
+                    let mut nodes: Vec<String> = Vec::new();
+                    for pm in &md.partitions {
+                        for a in std::iter::once(&pm.owner).chain(pm.replicas.iter()) {
+                            if !a.is_empty() && split_addr(a).is_ok() && !nodes.contains(a) {
+                                nodes.push(a.clone());
+                            }
+                        }
+                    }
+                    if !nodes.is_empty() {
+                        break nodes;
+                    }
+                    Error::broker(Code::UNAVAILABLE.0, "no node holds the queue yet", "")
+                }
+                Ok(Err(e)) if e.code() == Some(Code::NOT_FOUND) && !created => {
+                    // SUBSCRIBE creates a queue that does not exist; the
+                    // subscription on this node does, then it is dropped.
+                    created = true;
+                    self.subscribe_here(topic, o.clone()).await?.unsubscribe().await?;
+                    continue;
+                }
+                Ok(Err(e)) if !e.is_retryable() => return Err(e),
+                Ok(Err(e)) => e,
+                Err(_) => Error::ConnectionLost("METADATA unanswered".into()),
+            };
+            if Instant::now() + pause > until {
+                return Err(last);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MOVE_PAUSE_MAX);
+        };
+        let mut subs: Vec<(Client, Subscription)> = Vec::new();
+        let mut last = None;
+        for node in nodes {
+            let mut io = shared.opts.clone();
+            io.addresses = vec![node];
+            io.pinned = true;
+            io.member_id = Some(shared.member_id.clone());
+            io.connect_timeout = io.connect_timeout.min(SPAN_CONNECT);
+            let c = match connect_with(io).await {
+                Ok(c) => c,
+                Err(e) if e.is_retryable() => {
+                    last = Some(e);
+                    continue; // a node that does not answer now: the others serve
+                }
+                Err(e) => return Err(e),
+            };
+            match c.subscribe_here(topic, o.clone()).await {
+                Ok(sub) => subs.push((c, sub)),
+                Err(e) if e.is_retryable() => {
+                    let _ = c.close().await;
+                    last = Some(e);
+                }
+                Err(e) => {
+                    let _ = c.close().await;
+                    for (c, _) in subs {
+                        let _ = c.close().await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        if subs.is_empty() {
+            return Err(last.unwrap_or_else(|| Error::broker(Code::UNAVAILABLE.0, "no node took the subscription", "")));
+        }
+        {
+            let mut spans = shared.spans.lock().unwrap_or_else(|e| e.into_inner());
+            spans.retain(|w| w.strong_count() > 0);
+            spans.extend(subs.iter().map(|(c, _)| Arc::downgrade(c.shared())));
+        }
+        let mut it = subs.into_iter();
+        let (c0, mut first) = it.next().expect("one at least");
+        first.span_clients.push(c0);
+        for (c, sub) in it {
+            first.span_clients.push(c);
+            first.span.push(sub);
+        }
+        Ok(first)
+    }
+
+    /// A subscription on the connected node.
+    async fn subscribe_here(&self, topic: &str, o: SubscribeOptions) -> Result<Subscription> {
+        let shared = self.shared();
         let partition = match o.partition {
             None => -1,
             Some(p) => {
@@ -2622,6 +2749,10 @@ impl Client {
                         member: member.clone(),
                         assign,
                         alive,
+                        span: Vec::new(),
+                        span_clients: Vec::new(),
+                        turn: 0,
+                        span_failed: false,
                     })
                 }
                 Ok(_) => return Err(Error::Protocol("unexpected answer to SUBSCRIBE".into())),
@@ -2705,40 +2836,49 @@ impl Client {
     /// ends the session with `END_SESSION` so unsettled deliveries go back at
     /// once, and closes. Subscriptions end cleanly.
     pub async fn close(&self) -> Result<()> {
-        let shared = self.shared();
-        let until = Instant::now() + shared.opts.drain_timeout;
-        loop {
-            let busy = {
-                let st = shared.lock();
-                if st.closing || st.fatal.is_some() {
-                    break;
-                }
-                shared.window.available_permits() < PUBLISH_WINDOW
-                    || !st.settle_q.is_empty()
-                    || !st.held.is_empty()
-                    || st.pending.values().any(|p| matches!(p, Pending::Settle(_)))
-            };
-            if !busy || Instant::now() >= until {
-                break;
-            }
-            tokio::time::sleep(GOING_AWAY_POLL).await;
+        let spans = std::mem::take(&mut *self.shared().spans.lock().unwrap_or_else(|e| e.into_inner()));
+        for s in spans.iter().filter_map(|w| w.upgrade()) {
+            close_one(&s).await;
         }
-        let live = {
-            let st = shared.lock();
-            if st.closing {
-                None
-            } else {
-                st.live.clone()
-            }
-        };
-        if let Some(c) = live {
-            if let Ok(rx) = start(shared, &c, &Body::EndSession, Pending::Reply) {
-                let _ = tokio::time::timeout(END_SESSION_TIMEOUT, rx).await;
-            }
-        }
-        shutdown(shared, Error::ClientClosed);
+        close_one(self.shared()).await;
         Ok(())
     }
+}
+
+/// Closes one client: waits for its publishes and settles (up to the drain
+/// timeout), ends the session, stops.
+async fn close_one(shared: &Arc<Shared>) {
+    let until = Instant::now() + shared.opts.drain_timeout;
+    loop {
+        let busy = {
+            let st = shared.lock();
+            if st.closing || st.fatal.is_some() {
+                break;
+            }
+            shared.window.available_permits() < PUBLISH_WINDOW
+                || !st.settle_q.is_empty()
+                || !st.held.is_empty()
+                || st.pending.values().any(|p| matches!(p, Pending::Settle(_)))
+        };
+        if !busy || Instant::now() >= until {
+            break;
+        }
+        tokio::time::sleep(GOING_AWAY_POLL).await;
+    }
+    let live = {
+        let st = shared.lock();
+        if st.closing {
+            None
+        } else {
+            st.live.clone()
+        }
+    };
+    if let Some(c) = live {
+        if let Ok(rx) = start(shared, &c, &Body::EndSession, Pending::Reply) {
+            let _ = tokio::time::timeout(END_SESSION_TIMEOUT, rx).await;
+        }
+    }
+    shutdown(shared, Error::ClientClosed);
 }
 
 // --- subscriptions and messages ----------------------------------------------------
@@ -2767,6 +2907,12 @@ pub struct Subscription {
     member: String,
     assign: Arc<Mutex<AssignBuf>>,
     alive: Arc<AtomicBool>,
+    // In a cluster: the subscriptions on the queue's other nodes, merged
+    // into this one, and the clients of all of them (this one's first).
+    span: Vec<Subscription>,
+    span_clients: Vec<Client>,
+    turn: usize,       // the member polled first next time
+    span_failed: bool, // a member's end was yielded as an error
 }
 
 impl fmt::Debug for Subscription {
@@ -2825,6 +2971,19 @@ impl Subscription {
     /// returns every delivery of the subscription that is still unsettled
     /// to the queue at once, without using a retry.
     pub async fn unsubscribe(mut self) -> Result<()> {
+        let span = std::mem::take(&mut self.span);
+        let clients = std::mem::take(&mut self.span_clients);
+        let out = self.unsubscribe_here().await;
+        for mut s in span {
+            let _ = s.unsubscribe_here().await;
+        }
+        for c in clients {
+            let _ = c.close().await;
+        }
+        out
+    }
+
+    async fn unsubscribe_here(&mut self) -> Result<()> {
         let rx = end_local(&self.shared, self.local, Error::Unsubscribed);
         self.done = true;
         if let Some(rx) = rx {
@@ -2867,13 +3026,65 @@ impl Drop for Subscription {
             let _ = end_local(&self.shared, self.local, Error::Unsubscribed);
         }
         self.shared.lock().ended.remove(&self.local);
+        if self.span_clients.is_empty() {
+            return;
+        }
+        // The other nodes' subscriptions end the same way; then the clients
+        // of a spanning subscription close once their settles went out.
+        let span = std::mem::take(&mut self.span);
+        let clients = std::mem::take(&mut self.span_clients);
+        drop(span);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                for c in clients {
+                    let _ = c.close().await;
+                }
+            });
+        }
     }
 }
 
 impl futures_core::Stream for Subscription {
     type Item = Result<Message>;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+    /// In a cluster the members (one subscription per node) are polled in
+    /// turn; the first member's end that is an error is yielded, and the
+    /// stream ends once every member ended.
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.span.is_empty() {
+            return this.poll_here(cx);
+        }
+        let n = 1 + this.span.len();
+        'again: loop {
+            let mut ended = true;
+            for k in 0..n {
+                let i = (this.turn + k) % n;
+                let r = if i == 0 { this.poll_here(cx) } else { Pin::new(&mut this.span[i - 1]).poll_next(cx) };
+                match r {
+                    Poll::Ready(Some(Ok(m))) => {
+                        this.turn = (i + 1) % n;
+                        return Poll::Ready(Some(Ok(m)));
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        if !this.span_failed {
+                            this.span_failed = true;
+                            this.turn = (i + 1) % n;
+                            return Poll::Ready(Some(Err(e)));
+                        }
+                        continue 'again; // the member ends on its next poll
+                    }
+                    Poll::Ready(None) => {}
+                    Poll::Pending => ended = false,
+                }
+            }
+            return if ended { Poll::Ready(None) } else { Poll::Pending };
+        }
+    }
+}
+
+impl Subscription {
+    fn poll_here(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Message>>> {
         loop {
             if self.done {
                 return Poll::Ready(None);

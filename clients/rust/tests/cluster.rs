@@ -375,3 +375,85 @@ async fn cluster_owner_kill9_while_publishing() {
     publisher.close().await.unwrap();
     admin.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_subscription_spans_the_owners() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cl = Cluster::start().await;
+    let publisher = sinew::connect_with(opts(&cl.addrs())).await.unwrap();
+    publisher.declare_queue("spread", QueueOptions { partitions: 4, ..Default::default() }).await.unwrap();
+    // Every partition has an owner, and they are not all the same node.
+    let deadline = Instant::now() + READY;
+    let owners: Vec<String> = loop {
+        let md = publisher.metadata("spread", "").await.unwrap();
+        let o: Vec<String> = md.partitions.iter().map(|p| p.owner.clone()).collect();
+        if o.len() == 4 && o.iter().all(|x| !x.is_empty()) {
+            break o;
+        }
+        assert!(Instant::now() < deadline, "no owners: {:?}", o);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let distinct: HashSet<&String> = owners.iter().collect();
+    assert!(distinct.len() >= 2, "the placement gave every partition to one node: {:?}", owners);
+
+    // The subscriber is given one node that does not own partition 0.
+    let seed = cl.addrs().into_iter().find(|a| *a != owners[0]).unwrap();
+    let sc = sinew::connect_with(opts(&[seed.clone()])).await.unwrap();
+    let mut sub = sc.subscribe_with("spread", SubscribeOptions::new().prefetch(100)).await.unwrap();
+
+    let mut sent = HashSet::new();
+    for p in 0..4u32 {
+        for i in 0..25 {
+            let body = format!("s-{}-{}", p, i);
+            let ok = publisher.publish_with("spread", body.clone(), sinew::PublishOptions::new().partition(p)).await;
+            assert_eq!(ok.unwrap_or_else(|e| panic!("publish {}: {}", body, e)).partition, p);
+            sent.insert(body);
+        }
+    }
+    let mut got: HashMap<String, u32> = HashMap::new();
+    let mut partitions = HashSet::new();
+    while got.len() < sent.len() {
+        let m = tokio::time::timeout(Duration::from_secs(10), sub.next())
+            .await
+            .unwrap_or_else(|_| panic!("{} of {} delivered; partitions {:?}", got.len(), sent.len(), partitions))
+            .expect("stream ended")
+            .expect("subscription error");
+        partitions.insert(m.partition);
+        *got.entry(m.text().unwrap().to_string()).or_default() += 1;
+        m.complete().await.expect("complete on the node that delivered");
+    }
+    assert_eq!(partitions, (0..4).collect::<HashSet<u32>>());
+    assert!(got.values().all(|n| *n == 1), "a message delivered twice");
+
+    // Ownership moves: partition 0's owner is killed; its new owner delivers
+    // to the subscription the client holds there.
+    let victim = cl.index(&owners[0]);
+    cl.nodes[victim].kill9().await;
+    for i in 0..10 {
+        let body = format!("after-{}", i);
+        let ok = tokio::time::timeout(
+            Duration::from_secs(30),
+            publisher.publish_with("spread", body.clone(), sinew::PublishOptions::new().partition(0)),
+        )
+        .await
+        .expect("publish after the kill timed out");
+        ok.unwrap_or_else(|e| panic!("publish {}: {}", body, e));
+    }
+    let mut after = HashSet::new();
+    while after.len() < 10 {
+        let m = tokio::time::timeout(Duration::from_secs(20), sub.next())
+            .await
+            .unwrap_or_else(|_| panic!("{} of 10 delivered after the owner was killed", after.len()))
+            .expect("stream ended")
+            .expect("subscription error");
+        let t = m.text().unwrap().to_string();
+        if t.starts_with("after-") {
+            assert_eq!(m.partition, 0);
+            after.insert(t);
+        }
+        let _ = m.complete();
+    }
+    sub.unsubscribe().await.unwrap();
+    sc.close().await.unwrap();
+    publisher.close().await.unwrap();
+}
