@@ -62,6 +62,12 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 // name the queue's nodes, and for the connect to each node.
 const SPAN_RESOLVE: Duration = Duration::from_secs(30);
 const SPAN_CONNECT: Duration = Duration::from_secs(3);
+// A settle of a spanning subscription's message that its node refused
+// (`fenced`), could not take (a stale session, a lost connection) or, for an
+// ACK, did not answer within SETTLE_RACE goes to the partition's owner by
+// lease reference, asking METADATA again for up to SETTLE_FOLLOW.
+const SETTLE_RACE: Duration = Duration::from_secs(1);
+const SETTLE_FOLLOW: Duration = Duration::from_secs(15);
 
 // --- clock and options -----------------------------------------------------------
 
@@ -795,7 +801,95 @@ struct SubState {
     cohort: String,
     member: String,
     assign: Arc<Mutex<AssignBuf>>,
-    alive: Arc<AtomicBool>, // false once ended
+    alive: Arc<AtomicBool>,       // false once ended
+    span: Option<Arc<SpanGroup>>, // the spanning subscription it is a member of
+}
+
+/// The members of a spanning subscription: each node's client and the
+/// subscription's local id there.
+struct SpanGroup {
+    topic: String,
+    group: String,
+    members: Vec<(std::sync::Weak<Shared>, u64)>, // weak: each member's state holds the group
+}
+
+impl SpanGroup {
+    /// Sends the settle to the partition's current owner on the
+    /// subscription held there, with tag 0 and the delivery's lease
+    /// reference (docs/protocol.md 5.9); asks METADATA for the owner again
+    /// with backoff while none answers.
+    async fn settle_at_owner(&self, kind: u8, delay: i64, lease: LeaseRef) -> Result<()> {
+        let until = Instant::now() + SETTLE_FOLLOW;
+        let mut pause = Duration::from_millis(50);
+        let q = wire::QueueRef { topic: self.topic.clone(), group: self.group.clone() };
+        let mut last = Error::broker(Code::UNAVAILABLE.0, "no owner of the partition answered", "");
+        loop {
+            let mut owner = String::new();
+            let mut members: Vec<(Arc<Shared>, u64)> =
+                self.members.iter().filter_map(|(w, l)| w.upgrade().map(|m| (m, *l))).collect();
+            // Nodes the client is connected to are asked first.
+            members.sort_by_key(|(m, _)| m.lock().live.is_none());
+            if members.is_empty() {
+                return Err(Error::ClientClosed);
+            }
+            for (m, _) in &members {
+                if let Ok(Ok(md)) = tokio::time::timeout(SPAN_CONNECT, metadata(m, q.clone())).await {
+                    if let Some(pm) = md.partitions.iter().find(|p| p.partition == lease.partition) {
+                        owner = pm.owner.clone();
+                    }
+                    break;
+                }
+            }
+            let member = members.iter().find(|(m, _)| !owner.is_empty() && m.opts.addresses[0] == owner);
+            if let Some((m, local)) = member {
+                let rx = {
+                    let mut st = m.lock();
+                    let sub_id = st.subs.get(local).map_or(0, |s| s.server_id);
+                    if sub_id != 0 && st.live.is_some() && !st.closing {
+                        let (tx, rx) = oneshot::channel();
+                        let item = SettleItem {
+                            local: *local,
+                            tag: 0,
+                            lease: LeaseRef { sub_id, ..lease },
+                            epoch: st.epoch,
+                            tx: Some(tx),
+                            settled: None,
+                        };
+                        st.settle_q.push((kind, delay, item));
+                        if !st.settle_kicked {
+                            st.settle_kicked = true;
+                            m.settle_kick.notify_one();
+                        }
+                        Some(rx)
+                    } else {
+                        None
+                    }
+                };
+                if let Some(rx) = rx {
+                    match rx.await.unwrap_or(Err(Error::ClientClosed)) {
+                        Ok(()) => return Ok(()),
+                        // The owner's verdict (stale_lease: the lease is gone)
+                        // is the outcome; a node that is no longer the owner
+                        // or a lost connection sends it on to the next owner.
+                        Err(Error::StaleDelivery) => return Err(Error::StaleDelivery),
+                        Err(e) if reroutable(&e) => last = e,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            if Instant::now() + pause > until {
+                return Err(last);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MOVE_PAUSE_MAX);
+        }
+    }
+}
+
+/// A settle outcome that another node (the partition's owner) may change.
+fn reroutable(e: &Error) -> bool {
+    matches!(e, Error::StaleDelivery | Error::ConnectionLost(_) | Error::Disconnected(_))
+        || matches!(e.code(), Some(c) if c == Code::FENCED || c == Code::NOT_OWNER || c == Code::UNAVAILABLE)
 }
 
 impl SubState {
@@ -1644,6 +1738,7 @@ fn deliver(
     }
     let m = Message {
         shared: shared.clone(),
+        span: s.span.clone(),
         local,
         epoch: conn.epoch,
         auto_ack: s.auto_ack,
@@ -2647,6 +2742,16 @@ impl Client {
             spans.retain(|w| w.strong_count() > 0);
             spans.extend(subs.iter().map(|(c, _)| Arc::downgrade(c.shared())));
         }
+        let group = Arc::new(SpanGroup {
+            topic: topic.to_string(),
+            group: o.group.clone(),
+            members: subs.iter().map(|(c, sub)| (Arc::downgrade(c.shared()), sub.local)).collect(),
+        });
+        for (c, sub) in &subs {
+            if let Some(s) = c.shared().lock().subs.get_mut(&sub.local) {
+                s.span = Some(group.clone());
+            }
+        }
         let mut it = subs.into_iter();
         let (c0, mut first) = it.next().expect("one at least");
         first.span_clients.push(c0);
@@ -2697,6 +2802,7 @@ impl Client {
             let assign = Arc::new(Mutex::new(AssignBuf::default()));
             let alive = Arc::new(AtomicBool::new(true));
             let state = SubState {
+                span: None,
                 alive: alive.clone(),
                 cohort: cohort.clone(),
                 member: member.clone(),
@@ -3164,6 +3270,7 @@ impl Subscription {
 /// sent again on the resumed session.
 pub struct Message {
     shared: Arc<Shared>,
+    span: Option<Arc<SpanGroup>>,
     local: u64,
     epoch: u64,
     auto_ack: bool,
@@ -3283,7 +3390,49 @@ impl Message {
         if self.auto_ack || self.settled.swap(true, Ordering::SeqCst) {
             return SettleFuture { inner: SettleInner::Ready(Some(Err(Error::AlreadySettled))) };
         }
-        self.queue(kind, delay, Some(self.settled.clone()))
+        let first = self.queue(kind, delay, Some(self.settled.clone()));
+        let (group, rt) = match (&self.span, tokio::runtime::Handle::try_current()) {
+            (Some(g), Ok(rt)) => (g.clone(), rt),
+            _ => return first,
+        };
+        // A spanning subscription's message: when its node cannot settle it
+        // (or, for an ACK, does not answer at once) the settle goes to the
+        // partition's owner by lease reference. The first answer that is
+        // an outcome counts; an ACK applied twice is answered ok twice.
+        let (tx, rx) = oneshot::channel();
+        let lease = self.lease;
+        let settled = self.settled.clone();
+        rt.spawn(async move {
+            let mut first = first;
+            let out = if kind == op::ACK {
+                match tokio::time::timeout(SETTLE_RACE, &mut first).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        let other = group.settle_at_owner(kind, delay, lease);
+                        tokio::pin!(other);
+                        tokio::select! {
+                            r = &mut first => match r {
+                                Ok(()) => Ok(()),
+                                Err(e) if reroutable(&e) => other.await,
+                                Err(e) => Err(e),
+                            },
+                            r = &mut other => r,
+                        }
+                    }
+                }
+            } else {
+                first.await
+            };
+            let out = match out {
+                Err(e) if reroutable(&e) => group.settle_at_owner(kind, delay, lease).await.map_err(|_| e),
+                r => r,
+            };
+            if out.is_ok() {
+                settled.store(true, Ordering::SeqCst);
+            }
+            let _ = tx.send(out);
+        });
+        SettleFuture { inner: SettleInner::Wait(rx) }
     }
 
     fn queue(&self, kind: u8, delay: i64, settled: Option<Arc<AtomicBool>>) -> SettleFuture {

@@ -457,3 +457,75 @@ async fn cluster_subscription_spans_the_owners() {
     sc.close().await.unwrap();
     publisher.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_settle_follows_the_owner_by_lease_reference() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cl = Cluster::start().await;
+    let publisher = sinew::connect_with(opts(&cl.addrs())).await.unwrap();
+    let lease = Duration::from_secs(5);
+    publisher
+        .declare_queue("follow", QueueOptions { partitions: 1, lease: Some(lease), ..Default::default() })
+        .await
+        .unwrap();
+    let owner = owner_of(&publisher, "follow", None).await;
+    let seed = cl.addrs().into_iter().find(|a| *a != owner).unwrap();
+    let sc = sinew::connect_with(opts(&[seed])).await.unwrap();
+    let mut sub = sc.subscribe_with("follow", SubscribeOptions::new().prefetch(10)).await.unwrap();
+    for i in 0..5 {
+        publisher.publish("follow", format!("l-{}", i)).await.unwrap();
+    }
+    let mut held = Vec::new();
+    while held.len() < 5 {
+        let m = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("delivery").unwrap().unwrap();
+        assert_eq!(m.attempt, 1);
+        held.push(m);
+    }
+    // The owner that delivered them is killed before they are settled: the
+    // settles go to the new owner by lease reference, within the lease.
+    let killed = Instant::now();
+    let victim = cl.index(&owner);
+    cl.nodes[victim].kill9().await;
+    let futs: Vec<_> = held.iter().map(|m| m.complete()).collect();
+    let outs = tokio::time::timeout(Duration::from_secs(30), futures::future::join_all(futs))
+        .await
+        .expect("completes timed out");
+    let mut completed = HashSet::new();
+    let mut stale = 0;
+    for (m, r) in held.iter().zip(outs) {
+        match r {
+            Ok(()) => {
+                completed.insert(m.text().unwrap().to_string());
+            }
+            // The new owner does not hold the lease (its grant had not reached
+            // a majority before the kill): the message comes again.
+            Err(sinew::Error::StaleDelivery) => stale += 1,
+            Err(e) => panic!("complete of {} after the owner died: {}\n{}", m.text().unwrap(), e, cl.logs()),
+        }
+    }
+    println!(
+        "settle-follow: {} of 5 completes applied by the new owner, {} stale_lease, answered {:?} after the owner was killed",
+        completed.len(),
+        stale,
+        killed.elapsed()
+    );
+    assert!(!completed.is_empty(), "no complete reached the new owner");
+    // Completed at the new owner: none comes again once the lease is over.
+    let quiet = lease + Duration::from_secs(2);
+    let until = Instant::now() + quiet;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, sub.next()).await {
+            Err(_) => break,
+            Ok(Some(Ok(m))) => {
+                let t = m.text().unwrap().to_string();
+                assert!(!completed.contains(&t), "{} delivered again (attempt {}) after its complete", t, m.attempt);
+                m.complete().await.unwrap();
+            }
+            Ok(other) => panic!("subscription ended: {:?}", other.map(|r| r.map(|m| m.offset))),
+        }
+    }
+    sub.unsubscribe().await.unwrap();
+    sc.close().await.unwrap();
+    publisher.close().await.unwrap();
+}
