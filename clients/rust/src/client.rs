@@ -3402,30 +3402,45 @@ impl Message {
         let (tx, rx) = oneshot::channel();
         let lease = self.lease;
         let settled = self.settled.clone();
+        let member = self.shared.clone();
         rt.spawn(async move {
             let mut first = first;
-            let out = if kind == op::ACK {
-                match tokio::time::timeout(SETTLE_RACE, &mut first).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        let other = group.settle_at_owner(kind, delay, lease);
-                        tokio::pin!(other);
-                        tokio::select! {
-                            r = &mut first => match r {
-                                Ok(()) => Ok(()),
-                                Err(e) if reroutable(&e) => other.await,
-                                Err(e) => Err(e),
-                            },
-                            r = &mut other => r,
-                        }
+            // After the owner's verdict, an error of the first node that
+            // another node might change is what the application gets.
+            let follow = |e: Error| {
+                let g = group.clone();
+                async move {
+                    match g.settle_at_owner(kind, delay, lease).await {
+                        Ok(()) => Ok(()),
+                        Err(Error::StaleDelivery) => Err(Error::StaleDelivery),
+                        Err(_) => Err(e),
                     }
                 }
-            } else {
-                first.await
             };
-            let out = match out {
-                Err(e) if reroutable(&e) => group.settle_at_owner(kind, delay, lease).await.map_err(|_| e),
-                r => r,
+            let out = match tokio::time::timeout(SETTLE_RACE, &mut first).await {
+                Ok(Err(e)) if reroutable(&e) => follow(e).await,
+                Ok(r) => r,
+                // No answer yet: an ACK (applying it twice is answered ok
+                // twice), or any settle whose node is not connected, goes to
+                // the owner as well; the first outcome counts.
+                Err(_) if kind == op::ACK || member.lock().live.is_none() => {
+                    let other = group.settle_at_owner(kind, delay, lease);
+                    tokio::pin!(other);
+                    tokio::select! {
+                        r = &mut first => match r {
+                            Err(e) if reroutable(&e) => match other.await {
+                                Err(oe) if !matches!(oe, Error::StaleDelivery) => Err(e),
+                                r => r,
+                            },
+                            r => r,
+                        },
+                        r = &mut other => r,
+                    }
+                }
+                Err(_) => match first.await {
+                    Err(e) if reroutable(&e) => follow(e).await,
+                    r => r,
+                },
             };
             if out.is_ok() {
                 settled.store(true, Ordering::SeqCst);

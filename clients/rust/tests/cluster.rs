@@ -486,14 +486,17 @@ async fn cluster_settle_follows_the_owner_by_lease_reference() {
     let killed = Instant::now();
     let victim = cl.index(&owner);
     cl.nodes[victim].kill9().await;
-    let futs: Vec<_> = held.iter().map(|m| m.complete()).collect();
+    // Four are completed, the last one is retried (a NACK).
+    let futs: Vec<_> = held.iter().enumerate().map(|(i, m)| if i < 4 { m.complete() } else { m.retry() }).collect();
     let outs = tokio::time::timeout(Duration::from_secs(30), futures::future::join_all(futs))
         .await
         .expect("completes timed out");
     let mut completed = HashSet::new();
     let mut stale = 0;
+    let mut retried = false;
     for (m, r) in held.iter().zip(outs) {
         match r {
+            Ok(()) if m.text() == Some("l-4") => retried = true,
             Ok(()) => {
                 completed.insert(m.text().unwrap().to_string());
             }
@@ -504,8 +507,9 @@ async fn cluster_settle_follows_the_owner_by_lease_reference() {
         }
     }
     println!(
-        "settle-follow: {} of 5 completes applied by the new owner, {} stale_lease, answered {:?} after the owner was killed",
+        "settle-follow: {} of 4 completes and {} of 1 retry applied by the new owner, {} stale_lease, answered {:?} after the owner was killed",
         completed.len(),
+        retried as u8,
         stale,
         killed.elapsed()
     );
@@ -513,18 +517,24 @@ async fn cluster_settle_follows_the_owner_by_lease_reference() {
     // Completed at the new owner: none comes again once the lease is over.
     let quiet = lease + Duration::from_secs(2);
     let until = Instant::now() + quiet;
+    let mut redelivered = false;
     loop {
         let left = until.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, sub.next()).await {
             Err(_) => break,
             Ok(Some(Ok(m))) => {
                 let t = m.text().unwrap().to_string();
+                if t == "l-4" && retried {
+                    assert!(m.attempt >= 2, "the retried message came with attempt {}", m.attempt);
+                    redelivered = true;
+                }
                 assert!(!completed.contains(&t), "{} delivered again (attempt {}) after its complete", t, m.attempt);
                 m.complete().await.unwrap();
             }
             Ok(other) => panic!("subscription ended: {:?}", other.map(|r| r.map(|m| m.offset))),
         }
     }
+    assert!(!retried || redelivered, "the retried message did not come again");
     sub.unsubscribe().await.unwrap();
     sc.close().await.unwrap();
     publisher.close().await.unwrap();
