@@ -1,8 +1,13 @@
 //! Cluster routing against three real `sinew serve --cluster` processes on
 //! loopback: a publish sent to a node that does not own the partition
 //! follows `not_owner` to the owner, the owner killed with SIGKILL while
-//! publishing costs the application no error and no message, and a client
-//! given one node's address learns the others.
+//! publishing costs the application no error and no message, a client
+//! given one node's address learns the others, a subscription receives the
+//! partitions of every owner, and settles of deliveries whose owner was
+//! killed are applied by the new owner (by lease reference).
+
+// The SERIAL guard is held for a whole test on purpose (see below).
+#![allow(clippy::await_holding_lock)]
 
 mod common;
 
@@ -20,7 +25,8 @@ use tokio::process::{Child, Command};
 
 const READY: Duration = Duration::from_secs(30);
 
-// One cluster at a time: the machine's cores are shared.
+// One cluster at a time: the machine's cores are shared. Each test runs its
+// own runtime on its own thread, so the guard only orders the threads.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 async fn free_port() -> u16 {
@@ -206,7 +212,7 @@ async fn consume_all(owner: &str, topic: &str, want: usize, quiet: Duration) -> 
         match tokio::time::timeout(quiet, sub.next()).await {
             Ok(Some(Ok(m))) => {
                 seen.entry(m.text().unwrap_or("").to_string()).or_default().insert(m.offset);
-                let _ = m.complete(); // sent in the next batch
+                drop(m.complete()); // sent in the next batch
             }
             Ok(Some(Err(e))) => panic!("subscription ended: {}", e),
             Ok(None) | Err(_) => break,
@@ -215,7 +221,7 @@ async fn consume_all(owner: &str, topic: &str, want: usize, quiet: Duration) -> 
     // Anything more (a second copy) arrives within a short wait.
     while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(500), sub.next()).await {
         seen.entry(m.text().unwrap_or("").to_string()).or_default().insert(m.offset);
-        let _ = m.complete();
+        drop(m.complete());
     }
     let _ = c.close().await;
     seen
@@ -230,7 +236,7 @@ async fn cluster_publish_through_a_node_that_does_not_own_the_partition() {
     let other = cl.addrs().into_iter().find(|a| *a != owner).unwrap();
 
     // A client given only a node that does not own the partition.
-    let c = sinew::connect_with(opts(&[other.clone()])).await.unwrap();
+    let c = sinew::connect_with(opts(std::slice::from_ref(&other))).await.unwrap();
     assert_eq!(c.connected_node(), other);
     let mut offsets = HashSet::new();
     for i in 0..50 {
@@ -256,7 +262,7 @@ async fn cluster_client_given_one_address_learns_the_others() {
     let mut cl = Cluster::start().await;
     let all: HashSet<String> = cl.addrs().into_iter().collect();
     let seed = cl.nodes[0].addr.clone();
-    let c = sinew::connect_with(opts(&[seed.clone()])).await.unwrap();
+    let c = sinew::connect_with(opts(std::slice::from_ref(&seed))).await.unwrap();
     c.declare_queue("learn", QueueOptions { partitions: 1, ..Default::default() }).await.unwrap();
     c.publish("learn", "first").await.unwrap();
     // The publish asked METADATA in the background; its answer names every
@@ -288,7 +294,7 @@ async fn cluster_owner_kill9_while_publishing() {
     let owner = declare_and_find_owner(&admin, "failover").await;
     let victim = cl.index(&owner);
     // The publisher is given only the owner: it learns the others.
-    let publisher = Arc::new(sinew::connect_with(opts(&[owner.clone()])).await.unwrap());
+    let publisher = Arc::new(sinew::connect_with(opts(std::slice::from_ref(&owner))).await.unwrap());
 
     const IN_FLIGHT: usize = 16;
     const BEFORE_KILL: Duration = Duration::from_millis(1500);
@@ -398,7 +404,7 @@ async fn cluster_subscription_spans_the_owners() {
 
     // The subscriber is given one node that does not own partition 0.
     let seed = cl.addrs().into_iter().find(|a| *a != owners[0]).unwrap();
-    let sc = sinew::connect_with(opts(&[seed.clone()])).await.unwrap();
+    let sc = sinew::connect_with(opts(std::slice::from_ref(&seed))).await.unwrap();
     let mut sub = sc.subscribe_with("spread", SubscribeOptions::new().prefetch(100)).await.unwrap();
 
     let mut sent = HashSet::new();
@@ -451,7 +457,7 @@ async fn cluster_subscription_spans_the_owners() {
             assert_eq!(m.partition, 0);
             after.insert(t);
         }
-        let _ = m.complete();
+        drop(m.complete());
     }
     sub.unsubscribe().await.unwrap();
     sc.close().await.unwrap();
@@ -470,7 +476,7 @@ async fn cluster_settle_follows_the_owner_by_lease_reference() {
         .unwrap();
     let owner = owner_of(&publisher, "follow", None).await;
     let seed = cl.addrs().into_iter().find(|a| *a != owner).unwrap();
-    let sc = sinew::connect_with(opts(&[seed])).await.unwrap();
+    let sc = sinew::connect_with(opts(std::slice::from_ref(&seed))).await.unwrap();
     let mut sub = sc.subscribe_with("follow", SubscribeOptions::new().prefetch(10)).await.unwrap();
     for i in 0..5 {
         publisher.publish("follow", format!("l-{}", i)).await.unwrap();
