@@ -460,6 +460,21 @@ async fn cluster_subscription_spans_the_owners() {
         drop(m.complete());
     }
     sub.unsubscribe().await.unwrap();
+
+    // A subscription to a queue that does not exist yet makes it, as on a
+    // single broker, and spans its nodes.
+    let mut fresh = tokio::time::timeout(Duration::from_secs(40), sc.subscribe("made-by-subscribe"))
+        .await
+        .expect("subscribe timed out")
+        .unwrap_or_else(|e| panic!("subscribe to a new queue: {}\n{}", e, cl.logs()));
+    tokio::time::timeout(Duration::from_secs(30), publisher.publish("made-by-subscribe", "hello"))
+        .await
+        .expect("publish timed out")
+        .unwrap();
+    let m = tokio::time::timeout(Duration::from_secs(10), fresh.next()).await.expect("delivery").unwrap().unwrap();
+    assert_eq!(m.text(), Some("hello"));
+    m.complete().await.unwrap();
+    drop(fresh);
     sc.close().await.unwrap();
     publisher.close().await.unwrap();
 }
