@@ -280,25 +280,10 @@ func (t *Table) applyReplaceReplica(c *command) error {
 // way on every replica, when the catalogue does not hold the queue, c.To
 // is not a member, or change refuses a partition (false).
 func (t *Table) changeReplicas(c *command, change func(Placement) ([]uint64, bool)) error {
-	i, ok := t.findQueue(c.Queue.Topic, c.Queue.Group)
-	if !ok {
-		return nil
-	}
 	if n, ok := t.Node(c.To); !ok || n.Left {
 		return nil
 	}
-	q := t.Queues[i]
-	parts := make([]Placement, len(q.Partitions))
-	for p, pl := range q.Partitions {
-		rs, ok := change(pl)
-		if !ok {
-			return nil
-		}
-		parts[p] = Placement{RaftGroup: pl.RaftGroup, Replicas: rs, Bootstrap: pl.Bootstrap, Moving: true}
-	}
-	q.Partitions = parts
-	t.Queues = slices.Clone(t.Queues) // a Status may share the old slice
-	t.Queues[i] = q
+	t.rewriteReplicas(c.Queue.Topic, c.Queue.Group, change)
 	return nil
 }
 
