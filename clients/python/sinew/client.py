@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from . import _span
 from . import _wire as w
 from .errors import (
     CODE_INTERNAL,
@@ -884,6 +885,7 @@ class Subscription:
         self._buf = _Buffer(DELIVERY_BUFFER_MAX)
         self._held: dict[int, Message] = {}  # manual-ack deliveries of the current epoch, unsettled
         self._end: BaseException | None = None
+        self._span: _span.Span | None = None  # in a cluster: the parts on every replica node
 
     @property
     def end_reason(self) -> BaseException | None:
@@ -1331,6 +1333,14 @@ class Client:
         self._moving: asyncio.TimerHandle | None = None
         self._refusals = 0  # refusals since the last confirmed publish
         self._refused_by: dict[str, float] = {}  # when each node last refused a publish (monotonic s)
+        # Spanning subscriptions (see _span): a part client is the connection
+        # of one of them to one replica node, made with this client's options.
+        self._spans: set[_span.Span] = set()
+        self._part_of: _span.Span | None = None
+        self._options = dict(client_name=client_name, credentials=credentials, user=user, reconnect=reconnect,
+                             reconcile=reconcile, ssl=ssl, heartbeat_s=heartbeat_s, dial_timeout_s=dial_timeout_s,
+                             handshake_timeout_s=handshake_timeout_s, drain_timeout_s=drain_timeout_s,
+                             sleep=sleep, monotonic=monotonic, rand=rand, member_id=self.member_id)
         self.server_generation = 0
         """The broker process's generation at the last handshake."""
         self.last_outcome = 0
@@ -2020,7 +2030,20 @@ class Client:
                 if other.member_id and other.member_id != member:
                     raise InvalidArgumentError("member_id", f"this client's cohort subscriptions are member "
                                                             f"{other.member_id!r}; a session uses one member id")
-        s = Subscription(self, topic, group, partition, prefetch, auto_ack, cohort or "", member)
+        if self._part_of is None:
+            conn = await self._acquire()
+            if conn.hello.cluster:
+                # In a cluster: a subscription on every node that holds a
+                # replica of the queue, so that every partition is delivered.
+                s = Subscription(self, topic, group, partition, prefetch, auto_ack, cohort or "", member)
+                if await _span.subscribe_span(self, s) is not None:
+                    return s
+        return await self._subscribe_here(topic, group, partition, prefetch, auto_ack, cohort or "", member)
+
+    async def _subscribe_here(self, topic: str, group: str, partition: int, prefetch: int, auto_ack: bool,
+                              cohort: str, member: str) -> Subscription:
+        """Subscribes on this client's own connection."""
+        s = Subscription(self, topic, group, partition, prefetch, auto_ack, cohort, member)
         while True:
             conn = await self._acquire()
             try:
@@ -2044,7 +2067,18 @@ class Client:
 
         await self._round_trip(conn, body, hook)
 
+    def _part_client(self, addr: str, span: _span.Span) -> Client:
+        """A client with this one's options, for one part of span on the node at addr."""
+        c = Client(addr, **self._options)
+        c._part_of = span
+        return c
+
     async def _unsubscribe(self, s: Subscription) -> None:
+        if s._span is not None:
+            if s._end is None:
+                s._finish(UnsubscribedError("sinew: unsubscribed"))
+            await s._span.close()
+            return
         if s._end is not None:
             return
         conn = self._live
@@ -2084,7 +2118,7 @@ class Client:
         else:
             s._finish(broker_error(b.code or CODE_INTERNAL, b.message))
 
-    def _settle(self, m: Message, kind: int, delay_ms: int, confirmed: bool) -> Awaitable[None]:
+    def _settle(self, m: Message, kind: int, delay_ms: int, confirmed: bool, direct: bool = False) -> Awaitable[None]:
         """Queues a settle and returns what the caller awaits: nothing to wait
         for, or with ``confirmed`` the settle's outcome. Refusals known at the
         call (a bad delay, settled before, a lease the client knows is gone, a
@@ -2094,9 +2128,19 @@ class Client:
             _check_int("delay_ms", delay_ms, 0, _I64_MAX)
             if not isinstance(confirmed, bool):
                 raise InvalidArgumentError("confirmed", f"want a bool, got {confirmed!r}")
-            if m._settled:
+            if m._settled and not direct:
                 raise AlreadySettledError("sinew: message already settled" +
                                           (" (auto-ack subscription)" if m._sub.auto_ack else ""))
+            sp = self._part_of
+            if sp is not None and not direct:
+                # A delivery of a spanning subscription: settled through
+                # it, so that it follows the partition's owner.
+                if sp.parent._closing or sp.stopped:
+                    raise ClientClosedError("sinew: client closed")
+                m._settled = True
+                sfut: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if confirmed else None
+                sp.settle(m, kind, delay_ms, sfut)
+                return _DONE if sfut is None else sfut
             if m._stale or m._epoch != self._epoch:
                 raise StaleDeliveryError("sinew: the delivery's lease is no longer held")
             if self._closing:
@@ -2303,6 +2347,10 @@ class Client:
             await self._closed.wait()  # the first call finishes the job
             return
         self._close_started = True
+        if self._spans:
+            # Settles made before the close go out first; then every part's
+            # connection closes.
+            await asyncio.gather(*(sp.close() for sp in list(self._spans)), return_exceptions=True)
         if self._moving is not None:
             self._moving.cancel()
             self._moving = None
