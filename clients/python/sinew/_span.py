@@ -181,6 +181,8 @@ class Span:
         old = self.parts.get(addr)
         if old is not None:
             self._later(self._close_part(old))
+        # A cohort part's assignment events go to the spanning subscription's stream.
+        sub._assign = s._assign  # type: ignore[method-assign]
         p = _Part(addr, c, sub)
         self.parts[addr] = p
         if not s.prefetch:

@@ -133,7 +133,7 @@ class Spanning(unittest.IsolatedAsyncioTestCase):
 
     async def test_a_consumer_on_one_node_gets_every_partition(self) -> None:
         async def body() -> None:
-            _, own = await self.spread_queue("spread")
+            admin, own = await self.spread_queue("spread")
             await publish(self.cl, own, "spread", 60)
             # The consumer dials the first node only.
             c = await sinew.connect(self.cl.addrs[0])
@@ -159,7 +159,15 @@ class Spanning(unittest.IsolatedAsyncioTestCase):
             self.assertEqual(sorted(set(bodies)), sorted(f"m{i}" for i in range(60)), "every message delivered")
             self.assertEqual(len(bodies), 60, "each exactly once")
             self.assertEqual({p for p, _, _ in seen}, set(range(PARTITIONS)))
-            await sub.unsubscribe()
+            # Closing the client closes every part's connection and ends the iteration.
+            parts = [p.client for p in sub._span.parts.values()]
+            md = await admin._request(w.Metadata("spread", ""))
+            replicas = {r for pm in md.partitions for r in pm.replicas}
+            self.assertEqual({pc.addr for pc in parts}, replicas, "one part per replica node")
+            await c.close()
+            self.assertTrue(all(pc._closed.is_set() and pc._live is None for pc in parts))
+            with self.assertRaises(StopAsyncIteration):
+                await asyncio.wait_for(sub.__anext__(), 5.0)
 
         await asyncio.wait_for(body(), TEST_LIMIT_S)
 
@@ -247,6 +255,55 @@ class Spanning(unittest.IsolatedAsyncioTestCase):
             print(f"\nresettle: killed {victim} (partition {part}); {logs.output[-1]}; delivered again: {again}")
             self.assertIn("r1", again, "the unsettled message came back (the check can see a redelivery)")
             self.assertNotIn("r0", again, "the settle made after the node died was applied")
+
+        await asyncio.wait_for(body(), TEST_LIMIT_S)
+
+    async def test_subscribe_before_the_queue_exists(self) -> None:
+        async def body() -> None:
+            c = await sinew.connect(self.cl.addrs[0])
+            self.addAsyncCleanup(c.close)
+            # The first SUBSCRIBE makes the queue, as on a single node; then
+            # the subscription spans its replicas.
+            sub = await asyncio.wait_for(c.subscribe("later"), 15.0)
+            self.assertIsNotNone(sub._span, "a subscription on a cluster node spans its replicas")
+            self.assertGreaterEqual(len(sub._span.parts), 1)
+            pub = await sinew.connect(self.cl.addrs[1])
+            self.addAsyncCleanup(pub.close)
+            await asyncio.wait_for(pub.publish("later", "hello"), 10.0)
+            m = await asyncio.wait_for(sub.__anext__(), 10.0)
+            self.assertEqual(m.text, "hello")
+            await m.complete(confirmed=True)
+            await sub.unsubscribe()
+            self.assertEqual(sub._span.parts, {}, "unsubscribe closes every part")
+
+        await asyncio.wait_for(body(), TEST_LIMIT_S)
+
+    async def test_cohort_members_share_every_partition(self) -> None:
+        async def body() -> None:
+            _, own = await self.spread_queue("shared")
+            await publish(self.cl, own, "shared", 60)
+            subs = []
+            for i in range(2):
+                c = await sinew.connect(self.cl.addrs[0])
+                self.addAsyncCleanup(c.close)
+                subs.append(await c.subscribe("shared", cohort="g", prefetch=100))
+            seen: list[list[str]] = [[], []]
+
+            async def take(i: int) -> None:
+                while True:
+                    try:
+                        m = await asyncio.wait_for(subs[i].__anext__(), 3.0)
+                    except asyncio.TimeoutError:
+                        return
+                    seen[i].append(m.text)
+                    await m.complete(confirmed=True)
+
+            await asyncio.gather(take(0), take(1))
+            both = seen[0] + seen[1]
+            print(f"\ncohort: published 60, member 0 got {len(seen[0])}, member 1 got {len(seen[1])}, "
+                  f"distinct {len(set(both))}")
+            self.assertEqual(sorted(set(both)), sorted(f"m{i}" for i in range(60)))
+            self.assertEqual(len(both), 60, "each exactly once")
 
         await asyncio.wait_for(body(), TEST_LIMIT_S)
 
