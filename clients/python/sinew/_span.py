@@ -364,7 +364,8 @@ class Span:
         self.forget_owner(m.partition, gone)
         for hop in range(RESETTLE_HOPS_MAX):
             if hop:
-                await asyncio.sleep(min(RESETTLE_BACKOFF_MIN_S * 2 ** min(hop, 8), RESETTLE_BACKOFF_MAX_S))
+                # The client's sleep (injected in tests).
+                await self.parent._sleep(min(RESETTLE_BACKOFF_MIN_S * 2 ** min(hop, 8), RESETTLE_BACKOFF_MAX_S))
             if self.stopped:
                 raise StaleDeliveryError("sinew: the subscription ended before the settle reached the "
                                          f"partition's owner: {last}")
@@ -433,7 +434,7 @@ async def subscribe_span(parent: Client, s: Subscription) -> Subscription | None
             break
         if loop.time() + delay > give_up:
             raise NotConnectedError(f"sinew: no node answered METADATA for {s.topic!r} within {METADATA_RETRY_S}s")
-        await asyncio.sleep(delay)
+        await parent._sleep(delay)
         delay = min(delay * 2, 1.0)
     if not md.cluster:
         return None
