@@ -2968,6 +2968,10 @@ class Span {
     let first: Promise<void>;
     if (msg.stale || msg.epoch !== nc.sessionEpoch()) {
       first = Promise.reject(new StaleDeliveryError("session not resumed on the node that delivered the message"));
+    } else if (!nc.liveConn()) {
+      // The node is gone (or its connection is being restored): the owner,
+      // which may be another node by now, takes the settle by reference.
+      first = Promise.reject(new ConnectionLostError(`${nc.addr}: not connected`));
     } else {
       const d = deferred<void>();
       nc.sendSettle({ op, msg, delayMs, resolve: d.resolve, reject: d.reject });

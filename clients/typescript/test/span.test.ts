@@ -92,6 +92,27 @@ test("a consumer connected to one node receives every partition of a queue owned
     assert.deepEqual(twice, []);
     await sub.unsubscribe();
     await done;
+    // No part outlives the subscription: a part left on a node would take
+    // these, and another consumer would get them only after the lease.
+    const later = Array.from({ length: 12 }, (_, i) => `later-${i}`);
+    await publishAll(pub, "spread", later);
+    const other = await connect(cl.nodes.find((n) => n.addr !== home)!.addr, { connectTimeoutMs: 20_000 });
+    clients.push(other);
+    const sub2 = await other.subscribe("spread");
+    const got2 = new Set<string>();
+    const done2 = reader(sub2, (m) => {
+      got2.add(m.text);
+      void m.complete();
+    });
+    assert.ok(await until(() => got2.size === later.length, 10_000), `the second consumer got ${got2.size} of ${later.length}`);
+    await sub2.unsubscribe();
+    await done2;
+    // Closing the client closes the connections it opened to the other nodes.
+    const nodes = (c as unknown as { nodeClients: Map<string, { dead(): boolean }> }).nodeClients;
+    const opened = [...nodes.values()];
+    assert.ok(opened.length >= 2, `connections to ${opened.length} nodes`);
+    await c.close();
+    assert.ok(opened.every((n) => n.dead()), "a node's connection is still open after close()");
   } finally {
     await Promise.all(clients.map((c) => c.close().catch(() => {})));
     await cl.destroy();
