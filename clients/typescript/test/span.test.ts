@@ -237,3 +237,37 @@ test("a settle whose node died is applied at the new owner by lease reference", 
     await cl.destroy();
   }
 });
+
+test("a cohort subscription in a cluster gets every partition assigned and delivered, from each owner", T, async () => {
+  const cl = await Cluster.start();
+  const clients: Client[] = [];
+  try {
+    const pub = await connect(cl.nodes[0]!.addr, { connectTimeoutMs: 20_000 });
+    clients.push(pub);
+    await pub.declareQueue("cohorts", { partitions: 6 });
+    const owners = await spreadOwners(cl, "cohorts", 6);
+    const c = await connect(owners[0]!, { connectTimeoutMs: 20_000 });
+    clients.push(c);
+    const sub = await c.subscribe("cohorts", { cohort: "workers" });
+    const assigned = new Map<number, number>();
+    void (async () => {
+      for await (const ev of sub.assignments()) if (ev.state === "assigned") assigned.set(ev.partition, (assigned.get(ev.partition) ?? 0) + 1);
+    })();
+    const bodies = Array.from({ length: 60 }, (_, i) => `c-${i}`);
+    await publishAll(pub, "cohorts", bodies);
+    const seen = new Map<string, number>();
+    const done = reader(sub, (m) => {
+      seen.set(m.text, (seen.get(m.text) ?? 0) + 1);
+      void m.complete();
+    });
+    const all = await until(() => seen.size === bodies.length && assigned.size === 6, 20_000);
+    console.log(`cohorts: received ${seen.size} of ${bodies.length}; partitions assigned ${JSON.stringify([...assigned].sort((a, b) => a[0] - b[0]))}`);
+    assert.ok(all, `received ${seen.size} of ${bodies.length}, assigned ${[...assigned.keys()]}`);
+    assert.deepEqual([...seen].filter(([, n]) => n > 1), []);
+    await sub.unsubscribe();
+    await done;
+  } finally {
+    await Promise.all(clients.map((c) => c.close().catch(() => {})));
+    await cl.destroy();
+  }
+});
