@@ -1342,7 +1342,7 @@ export class Client {
     if (err) throw err;
     const state = { sent: false };
     // Given up: a subscription the broker still accepts is ended at once.
-    return abortable("subscribe", oo, state, (signal) => this.subscribeNew(topic, o, state, signal), (p) =>
+    return abortable("subscribe", oo, state, (signal) => this.subscribeAny(topic, o, state, signal), (p) =>
       p.then(
         (s) => s.unsubscribe().catch(() => {}),
         () => {},
@@ -1350,8 +1350,28 @@ export class Client {
     );
   }
 
-  private async subscribeNew(topic: string, o: SubscribeOptions, state: { sent: boolean }, signal: AbortSignal | undefined): Promise<Subscription> {
+  /** In a cluster a spanning subscription (see Span), else one on this connection. */
+  private async subscribeAny(topic: string, o: SubscribeOptions, state: { sent: boolean }, signal: AbortSignal | undefined): Promise<Subscription> {
+    const c = await this.ready();
+    if (signal?.aborted) throw signal.reason;
+    if (c.hello?.cluster) {
+      const s = await Span.subscribe(this, topic, o, state, signal);
+      if (s) return s;
+    }
+    return this.subscribeNew(topic, o, state, signal);
+  }
+
+  /** @internal Subscribes on this client's node; with a parent, as one part of
+   * a spanning subscription, delivering into the parent. */
+  async subscribeNew(
+    topic: string,
+    o: SubscribeOptions,
+    state: { sent: boolean },
+    signal: AbortSignal | undefined,
+    parent: Subscription | null = null,
+  ): Promise<Subscription> {
     const s = new Subscription(this, topic, o);
+    s.parent = parent;
     this.subs.add(s);
     for (;;) {
       let c: Conn;
@@ -1406,6 +1426,7 @@ export class Client {
 
   /** @internal */
   async unsubscribe(s: Subscription): Promise<void> {
+    if (s.span) return s.span.unsubscribe();
     this.subs.delete(s);
     const c = this.usable() ?? (this.conn && !this.conn.closed ? this.conn : null);
     const id = s.serverId;
@@ -1471,6 +1492,8 @@ export class Client {
     if (this.closed) return Promise.reject(new ClientClosedError());
     if (!extend) msg.settledBy = op;
     if (msg.sub.autoAck) return Promise.resolve();
+    const span = msg.sub.parent?.span;
+    if (span && !extend) return span.settle(this, msg, op, delayMs, o.confirmed === true, oo);
     if (msg.stale || msg.epoch !== this.epoch) {
       if (!extend) msg.sub.release(msg);
       return Promise.reject(new StaleDeliveryError());
@@ -1493,8 +1516,91 @@ export class Client {
     return abortable(extend ? "extend" : "settle", oo, { sent: true }, () => p);
   }
 
-  /** A fast settle failed: tell the application. */
-  private settleError(err: unknown, msg: Message): void {
+  /** @internal Queues settle r on the connection, or holds it for the next one. */
+  sendSettle(r: SettleReq): void {
+    const c = this.conn && !this.conn.closed ? this.conn : null; // a draining connection still takes settles
+    if (c) c.settle(r);
+    else this.held.push(r);
+  }
+
+  /** @internal The session epoch (it changes when a session is not resumed). */
+  sessionEpoch(): number {
+    return this.epoch;
+  }
+
+  /** @internal The connection, if one is up. */
+  liveConn(): Conn | null {
+    return this.conn && !this.conn.closed ? this.conn : null;
+  }
+
+  /** @internal Whether this client can no longer be used. */
+  dead(): boolean {
+    return this.closed || this.closing || this.fatal !== null || this.gaveUp !== null;
+  }
+
+  /** @internal METADATA on this client's connection, if it is up (not waited for). */
+  async askMetadata(topic: string, group: string, timeoutMs: number): Promise<Body> {
+    const c = this.usable();
+    if (!c) throw new ConnectionLostError(`${this.addr}: not connected`);
+    return abortable("metadata", { timeoutMs }, { sent: true }, async () => (await c.call(Op.METADATA, { topic, group })).body);
+  }
+
+  /** Clients on the other cluster nodes a spanning subscription holds parts on, by address. */
+  private nodeClients = new Map<string, Client>();
+  private nodeOpening = new Map<string, Promise<Client>>();
+  /** @internal A client a spanning subscription opened on one node: it
+   * stays on that node (a redirect is not followed; another part serves). */
+  pinned = false;
+  /** @internal Spanning subscriptions alive. */
+  readonly spans = new Set<Span>();
+
+  /** @internal The client (its own connection and session) on the node at addr. */
+  nodeClient(addr: string): Promise<Client> {
+    // The node this client dialled gets its own client too: this one's
+    // connection moves to follow publishes.
+    if (this.closed || this.closing) return Promise.reject(new ClientClosedError());
+    const have = this.nodeClients.get(addr);
+    if (have && !have.dead()) return Promise.resolve(have);
+    const opening = this.nodeOpening.get(addr);
+    if (opening) return opening;
+    if (have) {
+      this.nodeClients.delete(addr);
+      void have.close().catch(() => {});
+    }
+    if (this.nodeClients.size >= SPAN_PARTS_MAX) return Promise.reject(new InvalidArgumentError("addr", `more than ${SPAN_PARTS_MAX} cluster nodes`));
+    const nc = new Client(addr, {
+      ...this.o,
+      signal: undefined,
+      memberId: this.memberId,
+      connectTimeoutMs: Math.min(this.o.connectTimeoutMs ?? 30_000, PART_OPEN_MS),
+    });
+    nc.pinned = true;
+    const p = nc.open().then(
+      () => {
+        this.nodeOpening.delete(addr);
+        if (this.closed || this.closing) {
+          void nc.close().catch(() => {});
+          throw new ClientClosedError();
+        }
+        this.nodeClients.set(addr, nc);
+        return nc;
+      },
+      (e) => {
+        this.nodeOpening.delete(addr);
+        throw e;
+      },
+    );
+    this.nodeOpening.set(addr, p);
+    return p;
+  }
+
+  /** @internal The clients on the cluster's nodes that are up, this one first. */
+  nodeClientsUp(): Client[] {
+    return [this, ...[...this.nodeClients.values()].filter((c) => !c.dead())];
+  }
+
+  /** @internal A fast settle failed: tell the application. */
+  settleError(err: unknown, msg: Message): void {
     const h = this.o.onSettleError;
     if (h) {
       try {
@@ -1586,7 +1692,7 @@ export class Client {
     c.draining = true;
     c.awayDeadline = Number(b.deadline_ms);
     this.log("going_away", { addr: this.addr, reason: b.reason, redirect: b.redirect });
-    if (typeof b.redirect === "string" && b.redirect !== "" && b.redirect.length <= 512) {
+    if (!this.pinned && typeof b.redirect === "string" && b.redirect !== "" && b.redirect.length <= 512) {
       // A cluster node names one that stays up: the next connection goes
       // there, not back to this node.
       this.clustered = true;
@@ -1618,7 +1724,7 @@ export class Client {
 
   /** @internal A connection ended. */
   connClosed(c: Conn, err: unknown): void {
-    for (const s of c.pausedBy) s.unpause();
+    for (const s of [...c.pausedBy]) s.unpauseConn(c);
     if (this.conn !== c) return;
     this.conn = null;
     if (this.closed || this.closing) return;
@@ -1702,6 +1808,8 @@ export class Client {
     this.log("fatal", { addr: this.addr, err: String((err as Error)?.message ?? err) });
     this.fatal = err;
     this.failAll(err, "fatal");
+    for (const sp of [...this.spans]) sp.stop("fatal", err);
+    for (const nc of this.nodeClients.values()) void nc.close().catch(() => {});
     this.endStatus(err);
   }
 
@@ -1736,6 +1844,8 @@ export class Client {
   private shutdownNow(err: unknown): void {
     this.closed = true;
     this.stop.abort();
+    for (const sp of [...this.spans]) sp.stop(err instanceof ClientClosedError ? "client_closed" : "fatal", err);
+    for (const nc of this.nodeClients.values()) void nc.close().catch(() => {});
     this.conn?.close(err);
     this.failAll(err, err instanceof ClientClosedError ? "client_closed" : "fatal");
     this.endStatus(err instanceof ClientClosedError ? null : err);
@@ -1750,6 +1860,10 @@ export class Client {
   async close(): Promise<void> {
     if (this.closing || this.closed) return;
     this.closing = true;
+    // Spanning subscriptions stop looking for nodes; the clients on the
+    // other nodes close (settles out first, then END_SESSION) alongside.
+    for (const sp of [...this.spans]) sp.stop("client_closed", new ClientClosedError());
+    const others = Promise.all([...this.nodeClients.values()].map((c) => c.close().catch(() => {})));
     const limit = this.now() + (this.o.drainTimeoutMs ?? 5000);
     // Queued settles go out now, and are waited for like publishes.
     this.conn?.flushSettles();
@@ -1773,6 +1887,8 @@ export class Client {
         clearTimeout(t);
       }
     }
+    await others;
+    this.nodeClients.clear();
     this.shutdownNow(new ClientClosedError());
   }
 }
@@ -1801,12 +1917,14 @@ export class Subscription implements AsyncIterable<Message> {
   assignmentsDropped = 0;
   /** @internal */ serverId: bigint | null = null;
   /** @internal */ recreating = false;
+  /** @internal In a cluster: the spanning subscription this part delivers into. */ parent: Subscription | null = null;
+  /** @internal In a cluster: the parts of this spanning subscription. */ span: Span | null = null;
   /** Set once the subscription ended: why. */
   endReason: SubscriptionEndedError | null = null;
   private buf: Message[] = [];
   private waiter: { resolve(r: IteratorResult<Message>): void; reject(e: unknown): void } | null = null;
   private held = new Map<bigint, Message>();
-  private pausedConn: Conn | null = null;
+  private pausedConns = new Set<Conn>();
   private assigned: EventSink<AssignmentEvent> = new EventSink(ASSIGNMENT_BUFFER_MAX, () => {}, "an assignments iterator");
 
   /** @internal */
@@ -1853,6 +1971,10 @@ export class Subscription implements AsyncIterable<Message> {
   /** @internal An ASSIGNMENT for this subscription. */
   assignment(b: Body): void {
     if (this.ended) return;
+    if (this.parent) {
+      this.parent.assignment(b);
+      return;
+    }
     const epoch = b.epoch as bigint;
     const ev: { partition: number; epoch: number; state: "assigned" | "revoked" } = {
       partition: b.partition,
@@ -1887,6 +2009,27 @@ export class Subscription implements AsyncIterable<Message> {
     if (!this.autoAck && this.held.has(d.tag)) return; // a re-send of a delivery already held
     const m = new Message(this, c.epoch, d);
     if (!this.autoAck) this.held.set(d.tag, m);
+    if (this.parent) {
+      this.parent.span?.noteOwner(m.partition, this.client.addr, d.epoch as bigint);
+      this.parent.enqueue(c, m);
+      return;
+    }
+    this.enqueue(c, m);
+  }
+
+  /** @internal The address of the node this subscription is held on. */
+  nodeAddr(): string {
+    return this.client.addr;
+  }
+
+  /** @internal The live connection this subscription is held on, if any. */
+  liveConn(): Conn | null {
+    return this.client.liveConn();
+  }
+
+  /** @internal Hands m to the application, or buffers it. */
+  enqueue(c: Conn, m: Message): void {
+    if (this.ended) return;
     if (this.waiter) {
       const w = this.waiter;
       this.waiter = null;
@@ -1894,9 +2037,10 @@ export class Subscription implements AsyncIterable<Message> {
       return;
     }
     this.buf.push(m);
-    if (this.buf.length >= DELIVERY_BUFFER_MAX && !this.pausedConn) {
-      // Push back on the broker through TCP until the application catches up.
-      this.pausedConn = c;
+    if (this.buf.length >= DELIVERY_BUFFER_MAX && !this.pausedConns.has(c)) {
+      // Push back on the broker through TCP until the application catches up
+      // (in a cluster, on every node's connection that delivers meanwhile).
+      this.pausedConns.add(c);
       c.pausedBy.add(this);
       c.sock.pause();
     }
@@ -1904,11 +2048,18 @@ export class Subscription implements AsyncIterable<Message> {
 
   /** @internal */
   unpause(): void {
-    const c = this.pausedConn;
-    if (!c) return;
-    this.pausedConn = null;
+    const cs = [...this.pausedConns];
+    this.pausedConns.clear();
+    for (const c of cs) {
+      c.pausedBy.delete(this);
+      if (c.pausedBy.size === 0 && !c.closed) c.sock.resume();
+    }
+  }
+
+  /** @internal Unpauses c only (its connection ended). */
+  unpauseConn(c: Conn): void {
+    if (!this.pausedConns.delete(c)) return;
     c.pausedBy.delete(this);
-    if (c.pausedBy.size === 0 && !c.closed) c.sock.resume();
   }
 
   /** @internal */
@@ -2524,4 +2675,359 @@ export async function connect(addr: string, opts: ConnectOptions = {}): Promise<
   const c = new Client(addr, opts);
   await c.open();
   return c;
+}
+
+// ----- spanning subscriptions (cluster) -----
+//
+// In a cluster each partition of a queue is served by its owner, one of the
+// nodes holding a replica; the owner changes when a node fails. A spanning
+// subscription holds one subscription (a part) on every node holding a
+// replica of the queue, each on that node's own connection and session
+// (with the client's resume and reconnect behaviour): only the owner
+// delivers, and a replica that becomes the owner delivers to the part it
+// already holds. The parts deliver into the one subscription the
+// application iterates.
+//
+// A settle goes to the node that delivered the message. When that node is
+// gone, does not answer within SETTLE_HEDGE_MS, or answers fenced or
+// not_owner, the settle is sent again to the partition's current owner, by
+// its lease reference (partition, offset, lease id, epoch) on the part held
+// there, with tag 0: the new owner has the lease in its replicated state.
+// The application sees one outcome.
+
+/** How often a spanning subscription reads the queue's replica set again. */
+const SPAN_REFRESH_MS = 2_000;
+/** At most this many nodes (parts) per spanning subscription. */
+const SPAN_PARTS_MAX = 64;
+/** Sends of one settle after its node was lost, with backoff between them
+ * (about 30 s in all, past the default lease). */
+const RESETTLE_HOPS_MAX = 64;
+const RESETTLE_BACKOFF_MIN_MS = 20;
+const RESETTLE_BACKOFF_MAX_MS = 500;
+/** A settle unanswered this long is also sent to the partition's owner. */
+const SETTLE_HEDGE_MS = 1_000;
+/** How long one node is given to answer METADATA before the next is asked. */
+const METADATA_ASK_MS = 1_000;
+/** Bounds connecting to a node and subscribing there. */
+const PART_OPEN_MS = 5_000;
+
+/** Whether a settle that failed with err may succeed at the partition's owner. */
+function resettleable(err: unknown): boolean {
+  if (err instanceof BrokerError) {
+    return err.code === Code.FENCED || err.code === Code.NOT_OWNER || err.code === CODE_UNAVAILABLE || err.code === Code.SHUTTING_DOWN;
+  }
+  return (
+    err instanceof ConnectionLostError ||
+    err instanceof DisconnectedError ||
+    err instanceof HeartbeatTimeoutError ||
+    err instanceof StaleDeliveryError
+  );
+}
+
+/** p, or a ConnectionLostError when it has not settled within ms. */
+function hedged<T>(p: Promise<T>, ms: number, addr: string): Promise<T> {
+  p.catch(() => {}); // a late answer is dropped
+  let t: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    t = setTimeout(() => reject(new ConnectionLostError(`${addr} did not answer the settle within ${ms} ms`)), ms);
+  });
+  return Promise.race([p, late]).finally(() => clearTimeout(t));
+}
+
+/** @internal The parts of a spanning subscription. */
+class Span {
+  private readonly parts = new Map<string, Subscription>();
+  private readonly opening = new Map<string, Promise<Subscription | null>>();
+  private readonly owners = new Map<number, { addr: string; epoch: bigint }>();
+  private timer: NodeJS.Timeout | null = null;
+  private looking: Promise<void> | null = null;
+  private stopped = false;
+  private readonly done = deferred<void>();
+
+  private constructor(
+    private readonly client: Client,
+    private readonly s: Subscription,
+    private readonly o: SubscribeOptions,
+  ) {}
+
+  /** Subscribes on every node holding a replica of topic; null when the
+   * broker does not answer METADATA as a cluster node (the caller then
+   * subscribes on its own node). */
+  static async subscribe(
+    client: Client,
+    topic: string,
+    o: SubscribeOptions,
+    state: { sent: boolean },
+    signal: AbortSignal | undefined,
+  ): Promise<Subscription | null> {
+    const group = o.group ?? "";
+    let md: Body;
+    try {
+      md = await Span.metadata(client, topic, group);
+    } catch (e) {
+      if (e instanceof BrokerError && e.code === CODE_UNKNOWN_OP) return null;
+      if (!(e instanceof BrokerError && e.code === Code.NOT_FOUND)) throw e;
+      // A first SUBSCRIBE makes the queue, as on a single node; then its
+      // replicas are known.
+      const first = await client.subscribeNew(topic, o, state, signal);
+      await first.unsubscribe().catch(() => {});
+      md = await Span.metadata(client, topic, group);
+    }
+    if (!md.cluster) return null;
+    if (signal?.aborted) throw signal.reason;
+    const s = new Subscription(client, topic, o);
+    const sp = new Span(client, s, o);
+    s.span = sp;
+    client.spans.add(sp);
+    sp.learn(md);
+    state.sent = true;
+    const results = await Promise.allSettled(sp.replicas(md).map((addr) => sp.open(addr)));
+    if (sp.parts.size === 0) {
+      sp.stop("unsubscribed", null);
+      const failed = results.find((r) => r.status === "rejected") as PromiseRejectedResult | undefined;
+      throw failed?.reason ?? new DisconnectedError(`no node holding a replica of ${JSON.stringify(topic)} answered`);
+    }
+    sp.schedule();
+    return s;
+  }
+
+  /** METADATA from the first node that answers, each given METADATA_ASK_MS. */
+  private static async metadata(client: Client, topic: string, group: string): Promise<Body> {
+    let last: unknown = new DisconnectedError("no node of the cluster answered METADATA");
+    for (const c of client.nodeClientsUp()) {
+      try {
+        return await c.askMetadata(topic, group, METADATA_ASK_MS);
+      } catch (e) {
+        if (e instanceof BrokerError && !e.retryable) throw e;
+        last = e;
+      }
+    }
+    throw last;
+  }
+
+  /** Records md's owners and the partitions subscribed. */
+  private learn(md: Body): void {
+    const parts: number[] = [];
+    for (const p of (md.partitions ?? []) as Body[]) {
+      parts.push(p.partition);
+      const cur = this.owners.get(p.partition);
+      const epoch = BigInt(p.epoch ?? 0);
+      if (p.owner && (!cur || epoch >= cur.epoch)) this.owners.set(p.partition, { addr: String(p.owner), epoch });
+    }
+    this.s.partitions = this.s.partition >= 0 ? [this.s.partition] : parts;
+  }
+
+  /** The nodes holding a replica of the partitions subscribed, at most SPAN_PARTS_MAX. */
+  private replicas(md: Body): string[] {
+    const out: string[] = [];
+    for (const p of (md.partitions ?? []) as Body[]) {
+      if (this.s.partition >= 0 && p.partition !== this.s.partition) continue;
+      for (const r of (p.replicas ?? []) as string[]) {
+        if (r && !out.includes(r) && out.length < SPAN_PARTS_MAX) out.push(r);
+      }
+    }
+    return out;
+  }
+
+  /** Subscribes on the node at addr, unless a live part is there. */
+  private open(addr: string): Promise<Subscription | null> {
+    const have = this.parts.get(addr);
+    if (have && !have.ended) return Promise.resolve(have);
+    const busy = this.opening.get(addr);
+    if (busy) return busy;
+    if (this.stopped) return Promise.resolve(null);
+    const p = (async () => {
+      const nc = await this.client.nodeClient(addr);
+      const state = { sent: false };
+      const part = await abortable("subscribe", { timeoutMs: PART_OPEN_MS }, state, (signal) =>
+        nc.subscribeNew(this.s.topic, this.o, state, signal, this.s),
+      );
+      if (this.stopped) {
+        await part.unsubscribe().catch(() => {});
+        return null;
+      }
+      this.parts.set(addr, part);
+      if (!this.s.prefetch) this.s.prefetch = part.prefetch;
+      return part;
+    })().finally(() => this.opening.delete(addr));
+    this.opening.set(addr, p);
+    return p;
+  }
+
+  private schedule(): void {
+    if (this.stopped) return;
+    this.timer = setTimeout(() => {
+      void this.refresh().finally(() => this.schedule());
+    }, SPAN_REFRESH_MS);
+    this.timer.unref();
+  }
+
+  /** Forgets the parts that ended, reads the replica set again, subscribes
+   * on new replica nodes and leaves nodes that no longer hold one. */
+  private async refresh(): Promise<void> {
+    if (this.stopped) return;
+    for (const [addr, part] of this.parts) {
+      const end = part.endReason;
+      if (!end) continue;
+      this.parts.delete(addr);
+      // Something final for the whole subscription ends it; the rest (a
+      // node given up on, reconciled away) is subscribed to again below.
+      const cause = end.cause;
+      if (end.reason === "queue_deleted" || (end.reason === "broker_error" && cause instanceof BrokerError && !cause.retryable && cause.code !== Code.NOT_OWNER)) {
+        this.stop(end.reason, cause);
+        return;
+      }
+    }
+    let md: Body;
+    try {
+      md = await Span.metadata(this.client, this.s.topic, this.s.group);
+    } catch (e) {
+      if (e instanceof BrokerError && e.code === Code.NOT_FOUND) this.stop("queue_deleted", e);
+      return;
+    }
+    if (this.stopped) return;
+    this.learn(md);
+    const replicas = this.replicas(md);
+    if (replicas.length > 0) {
+      for (const [addr, part] of this.parts) {
+        if (replicas.includes(addr)) continue;
+        this.parts.delete(addr);
+        await part.unsubscribe().catch(() => {});
+      }
+    }
+    await Promise.allSettled(replicas.map((addr) => this.open(addr)));
+  }
+
+  /** Ends the spanning subscription and its parts. */
+  stop(reason: SubscriptionEndReason, cause: unknown): void {
+    if (this.stopped) return;
+    this.stopped = true;
+    if (this.timer) clearTimeout(this.timer);
+    this.client.spans.delete(this);
+    this.s.end(reason, cause);
+    const parts = [...this.parts.values()];
+    this.parts.clear();
+    void Promise.allSettled([...parts.map((p) => p.unsubscribe()), ...this.opening.values()]).then(() => this.done.resolve());
+  }
+
+  /** unsubscribe() of the spanning subscription. */
+  unsubscribe(): Promise<void> {
+    this.stop("unsubscribed", null);
+    return this.done.promise;
+  }
+
+  /** addr delivered partition p under epoch. */
+  noteOwner(p: number, addr: string, epoch: bigint): void {
+    const cur = this.owners.get(p);
+    if (!cur || (epoch >= cur.epoch && cur.addr !== addr)) this.owners.set(p, { addr, epoch });
+  }
+
+  private forgetOwner(p: number, addr: string): void {
+    const cur = this.owners.get(p);
+    if (cur && cur.addr === addr) cur.addr = "";
+  }
+
+  /** The part on p's owner as last known, if it is subscribed and connected. */
+  private ownerPart(p: number): Subscription | null {
+    const o = this.owners.get(p);
+    const part = o?.addr ? this.parts.get(o.addr) : undefined;
+    return part && !part.ended && part.serverId !== null && part.liveConn() ? part : null;
+  }
+
+  /** Asks METADATA for p's owner (concurrent lookups share one request) and
+   * returns the part there, subscribing on that node if needed. */
+  private async lookupOwner(p: number): Promise<Subscription | null> {
+    if (!this.looking) {
+      this.looking = Span.metadata(this.client, this.s.topic, this.s.group)
+        .then((md) => this.learn(md), () => {})
+        .finally(() => {
+          this.looking = null;
+        });
+    }
+    await this.looking;
+    const addr = this.owners.get(p)?.addr;
+    if (!addr) return null;
+    try {
+      return await this.open(addr);
+    } catch {
+      return null;
+    }
+  }
+
+  /** A settle of a message a part delivered: see the comment above. */
+  settle(nc: Client, msg: Message, op: number, delayMs: number, confirmed: boolean, oo: OperationOptions): Promise<void> {
+    const done = this.settleOutcome(nc, msg, op, delayMs).finally(() => msg.sub.release(msg));
+    if (!confirmed) {
+      done.catch((e) => nc.settleError(e, msg));
+      return Promise.resolve();
+    }
+    return abortable("settle", oo, { sent: true }, () => done);
+  }
+
+  private async settleOutcome(nc: Client, msg: Message, op: number, delayMs: number): Promise<void> {
+    let first: Promise<void>;
+    if (msg.stale || msg.epoch !== nc.sessionEpoch()) {
+      first = Promise.reject(new StaleDeliveryError("session not resumed on the node that delivered the message"));
+    } else if (!nc.liveConn()) {
+      // The node is gone (or its connection is being restored): the owner,
+      // which may be another node by now, takes the settle by reference.
+      first = Promise.reject(new ConnectionLostError(`${nc.addr}: not connected`));
+    } else {
+      const d = deferred<void>();
+      nc.sendSettle({ op, msg, delayMs, resolve: d.resolve, reject: d.reject });
+      first = d.promise;
+    }
+    try {
+      await hedged(first, SETTLE_HEDGE_MS, nc.addr);
+      return;
+    } catch (e) {
+      if (!resettleable(e)) throw e;
+      return this.resettle(msg, op, delayMs, e, nc.addr);
+    }
+  }
+
+  /** Sends the settle to the partition's current owner by lease reference
+   * until an answer is final. */
+  private async resettle(msg: Message, op: number, delayMs: number, cause: unknown, from: string): Promise<void> {
+    let last = cause;
+    this.forgetOwner(msg.partition, from);
+    for (let hop = 0; hop < RESETTLE_HOPS_MAX; hop++) {
+      if (hop > 0) await new Promise((r) => setTimeout(r, Math.min(RESETTLE_BACKOFF_MIN_MS << Math.min(hop, 8), RESETTLE_BACKOFF_MAX_MS)));
+      if (this.stopped) {
+        throw new StaleDeliveryError(`the subscription ended before the settle reached the partition's owner: ${String((last as Error)?.message ?? last)}`);
+      }
+      const part = this.ownerPart(msg.partition) ?? (await this.lookupOwner(msg.partition));
+      const c = part?.liveConn();
+      const id = part?.serverId ?? null;
+      if (!part || !c || id === null) {
+        if (part) this.forgetOwner(msg.partition, part.nodeAddr());
+        continue;
+      }
+      const body = { tags: [0n], delay_ms: BigInt(delayMs), leases: [{ ...msg.lease, sub_id: id }] };
+      let code: number;
+      try {
+        const reply = await hedged(c.call(op, body), SETTLE_HEDGE_MS, part.nodeAddr());
+        if (reply.op !== Op.SETTLE_RESULT || reply.body.codes.length !== 1) throw new ProtocolError(`${opName(reply.op)} in answer to a settle`);
+        code = reply.body.codes[0] as number;
+      } catch (e) {
+        if (!resettleable(e)) throw e;
+        last = e;
+        this.forgetOwner(msg.partition, part.nodeAddr());
+        continue;
+      }
+      if (code === Code.OK) return;
+      if (code === Code.STALE_LEASE) {
+        // A NACK or FAIL repeated after a first send that took effect
+        // before its connection broke is stale_lease: its outcome is the
+        // first send's, unknown.
+        if (op !== Op.ACK && (cause instanceof ConnectionLostError || cause instanceof HeartbeatTimeoutError)) throw cause;
+        throw new StaleDeliveryError("the partition's owner judged the lease stale");
+      }
+      const err = brokerError(code, "settle refused");
+      if (!resettleable(err)) throw err;
+      last = err;
+      this.forgetOwner(msg.partition, part.nodeAddr());
+    }
+    throw last;
+  }
 }
