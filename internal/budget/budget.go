@@ -15,7 +15,8 @@
 // When a reservation takes the budget past its limit, Add reports it and the
 // caller, once it has let go of its own cache's lock, calls Budget.Reclaim.
 // Reclaim (serialised by the budget's lock, taken only when over the limit)
-// asks the share whose oldest entry is the coldest to give back bytes, until
+// orders the shares by the stamp of their oldest entry, in one pass, and
+// asks the coldest to give back bytes, then the next coldest, until
 // the budget is a thirty-second below its limit (so a full budget reclaims
 // once per that much reserved, not once per chunk) or nothing more can be
 // freed. Each cache
@@ -32,7 +33,7 @@
 package budget
 
 import (
-	"math"
+	"container/heap"
 	"sync"
 	"sync/atomic"
 )
@@ -67,8 +68,9 @@ type Budget struct {
 	used  atomic.Int64 // sum of the shares' reservations
 	clock atomic.Uint64
 
-	mu     sync.Mutex // guards shares; serialises Reclaim
+	mu     sync.Mutex // guards shares and heap; serialises Reclaim
 	shares map[*Share]struct{}
+	heap   coldHeap // Reclaim's scratch, kept between calls (no share pointers left in it)
 	// evictions counts bytes given back under pressure.
 	evicted atomic.Int64
 }
@@ -145,38 +147,68 @@ func (b *Budget) Reclaim() {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	// Each round evicts from one share; a share that frees nothing is
-	// skipped in later rounds, and one that frees something has one entry
-	// fewer, so the loop ends.
-	var skip map[*Share]bool
 	// Reclaim down to a little below the limit, so that a full budget
 	// reclaims once per limit/reclaimDivisor bytes reserved, not once
 	// per chunk.
 	target := func() int64 { l := b.limit.Load(); return l - l/reclaimDivisor }
-	for over := b.used.Load() - target(); over > 0; over = b.used.Load() - target() {
-		var victim *Share
-		coldest := uint64(math.MaxUint64)
-		for s := range b.shares {
-			if skip[s] {
-				continue
-			}
-			if c := s.coldest.Load(); victim == nil || c < coldest {
-				victim, coldest = s, c
-			}
-		}
-		if victim == nil {
-			return
-		}
-		freed := victim.c.Evict(over)
+	if b.used.Load() <= target() {
+		return
+	}
+	// One pass over the shares builds a heap ordered by coldest stamp;
+	// each round evicts from its top. A share that frees something goes
+	// back in at its new coldest stamp while it still holds entries; one
+	// that frees nothing, or is left empty, leaves the heap. So a reclaim
+	// costs one pass plus a logarithmic step per round, however many
+	// shares joined (most of them empty, on a node of many idle
+	// partitions), and it ends: every round frees something or shrinks
+	// the heap.
+	h := b.heap[:0]
+	for s := range b.shares {
+		h = append(h, coldShare{s, s.coldest.Load()})
+	}
+	heap.Init(&h)
+	for over := b.used.Load() - target(); over > 0 && len(h) > 0; over = b.used.Load() - target() {
+		s := h[0].s
+		freed := s.c.Evict(over)
 		if freed > 0 {
 			b.evicted.Add(freed)
+		}
+		if c := s.coldest.Load(); freed > 0 && c != 0 {
+			h[0].cold = c
+			heap.Fix(&h, 0)
 		} else {
-			if skip == nil {
-				skip = make(map[*Share]bool)
+			// Drop the top without heap.Pop, whose any result allocates.
+			last := len(h) - 1
+			h[0], h[last] = h[last], coldShare{}
+			if h = h[:last]; len(h) > 0 {
+				heap.Fix(&h, 0)
 			}
-			skip[victim] = true
 		}
 	}
+	clear(h) // dropped slots were zeroed as they went
+	b.heap = h[:0]
+}
+
+// coldShare is a share in Reclaim's heap, with the coldest stamp it had
+// when it went in.
+type coldShare struct {
+	s    *Share
+	cold uint64
+}
+
+// coldHeap is a min-heap of shares by coldest stamp (container/heap).
+type coldHeap []coldShare
+
+func (h coldHeap) Len() int           { return len(h) }
+func (h coldHeap) Less(i, j int) bool { return h[i].cold < h[j].cold }
+func (h coldHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *coldHeap) Push(x any)        { *h = append(*h, x.(coldShare)) }
+func (h *coldHeap) Pop() any { // heap.Interface's; Reclaim drops the top itself
+	old := *h
+	x := old[len(old)-1]
+	old[len(old)-1] = coldShare{}
+	*h = old[:len(old)-1]
+	return x
 }
 
 // Share is one cache's part of a budget. Add, Sub and Leave must be called
