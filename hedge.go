@@ -20,15 +20,15 @@ import (
 // connection goes silent: nothing says the publish failed until the client
 // gives the connection up, three heartbeat intervals later (3 s with
 // seeds). Meanwhile the cluster elects a new owner in about a second. So a
-// publish not confirmed within publishHedgeAfter of its first send is sent
-// once more (the hedge), to the partition's owner as METADATA names it
-// now, and the first confirm is the publish's outcome. The hedge's timer
+// publish not confirmed within publishHedgeAfter (500 ms) of its first send
+// is sent once more (the hedge), to the partition's owner as METADATA names
+// it now, and the first confirm is the publish's outcome. The hedge's timer
 // is set once per publish: the resends that follow a quick refusal
 // (unavailable, fenced: see router.retry) do not restart it, and the hedge
 // is measured against the node of the latest send:
 //
 //	send to owner A ──────────── (silence) ──────────── A given up (3 s)
-//	     │ 1 s
+//	     │ 500 ms
 //	     └─ hedge: METADATA (asked of the other nodes first; again every
 //	        hedgeLookEvery while it names A or no owner, and A stopped
 //	        answering) ── owner B ── send to B ── confirm: the outcome
@@ -63,17 +63,20 @@ import (
 const (
 	// publishHedgeAfter is how long a publish waits for its owner's
 	// confirm before it is hedged: longer than a confirm takes (one
-	// replication round), shorter than a failover plus the time to give
-	// up a silent connection (three heartbeats).
-	publishHedgeAfter = time.Second
+	// replication round), no longer than the cluster's election timeout
+	// (500 ms to 1 s), so that the hedge's first look comes as the new
+	// owner is elected, not a look period after. A hedge of a slow but
+	// live owner sends nothing (see above), so hedging early costs a
+	// shared METADATA lookup.
+	publishHedgeAfter = 500 * time.Millisecond
 	// publishHedgesMax bounds the hedges in flight per client.
 	publishHedgesMax = 256
 	// hedgeLookEvery is how often a hedge asks METADATA again while it
 	// names no new owner; lookups of one queue within it share an answer.
-	hedgeLookEvery = 200 * time.Millisecond
+	hedgeLookEvery = 100 * time.Millisecond
 	// hedgeLooksMax bounds the lookups of one hedge (about 5 s with the
 	// pause above, past the time the connection is given up).
-	hedgeLooksMax = 25
+	hedgeLooksMax = 50
 	// hedgeHopsMax bounds the sends of one hedge (a not_owner answer is
 	// followed, never back to the silent node).
 	hedgeHopsMax = 2
@@ -341,6 +344,15 @@ look:
 			continue
 		}
 		outcome, b, err = r.hedgeSend(ctx, from.addr, owner, p, fl, size)
+		if (outcome == hedgeLost || outcome == hedgeNoOwner) && i+1 < hedgeLooksMax && hedgeRefused(err) {
+			// The node METADATA named refused the partition (an election
+			// not over yet, a node cut off, a stale answer) and stored
+			// nothing: it is passed over, and the hedge looks again
+			// rather than leaving the publish to its silent connection.
+			r.shunNode(p, owner)
+			outcome, owner, b, err = hedgeNoOwner, "", nil, errHedgeNotSent
+			continue
+		}
 		break
 	}
 	won, resolve := fl.hedgeEnd(b, err)
@@ -351,6 +363,21 @@ look:
 	if resolve != nil {
 		resolve()
 	}
+}
+
+// hedgeRefused reports whether a hedge's send was refused by a node that
+// does not own the partition (yet), or could not be made: the hedge may
+// look for the owner again.
+func hedgeRefused(err error) bool {
+	var be *BrokerError
+	if errors.As(err, &be) {
+		switch be.Code {
+		case protocol.CodeUnavailable, protocol.CodeFenced, protocol.CodeNotOwner, protocol.CodeShuttingDown:
+			return true
+		}
+		return false
+	}
+	return errors.Is(err, ErrNotConnected)
 }
 
 // hedged logs a hedge's outcome and tells the test hook.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -372,5 +373,60 @@ func TestPartitionOfMatchesTheBroker(t *testing.T) {
 		if want := partitionOf(p, parts); res.Partition != want {
 			t.Fatalf("publish %d (key %q, seq %d) landed in partition %d, partitionOf says %d", i, p.Key, p.ProducerSeq, res.Partition, want)
 		}
+	}
+}
+
+// A hedge whose target refuses the partition (an election not over yet:
+// unavailable) stores nothing there; it passes that node over, looks
+// again, and sends to the owner METADATA names next, rather than leaving
+// the publish to the silent connection.
+func TestHedgeLooksAgainAfterARefusal(t *testing.T) {
+	ctx := testCtx(t)
+	a, b, c := newFakeBroker(t), newFakeBroker(t), newFakeBroker(t)
+	var mu sync.Mutex
+	refused := false
+	md := func(*protocol.Metadata) protocol.Body {
+		mu.Lock()
+		defer mu.Unlock()
+		if refused {
+			return ownedBy(c.addr(), a.addr(), b.addr(), c.addr())(nil)
+		}
+		return ownedBy(b.addr(), a.addr(), b.addr(), c.addr())(nil)
+	}
+	b.set(func(b *fakeBroker) {
+		b.metadata = md
+		b.publishErr = func(*protocol.Publish) *protocol.ErrorBody {
+			mu.Lock()
+			refused = true
+			mu.Unlock()
+			return &protocol.ErrorBody{Code: protocol.CodeUnavailable, Message: "election under way"}
+		}
+	})
+	c.set(func(c *fakeBroker) { c.metadata = md })
+	clk := testkit.NewClock(time.Unix(1_700_000_000, 0))
+	cl := dialT(t, a.addr(), WithSeeds(b.addr(), c.addr()), WithClock(clk), WithHeartbeat(time.Hour),
+		WithDrainTimeout(200*time.Millisecond))
+	outcomes := make(chan string, 8)
+	cl.rt.onHedge = func(o string) { outcomes <- o }
+	a.set(func(a *fakeBroker) { a.silent = true })
+
+	f := cl.PublishAsync(ctx, "orders", []byte("one"))
+	a.await(ctx, "the publish reaches the silent owner", func(a *fakeBroker) bool { return a.ops[protocol.OpPublish] == 1 })
+	awaitTimer(t, clk, publishHedgeAfter)
+	clk.Advance(publishHedgeAfter)
+	b.await(ctx, "the hedge reaches the node METADATA named first", func(b *fakeBroker) bool { return b.ops[protocol.OpPublish] == 1 })
+	awaitTimer(t, clk, hedgeLookEvery)
+	clk.Advance(hedgeLookEvery)
+	if _, err := f.Wait(ctx); err != nil {
+		t.Fatalf("hedged publish: %v", err)
+	}
+	if o := nextOutcome(t, outcomes); o != hedgeWon {
+		t.Fatalf("hedge outcome %q, want %q", o, hedgeWon)
+	}
+	if got := c.stored("orders"); len(got) != 1 || got[0].ProducerSeq != 1 {
+		t.Fatalf("the next owner stored %+v, want one copy of seq 1", got)
+	}
+	if got := b.stored("orders"); len(got) != 0 {
+		t.Fatalf("the refusing node stored %+v", got)
 	}
 }

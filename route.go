@@ -21,7 +21,7 @@ import (
 // until the new owner confirms. A publish keeps its producer id and
 // sequence across these resends, so the cluster stores it once.
 //
-// With seeds a publish is also hedged: one not confirmed within 1 s of
+// With seeds a publish is also hedged: one not confirmed within 500 ms of
 // its first send (a node cut off says nothing until its connection is
 // given up; a quick refusal does not disarm it) is sent once more, with
 // the same producer id and sequence, to the partition's owner as METADATA
