@@ -161,6 +161,32 @@ func (n *clusterNode) ClientAddr(raftID uint64) string {
 // Fenced reports whether membership holds a majority of the peers dead.
 func (n *clusterNode) Fenced() bool { return n.m != nil && n.m.Fenced() }
 
+// PeerAlive reports whether membership does not hold node raftID dead or
+// gone (broker.Cluster's). It reads the set watch keeps, without a lock:
+// partitions ask it on every tick they lead.
+func (n *clusterNode) PeerAlive(raftID uint64) bool {
+	if down := n.down.Load(); down != nil {
+		_, d := (*down)[raftID]
+		return !d
+	}
+	return true
+}
+
+// noteDown recomputes the set of peers membership holds dead or gone
+// (PeerAlive), after a membership event.
+func (n *clusterNode) noteDown() {
+	down := map[uint64]struct{}{}
+	for _, p := range n.m.Members() {
+		if p.State == membership.StateAlive {
+			continue
+		}
+		if rid, err := controller.RaftIDOf(p.Name); err == nil {
+			down[rid] = struct{}{}
+		}
+	}
+	n.down.Store(&down)
+}
+
 // syncCatalogue hands the broker every new state of the catalogue, so it
 // opens the replicas placed on this node, records moved ones and drops
 // those it no longer needs, and every reconfigureEvery (reconfigureIdleEvery

@@ -52,6 +52,9 @@ type clusterNode struct {
 	peer   string // this node's raft transport address
 	boot   uint64 // this run of the process (membership.Meta.Boot)
 	m      *membership.Membership
+	// down holds the raft ids of the peers membership sees dead or gone
+	// (PeerAlive); replaced whole by watch after each event.
+	down   atomic.Pointer[map[uint64]struct{}]
 	logger *slog.Logger
 	done   chan struct{}
 
@@ -275,6 +278,7 @@ func (n *clusterNode) watch() {
 	var lastConflict time.Time
 	conflicts := 0
 	for ev := range n.m.Events() {
+		n.noteDown()
 		attrs := []any{"node_id", ev.Node, "client_addr", ev.Meta.ClientAddr, "coalesced", ev.Coalesced}
 		if ev.MetaErr != nil {
 			attrs = append(attrs, "meta_err", ev.MetaErr)

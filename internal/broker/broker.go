@@ -462,6 +462,7 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 			pc.RaftID, pc.RaftPeers = b.cfg.Cluster.Self(), m.Raft[i].Replicas
 			pc.Send = b.cfg.Cluster.Sender(raftGroup)
 			pc.Replicated = true // a queue of one replica may grow
+			pc.PeerAlive = b.cfg.Cluster.PeerAlive
 			// A replica placed after the group started (the recovery plan)
 			// starts from the group's first configuration, as the others
 			// did, and waits to be added: it is not a voter there.

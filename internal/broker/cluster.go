@@ -45,6 +45,13 @@ type Cluster interface {
 	// nodes dead: it then refuses publishes and settles at once (a quorum
 	// could not confirm them anyway) so that clients go elsewhere.
 	Fenced() bool
+	// PeerAlive reports whether this node's membership does not hold node
+	// raftID dead, suspect of a failure or gone (a node it knows nothing
+	// of counts as alive). A leader hands its partition back to the
+	// preferred owner only while that node is alive: a node that sees a
+	// majority dead (fenced) is seen dead by them in turn, and a lead
+	// given to it would come straight back.
+	PeerAlive(raftID uint64) bool
 	// Lookup returns the catalogue's entry for a queue, if it holds one.
 	Lookup(topic, group string) (CatalogueQueue, bool)
 	// DeleteQueue removes a queue from the catalogue and returns once

@@ -23,6 +23,7 @@ type catalogueOnly struct {
 
 func (c *catalogueOnly) Self() uint64                { return 1 }
 func (c *catalogueOnly) Fenced() bool                { return false }
+func (c *catalogueOnly) PeerAlive(uint64) bool       { return true }
 func (c *catalogueOnly) ReplicationWant() int        { return 3 }
 func (c *catalogueOnly) ClientAddr(id uint64) string { return "node2:7654" }
 func (c *catalogueOnly) Lookup(topic, group string) (CatalogueQueue, bool) {

@@ -24,9 +24,10 @@ type placesElsewhere struct {
 	next    uint64
 }
 
-func (c *placesElsewhere) Self() uint64         { return 1 }
-func (c *placesElsewhere) Fenced() bool         { return false }
-func (c *placesElsewhere) ReplicationWant() int { return 3 }
+func (c *placesElsewhere) Self() uint64          { return 1 }
+func (c *placesElsewhere) Fenced() bool          { return false }
+func (c *placesElsewhere) PeerAlive(uint64) bool { return true }
+func (c *placesElsewhere) ReplicationWant() int  { return 3 }
 func (c *placesElsewhere) ClientAddr(id uint64) string {
 	return map[uint64]string{2: "node2:7654", 3: "node3:7654", 4: "node4:7654"}[id]
 }

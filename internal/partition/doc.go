@@ -133,7 +133,9 @@
 // for a hold-down (Config.PreferredOwnerHoldTicks, counted in raft ticks;
 // two election timeouts under a group's first leader while none of its
 // caught-up voters has fallen behind, so that a queue created while the
-// cluster forms still spreads its owners).
+// cluster forms still spreads its owners), its node alive all along as the
+// cluster's membership sees it (Config.PeerAlive: a fenced node is caught up
+// over raft but would hand the lead straight back).
 // raft drops every proposal while a transfer is under way, so the actor
 // then decides nothing (transferTurn): commands are refused with
 // ErrNotLeader, control messages that would decide records wait, and so do

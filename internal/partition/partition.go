@@ -237,6 +237,13 @@ type Config struct {
 	// a crash does not take the lead back at once. 0 means
 	// PreferredOwnerHoldTicksDefault.
 	PreferredOwnerHoldTicks int
+	// PeerAlive, when set, reports whether the node of replica raftID is
+	// alive as the cluster's membership sees it. A leader counts the
+	// preferred owner's hold-down only while it is (sampleCaughtUp): a
+	// fenced node, caught up over raft while its peers see it dead, does
+	// not get the lead back, only to hand it over again. nil: every
+	// replica's node counts as alive.
+	PeerAlive func(raftID uint64) bool
 
 	// noRetention keeps every log segment (tests compare checkpoint plus
 	// replay with a replay of the whole log).

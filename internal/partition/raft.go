@@ -975,8 +975,8 @@ func (p *Partition) raftTurn() error {
 }
 
 // sampleCaughtUp notes, on a leader, which voters are caught up (caught)
-// and since when the preferred owner has been one without a break
-// (preferredSince). A voter is caught up when raft heard from it within
+// and since when the preferred owner has been one without a break, its
+// node alive (Config.PeerAlive) all along (preferredSince). A voter is caught up when raft heard from it within
 // the current election timeout, replicates to it (it is not being probed
 // or sent a snapshot) and its log holds every committed entry. Entries
 // past the commit index need not be there yet: a leadership transfer
@@ -1005,6 +1005,11 @@ func (p *Partition) sampleCaughtUp() {
 	}
 	switch {
 	case p.preferred == 0 || !slices.Contains(p.caught, p.preferred):
+		p.preferredSince = 0
+	case p.cfg.PeerAlive != nil && !p.cfg.PeerAlive(p.preferred):
+		// Caught up over raft, but the cluster sees its node dead (it is
+		// fenced, or its gossip is cut): the hold-down starts again once
+		// it is healthy.
 		p.preferredSince = 0
 	case p.preferredSince == 0:
 		p.preferredSince = p.ticked + 1 // 0 means "not caught up"

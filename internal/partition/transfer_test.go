@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -324,5 +325,59 @@ func TestReplicaGroupHandLeadOver(t *testing.T) {
 		}
 		g.publishN(nl.p, "next", 10)
 		g.drain(nl)
+	})
+}
+
+// A preferred owner that is caught up over raft while the cluster's
+// membership sees its node dead (fenced, or its gossip cut) does not get
+// the lead back: its hold-down counts only from when its node is alive
+// again (Config.PeerAlive), so the lead does not go to it only to be
+// handed over again.
+func TestReplicaGroupLeadStaysWhileThePreferredOwnerIsSeenDead(t *testing.T) {
+	const hold = 60 // raft ticks
+	synctest.Test(t, func(t *testing.T) {
+		var prefDown atomic.Bool
+		const pref = 3
+		prefDown.Store(true)
+		g := newRGroup(t, 31, multiraft.Faults{DelayMinMs: 1, DelayMaxMs: 5}, func(c *Config) {
+			c.PreferredOwnerHoldTicks = hold
+			c.PeerAlive = func(id uint64) bool { return id != pref || !prefDown.Load() }
+		})
+		defer g.closeAll()
+		l := g.awaitLeader()
+		if l.id == pref {
+			g.crash(pref)
+			l = g.awaitNewLeader(pref)
+			g.restart(pref)
+		}
+		want := []uint64{pref, others(pref)[0], others(pref)[1]}
+		g.publishN(l.p, "m", 10)
+		aliveAt, transferAt := 2*hold, -1
+		for k := 0; k < aliveAt+hold+60; k++ {
+			if k == aliveAt {
+				prefDown.Store(false)
+			}
+			if k%5 == 0 {
+				what, err := g.reconfigure(l, want)
+				if err != nil {
+					t.Fatalf("tick %d: Reconfigure: %v", k, err)
+				}
+				if what != "" {
+					if !strings.HasPrefix(what, fmt.Sprintf("transfer leadership to %d", pref)) {
+						t.Fatalf("tick %d: step %q, want a transfer to %d", k, what, pref)
+					}
+					transferAt = k
+					break
+				}
+			}
+			g.run(replTick)
+		}
+		if transferAt < aliveAt+hold {
+			t.Fatalf("transfer at tick %d; the preferred owner's node was seen alive from tick %d, hold-down %d", transferAt, aliveAt, hold)
+		}
+		nl := g.awaitNewLeader(l.id)
+		if nl.id != pref {
+			t.Fatalf("replica %d leads after the transfer, want %d", nl.id, pref)
+		}
 	})
 }
