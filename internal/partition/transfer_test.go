@@ -26,6 +26,33 @@ func (g *rgroup) reconfigure(n *rnode, want []uint64) (string, error) {
 	return n.p.Reconfigure(ctx, want)
 }
 
+// stepUntilTransfer steps l toward want every 5 ticks (the broker calls
+// Reconfigure every 10 ticks of its 50 ms) for at most ticks ticks,
+// calling before(k) ahead of tick k, and returns the tick of its first
+// step, which must be a transfer of the lead to want[0]; -1 for none.
+func (g *rgroup) stepUntilTransfer(l *rnode, want []uint64, ticks int, before func(k int)) int {
+	g.t.Helper()
+	for k := 0; k < ticks; k++ {
+		if before != nil {
+			before(k)
+		}
+		if k%5 == 0 {
+			what, err := g.reconfigure(l, want)
+			if err != nil {
+				g.t.Fatalf("tick %d: Reconfigure: %v", k, err)
+			}
+			if what != "" {
+				if !strings.HasPrefix(what, fmt.Sprintf("transfer leadership to %d", want[0])) {
+					g.t.Fatalf("tick %d: step %q, want a transfer to %d", k, what, want[0])
+				}
+				return k
+			}
+		}
+		g.run(replTick)
+	}
+	return -1
+}
+
 // others returns the ids of the group other than id, in order.
 func others(id uint64) []uint64 {
 	var out []uint64
@@ -264,23 +291,7 @@ func TestReplicaGroupLateFirstOwnerGetsTheLeadSoon(t *testing.T) {
 		g.publishN(l.p, "m", 10)
 		g.restart(pref)
 		want := []uint64{pref, others(pref)[0], others(pref)[1]}
-		transferAt := -1
-		for k := 0; k < hold; k++ {
-			if k%5 == 0 {
-				what, err := g.reconfigure(l, want)
-				if err != nil {
-					t.Fatalf("tick %d: Reconfigure: %v", k, err)
-				}
-				if what != "" {
-					if !strings.HasPrefix(what, fmt.Sprintf("transfer leadership to %d", pref)) {
-						t.Fatalf("tick %d: step %q, want a transfer to %d", k, what, pref)
-					}
-					transferAt = k
-					break
-				}
-			}
-			g.run(replTick)
-		}
+		transferAt := g.stepUntilTransfer(l, want, hold, nil)
 		if transferAt < firstLeadHoldTicks || transferAt > firstLeadHoldTicks+30 {
 			t.Fatalf("transfer at tick %d after the late replica opened, want within [%d, %d]", transferAt, firstLeadHoldTicks, firstLeadHoldTicks+30)
 		}
@@ -352,26 +363,12 @@ func TestReplicaGroupLeadStaysWhileThePreferredOwnerIsSeenDead(t *testing.T) {
 		}
 		want := []uint64{pref, others(pref)[0], others(pref)[1]}
 		g.publishN(l.p, "m", 10)
-		aliveAt, transferAt := 2*hold, -1
-		for k := 0; k < aliveAt+hold+60; k++ {
+		const aliveAt = 2 * hold
+		transferAt := g.stepUntilTransfer(l, want, aliveAt+hold+60, func(k int) {
 			if k == aliveAt {
 				prefDown.Store(false)
 			}
-			if k%5 == 0 {
-				what, err := g.reconfigure(l, want)
-				if err != nil {
-					t.Fatalf("tick %d: Reconfigure: %v", k, err)
-				}
-				if what != "" {
-					if !strings.HasPrefix(what, fmt.Sprintf("transfer leadership to %d", pref)) {
-						t.Fatalf("tick %d: step %q, want a transfer to %d", k, what, pref)
-					}
-					transferAt = k
-					break
-				}
-			}
-			g.run(replTick)
-		}
+		})
 		if transferAt < aliveAt+hold {
 			t.Fatalf("transfer at tick %d; the preferred owner's node was seen alive from tick %d, hold-down %d", transferAt, aliveAt, hold)
 		}
