@@ -371,6 +371,7 @@ func (b *Broker) recover(root string) error {
 	if err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
+	var found []foundQueue
 	for _, t := range topics {
 		if t == trashDir {
 			// Deletions interrupted by a crash: the queues were renamed
@@ -405,14 +406,47 @@ func (b *Broker) recover(root string) error {
 			if dirName(m.Topic) != t || dirName(m.Group) != g {
 				return fmt.Errorf("broker: %s holds metadata of queue %q/%q", dir, m.Topic, m.Group)
 			}
-			q, err := b.openQueue(dir, m)
-			if err != nil {
-				return err
-			}
-			b.queues[q.key] = q
+			found = append(found, foundQueue{dir, m})
 		}
 	}
+	// The queues open recoverQueuesParallel at a time (each opens its
+	// partitions openParallelMax at a time): a restart waits on files
+	// and the journal, not on one partition after another.
+	qs := make([]*queueEntry, len(found))
+	errs := make([]error, len(found))
+	sem := make(chan struct{}, recoverQueuesParallel)
+	var wg sync.WaitGroup
+	for i, fq := range found {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			qs[i], errs[i] = b.openQueue(fq.dir, fq.m)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, q := range qs {
+			if q != nil {
+				for _, p := range q.parts {
+					p.Close()
+				}
+			}
+		}
+		return err
+	}
+	for _, q := range qs {
+		b.queues[q.key] = q
+	}
 	return nil
+}
+
+// recoverQueuesParallel bounds the queues recover opens at once.
+const recoverQueuesParallel = 4
+
+// foundQueue is a queue recover found on disk.
+type foundQueue struct {
+	dir string
+	m   *queueMeta
 }
 
 // openQueue opens (or creates) every partition of the queue described by m.
@@ -424,6 +458,13 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 	q.meta.Store(m)
 	qc := b.queueConfig(m)
 	b.logKeep(m)
+	// Three passes: each partition's configuration, in order; the opens,
+	// up to openParallelMax at once (a restart of a node of thousands of
+	// partitions is bounded by them: each reads its files and commits to
+	// the journal, whose group commit then shares the fsyncs among them);
+	// and the queue's partitions, in order.
+	pcs := make([]partition.Config, m.Partitions)
+	groups := make([]uint64, m.Partitions)
 	for i := range m.Partitions {
 		pc := partition.Config{
 			Topic: m.Topic, Group: m.Group, Index: i,
@@ -472,33 +513,63 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 			}
 			pc.CampaignAtStart = !joins && len(m.Raft[i].Replicas) > 0 && m.Raft[i].Replicas[0] == pc.RaftID && !b.leaving.Load()
 		}
-		p, err := partition.Open(pc)
-		if err != nil && errors.Is(err, partition.ErrDamaged) {
-			p, err = b.damaged(pc, err)
-		}
-		if err == nil && raftGroup != 0 {
-			if err = b.cfg.Cluster.AddGroup(raftGroup, p); err != nil {
-				p.Close()
-			}
-		}
-		if err == nil && b.wal != nil {
-			b.walMu.Lock()
-			if p.Quarantined() == nil {
-				b.walParts[pc.WALGroup] = p
-			} else if pc.WALReplay != nil && len(pc.WALReplay.Entries) > 0 {
-				b.walStuck[pc.WALGroup] = pc.WALReplay
-			}
-			b.walMu.Unlock()
-		}
-		if err != nil {
-			for _, p := range q.parts {
-				p.Close()
-			}
-			return nil, fmt.Errorf("broker: %w", err)
-		}
-		q.parts = append(q.parts, p)
+		pcs[i], groups[i] = pc, raftGroup
 	}
+	parts := make([]*partition.Partition, m.Partitions)
+	errs := make([]error, m.Partitions)
+	sem := make(chan struct{}, openParallelMax)
+	var wg sync.WaitGroup
+	for i := range pcs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			parts[i], errs[i] = b.openPartition(pcs[i], groups[i])
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, p := range parts {
+			if p != nil {
+				p.Close()
+			}
+		}
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	q.parts = parts
 	return q, nil
+}
+
+// openParallelMax bounds the partitions of one queue opened at once.
+const openParallelMax = 16
+
+// openPartition opens one partition of a queue (openQueue), applies the
+// quarantine policy to a damaged one, and registers it with the raft host
+// (raftGroup, 0 for none) and the journal. Safe to run beside the opens of
+// the queue's other partitions.
+func (b *Broker) openPartition(pc partition.Config, raftGroup uint64) (*partition.Partition, error) {
+	p, err := partition.Open(pc)
+	if err != nil && errors.Is(err, partition.ErrDamaged) {
+		p, err = b.damaged(pc, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if raftGroup != 0 {
+		if err := b.cfg.Cluster.AddGroup(raftGroup, p); err != nil {
+			p.Close()
+			return nil, err
+		}
+	}
+	if b.wal != nil {
+		b.walMu.Lock()
+		if p.Quarantined() == nil {
+			b.walParts[pc.WALGroup] = p
+		} else if pc.WALReplay != nil && len(pc.WALReplay.Entries) > 0 {
+			b.walStuck[pc.WALGroup] = pc.WALReplay
+		}
+		b.walMu.Unlock()
+	}
+	return p, nil
 }
 
 // damaged applies the quarantine policy to a partition that failed

@@ -116,7 +116,11 @@ func (l *Log) recover() error {
 		l.segs = append(l.segs, &segment{base: b, name: name, f: f, last: b - 1})
 	}
 
-	r := &reader{buf: make([]byte, readChunkBytes)}
+	// The read buffer comes from the pool Scan uses: a node opening
+	// thousands of partitions at a restart would otherwise allocate and
+	// clear a chunk per partition.
+	r := readerPool.Get().(*reader)
+	defer func() { r.f = nil; readerPool.Put(r) }()
 	for i, s := range l.segs {
 		last := i == len(l.segs)-1
 		// The term before this segment: known from the previous one, or
