@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -199,8 +197,6 @@ type Controller struct {
 	cohortPlanRuns atomic.Uint64
 }
 
-var raftLogger = &raft.DefaultLogger{Logger: log.New(io.Discard, "", 0)}
-
 // Open opens (or creates) the controller log in cfg.Dir and starts the
 // controller's goroutine.
 func Open(cfg Config) (*Controller, error) {
@@ -270,7 +266,7 @@ func Open(cfg Config) (*Controller, error) {
 			CheckQuorum:               true,
 			StepDownOnRemoval:         true,
 			Applied:                   c.applied,
-			Logger:                    raftLogger,
+			Logger:                    raftlog.QuietLogger{},
 		})
 		return err
 	})

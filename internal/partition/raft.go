@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -46,9 +44,6 @@ func (p *Partition) raftSafe(f func() error) (err error) {
 	}()
 	return f()
 }
-
-// raftLogger keeps etcd raft's own log lines out of the broker's log.
-var raftLogger = &raft.DefaultLogger{Logger: log.New(io.Discard, "", 0)}
 
 // Raft limits and timing.
 const (
@@ -201,7 +196,7 @@ func (p *Partition) startRaft(commit uint64) error {
 		DisableProposalForwarding: true,
 		PreVote:                   true,
 		CheckQuorum:               replicated,
-		Logger:                    raftLogger,
+		Logger:                    raftlog.QuietLogger{},
 	})
 	if err != nil {
 		return fmt.Errorf("partition %s: raft: %w", p, err)

@@ -510,3 +510,25 @@ func TestStorageSharedBudget(t *testing.T) {
 	}
 	busy.s.Close()
 }
+
+// QuietLogger drops raft's lines and turns Fatal and Panic into panics
+// carrying the message, never an exit.
+func TestQuietLogger(t *testing.T) {
+	var l raft.Logger = QuietLogger{}
+	l.Infof("%d", 1)
+	l.Warning("w")
+	l.Errorf("%s", "e")
+	for _, f := range []func(){
+		func() { l.Fatalf("bad %d", 7) },
+		func() { l.Panicf("bad %d", 7) },
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r != "bad 7" {
+					t.Errorf("recovered %v, want the message", r)
+				}
+			}()
+			f()
+		}()
+	}
+}
