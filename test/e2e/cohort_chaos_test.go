@@ -37,6 +37,9 @@ type cohortChecker struct {
 	// delivered records, per member, when it last received a message of
 	// each partition.
 	delivered map[string]map[uint32]time.Time
+	// history keeps, per body, its deliveries and failed completes, for
+	// the report of a message that never completed.
+	history map[string][]string
 }
 
 type assignmentSeen struct {
@@ -47,7 +50,8 @@ type assignmentSeen struct {
 
 func newCohortChecker() *cohortChecker {
 	return &cohortChecker{epochMember: map[[2]uint64]string{}, lastFirst: map[uint32]uint64{},
-		confirmed: map[string]bool{}, completed: map[string]bool{}, delivered: map[string]map[uint32]time.Time{}}
+		confirmed: map[string]bool{}, completed: map[string]bool{}, delivered: map[string]map[uint32]time.Time{},
+		history: map[string][]string{}}
 }
 
 func (k *cohortChecker) violate(format string, args ...any) {
@@ -60,6 +64,8 @@ func (k *cohortChecker) deliver(member string, m *sinew.Message) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.deliveries++
+	k.noteLocked(string(m.Body), fmt.Sprintf("%s delivered to %s: partition %d offset %d attempt %d assignment %d",
+		time.Now().Format("15:04:05.000"), member, m.Partition, m.Offset, m.Attempt, m.Assignment))
 	if m.Attempt > 1 {
 		k.redelivered++
 	}
@@ -81,6 +87,21 @@ func (k *cohortChecker) deliver(member string, m *sinew.Message) {
 		k.delivered[member] = map[uint32]time.Time{}
 	}
 	k.delivered[member][m.Partition] = time.Now()
+}
+
+// noteLocked adds a line to body's history (at most 16 kept). k.mu is held.
+func (k *cohortChecker) noteLocked(body, line string) {
+	if len(k.history[body]) < 16 {
+		k.history[body] = append(k.history[body], line)
+	}
+}
+
+// completeFailed records a complete that returned an error: the message
+// should come again.
+func (k *cohortChecker) completeFailed(member, body string, err error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.noteLocked(body, fmt.Sprintf("%s complete by %s failed: %v", time.Now().Format("15:04:05.000"), member, err))
 }
 
 func (k *cohortChecker) complete(body string) {
@@ -215,6 +236,8 @@ func startChaosMember(t *testing.T, k *cohortChecker, name, target string, seeds
 				cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
 				if err := msg.Complete(cctx); err == nil {
 					k.complete(string(msg.Body))
+				} else {
+					k.completeFailed(name, string(msg.Body), err)
 				}
 				ccancel()
 			}
@@ -283,6 +306,11 @@ func (k *cohortChecker) waitAllCompleted(t *testing.T, bound time.Duration) {
 			return
 		}
 		if time.Now().After(deadline) {
+			k.mu.Lock()
+			for _, b := range miss[:min(5, len(miss))] {
+				t.Logf("%s: %q", b, k.history[b])
+			}
+			k.mu.Unlock()
 			t.Fatalf("%d confirmed messages never completed, e.g. %v", len(miss), miss[:min(5, len(miss))])
 		}
 		time.Sleep(100 * time.Millisecond) // polling consumers of real processes
