@@ -195,6 +195,13 @@ func (b *Broker) SubscribeWith(req *protocol.Subscribe, c Consumer, opts Subscri
 	s.view.Partition = max(req.Partition, -1)
 	s.pause, _ = c.(PausableConsumer)
 	s.credit.Store(prefetch)
+	if opts.Adopt {
+		// No delivery until every partition has handed back the leases
+		// to adopt: they count against the prefetch first, or a
+		// partition attached before the others answered could lease past
+		// it. adopt gives the prefetch back once they have.
+		s.credit.Store(0)
+	}
 	switch {
 	case req.Partition >= 0:
 		if int(req.Partition) >= len(q.parts) {
@@ -249,6 +256,7 @@ func (b *Broker) SubscribeWith(req *protocol.Subscribe, c Consumer, opts Subscri
 	}
 	if opts.Adopt {
 		s.adopt()
+		s.returnCredit(int(prefetch))
 	}
 	return s, nil
 }
