@@ -5,6 +5,8 @@ import (
 	"net"
 	"strings"
 	"testing"
+
+	"github.com/sinewmq/sinew/test/chaos/harness"
 )
 
 // startAdminTestBroker runs `sinew serve` in process (real broker on disk,
@@ -15,15 +17,14 @@ func startAdminTestBroker(t *testing.T) (clientAddr, adminAddr string) {
 	return clientAddr, adminAddr
 }
 
-// freeAddr is a loopback address nobody listens on.
+// freeAddr is a loopback address nobody listens on (outside the ephemeral
+// port range: harness.FreeAddr).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := harness.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := ln.Addr().String()
-	ln.Close()
 	return a
 }
 

@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"strings"
 	"syscall"
@@ -12,18 +11,18 @@ import (
 
 	"github.com/sinewmq/sinew"
 	"github.com/sinewmq/sinew/protocol"
+	"github.com/sinewmq/sinew/test/chaos/harness"
 )
 
 // freeAddr returns a loopback address no one listens on now, so that a
-// restarted broker can come back at the address its clients know.
+// restarted broker can come back at the address its clients know (outside
+// the ephemeral port range: harness.FreeAddr).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := harness.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
 	return addr
 }
 

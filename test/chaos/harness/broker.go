@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -148,8 +150,21 @@ func New(cfg Config) (*Broker, error) {
 	}, nil
 }
 
-// FreeAddr returns a loopback address whose port was free a moment ago.
+// FreeAddr returns a loopback address whose port was free a moment ago,
+// picked at random below the kernel's ephemeral range (Linux's default
+// starts at 32768): a broker restarted on the same ports must find them
+// free again, and a port from the ephemeral range can be taken meanwhile as
+// the local end of any outgoing connection on the machine.
 func FreeAddr() (string, error) {
+	for range freePortTries {
+		port := freePortMin + rand.IntN(freePortMax-freePortMin)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue // taken: another
+		}
+		l.Close()
+		return l.Addr().String(), nil
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", fmt.Errorf("harness: pick a free port: %w", err)
@@ -157,6 +172,14 @@ func FreeAddr() (string, error) {
 	defer l.Close()
 	return l.Addr().String(), nil
 }
+
+// The ports FreeAddr picks from, and how many it tries before it takes
+// one from the kernel.
+const (
+	freePortMin   = 20000
+	freePortMax   = 32768
+	freePortTries = 64
+)
 
 // Addr is the client listen address.
 func (b *Broker) Addr() string { return b.cfg.Addr }
