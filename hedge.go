@@ -109,8 +109,10 @@ type flight struct {
 	// done is set once f is resolved (f.done then closes).
 	done bool
 	// hedged: a hedge was started for this publish (at most one);
-	// hedging: it has not answered yet.
-	hedged, hedging bool
+	// hedging: it has not answered yet; hedgeSent: it sent the publish
+	// (a hedge that only looked stored nothing); noHedgeSend: a hedge
+	// still looking must not send (the publish went unhinted).
+	hedged, hedging, hedgeSent, noHedgeSend bool
 	// failed is the original path's final error, kept while the hedge
 	// runs.
 	failed error
@@ -138,17 +140,31 @@ type flight struct {
 
 // unhint reports whether the publish, refused with not_found at its
 // hinted partition, may go again without a partition: only while no
-// hedge was started and no earlier send may have stored it (a send whose
+// hedge has sent it and no earlier send may have stored it (a send whose
 // outcome is unknown could have reached a node with a newer catalogue).
-// It then also bars any later hedge, which would carry the hinted
-// partition.
+// It then also bars any later hedge, and any send of a hedge still
+// looking for the owner, since both would carry the hinted partition. A
+// hedge that looked and sent nothing (the owner was slow but live, as
+// while it creates the queue) does not keep the publish on its stale hint.
 func (fl *flight) unhint() bool {
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
-	if fl.hedged || fl.uncertain.Load() || !fl.hinted.CompareAndSwap(true, false) {
+	if fl.hedgeSent || fl.uncertain.Load() || !fl.hinted.CompareAndSwap(true, false) {
 		return false
 	}
-	fl.hedged = true // no hedge from now on: it would use the hinted partition
+	fl.hedged, fl.noHedgeSend = true, true
+	return true
+}
+
+// claimHedgeSend reports whether the hedge may send the publish now, and
+// records that it does (unhint then leaves the hint alone).
+func (fl *flight) claimHedgeSend() bool {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if fl.done || fl.noHedgeSend {
+		return false
+	}
+	fl.hedgeSent = true
 	return true
 }
 
@@ -400,6 +416,12 @@ func (r *router) hedgeSend(ctx context.Context, silent, owner string, p *protoco
 		}
 		if !e.window.tryAcquire(size) {
 			return hedgeFull, nil, errHedgeNotSent
+		}
+		if !fl.claimHedgeSend() {
+			// Resolved, or sent again without its stale partition hint
+			// (unhint) while the hedge looked: nothing to send.
+			e.window.release(size)
+			return hedgeLost, nil, errHedgeNotSent
 		}
 		type answer struct {
 			b   protocol.Body

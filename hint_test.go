@@ -88,8 +88,8 @@ func TestHintedPartitionGoneIsSentAgainUnhinted(t *testing.T) {
 // A publish refused with not_found at its hinted partition goes again
 // without a partition only when no send of it may have been stored: not
 // after a send whose answer never came, and not once a hedge (which
-// carries the hinted partition) was started. Going again bars later
-// hedges.
+// carries the hinted partition) sent it; a hedge still looking is barred
+// from sending instead. Going again bars later hedges.
 func TestUnhintOnlyWhenNothingMayBeStored(t *testing.T) {
 	hinted := func() *flight {
 		fl := &flight{f: &PublishFuture{done: make(chan struct{})}}
@@ -105,11 +105,23 @@ func TestUnhintOnlyWhenNothingMayBeStored(t *testing.T) {
 		t.Fatal("unhinted after a send whose outcome is unknown")
 	}
 	fl = hinted()
+	if !fl.startHedge() || !fl.claimHedgeSend() {
+		t.Fatal("no hedge could start and send")
+	}
+	if fl.unhint() {
+		t.Fatal("unhinted once a hedge with the hinted partition was sent")
+	}
+	// A hedge still looking for the owner has stored nothing: the
+	// publish goes unhinted, and the hedge may no longer send.
+	fl = hinted()
 	if !fl.startHedge() {
 		t.Fatal("no hedge could start")
 	}
-	if fl.unhint() {
-		t.Fatal("unhinted while a hedge with the hinted partition was started")
+	if !fl.unhint() {
+		t.Fatal("a hedge that sent nothing kept the publish on its stale hint")
+	}
+	if fl.claimHedgeSend() {
+		t.Fatal("a hedge sent the hinted partition after the publish went without it")
 	}
 	fl = hinted()
 	if !fl.unhint() {
