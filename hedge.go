@@ -54,10 +54,15 @@ import (
 // hedgeLookEvery to answer, and the next look follows. At most
 // one hedge per publish, at most publishHedgesMax in flight per client, and
 // only where the new owner's publish window has room; the other publishes
-// wait for their connection as before. A publish is reported confirmed
-// only once a broker confirmed it: a failed hedge is dropped while the
-// original path goes on, and when the original path fails first its error
-// is kept until the hedge has answered.
+// wait for their connection as before. A hedge refused by the node it was
+// sent to (unavailable while its election is not over, not_owner, fenced,
+// shutting_down, or no connection: hedgeRefused) stored nothing there; that
+// node is passed over and the hedge looks again, within its looks. A
+// publish is reported confirmed only once a broker confirmed it: a failed
+// hedge is dropped while the original path goes on, and when the original
+// path fails first its error is kept until the hedge has answered. A hedge
+// claims its send (claimHedgeSend): until it has, a publish refused at a
+// stale partition hint may still go again without it (flight.unhint).
 
 // Bounds of hedged publishes.
 const (
