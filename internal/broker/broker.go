@@ -412,19 +412,10 @@ func (b *Broker) recover(root string) error {
 	// The queues open recoverQueuesParallel at a time (each opens its
 	// partitions openParallelMax at a time): a restart waits on files
 	// and the journal, not on one partition after another.
-	qs := make([]*queueEntry, len(found))
-	errs := make([]error, len(found))
-	sem := make(chan struct{}, recoverQueuesParallel)
-	var wg sync.WaitGroup
-	for i, fq := range found {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			qs[i], errs[i] = b.openQueue(fq.dir, fq.m)
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	qs, err := openBounded(len(found), recoverQueuesParallel, func(i int) (*queueEntry, error) {
+		return b.openQueue(found[i].dir, found[i].m)
+	})
+	if err != nil {
 		for _, q := range qs {
 			if q != nil {
 				for _, p := range q.parts {
@@ -515,19 +506,10 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 		}
 		pcs[i], groups[i] = pc, raftGroup
 	}
-	parts := make([]*partition.Partition, m.Partitions)
-	errs := make([]error, m.Partitions)
-	sem := make(chan struct{}, openParallelMax)
-	var wg sync.WaitGroup
-	for i := range pcs {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			parts[i], errs[i] = b.openPartition(pcs[i], groups[i])
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	parts, err := openBounded(len(pcs), openParallelMax, func(i int) (*partition.Partition, error) {
+		return b.openPartition(pcs[i], groups[i])
+	})
+	if err != nil {
 		for _, p := range parts {
 			if p != nil {
 				p.Close()
@@ -537,6 +519,25 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 	}
 	q.parts = parts
 	return q, nil
+}
+
+// openBounded runs open(i) for i in [0, n), at most limit at once, and
+// returns the results in order with every error joined; on an error the
+// caller closes what did open (the non-nil results).
+func openBounded[T any](n, limit int, open func(i int) (T, error)) ([]T, error) {
+	out := make([]T, n)
+	errs := make([]error, n)
+	sem := make(chan struct{}, limit)
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			out[i], errs[i] = open(i)
+		})
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
 }
 
 // openParallelMax bounds the partitions of one queue opened at once.
