@@ -364,7 +364,7 @@ func TestReplicaGroupLeadStaysWhileThePreferredOwnerIsSeenDead(t *testing.T) {
 		want := []uint64{pref, others(pref)[0], others(pref)[1]}
 		g.publishN(l.p, "m", 10)
 		const aliveAt = 2 * hold
-		transferAt := g.stepUntilTransfer(l, want, aliveAt+hold+60, func(k int) {
+		transferAt := g.stepUntilTransfer(l, want, aliveAt+hold+400, func(k int) {
 			if k == aliveAt {
 				prefDown.Store(false)
 			}
