@@ -4,9 +4,11 @@
 // # Connections
 //
 // A node dials one connection to each peer it sends to and writes every
-// group's messages over it; it reads the connections its peers dialed to
-// it. So two nodes that talk both ways hold two connections, one per
-// direction, each carrying all groups.
+// group's messages over it, snapshots (MsgSnap) excepted: those go on a
+// second connection to the peer, the snapshot lane, so that a snapshot of
+// many megabytes never holds up the heartbeats, votes and appends of the
+// groups behind it. It reads the connections its peers dialed to it. So
+// two nodes that talk both ways hold two connections per direction.
 //
 // # Wire format
 //
@@ -43,14 +45,16 @@
 // # Loss, bounds and goroutines
 //
 // Send never blocks: each peer has a bounded queue (Config.SendQueueMax
-// batches); a full queue drops the batch and counts it, and a write error
+// batches) and a bounded snapshot lane (8 batches); a full one drops the
+// batch and counts it, and a write error
 // loses the batch being written; raft retransmits both. At most
 // Config.InboundConnsMax accepted connections are open at once, and a
 // connection that has not said hello within Config.DialTimeoutMs is
 // closed.
 //
-// One writer goroutine per peer dials, with a doubling backoff bounded by
-// Config.BackoffMaxMs, and writes; one reader goroutine per accepted
+// Two writer goroutines per peer (its messages, its snapshots) each dial,
+// with a doubling backoff bounded by Config.BackoffMaxMs, and write; one
+// reader goroutine per accepted
 // connection decodes and calls Receiver.Deliver, which must not block. A
 // peer's bad input closes that connection, never panics. Close stops all
 // of them.

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,7 +62,8 @@ type Config struct {
 	// SendQueueMax bounds the batches waiting per peer. Default 256.
 	SendQueueMax int
 	// InboundConnsMax bounds the accepted connections open at once; one
-	// more is closed at once and counted as refused. Default 64.
+	// more is closed at once and counted as refused. Default 128: a peer
+	// opens two (its messages and its snapshot lane), so 64 peers.
 	InboundConnsMax int
 	// DialTimeoutMs bounds a dial and its handshake. Default 2000.
 	DialTimeoutMs int
@@ -213,7 +215,16 @@ type peer struct {
 	id   uint64
 	addr atomic.Pointer[string] // the next dial's address (AddPeer may change it)
 	q    chan []multiraft.Envelope
+	// snaps is the snapshot lane: MsgSnap envelopes, written by a writer
+	// of their own on a connection of their own, so that a large snapshot
+	// never holds up the heartbeats and votes of every group behind it.
+	snaps chan []multiraft.Envelope
 }
+
+// snapQueueMax bounds a peer's queued snapshot batches: raft sends a
+// follower one snapshot at a time per group, and asks again for one that
+// was dropped.
+const snapQueueMax = 8
 
 // New starts accepting on cfg.Listener.
 func New(cfg Config) (*Transport, error) {
@@ -230,7 +241,7 @@ func New(cfg Config) (*Transport, error) {
 	}
 	def(&cfg.FrameBytesMax, 4<<20)
 	def(&cfg.SendQueueMax, 256)
-	def(&cfg.InboundConnsMax, 64)
+	def(&cfg.InboundConnsMax, 128)
 	def(&cfg.DialTimeoutMs, 2000)
 	def(&cfg.WriteTimeoutMs, 2000)
 	def(&cfg.BackoffMinMs, 50)
@@ -277,11 +288,13 @@ func (t *Transport) AddPeer(id uint64, addr string) {
 		return
 	default:
 	}
-	p := &peer{id: id, q: make(chan []multiraft.Envelope, t.cfg.SendQueueMax)}
+	p := &peer{id: id, q: make(chan []multiraft.Envelope, t.cfg.SendQueueMax),
+		snaps: make(chan []multiraft.Envelope, snapQueueMax)}
 	p.addr.Store(&addr)
 	t.peers[id] = p
-	t.wg.Add(1)
-	go t.write(p)
+	t.wg.Add(2)
+	go t.write(p, p.q)
+	go t.write(p, p.snaps)
 }
 
 // Send queues batch for peer node to; see the package doc.
@@ -293,11 +306,40 @@ func (t *Transport) Send(to uint64, batch []multiraft.Envelope) {
 		t.queueDropped.Add(1)
 		return
 	}
+	batch, snaps := splitSnaps(batch)
+	if len(snaps) > 0 {
+		select {
+		case p.snaps <- snaps:
+		default:
+			t.queueDropped.Add(1)
+		}
+	}
+	if len(batch) == 0 {
+		return
+	}
 	select {
 	case p.q <- batch:
 	default:
 		t.queueDropped.Add(1)
 	}
+}
+
+// splitSnaps takes the MsgSnap envelopes out of batch, for the snapshot
+// lane; a batch without one (nearly all) is returned as it is.
+func splitSnaps(batch []multiraft.Envelope) (rest, snaps []multiraft.Envelope) {
+	i := slices.IndexFunc(batch, func(e multiraft.Envelope) bool { return e.Msg.Type == raftpb.MsgSnap })
+	if i < 0 {
+		return batch, nil
+	}
+	rest = slices.Clone(batch[:i])
+	for _, e := range batch[i:] {
+		if e.Msg.Type == raftpb.MsgSnap {
+			snaps = append(snaps, e)
+		} else {
+			rest = append(rest, e)
+		}
+	}
+	return rest, snaps
 }
 
 // Stats returns the counters.
@@ -477,8 +519,10 @@ func (t *Transport) read(c net.Conn) {
 	}
 }
 
-// write is peer p's writer: it dials, says hello and writes batches.
-func (t *Transport) write(p *peer) {
+// write is a writer of peer p, for the batches of q (its queue or its
+// snapshot lane): it dials, says hello and writes them, on a connection
+// of its own.
+func (t *Transport) write(p *peer, q chan []multiraft.Envelope) {
 	defer t.wg.Done()
 	backoff := time.Duration(t.cfg.BackoffMinMs) * time.Millisecond
 	var c net.Conn
@@ -492,7 +536,7 @@ func (t *Transport) write(p *peer) {
 		select {
 		case <-t.stop:
 			return
-		case batch = <-p.q:
+		case batch = <-q:
 		}
 		for c == nil {
 			var err error
