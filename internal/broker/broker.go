@@ -495,6 +495,7 @@ func (b *Broker) openQueue(dir string, m *queueMeta) (*queueEntry, error) {
 			pc.Send = b.cfg.Cluster.Sender(raftGroup)
 			pc.Replicated = true // a queue of one replica may grow
 			pc.PeerAlive = b.cfg.Cluster.PeerAlive
+			pc.Fenced = b.cfg.Cluster.Fenced
 			// A replica placed after the group started (the recovery plan)
 			// starts from the group's first configuration, as the others
 			// did, and waits to be added: it is not a voter there.

@@ -302,15 +302,15 @@ func TestEventsCoalesce(t *testing.T) {
 	if ev := *m.pending["b"]; ev.Kind != EventJoin || ev.Coalesced != 0 {
 		t.Errorf("b: %+v, want join", ev)
 	}
-	if m.fenced {
+	if m.fenced.Load() {
 		t.Error("fenced with one of three peers dead")
 	}
 	set("b", StateDead)
-	if !m.fenced || m.pending["me"] == nil || m.pending["me"].Kind != EventFenced {
-		t.Errorf("two of three peers dead: fenced %v, pending %+v", m.fenced, m.pending["me"])
+	if !m.fenced.Load() || m.pending["me"] == nil || m.pending["me"].Kind != EventFenced {
+		t.Errorf("two of three peers dead: fenced %v, pending %+v", m.fenced.Load(), m.pending["me"])
 	}
 	set("b", StateLeft)
-	if m.fenced {
+	if m.fenced.Load() {
 		t.Error("fenced with one of two remaining peers dead (b left)")
 	}
 	if ev := m.pending["me"]; ev == nil || ev.Kind != EventUnfenced || ev.Coalesced != 1 {

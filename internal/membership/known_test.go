@@ -30,8 +30,9 @@ func TestReconnectTargetsTakeKnownPeers(t *testing.T) {
 			[]string{"10.0.0.3:7946"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := &Membership{profile: LANProfile(), started: tc.started, fenced: tc.fenced, table: map[string]*Member{},
+			m := &Membership{profile: LANProfile(), started: tc.started, table: map[string]*Member{},
 				seeds: []string{"10.0.0.9:7946"}, selfAddr: "10.0.0.1:7946"}
+			m.fenced.Store(tc.fenced)
 			for addr, s := range tc.peers {
 				m.table[addr] = &Member{Name: addr, Addr: addr, State: s}
 			}

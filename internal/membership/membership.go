@@ -196,12 +196,14 @@ type Membership struct {
 	// Close has begun.
 	resending map[string]bool
 	closing   bool
-	fenced    bool
-	pending   map[string]*Event
-	order     []string // pending keys, oldest first
-	stats     Stats
-	rrNext    int
-	known     []string // SetKnownPeers
+	// fenced is written under mu and read without it (Fenced is asked
+	// on every raft tick of every partition of the node).
+	fenced  atomic.Bool
+	pending map[string]*Event
+	order   []string // pending keys, oldest first
+	stats   Stats
+	rrNext  int
+	known   []string // SetKnownPeers
 
 	// Load reports (load.go): loadSource samples this node's load;
 	// loads keeps each alive peer's last report, localLoad this node's.
@@ -374,11 +376,7 @@ func (m *Membership) JoinErr() error { return m.joinErr }
 func (m *Membership) Events() <-chan Event { return m.out }
 
 // Fenced reports whether this node sees a majority of its peers dead.
-func (m *Membership) Fenced() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.fenced
-}
+func (m *Membership) Fenced() bool { return m.fenced.Load() }
 
 // Members returns the peers in the view (not this node), dead and left
 // ones included.
@@ -608,10 +606,10 @@ func (m *Membership) fenceLocked() {
 		peers++
 	}
 	f := bad*2 > peers
-	if f == m.fenced {
+	if f == m.fenced.Load() {
 		return
 	}
-	m.fenced = f
+	m.fenced.Store(f)
 	k := EventUnfenced
 	if f {
 		k = EventFenced
@@ -726,7 +724,7 @@ func (m *Membership) reconnectTargets() []string {
 	for _, p := range m.table {
 		alone = alone && p.State != StateAlive
 	}
-	if m.fenced || alone || time.Since(m.started) < m.startRejoinFor() {
+	if m.fenced.Load() || alone || time.Since(m.started) < m.startRejoinFor() {
 		for _, a := range m.seeds {
 			add(a)
 		}

@@ -244,6 +244,14 @@ type Config struct {
 	// not get the lead back, only to hand it over again. nil: every
 	// replica's node counts as alive.
 	PeerAlive func(raftID uint64) bool
+	// Fenced, when set, reports whether this node sees a majority of the
+	// cluster's nodes dead. While it does, the replica sends no pre-vote
+	// requests, so it never wins an election its timer starts: a node cut
+	// off from its peers' gossip may still reach their raft, be elected
+	// and only hand the lead over again (a leader on a fenced node hands
+	// its lead over itself). It still votes, follows a leader and takes a
+	// lead handed to it. nil: never fenced.
+	Fenced func() bool
 
 	// noRetention keeps every log segment (tests compare checkpoint plus
 	// replay with a replay of the whole log).

@@ -380,8 +380,10 @@ func (p *Partition) pump() error {
 					return err
 				}
 			default:
-				if m.Type == raftpb.MsgPreVote && p.leaving.Load() {
-					continue // a stopping node starts no election (StopLeading)
+				if m.Type == raftpb.MsgPreVote && (p.leaving.Load() || p.cfg.Fenced != nil && p.cfg.Fenced()) {
+					// A stopping node (StopLeading) and a fenced one
+					// (Config.Fenced) start no election.
+					continue
 				}
 				out = append(out, m)
 			}

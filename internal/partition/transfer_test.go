@@ -378,3 +378,40 @@ func TestReplicaGroupLeadStaysWhileThePreferredOwnerIsSeenDead(t *testing.T) {
 		}
 	})
 }
+
+// A replica on a fenced node (Config.Fenced) never campaigns, but still
+// votes: with the leader crashed, the other replica is elected with its
+// vote, whichever of the two would have timed out first. Several seeds,
+// so that the fenced replica would have won some of the elections.
+func TestReplicaGroupFencedReplicaDoesNotCampaign(t *testing.T) {
+	for seed := uint64(41); seed < 49; seed++ {
+		synctest.Test(t, func(t *testing.T) {
+			var fenced [4]atomic.Bool
+			g := newRGroup(t, seed, multiraft.Faults{DelayMinMs: 1, DelayMaxMs: 5}, func(c *Config) {
+				id := c.RaftID
+				c.Fenced = func() bool { return fenced[id].Load() }
+			})
+			defer g.closeAll()
+			l := g.awaitLeader()
+			f, other := others(l.id)[0], others(l.id)[1]
+			fenced[f].Store(true)
+			g.crash(l.id)
+			nl := g.awaitNewLeader(l.id)
+			if nl.id != other {
+				g.fatalf("replica %d leads with replica %d's node fenced, want %d", nl.id, f, other)
+			}
+			g.run(2 * time.Second)
+			if id, _ := g.nodes[f].p.Leader(); id != other {
+				g.fatalf("fenced replica %d follows %d, want %d", f, id, other)
+			}
+			// Unfenced, it campaigns again: with the leader crashed too,
+			// it is elected once the first leader is back.
+			g.restart(l.id)
+			fenced[f].Store(false)
+			g.crash(other)
+			if nl := g.awaitNewLeader(other); nl.id != f && nl.id != l.id {
+				g.fatalf("replica %d leads, want %d or %d", nl.id, f, l.id)
+			}
+		})
+	}
+}
