@@ -638,6 +638,9 @@ type clusterScenario struct {
 	// confirms around a fault is over 2 s, or their median over 1 s
 	// (issue 27's goals); every scenario reports them.
 	pauseGoals bool
+	// firstBinary, when set, gives the binary the nodes first start with
+	// (a previous release); e.bin stays this tree's.
+	firstBinary func(*testing.T) string
 }
 
 func runClusterScenario(t *testing.T, sc clusterScenario) {
@@ -657,7 +660,11 @@ func runClusterScenario(t *testing.T, sc clusterScenario) {
 	if sc.netns {
 		cn = namespaceNet(t, e.lab, bin, base)
 	}
-	nodes := startClusterNodes(t, bin, base, cn, sc.firstWithoutSeeds)
+	first := bin
+	if sc.firstBinary != nil {
+		first = sc.firstBinary(t)
+	}
+	nodes := startClusterNodes(t, first, base, cn, sc.firstWithoutSeeds)
 	e.nodes, e.bin, e.base = nodes, bin, base
 	var seeds []string
 	for _, n := range nodes {

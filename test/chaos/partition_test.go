@@ -131,6 +131,66 @@ func TestClusterMinorityPartition(t *testing.T) {
 		shortPhase: 2*every + every/2, fault: minorityPartition, netns: true})
 }
 
+// TestClusterOwnerPeerLinksCut cuts the owner of the probe queue's
+// partition off its two peers for peerCutHold while the clients still
+// reach it (blackhole routes to the peers' addresses inside its
+// namespace): it answers its clients unavailable, then fenced, and the
+// clients (the confirm watch's, the workload's on whatever partitions the
+// node owned too) must find the owner the two others elect without an
+// error reaching the application.
+func TestClusterOwnerPeerLinksCut(t *testing.T) {
+	clusterScenariosMore(t)
+	const every = 20 * time.Second
+	runClusterScenario(t, clusterScenario{name: "cluster-owner-peer-cut", every: every,
+		shortPhase: 2*every + every/2, fault: ownerPeerCut, netns: true, pauseGoals: true})
+}
+
+// peerCutHold is how long ownerPeerCut keeps an owner's peer links cut.
+const peerCutHold = 10 * time.Second
+
+// ownerPeerCut cuts the owner of the probe queue's partition 0 off its
+// peers (not its clients) for peerCutHold, times until a publish to it is
+// confirmed again, heals the links and waits until all three see each
+// other alive and none is fenced. The links are healed whatever happens.
+func ownerPeerCut(ctx context.Context, e *clusterEnv) error {
+	i, err := e.owner(ctx, e.topic+"-probe", 0)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	host := i + 1
+	var peers []int
+	for j := range e.nodes {
+		if j != i {
+			peers = append(peers, j+1)
+		}
+	}
+	if err := e.lab.CutFrom(host, peers...); err != nil {
+		return errors.Join(err, e.lab.HealFrom(host, peers...))
+	}
+	cut := time.Now()
+	took, probeErr := e.probeFailover(cut)
+	time.Sleep(time.Until(cut.Add(peerCutHold)))
+	if err := e.lab.HealFrom(host, peers...); err != nil {
+		return errors.Join(probeErr, err)
+	}
+	healed := time.Now()
+	var viewErrs []error
+	for j := range e.nodes {
+		_, err := e.awaitView(j, healed.Add(healTimeout), func(v nodesView) bool {
+			return v.count("alive") == clusterNodes-1 && !v.Fenced
+		})
+		if err != nil {
+			viewErrs = append(viewErrs, fmt.Errorf("after the heal, not every node alive and unfenced within %v: %w", healTimeout, err))
+		}
+	}
+	e.logf("cut node %d (the owner of partition 0) off its peers, its clients still reaching it: a publish to partition 0 was confirmed again after %v; healed after %v, all three saw each other alive %v later",
+		host, took.Round(time.Millisecond), healed.Sub(cut).Round(time.Millisecond), time.Since(healed).Round(time.Millisecond))
+	return errors.Join(probeErr, errors.Join(viewErrs...))
+}
+
 // nodesView is what the partition scenario reads of GET /api/v1/nodes.
 type nodesView struct {
 	Fenced bool `json:"fenced"`

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -162,23 +161,14 @@ func TestClusterClientWithOneAddressGoesOnPastACutOwner(t *testing.T) {
 
 	// Cut the owner's peer links, not the client's: inside its namespace,
 	// routes to the other nodes' addresses drop everything.
-	route := func(op string) error {
-		for _, i := range others {
-			cmd := []string{"ip", "-n", l.NS(cut), "route", op, "blackhole", l.IP(i) + "/32"}
-			if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
-				return fmt.Errorf("%v: %v: %s", cmd, err, out)
-			}
-		}
-		return nil
-	}
-	if err := route("add"); err != nil {
+	if err := l.CutFrom(cut, others...); err != nil {
 		t.Fatal(err)
 	}
 	healed := false
 	heal := func() {
 		if !healed {
 			healed = true
-			if err := route("del"); err != nil {
+			if err := l.HealFrom(cut, others...); err != nil {
 				t.Error(err)
 			}
 		}

@@ -437,6 +437,14 @@ func (b *Broker) Pause() error {
 // Resume sends SIGCONT after Pause.
 func (b *Broker) Resume() error { return b.signal(syscall.SIGCONT) }
 
+// SetBinary makes every later start run path instead of Config.Binary: a
+// node upgraded in place (stop it, SetBinary, Restart).
+func (b *Broker) SetBinary(path string) {
+	b.mu.Lock()
+	b.cfg.Binary = path
+	b.mu.Unlock()
+}
+
 // Restart starts the broker again on the same data dir and ports after the
 // previous process exited (Kill or Term first).
 func (b *Broker) Restart() error {

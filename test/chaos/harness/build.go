@@ -71,3 +71,48 @@ func CheckServe(binary string) error {
 	}
 	return fmt.Errorf("%w; `sinew help` says:\n%s", ErrNoServe, out)
 }
+
+// BuildCommit compiles ./cmd/sinew as it was at commit of the git
+// repository at root: the commit's tree is exported (git archive) into a
+// directory under dir and built there, with the module cache and build
+// cache of this machine. The binary is dir/sinew-<commit>.
+func BuildCommit(root, dir, commit string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
+	defer cancel()
+	src, err := os.MkdirTemp(dir, "src-")
+	if err != nil {
+		return "", err
+	}
+	arch := exec.CommandContext(ctx, "git", "-C", root, "archive", "--format=tar", commit)
+	untar := exec.CommandContext(ctx, "tar", "-x", "-C", src)
+	pipe, err := arch.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	untar.Stdin = pipe
+	var archErr, untarErr bytes.Buffer
+	arch.Stderr, untar.Stderr = &archErr, &untarErr
+	if err := untar.Start(); err != nil {
+		return "", fmt.Errorf("harness: tar: %w", err)
+	}
+	if err := arch.Run(); err != nil {
+		_ = untar.Wait()
+		return "", fmt.Errorf("%w: git archive %s: %v: %s", ErrNoCommit, commit, err, strings.TrimSpace(archErr.String()))
+	}
+	if err := untar.Wait(); err != nil {
+		return "", fmt.Errorf("harness: tar -x: %w: %s", err, strings.TrimSpace(untarErr.String()))
+	}
+	bin, err := Build(src, src, false)
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "sinew-"+commit)
+	if err := os.Rename(bin, out); err != nil {
+		return "", err
+	}
+	return out, os.RemoveAll(src)
+}
+
+// ErrNoCommit is returned by BuildCommit when the repository does not hold
+// the commit (a shallow clone, an exported tree without git).
+var ErrNoCommit = errors.New("harness: commit not in the repository")

@@ -125,6 +125,29 @@ func (l *Lab) Cut(i int) error { return ip("-n", l.sw(), "link", "set", l.swPort
 // Heal puts host i's cable back.
 func (l *Lab) Heal(i int) error { return ip("-n", l.sw(), "link", "set", l.swPort(i), "up") }
 
+// CutFrom drops, inside host i's namespace, everything it sends to the
+// given hosts (blackhole routes to their addresses): i and they no longer
+// reach each other (no reply gets back either), while every other host
+// still reaches i. HealFrom undoes it.
+func (l *Lab) CutFrom(i int, hosts ...int) error { return l.routes(i, "add", hosts) }
+
+// HealFrom removes the routes CutFrom added in host i's namespace. It
+// removes every one it can, and reports the first failure.
+func (l *Lab) HealFrom(i int, hosts ...int) error { return l.routes(i, "del", hosts) }
+
+func (l *Lab) routes(i int, op string, hosts []int) error {
+	var first error
+	for _, h := range hosts {
+		if err := ip("-n", l.NS(i), "route", op, "blackhole", l.IP(h)+"/32"); err != nil && first == nil {
+			first = err
+			if op == "add" {
+				return err
+			}
+		}
+	}
+	return first
+}
+
 // Exec is the command prefix that runs a program inside host i's namespace
 // (`ip netns exec`, which execs the program in place: the process id is the
 // program's).
