@@ -37,6 +37,12 @@ const metaBytesMax = 512
 //
 // flags bit 0 is Leaving; the other bits are zero. Version 1 is the same
 // without Boot; it is still read (Boot zero), and never sent.
+//
+// Later versions only append: a release that adds a field (or a flag)
+// sends a higher version whose first bytes are version 2's, and a reader
+// of this release takes version 2's fields from it and ignores the rest,
+// so a node of this release and one of the next understand each other in
+// a rolling upgrade.
 const (
 	metaVersion   = 2
 	metaVersionV1 = 1
@@ -73,10 +79,11 @@ func decodeMeta(b []byte) (Meta, error) {
 		return Meta{}, fmt.Errorf("%w: empty", ErrBadMeta)
 	}
 	version := b[0]
-	if version != metaVersion && version != metaVersionV1 {
-		return Meta{}, fmt.Errorf("%w: version %d, want %d or %d", ErrBadMeta, b[0], metaVersionV1, metaVersion)
+	if version < metaVersionV1 {
+		return Meta{}, fmt.Errorf("%w: version %d, want %d or later", ErrBadMeta, b[0], metaVersionV1)
 	}
-	if len(b) < 2 || b[1]&^flagLeaving != 0 {
+	// A later version's flags this release does not know are its own.
+	if len(b) < 2 || version <= metaVersion && b[1]&^flagLeaving != 0 {
 		return Meta{}, fmt.Errorf("%w: missing or unknown flags", ErrBadMeta)
 	}
 	leaving := b[1]&flagLeaving != 0
@@ -94,13 +101,13 @@ func decodeMeta(b []byte) (Meta, error) {
 		b = b[1+n:]
 	}
 	var boot uint64
-	if version == metaVersion {
+	if version >= metaVersion {
 		if len(b) < 8 {
 			return Meta{}, fmt.Errorf("%w: boot truncated", ErrBadMeta)
 		}
 		boot, b = binary.BigEndian.Uint64(b), b[8:]
 	}
-	if len(b) != 0 {
+	if len(b) != 0 && version <= metaVersion {
 		return Meta{}, fmt.Errorf("%w: %d trailing bytes", ErrBadMeta, len(b))
 	}
 	return Meta{NodeID: out[0], ClientAddr: out[1], PeerAddr: out[2], Leaving: leaving, Boot: boot}, nil

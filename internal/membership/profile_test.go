@@ -120,8 +120,24 @@ func TestMetaRoundTrip(t *testing.T) {
 	if _, err := decodeMeta(append(b, 0)); !errors.Is(err, ErrBadMeta) {
 		t.Errorf("trailing byte: %v", err)
 	}
-	if _, err := decodeMeta([]byte{9}); !errors.Is(err, ErrBadMeta) {
-		t.Errorf("unknown version: %v", err)
+	if _, err := decodeMeta([]byte{0, 0}); !errors.Is(err, ErrBadMeta) {
+		t.Errorf("version 0: %v", err)
+	}
+	// A later version is version 2 with more appended (a field, a flag
+	// this release does not know): its version 2 fields are read, the
+	// rest is ignored. Truncated within version 2's fields, it is bad.
+	later := append([]byte{metaVersion + 1, b[1] | 0x80}, b[2:]...)
+	later = append(later, 0xaa, 0xbb)
+	if m, err := decodeMeta(later); err != nil || m != in {
+		t.Errorf("a later version: %+v, %v; want %+v", m, err, in)
+	}
+	for i := range len(b) {
+		if _, err := decodeMeta(later[:i]); !errors.Is(err, ErrBadMeta) {
+			t.Errorf("a later version truncated to %d: %v, want ErrBadMeta", i, err)
+		}
+	}
+	if _, err := decodeMeta(append([]byte{metaVersion, b[1] | 0x80}, b[2:]...)); !errors.Is(err, ErrBadMeta) {
+		t.Errorf("version 2 with an unknown flag: %v", err)
 	}
 	// Version 1 (no boot) is still read, from a node not yet upgraded.
 	v1 := []byte{metaVersionV1, flagLeaving, 1, 'n', 1, 'c', 1, 'p'}
@@ -147,10 +163,11 @@ func FuzzDecodeMeta(f *testing.F) {
 		if err != nil {
 			t.Fatalf("decoded %+v does not encode: %v", m, err)
 		}
-		if b[0] == metaVersionV1 {
-			// Read as version 1, sent as the current version.
+		if b[0] != metaVersion {
+			// Read as version 1, or as the version 2 prefix of a later
+			// version; sent as the current version.
 			if m2, err := decodeMeta(again); err != nil || m2 != m {
-				t.Fatalf("version 1 %x: re-encoded %x decodes to %+v, %v", b, again, m2, err)
+				t.Fatalf("version %d %x: re-encoded %x decodes to %+v, %v", b[0], b, again, m2, err)
 			}
 			return
 		}
