@@ -59,6 +59,9 @@ type clusterEnv struct {
 	probeSeq uint64
 	// watch times the gaps in the probe's confirms around each fault.
 	watch *confirmWatch
+	// upgraded counts the nodes a rolling upgrade moved to this tree's
+	// binary.
+	upgraded int
 }
 
 func (e *clusterEnv) logf(format string, args ...any) {
@@ -375,7 +378,7 @@ func TestClusterOwnerKill9(t *testing.T) {
 // consumers' credit) and has too few clean runs behind it to gate CI.
 func TestClusterOwnerPause(t *testing.T) {
 	if os.Getenv("SINEW_CHAOS_CLUSTER_PAUSE") == "" {
-		t.Skip("not in the default run yet (docs/cluster.md, \"The Jepsen-style run\"); SINEW_CHAOS_CLUSTER_PAUSE=1 runs it")
+		t.Skip("not in the default run yet (docs/cluster-runs.md, \"The Jepsen-style run\"); SINEW_CHAOS_CLUSTER_PAUSE=1 runs it")
 	}
 	runClusterScenario(t, clusterScenario{name: "cluster-owner-pause", every: 12 * time.Second, fault: ownerPause, pauseGoals: true})
 }
@@ -641,6 +644,9 @@ type clusterScenario struct {
 	// firstBinary, when set, gives the binary the nodes first start with
 	// (a previous release); e.bin stays this tree's.
 	firstBinary func(*testing.T) string
+	// check, when set, judges the fault phase once it ended (that every
+	// fault it needs has run).
+	check func(*clusterEnv) error
 }
 
 func runClusterScenario(t *testing.T, sc clusterScenario) {
@@ -719,6 +725,9 @@ func runClusterScenario(t *testing.T, sc clusterScenario) {
 	})
 	e.watch = e.watchConfirms()
 	faultErr := clusterNemesis(e, every, fault, phase)
+	if faultErr == nil && sc.check != nil {
+		faultErr = sc.check(e)
+	}
 	gaps, watchErrs, watchErr := e.watch.finish()
 	pauses, pauseErr := pauseSummary(gaps, 2*time.Second, time.Second)
 	t.Logf("%s: %s; the watch's publishes that failed: %d", name, pauses, watchErrs)

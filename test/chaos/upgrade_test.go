@@ -97,19 +97,27 @@ func previousBinary(t *testing.T) string {
 func TestClusterRollingUpgrade(t *testing.T) {
 	clusterScenariosMore(t)
 	const every = 8 * time.Second
+	// A step may take a dozen seconds (the new queue's voters): the short
+	// phase leaves room for three, and the run fails unless all three
+	// nodes were upgraded.
 	runClusterScenario(t, clusterScenario{name: "cluster-rolling-upgrade", every: every,
-		shortPhase: clusterNodes*every + every/2, fault: rollingUpgrade, pauseGoals: true,
-		firstBinary: previousBinary})
+		shortPhase: clusterNodes*every + 24*time.Second, fault: rollingUpgrade, pauseGoals: true,
+		firstBinary: previousBinary, check: func(e *clusterEnv) error {
+			if e.upgraded < len(e.nodes) {
+				return fmt.Errorf("the fault phase ended with %d of %d nodes upgraded", e.upgraded, len(e.nodes))
+			}
+			return nil
+		}})
 }
 
-// rollingUpgrade upgrades the next node still on the previous release;
-// once every node runs this tree's binary it restarts them in turn, as
-// rollingRestart does.
+// rollingUpgrade upgrades the next node still on the previous release
+// (in order); once every node runs this tree's binary it restarts them in
+// turn, as rollingRestart does.
 func rollingUpgrade(ctx context.Context, e *clusterEnv) error {
-	i := (e.faults - 1) % len(e.nodes)
-	if e.faults > len(e.nodes) {
+	if e.upgraded == len(e.nodes) {
 		return rollingRestart(ctx, e)
 	}
+	i := e.upgraded
 	n := e.nodes[i]
 	at := time.Now()
 	stopped := make(chan error, 1)
@@ -128,6 +136,7 @@ func rollingUpgrade(ctx context.Context, e *clusterEnv) error {
 	if err := n.WaitReady(startupTimeout); err != nil {
 		return fmt.Errorf("node %d after its upgrade: %w", i+1, err)
 	}
+	e.upgraded++
 	// A queue made in the mixed cluster: its creation goes through the
 	// controller's leader, whichever release it runs, and every node
 	// must apply the entry.
