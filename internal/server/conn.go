@@ -35,6 +35,14 @@ type conn struct {
 	inflightDue     bool        // reader only: a RECONCILE said INFLIGHT follows; re-sends wait for it
 	publishInflight atomic.Int64
 	settleInflight  atomic.Int64
+	// topicOps counts, per topic, this connection's declares and deletes
+	// under way off the reader (a declare in a cluster waits for the
+	// controller and the new partitions' elections): a later request
+	// naming that topic waits for them, one naming another topic does
+	// not. The reader adds, the op's goroutine removes, under opsMu.
+	opsMu    sync.Mutex
+	topicOps map[string]int
+	opsN     int // sum of topicOps
 	readerWake      chan struct{} // cap 1: a resource the reader may wait for was released
 	closeReason     atomic.Value  // string
 	opened          time.Time     // when accepted; for Server.Connections
@@ -45,6 +53,93 @@ type conn struct {
 	// principal is who the peer authenticated as; set by the reader at
 	// HELLO, before any request is handled, and never changed.
 	principal auth.Principal
+}
+
+// topicOpsMax bounds a connection's declares and deletes under way at
+// once; the reader waits for one to end before it starts another.
+const topicOpsMax = 8
+
+// topicBusy reports whether a declare or delete of topic is under way on
+// this connection, or, for topic "", whether any is.
+func (c *conn) topicBusy(topic string) bool {
+	c.opsMu.Lock()
+	defer c.opsMu.Unlock()
+	if topic == "" {
+		return c.opsN > 0
+	}
+	return c.topicOps[topic] > 0
+}
+
+// awaitTopic makes the reader wait while a declare or delete of topic (of
+// any topic, for "") is under way on this connection, so that requests
+// about one queue take effect in the order they were sent.
+func (c *conn) awaitTopic(topic string) error {
+	for c.topicBusy(topic) {
+		select {
+		case <-c.readerWake:
+		case <-c.w.done:
+			return io.EOF
+		}
+	}
+	return nil
+}
+
+// startTopicOp runs op off the reader as a declare or delete of topic,
+// once fewer than topicOpsMax are under way.
+func (c *conn) startTopicOp(topic string, op func()) error {
+	for {
+		c.opsMu.Lock()
+		if c.opsN < topicOpsMax {
+			if c.topicOps == nil {
+				c.topicOps = map[string]int{}
+			}
+			c.topicOps[topic]++
+			c.opsN++
+			c.opsMu.Unlock()
+			break
+		}
+		c.opsMu.Unlock()
+		select {
+		case <-c.readerWake:
+		case <-c.w.done:
+			return io.EOF
+		}
+	}
+	go func() {
+		defer func() {
+			c.opsMu.Lock()
+			if c.topicOps[topic]--; c.topicOps[topic] == 0 {
+				delete(c.topicOps, topic)
+			}
+			c.opsN--
+			c.opsMu.Unlock()
+			c.signalReader()
+		}()
+		op()
+	}()
+	return nil
+}
+
+// requestTopic is the topic a request names, for the ordering of
+// awaitTopic; "" with ok for END_SESSION, which waits for every one.
+func requestTopic(body any) (topic string, ok bool) {
+	switch b := body.(type) {
+	case *protocol.DeclareQueue:
+		return b.Topic, true
+	case *protocol.DeleteQueue:
+		return b.Topic, true
+	case *protocol.PurgeQueue:
+		return b.Topic, true
+	case *protocol.Publish:
+		return b.Topic, true
+	case *protocol.Subscribe:
+		return b.Topic, true
+	case *protocol.Metadata:
+		return b.Topic, true
+	case *protocol.EndSession:
+		return "", true
+	}
+	return "", false
 }
 
 func (c *conn) signalReader() {
@@ -294,6 +389,11 @@ func (c *conn) handle(f protocol.Frame) error {
 		return fatal(protocol.CodeOf(err), "%s", errorBody(err).Message)
 	}
 	noReply := f.Flags&protocol.FlagNoReply != 0
+	if topic, ok := requestTopic(body); ok {
+		if err := c.awaitTopic(topic); err != nil {
+			return err
+		}
+	}
 	switch b := body.(type) {
 	case *protocol.Hello:
 		return fatal(protocol.CodeHandshakeRequired, "HELLO sent twice")
@@ -301,11 +401,11 @@ func (c *conn) handle(f protocol.Frame) error {
 		c.w.Send(session.Outbound{RequestID: f.RequestID, Body: &protocol.Pong{}})
 	case *protocol.Pong:
 	case *protocol.DeclareQueue:
-		c.declare(f.RequestID, b)
+		return c.declare(f.RequestID, b)
 	case *protocol.Publish:
 		c.publish(f.RequestID, noReply, b)
 	case *protocol.DeleteQueue:
-		c.deleteQueue(f.RequestID, b)
+		return c.deleteQueue(f.RequestID, b)
 	case *protocol.PurgeQueue:
 		c.purgeQueue(f.RequestID, b)
 	case *protocol.Subscribe:
@@ -532,45 +632,53 @@ func truncate(s string, n int) string {
 	return s
 }
 
-func (c *conn) declare(reqID uint64, d *protocol.DeclareQueue) {
+// declare runs off the reader (startTopicOp): in a cluster it waits for
+// the controller and for the new partitions to elect, and the
+// connection's requests about other queues go on meanwhile; those about
+// this topic wait for it.
+func (c *conn) declare(reqID uint64, d *protocol.DeclareQueue) error {
 	if c.srv.isDraining() {
 		c.replyErr(reqID, errDraining)
-		return
+		return nil
 	}
 	if err := c.permitDeclare(d); err != nil {
 		c.replyErr(reqID, err)
-		return
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(c.srv.cfg.DeclareTimeoutMs)*time.Millisecond)
-	defer cancel()
-	ok, err := c.srv.cfg.Backend.Declare(ctx, d)
-	if err != nil {
-		c.logInternal(protocol.OpDeclareQueue, reqID, err, "topic", d.Topic, "group", d.Group)
-		c.replyErr(reqID, err)
-		return
-	}
-	c.w.Send(session.Outbound{RequestID: reqID, Body: &ok})
+	return c.startTopicOp(d.Topic, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(c.srv.cfg.DeclareTimeoutMs)*time.Millisecond)
+		defer cancel()
+		ok, err := c.srv.cfg.Backend.Declare(ctx, d)
+		if err != nil {
+			c.logInternal(protocol.OpDeclareQueue, reqID, err, "topic", d.Topic, "group", d.Group)
+			c.replyErr(reqID, err)
+			return
+		}
+		c.w.Send(session.Outbound{RequestID: reqID, Body: &ok})
+	})
 }
 
-// deleteQueue runs on the reader, like declare: the connection reads nothing
-// else until the delete is durable.
-func (c *conn) deleteQueue(reqID uint64, d *protocol.DeleteQueue) {
+// deleteQueue runs off the reader, like declare, and answers once the
+// delete is durable.
+func (c *conn) deleteQueue(reqID uint64, d *protocol.DeleteQueue) error {
 	if c.srv.isDraining() {
 		c.replyErr(reqID, errDraining)
-		return
+		return nil
 	}
 	if err := c.permit(auth.ActionManage, d.Topic); err != nil {
 		c.replyErr(reqID, err)
-		return
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(c.srv.cfg.DeclareTimeoutMs)*time.Millisecond)
-	defer cancel()
-	if err := c.srv.cfg.Backend.DeleteQueue(ctx, d); err != nil {
-		c.logInternal(protocol.OpDeleteQueue, reqID, err, "topic", d.Topic, "group", d.Group)
-		c.replyErr(reqID, err)
-		return
-	}
-	c.w.Send(session.Outbound{RequestID: reqID, Body: &protocol.OK{}})
+	return c.startTopicOp(d.Topic, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(c.srv.cfg.DeclareTimeoutMs)*time.Millisecond)
+		defer cancel()
+		if err := c.srv.cfg.Backend.DeleteQueue(ctx, d); err != nil {
+			c.logInternal(protocol.OpDeleteQueue, reqID, err, "topic", d.Topic, "group", d.Group)
+			c.replyErr(reqID, err)
+			return
+		}
+		c.w.Send(session.Outbound{RequestID: reqID, Body: &protocol.OK{}})
+	})
 }
 
 // metadata answers METADATA: where the queue's partitions are served. A

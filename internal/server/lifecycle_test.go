@@ -148,3 +148,55 @@ func TestUncodedErrorsAreLoggedNotSent(t *testing.T) {
 		}
 	}
 }
+
+// heldDeclares is a backend whose declares of topic "slow" wait until
+// release is closed (a cluster's controller and elections).
+type heldDeclares struct {
+	session.Backend
+	started chan struct{}
+	release chan struct{}
+}
+
+func (h heldDeclares) Declare(ctx context.Context, d *protocol.DeclareQueue) (protocol.DeclareOK, error) {
+	if d.Topic == "slow" {
+		close(h.started)
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			return protocol.DeclareOK{}, ctx.Err()
+		}
+	}
+	return h.Backend.Declare(ctx, d)
+}
+
+// A declare that takes long does not hold up the connection's requests
+// about other queues; one about the same topic, sent after it, is handled
+// after it, in order.
+func TestSlowDeclareHoldsUpOnlyItsTopic(t *testing.T) {
+	h := heldDeclares{started: make(chan struct{}), release: make(chan struct{})}
+	fx := start(t, func(c *Config) {
+		h.Backend = c.Backend
+		c.Backend = h
+	})
+	c := fx.dial()
+	c.hello(protocol.Hello{})
+	slow := c.send(0, &protocol.DeclareQueue{Topic: "slow", Partitions: 1, MaxRetries: -1})
+	<-h.started
+	// Another queue: answered while the declare waits.
+	other := c.send(0, &protocol.Publish{Topic: "other", Partition: -1, Body: []byte("x")})
+	hdr, _ := expect[*protocol.PublishOK](c)
+	if hdr.RequestID != other {
+		t.Fatalf("answer to request %d, want the publish %d", hdr.RequestID, other)
+	}
+	// The same topic: waits for the declare, then is answered after it.
+	same := c.send(0, &protocol.Publish{Topic: "slow", Partition: -1, Body: []byte("y")})
+	close(h.release)
+	hdr, _ = expect[*protocol.DeclareOK](c)
+	if hdr.RequestID != slow {
+		t.Fatalf("answer to request %d, want the declare %d", hdr.RequestID, slow)
+	}
+	hdr, _ = expect[*protocol.PublishOK](c)
+	if hdr.RequestID != same {
+		t.Fatalf("answer to request %d, want the publish %d", hdr.RequestID, same)
+	}
+}

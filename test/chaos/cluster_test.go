@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -683,6 +684,14 @@ func runClusterScenario(t *testing.T, sc clusterScenario) {
 	if cn.dial != nil {
 		popts = append(popts, sinew.WithDialer(cn.dial))
 	}
+	// The probe's own log (its routes, hedges and reconnects), kept with
+	// the nodes' logs under SINEW_CHAOS_KEEP.
+	probeLog, err := os.Create(filepath.Join(base, "probe.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probeLog.Close()
+	popts = append(popts, sinew.WithLogger(slog.New(slog.NewTextHandler(probeLog, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 	probe, err := sinew.Dial(pctx, seeds[0], popts...)
 	if err != nil {
 		t.Fatal(err)
@@ -728,9 +737,14 @@ func runClusterScenario(t *testing.T, sc clusterScenario) {
 	if faultErr == nil && sc.check != nil {
 		faultErr = sc.check(e)
 	}
-	gaps, watchErrs, watchErr := e.watch.finish()
+	gaps, ends, watchErrs, watchErr := e.watch.finish()
 	pauses, pauseErr := pauseSummary(gaps, 2*time.Second, time.Second)
 	t.Logf("%s: %s; the watch's publishes that failed: %d", name, pauses, watchErrs)
+	var endsAt []string
+	for _, at := range ends {
+		endsAt = append(endsAt, at.UTC().Format("15:04:05.000"))
+	}
+	t.Logf("%s: each fault's longest pause ended at %v (UTC, the nodes' log clock)", name, endsAt)
 	if watchErrs > 0 && faultErr == nil {
 		faultErr = fmt.Errorf("%d of the confirm watch's publishes failed (an application error), the last: %w", watchErrs, watchErr)
 	}

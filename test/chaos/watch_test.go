@@ -25,6 +25,7 @@ type confirmWatch struct {
 	mu     sync.Mutex
 	last   time.Time
 	worst  []time.Duration // per window, the open one last
+	ends   []time.Time     // when each window's longest gap ended
 	errs   int             // publishes that failed (an application error)
 	lastEr error
 	stop   chan struct{}
@@ -54,8 +55,8 @@ func (e *clusterEnv) watchConfirms() *confirmWatch {
 				w.errs++
 				w.lastEr = err
 			} else {
-				if n := len(w.worst); n > 0 {
-					w.worst[n-1] = max(w.worst[n-1], now.Sub(w.last))
+				if n := len(w.worst); n > 0 && now.Sub(w.last) > w.worst[n-1] {
+					w.worst[n-1], w.ends[n-1] = now.Sub(w.last), now
 				}
 				w.last = now
 			}
@@ -69,21 +70,23 @@ func (e *clusterEnv) watchConfirms() *confirmWatch {
 func (w *confirmWatch) open() {
 	w.mu.Lock()
 	w.worst = append(w.worst, 0)
+	w.ends = append(w.ends, time.Time{})
 	w.mu.Unlock()
 }
 
 // finish stops the watch and returns the longest gap of each fault's
-// window, the count of failed publishes and the last failure.
-func (w *confirmWatch) finish() ([]time.Duration, int, error) {
+// window, when each ended, the count of failed publishes and the last
+// failure.
+func (w *confirmWatch) finish() ([]time.Duration, []time.Time, int, error) {
 	close(w.stop)
 	<-w.done
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if n := len(w.worst); n > 0 {
+	if n := len(w.worst); n > 0 && time.Since(w.last) > w.worst[n-1] {
 		// A gap still open at the end counts against the last window.
-		w.worst[n-1] = max(w.worst[n-1], time.Since(w.last))
+		w.worst[n-1], w.ends[n-1] = time.Since(w.last), time.Now()
 	}
-	return slices.Clone(w.worst), w.errs, w.lastEr
+	return slices.Clone(w.worst), slices.Clone(w.ends), w.errs, w.lastEr
 }
 
 // pauseSummary reads per-fault longest gaps as the goals put them:
