@@ -8,6 +8,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
+
+	"github.com/sinewmq/sinew/internal/vfs"
 )
 
 // Recovery. Open first finishes an interrupted ResetTo (resetName present
@@ -518,16 +521,35 @@ func (l *Log) verifySegment(s *segment, last bool, r *reader) (segResult, error)
 	return res, nil
 }
 
+// zeroChunkBytes is nonZeroEnd's read size; zeroChunk is that many zeros
+// to compare with (never written).
+const zeroChunkBytes = 256 << 10
+
+var (
+	zeroChunk    = make([]byte, zeroChunkBytes)
+	zeroReadPool = sync.Pool{New: func() any { b := make([]byte, zeroChunkBytes); return &b }}
+)
+
 // nonZeroEnd returns the offset just past the last non-zero byte of f in
-// [from, size), or from if the range is all zeros.
-func nonZeroEnd(f interface {
-	ReadAt([]byte, int64) (int, error)
-}, from, size int64) (int64, error) {
-	const chunk = 256 << 10
-	buf := make([]byte, min(chunk, max(size-from, 0)))
-	zeros := make([]byte, len(buf))
+// [from, size), or from if the range is all zeros. The holes and the
+// reserved, never written space the file system reports (vfs.NextData:
+// the tail of a segment whose reservation a crash left in place) are not
+// read. The read buffer is pooled: a restart after a crash calls this for
+// every partition's active segment.
+func nonZeroEnd(f vfs.File, from, size int64) (int64, error) {
+	bp := zeroReadPool.Get().(*[]byte)
+	defer zeroReadPool.Put(bp)
+	buf := *bp
 	end := from
 	for off := from; off < size; {
+		next, ok, err := vfs.NextData(f, off)
+		if err != nil {
+			return 0, err
+		}
+		if !ok || next >= size {
+			break // zeros up to size
+		}
+		off = max(off, next)
 		n := int(min(int64(len(buf)), size-off))
 		k, err := f.ReadAt(buf[:n], off)
 		if k < n {
@@ -539,7 +561,7 @@ func nonZeroEnd(f interface {
 		if n == 0 {
 			break
 		}
-		if !bytes.Equal(buf[:n], zeros[:n]) {
+		if !bytes.Equal(buf[:n], zeroChunk[:n]) {
 			i := n - 1
 			for buf[i] == 0 {
 				i--

@@ -143,6 +143,8 @@ func (f *osFile) Sync() error { return datasync(f.File) }
 
 func (f *osFile) Allocate(size int64) error { return allocate(f.File, size) }
 
+func (f *osFile) SeekData(off int64) (int64, bool, error) { return seekData(f.File, off) }
+
 // IsOS reports whether fsys is the operating system's file system (OS).
 func IsOS(fsys FS) bool {
 	_, ok := fsys.(osFS)

@@ -3,6 +3,7 @@
 package vfs
 
 import (
+	"io"
 	"os"
 	"syscall"
 )
@@ -65,3 +66,42 @@ func allocate(f *os.File, size int64) error {
 	}
 	return nil
 }
+
+// seekData uses lseek(2) SEEK_DATA: ext4 and xfs skip holes and the
+// unwritten extents fallocate reserves (data still only in the page cache
+// counts as data). ENXIO means no data at or past off. A file system
+// without it answers off itself, which is never wrong.
+func seekData(f *os.File, off int64) (int64, bool, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, false, err
+	}
+	var next int64
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		// The file's offset is put back: Write and Read use it.
+		cur, err := syscall.Seek(int(fd), 0, io.SeekCurrent)
+		if err != nil {
+			serr = err
+			return
+		}
+		next, serr = syscall.Seek(int(fd), off, seekDataWhence)
+		if _, err := syscall.Seek(int(fd), cur, io.SeekStart); err != nil && serr == nil {
+			serr = err
+		}
+	}); err != nil {
+		return 0, false, err
+	}
+	switch {
+	case serr == syscall.ENXIO:
+		return 0, false, nil
+	case serr == syscall.EINVAL || serr == syscall.EOPNOTSUPP:
+		return off, true, nil
+	case serr != nil:
+		return 0, false, &os.PathError{Op: "lseek SEEK_DATA", Path: f.Name(), Err: serr}
+	}
+	return next, true, nil
+}
+
+// seekDataWhence is SEEK_DATA.
+const seekDataWhence = 3

@@ -70,6 +70,25 @@ type Allocator interface {
 	Allocate(size int64) error
 }
 
+// DataSeeker is implemented by files that can tell where their data lies:
+// the ranges before it are holes (or space reserved and never written),
+// which read as zeros.
+type DataSeeker interface {
+	// SeekData returns the first offset at or after off that may hold
+	// data, and ok false when nothing past off does.
+	SeekData(off int64) (next int64, ok bool, err error)
+}
+
+// NextData returns the first offset at or after off of f that may hold
+// data (off itself when f cannot tell), and ok false when f knows that
+// nothing past off does: every byte from off to its size reads as zero.
+func NextData(f File, off int64) (next int64, ok bool, err error) {
+	if d, is := f.(DataSeeker); is {
+		return d.SeekData(off)
+	}
+	return off, true, nil
+}
+
 // Allocate grows f to size bytes with Allocator when f supports it and with
 // Truncate otherwise. It never shrinks f.
 func Allocate(f File, size int64) error {
