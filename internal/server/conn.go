@@ -40,13 +40,13 @@ type conn struct {
 	// controller and the new partitions' elections): a later request
 	// naming that topic waits for them, one naming another topic does
 	// not. The reader adds, the op's goroutine removes, under opsMu.
-	opsMu    sync.Mutex
-	topicOps map[string]int
-	opsN     int // sum of topicOps
-	readerWake      chan struct{} // cap 1: a resource the reader may wait for was released
-	closeReason     atomic.Value  // string
-	opened          time.Time     // when accepted; for Server.Connections
-	loopback        bool          // accepted on a loopback-only listener
+	opsMu       sync.Mutex
+	topicOps    map[string]int
+	opsN        int           // sum of topicOps
+	readerWake  chan struct{} // cap 1: a resource the reader may wait for was released
+	closeReason atomic.Value  // string
+	opened      time.Time     // when accepted; for Server.Connections
+	loopback    bool          // accepted on a loopback-only listener
 	// peerCertName is the user name the verified client certificate
 	// carries (tls.client_cert_user), "" without one; read at HELLO.
 	peerCertName string
