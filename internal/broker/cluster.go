@@ -207,7 +207,7 @@ func (b *Broker) openCatalogueQueue(cq CatalogueQueue) (*queueEntry, error) {
 	if err := syncDirs(b.cfg.FS, tdir, root); err != nil {
 		return nil, b.internalError("open replica", k, err)
 	}
-	q, err := b.openQueue(dir, &m)
+	q, err := b.openQueue(dir, &m, false)
 	if err != nil {
 		return nil, b.internalError("open replica", k, err)
 	}

@@ -326,14 +326,20 @@ func (p *Partition) singleReplica() bool {
 // leader to commit them or replace them.
 func (p *Partition) recover() error {
 	cfg := &p.cfg
+	_, statErr := cfg.FS.Stat(p.logPath())
+	existed := statErr == nil
 	if err := cfg.FS.MkdirAll(p.logPath(), vfs.DirPerm); err != nil {
 		return fmt.Errorf("partition %s: %w", p, err)
 	}
 	// Make the directories themselves durable: a synced log in a
-	// directory whose entry was never synced is lost with it.
-	for _, d := range []string{cfg.Dir, filepath.Dir(cfg.Dir)} {
-		if err := cfg.FS.SyncDir(d); err != nil {
-			return fmt.Errorf("partition %s: %w", p, err)
+	// directory whose entry was never synced is lost with it. Directories
+	// an earlier process made are, once the node synced its whole file
+	// system at start (SurvivorsDurable).
+	if !existed || !cfg.SurvivorsDurable {
+		for _, d := range []string{cfg.Dir, filepath.Dir(cfg.Dir)} {
+			if err := cfg.FS.SyncDir(d); err != nil {
+				return fmt.Errorf("partition %s: %w", p, err)
+			}
 		}
 	}
 	st, dd, covers, found, err := p.loadCheckpoint()
@@ -350,6 +356,9 @@ func (p *Partition) recover() error {
 		Corruption:     cfg.Corruption,
 		Preallocate:    cfg.Preallocate,
 		Logger:         p.logger,
+		// What a crashed process left in the log is durable once the
+		// node synced its file system whole.
+		SurvivorsDurable: cfg.SurvivorsDurable,
 	}
 	if cfg.WAL != nil {
 		// The journal makes entries durable; the log is the store for

@@ -244,6 +244,12 @@ type Config struct {
 	// not get the lead back, only to hand it over again. nil: every
 	// replica's node counts as alive.
 	PeerAlive func(raftID uint64) bool
+	// SurvivorsDurable says that the node synced its whole file system
+	// (vfs.SyncAll) after the last process that wrote this partition
+	// ended: what that process left (a crash's unsynced writes, the
+	// directories it made) is durable, and recovery does not sync it file
+	// by file. Only for a partition opened at a node's start.
+	SurvivorsDurable bool
 	// Fenced, when set, reports whether this node sees a majority of the
 	// cluster's nodes dead. While it does, the replica sends no pre-vote
 	// requests, so it never wins an election its timer starts: a node cut

@@ -76,7 +76,9 @@ type hsState struct {
 
 // open reads the file if it exists; a log that never stored a HardState
 // has none (so logs used only through Append carry no extra file).
-func (h *hardStateFile) open(fsys vfs.FS, dir string) error {
+// durable says the file system was synced whole since the last process
+// wrote it (Options.SurvivorsDurable).
+func (h *hardStateFile) open(fsys vfs.FS, dir string, durable bool) error {
 	name := filepath.Join(dir, hardStateName)
 	h.fs, h.name, h.durSlot = fsys, name, 1 // no valid slot: the first write goes to slot 0
 	if _, err := fsys.Stat(name); errors.Is(err, os.ErrNotExist) {
@@ -106,8 +108,8 @@ func (h *hardStateFile) open(fsys vfs.FS, dir string) error {
 	}
 	h.dur = h.cur
 	// What we read may be an unsynced survivor of a process crash: sync it
-	// before anyone relies on it.
-	if h.seq > 0 {
+	// before anyone relies on it (unless the whole file system was).
+	if h.seq > 0 && !durable {
 		if err := f.Sync(); err != nil {
 			_ = f.Close()
 			return fmt.Errorf("seglog: fdatasync %s: %w", name, err)

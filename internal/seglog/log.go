@@ -121,6 +121,11 @@ type Options struct {
 	// Preallocate picks how segment files get their space; see
 	// PreallocMode. Default PreallocReserve.
 	Preallocate PreallocMode
+	// SurvivorsDurable says that everything in the log's directory is
+	// already durable (the node synced its whole file system at start,
+	// vfs.SyncAll), so what a crashed process left need not be synced
+	// file by file at Open.
+	SurvivorsDurable bool
 	// BufferBytes bounds the records appended but not yet handed to the OS;
 	// Append blocks while the buffer is full. Default 4 MiB.
 	BufferBytes int
@@ -308,7 +313,7 @@ func Open(opts Options) (*Log, error) {
 		l.closeFiles()
 		return nil, err
 	}
-	if err := l.hs.open(l.fs, l.dir); err != nil {
+	if err := l.hs.open(l.fs, l.dir, l.opts.SurvivorsDurable); err != nil {
 		l.discardPrepared()
 		l.closeFiles()
 		return nil, err

@@ -311,6 +311,27 @@ func (m *MemFS) SyncDir(dir string) error {
 	return nil
 }
 
+// SyncAll implements AllSyncer: every file's data and every directory's
+// entries become durable, as if each were synced.
+func (m *MemFS) SyncAll(dir string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.crashed {
+		return perr("syncall", dir, ErrCrashed)
+	}
+	if m.syncErr != nil {
+		return perr("syncall", dir, m.syncErr)
+	}
+	clear(m.durable)
+	for k, n := range m.cur {
+		m.durable[k] = n
+		if !n.dir {
+			n.sync()
+		}
+	}
+	return nil
+}
+
 // Lock implements FS with an in-memory lock table: the lock is held until
 // the returned file is closed.
 func (m *MemFS) Lock(name string) (File, error) {

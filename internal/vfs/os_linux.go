@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // datasync calls fdatasync(2): it flushes data and the metadata required to
@@ -105,3 +107,24 @@ func seekData(f *os.File, off int64) (int64, bool, error) {
 
 // seekDataWhence is SEEK_DATA.
 const seekDataWhence = 3
+
+// syncAll calls syncfs(2) on the file system holding dir.
+func syncAll(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	rc, err := d.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.Syncfs(int(fd)) }); err != nil {
+		return err
+	}
+	if serr != nil {
+		return &os.PathError{Op: "syncfs", Path: dir, Err: serr}
+	}
+	return nil
+}

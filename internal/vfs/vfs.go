@@ -70,6 +70,31 @@ type Allocator interface {
 	Allocate(size int64) error
 }
 
+// AllSyncer is implemented by file systems that can make everything
+// written to them durable at once (syncfs(2)).
+type AllSyncer interface {
+	// SyncAll makes every file and directory of the file system that
+	// holds dir durable, as a sync of each would.
+	SyncAll(dir string) error
+}
+
+// SyncAll makes everything written to the file system that holds dir
+// durable at once, and reports false when fsys cannot (then nothing was
+// done, and each file and directory must be synced on its own).
+func SyncAll(fsys FS, dir string) (bool, error) {
+	a, ok := fsys.(AllSyncer)
+	if !ok {
+		return false, nil
+	}
+	if err := a.SyncAll(dir); err != nil {
+		if errors.Is(err, errors.ErrUnsupported) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
+}
+
 // DataSeeker is implemented by files that can tell where their data lies:
 // the ranges before it are holes (or space reserved and never written),
 // which read as zeros.
