@@ -393,15 +393,9 @@ func TestClusterOwnerPause(t *testing.T) {
 func rollingRestart(ctx context.Context, e *clusterEnv) error {
 	i := e.faults % len(e.nodes)
 	n := e.nodes[i]
-	at := time.Now()
-	stopped := make(chan error, 1)
-	go func() { stopped <- n.Term(30 * time.Second) }()
-	took, perr := e.probeFailover(at)
-	if err := <-stopped; err != nil {
-		return fmt.Errorf("SIGTERM of node %d: %w", i+1, err)
-	}
-	if perr != nil {
-		return perr
+	took, err := e.plannedStop(i, "")
+	if err != nil {
+		return err
 	}
 	if err := n.Restart(); err != nil {
 		return err
@@ -412,6 +406,21 @@ func rollingRestart(ctx context.Context, e *clusterEnv) error {
 	e.logf("stopped node %d with SIGTERM (leads handed over, then a drain; exit 0); a publish to partition 0 was confirmed %v after the signal; restarted it",
 		i+1, took.Round(time.Millisecond))
 	return nil
+}
+
+// plannedStop stops node i with SIGTERM (a planned stop: it hands its
+// leads over and drains; it must exit 0) while the probe's publish to
+// partition 0 runs from the signal on, and returns the time to its
+// confirm. what names the node's release in errors ("" for none).
+func (e *clusterEnv) plannedStop(i int, what string) (time.Duration, error) {
+	at := time.Now()
+	stopped := make(chan error, 1)
+	go func() { stopped <- e.nodes[i].Term(30 * time.Second) }()
+	took, perr := e.probeFailover(at)
+	if err := <-stopped; err != nil {
+		return 0, fmt.Errorf("SIGTERM of node %d%s: %w", i+1, what, err)
+	}
+	return took, perr
 }
 
 // bootstrapRestartThenKill restarts the first node, the one that

@@ -177,18 +177,10 @@ func ownerPeerCut(ctx context.Context, e *clusterEnv) error {
 		return errors.Join(probeErr, err)
 	}
 	healed := time.Now()
-	var viewErrs []error
-	for j := range e.nodes {
-		_, err := e.awaitView(j, healed.Add(healTimeout), func(v nodesView) bool {
-			return v.count("alive") == clusterNodes-1 && !v.Fenced
-		})
-		if err != nil {
-			viewErrs = append(viewErrs, fmt.Errorf("after the heal, not every node alive and unfenced within %v: %w", healTimeout, err))
-		}
-	}
+	viewErr := e.awaitAllAlive(healed)
 	e.logf("cut node %d (the owner of partition 0) off its peers, its clients still reaching it: a publish to partition 0 was confirmed again after %v; healed after %v, all three saw each other alive %v later",
 		host, took.Round(time.Millisecond), healed.Sub(cut).Round(time.Millisecond), time.Since(healed).Round(time.Millisecond))
-	return errors.Join(probeErr, errors.Join(viewErrs...))
+	return errors.Join(probeErr, viewErr)
 }
 
 // nodesView is what the partition scenario reads of GET /api/v1/nodes.
@@ -271,19 +263,26 @@ func minorityPartition(ctx context.Context, e *clusterEnv) error {
 		return errors.Join(probeErr, fenceErr, err)
 	}
 	healed := time.Now()
-	var viewErrs []error
+	viewErr := e.awaitAllAlive(healed)
+	e.logf("cut node %d (the owner of partition %d) off: a publish to partition %d was confirmed again after %v, the node fenced itself after %v; healed after %v, all three saw each other alive %v later",
+		host, p, p, took.Round(time.Millisecond), fenced.Round(time.Millisecond), healed.Sub(cut).Round(time.Millisecond),
+		time.Since(healed).Round(time.Millisecond))
+	return errors.Join(probeErr, fenceErr, viewErr)
+}
+
+// awaitAllAlive waits, from a heal at healed, until every node sees the
+// others alive and is not fenced, at most healTimeout.
+func (e *clusterEnv) awaitAllAlive(healed time.Time) error {
+	var errs []error
 	for j := range e.nodes {
 		_, err := e.awaitView(j, healed.Add(healTimeout), func(v nodesView) bool {
 			return v.count("alive") == clusterNodes-1 && !v.Fenced
 		})
 		if err != nil {
-			viewErrs = append(viewErrs, fmt.Errorf("after the heal, not every node alive and unfenced within %v: %w", healTimeout, err))
+			errs = append(errs, fmt.Errorf("after the heal, not every node alive and unfenced within %v: %w", healTimeout, err))
 		}
 	}
-	e.logf("cut node %d (the owner of partition %d) off: a publish to partition %d was confirmed again after %v, the node fenced itself after %v; healed after %v, all three saw each other alive %v later",
-		host, p, p, took.Round(time.Millisecond), fenced.Round(time.Millisecond), healed.Sub(cut).Round(time.Millisecond),
-		time.Since(healed).Round(time.Millisecond))
-	return errors.Join(probeErr, fenceErr, errors.Join(viewErrs...))
+	return errors.Join(errs...)
 }
 
 // probeWorkload publishes one message into the workload's queue at

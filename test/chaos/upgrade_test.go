@@ -119,15 +119,9 @@ func rollingUpgrade(ctx context.Context, e *clusterEnv) error {
 	}
 	i := e.upgraded
 	n := e.nodes[i]
-	at := time.Now()
-	stopped := make(chan error, 1)
-	go func() { stopped <- n.Term(30 * time.Second) }()
-	took, perr := e.probeFailover(at)
-	if err := <-stopped; err != nil {
-		return fmt.Errorf("SIGTERM of node %d (previous release): %w", i+1, err)
-	}
-	if perr != nil {
-		return perr
+	took, err := e.plannedStop(i, " (previous release)")
+	if err != nil {
+		return err
 	}
 	n.SetBinary(e.bin)
 	if err := n.Restart(); err != nil {
