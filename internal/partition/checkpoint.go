@@ -326,8 +326,11 @@ func (p *Partition) singleReplica() bool {
 // leader to commit them or replace them.
 func (p *Partition) recover() error {
 	cfg := &p.cfg
-	_, statErr := cfg.FS.Stat(p.logPath())
-	existed := statErr == nil
+	existed := false // asked only when it can spare the syncs below
+	if cfg.SurvivorsDurable {
+		_, err := cfg.FS.Stat(p.logPath())
+		existed = err == nil
+	}
 	if err := cfg.FS.MkdirAll(p.logPath(), vfs.DirPerm); err != nil {
 		return fmt.Errorf("partition %s: %w", p, err)
 	}
@@ -335,7 +338,7 @@ func (p *Partition) recover() error {
 	// directory whose entry was never synced is lost with it. Directories
 	// an earlier process made are, once the node synced its whole file
 	// system at start (SurvivorsDurable).
-	if !existed || !cfg.SurvivorsDurable {
+	if !existed {
 		for _, d := range []string{cfg.Dir, filepath.Dir(cfg.Dir)} {
 			if err := cfg.FS.SyncDir(d); err != nil {
 				return fmt.Errorf("partition %s: %w", p, err)

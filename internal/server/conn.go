@@ -42,7 +42,7 @@ type conn struct {
 	// not. The reader adds, the op's goroutine removes, under opsMu.
 	opsMu       sync.Mutex
 	topicOps    map[string]int
-	opsN        int           // sum of topicOps
+	opsN        atomic.Int64  // sum of topicOps, read without opsMu on the reader's fast path
 	readerWake  chan struct{} // cap 1: a resource the reader may wait for was released
 	closeReason atomic.Value  // string
 	opened      time.Time     // when accepted; for Server.Connections
@@ -62,11 +62,14 @@ const topicOpsMax = 8
 // topicBusy reports whether a declare or delete of topic is under way on
 // this connection, or, for topic "", whether any is.
 func (c *conn) topicBusy(topic string) bool {
+	if c.opsN.Load() == 0 {
+		return false // nearly always: no lock on a publish's path
+	}
+	if topic == "" {
+		return true
+	}
 	c.opsMu.Lock()
 	defer c.opsMu.Unlock()
-	if topic == "" {
-		return c.opsN > 0
-	}
 	return c.topicOps[topic] > 0
 }
 
@@ -75,13 +78,22 @@ func (c *conn) topicBusy(topic string) bool {
 // about one queue take effect in the order they were sent.
 func (c *conn) awaitTopic(topic string) error {
 	for c.topicBusy(topic) {
-		select {
-		case <-c.readerWake:
-		case <-c.w.done:
-			return io.EOF
+		if err := c.awaitWake(); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// awaitWake blocks the reader until something it may wait for was released
+// (signalReader), or the connection's writer ended.
+func (c *conn) awaitWake() error {
+	select {
+	case <-c.readerWake:
+		return nil
+	case <-c.w.done:
+		return io.EOF
+	}
 }
 
 // startTopicOp runs op off the reader as a declare or delete of topic,
@@ -89,20 +101,18 @@ func (c *conn) awaitTopic(topic string) error {
 func (c *conn) startTopicOp(topic string, op func()) error {
 	for {
 		c.opsMu.Lock()
-		if c.opsN < topicOpsMax {
+		if c.opsN.Load() < topicOpsMax {
 			if c.topicOps == nil {
 				c.topicOps = map[string]int{}
 			}
 			c.topicOps[topic]++
-			c.opsN++
+			c.opsN.Add(1)
 			c.opsMu.Unlock()
 			break
 		}
 		c.opsMu.Unlock()
-		select {
-		case <-c.readerWake:
-		case <-c.w.done:
-			return io.EOF
+		if err := c.awaitWake(); err != nil {
+			return err
 		}
 	}
 	go func() {
@@ -111,7 +121,7 @@ func (c *conn) startTopicOp(topic string, op func()) error {
 			if c.topicOps[topic]--; c.topicOps[topic] == 0 {
 				delete(c.topicOps, topic)
 			}
-			c.opsN--
+			c.opsN.Add(-1)
 			c.opsMu.Unlock()
 			c.signalReader()
 		}()
@@ -328,10 +338,8 @@ func (c *conn) waitForCredit() error {
 		if h := c.srv.testHookReaderPaused; h != nil {
 			h()
 		}
-		select {
-		case <-c.readerWake:
-		case <-c.w.done:
-			return io.EOF
+		if err := c.awaitWake(); err != nil {
+			return err
 		}
 	}
 }
