@@ -613,3 +613,87 @@ func (p *Partition) rebuild(commit uint64) error {
 	clear(p.loaded)
 	return nil
 }
+
+// checkpointDue reports whether CheckpointEveryRecords records were
+// appended since the last checkpoint, or some were and the partition has
+// been idle for idleCheckpointMs.
+func (p *Partition) checkpointDue(now int64) bool {
+	return p.sinceCkpt >= p.cfg.CheckpointEveryRecords ||
+		p.sinceCkpt > 0 && now-p.lastBusyMs >= idleCheckpointMs
+}
+
+// periodicCheckpoint relocates the live bodies of sparse old segments,
+// takes a checkpoint and hands it to the checkpointer goroutine, which
+// writes it while the actor goes on (at most one is under way).
+func (p *Partition) periodicCheckpoint() {
+	if p.leads && !p.single {
+		p.replicatedCheckpoint()
+		return
+	}
+	if !p.leads {
+		// Only the leader decides records; a follower's checkpoints
+		// follow what it applied.
+	} else if _, err := p.relocate(); err != nil {
+		p.fail(err, nil)
+		return
+	}
+	if err := p.flushHardState(); err != nil {
+		p.fail(err, nil)
+		return
+	}
+	j, ok := p.takeCheckpoint()
+	if !ok {
+		return
+	}
+	p.startCheckpoint(j)
+}
+
+// replicatedCheckpoint is periodicCheckpoint on the leader of a larger
+// group. Its checkpoint may claim only committed entries, and under load
+// the leader always has some that are not: so once a checkpoint is due the
+// actor takes no new command (ckptHold; see run) until the quorum has
+// caught up, which takes one replication round, and then checkpoints.
+// Relocation follows the checkpoint (its records are the next one's), so
+// that its own appends do not keep the checkpoint waiting.
+func (p *Partition) replicatedCheckpoint() {
+	if err := p.flushHardState(); err != nil {
+		p.fail(err, nil)
+		return
+	}
+	j, ok := p.takeCheckpoint()
+	if !ok {
+		p.ckptHold = p.st.NextLSN() > p.committed+1
+		return
+	}
+	p.ckptHold = false
+	p.startCheckpoint(j)
+	if _, err := p.relocate(); err != nil {
+		p.fail(err, nil)
+	}
+}
+
+// checkpointed handles the checkpointer's answer. A failure backs off: the
+// wait doubles with each consecutive failure from checkpointRetryMinMs up
+// to checkpointRetryMaxMs. Each failure is counted
+// (Stats.CheckpointFailures) and logged once, with the wait before the next
+// attempt.
+func (p *Partition) checkpointed(res ckptResult) {
+	p.ckptBusy = false
+	if res.err == nil {
+		p.checkpointWritten(res.job)
+		if p.ckptStreak > 0 {
+			p.logger.Info("checkpoint succeeded after failures", "failures", p.ckptStreak)
+		}
+		p.ckptStreak, p.ckptRetryAtMs = 0, 0
+		return
+	}
+	p.ckptFailures++
+	p.ckptStreak++
+	wait := int64(checkpointRetryMaxMs)
+	if p.ckptStreak <= 20 { // beyond that the shift would pass the cap anyway
+		wait = min(int64(checkpointRetryMinMs)<<(p.ckptStreak-1), checkpointRetryMaxMs)
+	}
+	p.ckptRetryAtMs = p.nowMs() + wait
+	p.logger.Error("checkpoint failed; retrying after a backoff", "err", res.err,
+		"consecutive_failures", p.ckptStreak, "retry_in_ms", wait)
+}

@@ -1,5 +1,26 @@
 // Package partition runs one queue partition as an actor.
 //
+// # Files
+//
+// Each file holds one part of the partition:
+//   - partition.go: Config, the Partition and its internal types; Open.
+//   - api.go: the methods other goroutines call (publish, settle, attach,
+//     detach, purge, close); each only queues work for the actor.
+//   - inbox.go: the bounded command inbox.
+//   - decider.go: the deterministic half of a turn (no I/O, no clock).
+//   - actor.go: the actor loop and its turns (leader, follower, transfer).
+//   - stage.go: the pipeline's stages, the syncer and what a sync releases.
+//   - deliver.go: deliveries, body reads and dead-letter copies.
+//   - checkpoint.go, ackfile.go, relocate.go, memory.go: the store
+//     (checkpoints, the ACK memory's file, segment retention, memory a
+//     quiet partition gives back); ackmemory.go is the ACK memory itself.
+//   - raft.go: the raft driver (Ready handling, storage, the raft inbox).
+//   - leadership.go: gaining, losing and handing over the lead, and
+//     membership changes; handover.go, progress.go, quiesce.go and
+//     snapshot.go serve it.
+//   - cache.go, inspect.go, observe.go: the body cache, Peek and Discard,
+//     counters.
+//
 // # Goroutines and ownership
 //
 // Open starts ONE actor goroutine per partition. It alone owns the
