@@ -225,6 +225,11 @@ func zeroFill(f vfs.File, from, to int64) error {
 		if _, err := f.WriteAt(zero[:n], off); err != nil {
 			return err
 		}
+		// Each chunk reaches the device before the next is written, so
+		// the zeros never queue ahead of a concurrent fdatasync in bulk.
+		if err := vfs.WriteBehind(f, off, n, true); err != nil {
+			return err
+		}
 	}
 	return f.Sync()
 }

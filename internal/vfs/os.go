@@ -145,6 +145,10 @@ func (f *osFile) Allocate(size int64) error { return allocate(f.File, size) }
 
 func (f *osFile) SeekData(off int64) (int64, bool, error) { return seekData(f.File, off) }
 
+func (f *osFile) WriteBehind(off, n int64, wait bool) error {
+	return writeBehind(f.File, off, n, wait)
+}
+
 // SyncAll calls syncfs(2) on the file system holding dir (Linux; elsewhere
 // errors.ErrUnsupported).
 func (osFS) SyncAll(dir string) error { return syncAll(dir) }

@@ -128,3 +128,33 @@ func syncAll(dir string) error {
 	}
 	return nil
 }
+
+// writeBehind uses sync_file_range(2). It writes dirty pages only: no
+// metadata and no device cache flush, so it never stands for a sync. A
+// file system without it (or a range it refuses) is left to the next sync.
+func writeBehind(f *os.File, off, n int64, wait bool) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	flags := unix.SYNC_FILE_RANGE_WRITE
+	if wait {
+		flags |= unix.SYNC_FILE_RANGE_WAIT_BEFORE | unix.SYNC_FILE_RANGE_WAIT_AFTER
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		for {
+			serr = unix.SyncFileRange(int(fd), off, n, flags)
+			if serr != syscall.EINTR {
+				return
+			}
+		}
+	}); err != nil {
+		return err
+	}
+	switch serr {
+	case nil, syscall.ENOSYS, syscall.EOPNOTSUPP, syscall.EINVAL, syscall.ESPIPE:
+		return nil
+	}
+	return &os.PathError{Op: "sync_file_range", Path: f.Name(), Err: serr}
+}

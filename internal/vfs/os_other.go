@@ -23,3 +23,5 @@ func allocate(f *os.File, size int64) error {
 func seekData(f *os.File, off int64) (int64, bool, error) { return off, true, nil }
 
 func syncAll(string) error { return errors.ErrUnsupported }
+
+func writeBehind(f *os.File, off, n int64, wait bool) error { return nil }

@@ -70,6 +70,29 @@ type Allocator interface {
 	Allocate(size int64) error
 }
 
+// WriteBehinder is implemented by files that can start writing a range of
+// their dirty pages to the device ahead of a sync. It is pacing, never
+// durability: a range written behind still needs Sync to survive a crash.
+// A file written in large batches and synced rarely (a partition's store
+// under the node journal, a journal segment being prepared) writes behind
+// as it goes, so its Sync is short and the disk never takes megabytes at
+// once while the journal waits for a small fsync.
+type WriteBehinder interface {
+	// WriteBehind starts writeback of [off, off+n). With wait, it first
+	// waits for writeback already under way in that range to finish, and
+	// returns once the range has reached the device.
+	WriteBehind(off, n int64, wait bool) error
+}
+
+// WriteBehind calls f's WriteBehind when f has one and does nothing
+// otherwise.
+func WriteBehind(f File, off, n int64, wait bool) error {
+	if w, ok := f.(WriteBehinder); ok {
+		return w.WriteBehind(off, n, wait)
+	}
+	return nil
+}
+
 // AllSyncer is implemented by file systems that can make everything
 // written to them durable at once (syncfs(2)).
 type AllSyncer interface {

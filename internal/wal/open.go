@@ -47,14 +47,16 @@ func Open(opts Options) (*WAL, error) {
 		}
 	}
 	w := &WAL{
-		opts:       opts,
-		ids:        map[string]uint32{},
-		hs:         map[string]HardState{},
-		released:   map[string]uint64{},
-		forgotten:  map[string]bool{},
-		lowered:    map[string]uint64{},
-		replayed:   map[string]*Group{},
-		writerDone: make(chan struct{}),
+		opts:        opts,
+		ids:         map[string]uint32{},
+		hs:          map[string]HardState{},
+		released:    map[string]uint64{},
+		forgotten:   map[string]bool{},
+		lowered:     map[string]uint64{},
+		replayed:    map[string]*Group{},
+		writerDone:  make(chan struct{}),
+		removals:    make(chan []uint64, removalsMax),
+		removerDone: make(chan struct{}),
 	}
 	w.cond = sync.NewCond(&w.mu)
 	fs := opts.FS
@@ -103,6 +105,7 @@ func Open(opts Options) (*WAL, error) {
 		// a prepared one as soon as it is ready.
 		w.startPreparing()
 	}
+	go w.remove()
 	go w.run()
 	if opts.SyncIntervalMs > 0 {
 		w.stopTick, w.tickDone = make(chan struct{}), make(chan struct{})

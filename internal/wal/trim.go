@@ -130,13 +130,8 @@ func (w *WAL) trim() error {
 			w.opts.OnPressure(g, idx)
 		}()
 	}
-	for _, s := range drop {
-		if err := w.opts.FS.Remove(filepath.Join(w.opts.Dir, segName(s))); err != nil {
-			return err
-		}
-	}
 	if len(drop) > 0 {
-		return w.opts.FS.SyncDir(w.opts.Dir)
+		w.removals <- drop
 	}
 	return nil
 }
