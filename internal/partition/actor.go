@@ -26,6 +26,7 @@ func (p *Partition) run() {
 		if p.syncerDone != nil {
 			<-p.syncerDone
 		}
+		p.awaitSnapshotBuild()
 		// Close writes the last checkpoint itself: the one under way
 		// is awaited first.
 		if p.ckptBusy {
@@ -136,6 +137,7 @@ func (p *Partition) afterTurn() {
 		return
 	}
 	now := p.nowMs()
+	p.expireSnapshot()
 	p.startDeadLetters(now)
 	// A leader handing its lead over proposes nothing, and relocation
 	// would (transferTurn).

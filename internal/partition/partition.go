@@ -455,6 +455,9 @@ type Partition struct {
 	log    *seglog.Log
 	logger *slog.Logger
 	parked error // non-nil: quarantined, no goroutine runs
+	// snap is the raft snapshot being built off the actor, or built and
+	// not yet taken by raft (snapshot.go); actor only.
+	snap *snapBuild
 	// down is set (once) when the actor fails, for Unavailable.
 	down    atomic.Pointer[error]
 	qcfg    atomic.Pointer[queue.Config]

@@ -59,11 +59,87 @@ type snapRecord struct {
 	payload     []byte
 }
 
-// makeSnapshot builds a snapshot from the last checkpoint on disk and the
-// log records holding its live bodies. raft calls it (through the raft
-// Storage) on the actor goroutine when a follower needs entries the log no
-// longer holds.
+// snapBuild is a snapshot being built, or built and not yet handed to
+// raft, off the actor goroutine (see makeSnapshot).
+type snapBuild struct {
+	term    uint64 // the leader's term when the build started
+	startMs int64
+	done    chan struct{}
+	snap    *raftpb.Snapshot // set before done closes
+	err     error
+}
+
+// snapshotKeepMs bounds how long a built snapshot that raft has not asked
+// for again is kept (it may be up to raftSnapshotBytesMax).
+const snapshotKeepMs = 30_000
+
+// makeSnapshot is raft's snapshot source, called on the actor goroutine
+// when a follower needs entries the log no longer holds. Reading a
+// checkpoint and up to raftSnapshotBytesMax of log there would stop the
+// partition (and its turns' replies) for as long as the disk takes, so the
+// first call starts a build on a goroutine of its own and answers
+// ErrSnapshotTemporarilyUnavailable; raft asks again at its next attempt
+// to reach that follower (a heartbeat's answer), and gets the snapshot once
+// it is built. A build made under an earlier term, or kept past
+// snapshotKeepMs, is dropped.
 func (p *Partition) makeSnapshot() (*raftpb.Snapshot, error) {
+	term := p.term.Load()
+	if b := p.snap; b != nil {
+		select {
+		case <-b.done:
+			p.snap = nil
+			if b.err == nil && b.term == term && p.nowMs()-b.startMs < snapshotKeepMs {
+				return b.snap, nil
+			}
+		default:
+			return nil, raft.ErrSnapshotTemporarilyUnavailable
+		}
+	}
+	cs, err := p.log.ConfState()
+	if err != nil {
+		return nil, raft.ErrSnapshotTemporarilyUnavailable
+	}
+	b := &snapBuild{term: term, startMs: p.nowMs(), done: make(chan struct{})}
+	p.snap = b
+	go func() {
+		defer close(b.done)
+		b.snap, b.err = p.buildSnapshot(cs)
+		p.Poke()
+	}()
+	return nil, raft.ErrSnapshotTemporarilyUnavailable
+}
+
+// expireSnapshot drops a built snapshot that raft can no longer use (made
+// under another term) or has not asked for within snapshotKeepMs, so its
+// memory goes. Called after every turn; the build's end pokes for one.
+func (p *Partition) expireSnapshot() {
+	b := p.snap
+	if b == nil {
+		return
+	}
+	select {
+	case <-b.done:
+		if b.err != nil || b.term != p.term.Load() || p.nowMs()-b.startMs >= snapshotKeepMs {
+			p.snap = nil
+		}
+	default:
+	}
+}
+
+// awaitSnapshotBuild waits for a snapshot build under way and drops it
+// (Close: the log it reads is about to close).
+func (p *Partition) awaitSnapshotBuild() {
+	if b := p.snap; b != nil {
+		<-b.done
+		p.snap = nil
+	}
+}
+
+// buildSnapshot builds a snapshot from the last checkpoint on disk and the
+// log records holding its live bodies, with cs as its membership. It runs
+// on its own goroutine: it reads only the checkpoint file and the log,
+// whose reads are safe beside the actor's appends.
+func (p *Partition) buildSnapshot(cs *raftpb.ConfState) (*raftpb.Snapshot, error) {
 	raw, err := readFile(p.cfg.FS, p.ckptPath())
 	if err != nil || raw == nil {
 		return nil, raft.ErrSnapshotTemporarilyUnavailable
@@ -116,10 +192,6 @@ func (p *Partition) makeSnapshot() (*raftpb.Snapshot, error) {
 	}
 	binary.LittleEndian.PutUint32(b[countAt:], uint32(n))
 	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, snapCRC))
-	cs, err := p.log.ConfState()
-	if err != nil {
-		return nil, raft.ErrSnapshotTemporarilyUnavailable
-	}
 	return &raftpb.Snapshot{Data: b, Metadata: raftpb.SnapshotMetadata{Index: index, Term: term, ConfState: *cs}}, nil
 }
 
