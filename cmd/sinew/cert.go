@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sinewmq/sinew/internal/clusternode"
 	"github.com/sinewmq/sinew/internal/nodeid"
 	"github.com/sinewmq/sinew/internal/tlsconf"
 	"github.com/sinewmq/sinew/internal/vfs"
@@ -102,7 +103,7 @@ func runCert(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Wr
 		ids = append(ids, id)
 	}
 	g, err := tlsconf.Generate(tlsconf.GenerateOptions{Dir: abs, Hosts: hs, Days: *days, ClientName: *clientName, Force: *force, Now: time.Now(),
-		PeerNodeIDs: ids, PeerCluster: raftClusterID, ValidPeerNodeID: nodeid.Check})
+		PeerNodeIDs: ids, PeerCluster: clusternode.RaftClusterID, ValidPeerNodeID: nodeid.Check})
 	if errors.Is(err, tlsconf.ErrExists) {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sinewmq/sinew/internal/broker"
+	"github.com/sinewmq/sinew/internal/clusternode"
 	"github.com/sinewmq/sinew/internal/partition"
 )
 
@@ -126,18 +127,12 @@ func sinewFamilies() []struct{ name, help string } {
 	add(adminAuthName, adminAuthHelp)
 	add(tlsReloadsName, tlsReloadsHelp)
 	add(tlsFailuresName, tlsFailuresHelp)
-	add(clusterNodesName, clusterNodesHelp)
-	add(clusterFencedName, clusterFencedHelp)
-	add(ctlLeaderName, ctlLeaderHelp)
-	add(ctlHasLeaderName, ctlHasLeaderHelp)
-	add(ctlTermName, ctlTermHelp)
-	add(ctlMembersName, ctlMembersHelp)
-	add(raftDroppedName, raftDroppedHelp)
+	for _, m := range clusternode.Metrics() {
+		add(m.Name, m.Help)
+	}
 	for _, m := range budgetMetrics {
 		add(m.name, m.help)
 	}
-	add(raftTicksName, raftTicksHelp)
-	add(underReplName, underReplHelp)
 	add(cohortPlansName, cohortPlansHelp)
 	add(cohortMovedName, cohortMovedHelp)
 	add(cohortPausedName, cohortPausedHelp)

@@ -2,13 +2,12 @@ package main
 
 import (
 	"bytes"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/sinewmq/sinew/internal/clusternode"
 	"github.com/sinewmq/sinew/internal/nodeid"
 	"github.com/sinewmq/sinew/internal/settings"
 	"github.com/sinewmq/sinew/internal/tlsconf"
@@ -17,7 +16,7 @@ import (
 
 // sinew cert generate --peer-data-dirs makes the data directories' node
 // ids, a peer CA apart from the client CA and one peer certificate per
-// node that loadPeerTLS takes for that node and refuses for another; bad
+// node that clusternode.LoadPeerTLS takes for that node and refuses for another; bad
 // input is a usage error.
 func TestCLICertGeneratePeers(t *testing.T) {
 	base := t.TempDir()
@@ -64,16 +63,16 @@ func TestCLICertGeneratePeers(t *testing.T) {
 	cfg.Cluster.PeerTLSCertFile = filepath.Join(certs, tlsconf.PeerCertFile(ids[0]))
 	cfg.Cluster.PeerTLSKeyFile = filepath.Join(certs, tlsconf.PeerKeyFile(ids[0]))
 	cfg.Cluster.PeerTLSCAFile = filepath.Join(certs, tlsconf.PeerCAFile)
-	p, err := loadPeerTLS(cfg, ids[0])
+	p, err := clusternode.LoadPeerTLS(cfg, ids[0])
 	if err != nil || p.RaftID == nil {
 		t.Fatalf("node 1's own certificate: %v", err)
 	}
-	_, err = loadPeerTLS(cfg, ids[1])
+	_, err = clusternode.LoadPeerTLS(cfg, ids[1])
 	if err == nil || !strings.Contains(err.Error(), "it names node "+ids[0]) || !strings.Contains(err.Error(), "sinew-node://sinew/"+ids[1]) {
 		t.Fatalf("node 1's certificate for node 2: %v", err)
 	}
 	cfg.Cluster.PeerTLSCertFile, cfg.Cluster.PeerTLSKeyFile = filepath.Join(certs, tlsconf.ClientCertFile), filepath.Join(certs, tlsconf.ClientKeyFile)
-	if _, err := loadPeerTLS(cfg, ids[0]); err == nil || !strings.Contains(err.Error(), "names no node") || !strings.Contains(err.Error(), "--peer-data-dirs") {
+	if _, err := clusternode.LoadPeerTLS(cfg, ids[0]); err == nil || !strings.Contains(err.Error(), "names no node") || !strings.Contains(err.Error(), "--peer-data-dirs") {
 		t.Fatalf("the client certificate as a peer's: %v", err)
 	}
 
@@ -100,71 +99,5 @@ func TestCLICertGeneratePeers(t *testing.T) {
 		if code, _, errOut := runCmd(t, "", args...); code != 0 || !strings.Contains(errOut, "--peer-data-dirs") || !strings.Contains(errOut, "sinew-node://sinew/<node id>") {
 			t.Errorf("%v: exit %d %s", args, code, errOut)
 		}
-	}
-}
-
-// checkClusterAuth: a clustered node with users or tokens needs the gossip
-// key and peer TLS; the message names what is missing.
-func TestCheckClusterAuth(t *testing.T) {
-	cfg := settings.Default()
-	if err := checkClusterAuth(cfg, true); err != nil {
-		t.Fatalf("no cluster: %v", err)
-	}
-	cfg.Cluster.Enabled = true
-	if err := checkClusterAuth(cfg, false); err != nil {
-		t.Fatalf("the anonymous quick start: %v", err)
-	}
-	err := checkClusterAuth(cfg, true)
-	if err == nil || !strings.Contains(err.Error(), "users are configured") || !strings.Contains(err.Error(), "cluster.gossip_key_file") ||
-		!strings.Contains(err.Error(), "cluster.peer_tls_cert_file") {
-		t.Fatalf("users: %v", err)
-	}
-	cfg.Auth.Tokens = []string{"t"}
-	cfg.Cluster.GossipKeyFile = "k"
-	err = checkClusterAuth(cfg, false)
-	if err == nil || !strings.Contains(err.Error(), "auth.tokens are configured") || strings.Contains(err.Error(), "missing cluster.gossip_key_file") ||
-		!strings.Contains(err.Error(), "cluster.peer_tls_cert_file") {
-		t.Fatalf("tokens with a key: %v", err)
-	}
-	cfg.Cluster.PeerTLSCertFile = "c"
-	if err := checkClusterAuth(cfg, true); err != nil {
-		t.Fatalf("both: %v", err)
-	}
-}
-
-// warnSharedPeerCA warns when a client CA is also in the peer CA file,
-// naming both settings, and not when they differ.
-func TestWarnSharedPeerCA(t *testing.T) {
-	dir := t.TempDir()
-	g, err := tlsconf.Generate(tlsconf.GenerateOptions{Dir: dir, Days: 1, Now: time.Now(),
-		PeerNodeIDs: []string{"0123456789abcdef0123456789abcdef"}, PeerCluster: raftClusterID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	warned := func(cfg settings.Config) string {
-		var b bytes.Buffer
-		warnSharedPeerCA(cfg, slog.New(slog.NewTextHandler(&b, nil)))
-		return b.String()
-	}
-	cfg := settings.Default()
-	cfg.Cluster.PeerTLSCAFile = g.PeerCA
-	cfg.TLS.ClientCAFile = g.CA
-	if s := warned(cfg); s != "" {
-		t.Fatalf("separate CAs: %s", s)
-	}
-	bundle := filepath.Join(dir, "bundle.pem")
-	a, _ := os.ReadFile(g.PeerCA)
-	b, _ := os.ReadFile(g.CA)
-	if err := os.WriteFile(bundle, append(a, b...), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg.Cluster.PeerTLSCAFile = bundle
-	s := warned(cfg)
-	if !strings.Contains(s, "the peer CA is also a client CA") || !strings.Contains(s, "cluster.peer_tls_ca_file="+bundle) || !strings.Contains(s, "tls.client_ca_file="+g.CA) {
-		t.Fatalf("a shared CA: %q", s)
-	}
-	cfg.TLS.ClientCAFile, cfg.AdminTLS.ClientCAFile = "", g.CA
-	if s := warned(cfg); !strings.Contains(s, "admin_tls.client_ca_file=") {
-		t.Fatalf("a shared admin CA: %q", s)
 	}
 }

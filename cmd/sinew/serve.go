@@ -22,6 +22,7 @@ import (
 	"github.com/sinewmq/sinew/internal/admin"
 	"github.com/sinewmq/sinew/internal/auth"
 	"github.com/sinewmq/sinew/internal/broker"
+	"github.com/sinewmq/sinew/internal/clusternode"
 	"github.com/sinewmq/sinew/internal/dedup"
 	"github.com/sinewmq/sinew/internal/nodeid"
 	"github.com/sinewmq/sinew/internal/runtimesettings"
@@ -93,7 +94,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writ
 
 // serve runs the broker until ctx ends, SIGTERM/SIGINT arrives or the admin API
 // asks for a drain; a cluster node first hands over the lead of every raft
-// group it leads (handOverForStop, bounded), and its GOING_AWAY names a node
+// group it leads (HandOverForStop, bounded), and its GOING_AWAY names a node
 // that stays up. Then it drains in two phases (see server.Shutdown): GOING_AWAY
 // to every client, nothing new leased or accepted, settles and confirms still
 // served until nothing is in flight or connection.drain_timeout_ms (a runtime
@@ -142,7 +143,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	if err := checkListenAuth(cfg, users, logger); err != nil {
 		return err
 	}
-	if err := checkClusterAuth(cfg, users.Len() > 0); err != nil {
+	if err := clusternode.CheckAuth(cfg, users.Len() > 0); err != nil {
 		return err
 	}
 	// Runtime settings are read (or seeded) before anything listens, so a
@@ -182,13 +183,13 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	}
 	// The gossip port is bound before recovery too, so that a taken port
 	// fails the command before the log is touched.
-	var cn *clusterNode
+	var cn *clusternode.Node
 	if cfg.Cluster.Enabled {
-		if cn, err = startCluster(cfg, ln.Addr().String(), logger.With("component", "cluster")); err != nil {
+		if cn, err = clusternode.Start(cfg, ln.Addr().String(), logger.With("component", "cluster")); err != nil {
 			closeListeners()
 			return err
 		}
-		defer cn.close()
+		defer cn.Close()
 	}
 
 	// The admin listener answers from the start: /healthz 200 and /readyz 503
@@ -266,14 +267,14 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 	}
 	logger.Info("broker recovered", "data_dir", cfg.DataDir, "owner_id", owner, "took_ms", time.Since(start).Milliseconds())
 	if cn != nil {
-		cn.reportLoad(b)
-		defer cn.reportLoad(nil)
-		rt.SetCommitter(cn.commitRuntime)
+		cn.ReportLoad(b)
+		defer cn.ReportLoad(nil)
+		rt.SetCommitter(cn.CommitRuntime)
 		syncCtx, stopSync := context.WithCancel(context.Background())
 		syncDone := make(chan struct{})
 		go func() {
 			defer close(syncDone)
-			cn.syncCatalogue(syncCtx, b, rt)
+			cn.SyncCatalogue(syncCtx, b, rt)
 		}()
 		defer func() {
 			stopSync()
@@ -343,7 +344,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 			return nil
 		}
 		leadsOver := func(ctx context.Context) bool { return b.HandLeadsOver(ctx, "this node leaves") }
-		clusterAdmin(&acfg, cn, b.HandedOver, leadsOver, func() {
+		clusternode.Admin(&acfg, cn, b.HandedOver, leadsOver, func() {
 			if _, already := drain.start(); !already {
 				logger.Info("drain started by a cluster leave")
 			}
@@ -371,7 +372,7 @@ func serve(ctx context.Context, cfg settings.Config, logger *slog.Logger) error 
 		// so that its exit costs no group an election; that time is not
 		// taken from the drain's first phase.
 		var took time.Duration
-		goingAwayRedirect, took = cn.handOverForStop(b)
+		goingAwayRedirect, took = cn.HandOverForStop(b)
 		deadlineMs += took.Milliseconds()
 	}
 	dctx, cancel := context.WithDeadline(context.Background(), time.UnixMilli(deadlineMs))

@@ -1,7 +1,7 @@
 // Package membership is a node's view of which other nodes are up, built on
 // hashicorp/memberlist (SWIM with indirect probes and suspicion). It only
 // reports: it elects nothing and decides no placement. sinew serve runs one
-// in cluster mode (cmd/sinew/cluster.go): its view feeds the controller's
+// in cluster mode (internal/clusternode): its view feeds the controller's
 // reconciliation and the broker's self-fencing.
 //
 // # Timing

@@ -1,4 +1,4 @@
-package main
+package clusternode
 
 import (
 	"context"
@@ -41,10 +41,10 @@ const clusterLeaveTimeoutMs = 5_000
 // 44 characters).
 const gossipKeyBytesMax = 4 << 10
 
-// clusterNode is a node's membership in its cluster (cluster.enabled) and
+// Node is a node's membership in its cluster (cluster.enabled) and
 // its replica of the controller group, which holds the committed node
 // table, the queue catalogue and the runtime settings.
-type clusterNode struct {
+type Node struct {
 	cfg    settings.Config // the settings it started with
 	id     string
 	raftID uint64
@@ -67,7 +67,7 @@ type clusterNode struct {
 	leaveOnce sync.Once
 	leaveErr  error
 	// stopping is set once the node's planned stop began
-	// (handOverForStop): its controller replica stays fenced.
+	// (HandOverForStop): its controller replica stays fenced.
 	stopping atomic.Bool
 }
 
@@ -85,11 +85,11 @@ func newBoot() (uint64, error) {
 	}
 }
 
-// startCluster gives the node its stable id (file node_id in the data
+// Start gives the node its stable id (file node_id in the data
 // directory), starts gossip on cluster.gossip_listen and joins
 // cluster.seeds. A seed that cannot be reached is not an error: it is
 // logged, and the node keeps trying (see membership.Config.Seeds).
-func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (*clusterNode, error) {
+func Start(cfg settings.Config, clientAddr string, logger *slog.Logger) (*Node, error) {
 	c := cfg.Cluster
 	id, err := nodeid.Load(vfs.OS(), cfg.DataDir, rand.Reader)
 	if err != nil {
@@ -117,7 +117,7 @@ func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (
 	if err != nil {
 		return nil, err
 	}
-	n := &clusterNode{cfg: cfg, id: id, client: clientAddr, boot: boot, logger: logger, done: make(chan struct{}), loopDone: make(chan struct{})}
+	n := &Node{cfg: cfg, id: id, client: clientAddr, boot: boot, logger: logger, done: make(chan struct{}), loopDone: make(chan struct{})}
 	if err := n.startController(cfg); err != nil {
 		return nil, err
 	}
@@ -148,7 +148,7 @@ func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (
 	return n, nil
 }
 
-// checkClusterAuth applies the cluster's startup rule: a clustered node
+// CheckAuth applies the cluster's startup rule: a clustered node
 // with users (hasUsers) or auth.tokens needs cluster.gossip_key_file and
 // the cluster.peer_tls_* files, on loopback too. Without them any process
 // that reaches the gossip or peer port (on loopback: any local process,
@@ -156,7 +156,7 @@ func startCluster(cfg settings.Config, clientAddr string, logger *slog.Logger) (
 // replicas and read its messages, or send raft messages as a node, which
 // would make the users' permissions moot. Without users or tokens (the
 // anonymous quick start) the settings' off-loopback rules alone apply.
-func checkClusterAuth(cfg settings.Config, hasUsers bool) error {
+func CheckAuth(cfg settings.Config, hasUsers bool) error {
 	c := cfg.Cluster
 	if !c.Enabled || (!hasUsers && len(cfg.Auth.Tokens) == 0) {
 		return nil
@@ -273,7 +273,7 @@ func readGossipKey(path string) ([]byte, error) {
 }
 
 // watch logs every membership event until the membership closes.
-func (n *clusterNode) watch() {
+func (n *Node) watch() {
 	defer close(n.done)
 	var lastConflict time.Time
 	conflicts := 0
@@ -306,7 +306,7 @@ func (n *clusterNode) watch() {
 }
 
 // view is GET /api/v1/nodes.
-func (n *clusterNode) view() admin.NodesView {
+func (n *Node) view() admin.NodesView {
 	v := admin.NodesView{Cluster: true, Fenced: n.m.Fenced(),
 		Self: admin.NodeView{ID: n.id, State: "self", GossipAddr: n.m.Addr(), ClientAddr: n.client}}
 	loads := n.peerLoadViews()
@@ -325,7 +325,7 @@ func (n *clusterNode) view() admin.NodesView {
 // which serve exits: so a leave costs no partition its quorum, even when
 // another node leaves right after this one has gone. Asking again
 // returns the first answer.
-func (n *clusterNode) leave(handedOver func() (bool, string), leadsOver func(context.Context) bool, drain func()) error {
+func (n *Node) leave(handedOver func() (bool, string), leadsOver func(context.Context) bool, drain func()) error {
 	n.leaveOnce.Do(func() {
 		n.logger.Info("cluster: leaving; the replicas here are handed over, then the node drains", "node_id", n.id)
 		if err := n.m.Leave(clusterLeaveTimeoutMs * time.Millisecond); err != nil {
@@ -373,7 +373,7 @@ func (n *clusterNode) leave(handedOver func() (bool, string), leadsOver func(con
 // awaitHandover polls check until it reports done or deadline passes, and
 // logs which: "cluster: <what> handed over; draining", or, at WARN, that
 // they were not (with what check last named as still waiting).
-func (n *clusterNode) awaitHandover(what string, timeoutMs int, deadline time.Time, check func(context.Context) (bool, string)) {
+func (n *Node) awaitHandover(what string, timeoutMs int, deadline time.Time, check func(context.Context) (bool, string)) {
 	for {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		done, waiting := check(ctx)
@@ -406,7 +406,7 @@ const clusterLeadsOverTimeoutMs = 10_000
 // close stops gossip (without a leave, the others see a crash unless
 // leave came first), waits for the event logger, and stops the controller
 // replica and its transport.
-func (n *clusterNode) close() {
+func (n *Node) Close() {
 	if err := n.m.Close(); err != nil {
 		n.logger.Warn("cluster: stop gossip", "err", err)
 	}
@@ -414,8 +414,8 @@ func (n *clusterNode) close() {
 	n.stopController()
 }
 
-// clusterAdmin wires n into the admin API (nil n: a node that runs alone).
-func clusterAdmin(acfg *admin.Config, n *clusterNode, handedOver func() (bool, string), leadsOver func(context.Context) bool, drain func()) {
+// Admin wires n into the admin API (nil n: a node that runs alone).
+func Admin(acfg *admin.Config, n *Node, handedOver func() (bool, string), leadsOver func(context.Context) bool, drain func()) {
 	if n == nil {
 		return
 	}
@@ -439,6 +439,25 @@ func clusterAdmin(acfg *admin.Config, n *clusterNode, handedOver func() (bool, s
 	n.adminMoves(acfg)
 	if reg, ok := acfg.Metrics.(*prometheus.Registry); ok {
 		reg.MustRegister(clusterCollector{n})
+	}
+}
+
+// MetricDoc names a metric family a cluster node serves, with its help.
+type MetricDoc struct{ Name, Help string }
+
+// Metrics lists the metric families a cluster node serves (on /metrics,
+// when cluster.enabled), for the operator docs' table.
+func Metrics() []MetricDoc {
+	return []MetricDoc{
+		{clusterNodesName, clusterNodesHelp},
+		{clusterFencedName, clusterFencedHelp},
+		{ctlLeaderName, ctlLeaderHelp},
+		{ctlHasLeaderName, ctlHasLeaderHelp},
+		{ctlTermName, ctlTermHelp},
+		{ctlMembersName, ctlMembersHelp},
+		{raftDroppedName, raftDroppedHelp},
+		{raftTicksName, raftTicksHelp},
+		{underReplName, underReplHelp},
 	}
 }
 
@@ -477,7 +496,7 @@ var (
 )
 
 // clusterCollector exports the membership view at scrape time.
-type clusterCollector struct{ n *clusterNode }
+type clusterCollector struct{ n *Node }
 
 // Describe implements prometheus.Collector.
 func (c clusterCollector) Describe(ch chan<- *prometheus.Desc) {

@@ -1,6 +1,6 @@
 //go:build unix
 
-package main
+package clusternode
 
 import (
 	"encoding/base64"
@@ -46,17 +46,17 @@ func TestGossipKeyReadableByOthersIsRefused(t *testing.T) {
 func TestPeerTLSKeyReadableByOthersIsRefused(t *testing.T) {
 	const id = "0123456789abcdef0123456789abcdef"
 	g, err := tlsconf.Generate(tlsconf.GenerateOptions{Dir: t.TempDir(), Days: 1, Now: time.Now(),
-		PeerNodeIDs: []string{id}, PeerCluster: raftClusterID})
+		PeerNodeIDs: []string{id}, PeerCluster: RaftClusterID})
 	if err != nil {
 		t.Fatal(err)
 	}
 	peer := g.Peers[0]
 	c := settings.Config{Cluster: settings.Cluster{PeerTLSCertFile: peer.Cert, PeerTLSKeyFile: peer.Key, PeerTLSCAFile: g.PeerCA}}
-	if _, err := loadPeerTLS(c, id); err != nil {
+	if _, err := LoadPeerTLS(c, id); err != nil {
 		t.Fatalf("generated files: %v", err)
 	}
 	os.Chmod(peer.Key, 0o644)
-	_, err = loadPeerTLS(c, id)
+	_, err = LoadPeerTLS(c, id)
 	if want := "cluster.peer_tls_key_file " + peer.Key + ": readable by group or others (mode 0644): run chmod 600 " + peer.Key; err == nil || err.Error() != want {
 		t.Fatalf("got %v, want %q", err, want)
 	}

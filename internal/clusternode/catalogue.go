@@ -1,4 +1,4 @@
-package main
+package clusternode
 
 import (
 	"context"
@@ -16,8 +16,8 @@ import (
 	"github.com/sinewmq/sinew/internal/runtimesettings"
 )
 
-// clusterNode is the broker's broker.Cluster.
-var _ broker.Cluster = (*clusterNode)(nil)
+// Node is the broker's broker.Cluster.
+var _ broker.Cluster = (*Node)(nil)
 
 // placementWaitMs bounds how long CreateQueue waits for a live node in the
 // controller's table.
@@ -27,7 +27,7 @@ const placementWaitMs = 5000
 // nodes (this one and every peer membership sees alive that the table
 // holds), the less loaded by their fresh reports first among equals, and
 // commits it to the controller's catalogue.
-func (n *clusterNode) CreateQueue(ctx context.Context, topic, group string, settings []byte, partitions int) (broker.CatalogueQueue, error) {
+func (n *Node) CreateQueue(ctx context.Context, topic, group string, settings []byte, partitions int) (broker.CatalogueQueue, error) {
 	var placement []controller.Placement
 	// A node that has just started may not be in the controller's table
 	// yet (a cluster's first node commits itself right after it elects
@@ -67,7 +67,7 @@ func (n *clusterNode) CreateQueue(ctx context.Context, topic, group string, sett
 }
 
 // Lookup returns the catalogue's entry for a queue as this node applied it.
-func (n *clusterNode) Lookup(topic, group string) (broker.CatalogueQueue, bool) {
+func (n *Node) Lookup(topic, group string) (broker.CatalogueQueue, bool) {
 	q, ok := n.ctl.Status().Table.Queue(topic, group)
 	if !ok {
 		return broker.CatalogueQueue{}, false
@@ -85,7 +85,7 @@ func catalogueQueue(q controller.Queue) broker.CatalogueQueue {
 }
 
 // DeleteQueue removes a queue from the catalogue.
-func (n *clusterNode) DeleteQueue(ctx context.Context, topic, group string) (bool, error) {
+func (n *Node) DeleteQueue(ctx context.Context, topic, group string) (bool, error) {
 	err := n.ctl.DeleteQueue(ctx, topic, group)
 	if errors.Is(err, controller.ErrNoQueue) {
 		return false, nil
@@ -94,7 +94,7 @@ func (n *clusterNode) DeleteQueue(ctx context.Context, topic, group string) (boo
 }
 
 // UpdateQueue replaces a queue's settings in the catalogue.
-func (n *clusterNode) UpdateQueue(ctx context.Context, topic, group string, settings []byte) (bool, error) {
+func (n *Node) UpdateQueue(ctx context.Context, topic, group string, settings []byte) (bool, error) {
 	_, err := n.ctl.UpdateQueue(ctx, topic, group, settings)
 	if errors.Is(err, controller.ErrNoQueue) {
 		return false, nil
@@ -103,7 +103,7 @@ func (n *clusterNode) UpdateQueue(ctx context.Context, topic, group string, sett
 }
 
 // PurgeQueue records a purge in the catalogue.
-func (n *clusterNode) PurgeQueue(ctx context.Context, topic, group string) (uint64, bool, error) {
+func (n *Node) PurgeQueue(ctx context.Context, topic, group string) (uint64, bool, error) {
 	seq, err := n.ctl.PurgeQueue(ctx, topic, group)
 	if errors.Is(err, controller.ErrNoQueue) {
 		return 0, false, nil
@@ -112,30 +112,30 @@ func (n *clusterNode) PurgeQueue(ctx context.Context, topic, group string) (uint
 }
 
 // PurgeDone reports a partition's purge carried out.
-func (n *clusterNode) PurgeDone(topic, group string, partition int, seq, count uint64) {
+func (n *Node) PurgeDone(topic, group string, partition int, seq, count uint64) {
 	n.ctl.PurgeDone(topic, group, partition, seq, count)
 }
 
 // PlacementDone reports a partition whose voters are its placed replicas.
-func (n *clusterNode) PlacementDone(topic, group string, partition int, raftGroup uint64, replicas []uint64) {
+func (n *Node) PlacementDone(topic, group string, partition int, raftGroup uint64, replicas []uint64) {
 	n.ctl.PlacementDone(topic, group, partition, raftGroup, replicas)
 }
 
 // Self is this node's raft id.
-func (n *clusterNode) Self() uint64 { return n.raftID }
+func (n *Node) Self() uint64 { return n.raftID }
 
 // ReplicationWant is how many replicas a queue should have now: the
 // replication factor, capped by the nodes of the controller's table that
 // have not left.
-func (n *clusterNode) ReplicationWant() int {
+func (n *Node) ReplicationWant() int {
 	return n.ctl.Status().Table.ReplicationWant(n.ctl.ReplicationFactor())
 }
 
 // Sender carries a partition group's raft messages through the host.
-func (n *clusterNode) Sender(group uint64) func([]*raftpb.Message) { return n.host.Sender(group) }
+func (n *Node) Sender(group uint64) func([]*raftpb.Message) { return n.host.Sender(group) }
 
 // AddGroup registers a partition replica with the raft host.
-func (n *clusterNode) AddGroup(group uint64, p *partition.Partition) error {
+func (n *Node) AddGroup(group uint64, p *partition.Partition) error {
 	if group < controller.FirstPartitionGroup {
 		return fmt.Errorf("cluster: raft group %d is not a partition's", group)
 	}
@@ -143,14 +143,14 @@ func (n *clusterNode) AddGroup(group uint64, p *partition.Partition) error {
 }
 
 // RemoveGroup takes a partition replica off the raft host.
-func (n *clusterNode) RemoveGroup(group uint64) {
+func (n *Node) RemoveGroup(group uint64) {
 	if group >= controller.FirstPartitionGroup {
 		n.host.RemoveGroup(group)
 	}
 }
 
 // ClientAddr is node raftID's client address in the committed table.
-func (n *clusterNode) ClientAddr(raftID uint64) string {
+func (n *Node) ClientAddr(raftID uint64) string {
 	nd, ok := n.ctl.Status().Table.Node(raftID)
 	if !ok || nd.Left {
 		return ""
@@ -159,12 +159,12 @@ func (n *clusterNode) ClientAddr(raftID uint64) string {
 }
 
 // Fenced reports whether membership holds a majority of the peers dead.
-func (n *clusterNode) Fenced() bool { return n.m != nil && n.m.Fenced() }
+func (n *Node) Fenced() bool { return n.m != nil && n.m.Fenced() }
 
 // PeerAlive reports whether membership does not hold node raftID dead or
 // gone (broker.Cluster's). It reads the set watch keeps, without a lock:
 // partitions ask it on every tick they lead.
-func (n *clusterNode) PeerAlive(raftID uint64) bool {
+func (n *Node) PeerAlive(raftID uint64) bool {
 	if down := n.down.Load(); down != nil {
 		_, d := (*down)[raftID]
 		return !d
@@ -174,7 +174,7 @@ func (n *clusterNode) PeerAlive(raftID uint64) bool {
 
 // noteDown recomputes the set of peers membership holds dead or gone
 // (PeerAlive), after a membership event.
-func (n *clusterNode) noteDown() {
+func (n *Node) noteDown() {
 	down := map[uint64]struct{}{}
 	for _, p := range n.m.Members() {
 		if p.State == membership.StateAlive {
@@ -187,14 +187,14 @@ func (n *clusterNode) noteDown() {
 	n.down.Store(&down)
 }
 
-// syncCatalogue hands the broker every new state of the catalogue, so it
+// SyncCatalogue hands the broker every new state of the catalogue, so it
 // opens the replicas placed on this node, records moved ones and drops
 // those it no longer needs, and every reconfigureEvery (reconfigureIdleEvery
 // while settled) asks it to carry placements out on the partitions this
 // node owns, until ctx ends. It also
 // adopts the committed runtime settings into rt and, while the controller
 // holds none and this node leads it, commits rt's.
-func (n *clusterNode) syncCatalogue(ctx context.Context, b *broker.Broker, rt *runtimesettings.Store) {
+func (n *Node) SyncCatalogue(ctx context.Context, b *broker.Broker, rt *runtimesettings.Store) {
 	applied := uint64(0)
 	// pace is the next placement pass: reconfigureEvery while anything is
 	// under way, reconfigureIdleEvery once a pass found the node settled,
@@ -260,9 +260,9 @@ func (n *clusterNode) syncCatalogue(ctx context.Context, b *broker.Broker, rt *r
 // the controller to commit it.
 const runtimeCommitTimeout = 10 * time.Second
 
-// commitRuntime is the runtime settings' Committer in a cluster: it commits
+// CommitRuntime is the runtime settings' Committer in a cluster: it commits
 // next to the controller, based on version expected.
-func (n *clusterNode) commitRuntime(expected uint64, next runtimesettings.Doc) (runtimesettings.Doc, bool, error) {
+func (n *Node) CommitRuntime(expected uint64, next runtimesettings.Doc) (runtimesettings.Doc, bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), runtimeCommitTimeout)
 	defer cancel()
 	if n.ctl.Status().Table.Runtime == nil {
@@ -284,15 +284,15 @@ const (
 	reconfigureIdleEvery = 5 * time.Second
 )
 
-var _ broker.CohortCluster = (*clusterNode)(nil)
+var _ broker.CohortCluster = (*Node)(nil)
 
 // ReportCohort reports the cohort members this node serves.
-func (n *clusterNode) ReportCohort(topic, group, name string, members []string) error {
+func (n *Node) ReportCohort(topic, group, name string, members []string) error {
 	return n.ctl.ReportCohort(topic, group, name, members)
 }
 
 // CohortPlans returns the controller's committed cohort plans.
-func (n *clusterNode) CohortPlans() []broker.CohortPlan {
+func (n *Node) CohortPlans() []broker.CohortPlan {
 	ps := n.ctl.CohortPlans()
 	out := make([]broker.CohortPlan, len(ps))
 	for i, p := range ps {
@@ -302,4 +302,4 @@ func (n *clusterNode) CohortPlans() []broker.CohortPlan {
 }
 
 // CohortsChanged returns a channel closed when the committed plans change.
-func (n *clusterNode) CohortsChanged() <-chan struct{} { return n.ctl.CohortsChanged() }
+func (n *Node) CohortsChanged() <-chan struct{} { return n.ctl.CohortsChanged() }

@@ -1,4 +1,4 @@
-package main
+package clusternode
 
 import (
 	"context"
@@ -19,7 +19,7 @@ const moveNodePrefixMin = 4
 
 // adminMoves wires the operator moves (internal/controller/moves.go) into
 // the admin API (its Broker, read at each request, shows the steps).
-func (n *clusterNode) adminMoves(acfg *admin.Config) {
+func (n *Node) adminMoves(acfg *admin.Config) {
 	b := func() *broker.Broker { return acfg.Broker }
 	acfg.Moves = func(ctx context.Context) admin.MovesView {
 		st := n.ctl.Status()
@@ -86,7 +86,7 @@ func (n *clusterNode) adminMoves(acfg *admin.Config) {
 
 // aliveNow reports whether this node's membership holds node raftID alive
 // now (this node is).
-func (n *clusterNode) aliveNow(raftID uint64) bool {
+func (n *Node) aliveNow(raftID uint64) bool {
 	if raftID == n.raftID {
 		return true
 	}

@@ -1,4 +1,4 @@
-package main
+package clusternode
 
 import (
 	"github.com/sinewmq/sinew/internal/admin"
@@ -7,10 +7,10 @@ import (
 	"github.com/sinewmq/sinew/internal/membership"
 )
 
-// reportLoad makes membership send b's load to the peers every
+// ReportLoad makes membership send b's load to the peers every
 // membership.LoadIntervalDefault (docs/cluster.md, "Load signals"); nil
 // stops the reports.
-func (n *clusterNode) reportLoad(b *broker.Broker) {
+func (n *Node) ReportLoad(b *broker.Broker) {
 	if b == nil {
 		n.m.SetLoadSource(nil)
 		return
@@ -24,7 +24,7 @@ func (n *clusterNode) reportLoad(b *broker.Broker) {
 // nodeLoads is the fresh load reports by raft id, this node's own
 // included, for placement: a node missing has none (or a stale one) and
 // placement falls back to spread-first among its equals.
-func (n *clusterNode) nodeLoads() controller.NodeLoads {
+func (n *Node) nodeLoads() controller.NodeLoads {
 	out := controller.NodeLoads{}
 	if l, ok := n.m.LocalLoad(); ok {
 		out[n.raftID] = controllerLoad(l)
@@ -42,7 +42,7 @@ func controllerLoad(l membership.Load) controller.NodeLoad {
 }
 
 // peerLoadViews is each alive peer's last report for GET /api/v1/nodes.
-func (n *clusterNode) peerLoadViews() map[string]*admin.NodeLoadView {
+func (n *Node) peerLoadViews() map[string]*admin.NodeLoadView {
 	stale := n.m.LoadStaleAfter()
 	out := map[string]*admin.NodeLoadView{}
 	for name, pl := range n.m.Loads() {

@@ -1,4 +1,4 @@
-package main
+package clusternode
 
 import (
 	"context"
@@ -20,7 +20,7 @@ const clusterStopHandoverMs = 5_000
 // controller's lead has moved.
 const controllerHandoverPollMs = 20
 
-// handOverForStop is the first step of a planned stop (SIGTERM, the admin
+// HandOverForStop is the first step of a planned stop (SIGTERM, the admin
 // drain, the end of a leave): this node takes no lead from now on, the
 // lead of every partition it owns (broker.HandOverForStop) and of the
 // controller group, if it leads it, goes to a caught-up voter, all at once,
@@ -28,7 +28,7 @@ const controllerHandoverPollMs = 20
 // returns the client address of a node that stays up, for GOING_AWAY's
 // redirect (the new owner of most of the partitions this node owned, else
 // another live voter of the controller), and how long it took.
-func (n *clusterNode) handOverForStop(b *broker.Broker) (redirect string, took time.Duration) {
+func (n *Node) HandOverForStop(b *broker.Broker) (redirect string, took time.Duration) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), clusterStopHandoverMs*time.Millisecond)
 	defer cancel()
@@ -77,7 +77,7 @@ func (n *clusterNode) handOverForStop(b *broker.Broker) (redirect string, took t
 // leading most of newLeaders (groups by raft id), else the controller's
 // leader, else another live voter of the controller ("" when none is
 // known).
-func (n *clusterNode) stayingNode(newLeaders map[uint64]int) string {
+func (n *Node) stayingNode(newLeaders map[uint64]int) string {
 	best, most := uint64(0), 0
 	for id, k := range newLeaders {
 		if id != n.raftID && (k > most || k == most && id < best) {

@@ -1,4 +1,4 @@
-package main
+package clusternode
 
 import (
 	"context"
@@ -23,8 +23,8 @@ import (
 	"github.com/sinewmq/sinew/internal/vfs"
 )
 
-// raftClusterID names the cluster in the raft transport's handshake.
-const raftClusterID = "sinew"
+// RaftClusterID names the cluster in the raft transport's handshake.
+const RaftClusterID = "sinew"
 
 // reconcileEveryMs is how often the membership view is handed to the
 // controller, and the peers of the view and of the committed table to the
@@ -48,7 +48,7 @@ func (l *lateTransport) Send(to uint64, batch []multiraft.Envelope) { l.t.Send(t
 // multi-raft host and this node's controller replica (log in
 // <data dir>/cluster/controller). The node started without cluster.seeds
 // bootstraps the controller group on its first start.
-func (n *clusterNode) startController(cfg settings.Config) error {
+func (n *Node) startController(cfg settings.Config) error {
 	rid, err := controller.RaftIDOf(n.id)
 	if err != nil {
 		return err
@@ -65,13 +65,13 @@ func (n *clusterNode) startController(cfg settings.Config) error {
 		ln.Close()
 		return fmt.Errorf("cluster: raft host: %w", err)
 	}
-	peerTLS, err := loadPeerTLS(cfg, n.id)
+	peerTLS, err := LoadPeerTLS(cfg, n.id)
 	if err != nil {
 		ln.Close()
 		return err
 	}
 	warnSharedPeerCA(cfg, n.logger)
-	tr, err := raftnet.New(raftnet.Config{ClusterID: raftClusterID, NodeID: rid, Listener: ln, Receiver: host, Logger: n.logger, TLS: peerTLS,
+	tr, err := raftnet.New(raftnet.Config{ClusterID: RaftClusterID, NodeID: rid, Listener: ln, Receiver: host, Logger: n.logger, TLS: peerTLS,
 		FrameBytesMax: peerFrameBytesMax})
 	if err != nil {
 		ln.Close()
@@ -105,7 +105,7 @@ func (n *clusterNode) startController(cfg settings.Config) error {
 
 // run drives the raft host and hands the controller the membership view
 // until stopController.
-func (n *clusterNode) run(ctx context.Context) {
+func (n *Node) run(ctx context.Context) {
 	hostDone := make(chan struct{})
 	go func() {
 		defer close(hostDone)
@@ -143,7 +143,7 @@ func (n *clusterNode) run(ctx context.Context) {
 // controllerView is the membership view for Controller.Reconcile: this
 // node and every peer alive, dead or left, with the gossip address each
 // was heard at.
-func (n *clusterNode) controllerView() []controller.Member {
+func (n *Node) controllerView() []controller.Member {
 	view := []controller.Member{{Node: controller.Node{RaftID: n.raftID, ID: n.id, ClientAddr: n.client, PeerAddr: n.peer, GossipAddr: n.m.Addr(), Boot: n.boot}}}
 	for _, p := range n.m.Members() {
 		rid, err := controller.RaftIDOf(p.Name)
@@ -172,7 +172,7 @@ func (n *clusterNode) controllerView() []controller.Member {
 // reaches the nodes its own table holds, through raft and through gossip,
 // before any of them is back in its membership view. The view is this
 // turn's controllerView.
-func (n *clusterNode) knowTablePeers(tbl *controller.Table, view []controller.Member) {
+func (n *Node) knowTablePeers(tbl *controller.Table, view []controller.Member) {
 	for id, addr := range transportPeers(tbl, n.raftID, n.peer, view) {
 		n.tr.AddPeer(id, addr) // a no-op when the address is the one held
 	}
@@ -223,7 +223,7 @@ func tableGossipAddrs(tbl *controller.Table, self uint64, selfGossip string) []s
 }
 
 // stopController stops the host loop, the controller and the transport.
-func (n *clusterNode) stopController() {
+func (n *Node) stopController() {
 	if n.stop != nil {
 		n.stop()
 		<-n.loopDone
@@ -239,7 +239,7 @@ func (n *clusterNode) stopController() {
 }
 
 // controllerView is the admin API's view of the controller replica.
-func (n *clusterNode) controllerAdminView() *admin.ControllerView {
+func (n *Node) controllerAdminView() *admin.ControllerView {
 	st := n.ctl.Status()
 	names := map[uint64]string{}
 	v := &admin.ControllerView{Term: st.Term, Applied: st.Applied, Error: st.Err, Voters: []string{}, Learners: []string{}, Nodes: []admin.ControllerNodeView{}}
@@ -284,11 +284,11 @@ func isLoopbackAddr(addr string) bool {
 // peerTLSFileBytesMax bounds each peer TLS file read.
 const peerTLSFileBytesMax = 1 << 20
 
-// loadPeerTLS reads cluster.peer_tls_* (nil when unset: plain TCP, which
+// LoadPeerTLS reads cluster.peer_tls_* (nil when unset: plain TCP, which
 // the settings allow on loopback only). The certificate must name this
 // node (nodeID) as tlsconf.PeerURI does: every peer would refuse it
 // otherwise, and the cause is plainest here.
-func loadPeerTLS(cfg settings.Config, nodeID string) (*raftnet.PeerTLS, error) {
+func LoadPeerTLS(cfg settings.Config, nodeID string) (*raftnet.PeerTLS, error) {
 	c := cfg.Cluster
 	if c.PeerTLSCertFile == "" {
 		return nil, nil
@@ -329,13 +329,13 @@ func loadPeerTLS(cfg settings.Config, nodeID string) (*raftnet.PeerTLS, error) {
 			return nil, fmt.Errorf("cluster.peer_tls_cert_file %s: %w", c.PeerTLSCertFile, err)
 		}
 	}
-	named, err := tlsconf.PeerNodeID(cert.Leaf, raftClusterID)
+	named, err := tlsconf.PeerNodeID(cert.Leaf, RaftClusterID)
 	if err == nil && named != nodeID {
 		err = fmt.Errorf("it names node %s", named)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("cluster.peer_tls_cert_file %s is not this node's peer certificate: %w; this node (data directory %s) is %s, so its certificate needs the URI SAN %s (sinew cert generate --peer-data-dirs %s makes one; docs/cluster.md, \"Peer TLS\")",
-			c.PeerTLSCertFile, err, cfg.DataDir, nodeID, tlsconf.PeerURI(raftClusterID, nodeID), cfg.DataDir)
+			c.PeerTLSCertFile, err, cfg.DataDir, nodeID, tlsconf.PeerURI(RaftClusterID, nodeID), cfg.DataDir)
 	}
 	return &raftnet.PeerTLS{Certificate: cert, CAs: pool, RaftID: controller.RaftIDOf}, nil
 }
