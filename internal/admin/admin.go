@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -304,6 +305,51 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // offsets, takes a few kilobytes.
 const bodyBytesMax = 64 << 10
 
+// bodyError says what is wrong with a request body in the API's terms
+// (the field, the value given and what it takes) rather than in the
+// decoder's (Go types and struct names).
+func bodyError(err error) string {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te):
+		what := te.Value
+		if te.Field == "" {
+			return fmt.Sprintf("the body is a JSON %s; it takes an object", what)
+		}
+		return fmt.Sprintf("field %q: a %s where it takes %s", te.Field, what, jsonKindOf(te.Type))
+	case errors.As(err, &se):
+		return fmt.Sprintf("not valid JSON at byte %d: %s", se.Offset, strings.TrimPrefix(se.Error(), "json: "))
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return "the JSON ends early"
+	}
+	return strings.TrimPrefix(err.Error(), "json: ")
+}
+
+// jsonKindOf describes what JSON value a field of type t takes.
+func jsonKindOf(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uint:
+		return fmt.Sprintf("a whole number from 0 to %d", uint64(1)<<(t.Bits())-1)
+	case reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Int:
+		return fmt.Sprintf("a whole number from %d to %d", -(int64(1) << (t.Bits() - 1)), int64(1)<<(t.Bits()-1)-1)
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	}
+	return "another kind of value"
+}
+
 // decodeBody reads a JSON body into v, refusing unknown fields and
 // trailing data. An empty body leaves v as it is when emptyOK.
 func decodeBody(w http.ResponseWriter, r *http.Request, v any, emptyOK bool) bool {
@@ -318,7 +364,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any, emptyOK bool) boo
 	dec := json.NewDecoder(strings.NewReader(string(body)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		writeError(w, http.StatusBadRequest, "bad_request", "body: "+err.Error())
+		writeError(w, http.StatusBadRequest, "bad_request", "body: "+bodyError(err))
 		return false
 	}
 	if dec.More() {
