@@ -238,6 +238,14 @@ func TestAdminAgainstBroker(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "HTTP 409") {
 		t.Fatalf("declare with another partition count: exit %d, %q", code, errOut)
 	}
+	code, _, errOut = runCmd(t, "", "admin", "queue", "declare", "--topic", "neg", "--partitions", "-3", "--admin-addr", admin)
+	if code != 2 || !strings.Contains(errOut, "--partitions -3: a queue has 1 or more partitions") {
+		t.Fatalf("declare --partitions -3: exit %d, %q", code, errOut)
+	}
+	code, _, errOut = runCmd(t, "", "admin", "queue", "declare", "--topic", "big", "--max-retries", "9999999999", "--admin-addr", admin)
+	if code != 1 || !strings.Contains(errOut, `field "max_retries": a number 9999999999 where it takes a whole number`) {
+		t.Fatalf("declare --max-retries 9999999999: exit %d, %q", code, errOut)
+	}
 	if code, _, errOut := runCmd(t, "a\nb\n", "publish", "--addr", client, "--topic", "made", "--group", "g"); code != 0 {
 		t.Fatalf("publish: %s", errOut)
 	}
