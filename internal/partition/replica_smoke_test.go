@@ -68,6 +68,48 @@ func (tr *trio) tick(n int) {
 	}
 }
 
+// leaveBehind cuts a follower of leader l off, then consumes, acks and
+// publishes on l (through consumer c, attached to l) until l's checkpoints
+// have dropped the log segments the follower would need to catch up from
+// its log. It returns the follower's id, still cut off, and c.
+func (tr *trio) leaveBehind(l *Partition) (lag uint64, c *tconsumer) {
+	t := tr.t
+	for id := uint64(1); id <= 3; id++ {
+		if tr.ps[id] != l {
+			lag = id
+			break
+		}
+	}
+	tr.mu.Lock()
+	tr.cut[lag] = true
+	tr.mu.Unlock()
+	c = &tconsumer{owner: "c", credit: -1}
+	l.Attach(c)
+	synctest.Wait()
+	for round := range 20 {
+		for _, d := range c.deliveries() {
+			done := make(chan error, 1)
+			l.Settle(Ack, d.Offset, d.LeaseID, 0, func(err error) { done <- err })
+			synctest.Wait()
+			if err := <-done; err != nil && err != queue.ErrStaleLease {
+				t.Fatalf("ack %d: %v", d.Offset, err)
+			}
+		}
+		for i := range 10 {
+			ch := publish(l, fmt.Sprintf("r%d-%d", round, i), nil)
+			synctest.Wait()
+			if r := <-ch; r.err != nil {
+				t.Fatalf("publish: %v", r.err)
+			}
+		}
+		tr.tick(1)
+	}
+	if first := l.log.FirstLSN(); first <= 2 {
+		t.Fatalf("the leader's log still starts at %d: retention did not run", first)
+	}
+	return lag, c
+}
+
 // leader ticks until a replica leads and returns it.
 func (tr *trio) leader() *Partition {
 	tr.t.Helper()
@@ -136,44 +178,7 @@ func TestReplicaGroupReplicatesAndCatchesUpBySnapshot(t *testing.T) {
 				t.Errorf("replica %d holds %d ready messages, want 30", id, n)
 			}
 		}
-		// Cut one follower off, consume and ack everything on the leader
-		// and publish more, so the leader's checkpoints drop the
-		// segments the follower would need.
-		var lag uint64
-		for id := uint64(1); id <= 3; id++ {
-			if tr.ps[id] != l {
-				lag = id
-				break
-			}
-		}
-		tr.mu.Lock()
-		tr.cut[lag] = true
-		tr.mu.Unlock()
-		c := &tconsumer{owner: "c", credit: -1}
-		l.Attach(c)
-		synctest.Wait()
-		for round := range 20 {
-			for _, d := range c.deliveries() {
-				done := make(chan error, 1)
-				l.Settle(Ack, d.Offset, d.LeaseID, 0, func(err error) { done <- err })
-				synctest.Wait()
-				if err := <-done; err != nil && err != queue.ErrStaleLease {
-					t.Fatalf("ack %d: %v", d.Offset, err)
-				}
-			}
-			for i := range 10 {
-				ch := publish(l, fmt.Sprintf("r%d-%d", round, i), nil)
-				synctest.Wait()
-				if r := <-ch; r.err != nil {
-					t.Fatalf("publish: %v", r.err)
-				}
-			}
-			tr.tick(1)
-		}
-		first := l.log.FirstLSN()
-		if first <= 2 {
-			t.Fatalf("the leader's log still starts at %d: retention did not run", first)
-		}
+		lag, c := tr.leaveBehind(l)
 		tr.mu.Lock()
 		tr.cut[lag] = false
 		tr.mu.Unlock()

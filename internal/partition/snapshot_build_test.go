@@ -1,7 +1,6 @@
 package partition
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -9,7 +8,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/vfs"
 )
 
@@ -46,42 +44,7 @@ func TestSnapshotBuildDoesNotHoldUpTheLeader(t *testing.T) {
 		})
 		defer tr.closeAll()
 		l := tr.leader()
-		var lag uint64
-		for id := uint64(1); id <= 3; id++ {
-			if tr.ps[id] != l {
-				lag = id
-				break
-			}
-		}
-		tr.mu.Lock()
-		tr.cut[lag] = true
-		tr.mu.Unlock()
-		// Publish, consume and ack on the leader until its checkpoints
-		// have dropped the segments the lagging replica would need.
-		c := &tconsumer{owner: "c", credit: -1}
-		l.Attach(c)
-		for round := range 20 {
-			for i := range 10 {
-				ch := publish(l, fmt.Sprintf("r%d-%d", round, i), nil)
-				synctest.Wait()
-				if r := <-ch; r.err != nil {
-					t.Fatalf("publish: %v", r.err)
-				}
-			}
-			synctest.Wait()
-			for _, d := range c.deliveries() {
-				done := make(chan error, 1)
-				l.Settle(Ack, d.Offset, d.LeaseID, 0, func(err error) { done <- err })
-				synctest.Wait()
-				if err := <-done; err != nil && err != queue.ErrStaleLease {
-					t.Fatalf("ack %d: %v", d.Offset, err)
-				}
-			}
-			tr.tick(1)
-		}
-		if first := l.log.FirstLSN(); first <= 2 {
-			t.Fatalf("the leader's log still starts at %d: retention did not run", first)
-		}
+		lag, _ := tr.leaveBehind(l)
 
 		armed.Store(true)
 		tr.mu.Lock()
