@@ -138,6 +138,7 @@ func (p *Partition) afterTurn() {
 	}
 	now := p.nowMs()
 	p.expireSnapshot()
+	p.checkSnapshotsSent(now)
 	p.startDeadLetters(now)
 	// A leader handing its lead over proposes nothing, and relocation
 	// would (transferTurn).

@@ -458,6 +458,9 @@ type Partition struct {
 	// snap is the raft snapshot being built off the actor, or built and
 	// not yet taken by raft (snapshot.go); actor only.
 	snap *snapBuild
+	// snapsSent holds, by follower, when this leader sent it a snapshot
+	// that raft still waits on (snapshot.go); actor only.
+	snapsSent map[uint64]int64
 	// down is set (once) when the actor fails, for Unavailable.
 	down    atomic.Pointer[error]
 	qcfg    atomic.Pointer[queue.Config]

@@ -399,10 +399,15 @@ func (p *Partition) sendRaft(ms []*raftpb.Message) {
 	p.cfg.Send(ms)
 	for _, m := range ms {
 		if m.Type == raftpb.MsgSnap {
-			// The transport does not say whether a message arrived:
-			// the leader goes back to probing the follower, which
-			// asks again if the snapshot was lost.
-			p.rn.ReportSnapshot(m.To, raft.SnapshotFinish)
+			// Not reported finished here: raft keeps the follower
+			// waiting for it (no appends, which would overtake it on
+			// the transport's separate snapshot lane and make it ask
+			// for another) until the follower's answer after applying
+			// it, or a report that it was lost (snapshot.go).
+			if p.snapsSent == nil {
+				p.snapsSent = map[uint64]int64{}
+			}
+			p.snapsSent[m.To] = p.nowMs()
 		}
 	}
 }
@@ -762,6 +767,12 @@ func (p *Partition) Step(m *raftpb.Message) error {
 func (p *Partition) stepInbound(msgs []*raftpb.Message) error {
 	defer p.inbound.done(msgs)
 	for _, m := range msgs {
+		if m.Type == raftpb.MsgSnapStatus {
+			// The transport dropped a snapshot this replica sent
+			// (raftnet: a full queue, a failed write).
+			p.snapshotLost(m.From, "the transport dropped it")
+			continue
+		}
 		if m.Type == raftpb.MsgTimeoutNow && p.leaving.Load() {
 			// A leadership transfer to a replica whose node is
 			// stopping: refused (raft's leader abandons it after an

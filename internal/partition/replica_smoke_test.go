@@ -22,6 +22,9 @@ type trio struct {
 	cfgs  [4]Config
 	cut   [4]bool
 	peers []uint64
+	// hold, when set, sees every message before it is routed (under mu);
+	// it returns true to keep the message from its replica.
+	hold func(from uint64, m *raftpb.Message) bool
 }
 
 func newTrio(t *testing.T, mod func(*Config)) *trio {
@@ -47,6 +50,9 @@ func (tr *trio) route(from uint64, ms []*raftpb.Message) {
 	for _, m := range ms {
 		to := m.To
 		if to < 1 || to > 3 || tr.cut[from] || tr.cut[to] || tr.ps[to] == nil {
+			continue
+		}
+		if tr.hold != nil && tr.hold(from, m) {
 			continue
 		}
 		_ = tr.ps[to].Step(m)

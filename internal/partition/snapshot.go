@@ -10,6 +10,7 @@ import (
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 
 	"github.com/sinewmq/sinew/internal/queue"
 	"github.com/sinewmq/sinew/internal/seglog"
@@ -123,6 +124,52 @@ func (p *Partition) expireSnapshot() {
 			p.snap = nil
 		}
 	default:
+	}
+}
+
+// snapshotAnswerWaitMs is how long a leader keeps a follower waiting for
+// a snapshot it sent before raft hears it finished anyway. raft sends the
+// follower nothing else meanwhile: appends sent at once would overtake the
+// snapshot (it travels on a lane of its own, raftnet) and be refused, and
+// the leader would build and send another. The follower's answer once it
+// has applied the snapshot ends the wait first, in the common case; the
+// bound covers an answer that never comes (the follower restarted after
+// applying it): raft then probes the follower, which asks for a snapshot
+// again only if it still lacks one.
+const snapshotAnswerWaitMs = 2_000
+
+// snapshotLost reports the snapshot sent to follower to as failed, so raft
+// probes the follower again and sends a new one if it still needs one.
+func (p *Partition) snapshotLost(to uint64, why string) {
+	if _, ok := p.snapsSent[to]; !ok {
+		return
+	}
+	delete(p.snapsSent, to)
+	p.rn.ReportSnapshot(to, raft.SnapshotFailure)
+	p.logger.Info("raft snapshot to a follower lost; it is sent again if still needed", "to", to, "why", why)
+}
+
+// checkSnapshotsSent forgets the snapshots whose followers answered (raft
+// no longer waits on them) and reports as finished those unanswered for
+// snapshotAnswerWaitMs. Actor only, after each turn.
+func (p *Partition) checkSnapshotsSent(now int64) {
+	if len(p.snapsSent) == 0 {
+		return
+	}
+	waiting := map[uint64]bool{}
+	p.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		if pr.State == tracker.StateSnapshot {
+			waiting[id] = true
+		}
+	})
+	for to, at := range p.snapsSent {
+		switch {
+		case !waiting[to]:
+			delete(p.snapsSent, to)
+		case now-at >= snapshotAnswerWaitMs:
+			delete(p.snapsSent, to)
+			p.rn.ReportSnapshot(to, raft.SnapshotFinish)
+		}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sinewmq/sinew/internal/vfs"
+	"go.etcd.io/raft/v3/raftpb"
 )
 
 // ckptReadGateFS holds every read of a checkpoint file while armed, until
@@ -76,6 +77,153 @@ func TestSnapshotBuildDoesNotHoldUpTheLeader(t *testing.T) {
 		fn, fa := readyCount(tr.ps[lag])
 		if fa < la-1 || fn != ln {
 			t.Errorf("lagging replica: applied %d ready %d; leader applied %d ready %d", fa, fn, la, ln)
+		}
+	})
+}
+
+// A leader that sent a follower a snapshot sends it nothing else until the
+// follower answers once it has applied it: appends sent meanwhile would
+// reach it first, be refused, and make the leader send another snapshot.
+func TestSnapshotFollowerAnswersBeforeTheLeaderMovesOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTrio(t, func(c *Config) {
+			c.CheckpointEveryRecords = 20
+			c.SegmentBytes = 4096
+			c.Queue.LeaseMs = 3_600_000
+		})
+		defer tr.closeAll()
+		l := tr.leader()
+		lag, _ := tr.leaveBehind(l)
+		// Snapshots to the lagging replica are held back, as on a slow
+		// lane; everything else flows.
+		var held []*raftpb.Message
+		sent := 0
+		tr.mu.Lock()
+		tr.hold = func(from uint64, m *raftpb.Message) bool {
+			if m.Type == raftpb.MsgSnap && m.To == lag {
+				sent++
+				held = append(held, m)
+				return true
+			}
+			return false
+		}
+		tr.cut[lag] = false
+		tr.mu.Unlock()
+		tr.tick(40)
+		tr.mu.Lock()
+		n := sent
+		tr.mu.Unlock()
+		if n != 1 {
+			t.Fatalf("the leader sent %d snapshots while the first was on its way, want 1", n)
+		}
+		// The snapshot arrives; the follower applies it and answers.
+		tr.mu.Lock()
+		tr.hold = nil
+		m := held[0]
+		tr.mu.Unlock()
+		if err := tr.ps[lag].Step(m); err != nil {
+			t.Fatal(err)
+		}
+		tr.tick(30)
+		if got := tr.ps[lag].log.FirstLSN(); got < 2 {
+			t.Fatalf("lagging replica's log starts at %d: the snapshot was not installed", got)
+		}
+		ln, la := readyCount(l)
+		fn, fa := readyCount(tr.ps[lag])
+		if fa < la-1 || fn != ln {
+			t.Errorf("lagging replica: applied %d ready %d; leader applied %d ready %d", fa, fn, la, ln)
+		}
+	})
+}
+
+// A snapshot the transport reports lost (raftnet's MsgSnapStatus with
+// Reject) is sent again at the leader's next attempt, without waiting for
+// an answer that cannot come.
+func TestSnapshotLostInTransportIsSentAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTrio(t, func(c *Config) {
+			c.CheckpointEveryRecords = 20
+			c.SegmentBytes = 4096
+			c.Queue.LeaseMs = 3_600_000
+		})
+		defer tr.closeAll()
+		l := tr.leader()
+		lag, _ := tr.leaveBehind(l)
+		sent := 0
+		var lost *raftpb.Message
+		tr.mu.Lock()
+		tr.hold = func(from uint64, m *raftpb.Message) bool {
+			if m.Type != raftpb.MsgSnap || m.To != lag {
+				return false
+			}
+			sent++
+			if sent == 1 {
+				lost = m // dropped, as by a failed write
+				return true
+			}
+			return false
+		}
+		tr.cut[lag] = false
+		tr.mu.Unlock()
+		tr.tick(10)
+		tr.mu.Lock()
+		m := lost
+		tr.mu.Unlock()
+		if m == nil {
+			t.Fatal("no snapshot was sent")
+		}
+		if err := l.Step(&raftpb.Message{Type: raftpb.MsgSnapStatus, From: lag, To: m.From, Reject: true}); err != nil {
+			t.Fatal(err)
+		}
+		tr.tick(30)
+		tr.mu.Lock()
+		n := sent
+		tr.mu.Unlock()
+		if n < 2 {
+			t.Fatalf("the lost snapshot was not sent again (%d sent)", n)
+		}
+		if got := tr.ps[lag].log.FirstLSN(); got < 2 {
+			t.Fatalf("lagging replica's log starts at %d: it was not caught up by the second snapshot", got)
+		}
+	})
+}
+
+// A snapshot whose follower never answers (the answer was lost, or the
+// follower restarted after applying it) keeps the leader waiting only
+// snapshotAnswerWaitMs: raft then probes the follower, which asks for a
+// snapshot again if it still lacks one.
+func TestSnapshotUnansweredIsGivenUpAfterTheWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTrio(t, func(c *Config) {
+			c.CheckpointEveryRecords = 20
+			c.SegmentBytes = 4096
+			c.Queue.LeaseMs = 3_600_000
+		})
+		defer tr.closeAll()
+		l := tr.leader()
+		lag, _ := tr.leaveBehind(l)
+		sent := 0
+		tr.mu.Lock()
+		tr.hold = func(from uint64, m *raftpb.Message) bool {
+			if m.Type == raftpb.MsgSnap && m.To == lag {
+				sent++
+				return sent == 1 // the first never arrives, and nothing says so
+			}
+			return false
+		}
+		tr.cut[lag] = false
+		tr.mu.Unlock()
+		tr.tick(20)
+		time.Sleep(snapshotAnswerWaitMs * time.Millisecond)
+		tr.tick(30)
+		tr.mu.Lock()
+		n := sent
+		tr.mu.Unlock()
+		if n < 2 {
+			t.Fatalf("the leader still waits on its unanswered snapshot (%d sent)", n)
+		}
+		if got := tr.ps[lag].log.FirstLSN(); got < 2 {
+			t.Fatalf("lagging replica's log starts at %d: it was not caught up", got)
 		}
 	})
 }

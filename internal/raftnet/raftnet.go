@@ -304,6 +304,7 @@ func (t *Transport) Send(to uint64, batch []multiraft.Envelope) {
 	t.mu.Unlock()
 	if p == nil {
 		t.queueDropped.Add(1)
+		t.snapshotsLost(to, batch)
 		return
 	}
 	batch, snaps := splitSnaps(batch)
@@ -312,6 +313,7 @@ func (t *Transport) Send(to uint64, batch []multiraft.Envelope) {
 		case p.snaps <- snaps:
 		default:
 			t.queueDropped.Add(1)
+			t.snapshotsLost(to, snaps)
 		}
 	}
 	if len(batch) == 0 {
@@ -321,6 +323,25 @@ func (t *Transport) Send(to uint64, batch []multiraft.Envelope) {
 	case p.q <- batch:
 	default:
 		t.queueDropped.Add(1)
+	}
+}
+
+// snapshotsLost tells this node's raft groups that their snapshots in
+// batch, bound for peer, were dropped here: each group gets a MsgSnapStatus
+// with Reject from that peer (raft's report of a failed snapshot), so its
+// leader sends one again instead of waiting for an answer that will not
+// come. A snapshot that leaves this node is answered by the peer's raft
+// once applied; none is reported finished here.
+func (t *Transport) snapshotsLost(peer uint64, batch []multiraft.Envelope) {
+	var notes []multiraft.Envelope
+	for _, e := range batch {
+		if e.Msg != nil && e.Msg.Type == raftpb.MsgSnap {
+			notes = append(notes, multiraft.Envelope{Group: e.Group,
+				Msg: &raftpb.Message{Type: raftpb.MsgSnapStatus, From: peer, To: e.Msg.From, Reject: true}})
+		}
+	}
+	if len(notes) > 0 {
+		t.cfg.Receiver.Deliver(t.cfg.NodeID, notes)
 	}
 }
 
@@ -557,7 +578,8 @@ func (t *Transport) write(p *peer, q chan []multiraft.Envelope) {
 		for _, d := range dropped {
 			t.oversized.Add(1)
 			t.log.Warn("raftnet: a message larger than a frame was dropped; raft sends it again, and will keep failing (raise FrameBytesMax)",
-				"peer", p.id, "group", d.group, "type", d.typ, "bytes", d.bytes, "frame_bytes_max", t.cfg.FrameBytesMax)
+				"peer", p.id, "group", d.env.Group, "type", d.typ, "bytes", d.bytes, "frame_bytes_max", t.cfg.FrameBytesMax)
+			t.snapshotsLost(p.id, []multiraft.Envelope{d.env})
 		}
 		for _, payload := range payloads {
 			c.SetWriteDeadline(time.Now().Add(writeTimeout(t.cfg.WriteTimeoutMs, len(payload))))
@@ -565,6 +587,10 @@ func (t *Transport) write(p *peer, q chan []multiraft.Envelope) {
 				t.writeLost.Add(1)
 				t.untrack(c)
 				c = nil
+				// Which of the batch's snapshots reached the peer
+				// is not known: each is reported lost, and one that
+				// did arrive is ignored when it comes again.
+				t.snapshotsLost(p.id, batch)
 				break
 			}
 		}
@@ -707,7 +733,7 @@ func writeTimeout(baseMs, n int) time.Duration {
 
 // droppedMsg describes a message encodeBatch left out.
 type droppedMsg struct {
-	group uint64
+	env   multiraft.Envelope
 	typ   string
 	bytes int
 }
@@ -735,7 +761,7 @@ func encodeBatch(batch []multiraft.Envelope, frameMax int) (out [][]byte, droppe
 		rec = binary.AppendUvarint(rec, uint64(len(m)))
 		rec = append(rec, m...)
 		if len(rec)+binary.MaxVarintLen64 > frameMax {
-			dropped = append(dropped, droppedMsg{group: e.Group, typ: e.Msg.Type.String(), bytes: len(rec)})
+			dropped = append(dropped, droppedMsg{env: e, typ: e.Msg.Type.String(), bytes: len(rec)})
 			continue
 		}
 		if len(cur)+len(rec)+binary.MaxVarintLen64 > frameMax {

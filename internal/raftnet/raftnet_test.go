@@ -304,7 +304,7 @@ func TestBatchSplitAndDecode(t *testing.T) {
 	big.Msg.Snapshot = &raftpb.Snapshot{Data: make([]byte, 4096)}
 	batch = append(batch, big)
 	frames, dropped := encodeBatch(batch, 1024)
-	if len(dropped) != 1 || dropped[0].group != 7 || dropped[0].typ != "MsgSnap" || dropped[0].bytes <= 4096 {
+	if len(dropped) != 1 || dropped[0].env.Group != 7 || dropped[0].typ != "MsgSnap" || dropped[0].bytes <= 4096 {
 		t.Fatalf("dropped %+v, want the 4 KiB snapshot only", dropped)
 	}
 	if len(frames) < 2 {
@@ -461,4 +461,35 @@ wait:
 	rec := &tnode{rec: &h.recorder}
 	await(t, rec, "a message sent after the snapshot, while the snapshot is held", func() { a.t.Send(2, []multiraft.Envelope{msg(1, 1, 2, 42)}) },
 		func(g got) bool { return len(g.batch) == 1 && g.batch[0].Msg.Index == 42 })
+}
+
+// A snapshot the transport drops is reported to the sending group at once,
+// as raft's failed snapshot (MsgSnapStatus with Reject, from the peer it was
+// for), so its leader sends another rather than wait for an answer: here
+// one for a peer the transport does not know, and one larger than a frame.
+func TestDroppedSnapshotIsReportedToItsGroup(t *testing.T) {
+	snap := func(group, from, to uint64, bytesN int) multiraft.Envelope {
+		m := msg(group, from, to, 1)
+		m.Msg.Type, m.Msg.Entries = raftpb.MsgSnap, nil
+		m.Msg.Snapshot = &raftpb.Snapshot{Data: bytes.Repeat([]byte{7}, bytesN),
+			Metadata: raftpb.SnapshotMetadata{Index: 5, Term: 3}}
+		return m
+	}
+	isLoss := func(group, peer, self uint64) func(got) bool {
+		return func(g got) bool {
+			if g.from != self || len(g.batch) != 1 {
+				return false
+			}
+			e := g.batch[0]
+			return e.Group == group && e.Msg.Type == raftpb.MsgSnapStatus && e.Msg.Reject && e.Msg.From == peer && e.Msg.To == self
+		}
+	}
+	a, b := start(t, 1, "c"), start(t, 2, "c")
+	// No peer 7: the snapshot (and the message beside it) go nowhere.
+	a.t.Send(7, []multiraft.Envelope{msg(4, 1, 7, 1), snap(5, 1, 7, 10)})
+	await(t, a, "the report of a snapshot for an unknown peer", nil, isLoss(5, 7, 1))
+	// Larger than the 4 MiB default frame: dropped by the peer's writer.
+	a.t.AddPeer(2, b.addr())
+	a.t.Send(2, []multiraft.Envelope{snap(6, 1, 2, 6<<20)})
+	await(t, a, "the report of a snapshot larger than a frame", nil, isLoss(6, 2, 1))
 }
