@@ -344,8 +344,8 @@ func adminQueueConfig(ctx context.Context, name string, args []string, stdout, s
 		return err
 	}
 	body := df.body(fs)
-	if body.Partitions != nil && (*body.Partitions < 1 || *body.Partitions > math.MaxUint32) {
-		return fmt.Errorf("%w: --partitions %d: a queue has 1 or more partitions", errUsage, *body.Partitions)
+	if body.Partitions != nil && (*body.Partitions < 0 || *body.Partitions > math.MaxUint32) {
+		return fmt.Errorf("%w: --partitions %d: give 1 or more (0, or no flag, takes the broker's default)", errUsage, *body.Partitions)
 	}
 	if method == http.MethodPatch && body == (apiQueueDeclare{}) {
 		return fmt.Errorf("%w: nothing to update: give at least one of --max-retries, --default-ttl-ms, --lease-ms, --dead-letter-mode, --dead-letter-target", errUsage)

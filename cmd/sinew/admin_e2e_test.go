@@ -239,7 +239,7 @@ func TestAdminAgainstBroker(t *testing.T) {
 		t.Fatalf("declare with another partition count: exit %d, %q", code, errOut)
 	}
 	code, _, errOut = runCmd(t, "", "admin", "queue", "declare", "--topic", "neg", "--partitions", "-3", "--admin-addr", admin)
-	if code != 2 || !strings.Contains(errOut, "--partitions -3: a queue has 1 or more partitions") {
+	if code != 2 || !strings.Contains(errOut, "--partitions -3: give 1 or more (0, or no flag, takes the broker's default)") {
 		t.Fatalf("declare --partitions -3: exit %d, %q", code, errOut)
 	}
 	code, _, errOut = runCmd(t, "", "admin", "queue", "declare", "--topic", "big", "--max-retries", "9999999999", "--admin-addr", admin)
