@@ -357,6 +357,27 @@ class Span:
                                         f"{SETTLE_HEDGE_AFTER_S}s")
         await self._resettle(m, kind, delay_ms, cause, part_client.addr)
 
+    async def extend(self, m: Message, extend_ms: int) -> None:
+        """Extends m's lease where its delivery came from, and at the
+        partition's current owner by lease reference when that node went
+        away, no longer owns the partition or did not answer in time, as a
+        settle is (EXTEND has NACK's layout, with extend_ms for delay_ms)."""
+        part_client = m._sub._client
+        first = asyncio.ensure_future(part_client._extend(m, extend_ms, direct=True))
+        done, _ = await asyncio.wait({first}, timeout=SETTLE_HEDGE_AFTER_S)
+        if first in done:
+            exc = first.exception()
+            if exc is None:
+                return
+            if not resettleable(exc):
+                raise exc
+            cause: BaseException = exc
+        else:
+            first.add_done_callback(lambda f: f.cancelled() or f.exception())
+            cause = ConnectionLostError(f"sinew: {part_client.addr} did not answer the extend within "
+                                        f"{SETTLE_HEDGE_AFTER_S}s")
+        await self._resettle(m, w.EXTEND, extend_ms, cause, part_client.addr)
+
     async def _resettle(self, m: Message, kind: int, delay_ms: int, cause: BaseException, gone: str) -> None:
         """Sends m's settle to its partition's current owner by lease reference,
         until an answer is final."""
@@ -388,19 +409,20 @@ class Span:
                 self.forget_owner(m.partition, p.addr)
                 continue
             if code == 0:
-                log.info("sinew: settle of %s partition %d offset %d applied at %s by lease reference (%s)",
-                         m.topic, m.partition, m.offset, p.addr, cause)
+                log.info("sinew: %s of %s partition %d offset %d applied at %s by lease reference (%s)",
+                         "extend" if kind == w.EXTEND else "settle", m.topic, m.partition, m.offset, p.addr, cause)
                 return
             if code in _RESETTLE_CODES:
                 last = broker_error(code, "settle refused")
                 self.forget_owner(m.partition, p.addr)
                 continue
             if code == CODE_STALE_LEASE:
-                if kind != w.ACK and isinstance(cause, (ConnectionLostError, HeartbeatTimeoutError)):
+                if kind not in (w.ACK, w.EXTEND) and isinstance(cause, (ConnectionLostError, HeartbeatTimeoutError)):
                     # The first send may have taken effect before its
                     # connection broke: a NACK or FAIL repeated after that is
                     # stale_lease, which would misreport it. Its outcome is
-                    # unknown, as the first send's error said.
+                    # unknown, as the first send's error said. (An EXTEND
+                    # repeated finds the lease it extended, or none.)
                     raise cause
                 raise StaleDeliveryError("sinew: broker: stale_lease")
             raise broker_error(code, "settle refused")

@@ -2283,12 +2283,20 @@ class Client:
 
         return done
 
-    async def _extend(self, m: Message, extend_ms: int) -> None:
+    async def _extend(self, m: Message, extend_ms: int, direct: bool = False) -> None:
         _check_int("extend_ms", extend_ms, 1, _I64_MAX)
         if m._sub.auto_ack:
             raise AlreadySettledError("sinew: message already settled (auto-ack subscription)")
         if m._settled:
             raise AlreadySettledError("sinew: message already settled")
+        sp = self._part_of
+        if sp is not None and not direct:
+            # A delivery of a spanning subscription: extended through it,
+            # so that the extension follows the partition's owner.
+            if sp.parent._closing or sp.stopped:
+                raise ClientClosedError("sinew: client closed")
+            await sp.extend(m, extend_ms)
+            return
         if m._stale or m._epoch != self._epoch:
             raise StaleDeliveryError("sinew: the delivery's lease is no longer held")
         body = w.Extend([m.tag], extend_ms, [m.lease])

@@ -258,6 +258,38 @@ class Spanning(unittest.IsolatedAsyncioTestCase):
 
         await asyncio.wait_for(body(), TEST_LIMIT_S)
 
+    async def test_extend_whose_node_died_applies_at_new_owner(self) -> None:
+        async def body() -> None:
+            admin, own = await self.spread_queue("reextend", lease_ms=3000)
+            dialled = self.cl.addrs[0]
+            victim = next(a for a in own.values() if a != dialled)
+            part = next(p for p, a in own.items() if a == victim)
+            pub = await sinew.connect(victim)
+            await pub.publish("reextend", "x0", partition=part)
+            await pub.close()
+            c = await sinew.connect(dialled)
+            self.addAsyncCleanup(c.close)
+            sub = await c.subscribe("reextend", prefetch=10)
+            m = await asyncio.wait_for(sub.__anext__(), 10.0)
+            await self.cl.node(victim).kill()
+            await owners(admin, "reextend", not_on=victim, partition=part)
+            # Extended after its node died: by lease reference at the new
+            # owner, well past the 3 s lease.
+            with self.assertLogs("sinew", "INFO") as logs:
+                await asyncio.wait_for(m.extend(20_000), 15.0)
+            self.assertTrue(any("extend of" in line and "by lease reference" in line for line in logs.output),
+                            logs.output)
+            # Past the lease it had, the message has not come back: the
+            # extension holds it.
+            try:
+                again = await asyncio.wait_for(sub.__anext__(), 5.0)
+                self.fail(f"delivered again while extended: {again.text} attempt {again.attempt}")
+            except asyncio.TimeoutError:
+                pass
+            await asyncio.wait_for(m.complete(confirmed=True), 15.0)
+
+        await asyncio.wait_for(body(), TEST_LIMIT_S)
+
     async def test_subscribe_before_the_queue_exists(self) -> None:
         async def body() -> None:
             c = await sinew.connect(self.cl.addrs[0])
