@@ -1494,6 +1494,7 @@ export class Client {
     if (msg.sub.autoAck) return Promise.resolve();
     const span = msg.sub.parent?.span;
     if (span && !extend) return span.settle(this, msg, op, delayMs, o.confirmed === true, oo);
+    if (span) return span.extend(this, msg, delayMs, oo);
     if (msg.stale || msg.epoch !== this.epoch) {
       if (!extend) msg.sub.release(msg);
       return Promise.reject(new StaleDeliveryError());
@@ -2964,6 +2965,14 @@ class Span {
     return abortable("settle", oo, { sent: true }, () => done);
   }
 
+  /** An extend of a message a part delivered: sent where the message came
+   * from, and to the partition's current owner by lease reference when that
+   * node is gone, refuses it or does not answer in time, as a settle is. */
+  extend(nc: Client, msg: Message, ms: number, oo: OperationOptions): Promise<void> {
+    const done = this.settleOutcome(nc, msg, Op.EXTEND, ms);
+    return abortable("extend", oo, { sent: true }, () => done);
+  }
+
   private async settleOutcome(nc: Client, msg: Message, op: number, delayMs: number): Promise<void> {
     let first: Promise<void>;
     if (msg.stale || msg.epoch !== nc.sessionEpoch()) {
@@ -3003,7 +3012,8 @@ class Span {
         if (part) this.forgetOwner(msg.partition, part.nodeAddr());
         continue;
       }
-      const body = { tags: [0n], delay_ms: BigInt(delayMs), leases: [{ ...msg.lease, sub_id: id }] };
+      const leases = [{ ...msg.lease, sub_id: id }];
+      const body = op === Op.EXTEND ? { tags: [0n], extend_ms: BigInt(delayMs), leases } : { tags: [0n], delay_ms: BigInt(delayMs), leases };
       let code: number;
       try {
         const reply = await hedged(c.call(op, body), SETTLE_HEDGE_MS, part.nodeAddr());
@@ -3020,7 +3030,8 @@ class Span {
         // A NACK or FAIL repeated after a first send that took effect
         // before its connection broke is stale_lease: its outcome is the
         // first send's, unknown.
-        if (op !== Op.ACK && (cause instanceof ConnectionLostError || cause instanceof HeartbeatTimeoutError)) throw cause;
+        // (An EXTEND repeated finds the lease it extended, or none.)
+        if (op !== Op.ACK && op !== Op.EXTEND && (cause instanceof ConnectionLostError || cause instanceof HeartbeatTimeoutError)) throw cause;
         throw new StaleDeliveryError("the partition's owner judged the lease stale");
       }
       const err = brokerError(code, "settle refused");

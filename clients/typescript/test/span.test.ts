@@ -238,6 +238,43 @@ test("a settle whose node died is applied at the new owner by lease reference", 
   }
 });
 
+test("an extend whose node died is applied at the new owner by lease reference", T, async () => {
+  const cl = await Cluster.start();
+  const clients: Client[] = [];
+  try {
+    const leaseMs = 3_000;
+    const admin = await connect(cl.nodes[0]!.addr, { connectTimeoutMs: 20_000 });
+    clients.push(admin);
+    await admin.declareQueue("reextend", { partitions: 6, leaseMs });
+    const owners = await spreadOwners(cl, "reextend", 6);
+    const home = owners[0]!;
+    const p = owners.findIndex((o) => o !== home);
+    const victim = owners[p]!;
+    const c = await connect(home, { connectTimeoutMs: 20_000 });
+    clients.push(c);
+    const sub = await c.subscribe("reextend");
+    await publishAll(admin, "reextend", ["x-0"], p);
+    const held: Message[] = [];
+    const done = reader(sub, (m) => {
+      held.push(m);
+    });
+    assert.ok(await until(() => held.length === 1, 20_000), `received ${held.length} of 1`);
+    await cl.node(victim).kill9();
+    // Extended after its node died, well past the 3 s lease: by lease
+    // reference at the new owner.
+    await held[0]!.extend(20_000, { timeoutMs: 30_000 });
+    // Past the lease it had, it has not come back: the extension holds it.
+    await new Promise((r) => setTimeout(r, leaseMs + 2_000));
+    assert.equal(held.length, 1, `delivered again while extended: ${held.map((m) => `${m.text} attempt ${m.attempt}`).join(", ")}`);
+    await held[0]!.complete({ confirmed: true, timeoutMs: 30_000 });
+    await sub.unsubscribe();
+    await done;
+  } finally {
+    await Promise.all(clients.map((c) => c.close().catch(() => {})));
+    await cl.destroy();
+  }
+});
+
 test("a cohort subscription in a cluster gets every partition assigned and delivered, from each owner", T, async () => {
   const cl = await Cluster.start();
   const clients: Client[] = [];
