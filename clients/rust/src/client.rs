@@ -3382,8 +3382,9 @@ impl Message {
         if self.auto_ack || self.settled.load(Ordering::SeqCst) {
             return Err(Error::AlreadySettled);
         }
-        let f = self.queue(op::EXTEND, ms(d).max(1), None);
-        f.await
+        let delay = ms(d).max(1);
+        let first = self.queue(op::EXTEND, delay, None);
+        self.follow_owner(op::EXTEND, delay, first, None).await
     }
 
     fn settle(&self, kind: u8, delay: i64) -> SettleFuture {
@@ -3391,17 +3392,22 @@ impl Message {
             return SettleFuture { inner: SettleInner::Ready(Some(Err(Error::AlreadySettled))) };
         }
         let first = self.queue(kind, delay, Some(self.settled.clone()));
+        self.follow_owner(kind, delay, first, Some(self.settled.clone()))
+    }
+
+    /// A spanning subscription's message: when its node cannot settle or
+    /// extend it (or, for an ACK or an EXTEND, does not answer at once) the
+    /// request goes to the partition's owner by lease reference. The first
+    /// answer that is an outcome counts; an ACK or an EXTEND applied twice
+    /// is answered ok twice. `settled`, for a settle, is set once one
+    /// applied it.
+    fn follow_owner(&self, kind: u8, delay: i64, first: SettleFuture, settled: Option<Arc<AtomicBool>>) -> SettleFuture {
         let (group, rt) = match (&self.span, tokio::runtime::Handle::try_current()) {
             (Some(g), Ok(rt)) => (g.clone(), rt),
             _ => return first,
         };
-        // A spanning subscription's message: when its node cannot settle it
-        // (or, for an ACK, does not answer at once) the settle goes to the
-        // partition's owner by lease reference. The first answer that is
-        // an outcome counts; an ACK applied twice is answered ok twice.
         let (tx, rx) = oneshot::channel();
         let lease = self.lease;
-        let settled = self.settled.clone();
         let member = self.shared.clone();
         rt.spawn(async move {
             let mut first = first;
@@ -3420,10 +3426,11 @@ impl Message {
             let out = match tokio::time::timeout(SETTLE_RACE, &mut first).await {
                 Ok(Err(e)) if reroutable(&e) => follow(e).await,
                 Ok(r) => r,
-                // No answer yet: an ACK (applying it twice is answered ok
-                // twice), or any settle whose node is not connected, goes to
-                // the owner as well; the first outcome counts.
-                Err(_) if kind == op::ACK || member.lock().live.is_none() => {
+                // No answer yet: an ACK or an EXTEND (applying either twice
+                // is answered ok twice), or anything whose node is not
+                // connected, goes to the owner as well; the first outcome
+                // counts.
+                Err(_) if kind == op::ACK || kind == op::EXTEND || member.lock().live.is_none() => {
                     let other = group.settle_at_owner(kind, delay, lease);
                     tokio::pin!(other);
                     tokio::select! {
@@ -3442,8 +3449,8 @@ impl Message {
                     r => r,
                 },
             };
-            if out.is_ok() {
-                settled.store(true, Ordering::SeqCst);
+            if let (true, Some(s)) = (out.is_ok(), &settled) {
+                s.store(true, Ordering::SeqCst);
             }
             let _ = tx.send(out);
         });

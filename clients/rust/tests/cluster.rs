@@ -560,3 +560,41 @@ async fn cluster_settle_follows_the_owner_by_lease_reference() {
     sc.close().await.unwrap();
     publisher.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_extend_follows_the_owner_by_lease_reference() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cl = Cluster::start().await;
+    let publisher = sinew::connect_with(opts(&cl.addrs())).await.unwrap();
+    let lease = Duration::from_secs(3);
+    publisher
+        .declare_queue("reextend", QueueOptions { partitions: 1, lease: Some(lease), ..Default::default() })
+        .await
+        .unwrap();
+    let owner = owner_of(&publisher, "reextend", None).await;
+    let seed = cl.addrs().into_iter().find(|a| *a != owner).unwrap();
+    let sc = sinew::connect_with(opts(std::slice::from_ref(&seed))).await.unwrap();
+    let mut sub = sc.subscribe_with("reextend", SubscribeOptions::new().prefetch(10)).await.unwrap();
+    publisher.publish("reextend", "x-0").await.unwrap();
+    let m = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.expect("delivery").unwrap().unwrap();
+    // The lease's grant reaches the replicas, then the owner that delivered
+    // it is killed: the extension goes to the new owner by lease reference.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let victim = cl.index(&owner);
+    cl.nodes[victim].kill9().await;
+    let killed = Instant::now();
+    match tokio::time::timeout(Duration::from_secs(30), m.extend(Duration::from_secs(20))).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("extend after the owner died: {}\n{}", e, cl.logs()),
+        Err(_) => panic!("extend after the owner died did not return\n{}", cl.logs()),
+    }
+    println!("extend-follow: applied by the new owner {:?} after the owner was killed", killed.elapsed());
+    // Past the lease it had, the message has not come back: the extension holds it.
+    if let Ok(Some(Ok(again))) = tokio::time::timeout(lease + Duration::from_secs(2), sub.next()).await {
+        panic!("{} delivered again (attempt {}) while extended", again.text().unwrap(), again.attempt);
+    }
+    m.complete().await.unwrap();
+    sub.unsubscribe().await.unwrap();
+    sc.close().await.unwrap();
+    publisher.close().await.unwrap();
+}
