@@ -1779,6 +1779,7 @@ export class Client {
           }
           this.failures++;
           this.log("reconnect_failed", { addr: this.addr, attempt: this.failures, err: String((err as Error)?.message ?? err) });
+          this.rotateTarget();
           if (this.policy.maxAttempts > 0 && this.failures >= this.policy.maxAttempts) {
             this.giveUp(new DisconnectedError(`${this.addr}: ${this.failures} attempts failed`, err));
             return;
@@ -1788,6 +1789,19 @@ export class Client {
     } finally {
       this.reconnecting = false;
     }
+  }
+
+  /** In a cluster, after two failed attempts in a row at the node it dials,
+   * the next attempt goes to the next node it knows: a node that died is
+   * not redialled for ever while the others serve (its session is lost
+   * with it; a node that only dropped the socket is back at the first
+   * redial, and its session resumes). */
+  private rotateTarget(): void {
+    if (this.clustered !== true || this.learned.length === 0 || this.failures % 2 !== 0) return;
+    const all = [this.addr, ...this.learned];
+    const next = all[(all.indexOf(this.target) + 1) % all.length]!;
+    this.log("moving", { from: this.target, to: next, reason: "unreachable" });
+    this.target = next;
   }
 
   /** After giving up, an operation asks for a fresh round of attempts. */

@@ -275,6 +275,35 @@ test("an extend whose node died is applied at the new owner by lease reference",
   }
 });
 
+test("a publisher whose node was killed moves to another node it knows", T, async () => {
+  const cl = await Cluster.start();
+  const clients: Client[] = [];
+  try {
+    const admin = await connect(cl.nodes[0]!.addr, { connectTimeoutMs: 20_000 });
+    clients.push(admin);
+    await admin.declareQueue("hop", { partitions: 1 });
+    // Connected to the partition's owner, which is then killed.
+    let home = "";
+    for (const end = Date.now() + 20_000; !home && Date.now() < end; await new Promise((r) => setTimeout(r, 50))) {
+      home = (await cl.owners("hop"))?.[0] ?? "";
+    }
+    assert.ok(home, `no owner of hop\n${cl.logs()}`);
+    const pub = await connect(home, { connectTimeoutMs: 20_000 });
+    clients.push(pub);
+    // The first publishes let it learn the cluster's nodes (METADATA).
+    await pub.publish("hop", "before-1");
+    await new Promise((r) => setTimeout(r, 500));
+    await pub.publish("hop", "before-2");
+    await cl.node(home).kill9();
+    const t0 = Date.now();
+    await pub.publish("hop", "after", { timeoutMs: 20_000 });
+    console.log(`hop: a publish after ${home} was killed confirmed in ${Date.now() - t0} ms`);
+  } finally {
+    await Promise.all(clients.map((c) => c.close().catch(() => {})));
+    await cl.destroy();
+  }
+});
+
 test("a cohort subscription in a cluster gets every partition assigned and delivered, from each owner", T, async () => {
   const cl = await Cluster.start();
   const clients: Client[] = [];
