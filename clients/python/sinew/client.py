@@ -1613,7 +1613,8 @@ class Client:
                         self._fail_fatal(e)
                         return
                     failures += 1
-                    log.info("sinew: reconnect attempt %d to %s failed: %s", failures, self.addr, e)
+                    log.info("sinew: reconnect attempt %d to %s failed: %s", failures, self._target, e)
+                    self._rotate_target(failures)
                     if pol.max_attempts and failures >= pol.max_attempts:
                         self._give_up(DisconnectedError(
                             f"sinew: {self.addr}: gave up after {failures} attempts: {e}"))
@@ -1853,6 +1854,20 @@ class Client:
             if len(self._learned) >= LEARNED_MAX:
                 self._learned.pop(0)
             self._learned.append(a)
+
+    def _rotate_target(self, failures: int) -> None:
+        """In a cluster, after two failed attempts in a row at the node it
+        dials, the next attempt goes to the next node it knows: a node that
+        died is not redialled for ever while the others serve (its session is
+        lost with it; a node that only dropped the socket is back at the
+        first redial, and its session resumes)."""
+        if self._clustered is not True or not self._learned or failures % 2:
+            return
+        nodes = [self.addr, *self._learned]
+        i = nodes.index(self._target) if self._target in nodes else -1
+        nxt = nodes[(i + 1) % len(nodes)]
+        log.info("sinew: %s does not answer; trying %s", self._target, nxt)
+        self._set_target(nxt)
 
     def _set_target(self, addr: str) -> None:
         host, _, port = addr.rpartition(":")

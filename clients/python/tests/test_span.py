@@ -290,6 +290,26 @@ class Spanning(unittest.IsolatedAsyncioTestCase):
 
         await asyncio.wait_for(body(), TEST_LIMIT_S)
 
+    async def test_publisher_whose_node_was_killed_moves_on(self) -> None:
+        async def body() -> None:
+            admin = await sinew.connect(self.cl.addrs[0])
+            self.addAsyncCleanup(admin.close)
+            await admin.declare_queue("hop", partitions=PARTITIONS)
+            home = (await owners(admin, "hop"))[0]
+            # Connected to the partition's owner, which is then killed.
+            pub = await sinew.connect(home)
+            self.addAsyncCleanup(pub.close)
+            await pub.publish("hop", "before-1", partition=0)  # it learns the cluster's nodes
+            await asyncio.sleep(0.5)
+            await pub.publish("hop", "before-2", partition=0)
+            await self.cl.node(home).kill()
+            t0 = asyncio.get_running_loop().time()
+            await asyncio.wait_for(pub.publish("hop", "after", partition=0), 20.0)
+            print(f"\nhop: a publish after {home} was killed confirmed in "
+                  f"{asyncio.get_running_loop().time() - t0:.3f}s")
+
+        await asyncio.wait_for(body(), TEST_LIMIT_S)
+
     async def test_subscribe_before_the_queue_exists(self) -> None:
         async def body() -> None:
             c = await sinew.connect(self.cl.addrs[0])
