@@ -28,8 +28,10 @@ const (
 	// SyncManual: for a log whose records are made durable elsewhere (the
 	// node journal). Records are written to the OS in large batches: when
 	// half the buffer is full, every SyncIntervalMs, when read, and on
-	// Flush. fdatasync runs only on Sync, at a segment roll and at Close.
-	// Commit returns once the record is written to the OS.
+	// Flush. fdatasync runs only on Sync, at a segment roll and at Close;
+	// the writeback of what is written starts every 1 MiB (writeBehind), so
+	// that sync has little left to write. Commit returns once the record is
+	// written to the OS.
 	SyncManual
 )
 

@@ -16,8 +16,10 @@
 // format.go). Segments are written append-only. On disk (Options.Prepare)
 // the next segment is written full of zeros and synced by a goroutine of its
 // own once the active one is half full (wal-prepared.tmp, renamed into place
-// at the roll), so a batch overwrites written blocks and fdatasync flushes
-// data only; otherwise the active one is reserved in steps with
+// at the roll), a megabyte at a time, each written out to the device before
+// the next (vfs.WriteBehind), so that it never queues megabytes ahead of the
+// writer's fsyncs; a batch then overwrites written blocks and fdatasync
+// flushes data only; otherwise the active one is reserved in steps with
 // vfs.Allocate so a data sync need not commit a size change. Either way the
 // tail past the data reads as zeros.
 //
@@ -81,8 +83,10 @@
 //   - Commit: durable (fdatasync) when it returns nil, HardState included.
 //   - A new segment: its header and carried HardStates are synced, then the
 //     directory, before any batch is written to it.
-//   - Segment deletion: the directory is synced after the removals; a crash
-//     in between leaves some released segments, which replay harmlessly.
+//   - Segment deletion: a goroutine of its own (the remover) deletes the
+//     segments a trim dropped, oldest first, and syncs the directory after
+//     each batch; a crash before that leaves some released segments, which
+//     replay harmlessly.
 //
 // # Replay
 //
@@ -100,7 +104,8 @@
 //
 // # Goroutines and locks
 //
-// One writer goroutine per WAL writes, syncs, rolls and trims. WAL.mu guards
+// One writer goroutine per WAL writes, syncs, rolls and trims; the remover
+// deletes what trims dropped, and the preparer zeroes the next segment. WAL.mu guards
 // the queue, the group table and the segment table; it is never held during
 // file I/O except by Open and Close. OnPressure runs on its own goroutine,
 // without the lock, so it may call Release.
