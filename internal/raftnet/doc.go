@@ -47,7 +47,11 @@
 // Send never blocks: each peer has a bounded queue (Config.SendQueueMax
 // batches) and a bounded snapshot lane (8 batches); a full one drops the
 // batch and counts it, and a write error
-// loses the batch being written; raft retransmits both. At most
+// loses the batch being written; raft retransmits both. A snapshot dropped
+// here (a full lane, an unknown peer, a failed write, one larger than a
+// frame) is also reported to its group through Receiver.Deliver, as a
+// MsgSnapStatus with Reject from the peer it was for, so the sender sends
+// another at once instead of waiting for the peer's answer. At most
 // Config.InboundConnsMax accepted connections are open at once, and a
 // connection that has not said hello within Config.DialTimeoutMs is
 // closed.
