@@ -46,19 +46,33 @@ class Cluster:
         self.admins: list[str] = []
 
     async def start(self) -> Cluster:
-        ports = [[free_port() for _ in range(4)] for _ in range(3)]
-        first_gossip = f"127.0.0.1:{ports[0][2]}"
-        for i, (listen, admin, gossip, peer) in enumerate(ports):
-            args = ["--admin-listen", f"127.0.0.1:{admin}", "--cluster", "--cluster-profile", "lan",
-                    "--cluster-gossip-listen", f"127.0.0.1:{gossip}", "--cluster-peer-listen", f"127.0.0.1:{peer}",
-                    "--connection-heartbeat-ms", "1000"]
-            if i:
-                args += ["--cluster-seeds", first_gossip]
-            b = Broker(*args)
-            b.addr = f"127.0.0.1:{listen}"
+        first_gossip = ""
+        for i in range(3):
+            # A port picked free can be taken by another socket (an outgoing
+            # connection's ephemeral port) before the node binds it: the node
+            # then exits with "address already in use" and starts again on
+            # newly picked ports (at most 4 times).
+            for attempt in range(5):
+                listen, admin, gossip, peer = (free_port() for _ in range(4))
+                args = ["--admin-listen", f"127.0.0.1:{admin}", "--cluster", "--cluster-profile", "lan",
+                        "--cluster-gossip-listen", f"127.0.0.1:{gossip}", "--cluster-peer-listen", f"127.0.0.1:{peer}",
+                        "--connection-heartbeat-ms", "1000"]
+                if i:
+                    args += ["--cluster-seeds", first_gossip]
+                b = Broker(*args)
+                b.addr = f"127.0.0.1:{listen}"
+                try:
+                    await b.start()
+                except RuntimeError:
+                    if attempt < 4 and "address already in use" in "".join(b.log):
+                        b.data.cleanup()
+                        continue
+                    raise
+                break
+            if not i:
+                first_gossip = f"127.0.0.1:{gossip}"
             self.nodes.append(b)
             self.admins.append(f"127.0.0.1:{admin}")
-            await b.start()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + READY_S
         while True:

@@ -44,7 +44,27 @@ struct Node {
 }
 
 impl Node {
+    /// Starts the node. A port picked free (`free_port`) can be taken by
+    /// another socket before the node binds it (an outgoing connection's
+    /// ephemeral port): the node then exits with "address already in use",
+    /// and it is started again on newly picked ports (at most 4 times).
     async fn start(&mut self, seeds: &[String]) {
+        for attempt in 0.. {
+            match self.try_start(seeds).await {
+                Ok(()) => return,
+                Err(log) if attempt < 4 && log.contains("address already in use") => {
+                    self.addr = format!("127.0.0.1:{}", free_port().await);
+                    self.admin = format!("127.0.0.1:{}", free_port().await);
+                    self.gossip = format!("127.0.0.1:{}", free_port().await);
+                    self.peer = format!("127.0.0.1:{}", free_port().await);
+                    self.log.lock().unwrap().clear();
+                }
+                Err(log) => panic!("node exited:\n{}", log),
+            }
+        }
+    }
+
+    async fn try_start(&mut self, seeds: &[String]) -> Result<(), String> {
         let bin = tokio::task::spawn_blocking(common::broker_binary).await.unwrap();
         let mut cmd = Command::new(bin);
         cmd.args(["serve", "--listen", &self.addr, "--admin-listen", &self.admin])
@@ -60,18 +80,22 @@ impl Node {
         let mut child = cmd.spawn().expect("start sinew serve --cluster");
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
         let log = self.log.clone();
-        tokio::time::timeout(READY, async {
+        let started = tokio::time::timeout(READY, async {
             while let Ok(Some(line)) = lines.next_line().await {
                 let serving = line.contains("msg=serving listen=");
                 log.lock().unwrap().push(line);
                 if serving {
-                    return;
+                    return true;
                 }
             }
-            panic!("node exited:\n{}", log.lock().unwrap().join("\n"));
+            false
         })
         .await
         .expect("node did not start in time");
+        if !started {
+            let _ = child.wait().await;
+            return Err(self.log.lock().unwrap().join("\n"));
+        }
         let log = self.log.clone();
         tokio::spawn(async move {
             while let Ok(Some(line)) = lines.next_line().await {
@@ -82,6 +106,7 @@ impl Node {
             }
         });
         self.child = Some(child);
+        Ok(())
     }
 
     async fn kill9(&mut self) {
@@ -135,9 +160,11 @@ impl Cluster {
                 log: Arc::new(Mutex::new(Vec::new())),
             });
         }
+        nodes[0].start(&[]).await;
+        // Node 0's gossip address, as it started (its ports may have been picked again).
         let first = vec![nodes[0].gossip.clone()];
-        for (i, n) in nodes.iter_mut().enumerate() {
-            n.start(if i == 0 { &[] } else { &first }).await;
+        for n in nodes.iter_mut().skip(1) {
+            n.start(&first).await;
         }
         let c = Cluster { nodes };
         let deadline = Instant::now() + READY;

@@ -77,13 +77,26 @@ export class Cluster {
    * Resolves once the controller has a leader and three voters. */
   static async start(): Promise<Cluster> {
     const nodes: ClusterNode[] = [];
-    for (let i = 0; i < 3; i++) {
-      const port = async () => `127.0.0.1:${await freePort()}`;
-      nodes.push(new ClusterNode(await port(), await port(), await port(), await port()));
-    }
     const c = new Cluster(nodes);
     try {
-      for (const [i, n] of nodes.entries()) await n.start(i === 0 ? [] : [nodes[0]!.gossip]);
+      for (let i = 0; i < 3; i++) {
+        // A port picked free can be taken by another socket (an outgoing
+        // connection's ephemeral port) before the node binds it: the node
+        // then exits with "address already in use" and starts again on
+        // newly picked ports (at most 4 times).
+        for (let attempt = 0; ; attempt++) {
+          const port = async () => `127.0.0.1:${await freePort()}`;
+          const n = new ClusterNode(await port(), await port(), await port(), await port());
+          try {
+            await n.start(i === 0 ? [] : [nodes[0]!.gossip]);
+            nodes.push(n);
+            break;
+          } catch (e) {
+            await n.destroy();
+            if (attempt >= 4 || !n.log.includes("address already in use")) throw e;
+          }
+        }
+      }
       const until = Date.now() + READY_MS;
       for (;;) {
         const v = await adminGet(nodes[0]!.admin, "/api/v1/nodes");
