@@ -154,11 +154,7 @@ func readyCount(p *Partition) (n uint64, applied uint64) {
 
 func TestReplicaGroupReplicatesAndCatchesUpBySnapshot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tr := newTrio(t, func(c *Config) {
-			c.CheckpointEveryRecords = 20
-			c.SegmentBytes = 4096
-			c.Queue.LeaseMs = 3_600_000
-		})
+		tr := snapshotTrio(t, nil)
 		defer tr.closeAll()
 		l := tr.leader()
 		// A follower refuses publishes.

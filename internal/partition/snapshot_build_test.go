@@ -3,6 +3,7 @@ package partition
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -29,6 +30,70 @@ func (g ckptReadGateFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.F
 	return g.FS.OpenFile(name, flag, perm)
 }
 
+// snapshotTrio is a trio whose leader's retention soon drops what a
+// follower cut off would need (tests of snapshots); mod, if set, changes
+// each replica's config further.
+func snapshotTrio(t *testing.T, mod func(*Config)) *trio {
+	return newTrio(t, func(c *Config) {
+		c.CheckpointEveryRecords = 20
+		c.SegmentBytes = 4096
+		c.Queue.LeaseMs = 3_600_000
+		if mod != nil {
+			mod(c)
+		}
+	})
+}
+
+// snaps watches the snapshots a trio's leader sends to follower lag.
+type snaps struct {
+	tr   *trio
+	sent int
+	held []*raftpb.Message
+}
+
+// watchSnapshots heals lag and counts every snapshot sent to it; those
+// for which hold (given their number, from 1) says true are kept from it.
+func (tr *trio) watchSnapshots(lag uint64, hold func(n int) bool) *snaps {
+	w := &snaps{tr: tr}
+	tr.mu.Lock()
+	tr.hold = func(from uint64, m *raftpb.Message) bool {
+		if m.Type != raftpb.MsgSnap || m.To != lag {
+			return false
+		}
+		w.sent++
+		if hold(w.sent) {
+			w.held = append(w.held, m)
+			return true
+		}
+		return false
+	}
+	tr.cut[lag] = false
+	tr.mu.Unlock()
+	return w
+}
+
+// count returns the snapshots sent so far and those held.
+func (w *snaps) count() (int, []*raftpb.Message) {
+	w.tr.mu.Lock()
+	defer w.tr.mu.Unlock()
+	return w.sent, slices.Clone(w.held)
+}
+
+// caughtUp fails t unless follower lag was caught up with leader l by a
+// snapshot: its log restarts past the first entry, and it holds what l
+// holds.
+func (tr *trio) caughtUp(t *testing.T, l *Partition, lag uint64) {
+	t.Helper()
+	if got := tr.ps[lag].log.FirstLSN(); got < 2 {
+		t.Fatalf("lagging replica's log starts at %d: it was not caught up by a snapshot", got)
+	}
+	ln, la := readyCount(l)
+	fn, fa := readyCount(tr.ps[lag])
+	if fa < la-1 || fn != ln {
+		t.Errorf("lagging replica: applied %d ready %d; leader applied %d ready %d", fa, fn, la, ln)
+	}
+}
+
 // A leader builds the snapshot a lagging replica needs off its actor: while
 // the build waits on the disk, the leader still confirms publishes (with
 // the other follower as its quorum), and once the build is done the lagging
@@ -37,10 +102,7 @@ func TestSnapshotBuildDoesNotHoldUpTheLeader(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var armed, hit atomic.Bool
 		rel := make(chan struct{})
-		tr := newTrio(t, func(c *Config) {
-			c.CheckpointEveryRecords = 20
-			c.SegmentBytes = 4096
-			c.Queue.LeaseMs = 3_600_000
+		tr := snapshotTrio(t, func(c *Config) {
 			c.FS = ckptReadGateFS{FS: c.FS, armed: &armed, hit: &hit, rel: rel}
 		})
 		defer tr.closeAll()
@@ -70,14 +132,7 @@ func TestSnapshotBuildDoesNotHoldUpTheLeader(t *testing.T) {
 		armed.Store(false)
 		close(rel)
 		tr.tick(30)
-		if got := tr.ps[lag].log.FirstLSN(); got < 2 {
-			t.Fatalf("lagging replica's log starts at %d: it was not caught up by a snapshot", got)
-		}
-		ln, la := readyCount(l)
-		fn, fa := readyCount(tr.ps[lag])
-		if fa < la-1 || fn != ln {
-			t.Errorf("lagging replica: applied %d ready %d; leader applied %d ready %d", fa, fn, la, ln)
-		}
+		tr.caughtUp(t, l, lag)
 	})
 }
 
@@ -86,52 +141,29 @@ func TestSnapshotBuildDoesNotHoldUpTheLeader(t *testing.T) {
 // reach it first, be refused, and make the leader send another snapshot.
 func TestSnapshotFollowerAnswersBeforeTheLeaderMovesOn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tr := newTrio(t, func(c *Config) {
-			c.CheckpointEveryRecords = 20
-			c.SegmentBytes = 4096
-			c.Queue.LeaseMs = 3_600_000
-		})
+		tr := snapshotTrio(t, nil)
 		defer tr.closeAll()
 		l := tr.leader()
 		lag, _ := tr.leaveBehind(l)
 		// Snapshots to the lagging replica are held back, as on a slow
 		// lane; everything else flows.
-		var held []*raftpb.Message
-		sent := 0
-		tr.mu.Lock()
-		tr.hold = func(from uint64, m *raftpb.Message) bool {
-			if m.Type == raftpb.MsgSnap && m.To == lag {
-				sent++
-				held = append(held, m)
-				return true
-			}
-			return false
-		}
-		tr.cut[lag] = false
-		tr.mu.Unlock()
+		w := tr.watchSnapshots(lag, func(int) bool { return true })
 		tr.tick(40)
-		tr.mu.Lock()
-		n := sent
-		tr.mu.Unlock()
-		if n != 1 {
+		if n, _ := w.count(); n != 1 {
 			t.Fatalf("the leader sent %d snapshots while the first was on its way, want 1", n)
 		}
 		// The snapshot arrives; the follower applies it and answers.
 		tr.mu.Lock()
 		tr.hold = nil
-		m := held[0]
 		tr.mu.Unlock()
-		if err := tr.ps[lag].Step(m); err != nil {
+		_, held := w.count()
+		if err := tr.ps[lag].Step(held[0]); err != nil {
 			t.Fatal(err)
 		}
 		tr.tick(30)
-		if got := tr.ps[lag].log.FirstLSN(); got < 2 {
-			t.Fatalf("lagging replica's log starts at %d: the snapshot was not installed", got)
-		}
-		ln, la := readyCount(l)
-		fn, fa := readyCount(tr.ps[lag])
-		if fa < la-1 || fn != ln {
-			t.Errorf("lagging replica: applied %d ready %d; leader applied %d ready %d", fa, fn, la, ln)
+		tr.caughtUp(t, l, lag)
+		if n, _ := w.count(); n != 1 {
+			t.Errorf("the leader sent %d snapshots in all, want 1", n)
 		}
 	})
 }
@@ -141,50 +173,25 @@ func TestSnapshotFollowerAnswersBeforeTheLeaderMovesOn(t *testing.T) {
 // an answer that cannot come.
 func TestSnapshotLostInTransportIsSentAgain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tr := newTrio(t, func(c *Config) {
-			c.CheckpointEveryRecords = 20
-			c.SegmentBytes = 4096
-			c.Queue.LeaseMs = 3_600_000
-		})
+		tr := snapshotTrio(t, nil)
 		defer tr.closeAll()
 		l := tr.leader()
 		lag, _ := tr.leaveBehind(l)
-		sent := 0
-		var lost *raftpb.Message
-		tr.mu.Lock()
-		tr.hold = func(from uint64, m *raftpb.Message) bool {
-			if m.Type != raftpb.MsgSnap || m.To != lag {
-				return false
-			}
-			sent++
-			if sent == 1 {
-				lost = m // dropped, as by a failed write
-				return true
-			}
-			return false
-		}
-		tr.cut[lag] = false
-		tr.mu.Unlock()
+		// The first is dropped, as by a failed write.
+		w := tr.watchSnapshots(lag, func(n int) bool { return n == 1 })
 		tr.tick(10)
-		tr.mu.Lock()
-		m := lost
-		tr.mu.Unlock()
-		if m == nil {
+		_, lost := w.count()
+		if len(lost) == 0 {
 			t.Fatal("no snapshot was sent")
 		}
-		if err := l.Step(&raftpb.Message{Type: raftpb.MsgSnapStatus, From: lag, To: m.From, Reject: true}); err != nil {
+		if err := l.Step(&raftpb.Message{Type: raftpb.MsgSnapStatus, From: lag, To: lost[0].From, Reject: true}); err != nil {
 			t.Fatal(err)
 		}
 		tr.tick(30)
-		tr.mu.Lock()
-		n := sent
-		tr.mu.Unlock()
-		if n < 2 {
+		if n, _ := w.count(); n < 2 {
 			t.Fatalf("the lost snapshot was not sent again (%d sent)", n)
 		}
-		if got := tr.ps[lag].log.FirstLSN(); got < 2 {
-			t.Fatalf("lagging replica's log starts at %d: it was not caught up by the second snapshot", got)
-		}
+		tr.caughtUp(t, l, lag)
 	})
 }
 
@@ -194,36 +201,18 @@ func TestSnapshotLostInTransportIsSentAgain(t *testing.T) {
 // snapshot again if it still lacks one.
 func TestSnapshotUnansweredIsGivenUpAfterTheWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tr := newTrio(t, func(c *Config) {
-			c.CheckpointEveryRecords = 20
-			c.SegmentBytes = 4096
-			c.Queue.LeaseMs = 3_600_000
-		})
+		tr := snapshotTrio(t, nil)
 		defer tr.closeAll()
 		l := tr.leader()
 		lag, _ := tr.leaveBehind(l)
-		sent := 0
-		tr.mu.Lock()
-		tr.hold = func(from uint64, m *raftpb.Message) bool {
-			if m.Type == raftpb.MsgSnap && m.To == lag {
-				sent++
-				return sent == 1 // the first never arrives, and nothing says so
-			}
-			return false
-		}
-		tr.cut[lag] = false
-		tr.mu.Unlock()
+		// The first never arrives, and nothing says so.
+		w := tr.watchSnapshots(lag, func(n int) bool { return n == 1 })
 		tr.tick(20)
 		time.Sleep(snapshotAnswerWaitMs * time.Millisecond)
 		tr.tick(30)
-		tr.mu.Lock()
-		n := sent
-		tr.mu.Unlock()
-		if n < 2 {
+		if n, _ := w.count(); n < 2 {
 			t.Fatalf("the leader still waits on its unanswered snapshot (%d sent)", n)
 		}
-		if got := tr.ps[lag].log.FirstLSN(); got < 2 {
-			t.Fatalf("lagging replica's log starts at %d: it was not caught up", got)
-		}
+		tr.caughtUp(t, l, lag)
 	})
 }
