@@ -20,6 +20,7 @@ The application sees one outcome.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -339,7 +340,26 @@ class Span:
 
     async def _settle(self, m: Message, kind: int, delay_ms: int) -> None:
         part_client = m._sub._client
-        first = asyncio.ensure_future(part_client._settle(m, kind, delay_ms, True, direct=True))
+        await self._here_then_owner(m, kind, delay_ms,
+                                    part_client._settle(m, kind, delay_ms, True, direct=True), "settle")
+
+    async def extend(self, m: Message, extend_ms: int) -> None:
+        """Extends m's lease where its delivery came from, and at the
+        partition's current owner by lease reference when that node went
+        away, no longer owns the partition or did not answer in time, as a
+        settle is (EXTEND has NACK's layout, with extend_ms for delay_ms)."""
+        part_client = m._sub._client
+        await self._here_then_owner(m, w.EXTEND, extend_ms,
+                                    part_client._extend(m, extend_ms, direct=True), "extend")
+
+    async def _here_then_owner(self, m: Message, kind: int, delay_ms: int, here: Awaitable[None],
+                               what: str) -> None:
+        """Awaits here, the request sent to the node that delivered m; when
+        that fails in a way the owner may change, or has not answered within
+        SETTLE_HEDGE_AFTER_S, sends it to the partition's current owner by
+        lease reference (_resettle)."""
+        part_client = m._sub._client
+        first = asyncio.ensure_future(here)
         done, _ = await asyncio.wait({first}, timeout=SETTLE_HEDGE_AFTER_S)
         if first in done:
             exc = first.exception()
@@ -351,32 +371,11 @@ class Span:
         else:
             # No answer (a node cut off says nothing until its connection
             # is given up): also send it to the owner. A late answer is
-            # dropped; the settle is idempotent.
+            # dropped; a settle or an extend applied twice is harmless.
             first.add_done_callback(lambda f: f.cancelled() or f.exception())
-            cause = ConnectionLostError(f"sinew: {part_client.addr} did not answer the settle within "
+            cause = ConnectionLostError(f"sinew: {part_client.addr} did not answer the {what} within "
                                         f"{SETTLE_HEDGE_AFTER_S}s")
         await self._resettle(m, kind, delay_ms, cause, part_client.addr)
-
-    async def extend(self, m: Message, extend_ms: int) -> None:
-        """Extends m's lease where its delivery came from, and at the
-        partition's current owner by lease reference when that node went
-        away, no longer owns the partition or did not answer in time, as a
-        settle is (EXTEND has NACK's layout, with extend_ms for delay_ms)."""
-        part_client = m._sub._client
-        first = asyncio.ensure_future(part_client._extend(m, extend_ms, direct=True))
-        done, _ = await asyncio.wait({first}, timeout=SETTLE_HEDGE_AFTER_S)
-        if first in done:
-            exc = first.exception()
-            if exc is None:
-                return
-            if not resettleable(exc):
-                raise exc
-            cause: BaseException = exc
-        else:
-            first.add_done_callback(lambda f: f.cancelled() or f.exception())
-            cause = ConnectionLostError(f"sinew: {part_client.addr} did not answer the extend within "
-                                        f"{SETTLE_HEDGE_AFTER_S}s")
-        await self._resettle(m, w.EXTEND, extend_ms, cause, part_client.addr)
 
     async def _resettle(self, m: Message, kind: int, delay_ms: int, cause: BaseException, gone: str) -> None:
         """Sends m's settle to its partition's current owner by lease reference,
